@@ -1,0 +1,183 @@
+"""pyfuse3 adapter: FUSE requests -> calls on the ``View``; errno mapping, nothing else.
+
+Any exception other than ``pyfuse3.FUSEError`` escaping a handler would end
+``pyfuse3.main`` and kill the mount, so every handler goes through ``_guard``:
+``OSError`` becomes its errno, anything else is logged and becomes EIO.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import itertools
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, TypeVar
+
+import pyfuse3
+
+from shardfs.view import ROOT_INODE, Attr, ReadHandle, View
+
+log = logging.getLogger("shardfs")
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+PID_XATTR = b"user.shardfs.pid"
+
+
+def _guard(fn: F) -> F:
+    @functools.wraps(fn)
+    async def wrapper(self: "Operations", *args: Any) -> Any:
+        try:
+            return await fn(self, *args)
+        except pyfuse3.FUSEError:
+            raise
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR) and e.strerror:
+                log.debug("%s%r: %s", fn.__name__, args[:2], e.strerror)
+            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
+        except Exception:
+            log.exception("internal error in %s%r", fn.__name__, args[:2])
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@dataclass
+class Timeouts:
+    """Kernel cache lifetimes (seconds) for entries and attributes."""
+
+    entry: float = 10.0
+    attr: float = 10.0
+
+
+@dataclass
+class _DirHandle:
+    ino: int
+    entries: list[tuple[str, Attr]] | None = None
+
+
+@dataclass
+class _Served:
+    """The version of a file last opened, to tell the kernel whether its page cache is still good."""
+
+    versions: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def unchanged(self, attr: Attr) -> bool:
+        version = (attr.size, attr.mtime_ns)
+        same = self.versions.get(attr.ino) == version
+        self.versions[attr.ino] = version
+        return same
+
+
+class Operations(pyfuse3.Operations):
+    """The FUSE request handlers of a shardfs mount."""
+
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+
+    def __init__(self, view: View, timeouts: Timeouts | None = None) -> None:
+        super().__init__()
+        self.view = view
+        self.timeouts = timeouts or Timeouts()
+        self._handles: dict[int, Any] = {}
+        self._next_fh = itertools.count(1)
+        self._served = _Served()
+        self._uid, self._gid = os.getuid(), os.getgid()
+
+    def _entry(self, attr: Attr) -> pyfuse3.EntryAttributes:
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = attr.ino
+        e.st_mode = attr.mode
+        e.st_nlink = attr.nlink
+        e.st_size = attr.size
+        e.st_blksize = 65536
+        e.st_blocks = (attr.size + 511) // 512
+        e.st_uid, e.st_gid = self._uid, self._gid
+        e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = attr.mtime_ns
+        e.entry_timeout = self.timeouts.entry
+        e.attr_timeout = self.timeouts.attr
+        return e
+
+    def _new_fh(self, handle: Any) -> int:
+        fh = next(self._next_fh)
+        self._handles[fh] = handle
+        return fh
+
+    @_guard
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        return self._entry(await self.view.lookup(parent_inode, os.fsdecode(name)))
+
+    @_guard
+    async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        return self._entry(await self.view.getattr(inode))
+
+    @_guard
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        await self.view.getattr(inode)
+        return self._new_fh(_DirHandle(inode))
+
+    @_guard
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        handle: _DirHandle = self._handles[fh]
+        if handle.entries is None or start_id == 0:
+            handle.entries = await self.view.listdir(handle.ino)
+        for i in range(start_id, len(handle.entries)):
+            name, attr = handle.entries[i]
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), self._entry(attr), i + 1):
+                break
+
+    @_guard
+    async def releasedir(self, fh: int) -> None:
+        self._handles.pop(fh, None)
+
+    @_guard
+    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND) and self.view.read_only:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        attr = await self.view.getattr(inode)
+        handle = await self.view.open(inode)
+        fi = pyfuse3.FileInfo(fh=self._new_fh(handle))
+        fi.keep_cache = self._served.unchanged(attr)
+        return fi
+
+    @_guard
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        handle: ReadHandle = self._handles[fh]
+        return await self.view.read(handle, off, size)
+
+    @_guard
+    async def release(self, fh: int) -> None:
+        handle = self._handles.pop(fh, None)
+        if isinstance(handle, ReadHandle):
+            self.view.release(handle)
+
+    @_guard
+    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+        st = self.view.source.statvfs()
+        out = pyfuse3.StatvfsData()
+        out.f_bsize = st.f_bsize
+        out.f_frsize = st.f_frsize
+        out.f_blocks = st.f_blocks
+        out.f_bfree = st.f_bfree
+        out.f_bavail = st.f_bavail
+        out.f_files = st.f_files
+        out.f_ffree = st.f_ffree
+        out.f_favail = st.f_favail
+        out.f_namemax = st.f_namemax
+        return out
+
+    @_guard
+    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        if inode == ROOT_INODE and name == PID_XATTR:
+            return str(os.getpid()).encode()
+        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+
+    @_guard
+    async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
+        return [PID_XATTR] if inode == ROOT_INODE else []
+
+    async def _read_only(self, *args: Any) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    setattr = create = write = unlink = rename = mkdir = rmdir = link = symlink = mknod = _read_only
+    setxattr = removexattr = _read_only

@@ -1,0 +1,138 @@
+"""Geometry of one array: its chunk grids, shard grid and storage keys.
+
+``ArrayLayout`` answers "which shard holds inner chunk (i, j, k), and at which
+position of its index", and the inverse; ``KeyScheme`` turns shard coordinates
+into source keys and back. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from shardfs.index import IndexFormat
+
+MAX_CHUNKS = 1 << 40  # inner chunks in an array's grid; bounds the inode space
+
+
+class Unpresentable(ValueError):
+    """The array cannot be shown as a v2 array (the message says why)."""
+
+
+@dataclass(frozen=True)
+class KeyScheme:
+    """A ``chunk_key_encoding`` (``default`` or ``v2``) for arrays of ``ndim`` dimensions."""
+
+    kind: str  # "default" or "v2"
+    separator: str  # "/" or "."
+    ndim: int
+
+    def key(self, coords: tuple[int, ...]) -> str:
+        """The storage key of the chunk (shard) at ``coords``."""
+        if self.kind == "default":
+            return self.separator.join(["c", *map(str, coords)])
+        return self.separator.join(map(str, coords)) if coords else "0"
+
+    def parse(self, key: str) -> tuple[int, ...] | None:
+        """Coordinates for a storage key, or None if ``key`` is not one."""
+        parts = key.split(self.separator)
+        if self.kind == "default":
+            if parts[0] != "c":
+                return None
+            parts = parts[1:]
+        elif self.ndim == 0:
+            return () if key == "0" else None
+        if len(parts) != self.ndim or not all(p.isdigit() for p in parts):
+            return None
+        coords = tuple(int(p) for p in parts)
+        return coords if self.key(coords) == key else None
+
+    def is_prefix(self, key: str) -> bool:
+        """True if ``key`` names a directory that can hold keys (e.g. ``c/0``)."""
+        if self.separator != "/":
+            return False
+        parts = key.split("/")
+        if self.kind == "default":
+            if parts[0] != "c":
+                return False
+            parts = parts[1:]
+        return len(parts) < self.ndim and all(p.isdigit() and str(int(p)) == p for p in parts)
+
+
+@dataclass(frozen=True)
+class ArrayLayout:
+    """Shape, inner chunk shape and shard shape of an array (unsharded: index is None)."""
+
+    shape: tuple[int, ...]
+    chunk_shape: tuple[int, ...]
+    shard_shape: tuple[int, ...]
+    index: IndexFormat | None
+    keys: KeyScheme
+
+    def __post_init__(self) -> None:
+        if any(c <= 0 for c in self.chunk_shape) or any(
+            s % c for s, c in zip(self.shard_shape, self.chunk_shape)
+        ):
+            raise Unpresentable(
+                f"inner chunk shape {self.chunk_shape} does not divide shard shape {self.shard_shape}"
+            )
+        n = int(np.prod([max(g, 1) for g in self.chunk_grid], dtype=object))
+        if n > MAX_CHUNKS:
+            raise Unpresentable(f"{n} inner chunks exceed the supported {MAX_CHUNKS}")
+
+    @cached_property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @cached_property
+    def chunks_per_shard(self) -> tuple[int, ...]:
+        return tuple(s // c for s, c in zip(self.shard_shape, self.chunk_shape))
+
+    @cached_property
+    def chunk_grid(self) -> tuple[int, ...]:
+        """Number of inner chunks along each dimension (the v2 chunk grid)."""
+        return tuple(-(-s // c) for s, c in zip(self.shape, self.chunk_shape))
+
+    @cached_property
+    def shard_grid(self) -> tuple[int, ...]:
+        return tuple(-(-s // c) for s, c in zip(self.shape, self.shard_shape))
+
+    def in_grid(self, coords: tuple[int, ...]) -> bool:
+        return len(coords) == self.ndim and all(0 <= c < g for c, g in zip(coords, self.chunk_grid))
+
+    def shard_in_grid(self, coords: tuple[int, ...]) -> bool:
+        return len(coords) == self.ndim and all(0 <= c < g for c, g in zip(coords, self.shard_grid))
+
+    def linear(self, coords: tuple[int, ...]) -> int:
+        """Position of an inner chunk in the C-order chunk grid (its inode offset)."""
+        n = 0
+        for c, g in zip(coords, self.chunk_grid):
+            n = n * g + c
+        return n
+
+    def coords(self, linear: int) -> tuple[int, ...]:
+        """Inverse of ``linear``."""
+        out = []
+        for g in reversed(self.chunk_grid):
+            linear, c = divmod(linear, g)
+            out.append(c)
+        return tuple(reversed(out))
+
+    def locate(self, coords: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+        """``(shard coords, position in the shard's index)`` of an inner chunk."""
+        shard = tuple(c // n for c, n in zip(coords, self.chunks_per_shard))
+        pos = 0
+        for c, n in zip(coords, self.chunks_per_shard):
+            pos = pos * n + c % n
+        return shard, pos
+
+    def chunk_at(self, shard: tuple[int, ...], pos: int) -> tuple[int, ...] | None:
+        """Inverse of ``locate``; None when that inner chunk lies past the array edge."""
+        local = []
+        for n in reversed(self.chunks_per_shard):
+            pos, c = divmod(pos, n)
+            local.append(c)
+        coords = tuple(s * n + c for s, n, c in zip(shard, self.chunks_per_shard, reversed(local)))
+        return coords if self.in_grid(coords) else None

@@ -1,0 +1,199 @@
+"""Zarr v3 metadata -> the v2 view: ``.zarray``/``.zattrs``/``.zgroup`` and chunk formats.
+
+``describe_array`` parses a v3 ``zarr.json`` with zarr-python's own metadata
+classes and decides how each inner chunk is shown to v2 clients: the stored
+bytes unchanged when the inner codec chain has a v2 spelling, minus a trailing
+``crc32c`` when there is one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from zarr.codecs import (
+    BloscCodec,
+    BytesCodec,
+    Crc32cCodec,
+    GzipCodec,
+    ShardingCodec,
+    TransposeCodec,
+    ZstdCodec,
+)
+from zarr.core.chunk_key_encodings import V2ChunkKeyEncoding
+from zarr.core.metadata.v3 import ArrayV3Metadata
+
+from shardfs.index import IndexFormat
+from shardfs.layout import ArrayLayout, KeyScheme, Unpresentable
+
+_BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+
+
+@dataclass(frozen=True)
+class ChunkFormat:
+    """How a stored inner chunk becomes the bytes of its chunk file.
+
+    ``crc32c``: the stored bytes end with a crc32c of the rest, verified and
+    stripped on read, appended on write.
+    """
+
+    dtype: np.dtype
+    order: str
+    compressor: dict[str, Any] | None
+    crc32c: bool
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """Everything the view needs to present one v3 array."""
+
+    layout: ArrayLayout
+    chunk: ChunkFormat
+    zarray: bytes
+    zattrs: bytes
+
+
+def describe_array(doc: dict[str, Any]) -> ArrayInfo:
+    """Present a parsed v3 array ``zarr.json`` as a v2 array; raises ``Unpresentable``."""
+    try:
+        meta = ArrayV3Metadata.from_dict(dict(doc))
+    except Exception as e:  # zarr raises many types for bad metadata
+        raise Unpresentable(f"invalid array metadata: {e}") from e
+    if meta.chunk_grid.__class__.__name__ != "RegularChunkGrid":
+        raise Unpresentable("only the regular chunk grid is supported")
+    try:
+        dtype = np.dtype(meta.data_type.to_native_dtype())
+    except Exception as e:
+        raise Unpresentable(f"data type {doc.get('data_type')!r} has no v2 equivalent") from e
+    if dtype.kind not in "biufc":
+        raise Unpresentable(f"data type {doc.get('data_type')!r} is not supported")
+    shape = tuple(meta.shape)
+    outer_chunks = tuple(meta.chunk_grid.chunk_shape)
+    enc = meta.chunk_key_encoding
+    keys = KeyScheme("v2" if isinstance(enc, V2ChunkKeyEncoding) else "default", enc.separator, len(shape))
+    codecs = tuple(meta.codecs)
+    if len(codecs) == 1 and isinstance(codecs[0], ShardingCodec):
+        sharding = codecs[0]
+        index = _index_format(sharding, outer_chunks)
+        layout = ArrayLayout(shape, tuple(sharding.chunk_shape), outer_chunks, index, keys)
+        inner = tuple(sharding.codecs)
+    elif any(isinstance(c, ShardingCodec) for c in codecs):
+        raise Unpresentable("codecs around the sharding codec are not supported")
+    else:
+        layout = ArrayLayout(shape, outer_chunks, outer_chunks, None, keys)
+        inner = codecs
+    chunk = _chunk_format(inner, dtype, len(shape))
+    attrs = dict(meta.attributes)
+    names = meta.dimension_names
+    if names is not None and all(isinstance(n, str) for n in names):
+        attrs.setdefault("_ARRAY_DIMENSIONS", list(names))
+    zarray = {
+        "zarr_format": 2,
+        "shape": list(shape),
+        "chunks": list(layout.chunk_shape),
+        "dtype": chunk.dtype.str,
+        "compressor": chunk.compressor,
+        "fill_value": encode_fill_value(meta.fill_value, dtype),
+        "order": chunk.order,
+        "filters": None,
+        "dimension_separator": view_separator(keys),
+    }
+    return ArrayInfo(layout, chunk, to_json(zarray), to_json(attrs))
+
+
+def view_separator(keys: KeyScheme) -> str:
+    """The v2 view's ``dimension_separator``: "/" only if "." keys would collide with shards."""
+    return "/" if keys.kind == "v2" and keys.separator == "." else "."
+
+
+def group_files(doc: dict[str, Any]) -> tuple[bytes, bytes]:
+    """``(.zgroup, .zattrs)`` for a parsed v3 group ``zarr.json``."""
+    return to_json({"zarr_format": 2}), to_json(doc.get("attributes") or {})
+
+
+def to_json(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=4, sort_keys=True, allow_nan=False) + "\n").encode()
+
+
+def encode_fill_value(value: Any, dtype: np.dtype) -> Any:
+    """A fill value in v2 JSON: NaN/Infinity as strings, complex as ``[re, im]``."""
+    if dtype.kind == "b":
+        return bool(value)
+    if dtype.kind in "iu":
+        return int(value)
+    if dtype.kind == "c":
+        c = complex(value)
+        return [_float_json(c.real), _float_json(c.imag)]
+    return _float_json(float(value))
+
+
+def _float_json(x: float) -> Any:
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    return x
+
+
+def _index_format(sharding: ShardingCodec, shard_shape: tuple[int, ...]) -> IndexFormat:
+    cps = tuple(s // c if c else 0 for s, c in zip(shard_shape, sharding.chunk_shape))
+    index_codecs = tuple(sharding.index_codecs)
+    if not index_codecs or not isinstance(index_codecs[0], BytesCodec):
+        raise Unpresentable(f"unsupported index codecs {index_codecs}")
+    rest = index_codecs[1:]
+    if rest and not (len(rest) == 1 and isinstance(rest[0], Crc32cCodec)):
+        raise Unpresentable(f"unsupported index codecs {index_codecs}")
+    try:
+        return IndexFormat(
+            chunks_per_shard=cps,
+            big_endian=_endian(index_codecs[0]) == "big",
+            checksum=bool(rest),
+            at_start=str(getattr(sharding.index_location, "value", sharding.index_location)) == "start",
+        )
+    except ValueError as e:
+        raise Unpresentable(str(e)) from e
+
+
+def _endian(codec: BytesCodec) -> str | None:
+    return None if codec.endian is None else str(getattr(codec.endian, "value", codec.endian))
+
+
+def _chunk_format(codecs: tuple[Any, ...], dtype: np.dtype, ndim: int) -> ChunkFormat:
+    """Map an inner codec chain to its v2 spelling; ``Unpresentable`` if it has none."""
+    chain = list(codecs)
+    crc = bool(chain) and isinstance(chain[-1], Crc32cCodec)
+    if crc:
+        chain.pop()
+    order = "C"
+    if chain and isinstance(chain[0], TransposeCodec):
+        if tuple(chain[0].order) != tuple(reversed(range(ndim))):
+            raise Unpresentable(f"transpose order {tuple(chain[0].order)} has no v2 equivalent")
+        order = "F" if ndim > 1 else "C"
+        chain.pop(0)
+    if not chain or not isinstance(chain[0], BytesCodec):
+        raise Unpresentable(f"inner codecs {codecs} have no v2 equivalent")
+    endian = _endian(chain.pop(0))
+    v2dtype = dtype.newbyteorder(">" if endian == "big" else "<") if dtype.itemsize > 1 else dtype
+    if len(chain) > 1:
+        raise Unpresentable(f"inner codecs {codecs} have no v2 equivalent")
+    compressor = _compressor(chain[0]) if chain else None
+    return ChunkFormat(v2dtype, order, compressor, crc)
+
+
+def _compressor(codec: Any) -> dict[str, Any]:
+    if isinstance(codec, GzipCodec):
+        return {"id": "gzip", "level": codec.level}
+    if isinstance(codec, ZstdCodec):
+        return {"id": "zstd", "level": codec.level}
+    if isinstance(codec, BloscCodec):
+        return {
+            "id": "blosc",
+            "cname": str(getattr(codec.cname, "value", codec.cname)),
+            "clevel": codec.clevel,
+            "shuffle": _BLOSC_SHUFFLE[str(getattr(codec.shuffle, "value", codec.shuffle))],
+            "blocksize": codec.blocksize,
+        }
+    raise Unpresentable(f"codec {codec} has no v2 equivalent")

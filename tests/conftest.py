@@ -1,0 +1,273 @@
+"""Shared fixtures and helpers for the shardfs test suite.
+
+Mounts are real: the daemon runs in its own session (``start_new_session``),
+never in the test's trio loop, and every mount is lazily unmounted
+(``fusermount3 -u -z``) in teardown even when the test failed. Only processes
+the suite started are ever signalled, and only by PID.
+
+Readers:
+- ``zarr2(code, **params)`` runs a snippet under zarr-python 2.18 (separate venv);
+- ``read_zarr2`` / ``read_zarr3_v2`` / ``read_tensorstore`` read through the mount;
+- ``read_native`` is the oracle: zarr-python 3 on the v3 source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARDFS = str(Path(sys.executable).parent / "shardfs")
+ZARR2_PYTHON = os.environ.get("SHARDFS_ZARR2_PYTHON") or str(REPO / ".venv-zarr2" / "bin" / "python")
+MOUNT_TIMEOUT = 15.0
+
+
+# --------------------------------------------------------------------------- mounts
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def lazy_unmount(mnt: Path) -> None:
+    """``fusermount3 -u -z MNT`` if something is mounted there (never raises)."""
+    if os.path.ismount(mnt):
+        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True, timeout=30)
+
+
+class Mount:
+    """One daemon started by the suite (``shardfs mount SRC MNT -f --debug``)."""
+
+    def __init__(self, src: Path, mnt: Path, log: Path, extra: tuple[str, ...], allow_traceback: bool):
+        self.src, self.mnt, self.log, self.allow_traceback = Path(src), mnt, log, allow_traceback
+        self.stdout = log.with_suffix(".stdout")
+        self.stderr = log.with_suffix(".stderr")
+        cmd = [SHARDFS, "mount", str(src), str(mnt), "-f", "--debug", "--log-file", str(log), *extra]
+        with open(self.stdout, "wb") as out, open(self.stderr, "wb") as err:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def output(self) -> str:
+        """Everything the daemon wrote: log file, stdout and stderr."""
+        parts = []
+        for p in (self.log, self.stdout, self.stderr):
+            try:
+                parts.append(p.read_text(errors="replace"))
+            except FileNotFoundError:
+                pass
+        return "\n".join(parts)
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait_live(self) -> None:
+        deadline = time.monotonic() + MOUNT_TIMEOUT
+        while time.monotonic() < deadline:
+            if os.path.ismount(self.mnt):
+                return
+            if self.proc.poll() is not None:
+                pytest.fail(
+                    f"shardfs mount {self.src} exited with {self.proc.returncode} before the mount "
+                    f"was live:\n{self.output()[-5000:]}"
+                )
+            time.sleep(0.05)
+        pytest.fail(f"shardfs mount {self.src} not live after {MOUNT_TIMEOUT}s:\n{self.output()[-5000:]}")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def teardown(self) -> str | None:
+        """Unmount, reap (SIGKILL by PID if needed); return an error message or None."""
+        problems = []
+        lazy_unmount(self.mnt)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            problems.append(f"daemon pid {self.pid} still alive 5 s after unmount; killed")
+            os.kill(self.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        if os.path.ismount(self.mnt):
+            problems.append(f"{self.mnt} still mounted after fusermount3 -u -z")
+        if not self.allow_traceback and "Traceback" in self.output():
+            problems.append(f"daemon output contains a Traceback:\n{self.output()[-8000:]}")
+        return "\n".join(problems) or None
+
+
+class MountFactory:
+    """``mount(src, *extra_args, allow_traceback=False) -> Path`` (the live mountpoint).
+
+    ``factory.info(mnt)`` gives the ``Mount`` (pid, log) behind a mountpoint.
+    """
+
+    def __init__(self, tmp_factory: pytest.TempPathFactory):
+        self._tmp = tmp_factory
+        self._mounts: list[Mount] = []
+
+    def __call__(self, src, *extra_args: str, allow_traceback: bool = False) -> Path:
+        base = self._tmp.mktemp("mount")
+        mnt = base / "mnt"
+        mnt.mkdir()
+        m = Mount(Path(src), mnt, base / "daemon.log", tuple(extra_args), allow_traceback)
+        self._mounts.append(m)
+        m.wait_live()
+        return mnt
+
+    def info(self, mnt: Path) -> Mount:
+        for m in self._mounts:
+            if m.mnt == Path(mnt):
+                return m
+        raise KeyError(mnt)
+
+    def close(self) -> None:
+        problems = []
+        while self._mounts:
+            m = self._mounts.pop()
+            try:
+                p = m.teardown()
+            except Exception as e:  # keep tearing down the others
+                p = f"teardown of {m.mnt} failed: {e!r}"
+            if p:
+                problems.append(p)
+        if problems:
+            pytest.fail("\n\n".join(problems), pytrace=False)
+
+
+@pytest.fixture
+def mount(tmp_path_factory):
+    factory = MountFactory(tmp_path_factory)
+    yield factory
+    factory.close()
+
+
+@pytest.fixture(scope="module")
+def module_mount(tmp_path_factory):
+    """Like ``mount`` but torn down at the end of the module (one mount per module)."""
+    factory = MountFactory(tmp_path_factory)
+    yield factory
+    factory.close()
+
+
+def run_shardfs(*args: str, timeout: float = 30, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([SHARDFS, *args], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, **kw)
+
+
+# --------------------------------------------------------------------------- zarr 2.18
+
+_ZARR2_PRELUDE = """
+import json, sys
+import numpy as np
+import zarr
+params = json.loads(sys.argv[1])
+globals().update(params)
+"""
+
+_ZARR2_EPILOGUE = """
+_out = sys.argv[2]
+if isinstance(result, dict):
+    _arrays = {k: v for k, v in result.items() if isinstance(v, np.ndarray)}
+    _other = {k: v for k, v in result.items() if not isinstance(v, np.ndarray)}
+    _keys = list(_arrays)
+    np.savez(_out + ".npz", **{"a%d" % i: _arrays[k] for i, k in enumerate(_keys)})
+    with open(_out + ".json", "w") as f:
+        json.dump({"keys": _keys, "other": _other}, f)
+else:
+    np.save(_out + ".npy", np.asarray(result), allow_pickle=False)
+"""
+
+
+def zarr2(code: str, timeout: float = 300, **params):
+    """Run ``code`` under zarr-python 2.18; it gets ``params`` as globals and sets ``result``.
+
+    ``result`` may be an ndarray (returned as is) or a dict whose ndarray values come
+    back as ndarrays and whose other (JSON) values come back unchanged.
+    """
+    with tempfile.TemporaryDirectory(prefix="zarr2-") as d:
+        out = os.path.join(d, "out")
+        prog = _ZARR2_PRELUDE + textwrap.dedent(code) + _ZARR2_EPILOGUE
+        r = subprocess.run([ZARR2_PYTHON, "-c", prog, json.dumps(params), out],
+                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        if r.returncode != 0:
+            raise AssertionError(f"zarr 2 snippet failed ({r.returncode}):\n{r.stderr[-5000:]}")
+        if os.path.exists(out + ".npy"):
+            return np.load(out + ".npy", allow_pickle=False)
+        with open(out + ".json") as f:
+            meta = json.load(f)
+        res = dict(meta["other"])
+        with np.load(out + ".npz", allow_pickle=False) as z:
+            for i, k in enumerate(meta["keys"]):
+                res[k] = z["a%d" % i]
+        return res
+
+
+def read_zarr2(path) -> np.ndarray:
+    return zarr2("result = zarr.open(path, mode='r')[...]", path=str(path))
+
+
+def read_zarr2_many(paths) -> dict:
+    """Read many arrays with zarr 2.18 in ONE subprocess: ``{path: ndarray | 'error: ...'}``."""
+    return zarr2(
+        """
+        result = {}
+        for p in paths:
+            try:
+                result[p] = zarr.open(p, mode='r')[...]
+            except Exception as e:
+                result[p] = "error: %s: %s" % (type(e).__name__, e)
+        """,
+        paths=[str(p) for p in paths],
+    )
+
+
+# --------------------------------------------------------------------------- zarr 3 / tensorstore
+
+
+def read_zarr3_v2(path) -> np.ndarray:
+    import zarr
+
+    return zarr.open_array(str(path), mode="r", zarr_format=2)[...]
+
+
+def read_tensorstore(path) -> np.ndarray:
+    import tensorstore as ts
+
+    spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(path)}}
+    # A fresh context per read: no cache shared between reads.
+    return ts.open(spec, read=True, context=ts.Context()).result().read().result()
+
+
+def read_native(src_path) -> np.ndarray:
+    import zarr
+
+    return zarr.open_array(str(src_path), mode="r")[...]
+
+
+def assert_same_array(actual, expected, what: str = "") -> None:
+    """Equal shape, dtype (kind and size; byte order may differ) and values (NaN == NaN)."""
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert (actual.dtype.kind, actual.dtype.itemsize) == (expected.dtype.kind, expected.dtype.itemsize), (
+        f"{what}: dtype {actual.dtype.str} != {expected.dtype.str}"
+    )
+    np.testing.assert_array_equal(actual, expected, err_msg=what, strict=False)
