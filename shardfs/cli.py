@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import json
 import logging
 import logging.handlers
@@ -186,13 +187,27 @@ def _run_daemon(args: argparse.Namespace, mnt: str, own: dict[str, str], fuse_op
     from shardfs.fuse_ops import Operations, Timeouts
     from shardfs.source import Source
     from shardfs.view import View
+    from shardfs.writeback import Writeback
 
     _setup_logging(args)
     read_only = args.read_only or "ro" in own
     timeouts = Timeouts(float(own.get("entry_timeout", Timeouts.entry)),
                         float(own.get("attr_timeout", Timeouts.attr)))
-    view = View(Source(args.src), read_only=read_only)
-    ops = Operations(view, timeouts)
+    source = Source(args.src)
+    writeback = None
+    if not read_only:
+        writeback = Writeback(source)
+        try:
+            replayed = writeback.replay_sync(functools.partial(_replay_target, source))
+        except Exception as e:
+            _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
+            return 1
+        if replayed:
+            log.info("replayed %d journalled chunk changes into their shards", replayed)
+    view = View(source, read_only=read_only, writeback=writeback)
+    ops = Operations(view, timeouts, writeback)
+    if writeback is not None:
+        writeback.on_folded = ops.writer.folded
     options = set(pyfuse3.default_options) | {"fsname=shardfs", "subtype=shardfs"} | fuse_opts
     if read_only:
         options.add("ro")
@@ -204,15 +219,18 @@ def _run_daemon(args: argparse.Namespace, mnt: str, own: dict[str, str], fuse_op
     log.info("mounted %s on %s%s", os.path.abspath(args.src), mnt, " (read-only)" if read_only else "")
     _report(args, "ok")
     try:
-        trio.run(_serve, ops)
+        trio.run(_serve, ops, writeback)
     finally:
         pyfuse3.close(unmount=True)
         log.info("unmounted %s", mnt)
     return 0
 
 
-async def _serve(ops: Any) -> None:
-    """Run the FUSE loop; on SIGINT/SIGTERM flush pending writes and end it."""
+async def _serve(ops: Any, writeback: Any) -> None:
+    """Run the FUSE loop; on SIGINT/SIGTERM fold pending writes into the shards and end it.
+
+    Pending writes are also folded when the loop ends otherwise (``fusermount3 -u``).
+    """
     import pyfuse3
     import trio
 
@@ -221,13 +239,32 @@ async def _serve(ops: Any) -> None:
         async def on_signal() -> None:
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for sig in signals:
-                    log.info("signal %d: unmounting", sig)
+                    log.info("signal %d: flushing and unmounting", sig)
+                    if writeback is not None:
+                        await writeback.flush()
                     pyfuse3.terminate()
                     return
 
         nursery.start_soon(on_signal)
+        if writeback is not None:
+            nursery.start_soon(writeback.run)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
+    if writeback is not None:
+        writeback.on_folded = None  # the kernel connection is gone: nothing to invalidate
+        await writeback.flush()
+
+
+def _replay_target(source: Any, array_path: str, shard: tuple[int, ...]) -> Any:
+    """Resolve a journalled shard to its rewrite target from the array's current metadata."""
+    from shardfs.v2 import describe_array
+    from shardfs.writes import shard_target
+
+    try:
+        doc = json.loads(source.read(f"{array_path}/zarr.json" if array_path else "zarr.json"))
+        return shard_target(array_path, describe_array(doc).layout, shard)
+    except (OSError, ValueError):
+        return None
 
 
 def _report(args: argparse.Namespace, line: str) -> None:

@@ -12,12 +12,15 @@ import functools
 import itertools
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, TypeVar
 
 import pyfuse3
+import trio
 
 from shardfs.view import ROOT_INODE, Attr, ReadHandle, View
+from shardfs.writeback import Writeback
+from shardfs.writes import WriteHandle, Writer
 
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -75,9 +78,11 @@ class Operations(pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
 
-    def __init__(self, view: View, timeouts: Timeouts | None = None) -> None:
+    def __init__(self, view: View, timeouts: Timeouts | None = None,
+                 writeback: Writeback | None = None) -> None:
         super().__init__()
         self.view = view
+        self.writer = None if writeback is None else Writer(view, writeback, self.invalidate)
         self.timeouts = timeouts or Timeouts()
         self._handles: dict[int, Any] = {}
         self._next_fh = itertools.count(1)
@@ -132,9 +137,10 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
-        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND) and self.view.read_only:
-            raise pyfuse3.FUSEError(errno.EROFS)
         attr = await self.view.getattr(inode)
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+            handle = await self._writable().open(inode, truncate=bool(flags & os.O_TRUNC))
+            return pyfuse3.FileInfo(fh=self._new_fh(handle), direct_io=False, keep_cache=False)
         handle = await self.view.open(inode)
         fi = pyfuse3.FileInfo(fh=self._new_fh(handle))
         fi.keep_cache = self._served.unchanged(attr)
@@ -142,7 +148,9 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        handle: ReadHandle = self._handles[fh]
+        handle = self._handles[fh]
+        if isinstance(handle, WriteHandle):
+            return await self._writable().read(handle, off, size)
         return await self.view.read(handle, off, size)
 
     @_guard
@@ -176,8 +184,105 @@ class Operations(pyfuse3.Operations):
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
         return [PID_XATTR] if inode == ROOT_INODE else []
 
-    async def _read_only(self, *args: Any) -> None:
-        raise pyfuse3.FUSEError(errno.EROFS)
+    def _writable(self) -> "Writer":
+        if self.writer is None:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        return self.writer
 
-    setattr = create = write = unlink = rename = mkdir = rmdir = link = symlink = mknod = _read_only
-    setxattr = removexattr = _read_only
+    async def invalidate(self, inodes: list[int], entries: list[tuple[int, str]]) -> None:
+        """Drop the kernel's cached pages/attributes of ``inodes`` and its dentries ``entries``."""
+        for parent, name in entries:
+            pyfuse3.invalidate_entry_async(parent, os.fsencode(name), ignore_enoent=True)
+        for ino in inodes:
+            self._served.versions.pop(ino, None)
+            try:
+                await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino)
+            except OSError:
+                pass  # the kernel does not know this inode
+
+    @_guard
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
+                     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        attr, handle = await self._writable().create(parent_inode, os.fsdecode(name))
+        return pyfuse3.FileInfo(fh=self._new_fh(handle)), self._entry(attr)
+
+    @_guard
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        handle = self._handles[fh]
+        if not isinstance(handle, WriteHandle):
+            raise pyfuse3.FUSEError(errno.EBADF)
+        return await self._writable().write(handle, off, buf)
+
+    @_guard
+    async def flush(self, fh: int) -> None:
+        handle = self._handles.get(fh)
+        if isinstance(handle, WriteHandle):
+            await self._writable().flush(handle)
+
+    @_guard
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        handle = self._handles.get(fh)
+        if self.writer is not None:
+            await self.writer.fsync(handle if isinstance(handle, WriteHandle) else None)
+
+    @_guard
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        if self.writer is not None:
+            await self.writer.fsync(None)
+
+    @_guard
+    async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
+                      fh: int | None, ctx: Any) -> pyfuse3.EntryAttributes:
+        if fields.update_mode or fields.update_uid or fields.update_gid:
+            log.error("setattr of inode %d: changing mode or owner is not supported", inode)
+            raise pyfuse3.FUSEError(errno.EPERM)
+        if fields.update_size:
+            writer = self._writable()
+            handle = self._handles.get(fh) if fh is not None else None
+            if not isinstance(handle, WriteHandle):
+                handle = await writer.open(inode, truncate=False)
+                await writer.truncate(handle, attr.st_size)
+                await writer.flush(handle)
+            else:
+                await writer.truncate(handle, attr.st_size)
+            return self._entry(replace(await self.view.getattr(inode), size=len(handle.data())))
+        return self._entry(await self.view.getattr(inode))
+
+    @_guard
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
+                     name_new: bytes, flags: int, ctx: Any) -> None:
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        await self._writable().rename(parent_inode_old, os.fsdecode(name_old), parent_inode_new,
+                                      os.fsdecode(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE))
+
+    @_guard
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any
+                   ) -> pyfuse3.EntryAttributes:
+        return self._entry(await self._writable().link(inode, new_parent_inode, os.fsdecode(new_name)))
+
+    @_guard
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        await self._writable().unlink(parent_inode, os.fsdecode(name))
+
+    @_guard
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        await self._writable().rmdir(parent_inode, os.fsdecode(name))
+
+    @_guard
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        self._writable()
+        try:
+            await self.view.lookup(parent_inode, os.fsdecode(name))
+        except OSError:
+            log.error("mkdir %s: new directories are not supported", os.fsdecode(name))
+            raise pyfuse3.FUSEError(errno.EPERM) from None
+        raise pyfuse3.FUSEError(errno.EEXIST)
+
+    async def _unsupported(self, *args: Any) -> None:
+        if self.writer is None:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        log.error("unsupported operation on the mount (symlink, mknod or xattr change)")
+        raise pyfuse3.FUSEError(errno.EPERM)
+
+    symlink = mknod = setxattr = removexattr = _unsupported

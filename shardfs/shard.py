@@ -7,13 +7,14 @@ block and run off the trio thread.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
-from shardfs.index import EMPTY, CorruptIndex, IndexFormat
+from shardfs.index import EMPTY, CorruptIndex, IndexFormat, empty_table, morton_order
 from shardfs.source import Source, Version
 
 
@@ -97,3 +98,60 @@ def open_extent_sync(source: Source, ext: Extent) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+@functools.lru_cache(maxsize=64)
+def _order(chunks_per_shard: tuple[int, ...]) -> np.ndarray:
+    return morton_order(chunks_per_shard)
+
+
+def rewrite_sync(source: Source, key: str, fmt: IndexFormat | None,
+                 changes: dict[int, bytes | None]) -> Version | None:
+    """Apply ``changes`` (index position -> stored chunk bytes, None = empty it) to a shard.
+
+    The shard is rebuilt with its inner chunks in Morton order and replaced
+    atomically (``Source.replace``); a shard left without chunks is deleted.
+    Returns the new version, None if the shard was deleted. Raises
+    ``CorruptShard`` if the existing shard's index is unusable (nothing is written).
+    """
+    if fmt is None:  # an unsharded chunk: the "shard" is the chunk itself
+        data = changes[0]
+        if data is None:
+            source.remove(key)
+            return None
+        return source.replace(key, [data])
+    chunks: dict[int, bytes | memoryview] = {}
+    try:
+        with open(source.path(key), "rb") as f:
+            old = f.read()
+    except FileNotFoundError:
+        old = b""
+    if old:
+        offset, length = fmt.index_range(len(old))
+        try:
+            table = fmt.decode(old[offset: offset + length], len(old))
+        except CorruptIndex as e:
+            raise CorruptShard(str(e)) from None
+        view = memoryview(old)
+        for pos in np.flatnonzero(table[:, 0] != EMPTY):
+            start, n = int(table[pos, 0]), int(table[pos, 1])
+            chunks[int(pos)] = view[start: start + n]
+    for pos, data in changes.items():
+        if data is None:
+            chunks.pop(pos, None)
+        else:
+            chunks[pos] = data
+    if not chunks:
+        source.remove(key)
+        return None
+    table = empty_table(fmt.n_chunks)
+    parts: list[bytes | memoryview] = []
+    offset = fmt.nbytes if fmt.at_start else 0
+    for pos in _order(fmt.chunks_per_shard):
+        data = chunks.get(int(pos))
+        if data is not None:
+            table[pos] = (offset, len(data))
+            parts.append(data)
+            offset += len(data)
+    index = fmt.encode(table)
+    return source.replace(key, [index, *parts] if fmt.at_start else [*parts, index])

@@ -13,7 +13,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import crc32c
+import numcodecs
 import numpy as np
+from numcodecs.compat import ensure_contiguous_ndarray
 from zarr.codecs import (
     BloscCodec,
     BytesCodec,
@@ -44,6 +47,28 @@ class ChunkFormat:
     order: str
     compressor: dict[str, Any] | None
     crc32c: bool
+    nbytes: int  # decoded size of one inner chunk
+
+    def check(self, data: bytes) -> str | None:
+        """Why ``data`` is not exactly one inner chunk in this format (None if it is).
+
+        Decodes with the v2 compressor (numcodecs), as a v2 reader would.
+        """
+        if self.compressor is None:
+            raw_size = len(data)
+        else:
+            codec = numcodecs.get_codec(dict(self.compressor))
+            try:
+                raw_size = ensure_contiguous_ndarray(codec.decode(data)).nbytes
+            except Exception as e:
+                return f"does not decode with {self.compressor['id']}: {e}"
+        if raw_size != self.nbytes:
+            return f"decodes to {raw_size} bytes; one inner chunk is {self.nbytes} bytes"
+        return None
+
+    def stored(self, data: bytes) -> bytes:
+        """The bytes to store in the shard for chunk-file bytes ``data``."""
+        return data + crc32c.crc32c(data).to_bytes(4, "little") if self.crc32c else data
 
 
 @dataclass(frozen=True)
@@ -85,7 +110,7 @@ def describe_array(doc: dict[str, Any]) -> ArrayInfo:
     else:
         layout = ArrayLayout(shape, outer_chunks, outer_chunks, None, keys)
         inner = codecs
-    chunk = _chunk_format(inner, dtype, len(shape))
+    chunk = _chunk_format(inner, dtype, len(shape), math.prod(layout.chunk_shape) * dtype.itemsize)
     attrs = dict(meta.attributes)
     names = meta.dimension_names
     if names is not None and all(isinstance(n, str) for n in names):
@@ -161,7 +186,7 @@ def _endian(codec: BytesCodec) -> str | None:
     return None if codec.endian is None else str(getattr(codec.endian, "value", codec.endian))
 
 
-def _chunk_format(codecs: tuple[Any, ...], dtype: np.dtype, ndim: int) -> ChunkFormat:
+def _chunk_format(codecs: tuple[Any, ...], dtype: np.dtype, ndim: int, nbytes: int) -> ChunkFormat:
     """Map an inner codec chain to its v2 spelling; ``Unpresentable`` if it has none."""
     chain = list(codecs)
     crc = bool(chain) and isinstance(chain[-1], Crc32cCodec)
@@ -180,7 +205,7 @@ def _chunk_format(codecs: tuple[Any, ...], dtype: np.dtype, ndim: int) -> ChunkF
     if len(chain) > 1:
         raise Unpresentable(f"inner codecs {codecs} have no v2 equivalent")
     compressor = _compressor(chain[0]) if chain else None
-    return ChunkFormat(v2dtype, order, compressor, crc)
+    return ChunkFormat(v2dtype, order, compressor, crc, nbytes)
 
 
 def _compressor(codec: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import logging
 import os
 import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 import crc32c
@@ -34,6 +34,7 @@ from shardfs.index import EMPTY
 from shardfs.layout import Unpresentable
 from shardfs.shard import CorruptShard, Extent, IndexCache
 from shardfs.source import Source, Version
+from shardfs.writeback import Pending, Writeback
 from shardfs.v2 import ArrayInfo, describe_array, group_files, view_separator
 
 log = logging.getLogger("shardfs")
@@ -84,6 +85,19 @@ class GroupNode:
 
 
 @dataclass
+class Staging:
+    """A file with a name that is not a chunk key (a writer's temporary), held in memory.
+
+    ``committed`` is set when it was renamed onto a chunk: its inode then shows that chunk.
+    """
+
+    ino: int
+    data: bytearray = field(default_factory=bytearray)
+    mtime_ns: int = field(default_factory=time.time_ns)
+    committed: tuple[ArrayNode, tuple[int, ...]] | None = None
+
+
+@dataclass
 class ReadHandle:
     """An open chunk or metadata file: either bytes in memory or a shard byte range."""
 
@@ -115,15 +129,18 @@ def parse_chunk_name(name: str, ndim: int) -> tuple[int, ...] | None:
 class View:
     """The mount's tree over one ``Source``."""
 
-    def __init__(self, source: Source, read_only: bool = True) -> None:
+    def __init__(self, source: Source, read_only: bool = True, writeback: Writeback | None = None) -> None:
         self.source = source
         self.read_only = read_only
+        self.writeback = writeback
         self.mount_ns = time.time_ns()
         self._keys: dict[int, tuple] = {ROOT_INODE: ("dir", "")}
         self._inos: dict[tuple, int] = {("dir", ""): ROOT_INODE}
         self._arrays: dict[str, ArrayNode] = {}
         self._slots: list[ArrayNode] = []
         self._groups: dict[str, GroupNode] = {}
+        self.staged: dict[tuple[int, str], Staging] = {}
+        self._tmp: dict[int, Staging] = {}
         self.index_cache = IndexCache()
         self._file_mode = 0o444 if read_only else 0o644
         self._dir_mode = 0o555 if read_only else 0o755
@@ -146,9 +163,37 @@ class View:
             arr = self._slots[slot]
             return ("chunk", arr, arr.info.layout.coords(linear))
         try:
-            return self._keys[ino]
+            key = self._keys[ino]
         except KeyError:
             raise fail(errno.ENOENT) from None
+        if key[0] == "tmp":
+            st = self._tmp.get(ino)
+            if st is None:
+                raise fail(errno.ENOENT)
+            if st.committed is not None:
+                return ("chunk", *st.committed)
+            return ("tmp", st)
+        return key
+
+    def new_staging(self, parent: int, name: str) -> Staging:
+        """Create an empty staging file ``name`` in directory ``parent``."""
+        st = Staging(self._ino(("tmp", len(self._keys))))
+        self._tmp[st.ino] = st
+        self.staged[(parent, name)] = st
+        return st
+
+    def drop_staging(self, parent: int, name: str, committed: tuple[ArrayNode, tuple[int, ...]] | None) -> None:
+        """Remove a staging file's name; its inode shows ``committed`` from now on, if given."""
+        st = self.staged.pop((parent, name))
+        st.data = bytearray()
+        if committed is None:
+            self._tmp.pop(st.ino, None)
+        else:
+            st.committed = committed
+
+    def allocated(self, key: tuple) -> int | None:
+        """The inode of a node key if the kernel may know it, else None."""
+        return self._inos.get(key)
 
     def chunk_ino(self, arr: ArrayNode, coords: tuple[int, ...]) -> int:
         return CHUNK_BASE + (arr.slot << SLOT_SHIFT) + arr.info.layout.linear(coords)
@@ -198,6 +243,9 @@ class View:
 
     # ----- shard indexes ------------------------------------------------------------------
 
+    def array(self, path: str) -> ArrayNode | None:
+        return self._arrays.get(path)
+
     def shard_key(self, arr: ArrayNode, shard: tuple[int, ...]) -> str:
         return _join(arr.path, arr.info.layout.keys.key(shard))
 
@@ -229,23 +277,30 @@ class View:
             raise fail(errno.EIO)
         return version, cached
 
-    async def extent(self, arr: ArrayNode, coords: tuple[int, ...]) -> Extent | None:
-        """Where inner chunk ``coords`` is stored; None if it is empty or outside the grid."""
+    async def extent(self, arr: ArrayNode, coords: tuple[int, ...]) -> Extent | Pending | None:
+        """Where inner chunk ``coords`` is: pending in the writeback, stored in a shard, or
+        None if it is empty or outside the grid."""
         layout = arr.info.layout
         if not layout.in_grid(coords):
             return None
         shard, pos = layout.locate(coords)
+        pending = self.writeback.pending((arr.path, shard), pos) if self.writeback else None
+        if pending is not None:
+            return pending if pending.data is not None else None
         found = await self.shard_table(arr, shard)
         if found is None:
             return None
         version, table = found
         return shard_mod.extent(self.shard_key(arr, shard), version, table, pos)
 
-    def _chunk_attr(self, arr: ArrayNode, coords: tuple[int, ...], ext: Extent) -> Attr:
-        size = ext.nbytes - (4 if arr.info.chunk.crc32c else 0)
+    def _chunk_attr(self, arr: ArrayNode, coords: tuple[int, ...], where: Extent | Pending) -> Attr:
+        if isinstance(where, Pending):
+            stored, mtime_ns = len(where.data), where.mtime_ns
+        else:
+            stored, mtime_ns = where.nbytes, where.version.mtime_ns
+        size = stored - (4 if arr.info.chunk.crc32c else 0)
         nlink = 1 if arr.info.layout.index is None else 2
-        return Attr(self.chunk_ino(arr, coords), stat.S_IFREG | self._file_mode, max(size, 0),
-                    ext.version.mtime_ns, nlink)
+        return Attr(self.chunk_ino(arr, coords), stat.S_IFREG | self._file_mode, max(size, 0), mtime_ns, nlink)
 
     async def stored_shards(self, arr: ArrayNode, rel: str = "") -> list[tuple[int, ...]]:
         """Coordinates of the stored shards at or below source directory ``rel`` of the array."""
@@ -259,6 +314,8 @@ class View:
                 coords = keys.parse(sub)
                 if coords is not None and arr.info.layout.shard_in_grid(coords):
                     out.append(coords)
+        if not rel and self.writeback is not None:
+            out = sorted(set(out) | set(self.writeback.dirty_shards(arr.path)))
         return out
 
     async def shard_chunks(self, arr: ArrayNode, shard: tuple[int, ...]) -> list[tuple[tuple[int, ...], Attr]]:
@@ -267,16 +324,20 @@ class View:
             found = await self.shard_table(arr, shard)
         except OSError:
             return []
-        if found is None:
-            return []
-        version, table = found
-        key = self.shard_key(arr, shard)
+        where: dict[int, Extent | Pending | None] = {}
+        if found is not None:
+            version, table = found
+            key = self.shard_key(arr, shard)
+            for pos in np.flatnonzero(table[:, 0] != EMPTY):
+                where[int(pos)] = shard_mod.extent(key, version, table, int(pos))
+        if self.writeback is not None:
+            for pos, p in self.writeback.pending_in((arr.path, shard)).items():
+                where[pos] = p if p.data is not None else None
         out = []
-        for pos in np.flatnonzero(table[:, 0] != EMPTY):
-            coords = arr.info.layout.chunk_at(shard, int(pos))
-            if coords is not None:
-                ext = shard_mod.extent(key, version, table, int(pos))
-                out.append((coords, self._chunk_attr(arr, coords, ext)))
+        for pos, w in sorted(where.items()):
+            coords = arr.info.layout.chunk_at(shard, pos)
+            if coords is not None and w is not None:
+                out.append((coords, self._chunk_attr(arr, coords, w)))
         return out
 
     # ----- name resolution ----------------------------------------------------------------
@@ -285,6 +346,8 @@ class View:
         """The attributes of entry ``name`` of directory ``parent``; ENOENT if none."""
         key = self._key(parent)
         kind = key[0]
+        if (parent, name) in self.staged:
+            return await self.getattr(self.staged[(parent, name)].ino)
         if kind == "dir":
             node = await self._node(key[1])
             if node is None:
@@ -371,6 +434,9 @@ class View:
         kind = key[0]
         if kind == "chunk":
             return await self._chunk_entry(key[1], key[2])
+        if kind == "tmp":
+            st = key[1]
+            return Attr(ino, stat.S_IFREG | self._file_mode, len(st.data), st.mtime_ns)
         if kind == "dir":
             node = await self._node(key[1])
             if node is None:
@@ -385,11 +451,15 @@ class View:
         arr = self._arrays[key[1]]
         if kind == "sdir":
             src = _join(arr.path, key[2])
-            if arr.info.layout.keys.parse(key[2]) is not None:
+            shard = arr.info.layout.keys.parse(key[2])
+            if shard is not None:
                 version = await blocking(self.source.version, src)
-                if version is None:
-                    raise fail(errno.ENOENT)
-                return self._dir_attr(ino, version.mtime_ns)
+                if version is not None:
+                    return self._dir_attr(ino, version.mtime_ns)
+                if self.writeback is not None and any(
+                        p.data is not None for p in self.writeback.pending_in((arr.path, shard)).values()):
+                    return self._dir_attr(ino, self.mount_ns)
+                raise fail(errno.ENOENT)
             if not await blocking(self.source.is_dir, src):
                 raise fail(errno.ENOENT)
             return self._dir_attr(ino, arr.version.mtime_ns)
@@ -402,6 +472,13 @@ class View:
 
     async def listdir(self, ino: int) -> list[tuple[str, Attr]]:
         """All entries of a directory with their attributes (for readdirplus)."""
+        entries = await self._listdir(ino)
+        for (parent, name), st in sorted(self.staged.items()):
+            if parent == ino:
+                entries.append((name, await self.getattr(st.ino)))
+        return entries
+
+    async def _listdir(self, ino: int) -> list[tuple[str, Attr]]:
         key = self._key(ino)
         kind = key[0]
         if kind == "dir":
@@ -422,7 +499,7 @@ class View:
             if node.info is not None:
                 out.extend(await self._list_array(node, "", ()))
             return out
-        if kind == "chunk" or kind == "meta":
+        if kind in ("chunk", "meta", "tmp"):
             raise fail(errno.ENOTDIR)
         arr = self._arrays[key[1]]
         if kind == "sdir":
@@ -467,6 +544,61 @@ class View:
                 out.append((str(i), self._dir_attr(kino, arr.version.mtime_ns)))
         return out
 
+    async def chunk_at_name(self, parent: int, name: str) -> tuple[ArrayNode, tuple[int, ...]] | None:
+        """The inner chunk that entry ``name`` of directory ``parent`` names, if any (stored or not)."""
+        key = self._key(parent)
+        kind = key[0]
+        if kind == "dir":
+            node = await self._node(key[1])
+            if not isinstance(node, ArrayNode) or node.info is None:
+                return None
+            arr, prefix = node, ()
+        elif kind in ("sdir", "kdir"):
+            arr = self._arrays[key[1]]
+            prefix = key[2] if kind == "kdir" else None
+        else:
+            return None
+        layout = arr.info.layout
+        if prefix is None:
+            shard = layout.keys.parse(key[2])
+            coords = parse_chunk_name(name, layout.ndim) if shard is not None else None
+            if coords is None or layout.locate(coords)[0] != shard:
+                return None
+        elif view_separator(layout.keys) == "/":
+            if not (name.isdigit() and str(int(name)) == name) or len(prefix) + 1 != layout.ndim:
+                return None
+            coords = prefix + (int(name),)
+        else:
+            coords = parse_chunk_name(name, layout.ndim)
+        return (arr, coords) if coords is not None and layout.in_grid(coords) else None
+
+    def chunk_entries(self, arr: ArrayNode, coords: tuple[int, ...]) -> list[tuple[int, str]]:
+        """The ``(directory inode, name)`` pairs under which the kernel may know a chunk file."""
+        layout = arr.info.layout
+        if view_separator(layout.keys) == "/":
+            parent = ("kdir", arr.path, coords[:-1]) if len(coords) > 1 else ("dir", arr.path)
+            names = [(parent, str(coords[-1]) if coords else "0")]
+        else:
+            names = [(("dir", arr.path), chunk_name(coords))]
+        if layout.index is not None:
+            shard_rel = layout.keys.key(layout.locate(coords)[0])
+            names.append((("sdir", arr.path, shard_rel), chunk_name(coords)))
+        out = []
+        for key, name in names:
+            ino = self._inos.get(key)
+            if ino is not None:
+                out.append((ino, name))
+        return out
+
+    async def dir_node(self, ino: int) -> tuple[str, ArrayNode | GroupNode | None]:
+        """``(kind, node)`` of a directory inode: the group/array it shows or belongs to."""
+        key = self._key(ino)
+        if key[0] == "dir":
+            return "dir", await self._node(key[1])
+        if key[0] in ("sdir", "kdir"):
+            return key[0], self._arrays[key[1]]
+        raise fail(errno.ENOTDIR)
+
     # ----- reading ------------------------------------------------------------------------
 
     async def open(self, ino: int) -> ReadHandle:
@@ -477,6 +609,8 @@ class View:
             if node is None or key[2] not in self._meta_names(node):
                 raise fail(errno.ENOENT)
             return ReadHandle(ino, data=self._meta_bytes(node, key[2]))
+        if key[0] == "tmp":
+            return ReadHandle(ino, data=bytes(key[1].data))
         if key[0] != "chunk":
             raise fail(errno.EISDIR)
         arr, coords = key[1], key[2]
@@ -484,6 +618,8 @@ class View:
             ext = await self.extent(arr, coords)
             if ext is None:
                 raise fail(errno.ENOENT)
+            if isinstance(ext, Pending):
+                return ReadHandle(ino, data=ext.data[:-4] if arr.info.chunk.crc32c else ext.data)
             fd = await blocking(shard_mod.open_extent_sync, self.source, ext)
             if fd is not None:
                 break
