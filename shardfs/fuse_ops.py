@@ -240,11 +240,15 @@ class Operations(pyfuse3.Operations):
             writer = self._writable()
             handle = self._handles.get(fh) if fh is not None else None
             if not isinstance(handle, WriteHandle):
-                handle = await writer.open(inode, truncate=False)
-                await writer.truncate(handle, attr.st_size)
-                await writer.flush(handle)
-            else:
-                await writer.truncate(handle, attr.st_size)
+                handle = next((h for h in self._handles.values()
+                               if isinstance(h, WriteHandle) and h.ino == inode), None)
+            if handle is None:
+                current = await self.view.getattr(inode)
+                if current.size != attr.st_size:
+                    log.error("truncate of inode %d: only files open for writing can be resized", inode)
+                    raise pyfuse3.FUSEError(errno.EPERM)
+                return self._entry(current)
+            await writer.truncate(handle, attr.st_size)
             return self._entry(replace(await self.view.getattr(inode), size=len(handle.data())))
         return self._entry(await self.view.getattr(inode))
 

@@ -121,8 +121,8 @@ class Writer:
     async def flush(self, handle: WriteHandle) -> None:
         """Commit a written chunk file (close); errors are returned to close()."""
         if handle.chunk is not None and handle.dirty:
+            handle.dirty = False  # a refused write is reported (and logged) once
             await self.commit(*handle.chunk, bytes(handle.buf))
-            handle.dirty = False
 
     async def fsync(self, handle: WriteHandle | None) -> None:
         """Commit and make every committed chunk durable (journal fsync)."""
