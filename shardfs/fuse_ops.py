@@ -12,7 +12,9 @@ import functools
 import itertools
 import logging
 import os
-from dataclasses import dataclass, field, replace
+import stat
+import time
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, TypeVar
 
 import pyfuse3
@@ -114,6 +116,9 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        handle = self._open_write(inode)
+        if handle is not None and handle.chunk is not None:
+            return self._entry(Attr(inode, stat.S_IFREG | 0o644, len(handle.data()), time.time_ns(), 2))
         return self._entry(await self.view.getattr(inode))
 
     @_guard
@@ -240,8 +245,7 @@ class Operations(pyfuse3.Operations):
             writer = self._writable()
             handle = self._handles.get(fh) if fh is not None else None
             if not isinstance(handle, WriteHandle):
-                handle = next((h for h in self._handles.values()
-                               if isinstance(h, WriteHandle) and h.ino == inode), None)
+                handle = self._open_write(inode)
             if handle is None:
                 current = await self.view.getattr(inode)
                 if current.size != attr.st_size:
@@ -249,8 +253,12 @@ class Operations(pyfuse3.Operations):
                     raise pyfuse3.FUSEError(errno.EPERM)
                 return self._entry(current)
             await writer.truncate(handle, attr.st_size)
-            return self._entry(replace(await self.view.getattr(inode), size=len(handle.data())))
-        return self._entry(await self.view.getattr(inode))
+        return await self.getattr(inode)
+
+    def _open_write(self, inode: int) -> WriteHandle | None:
+        """A handle with uncommitted writes to ``inode``, if any (its size is what stat shows)."""
+        return next((h for h in self._handles.values()
+                     if isinstance(h, WriteHandle) and h.ino == inode and h.dirty), None)
 
     @_guard
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
