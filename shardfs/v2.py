@@ -9,6 +9,7 @@ bytes unchanged when the inner codec chain has a v2 spelling, minus a trailing
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -26,13 +27,43 @@ from zarr.codecs import (
     TransposeCodec,
     ZstdCodec,
 )
+from zarr.core.array_spec import ArrayConfig, ArraySpec
+from zarr.core.buffer import default_buffer_prototype
 from zarr.core.chunk_key_encodings import V2ChunkKeyEncoding
+from zarr.core.codec_pipeline import BatchedCodecPipeline
+from zarr.core.sync import sync as zarr_sync
 from zarr.core.metadata.v3 import ArrayV3Metadata
 
 from shardfs.index import IndexFormat
 from shardfs.layout import ArrayLayout, KeyScheme, Unpresentable
 
+log = logging.getLogger("shardfs")
 _BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+
+
+class CorruptChunk(ValueError):
+    """Stored inner-chunk bytes that do not decode (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Transcoder:
+    """zarr-python's own codec pipeline for an inner chain that v2 cannot express."""
+
+    pipeline: Any
+    spec: Any
+
+    def decode(self, stored: bytes) -> bytes:
+        buf = default_buffer_prototype().buffer.from_bytes(stored)
+        (out,) = zarr_sync(self.pipeline.decode([(buf, self.spec)]))
+        if out is None:
+            raise CorruptChunk("inner chunk decodes to nothing")
+        return np.ascontiguousarray(out.as_numpy_array()).tobytes()
+
+    def encode(self, raw: bytes, dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+        array = np.frombuffer(raw, dtype=dtype).reshape(shape)
+        nd = default_buffer_prototype().nd_buffer.from_numpy_array(array)
+        (out,) = zarr_sync(self.pipeline.encode([(nd, self.spec)]))
+        return out.to_bytes()
 
 
 @dataclass(frozen=True)
@@ -40,7 +71,9 @@ class ChunkFormat:
     """How a stored inner chunk becomes the bytes of its chunk file.
 
     ``crc32c``: the stored bytes end with a crc32c of the rest, verified and
-    stripped on read, appended on write.
+    stripped on read, appended on write. ``transcoder``: the chain has no v2
+    spelling; chunk files hold the raw C-order array bytes (``compressor``
+    null), decoded and encoded with zarr's codecs.
     """
 
     dtype: np.dtype
@@ -48,6 +81,34 @@ class ChunkFormat:
     compressor: dict[str, Any] | None
     crc32c: bool
     nbytes: int  # decoded size of one inner chunk
+    shape: tuple[int, ...] = ()
+    transcoder: Transcoder | None = None
+
+    @property
+    def decodes(self) -> bool:
+        """True if serving a chunk needs its whole stored bytes (checksum or transcoding)."""
+        return self.crc32c or self.transcoder is not None
+
+    def file_size(self, stored_nbytes: int) -> int:
+        """``st_size`` of a chunk file whose stored form is ``stored_nbytes`` long."""
+        if self.transcoder is not None:
+            return self.nbytes
+        return max(0, stored_nbytes - (4 if self.crc32c else 0))
+
+    def to_file(self, stored: bytes) -> bytes:
+        """The chunk file's bytes for a stored inner chunk; ``CorruptChunk`` if it does not decode."""
+        if self.transcoder is not None:
+            try:
+                return self.transcoder.decode(stored)
+            except CorruptChunk:
+                raise
+            except Exception as e:
+                raise CorruptChunk(f"inner chunk does not decode: {e}") from None
+        if not self.crc32c:
+            return stored
+        if len(stored) < 4 or crc32c.crc32c(stored[:-4]) != int.from_bytes(stored[-4:], "little"):
+            raise CorruptChunk("crc32c of the inner chunk does not match")
+        return stored[:-4]
 
     def check(self, data: bytes) -> str | None:
         """Why ``data`` is not exactly one inner chunk in this format (None if it is).
@@ -67,7 +128,9 @@ class ChunkFormat:
         return None
 
     def stored(self, data: bytes) -> bytes:
-        """The bytes to store in the shard for chunk-file bytes ``data``."""
+        """The bytes to store in the shard for chunk-file bytes ``data`` (already checked)."""
+        if self.transcoder is not None:
+            return self.transcoder.encode(data, self.dtype, self.shape)
         return data + crc32c.crc32c(data).to_bytes(4, "little") if self.crc32c else data
 
 
@@ -110,7 +173,11 @@ def describe_array(doc: dict[str, Any]) -> ArrayInfo:
     else:
         layout = ArrayLayout(shape, outer_chunks, outer_chunks, None, keys)
         inner = codecs
-    chunk = _chunk_format(inner, dtype, len(shape), math.prod(layout.chunk_shape) * dtype.itemsize)
+    try:
+        chunk = _chunk_format(inner, dtype, len(shape), math.prod(layout.chunk_shape) * dtype.itemsize)
+    except Unpresentable as e:
+        log.info("%s: transcoding inner chunks (%s)", doc.get("node_type"), e)
+        chunk = _transcoded(inner, meta, layout.chunk_shape)
     attrs = dict(meta.attributes)
     names = meta.dimension_names
     if names is not None and all(isinstance(n, str) for n in names):
@@ -206,6 +273,21 @@ def _chunk_format(codecs: tuple[Any, ...], dtype: np.dtype, ndim: int, nbytes: i
         raise Unpresentable(f"inner codecs {codecs} have no v2 equivalent")
     compressor = _compressor(chain[0]) if chain else None
     return ChunkFormat(v2dtype, order, compressor, crc, nbytes)
+
+
+def _transcoded(codecs: tuple[Any, ...], meta: ArrayV3Metadata, shape: tuple[int, ...]) -> ChunkFormat:
+    """A format serving raw little-endian C-order chunks, coded with zarr's own pipeline."""
+    spec = ArraySpec(shape=shape, dtype=meta.data_type, fill_value=meta.fill_value,
+                     config=ArrayConfig(order="C", write_empty_chunks=True),
+                     prototype=default_buffer_prototype())
+    try:
+        pipeline = BatchedCodecPipeline.from_codecs([c.evolve_from_array_spec(spec) for c in codecs])
+    except Exception as e:
+        raise Unpresentable(f"inner codecs {codecs} cannot be decoded: {e}") from e
+    dtype = np.dtype(meta.data_type.to_native_dtype())
+    dtype = dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
+    return ChunkFormat(dtype, "C", None, False, math.prod(shape) * dtype.itemsize, shape,
+                       Transcoder(pipeline, spec))
 
 
 def _compressor(codec: Any) -> dict[str, Any]:

@@ -25,7 +25,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
-import crc32c
 import numpy as np
 import trio
 
@@ -35,7 +34,7 @@ from shardfs.layout import Unpresentable
 from shardfs.shard import CorruptShard, Extent, IndexCache
 from shardfs.source import Source, Version
 from shardfs.writeback import Pending, Writeback
-from shardfs.v2 import ArrayInfo, describe_array, group_files, view_separator
+from shardfs.v2 import ArrayInfo, CorruptChunk, describe_array, group_files, view_separator
 
 log = logging.getLogger("shardfs")
 
@@ -298,7 +297,7 @@ class View:
             stored, mtime_ns = len(where.data), where.mtime_ns
         else:
             stored, mtime_ns = where.nbytes, where.version.mtime_ns
-        size = stored - (4 if arr.info.chunk.crc32c else 0)
+        size = arr.info.chunk.file_size(stored)
         nlink = 1 if arr.info.layout.index is None else 2
         return Attr(self.chunk_ino(arr, coords), stat.S_IFREG | self._file_mode, max(size, 0), mtime_ns, nlink)
 
@@ -619,23 +618,28 @@ class View:
             if ext is None:
                 raise fail(errno.ENOENT)
             if isinstance(ext, Pending):
-                return ReadHandle(ino, data=ext.data[:-4] if arr.info.chunk.crc32c else ext.data)
+                return ReadHandle(ino, data=await self._decoded(arr, coords, ext.data))
             fd = await blocking(shard_mod.open_extent_sync, self.source, ext)
             if fd is not None:
                 break
         else:
             raise fail(errno.EIO, "shard keeps changing")
-        handle = ReadHandle(ino, fd=fd, offset=ext.offset, nbytes=ext.nbytes)
-        if arr.info.chunk.crc32c:
-            try:
-                handle.data = await blocking(_read_verified, fd, ext)
-            except CorruptShard as e:
-                os.close(fd)
-                log.error("%s: corrupt chunk %s: %s", self.source.path(ext.key), chunk_name(coords), e)
-                raise fail(errno.EIO) from None
+        if not arr.info.chunk.decodes:
+            return ReadHandle(ino, fd=fd, offset=ext.offset, nbytes=ext.nbytes)
+        try:
+            stored = await blocking(os.pread, fd, ext.nbytes, ext.offset)
+        finally:
             os.close(fd)
-            handle.fd = -1
-        return handle
+        return ReadHandle(ino, data=await self._decoded(arr, coords, stored, ext.key))
+
+    async def _decoded(self, arr: ArrayNode, coords: tuple[int, ...], stored: bytes, key: str = "") -> bytes:
+        """A chunk file's bytes from its stored form (checksum/transcoding); EIO if corrupt."""
+        try:
+            return await blocking(arr.info.chunk.to_file, stored)
+        except CorruptChunk as e:
+            where = self.source.path(key or arr.path)
+            log.error("%s: corrupt chunk %s: %s", where, chunk_name(coords), e)
+            raise fail(errno.EIO) from None
 
     async def read(self, handle: ReadHandle, offset: int, size: int) -> bytes:
         if handle.data is not None:
@@ -666,11 +670,3 @@ def pread_cached(fd: int, size: int, offset: int) -> bytes | None:
     except (BlockingIOError, OSError):
         return None
     return bytes(buf) if n == size else None
-
-
-def _read_verified(fd: int, ext: Extent) -> bytes:
-    """Read a chunk stored with a trailing crc32c, verify it and return it without the checksum."""
-    raw = os.pread(fd, ext.nbytes, ext.offset)
-    if len(raw) < 4 or crc32c.crc32c(raw[:-4]) != int.from_bytes(raw[-4:], "little"):
-        raise CorruptShard("crc32c of the inner chunk does not match")
-    return raw[:-4]
