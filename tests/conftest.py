@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -43,9 +44,22 @@ def _is_alive(pid: int) -> bool:
     return True
 
 
-def lazy_unmount(mnt: Path) -> None:
-    """``fusermount3 -u -z MNT`` if something is mounted there (never raises)."""
-    if os.path.ismount(mnt):
+def is_mounted(mnt) -> bool:
+    """True if ``mnt`` is in the mount table (unlike ``os.path.ismount``, also for a
+    dead FUSE mount whose stat fails with ENOTCONN)."""
+    target = os.path.realpath(mnt)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4]
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point)
+            if point == target:
+                return True
+    return False
+
+
+def lazy_unmount(mnt) -> None:
+    """``fusermount3 -u -z MNT`` if anything (even a dead FUSE mount) is mounted there."""
+    if is_mounted(mnt):
         subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True, timeout=30)
 
 
@@ -106,7 +120,7 @@ class Mount:
             problems.append(f"daemon pid {self.pid} still alive 5 s after unmount; killed")
             os.kill(self.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
-        if os.path.ismount(self.mnt):
+        if is_mounted(self.mnt):
             problems.append(f"{self.mnt} still mounted after fusermount3 -u -z")
         if not self.allow_traceback and "Traceback" in self.output():
             problems.append(f"daemon output contains a Traceback:\n{self.output()[-8000:]}")
@@ -271,3 +285,31 @@ def assert_same_array(actual, expected, what: str = "") -> None:
         f"{what}: dtype {actual.dtype.str} != {expected.dtype.str}"
     )
     np.testing.assert_array_equal(actual, expected, err_msg=what, strict=False)
+
+
+# --------------------------------------------------------------------------- datasets
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "transcode: array whose inner chain v2 cannot express (served transcoded)")
+
+
+def case_params(cases):
+    """pytest params with readable ids; transcoded cases carry the ``transcode`` mark."""
+    return [pytest.param(c, id=c.id, marks=[] if c.passthrough else [pytest.mark.transcode]) for c in cases]
+
+
+class Matrix:
+    """The read matrix source: ``root`` (v3 hierarchy) and ``data[case.id]`` (what was written)."""
+
+    def __init__(self, root: Path, data: dict):
+        self.root, self.data = root, data
+
+
+@pytest.fixture(scope="session")
+def matrix(tmp_path_factory) -> Matrix:
+    from datasets import build_matrix
+
+    root = tmp_path_factory.mktemp("matrix") / "src"
+    return Matrix(root, build_matrix(root))

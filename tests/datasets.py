@@ -291,7 +291,7 @@ CASES: list[ArrayCase] = [
         and c.get("clevel") == 3 and c.get("shuffle") == 2 and "typesize" not in c,
     ),
     ArrayCase(
-        "u16_1d_ts_transposeF_v2slash", shape=(45,), chunk=(5,), shard=(20,), dtype="uint16", fill=7,
+        "u16_1d_ts_innercrc32c_v2slash", shape=(45,), chunk=(5,), shard=(20,), dtype="uint16", fill=7,
         inner=(BYTES_LE, CRC32C), key_encoding=key_encoding("v2", "/"), writer="tensorstore",
         index_location="start",
     ),

@@ -1,0 +1,283 @@
+"""Corrupt shards, absurd metadata, bad sources and the command line."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import crc32c
+import numpy as np
+import pytest
+
+from conftest import lazy_unmount, read_native, read_zarr2, read_zarr3_v2, run_shardfs
+from datasets import BYTES_LE, ArrayCase, read_index, write_case, write_group
+
+# ------------------------------------------------------------------ helpers
+
+
+def read_errno(path: Path) -> int | None:
+    """errno of reading ``path`` (None if it reads fine)."""
+    try:
+        with open(path, "rb") as f:
+            f.read()
+    except OSError as e:
+        return e.errno
+    return None
+
+
+def daemon_pids(mnt: Path) -> list[int]:
+    """PIDs of shardfs processes serving ``mnt`` (a unique tmp path: only ours)."""
+    needle = str(mnt).encode()
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            argv = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if needle in argv and any(b"shardfs" in a for a in argv):
+            pids.append(int(d))
+    return pids
+
+
+@pytest.fixture
+def mnt_dir(tmp_path):
+    """A mountpoint for tests that run the CLI themselves; always cleaned up."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    yield mnt
+    lazy_unmount(mnt)
+    deadline = time.monotonic() + 5
+    while daemon_pids(mnt) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in daemon_pids(mnt):
+        os.kill(pid, signal.SIGKILL)
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+GOOD = ArrayCase("good", shape=(6, 7), chunk=(2, 2), shard=(4, 4), dtype="int16", fill=0,
+                 inner=(BYTES_LE,), empty_frac=0.0)
+BAD = ArrayCase("bad", shape=(8, 8), chunk=(2, 2), shard=(4, 4), dtype="uint16", fill=0,
+                inner=(BYTES_LE,), empty_frac=0.0)  # index at the end, little endian, crc32c
+
+
+def local_chunks(shard):
+    return [(shard[0] * 2 + i, shard[1] * 2 + j) for i in range(2) for j in range(2)]
+
+
+# ------------------------------------------------------------------ corrupt shards
+
+
+@pytest.fixture
+def corrupt_src(tmp_path):
+    src = tmp_path / "src"
+    write_group(src, {})
+    write_case(GOOD, src)
+    write_case(BAD, src, data=np.arange(1, 65, dtype="uint16").reshape(8, 8))
+    arr = src / "bad"
+    nbytes = 4 * 16 + 4
+    # c/0/1: index checksum wrong.
+    f = arr / "c/0/1"
+    b = bytearray(f.read_bytes())
+    b[-1] ^= 0xFF
+    f.write_bytes(bytes(b))
+    # c/1/0: shorter than its index.
+    f = arr / "c/1/0"
+    f.write_bytes(f.read_bytes()[:30])
+    # c/1/1: entry 0 points past the end of the file (checksum recomputed: valid).
+    f = arr / "c/1/1"
+    b = f.read_bytes()
+    table = read_index(BAD, b).reshape(-1, 2).copy()
+    table[0, 0] = len(b) + 100
+    body = table.astype("<u8").tobytes()
+    f.write_bytes(b[: len(b) - nbytes] + body + crc32c.crc32c(body).to_bytes(4, "little"))
+    return src
+
+
+def test_corrupt_shards_give_eio_and_one_log_line(mount, corrupt_src):
+    mnt = mount(corrupt_src)
+    bad = mnt / "bad"
+    affected = {"c/0/1": local_chunks((0, 1)), "c/1/0": local_chunks((1, 0)), "c/1/1": [(2, 2)]}
+    for key, chunks in affected.items():
+        for i in chunks:
+            name = f"{i[0]}.{i[1]}"
+            assert read_errno(bad / name) == errno.EIO, f"bad/{name} (shard {key})"
+            assert read_errno(bad / key / name) == errno.EIO, f"bad/{key}/{name}"
+        r = subprocess.run(["ls", "-A1", str(bad / key)], capture_output=True, text=True, timeout=30)
+        assert (r.returncode != 0 and "Input/output error" in r.stderr) or r.stdout.strip() == "", (key, r)
+
+    # The intact shard of the same array, and another array, still read correctly.
+    for i in local_chunks((0, 0)):
+        want = bytes(np.arange(1, 65, dtype="<u2").reshape(8, 8)[i[0] * 2:i[0] * 2 + 2, i[1] * 2:i[1] * 2 + 2])
+        assert (bad / f"{i[0]}.{i[1]}").read_bytes() == want
+        assert (bad / "c/0/0" / f"{i[0]}.{i[1]}").read_bytes() == want
+    np.testing.assert_array_equal(read_zarr3_v2(mnt / "good"), read_native(corrupt_src / "good"))
+    np.testing.assert_array_equal(read_zarr2(mnt / "good"), read_native(corrupt_src / "good"))
+
+    info = mount.info(mnt)
+    assert info.alive() and os.path.ismount(mnt)
+    lines = info.log_text().splitlines()
+    reasons = {"c/0/1": r"checksum|crc", "c/1/0": r"short|truncat|small", "c/1/1": r"outside|past|beyond|offset"}
+    for key, reason in reasons.items():
+        hits = [ln for ln in lines if f"bad/{key}" in ln and re.search(reason, ln, re.I)]
+        assert len(hits) == 1, f"want one log line naming bad/{key} with reason /{reason}/, got {len(hits)}:\n" + "\n".join(lines[-40:])
+
+
+def test_absurd_metadata_is_refused(mount, tmp_path):
+    src = tmp_path / "src"
+    write_group(src, {})
+    write_case(GOOD, src)
+    huge = src / "huge"
+    huge.mkdir()
+    side = 2**20
+    (huge / "zarr.json").write_text(json.dumps({
+        "zarr_format": 3, "node_type": "array", "shape": [side, side], "data_type": "uint8",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [side, side]}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": 0, "attributes": {},
+        "codecs": [{"name": "sharding_indexed", "configuration": {
+            "chunk_shape": [1, 1], "codecs": [{"name": "bytes"}],
+            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+            "index_location": "end"}}],
+    }))
+    (huge / "c" / "0").mkdir(parents=True)
+    (huge / "c" / "0" / "0").write_bytes(b"\x00" * 4096)
+
+    mnt = mount(src)
+    info = mount.info(mnt)
+    # Poke the refused array every way a client would.
+    errors = {}
+    for rel in ["huge/.zarray", "huge/0.0", "huge/c/0/0/0.0", "huge"]:
+        p = mnt / rel
+        try:
+            if p.is_dir():
+                os.listdir(p)
+            else:
+                p.read_bytes()
+        except OSError as e:
+            errors[rel] = e.errno
+    assert "huge/.zarray" in errors, "the absurd array must not be shown as a v2 array"
+    assert "huge/0.0" in errors
+    assert info.alive() and os.path.ismount(mnt)
+    assert rss_mib(info.pid) < 150
+    np.testing.assert_array_equal(read_zarr3_v2(mnt / "good"), read_native(src / "good"))
+    lines = [ln for ln in info.log_text().splitlines() if "huge" in ln and re.search(r"WARNING|ERROR", ln)]
+    assert lines, "no log line explains why 'huge' is refused"
+
+
+# ------------------------------------------------------------------ bad sources
+
+
+def _bad_source(kind: str, tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    if kind == "missing":
+        return src
+    src.mkdir()
+    if kind == "no_zarr_json":
+        (src / "data.bin").write_bytes(b"x")
+    elif kind == "zarr_v2":
+        (src / ".zgroup").write_text(json.dumps({"zarr_format": 2}))
+        (src / "a").mkdir()
+        (src / "a" / ".zarray").write_text(json.dumps({
+            "zarr_format": 2, "shape": [4], "chunks": [2], "dtype": "<i4", "compressor": None,
+            "fill_value": 0, "filters": None, "order": "C"}))
+    elif kind == "garbage_json":
+        (src / "zarr.json").write_text("{this is not json")
+    elif kind == "json_not_zarr":
+        (src / "zarr.json").write_text(json.dumps(["not", "metadata"]))
+    else:
+        raise AssertionError(kind)
+    return src
+
+
+@pytest.mark.parametrize("foreground", [False, True], ids=["daemon", "foreground"])
+@pytest.mark.parametrize("kind", ["missing", "no_zarr_json", "zarr_v2", "garbage_json", "json_not_zarr"])
+def test_bad_source_is_refused(kind, foreground, tmp_path, mnt_dir):
+    src = _bad_source(kind, tmp_path)
+    r = run_shardfs("mount", str(src), str(mnt_dir), *(["-f"] if foreground else []))
+    assert r.returncode != 0
+    err = r.stderr.strip()
+    assert len(err.splitlines()) == 1, f"expected one line on stderr, got:\n{r.stderr}"
+    assert "Traceback" not in err
+    assert str(src) in err or "src" in err, err
+    assert not os.path.ismount(mnt_dir)
+    assert daemon_pids(mnt_dir) == []
+
+
+# ------------------------------------------------------------------ command line
+
+
+@pytest.mark.parametrize("argv", [[], ["--bogus"], ["mount", "--bogus", "a", "b"], ["mount"], ["frobnicate"]],
+                         ids=["no_args", "unknown_option", "unknown_mount_option", "missing_args", "unknown_cmd"])
+def test_bad_usage_exits_2(argv):
+    r = run_shardfs(*argv)
+    assert r.returncode == 2, r
+    assert "usage" in r.stderr.lower()
+    assert "Traceback" not in r.stderr
+
+
+def test_version():
+    import pyfuse3
+    import zarr
+
+    r = run_shardfs("--version")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.lower()
+    for name in ("pyfuse3", "zarr", "libfuse"):
+        assert name in out
+    assert pyfuse3.__version__ in r.stdout
+    assert zarr.__version__ in r.stdout
+    assert re.search(r"libfuse\D*3\.\d+", out), r.stdout
+
+
+def test_daemonized_mount_and_umount(tmp_path, mnt_dir):
+    write_case(GOOD, tmp_path)
+    src = tmp_path / "good"  # the source root is an array
+    log = tmp_path / "daemon.log"
+    r = run_shardfs("mount", str(src), str(mnt_dir), "--log-file", str(log))
+    assert r.returncode == 0, r.stderr
+    assert os.path.ismount(mnt_dir), "mount must be live when 'shardfs mount' returns"
+    assert daemon_pids(mnt_dir), "no daemon process left running"
+    np.testing.assert_array_equal(read_zarr3_v2(mnt_dir), read_native(src))
+    assert json.loads((mnt_dir / ".zarray").read_text())["chunks"] == [2, 2]
+
+    r = run_shardfs("umount", str(mnt_dir))
+    assert r.returncode == 0, r.stderr
+    assert not os.path.ismount(mnt_dir)
+    deadline = time.monotonic() + 5
+    while daemon_pids(mnt_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert daemon_pids(mnt_dir) == [], "daemon still running after 'shardfs umount'"
+    assert "Traceback" not in log.read_text()
+
+    r = run_shardfs("umount", str(mnt_dir))
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_read_only_option_refuses_writes(mount, tmp_path):
+    src = tmp_path / "src"
+    write_group(src, {})
+    write_case(GOOD, src)
+    mnt = mount(src, "-o", "ro")
+    chunk = mnt / "good" / "0.0"
+    before = chunk.read_bytes()
+    for attempt in (lambda: open(chunk, "r+b"), lambda: open(mnt / "good" / "new.tmp", "wb"),
+                    lambda: os.unlink(chunk), lambda: os.mkdir(mnt / "good" / "d")):
+        with pytest.raises(OSError) as e:
+            attempt()
+        assert e.value.errno == errno.EROFS
+    assert chunk.read_bytes() == before
+    np.testing.assert_array_equal(read_zarr3_v2(mnt / "good"), read_native(src / "good"))

@@ -1,0 +1,233 @@
+"""POSIX view of the mount with the real tools: ls, find, stat, cat, cp.
+
+Expected names are computed from the data written (datasets.stored_chunks),
+never from the daemon.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import case_params
+from datasets import CASES, CASES_BY_ID, empty_in_bounds_chunks, stored_chunks, stored_inner_bytes
+
+SHARDED = [c for c in CASES if c.sharded]
+
+
+@pytest.fixture(scope="module")
+def view(matrix, module_mount):
+    return module_mount(matrix.root)
+
+
+def run(*cmd, check=True) -> subprocess.CompletedProcess:
+    r = subprocess.run(cmd, capture_output=True, timeout=60)
+    if check:
+        assert r.returncode == 0, f"{cmd} -> {r.returncode}: {r.stderr.decode(errors='replace')}"
+    return r
+
+
+def prefixes(rel: str) -> set[str]:
+    parts = rel.split("/")
+    return {"/".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def expected_tree(case, data) -> tuple[set[str], set[str]]:
+    """(files, dirs) relative to the array directory."""
+    stored = stored_chunks(case, data)
+    files = {".zarray", ".zattrs"} | {case.chunk_file(i) for i in stored}
+    dirs: set[str] = set()
+    if case.sharded:
+        for s in {case.shard_of(i) for i in stored}:
+            dirs.add(case.shard_dir(s))
+        files |= {f"{case.shard_dir(case.shard_of(i))}/{case.entry_name(i)}" for i in stored}
+    for f in list(files) + list(dirs):
+        dirs |= prefixes(f)
+    return files, dirs
+
+
+def find_tree(path: Path) -> tuple[set[str], set[str]]:
+    out = run("find", str(path), "-mindepth", "1", "-printf", r"%y %P\n").stdout.decode()
+    files, dirs, other = set(), set(), set()
+    for line in out.splitlines():
+        kind, rel = line.split(" ", 1)
+        {"f": files, "d": dirs}.get(kind, other).add(rel)
+    assert not other, f"unexpected node types: {other}"
+    return files, dirs
+
+
+def assert_enoent(path: Path) -> None:
+    with pytest.raises(OSError) as e:
+        os.stat(path)
+    assert e.value.errno == errno.ENOENT, f"{path}: {e.value}"
+
+
+# ------------------------------------------------------------------ listings
+
+
+@pytest.mark.parametrize("case", case_params(SHARDED))
+def test_find_lists_exactly_the_stored_chunks(case, view, matrix):
+    files, dirs = find_tree(view / case.relpath)
+    exp_files, exp_dirs = expected_tree(case, matrix.data[case.id])
+    assert files == exp_files, (
+        f"missing {sorted(exp_files - files)[:10]}, unexpected {sorted(files - exp_files)[:10]}"
+    )
+    assert dirs == exp_dirs, f"missing {sorted(exp_dirs - dirs)[:10]}, unexpected {sorted(dirs - exp_dirs)[:10]}"
+
+
+@pytest.mark.parametrize("case", case_params(SHARDED))
+def test_ls_of_each_shard_dir(case, view, matrix):
+    stored = stored_chunks(case, matrix.data[case.id])
+    by_shard: dict[tuple, set[str]] = {}
+    for i in stored:
+        by_shard.setdefault(case.shard_of(i), set()).add(case.entry_name(i))
+    for s, names in by_shard.items():
+        out = run("ls", "-A1", str(view / case.relpath / case.shard_dir(s))).stdout.decode()
+        assert set(out.split()) == names, f"shard {s}"
+
+
+def test_unsharded_array_root_files(view, matrix):
+    case = CASES_BY_ID["u32_2d_unsharded_gzip"]
+    stored = stored_chunks(case, matrix.data[case.id])
+    names = set(run("ls", "-A1", str(view / case.relpath)).stdout.decode().split())
+    assert "zarr.json" not in names
+    files = {n for n in names if (view / case.relpath / n).is_file()}
+    assert files == {".zarray", ".zattrs"} | {case.chunk_file(i) for i in stored}
+
+
+def test_zarr_json_never_shown(view):
+    out = run("find", str(view), "-name", "zarr.json").stdout.decode()
+    assert out == ""
+    for rel in ["", "grp", "grp/sub", "raw", "grp/sub/deep"]:
+        assert_enoent(view / rel / "zarr.json")
+    root = set(run("ls", "-A1", str(view)).stdout.decode().split())
+    assert {".zgroup", ".zattrs", "raw", "grp"} <= root
+    assert "zarr.json" not in root
+    assert json.loads((view / ".zgroup").read_text()) == {"zarr_format": 2}
+    assert json.loads((view / "grp" / "sub" / ".zattrs").read_text()) == {"level": 2, "name": "sub"}
+    assert set(os.listdir(view / "grp")) >= {".zgroup", ".zattrs", "sub", "empty"}
+
+
+# ------------------------------------------------------------------ the design doc's example
+
+
+def test_raw_literal_paths(view, matrix):
+    raw = view / "raw"
+    a, b = os.stat(raw / "c/0/0/0/0.0.1"), os.stat(raw / "0.0.1")
+    assert a.st_ino == b.st_ino
+    assert a.st_size == b.st_size > 0
+    assert (raw / "c/0/0/0/0.0.1").read_bytes() == (raw / "0.0.1").read_bytes()
+    assert_enoent(raw / "0.1.0")  # empty inner chunk
+    assert_enoent(raw / "c/0/0/0/0.1.0")
+    assert_enoent(raw / "c/1/0/0")  # a shard with no stored chunk does not exist
+    assert_enoent(raw / "2.0.0")  # ...nor do its chunks
+    assert_enoent(raw / "5.0.0")  # beyond the array edge (inside shard c/2/0/0)
+    assert_enoent(raw / "c/2/3/1/5.7.3")
+    assert (raw / "c/2/3/1/4.6.3").is_file()
+    assert os.stat(raw / "c/2/3/1/4.6.3").st_ino == os.stat(raw / "4.6.3").st_ino
+
+
+# ------------------------------------------------------------------ stat / content
+
+
+@pytest.mark.parametrize("case", case_params(SHARDED))
+def test_same_inode_size_and_bytes(case, view, matrix):
+    arr = view / case.relpath
+    for i in sorted(stored_chunks(case, matrix.data[case.id])):
+        root_f = arr / case.chunk_file(i)
+        entry_f = arr / case.shard_dir(case.shard_of(i)) / case.entry_name(i)
+        st_r, st_e = os.stat(root_f), os.stat(entry_f)
+        assert st_r.st_ino == st_e.st_ino, i
+        content = root_f.read_bytes()
+        assert st_r.st_size == st_e.st_size == len(content), i
+        assert entry_f.read_bytes() == content, i
+        if case.passthrough:
+            stored = stored_inner_bytes(case, matrix.root / case.relpath, i)
+            if case.inner_crc:
+                stored = stored[:-4]
+            assert content == stored, f"chunk {i} is not the stored bytes"
+
+
+@pytest.mark.parametrize("case", case_params(SHARDED))
+def test_stat_and_cat_agree(case, view, matrix):
+    arr = view / case.relpath
+    sample = sorted(stored_chunks(case, matrix.data[case.id]))[:4]
+    paths = [str(arr / case.chunk_file(i)) for i in sample]
+    paths += [str(arr / case.shard_dir(case.shard_of(i)) / case.entry_name(i)) for i in sample]
+    out = run("stat", "-c", "%i %s %F", *paths).stdout.decode().splitlines()
+    assert len(out) == len(paths)
+    for p, line in zip(paths, out):
+        ino, size, kind = line.split(" ", 2)
+        assert kind == "regular file", p
+        assert int(size) == len(run("cat", p).stdout), p
+        assert int(ino) == os.stat(p).st_ino
+    # Same inode for the root file and the shard-dir entry.
+    n = len(sample)
+    assert [line.split()[0] for line in out[:n]] == [line.split()[0] for line in out[n:]]
+
+
+@pytest.mark.parametrize("case", case_params(SHARDED))
+def test_cp_r_of_a_shard_dir(case, view, matrix, tmp_path):
+    arr = view / case.relpath
+    stored = sorted(stored_chunks(case, matrix.data[case.id]))
+    shard = case.shard_of(stored[-1])  # the last shard: often an edge shard
+    src = arr / case.shard_dir(shard)
+    run("cp", "-r", str(src), str(tmp_path / "copy"))
+    copied = {p.name: p.read_bytes() for p in (tmp_path / "copy").iterdir()}
+    expected = {case.entry_name(i): (arr / case.chunk_file(i)).read_bytes()
+                for i in stored if case.shard_of(i) == shard}
+    assert copied == expected
+
+
+@pytest.mark.parametrize("case", case_params(SHARDED))
+def test_empty_and_beyond_edge_chunks_do_not_exist(case, view, matrix):
+    arr = view / case.relpath
+    data = matrix.data[case.id]
+    stored = stored_chunks(case, data)
+    present_shards = {case.shard_of(i) for i in stored}
+    missing = empty_in_bounds_chunks(case, data) + case.beyond_edge_chunks()
+    assert missing, "case should have empty or beyond-edge chunks"
+    for i in missing:
+        assert_enoent(arr / case.chunk_file(i))
+        s = case.shard_of(i)
+        if s in present_shards:
+            assert_enoent(arr / case.shard_dir(s) / case.entry_name(i))
+    r = run("cat", str(arr / case.chunk_file(missing[0])), check=False)
+    assert r.returncode != 0 and b"No such file" in r.stderr
+
+
+def test_shard_dirs_are_directories_and_chunk_files_read_only(view):
+    st = os.stat(view / "raw" / "c" / "0" / "0" / "0")
+    assert (st.st_mode & 0o170000) == 0o040000
+    st = os.stat(view / "raw" / "0.0.1")
+    assert (st.st_mode & 0o170000) == 0o100000
+    assert st.st_nlink >= 1
+
+
+# ------------------------------------------------------------------ .zarray
+
+
+@pytest.mark.parametrize("case", case_params(CASES))
+def test_zarray_metadata(case, view):
+    meta = json.loads((view / case.relpath / ".zarray").read_text())
+    assert meta["zarr_format"] == 2
+    assert meta["shape"] == list(case.shape)
+    assert meta["chunks"] == list(case.chunk)
+    assert meta["dtype"] == case.expected_v2_dtype()
+    assert meta["fill_value"] == case.expected_v2_fill()
+    assert meta["dimension_separator"] == case.view_separator
+    assert meta.get("filters") is None
+    if case.expect_order is not None:
+        assert meta["order"] == case.expect_order
+    comp = meta["compressor"]
+    if callable(case.expect_compressor):
+        assert case.expect_compressor(comp), comp
+    else:
+        assert comp == case.expect_compressor
+    assert "zarr.json" not in os.listdir(view / case.relpath)
+    assert json.loads((view / case.relpath / ".zattrs").read_text()) == case.attrs
