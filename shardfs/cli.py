@@ -64,6 +64,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="mount options: ro, entry_timeout=S, attr_timeout=S, and FUSE options "
                         "such as allow_other")
     m.add_argument("--read-only", action="store_true", help="refuse every write (EROFS)")
+    m.add_argument("--no-ome-translation", dest="ome", action="store_false",
+                   help="show OME-Zarr 0.5 attributes as they are, not as OME-Zarr 0.4")
     m.add_argument("--debug", action="store_true", help="log every request")
     m.add_argument("--log-file", metavar="FILE", help="log here (default: stderr with -f, else syslog)")
     m.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
@@ -148,7 +150,7 @@ def _spawn_daemon(args: argparse.Namespace) -> int:
             "-f", "--ready-fd", str(w)]
     for opt in args.options:
         argv += ["-o", opt]
-    argv += ["--read-only"] * args.read_only + ["--debug"] * args.debug
+    argv += ["--read-only"] * args.read_only + ["--debug"] * args.debug + ["--no-ome-translation"] * (not args.ome)
     argv += ["--log-file", os.path.abspath(args.log_file)] if args.log_file else []
     with open(os.devnull, "r+b") as null:
         proc = subprocess.Popen(argv, stdin=null, stdout=null, stderr=null, pass_fds=(w,),
@@ -204,7 +206,7 @@ def _run_daemon(args: argparse.Namespace, mnt: str, own: dict[str, str], fuse_op
             return 1
         if replayed:
             log.info("replayed %d journalled chunk changes into their shards", replayed)
-    view = View(source, read_only=read_only, writeback=writeback)
+    view = View(source, read_only=read_only, writeback=writeback, ome=args.ome)
     ops = Operations(view, timeouts, writeback)
     if writeback is not None:
         writeback.on_folded = ops.writer.folded

@@ -144,7 +144,7 @@ class ArrayInfo:
     zattrs: bytes
 
 
-def describe_array(doc: dict[str, Any]) -> ArrayInfo:
+def describe_array(doc: dict[str, Any], ome: bool = True) -> ArrayInfo:
     """Present a parsed v3 array ``zarr.json`` as a v2 array; raises ``Unpresentable``."""
     try:
         meta = ArrayV3Metadata.from_dict(dict(doc))
@@ -178,7 +178,7 @@ def describe_array(doc: dict[str, Any]) -> ArrayInfo:
     except Unpresentable as e:
         log.info("%s: transcoding inner chunks (%s)", doc.get("node_type"), e)
         chunk = _transcoded(inner, meta, layout.chunk_shape)
-    attrs = dict(meta.attributes)
+    attrs = ome_04(dict(meta.attributes)) if ome else dict(meta.attributes)
     names = meta.dimension_names
     if names is not None and all(isinstance(n, str) for n in names):
         attrs.setdefault("_ARRAY_DIMENSIONS", list(names))
@@ -201,9 +201,32 @@ def view_separator(keys: KeyScheme) -> str:
     return "/" if keys.kind == "v2" and keys.separator == "." else "."
 
 
-def group_files(doc: dict[str, Any]) -> tuple[bytes, bytes]:
+def group_files(doc: dict[str, Any], ome: bool = True) -> tuple[bytes, bytes]:
     """``(.zgroup, .zattrs)`` for a parsed v3 group ``zarr.json``."""
-    return to_json({"zarr_format": 2}), to_json(doc.get("attributes") or {})
+    attrs = doc.get("attributes") or {}
+    return to_json({"zarr_format": 2}), to_json(ome_04(attrs) if ome else attrs)
+
+
+def ome_04(attrs: dict[str, Any]) -> dict[str, Any]:
+    """OME-Zarr 0.5 attributes (``{"ome": {"version": "0.5", ...}}``) spelled as OME-Zarr 0.4.
+
+    0.4 keeps ``multiscales``, ``omero``, ``labels``, ``image-label``, ``plate``
+    and ``well`` at the top level, with the version inside each versioned object.
+    Attributes without 0.5 OME metadata are returned unchanged.
+    """
+    ome = attrs.get("ome")
+    if not isinstance(ome, dict) or not str(ome.get("version", "")).startswith("0.5"):
+        return attrs
+    out = {k: v for k, v in attrs.items() if k != "ome"}
+    for key, value in ome.items():
+        if key == "version":
+            continue
+        if key == "multiscales" and isinstance(value, list):
+            value = [{**m, "version": "0.4"} if isinstance(m, dict) else m for m in value]
+        elif key in ("image-label", "plate", "well") and isinstance(value, dict):
+            value = {**value, "version": "0.4"}
+        out[key] = value
+    return out
 
 
 def to_json(obj: Any) -> bytes:

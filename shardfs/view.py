@@ -34,7 +34,7 @@ from shardfs.layout import Unpresentable
 from shardfs.shard import CorruptShard, Extent, IndexCache
 from shardfs.source import Source, Version
 from shardfs.writeback import Pending, Writeback
-from shardfs.v2 import ArrayInfo, CorruptChunk, describe_array, group_files, view_separator
+from shardfs.v2 import ArrayInfo, CorruptChunk, describe_array, group_files, to_json, view_separator
 
 log = logging.getLogger("shardfs")
 
@@ -128,8 +128,10 @@ def parse_chunk_name(name: str, ndim: int) -> tuple[int, ...] | None:
 class View:
     """The mount's tree over one ``Source``."""
 
-    def __init__(self, source: Source, read_only: bool = True, writeback: Writeback | None = None) -> None:
+    def __init__(self, source: Source, read_only: bool = True, writeback: Writeback | None = None,
+                 ome: bool = True) -> None:
         self.source = source
+        self.ome = ome
         self.read_only = read_only
         self.writeback = writeback
         self.mount_ns = time.time_ns()
@@ -217,14 +219,14 @@ class View:
         if zarr_format != 3:
             return None
         if node_type == "group":
-            zgroup, zattrs = group_files(doc)
+            zgroup, zattrs = group_files(doc, self.ome)
             node = GroupNode(path, version, zgroup, zattrs)
             self._groups[path] = node
             return node
         if node_type != "array":
             return None
         try:
-            info, error = describe_array(doc), None
+            info, error = describe_array(doc, self.ome), None
         except Unpresentable as e:
             info, error = None, str(e)
             log.error("%s: array not shown as v2: %s", self.source.path(key), e)
@@ -351,7 +353,7 @@ class View:
             node = await self._node(key[1])
             if node is None:
                 raise fail(errno.ENOENT)
-            if name in self._meta_names(node):
+            if name in self.meta_names(node):
                 return await self.getattr(self._ino(("meta", node.path, name)))
             if isinstance(node, GroupNode):
                 child = _join(node.path, name)
@@ -416,15 +418,30 @@ class View:
         return self._chunk_attr(arr, coords, ext)
 
     @staticmethod
-    def _meta_names(node: ArrayNode | GroupNode) -> tuple[str, ...]:
+    def meta_names(node: ArrayNode | GroupNode) -> tuple[str, ...]:
         if isinstance(node, GroupNode):
-            return (".zgroup", ".zattrs")
+            return (".zgroup", ".zattrs", ".zmetadata")
         return (".zarray", ".zattrs") if node.info is not None else ()
 
-    def _meta_bytes(self, node: ArrayNode | GroupNode, name: str) -> bytes:
+    async def meta_bytes(self, node: ArrayNode | GroupNode, name: str) -> bytes:
+        """Content of a v2 metadata file; ``.zmetadata`` is consolidated on demand."""
+        if name == ".zmetadata":
+            found: dict[str, Any] = {}
+            await self._consolidate(node, "", found)
+            return to_json({"zarr_consolidated_format": 1, "metadata": found})
         if isinstance(node, GroupNode):
             return node.zgroup if name == ".zgroup" else node.zattrs
         return node.info.zarray if name == ".zarray" else node.info.zattrs
+
+    async def _consolidate(self, node: ArrayNode | GroupNode, prefix: str, out: dict[str, Any]) -> None:
+        for name in self.meta_names(node):
+            if name != ".zmetadata":
+                out[prefix + name] = json.loads(await self.meta_bytes(node, name))
+        if isinstance(node, GroupNode):
+            for name, is_dir in sorted(await blocking(self.source.listdir, node.path)):
+                child = await self._node(_join(node.path, name)) if is_dir and not name.startswith(".") else None
+                if child is not None:
+                    await self._consolidate(child, f"{prefix}{name}/", out)
 
     # ----- attributes ---------------------------------------------------------------------
 
@@ -443,9 +460,9 @@ class View:
             return self._dir_attr(ino, node.version.mtime_ns)
         if kind == "meta":
             node = await self._node(key[1])
-            if node is None or key[2] not in self._meta_names(node):
+            if node is None or key[2] not in self.meta_names(node):
                 raise fail(errno.ENOENT)
-            size = len(self._meta_bytes(node, key[2]))
+            size = len(await self.meta_bytes(node, key[2]))
             return Attr(ino, stat.S_IFREG | self._file_mode, size, node.version.mtime_ns)
         arr = self._arrays[key[1]]
         if kind == "sdir":
@@ -485,10 +502,10 @@ class View:
             if node is None:
                 raise fail(errno.ENOENT)
             out = []
-            for name in self._meta_names(node):
+            for name in self.meta_names(node):
                 mino = self._ino(("meta", node.path, name))
                 out.append((name, Attr(mino, stat.S_IFREG | self._file_mode,
-                                       len(self._meta_bytes(node, name)), node.version.mtime_ns)))
+                                       len(await self.meta_bytes(node, name)), node.version.mtime_ns)))
             if isinstance(node, GroupNode):
                 for name, is_dir in sorted(await blocking(self.source.listdir, node.path)):
                     child = _join(node.path, name)
@@ -605,9 +622,9 @@ class View:
         key = self._key(ino)
         if key[0] == "meta":
             node = await self._node(key[1])
-            if node is None or key[2] not in self._meta_names(node):
+            if node is None or key[2] not in self.meta_names(node):
                 raise fail(errno.ENOENT)
-            return ReadHandle(ino, data=self._meta_bytes(node, key[2]))
+            return ReadHandle(ino, data=await self.meta_bytes(node, key[2]))
         if key[0] == "tmp":
             return ReadHandle(ino, data=bytes(key[1].data))
         if key[0] != "chunk":

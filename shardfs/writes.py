@@ -168,8 +168,11 @@ class Writer:
         except ValueError as e:
             log.error("%s: write refused: not JSON: %s", where, e)
             raise fail(errno.EINVAL) from None
+        if name == ".zmetadata":
+            log.error("%s: write refused: consolidated metadata is computed from the source", where)
+            raise fail(errno.EPERM)
         if name != ".zattrs":
-            current = json.loads(self.view._meta_bytes(node, name))
+            current = json.loads(await self.view.meta_bytes(node, name))
             if new != current:
                 log.error("%s: write refused: changing an array's shape, type or codecs is not supported", where)
                 raise fail(errno.EPERM)
@@ -204,7 +207,7 @@ class Writer:
             await self.invalidate([], [(p2, n2)])
             return
         kind, node = await self.view.dir_node(p2)
-        if kind == "dir" and node is not None and n2 in self.view._meta_names(node):
+        if kind == "dir" and node is not None and n2 in self.view.meta_names(node):
             await self.commit_metadata(node, n2, bytes(st.data))
             self.view.drop_staging(p1, n1, committed=None)
             await self.invalidate([], [(p2, n2)])
