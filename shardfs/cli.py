@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command is None:
         parser.print_usage(sys.stderr)
-        print("shardfs: error: a command is required (mount, umount)", file=sys.stderr)
+        print("shardfs: error: a command is required (mount, umount, inspect)", file=sys.stderr)
         return 2
     try:
         return args.run(args)
@@ -70,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--log-file", metavar="FILE", help="log here (default: stderr with -f, else syslog)")
     m.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     m.set_defaults(run=_cmd_mount)
+    i = sub.add_parser("inspect", help="show the codecs, shapes and index of an array or shard")
+    i.add_argument("path", metavar="PATH", help="a shard file, a shard directory in a mount, or an array")
+    i.add_argument("--json", action="store_true", help="print JSON for scripts")
+    i.set_defaults(run=_cmd_inspect)
     u = sub.add_parser("umount", help="flush pending writes and unmount MNT")
     u.add_argument("mnt", metavar="MNT")
     u.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the flush")
@@ -279,6 +283,17 @@ def _report(args: argparse.Namespace, line: str) -> None:
         os.close(args.ready_fd)
     except OSError:
         pass
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from shardfs.report import format_text, inspect
+
+    try:
+        report = inspect(args.path)
+    except (OSError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    print(json.dumps(report, indent=2) if args.json else format_text(report))
+    return 0
 
 
 def _cmd_umount(args: argparse.Namespace) -> int:

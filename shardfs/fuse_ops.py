@@ -27,6 +27,7 @@ from shardfs.writes import WriteHandle, Writer
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 PID_XATTR = b"user.shardfs.pid"
+SOURCE_XATTR = b"user.shardfs.source"  # the source path behind a node (shardfs inspect)
 
 
 def _guard(fn: F) -> F:
@@ -183,11 +184,16 @@ class Operations(pyfuse3.Operations):
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
         if inode == ROOT_INODE and name == PID_XATTR:
             return str(os.getpid()).encode()
+        if name == SOURCE_XATTR:
+            try:
+                return os.fsencode(self.view.source_path(inode))
+            except OSError:
+                pass
         raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
 
     @_guard
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
-        return [PID_XATTR] if inode == ROOT_INODE else []
+        return [PID_XATTR, SOURCE_XATTR] if inode == ROOT_INODE else [SOURCE_XATTR]
 
     def _writable(self) -> "Writer":
         if self.writer is None:

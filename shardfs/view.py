@@ -606,6 +606,18 @@ class View:
                 out.append((ino, name))
         return out
 
+    def source_path(self, ino: int) -> str:
+        """The source file or directory a node shows (a chunk file: its shard)."""
+        key = self._key(ino)
+        if key[0] == "chunk":
+            arr = key[1]
+            return self.source.path(self.shard_key(arr, arr.info.layout.locate(key[2])[0]))
+        if key[0] == "sdir":
+            return self.source.path(_join(key[1], key[2]))
+        if key[0] in ("dir", "meta", "kdir"):
+            return self.source.path(key[1])
+        raise fail(errno.ENODATA)
+
     async def dir_node(self, ino: int) -> tuple[str, ArrayNode | GroupNode | None]:
         """``(kind, node)`` of a directory inode: the group/array it shows or belongs to."""
         key = self._key(ino)
