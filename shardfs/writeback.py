@@ -55,6 +55,7 @@ class ShardTarget:
 class _Dirty:
     target: ShardTarget
     chunks: dict[int, Pending] = field(default_factory=dict)
+    superseded: list[int] = field(default_factory=list)  # journal seqs replaced before folding
     last_write: float = 0.0
     lock: trio.Lock = field(default_factory=trio.Lock)
 
@@ -104,6 +105,8 @@ class Writeback:
     def _record(self, shard: ShardId, target: ShardTarget, pos: int, entry: Pending) -> None:
         dirty = self._dirty.setdefault(shard, _Dirty(target))
         old = dirty.chunks.get(pos)
+        if old is not None:
+            dirty.superseded.append(old.seq)
         self._bytes += len(entry.data or b"") - len(old.data or b"") if old else len(entry.data or b"")
         dirty.chunks[pos] = entry
         dirty.last_write = time.monotonic()
@@ -147,6 +150,7 @@ class Writeback:
             return
         async with dirty.lock:
             snapshot = dict(dirty.chunks)
+            superseded = list(dirty.superseded)
             if not snapshot:
                 return
             changes = {pos: p.data for pos, p in snapshot.items()}
@@ -158,7 +162,9 @@ class Writeback:
                           self.source.path(dirty.target.key), e)
                 dirty.last_write = time.monotonic()
                 return
-            done = []
+            # An entry replaced before this fold must go too, or a replay would resurrect it.
+            done = [f"{seq:020d}.j" for seq in superseded]
+            del dirty.superseded[: len(superseded)]
             for pos, p in snapshot.items():
                 if dirty.chunks.get(pos) is p:
                     del dirty.chunks[pos]

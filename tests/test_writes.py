@@ -1,0 +1,673 @@
+"""Writes through the mount (DESIGN.md "Writes"), with real v2 writers and POSIX tools.
+
+Every test builds its own small sharded v3 source (tests/writehelpers.py), mounts
+it, writes through the mount, and after ``shardfs umount`` reads the source
+natively with zarr-python 3 AND tensorstore's ``zarr3`` driver against a numpy
+expectation. Sources also must be left without temp files and with an empty
+journal.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import signal
+import subprocess
+import textwrap
+import threading
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ZARR2_PYTHON, is_mounted, lazy_unmount, read_tensorstore, run_shardfs, zarr2
+from writehelpers import (
+    Spec,
+    all_chunks,
+    assert_source_equals,
+    build,
+    chunks_touching,
+    journal_entries,
+    leftovers,
+)
+
+s = slice
+
+Z2 = Spec("z2", (20, 27), (4, 5), (8, 10), "<i4", 0, ("zstd", 3), inner_crc=False,
+          index_location="end", index_crc=True,
+          initial=((s(0, 8), s(0, 10)), (s(8, 16), s(10, 20))), write=(s(3, 20), s(7, 27)))
+G3 = Spec("g3", (10, 12, 9), (2, 3, 3), (4, 6, 6), "<u2", 7, ("gzip", 5), inner_crc=False,
+          index_location="start", index_crc=False,
+          initial=((s(0, 4), s(0, 6), s(0, 6)),), write=(s(1, 10), s(2, 12), s(4, 9)))
+C2 = Spec("c2", (13, 11), (3, 4), (6, 8), "<f8", -1.5, ("zstd", 1), inner_crc=True,
+          index_location="start", index_crc=True,
+          initial=((s(0, 6), s(0, 8)), (s(6, 12), s(8, 11))), write=(s(2, 13), s(3, 11)))
+SPECS = [Z2, G3, C2]
+ERRORS = (errno.EINVAL, errno.EIO)
+
+
+def seed_of(*parts) -> int:
+    return zlib.crc32("/".join(map(str, parts)).encode())
+
+
+def umount(mount, mnt: Path) -> None:
+    """``shardfs umount``: must fold everything, end the daemon with status 0 and unmount."""
+    m = mount.info(mnt)
+    r = run_shardfs("umount", str(mnt), timeout=120)
+    assert r.returncode == 0, f"shardfs umount failed ({r.returncode}): {r.stderr}\n{m.output()[-3000:]}"
+    rc = m.proc.wait(timeout=30)
+    assert rc == 0, f"daemon exited with {rc}:\n{m.output()[-3000:]}"
+    assert not is_mounted(mnt), f"{mnt} still mounted after shardfs umount"
+
+
+def error_lines(mount, mnt) -> list[str]:
+    return [line for line in mount.info(mnt).log_text().splitlines() if " ERROR " in line]
+
+
+def assert_clean(src: Path) -> None:
+    left = leftovers(src)
+    assert not left, f"source left with temp files / journal entries after umount: {left}"
+
+
+def cat(path) -> bytes:
+    r = subprocess.run(["cat", str(path)], capture_output=True, timeout=30)
+    assert r.returncode == 0, f"cat {path}: {r.stderr.decode()}"
+    return r.stdout
+
+
+def run(*cmd, ok=True) -> subprocess.CompletedProcess:
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, timeout=60)
+    if ok:
+        assert r.returncode == 0, f"{cmd} -> {r.returncode}: {r.stderr.decode(errors='replace')}"
+    return r
+
+
+def region_json(region) -> list[list[int]]:
+    return [[r.start, r.stop] for r in region]
+
+
+# --------------------------------------------------------------------------- writers
+
+
+def write_zarr2(path: Path, region, values: np.ndarray, tmp: Path) -> None:
+    np.save(tmp / "values.npy", values)
+    zarr2("""
+        z = zarr.open(path, mode='r+')
+        z[tuple(slice(a, b) for a, b in region)] = np.load(vpath)
+        result = np.zeros(0)
+        """, path=str(path), region=region_json(region), vpath=str(tmp / "values.npy"))
+
+
+def write_zarr3(path: Path, region, values: np.ndarray, tmp: Path) -> None:
+    import zarr
+
+    zarr.open_array(str(path), mode="r+", zarr_format=2)[region] = values
+
+
+def write_tensorstore(path: Path, region, values: np.ndarray, tmp: Path) -> None:
+    import tensorstore as ts
+
+    t = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(path)}},
+                open=True, context=ts.Context()).result()
+    t[region].write(values).result()
+
+
+WRITERS = {"zarr2": write_zarr2, "zarr3": write_zarr3, "tensorstore": write_tensorstore}
+
+
+# --------------------------------------------------------------------------- 1. client writers
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda sp: sp.name)
+@pytest.mark.parametrize("writer", list(WRITERS))
+def test_client_writes_reach_the_shards(writer, spec, tmp_path, mount):
+    src = tmp_path / "src"
+    expected = build(src, [spec])[spec.name]
+    touched = {spec.shard_of(i) for i in chunks_touching(spec, spec.write)}
+    new_shards = sorted(sh for sh in touched if not spec.shard_file(src, sh).exists())
+    old_shards = sorted(sh for sh in touched if spec.shard_file(src, sh).exists())
+    assert new_shards and old_shards, "the write region must cover existing and missing shards"
+
+    mnt = mount(src)
+    values = spec.values(expected[spec.write].shape, seed_of(writer, spec.name))
+    WRITERS[writer](mnt / spec.name, spec.write, values, tmp_path)
+    expected[spec.write] = values
+    stray = [n for n in os.listdir(mnt / spec.name)
+             if n not in (".zarray", ".zattrs", "c") and not re.fullmatch(r"\d+(\.\d+)*", n)]
+    assert not stray, f"temp files of the {writer} writer still listed in the mount: {stray}"
+    np.testing.assert_array_equal(read_tensorstore(mnt / spec.name), expected,
+                                  err_msg="read through the mount after the writer returned")
+    umount(mount, mnt)
+
+    assert_source_equals(src, spec.name, expected)
+    missing = [sh for sh in new_shards if not spec.shard_file(src, sh).is_file()]
+    assert not missing, f"shards never created in the source: {missing}"
+    assert_clean(src)
+
+
+# --------------------------------------------------------------------------- cp / dd / rm
+
+
+def test_cp_chunk_files(tmp_path, mount):
+    src = tmp_path / "src"
+    exp = build(src, [Z2, G3, C2])
+    mnt = mount(src)
+    jobs = [  # (spec, chunk index, path relative to the array in the view)
+        (Z2, (1, 1), "1.1"),               # existing chunk at the array root
+        (Z2, (2, 2), "c/1/1/2.2"),         # existing chunk inside its shard directory
+        (Z2, (4, 5), "4.5"),               # edge chunk of a shard that does not exist yet
+        (G3, (0, 1, 1), "c/0/0/0/0.1.1"),  # gzip, index at start
+        (G3, (4, 3, 2), "4.3.2"),          # corner edge chunk, new shard
+        (C2, (1, 0), "c/0/0/1.0"),         # inner crc32c appended by the daemon
+        (C2, (4, 2), "4.2"),               # new edge shard, crc32c
+    ]
+    written = {}
+    for k, (spec, idx, rel) in enumerate(jobs):
+        block = spec.values(spec.chunk, seed_of("cp", k))
+        data = spec.encode(block)
+        f = tmp_path / f"chunk{k}"
+        f.write_bytes(data)
+        run("cp", f, mnt / spec.name / rel)
+        exp[spec.name][spec.chunk_region(idx)] = block[tuple(s(0, r.stop - r.start) for r in spec.chunk_region(idx))]
+        written[(spec.name, rel)] = data
+    # cp from one chunk file of the mount onto another
+    run("cp", mnt / "z2" / "0.0", mnt / "z2" / "0.1")
+    exp["z2"][Z2.chunk_region((0, 1))] = exp["z2"][Z2.chunk_region((0, 0))]
+
+    for (name, rel), data in written.items():
+        assert cat(mnt / name / rel) == data, f"{name}/{rel}: cat after cp differs from the bytes copied"
+    umount(mount, mnt)
+    for spec in (Z2, G3, C2):
+        assert_source_equals(src, spec.name, exp[spec.name])
+    assert_clean(src)
+
+
+def test_dd_chunk_files(tmp_path, mount):
+    src = tmp_path / "src"
+    exp = build(src, [Z2, C2])
+    mnt = mount(src)
+    # conv=notrunc onto an existing chunk: the new bytes are at least as long as the old ones,
+    # so the file is then exactly the new bytes.
+    old_len = len(cat(mnt / "z2" / "0.0"))
+
+    def block_and_bytes(spec, k, min_len=0):
+        for j in range(20):
+            block = spec.values(spec.chunk, seed_of("dd", k, j))
+            data = spec.encode(block)
+            if len(data) >= min_len:
+                return block, data
+        raise AssertionError("could not make a long enough chunk")
+
+    cases = [
+        (Z2, (2, 3), "2.3", ["bs=1M"], 0),                    # O_TRUNC, existing shard
+        (Z2, (0, 0), "0.0", ["bs=1M", "conv=notrunc"], old_len),  # in place, no truncation
+        (Z2, (4, 0), "4.0", ["bs=7"], 0),                     # many small writes, new edge shard
+        (C2, (0, 1), "0.1", ["bs=13", "conv=notrunc"], 0),    # crc32c chain, small writes, in place
+        (C2, (3, 2), "c/1/1/3.2", ["bs=1M"], 0),              # inside a shard directory
+    ]
+    for k, (spec, idx, rel, opts, min_len) in enumerate(cases):
+        block, data = block_and_bytes(spec, k, min_len)
+        f = tmp_path / f"chunk{k}"
+        f.write_bytes(data)
+        run("dd", f"if={f}", f"of={mnt / spec.name / rel}", "status=none", *opts)
+        assert cat(mnt / spec.name / rel) == data, f"{spec.name}/{rel} after dd {opts}: cat differs"
+        exp[spec.name][spec.chunk_region(idx)] = block[tuple(s(0, r.stop - r.start) for r in spec.chunk_region(idx))]
+    umount(mount, mnt)
+    for spec in (Z2, C2):
+        assert_source_equals(src, spec.name, exp[spec.name])
+    assert_clean(src)
+
+
+def test_rm_chunk_files(tmp_path, mount):
+    src = tmp_path / "src"
+    exp = build(src, [Z2, C2])
+    mnt = mount(src)
+    # one chunk at the array root
+    run("rm", mnt / "z2" / "0.0")
+    exp["z2"][Z2.chunk_region((0, 0))] = Z2.fill
+    assert not os.path.exists(mnt / "z2" / "0.0"), "z2/0.0 still exists after rm"
+    assert not os.path.exists(mnt / "z2" / "c" / "0" / "0" / "0.0"), "shard entry 0.0 still exists after rm"
+    # every chunk of shard (1, 1), through its shard directory
+    shard_dir = mnt / "z2" / "c" / "1" / "1"
+    names = sorted(os.listdir(shard_dir))
+    assert names == ["2.2", "2.3", "3.2", "3.3"], names
+    run("rm", *[shard_dir / n for n in names])
+    exp["z2"][s(8, 16), s(10, 20)] = Z2.fill
+    # a crc32c-chained chunk inside a shard directory
+    run("rm", mnt / "c2" / "c" / "1" / "1" / "2.2")
+    exp["c2"][C2.chunk_region((2, 2))] = C2.fill
+    # reads through the mount see the fill value at once
+    for spec in (Z2, C2):
+        got = read_tensorstore(mnt / spec.name)
+        np.testing.assert_array_equal(got, exp[spec.name], err_msg=f"{spec.name} read through the mount after rm")
+    r = run("rm", mnt / "z2" / "0.0", ok=False)
+    assert r.returncode != 0, "rm of an already removed chunk succeeded"
+    # a chunk written into a new shard and removed before any fold: the shard never appears
+    f = tmp_path / "chunk"
+    f.write_bytes(Z2.encode(Z2.values(Z2.chunk, 3)))
+    run("cp", f, mnt / "z2" / "4.5")
+    run("rm", mnt / "z2" / "4.5")
+    assert not os.path.exists(mnt / "z2" / "4.5")
+    umount(mount, mnt)
+    for spec in (Z2, C2):
+        assert_source_equals(src, spec.name, exp[spec.name])
+    assert not Z2.shard_file(src, (1, 1)).exists(), "shard z2/c/1/1 with every chunk removed still exists"
+    assert Z2.shard_file(src, (0, 0)).is_file()
+    assert not Z2.shard_file(src, (2, 2)).exists(), "shard z2/c/2/2 exists though its only chunk was removed"
+    assert_clean(src)
+
+
+def test_overwritten_pending_chunk_is_not_resurrected(tmp_path, mount):
+    """A chunk written twice before its shard is folded: the newer write wins, now and after
+    the next mount (whose journal replay must not bring back the older bytes)."""
+    src = tmp_path / "src"
+    exp = build(src, [Z2])["z2"]
+    mnt = mount(src)
+    arr = mnt / "z2"
+    v1, v2 = (Z2.values(Z2.chunk, seed_of("twice", k)) for k in (1, 2))
+    for block in (v1, v2):  # same chunk of an incomplete shard, well within the idle time
+        with open(arr / "0.0", "wb") as f:
+            f.write(Z2.encode(block))
+    exp[Z2.chunk_region((0, 0))] = v2
+    umount(mount, mnt)
+    assert_source_equals(src, "z2", exp)
+    left = journal_entries(src)
+    mnt = mount(src)  # replays whatever the journal still holds
+    umount(mount, mnt)
+    assert_source_equals(src, "z2", exp)
+    assert not left, f"journal entries left after a clean umount: {left}"
+
+
+def test_link_of_temp_file_is_an_exclusive_create(tmp_path, mount):
+    src = tmp_path / "src"
+    exp = build(src, [Z2])["z2"]
+    mnt = mount(src)
+    arr = mnt / "z2"
+    block = Z2.values(Z2.chunk, seed_of("link"))
+    tmp = arr / "2.0.cafe.partial"
+    tmp.write_bytes(Z2.encode(block))
+    os.link(tmp, arr / "2.0")          # new chunk in a shard that does not exist yet
+    with pytest.raises(FileExistsError):
+        os.link(tmp, arr / "0.0")      # an existing chunk: EEXIST, unchanged
+    os.unlink(tmp)
+    exp[Z2.chunk_region((2, 0))] = block
+    assert Z2.decode(cat(arr / "2.0")).tolist() == block.tolist()
+    umount(mount, mnt)
+    assert_source_equals(src, "z2", exp)
+    assert_clean(src)
+
+
+# --------------------------------------------------------------------------- 2. reads see pending data
+
+_READER = r"""
+import sys, numpy as np, zarr
+path, out = sys.argv[1], sys.argv[2]
+zarr.open(path, mode='r')[...]          # warm up (imports, metadata)
+print("ready", flush=True)
+sys.stdin.readline()
+np.save(out, zarr.open(path, mode='r')[...])
+print("done", flush=True)
+"""
+
+
+def test_reads_see_pending_writes_at_once(tmp_path, mount):
+    src = tmp_path / "src"
+    exp = build(src, [Z2])["z2"]
+    shard00 = Z2.shard_file(src, (0, 0)).read_bytes()
+    assert not Z2.shard_file(src, (0, 1)).exists()
+    mnt = mount(src)
+    arr = mnt / "z2"
+    reader = subprocess.Popen([ZARR2_PYTHON, "-c", _READER, str(arr), str(tmp_path / "read.npy")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline().strip() == "ready", reader.stderr.read()
+        old = cat(arr / "1.0")  # warm the kernel's page cache with the old bytes
+        # (a) in-place write of an existing chunk of an incomplete shard
+        b1 = Z2.values(Z2.chunk, seed_of("pending", 1))
+        d1 = Z2.encode(b1)
+        assert d1 != old
+        with open(arr / "1.0", "wb") as f:
+            f.write(d1)
+        # (b) temp + rename into a shard that does not exist yet
+        b2 = Z2.values(Z2.chunk, seed_of("pending", 2))
+        d2 = Z2.encode(b2)
+        tmp = arr / "0.3.0123abcd.partial"
+        with open(tmp, "wb") as f:
+            f.write(d2)
+        os.rename(tmp, arr / "0.3")
+        t_written = time.monotonic()
+        exp[Z2.chunk_region((1, 0))] = b1
+        exp[Z2.chunk_region((0, 3))] = b2
+
+        assert cat(arr / "1.0") == d1, "cat right after the write returned stale bytes"
+        assert cat(arr / "c" / "0" / "0" / "1.0") == d1, "shard-dir entry right after the write is stale"
+        assert cat(arr / "0.3") == d2, "cat of a chunk of a not-yet-existing shard differs"
+        reader.stdin.write("go\n")
+        reader.stdin.flush()
+        assert reader.stdout.readline().strip() == "done", reader.stderr.read()
+        np.testing.assert_array_equal(np.load(tmp_path / "read.npy"), exp,
+                                      err_msg="zarr 2.18 through the mount right after the writes")
+        np.testing.assert_array_equal(read_tensorstore(arr), exp, err_msg="tensorstore right after the writes")
+        elapsed = time.monotonic() - t_written
+        # the reads above were served from pending (journalled, not folded) state
+        assert Z2.shard_file(src, (0, 0)).read_bytes() == shard00 and not Z2.shard_file(src, (0, 1)).exists(), (
+            f"shards were already rewritten {elapsed:.2f}s after the writes: the test did not read pending data")
+        assert len(journal_entries(src)) >= 2
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+        reader.wait()
+    umount(mount, mnt)
+    assert_source_equals(src, "z2", exp)
+    assert_clean(src)
+
+
+# --------------------------------------------------------------------------- 3. SIGKILL durability
+
+
+def test_acknowledged_writes_survive_sigkill(tmp_path, mount):
+    src = tmp_path / "src"
+    exp = build(src, [Z2, G3])
+    mnt = mount(src)
+    m = mount.info(mnt)
+    vz = Z2.values(exp["z2"][Z2.write].shape, seed_of("kill", "z2"))
+    vg = G3.values(exp["g3"][G3.write].shape, seed_of("kill", "g3"))
+    np.save(tmp_path / "vz.npy", vz)
+    np.save(tmp_path / "vg.npy", vg)
+    zarr2("""
+        zarr.open(pz, mode='r+')[tuple(slice(a, b) for a, b in rz)] = np.load(vz)
+        zarr.open(pg, mode='r+')[tuple(slice(a, b) for a, b in rg)] = np.load(vg)
+        result = np.zeros(0)
+        """, pz=str(mnt / "z2"), rz=region_json(Z2.write), vz=str(tmp_path / "vz.npy"),
+         pg=str(mnt / "g3"), rg=region_json(G3.write), vg=str(tmp_path / "vg.npy"))
+    os.kill(m.pid, signal.SIGKILL)
+    m.proc.wait(timeout=10)
+    lazy_unmount(mnt)
+    exp["z2"][Z2.write] = vz
+    exp["g3"][G3.write] = vg
+    print(f"journal entries left by the killed daemon: {len(journal_entries(src))}")
+
+    mnt2 = mount(src)
+    assert journal_entries(src) == [], "journal not replayed (and emptied) before the mount went live"
+    for spec in (Z2, G3):  # the replayed source, natively, while mounted (daemon idle)
+        assert_source_equals(src, spec.name, exp[spec.name])
+    got = zarr2("result = {p: zarr.open(p, mode='r')[...] for p in paths}",
+                paths=[str(mnt2 / "z2"), str(mnt2 / "g3")])
+    np.testing.assert_array_equal(got[str(mnt2 / "z2")], exp["z2"], err_msg="z2 via zarr 2.18 after remount")
+    np.testing.assert_array_equal(got[str(mnt2 / "g3")], exp["g3"], err_msg="g3 via zarr 2.18 after remount")
+    umount(mount, mnt2)
+    for spec in (Z2, G3):
+        assert_source_equals(src, spec.name, exp[spec.name])
+
+
+# --------------------------------------------------------------------------- 5. concurrency
+
+P3 = Spec("p3", (8, 12, 12), (2, 3, 3), (4, 6, 6), "<i4", 0, ("zstd", 2), inner_crc=False,
+          index_location="end", index_crc=True, initial=((s(0, 4), s(0, 6), s(0, 6)),),
+          write=(s(0, 8), s(0, 12), s(0, 12)))
+
+
+def test_concurrent_writers_to_one_shard_lose_nothing(tmp_path, mount):
+    src = tmp_path / "src"
+    build(src, [P3])
+    first = P3.values(P3.shape, seed_of("conc", "a"))
+    final = P3.values(P3.shape, seed_of("conc", "b"))
+    np.save(tmp_path / "a.npy", first)
+    np.save(tmp_path / "b.npy", final)
+    chunks = [list(i) for i in all_chunks(P3)]
+    mnt = mount(src)
+    code = """
+        z = zarr.open(path, mode='r+')
+        for vfile in (a, b):
+            v = np.load(vfile)
+            for k, idx in enumerate(chunks):
+                if k % 4 == me:
+                    reg = tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(idx, z.chunks, z.shape))
+                    z[reg] = v[reg]
+        result = np.zeros(0)
+        """
+
+    def one(me):
+        zarr2(code, path=str(mnt / "p3"), a=str(tmp_path / "a.npy"), b=str(tmp_path / "b.npy"),
+              chunks=chunks, me=me)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(one, range(4)))
+    np.testing.assert_array_equal(read_tensorstore(mnt / "p3"), final,
+                                  err_msg="through the mount after 4 concurrent writers")
+    umount(mount, mnt)
+    assert_source_equals(src, "p3", final)
+    assert_clean(src)
+
+
+# --------------------------------------------------------------------------- 6. invalid bytes
+
+
+def test_invalid_chunk_bytes_are_refused(tmp_path, mount):
+    import numcodecs
+
+    src = tmp_path / "src"
+    exp = build(src, [Z2, C2])
+    before = {p: p.read_bytes() for p in (Z2.shard_file(src, (0, 0)), C2.shard_file(src, (0, 0)))}
+    mnt = mount(src)
+    arr = mnt / "z2"
+    old = {n: cat(arr / n) for n in ("0.0", "0.1", "1.0", "1.1")}
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"this is not a zstd frame")
+    short = tmp_path / "short"  # a valid zstd frame that decodes to the wrong size
+    short.write_bytes(numcodecs.Zstd(level=1).encode(b"\0" * 12))
+    n_err = len(error_lines(mount, mnt))
+
+    def expect_one_error(chunk: str, what: str) -> None:
+        nonlocal n_err
+        lines = error_lines(mount, mnt)
+        new = lines[n_err:]
+        n_err = len(lines)
+        assert len(new) == 1, f"{what}: expected one ERROR log line, got {new}"
+        assert f"z2/{chunk}" in new[0] or f"c2/{chunk}" in new[0], f"{what}: ERROR line does not name {chunk}: {new[0]}"
+
+    r = run("cp", junk, arr / "0.0", ok=False)
+    assert r.returncode != 0, "cp of garbage onto a chunk file succeeded"
+    expect_one_error("0.0", "cp garbage")
+
+    r = run("cp", short, arr / "c" / "0" / "0" / "1.1", ok=False)
+    assert r.returncode != 0, "cp of a wrongly sized zstd frame onto a chunk file succeeded"
+    expect_one_error("1.1", "cp wrong-size frame")
+
+    f = open(arr / "0.1", "wb")
+    f.write(b"junk")
+    with pytest.raises(OSError) as e:
+        f.close()
+    assert e.value.errno in ERRORS, f"close() of a garbage chunk: {e.value}"
+    expect_one_error("0.1", "python write+close")
+
+    tmp = arr / "1.0.deadbeef.partial"
+    tmp.write_bytes(b"junk junk junk")
+    with pytest.raises(OSError) as e:
+        os.replace(tmp, arr / "1.0")
+    assert e.value.errno in ERRORS, f"rename of a garbage temp onto a chunk: {e.value}"
+    expect_one_error("1.0", "rename garbage")
+    assert tmp.exists(), "the temp file vanished after its rename was refused"
+    os.unlink(tmp)
+
+    # crc32c chain: garbage is refused too (not wrapped in a fresh checksum)
+    r = run("cp", junk, mnt / "c2" / "0.0", ok=False)
+    assert r.returncode != 0, "cp of garbage onto a crc32c-chained chunk succeeded"
+    expect_one_error("0.0", "cp garbage (c2)")
+
+    for n, data in old.items():
+        assert cat(arr / n) == data, f"z2/{n} changed after a refused write"
+    time.sleep(1.5)  # past the idle fold time: nothing may have been scheduled
+    umount(mount, mnt)
+    for p, data in before.items():
+        assert p.read_bytes() == data, f"{p} changed after refused writes"
+    assert_source_equals(src, "z2", exp["z2"])
+    assert_source_equals(src, "c2", exp["c2"])
+    assert_clean(src)
+
+
+# --------------------------------------------------------------------------- 7. read-only, unsupported ops
+
+
+@pytest.mark.parametrize("flag", [("--read-only",), ("-o", "ro")], ids=["--read-only", "-o ro"])
+def test_read_only_mount_refuses_every_write(flag, tmp_path, mount):
+    src = tmp_path / "src"
+    exp = build(src, [Z2])
+    shard = Z2.shard_file(src, (0, 0)).read_bytes()
+    mnt = mount(src, *flag)
+    arr = mnt / "z2"
+    good = Z2.encode(Z2.values(Z2.chunk, 5))
+    ops = {
+        "write existing chunk": lambda: open(arr / "0.0", "r+b").close(),
+        "truncating open": lambda: open(arr / "0.0", "wb").close(),
+        "create chunk": lambda: open(arr / "4.5", "xb").close(),
+        "create temp": lambda: open(arr / "0.0.abc.partial", "wb").close(),
+        "unlink": lambda: os.unlink(arr / "0.0"),
+        "rename": lambda: os.rename(arr / "0.0", arr / "0.1"),
+        "mkdir": lambda: os.mkdir(arr / "newdir"),
+        "write .zattrs": lambda: open(arr / ".zattrs", "w").close(),
+    }
+    wrong = {}
+    for what, op in ops.items():
+        try:
+            op()
+            wrong[what] = "succeeded"
+        except OSError as e:
+            if e.errno != errno.EROFS:
+                wrong[what] = f"errno {e.errno} ({e.strerror}), expected EROFS"
+    assert not wrong, wrong
+    r = run("cp", "/dev/null", arr / "0.0", ok=False)
+    assert r.returncode != 0
+    assert good  # encoded chunk bytes exist; nothing written
+    np.testing.assert_array_equal(read_tensorstore(arr), exp["z2"])
+    umount(mount, mnt)
+    assert Z2.shard_file(src, (0, 0)).read_bytes() == shard
+    assert not (src / ".shardfs" / "journal").exists() or journal_entries(src) == []
+
+
+def test_unsupported_operations_fail_with_eperm(tmp_path, mount):
+    src = tmp_path / "src"
+    exp = build(src, [Z2])
+    meta_before = (src / "z2" / "zarr.json").read_bytes()
+    mnt = mount(src)
+    arr = mnt / "z2"
+    zarray = json.loads((arr / ".zarray").read_text())
+    bigger = dict(zarray, shape=[40, 27])
+
+    def rewrite_zarray_in_place():
+        with open(arr / ".zarray", "w") as f:
+            json.dump(bigger, f)
+
+    def rewrite_zarray_by_rename():
+        tmp = arr / ".zarray.1234.partial"
+        tmp.write_text(json.dumps(bigger))
+        try:
+            os.replace(tmp, arr / ".zarray")
+        finally:
+            if tmp.exists():
+                os.unlink(tmp)
+
+    cases = {
+        "chmod": (lambda: os.chmod(arr / "0.0", 0o600), {errno.EPERM}),
+        "symlink": (lambda: os.symlink("0.0", arr / "link"), {errno.EPERM, errno.ENOTSUP}),
+        "mknod fifo": (lambda: os.mkfifo(arr / "fifo"), {errno.EPERM, errno.ENOTSUP}),
+        "mkdir new name in array": (lambda: os.mkdir(arr / "newdir"), {errno.EPERM}),
+        "rename chunk file": (lambda: os.rename(arr / "0.0", arr / "0.0.bak"), {errno.EPERM}),
+        "rewrite .zarray in place (other shape)": (rewrite_zarray_in_place, {errno.EPERM}),
+        "rewrite .zarray by rename (other shape)": (rewrite_zarray_by_rename, {errno.EPERM}),
+    }
+    wrong = {}
+    for what, (op, allowed) in cases.items():
+        try:
+            op()
+            wrong[what] = "succeeded"
+        except OSError as e:
+            if e.errno not in allowed:
+                wrong[what] = f"errno {e.errno} ({e.strerror}), expected one of {sorted(allowed)}"
+    assert json.loads((arr / ".zarray").read_text()) == zarray, ".zarray changed"
+    assert os.path.exists(arr / "0.0"), "chunk 0.0 gone after a refused rename"
+    assert not os.path.lexists(arr / "link") and not os.path.lexists(arr / "newdir")
+    umount(mount, mnt)
+    assert not wrong, wrong
+    assert (src / "z2" / "zarr.json").read_bytes() == meta_before, "zarr.json changed by refused ops"
+    assert_source_equals(src, "z2", exp["z2"])
+    assert_clean(src)
+
+
+def test_zattrs_rewrite_updates_v3_attributes(tmp_path, mount):
+    import zarr
+
+    src = tmp_path / "src"
+    exp = build(src, [Z2, C2])
+    mnt = mount(src)
+    # zarr 2.18 (temp + rename of .zattrs)
+    zarr2("z = zarr.open(path, mode='r+'); z.attrs.update({'units': 'nm', 'scale': [1, 2]}); "
+          "result = np.zeros(0)", path=str(mnt / "z2"))
+    assert json.loads((mnt / "z2" / ".zattrs").read_text()) == {"origin": "z2", "units": "nm", "scale": [1, 2]}
+    # zarr-python 3 in v2 mode
+    zarr.open_array(str(mnt / "c2"), mode="r+", zarr_format=2).attrs.update({"note": "hello"})
+    assert json.loads((mnt / "c2" / ".zattrs").read_text()) == {"origin": "c2", "note": "hello"}
+    umount(mount, mnt)
+    z2 = json.loads((src / "z2" / "zarr.json").read_text())
+    c2 = json.loads((src / "c2" / "zarr.json").read_text())
+    assert z2["attributes"] == {"origin": "z2", "units": "nm", "scale": [1, 2]}
+    assert c2["attributes"] == {"origin": "c2", "note": "hello"}
+    assert z2["shape"] == [20, 27] and z2["codecs"] == Z2.v3_metadata()["codecs"]
+    assert_source_equals(src, "z2", exp["z2"])
+    assert_clean(src)
+
+
+# --------------------------------------------------------------------------- 8. write amplification
+
+AMP = Spec("amp", (64, 32, 64), (16, 16, 16), (32, 32, 32), "<f8", 0.0, ("zstd", 1), inner_crc=False,
+           index_location="end", index_crc=True, initial=(), write=(s(0, 64), s(0, 32), s(0, 64)))
+
+
+def _io(pid: int) -> dict[str, int]:
+    with open(f"/proc/{pid}/io") as f:
+        return {k: int(v) for k, v in (line.split(": ") for line in f)}
+
+
+def test_chunk_by_chunk_write_is_not_quadratic(tmp_path, mount):
+    src = tmp_path / "src"
+    build(src, [AMP])
+    data = AMP.values(AMP.shape, seed_of("amp"))
+    np.save(tmp_path / "v.npy", data)
+    mnt = mount(src)
+    m = mount.info(mnt)
+    io0 = _io(m.pid)
+    log0 = m.log.stat().st_size
+    zarr2("""
+        z = zarr.open(path, mode='r+')
+        v = np.load(vpath)
+        import itertools
+        grid = [range(n // c) for n, c in zip(z.shape, z.chunks)]
+        for idx in itertools.product(*grid):     # C order: interleaves the 4 shards
+            reg = tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, z.chunks))
+            z[reg] = v[reg]
+        result = np.zeros(0)
+        """, path=str(mnt / "amp"), vpath=str(tmp_path / "v.npy"))
+    deadline = time.monotonic() + 10
+    while journal_entries(src) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    assert journal_entries(src) == [], "complete shards not folded within 10 s"
+    io1 = _io(m.pid)
+    log_bytes = m.log.stat().st_size - log0
+    umount(mount, mnt)
+    shards = sorted((src / "amp" / "c").rglob("*"))
+    shard_bytes = sum(p.stat().st_size for p in shards if p.is_file())
+    n_shards = sum(p.is_file() for p in shards)
+    assert n_shards == 4, [str(p) for p in shards]
+    written = io1["wchar"] - io0["wchar"] - log_bytes
+    ratio = written / shard_bytes
+    print(f"\nwrite amplification: daemon wrote {written} B (excluding {log_bytes} B of log) "
+          f"for {shard_bytes} B of shards: {ratio:.2f}x")
+    assert ratio <= 2.5, f"daemon wrote {ratio:.2f}x the final shard bytes (target <= 2.5x)"
+    assert_source_equals(src, "amp", data)
+    assert_clean(src)
