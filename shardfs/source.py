@@ -14,6 +14,9 @@ import uuid
 from dataclasses import dataclass
 
 
+TMP_SUFFIX = ".shardfs-tmp"
+
+
 @dataclass(frozen=True)
 class Version:
     """Identity of one state of a file: changes whenever its content may have."""
@@ -74,7 +77,7 @@ class Source:
         path = self.path(key)
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.shardfs-tmp")
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}{TMP_SUFFIX}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             for chunk in data:
@@ -110,6 +113,12 @@ class Source:
                 raise
             parent = os.path.dirname(parent)
         fsync_dir(self.path(os.path.dirname(key)) if os.path.dirname(key) else self.root)
+
+    def remove_temporaries(self, key: str) -> None:
+        """Delete the temporaries ``replace`` left in directory ``key`` when a daemon was killed."""
+        for name, is_dir in self.listdir(key):
+            if not is_dir and name.endswith(TMP_SUFFIX):
+                os.unlink(os.path.join(self.path(key), name))
 
     def statvfs(self) -> os.statvfs_result:
         return os.statvfs(self.root)

@@ -231,6 +231,7 @@ class Writeback:
                 log.error("journal: array %r no longer presentable; dropping %d changes", array, len(changes))
                 continue
             shard_mod.rewrite_sync(self.source, target.key, target.fmt, changes)
+            self.source.remove_temporaries(os.path.dirname(target.key))
         for name in os.listdir(self.journal):
             os.unlink(os.path.join(self.journal, name))
         fsync_dir(self.journal)

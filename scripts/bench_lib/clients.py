@@ -1,0 +1,115 @@
+"""Benchmark clients: each measured operation runs here, in its own process.
+
+Run as ``PYTHON clients.py COMMAND ARGS...``, with ``.venv/bin/python`` (zarr 3,
+tensorstore, dask) or ``.venv-zarr2/bin/python`` (zarr-python 2.18). Every
+command prints one JSON object on stdout. Times are measured inside the
+process around the operation alone (after imports and input loading), so
+interpreter start-up does not dilute the comparison.
+
+Only numpy and the library under test are imported, and only by the command
+that needs it, so this file works in both environments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def _checksum(a) -> int:
+    import numpy as np
+
+    return int(np.asarray(a).sum(dtype=np.uint64))
+
+
+def zarr_read(path: str) -> dict:
+    """Read a whole array with whichever zarr-python this interpreter has (v2 or v3 metadata)."""
+    import zarr
+
+    t0 = time.perf_counter()
+    arr = zarr.open_array(path, mode="r")
+    data = arr[...]
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "sum": _checksum(data), "shape": list(data.shape),
+            "zarr": zarr.__version__}
+
+
+def ts_read(path: str, driver: str) -> dict:
+    """Read a whole array with tensorstore (``zarr`` = v2 driver, ``zarr3`` = native)."""
+    import tensorstore as ts
+
+    t0 = time.perf_counter()
+    store = ts.open({"driver": driver, "kvstore": {"driver": "file", "path": path},
+                     "context": {"cache_pool": {"total_bytes_limit": 0}}}, read=True).result()
+    data = store.read().result()
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "sum": _checksum(data), "shape": list(data.shape)}
+
+
+def zarr_write(path: str, npy: str) -> dict:
+    """Write a whole array (already created, empty) from an .npy file."""
+    import numpy as np
+    import zarr
+
+    data = np.load(npy)
+    t0 = time.perf_counter()
+    arr = zarr.open_array(path, mode="r+")
+    arr[...] = data
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "zarr": zarr.__version__}
+
+
+def dask_read(path: str, threads: str, block: str) -> dict:
+    """Sum a whole v2 array with dask's threaded scheduler, ``block`` chunk files per task along
+    each axis. zarr's own async concurrency is set to 1, so each dask thread is one reader
+    reading one chunk file at a time: ``threads`` is the number of concurrent readers."""
+    import dask
+    import dask.array as da
+    import zarr
+
+    zarr.config.set({"async.concurrency": 1})
+    t0 = time.perf_counter()
+    arr = zarr.open_array(path, mode="r")
+    x = da.from_array(arr, chunks=tuple(c * int(block) for c in arr.chunks), asarray=True, lock=False)
+    with dask.config.set(scheduler="threads", num_workers=int(threads)):
+        total = int(x.sum(dtype="uint64").compute())
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "sum": total, "tasks": int(x.npartitions)}
+
+
+def random_reads(directory: str, listfile: str) -> dict:
+    """open + read to EOF + close each listed file once; per-file latencies in seconds."""
+    with open(listfile) as f:
+        names = [line.rstrip("\n") for line in f if line.strip()]
+    lat = []
+    nbytes = 0
+    t_all = time.perf_counter()
+    for name in names:
+        t0 = time.perf_counter()
+        fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+        try:
+            while True:
+                b = os.read(fd, 1 << 20)
+                if not b:
+                    break
+                nbytes += len(b)
+        finally:
+            os.close(fd)
+        lat.append(time.perf_counter() - t0)
+    return {"seconds": time.perf_counter() - t_all, "latencies": lat, "bytes": nbytes}
+
+
+COMMANDS = {"zarr_read": zarr_read, "ts_read": ts_read, "zarr_write": zarr_write,
+            "dask_read": dask_read, "random_reads": random_reads}
+
+
+def main() -> None:
+    cmd, *args = sys.argv[1:]
+    result = COMMANDS[cmd](*args)
+    sys.stdout.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,721 @@
+"""``scripts/bench``: the performance targets of DESIGN.md, measured side by side in one run.
+
+Builds its own datasets under a temporary work directory, mounts them with
+``shardfs mount``, and compares each operation through the mount with its
+baseline (a real v2 copy of the same chunk bytes on the same disk, or zarr 3 /
+tensorstore on the sharded source). Each comparison alternates the sides over
+several repetitions and reports medians. Every measured operation runs in its
+own client process (zarr 2.18 in ``.venv-zarr2``). Page caches are dropped
+before every cold measurement, on both sides.
+
+Output: a table on stdout, ``OUT/bench.json`` and ``OUT/bench.png``.
+Exit status: 1 if any figure errored, 2 if a target was missed (never in
+``--smoke``), else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(HERE.parent))
+
+from bench_lib import datasets as ds  # noqa: E402
+from bench_lib import report  # noqa: E402
+
+PY3 = str(REPO / ".venv" / "bin" / "python")
+PY2 = os.environ.get("SHARDFS_ZARR2_PYTHON") or str(REPO / ".venv-zarr2" / "bin" / "python")
+SHARDFS = str(REPO / ".venv" / "bin" / "shardfs")
+CLIENTS = str(HERE / "clients.py")
+MiB = 1 << 20
+
+
+class BenchError(Exception):
+    """A figure could not be measured (the message goes into its row)."""
+
+
+@dataclass
+class Row:
+    figure: str
+    unit: str = ""
+    mount: float | None = None
+    baseline: float | None = None
+    ratio: float | None = None
+    target: str = "report"
+    status: str = "report"  # PASS / FAIL / report / ERROR
+    note: str = ""
+    # for the chart: an upper bound on the ratio, or an absolute bound on ``mount``
+    ratio_max: float | None = None
+    abs_target: float | None = None
+    abs_dir: str = ""  # ">=" or "<"
+
+
+@dataclass
+class Mounted:
+    mnt: Path
+    pid: int
+    seconds: float
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def rotate(items: list, k: int) -> list:
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
+def is_mounted(mnt: Path) -> bool:
+    target = os.path.realpath(mnt)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].encode().decode("unicode_escape")
+            if point == target:
+                return True
+    return False
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS / VmHWM of ``pid`` in bytes."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+def proc_io(pid: int) -> dict[str, int]:
+    with open(f"/proc/{pid}/io") as f:
+        return {k: int(v) for k, v in (line.split(":") for line in f if ":" in line)}
+
+
+def tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.smoke: bool = args.smoke
+        self.sizes = ds.SMOKE if self.smoke else ds.FULL
+        self.reps: int = args.reps or (1 if self.smoke else 3)
+        self.timeout: float = 120.0 if self.smoke else 300.0
+        self.t_start = time.perf_counter()
+        self.load_start = os.getloadavg()
+        self.out = Path(args.out).resolve()
+        if args.workdir:
+            Path(args.workdir).mkdir(parents=True, exist_ok=True)
+            self.work = Path(tempfile.mkdtemp(prefix="shardfs-bench.", dir=args.workdir))
+        else:
+            self.work = Path(tempfile.mkdtemp(prefix="shardfs-bench.", dir="/tmp"))
+        self.logs = self.work / "logs"
+        self.logs.mkdir()
+        self.active: dict[Path, int] = {}  # mountpoint -> daemon pid, for cleanup
+        self.rows: list[Row] = []
+        self.raw: dict[str, Any] = {}
+        self.problems: list[str] = []
+        self.drop_ok = True
+        self.max_rss: dict[str, int] = {}
+        self.budget: float = 50.0 if self.smoke else 540.0  # seconds for the whole run
+        self.figure = ""
+        self.allowance = math.inf
+        self.reps_done: dict[str, int] = {}
+
+    # ----- plumbing ---------------------------------------------------------------------------
+
+    def repeat(self, reps: int | None = None) -> Iterator[int]:
+        """Repetition numbers for the current figure: ``reps`` of them, fewer when another one
+        would overrun the figure's share of the time budget (always at least one)."""
+        reps = reps or self.reps
+        start = time.perf_counter()
+        done = 0
+        for rep in range(reps):
+            if rep:
+                spent = time.perf_counter() - start
+                if spent + spent / rep > self.allowance:
+                    self.problems.append(f"{self.figure}: {rep} of {reps} repetitions (time budget)")
+                    break
+            yield rep
+            done = rep + 1
+        self.reps_done[self.figure] = done
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.perf_counter() - self.t_start:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    def op_timeout(self) -> float:
+        """Limit for one operation: the usual one, cut so a hang cannot overrun the budget much."""
+        left = self.budget - (time.perf_counter() - self.t_start)
+        return max(30.0, min(self.timeout, left + 60.0))
+
+    def run(self, cmd: list[str], cwd: Path | None = None, timeout: float | None = None,
+            stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess:
+        timeout = timeout or self.op_timeout()
+        try:
+            r = subprocess.run([str(c) for c in cmd], cwd=cwd, stdout=stdout, stderr=subprocess.PIPE,
+                               stdin=subprocess.DEVNULL, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"timed out after {timeout:.0f} s: {' '.join(map(str, cmd))[:120]}")
+        if r.returncode:
+            tail = (r.stderr or "").strip().splitlines()[-3:]
+            raise BenchError(f"exit {r.returncode}: {' '.join(map(str, cmd))[:100]}: {' | '.join(tail)[:300]}")
+        return r
+
+    def client(self, python: str, *args: Any) -> dict:
+        r = self.run([python, CLIENTS, *args])
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    def shell(self, script: str, cwd: Path | None = None, out: Path | None = None) -> float:
+        """Wall time of ``bash -c script`` (a separate process), stdout to ``out`` or /dev/null."""
+        with open(out or os.devnull, "w") as f:
+            t0 = time.perf_counter()
+            self.run(["bash", "-c", f"set -o pipefail; {script}"], cwd=cwd, stdout=f)
+            return time.perf_counter() - t0
+
+    def drop_caches(self) -> None:
+        os.sync()
+        try:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+        except OSError as e:
+            if self.drop_ok:
+                self.problems.append(f"cannot drop page caches ({e.strerror}): 'cold' figures are warm")
+            self.drop_ok = False
+
+    @contextmanager
+    def mounted(self, src: Path, name: str) -> Iterator[Mounted]:
+        """``shardfs mount SRC MNT`` (timed); always unmounted afterwards, lazily if need be."""
+        mnt = self.work / "mnt" / name
+        mnt.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        r = subprocess.run([SHARDFS, "mount", str(src), str(mnt), "--log-file", str(self.logs / f"{name}.log")],
+                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        seconds = time.perf_counter() - t0
+        if r.returncode:
+            self._force_unmount(mnt, None)
+            raise BenchError(f"shardfs mount failed: {r.stderr.strip()[:300]}")
+        try:
+            pid = int(os.getxattr(mnt, "user.shardfs.pid"))
+        except (OSError, ValueError) as e:
+            self._force_unmount(mnt, None)
+            raise BenchError(f"mounted, but no daemon pid xattr: {e}")
+        self.active[mnt] = pid
+        m = Mounted(mnt, pid, seconds)
+        try:
+            yield m
+        except BaseException:
+            self._unmount(m, name)
+            raise
+        else:
+            err = self._unmount(m, name)
+            if err:
+                raise BenchError(err)
+
+    def _unmount(self, m: Mounted, name: str) -> str | None:
+        try:
+            rss = proc_status(m.pid).get("VmHWM", 0)
+            self.max_rss[name] = max(self.max_rss.get(name, 0), rss)
+        except OSError:
+            pass
+        err = None
+        r = subprocess.run([SHARDFS, "umount", str(m.mnt), "--timeout", str(int(self.timeout))],
+                           capture_output=True, text=True, timeout=self.timeout + 30)
+        if r.returncode or is_mounted(m.mnt):
+            err = f"shardfs umount failed: {r.stderr.strip()[:200]}"
+        self._force_unmount(m.mnt, m.pid)
+        return err
+
+    def _force_unmount(self, mnt: Path, pid: int | None) -> None:
+        if is_mounted(mnt):
+            subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True, timeout=30)
+        if pid is not None:
+            deadline = time.monotonic() + 10
+            while alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if alive(pid):  # the daemon we started did not exit: kill it, by pid only
+                self.problems.append(f"daemon {pid} did not exit after unmount; killed")
+                os.kill(pid, signal.SIGKILL)
+        self.active.pop(mnt, None)
+
+    def cleanup(self) -> None:
+        for mnt, pid in list(self.active.items()):
+            self._force_unmount(mnt, pid)
+        if not self.args.keep:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+    # ----- datasets ---------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        s = self.sizes
+        self.big, self.meta, self.small = self.work / "big", self.work / "meta", self.work / "small"
+        self.log(f"building datasets in {self.work}")
+        data = ds.build_big(self.big, s)
+        self.vol_sum = int(data.sum(dtype="uint64"))
+        self.vol_npy = self.work / "vol.npy"
+        import numpy as np
+
+        np.save(self.vol_npy, data)
+        self.vol_bytes = data.nbytes
+        del data
+        self.many_info = ds.build_many(self.meta, s)
+        ds.build_small(self.small)
+        self.log(f"  vol {s.vol_shape} ({self.vol_bytes / MiB:.0f} MiB), many: {self.many_info['stored']} "
+                 f"stored chunks in {self.many_info['shards']} shards")
+
+        self.copy = self.work / "copy"
+        self.copy.mkdir()
+        with self.mounted(self.big, "setup-big") as m:
+            for name in ("vol", "large"):
+                dst = self.copy / name
+                dst.mkdir()
+                t = self.shell(f"find . -maxdepth 1 -type f -print0 | xargs -0 -r cp -t {dst}", cwd=m.mnt / name)
+                self.raw[f"copy_{name}_seconds"] = t
+        self.vol_names = sorted(p.name for p in (self.copy / "vol").iterdir() if p.name[0] != ".")
+        self.large_names = sorted(p.name for p in (self.copy / "large").iterdir() if p.name[0] != ".")
+        n_vol = math.prod(-(-a // c) for a, c in zip(s.vol_shape, s.vol_chunk))
+        if len(self.vol_names) != n_vol:
+            raise BenchError(f"mount shows {len(self.vol_names)} chunk files of vol, expected {n_vol}")
+        self.large_bytes = sum((self.copy / "large" / n).stat().st_size for n in self.large_names)
+        self.log(f"  real v2 copies of vol ({len(self.vol_names)} files) and large ({len(self.large_names)} files, "
+                 f"{self.large_bytes / len(self.large_names) / MiB:.1f} MiB each) copied from the mount with cp")
+
+        with self.mounted(self.meta, "setup-meta") as m:
+            n = ds.v2_copy_from_source(self.meta / "many", m.mnt / "many", self.copy / "many", s)
+            names_mnt = sorted(e.name for e in os.scandir(m.mnt / "many") if e.is_file())
+            names_copy = sorted(e.name for e in os.scandir(self.copy / "many"))
+            if names_mnt != names_copy:
+                raise BenchError(f"meta/many: mount lists {len(names_mnt)} files, the copy has {len(names_copy)}")
+            for name in random.Random(3).sample(names_copy, min(200, len(names_copy))):
+                if (m.mnt / "many" / name).read_bytes() != (self.copy / "many" / name).read_bytes():
+                    raise BenchError(f"meta/many/{name}: mount and source bytes differ")
+        self.many_files = n
+        self.log(f"  real v2 copy of many: {n} chunk files cut from the shards, names and a sample checked "
+                 "against the mount")
+        (self.work / "vol.list").write_text("\n".join(self.vol_names) + "\n")
+        (self.work / "large.list").write_text("\n".join(self.large_names) + "\n")
+
+    # ----- figures ----------------------------------------------------------------------------
+
+    def fig_read(self) -> list[Row]:
+        """Whole-array reads, cold: zarr 2.18 / tensorstore v2 via mount and copy; zarr 3 / tensorstore native."""
+        sides = {
+            "z2_mount": lambda m: self.client(PY2, "zarr_read", m.mnt / "vol"),
+            "z2_copy": lambda m: self.client(PY2, "zarr_read", self.copy / "vol"),
+            "z3_native": lambda m: self.client(PY3, "zarr_read", self.big / "vol"),
+            "ts3_native": lambda m: self.client(PY3, "ts_read", self.big / "vol", "zarr3"),
+            "ts2_mount": lambda m: self.client(PY3, "ts_read", m.mnt / "vol", "zarr"),
+            "ts2_copy": lambda m: self.client(PY3, "ts_read", self.copy / "vol", "zarr"),
+        }
+        t: dict[str, list[float]] = {k: [] for k in sides}
+        for rep in self.repeat():
+            for side in rotate(list(sides), rep):
+                if side.endswith("_mount"):
+                    with self.mounted(self.big, "read") as m:
+                        self.drop_caches()
+                        res = sides[side](m)
+                else:
+                    self.drop_caches()
+                    res = sides[side](None)
+                if res["sum"] != self.vol_sum:
+                    raise BenchError(f"{side}: read wrong data (sum {res['sum']} != {self.vol_sum})")
+                t[side].append(res["seconds"])
+                self.log(f"read rep {rep + 1}: {side} {res['seconds']:.2f} s")
+        self.raw["read"] = t
+        m = {k: median(v) for k, v in t.items()}
+        mb = self.vol_bytes / MiB
+        return [
+            self.ratio_row(f"zarr 2.18 read {mb:.0f} MiB, cold: mount vs real v2 copy", "s",
+                           m["z2_mount"], m["z2_copy"], 1.3),
+            self.ratio_row("  same, mount vs zarr 3 reading the shards natively", "s",
+                           m["z2_mount"], m["z3_native"], 1.0),
+            self.ratio_row("  same, mount vs tensorstore zarr3 natively", "s", m["z2_mount"], m["ts3_native"], None),
+            self.ratio_row("tensorstore zarr (v2) read, cold: mount vs copy", "s",
+                           m["ts2_mount"], m["ts2_copy"], None),
+        ]
+
+    def fig_cat(self) -> list[Row]:
+        """``cat`` of every chunk file of vol: first pass after mounting (cold), then a second pass."""
+        cmd = f"xargs -a {self.work / 'vol.list'} cat > /dev/null"
+        t = {"mount1": [], "mount2": [], "copy1": [], "copy2": []}
+        for rep in self.repeat():
+            for side in rotate(["mount", "copy"], rep):
+                if side == "mount":
+                    with self.mounted(self.big, "cat") as m:
+                        self.drop_caches()
+                        t["mount1"].append(self.shell(cmd, cwd=m.mnt / "vol"))
+                        t["mount2"].append(self.shell(cmd, cwd=m.mnt / "vol"))
+                else:
+                    self.drop_caches()
+                    t["copy1"].append(self.shell(cmd, cwd=self.copy / "vol"))
+                    t["copy2"].append(self.shell(cmd, cwd=self.copy / "vol"))
+                self.log(f"cat rep {rep + 1}: {side} {t[side + '1'][-1]:.2f} s, then {t[side + '2'][-1]:.2f} s")
+        self.raw["cat"] = t
+        n = len(self.vol_names)
+        return [
+            self.ratio_row(f"cat {n} chunk files, 1st pass after mount (cold)", "s",
+                           median(t["mount1"]), median(t["copy1"]), 4.0),
+            self.ratio_row(f"cat {n} chunk files, 2nd pass", "s", median(t["mount2"]), median(t["copy2"]), 1.25),
+        ]
+
+    def fig_large(self) -> list[Row]:
+        """Sequential ``cat`` of 4 MiB chunk files, the source (and the copy) in the page cache."""
+        cmd = f"xargs -a {self.work / 'large.list'} cat > /dev/null"
+        warm_src = f"find {self.big / 'large' / 'c'} -type f -print0 | xargs -0 cat > /dev/null"
+        t = {"mount": [], "copy": []}
+        for rep in self.repeat():
+            for side in rotate(["mount", "copy"], rep):
+                if side == "mount":
+                    with self.mounted(self.big, "large") as m:
+                        self.drop_caches()
+                        self.shell(warm_src)
+                        t["mount"].append(self.shell(cmd, cwd=m.mnt / "large"))
+                else:
+                    self.drop_caches()
+                    self.shell(cmd, cwd=self.copy / "large")
+                    t["copy"].append(self.shell(cmd, cwd=self.copy / "large"))
+                self.log(f"large rep {rep + 1}: {side} {self.large_bytes / t[side][-1] / 1e9:.2f} GB/s")
+        self.raw["large"] = t
+        gb = self.large_bytes / 1e9
+        tm, tc = median(t["mount"]), median(t["copy"])
+        chunk_mib = self.large_bytes / len(self.large_names) / MiB
+        row = self.ratio_row(f"cat {len(self.large_names)} x {chunk_mib:g} MiB chunk files, source cached",
+                             "GB/s", gb / tm, gb / tc, None, ratio=tm / tc)
+        return [self.abs_check(row, 1.0, ">=", "≥ 1 GB/s")]
+
+    def fig_listing(self) -> list[Row]:
+        """``find -type f`` and ``ls -l`` over the >100k chunk files of many, cold after mounting; daemon RSS."""
+        t = {"find_mount": [], "find_copy": [], "ls_mount": [], "ls_copy": []}
+        rss: list[int] = []
+        counts: dict[str, int] = {}
+        listing = self.work / "listing.out"
+        find = "find . -maxdepth 1 -type f"
+        ls = "ls -l ."
+
+        def count(kind: str) -> int:
+            lines = listing.read_text().splitlines()
+            return len(lines) if kind == "find" else sum(1 for ln in lines if ln.startswith("-"))
+
+        for rep in self.repeat():
+            for kind, cmd in (("find", find), ("ls", ls)):
+                for side in rotate(["mount", "copy"], rep):
+                    key = f"{kind}_{side}"
+                    if side == "mount":
+                        with self.mounted(self.meta, "listing") as m:
+                            self.drop_caches()
+                            t[key].append(self.shell(cmd, cwd=m.mnt / "many", out=listing))
+                            rss.append(proc_status(m.pid)["VmRSS"])
+                    else:
+                        self.drop_caches()
+                        t[key].append(self.shell(cmd, cwd=self.copy / "many", out=listing))
+                    counts[key] = count(kind)
+                    self.log(f"listing rep {rep + 1}: {key} {counts[key]} entries in {t[key][-1]:.2f} s")
+        self.raw["listing"] = {"seconds": t, "counts": counts, "rss": rss}
+        rows = []
+        for kind, label in (("find", "find -type f"), ("ls", "ls -l")):
+            n_m, n_c = counts[f"{kind}_mount"], counts[f"{kind}_copy"]
+            row = self.ratio_row(f"{label} over {n_c} chunk files, cold after mount", "entries/s",
+                                 n_m / median(t[f"{kind}_mount"]), n_c / median(t[f"{kind}_copy"]), None,
+                                 ratio=median(t[f"{kind}_mount"]) / median(t[f"{kind}_copy"]))
+            row = self.abs_check(row, 20000, ">=", "≥ 20k/s")
+            if n_m != n_c:
+                row.status, row.note = "ERROR", f"mount listed {n_m} files, copy {n_c}"
+            rows.append(row)
+        rows.append(self.abs_check(Row(f"daemon RSS after find + ls -l over {self.many_files} chunk files",
+                                       "MiB", max(rss) / MiB), 150, "<", "< 150 MiB"))
+        return rows
+
+    def fig_random(self) -> list[Row]:
+        """Random single-chunk reads (open, read, close) of vol chunk files, cold: p50/p99 latency."""
+        k = min(len(self.vol_names), 30 if self.smoke else 300)
+        lat = {"mount": [], "copy": []}
+        for rep in self.repeat():
+            names = random.Random(100 + rep).sample(self.vol_names, k)
+            lst = self.work / "random.list"
+            lst.write_text("\n".join(names) + "\n")
+            for side in rotate(["mount", "copy"], rep):
+                if side == "mount":
+                    with self.mounted(self.big, "random") as m:
+                        self.drop_caches()
+                        res = self.client(PY3, "random_reads", m.mnt / "vol", lst)
+                else:
+                    self.drop_caches()
+                    res = self.client(PY3, "random_reads", self.copy / "vol", lst)
+                lat[side] += res["latencies"]
+                self.log(f"random rep {rep + 1}: {side} {k} reads in {res['seconds']:.2f} s")
+        self.raw["random_latencies"] = lat
+
+        def pct(xs: list[float], q: float) -> float:
+            xs = sorted(xs)
+            return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] * 1000
+
+        return [self.ratio_row(f"random single-chunk read {name}, cold", "ms", pct(lat["mount"], q),
+                               pct(lat["copy"], q), None) for name, q in (("p50", 0.5), ("p99", 0.99))]
+
+    def fig_write(self) -> list[Row]:
+        """zarr 2.18 writes the whole vol through the mount (until folded) vs zarr 3 writing the shards natively."""
+        t = {"mount": [], "mount_client": [], "mount_fold_wait": [], "native": []}
+        io: list[dict] = []
+        for rep in self.repeat():
+            for side in rotate(["mount", "native"], rep):
+                src = self.work / f"write-{side}-{rep}"
+                ds.empty_like_vol(self.big, src)
+                os.sync()
+                if side == "mount":
+                    with self.mounted(src, "write") as m:
+                        io0 = proc_io(m.pid)
+                        res = self.client(PY2, "zarr_write", m.mnt / "vol", self.vol_npy)
+                        t_exit = time.perf_counter()
+                        self.wait_journal_empty(src)
+                        fold = time.perf_counter() - t_exit
+                        io1 = proc_io(m.pid)
+                    final = tree_bytes(src / "vol" / "c")
+                    delta = {k: io1[k] - io0[k] for k in io0}
+                    io.append({"final": final, **delta})
+                    if rep == 0:
+                        got = self.client(PY3, "zarr_read", src / "vol")
+                        if got["sum"] != self.vol_sum:
+                            raise BenchError(f"array written through the mount reads back wrong (sum {got['sum']})")
+                    t["mount"].append(res["seconds"] + fold)
+                    t["mount_client"].append(res["seconds"])
+                    t["mount_fold_wait"].append(fold)
+                    self.log(f"write rep {rep + 1}: mount {res['seconds']:.2f} s + {fold:.2f} s until folded; "
+                             f"daemon wrote {delta['write_bytes'] / MiB:.0f} MiB for {final / MiB:.0f} MiB of shards")
+                else:
+                    res = self.client(PY3, "zarr_write", src / "vol", self.vol_npy)
+                    t["native"].append(res["seconds"])
+                    self.raw["write_native_final_bytes"] = tree_bytes(src / "vol" / "c")
+                    self.log(f"write rep {rep + 1}: zarr 3 native {res['seconds']:.2f} s")
+                shutil.rmtree(src, ignore_errors=True)
+        self.raw["write"] = {"seconds": t, "io": io}
+        ratios = [(d["write_bytes"] or d["wchar"]) / d["final"] for d in io]
+        mb = self.vol_bytes / MiB
+        row = self.ratio_row(f"zarr 2.18 write {mb:.0f} MiB via mount (until folded) vs zarr 3 native", "s",
+                             median(t["mount"]), median(t["native"]), 1.5)
+        row.note = f"client part {median(t['mount_client']):.2f} s"
+        wb = median([d["write_bytes"] or d["wchar"] for d in io])
+        fin = median([d["final"] for d in io])
+        brow = self.ratio_row("  bytes the daemon wrote vs final shard bytes", "MiB", wb / MiB, fin / MiB, 2.5,
+                              ratio=median(ratios))
+        return [row, brow]
+
+    def wait_journal_empty(self, src: Path) -> None:
+        journal = src / ".shardfs" / "journal"
+        deadline = time.monotonic() + self.op_timeout()
+        while True:
+            try:
+                if not any(os.scandir(journal)):
+                    return
+            except FileNotFoundError:
+                return
+            if time.monotonic() > deadline:
+                raise BenchError("journal not folded in time")
+            time.sleep(0.02)
+
+    def fig_dask(self) -> list[Row]:
+        """dask (threads scheduler, zarr 3 in v2 mode reading one chunk file at a time per thread):
+        2 concurrent readers vs 1, cold."""
+        cases = [("mount", 1), ("mount", 2), ("copy", 1), ("copy", 2)]
+        t: dict[str, list[float]] = {f"{s}{n}": [] for s, n in cases}
+        for rep in self.repeat():
+            for side, n in rotate(cases, rep):
+                if side == "mount":
+                    with self.mounted(self.big, "dask") as m:
+                        self.drop_caches()
+                        res = self.client(PY3, "dask_read", m.mnt / "vol", n, 2)
+                else:
+                    self.drop_caches()
+                    res = self.client(PY3, "dask_read", self.copy / "vol", n, 2)
+                if res["sum"] != self.vol_sum:
+                    raise BenchError(f"dask {side}: wrong data")
+                t[f"{side}{n}"].append(res["seconds"])
+                self.log(f"dask rep {rep + 1}: {side} {n} thread(s) {res['seconds']:.2f} s")
+        self.raw["dask"] = t
+        return [
+            self.ratio_row("dask 2 threads vs 1 thread, via mount (cold)", "s",
+                           median(t["mount2"]), median(t["mount1"]), None),
+            self.ratio_row("  same on the real v2 copy (reference)", "s",
+                           median(t["copy2"]), median(t["copy1"]), None),
+        ]
+
+    def fig_mount(self) -> list[Row]:
+        """``shardfs mount`` until it returns: the >100k-chunk array vs a one-shard array."""
+        t = {"many": [], "small": []}
+        for rep in self.repeat(max(self.reps, 3)):
+            for side in rotate(["many", "small"], rep):
+                with self.mounted(self.meta if side == "many" else self.small, f"mount-{side}") as m:
+                    t[side].append(m.seconds)
+                    os.listdir(m.mnt)
+        self.raw["mount_seconds"] = t
+        self.log(f"mount: many {t['many']}, small {t['small']}")
+        tm, ts = median(t["many"]), median(t["small"])
+        row = self.ratio_row(f"mount time, {self.many_files} chunks / {self.many_info['shards']} shards "
+                             "vs 1 shard", "s", tm, ts, None)
+        row.target = "< 1 s, ≤ 1.5x"
+        row.abs_target, row.abs_dir, row.ratio_max = 1.0, "<", 1.5
+        row.status = "PASS" if tm < 1.0 and row.ratio <= 1.5 else "FAIL"
+        return [row]
+
+    # ----- rows -------------------------------------------------------------------------------
+
+    @staticmethod
+    def ratio_row(figure: str, unit: str, mount: float, baseline: float, ratio_max: float | None,
+                  ratio: float | None = None) -> Row:
+        r = mount / baseline if ratio is None else ratio
+        row = Row(figure, unit, mount, baseline, r, ratio_max=ratio_max)
+        if ratio_max is not None:
+            row.target = f"≤ {ratio_max:g}x"
+            row.status = "PASS" if r <= ratio_max else "FAIL"
+        return row
+
+    @staticmethod
+    def abs_check(row: Row, target: float, direction: str, text: str) -> Row:
+        row.abs_target, row.abs_dir, row.target = target, direction, text
+        ok = row.mount >= target if direction == ">=" else row.mount < target
+        row.status = "PASS" if ok else "FAIL"
+        return row
+
+
+# share of the remaining time budget each figure may use (roughly its cost at full size)
+WEIGHTS = {"read": 0.14, "cat": 0.06, "large": 0.03, "listing": 0.14, "random": 0.02, "write": 0.3,
+           "dask": 0.2, "mount": 0.04}
+
+FIGURES: list[tuple[str, str, list[str]]] = [
+    # (name, method, row labels used when the figure errors)
+    ("read", "fig_read", ["zarr 2.18 read, cold: mount vs real v2 copy", "  same, mount vs zarr 3 native",
+                          "  same, mount vs tensorstore native", "tensorstore zarr (v2) read: mount vs copy"]),
+    ("cat", "fig_cat", ["cat chunk files, 1st pass after mount", "cat chunk files, 2nd pass"]),
+    ("large", "fig_large", ["cat 4 MiB chunk files, source cached"]),
+    ("listing", "fig_listing", ["find -type f over >100k chunk files", "ls -l over >100k chunk files",
+                                "daemon RSS after listing >100k chunks"]),
+    ("random", "fig_random", ["random single-chunk read p50", "random single-chunk read p99"]),
+    ("write", "fig_write", ["zarr 2.18 write via mount vs zarr 3 native", "  bytes written vs final size"]),
+    ("dask", "fig_dask", ["dask 2 threads vs 1 thread, via mount", "  same on the real v2 copy"]),
+    ("mount", "fig_mount", ["mount time, >100k chunks vs 1 shard"]),
+]
+
+
+def daemon_log_summary(logs: Path) -> list[str]:
+    """Daemon log lines at ERROR level or with a traceback (a bench run should have none)."""
+    found = []
+    for path in sorted(logs.glob("*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if " ERROR " in line or "Traceback" in line or " CRITICAL " in line:
+                found.append(f"{path.stem}: {line.strip()[:200]}")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--smoke", action="store_true", help="tiny datasets, 1 repetition, never fails on targets")
+    p.add_argument("--reps", type=int, default=0, help="repetitions per figure (default 3; 1 with --smoke)")
+    p.add_argument("--workdir", help="make the temporary work directory here (default /tmp)")
+    p.add_argument("--out", default="bench-out", help="where bench.json and bench.png go (default bench-out)")
+    p.add_argument("--only", default="", help="comma-separated figures: " + ",".join(f[0] for f in FIGURES))
+    p.add_argument("--keep", action="store_true", help="keep the work directory (datasets, daemon logs)")
+    args = p.parse_args(argv)
+    only = [x for x in args.only.split(",") if x]
+    unknown = set(only) - {f[0] for f in FIGURES}
+    if unknown:
+        p.error(f"unknown figure(s): {', '.join(sorted(unknown))}")
+    for exe in (PY3, PY2, SHARDFS):
+        if not os.access(exe, os.X_OK):
+            p.error(f"{exe} missing: run scripts/install first")
+
+    bench = Bench(args)
+    if bench.load_start[0] > 1.0:
+        bench.problems.append(f"load average {bench.load_start[0]:.1f} at start: other processes share "
+                              "this machine, figures are noisy")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    errors = 0
+    try:
+        try:
+            bench.setup()
+            setup_error = None
+        except Exception as e:  # noqa: BLE001 - every failure becomes an ERROR row
+            setup_error = f"setup: {e}"
+            bench.log(f"setup failed: {e}\n{traceback.format_exc()}")
+        for name, method, labels in FIGURES:
+            if only and name not in only:
+                continue
+            t0 = time.perf_counter()
+            if setup_error:
+                bench.rows += [Row(lb, status="ERROR", note=setup_error[:120]) for lb in labels]
+                continue
+            todo = [f[0] for f in FIGURES[[f[0] for f in FIGURES].index(name):] if not only or f[0] in only]
+            left = bench.budget - (time.perf_counter() - bench.t_start)
+            bench.figure = name
+            bench.allowance = max(0.0, left) * WEIGHTS[name] / sum(WEIGHTS[f] for f in todo)
+            bench.log(f"== {name} (allowance {bench.allowance:.0f} s)")
+            try:
+                bench.rows += getattr(bench, method)()
+            except Exception as e:  # noqa: BLE001
+                bench.log(f"{name} failed: {e}\n{traceback.format_exc()}")
+                bench.rows += [Row(lb, status="ERROR", note=f"{type(e).__name__}: {e}"[:160]) for lb in labels]
+            bench.raw.setdefault("figure_seconds", {})[name] = time.perf_counter() - t0
+        errors = sum(r.status == "ERROR" for r in bench.rows)
+        failed = sum(r.status == "FAIL" for r in bench.rows)
+        daemon_errors = daemon_log_summary(bench.logs)
+        total = time.perf_counter() - bench.t_start
+        doc = {
+            "smoke": bench.smoke, "reps": bench.reps, "reps_done": bench.reps_done, "seconds": total,
+            "load_avg_start": bench.load_start, "load_avg_end": os.getloadavg(), "caches_dropped": bench.drop_ok,
+            "machine": {"kernel": platform.release(), "cpus": os.cpu_count(), "python": platform.python_version()},
+            "rows": [asdict(r) for r in bench.rows], "raw": bench.raw, "problems": bench.problems,
+            "daemon_peak_rss_mib": {k: v / MiB for k, v in bench.max_rss.items()},
+            "daemon_log_errors": daemon_errors[:50],
+        }
+        bench.out.mkdir(parents=True, exist_ok=True)
+        (bench.out / "bench.json").write_text(json.dumps(doc, indent=1, default=float) + "\n")
+        print(report.table(bench.rows, smoke=bench.smoke))
+        try:
+            report.chart(bench.rows, bench.out / "bench.png", title=f"shardfs bench ({'smoke, ' if bench.smoke else ''}"
+                         f"medians of {bench.reps} alternating reps)")
+        except Exception as e:  # noqa: BLE001
+            errors += 1
+            print(f"chart failed: {e}", file=sys.stderr)
+        print("repetitions: " + ", ".join(f"{k} {v}" for k, v in bench.reps_done.items()))
+        for line in bench.problems:
+            print(f"note: {line}")
+        if daemon_errors:
+            print(f"daemon logged {len(daemon_errors)} error line(s), first: {daemon_errors[0]}")
+        print(f"{len(bench.rows)} rows: {sum(r.status == 'PASS' for r in bench.rows)} PASS, {failed} FAIL, "
+              f"{errors} ERROR in {total:.0f} s; wrote {bench.out / 'bench.json'} and {bench.out / 'bench.png'}")
+        if errors:
+            return 1
+        if failed and not bench.smoke:
+            return 2
+        return 0
+    finally:
+        bench.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
