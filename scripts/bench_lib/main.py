@@ -30,9 +30,9 @@ import tempfile
 import time
 import traceback
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -145,7 +145,7 @@ class Bench:
         self.problems: list[str] = []
         self.drop_ok = True
         self.max_rss: dict[str, int] = {}
-        self.budget: float = 50.0 if self.smoke else 540.0  # seconds for the whole run
+        self.budget: float = 45.0 if self.smoke else 500.0  # seconds, leaving room for overruns and cleanup
         self.figure = ""
         self.allowance = math.inf
         self.reps_done: dict[str, int] = {}
@@ -216,8 +216,12 @@ class Bench:
         mnt = self.work / "mnt" / name
         mnt.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        r = subprocess.run([SHARDFS, "mount", str(src), str(mnt), "--log-file", str(self.logs / f"{name}.log")],
-                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        try:
+            r = subprocess.run([SHARDFS, "mount", str(src), str(mnt), "--log-file", str(self.logs / f"{name}.log")],
+                               capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            self._force_unmount(mnt, None)
+            raise BenchError("shardfs mount did not return within 60 s")
         seconds = time.perf_counter() - t0
         if r.returncode:
             self._force_unmount(mnt, None)
@@ -246,10 +250,14 @@ class Bench:
         except OSError:
             pass
         err = None
-        r = subprocess.run([SHARDFS, "umount", str(m.mnt), "--timeout", str(int(self.timeout))],
-                           capture_output=True, text=True, timeout=self.timeout + 30)
-        if r.returncode or is_mounted(m.mnt):
-            err = f"shardfs umount failed: {r.stderr.strip()[:200]}"
+        limit = self.op_timeout()
+        try:
+            r = subprocess.run([SHARDFS, "umount", str(m.mnt), "--timeout", str(int(limit))],
+                               capture_output=True, text=True, timeout=limit + 30, stdin=subprocess.DEVNULL)
+            if r.returncode or is_mounted(m.mnt):
+                err = f"shardfs umount failed: {r.stderr.strip()[:200]}"
+        except subprocess.TimeoutExpired:
+            err = f"shardfs umount did not return within {limit + 30:.0f} s"
         self._force_unmount(m.mnt, m.pid)
         return err
 
@@ -269,7 +277,7 @@ class Bench:
         for mnt, pid in list(self.active.items()):
             self._force_unmount(mnt, pid)
         if not self.args.keep:
-            shutil.rmtree(self.work, ignore_errors=True)
+            subprocess.run(["rm", "-rf", "--one-file-system", str(self.work)], capture_output=True)
 
     # ----- datasets ---------------------------------------------------------------------------
 
@@ -279,6 +287,7 @@ class Bench:
         self.log(f"building datasets in {self.work}")
         data = ds.build_big(self.big, s)
         self.vol_sum = int(data.sum(dtype="uint64"))
+        self.vol_half_sum = int(data[: -(-data.shape[0] // 2)].sum(dtype="uint64"))  # what dask_read sums
         self.vol_npy = self.work / "vol.npy"
         import numpy as np
 
@@ -524,6 +533,8 @@ class Bench:
         fin = median([d["final"] for d in io])
         brow = self.ratio_row("  bytes the daemon wrote vs final shard bytes", "MiB", wb / MiB, fin / MiB, 2.5,
                               ratio=median(ratios))
+        net = median([(d["write_bytes"] - d["cancelled_write_bytes"]) / d["final"] for d in io])
+        brow.note = f"/proc/PID/io write_bytes; {net:.2f}x net of cancelled_write_bytes"
         return [row, brow]
 
     def wait_journal_empty(self, src: Path) -> None:
@@ -540,9 +551,11 @@ class Bench:
             time.sleep(0.02)
 
     def fig_dask(self) -> list[Row]:
-        """dask (threads scheduler, zarr 3 in v2 mode reading one chunk file at a time per thread):
-        2 concurrent readers vs 1, cold."""
+        """dask (threads scheduler, zarr 3 in v2 mode reading one chunk file at a time per thread)
+        summing half of vol: 2 concurrent readers vs 1, cold."""
         cases = [("mount", 1), ("mount", 2), ("copy", 1), ("copy", 2)]
+        if self.smoke:  # the copy cases are the same code; keep the smoke run short
+            cases = cases[:2]
         t: dict[str, list[float]] = {f"{s}{n}": [] for s, n in cases}
         for rep in self.repeat():
             for side, n in rotate(cases, rep):
@@ -553,22 +566,22 @@ class Bench:
                 else:
                     self.drop_caches()
                     res = self.client(PY3, "dask_read", self.copy / "vol", n, 2)
-                if res["sum"] != self.vol_sum:
+                if res["sum"] != self.vol_half_sum:
                     raise BenchError(f"dask {side}: wrong data")
                 t[f"{side}{n}"].append(res["seconds"])
                 self.log(f"dask rep {rep + 1}: {side} {n} thread(s) {res['seconds']:.2f} s")
         self.raw["dask"] = t
-        return [
-            self.ratio_row("dask 2 threads vs 1 thread, via mount (cold)", "s",
-                           median(t["mount2"]), median(t["mount1"]), None),
-            self.ratio_row("  same on the real v2 copy (reference)", "s",
-                           median(t["copy2"]), median(t["copy1"]), None),
-        ]
+        rows = [self.ratio_row("dask sum of half vol, 2 threads vs 1, via mount (cold)", "s",
+                               median(t["mount2"]), median(t["mount1"]), None)]
+        if t.get("copy1"):
+            rows.append(self.ratio_row("  same on the real v2 copy (reference)", "s",
+                                       median(t["copy2"]), median(t["copy1"]), None))
+        return rows
 
     def fig_mount(self) -> list[Row]:
         """``shardfs mount`` until it returns: the >100k-chunk array vs a one-shard array."""
         t = {"many": [], "small": []}
-        for rep in self.repeat(max(self.reps, 3)):
+        for rep in self.repeat(self.reps if self.smoke else max(self.reps, 3)):
             for side in rotate(["many", "small"], rep):
                 with self.mounted(self.meta if side == "many" else self.small, f"mount-{side}") as m:
                     t[side].append(m.seconds)
@@ -604,8 +617,9 @@ class Bench:
 
 
 # share of the remaining time budget each figure may use (roughly its cost at full size)
-WEIGHTS = {"read": 0.14, "cat": 0.06, "large": 0.03, "listing": 0.14, "random": 0.02, "write": 0.3,
-           "dask": 0.2, "mount": 0.04}
+WEIGHTS = {"read": 0.17, "cat": 0.08, "large": 0.03, "listing": 0.18, "random": 0.02, "write": 0.34,
+           "dask": 0.15, "mount": 0.03}
+FLOOR = {"large": 15.0, "random": 12.0, "mount": 15.0}  # cheap figures always get their repetitions
 
 FIGURES: list[tuple[str, str, list[str]]] = [
     # (name, method, row labels used when the figure errors)
@@ -672,7 +686,8 @@ def main(argv: list[str] | None = None) -> int:
             todo = [f[0] for f in FIGURES[[f[0] for f in FIGURES].index(name):] if not only or f[0] in only]
             left = bench.budget - (time.perf_counter() - bench.t_start)
             bench.figure = name
-            bench.allowance = max(0.0, left) * WEIGHTS[name] / sum(WEIGHTS[f] for f in todo)
+            bench.allowance = max(max(0.0, left) * WEIGHTS[name] / sum(WEIGHTS[f] for f in todo),
+                                  0.0 if bench.smoke else FLOOR.get(name, 0.0))
             bench.log(f"== {name} (allowance {bench.allowance:.0f} s)")
             try:
                 bench.rows += getattr(bench, method)()
@@ -697,7 +712,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report.table(bench.rows, smoke=bench.smoke))
         try:
             report.chart(bench.rows, bench.out / "bench.png", title=f"shardfs bench ({'smoke, ' if bench.smoke else ''}"
-                         f"medians of {bench.reps} alternating reps)")
+                         f"medians of up to {bench.reps} alternating reps)")
         except Exception as e:  # noqa: BLE001
             errors += 1
             print(f"chart failed: {e}", file=sys.stderr)
@@ -706,7 +721,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"note: {line}")
         if daemon_errors:
             print(f"daemon logged {len(daemon_errors)} error line(s), first: {daemon_errors[0]}")
-        print(f"{len(bench.rows)} rows: {sum(r.status == 'PASS' for r in bench.rows)} PASS, {failed} FAIL, "
+        print(f"{len(bench.rows)} rows: {sum(r.status == 'PASS' for r in bench.rows)} PASS, {failed} {'missed (ok in --smoke)' if bench.smoke else 'FAIL'}, "
               f"{errors} ERROR in {total:.0f} s; wrote {bench.out / 'bench.json'} and {bench.out / 'bench.png'}")
         if errors:
             return 1
