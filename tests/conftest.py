@@ -313,3 +313,19 @@ def matrix(tmp_path_factory) -> Matrix:
 
     root = tmp_path_factory.mktemp("matrix") / "src"
     return Matrix(root, build_matrix(root))
+
+
+def daemon_pids(mnt: Path) -> list[int]:
+    """PIDs of shardfs processes serving ``mnt`` (a unique tmp path: only ones this test started)."""
+    needle = str(mnt).encode()
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            argv = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if needle in argv and any(b"shardfs" in a for a in argv):
+            pids.append(int(d))
+    return pids

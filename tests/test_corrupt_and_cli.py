@@ -15,7 +15,7 @@ import crc32c
 import numpy as np
 import pytest
 
-from conftest import lazy_unmount, read_native, read_zarr2, read_zarr3_v2, run_shardfs
+from conftest import daemon_pids, lazy_unmount, read_native, read_zarr2, read_zarr3_v2, run_shardfs
 from datasets import BYTES_LE, ArrayCase, read_index, write_case, write_group
 
 # ------------------------------------------------------------------ helpers
@@ -29,22 +29,6 @@ def read_errno(path: Path) -> int | None:
     except OSError as e:
         return e.errno
     return None
-
-
-def daemon_pids(mnt: Path) -> list[int]:
-    """PIDs of shardfs processes serving ``mnt`` (a unique tmp path: only ours)."""
-    needle = str(mnt).encode()
-    pids = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            argv = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if needle in argv and any(b"shardfs" in a for a in argv):
-            pids.append(int(d))
-    return pids
 
 
 @pytest.fixture

@@ -199,11 +199,14 @@ def run_trial(trial: int, base: Path, templates: dict) -> dict:
         try:
             m1.proc.wait(timeout=3)
         except subprocess.TimeoutExpired:
-            # A thread of the killed daemon is stuck in the kernel, so /dev/fuse stays open and
-            # in-flight requests (the writer) never end. Record it, then abort the connection.
-            result["wedged"] = kernel_stacks(m1.pid)
-            abort_connection(mnt)
-            m1.proc.wait(timeout=10)
+            stacks = kernel_stacks(m1.pid)
+            if any("fuse" in st for st in stacks.values()):
+                # A thread of the killed daemon is stuck in a FUSE call in the kernel, so
+                # /dev/fuse stays open and in-flight requests (the writer) never end.
+                # Record it, then abort the connection so the trial can go on.
+                result["wedged"] = {"daemon": stacks, "writer": kernel_stacks(writer.pid)}
+                abort_connection(mnt)
+            m1.proc.wait(timeout=15)
         lazy_unmount(mnt)
         out, err = writer.communicate(timeout=30)
         acked = {int(line) for line in out.splitlines() if line.strip().isdigit()}

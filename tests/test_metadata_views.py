@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from conftest import (
+    daemon_pids,
     assert_same_array,
     lazy_unmount,
     read_native,
@@ -419,22 +420,6 @@ def test_transcoded_array_is_served_raw(mnt, src, name):
 
 
 # ------------------------------------------------------------------ writes (daemonized mount)
-
-
-def daemon_pids(mnt: Path) -> list[int]:
-    """PIDs of shardfs daemons serving ``mnt`` (a unique tmp path: only ones this test started)."""
-    needle = str(mnt).encode()
-    pids = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            argv = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if needle in argv and any(b"shardfs" in a for a in argv):
-            pids.append(int(d))
-    return pids
 
 
 class Daemon:
