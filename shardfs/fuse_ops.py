@@ -200,16 +200,25 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         return self.writer
 
-    async def invalidate(self, inodes: list[int], entries: list[tuple[int, str]]) -> None:
-        """Drop the kernel's cached pages/attributes of ``inodes`` and its dentries ``entries``."""
-        for parent, name in entries:
-            pyfuse3.invalidate_entry_async(parent, os.fsencode(name), ignore_enoent=True)
+    async def invalidate(self, inodes: list[int]) -> None:
+        """Drop the kernel's cached pages and attributes of ``inodes`` (and of their aliases).
+
+        Dentries are never invalidated: a reverse entry invalidation waits for the
+        directory's lock, which a client's rename holds while it waits for this
+        daemon, and if the daemon is killed in that window the mount wedges.
+        Names therefore never change the inode they show (see ``View.drop_staging``).
+        """
         for ino in inodes:
             self._served.versions.pop(ino, None)
-            try:
-                await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino)
-            except OSError:
-                pass  # the kernel does not know this inode
+            for alias in (ino, *self.view.aliases(ino)):
+                try:
+                    await trio.to_thread.run_sync(pyfuse3.invalidate_inode, alias)
+                except OSError:
+                    pass  # the kernel does not know this inode
+
+    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        for ino, _ in inode_list:
+            self.view.forget(ino)
 
     @_guard
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any

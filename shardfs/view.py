@@ -17,6 +17,7 @@ Every method here runs on the trio thread; blocking I/O goes through
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import logging
 import os
@@ -87,13 +88,15 @@ class GroupNode:
 class Staging:
     """A file with a name that is not a chunk key (a writer's temporary), held in memory.
 
-    ``committed`` is set when it was renamed onto a chunk: its inode then shows that chunk.
+    ``committed`` is set when it was renamed onto a chunk or metadata file: its inode then
+    shows that node (the node key), so the kernel's dentry for the new name stays valid
+    without an entry invalidation.
     """
 
     ino: int
     data: bytearray = field(default_factory=bytearray)
     mtime_ns: int = field(default_factory=time.time_ns)
-    committed: tuple[ArrayNode, tuple[int, ...]] | None = None
+    committed: tuple | None = None
 
 
 @dataclass
@@ -142,6 +145,8 @@ class View:
         self._groups: dict[str, GroupNode] = {}
         self.staged: dict[tuple[int, str], Staging] = {}
         self._tmp: dict[int, Staging] = {}
+        self._aliases: dict[int, set[int]] = {}
+        self._next_ino = itertools.count(ROOT_INODE + 1)
         self.index_cache = IndexCache()
         self._file_mode = 0o444 if read_only else 0o644
         self._dir_mode = 0o555 if read_only else 0o755
@@ -151,7 +156,7 @@ class View:
     def _ino(self, key: tuple) -> int:
         ino = self._inos.get(key)
         if ino is None:
-            ino = len(self._keys) + 1
+            ino = next(self._next_ino)
             self._keys[ino] = key
             self._inos[key] = ino
         return ino
@@ -163,34 +168,48 @@ class View:
                 raise fail(errno.ENOENT)
             arr = self._slots[slot]
             return ("chunk", arr, arr.info.layout.coords(linear))
+        st = self._tmp.get(ino)
+        if st is not None:
+            return st.committed or ("tmp", st)
         try:
-            key = self._keys[ino]
+            return self._keys[ino]
         except KeyError:
             raise fail(errno.ENOENT) from None
-        if key[0] == "tmp":
-            st = self._tmp.get(ino)
-            if st is None:
-                raise fail(errno.ENOENT)
-            if st.committed is not None:
-                return ("chunk", *st.committed)
-            return ("tmp", st)
-        return key
 
     def new_staging(self, parent: int, name: str) -> Staging:
         """Create an empty staging file ``name`` in directory ``parent``."""
-        st = Staging(self._ino(("tmp", len(self._keys))))
+        st = Staging(next(self._next_ino))
         self._tmp[st.ino] = st
         self.staged[(parent, name)] = st
         return st
 
-    def drop_staging(self, parent: int, name: str, committed: tuple[ArrayNode, tuple[int, ...]] | None) -> None:
-        """Remove a staging file's name; its inode shows ``committed`` from now on, if given."""
+    def drop_staging(self, parent: int, name: str, committed: tuple | None) -> None:
+        """Remove a staging file's name; its inode shows node key ``committed`` from now on
+        (an alias of that node's inode until the kernel forgets it), if given."""
         st = self.staged.pop((parent, name))
         st.data = bytearray()
         if committed is None:
             self._tmp.pop(st.ino, None)
         else:
             st.committed = committed
+            self._aliases.setdefault(self._node_ino(committed), set()).add(st.ino)
+
+    def aliases(self, ino: int) -> set[int]:
+        """Staging inodes that were committed onto node ``ino`` and show it."""
+        return self._aliases.get(ino, set())
+
+    def forget(self, ino: int) -> None:
+        """The kernel dropped inode ``ino``: free it if it is a committed staging file."""
+        st = self._tmp.get(ino)
+        if st is not None and st.committed is not None:
+            del self._tmp[ino]
+            target = self._node_ino(st.committed)
+            self._aliases[target].discard(ino)
+            if not self._aliases[target]:
+                del self._aliases[target]
+
+    def _node_ino(self, key: tuple) -> int:
+        return self.chunk_ino(key[1], key[2]) if key[0] == "chunk" else self._ino(key)
 
     def allocated(self, key: tuple) -> int | None:
         """The inode of a node key if the kernel may know it, else None."""
@@ -587,24 +606,6 @@ class View:
         else:
             coords = parse_chunk_name(name, layout.ndim)
         return (arr, coords) if coords is not None and layout.in_grid(coords) else None
-
-    def chunk_entries(self, arr: ArrayNode, coords: tuple[int, ...]) -> list[tuple[int, str]]:
-        """The ``(directory inode, name)`` pairs under which the kernel may know a chunk file."""
-        layout = arr.info.layout
-        if view_separator(layout.keys) == "/":
-            parent = ("kdir", arr.path, coords[:-1]) if len(coords) > 1 else ("dir", arr.path)
-            names = [(parent, str(coords[-1]) if coords else "0")]
-        else:
-            names = [(("dir", arr.path), chunk_name(coords))]
-        if layout.index is not None:
-            shard_rel = layout.keys.key(layout.locate(coords)[0])
-            names.append((("sdir", arr.path, shard_rel), chunk_name(coords)))
-        out = []
-        for key, name in names:
-            ino = self._inos.get(key)
-            if ino is not None:
-                out.append((ino, name))
-        return out
 
     def source_path(self, ino: int) -> str:
         """The source file or directory a node shows (a chunk file: its shard)."""

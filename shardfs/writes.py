@@ -4,7 +4,7 @@ Commit points are ``flush`` (close) of a written chunk file, ``rename`` or
 ``link`` of a staging file onto a chunk key, and ``unlink`` of a chunk. A
 commit validates the bytes (exactly one inner chunk with the array's codecs),
 hands them to the ``Writeback`` (journal + pending), and invalidates the
-kernel's caches of every name and inode whose content changed. Errors are
+kernel's caches of every inode whose content changed. Errors are
 ``OSError``s raised by the committing call, with one log line naming the file.
 """
 
@@ -22,7 +22,7 @@ from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, ch
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
 
 log = logging.getLogger("shardfs")
-Invalidate = Callable[[list[int], list[tuple[int, str]]], Awaitable[None]]
+Invalidate = Callable[[list[int]], Awaitable[None]]
 
 
 def shard_target(array_path: str, layout: ArrayLayout, shard: tuple[int, ...]) -> ShardTarget:
@@ -138,7 +138,7 @@ class Writer:
         if arr is None or arr.info is None:
             return
         coords = (arr.info.layout.chunk_at(shard[1], pos) for pos in positions)
-        await self.invalidate([self.view.chunk_ino(arr, c) for c in coords if c is not None], [])
+        await self.invalidate([self.view.chunk_ino(arr, c) for c in coords if c is not None])
 
     async def commit(self, arr: ArrayNode, coords: tuple[int, ...], data: bytes | None) -> None:
         """Make ``data`` the content of inner chunk ``coords`` (None: empty it)."""
@@ -157,7 +157,7 @@ class Writer:
         except OSError as e:
             log.error("%s: cannot journal the write: %s", name, e)
             raise fail(errno.EIO) from None
-        await self.invalidate([self.view.chunk_ino(arr, coords)], self.view.chunk_entries(arr, coords))
+        await self.invalidate([self.view.chunk_ino(arr, coords)])
 
     async def commit_metadata(self, node: ArrayNode | GroupNode, name: str, data: bytes) -> None:
         """Accept a metadata file write: ``.zattrs`` updates the v3 attributes; ``.zarray`` and
@@ -187,7 +187,7 @@ class Writer:
         doc["attributes"] = new
         await blocking(self.view.source.replace, key, [json.dumps(doc, indent=2).encode()])
         ino = self.view.allocated(("meta", node.path, name))
-        await self.invalidate([ino] if ino else [], [])
+        await self.invalidate([ino] if ino else [])
 
     # ----- names --------------------------------------------------------------------------
 
@@ -203,14 +203,12 @@ class Writer:
         target = await self.view.chunk_at_name(p2, n2)
         if target is not None:
             await self.commit(*target, bytes(st.data))
-            self.view.drop_staging(p1, n1, committed=target)
-            await self.invalidate([], [(p2, n2)])
+            self.view.drop_staging(p1, n1, committed=("chunk", *target))
             return
         kind, node = await self.view.dir_node(p2)
         if kind == "dir" and node is not None and n2 in self.view.meta_names(node):
             await self.commit_metadata(node, n2, bytes(st.data))
-            self.view.drop_staging(p1, n1, committed=None)
-            await self.invalidate([], [(p2, n2)])
+            self.view.drop_staging(p1, n1, committed=("meta", node.path, n2))
             return
         if exists and (p2, n2) not in self.view.staged:
             log.error("rename of %s onto %s: not a chunk key or temporary file", n1, n2)

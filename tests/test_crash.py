@@ -271,7 +271,6 @@ def test_sigkill_never_loses_acknowledged_chunks_or_tears_shards(crash_results):
         json.dumps(r, indent=1)[:3000] for r in bad[:3])
 
 
-@pytest.mark.xfail(reason="open: a mount can stay wedged after SIGKILL mid-request; see the issue 3 note", strict=False)
 def test_sigkill_does_not_wedge_the_mount(crash_results):
     """After SIGKILL the daemon process must go away (so the kernel aborts the connection and
     blocked clients get ENOTCONN); a daemon thread stuck in the kernel keeps /dev/fuse open and
