@@ -1,7 +1,8 @@
 """Where shards live: a local directory.
 
-Every function here is a blocking syscall wrapper; callers on the trio
-thread run them through ``trio.to_thread`` (see ``shardfs.aio``).
+Every function here is a blocking syscall wrapper. Callers on the trio
+thread run those that read or write data through ``trio.to_thread``;
+``version``, ``is_dir`` and ``open`` are cheap metadata calls made inline.
 Paths are relative, ``/``-separated keys below the source root.
 """
 

@@ -10,8 +10,11 @@ Node kinds (as inode keys):
 - chunk files, whose inode is computed from the array's slot and the chunk's
   C-order position, so a million chunk files cost no memory.
 
-Every method here runs on the trio thread; blocking I/O goes through
-``trio.to_thread``. Errors are ``OSError`` with the errno to return.
+Every method here runs on the trio thread. Reads of file contents and
+directory listings go through ``trio.to_thread``; ``stat`` and ``open`` of
+source files are made inline, because they are answered from the kernel's
+inode cache in microseconds while a trip to a worker thread costs far more
+(and every lookup, getattr and open needs them). Errors are ``OSError`` with the errno to return.
 """
 
 from __future__ import annotations
@@ -223,7 +226,7 @@ class View:
     async def _node(self, path: str) -> ArrayNode | GroupNode | None:
         """The group or array at ``path`` (re-read when its zarr.json changes), or None."""
         key = _join(path, "zarr.json")
-        version = await blocking(self.source.version, key)
+        version = self.source.version(key)
         if version is None:
             return None
         cached = self._arrays.get(path) or self._groups.get(path)
@@ -276,7 +279,7 @@ class View:
         """
         key = self.shard_key(arr, shard)
         layout = arr.info.layout
-        version = await blocking(self.source.version, key)
+        version = self.source.version(key)
         if version is None:
             return None
         if layout.index is None:
@@ -488,14 +491,14 @@ class View:
             src = _join(arr.path, key[2])
             shard = arr.info.layout.keys.parse(key[2])
             if shard is not None:
-                version = await blocking(self.source.version, src)
+                version = self.source.version(src)
                 if version is not None:
                     return self._dir_attr(ino, version.mtime_ns)
                 if self.writeback is not None and any(
                         p.data is not None for p in self.writeback.pending_in((arr.path, shard)).values()):
                     return self._dir_attr(ino, self.mount_ns)
                 raise fail(errno.ENOENT)
-            if not await blocking(self.source.is_dir, src):
+            if not self.source.is_dir(src):
                 raise fail(errno.ENOENT)
             return self._dir_attr(ino, arr.version.mtime_ns)
         return self._dir_attr(ino, arr.version.mtime_ns)  # kdir
@@ -649,7 +652,7 @@ class View:
                 raise fail(errno.ENOENT)
             if isinstance(ext, Pending):
                 return ReadHandle(ino, data=await self._decoded(arr, coords, ext.data))
-            fd = await blocking(shard_mod.open_extent_sync, self.source, ext)
+            fd = shard_mod.open_extent_sync(self.source, ext)
             if fd is not None:
                 break
         else:
