@@ -32,6 +32,7 @@ import numpy as np
 import trio
 
 from shardfs import shard as shard_mod
+from shardfs.chunkcache import ChunkCache
 from shardfs.index import EMPTY
 from shardfs.layout import Unpresentable
 from shardfs.shard import CorruptShard, Extent, IndexCache
@@ -132,7 +133,7 @@ class View:
     """The mount's tree over one ``Source``."""
 
     def __init__(self, source: Source, read_only: bool = True, writeback: Writeback | None = None,
-                 ome: bool = True) -> None:
+                 ome: bool = True, chunk_cache: ChunkCache | None = None) -> None:
         self.source = source
         self.ome = ome
         self.read_only = read_only
@@ -146,6 +147,7 @@ class View:
         self.staged: dict[tuple[int, str], Staging] = {}
         self._tmp: dict[int, Staging] = {}
         self.index_cache = IndexCache()
+        self.chunk_cache = chunk_cache if chunk_cache is not None else ChunkCache()
         self._file_mode = 0o444 if read_only else 0o644
         self._dir_mode = 0o555 if read_only else 0o755
 
@@ -707,6 +709,9 @@ class View:
                 raise fail(errno.ENOENT)
             if isinstance(ext, Pending):
                 return ReadHandle(ino, data=await self._decoded(arr, coords, ext.data))
+            cached = self.chunk_cache.get(ext) if arr.info.chunk.decodes else None
+            if cached is not None:
+                return ReadHandle(ino, data=cached)
             fd = await blocking(shard_mod.open_extent_sync, self.source, ext)
             if fd is not None:
                 break
@@ -718,7 +723,9 @@ class View:
             stored = await blocking(os.pread, fd, ext.nbytes, ext.offset)
         finally:
             os.close(fd)
-        return ReadHandle(ino, data=await self._decoded(arr, coords, stored, ext.key))
+        data = await self._decoded(arr, coords, stored, ext.key)
+        self.chunk_cache.decoded(ext, data)
+        return ReadHandle(ino, data=data)
 
     async def _decoded(self, arr: ArrayNode, coords: tuple[int, ...], stored: bytes, key: str = "") -> bytes:
         """A chunk file's bytes from its stored form (checksum/transcoding); EIO if corrupt."""
