@@ -26,6 +26,16 @@ EMPTY = 2**64 - 1
 LE = {"name": "bytes", "configuration": {"endian": "little"}}
 BE = {"name": "bytes", "configuration": {"endian": "big"}}
 CRC = {"name": "crc32c"}
+GZIP = {"name": "gzip", "configuration": {"level": 3}}
+ZSTD = {"name": "zstd", "configuration": {"level": 1, "checksum": False}}
+
+
+def random_data(shape, dtype, seed, fill=()) -> np.ndarray:
+    """Random non-zero values, with the ``fill`` regions set to 0 (the fill value)."""
+    d = np.random.default_rng(seed).integers(1, 30000, size=shape).astype(dtype)
+    for region in fill:
+        d[region] = 0
+    return d
 
 
 def sharding(chunk_shape, codecs, index_codecs=(LE, CRC), index_location="end") -> dict:

@@ -13,11 +13,9 @@ import numpy as np
 import pytest
 
 from conftest import assert_same_array, read_native, run_shardfs
-from shardbuild import CRC, LE, sharding, write_v3
+from shardbuild import CRC, GZIP, LE, ZSTD, sharding, write_v3
 from test_writes import umount
 
-GZIP = {"name": "gzip", "configuration": {"level": 3}}
-ZSTD = {"name": "zstd", "configuration": {"level": 1, "checksum": False}}
 SHAPE, CHUNK, SHARD = (8, 12), (4, 6), (8, 12)
 
 

@@ -18,31 +18,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import assert_same_array, read_tensorstore, read_zarr2_many, read_zarr3_v2, run_shardfs
-from shardbuild import CRC, LE, copy_array, read_draft, write_draft
+from shardbuild import CRC, GZIP, LE, ZSTD, copy_array, random_data, read_draft, write_draft
 from test_writes import WRITERS, umount
 
-GZIP = {"name": "gzip", "configuration": {"level": 3}}
-ZSTD = {"name": "zstd", "configuration": {"level": 1, "checksum": False}}
 V2_DOT = {"name": "v2", "configuration": {"separator": "."}}
-
-
-def data_for(shape, dtype, seed, fill=()):
-    d = np.random.default_rng(seed).integers(1, 30000, size=shape).astype(dtype)
-    for region in fill:
-        d[region] = 0
-    return d
 
 
 # name -> (data, chunk shape, chunks per shard, codecs, key encoding, transformer name key, v2 compressor)
 ARRAYS = {
-    "d2": (data_for((11, 13), "int32", 1, [np.s_[0:3, 0:4]]), (3, 4), (2, 2), [LE, ZSTD], None,
+    "d2": (random_data((11, 13), "int32", 1, [np.s_[0:3, 0:4]]), (3, 4), (2, 2), [LE, ZSTD], None,
            "storage_transformer", {"id": "zstd", "level": 1}),
-    "d3": (data_for((5, 6, 7), "float64", 2, [np.s_[4:5]]), (2, 3, 3), (2, 1, 2), [LE, GZIP, CRC], V2_DOT,
+    "d3": (random_data((5, 6, 7), "float64", 2, [np.s_[4:5]]), (2, 3, 3), (2, 1, 2), [LE, GZIP, CRC], V2_DOT,
            "storage_transformer", {"id": "gzip", "level": 3}),
-    "dtr": (data_for((9, 10), "uint16", 3), (4, 3), (1, 3), [LE, GZIP, ZSTD], None,
+    "dtr": (random_data((9, 10), "uint16", 3), (4, 3), (1, 3), [LE, GZIP, ZSTD], None,
             "storage_transformer", None),
     # zarr-python 2.13's experimental spelling of the transformer's name
-    "dext": (data_for((17,), "int16", 4, [np.s_[6:9]]), (3,), (3,), [LE], None, "extension", None),
+    "dext": (random_data((17,), "int16", 4, [np.s_[6:9]]), (3,), (3,), [LE], None, "extension", None),
 }
 
 
@@ -122,7 +113,7 @@ def test_inspect_draft_shard(mnt, src):
 
 def test_unknown_storage_transformer_is_explained(mount, tmp_path):
     root = tmp_path / "src"
-    write_draft(root / "a", data_for((4,), "int32", 5), (2,), (2,), [LE])
+    write_draft(root / "a", random_data((4,), "int32", 5), (2,), (2,), [LE])
     doc = json.loads((root / "a" / "zarr.json").read_text())
     doc["storage_transformers"][0]["storage_transformer"] = "https://example.org/other"
     (root / "a" / "zarr.json").write_text(json.dumps(doc))

@@ -30,36 +30,26 @@ from conftest import (
     read_zarr3_v2,
     run_shardfs,
 )
-from shardbuild import BE, CRC, LE, copy_array, nested_codecs, sharding, write_v3
+from shardbuild import BE, CRC, GZIP, LE, ZSTD, copy_array, nested_codecs, random_data, sharding, write_v3
 from test_writes import WRITERS, umount
 from writehelpers import assert_source_equals
-
-GZIP = {"name": "gzip", "configuration": {"level": 3}}
-ZSTD = {"name": "zstd", "configuration": {"level": 1, "checksum": False}}
-
-
-def data_for(shape, dtype, seed, fill_chunks=()):
-    d = (np.random.default_rng(seed).integers(1, 30000, size=shape)).astype(dtype)
-    for region in fill_chunks:
-        d[region] = 0
-    return d
 
 
 # name -> (data, outer shard shape, codecs, innermost chunk shape, inner shard shape, v2 compressor)
 ARRAYS = {
     # zstd innermost chunks; crc32c around each inner shard; two fill-only chunks
-    "zs": (data_for((10, 9), "int32", 1, [np.s_[0:2, 0:2], np.s_[8:10, 8:9]]), (8, 8),
+    "zs": (random_data((10, 9), "int32", 1, [np.s_[0:2, 0:2], np.s_[8:10, 8:9]]), (8, 8),
            nested_codecs((4, 4), (2, 2), [LE, ZSTD]), (2, 2), (4, 4), {"id": "zstd", "level": 1}),
     # 3-D, outer index at the start, big-endian inner index without crc, crc32c on each chunk
-    "gz3": (data_for((7, 9, 5), ">u2", 2, [np.s_[0:4, 0:6, 0:4]]), (4, 6, 4),
+    "gz3": (random_data((7, 9, 5), ">u2", 2, [np.s_[0:4, 0:6, 0:4]]), (4, 6, 4),
             nested_codecs((2, 3, 4), (1, 3, 2), [BE, GZIP, CRC], crc_around=False, inner_index=(BE,),
                           outer_location="start"), (1, 3, 2), (2, 3, 4), {"id": "gzip", "level": 3}),
     # a transpose v2 cannot spell: innermost chunks are transcoded
-    "tr": (data_for((6, 8, 5), "int16", 3), (6, 8, 4),
+    "tr": (random_data((6, 8, 5), "int16", 3), (6, 8, 4),
            nested_codecs((3, 4, 4), (3, 2, 2), [{"name": "transpose", "configuration": {"order": [1, 0, 2]}}, LE]),
            (3, 2, 2), (3, 4, 4), None),
     # three levels: shards of 32 hold inner shards of 16, holding inner shards of 8, of chunks of 2
-    "deep": (data_for((50,), "uint8", 4, [np.s_[16:24]]), (32,),
+    "deep": (random_data((50,), "uint8", 4, [np.s_[16:24]]), (32,),
              [sharding((16,), [sharding((8,), [sharding((2,), [LE, ZSTD])])])], (2,), (16,),
              {"id": "zstd", "level": 1}),
 }
@@ -70,7 +60,7 @@ TS_ARRAY = "ts"  # written by tensorstore: gzip chunks, outer index at the start
 def write_tensorstore_nested(path: Path) -> np.ndarray:
     import tensorstore as ts
 
-    data = data_for((12, 10), "uint16", 5, [np.s_[4:6, 0:2]])
+    data = random_data((12, 10), "uint16", 5, [np.s_[4:6, 0:2]])
     inner = sharding((2, 2), [LE, GZIP], index_codecs=(BE,))
     spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}, "create": True,
             "metadata": {"shape": [12, 10], "data_type": "uint16", "fill_value": 0,
@@ -285,7 +275,7 @@ def test_inspect_nested_shard(mnt, src):
 
 def test_nested_sharding_with_other_codecs_around_is_explained(mount, tmp_path):
     root = tmp_path / "src"
-    data = data_for((4, 4), "int32", 9)
+    data = random_data((4, 4), "int32", 9)
     codecs = [sharding((4, 4), [sharding((2, 2), [LE]), GZIP])]
     root.mkdir()
     (root / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
