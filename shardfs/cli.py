@@ -23,7 +23,7 @@ from typing import Any
 from shardfs import __version__
 
 log = logging.getLogger("shardfs")
-OWN_OPTIONS = ("ro", "rw", "entry_timeout", "attr_timeout")
+OWN_OPTIONS = ("ro", "rw", "entry_timeout", "attr_timeout", "chunk_cache")
 
 
 class UsageError(Exception):
@@ -61,8 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("mnt", metavar="MNT")
     m.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     m.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
-                   help="mount options: ro, entry_timeout=S, attr_timeout=S, and FUSE options "
-                        "such as allow_other")
+                   help="mount options: ro, entry_timeout=S, attr_timeout=S, chunk_cache=SIZE "
+                        "(decoded-chunk cache, default 64M, 0 = off), and FUSE options such as allow_other")
     m.add_argument("--read-only", action="store_true", help="refuse every write (EROFS)")
     m.add_argument("--no-ome-translation", dest="ome", action="store_false",
                    help="show OME-Zarr 0.5 attributes as they are, not as OME-Zarr 0.4")
@@ -129,6 +129,13 @@ def _split_options(raw: list[str]) -> tuple[dict[str, str], set[str]]:
                 float(own[name])
             except ValueError:
                 raise UsageError(f"-o {name}={own[name]}: not a number") from None
+    if "chunk_cache" in own:
+        from shardfs.chunkcache import parse_size
+
+        try:
+            parse_size(own["chunk_cache"])
+        except ValueError:
+            raise UsageError(f"-o chunk_cache={own['chunk_cache']}: not a size (e.g. 64M)") from None
     return own, fuse
 
 
@@ -210,7 +217,10 @@ def _run_daemon(args: argparse.Namespace, mnt: str, own: dict[str, str], fuse_op
             return 1
         if replayed:
             log.info("replayed %d journalled chunk changes into their shards", replayed)
-    view = View(source, read_only=read_only, writeback=writeback, ome=args.ome)
+    from shardfs.chunkcache import DEFAULT_BYTES, ChunkCache, parse_size
+
+    cache = ChunkCache(parse_size(own["chunk_cache"]) if "chunk_cache" in own else DEFAULT_BYTES)
+    view = View(source, read_only=read_only, writeback=writeback, ome=args.ome, chunk_cache=cache)
     ops = Operations(view, timeouts, writeback)
     if writeback is not None:
         writeback.on_folded = ops.writer.folded

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import functools
 import itertools
+import json
 import logging
 import os
 import stat
@@ -28,6 +29,7 @@ log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 PID_XATTR = b"user.shardfs.pid"
 SOURCE_XATTR = b"user.shardfs.source"  # the source path behind a node (shardfs inspect)
+STATS_XATTR = b"user.shardfs.stats"  # on the root: JSON counters (decoded-chunk cache)
 
 
 def _guard(fn: F) -> F:
@@ -184,6 +186,8 @@ class Operations(pyfuse3.Operations):
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
         if inode == ROOT_INODE and name == PID_XATTR:
             return str(os.getpid()).encode()
+        if inode == ROOT_INODE and name == STATS_XATTR:
+            return json.dumps({"chunk_cache": self.view.chunk_cache.stats()}).encode()
         if name == SOURCE_XATTR:
             try:
                 return os.fsencode(self.view.source_path(inode))
@@ -193,7 +197,7 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
-        return [PID_XATTR, SOURCE_XATTR] if inode == ROOT_INODE else [SOURCE_XATTR]
+        return [PID_XATTR, STATS_XATTR, SOURCE_XATTR] if inode == ROOT_INODE else [SOURCE_XATTR]
 
     def _writable(self) -> "Writer":
         if self.writer is None:

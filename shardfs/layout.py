@@ -12,7 +12,7 @@ from functools import cached_property
 
 import numpy as np
 
-from shardfs.index import IndexFormat
+from shardfs.shardfile import NestedFormat, ShardFormat
 
 MAX_CHUNKS = 1 << 40  # inner chunks in an array's grid; bounds the inode space
 
@@ -63,12 +63,17 @@ class KeyScheme:
 
 @dataclass(frozen=True)
 class ArrayLayout:
-    """Shape, inner chunk shape and shard shape of an array (unsharded: index is None)."""
+    """Shape, inner chunk shape and shard shape of an array (unsharded: index is None).
+
+    With nested sharding ``chunk_shape`` is the innermost chunk shape and
+    ``index`` a ``NestedFormat``; positions in a shard are always C-order
+    positions in its grid of innermost chunks (``chunks_per_shard``).
+    """
 
     shape: tuple[int, ...]
     chunk_shape: tuple[int, ...]
     shard_shape: tuple[int, ...]
-    index: IndexFormat | None
+    index: ShardFormat | None
     keys: KeyScheme
 
     def __post_init__(self) -> None:
@@ -98,6 +103,30 @@ class ArrayLayout:
     @cached_property
     def shard_grid(self) -> tuple[int, ...]:
         return tuple(-(-s // c) for s, c in zip(self.shape, self.shard_shape))
+
+    @cached_property
+    def spans(self) -> tuple[tuple[int, ...], ...]:
+        """Inner chunks per shard, then per nested inner shard of each level, outermost first."""
+        out = [self.chunks_per_shard]
+        fmt = self.index
+        while isinstance(fmt, NestedFormat):
+            fmt = fmt.inner
+            out.append(fmt.chunks_per_shard)
+        return tuple(out)
+
+    @property
+    def depth(self) -> int:
+        """Levels of nested inner shards (0 without nested sharding)."""
+        return len(self.spans) - 1
+
+    def box(self, coords: tuple[int, ...], level: int) -> tuple[int, ...]:
+        """Coordinates of the shard (level 0) or nested inner shard (level >= 1) holding
+        inner chunk ``coords``, in that level's grid over the whole array."""
+        return tuple(c // n for c, n in zip(coords, self.spans[level]))
+
+    def box_origin(self, box: tuple[int, ...], level: int) -> tuple[int, ...]:
+        """The first inner chunk of shard (level 0) or nested inner shard ``box``."""
+        return tuple(b * n for b, n in zip(box, self.spans[level]))
 
     def in_grid(self, coords: tuple[int, ...]) -> bool:
         return len(coords) == self.ndim and all(0 <= c < g for c, g in zip(coords, self.chunk_grid))

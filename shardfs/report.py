@@ -8,8 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from shardfs.index import EMPTY, CorruptIndex
-from shardfs.layout import Unpresentable
+from shardfs.index import EMPTY, CorruptIndex, IndexFormat
+from shardfs.layout import ArrayLayout, Unpresentable
+from shardfs.shardfile import CORRUPT, NestedFormat, ShardFormat, Read, outermost, read_table
 from shardfs.v2 import describe_array
 
 SOURCE_XATTR = "user.shardfs.source"
@@ -61,10 +62,12 @@ def inspect(path: str) -> dict[str, Any]:
     out.update(presentable=True, shard_shape=list(layout.shard_shape), chunk_shape=list(layout.chunk_shape),
                chunks_per_shard=list(layout.chunks_per_shard),
                v2_compressor=info.chunk.compressor, transcoded=info.chunk.transcoder is not None)
+    if doc.get("storage_transformers"):
+        out["storage_transformer"] = "sharding storage-transformer draft (indexed)"
     if layout.index is not None:
-        out["index"] = {"location": "start" if layout.index.at_start else "end",
-                        "endian": "big" if layout.index.big_endian else "little",
-                        "crc32c": layout.index.checksum, "nbytes": layout.index.nbytes}
+        out["index"] = _index(outermost(layout.index))
+    if isinstance(layout.index, NestedFormat):
+        out["nested"] = _levels(layout)
     if src == array or layout.index is None:
         return out
     rel = os.path.relpath(src, array)
@@ -74,28 +77,90 @@ def inspect(path: str) -> dict[str, Any]:
     with open(os.path.join(array, rel), "rb") as f:
         data = f.read()
     fmt = layout.index
-    offset, length = fmt.index_range(len(data))
     entry: dict[str, Any] = {"key": rel, "coords": list(shard), "size": len(data)}
+    out["shard"] = entry
+
+    def read(offset: int, n: int) -> bytes:
+        return data[offset: offset + n]
+
+    problems: dict[int, str] = {}
     try:
-        table = fmt.decode(data[offset: offset + length], len(data))
-        entry["index_status"] = "ok (checksum verified)" if fmt.checksum else "ok (no checksum)"
+        table = read_table(fmt, read, 0, len(data), problems)
     except CorruptIndex as e:
         entry["index_status"] = f"corrupt: {e}"
-        out["shard"] = entry
         return out
-    rows, used = [], 0
+    entry["index_status"] = _status(outermost(fmt))
+    rows = []
     for pos in range(len(table)):
         coords = layout.chunk_at(shard, pos)
         empty = table[pos, 0] == EMPTY
         row = {"pos": pos, "chunk": None if coords is None else ".".join(map(str, coords)),
                "offset": None if empty else int(table[pos, 0]),
                "nbytes": None if empty else int(table[pos, 1]), "empty": bool(empty)}
-        used += 0 if empty else int(table[pos, 1])
+        if empty and table[pos, 1] == CORRUPT:
+            row["corrupt"] = True
         rows.append(row)
+    if isinstance(fmt, NestedFormat):
+        entry["inner_shards"] = _inner_shards(fmt, read, len(data), shard, problems)
     entry.update(stored_chunks=int(np.sum(table[:, 0] != EMPTY)), index=rows,
-                 unused_bytes=len(data) - fmt.nbytes - used)
-    out["shard"] = entry
+                 unused_bytes=_unused(fmt, read, 0, len(data)))
     return out
+
+
+def _index(fmt: IndexFormat) -> dict[str, Any]:
+    return {"location": "start" if fmt.at_start else "end", "endian": "big" if fmt.big_endian else "little",
+            "crc32c": fmt.checksum, "nbytes": fmt.nbytes}
+
+
+def _status(fmt: IndexFormat) -> str:
+    return "ok (checksum verified)" if fmt.checksum else "ok (no checksum)"
+
+
+def _levels(layout: ArrayLayout) -> list[dict[str, Any]]:
+    """The nested inner shards of each level, outermost first."""
+    out = []
+    fmt = layout.index
+    while isinstance(fmt, NestedFormat):
+        per = fmt.inner.chunks_per_shard
+        out.append({"inner_shard_shape": [c * n for c, n in zip(layout.chunk_shape, per)],
+                    "chunks_per_inner_shard": list(per), "crc32c_after": fmt.crc32c,
+                    "index": _index(outermost(fmt.inner))})
+        fmt = fmt.inner
+    return out
+
+
+def _inner_shards(fmt: NestedFormat, read: Read, size: int, shard: tuple[int, ...],
+                  problems: dict[int, str]) -> list[dict[str, Any]]:
+    """One row per entry of a shard's index over its (first-level) inner shards."""
+    table = read_table(fmt.outer, read, 0, size)
+    per = fmt.outer.chunks_per_shard
+    rows = []
+    for pos in range(len(table)):
+        local = np.unravel_index(pos, per)
+        empty = table[pos, 0] == EMPTY
+        row: dict[str, Any] = {"pos": pos, "inner_shard": ".".join(str(s * n + int(i)) for s, n, i in
+                                                                  zip(shard, per, local)),
+                               "offset": None if empty else int(table[pos, 0]),
+                               "nbytes": None if empty else int(table[pos, 1]), "empty": bool(empty)}
+        if not empty:
+            row["index_status"] = f"corrupt: {problems[pos]}" if pos in problems else _status(outermost(fmt.inner))
+        rows.append(row)
+    return rows
+
+
+def _unused(fmt: ShardFormat, read: Read, base: int, size: int) -> int:
+    """Bytes of a (possibly nested) shard that no index entry or index covers."""
+    index = outermost(fmt)
+    try:
+        table = read_table(index, read, base, size)
+    except CorruptIndex:
+        return 0
+    stored = table[table[:, 0] != EMPTY]
+    unused = size - index.nbytes - int(stored[:, 1].sum())
+    if isinstance(fmt, NestedFormat):
+        trailer = 4 if fmt.crc32c else 0
+        unused += sum(_unused(fmt.inner, read, int(o), int(n) - trailer) for o, n in stored if n >= trailer)
+    return unused
 
 
 def format_text(report: dict[str, Any]) -> str:
@@ -112,12 +177,22 @@ def format_text(report: dict[str, Any]) -> str:
     if "index" in report:
         ix = report["index"]
         lines.append(f"index      at {ix['location']}, {ix['endian']} endian, crc32c {ix['crc32c']}, "
-                     f"{ix['nbytes']} bytes")
+                     f"{ix['nbytes']} bytes"
+                     f"{'  (' + report['storage_transformer'] + ')' if 'storage_transformer' in report else ''}")
+    for level in report.get("nested", []):
+        ix = level["index"]
+        lines.append(f"nested     inner shards {level['inner_shard_shape']} ({level['chunks_per_inner_shard']} "
+                     f"chunks each{', crc32c after each' if level['crc32c_after'] else ''}); their index at "
+                     f"{ix['location']}, {ix['endian']} endian, crc32c {ix['crc32c']}")
     shard = report.get("shard")
     if shard:
         lines.append(f"shard      {shard['key']}  {shard['size']} bytes  index {shard['index_status']}")
         if "index" in shard:
             lines.append(f"           {shard['stored_chunks']} stored chunks, {shard['unused_bytes']} unused bytes")
+            for row in shard.get("inner_shards", []):
+                where = "empty" if row["empty"] else (f"{row['offset']} +{row['nbytes']}  "
+                                                      f"index {row['index_status']}")
+                lines.append(f"           inner shard {row['inner_shard']}: {where}")
             lines.append(f"{'pos':>6} {'chunk':>14} {'offset':>12} {'nbytes':>10}")
             for row in shard["index"]:
                 where = ("empty", "") if row["empty"] else (row["offset"], row["nbytes"])

@@ -7,15 +7,18 @@ block and run off the trio thread.
 
 from __future__ import annotations
 
-import functools
+import logging
 import os
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
-from shardfs.index import EMPTY, CorruptIndex, IndexFormat, empty_table, morton_order
+from shardfs.index import EMPTY, CorruptIndex
+from shardfs.lru import SizedLRU
+from shardfs.shardfile import CORRUPT, ShardFormat, assemble, outermost, read_table
 from shardfs.source import Source, Version
+
+log = logging.getLogger("shardfs")
 
 
 class CorruptShard(Exception):
@@ -32,58 +35,56 @@ class Extent:
     nbytes: int
 
 
-class IndexCache:
+class IndexCache(SizedLRU[tuple[str, Version], "np.ndarray | CorruptShard"]):
     """A bounded LRU of decoded index tables (and of failures, so a corrupt shard is logged once)."""
 
     def __init__(self, max_bytes: int = 64 << 20) -> None:
-        self._max = max_bytes
-        self._used = 0
-        self._items: OrderedDict[tuple[str, Version], np.ndarray | CorruptShard] = OrderedDict()
+        super().__init__(max_bytes, lambda item: item.nbytes if isinstance(item, np.ndarray) else 64)
 
-    def get(self, key: str, version: Version) -> np.ndarray | CorruptShard | None:
-        item = self._items.get((key, version))
-        if item is not None:
-            self._items.move_to_end((key, version))
-        return item
+    def get(self, key: str, version: Version) -> np.ndarray | CorruptShard | None:  # type: ignore[override]
+        return super().get((key, version))
 
-    def put(self, key: str, version: Version, item: np.ndarray | CorruptShard) -> None:
-        size = item.nbytes if isinstance(item, np.ndarray) else 64
-        old = self._items.pop((key, version), None)
-        if old is not None:
-            self._used -= old.nbytes if isinstance(old, np.ndarray) else 64
-        self._items[(key, version)] = item
-        self._used += size
-        while self._used > self._max and len(self._items) > 1:
-            _, dropped = self._items.popitem(last=False)
-            self._used -= dropped.nbytes if isinstance(dropped, np.ndarray) else 64
+    def put(self, key: str, version: Version, item: np.ndarray | CorruptShard) -> None:  # type: ignore[override]
+        super().put((key, version), item)
 
 
-def read_index_sync(source: Source, key: str, fmt: IndexFormat) -> tuple[Version, np.ndarray] | None:
-    """Read and verify a shard's index with one ranged read; None if the shard does not exist.
+def read_index_sync(source: Source, key: str, fmt: ShardFormat) -> tuple[Version, np.ndarray] | None:
+    """Read and verify a shard's flat table (``shardfile``); None if the shard does not exist.
 
-    Raises ``CorruptShard`` (carrying the version) if the index is unusable.
+    One ranged read per index: the shard's, plus one per stored inner shard
+    with nested sharding. Raises ``CorruptShard`` (carrying the version) if the
+    shard's own index is unusable; a corrupt inner shard is logged here, once,
+    and only its chunks are marked corrupt.
     """
     try:
         fd, version = source.open(key)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
+    problems: dict[int, str] = {}
     try:
-        offset, length = fmt.index_range(version.size)
-        raw = os.pread(fd, length, offset)
-    finally:
-        os.close(fd)
-    try:
-        return version, fmt.decode(raw, version.size)
+        table = read_table(fmt, lambda offset, n: os.pread(fd, n, offset), 0, version.size, problems)
     except CorruptIndex as e:
         err = CorruptShard(str(e))
         err.version = version  # type: ignore[attr-defined]
         raise err from None
+    finally:
+        os.close(fd)
+    for pos, reason in problems.items():
+        where = tuple(int(i) for i in np.unravel_index(pos, outermost(fmt).chunks_per_shard))
+        log.error("%s: corrupt inner shard at %s of the shard's grid of inner shards: %s",
+                  source.path(key), where, reason)
+    return version, table
 
 
 def extent(key: str, version: Version, table: np.ndarray, pos: int) -> Extent | None:
-    """The extent of inner chunk ``pos`` of a shard, None if that chunk is empty."""
+    """The extent of inner chunk ``pos`` of a shard, None if that chunk is empty.
+
+    Raises ``CorruptShard`` if the chunk lies in a corrupt inner shard.
+    """
     offset, nbytes = table[pos]
     if offset == EMPTY:
+        if nbytes == CORRUPT:
+            raise CorruptShard("the chunk's inner shard is corrupt")
         return None
     return Extent(key, version, int(offset), int(nbytes))
 
@@ -100,19 +101,20 @@ def open_extent_sync(source: Source, ext: Extent) -> int | None:
     return fd
 
 
-@functools.lru_cache(maxsize=64)
-def _order(chunks_per_shard: tuple[int, ...]) -> np.ndarray:
-    return morton_order(chunks_per_shard)
+def has_corrupt(table: np.ndarray) -> bool:
+    """True if some chunks of a flat table lie in a corrupt inner shard."""
+    return bool(np.any(table[:, 1] == CORRUPT))
 
 
-def rewrite_sync(source: Source, key: str, fmt: IndexFormat | None,
+def rewrite_sync(source: Source, key: str, fmt: ShardFormat | None,
                  changes: dict[int, bytes | None]) -> Version | None:
     """Apply ``changes`` (index position -> stored chunk bytes, None = empty it) to a shard.
 
-    The shard is rebuilt with its inner chunks in Morton order and replaced
-    atomically (``Source.replace``); a shard left without chunks is deleted.
-    Returns the new version, None if the shard was deleted. Raises
-    ``CorruptShard`` if the existing shard's index is unusable (nothing is written).
+    The shard is rebuilt (``shardfile.assemble``: Morton order, nested inner
+    shards rebuilt) and replaced atomically (``Source.replace``); a shard left
+    without chunks is deleted. Returns the new version, None if the shard was
+    deleted. Raises ``CorruptShard`` if the existing shard or one of its inner
+    shards is unusable (nothing is written).
     """
     if fmt is None:  # an unsharded chunk: the "shard" is the chunk itself
         data = changes[0]
@@ -127,11 +129,13 @@ def rewrite_sync(source: Source, key: str, fmt: IndexFormat | None,
     except FileNotFoundError:
         old = b""
     if old:
-        offset, length = fmt.index_range(len(old))
+        problems: dict[int, str] = {}
         try:
-            table = fmt.decode(old[offset: offset + length], len(old))
+            table = read_table(fmt, lambda offset, n: old[offset: offset + n], 0, len(old), problems)
         except CorruptIndex as e:
             raise CorruptShard(str(e)) from None
+        if problems:
+            raise CorruptShard(f"{len(problems)} corrupt inner shards: {next(iter(problems.values()))}")
         view = memoryview(old)
         for pos in np.flatnonzero(table[:, 0] != EMPTY):
             start, n = int(table[pos, 0]), int(table[pos, 1])
@@ -144,14 +148,4 @@ def rewrite_sync(source: Source, key: str, fmt: IndexFormat | None,
     if not chunks:
         source.remove(key)
         return None
-    table = empty_table(fmt.n_chunks)
-    parts: list[bytes | memoryview] = []
-    offset = fmt.nbytes if fmt.at_start else 0
-    for pos in _order(fmt.chunks_per_shard):
-        data = chunks.get(int(pos))
-        if data is not None:
-            table[pos] = (offset, len(data))
-            parts.append(data)
-            offset += len(data)
-    index = fmt.encode(table)
-    return source.replace(key, [index, *parts] if fmt.at_start else [*parts, index])
+    return source.replace(key, assemble(fmt, chunks))

@@ -34,8 +34,10 @@ from zarr.core.codec_pipeline import BatchedCodecPipeline
 from zarr.core.sync import sync as zarr_sync
 from zarr.core.metadata.v3 import ArrayV3Metadata
 
+from shardfs.draft import draft_index
 from shardfs.index import IndexFormat
 from shardfs.layout import ArrayLayout, KeyScheme, Unpresentable
+from shardfs.shardfile import NestedFormat, ShardFormat
 
 log = logging.getLogger("shardfs")
 _BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
@@ -145,9 +147,15 @@ class ArrayInfo:
 
 
 def describe_array(doc: dict[str, Any], ome: bool = True) -> ArrayInfo:
-    """Present a parsed v3 array ``zarr.json`` as a v2 array; raises ``Unpresentable``."""
+    """Present a parsed v3 array ``zarr.json`` as a v2 array; raises ``Unpresentable``.
+
+    Handles the ``sharding_indexed`` codec (nested too: the view shows the
+    innermost chunks) and the draft sharding storage transformer.
+    """
+    shape_doc = doc.get("shape")
+    draft = draft_index(doc.get("storage_transformers"), len(shape_doc) if isinstance(shape_doc, list) else 0)
     try:
-        meta = ArrayV3Metadata.from_dict(dict(doc))
+        meta = ArrayV3Metadata.from_dict({k: v for k, v in doc.items() if k != "storage_transformers"})
     except Exception as e:  # zarr raises many types for bad metadata
         raise Unpresentable(f"invalid array metadata: {e}") from e
     if meta.chunk_grid.__class__.__name__ != "RegularChunkGrid":
@@ -163,11 +171,15 @@ def describe_array(doc: dict[str, Any], ome: bool = True) -> ArrayInfo:
     enc = meta.chunk_key_encoding
     keys = KeyScheme("v2" if isinstance(enc, V2ChunkKeyEncoding) else "default", enc.separator, len(shape))
     codecs = tuple(meta.codecs)
-    if len(codecs) == 1 and isinstance(codecs[0], ShardingCodec):
-        sharding = codecs[0]
-        index = _index_format(sharding, outer_chunks)
-        layout = ArrayLayout(shape, tuple(sharding.chunk_shape), outer_chunks, index, keys)
-        inner = tuple(sharding.codecs)
+    if draft is not None:
+        if any(isinstance(c, ShardingCodec) for c in codecs):
+            raise Unpresentable("the sharding codec inside the sharding storage transformer is not supported")
+        shard_shape = tuple(c * n for c, n in zip(outer_chunks, draft.chunks_per_shard))
+        layout = ArrayLayout(shape, outer_chunks, shard_shape, draft, keys)
+        inner = codecs
+    elif len(codecs) == 1 and isinstance(codecs[0], ShardingCodec):
+        index, chunk_shape, inner = _shard_format(codecs[0], outer_chunks)
+        layout = ArrayLayout(shape, chunk_shape, outer_chunks, index, keys)
     elif any(isinstance(c, ShardingCodec) for c in codecs):
         raise Unpresentable("codecs around the sharding codec are not supported")
     else:
@@ -253,8 +265,32 @@ def _float_json(x: float) -> Any:
     return x
 
 
+def _shard_format(sharding: ShardingCodec, shard_shape: tuple[int, ...]
+                  ) -> tuple[ShardFormat, tuple[int, ...], tuple[Any, ...]]:
+    """``(format, innermost chunk shape, innermost codecs)`` of shards of ``shard_shape``.
+
+    An inner chain that is a sharding codec, optionally followed by ``crc32c``,
+    is nested sharding; other codecs around a nested sharding codec are not supported.
+    """
+    chunk_shape = tuple(sharding.chunk_shape)
+    if len(chunk_shape) != len(shard_shape) or any(c <= 0 or s % c for s, c in zip(shard_shape, chunk_shape)):
+        raise Unpresentable(f"inner chunk shape {chunk_shape} does not divide shard shape {shard_shape}")
+    index = _index_format(sharding, shard_shape)
+    inner = tuple(sharding.codecs)
+    if not any(isinstance(c, ShardingCodec) for c in inner):
+        return index, chunk_shape, inner
+    if not isinstance(inner[0], ShardingCodec) or not all(isinstance(c, Crc32cCodec) for c in inner[1:2]) \
+            or len(inner) > 2:
+        raise Unpresentable("codecs around a nested sharding codec other than a trailing crc32c are not supported")
+    fmt, innermost, codecs = _shard_format(inner[0], chunk_shape)
+    try:
+        return NestedFormat(index, fmt, len(inner) == 2), innermost, codecs
+    except ValueError as e:
+        raise Unpresentable(str(e)) from e
+
+
 def _index_format(sharding: ShardingCodec, shard_shape: tuple[int, ...]) -> IndexFormat:
-    cps = tuple(s // c if c else 0 for s, c in zip(shard_shape, sharding.chunk_shape))
+    cps = tuple(s // c for s, c in zip(shard_shape, sharding.chunk_shape))
     index_codecs = tuple(sharding.index_codecs)
     if not index_codecs or not isinstance(index_codecs[0], BytesCodec):
         raise Unpresentable(f"unsupported index codecs {index_codecs}")

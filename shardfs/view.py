@@ -7,6 +7,9 @@ Node kinds (as inode keys):
 - ``("sdir", path, rel)``: a directory mirroring the source below an array:
   a key prefix (``c``, ``c/0``) or, when ``rel`` is a shard key, the shard itself;
 - ``("kdir", path, coords)``: a directory of nested v2 keys (``dimension_separator`` "/");
+- ``("idir", path, level, coords)``: with nested sharding, an inner shard (``level`` 1 is
+  inside a shard directory, 2 inside a level-1 inner shard, ...) named by its coordinates
+  in that level's grid over the whole array;
 - chunk files, whose inode is computed from the array's slot and the chunk's
   C-order position, so a million chunk files cost no memory.
 
@@ -33,6 +36,7 @@ import numpy as np
 import trio
 
 from shardfs import shard as shard_mod
+from shardfs.chunkcache import ChunkCache
 from shardfs.index import EMPTY
 from shardfs.layout import Unpresentable
 from shardfs.shard import CorruptShard, Extent, IndexCache
@@ -135,7 +139,7 @@ class View:
     """The mount's tree over one ``Source``."""
 
     def __init__(self, source: Source, read_only: bool = True, writeback: Writeback | None = None,
-                 ome: bool = True) -> None:
+                 ome: bool = True, chunk_cache: ChunkCache | None = None) -> None:
         self.source = source
         self.ome = ome
         self.read_only = read_only
@@ -151,6 +155,7 @@ class View:
         self._aliases: dict[int, set[int]] = {}
         self._next_ino = itertools.count(ROOT_INODE + 1)
         self.index_cache = IndexCache()
+        self.chunk_cache = chunk_cache if chunk_cache is not None else ChunkCache()
         self._file_mode = 0o444 if read_only else 0o644
         self._dir_mode = 0o555 if read_only else 0o755
 
@@ -314,7 +319,10 @@ class View:
         if found is None:
             return None
         version, table = found
-        return shard_mod.extent(self.shard_key(arr, shard), version, table, pos)
+        try:
+            return shard_mod.extent(self.shard_key(arr, shard), version, table, pos)
+        except CorruptShard:  # its inner shard; logged when the shard's table was read
+            raise fail(errno.EIO) from None
 
     def _chunk_attr(self, arr: ArrayNode, coords: tuple[int, ...], where: Extent | Pending) -> Attr:
         if isinstance(where, Pending):
@@ -390,10 +398,9 @@ class View:
             shard = arr.info.layout.keys.parse(key[2])
             if shard is None:
                 return await self._lookup_in_array(arr, key[2], None, name)
-            coords = parse_chunk_name(name, arr.info.layout.ndim)
-            if coords is None or arr.info.layout.locate(coords)[0] != shard:
-                raise fail(errno.ENOENT)
-            return await self._chunk_entry(arr, coords)
+            return await self._lookup_in_box(arr, 0, shard, name)
+        if kind == "idir":
+            return await self._lookup_in_box(self._arrays[key[1]], key[2], key[3], name)
         if kind == "kdir":
             arr = self._arrays[key[1]]
             return await self._lookup_in_array(arr, None, key[2], name)
@@ -438,6 +445,48 @@ class View:
         if ext is None:
             raise fail(errno.ENOENT)
         return self._chunk_attr(arr, coords, ext)
+
+    # ----- shard and inner shard directories --------------------------------------------------
+
+    async def _box_chunks(self, arr: ArrayNode, level: int, box: tuple[int, ...]
+                          ) -> list[tuple[tuple[int, ...], Attr]]:
+        """The stored chunks of shard ``box`` (level 0) or of a nested inner shard (level >= 1)."""
+        layout = arr.info.layout
+        chunks = await self.shard_chunks(arr, layout.box(layout.box_origin(box, level), 0))
+        return chunks if level == 0 else [(c, a) for c, a in chunks if layout.box(c, level) == box]
+
+    async def _box_attr(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> Attr:
+        """An inner shard directory exists while it holds chunks; its mtime is their newest."""
+        chunks = await self._box_chunks(arr, level, box)
+        if not chunks:
+            raise fail(errno.ENOENT)
+        return self._dir_attr(self._ino(("idir", arr.path, level, box)), max(a.mtime_ns for _, a in chunks))
+
+    async def _list_box(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> list[tuple[str, Attr]]:
+        """A shard or inner shard directory: its inner shards, or at the innermost level its chunks."""
+        layout = arr.info.layout
+        chunks = await self._box_chunks(arr, level, box)
+        if level == layout.depth:
+            return [(chunk_name(c), a) for c, a in chunks]
+        newest: dict[tuple[int, ...], int] = {}
+        for c, a in chunks:
+            child = layout.box(c, level + 1)
+            newest[child] = max(newest.get(child, 0), a.mtime_ns)
+        return [(chunk_name(child), self._dir_attr(self._ino(("idir", arr.path, level + 1, child)), mtime))
+                for child, mtime in sorted(newest.items())]
+
+    async def _lookup_in_box(self, arr: ArrayNode, level: int, box: tuple[int, ...], name: str) -> Attr:
+        layout = arr.info.layout
+        coords = parse_chunk_name(name, layout.ndim)
+        if coords is None:
+            raise fail(errno.ENOENT)
+        if level == layout.depth:
+            if layout.box(coords, level) != box:
+                raise fail(errno.ENOENT)
+            return await self._chunk_entry(arr, coords)
+        if layout.box(layout.box_origin(coords, level + 1), level) != box:
+            raise fail(errno.ENOENT)
+        return await self._box_attr(arr, level + 1, coords)
 
     @staticmethod
     def meta_names(node: ArrayNode | GroupNode) -> tuple[str, ...]:
@@ -501,6 +550,8 @@ class View:
             if not self.source.is_dir(src):
                 raise fail(errno.ENOENT)
             return self._dir_attr(ino, arr.version.mtime_ns)
+        if kind == "idir":
+            return await self._box_attr(arr, key[2], key[3])
         return self._dir_attr(ino, arr.version.mtime_ns)  # kdir
 
     def _dir_attr(self, ino: int, mtime_ns: int) -> Attr:
@@ -544,7 +595,9 @@ class View:
             shard = arr.info.layout.keys.parse(key[2])
             if shard is None:
                 return await self._list_array(arr, key[2], None)
-            return [(chunk_name(c), a) for c, a in await self.shard_chunks(arr, shard)]
+            return await self._list_box(arr, 0, shard)
+        if kind == "idir":
+            return await self._list_box(arr, key[2], key[3])
         return await self._list_array(arr, None, key[2])
 
     async def _list_array(self, arr: ArrayNode, rel: str | None, prefix: tuple[int, ...] | None
@@ -591,16 +644,16 @@ class View:
             if not isinstance(node, ArrayNode) or node.info is None:
                 return None
             arr, prefix = node, ()
-        elif kind in ("sdir", "kdir"):
+        elif kind in ("sdir", "kdir", "idir"):
             arr = self._arrays[key[1]]
             prefix = key[2] if kind == "kdir" else None
         else:
             return None
         layout = arr.info.layout
-        if prefix is None:
-            shard = layout.keys.parse(key[2])
-            coords = parse_chunk_name(name, layout.ndim) if shard is not None else None
-            if coords is None or layout.locate(coords)[0] != shard:
+        if prefix is None:  # a shard or inner shard directory: the innermost holds chunks
+            level, box = (key[2], key[3]) if kind == "idir" else (0, layout.keys.parse(key[2]))
+            coords = parse_chunk_name(name, layout.ndim) if box is not None and level == layout.depth else None
+            if coords is None or layout.box(coords, level) != box:
                 return None
         elif view_separator(layout.keys) == "/":
             if not (name.isdigit() and str(int(name)) == name) or len(prefix) + 1 != layout.ndim:
@@ -618,6 +671,10 @@ class View:
             return self.source.path(self.shard_key(arr, arr.info.layout.locate(key[2])[0]))
         if key[0] == "sdir":
             return self.source.path(_join(key[1], key[2]))
+        if key[0] == "idir":
+            arr = self._arrays[key[1]]
+            layout = arr.info.layout
+            return self.source.path(self.shard_key(arr, layout.box(layout.box_origin(key[3], key[2]), 0)))
         if key[0] in ("dir", "meta", "kdir"):
             return self.source.path(key[1])
         raise fail(errno.ENODATA)
@@ -627,7 +684,7 @@ class View:
         key = self._key(ino)
         if key[0] == "dir":
             return "dir", await self._node(key[1])
-        if key[0] in ("sdir", "kdir"):
+        if key[0] in ("sdir", "kdir", "idir"):
             return key[0], self._arrays[key[1]]
         raise fail(errno.ENOTDIR)
 
@@ -652,6 +709,9 @@ class View:
                 raise fail(errno.ENOENT)
             if isinstance(ext, Pending):
                 return ReadHandle(ino, data=await self._decoded(arr, coords, ext.data))
+            cached = self.chunk_cache.get(ext) if arr.info.chunk.decodes else None
+            if cached is not None:
+                return ReadHandle(ino, data=cached)
             fd = shard_mod.open_extent_sync(self.source, ext)
             if fd is not None:
                 break
@@ -663,7 +723,9 @@ class View:
             stored = await blocking(os.pread, fd, ext.nbytes, ext.offset)
         finally:
             os.close(fd)
-        return ReadHandle(ino, data=await self._decoded(arr, coords, stored, ext.key))
+        data = await self._decoded(arr, coords, stored, ext.key)
+        self.chunk_cache.decoded(ext, data)
+        return ReadHandle(ino, data=data)
 
     async def _decoded(self, arr: ArrayNode, coords: tuple[int, ...], stored: bytes, key: str = "") -> bytes:
         """A chunk file's bytes from its stored form (checksum/transcoding); EIO if corrupt."""

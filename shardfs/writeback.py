@@ -25,7 +25,7 @@ from typing import Awaitable, Callable, Iterator
 import trio
 
 from shardfs import shard as shard_mod
-from shardfs.index import IndexFormat
+from shardfs.shardfile import ShardFormat
 from shardfs.source import Source, Version, fsync_dir
 
 log = logging.getLogger("shardfs")
@@ -47,7 +47,7 @@ class ShardTarget:
     """What folding needs to know about a shard: its key, index format and size in chunks."""
 
     key: str
-    fmt: IndexFormat | None
+    fmt: ShardFormat | None
     n_in_grid: int  # inner chunks of this shard inside the array
 
 

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+from shardfs import shard as shard_mod
 from shardfs.layout import ArrayLayout
 from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, chunk_name, fail
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
@@ -150,7 +151,10 @@ class Writer:
                 raise fail(errno.EINVAL, reason)
         layout = arr.info.layout
         shard, pos = layout.locate(coords)
-        await self.view.shard_table(arr, shard)  # refuses (EIO) to write into a corrupt shard
+        found = await self.view.shard_table(arr, shard)  # refuses (EIO) to write into a corrupt shard
+        if found is not None and shard_mod.has_corrupt(found[1]):
+            log.error("%s: write refused: the shard holds a corrupt inner shard", name)
+            raise fail(errno.EIO)
         stored = None if data is None else arr.info.chunk.stored(data)
         try:
             await self.writeback.commit((arr.path, shard), shard_target(arr.path, arr.info.layout, shard), pos, stored)
@@ -246,9 +250,9 @@ class Writer:
         """Remove a shard directory that no longer holds chunks (``rm -r``); EPERM otherwise."""
         attr = await self.view.lookup(parent, name)
         key = self.view._key(attr.ino)
-        if key[0] == "sdir" and await self.view.listdir(attr.ino):
+        if key[0] in ("sdir", "idir") and await self.view.listdir(attr.ino):
             raise fail(errno.ENOTEMPTY)
-        if key[0] != "sdir":
+        if key[0] not in ("sdir", "idir"):
             log.error("rmdir of %s: groups, arrays and key directories cannot be removed", name)
             raise fail(errno.EPERM)
 

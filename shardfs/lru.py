@@ -1,0 +1,41 @@
+"""A least-recently-used map bounded by the total size of its values."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable, Generic, Hashable, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class SizedLRU(Generic[K, V]):
+    """Keeps the most recently used values whose ``size`` sum stays within ``max_bytes``.
+
+    The newest value is always kept, even if it alone exceeds the budget.
+    """
+
+    def __init__(self, max_bytes: int, size: Callable[[V], int]) -> None:
+        self.max_bytes = max_bytes
+        self.used = 0
+        self._size = size
+        self._items: OrderedDict[K, V] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: K) -> V | None:
+        item = self._items.get(key)
+        if item is not None:
+            self._items.move_to_end(key)
+        return item
+
+    def put(self, key: K, item: V) -> None:
+        old = self._items.pop(key, None)
+        if old is not None:
+            self.used -= self._size(old)
+        self._items[key] = item
+        self.used += self._size(item)
+        while self.used > self.max_bytes and len(self._items) > 1:
+            _, dropped = self._items.popitem(last=False)
+            self.used -= self._size(dropped)

@@ -1,0 +1,82 @@
+"""The decoded-chunk cache: a transcoded (or crc32c-stripped) chunk is decoded once per shard
+version, and never served stale after a write. Observed through the daemon's own counters
+(``user.shardfs.stats`` xattr on the mount root)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import assert_same_array, read_native, run_shardfs
+from shardbuild import CRC, GZIP, LE, ZSTD, sharding, write_v3
+from test_writes import umount
+from writehelpers import journal_entries
+
+SHAPE, CHUNK, SHARD = (8, 12), (4, 6), (8, 12)
+
+
+def stats(mnt: Path) -> dict:
+    return json.loads(os.getxattr(mnt, "user.shardfs.stats"))["chunk_cache"]
+
+
+@pytest.fixture
+def src(tmp_path) -> Path:
+    root = tmp_path / "src"
+    root.mkdir()
+    (root / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+    data = np.arange(96, dtype="<i4").reshape(SHAPE) + 1
+    write_v3(root / "tr", data, SHARD, [sharding(CHUNK, [LE, GZIP, ZSTD])])  # two compressors: transcoded
+    write_v3(root / "crc", data, SHARD, [sharding(CHUNK, [LE, CRC])])  # crc32c stripped on read
+    return root
+
+
+def chunk_bytes(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a[:4, :6], dtype="<i4").tobytes()
+
+
+def test_transcoded_chunk_is_decoded_once_and_fresh_after_a_write(src, mount):
+    import zarr
+
+    mnt = mount(src)
+    native = read_native(src / "tr")
+    before = stats(mnt)
+    assert (mnt / "tr" / "0.0").read_bytes() == chunk_bytes(native)
+    assert (mnt / "tr" / "0.0").read_bytes() == chunk_bytes(native)
+    after = stats(mnt)
+    assert (after["decodes"] - before["decodes"], after["hits"] - before["hits"]) == (1, 1), after
+    for _ in range(2):
+        (mnt / "crc" / "0.0").read_bytes()
+    crc = stats(mnt)
+    assert (crc["decodes"] - after["decodes"], crc["hits"] - after["hits"]) == (1, 1), crc
+
+    z = zarr.open_array(str(mnt / "tr"), mode="r+", zarr_format=2)
+    z[0:2, 0:3] = -7
+    native[0:2, 0:3] = -7
+    assert (mnt / "tr" / "0.0").read_bytes() == chunk_bytes(native), "pending write not visible"
+    shard = src / "tr" / "c" / "0" / "0"
+    old = shard.stat().st_ino
+    deadline = time.monotonic() + 20
+    # the idle fold replaces the shard, then drops the pending chunk and its journal entry
+    while shard.stat().st_ino == old or journal_entries(src):
+        assert time.monotonic() < deadline, "the pending chunk was never folded"
+        time.sleep(0.1)
+    folded = stats(mnt)
+    assert (mnt / "tr" / "0.0").read_bytes() == chunk_bytes(native), "stale chunk after the fold"
+    assert stats(mnt)["decodes"] == folded["decodes"] + 1, "the new shard version must be decoded"
+    umount(mount, mnt)
+    assert_same_array(read_native(src / "tr"), native, "native read after umount")
+
+
+def test_chunk_cache_budget_option(src, mount):
+    mnt = mount(src, "-o", "chunk_cache=64")  # smaller than one 96-byte chunk: nothing is kept
+    for _ in range(2):
+        (mnt / "tr" / "0.0").read_bytes()
+    s = stats(mnt)
+    assert (s["decodes"], s["hits"], s["max_bytes"], s["entries"]) == (2, 0, 64, 0), s
+    bad = run_shardfs("mount", str(src), str(src.parent / "m2"), "-o", "chunk_cache=lots")
+    assert bad.returncode != 0 and "chunk_cache" in bad.stderr
