@@ -7,12 +7,13 @@ anyone else gets new extents, so a stale chunk is never served.
 
 from __future__ import annotations
 
-from typing import Any
+import logging
 
 from shardfs.lru import SizedLRU
 from shardfs.shard import Extent
 
 DEFAULT_BYTES = 64 << 20
+log = logging.getLogger("shardfs")
 
 
 class ChunkCache:
@@ -20,24 +21,19 @@ class ChunkCache:
 
     def __init__(self, max_bytes: int = DEFAULT_BYTES) -> None:
         self._lru: SizedLRU[Extent, bytes] = SizedLRU(max_bytes, len)
-        self.hits = 0
-        self.decodes = 0
 
     def get(self, ext: Extent) -> bytes | None:
         data = self._lru.get(ext)
         if data is not None:
-            self.hits += 1
+            log.debug("%s: chunk at %d served from the chunk cache", ext.key, ext.offset)
         return data
 
     def decoded(self, ext: Extent, data: bytes) -> None:
         """Record that ``data`` was decoded from ``ext``, and keep it if it fits the budget."""
-        self.decodes += 1
+        log.debug("%s: chunk at %d decoded (chunk cache: %d entries, %d of %d bytes)", ext.key, ext.offset,
+                  len(self._lru), self._lru.used, self._lru.max_bytes)
         if len(data) <= self._lru.max_bytes:
             self._lru.put(ext, data)
-
-    def stats(self) -> dict[str, Any]:
-        return {"decodes": self.decodes, "hits": self.hits, "entries": len(self._lru),
-                "bytes": self._lru.used, "max_bytes": self._lru.max_bytes}
 
 
 def parse_size(text: str) -> int:

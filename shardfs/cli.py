@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from shardfs import __version__
+from shardfs.mounts import daemon_pid, fsname
 
 log = logging.getLogger("shardfs")
 OWN_OPTIONS = ("ro", "rw", "entry_timeout", "attr_timeout", "chunk_cache")
@@ -224,7 +225,7 @@ def _run_daemon(args: argparse.Namespace, mnt: str, own: dict[str, str], fuse_op
     ops = Operations(view, timeouts, writeback)
     if writeback is not None:
         writeback.on_folded = ops.writer.folded
-    options = set(pyfuse3.default_options) | {"fsname=shardfs", "subtype=shardfs"} | fuse_opts
+    options = set(pyfuse3.default_options) | {fsname(args.src), "subtype=shardfs"} | fuse_opts
     if read_only:
         options.add("ro")
     try:
@@ -310,10 +311,7 @@ def _cmd_umount(args: argparse.Namespace) -> int:
     mnt = os.path.abspath(args.mnt)
     if not os.path.ismount(mnt):
         raise UsageError(f"{args.mnt}: not mounted")
-    try:
-        pid = int(os.getxattr(mnt, "user.shardfs.pid"))
-    except (OSError, ValueError):
-        pid = None
+    pid = daemon_pid(mnt)
     if pid is None:
         result = subprocess.run(["fusermount3", "-u", mnt], capture_output=True, text=True)
         if result.returncode:

@@ -3,6 +3,11 @@
 Any exception other than ``pyfuse3.FUSEError`` escaping a handler would end
 ``pyfuse3.main`` and kill the mount, so every handler goes through ``_guard``:
 ``OSError`` becomes its errno, anything else is logged and becomes EIO.
+
+Extended attributes are not implemented on purpose: pyfuse3 answers ENOSYS,
+after which the kernel stops asking. Otherwise ``ls -l`` sends two getxattr
+requests per file (``security.selinux``, ``system.posix_acl_access``), which
+triples its cost.
 """
 
 from __future__ import annotations
@@ -10,7 +15,6 @@ from __future__ import annotations
 import errno
 import functools
 import itertools
-import json
 import logging
 import os
 import stat
@@ -21,15 +25,12 @@ from typing import Any, Awaitable, Callable, TypeVar
 import pyfuse3
 import trio
 
-from shardfs.view import ROOT_INODE, Attr, ReadHandle, View
+from shardfs.view import Attr, ReadHandle, View
 from shardfs.writeback import Writeback
 from shardfs.writes import WriteHandle, Writer
 
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
-PID_XATTR = b"user.shardfs.pid"
-SOURCE_XATTR = b"user.shardfs.source"  # the source path behind a node (shardfs inspect)
-STATS_XATTR = b"user.shardfs.stats"  # on the root: JSON counters (decoded-chunk cache)
 
 
 def _guard(fn: F) -> F:
@@ -94,18 +95,20 @@ class Operations(pyfuse3.Operations):
         self._served = _Served()
         self._uid, self._gid = os.getuid(), os.getgid()
 
-    def _entry(self, attr: Attr) -> pyfuse3.EntryAttributes:
-        e = pyfuse3.EntryAttributes()
+    def _entry(self, attr: Attr, e: pyfuse3.EntryAttributes | None = None) -> pyfuse3.EntryAttributes:
+        """``attr`` as pyfuse3 entry attributes (filled into ``e`` if given: readdir reuses one)."""
+        if e is None:
+            e = pyfuse3.EntryAttributes()
+            e.st_blksize = 65536
+            e.st_uid, e.st_gid = self._uid, self._gid
+            e.entry_timeout = self.timeouts.entry
+            e.attr_timeout = self.timeouts.attr
         e.st_ino = attr.ino
         e.st_mode = attr.mode
         e.st_nlink = attr.nlink
         e.st_size = attr.size
-        e.st_blksize = 65536
         e.st_blocks = (attr.size + 511) // 512
-        e.st_uid, e.st_gid = self._uid, self._gid
         e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = attr.mtime_ns
-        e.entry_timeout = self.timeouts.entry
-        e.attr_timeout = self.timeouts.attr
         return e
 
     def _new_fh(self, handle: Any) -> int:
@@ -134,9 +137,11 @@ class Operations(pyfuse3.Operations):
         handle: _DirHandle = self._handles[fh]
         if handle.entries is None or start_id == 0:
             handle.entries = await self.view.listdir(handle.ino)
+        e = None
         for i in range(start_id, len(handle.entries)):
             name, attr = handle.entries[i]
-            if not pyfuse3.readdir_reply(token, os.fsencode(name), self._entry(attr), i + 1):
+            e = self._entry(attr, e)
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), e, i + 1):
                 break
 
     @_guard
@@ -181,23 +186,6 @@ class Operations(pyfuse3.Operations):
         out.f_favail = st.f_favail
         out.f_namemax = st.f_namemax
         return out
-
-    @_guard
-    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
-        if inode == ROOT_INODE and name == PID_XATTR:
-            return str(os.getpid()).encode()
-        if inode == ROOT_INODE and name == STATS_XATTR:
-            return json.dumps({"chunk_cache": self.view.chunk_cache.stats()}).encode()
-        if name == SOURCE_XATTR:
-            try:
-                return os.fsencode(self.view.source_path(inode))
-            except OSError:
-                pass
-        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-
-    @_guard
-    async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
-        return [PID_XATTR, STATS_XATTR, SOURCE_XATTR] if inode == ROOT_INODE else [SOURCE_XATTR]
 
     def _writable(self) -> "Writer":
         if self.writer is None:

@@ -157,11 +157,18 @@ class ArrayLayout:
             pos = pos * n + c % n
         return shard, pos
 
+    def chunks_at(self, shard: tuple[int, ...], positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Inverse of ``locate`` for many index positions of one shard.
+
+        Returns the global coordinates, an ``(n, ndim)`` int64 array, and a boolean
+        mask of the rows that lie inside the array (edge shards hold chunks past it).
+        """
+        local = np.unravel_index(np.asarray(positions, dtype=np.int64), self.chunks_per_shard)
+        origin = np.array(shard, dtype=np.int64) * np.array(self.chunks_per_shard, dtype=np.int64)
+        coords = np.stack(local, axis=-1).astype(np.int64).reshape(-1, self.ndim) + origin
+        return coords, np.all(coords < np.array(self.chunk_grid, dtype=np.int64), axis=1)
+
     def chunk_at(self, shard: tuple[int, ...], pos: int) -> tuple[int, ...] | None:
         """Inverse of ``locate``; None when that inner chunk lies past the array edge."""
-        local = []
-        for n in reversed(self.chunks_per_shard):
-            pos, c = divmod(pos, n)
-            local.append(c)
-        coords = tuple(s * n + c for s, n, c in zip(shard, self.chunks_per_shard, reversed(local)))
-        return coords if self.in_grid(coords) else None
+        coords, inside = self.chunks_at(shard, np.array([pos]))
+        return tuple(coords[0].tolist()) if inside[0] else None

@@ -9,20 +9,10 @@ from typing import Any
 import numpy as np
 
 from shardfs.index import EMPTY, CorruptIndex, IndexFormat
+from shardfs.mounts import source_of
 from shardfs.layout import ArrayLayout, Unpresentable
 from shardfs.shardfile import CORRUPT, NestedFormat, ShardFormat, Read, outermost, read_table
 from shardfs.v2 import describe_array
-
-SOURCE_XATTR = "user.shardfs.source"
-
-
-def source_of(path: str) -> str:
-    """The source path behind ``path`` if it lies in a shardfs mount, else ``path`` itself."""
-    try:
-        return os.getxattr(path, SOURCE_XATTR).decode()
-    except OSError:
-        return os.path.abspath(path)
-
 
 def _array_dir(path: str) -> str | None:
     """The nearest directory at or above ``path`` holding an array's ``zarr.json``."""

@@ -91,11 +91,14 @@ class ChunkFormat:
         """True if serving a chunk needs its whole stored bytes (checksum or transcoding)."""
         return self.crc32c or self.transcoder is not None
 
-    def file_size(self, stored_nbytes: int) -> int:
-        """``st_size`` of a chunk file whose stored form is ``stored_nbytes`` long."""
+    def file_size(self, stored_nbytes: int | np.ndarray) -> int | np.ndarray:
+        """``st_size`` of a chunk file whose stored form is ``stored_nbytes`` long
+        (elementwise for an int64 array of stored sizes)."""
+        many = isinstance(stored_nbytes, np.ndarray)
         if self.transcoder is not None:
-            return self.nbytes
-        return max(0, stored_nbytes - (4 if self.crc32c else 0))
+            return np.full_like(stored_nbytes, self.nbytes) if many else self.nbytes
+        trimmed = stored_nbytes - (4 if self.crc32c else 0)
+        return np.maximum(trimmed, 0) if many else max(0, trimmed)
 
     def to_file(self, stored: bytes) -> bytes:
         """The chunk file's bytes for a stored inner chunk; ``CorruptChunk`` if it does not decode."""

@@ -30,7 +30,7 @@ import os
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, NamedTuple, TypeVar
 
 import numpy as np
 import trio
@@ -61,15 +61,31 @@ def fail(code: int, msg: str = "") -> OSError:
     return OSError(code, msg or os.strerror(code))
 
 
-@dataclass(frozen=True)
-class Attr:
-    """What ``stat`` shows for one node."""
+class Attr(NamedTuple):
+    """What ``stat`` shows for one node (a tuple: listings make one per chunk file)."""
 
     ino: int
     mode: int
     size: int
     mtime_ns: int
     nlink: int = 1
+
+
+class ChunkSet(NamedTuple):
+    """Stored inner chunks, column-wise: global coordinates ``(n, ndim)``, file sizes, mtimes."""
+
+    coords: np.ndarray
+    size: np.ndarray
+    mtime: np.ndarray
+
+    def where(self, mask: np.ndarray) -> "ChunkSet":
+        return ChunkSet(self.coords[mask], self.size[mask], self.mtime[mask])
+
+    @staticmethod
+    def concat(sets: list["ChunkSet"], ndim: int) -> "ChunkSet":
+        if not sets:
+            return ChunkSet(np.empty((0, ndim), np.int64), np.empty(0, np.int64), np.empty(0, np.int64))
+        return ChunkSet(*(np.concatenate(cols) for cols in zip(*sets)))
 
 
 @dataclass
@@ -349,27 +365,49 @@ class View:
             out = sorted(set(out) | set(self.writeback.dirty_shards(arr.path)))
         return out
 
-    async def shard_chunks(self, arr: ArrayNode, shard: tuple[int, ...]) -> list[tuple[tuple[int, ...], Attr]]:
-        """The stored inner chunks of one shard with their attributes ([] if it is corrupt)."""
+    async def shard_chunks(self, arr: ArrayNode, shard: tuple[int, ...]) -> ChunkSet:
+        """The stored (or pending) inner chunks of one shard, sorted by index position;
+        none if the shard is corrupt."""
+        layout = arr.info.layout
         try:
             found = await self.shard_table(arr, shard)
         except OSError:
-            return []
-        where: dict[int, Extent | Pending | None] = {}
-        if found is not None:
+            found = None
+        if found is None:
+            pos, nbytes, mtime = np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+        else:
             version, table = found
-            key = self.shard_key(arr, shard)
-            for pos in np.flatnonzero(table[:, 0] != EMPTY):
-                where[int(pos)] = shard_mod.extent(key, version, table, int(pos))
-        if self.writeback is not None:
-            for pos, p in self.writeback.pending_in((arr.path, shard)).items():
-                where[pos] = p if p.data is not None else None
-        out = []
-        for pos, w in sorted(where.items()):
-            coords = arr.info.layout.chunk_at(shard, pos)
-            if coords is not None and w is not None:
-                out.append((coords, self._chunk_attr(arr, coords, w)))
-        return out
+            pos = np.flatnonzero(table[:, 0] != EMPTY)
+            nbytes = table[pos, 1].astype(np.int64)
+            mtime = np.full(len(pos), version.mtime_ns, dtype=np.int64)
+        pending = self.writeback.pending_in((arr.path, shard)) if self.writeback is not None else {}
+        if pending:
+            keep = ~np.isin(pos, np.fromiter(pending, np.int64, len(pending)))
+            live = sorted((p, len(x.data), x.mtime_ns) for p, x in pending.items() if x.data is not None)
+            extra = np.array(live, dtype=np.int64).reshape(-1, 3)
+            pos, nbytes, mtime = (np.concatenate([col[keep], extra[:, i]]) for i, col in enumerate((pos, nbytes, mtime)))
+            order = np.argsort(pos, kind="stable")
+            pos, nbytes, mtime = pos[order], nbytes[order], mtime[order]
+        coords, inside = layout.chunks_at(shard, pos)
+        return ChunkSet(coords[inside], arr.info.chunk.file_size(nbytes[inside]), mtime[inside])
+
+    def _chunk_attrs(self, arr: ArrayNode, chunks: ChunkSet) -> list[Attr]:
+        """The attributes of every chunk file of ``chunks`` (``_chunk_attr`` column-wise)."""
+        layout = arr.info.layout
+        base = CHUNK_BASE + (arr.slot << SLOT_SHIFT)
+        linear = np.ravel_multi_index(tuple(chunks.coords.T), layout.chunk_grid) if layout.ndim else \
+            np.zeros(len(chunks.size), np.int64)
+        mode = stat.S_IFREG | self._file_mode
+        nlink = 1 if layout.index is None else 2
+        return [Attr(base + i, mode, size, mtime, nlink)
+                for i, size, mtime in zip(linear.tolist(), chunks.size.tolist(), chunks.mtime.tolist())]
+
+    @staticmethod
+    def _names(coords: np.ndarray) -> list[str]:
+        """``chunk_name`` of every row of an ``(n, ndim)`` coordinate array."""
+        if coords.shape[1] == 0:
+            return ["0"] * len(coords)
+        return [".".join(row) for row in coords.astype(str).tolist()]
 
     # ----- name resolution ----------------------------------------------------------------
 
@@ -448,30 +486,31 @@ class View:
 
     # ----- shard and inner shard directories --------------------------------------------------
 
-    async def _box_chunks(self, arr: ArrayNode, level: int, box: tuple[int, ...]
-                          ) -> list[tuple[tuple[int, ...], Attr]]:
+    async def _box_chunks(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> ChunkSet:
         """The stored chunks of shard ``box`` (level 0) or of a nested inner shard (level >= 1)."""
         layout = arr.info.layout
         chunks = await self.shard_chunks(arr, layout.box(layout.box_origin(box, level), 0))
-        return chunks if level == 0 else [(c, a) for c, a in chunks if layout.box(c, level) == box]
+        if level == 0:
+            return chunks
+        return chunks.where(np.all(chunks.coords // np.array(layout.spans[level]) == np.array(box), axis=1))
 
     async def _box_attr(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> Attr:
         """An inner shard directory exists while it holds chunks; its mtime is their newest."""
         chunks = await self._box_chunks(arr, level, box)
-        if not chunks:
+        if not len(chunks.mtime):
             raise fail(errno.ENOENT)
-        return self._dir_attr(self._ino(("idir", arr.path, level, box)), max(a.mtime_ns for _, a in chunks))
+        return self._dir_attr(self._ino(("idir", arr.path, level, box)), int(chunks.mtime.max()))
 
     async def _list_box(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> list[tuple[str, Attr]]:
         """A shard or inner shard directory: its inner shards, or at the innermost level its chunks."""
         layout = arr.info.layout
         chunks = await self._box_chunks(arr, level, box)
         if level == layout.depth:
-            return [(chunk_name(c), a) for c, a in chunks]
+            return list(zip(self._names(chunks.coords), self._chunk_attrs(arr, chunks)))
         newest: dict[tuple[int, ...], int] = {}
-        for c, a in chunks:
-            child = layout.box(c, level + 1)
-            newest[child] = max(newest.get(child, 0), a.mtime_ns)
+        for c, mtime in zip(map(tuple, (chunks.coords // np.array(layout.spans[level + 1])).tolist()),
+                            chunks.mtime.tolist()):
+            newest[c] = max(newest.get(c, 0), mtime)
         return [(chunk_name(child), self._dir_attr(self._ino(("idir", arr.path, level + 1, child)), mtime))
                 for child, mtime in sorted(newest.items())]
 
@@ -618,19 +657,17 @@ class View:
         if prefix is None:
             return out
         nested = view_separator(layout.keys) == "/"
-        chunks = []
-        for shard in await self.stored_shards(arr):
-            chunks.extend(await self.shard_chunks(arr, shard))
+        chunks = ChunkSet.concat([await self.shard_chunks(arr, shard) for shard in await self.stored_shards(arr)],
+                                 layout.ndim)
         if not nested:
-            out.extend((chunk_name(c), a) for c, a in sorted(chunks))
+            out.extend(zip(self._names(chunks.coords), self._chunk_attrs(arr, chunks)))
             return out
         depth = len(prefix)
-        below = sorted({c[depth] for c, _ in chunks if c[:depth] == prefix})
+        chunks = chunks.where(np.all(chunks.coords[:, :depth] == np.array(prefix, dtype=np.int64), axis=1))
         if depth + 1 == layout.ndim:
-            attrs = {c: a for c, a in chunks}
-            out.extend((str(i), attrs[prefix + (i,)]) for i in below)
+            out.extend(zip(map(str, chunks.coords[:, depth].tolist()), self._chunk_attrs(arr, chunks)))
         else:
-            for i in below:
+            for i in sorted(set(chunks.coords[:, depth].tolist())):
                 kino = self._ino(("kdir", arr.path, prefix + (i,)))
                 out.append((str(i), self._dir_attr(kino, arr.version.mtime_ns)))
         return out
@@ -662,22 +699,6 @@ class View:
         else:
             coords = parse_chunk_name(name, layout.ndim)
         return (arr, coords) if coords is not None and layout.in_grid(coords) else None
-
-    def source_path(self, ino: int) -> str:
-        """The source file or directory a node shows (a chunk file: its shard)."""
-        key = self._key(ino)
-        if key[0] == "chunk":
-            arr = key[1]
-            return self.source.path(self.shard_key(arr, arr.info.layout.locate(key[2])[0]))
-        if key[0] == "sdir":
-            return self.source.path(_join(key[1], key[2]))
-        if key[0] == "idir":
-            arr = self._arrays[key[1]]
-            layout = arr.info.layout
-            return self.source.path(self.shard_key(arr, layout.box(layout.box_origin(key[3], key[2]), 0)))
-        if key[0] in ("dir", "meta", "kdir"):
-            return self.source.path(key[1])
-        raise fail(errno.ENODATA)
 
     async def dir_node(self, ino: int) -> tuple[str, ArrayNode | GroupNode | None]:
         """``(kind, node)`` of a directory inode: the group/array it shows or belongs to."""

@@ -40,6 +40,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from bench_lib import datasets as ds  # noqa: E402
 from bench_lib import report  # noqa: E402
+from shardfs.mounts import daemon_pid  # noqa: E402
 
 PY3 = str(REPO / ".venv" / "bin" / "python")
 PY2 = os.environ.get("SHARDFS_ZARR2_PYTHON") or str(REPO / ".venv-zarr2" / "bin" / "python")
@@ -226,11 +227,10 @@ class Bench:
         if r.returncode:
             self._force_unmount(mnt, None)
             raise BenchError(f"shardfs mount failed: {r.stderr.strip()[:300]}")
-        try:
-            pid = int(os.getxattr(mnt, "user.shardfs.pid"))
-        except (OSError, ValueError) as e:
+        pid = daemon_pid(str(mnt))
+        if pid is None:
             self._force_unmount(mnt, None)
-            raise BenchError(f"mounted, but no daemon pid xattr: {e}")
+            raise BenchError("mounted, but no daemon process found for the mountpoint")
         self.active[mnt] = pid
         m = Mounted(mnt, pid, seconds)
         try:
