@@ -150,13 +150,13 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
-        attr = await self.view.getattr(inode)
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+            await self.view.getattr(inode)
             handle = await self._writable().open(inode, truncate=bool(flags & os.O_TRUNC))
             return pyfuse3.FileInfo(fh=self._new_fh(handle), direct_io=False, keep_cache=False)
         handle = await self.view.open(inode)
         fi = pyfuse3.FileInfo(fh=self._new_fh(handle))
-        fi.keep_cache = self._served.unchanged(attr)
+        fi.keep_cache = self._served.unchanged(handle.attr)
         return fi
 
     @_guard
@@ -202,11 +202,9 @@ class Operations(pyfuse3.Operations):
         """
         for ino in inodes:
             self._served.versions.pop(ino, None)
-            for alias in (ino, *self.view.aliases(ino)):
-                try:
-                    await trio.to_thread.run_sync(pyfuse3.invalidate_inode, alias)
-                except OSError:
-                    pass  # the kernel does not know this inode
+        targets = [alias for ino in inodes for alias in (ino, *self.view.aliases(ino))]
+        if targets:
+            await trio.to_thread.run_sync(_invalidate_inodes, targets)
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for ino, _ in inode_list:
@@ -305,3 +303,12 @@ class Operations(pyfuse3.Operations):
         raise pyfuse3.FUSEError(errno.EPERM)
 
     symlink = mknod = setxattr = removexattr = _unsupported
+
+
+def _invalidate_inodes(inodes: list[int]) -> None:
+    """``pyfuse3.invalidate_inode`` each; blocks while a client holds a page of one locked."""
+    for ino in inodes:
+        try:
+            pyfuse3.invalidate_inode(ino)
+        except OSError:
+            pass  # the kernel does not know this inode

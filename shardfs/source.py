@@ -11,6 +11,8 @@ from __future__ import annotations
 import errno
 import os
 import stat as stat_mod
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -28,16 +30,45 @@ class Version:
 
 
 class Source:
-    """A directory holding a Zarr v3 hierarchy."""
+    """A directory holding a Zarr v3 hierarchy.
 
-    def __init__(self, root: str) -> None:
+    ``version`` results are remembered for ``stat_ttl`` seconds (every lookup,
+    getattr and open asks for them); ``replace`` and ``remove`` forget the keys
+    they change, so only changes made behind the mount's back wait that long.
+    """
+
+    def __init__(self, root: str, stat_ttl: float = 1.0) -> None:
         self.root = os.path.abspath(root)
+        self.stat_ttl = stat_ttl
+        self._versions: dict[str, tuple[float, Version | None]] = {}
+        self._lock = threading.Lock()  # replace/remove run in worker threads
+        self._changes = 0
 
     def path(self, key: str) -> str:
         return os.path.join(self.root, key) if key else self.root
 
     def version(self, key: str) -> Version | None:
         """The file's version, or None if it does not exist or is not a regular file."""
+        now = time.monotonic()
+        hit = self._versions.get(key)
+        if hit is not None and now < hit[0]:
+            return hit[1]
+        with self._lock:
+            changes = self._changes
+        version = self._stat(key)
+        with self._lock:
+            if changes == self._changes:  # else a change may have raced the stat: don't keep it
+                if len(self._versions) >= 65536:
+                    self._versions.clear()
+                self._versions[key] = (now + self.stat_ttl, version)
+        return version
+
+    def _changed(self, key: str) -> None:
+        with self._lock:
+            self._changes += 1
+            self._versions.pop(key, None)
+
+    def _stat(self, key: str) -> Version | None:
         try:
             st = os.stat(self.path(key))
         except (FileNotFoundError, NotADirectoryError):
@@ -94,6 +125,7 @@ class Source:
             raise
         os.close(fd)
         os.rename(tmp, path)
+        self._changed(key)
         if sync:
             fsync_dir(directory)
         return Version(st.st_ino, st.st_size, st.st_mtime_ns)
@@ -104,6 +136,7 @@ class Source:
             os.unlink(self.path(key))
         except FileNotFoundError:
             pass
+        self._changed(key)
         parent = os.path.dirname(key)
         while parent:
             try:

@@ -115,6 +115,14 @@ class ChunkFormat:
             raise CorruptChunk("crc32c of the inner chunk does not match")
         return stored[:-4]
 
+    def prepare(self, data: bytes) -> bytes:
+        """The stored form of chunk-file bytes ``data``; ``CorruptChunk`` (saying why) if they
+        are not exactly one inner chunk. CPU-bound: run it off the trio thread."""
+        reason = self.check(data)
+        if reason is not None:
+            raise CorruptChunk(reason)
+        return self.stored(data)
+
     def check(self, data: bytes) -> str | None:
         """Why ``data`` is not exactly one inner chunk in this format (None if it is).
 

@@ -124,9 +124,11 @@ class Staging:
 
 @dataclass
 class ReadHandle:
-    """An open chunk or metadata file: either bytes in memory or a shard byte range."""
+    """An open chunk or metadata file: either bytes in memory or a shard byte range, and
+    the attributes of the version that was opened."""
 
     ino: int
+    attr: Attr
     data: bytes | None = None
     fd: int = -1
     offset: int = 0
@@ -715,12 +717,10 @@ class View:
         """Open a file for reading: metadata bytes, or a verified/plain extent of a shard."""
         key = self._key(ino)
         if key[0] == "meta":
-            node = await self._node(key[1])
-            if node is None or key[2] not in self.meta_names(node):
-                raise fail(errno.ENOENT)
-            return ReadHandle(ino, data=await self.meta_bytes(node, key[2]))
+            attr = await self.getattr(ino)
+            return ReadHandle(ino, attr, data=await self.meta_bytes(await self._node(key[1]), key[2]))
         if key[0] == "tmp":
-            return ReadHandle(ino, data=bytes(key[1].data))
+            return ReadHandle(ino, await self.getattr(ino), data=bytes(key[1].data))
         if key[0] != "chunk":
             raise fail(errno.EISDIR)
         arr, coords = key[1], key[2]
@@ -728,25 +728,26 @@ class View:
             ext = await self.extent(arr, coords)
             if ext is None:
                 raise fail(errno.ENOENT)
+            attr = self._chunk_attr(arr, coords, ext)
             if isinstance(ext, Pending):
-                return ReadHandle(ino, data=await self._decoded(arr, coords, ext.data))
+                return ReadHandle(ino, attr, data=await self._decoded(arr, coords, ext.data))
             cached = self.chunk_cache.get(ext) if arr.info.chunk.decodes else None
             if cached is not None:
-                return ReadHandle(ino, data=cached)
+                return ReadHandle(ino, attr, data=cached)
             fd = shard_mod.open_extent_sync(self.source, ext)
             if fd is not None:
                 break
         else:
             raise fail(errno.EIO, "shard keeps changing")
         if not arr.info.chunk.decodes:
-            return ReadHandle(ino, fd=fd, offset=ext.offset, nbytes=ext.nbytes)
+            return ReadHandle(ino, attr, fd=fd, offset=ext.offset, nbytes=ext.nbytes)
         try:
             stored = await blocking(os.pread, fd, ext.nbytes, ext.offset)
         finally:
             os.close(fd)
         data = await self._decoded(arr, coords, stored, ext.key)
         self.chunk_cache.decoded(ext, data)
-        return ReadHandle(ino, data=data)
+        return ReadHandle(ino, attr, data=data)
 
     async def _decoded(self, arr: ArrayNode, coords: tuple[int, ...], stored: bytes, key: str = "") -> bytes:
         """A chunk file's bytes from its stored form (checksum/transcoding); EIO if corrupt."""

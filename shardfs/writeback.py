@@ -4,8 +4,8 @@ A committed chunk (``put``/``delete``) is first written to the journal
 (``SRC/.shardfs/journal/<seq>.j``, made visible by a rename, so it survives a
 SIGKILL of the daemon; ``sync`` fsyncs it for power loss) and kept in memory
 so reads see it at once. A background task folds each shard's pending chunks
-into one atomic rewrite of the shard when the shard is complete, after
-``idle`` seconds without writes to it, or when pending bytes exceed
+into one atomic rewrite of the shard when the shard is complete, once the
+mount has seen no writes for ``idle`` seconds, or when pending bytes exceed
 ``budget``; ``flush`` folds everything (unmount, SIGTERM). Journal entries are
 deleted only after their shard was replaced, and the next mount replays
 whatever is left, so every acknowledged chunk reaches its shard exactly as
@@ -56,8 +56,20 @@ class _Dirty:
     target: ShardTarget
     chunks: dict[int, Pending] = field(default_factory=dict)
     superseded: list[int] = field(default_factory=list)  # journal seqs replaced before folding
-    last_write: float = 0.0
+    stored: int = 0  # pending chunks with data (the shard is complete when it reaches n_in_grid)
     lock: trio.Lock = field(default_factory=trio.Lock)
+
+    def put(self, pos: int, entry: Pending) -> Pending | None:
+        """Make ``entry`` the pending state of ``pos``; returns the entry it replaces."""
+        old = self.chunks.get(pos)
+        self.chunks[pos] = entry
+        self.stored += (entry.data is not None) - (old is not None and old.data is not None)
+        return old
+
+    def drop(self, pos: int) -> Pending:
+        entry = self.chunks.pop(pos)
+        self.stored -= entry.data is not None
+        return entry
 
 
 class Writeback:
@@ -73,6 +85,7 @@ class Writeback:
         self._dirty: dict[ShardId, _Dirty] = {}
         self._bytes = 0
         self._seq = 0
+        self._last_write = 0.0
         self._unsynced: set[str] = set()
         self._wake = trio.Event()
         self.journal = source.path(JOURNAL_DIR)
@@ -104,12 +117,11 @@ class Writeback:
 
     def _record(self, shard: ShardId, target: ShardTarget, pos: int, entry: Pending) -> None:
         dirty = self._dirty.setdefault(shard, _Dirty(target))
-        old = dirty.chunks.get(pos)
+        old = dirty.put(pos, entry)
         if old is not None:
             dirty.superseded.append(old.seq)
         self._bytes += len(entry.data or b"") - len(old.data or b"") if old else len(entry.data or b"")
-        dirty.chunks[pos] = entry
-        dirty.last_write = time.monotonic()
+        self._last_write = time.monotonic()
         self._wake.set()
 
     def _journal_write(self, seq: int, shard: ShardId, pos: int, data: bytes | None) -> str:
@@ -160,14 +172,14 @@ class Writeback:
             except Exception as e:
                 log.error("%s: shard rewrite failed, changes kept in the journal: %s",
                           self.source.path(dirty.target.key), e)
-                dirty.last_write = time.monotonic()
+                self._last_write = time.monotonic()  # retried after the next idle time
                 return
             # An entry replaced before this fold must go too, or a replay would resurrect it.
             done = [f"{seq:020d}.j" for seq in superseded]
             del dirty.superseded[: len(superseded)]
             for pos, p in snapshot.items():
                 if dirty.chunks.get(pos) is p:
-                    del dirty.chunks[pos]
+                    dirty.drop(pos)
                     self._bytes -= len(p.data or b"")
                 done.append(f"{p.seq:020d}.j")
             if not dirty.chunks and self._dirty.get(shard) is dirty:
@@ -185,10 +197,11 @@ class Writeback:
                 pass
 
     def _due(self, now: float) -> Iterator[ShardId]:
-        over = self._bytes > self.budget
+        # Idle is measured over the whole mount, not per shard: a writer sweeping the
+        # array in C order returns to each shard only after it crossed the others.
+        everything = self._bytes > self.budget or now - self._last_write >= self.idle
         for shard, dirty in list(self._dirty.items()):
-            complete = sum(p.data is not None for p in dirty.chunks.values()) >= dirty.target.n_in_grid
-            if over or complete or now - dirty.last_write >= self.idle:
+            if everything or dirty.stored >= dirty.target.n_in_grid:
                 yield shard
 
     async def run(self) -> None:

@@ -19,6 +19,7 @@ from typing import Awaitable, Callable
 
 from shardfs import shard as shard_mod
 from shardfs.layout import ArrayLayout
+from shardfs.v2 import CorruptChunk
 from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, chunk_name, fail
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
 
@@ -144,18 +145,19 @@ class Writer:
     async def commit(self, arr: ArrayNode, coords: tuple[int, ...], data: bytes | None) -> None:
         """Make ``data`` the content of inner chunk ``coords`` (None: empty it)."""
         name = self.view.source.path(arr.path) + "/" + chunk_name(coords)
+        stored = None
         if data is not None:
-            reason = await blocking(arr.info.chunk.check, data)
-            if reason is not None:
-                log.error("%s: write refused: %s", name, reason)
-                raise fail(errno.EINVAL, reason)
+            try:
+                stored = await blocking(arr.info.chunk.prepare, data)
+            except CorruptChunk as e:
+                log.error("%s: write refused: %s", name, e)
+                raise fail(errno.EINVAL, str(e)) from None
         layout = arr.info.layout
         shard, pos = layout.locate(coords)
         found = await self.view.shard_table(arr, shard)  # refuses (EIO) to write into a corrupt shard
         if found is not None and shard_mod.has_corrupt(found[1]):
             log.error("%s: write refused: the shard holds a corrupt inner shard", name)
             raise fail(errno.EIO)
-        stored = None if data is None else arr.info.chunk.stored(data)
         try:
             await self.writeback.commit((arr.path, shard), shard_target(arr.path, arr.info.layout, shard), pos, stored)
         except OSError as e:
