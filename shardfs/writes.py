@@ -19,6 +19,7 @@ from typing import Awaitable, Callable
 
 from shardfs import shard as shard_mod
 from shardfs.layout import ArrayLayout
+from shardfs.v2 import CorruptChunk
 from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, chunk_name, fail
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
 
@@ -155,7 +156,11 @@ class Writer:
         if found is not None and shard_mod.has_corrupt(found[1]):
             log.error("%s: write refused: the shard holds a corrupt inner shard", name)
             raise fail(errno.EIO)
-        stored = None if data is None else arr.info.chunk.stored(data)
+        try:
+            stored = None if data is None else await blocking(arr.info.chunk.stored, data)
+        except CorruptChunk as e:  # a transcoded chunk that zarr's codecs refuse to encode
+            log.error("%s: write refused: %s", name, e)
+            raise fail(errno.EINVAL, str(e)) from None
         try:
             await self.writeback.commit((arr.path, shard), shard_target(arr.path, arr.info.layout, shard), pos, stored)
         except OSError as e:
