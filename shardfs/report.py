@@ -180,7 +180,7 @@ def format_text(report: dict[str, Any]) -> str:
     if "before_sharding" in report:
         order = report.get("index_order")
         lines.append(f"a2a        {', '.join(report['before_sharding'])} before the sharding codec, applied per "
-                     f"inner chunk{f'; index grid dimension k is array dimension {order}[k]' if order else ''}")
+                     f"inner chunk{f'; the index grid is the chunk grid transposed by {order}' if order else ''}")
     if "index" in report:
         ix = report["index"]
         lines.append(f"index      at {ix['location']}, {ix['endian']} endian, crc32c {ix['crc32c']}, "
