@@ -37,7 +37,7 @@ def split_sharding(codecs: tuple[Any, ...]) -> tuple[tuple[Any, ...], ShardingCo
         raise Unpresentable("codecs after the sharding codec are not supported")
     before = codecs[:-1]
     for codec in before:
-        if isinstance(codec, ShardingCodec) or not isinstance(codec, ArrayArrayCodec):
+        if not isinstance(codec, ArrayArrayCodec):
             raise Unpresentable(f"codec {_name(codec)} before the sharding codec is not an array→array codec")
         if not isinstance(codec, (TransposeCodec, *ELEMENTWISE)):
             raise Unpresentable(f"array→array codec {_name(codec)} before the sharding codec is neither a "

@@ -92,8 +92,8 @@ class ArrayLayout:
     With nested sharding ``chunk_shape`` is the innermost chunk shape and
     ``index`` a ``NestedFormat``; positions in a shard are always C-order
     positions in its grid of innermost chunks. Shapes are in array space;
-    ``order`` (a transpose before the sharding codec, None if there is none)
-    says how the index's grid is permuted: positions are C-order in
+    ``order`` (a transpose before the sharding codec, a permutation of the
+    dimensions; None if there is none) says how the index's grid is permuted: positions are C-order in
     ``permuted(chunks_per_shard, order)``.
     """
 
@@ -105,8 +105,6 @@ class ArrayLayout:
     order: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.order is not None and sorted(self.order) != list(range(len(self.shape))):
-            raise Unpresentable(f"transpose order {self.order} is not a permutation of the array's dimensions")
         if any(c <= 0 for c in self.chunk_shape) or any(
             s % c for s, c in zip(self.shard_shape, self.chunk_shape)
         ):

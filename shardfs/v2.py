@@ -313,8 +313,8 @@ def _sharded_layout(sharding: ShardingCodec, order: tuple[int, ...] | None, shap
     if order is None:
         index, chunk_shape, inner = _shard_format(sharding, shard_shape)
         return ArrayLayout(shape, chunk_shape, shard_shape, index, keys), inner
-    if len(order) != len(shape):
-        raise Unpresentable(f"transpose order {order} does not match {len(shape)} dimensions")
+    if sorted(order) != list(range(len(shape))):  # zarr validates it too
+        raise Unpresentable(f"transpose order {order} is not a permutation of {len(shape)} dimensions")
     index, chunk_shape, inner = _shard_format(sharding, permuted(shard_shape, order))
     return ArrayLayout(shape, unpermuted(chunk_shape, order), shard_shape, index, keys, order), inner
 
@@ -325,7 +325,7 @@ def _presented(before: tuple[Any, ...], inner: tuple[Any, ...], meta: ArrayV3Met
     and then ``inner`` is shown: with its v2 spelling if it has one, else transcoded.
 
     With codecs ``before`` it is always transcoded, and ``Unpresentable`` unless
-    an empty inner chunk decodes to the fill value (``a2a.check_empty_chunk``).
+    an empty inner chunk decodes to the fill value (``Filters.check_empty_chunk``).
     """
     spec = _chunk_spec(meta, layout.chunk_shape)
     if before:
