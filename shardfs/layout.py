@@ -3,6 +3,12 @@
 ``ArrayLayout`` answers "which shard holds inner chunk (i, j, k), and at which
 position of its index", and the inverse; ``KeyScheme`` turns shard coordinates
 into source keys and back. Nothing here does I/O.
+
+A ``transpose`` codec before the sharding codec puts the shard's index (and its
+``chunk_shape``) in the transposed space: dimension ``k`` of the index grid is
+dimension ``order[k]`` of the array (numpy's ``transpose(order)``).
+``permuted``/``unpermuted`` convert shapes, and ``ArrayLayout.order`` makes
+``locate``/``chunk_at`` map array-space chunk coordinates to index positions.
 """
 
 from __future__ import annotations
@@ -19,6 +25,24 @@ MAX_CHUNKS = 1 << 40  # inner chunks in an array's grid; bounds the inode space
 
 class Unpresentable(ValueError):
     """The array cannot be shown as a v2 array (the message says why)."""
+
+
+def permuted(shape: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` (array space) in the space of ``transpose(order)``: entry k is ``shape[order[k]]``."""
+    return tuple(shape[o] for o in order)
+
+
+def unpermuted(shape: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, ...]:
+    """Inverse of ``permuted``: a transposed-space ``shape`` back in array space."""
+    out = [0] * len(order)
+    for k, o in enumerate(order):
+        out[o] = shape[k]
+    return tuple(out)
+
+
+def composed(first: tuple[int, ...], then: tuple[int, ...]) -> tuple[int, ...]:
+    """The single order equal to ``transpose(first)`` followed by ``transpose(then)``."""
+    return permuted(first, then)
 
 
 @dataclass(frozen=True)
@@ -67,7 +91,10 @@ class ArrayLayout:
 
     With nested sharding ``chunk_shape`` is the innermost chunk shape and
     ``index`` a ``NestedFormat``; positions in a shard are always C-order
-    positions in its grid of innermost chunks (``chunks_per_shard``).
+    positions in its grid of innermost chunks. Shapes are in array space;
+    ``order`` (a transpose before the sharding codec, a permutation of the
+    dimensions; None if there is none) says how the index's grid is permuted: positions are C-order in
+    ``permuted(chunks_per_shard, order)``.
     """
 
     shape: tuple[int, ...]
@@ -75,6 +102,7 @@ class ArrayLayout:
     shard_shape: tuple[int, ...]
     index: ShardFormat | None
     keys: KeyScheme
+    order: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if any(c <= 0 for c in self.chunk_shape) or any(
@@ -111,8 +139,19 @@ class ArrayLayout:
         fmt = self.index
         while isinstance(fmt, NestedFormat):
             fmt = fmt.inner
-            out.append(fmt.chunks_per_shard)
+            out.append(self._array_space(fmt.chunks_per_shard))
         return tuple(out)
+
+    @cached_property
+    def index_grid(self) -> tuple[int, ...]:
+        """The grid of inner chunks that a shard's index covers, in the index's (transposed) space."""
+        return self._index_space(self.chunks_per_shard)
+
+    def _index_space(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return shape if self.order is None else permuted(shape, self.order)
+
+    def _array_space(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return shape if self.order is None else unpermuted(shape, self.order)
 
     @property
     def depth(self) -> int:
@@ -152,9 +191,10 @@ class ArrayLayout:
     def locate(self, coords: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
         """``(shard coords, position in the shard's index)`` of an inner chunk."""
         shard = tuple(c // n for c, n in zip(coords, self.chunks_per_shard))
+        local = self._index_space(tuple(c % n for c, n in zip(coords, self.chunks_per_shard)))
         pos = 0
-        for c, n in zip(coords, self.chunks_per_shard):
-            pos = pos * n + c % n
+        for c, n in zip(local, self.index_grid):
+            pos = pos * n + c
         return shard, pos
 
     def chunks_at(self, shard: tuple[int, ...], positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -163,12 +203,29 @@ class ArrayLayout:
         Returns the global coordinates, an ``(n, ndim)`` int64 array, and a boolean
         mask of the rows that lie inside the array (edge shards hold chunks past it).
         """
-        local = np.unravel_index(np.asarray(positions, dtype=np.int64), self.chunks_per_shard)
+        index = np.unravel_index(np.asarray(positions, dtype=np.int64), self.index_grid)
+        local = np.stack(index, axis=-1).astype(np.int64).reshape(-1, self.ndim)
+        if self.order is not None:
+            local = local[:, np.argsort(self.order)]
         origin = np.array(shard, dtype=np.int64) * np.array(self.chunks_per_shard, dtype=np.int64)
-        coords = np.stack(local, axis=-1).astype(np.int64).reshape(-1, self.ndim) + origin
+        coords = local + origin
         return coords, np.all(coords < np.array(self.chunk_grid, dtype=np.int64), axis=1)
 
     def chunk_at(self, shard: tuple[int, ...], pos: int) -> tuple[int, ...] | None:
         """Inverse of ``locate``; None when that inner chunk lies past the array edge."""
         coords, inside = self.chunks_at(shard, np.array([pos]))
         return tuple(coords[0].tolist()) if inside[0] else None
+
+    def inner_shard_at(self, shard: tuple[int, ...], pos: int) -> tuple[int, ...]:
+        """The first-level nested inner shard at ``pos`` of a shard's index over its inner
+        shards, in that level's grid over the whole array (as ``box(..., 1)``)."""
+        per = tuple(a // b for a, b in zip(self.spans[0], self.spans[1]))
+        return tuple(s * n + c for s, n, c in zip(shard, per, self._local(pos, per)))
+
+    def _local(self, pos: int, grid: tuple[int, ...]) -> tuple[int, ...]:
+        """Array-space coordinates of C-order position ``pos`` in the index-space form of ``grid``."""
+        local = []
+        for n in reversed(self._index_space(grid)):
+            pos, c = divmod(pos, n)
+            local.append(c)
+        return self._array_space(tuple(reversed(local)))

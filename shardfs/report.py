@@ -12,6 +12,7 @@ from shardfs.index import EMPTY, CorruptIndex, IndexFormat
 from shardfs.mounts import source_of
 from shardfs.layout import ArrayLayout, Unpresentable
 from shardfs.shardfile import CORRUPT, NestedFormat, ShardFormat, Read, outermost, read_table
+from shardfs.a2a import describe
 from shardfs.v2 import describe_array
 
 def _array_dir(path: str) -> str | None:
@@ -52,6 +53,11 @@ def inspect(path: str) -> dict[str, Any]:
     out.update(presentable=True, shard_shape=list(layout.shard_shape), chunk_shape=list(layout.chunk_shape),
                chunks_per_shard=list(layout.chunks_per_shard),
                v2_compressor=info.chunk.compressor, transcoded=info.chunk.transcoder is not None)
+    filters = info.chunk.transcoder.filters if info.chunk.transcoder is not None else None
+    if filters is not None:
+        out["before_sharding"] = describe(filters.codecs)
+    if layout.order is not None:
+        out["index_order"] = list(layout.order)
     if doc.get("storage_transformers"):
         out["storage_transformer"] = "sharding storage-transformer draft (indexed)"
     if layout.index is not None:
@@ -91,7 +97,7 @@ def inspect(path: str) -> dict[str, Any]:
             row["corrupt"] = True
         rows.append(row)
     if isinstance(fmt, NestedFormat):
-        entry["inner_shards"] = _inner_shards(fmt, read, len(data), shard, problems)
+        entry["inner_shards"] = _inner_shards(layout, read, len(data), shard, problems)
     entry.update(stored_chunks=int(np.sum(table[:, 0] != EMPTY)), index=rows,
                  unused_bytes=_unused(fmt, read, 0, len(data)))
     return out
@@ -110,8 +116,7 @@ def _levels(layout: ArrayLayout) -> list[dict[str, Any]]:
     """The nested inner shards of each level, outermost first."""
     out = []
     fmt = layout.index
-    while isinstance(fmt, NestedFormat):
-        per = fmt.inner.chunks_per_shard
+    for per in layout.spans[1:]:  # array space (a transpose before the sharding codec permutes the index's)
         out.append({"inner_shard_shape": [c * n for c, n in zip(layout.chunk_shape, per)],
                     "chunks_per_inner_shard": list(per), "crc32c_after": fmt.crc32c,
                     "index": _index(outermost(fmt.inner))})
@@ -119,17 +124,15 @@ def _levels(layout: ArrayLayout) -> list[dict[str, Any]]:
     return out
 
 
-def _inner_shards(fmt: NestedFormat, read: Read, size: int, shard: tuple[int, ...],
+def _inner_shards(layout: ArrayLayout, read: Read, size: int, shard: tuple[int, ...],
                   problems: dict[int, str]) -> list[dict[str, Any]]:
     """One row per entry of a shard's index over its (first-level) inner shards."""
+    fmt = layout.index
     table = read_table(fmt.outer, read, 0, size)
-    per = fmt.outer.chunks_per_shard
     rows = []
     for pos in range(len(table)):
-        local = np.unravel_index(pos, per)
         empty = table[pos, 0] == EMPTY
-        row: dict[str, Any] = {"pos": pos, "inner_shard": ".".join(str(s * n + int(i)) for s, n, i in
-                                                                  zip(shard, per, local)),
+        row: dict[str, Any] = {"pos": pos, "inner_shard": ".".join(map(str, layout.inner_shard_at(shard, pos))),
                                "offset": None if empty else int(table[pos, 0]),
                                "nbytes": None if empty else int(table[pos, 1]), "empty": bool(empty)}
         if not empty:
@@ -164,6 +167,10 @@ def format_text(report: dict[str, Any]) -> str:
               f"  ({report['chunks_per_shard']} per shard)",
               f"v2 view    compressor {json.dumps(report['v2_compressor'])}"
               f"{'  (transcoded)' if report['transcoded'] else ''}"]
+    if "before_sharding" in report:
+        order = report.get("index_order")
+        lines.append(f"a2a        {', '.join(report['before_sharding'])} before the sharding codec, applied per "
+                     f"inner chunk{f'; the index grid is the chunk grid transposed by {order}' if order else ''}")
     if "index" in report:
         ix = report["index"]
         lines.append(f"index      at {ix['location']}, {ix['endian']} endian, crc32c {ix['crc32c']}, "

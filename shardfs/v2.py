@@ -3,7 +3,8 @@
 ``describe_array`` parses a v3 ``zarr.json`` with zarr-python's own metadata
 classes and decides how each inner chunk is shown to v2 clients: the stored
 bytes unchanged when the inner codec chain has a v2 spelling, minus a trailing
-``crc32c`` when there is one.
+``crc32c`` when there is one; otherwise transcoded (raw C-order bytes), which
+is also how array→array codecs before the sharding codec (``a2a``) are shown.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from zarr.core.codec_pipeline import BatchedCodecPipeline
 from zarr.core.sync import sync as zarr_sync
 from zarr.core.metadata.v3 import ArrayV3Metadata
 
+from shardfs.a2a import Filters, index_order, split_sharding
 from shardfs.draft import draft_index
 from shardfs.index import IndexFormat
-from shardfs.layout import ArrayLayout, KeyScheme, Unpresentable
+from shardfs.layout import ArrayLayout, KeyScheme, Unpresentable, permuted, unpermuted
 from shardfs.shardfile import NestedFormat, ShardFormat
 
 log = logging.getLogger("shardfs")
@@ -49,20 +51,33 @@ class CorruptChunk(ValueError):
 
 @dataclass(frozen=True)
 class Transcoder:
-    """zarr-python's own codec pipeline for an inner chain that v2 cannot express."""
+    """zarr-python's own codecs for an inner chain that v2 cannot express.
+
+    ``pipeline`` codes one stored inner chunk of ``spec``; ``filters`` (the
+    array→array codecs before the sharding codec, if any) sit between it and
+    the array-space chunk.
+    """
 
     pipeline: Any
     spec: Any
+    filters: Filters | None = None
 
-    def decode(self, stored: bytes) -> bytes:
+    def decode(self, stored: bytes, dtype: np.dtype) -> bytes:
+        """The raw C-order bytes, as ``dtype``, of a stored inner chunk."""
         buf = default_buffer_prototype().buffer.from_bytes(stored)
         (out,) = zarr_sync(self.pipeline.decode([(buf, self.spec)]))
         if out is None:
             raise CorruptChunk("inner chunk decodes to nothing")
-        return np.ascontiguousarray(out.as_numpy_array()).tobytes()
+        array = out.as_numpy_array()
+        if self.filters is not None:
+            array = self.filters.decode(array)
+        return np.ascontiguousarray(array, dtype=dtype).tobytes()
 
     def encode(self, raw: bytes, dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+        """The stored form of raw C-order bytes of an inner chunk of ``shape`` and ``dtype``."""
         array = np.frombuffer(raw, dtype=dtype).reshape(shape)
+        if self.filters is not None:
+            array = self.filters.encode(array)
         nd = default_buffer_prototype().nd_buffer.from_numpy_array(array)
         (out,) = zarr_sync(self.pipeline.encode([(nd, self.spec)]))
         return out.to_bytes()
@@ -104,11 +119,14 @@ class ChunkFormat:
         """The chunk file's bytes for a stored inner chunk; ``CorruptChunk`` if it does not decode."""
         if self.transcoder is not None:
             try:
-                return self.transcoder.decode(stored)
+                raw = self.transcoder.decode(stored, self.dtype)
             except CorruptChunk:
                 raise
             except Exception as e:
                 raise CorruptChunk(f"inner chunk does not decode: {e}") from None
+            if len(raw) != self.nbytes:
+                raise CorruptChunk(f"inner chunk decodes to {len(raw)} bytes, not {self.nbytes}")
+            return raw
         if not self.crc32c:
             return stored
         if len(stored) < 4 or crc32c.crc32c(stored[:-4]) != int.from_bytes(stored[-4:], "little"):
@@ -141,9 +159,13 @@ class ChunkFormat:
         return None
 
     def stored(self, data: bytes) -> bytes:
-        """The bytes to store in the shard for chunk-file bytes ``data`` (already checked)."""
+        """The bytes to store in the shard for chunk-file bytes ``data`` (already checked);
+        ``CorruptChunk`` if zarr's codecs cannot encode them."""
         if self.transcoder is not None:
-            return self.transcoder.encode(data, self.dtype, self.shape)
+            try:
+                return self.transcoder.encode(data, self.dtype, self.shape)
+            except Exception as e:  # numcodecs raises many types
+                raise CorruptChunk(f"does not encode with the array's codecs: {e}") from None
         return data + crc32c.crc32c(data).to_bytes(4, "little") if self.crc32c else data
 
 
@@ -182,25 +204,20 @@ def describe_array(doc: dict[str, Any], ome: bool = True) -> ArrayInfo:
     enc = meta.chunk_key_encoding
     keys = KeyScheme("v2" if isinstance(enc, V2ChunkKeyEncoding) else "default", enc.separator, len(shape))
     codecs = tuple(meta.codecs)
+    before: tuple[Any, ...] = ()  # array→array codecs before the sharding codec
     if draft is not None:
         if any(isinstance(c, ShardingCodec) for c in codecs):
             raise Unpresentable("the sharding codec inside the sharding storage transformer is not supported")
         shard_shape = tuple(c * n for c, n in zip(outer_chunks, draft.chunks_per_shard))
         layout = ArrayLayout(shape, outer_chunks, shard_shape, draft, keys)
         inner = codecs
-    elif len(codecs) == 1 and isinstance(codecs[0], ShardingCodec):
-        index, chunk_shape, inner = _shard_format(codecs[0], outer_chunks)
-        layout = ArrayLayout(shape, chunk_shape, outer_chunks, index, keys)
     elif any(isinstance(c, ShardingCodec) for c in codecs):
-        raise Unpresentable("codecs around the sharding codec are not supported")
+        before, sharding_codec = split_sharding(codecs)
+        layout, inner = _sharded_layout(sharding_codec, index_order(before), shape, outer_chunks, keys)
     else:
         layout = ArrayLayout(shape, outer_chunks, outer_chunks, None, keys)
         inner = codecs
-    try:
-        chunk = _chunk_format(inner, dtype, len(shape), math.prod(layout.chunk_shape) * dtype.itemsize)
-    except Unpresentable as e:
-        log.info("%s: transcoding inner chunks (%s)", doc.get("node_type"), e)
-        chunk = _transcoded(inner, meta, layout.chunk_shape)
+    chunk = _presented(before, inner, meta, layout)
     attrs = ome_04(dict(meta.attributes)) if ome else dict(meta.attributes)
     names = meta.dimension_names
     if names is not None and all(isinstance(n, str) for n in names):
@@ -300,6 +317,43 @@ def _shard_format(sharding: ShardingCodec, shard_shape: tuple[int, ...]
         raise Unpresentable(str(e)) from e
 
 
+def _sharded_layout(sharding: ShardingCodec, order: tuple[int, ...] | None, shape: tuple[int, ...],
+                    shard_shape: tuple[int, ...], keys: KeyScheme) -> tuple[ArrayLayout, tuple[Any, ...]]:
+    """``(layout, innermost codecs)`` of an array whose shards of ``shard_shape`` are coded by
+    ``sharding``, after a transpose by ``order`` (None: no transpose before the sharding codec)."""
+    if order is None:
+        index, chunk_shape, inner = _shard_format(sharding, shard_shape)
+        return ArrayLayout(shape, chunk_shape, shard_shape, index, keys), inner
+    if sorted(order) != list(range(len(shape))):  # zarr validates it too
+        raise Unpresentable(f"transpose order {order} is not a permutation of {len(shape)} dimensions")
+    index, chunk_shape, inner = _shard_format(sharding, permuted(shard_shape, order))
+    return ArrayLayout(shape, unpermuted(chunk_shape, order), shard_shape, index, keys, order), inner
+
+
+def _presented(before: tuple[Any, ...], inner: tuple[Any, ...], meta: ArrayV3Metadata,
+               layout: ArrayLayout) -> ChunkFormat:
+    """How an inner chunk coded by ``before`` (array→array codecs before the sharding codec)
+    and then ``inner`` is shown: with its v2 spelling if it has one, else transcoded.
+
+    With codecs ``before`` it is always transcoded, and ``Unpresentable`` unless
+    an empty inner chunk decodes to the fill value (``Filters.check_empty_chunk``).
+    """
+    spec = _chunk_spec(meta, layout.chunk_shape)
+    if before:
+        try:
+            filters = Filters.over(before, spec)
+        except Exception as e:  # zarr and numcodecs raise many types
+            raise Unpresentable(f"codecs before the sharding codec do not apply: {e}") from e
+        filters.check_empty_chunk()
+        return _transcoded(inner, spec, filters)
+    dtype = np.dtype(meta.data_type.to_native_dtype())
+    try:
+        return _chunk_format(inner, dtype, layout.ndim, math.prod(layout.chunk_shape) * dtype.itemsize)
+    except Unpresentable as e:
+        log.info("array: transcoding inner chunks (%s)", e)
+        return _transcoded(inner, spec)
+
+
 def _index_format(sharding: ShardingCodec, shard_shape: tuple[int, ...]) -> IndexFormat:
     cps = tuple(s // c for s, c in zip(shard_shape, sharding.chunk_shape))
     index_codecs = tuple(sharding.index_codecs)
@@ -345,19 +399,25 @@ def _chunk_format(codecs: tuple[Any, ...], dtype: np.dtype, ndim: int, nbytes: i
     return ChunkFormat(v2dtype, order, compressor, crc, nbytes)
 
 
-def _transcoded(codecs: tuple[Any, ...], meta: ArrayV3Metadata, shape: tuple[int, ...]) -> ChunkFormat:
-    """A format serving raw little-endian C-order chunks, coded with zarr's own pipeline."""
-    spec = ArraySpec(shape=shape, dtype=meta.data_type, fill_value=meta.fill_value,
+def _chunk_spec(meta: ArrayV3Metadata, shape: tuple[int, ...]) -> ArraySpec:
+    """zarr's spec of one (array-space, C-order) inner chunk of ``shape``."""
+    return ArraySpec(shape=shape, dtype=meta.data_type, fill_value=meta.fill_value,
                      config=ArrayConfig(order="C", write_empty_chunks=True),
                      prototype=default_buffer_prototype())
+
+
+def _transcoded(codecs: tuple[Any, ...], spec: ArraySpec, filters: Filters | None = None) -> ChunkFormat:
+    """A format serving raw little-endian C-order chunks of ``spec``, coded with zarr's own
+    codecs: ``filters`` (if any), then the inner chain ``codecs``."""
+    inner_spec = spec if filters is None else filters.encoded
     try:
-        pipeline = BatchedCodecPipeline.from_codecs([c.evolve_from_array_spec(spec) for c in codecs])
+        pipeline = BatchedCodecPipeline.from_codecs([c.evolve_from_array_spec(inner_spec) for c in codecs])
     except Exception as e:
         raise Unpresentable(f"inner codecs {codecs} cannot be decoded: {e}") from e
-    dtype = np.dtype(meta.data_type.to_native_dtype())
+    dtype = np.dtype(spec.dtype.to_native_dtype())
     dtype = dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
-    return ChunkFormat(dtype, "C", None, False, math.prod(shape) * dtype.itemsize, shape,
-                       Transcoder(pipeline, spec))
+    return ChunkFormat(dtype, "C", None, False, math.prod(spec.shape) * dtype.itemsize, spec.shape,
+                       Transcoder(pipeline, inner_spec, filters))
 
 
 def _compressor(codec: Any) -> dict[str, Any]:

@@ -70,6 +70,18 @@ def write_v3(path: Path, data: np.ndarray, chunk_shape, codecs: list[dict], fill
         zarr.open_array(str(path), mode="r+")[...] = data
 
 
+def hashed_array(src: Path, data: np.ndarray, chunk_shape, codecs: list[dict]) -> str:
+    """Write ``data`` as a v3 array under ``src`` named by a hash of all arguments (once); its name.
+
+    For hypothesis examples read through a module-scoped mount of ``src``: an
+    example that comes again reuses the array it wrote before.
+    """
+    name = f"h{abs(hash(json.dumps([data.shape, list(chunk_shape), codecs, data.dtype.str, data.tobytes().hex()])))}"
+    if not (Path(src) / name).exists():
+        write_v3(Path(src) / name, data, chunk_shape, codecs)
+    return name
+
+
 # ------------------------------------------------------------------ the draft
 
 

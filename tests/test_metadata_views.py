@@ -107,6 +107,10 @@ TRANSCODED = {
     "tr_gzip_zstd": dict(filters=[], compressors=[{"name": "gzip", "configuration": {"level": 3}},
                                                   {"name": "zstd", "configuration": {"level": 1,
                                                                                      "checksum": False}}]),
+    # the same with big-endian chunks: served in the little-endian dtype of .zarray
+    "tr_be_gzip_zstd": dict(filters=[], serializer={"name": "bytes", "configuration": {"endian": "big"}},
+                            compressors=[{"name": "gzip", "configuration": {"level": 3}},
+                                         {"name": "zstd", "configuration": {"level": 1, "checksum": False}}]),
 }
 TR_SHAPE, TR_CHUNKS, TR_SHARDS, TR_DTYPE = (7, 10, 11), (3, 5, 4), (6, 10, 8), "int16"
 
