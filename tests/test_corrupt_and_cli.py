@@ -251,6 +251,26 @@ def test_daemonized_mount_and_umount(tmp_path, mnt_dir):
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_mount_table_names_the_source_and_no_xattrs_are_served(mount, tmp_path):
+    """``mount``/``df`` show the source as the device (what ``shardfs inspect`` and ``umount``
+    rely on), and getxattr is unsupported so that ``ls -l`` costs no extra round trips."""
+    src = tmp_path / "a,b c"  # a comma (escaped in the fsname option) and a space (octal in mountinfo)
+    write_group(src, {})
+    write_case(GOOD, src)
+    mnt = mount(src)
+    rows = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    row = next(r for r in rows if r[4] == str(mnt))
+    sep = row.index("-")
+    assert row[sep + 1] == "fuse.shardfs"
+    assert row[sep + 2].replace("\\040", " ") == str(src)
+    for path in (mnt, mnt / "good", mnt / "good" / "0.0"):
+        with pytest.raises(OSError) as e:
+            os.getxattr(path, "user.anything")
+        assert e.value.errno in (errno.EOPNOTSUPP, errno.ENOTSUP), path
+    out = json.loads(run_shardfs("inspect", "--json", str(mnt / "good")).stdout)
+    assert out["array"] == str(src / "good"), out
+
+
 def test_read_only_option_refuses_writes(mount, tmp_path):
     src = tmp_path / "src"
     write_group(src, {})
