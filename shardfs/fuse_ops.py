@@ -93,6 +93,7 @@ class Operations(pyfuse3.Operations):
         self._handles: dict[int, Any] = {}
         self._next_fh = itertools.count(1)
         self._served = _Served()
+        self._known: dict[int, int] = {}  # inode -> lookups the kernel holds (until it forgets them)
         self._uid, self._gid = os.getuid(), os.getgid()
 
     def _entry(self, attr: Attr, e: pyfuse3.EntryAttributes | None = None) -> pyfuse3.EntryAttributes:
@@ -111,6 +112,11 @@ class Operations(pyfuse3.Operations):
         e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = attr.mtime_ns
         return e
 
+    def _looked_up(self, attr: Attr) -> pyfuse3.EntryAttributes:
+        """An entry reply (lookup, create, link): the kernel now holds one more lookup of the inode."""
+        self._known[attr.ino] = self._known.get(attr.ino, 0) + 1
+        return self._entry(attr)
+
     def _new_fh(self, handle: Any) -> int:
         fh = next(self._next_fh)
         self._handles[fh] = handle
@@ -118,7 +124,7 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        return self._entry(await self.view.lookup(parent_inode, os.fsdecode(name)))
+        return self._looked_up(await self.view.lookup(parent_inode, os.fsdecode(name)))
 
     @_guard
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
@@ -143,6 +149,7 @@ class Operations(pyfuse3.Operations):
             e = self._entry(attr, e)
             if not pyfuse3.readdir_reply(token, os.fsencode(name), e, i + 1):
                 break
+            self._known[attr.ino] = self._known.get(attr.ino, 0) + 1
 
     @_guard
     async def releasedir(self, fh: int) -> None:
@@ -199,22 +206,28 @@ class Operations(pyfuse3.Operations):
         directory's lock, which a client's rename holds while it waits for this
         daemon, and if the daemon is killed in that window the mount wedges.
         Names therefore never change the inode they show (see ``View.drop_staging``).
+        Inodes the kernel does not hold (never looked up, or forgotten) are skipped:
+        it has nothing cached for them.
         """
         for ino in inodes:
             self._served.versions.pop(ino, None)
-        targets = [alias for ino in inodes for alias in (ino, *self.view.aliases(ino))]
+        targets = [alias for ino in inodes for alias in (ino, *self.view.aliases(ino)) if alias in self._known]
         if targets:
             await trio.to_thread.run_sync(_invalidate_inodes, targets)
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
-        for ino, _ in inode_list:
-            self.view.forget(ino)
+        for ino, nlookup in inode_list:
+            left = self._known.pop(ino, 0) - nlookup
+            if left > 0:
+                self._known[ino] = left
+            else:
+                self.view.forget(ino)
 
     @_guard
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
                      ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         attr, handle = await self._writable().create(parent_inode, os.fsdecode(name))
-        return pyfuse3.FileInfo(fh=self._new_fh(handle)), self._entry(attr)
+        return pyfuse3.FileInfo(fh=self._new_fh(handle)), self._looked_up(attr)
 
     @_guard
     async def write(self, fh: int, off: int, buf: bytes) -> int:
@@ -276,7 +289,7 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any
                    ) -> pyfuse3.EntryAttributes:
-        return self._entry(await self._writable().link(inode, new_parent_inode, os.fsdecode(new_name)))
+        return self._looked_up(await self._writable().link(inode, new_parent_inode, os.fsdecode(new_name)))
 
     @_guard
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:

@@ -758,9 +758,10 @@ class View:
             log.error("%s: corrupt chunk %s: %s", where, chunk_name(coords), e)
             raise fail(errno.EIO) from None
 
-    async def read(self, handle: ReadHandle, offset: int, size: int) -> bytes:
+    async def read(self, handle: ReadHandle, offset: int, size: int) -> bytes | bytearray | memoryview:
+        """Up to ``size`` bytes at ``offset`` (any buffer: pyfuse3 copies it into its reply)."""
         if handle.data is not None:
-            return handle.data[offset: offset + size]
+            return memoryview(handle.data)[offset: offset + size]
         size = max(0, min(size, handle.nbytes - offset))
         if size == 0:
             return b""
@@ -775,7 +776,7 @@ class View:
             handle.fd = -1
 
 
-def pread_cached(fd: int, size: int, offset: int) -> bytes | None:
+def pread_cached(fd: int, size: int, offset: int) -> bytearray | None:
     """``pread`` that never waits for the disk: None unless all bytes are in the page cache.
 
     A read served from the page cache costs microseconds, far less than a trip
@@ -786,4 +787,4 @@ def pread_cached(fd: int, size: int, offset: int) -> bytes | None:
         n = os.preadv(fd, [buf], offset, os.RWF_NOWAIT)
     except (BlockingIOError, OSError):
         return None
-    return bytes(buf) if n == size else None
+    return buf if n == size else None

@@ -105,11 +105,16 @@ class Writeback:
 
     # ----- committing ---------------------------------------------------------------------
 
-    async def commit(self, shard: ShardId, target: ShardTarget, pos: int, data: bytes | None) -> Pending:
-        """Journal and record a new stored form of one inner chunk (None: empty it)."""
+    async def commit(self, shard: ShardId, target: ShardTarget, pos: int, data: bytes | None,
+                     prepare: Callable[[bytes], bytes] | None = None) -> Pending:
+        """Journal and record a new stored form of one inner chunk (None: empty it).
+
+        ``prepare`` turns ``data`` into that stored form first, in the same worker
+        thread as the journal write (its exceptions propagate; nothing is recorded).
+        """
         self._seq += 1
         seq = self._seq
-        name = await trio.to_thread.run_sync(self._journal_write, seq, shard, pos, data)
+        data, name = await trio.to_thread.run_sync(self._journal_write, seq, shard, pos, data, prepare)
         self._unsynced.add(name)
         entry = Pending(seq, data, time.time_ns())
         self._record(shard, target, pos, entry)
@@ -124,7 +129,10 @@ class Writeback:
         self._last_write = time.monotonic()
         self._wake.set()
 
-    def _journal_write(self, seq: int, shard: ShardId, pos: int, data: bytes | None) -> str:
+    def _journal_write(self, seq: int, shard: ShardId, pos: int, data: bytes | None,
+                       prepare: Callable[[bytes], bytes] | None) -> tuple[bytes | None, str]:
+        if data is not None and prepare is not None:
+            data = prepare(data)
         os.makedirs(self.journal, exist_ok=True)
         header = json.dumps({"array": shard[0], "shard": list(shard[1]), "pos": pos,
                              "deleted": data is None}).encode()
@@ -133,7 +141,7 @@ class Writeback:
         with open(tmp, "wb") as f:
             f.write(header + b"\n" + (data or b""))
         os.rename(tmp, os.path.join(self.journal, name))
-        return name
+        return data, name
 
     async def sync(self) -> None:
         """Make every journal entry written so far durable (fsync)."""

@@ -145,13 +145,6 @@ class Writer:
     async def commit(self, arr: ArrayNode, coords: tuple[int, ...], data: bytes | None) -> None:
         """Make ``data`` the content of inner chunk ``coords`` (None: empty it)."""
         name = self.view.source.path(arr.path) + "/" + chunk_name(coords)
-        stored = None
-        if data is not None:
-            try:
-                stored = await blocking(arr.info.chunk.prepare, data)
-            except CorruptChunk as e:
-                log.error("%s: write refused: %s", name, e)
-                raise fail(errno.EINVAL, str(e)) from None
         layout = arr.info.layout
         shard, pos = layout.locate(coords)
         found = await self.view.shard_table(arr, shard)  # refuses (EIO) to write into a corrupt shard
@@ -159,7 +152,11 @@ class Writer:
             log.error("%s: write refused: the shard holds a corrupt inner shard", name)
             raise fail(errno.EIO)
         try:
-            await self.writeback.commit((arr.path, shard), shard_target(arr.path, arr.info.layout, shard), pos, stored)
+            await self.writeback.commit((arr.path, shard), shard_target(arr.path, arr.info.layout, shard), pos,
+                                        data, prepare=arr.info.chunk.prepare)
+        except CorruptChunk as e:
+            log.error("%s: write refused: %s", name, e)
+            raise fail(errno.EINVAL, str(e)) from None
         except OSError as e:
             log.error("%s: cannot journal the write: %s", name, e)
             raise fail(errno.EIO) from None

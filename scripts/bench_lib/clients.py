@@ -81,6 +81,18 @@ def dask_read(path: str, threads: str, block: str) -> dict:
     return {"seconds": seconds, "sum": total, "tasks": int(x.npartitions)}
 
 
+def _read_file(path: str) -> int:
+    """open + read to EOF (1 MiB reads) + close; the number of bytes read."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = 0
+        while b := os.read(fd, 1 << 20):
+            got += len(b)
+        return got
+    finally:
+        os.close(fd)
+
+
 def random_reads(directory: str, listfile: str) -> dict:
     """open + read to EOF + close each listed file once; per-file latencies in seconds."""
     with open(listfile) as f:
@@ -90,21 +102,23 @@ def random_reads(directory: str, listfile: str) -> dict:
     t_all = time.perf_counter()
     for name in names:
         t0 = time.perf_counter()
-        fd = os.open(os.path.join(directory, name), os.O_RDONLY)
-        try:
-            while True:
-                b = os.read(fd, 1 << 20)
-                if not b:
-                    break
-                nbytes += len(b)
-        finally:
-            os.close(fd)
+        nbytes += _read_file(os.path.join(directory, name))
         lat.append(time.perf_counter() - t0)
     return {"seconds": time.perf_counter() - t_all, "latencies": lat, "bytes": nbytes}
 
 
+def reopen(path: str, calls: str) -> dict:
+    """open + read to EOF + close one file ``calls`` times in a row (after one untimed call)."""
+    n = int(calls)
+    nbytes = _read_file(path)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        _read_file(path)
+    return {"seconds": time.perf_counter() - t0, "calls": n, "bytes": nbytes}
+
+
 COMMANDS = {"zarr_read": zarr_read, "ts_read": ts_read, "zarr_write": zarr_write,
-            "dask_read": dask_read, "random_reads": random_reads}
+            "dask_read": dask_read, "random_reads": random_reads, "reopen": reopen}
 
 
 def main() -> None:

@@ -3,8 +3,10 @@
 Builds its own datasets under a temporary work directory, mounts them with
 ``shardfs mount``, and compares each operation through the mount with its
 baseline (a real v2 copy of the same chunk bytes on the same disk, or zarr 3 /
-tensorstore on the sharded source). Each comparison alternates the sides over
-several repetitions and reports medians. Every measured operation runs in its
+tensorstore on the sharded source). Where FUSE itself explains the gap, a third
+side runs the same operation through ``floorfs.py`` (the thinnest pyfuse3
+passthrough of the copy): the floor any pyfuse3 filesystem pays. Each
+comparison alternates the sides over several repetitions and reports medians. Every measured operation runs in its
 own client process (zarr 2.18 in ``.venv-zarr2``). Page caches are dropped
 before every cold measurement, on both sides.
 
@@ -46,6 +48,7 @@ PY3 = str(REPO / ".venv" / "bin" / "python")
 PY2 = os.environ.get("SHARDFS_ZARR2_PYTHON") or str(REPO / ".venv-zarr2" / "bin" / "python")
 SHARDFS = str(REPO / ".venv" / "bin" / "shardfs")
 CLIENTS = str(HERE / "clients.py")
+FLOORFS = str(HERE / "floorfs.py")
 MiB = 1 << 20
 
 
@@ -67,13 +70,16 @@ class Row:
     ratio_max: float | None = None
     abs_target: float | None = None
     abs_dir: str = ""  # ">=" or "<"
+    # floor rows (baseline = through floorfs): floorfs time / real-copy time, FUSE's own cost
+    floor_ratio: float | None = None
 
 
 @dataclass
 class Mounted:
     mnt: Path
     pid: int
-    seconds: float
+    seconds: float  # until mounted
+    proc: subprocess.Popen | None = None  # a floorfs child (shardfs daemons are not our children)
 
 
 def median(xs: list[float]) -> float:
@@ -140,7 +146,7 @@ class Bench:
             self.work = Path(tempfile.mkdtemp(prefix="shardfs-bench.", dir="/tmp"))
         self.logs = self.work / "logs"
         self.logs.mkdir()
-        self.active: dict[Path, int] = {}  # mountpoint -> daemon pid, for cleanup
+        self.active: dict[Path, Mounted] = {}  # mountpoint -> its mount, for cleanup
         self.rows: list[Row] = []
         self.raw: dict[str, Any] = {}
         self.problems: list[str] = []
@@ -212,10 +218,26 @@ class Bench:
             self.drop_ok = False
 
     @contextmanager
-    def mounted(self, src: Path, name: str) -> Iterator[Mounted]:
-        """``shardfs mount SRC MNT`` (timed); always unmounted afterwards, lazily if need be."""
+    def mounted(self, src: Path, name: str, floor: bool = False) -> Iterator[Mounted]:
+        """A fresh mount of ``src`` on ``WORK/mnt/NAME``, timed: ``shardfs mount``, or with ``floor``
+        a ``floorfs.py`` child (the pyfuse3 floor). Always unmounted afterwards, lazily if need be;
+        raises BenchError when the clean unmount failed (after the body succeeded)."""
         mnt = self.work / "mnt" / name
         mnt.mkdir(parents=True, exist_ok=True)
+        m = self._mount_floor(src, mnt, name) if floor else self._mount_shardfs(src, mnt, name)
+        self.active[mnt] = m
+        try:
+            yield m
+        except BaseException:
+            self._unmount(m, name)
+            raise
+        else:
+            err = self._unmount(m, name)
+            if err:
+                raise BenchError(err)
+
+    def _mount_shardfs(self, src: Path, mnt: Path, name: str) -> Mounted:
+        """``shardfs mount SRC MNT`` (it returns once mounted; the daemon is found by mountpoint)."""
         t0 = time.perf_counter()
         try:
             r = subprocess.run([SHARDFS, "mount", str(src), str(mnt), "--log-file", str(self.logs / f"{name}.log")],
@@ -231,37 +253,64 @@ class Bench:
         if pid is None:
             self._force_unmount(mnt, None)
             raise BenchError("mounted, but no daemon process found for the mountpoint")
-        self.active[mnt] = pid
-        m = Mounted(mnt, pid, seconds)
-        try:
-            yield m
-        except BaseException:
-            self._unmount(m, name)
-            raise
-        else:
-            err = self._unmount(m, name)
-            if err:
-                raise BenchError(err)
+        return Mounted(mnt, pid, seconds)
+
+    def _mount_floor(self, src: Path, mnt: Path, name: str) -> Mounted:
+        """Start ``floorfs.py SRC MNT`` as our child (output to logs/NAME.log); ready once MNT is a
+        mount point. A child that exits or is not mounted within 30 s is a BenchError."""
+        log = self.logs / f"{name}.log"
+        with open(log, "a") as f:
+            proc = subprocess.Popen([PY3, FLOORFS, str(src), str(mnt)], stdin=subprocess.DEVNULL, stdout=f,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        t0 = time.perf_counter()
+        while not is_mounted(mnt):
+            if proc.poll() is not None or time.perf_counter() - t0 > 30:
+                self._force_unmount(mnt, proc.pid, proc)
+                tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
+                raise BenchError(f"floorfs did not mount (exit {proc.returncode}): {tail[:300]}")
+            time.sleep(0.01)
+        return Mounted(mnt, proc.pid, time.perf_counter() - t0, proc)
 
     def _unmount(self, m: Mounted, name: str) -> str | None:
-        try:
-            rss = proc_status(m.pid).get("VmHWM", 0)
-            self.max_rss[name] = max(self.max_rss.get(name, 0), rss)
-        except OSError:
-            pass
-        err = None
+        """Unmount ``m`` the clean way, then make sure it is gone; the clean way's error, if any."""
+        if m.proc is None:
+            try:
+                rss = proc_status(m.pid).get("VmHWM", 0)
+                self.max_rss[name] = max(self.max_rss.get(name, 0), rss)
+            except OSError:
+                pass
+        err = self._stop_floor(m) if m.proc is not None else self._stop_shardfs(m)
+        self._force_unmount(m.mnt, m.pid, m.proc)
+        return err
+
+    def _stop_shardfs(self, m: Mounted) -> str | None:
+        """``shardfs umount MNT`` (it waits for the daemon to fold and exit)."""
         limit = self.op_timeout()
         try:
             r = subprocess.run([SHARDFS, "umount", str(m.mnt), "--timeout", str(int(limit))],
                                capture_output=True, text=True, timeout=limit + 30, stdin=subprocess.DEVNULL)
             if r.returncode or is_mounted(m.mnt):
-                err = f"shardfs umount failed: {r.stderr.strip()[:200]}"
+                return f"shardfs umount failed: {r.stderr.strip()[:200]}"
         except subprocess.TimeoutExpired:
-            err = f"shardfs umount did not return within {limit + 30:.0f} s"
-        self._force_unmount(m.mnt, m.pid)
-        return err
+            return f"shardfs umount did not return within {limit + 30:.0f} s"
+        return None
 
-    def _force_unmount(self, mnt: Path, pid: int | None) -> None:
+    @staticmethod
+    def _stop_floor(m: Mounted) -> str | None:
+        """SIGTERM to our floorfs child: it unmounts and exits 0."""
+        assert m.proc is not None
+        m.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = m.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            return "floorfs did not exit within 30 s of SIGTERM"
+        if rc or is_mounted(m.mnt):
+            return f"floorfs exited with status {rc}{', still mounted' if is_mounted(m.mnt) else ''}"
+        return None
+
+    def _force_unmount(self, mnt: Path, pid: int | None, proc: subprocess.Popen | None = None) -> None:
+        """Lazily unmount ``mnt`` if still mounted, wait up to 10 s for its server ``pid`` to exit, kill it
+        (by pid) if it does not; reap ``proc`` (a floorfs child)."""
         if is_mounted(mnt):
             subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True, timeout=30)
         if pid is not None:
@@ -271,13 +320,29 @@ class Bench:
             if alive(pid):  # the daemon we started did not exit: kill it, by pid only
                 self.problems.append(f"daemon {pid} did not exit after unmount; killed")
                 os.kill(pid, signal.SIGKILL)
+        if proc is not None:
+            proc.wait(timeout=10)
         self.active.pop(mnt, None)
 
     def cleanup(self) -> None:
-        for mnt, pid in list(self.active.items()):
-            self._force_unmount(mnt, pid)
+        for m in list(self.active.values()):
+            self._force_unmount(m.mnt, m.pid, m.proc)
         if not self.args.keep:
             subprocess.run(["rm", "-rf", "--one-file-system", str(self.work)], capture_output=True)
+
+    @contextmanager
+    def cold(self, side: str, name: str) -> Iterator[Path]:
+        """The root under which to measure ``side`` once, cold (page caches dropped just before the
+        yield): "mount" a fresh shardfs mount of big (log NAME), "floor" a fresh floorfs mount of the
+        real v2 copy (log floor-NAME), "copy" the copy, "native" big itself. Mounts end after."""
+        if side in ("mount", "floor"):
+            floor = side == "floor"
+            with self.mounted(self.copy if floor else self.big, f"floor-{name}" if floor else name, floor) as m:
+                self.drop_caches()
+                yield m.mnt
+        else:
+            self.drop_caches()
+            yield self.big if side == "native" else self.copy
 
     # ----- datasets ---------------------------------------------------------------------------
 
@@ -334,25 +399,23 @@ class Bench:
     # ----- figures ----------------------------------------------------------------------------
 
     def fig_read(self) -> list[Row]:
-        """Whole-array reads, cold: zarr 2.18 / tensorstore v2 via mount and copy; zarr 3 / tensorstore native."""
-        sides = {
-            "z2_mount": lambda m: self.client(PY2, "zarr_read", m.mnt / "vol"),
-            "z2_copy": lambda m: self.client(PY2, "zarr_read", self.copy / "vol"),
-            "z3_native": lambda m: self.client(PY3, "zarr_read", self.big / "vol"),
-            "ts3_native": lambda m: self.client(PY3, "ts_read", self.big / "vol", "zarr3"),
-            "ts2_mount": lambda m: self.client(PY3, "ts_read", m.mnt / "vol", "zarr"),
-            "ts2_copy": lambda m: self.client(PY3, "ts_read", self.copy / "vol", "zarr"),
+        """Whole-array reads, cold: zarr 2.18 / tensorstore v2 via mount and copy; zarr 3 / tensorstore native;
+        zarr 2.18 through floorfs over the copy (the pyfuse3 floor)."""
+        sides = {  # side: (where, python, client command, extra args); "where" as in ``cold``
+            "z2_mount": ("mount", PY2, "zarr_read"),
+            "z2_copy": ("copy", PY2, "zarr_read"),
+            "z2_floor": ("floor", PY2, "zarr_read"),
+            "z3_native": ("native", PY3, "zarr_read"),
+            "ts3_native": ("native", PY3, "ts_read", "zarr3"),
+            "ts2_mount": ("mount", PY3, "ts_read", "zarr"),
+            "ts2_copy": ("copy", PY3, "ts_read", "zarr"),
         }
         t: dict[str, list[float]] = {k: [] for k in sides}
         for rep in self.repeat():
             for side in rotate(list(sides), rep):
-                if side.endswith("_mount"):
-                    with self.mounted(self.big, "read") as m:
-                        self.drop_caches()
-                        res = sides[side](m)
-                else:
-                    self.drop_caches()
-                    res = sides[side](None)
+                where, python, command, *extra = sides[side]
+                with self.cold(where, "read") as root:
+                    res = self.client(python, command, root / "vol", *extra)
                 if res["sum"] != self.vol_sum:
                     raise BenchError(f"{side}: read wrong data (sum {res['sum']} != {self.vol_sum})")
                 t[side].append(res["seconds"])
@@ -363,6 +426,7 @@ class Bench:
         return [
             self.ratio_row(f"zarr 2.18 read {mb:.0f} MiB, cold: mount vs real v2 copy", "s",
                            m["z2_mount"], m["z2_copy"], 1.3),
+            self.floor_row("same, mount vs", "s", m["z2_mount"], m["z2_floor"], m["z2_copy"]),
             self.ratio_row("  same, mount vs zarr 3 reading the shards natively", "s",
                            m["z2_mount"], m["z3_native"], 1.0),
             self.ratio_row("  same, mount vs tensorstore zarr3 natively", "s", m["z2_mount"], m["ts3_native"], None),
@@ -371,27 +435,25 @@ class Bench:
         ]
 
     def fig_cat(self) -> list[Row]:
-        """``cat`` of every chunk file of vol: first pass after mounting (cold), then a second pass."""
+        """``cat`` of every chunk file of vol: first pass after mounting (cold), then a second pass;
+        on the mount, the copy, and floorfs over the copy."""
         cmd = f"xargs -a {self.work / 'vol.list'} cat > /dev/null"
-        t = {"mount1": [], "mount2": [], "copy1": [], "copy2": []}
+        sides = ["mount", "copy", "floor"]
+        t: dict[str, list[float]] = {f"{side}{n}": [] for side in sides for n in (1, 2)}
         for rep in self.repeat():
-            for side in rotate(["mount", "copy"], rep):
-                if side == "mount":
-                    with self.mounted(self.big, "cat") as m:
-                        self.drop_caches()
-                        t["mount1"].append(self.shell(cmd, cwd=m.mnt / "vol"))
-                        t["mount2"].append(self.shell(cmd, cwd=m.mnt / "vol"))
-                else:
-                    self.drop_caches()
-                    t["copy1"].append(self.shell(cmd, cwd=self.copy / "vol"))
-                    t["copy2"].append(self.shell(cmd, cwd=self.copy / "vol"))
+            for side in rotate(sides, rep):
+                with self.cold(side, "cat") as root:
+                    t[f"{side}1"].append(self.shell(cmd, cwd=root / "vol"))
+                    t[f"{side}2"].append(self.shell(cmd, cwd=root / "vol"))
                 self.log(f"cat rep {rep + 1}: {side} {t[side + '1'][-1]:.2f} s, then {t[side + '2'][-1]:.2f} s")
         self.raw["cat"] = t
         n = len(self.vol_names)
+        m = {k: median(v) for k, v in t.items()}
         return [
-            self.ratio_row(f"cat {n} chunk files, 1st pass after mount (cold)", "s",
-                           median(t["mount1"]), median(t["copy1"]), 4.0),
-            self.ratio_row(f"cat {n} chunk files, 2nd pass", "s", median(t["mount2"]), median(t["copy2"]), 1.25),
+            self.ratio_row(f"cat {n} chunk files, 1st pass after mount (cold)", "s", m["mount1"], m["copy1"], 4.0),
+            self.floor_row("same, mount vs", "s", m["mount1"], m["floor1"], m["copy1"]),
+            self.ratio_row(f"cat {n} chunk files, 2nd pass", "s", m["mount2"], m["copy2"], 1.25),
+            self.floor_row("same, mount vs", "s", m["mount2"], m["floor2"], m["copy2"]),
         ]
 
     def fig_large(self) -> list[Row]:
@@ -462,31 +524,43 @@ class Bench:
         return rows
 
     def fig_random(self) -> list[Row]:
-        """Random single-chunk reads (open, read, close) of vol chunk files, cold: p50/p99 latency."""
+        """Random single-chunk reads (open, read, close) of vol chunk files, cold: p50/p99 latency, on the
+        mount, the copy and floorfs over the copy. Then, warm, one of those files opened, read and closed
+        again and again: the per-call cost of the FUSE requests every open+close makes (OPEN, FLUSH,
+        RELEASE), whatever the filesystem does."""
         k = min(len(self.vol_names), 30 if self.smoke else 300)
-        lat = {"mount": [], "copy": []}
+        sides = ["mount", "copy", "floor"]
+        lat: dict[str, list[float]] = {side: [] for side in sides}
+        reopen: dict[str, list[float]] = {side: [] for side in sides}
         for rep in self.repeat():
             names = random.Random(100 + rep).sample(self.vol_names, k)
             lst = self.work / "random.list"
             lst.write_text("\n".join(names) + "\n")
-            for side in rotate(["mount", "copy"], rep):
-                if side == "mount":
-                    with self.mounted(self.big, "random") as m:
-                        self.drop_caches()
-                        res = self.client(PY3, "random_reads", m.mnt / "vol", lst)
-                else:
-                    self.drop_caches()
-                    res = self.client(PY3, "random_reads", self.copy / "vol", lst)
+            for side in rotate(sides, rep):
+                with self.cold(side, "random") as root:
+                    res = self.client(PY3, "random_reads", root / "vol", lst)
+                    again = self.client(PY3, "reopen", root / "vol" / names[0], REOPEN_CALLS)
                 lat[side] += res["latencies"]
-                self.log(f"random rep {rep + 1}: {side} {k} reads in {res['seconds']:.2f} s")
+                reopen[side].append(again["seconds"] / REOPEN_CALLS * 1e6)
+                self.log(f"random rep {rep + 1}: {side} {k} reads in {res['seconds']:.2f} s, "
+                         f"then {reopen[side][-1]:.0f} µs per open+read+close of one")
         self.raw["random_latencies"] = lat
+        self.raw["reopen_us"] = reopen
 
         def pct(xs: list[float], q: float) -> float:
             xs = sorted(xs)
             return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] * 1000
 
-        return [self.ratio_row(f"random single-chunk read {name}, cold", "ms", pct(lat["mount"], q),
-                               pct(lat["copy"], q), None) for name, q in (("p50", 0.5), ("p99", 0.99))]
+        rows = []
+        for name, q in (("p50", 0.5), ("p99", 0.99)):
+            p = {side: pct(lat[side], q) for side in sides}
+            rows += [self.ratio_row(f"random single-chunk read {name}, cold", "ms", p["mount"], p["copy"], None),
+                     self.floor_row("same, mount vs", "ms", p["mount"], p["floor"], p["copy"])]
+        u = {side: median(v) for side, v in reopen.items()}
+        rows += [self.ratio_row(f"open+read+close of one cached chunk file, {REOPEN_CALLS}x: per call", "µs",
+                                u["mount"], u["copy"], None),
+                 self.floor_row("same, mount vs", "µs", u["mount"], u["floor"], u["copy"])]
+        return rows
 
     def fig_write(self) -> list[Row]:
         """zarr 2.18 writes the whole vol through the mount (until folded) vs zarr 3 writing the shards natively."""
@@ -559,13 +633,8 @@ class Bench:
         t: dict[str, list[float]] = {f"{s}{n}": [] for s, n in cases}
         for rep in self.repeat():
             for side, n in rotate(cases, rep):
-                if side == "mount":
-                    with self.mounted(self.big, "dask") as m:
-                        self.drop_caches()
-                        res = self.client(PY3, "dask_read", m.mnt / "vol", n, 2)
-                else:
-                    self.drop_caches()
-                    res = self.client(PY3, "dask_read", self.copy / "vol", n, 2)
+                with self.cold(side, "dask") as root:
+                    res = self.client(PY3, "dask_read", root / "vol", n, 2)
                 if res["sum"] != self.vol_half_sum:
                     raise BenchError(f"dask {side}: wrong data")
                 t[f"{side}{n}"].append(res["seconds"])
@@ -608,6 +677,16 @@ class Bench:
             row.status = "PASS" if r <= ratio_max else "FAIL"
         return row
 
+    @classmethod
+    def floor_row(cls, figure: str, unit: str, mount: float, floor: float, copy: float) -> Row:
+        """``"  floor: FIGURE a pyfuse3 passthrough of the copy"``: ratio = mount / floorfs, what shardfs
+        adds to the least any pyfuse3 filesystem costs; ``floor_ratio`` (and the note) = floorfs / copy,
+        what FUSE + pyfuse3 cost by themselves. Times (lower is better) only."""
+        row = cls.ratio_row(f"  floor: {figure} a pyfuse3 passthrough of the copy", unit, mount, floor, None)
+        row.floor_ratio = floor / copy
+        row.note = f"passthrough itself {row.floor_ratio:.2f}x the copy"
+        return row
+
     @staticmethod
     def abs_check(row: Row, target: float, direction: str, text: str) -> Row:
         row.abs_target, row.abs_dir, row.target = target, direction, text
@@ -617,19 +696,24 @@ class Bench:
 
 
 # share of the remaining time budget each figure may use (roughly its cost at full size)
-WEIGHTS = {"read": 0.17, "cat": 0.08, "large": 0.03, "listing": 0.18, "random": 0.02, "write": 0.34,
-           "dask": 0.15, "mount": 0.03}
-FLOOR = {"large": 15.0, "random": 12.0, "mount": 15.0}  # cheap figures always get their repetitions
+WEIGHTS = {"read": 0.19, "cat": 0.10, "large": 0.03, "listing": 0.17, "random": 0.04, "write": 0.30,
+           "dask": 0.14, "mount": 0.03}
+FLOOR = {"large": 15.0, "random": 20.0, "mount": 15.0}  # cheap figures always get their repetitions
+REOPEN_CALLS = 2000  # open+read+close of one cached file, per side and repetition of fig_random
 
 FIGURES: list[tuple[str, str, list[str]]] = [
     # (name, method, row labels used when the figure errors)
-    ("read", "fig_read", ["zarr 2.18 read, cold: mount vs real v2 copy", "  same, mount vs zarr 3 native",
+    ("read", "fig_read", ["zarr 2.18 read, cold: mount vs real v2 copy", "  floor: same, mount vs passthrough",
+                          "  same, mount vs zarr 3 native",
                           "  same, mount vs tensorstore native", "tensorstore zarr (v2) read: mount vs copy"]),
-    ("cat", "fig_cat", ["cat chunk files, 1st pass after mount", "cat chunk files, 2nd pass"]),
+    ("cat", "fig_cat", ["cat chunk files, 1st pass after mount", "  floor: same, mount vs passthrough",
+                        "cat chunk files, 2nd pass", "  floor: same, mount vs passthrough"]),
     ("large", "fig_large", ["cat 4 MiB chunk files, source cached"]),
     ("listing", "fig_listing", ["find -type f over >100k chunk files", "ls -l over >100k chunk files",
                                 "daemon RSS after listing >100k chunks"]),
-    ("random", "fig_random", ["random single-chunk read p50", "random single-chunk read p99"]),
+    ("random", "fig_random", ["random single-chunk read p50", "  floor: same, mount vs passthrough",
+                              "random single-chunk read p99", "  floor: same, mount vs passthrough",
+                              "open+read+close of one cached file", "  floor: same, mount vs passthrough"]),
     ("write", "fig_write", ["zarr 2.18 write via mount vs zarr 3 native", "  bytes written vs final size"]),
     ("dask", "fig_dask", ["dask 2 threads vs 1 thread, via mount", "  same on the real v2 copy"]),
     ("mount", "fig_mount", ["mount time, >100k chunks vs 1 shard"]),
