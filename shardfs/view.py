@@ -49,6 +49,8 @@ log = logging.getLogger("shardfs")
 ROOT_INODE = 1
 CHUNK_BASE = 1 << 62
 SLOT_SHIFT = 40
+READ_AHEAD_AFTER = 3  # chunk opens of one shard before the rest of it is read ahead
+READ_AHEAD_MAX = 64 << 20  # larger shards are never read ahead
 T = TypeVar("T")
 
 
@@ -173,6 +175,7 @@ class View:
         self._aliases: dict[int, set[int]] = {}
         self._next_ino = itertools.count(ROOT_INODE + 1)
         self.index_cache = IndexCache()
+        self._opened: dict[tuple[str, Version], int] = {}  # shard -> chunk opens (read-ahead heuristic)
         self.chunk_cache = chunk_cache if chunk_cache is not None else ChunkCache()
         self._file_mode = 0o444 if read_only else 0o644
         self._dir_mode = 0o555 if read_only else 0o755
@@ -739,6 +742,7 @@ class View:
                 break
         else:
             raise fail(errno.EIO, "shard keeps changing")
+        await self._read_ahead(ext, fd)
         if not arr.info.chunk.decodes:
             return ReadHandle(ino, attr, fd=fd, offset=ext.offset, nbytes=ext.nbytes)
         try:
@@ -748,6 +752,19 @@ class View:
         data = await self._decoded(arr, coords, stored, ext.key)
         self.chunk_cache.decoded(ext, data)
         return ReadHandle(ino, attr, data=data)
+
+    async def _read_ahead(self, ext: Extent, fd: int) -> None:
+        """When a client opens several chunks of one shard, it is reading the array through:
+        ask the kernel to read the rest of that (bounded-size) shard into the page cache, so
+        the next chunks are served without waiting for the disk. A client reading one chunk
+        of a shard costs no extra I/O."""
+        shard = (ext.key, ext.version)
+        seen = self._opened.get(shard, 0) + 1
+        if len(self._opened) >= 4096:
+            self._opened.clear()
+        self._opened[shard] = seen
+        if seen == READ_AHEAD_AFTER and ext.version.size <= READ_AHEAD_MAX:
+            await blocking(os.posix_fadvise, fd, 0, ext.version.size, os.POSIX_FADV_WILLNEED)
 
     async def _decoded(self, arr: ArrayNode, coords: tuple[int, ...], stored: bytes, key: str = "") -> bytes:
         """A chunk file's bytes from its stored form (checksum/transcoding); EIO if corrupt."""

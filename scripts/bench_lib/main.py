@@ -6,9 +6,10 @@ baseline (a real v2 copy of the same chunk bytes on the same disk, or zarr 3 /
 tensorstore on the sharded source). Where FUSE itself explains the gap, a third
 side runs the same operation through ``floorfs.py`` (the thinnest pyfuse3
 passthrough of the copy): the floor any pyfuse3 filesystem pays. Each
-comparison alternates the sides over several repetitions and reports medians. Every measured operation runs in its
-own client process (zarr 2.18 in ``.venv-zarr2``). Page caches are dropped
-before every cold measurement, on both sides.
+comparison alternates the sides over several repetitions and reports medians.
+Every measured operation runs in its own client process (zarr 2.18 in
+``.venv-zarr2``). Page caches are dropped before every cold measurement, on
+every side.
 
 Output: a table on stdout, ``OUT/bench.json`` and ``OUT/bench.png``.
 Exit status: 1 if any figure errored, 2 if a target was missed (never in
