@@ -29,6 +29,7 @@ import logging
 import os
 import stat
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, TypeVar
 
@@ -49,7 +50,8 @@ log = logging.getLogger("shardfs")
 ROOT_INODE = 1
 CHUNK_BASE = 1 << 62
 SLOT_SHIFT = 40
-READ_AHEAD_AFTER = 3  # chunk opens of one shard before the rest of it is read ahead
+READ_AHEAD_AFTER = 3  # opens of chunks of one shard among the last READ_AHEAD_WINDOW opens
+READ_AHEAD_WINDOW = 16  # before the rest of that shard is read ahead
 READ_AHEAD_MAX = 64 << 20  # larger shards are never read ahead
 T = TypeVar("T")
 
@@ -175,7 +177,8 @@ class View:
         self._aliases: dict[int, set[int]] = {}
         self._next_ino = itertools.count(ROOT_INODE + 1)
         self.index_cache = IndexCache()
-        self._opened: dict[tuple[str, Version], int] = {}  # shard -> chunk opens (read-ahead heuristic)
+        self._recent: deque[tuple[str, Version]] = deque(maxlen=READ_AHEAD_WINDOW)  # shards of the last opens
+        self._read_ahead_done: set[tuple[str, Version]] = set()
         self.chunk_cache = chunk_cache if chunk_cache is not None else ChunkCache()
         self._file_mode = 0o444 if read_only else 0o644
         self._dir_mode = 0o555 if read_only else 0o755
@@ -754,16 +757,17 @@ class View:
         return ReadHandle(ino, attr, data=data)
 
     async def _read_ahead(self, ext: Extent, fd: int) -> None:
-        """When a client opens several chunks of one shard, it is reading the array through:
-        ask the kernel to read the rest of that (bounded-size) shard into the page cache, so
-        the next chunks are served without waiting for the disk. A client reading one chunk
-        of a shard costs no extra I/O."""
+        """When a client opens several chunks of one shard within a few opens, it is sweeping
+        the array: ask the kernel to read the rest of that (bounded-size) shard into the page
+        cache, so the next chunks are served without waiting for the disk. Scattered reads
+        rarely come back to a shard that soon, and cost no extra I/O."""
         shard = (ext.key, ext.version)
-        seen = self._opened.get(shard, 0) + 1
-        if len(self._opened) >= 4096:
-            self._opened.clear()
-        self._opened[shard] = seen
-        if seen == READ_AHEAD_AFTER and ext.version.size <= READ_AHEAD_MAX:
+        self._recent.append(shard)
+        if (ext.version.size <= READ_AHEAD_MAX and shard not in self._read_ahead_done
+                and self._recent.count(shard) >= READ_AHEAD_AFTER):
+            if len(self._read_ahead_done) >= 4096:
+                self._read_ahead_done.clear()
+            self._read_ahead_done.add(shard)
             await blocking(os.posix_fadvise, fd, 0, ext.version.size, os.POSIX_FADV_WILLNEED)
 
     async def _decoded(self, arr: ArrayNode, coords: tuple[int, ...], stored: bytes, key: str = "") -> bytes:
