@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import os
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 

@@ -23,8 +23,7 @@ from hypothesis import strategies as st
 from conftest import assert_same_array, read_native, read_tensorstore, read_zarr2_many, read_zarr3_v2, run_shardfs
 from shardbuild import BE, CRC, GZIP, LE, ZSTD, copy_array, hashed_array, nested_codecs, random_data, sharding, write_v3
 from shardfs.layout import ArrayLayout, KeyScheme, permuted, unpermuted
-from test_chunk_cache import stats
-from test_writes import WRITERS, umount
+from writers import WRITERS, cache_stats as stats, umount
 from writehelpers import read_ts3_native
 
 

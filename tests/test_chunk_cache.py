@@ -5,7 +5,6 @@ version, and never served stale after a write. Observed through the daemon's deb
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -14,15 +13,10 @@ import pytest
 
 from conftest import assert_same_array, read_native, run_shardfs
 from shardbuild import CRC, GZIP, LE, ZSTD, sharding, write_v3
-from test_writes import umount
+from writers import cache_stats as stats, umount
 from writehelpers import journal_entries
 
 SHAPE, CHUNK, SHARD = (8, 12), (4, 6), (8, 12)
-
-
-def stats(mount, mnt: Path) -> dict:
-    text = mount.info(mnt).log_text()
-    return {"decodes": text.count(" decoded (chunk cache: "), "hits": text.count(" served from the chunk cache")}
 
 
 @pytest.fixture

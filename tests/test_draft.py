@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from conftest import assert_same_array, read_tensorstore, read_zarr2_many, read_zarr3_v2, run_shardfs
 from shardbuild import CRC, GZIP, LE, ZSTD, copy_array, random_data, read_draft, write_draft
-from test_writes import WRITERS, umount
+from writers import WRITERS, umount
 
 V2_DOT = {"name": "v2", "configuration": {"separator": "."}}
 

@@ -32,7 +32,7 @@ from conftest import (
 )
 from shardbuild import (BE, CRC, GZIP, LE, ZSTD, copy_array, hashed_array, nested_codecs, random_data, sharding,
                         write_v3)
-from test_writes import WRITERS, umount
+from writers import WRITERS, umount
 from writehelpers import assert_source_equals
 
 

@@ -15,8 +15,6 @@ import os
 import re
 import signal
 import subprocess
-import textwrap
-import threading
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ZARR2_PYTHON, is_mounted, lazy_unmount, read_tensorstore, run_shardfs, zarr2
+from conftest import ZARR2_PYTHON, lazy_unmount, read_tensorstore, zarr2
+from writers import WRITERS, region_json, umount
 from writehelpers import (
     Spec,
     all_chunks,
@@ -55,16 +54,6 @@ def seed_of(*parts) -> int:
     return zlib.crc32("/".join(map(str, parts)).encode())
 
 
-def umount(mount, mnt: Path) -> None:
-    """``shardfs umount``: must fold everything, end the daemon with status 0 and unmount."""
-    m = mount.info(mnt)
-    r = run_shardfs("umount", str(mnt), timeout=120)
-    assert r.returncode == 0, f"shardfs umount failed ({r.returncode}): {r.stderr}\n{m.output()[-3000:]}"
-    rc = m.proc.wait(timeout=30)
-    assert rc == 0, f"daemon exited with {rc}:\n{m.output()[-3000:]}"
-    assert not is_mounted(mnt), f"{mnt} still mounted after shardfs umount"
-
-
 def error_lines(mount, mnt) -> list[str]:
     return [line for line in mount.info(mnt).log_text().splitlines() if " ERROR " in line]
 
@@ -85,39 +74,6 @@ def run(*cmd, ok=True) -> subprocess.CompletedProcess:
     if ok:
         assert r.returncode == 0, f"{cmd} -> {r.returncode}: {r.stderr.decode(errors='replace')}"
     return r
-
-
-def region_json(region) -> list[list[int]]:
-    return [[r.start, r.stop] for r in region]
-
-
-# --------------------------------------------------------------------------- writers
-
-
-def write_zarr2(path: Path, region, values: np.ndarray, tmp: Path) -> None:
-    np.save(tmp / "values.npy", values)
-    zarr2("""
-        z = zarr.open(path, mode='r+')
-        z[tuple(slice(a, b) for a, b in region)] = np.load(vpath)
-        result = np.zeros(0)
-        """, path=str(path), region=region_json(region), vpath=str(tmp / "values.npy"))
-
-
-def write_zarr3(path: Path, region, values: np.ndarray, tmp: Path) -> None:
-    import zarr
-
-    zarr.open_array(str(path), mode="r+", zarr_format=2)[region] = values
-
-
-def write_tensorstore(path: Path, region, values: np.ndarray, tmp: Path) -> None:
-    import tensorstore as ts
-
-    t = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(path)}},
-                open=True, context=ts.Context()).result()
-    t[region].write(values).result()
-
-
-WRITERS = {"zarr2": write_zarr2, "zarr3": write_zarr3, "tensorstore": write_tensorstore}
 
 
 # --------------------------------------------------------------------------- 1. client writers
