@@ -251,6 +251,8 @@ async def _serve(ops: Any, writeback: Any) -> None:
     import pyfuse3
     import trio
 
+    from shardfs import view as view_mod
+
     async with trio.open_nursery() as nursery:
 
         async def on_signal() -> None:
@@ -263,6 +265,7 @@ async def _serve(ops: Any, writeback: Any) -> None:
                     return
 
         nursery.start_soon(on_signal)
+        nursery.start_soon(trio.to_thread.run_sync, view_mod.v2)  # zarr, before the first lookup needs it
         if writeback is not None:
             nursery.start_soon(writeback.run)
         await pyfuse3.main()

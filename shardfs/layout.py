@@ -73,6 +73,11 @@ class KeyScheme:
         coords = tuple(int(p) for p in parts)
         return coords if self.key(coords) == key else None
 
+    @property
+    def view_separator(self) -> str:
+        """The v2 view's ``dimension_separator``: "/" only if "." keys would collide with shards."""
+        return "/" if self.kind == "v2" and self.separator == "." else "."
+
     def is_prefix(self, key: str) -> bool:
         """True if ``key`` names a directory that can hold keys (e.g. ``c/0``)."""
         if self.separator != "/":

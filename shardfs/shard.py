@@ -25,6 +25,10 @@ class CorruptShard(Exception):
     """A shard cannot be used; ``str()`` names the reason (the caller names the file)."""
 
 
+class CorruptChunk(ValueError):
+    """Inner-chunk bytes that do not decode, or refuse to encode (the message says why)."""
+
+
 @dataclass(frozen=True)
 class Extent:
     """Where one stored inner chunk lives: a byte range of a shard of a given version."""

@@ -39,14 +39,11 @@ from shardfs.a2a import Filters, index_order, split_sharding
 from shardfs.draft import draft_index
 from shardfs.index import IndexFormat
 from shardfs.layout import ArrayLayout, KeyScheme, Unpresentable, permuted, unpermuted
+from shardfs.shard import CorruptChunk
 from shardfs.shardfile import NestedFormat, ShardFormat
 
 log = logging.getLogger("shardfs")
 _BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
-
-
-class CorruptChunk(ValueError):
-    """Stored inner-chunk bytes that do not decode (the message says why)."""
 
 
 @dataclass(frozen=True)
@@ -231,14 +228,9 @@ def describe_array(doc: dict[str, Any], ome: bool = True) -> ArrayInfo:
         "fill_value": encode_fill_value(meta.fill_value, dtype),
         "order": chunk.order,
         "filters": None,
-        "dimension_separator": view_separator(keys),
+        "dimension_separator": keys.view_separator,
     }
     return ArrayInfo(layout, chunk, to_json(zarray), to_json(attrs))
-
-
-def view_separator(keys: KeyScheme) -> str:
-    """The v2 view's ``dimension_separator``: "/" only if "." keys would collide with shards."""
-    return "/" if keys.kind == "v2" and keys.separator == "." else "."
 
 
 def group_files(doc: dict[str, Any], ome: bool = True) -> tuple[bytes, bytes]:

@@ -31,7 +31,7 @@ import stat
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, TypeVar
 
 import numpy as np
 import trio
@@ -40,10 +40,12 @@ from shardfs import shard as shard_mod
 from shardfs.chunkcache import ChunkCache
 from shardfs.index import EMPTY
 from shardfs.layout import Unpresentable
-from shardfs.shard import CorruptShard, Extent, IndexCache
+from shardfs.shard import CorruptChunk, CorruptShard, Extent, IndexCache
 from shardfs.source import Source, Version
 from shardfs.writeback import Pending, Writeback
-from shardfs.v2 import ArrayInfo, CorruptChunk, describe_array, group_files, to_json, view_separator
+
+if TYPE_CHECKING:
+    from shardfs.v2 import ArrayInfo
 
 log = logging.getLogger("shardfs")
 
@@ -59,6 +61,15 @@ T = TypeVar("T")
 async def blocking(fn: Callable[..., T], *args: Any) -> T:
     """Run a blocking call off the trio thread."""
     return await trio.to_thread.run_sync(fn, *args)
+
+
+def v2() -> Any:
+    """``shardfs.v2``, imported on first use: it brings in zarr (a quarter of a second), which
+    a mount does not need before the first metadata is read. ``cli`` preloads it in a thread
+    once the mount is live."""
+    from shardfs import v2 as module
+
+    return module
 
 
 def fail(code: int, msg: str = "") -> OSError:
@@ -270,14 +281,14 @@ class View:
         if zarr_format != 3:
             return None
         if node_type == "group":
-            zgroup, zattrs = group_files(doc, self.ome)
+            zgroup, zattrs = v2().group_files(doc, self.ome)
             node = GroupNode(path, version, zgroup, zattrs)
             self._groups[path] = node
             return node
         if node_type != "array":
             return None
         try:
-            info, error = describe_array(doc, self.ome), None
+            info, error = v2().describe_array(doc, self.ome), None
         except Unpresentable as e:
             info, error = None, str(e)
             log.error("%s: array not shown as v2: %s", self.source.path(key), e)
@@ -456,7 +467,7 @@ class View:
                                name: str) -> Attr:
         """Resolve ``name`` in the array root (rel "" and prefix ()), an sdir (rel) or a kdir (prefix)."""
         layout = arr.info.layout
-        nested = view_separator(layout.keys) == "/"
+        nested = layout.keys.view_separator == "/"
         if prefix is not None:
             if nested and name.isdigit() and str(int(name)) == name:
                 coords = prefix + (int(name),)
@@ -546,7 +557,7 @@ class View:
         if name == ".zmetadata":
             found: dict[str, Any] = {}
             await self._consolidate(node, "", found)
-            return to_json({"zarr_consolidated_format": 1, "metadata": found})
+            return v2().to_json({"zarr_consolidated_format": 1, "metadata": found})
         if isinstance(node, GroupNode):
             return node.zgroup if name == ".zgroup" else node.zattrs
         return node.info.zarray if name == ".zarray" else node.info.zattrs
@@ -664,7 +675,7 @@ class View:
                         pass
         if prefix is None:
             return out
-        nested = view_separator(layout.keys) == "/"
+        nested = layout.keys.view_separator == "/"
         chunks = ChunkSet.concat([await self.shard_chunks(arr, shard) for shard in await self.stored_shards(arr)],
                                  layout.ndim)
         if not nested:
@@ -700,7 +711,7 @@ class View:
             coords = parse_chunk_name(name, layout.ndim) if box is not None and level == layout.depth else None
             if coords is None or layout.box(coords, level) != box:
                 return None
-        elif view_separator(layout.keys) == "/":
+        elif layout.keys.view_separator == "/":
             if not (name.isdigit() and str(int(name)) == name) or len(prefix) + 1 != layout.ndim:
                 return None
             coords = prefix + (int(name),)

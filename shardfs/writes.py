@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from shardfs import shard as shard_mod
+from shardfs.shard import CorruptChunk
 from shardfs.layout import ArrayLayout
-from shardfs.v2 import CorruptChunk
 from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, chunk_name, fail
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
 
