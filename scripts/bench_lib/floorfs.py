@@ -1,10 +1,10 @@
-"""floorfs: the thinnest read-only pyfuse3 passthrough of a directory, the bench's floor.
+"""floorfs: the thinnest pyfuse3 passthrough of a directory, the bench's floor.
 
-Usage: ``.venv/bin/python scripts/bench_lib/floorfs.py SRC MNT`` (stays in the foreground).
+Usage: ``.venv/bin/python scripts/bench_lib/floorfs.py [--rw] SRC MNT`` (stays in the foreground).
 
-It serves SRC read-only at MNT with nothing but the real files behind it: each request
-is one system call on the real path (``os.lstat``, ``os.scandir``, ``os.open``,
-``os.pread``, ``os.close``), inode numbers are the real ones, and it uses the same kernel
+It serves SRC at MNT (read-only unless ``--rw``) with nothing but the real files behind it:
+each request is one system call on the real path (``os.lstat``, ``os.scandir``, ``os.open``,
+``os.pread``, ``os.pwrite``, ``os.rename``, ``os.close``), inode numbers are the real ones, and it uses the same kernel
 caching as shardfs (10 s entry and attribute timeouts, readdirplus, ``keep_cache``). Any
 pyfuse3 filesystem costs at least what this one does, so shardfs time / floorfs time is
 what shardfs adds, and floorfs time / real-directory time is the price of FUSE + pyfuse3
@@ -47,7 +47,7 @@ def _oserror_to_fuse(fn: F) -> F:
 
 
 class FloorOps(pyfuse3.Operations):
-    """Read-only passthrough handlers: inode numbers are real ``st_ino`` (the root's swapped
+    """Passthrough handlers (writes only with ``--rw``: create, write, rename, unlink, truncate): inode numbers are real ``st_ino`` (the root's swapped
     with ``pyfuse3.ROOT_INODE``); every inode handed to the kernel is remembered with its
     path for the life of the mount (no forget bookkeeping: the bench's trees are small)."""
 
@@ -118,7 +118,37 @@ class FloorOps(pyfuse3.Operations):
     @_oserror_to_fuse
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         """The file handle is the real file descriptor."""
-        return pyfuse3.FileInfo(fh=os.open(self._path(inode), os.O_RDONLY), keep_cache=True)
+        return pyfuse3.FileInfo(fh=os.open(self._path(inode), flags & ~os.O_CREAT), keep_cache=True)
+
+    @_oserror_to_fuse
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
+                     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        path = os.path.join(self._path(parent_inode), name)
+        fd = os.open(path, flags | os.O_CREAT, mode)
+        return pyfuse3.FileInfo(fh=fd), self._entry(os.fstat(fd), path)
+
+    @_oserror_to_fuse
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        return os.pwrite(fh, buf, off)
+
+    @_oserror_to_fuse
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
+                     flags: int, ctx: Any) -> None:
+        new = os.path.join(self._path(parent_inode_new), name_new)
+        os.rename(os.path.join(self._path(parent_inode_old), name_old), new)
+        self.paths[self._ino(os.lstat(new).st_ino)] = new
+
+    @_oserror_to_fuse
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        os.unlink(os.path.join(self._path(parent_inode), name))
+
+    @_oserror_to_fuse
+    async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
+                      fh: int | None, ctx: Any) -> pyfuse3.EntryAttributes:
+        path = self._path(inode)
+        if fields.update_size:
+            os.truncate(path, attr.st_size)
+        return self._entry(os.lstat(path), path)
 
     @_oserror_to_fuse
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -156,13 +186,15 @@ async def serve() -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Mount ``SRC`` read-only on ``MNT`` and serve it until unmounted or signalled."""
-    if len(argv) != 2:
-        print("usage: floorfs.py SRC MNT", file=sys.stderr)
+    """Mount ``SRC`` on ``MNT`` (read-only unless ``--rw``) and serve it until unmounted or signalled."""
+    rw = argv[:1] == ["--rw"]
+    if len(argv) != 2 + rw:
+        print("usage: floorfs.py [--rw] SRC MNT", file=sys.stderr)
         return 2
-    src, mnt = argv
+    src, mnt = argv[rw:]
     ops = FloorOps(src)
-    pyfuse3.init(ops, mnt, set(pyfuse3.default_options) | {"fsname=floorfs", "subtype=floorfs", "ro"})
+    options = set(pyfuse3.default_options) | {"fsname=floorfs", "subtype=floorfs"}
+    pyfuse3.init(ops, mnt, options if rw else options | {"ro"})
     try:
         trio.run(serve)
     finally:

@@ -5,7 +5,8 @@ Builds its own datasets under a temporary work directory, mounts them with
 baseline (a real v2 copy of the same chunk bytes on the same disk, or zarr 3 /
 tensorstore on the sharded source). Where FUSE itself explains the gap, a third
 side runs the same operation through ``floorfs.py`` (the thinnest pyfuse3
-passthrough of the copy): the floor any pyfuse3 filesystem pays. Each
+passthrough of the copy, or of an empty v2 directory for writes): the floor any
+pyfuse3 filesystem pays. Each
 comparison alternates the sides over several repetitions and reports medians.
 Every measured operation runs in its own client process (zarr 2.18 in
 ``.venv-zarr2``). Page caches are dropped before every cold measurement, on
@@ -219,13 +220,13 @@ class Bench:
             self.drop_ok = False
 
     @contextmanager
-    def mounted(self, src: Path, name: str, floor: bool = False) -> Iterator[Mounted]:
+    def mounted(self, src: Path, name: str, floor: bool = False, rw: bool = False) -> Iterator[Mounted]:
         """A fresh mount of ``src`` on ``WORK/mnt/NAME``, timed: ``shardfs mount``, or with ``floor``
-        a ``floorfs.py`` child (the pyfuse3 floor). Always unmounted afterwards, lazily if need be;
-        raises BenchError when the clean unmount failed (after the body succeeded)."""
+        a ``floorfs.py`` child (the pyfuse3 floor; writable with ``rw``). Always unmounted afterwards,
+        lazily if need be; raises BenchError when the clean unmount failed (after the body succeeded)."""
         mnt = self.work / "mnt" / name
         mnt.mkdir(parents=True, exist_ok=True)
-        m = self._mount_floor(src, mnt, name) if floor else self._mount_shardfs(src, mnt, name)
+        m = self._mount_floor(src, mnt, name, rw) if floor else self._mount_shardfs(src, mnt, name)
         self.active[mnt] = m
         try:
             yield m
@@ -256,12 +257,12 @@ class Bench:
             raise BenchError("mounted, but no daemon process found for the mountpoint")
         return Mounted(mnt, pid, seconds)
 
-    def _mount_floor(self, src: Path, mnt: Path, name: str) -> Mounted:
-        """Start ``floorfs.py SRC MNT`` as our child (output to logs/NAME.log); ready once MNT is a
-        mount point. A child that exits or is not mounted within 30 s is a BenchError."""
+    def _mount_floor(self, src: Path, mnt: Path, name: str, rw: bool) -> Mounted:
+        """Start ``floorfs.py [--rw] SRC MNT`` as our child (output to logs/NAME.log); ready once MNT is
+        a mount point. A child that exits or is not mounted within 30 s is a BenchError."""
         log = self.logs / f"{name}.log"
         with open(log, "a") as f:
-            proc = subprocess.Popen([PY3, FLOORFS, str(src), str(mnt)], stdin=subprocess.DEVNULL, stdout=f,
+            proc = subprocess.Popen([PY3, FLOORFS, *["--rw"] * rw, str(src), str(mnt)], stdin=subprocess.DEVNULL, stdout=f,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         t0 = time.perf_counter()
         while not is_mounted(mnt):
@@ -564,13 +565,18 @@ class Bench:
         return rows
 
     def fig_write(self) -> list[Row]:
-        """zarr 2.18 writes the whole vol through the mount (until folded) vs zarr 3 writing the shards natively."""
-        t = {"mount": [], "mount_client": [], "mount_fold_wait": [], "native": []}
+        """zarr 2.18 writes the whole vol through the mount (until folded) vs zarr 3 writing the shards
+        natively; and zarr 2.18 writing a real v2 directory through floorfs (the pyfuse3 floor)."""
+        t = {"mount": [], "mount_client": [], "mount_fold_wait": [], "native": [], "floor": []}
         io: list[dict] = []
         for rep in self.repeat():
-            for side in rotate(["mount", "native"], rep):
+            for side in rotate(["mount", "native", "floor"], rep):
                 src = self.work / f"write-{side}-{rep}"
-                ds.empty_like_vol(self.big, src)
+                if side == "floor":
+                    (src / "vol").mkdir(parents=True)
+                    shutil.copyfile(self.copy / "vol" / ".zarray", src / "vol" / ".zarray")
+                else:
+                    ds.empty_like_vol(self.big, src)
                 os.sync()
                 if side == "mount":
                     with self.mounted(src, "write") as m:
@@ -592,6 +598,11 @@ class Bench:
                     t["mount_fold_wait"].append(fold)
                     self.log(f"write rep {rep + 1}: mount {res['seconds']:.2f} s + {fold:.2f} s until folded; "
                              f"daemon wrote {delta['write_bytes'] / MiB:.0f} MiB for {final / MiB:.0f} MiB of shards")
+                elif side == "floor":
+                    with self.mounted(src, "floor-write", floor=True, rw=True) as m:
+                        res = self.client(PY2, "zarr_write", m.mnt / "vol", self.vol_npy)
+                    t["floor"].append(res["seconds"])
+                    self.log(f"write rep {rep + 1}: zarr 2.18 through floorfs {res['seconds']:.2f} s")
                 else:
                     res = self.client(PY3, "zarr_write", src / "vol", self.vol_npy)
                     t["native"].append(res["seconds"])
@@ -604,13 +615,15 @@ class Bench:
         row = self.ratio_row(f"zarr 2.18 write {mb:.0f} MiB via mount (until folded) vs zarr 3 native", "s",
                              median(t["mount"]), median(t["native"]), 1.5)
         row.note = f"client part {median(t['mount_client']):.2f} s"
+        floor = self.floor_row("same, mount vs", "s", median(t["mount"]), median(t["floor"]), median(t["native"]),
+                               "zarr 3 native", "to a real v2 directory")
         wb = median([d["write_bytes"] or d["wchar"] for d in io])
         fin = median([d["final"] for d in io])
         brow = self.ratio_row("  bytes the daemon wrote vs final shard bytes", "MiB", wb / MiB, fin / MiB, 2.5,
                               ratio=median(ratios))
         net = median([(d["write_bytes"] - d["cancelled_write_bytes"]) / d["final"] for d in io])
         brow.note = f"/proc/PID/io write_bytes; {net:.2f}x net of cancelled_write_bytes"
-        return [row, brow]
+        return [row, floor, brow]
 
     def wait_journal_empty(self, src: Path) -> None:
         journal = src / ".shardfs" / "journal"
@@ -679,13 +692,15 @@ class Bench:
         return row
 
     @classmethod
-    def floor_row(cls, figure: str, unit: str, mount: float, floor: float, copy: float) -> Row:
-        """``"  floor: FIGURE a pyfuse3 passthrough of the copy"``: ratio = mount / floorfs, what shardfs
-        adds to the least any pyfuse3 filesystem costs; ``floor_ratio`` (and the note) = floorfs / copy,
-        what FUSE + pyfuse3 cost by themselves. Times (lower is better) only."""
-        row = cls.ratio_row(f"  floor: {figure} a pyfuse3 passthrough of the copy", unit, mount, floor, None)
+    def floor_row(cls, figure: str, unit: str, mount: float, floor: float, copy: float,
+                  baseline: str = "the copy", over: str = "of the copy") -> Row:
+        """``"  floor: FIGURE a pyfuse3 passthrough OVER"``: ratio = mount / floorfs, what shardfs
+        adds to the least any pyfuse3 filesystem costs; ``floor_ratio`` (and the note) = floorfs / copy
+        (or the figure's other ``baseline``), what FUSE + pyfuse3 cost by themselves. Times (lower is
+        better) only."""
+        row = cls.ratio_row(f"  floor: {figure} a pyfuse3 passthrough {over}", unit, mount, floor, None)
         row.floor_ratio = floor / copy
-        row.note = f"passthrough itself {row.floor_ratio:.2f}x the copy"
+        row.note = f"passthrough itself {row.floor_ratio:.2f}x {baseline}"
         return row
 
     @staticmethod
@@ -715,7 +730,8 @@ FIGURES: list[tuple[str, str, list[str]]] = [
     ("random", "fig_random", ["random single-chunk read p50", "  floor: same, mount vs passthrough",
                               "random single-chunk read p99", "  floor: same, mount vs passthrough",
                               "open+read+close of one cached file", "  floor: same, mount vs passthrough"]),
-    ("write", "fig_write", ["zarr 2.18 write via mount vs zarr 3 native", "  bytes written vs final size"]),
+    ("write", "fig_write", ["zarr 2.18 write via mount vs zarr 3 native", "  floor: same, mount vs passthrough",
+                            "  bytes written vs final size"]),
     ("dask", "fig_dask", ["dask 2 threads vs 1 thread, via mount", "  same on the real v2 copy"]),
     ("mount", "fig_mount", ["mount time, >100k chunks vs 1 shard"]),
 ]

@@ -45,7 +45,8 @@ def table(rows: list[Any], smoke: bool = False) -> str:
     if any(r.floor_ratio is not None for r in rows):
         lines.append("floor rows: the baseline is the same operation through floorfs, the thinnest pyfuse3 "
                      "passthrough of the real copy (one round trip per FUSE request and nothing else); "
-                     "their note gives floorfs / copy, the part of the gap no pyfuse3 filesystem can close.")
+                     "their note gives floorfs / the figure's baseline, the part of the gap no pyfuse3 "
+                     "filesystem can close.")
     return "\n".join(lines)
 
 
@@ -75,7 +76,7 @@ def chart(rows: list[Any], path: Path, title: str) -> None:
             ax1.text(1.0, y, "  (absolute target only)", va="center", fontsize=8, color="#616161")
         if floor is not None:  # where the passthrough itself stands against the copy
             ax1.plot([floor], [y], marker="D", color="black", mfc="white", ms=5)
-            ax1.text(floor, y + 0.3, f"passthrough/copy {floor:.2f}x", ha="center", fontsize=6)
+            ax1.text(floor, y + 0.3, f"passthrough/baseline {floor:.2f}x", ha="center", fontsize=6)
         if r.ratio_max is not None:
             ax1.plot([r.ratio_max, r.ratio_max], [y - 0.4, y + 0.4], color="black", lw=2)
         if r.abs_target is not None and r.mount is not None:
