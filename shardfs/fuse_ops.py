@@ -238,6 +238,13 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def flush(self, fh: int) -> None:
+        """Commit a written chunk file (its errors reach close()).
+
+        A read-only mount has nothing to commit: it answers ENOSYS, after which
+        the kernel stops sending FLUSH, saving a round trip on every close().
+        """
+        if self.writer is None:
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         handle = self._handles.get(fh)
         if isinstance(handle, WriteHandle):
             await self._writable().flush(handle)

@@ -220,13 +220,15 @@ class Bench:
             self.drop_ok = False
 
     @contextmanager
-    def mounted(self, src: Path, name: str, floor: bool = False, rw: bool = False) -> Iterator[Mounted]:
-        """A fresh mount of ``src`` on ``WORK/mnt/NAME``, timed: ``shardfs mount``, or with ``floor``
-        a ``floorfs.py`` child (the pyfuse3 floor; writable with ``rw``). Always unmounted afterwards,
-        lazily if need be; raises BenchError when the clean unmount failed (after the body succeeded)."""
+    def mounted(self, src: Path, name: str, floor: bool = False, rw: bool = False, ro: bool = False
+                ) -> Iterator[Mounted]:
+        """A fresh mount of ``src`` on ``WORK/mnt/NAME``, timed: ``shardfs mount`` (``-o ro`` with ``ro``),
+        or with ``floor`` a ``floorfs.py`` child (the pyfuse3 floor; writable with ``rw``). Always
+        unmounted afterwards, lazily if need be; raises BenchError when the clean unmount failed (after
+        the body succeeded)."""
         mnt = self.work / "mnt" / name
         mnt.mkdir(parents=True, exist_ok=True)
-        m = self._mount_floor(src, mnt, name, rw) if floor else self._mount_shardfs(src, mnt, name)
+        m = self._mount_floor(src, mnt, name, rw) if floor else self._mount_shardfs(src, mnt, name, ro)
         self.active[mnt] = m
         try:
             yield m
@@ -238,11 +240,12 @@ class Bench:
             if err:
                 raise BenchError(err)
 
-    def _mount_shardfs(self, src: Path, mnt: Path, name: str) -> Mounted:
-        """``shardfs mount SRC MNT`` (it returns once mounted; the daemon is found by mountpoint)."""
+    def _mount_shardfs(self, src: Path, mnt: Path, name: str, ro: bool) -> Mounted:
+        """``shardfs mount [-o ro] SRC MNT`` (it returns once mounted; the daemon is found by mountpoint)."""
         t0 = time.perf_counter()
         try:
-            r = subprocess.run([SHARDFS, "mount", str(src), str(mnt), "--log-file", str(self.logs / f"{name}.log")],
+            r = subprocess.run([SHARDFS, "mount", *["-o", "ro"] * ro, str(src), str(mnt),
+                                "--log-file", str(self.logs / f"{name}.log")],
                                capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             self._force_unmount(mnt, None)
@@ -335,11 +338,13 @@ class Bench:
     @contextmanager
     def cold(self, side: str, name: str) -> Iterator[Path]:
         """The root under which to measure ``side`` once, cold (page caches dropped just before the
-        yield): "mount" a fresh shardfs mount of big (log NAME), "floor" a fresh floorfs mount of the
-        real v2 copy (log floor-NAME), "copy" the copy, "native" big itself. Mounts end after."""
-        if side in ("mount", "floor"):
-            floor = side == "floor"
-            with self.mounted(self.copy if floor else self.big, f"floor-{name}" if floor else name, floor) as m:
+        yield): "mount" a fresh shardfs mount of big (log NAME), "ro" the same read-only (log
+        ro-NAME), "floor" a fresh floorfs mount of the real v2 copy (log floor-NAME), "copy" the
+        copy, "native" big itself. Mounts end after."""
+        if side in ("mount", "ro", "floor"):
+            floor, ro = side == "floor", side == "ro"
+            log = f"{side}-{name}" if side != "mount" else name
+            with self.mounted(self.copy if floor else self.big, log, floor, ro=ro) as m:
                 self.drop_caches()
                 yield m.mnt
         else:
@@ -405,6 +410,7 @@ class Bench:
         zarr 2.18 through floorfs over the copy (the pyfuse3 floor)."""
         sides = {  # side: (where, python, client command, extra args); "where" as in ``cold``
             "z2_mount": ("mount", PY2, "zarr_read"),
+            "z2_ro": ("ro", PY2, "zarr_read"),
             "z2_copy": ("copy", PY2, "zarr_read"),
             "z2_floor": ("floor", PY2, "zarr_read"),
             "z3_native": ("native", PY3, "zarr_read"),
@@ -431,6 +437,8 @@ class Bench:
             self.floor_row("same, mount vs", "s", m["z2_mount"], m["z2_floor"], m["z2_copy"]),
             self.ratio_row("  same, mount vs zarr 3 reading the shards natively", "s",
                            m["z2_mount"], m["z3_native"], 1.0),
+            self.ratio_row("  same, read-only mount (-o ro) vs real v2 copy", "s", m["z2_ro"], m["z2_copy"], 1.3),
+            self.ratio_row("  same, read-only mount vs zarr 3 natively", "s", m["z2_ro"], m["z3_native"], 1.0),
             self.ratio_row("  same, mount vs tensorstore zarr3 natively", "s", m["z2_mount"], m["ts3_native"], None),
             self.ratio_row("tensorstore zarr (v2) read, cold: mount vs copy", "s",
                            m["ts2_mount"], m["ts2_copy"], None),
@@ -438,9 +446,9 @@ class Bench:
 
     def fig_cat(self) -> list[Row]:
         """``cat`` of every chunk file of vol: first pass after mounting (cold), then a second pass;
-        on the mount, the copy, and floorfs over the copy."""
+        on the mount, a read-only mount, the copy, and floorfs over the copy."""
         cmd = f"xargs -a {self.work / 'vol.list'} cat > /dev/null"
-        sides = ["mount", "copy", "floor"]
+        sides = ["mount", "ro", "copy", "floor"]
         t: dict[str, list[float]] = {f"{side}{n}": [] for side in sides for n in (1, 2)}
         for rep in self.repeat():
             for side in rotate(sides, rep):
@@ -454,8 +462,10 @@ class Bench:
         return [
             self.ratio_row(f"cat {n} chunk files, 1st pass after mount (cold)", "s", m["mount1"], m["copy1"], 4.0),
             self.floor_row("same, mount vs", "s", m["mount1"], m["floor1"], m["copy1"]),
+            self.ratio_row("  same, read-only mount (-o ro) vs copy", "s", m["ro1"], m["copy1"], 4.0),
             self.ratio_row(f"cat {n} chunk files, 2nd pass", "s", m["mount2"], m["copy2"], 1.25),
             self.floor_row("same, mount vs", "s", m["mount2"], m["floor2"], m["copy2"]),
+            self.ratio_row("  same, read-only mount (-o ro) vs copy", "s", m["ro2"], m["copy2"], 1.25),
         ]
 
     def fig_large(self) -> list[Row]:
@@ -712,18 +722,20 @@ class Bench:
 
 
 # share of the remaining time budget each figure may use (roughly its cost at full size)
-WEIGHTS = {"read": 0.19, "cat": 0.10, "large": 0.03, "listing": 0.17, "random": 0.04, "write": 0.30,
-           "dask": 0.14, "mount": 0.03}
+WEIGHTS = {"read": 0.20, "cat": 0.12, "large": 0.03, "listing": 0.15, "random": 0.04, "write": 0.31,
+           "dask": 0.12, "mount": 0.03}
 FLOOR = {"large": 15.0, "random": 20.0, "mount": 15.0}  # cheap figures always get their repetitions
 REOPEN_CALLS = 2000  # open+read+close of one cached file, per side and repetition of fig_random
 
 FIGURES: list[tuple[str, str, list[str]]] = [
     # (name, method, row labels used when the figure errors)
     ("read", "fig_read", ["zarr 2.18 read, cold: mount vs real v2 copy", "  floor: same, mount vs passthrough",
-                          "  same, mount vs zarr 3 native",
+                          "  same, mount vs zarr 3 native", "  same, read-only mount vs copy",
+                          "  same, read-only mount vs zarr 3 native",
                           "  same, mount vs tensorstore native", "tensorstore zarr (v2) read: mount vs copy"]),
     ("cat", "fig_cat", ["cat chunk files, 1st pass after mount", "  floor: same, mount vs passthrough",
-                        "cat chunk files, 2nd pass", "  floor: same, mount vs passthrough"]),
+                        "  same, read-only mount vs copy", "cat chunk files, 2nd pass",
+                        "  floor: same, mount vs passthrough", "  same, read-only mount vs copy"]),
     ("large", "fig_large", ["cat 4 MiB chunk files, source cached"]),
     ("listing", "fig_listing", ["find -type f over >100k chunk files", "ls -l over >100k chunk files",
                                 "daemon RSS after listing >100k chunks"]),
