@@ -191,6 +191,7 @@ class View:
         self._recent: deque[tuple[str, Version]] = deque(maxlen=READ_AHEAD_WINDOW)  # shards of the last opens
         self._read_ahead_done: set[tuple[str, Version]] = set()
         self.chunk_cache = chunk_cache if chunk_cache is not None else ChunkCache()
+        self._reader = CachedReader()
         self._file_mode = 0o444 if read_only else 0o644
         self._dir_mode = 0o555 if read_only else 0o755
 
@@ -791,13 +792,14 @@ class View:
             raise fail(errno.EIO) from None
 
     async def read(self, handle: ReadHandle, offset: int, size: int) -> bytes | bytearray | memoryview:
-        """Up to ``size`` bytes at ``offset`` (any buffer: pyfuse3 copies it into its reply)."""
+        """Up to ``size`` bytes at ``offset``: any buffer, possibly a view of one that the next
+        read reuses (see ``CachedReader``), so copy or reply before awaiting anything else."""
         if handle.data is not None:
             return memoryview(handle.data)[offset: offset + size]
         size = max(0, min(size, handle.nbytes - offset))
         if size == 0:
             return b""
-        data = pread_cached(handle.fd, size, handle.offset + offset)
+        data = self._reader.pread(handle.fd, size, handle.offset + offset)
         if data is None:
             data = await blocking(os.pread, handle.fd, size, handle.offset + offset)
         return data
@@ -808,15 +810,25 @@ class View:
             handle.fd = -1
 
 
-def pread_cached(fd: int, size: int, offset: int) -> bytearray | None:
-    """``pread`` that never waits for the disk: None unless all bytes are in the page cache.
+class CachedReader:
+    """``pread`` that never waits for the disk, into one reused buffer.
 
     A read served from the page cache costs microseconds, far less than a trip
-    to a worker thread, so only cold reads are sent off the trio thread.
+    to a worker thread, so only cold reads are sent off the trio thread. The
+    result is a view of a buffer that the next call overwrites: pyfuse3 copies a
+    read handler's result into its reply before any other handler runs, so the
+    view must be returned to it without an ``await`` in between. Not allocating
+    (and zero-filling) a fresh buffer per request is what lets large files stream.
     """
-    buf = bytearray(size)
-    try:
-        n = os.preadv(fd, [buf], offset, os.RWF_NOWAIT)
-    except (BlockingIOError, OSError):
-        return None
-    return buf if n == size else None
+
+    def __init__(self, capacity: int = 1 << 20) -> None:
+        self._buf = memoryview(bytearray(capacity))
+
+    def pread(self, fd: int, size: int, offset: int) -> memoryview | bytearray | None:
+        """``size`` bytes at ``offset`` if all of them are in the page cache, else None."""
+        buf = self._buf[:size] if size <= len(self._buf) else memoryview(bytearray(size))
+        try:
+            n = os.preadv(fd, [buf], offset, os.RWF_NOWAIT)
+        except (BlockingIOError, OSError):
+            return None
+        return buf if n == size else None
