@@ -1,14 +1,18 @@
 """The write journal (shardfs/journal.py): record format, segment lifecycle, recovery.
 
 Property tests (hypothesis) check the record format against torn and damaged
-tails; unit tests drive one ``Journal`` in a temporary directory.
+tails; unit tests drive one ``Journal`` in a temporary directory; the last
+tests SIGKILL a real daemon and check what the next mount replays or refuses.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
+import signal
+import tempfile
 from pathlib import Path
 
 import crc32c
@@ -18,8 +22,11 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import lazy_unmount, read_tensorstore, run_shardfs
 from shardfs import journal as journal_mod
 from shardfs.journal import HEADER, Change, Journal, JournalError, decode_records, encode_record
+from writehelpers import Spec, assert_source_equals, build, journal_bytes, journal_entries, leftovers
+from writers import umount
 
 SETTINGS = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -204,3 +211,65 @@ def test_sync_fsyncs_appended_segments_and_new_directory_entries(tmp_path, monke
     j.append(change(4, size=1000))  # the segment is now past segment_bytes
     j.append(change(5, size=10))  # rotates into a new segment
     assert sync() == sorted([seg[1], seg[2], str(d)])
+
+
+# --------------------------------------------------------------------------- through the mount
+
+J2 = Spec("j2", (8, 10), (4, 5), (8, 10), "<i4", 0, ("zstd", 3), inner_crc=False,
+          index_location="end", index_crc=True, initial=((slice(0, 8), slice(0, 5)),),
+          write=(slice(0, 4), slice(0, 5)))
+
+
+def test_sigkilled_daemons_journal_is_replayed_without_its_torn_tail(tmp_path, mount):
+    """Chunks committed before a SIGKILL reach the shard at the next mount; a torn record at
+    the end of the segment (a commit the kill interrupted) is ignored with one warning."""
+    src = tmp_path / "src"
+    exp = build(src, [J2])["j2"]
+    shard = J2.shard_file(src, (0, 0))
+    before = shard.read_bytes()
+    mnt = mount(src)
+    m = mount.info(mnt)
+    writes = [(idx, J2.values(J2.chunk, 10 + k)) for k, idx in enumerate([(0, 0), (1, 1), (0, 0)])]
+    for idx, block in writes:  # (0, 0) twice: the later value must win
+        (mnt / "j2" / J2.chunk_name(idx)).write_bytes(J2.encode(block))
+        exp[J2.chunk_region(idx)] = block
+    os.kill(m.pid, signal.SIGKILL)
+    m.proc.wait(timeout=10)
+    lazy_unmount(mnt)
+    assert shard.read_bytes() == before, "the shard was folded before the kill: nothing to replay"
+    names = journal_entries(src)
+    assert len(names) == 1 and names[0].endswith(".seg"), names
+    segment = src / ".shardfs" / "journal" / names[0]
+    assert journal_bytes(src) > sum(len(J2.encode(b)) for _, b in writes)
+    torn = encode_record(Change("j2", (0, 0), 2, J2.encode(J2.values(J2.chunk, 99))))
+    with open(segment, "ab") as f:
+        f.write(torn[: len(torn) // 2])
+
+    mnt = mount(src)
+    assert journal_entries(src) == [], "journal not replayed (and emptied) before the mount went live"
+    assert_source_equals(src, "j2", exp)
+    np.testing.assert_array_equal(read_tensorstore(mnt / "j2"), exp)
+    log = mount.info(mnt).log_text()
+    warnings = [line for line in log.splitlines() if "incomplete or damaged record" in line]
+    assert len(warnings) == 1 and names[0] in warnings[0], log[-3000:]
+    assert "replayed 3 journalled chunk changes" in log, log[-3000:]
+    umount(mount, mnt)
+    assert_source_equals(src, "j2", exp)
+    assert leftovers(src) == []
+
+
+def test_mount_refuses_a_journal_it_cannot_replay(tmp_path):
+    src = tmp_path / "src"
+    build(src, [J2])
+    journal = src / ".shardfs" / "journal"
+    journal.mkdir(parents=True)
+    (journal / "00000000000000000007.j").write_text(json.dumps({"array": "j2"}) + "\n")
+    with tempfile.TemporaryDirectory() as mnt:
+        try:
+            r = run_shardfs("mount", str(src), mnt)
+        finally:
+            lazy_unmount(mnt)
+    assert r.returncode != 0
+    assert "cannot replay the write journal" in r.stderr and "00000000000000000007.j" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert os.listdir(journal) == ["00000000000000000007.j"], "a journal that was refused must be kept"
