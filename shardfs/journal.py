@@ -1,8 +1,9 @@
 """The write journal: committed chunk changes on disk until their shards are rewritten.
 
 The journal is a directory of append-only segment files, ``<segno:020d>.seg``,
-numbered in the order they were started. Each committed chunk change is one
-record, appended with a single ``os.write`` to the current segment::
+numbered in the order they were started (a new one once the current one is
+``SEGMENT_BYTES`` long). Each committed chunk change is one record, appended
+with a single ``os.write`` to the current segment::
 
     header  struct "<4sIQI": MAGIC, meta length, data length, crc32c(meta + data)
     meta    JSON: {"array": path, "shard": [coords], "pos": n, "deleted": bool}
@@ -11,10 +12,10 @@ record, appended with a single ``os.write`` to the current segment::
 Contracts:
 - ``append`` returns once the record is in the page cache: it survives a
   SIGKILL of the daemon. ``sync`` makes every record appended before it was
-  called durable (power loss). If an append fails (error or short write), the
-  caller's commit fails with ``OSError`` and that segment is abandoned: no
-  record follows a torn one, so a torn record is only ever at the end of a
-  segment.
+  called durable (power loss). A short write is continued; if an append
+  fails (a write error, or a write that makes no progress), the caller's
+  commit fails with ``OSError`` and that segment is abandoned: no record
+  follows a torn one, so a torn record is only ever at the end of a segment.
 - A record stays on disk while it is live: until the caller ``release``s its
   handle (its shard was rewritten with it or with a newer value of its chunk).
   A segment with no live records is closed and unlinked, the current one
