@@ -132,7 +132,8 @@ class ChunkFormat:
 
     def prepare(self, data: bytes) -> bytes:
         """The stored form of chunk-file bytes ``data``; ``CorruptChunk`` (saying why) if they
-        are not exactly one inner chunk. CPU-bound: run it off the trio thread."""
+        are not exactly one inner chunk. CPU-bound (a full decode): the writeback runs it
+        off the trio thread unless ``data`` is small."""
         reason = self.check(data)
         if reason is not None:
             raise CorruptChunk(reason)

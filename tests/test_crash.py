@@ -36,7 +36,16 @@ import numpy as np
 import pytest
 
 from conftest import Mount, lazy_unmount
-from writehelpers import Spec, all_chunks, build, journal_entries, leftovers, read_ts3_native, read_zarr3_native
+from writehelpers import (
+    Spec,
+    all_chunks,
+    build,
+    journal_bytes,
+    journal_entries,
+    leftovers,
+    read_ts3_native,
+    read_zarr3_native,
+)
 
 s = slice
 TRIALS = int(os.environ.get("SHARDFS_CRASH_TRIALS", "60"))
@@ -212,7 +221,7 @@ def run_trial(trial: int, base: Path, templates: dict) -> dict:
         acked = {int(line) for line in out.splitlines() if line.strip().isdigit()}
         assert acked == set(range(len(acked))), f"writer acknowledged out of order: {sorted(acked)}"
         result["acked"] = len(acked)
-        result["journal"] = len([n for n in journal_entries(src) if n.endswith(".j")])
+        result["journal"] = journal_bytes(src)
         result["tmp_after_kill"] = [x for x in leftovers(src) if not x.startswith(".shardfs/journal")]
 
         m2 = Mount(src, mnt, d / "daemon2.log", (), allow_traceback=False)
@@ -221,6 +230,7 @@ def run_trial(trial: int, base: Path, templates: dict) -> dict:
         os.kill(m2.pid, signal.SIGTERM)  # what `shardfs umount` does
         rc = m2.proc.wait(timeout=30)
         assert rc == 0, f"second daemon exited with {rc}: {m2.output()[-2000:]}"
+        result["torn"] = "incomplete or damaged record" in m2.log_text()  # a record cut by the kill
         check_source(spec, src, old, new, acked, order)
         result["leftovers"] = leftovers(src)
     except BaseException as e:  # noqa: BLE001 - recorded, reported by the tests
@@ -258,7 +268,8 @@ def crash_results(tmp_path_factory):
     print(f"\n{len(results)} crash trials in {elapsed:.0f}s: "
           f"{sum(r['acked'] == 0 for r in ok)} killed before any ack, "
           f"{sum(0 < r['acked'] < n for r in ok)} mid-write, {sum(r['acked'] == n for r in ok)} after all acks; "
-          f"{sum(r['journal'] > 0 for r in ok)} left a journal to replay; "
+          f"{sum(r['journal'] > 0 for r in ok)} left a journal to replay "
+          f"({sum(r['torn'] for r in ok)} with a torn record); "
           f"{sum(bool(r['tmp_after_kill']) for r in ok)} left shard temp files at the kill; "
           f"{sum(bool(r.get('wedged')) for r in results)} killed daemons wedged")
     return results

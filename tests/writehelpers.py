@@ -197,8 +197,14 @@ def leftovers(src: Path) -> list[str]:
 
 
 def journal_entries(src: Path) -> list[str]:
+    """Names of the files in the journal directory: segments (``*.seg``) while changes are pending."""
     j = Path(src) / JOURNAL
     return sorted(os.listdir(j)) if j.is_dir() else []
+
+
+def journal_bytes(src: Path) -> int:
+    """Total size of the journal's files: at least the stored bytes of every pending chunk."""
+    return sum((Path(src) / JOURNAL / n).stat().st_size for n in journal_entries(src))
 
 
 def all_chunks(spec: Spec):

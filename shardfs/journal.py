@@ -1,0 +1,258 @@
+"""The write journal: committed chunk changes on disk until their shards are rewritten.
+
+The journal is a directory of append-only segment files, ``<segno:020d>.seg``,
+numbered in the order they were started (a new one once the current one is
+``SEGMENT_BYTES`` long). Each committed chunk change is one record, appended
+with a single ``os.write`` to the current segment::
+
+    header  struct "<4sIQI": MAGIC, meta length, data length, crc32c(meta + data)
+    meta    JSON: {"array": path, "shard": [coords], "pos": n, "deleted": bool}
+    data    the chunk's stored bytes (empty for a deleted chunk)
+
+Contracts:
+- ``append`` returns once the record is in the page cache: it survives a
+  SIGKILL of the daemon. ``sync`` makes every record appended before it was
+  called durable (power loss). A short write is continued; if an append
+  fails (a write error, or a write that makes no progress), the caller's
+  commit fails with ``OSError`` and that segment is abandoned: no record
+  follows a torn one, so a torn record is only ever at the end of a segment.
+- A record stays on disk while it is live: until the caller ``release``s its
+  handle (its shard was rewritten with it or with a newer value of its chunk).
+  A segment with no live records is closed and unlinked, the current one
+  included: once everything is released the directory is empty.
+- ``recover`` reads what an earlier daemon left: segments in name order,
+  records in file order, each segment up to its first incomplete or damaged
+  record (never acknowledged: the append did not return). ``clear`` deletes it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import re
+import struct
+from dataclasses import dataclass
+from typing import Iterable
+
+import crc32c
+import trio
+
+from shardfs.source import fsync_dir
+
+log = logging.getLogger("shardfs")
+
+MAGIC = b"SFJ1"
+HEADER = struct.Struct("<4sIQI")  # magic, meta length, data length, crc32c over meta + data
+SEGMENT_BYTES = 64 << 20  # a segment is rotated once it is this long
+SEGMENT_NAME = re.compile(r"\d{20}\.seg")
+
+
+class JournalError(Exception):
+    """The journal directory holds something this version cannot replay."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One committed chunk change: the stored bytes of inner chunk ``pos`` of a shard (None: deleted)."""
+
+    array: str
+    shard: tuple[int, ...]
+    pos: int
+    data: bytes | None
+
+
+def encode_record(change: Change) -> bytes:
+    """The bytes of one journal record holding ``change``."""
+    meta = json.dumps({"array": change.array, "shard": list(change.shard), "pos": change.pos,
+                       "deleted": change.data is None}).encode()
+    data = change.data or b""
+    header = HEADER.pack(MAGIC, len(meta), len(data), crc32c.crc32c(data, crc32c.crc32c(meta)))
+    return b"".join((header, meta, data))
+
+
+def decode_records(buf: bytes) -> tuple[list[Change], int]:
+    """The complete, intact records at the start of ``buf`` and the number of bytes they span.
+
+    Decoding stops at the first record that is incomplete or whose magic or
+    crc32c does not match; a record with a matching crc32c but unreadable meta
+    raises ``JournalError``.
+    """
+    changes = []
+    view = memoryview(buf)
+    end = 0
+    while end + HEADER.size <= len(buf):
+        magic, meta_len, data_len, crc = HEADER.unpack_from(buf, end)
+        start = end + HEADER.size
+        stop = start + meta_len + data_len
+        if magic != MAGIC or stop > len(buf) or crc32c.crc32c(view[start:stop]) != crc:
+            break
+        try:
+            meta = json.loads(bytes(view[start: start + meta_len]))
+            data = None if meta["deleted"] else bytes(view[start + meta_len: stop])
+            changes.append(Change(meta["array"], tuple(meta["shard"]), meta["pos"], data))
+        except (ValueError, KeyError, TypeError) as e:
+            raise JournalError(f"record at offset {end}: unreadable meta: {e}") from None
+        end = stop
+    return changes, end
+
+
+@dataclass(eq=False)
+class _Segment:
+    path: str
+    fd: int | None  # open for appending while this is the current segment
+    size: int = 0
+    live: int = 0  # appended records not yet released
+
+
+@dataclass(eq=False, frozen=True)
+class Record:
+    """Handle of one appended record: pass it to ``Journal.release`` exactly once."""
+
+    segment: _Segment
+
+
+class Journal:
+    """The segments of one mount. ``append`` and ``release`` are called from the trio
+    thread only; ``sync`` is async (its fsyncs run in a worker thread)."""
+
+    def __init__(self, directory: str, segment_bytes: int = SEGMENT_BYTES) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self._current: _Segment | None = None
+        self._next = 0  # number of the next segment
+        self._unsynced: set[str] = set()  # segments appended to since the last sync
+        self._new_dirs: list[str] = []  # directories with entries created since the last sync
+        self._sync_lock = trio.Lock()
+
+    # ----- appending ----------------------------------------------------------------------
+
+    def append(self, change: Change) -> Record:
+        """Append one record; raises ``OSError`` if it could not be written whole."""
+        record = encode_record(change)
+        seg = self._current
+        if seg is None or seg.size >= self.segment_bytes:
+            seg = self._start_segment()
+        try:
+            rest = memoryview(record)
+            while rest:  # a short write (e.g. interrupted by a signal) goes on where it stopped
+                n = os.write(seg.fd, rest)
+                if n == 0:
+                    raise OSError(errno.EIO, f"{seg.path}: write returned 0")
+                rest = rest[n:]
+        except OSError:
+            self._close(seg)  # a torn record ends this segment
+            raise
+        seg.size += len(record)
+        seg.live += 1
+        self._unsynced.add(seg.path)
+        return Record(seg)
+
+    def _start_segment(self) -> _Segment:
+        if self._current is not None:
+            self._close(self._current)
+        if not os.path.isdir(self.directory):
+            os.makedirs(self.directory)
+            parent = os.path.dirname(self.directory)
+            self._new_dirs += [os.path.dirname(parent), parent]
+        path = os.path.join(self.directory, f"{self._next:020d}.seg")
+        self._next += 1
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        self._new_dirs.append(self.directory)
+        self._current = _Segment(path, fd)
+        return self._current
+
+    def _close(self, seg: _Segment) -> None:
+        """Stop appending to ``seg``; unlink it if no record in it is live."""
+        if seg is self._current:
+            self._current = None
+        if seg.fd is not None:
+            os.close(seg.fd)
+            seg.fd = None
+        if seg.live == 0:
+            self._unsynced.discard(seg.path)
+            try:
+                os.unlink(seg.path)
+            except OSError as e:
+                log.error("%s: cannot delete a folded journal segment: %s", seg.path, e)
+
+    # ----- releasing ----------------------------------------------------------------------
+
+    def release(self, records: Iterable[Record]) -> None:
+        """Records whose changes reached their shards (durably): their segments may go."""
+        for record in records:
+            seg = record.segment
+            seg.live -= 1
+            if seg.live == 0:
+                self._close(seg)
+
+    # ----- durability ---------------------------------------------------------------------
+
+    async def sync(self) -> None:
+        """Make every record appended so far durable: fsync the segments appended to and the
+        directories that gained entries since the last sync. Concurrent callers wait for
+        the sync in progress, then do their own."""
+        async with self._sync_lock:
+            paths, self._unsynced = self._unsynced, set()
+            dirs, self._new_dirs = self._new_dirs, []
+            if not (paths or dirs):
+                return
+            try:
+                await trio.to_thread.run_sync(_fsync_all, paths, dirs)
+            except BaseException:
+                self._unsynced |= paths  # not durable: the next sync tries again
+                self._new_dirs += dirs
+                raise
+
+    # ----- recovery -----------------------------------------------------------------------
+
+    def recover(self) -> list[Change]:
+        """Every change in the segments an earlier daemon left, in commit order (call before
+        the first ``append``). Raises ``JournalError`` if the directory holds anything but
+        segments; logs one warning per segment whose tail is ignored."""
+        try:
+            names = sorted(os.listdir(self.directory))
+        except FileNotFoundError:
+            return []
+        strange = [n for n in names if not SEGMENT_NAME.fullmatch(n)]
+        if strange:
+            raise JournalError(f"{self.directory}: not journal segments: {', '.join(strange[:5])}"
+                               f"{' ...' if len(strange) > 5 else ''}")
+        changes = []
+        for name in names:
+            path = os.path.join(self.directory, name)
+            with open(path, "rb") as f:
+                buf = f.read()
+            found, end = decode_records(buf)
+            if end < len(buf):
+                log.warning("%s: ignoring the last %d bytes (from offset %d): an incomplete or damaged "
+                            "record, never acknowledged", path, len(buf) - end, end)
+            changes += found
+        if names:
+            self._next = int(names[-1][:20]) + 1
+        return changes
+
+    def clear(self) -> None:
+        """Delete every segment (after ``recover``ed changes were applied) durably."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return
+        for name in names:
+            os.unlink(os.path.join(self.directory, name))
+        fsync_dir(self.directory)
+
+
+def _fsync_all(paths: set[str], dirs: list[str]) -> None:
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue  # every record in it was released: its shards were fsynced
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for d in dict.fromkeys(dirs):
+        fsync_dir(d)

@@ -1,0 +1,275 @@
+"""The write journal (shardfs/journal.py): record format, segment lifecycle, recovery.
+
+Property tests (hypothesis) check the record format against torn and damaged
+tails; unit tests drive one ``Journal`` in a temporary directory; the last
+tests SIGKILL a real daemon and check what the next mount replays or refuses.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import signal
+import tempfile
+from pathlib import Path
+
+import crc32c
+import numpy as np
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import lazy_unmount, read_tensorstore, run_shardfs
+from shardfs import journal as journal_mod
+from shardfs.journal import HEADER, Change, Journal, JournalError, decode_records, encode_record
+from writehelpers import Spec, assert_source_equals, build, journal_bytes, journal_entries, leftovers
+from writers import umount
+
+SETTINGS = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+
+changes = st.builds(
+    Change,
+    array=st.text(max_size=12),
+    shard=st.lists(st.integers(0, 2**31), max_size=4).map(tuple),
+    pos=st.integers(0, 2**40),
+    data=st.none() | st.binary(max_size=300),
+)
+
+
+def encode_all(items: list[Change]) -> tuple[bytes, list[int]]:
+    """The records of ``items`` back to back, and the offset where each one ends."""
+    records = [encode_record(c) for c in items]
+    ends = np.cumsum([len(r) for r in records]).tolist()
+    return b"".join(records), ends
+
+
+# --------------------------------------------------------------------------- record format
+
+
+@SETTINGS
+@given(items=st.lists(changes, max_size=8))
+def test_records_round_trip(items):
+    buf, _ = encode_all(items)
+    assert decode_records(buf) == (items, len(buf))
+
+
+@SETTINGS
+@given(items=st.lists(changes, min_size=1, max_size=6), data=st.data())
+def test_a_cut_anywhere_keeps_exactly_the_complete_records_before_it(items, data):
+    buf, ends = encode_all(items)
+    cut = data.draw(st.integers(0, len(buf)), label="cut")
+    complete = sum(end <= cut for end in ends)
+    assert decode_records(buf[:cut]) == (items[:complete], ends[complete - 1] if complete else 0)
+
+
+@SETTINGS
+@given(items=st.lists(changes, min_size=1, max_size=6), data=st.data())
+def test_a_damaged_byte_stops_decoding_at_its_record(items, data):
+    buf, ends = encode_all(items)
+    at = data.draw(st.integers(0, len(buf) - 1), label="offset")
+    flip = data.draw(st.integers(1, 255), label="xor")
+    damaged = bytearray(buf)
+    damaged[at] ^= flip
+    k = sum(end <= at for end in ends)  # the record holding the damaged byte
+    assert decode_records(bytes(damaged)) == (items[:k], ends[k - 1] if k else 0)
+
+
+def test_intact_record_with_unreadable_meta_is_an_error():
+    meta = b"not json"
+    record = HEADER.pack(journal_mod.MAGIC, len(meta), 0, crc32c.crc32c(meta)) + meta
+    with pytest.raises(JournalError, match="unreadable meta"):
+        decode_records(record)
+
+
+# --------------------------------------------------------------------------- segment lifecycle
+
+
+def change(k: int, size: int = 100) -> Change:
+    return Change("a/b", (k % 3, 1), k, bytes([k % 256]) * size)
+
+
+def segments(d: Path) -> list[str]:
+    return sorted(os.listdir(d)) if d.is_dir() else []
+
+
+def test_released_records_empty_the_directory(tmp_path):
+    d = tmp_path / ".shardfs" / "journal"
+    j = Journal(str(d))
+    assert not d.exists(), "the directory is created by the first append, not before"
+    records = [j.append(change(k)) for k in range(5)]
+    assert segments(d) == [f"{0:020d}.seg"]
+    j.release(records[:4])
+    assert segments(d) == [f"{0:020d}.seg"], "a segment with a live record was deleted"
+    j.release(records[4:])
+    assert segments(d) == [], "the current segment was kept though no record in it is live"
+    j.append(change(9))
+    assert segments(d) == [f"{1:020d}.seg"], "appending after the journal emptied starts a new segment"
+
+
+def test_segments_rotate_and_go_once_their_records_are_released(tmp_path):
+    d = tmp_path / "journal"
+    j = Journal(str(d), segment_bytes=1000)
+    records = [j.append(change(k, size=300)) for k in range(9)]  # 3 records per segment
+    assert len(segments(d)) == 3
+    j.release(records[3:6])  # the middle segment
+    assert segments(d) == [f"{0:020d}.seg", f"{2:020d}.seg"]
+    j.release(records[:3] + records[6:])
+    assert segments(d) == []
+    assert Journal(str(d)).recover() == []
+
+
+def test_recover_replays_segments_in_order_and_skips_a_torn_tail(tmp_path, caplog):
+    d = tmp_path / "journal"
+    j = Journal(str(d), segment_bytes=1000)
+    items = [change(k, size=300) for k in range(7)]
+    for c in items:
+        j.append(c)
+    first = d / f"{0:020d}.seg"
+    torn = encode_record(change(99, size=300))[:150]
+    with open(first, "ab") as f:  # as if the daemon was killed inside that write
+        f.write(torn)
+    with caplog.at_level(logging.WARNING, logger="shardfs"):
+        again = Journal(str(d))
+        assert again.recover() == items
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and str(first) in warnings[0] and "150 bytes" in warnings[0], warnings
+    again.append(change(7))  # a later daemon appends after the segments it recovered
+    assert segments(d)[-1] == f"{3:020d}.seg"
+    again.clear()
+    assert segments(d) == []
+
+
+def test_recover_refuses_anything_but_segments(tmp_path):
+    d = tmp_path / "journal"
+    Journal(str(d)).append(change(1))
+    (d / "00000000000000000001.j").write_bytes(b"{}\n")  # an entry of the per-file journal
+    with pytest.raises(JournalError, match="00000000000000000001.j"):
+        Journal(str(d)).recover()
+
+
+def test_a_failed_append_fails_and_abandons_its_segment(tmp_path, monkeypatch):
+    d = tmp_path / "journal"
+    j = Journal(str(d))
+    kept = j.append(change(1))
+    real_write = os.write
+
+    def disk_full(fd: int, data) -> int:
+        real_write(fd, bytes(data[:50]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(journal_mod.os, "write", disk_full)
+    with pytest.raises(OSError):
+        j.append(change(2))
+    monkeypatch.setattr(journal_mod.os, "write", real_write)
+    later = j.append(change(3))
+    assert segments(d) == [f"{0:020d}.seg", f"{1:020d}.seg"], "no new segment after a torn record"
+    assert Journal(str(d)).recover() == [change(1), change(3)]
+    j.release([kept, later])
+    assert segments(d) == []
+
+
+def test_short_writes_are_continued(tmp_path, monkeypatch):
+    d = tmp_path / "journal"
+    j = Journal(str(d))
+    real_write = os.write
+    monkeypatch.setattr(journal_mod.os, "write", lambda fd, data: real_write(fd, bytes(data[:7])))
+    j.append(change(1))
+    j.append(change(2, size=0))
+    monkeypatch.setattr(journal_mod.os, "write", real_write)
+    assert Journal(str(d)).recover() == [change(1), change(2, size=0)]
+
+
+def test_sync_fsyncs_appended_segments_and_new_directory_entries(tmp_path, monkeypatch):
+    d = tmp_path / "src" / ".shardfs" / "journal"
+    (tmp_path / "src").mkdir()
+    j = Journal(str(d), segment_bytes=1000)
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+    def sync() -> list[str]:
+        synced.clear()
+        trio.run(j.sync)
+        return sorted(synced)
+
+    seg = [str(d / f"{n:020d}.seg") for n in range(3)]
+    first = j.append(change(1, size=1000))
+    j.append(change(2, size=10))  # rotates
+    assert sync() == sorted([seg[0], seg[1], str(d), str(d.parent), str(tmp_path / "src")])
+    assert sync() == [], "nothing appended since the last sync"
+    j.append(change(3, size=10))
+    assert sync() == [seg[1]], "an append to an existing segment needs no directory fsync"
+    j.release([first])
+    j.append(change(4, size=1000))  # the segment is now past segment_bytes
+    j.append(change(5, size=10))  # rotates into a new segment
+    assert sync() == sorted([seg[1], seg[2], str(d)])
+
+
+# --------------------------------------------------------------------------- through the mount
+
+J2 = Spec("j2", (8, 10), (4, 5), (8, 10), "<i4", 0, ("zstd", 3), inner_crc=False,
+          index_location="end", index_crc=True, initial=((slice(0, 8), slice(0, 5)),),
+          write=(slice(0, 4), slice(0, 5)))
+
+
+def test_sigkilled_daemons_journal_is_replayed_without_its_torn_tail(tmp_path, mount):
+    """Chunks committed before a SIGKILL reach the shard at the next mount; a torn record at
+    the end of the segment (a commit the kill interrupted) is ignored with one warning."""
+    src = tmp_path / "src"
+    exp = build(src, [J2])["j2"]
+    shard = J2.shard_file(src, (0, 0))
+    before = shard.read_bytes()
+    mnt = mount(src)
+    m = mount.info(mnt)
+    writes = [(idx, J2.values(J2.chunk, 10 + k)) for k, idx in enumerate([(0, 0), (1, 1), (0, 0)])]
+    for idx, block in writes:  # (0, 0) twice: the later value must win
+        (mnt / "j2" / J2.chunk_name(idx)).write_bytes(J2.encode(block))
+        exp[J2.chunk_region(idx)] = block
+    os.kill(m.pid, signal.SIGKILL)
+    m.proc.wait(timeout=10)
+    lazy_unmount(mnt)
+    assert shard.read_bytes() == before, "the shard was folded before the kill: nothing to replay"
+    names = journal_entries(src)
+    assert len(names) == 1 and names[0].endswith(".seg"), names
+    segment = src / ".shardfs" / "journal" / names[0]
+    assert journal_bytes(src) > sum(len(J2.encode(b)) for _, b in writes)
+    torn = encode_record(Change("j2", (0, 0), 2, J2.encode(J2.values(J2.chunk, 99))))
+    with open(segment, "ab") as f:
+        f.write(torn[: len(torn) // 2])
+
+    mnt = mount(src)
+    assert journal_entries(src) == [], "journal not replayed (and emptied) before the mount went live"
+    assert_source_equals(src, "j2", exp)
+    np.testing.assert_array_equal(read_tensorstore(mnt / "j2"), exp)
+    log = mount.info(mnt).log_text()
+    warnings = [line for line in log.splitlines() if "incomplete or damaged record" in line]
+    assert len(warnings) == 1 and names[0] in warnings[0], log[-3000:]
+    assert "replayed 3 journalled chunk changes" in log, log[-3000:]
+    umount(mount, mnt)
+    assert_source_equals(src, "j2", exp)
+    assert leftovers(src) == []
+
+
+def test_mount_refuses_a_journal_it_cannot_replay(tmp_path):
+    src = tmp_path / "src"
+    build(src, [J2])
+    journal = src / ".shardfs" / "journal"
+    journal.mkdir(parents=True)
+    (journal / "00000000000000000007.j").write_text(json.dumps({"array": "j2"}) + "\n")
+    with tempfile.TemporaryDirectory() as mnt:
+        try:
+            r = run_shardfs("mount", str(src), mnt)
+        finally:
+            lazy_unmount(mnt)
+    assert r.returncode != 0
+    assert "cannot replay the write journal" in r.stderr and "00000000000000000007.j" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert os.listdir(journal) == ["00000000000000000007.j"], "a journal that was refused must be kept"
