@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from shardfs.shardfile import CORRUPT, ShardFormat, assemble, outermost, read_ta
 from shardfs.source import Source, Version
 
 log = logging.getLogger("shardfs")
+_EMPTY, _CORRUPT = int(EMPTY), int(CORRUPT)
 
 
 class CorruptShard(Exception):
@@ -29,8 +30,7 @@ class CorruptChunk(ValueError):
     """Inner-chunk bytes that do not decode, or refuse to encode (the message says why)."""
 
 
-@dataclass(frozen=True)
-class Extent:
+class Extent(NamedTuple):
     """Where one stored inner chunk lives: a byte range of a shard of a given version."""
 
     key: str
@@ -85,12 +85,12 @@ def extent(key: str, version: Version, table: np.ndarray, pos: int) -> Extent | 
 
     Raises ``CorruptShard`` if the chunk lies in a corrupt inner shard.
     """
-    offset, nbytes = table[pos]
-    if offset == EMPTY:
-        if nbytes == CORRUPT:
+    offset, nbytes = table.item(pos, 0), table.item(pos, 1)  # Python ints: no numpy scalars on the hot path
+    if offset == _EMPTY:
+        if nbytes == _CORRUPT:
             raise CorruptShard("the chunk's inner shard is corrupt")
         return None
-    return Extent(key, version, int(offset), int(nbytes))
+    return Extent(key, version, offset, nbytes)
 
 
 def open_extent_sync(source: Source, ext: Extent) -> int | None:

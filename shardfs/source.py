@@ -14,15 +14,16 @@ import stat as stat_mod
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
 TMP_SUFFIX = ".shardfs-tmp"
 
 
-@dataclass(frozen=True)
-class Version:
-    """Identity of one state of a file: changes whenever its content may have."""
+class Version(NamedTuple):
+    """Identity of one state of a file: changes whenever its content may have.
+
+    A NamedTuple, not a dataclass: it is built, hashed and compared on every open."""
 
     ino: int
     size: int
@@ -63,7 +64,8 @@ class Source:
                 self._versions[key] = (now + self.stat_ttl, version)
         return version
 
-    def _changed(self, key: str) -> None:
+    def changed(self, key: str) -> None:
+        """Forget the remembered version of ``key``: it changed (here or, seen by a reader, outside)."""
         with self._lock:
             self._changes += 1
             self._versions.pop(key, None)
@@ -125,7 +127,7 @@ class Source:
             raise
         os.close(fd)
         os.rename(tmp, path)
-        self._changed(key)
+        self.changed(key)
         if sync:
             fsync_dir(directory)
         return Version(st.st_ino, st.st_size, st.st_mtime_ns)
@@ -136,7 +138,7 @@ class Source:
             os.unlink(self.path(key))
         except FileNotFoundError:
             pass
-        self._changed(key)
+        self.changed(key)
         parent = os.path.dirname(key)
         while parent:
             try:

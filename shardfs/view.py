@@ -755,6 +755,7 @@ class View:
             fd = shard_mod.open_extent_sync(self.source, ext)
             if fd is not None:
                 break
+            self.source.changed(ext.key)  # replaced since its version was remembered: stat it again
         else:
             raise fail(errno.EIO, "shard keeps changing")
         await self._read_ahead(ext, fd)

@@ -724,9 +724,9 @@ class Bench:
 
 
 # share of the remaining time budget each figure may use (roughly its cost at full size)
-WEIGHTS = {"read": 0.20, "cat": 0.12, "large": 0.03, "listing": 0.15, "random": 0.04, "write": 0.31,
-           "dask": 0.12, "mount": 0.03}
-FLOOR = {"large": 15.0, "random": 20.0, "mount": 15.0}  # cheap figures always get their repetitions
+WEIGHTS = {"read": 0.20, "cat": 0.18, "large": 0.03, "listing": 0.15, "random": 0.04, "write": 0.27,
+           "dask": 0.10, "mount": 0.03}
+FLOOR = {"large": 25.0, "random": 20.0, "mount": 15.0}  # cheap figures always get their repetitions
 REOPEN_CALLS = 2000  # open+read+close of one cached file, per side and repetition of fig_random
 
 FIGURES: list[tuple[str, str, list[str]]] = [

@@ -1,0 +1,74 @@
+"""Open files and shard replacement: what a chunk file reads once its shard has been
+replaced in the source (atomically, by rename, as shardfs itself and careful writers do).
+
+A file opened for reading (and not yet cached by the kernel) reads the chunk as it was
+when it was opened, whole, even if the shard is replaced before the first read. A file
+opened again later reads the new chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numcodecs
+import numpy as np
+import pytest
+
+from shardbuild import LE, ZSTD, sharding, write_v3
+
+SHAPE, CHUNK, SHARD = (16, 16), (8, 8), (16, 16)
+
+
+def build(root: Path, data: np.ndarray) -> None:
+    root.mkdir()
+    (root / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+    write_v3(root / "x", data, SHARD, [sharding(CHUNK, [LE, ZSTD])])
+
+
+def decoded(stored: bytes) -> np.ndarray:
+    return np.frombuffer(numcodecs.Zstd().decode(stored), dtype="<u2").reshape(CHUNK)
+
+
+@pytest.fixture
+def versions(tmp_path) -> tuple[Path, Path, np.ndarray, np.ndarray]:
+    """The source (holding version A) and a second copy with version B of the same array.
+
+    A is all ones (its chunks compress to a few bytes), B random (they do not), so the
+    chunks of B sit at other offsets than those of A, and have other sizes."""
+    a = np.ones(SHAPE, dtype="<u2")
+    b = np.random.default_rng(5).integers(2, 60000, size=SHAPE).astype("<u2")
+    build(tmp_path / "src", a)
+    build(tmp_path / "other", b)
+    return tmp_path / "src", tmp_path / "other", a, b
+
+
+def shard_files(root: Path) -> list[Path]:
+    return sorted(p for p in (root / "x" / "c").rglob("*") if p.is_file())
+
+
+def test_open_file_reads_the_version_it_opened(versions, mount):
+    src, other, a, b = versions
+    mnt = mount(src)
+    (shard,) = shard_files(src)
+    (new,) = shard_files(other)
+    with open(mnt / "x" / "1.1", "rb", buffering=0) as f:
+        os.replace(new, shard)  # the shard is replaced before the first read
+        got = f.read()
+    assert np.array_equal(decoded(got), a[8:, 8:]), "an open file must read the chunk it opened, whole"
+
+
+def test_file_opened_after_the_replacement_reads_the_new_chunk(versions, mount):
+    src, other, a, b = versions
+    mnt = mount(src, "-o", "attr_timeout=0", "-o", "entry_timeout=0")
+    (shard,) = shard_files(src)
+    assert np.array_equal(decoded((mnt / "x" / "1.1").read_bytes()), a[8:, 8:])
+    (new,) = shard_files(other)
+    os.replace(new, shard)
+    deadline = time.monotonic() + 3  # the daemon remembers a shard's stat() for up to 1 s
+    while not np.array_equal(decoded(got := (mnt / "x" / "1.1").read_bytes()), b[8:, 8:]):
+        assert np.array_equal(decoded(got), a[8:, 8:]), "neither the old nor the new chunk"
+        assert time.monotonic() < deadline, "the new chunk is not shown 3 s after the shard was replaced"
+        time.sleep(0.1)
