@@ -825,7 +825,7 @@ class CachedReader:
     def __init__(self, capacity: int = 1 << 20) -> None:
         self._buf = memoryview(bytearray(capacity))
 
-    def pread(self, fd: int, size: int, offset: int) -> memoryview | bytearray | None:
+    def pread(self, fd: int, size: int, offset: int) -> memoryview | None:
         """``size`` bytes at ``offset`` if all of them are in the page cache, else None."""
         buf = self._buf[:size] if size <= len(self._buf) else memoryview(bytearray(size))
         try:

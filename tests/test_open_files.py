@@ -68,7 +68,7 @@ def test_file_opened_after_the_replacement_reads_the_new_chunk(versions, mount):
     (new,) = shard_files(other)
     os.replace(new, shard)
     deadline = time.monotonic() + 3  # the daemon remembers a shard's stat() for up to 1 s
-    while not np.array_equal(decoded(got := (mnt / "x" / "1.1").read_bytes()), b[8:, 8:]):
-        assert np.array_equal(decoded(got), a[8:, 8:]), "neither the old nor the new chunk"
+    while not np.array_equal(got := decoded((mnt / "x" / "1.1").read_bytes()), b[8:, 8:]):
+        assert np.array_equal(got, a[8:, 8:]), "neither the old nor the new chunk"
         assert time.monotonic() < deadline, "the new chunk is not shown 3 s after the shard was replaced"
         time.sleep(0.1)

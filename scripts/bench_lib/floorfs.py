@@ -11,8 +11,9 @@ what shardfs adds, and floorfs time / real-directory time is the price of FUSE +
 itself (one kernel/user round trip per request).
 
 Contract: SRC is one directory tree on one filesystem (inode numbers must be unique) that
-does not change while mounted. MNT counts as ready once it is a mount point. SIGTERM or
-SIGINT, or ``fusermount3 -u MNT``, unmounts it and ends the process with status 0.
+nothing but floorfs itself changes while mounted. MNT counts as ready once it is a mount
+point. SIGTERM or SIGINT, or ``fusermount3 -u MNT``, unmounts it and ends the process with
+status 0.
 Imports only the standard library, pyfuse3 and trio.
 """
 
@@ -47,9 +48,10 @@ def _oserror_to_fuse(fn: F) -> F:
 
 
 class FloorOps(pyfuse3.Operations):
-    """Passthrough handlers (writes only with ``--rw``: create, write, rename, unlink, truncate): inode numbers are real ``st_ino`` (the root's swapped
-    with ``pyfuse3.ROOT_INODE``); every inode handed to the kernel is remembered with its
-    path for the life of the mount (no forget bookkeeping: the bench's trees are small)."""
+    """Passthrough handlers (writes only with ``--rw``: create, write, rename, unlink,
+    truncate): inode numbers are real ``st_ino`` (the root's swapped with
+    ``pyfuse3.ROOT_INODE``); every inode handed to the kernel is remembered with its path
+    for the life of the mount (no forget bookkeeping: the bench's trees are small)."""
 
     supports_dot_lookup = False
     enable_writeback_cache = False

@@ -265,7 +265,8 @@ class Bench:
         a mount point. A child that exits or is not mounted within 30 s is a BenchError."""
         log = self.logs / f"{name}.log"
         with open(log, "a") as f:
-            proc = subprocess.Popen([PY3, FLOORFS, *["--rw"] * rw, str(src), str(mnt)], stdin=subprocess.DEVNULL, stdout=f,
+            proc = subprocess.Popen([PY3, FLOORFS, *["--rw"] * rw, str(src), str(mnt)],
+                                    stdin=subprocess.DEVNULL, stdout=f,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         t0 = time.perf_counter()
         while not is_mounted(mnt):

@@ -89,7 +89,8 @@ def chart(rows: list[Any], path: Path, title: str) -> None:
     ax1.set_yticks(ys)
     ax1.set_yticklabels(labels, fontsize=8)
     ax1.set_xlabel("through the mount / baseline (log; black tick = target, lower is better)\n"
-                   "purple: baseline = a pyfuse3 passthrough (floorfs); diamond: that passthrough / the row above's baseline",
+                   "purple: baseline = a pyfuse3 passthrough (floorfs); "
+                   "diamond: that passthrough / the row above's baseline",
                    fontsize=9)
     ax2.axvline(1.0, color="black", lw=1.5)
     ax2.set_xscale("log")
