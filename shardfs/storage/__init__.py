@@ -1,0 +1,90 @@
+"""The storage interface: what everything above it knows about where shards live.
+
+Two implementations: a local directory (``shardfs.storage.local``) and an object store
+(``shardfs.storage.objects``). Keys are relative, ``/``-separated names below the source
+root (``raw/zarr.json``, ``raw/c/0/0/0``); ``""`` is the root itself. Every method blocks:
+callers on the trio thread run the ones that move data through a worker thread.
+
+A ``Version`` identifies one state of one key; it changes whenever the content may have.
+Conditional writes (``replace``/``delete`` with ``if_version``) succeed only while the key is
+still at that version (``ABSENT``: while it does not exist) and raise ``VersionMismatch``
+otherwise. This is what makes folds safe against other writers: read the shard at version V,
+build the new shard, ``replace(key, data, if_version=V)``; on ``VersionMismatch`` read again.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator, NamedTuple, Protocol, Sequence
+
+
+class Version(NamedTuple):
+    """Identity of one state of a stored key (a NamedTuple: it is hashed and compared per open).
+
+    Local files: ``(st_ino, st_size, st_mtime_ns)``; objects: ``(etag, size, last_modified_ns)``.
+    """
+
+    tag: int | str
+    size: int
+    mtime_ns: int
+
+
+class _Absent:
+    """The ``if_version`` that means "only if the key does not exist" (If-None-Match: *)."""
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT = _Absent()
+
+
+class VersionMismatch(Exception):
+    """A conditional ``read``/``replace``/``delete`` found the key at another version (or absent)."""
+
+
+class Range(NamedTuple):
+    """``nbytes`` bytes at ``offset``; a negative ``offset`` counts from the end (a suffix range)."""
+
+    offset: int
+    nbytes: int
+
+
+class Entry(NamedTuple):
+    """One entry of a listing: a name below the listed prefix, and whether it is a prefix/directory."""
+
+    name: str
+    is_dir: bool
+
+
+class Storage(Protocol):
+    """A source of keys: a local directory or an object-store prefix."""
+
+    def describe(self, key: str) -> str:
+        """A human-readable location of ``key`` for log lines (a path, or ``s3://bucket/key``)."""
+
+    def version(self, key: str) -> Version | None:
+        """The key's current version; None if it does not exist or is not a regular object."""
+
+    def read(self, key: str, ranges: Sequence[Range], if_version: Version | None = None) -> list[bytes]:
+        """The bytes of each range (shorter at the end of the object), read as one version.
+
+        With ``if_version`` raises ``VersionMismatch`` when the key is at another version;
+        ``FileNotFoundError`` when it does not exist.
+        """
+
+    def read_all(self, key: str) -> tuple[bytes, Version]:
+        """The whole content of a (small) key such as ``zarr.json``, and the version read."""
+
+    def list(self, prefix: str) -> Iterator[list[Entry]]:
+        """The entries directly below ``prefix``, page by page (bounded memory); none if missing."""
+
+    def replace(self, key: str, data: Iterable[bytes | memoryview],
+                if_version: Version | _Absent | None = None) -> Version:
+        """Atomically make ``data`` the content of ``key`` (readers see the old or the new object).
+
+        ``if_version``: only if the key is still at that version (``ABSENT``: still missing);
+        else ``VersionMismatch`` and nothing changed. Durable when it returns.
+        """
+
+    def delete(self, key: str, if_version: Version | _Absent | None = None) -> None:
+        """Remove ``key`` (missing is fine unless ``if_version`` is a Version)."""
