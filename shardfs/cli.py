@@ -222,7 +222,8 @@ def _run_daemon(args: argparse.Namespace, mnt: str, own: dict[str, str], fuse_op
 
     cache = ChunkCache(parse_size(own["chunk_cache"]) if "chunk_cache" in own else DEFAULT_BYTES)
     view = View(source, read_only=read_only, writeback=writeback, ome=args.ome, chunk_cache=cache)
-    ops = Operations(view, timeouts, writeback)
+    # Contents being written spill here beyond 8 MiB each (unlinked files: nothing to clean up).
+    ops = Operations(view, timeouts, writeback, spill_dir=source.path(".shardfs/spill"))
     if writeback is not None:
         writeback.on_folded = ops.writer.folded
     options = set(pyfuse3.default_options) | {fsname(args.src), "subtype=shardfs"} | fuse_opts

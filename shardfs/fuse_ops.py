@@ -31,6 +31,14 @@ from shardfs.writes import WriteHandle, Writer
 
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+NAME_MAX = 255  # bytes in one name (ENAMETOOLONG beyond), as on every local Linux filesystem
+
+
+def _name(name: bytes) -> str:
+    """A name from the kernel as ``str``; ENAMETOOLONG if it is longer than ``NAME_MAX`` bytes."""
+    if len(name) > NAME_MAX:
+        raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
+    return os.fsdecode(name)
 
 
 def _guard(fn: F) -> F:
@@ -85,10 +93,11 @@ class Operations(pyfuse3.Operations):
     enable_writeback_cache = False
 
     def __init__(self, view: View, timeouts: Timeouts | None = None,
-                 writeback: Writeback | None = None) -> None:
+                 writeback: Writeback | None = None, spill_dir: str | None = None) -> None:
+        """``spill_dir``: where contents being written spill beyond memory (needed with ``writeback``)."""
         super().__init__()
         self.view = view
-        self.writer = None if writeback is None else Writer(view, writeback, self.invalidate)
+        self.writer = None if writeback is None else Writer(view, writeback, self.invalidate, spill_dir)
         self.timeouts = timeouts or Timeouts()
         self._handles: dict[int, Any] = {}
         self._next_fh = itertools.count(1)
@@ -124,13 +133,13 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        return self._looked_up(await self.view.lookup(parent_inode, os.fsdecode(name)))
+        return self._looked_up(await self.view.lookup(parent_inode, _name(name)))
 
     @_guard
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
         handle = self._open_write(inode)
         if handle is not None and handle.chunk is not None:
-            return self._entry(Attr(inode, stat.S_IFREG | 0o644, len(handle.data()), time.time_ns(), 2))
+            return self._entry(Attr(inode, stat.S_IFREG | 0o644, handle.data().size, time.time_ns(), 2))
         return self._entry(await self.view.getattr(inode))
 
     @_guard
@@ -178,6 +187,8 @@ class Operations(pyfuse3.Operations):
         handle = self._handles.pop(fh, None)
         if isinstance(handle, ReadHandle):
             self.view.release(handle)
+        elif isinstance(handle, WriteHandle) and self.writer is not None:
+            self.writer.release(handle)
 
     @_guard
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
@@ -226,7 +237,7 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
                      ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        attr, handle = await self._writable().create(parent_inode, os.fsdecode(name))
+        attr, handle = await self._writable().create(parent_inode, _name(name))
         return pyfuse3.FileInfo(fh=self._new_fh(handle)), self._looked_up(attr)
 
     @_guard
@@ -272,12 +283,9 @@ class Operations(pyfuse3.Operations):
             if not isinstance(handle, WriteHandle):
                 handle = self._open_write(inode)
             if handle is None:
-                current = await self.view.getattr(inode)
-                if current.size != attr.st_size:
-                    log.error("truncate of inode %d: only files open for writing can be resized", inode)
-                    raise pyfuse3.FUSEError(errno.EPERM)
-                return self._entry(current)
-            await writer.truncate(handle, attr.st_size)
+                await writer.truncate_closed(inode, attr.st_size)
+            else:
+                await writer.truncate(handle, attr.st_size)
         return await self.getattr(inode)
 
     def _open_write(self, inode: int) -> WriteHandle | None:
@@ -290,13 +298,13 @@ class Operations(pyfuse3.Operations):
                      name_new: bytes, flags: int, ctx: Any) -> None:
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise pyfuse3.FUSEError(errno.EINVAL)
-        await self._writable().rename(parent_inode_old, os.fsdecode(name_old), parent_inode_new,
-                                      os.fsdecode(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE))
+        await self._writable().rename(parent_inode_old, _name(name_old), parent_inode_new,
+                                      _name(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE))
 
     @_guard
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any
                    ) -> pyfuse3.EntryAttributes:
-        return self._looked_up(await self._writable().link(inode, new_parent_inode, os.fsdecode(new_name)))
+        return self._looked_up(await self._writable().link(inode, new_parent_inode, _name(new_name)))
 
     @_guard
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -310,7 +318,7 @@ class Operations(pyfuse3.Operations):
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
         self._writable()
         try:
-            await self.view.lookup(parent_inode, os.fsdecode(name))
+            await self.view.lookup(parent_inode, _name(name))
         except OSError:
             log.error("mkdir %s: new directories are not supported", os.fsdecode(name))
             raise pyfuse3.FUSEError(errno.EPERM) from None

@@ -42,6 +42,7 @@ from shardfs.index import EMPTY
 from shardfs.layout import Unpresentable
 from shardfs.shard import CorruptChunk, CorruptShard, Extent, IndexCache
 from shardfs.source import Source, Version
+from shardfs.spill import SpillBuffer
 from shardfs.writeback import Pending, Writeback
 
 if TYPE_CHECKING:
@@ -124,7 +125,8 @@ class GroupNode:
 
 @dataclass
 class Staging:
-    """A file with a name that is not a chunk key (a writer's temporary), held in memory.
+    """A file with a name that is not a chunk key (a writer's temporary), held by the daemon
+    (in memory while small, then in a spill file: ``shardfs.spill``).
 
     ``committed`` is set when it was renamed onto a chunk or metadata file: its inode then
     shows that node (the node key), so the kernel's dentry for the new name stays valid
@@ -132,19 +134,21 @@ class Staging:
     """
 
     ino: int
-    data: bytearray = field(default_factory=bytearray)
+    data: SpillBuffer
     mtime_ns: int = field(default_factory=time.time_ns)
     committed: tuple | None = None
 
 
 @dataclass
 class ReadHandle:
-    """An open chunk or metadata file: either bytes in memory or a shard byte range, and
-    the attributes of the version that was opened."""
+    """An open chunk, metadata or staging file: bytes in memory, a shard byte range, or a
+    staging file's buffer (read as it is at each read), and the attributes of the version
+    that was opened."""
 
     ino: int
     attr: Attr
     data: bytes | None = None
+    buffer: SpillBuffer | None = None
     fd: int = -1
     offset: int = 0
     nbytes: int = 0
@@ -220,9 +224,9 @@ class View:
         except KeyError:
             raise fail(errno.ENOENT) from None
 
-    def new_staging(self, parent: int, name: str) -> Staging:
-        """Create an empty staging file ``name`` in directory ``parent``."""
-        st = Staging(next(self._next_ino))
+    def new_staging(self, parent: int, name: str, data: SpillBuffer) -> Staging:
+        """Create staging file ``name`` in directory ``parent`` holding ``data`` (empty)."""
+        st = Staging(next(self._next_ino), data)
         self._tmp[st.ino] = st
         self.staged[(parent, name)] = st
         return st
@@ -231,7 +235,7 @@ class View:
         """Remove a staging file's name; its inode shows node key ``committed`` from now on
         (an alias of that node's inode until the kernel forgets it), if given."""
         st = self.staged.pop((parent, name))
-        st.data = bytearray()
+        st.data.clear()  # gives a spill file's space back
         if committed is None:
             self._tmp.pop(st.ino, None)
         else:
@@ -582,7 +586,7 @@ class View:
             return await self._chunk_entry(key[1], key[2])
         if kind == "tmp":
             st = key[1]
-            return Attr(ino, stat.S_IFREG | self._file_mode, len(st.data), st.mtime_ns)
+            return Attr(ino, stat.S_IFREG | self._file_mode, st.data.size, st.mtime_ns)
         if kind == "dir":
             node = await self._node(key[1])
             if node is None:
@@ -738,7 +742,7 @@ class View:
             attr = await self.getattr(ino)
             return ReadHandle(ino, attr, data=await self.meta_bytes(await self._node(key[1]), key[2]))
         if key[0] == "tmp":
-            return ReadHandle(ino, await self.getattr(ino), data=bytes(key[1].data))
+            return ReadHandle(ino, await self.getattr(ino), buffer=key[1].data)
         if key[0] != "chunk":
             raise fail(errno.EISDIR)
         arr, coords = key[1], key[2]
@@ -797,6 +801,10 @@ class View:
         read reuses (see ``CachedReader``), so copy or reply before awaiting anything else."""
         if handle.data is not None:
             return memoryview(handle.data)[offset: offset + size]
+        if handle.buffer is not None:
+            if handle.buffer.spilled:
+                return await blocking(handle.buffer.read, offset, size)
+            return handle.buffer.read(offset, size)
         size = max(0, min(size, handle.nbytes - offset))
         if size == 0:
             return b""

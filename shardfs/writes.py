@@ -6,6 +6,13 @@ commit validates the bytes (exactly one inner chunk with the array's codecs),
 hands them to the ``Writeback`` (journal + pending), and invalidates the
 kernel's caches of every inode whose content changed. Errors are
 ``OSError``s raised by the committing call, with one log line naming the file.
+
+Contents being written (chunk files, staging files) are ``SpillBuffer``s: at
+most ``SPILL_THRESHOLD`` bytes each in memory, the rest in unlinked spill
+files. A chunk file never grows past the largest valid encoded inner chunk
+(``ChunkFormat.max_file_size``): a write or truncate beyond it fails with
+EFBIG, and a staging file larger than that is refused (EINVAL) by the rename
+or link that would commit it, before its bytes are read.
 """
 
 from __future__ import annotations
@@ -14,16 +21,20 @@ import errno
 import json
 import logging
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
+
+import trio
 
 from shardfs import shard as shard_mod
 from shardfs.shard import CorruptChunk
 from shardfs.layout import ArrayLayout
+from shardfs.spill import SPILL_THRESHOLD, SpillBuffer
 from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, chunk_name, fail
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
 
 log = logging.getLogger("shardfs")
 Invalidate = Callable[[list[int]], Awaitable[None]]
+METADATA_WRITE_MAX = 16 << 20  # a staging file renamed onto .zattrs/.zarray/.zgroup (EINVAL beyond)
 
 
 def shard_target(array_path: str, layout: ArrayLayout, shard: tuple[int, ...]) -> ShardTarget:
@@ -40,20 +51,34 @@ class WriteHandle:
     ino: int
     chunk: tuple[ArrayNode, tuple[int, ...]] | None = None
     staging: Staging | None = None
-    buf: bytearray | None = None  # chunk content; None until first needed
+    buf: SpillBuffer | None = None  # chunk content; None until first needed
     dirty: bool = False
 
-    def data(self) -> bytearray:
+    def data(self) -> SpillBuffer:
         return self.staging.data if self.staging is not None else self.buf
+
+
+async def _run(buf: SpillBuffer, end: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, a call on ``buf`` reaching byte ``end``: in a worker thread when it
+    touches a spill file (disk I/O), inline when it stays in memory."""
+    if buf.spilled or end > buf.threshold:
+        return await trio.to_thread.run_sync(fn, *args)
+    return fn(*args)
 
 
 class Writer:
     """Applies writes to the view's arrays through the writeback."""
 
-    def __init__(self, view: View, writeback: Writeback, invalidate: Invalidate) -> None:
+    def __init__(self, view: View, writeback: Writeback, invalidate: Invalidate, spill_dir: str,
+                 spill_threshold: int = SPILL_THRESHOLD) -> None:
         self.view = view
         self.writeback = writeback
         self.invalidate = invalidate
+        self.spill_dir = spill_dir
+        self.spill_threshold = spill_threshold
+
+    def _buffer(self, data: bytes = b"") -> SpillBuffer:
+        return SpillBuffer(self.spill_dir, self.spill_threshold, data)
 
     # ----- opening ------------------------------------------------------------------------
 
@@ -65,12 +90,12 @@ class Writer:
         target = await self.view.chunk_at_name(parent, name)
         if target is not None:
             ino = self.view.chunk_ino(*target)
-            handle = WriteHandle(ino, chunk=target, buf=bytearray(), dirty=True)
+            handle = WriteHandle(ino, chunk=target, buf=self._buffer(), dirty=True)
             attr = Attr(ino, 0o100000 | 0o644, 0, self.view.mount_ns, 2)
             return attr, handle
         if isinstance(node, ArrayNode) and node.info is None:
             raise fail(errno.EPERM, "array is not presentable")
-        st = self.view.new_staging(parent, name)
+        st = self.view.new_staging(parent, name, self._buffer())
         return await self.view.getattr(st.ino), WriteHandle(st.ino, staging=st)
 
     async def open(self, ino: int, truncate: bool) -> WriteHandle:
@@ -83,47 +108,84 @@ class Writer:
         if key[0] == "chunk":
             handle = WriteHandle(ino, chunk=(key[1], key[2]))
             if truncate:
-                handle.buf, handle.dirty = bytearray(), True
+                handle.buf, handle.dirty = self._buffer(), True
             return handle
         if key[0] == "meta":
             raise fail(errno.EPERM, "metadata files are read-only")
         raise fail(errno.EISDIR)
 
-    async def _load(self, handle: WriteHandle) -> bytearray:
+    async def _load(self, handle: WriteHandle) -> SpillBuffer:
         if handle.staging is None and handle.buf is None:
             rh = await self.view.open(handle.ino)
             try:
-                handle.buf = bytearray(await self.view.read(rh, 0, 1 << 62))
+                handle.buf = self._buffer(bytes(await self.view.read(rh, 0, 1 << 62)))
             finally:
                 self.view.release(rh)
         return handle.data()
 
+    def release(self, handle: WriteHandle) -> None:
+        """The last descriptor of ``handle`` closed: a chunk file's buffer (spill file) goes."""
+        if handle.buf is not None:
+            handle.buf.clear()
+
     # ----- data ---------------------------------------------------------------------------
 
+    def _bound(self, handle: WriteHandle, size: int, what: str) -> None:
+        """EFBIG if chunk file ``handle`` would grow past the largest valid inner chunk."""
+        if handle.chunk is not None:
+            self.check_chunk_size(*handle.chunk, size, what)
+
+    def check_chunk_size(self, arr: ArrayNode, coords: tuple[int, ...], size: int, what: str) -> None:
+        limit = arr.info.chunk.max_file_size
+        if size > limit:
+            log.error("%s/%s: %s refused: %d bytes is more than any valid chunk (at most %d bytes)",
+                      self.view.source.path(arr.path), chunk_name(coords), what, size, limit)
+            raise fail(errno.EFBIG)
+
     async def read(self, handle: WriteHandle, offset: int, size: int) -> bytes:
-        return bytes((await self._load(handle))[offset: offset + size])
+        buf = await self._load(handle)
+        return await _run(buf, 0, buf.read, offset, size)
 
     async def write(self, handle: WriteHandle, offset: int, data: bytes) -> int:
+        self._bound(handle, offset + len(data), "write")
         buf = await self._load(handle)
-        if offset > len(buf):
-            buf.extend(bytes(offset - len(buf)))
-        buf[offset: offset + len(data)] = data
+        await _run(buf, offset + len(data), buf.write, offset, data)
         handle.dirty = True
         return len(data)
 
     async def truncate(self, handle: WriteHandle, size: int) -> None:
+        self._bound(handle, size, "truncate")
         buf = await self._load(handle)
-        if size < len(buf):
-            del buf[size:]
-        else:
-            buf.extend(bytes(size - len(buf)))
+        await _run(buf, size, buf.truncate, size)
         handle.dirty = True
 
+    async def truncate_closed(self, ino: int, size: int) -> None:
+        """``truncate(2)`` by path of a file no handle is writing: a staging file is resized;
+        a chunk file past its bound is EFBIG, to any other size EPERM (rewrite it instead)."""
+        key = self.view._key(ino)
+        if key[0] == "tmp":
+            await _run(key[1].data, size, key[1].data.truncate, size)
+            return
+        if key[0] == "chunk":
+            self.check_chunk_size(key[1], key[2], size, "truncate")
+        if (await self.view.getattr(ino)).size != size:
+            log.error("truncate of inode %d: only temporary files and chunk files open for writing can be "
+                      "resized", ino)
+            raise fail(errno.EPERM)
+
     async def flush(self, handle: WriteHandle) -> None:
-        """Commit a written chunk file (close); errors are returned to close()."""
+        """Commit a written chunk file (close); errors are returned to close().
+
+        A refused commit drops the kernel's cached size and pages of the file, so
+        ``stat`` shows the previous content's size at once."""
         if handle.chunk is not None and handle.dirty:
             handle.dirty = False  # a refused write is reported (and logged) once
-            await self.commit(*handle.chunk, bytes(handle.buf))
+            data = await _run(handle.buf, 0, handle.buf.getvalue)
+            try:
+                await self.commit(*handle.chunk, data)
+            except OSError:
+                await self.invalidate([handle.ino])
+                raise
 
     async def fsync(self, handle: WriteHandle | None) -> None:
         """Commit and make every committed chunk durable (journal fsync)."""
@@ -204,12 +266,16 @@ class Writer:
             raise fail(errno.EEXIST)
         target = await self.view.chunk_at_name(p2, n2)
         if target is not None:
-            await self.commit(*target, bytes(st.data))
+            await self.commit(*target, await self._staged_chunk(st, *target))
             self.view.drop_staging(p1, n1, committed=("chunk", *target))
             return
         kind, node = await self.view.dir_node(p2)
         if kind == "dir" and node is not None and n2 in self.view.meta_names(node):
-            await self.commit_metadata(node, n2, bytes(st.data))
+            if st.data.size > METADATA_WRITE_MAX:
+                log.error("rename of %s onto %s: refused: %d bytes is more than metadata may be (%d)",
+                          n1, n2, st.data.size, METADATA_WRITE_MAX)
+                raise fail(errno.EINVAL)
+            await self.commit_metadata(node, n2, await _run(st.data, 0, st.data.getvalue))
             self.view.drop_staging(p1, n1, committed=("meta", node.path, n2))
             return
         if exists and (p2, n2) not in self.view.staged:
@@ -227,8 +293,17 @@ class Writer:
             raise fail(errno.EPERM)
         if await self._exists(parent, name):
             raise fail(errno.EEXIST)
-        await self.commit(*target, bytes(key[1].data))
+        await self.commit(*target, await self._staged_chunk(key[1], *target))
         return await self.view.lookup(parent, name)
+
+    async def _staged_chunk(self, st: Staging, arr: ArrayNode, coords: tuple[int, ...]) -> bytes:
+        """The bytes of staging file ``st`` to commit onto chunk ``coords``; EINVAL without
+        reading them if it is larger than any valid chunk."""
+        try:
+            self.check_chunk_size(arr, coords, st.data.size, "commit")
+        except OSError:
+            raise fail(errno.EINVAL) from None
+        return await _run(st.data, 0, st.data.getvalue)
 
     async def unlink(self, parent: int, name: str) -> None:
         """Remove a staging file, or empty an inner chunk (``rm`` of a chunk file)."""
