@@ -97,10 +97,13 @@ def check_source(src: str) -> dict[str, Any]:
         raise UsageError(f"{src}: no such file or directory")
     if not os.path.isdir(src):
         raise UsageError(f"{src}: not a directory")
+    from shardfs.metadata import BadMetadata, read_file
+
     meta = os.path.join(src, "zarr.json")
     try:
-        with open(meta, "rb") as f:
-            doc = json.loads(f.read())
+        doc = read_file(meta)
+    except BadMetadata as e:
+        raise UsageError(f"{meta}: not Zarr v3 group or array metadata: {e}") from None
     except FileNotFoundError:
         v2 = any(os.path.exists(os.path.join(src, n)) for n in (".zarray", ".zgroup"))
         raise UsageError(f"{src}: {'Zarr v2 data, not Zarr v3' if v2 else 'not a Zarr v3 group or array (no zarr.json)'}") from None
@@ -108,8 +111,6 @@ def check_source(src: str) -> dict[str, Any]:
         raise UsageError(f"{meta}: permission denied") from None
     except (OSError, ValueError) as e:
         raise UsageError(f"{meta}: unreadable: {e}") from None
-    if not isinstance(doc, dict) or doc.get("zarr_format") != 3 or doc.get("node_type") not in ("group", "array"):
-        raise UsageError(f"{meta}: not Zarr v3 group or array metadata")
     return doc
 
 
@@ -278,13 +279,14 @@ async def _serve(ops: Any, writeback: Any) -> None:
 
 def _replay_target(source: Any, array_path: str, shard: tuple[int, ...]) -> Any:
     """Resolve a journalled shard to its rewrite target from the array's current metadata."""
+    from shardfs.metadata import BadMetadata, read_file
     from shardfs.v2 import describe_array
     from shardfs.writes import shard_target
 
     try:
-        doc = json.loads(source.read(f"{array_path}/zarr.json" if array_path else "zarr.json"))
+        doc = read_file(source.path(f"{array_path}/zarr.json" if array_path else "zarr.json"))
         return shard_target(array_path, describe_array(doc).layout, shard)
-    except (OSError, ValueError):
+    except (OSError, ValueError, BadMetadata):
         return None
 
 

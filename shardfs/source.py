@@ -79,6 +79,13 @@ class Source:
             return None
         return Version(st.st_ino, st.st_size, st.st_mtime_ns)
 
+    def mode(self, key: str) -> int | None:
+        """``st_mode`` of whatever is at ``key`` (a directory, a FIFO, ...), None if nothing is."""
+        try:
+            return os.stat(self.path(key)).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
     def is_dir(self, key: str) -> bool:
         return os.path.isdir(self.path(key))
 

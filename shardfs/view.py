@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, TypeVar
 import numpy as np
 import trio
 
+from shardfs import metadata
 from shardfs import shard as shard_mod
 from shardfs.chunkcache import ChunkCache
 from shardfs.index import EMPTY
@@ -172,6 +173,15 @@ def parse_chunk_name(name: str, ndim: int) -> tuple[int, ...] | None:
     return tuple(int(p) for p in parts)
 
 
+def _read_metadata(source: Source, key: str, version: Version) -> dict[str, Any]:
+    """The parsed zarr.json at ``key`` (a regular file at ``version``), in a worker thread;
+    ``BadMetadata`` if it is too large (then never read) or not a Zarr v3 document."""
+    reason = metadata.too_large(version.size)
+    if reason:
+        raise metadata.BadMetadata(reason)
+    return metadata.parse(source.read(key))
+
+
 class View:
     """The mount's tree over one ``Source``."""
 
@@ -269,35 +279,47 @@ class View:
     # ----- metadata of the hierarchy ------------------------------------------------------
 
     async def _node(self, path: str) -> ArrayNode | GroupNode | None:
-        """The group or array at ``path`` (re-read when its zarr.json changes), or None."""
+        """The group or array at ``path`` (re-read when its zarr.json changes), or None if
+        ``path`` has no zarr.json.
+
+        A bad zarr.json (``shardfs.metadata``), and an array that cannot be shown as v2,
+        give an ``ArrayNode`` without ``info``: a directory without metadata or entries,
+        whose ``error`` (also logged once per version of the file) says why.
+        """
         key = _join(path, "zarr.json")
         version = self.source.version(key)
         if version is None:
-            return None
-        cached = self._arrays.get(path) or self._groups.get(path)
-        if cached is not None and cached.version == version:
-            return cached
+            mode = self.source.mode(key)  # a stat, never an open: it may be a FIFO
+            reason = None if mode is None else metadata.not_regular(mode)
+            if reason is None:
+                return None  # nothing there (or it just became a regular file)
+            return self._store_array(path, Version(0, 0, self.mount_ns), None, reason)
+        for cached in (self._arrays.get(path), self._groups.get(path)):
+            if cached is not None and cached.version == version:
+                return cached
         try:
-            doc = json.loads(await blocking(self.source.read, key))
-            zarr_format, node_type = doc.get("zarr_format"), doc.get("node_type")
-        except (OSError, ValueError, AttributeError) as e:
-            log.error("%s: unreadable metadata: %s", self.source.path(key), e)
-            return None
-        if zarr_format != 3:
-            return None
-        if node_type == "group":
-            zgroup, zattrs = v2().group_files(doc, self.ome)
-            node = GroupNode(path, version, zgroup, zattrs)
-            self._groups[path] = node
-            return node
-        if node_type != "array":
-            return None
-        try:
-            info, error = v2().describe_array(doc, self.ome), None
-        except Unpresentable as e:
-            info, error = None, str(e)
-            log.error("%s: array not shown as v2: %s", self.source.path(key), e)
+            doc = await blocking(_read_metadata, self.source, key, version)
+            if doc["node_type"] == "group":
+                zgroup, zattrs = v2().group_files(doc, self.ome)
+                node = GroupNode(path, version, zgroup, zattrs)
+                self._groups[path] = node
+                return node
+            return self._store_array(path, version, v2().describe_array(doc, self.ome), None)
+        except (metadata.BadMetadata, Unpresentable) as e:
+            return self._store_array(path, version, None, str(e))
+        except OSError as e:
+            return self._store_array(path, version, None, f"zarr.json is unreadable: {e}")
+        except Exception as e:  # zarr's metadata classes raise many types for bad documents
+            return self._store_array(path, version, None, f"invalid metadata: {e!r}")
+
+    def _store_array(self, path: str, version: Version, info: ArrayInfo | None, error: str | None) -> ArrayNode:
+        """Remember the array (or hidden node) at ``path``, keeping its chunk-inode slot;
+        a hidden node's reason is logged when it is new or changed."""
         old = self._arrays.get(path)
+        if error is not None and old is not None and (old.version, old.error) == (version, error):
+            return old
+        if error is not None:
+            log.error("%s: not shown as v2: %s", self.source.path(path), error)
         if old is not None and old.info is not None and info is not None and old.info.layout != info.layout:
             log.warning("%s: layout changed while mounted; old chunk inodes now stale", path)
         slot = old.slot if old is not None else len(self._slots)
