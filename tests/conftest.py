@@ -71,13 +71,15 @@ def lazy_unmount(mnt) -> None:
 
 
 class Mount:
-    """One daemon started by the suite (``shardfs mount SRC MNT -f --debug``)."""
+    """One daemon started by the suite (``shardfs mount SRC MNT -f --debug``), run under
+    ``prefix`` (e.g. ``strace ...``) when given: ``pid`` is then the prefix command's."""
 
-    def __init__(self, src: Path, mnt: Path, log: Path, extra: tuple[str, ...], allow_traceback: bool):
+    def __init__(self, src: Path, mnt: Path, log: Path, extra: tuple[str, ...], allow_traceback: bool,
+                 prefix: tuple[str, ...] = ()):
         self.src, self.mnt, self.log, self.allow_traceback = Path(src), mnt, log, allow_traceback
         self.stdout = log.with_suffix(".stdout")
         self.stderr = log.with_suffix(".stderr")
-        cmd = [SHARDFS, "mount", str(src), str(mnt), "-f", "--debug", "--log-file", str(log), *extra]
+        cmd = [*prefix, SHARDFS, "mount", str(src), str(mnt), "-f", "--debug", "--log-file", str(log), *extra]
         with open(self.stdout, "wb") as out, open(self.stderr, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -135,7 +137,7 @@ class Mount:
 
 
 class MountFactory:
-    """``mount(src, *extra_args, allow_traceback=False) -> Path`` (the live mountpoint).
+    """``mount(src, *extra_args, allow_traceback=False, prefix=()) -> Path`` (the live mountpoint).
 
     ``factory.info(mnt)`` gives the ``Mount`` (pid, log) behind a mountpoint.
     """
@@ -144,11 +146,11 @@ class MountFactory:
         self._tmp = tmp_factory
         self._mounts: list[Mount] = []
 
-    def __call__(self, src, *extra_args: str, allow_traceback: bool = False) -> Path:
+    def __call__(self, src, *extra_args: str, allow_traceback: bool = False, prefix: tuple[str, ...] = ()) -> Path:
         base = self._tmp.mktemp("mount")
         mnt = base / "mnt"
         mnt.mkdir()
-        m = Mount(Path(src), mnt, base / "daemon.log", tuple(extra_args), allow_traceback)
+        m = Mount(Path(src), mnt, base / "daemon.log", tuple(extra_args), allow_traceback, tuple(prefix))
         self._mounts.append(m)
         m.wait_live()
         return mnt
