@@ -32,6 +32,9 @@ SHARDFS = str(Path(sys.executable).parent / "shardfs")
 ZARR2_PYTHON = os.environ.get("SHARDFS_ZARR2_PYTHON") or str(REPO / ".venv-zarr2" / "bin" / "python")
 MOUNT_TIMEOUT = 15.0
 
+# The ``s3`` fixture (a SeaweedFS server): tests/s3server.py.
+pytest_plugins = ["s3server"]
+
 
 # --------------------------------------------------------------------------- mounts
 
