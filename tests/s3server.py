@@ -7,7 +7,7 @@ the access key pair in ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (weed min
 identity from them and rejects every other signature), and ``BUCKET`` created at startup. It
 returns once a signed listing of the bucket succeeds. ``kill()`` / ``start()`` again (same
 directory, same ports) simulate a crash and a restart; ``stop()`` ends it by PID (SIGTERM, then
-SIGKILL after 10 s) and removes the sockets it leaves in /tmp.
+SIGKILL after 3 s) and removes the sockets it leaves in /tmp.
 
 Fixture: ``s3`` (session-scoped, registered in conftest.py) gives one running server; tests
 needing their own (to stop it) build a ``SeaweedS3`` under ``tmp_path`` and stop it in a
@@ -142,11 +142,11 @@ class SeaweedS3:
             self.proc.wait(timeout=30)
 
     def stop(self) -> None:
-        """End the process by PID (SIGTERM, SIGKILL after 10 s) and remove its /tmp sockets."""
+        """End the process by PID (SIGTERM, SIGKILL after 3 s) and remove its /tmp sockets."""
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=3)  # it lingers on open client connections
             except subprocess.TimeoutExpired:
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=30)
