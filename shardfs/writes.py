@@ -28,6 +28,7 @@ import trio
 from shardfs import shard as shard_mod
 from shardfs.shard import CorruptChunk
 from shardfs.layout import ArrayLayout
+from shardfs.nodes import ChunkKey, DirKey, InnerShardKey, MetaKey, ShardDirKey, StagingKey
 from shardfs.spill import SPILL_THRESHOLD, SpillBuffer
 from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, chunk_name, fail
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
@@ -84,15 +85,14 @@ class Writer:
 
     async def create(self, parent: int, name: str) -> tuple[Attr, WriteHandle]:
         """Create ``name`` in ``parent``: a new chunk if it is a chunk key, else a staging file."""
-        kind, node = await self.view.dir_node(parent)
+        _, node = await self.view.dir_node(parent)
         if node is None:
             raise fail(errno.ENOENT)
         target = await self.view.chunk_at_name(parent, name)
         if target is not None:
             ino = self.view.chunk_ino(*target)
             handle = WriteHandle(ino, chunk=target, buf=self._buffer(), dirty=True)
-            attr = Attr(ino, 0o100000 | 0o644, 0, self.view.mount_ns, 2)
-            return attr, handle
+            return self.view.chunk_attr(target[0], ino, 0, self.view.mount_ns), handle
         if isinstance(node, ArrayNode) and node.info is None:
             raise fail(errno.EPERM, "array is not presentable")
         st = self.view.new_staging(parent, name, self._buffer())
@@ -100,17 +100,17 @@ class Writer:
 
     async def open(self, ino: int, truncate: bool) -> WriteHandle:
         """Open an existing chunk or staging file for writing (``truncate``: O_TRUNC)."""
-        key = self.view._key(ino)
-        if key[0] == "tmp":
+        key = self.view.node_key(ino)
+        if isinstance(key, StagingKey):
             if truncate:
-                key[1].data.clear()
-            return WriteHandle(ino, staging=key[1])
-        if key[0] == "chunk":
-            handle = WriteHandle(ino, chunk=(key[1], key[2]))
+                key.staging.data.clear()
+            return WriteHandle(ino, staging=key.staging)
+        if isinstance(key, ChunkKey):
+            handle = WriteHandle(ino, chunk=(key.arr, key.coords))
             if truncate:
                 handle.buf, handle.dirty = self._buffer(), True
             return handle
-        if key[0] == "meta":
+        if isinstance(key, MetaKey):
             raise fail(errno.EPERM, "metadata files are read-only")
         raise fail(errno.EISDIR)
 
@@ -162,12 +162,12 @@ class Writer:
     async def truncate_closed(self, ino: int, size: int) -> None:
         """``truncate(2)`` by path of a file no handle is writing: a staging file is resized;
         a chunk file past its bound is EFBIG, to any other size EPERM (rewrite it instead)."""
-        key = self.view._key(ino)
-        if key[0] == "tmp":
-            await _run(key[1].data, size, key[1].data.truncate, size)
+        key = self.view.node_key(ino)
+        if isinstance(key, StagingKey):
+            await _run(key.staging.data, size, key.staging.data.truncate, size)
             return
-        if key[0] == "chunk":
-            self.check_chunk_size(key[1], key[2], size, "truncate")
+        if isinstance(key, ChunkKey):
+            self.check_chunk_size(key.arr, key.coords, size, "truncate")
         if (await self.view.getattr(ino)).size != size:
             log.error("truncate of inode %d: only temporary files and chunk files open for writing can be "
                       "resized", ino)
@@ -250,7 +250,7 @@ class Writer:
             new.pop("_ARRAY_DIMENSIONS", None)
         doc["attributes"] = new
         await blocking(self.view.source.replace, key, [json.dumps(doc, indent=2).encode()])
-        ino = self.view.allocated(("meta", node.path, name))
+        ino = self.view.allocated(MetaKey(node.path, name))
         await self.invalidate([ino] if ino else [])
 
     # ----- names --------------------------------------------------------------------------
@@ -267,16 +267,16 @@ class Writer:
         target = await self.view.chunk_at_name(p2, n2)
         if target is not None:
             await self.commit(*target, await self._staged_chunk(st, *target))
-            self.view.drop_staging(p1, n1, committed=("chunk", *target))
+            self.view.drop_staging(p1, n1, committed=ChunkKey(*target))
             return
-        kind, node = await self.view.dir_node(p2)
-        if kind == "dir" and node is not None and n2 in self.view.meta_names(node):
+        dir_key, node = await self.view.dir_node(p2)
+        if isinstance(dir_key, DirKey) and node is not None and n2 in self.view.meta_names(node):
             if st.data.size > METADATA_WRITE_MAX:
                 log.error("rename of %s onto %s: refused: %d bytes is more than metadata may be (%d)",
                           n1, n2, st.data.size, METADATA_WRITE_MAX)
                 raise fail(errno.EINVAL)
             await self.commit_metadata(node, n2, await _run(st.data, 0, st.data.getvalue))
-            self.view.drop_staging(p1, n1, committed=("meta", node.path, n2))
+            self.view.drop_staging(p1, n1, committed=MetaKey(node.path, n2))
             return
         if exists and (p2, n2) not in self.view.staged:
             log.error("rename of %s onto %s: not a chunk key or temporary file", n1, n2)
@@ -286,14 +286,14 @@ class Writer:
 
     async def link(self, ino: int, parent: int, name: str) -> Attr:
         """Hard-link a staging file onto a chunk key: an exclusive create of that chunk."""
-        key = self.view._key(ino)
+        key = self.view.node_key(ino)
         target = await self.view.chunk_at_name(parent, name)
-        if key[0] != "tmp" or target is None:
+        if not isinstance(key, StagingKey) or target is None:
             log.error("link to %s: only a temporary file can be linked onto a chunk key", name)
             raise fail(errno.EPERM)
         if await self._exists(parent, name):
             raise fail(errno.EEXIST)
-        await self.commit(*target, await self._staged_chunk(key[1], *target))
+        await self.commit(*target, await self._staged_chunk(key.staging, *target))
         return await self.view.lookup(parent, name)
 
     async def _staged_chunk(self, st: Staging, arr: ArrayNode, coords: tuple[int, ...]) -> bytes:
@@ -322,10 +322,11 @@ class Writer:
     async def rmdir(self, parent: int, name: str) -> None:
         """Remove a shard directory that no longer holds chunks (``rm -r``); EPERM otherwise."""
         attr = await self.view.lookup(parent, name)
-        key = self.view._key(attr.ino)
-        if key[0] in ("sdir", "idir") and await self.view.listdir(attr.ino):
+        key = self.view.node_key(attr.ino)
+        shard_dir = isinstance(key, (ShardDirKey, InnerShardKey))
+        if shard_dir and await self.view.listdir(attr.ino):
             raise fail(errno.ENOTEMPTY)
-        if key[0] not in ("sdir", "idir"):
+        if not shard_dir:
             log.error("rmdir of %s: groups, arrays and key directories cannot be removed", name)
             raise fail(errno.EPERM)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shardfs.state import spill_dir
 from writers import umount
 from writehelpers import Spec, assert_source_equals, build
 
@@ -41,15 +42,15 @@ def vm_hwm(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
-def spill_fds(pid: int, spill_dir: Path) -> list[int]:
-    """Descriptors of the daemon open on (unlinked) spill files; their sizes in blocks."""
+def spill_fds(pid: int, where: str) -> list[int]:
+    """Descriptors of the daemon open on (unlinked) spill files in directory ``where``."""
     out = []
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
             continue
-        if target.startswith(str(spill_dir) + "/"):
+        if target.startswith(where + "/"):
             assert target.endswith("(deleted)"), target
             out.append(int(fd))
     return out
@@ -91,7 +92,7 @@ def test_1gib_into_a_chunk_file_is_refused_with_efbig_in_bounded_memory(mounted)
     assert len(big) == 3, big
     assert not (mnt / "big" / "0.0").exists()
     assert vm_hwm(daemon.pid) < RSS_LIMIT, vm_hwm(daemon.pid)
-    assert spill_fds(daemon.pid, src / ".shardfs" / "spill") == []
+    assert spill_fds(daemon.pid, spill_dir(src)) == []
     umount(mount, mnt)
     assert_source_equals(src, "small", expected["small"])
     assert_source_equals(src, "big", expected["big"])
@@ -115,7 +116,7 @@ def test_a_valid_chunk_larger_than_the_spill_threshold_commits(mounted):
 
 def test_1gib_temporary_spills_to_disk_and_rm_frees_it(mounted):
     src, mnt, daemon, expected, mount = mounted
-    spill = src / ".shardfs" / "spill"
+    spill = spill_dir(src)
     tmp = mnt / "small" / "0.0.cafe.partial"
     r = dd(tmp, 1024)
     assert r.returncode == 0, r.stderr
@@ -126,10 +127,10 @@ def test_1gib_temporary_spills_to_disk_and_rm_frees_it(mounted):
     assert vm_hwm(daemon.pid) < RSS_LIMIT, vm_hwm(daemon.pid)
     (fd,) = spill_fds(daemon.pid, spill)
     assert os.stat(f"/proc/{daemon.pid}/fd/{fd}").st_blocks * 512 >= 1024 * MiB
-    free = os.statvfs(src).f_bfree * os.statvfs(src).f_frsize
+    free = os.statvfs(spill).f_bfree * os.statvfs(spill).f_frsize
     os.unlink(tmp)
     assert spill_fds(daemon.pid, spill) == []
-    assert os.statvfs(src).f_bfree * os.statvfs(src).f_frsize >= free + 900 * MiB
+    assert os.statvfs(spill).f_bfree * os.statvfs(spill).f_frsize >= free + 900 * MiB
     assert not tmp.exists()
     umount(mount, mnt)
 
@@ -140,7 +141,7 @@ def test_truncating_a_temporary_to_100g_allocates_nothing(mounted):
     tmp.write_bytes(b"abc")
     os.truncate(tmp, 100 << 30)  # by path: no open handle
     assert os.stat(tmp).st_size == 100 << 30
-    (fd,) = spill_fds(daemon.pid, src / ".shardfs" / "spill")
+    (fd,) = spill_fds(daemon.pid, spill_dir(src))
     assert os.stat(f"/proc/{daemon.pid}/fd/{fd}").st_blocks * 512 < MiB
     with open(tmp, "rb") as f:
         assert f.read(5) == b"abc\0\0"
@@ -151,7 +152,7 @@ def test_truncating_a_temporary_to_100g_allocates_nothing(mounted):
     assert tmp.read_bytes() == b"ab"
     assert vm_hwm(daemon.pid) < RSS_LIMIT, vm_hwm(daemon.pid)
     os.unlink(tmp)
-    assert spill_fds(daemon.pid, src / ".shardfs" / "spill") == []
+    assert spill_fds(daemon.pid, spill_dir(src)) == []
     umount(mount, mnt)
 
 
