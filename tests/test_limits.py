@@ -92,7 +92,7 @@ def test_1gib_into_a_chunk_file_is_refused_with_efbig_in_bounded_memory(mounted)
     assert len(big) == 3, big
     assert not (mnt / "big" / "0.0").exists()
     assert vm_hwm(daemon.pid) < RSS_LIMIT, vm_hwm(daemon.pid)
-    assert spill_fds(daemon.pid, spill_dir(src)) == []
+    assert spill_fds(daemon.pid, spill_dir(str(src))) == []
     umount(mount, mnt)
     assert_source_equals(src, "small", expected["small"])
     assert_source_equals(src, "big", expected["big"])
@@ -116,7 +116,7 @@ def test_a_valid_chunk_larger_than_the_spill_threshold_commits(mounted):
 
 def test_1gib_temporary_spills_to_disk_and_rm_frees_it(mounted):
     src, mnt, daemon, expected, mount = mounted
-    spill = spill_dir(src)
+    spill = spill_dir(str(src))
     tmp = mnt / "small" / "0.0.cafe.partial"
     r = dd(tmp, 1024)
     assert r.returncode == 0, r.stderr
@@ -141,7 +141,7 @@ def test_truncating_a_temporary_to_100g_allocates_nothing(mounted):
     tmp.write_bytes(b"abc")
     os.truncate(tmp, 100 << 30)  # by path: no open handle
     assert os.stat(tmp).st_size == 100 << 30
-    (fd,) = spill_fds(daemon.pid, spill_dir(src))
+    (fd,) = spill_fds(daemon.pid, spill_dir(str(src)))
     assert os.stat(f"/proc/{daemon.pid}/fd/{fd}").st_blocks * 512 < MiB
     with open(tmp, "rb") as f:
         assert f.read(5) == b"abc\0\0"
@@ -152,7 +152,7 @@ def test_truncating_a_temporary_to_100g_allocates_nothing(mounted):
     assert tmp.read_bytes() == b"ab"
     assert vm_hwm(daemon.pid) < RSS_LIMIT, vm_hwm(daemon.pid)
     os.unlink(tmp)
-    assert spill_fds(daemon.pid, spill_dir(src)) == []
+    assert spill_fds(daemon.pid, spill_dir(str(src))) == []
     umount(mount, mnt)
 
 
