@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 import pyfuse3
 import trio
 
-from shardfs.view import Attr, ReadHandle, View
+from shardfs.view import CHUNK_BASE, Attr, ReadHandle, View
 from shardfs.writeback import Writeback
 from shardfs.writes import WriteHandle, Writer
 
@@ -139,7 +139,22 @@ class Operations(pyfuse3.Operations):
         handle = self._open_write(inode)
         if handle is not None and handle.chunk is not None:
             return self._entry(self.view.chunk_attr(handle.chunk[0], inode, handle.data().size, time.time_ns()))
-        return self._entry(await self.view.getattr(inode))
+        return self._entry(await self._attr(inode))
+
+    async def _attr(self, inode: int) -> Attr:
+        """``view.getattr``, except that a chunk file that no longer exists is ESTALE, not ENOENT.
+
+        The kernel may still hold its name (from a ``create`` whose commit was refused, or
+        from the other name of a chunk emptied through one of its two names). ESTALE makes
+        it look the name up again (``LOOKUP_REVAL``) and drop it, so ``stat`` says ENOENT and
+        ``open(O_CREAT)`` creates the file; ENOENT would fail both until the entry expires.
+        """
+        try:
+            return await self.view.getattr(inode)
+        except FileNotFoundError:
+            if inode >= CHUNK_BASE:
+                raise pyfuse3.FUSEError(errno.ESTALE) from None
+            raise
 
     @_guard
     async def opendir(self, inode: int, ctx: Any) -> int:
@@ -166,7 +181,7 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
-            await self.view.getattr(inode)
+            await self._attr(inode)
             handle = await self._writable().open(inode, truncate=bool(flags & os.O_TRUNC))
             return pyfuse3.FileInfo(fh=self._new_fh(handle), direct_io=False, keep_cache=False)
         handle = await self.view.open(inode)

@@ -636,16 +636,24 @@ class View:
                 version = self.source.version(src)
                 if version is not None:
                     return self._dir_attr(ino, version.mtime_ns)
-                if self.writeback is not None and any(
-                        p.data is not None for p in self.writeback.pending_in((arr.path, shard)).values()):
+                if key.rel in self._pending_shard_keys(arr):
                     return self._dir_attr(ino, self.mount_ns)
                 raise fail(errno.ENOENT)
-            if not self.source.is_dir(src):
+            if not self.source.is_dir(src) and not any(k.startswith(key.rel + "/")
+                                                       for k in self._pending_shard_keys(arr)):
                 raise fail(errno.ENOENT)
             return self._dir_attr(ino, arr.version.mtime_ns)
         if isinstance(key, InnerShardKey):
             return await self._box_attr(arr, key.level, key.box)
         return self._dir_attr(ino, arr.version.mtime_ns)  # KeyDirKey
+
+    def _pending_shard_keys(self, arr: ArrayNode) -> set[str]:
+        """Keys (below the array) of the shards with pending chunks: their directories exist
+        before the first fold creates them in the source."""
+        if self.writeback is None:
+            return set()
+        return {arr.info.layout.keys.key(shard) for shard in self.writeback.dirty_shards(arr.path)
+                if any(p.data is not None for p in self.writeback.pending_in((arr.path, shard)).values())}
 
     def _dir_attr(self, ino: int, mtime_ns: int) -> Attr:
         return Attr(ino, stat.S_IFDIR | self._dir_mode, 0, mtime_ns, 2)
@@ -697,7 +705,12 @@ class View:
         layout = arr.info.layout
         out: list[tuple[str, Attr]] = []
         if rel is not None and layout.index is not None:
-            for name, is_dir in sorted(await blocking(self.source.listdir, _join(arr.path, rel))):
+            entries = set(await blocking(self.source.listdir, _join(arr.path, rel)))
+            for pending in self._pending_shard_keys(arr):  # shards not folded into the source yet
+                if not rel or pending.startswith(rel + "/"):
+                    name, sep, _rest = pending[len(rel) + 1 if rel else 0:].partition("/")
+                    entries.add((name, bool(sep)))
+            for name, is_dir in sorted(entries):
                 sub = _join(rel, name)
                 is_shard = not is_dir and layout.keys.parse(sub) is not None
                 if is_shard or (is_dir and layout.keys.is_prefix(sub)):

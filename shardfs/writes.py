@@ -281,7 +281,8 @@ class Writer:
         if exists and (p2, n2) not in self.view.staged:
             log.error("rename of %s onto %s: not a chunk key or temporary file", n1, n2)
             raise fail(errno.EPERM)
-        self.view.staged.pop((p2, n2), None)
+        if (p2, n2) in self.view.staged:  # the temporary it replaces is gone, its space too
+            self.view.drop_staging(p2, n2, committed=None)
         self.view.staged[(p2, n2)] = self.view.staged.pop((p1, n1))
 
     async def link(self, ino: int, parent: int, name: str) -> Attr:
