@@ -40,7 +40,7 @@ from writehelpers import Spec, build
 
 s = slice
 THOROUGH = os.environ.get("SHARDFS_HYPOTHESIS") == "thorough"
-CI_EXAMPLES = 10
+CI_EXAMPLES = 6
 SPEC = Spec("a", (6, 7), (2, 3), (4, 6), "<i2", 7, ("zstd", 1), inner_crc=True,
             index_location="end", index_crc=True, initial=((s(0, 4), s(0, 6)), (s(4, 6), s(6, 7))), write=())
 CODEC = numcodecs.Zstd(level=1)
@@ -274,7 +274,7 @@ def test_mount_behaves_like_a_v2_directory(tmp_path_factory):
     try:
         run_state_machine_as_test(
             lambda: MountVsDirectory(tmp_path_factory, factory),
-            settings=settings(max_examples=200 if THOROUGH else CI_EXAMPLES, stateful_step_count=30,
+            settings=settings(max_examples=200 if THOROUGH else CI_EXAMPLES, stateful_step_count=25,
                               deadline=None, derandomize=not THOROUGH,
                               suppress_health_check=list(HealthCheck)))
     finally:
