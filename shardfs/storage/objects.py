@@ -200,6 +200,13 @@ class ObjectStorage:
 
     async def aread(self, key: str, ranges: Sequence[Range], if_version: Version | None = None) -> list[bytes]:
         """See ``Storage.read``."""
+        if self.scheme == "az" and any(r.offset < 0 for r in ranges):  # Azure has no suffix GET
+            if if_version is None:
+                if_version = await self.aversion(key)
+                if if_version is None:
+                    raise FileNotFoundError(errno.ENOENT, "no such object", self.describe(key))
+            size = if_version.size
+            ranges = [Range(max(0, size + r.offset), r.nbytes) if r.offset < 0 else r for r in ranges]
         groups = _coalesce(ranges)
         if not groups:
             return [b"" for _ in ranges]
