@@ -24,7 +24,7 @@ from shardfs import __version__
 from shardfs.mounts import daemon_pid, fsname
 
 log = logging.getLogger("shardfs")
-OWN_OPTIONS = ("ro", "rw", "entry_timeout", "attr_timeout", "chunk_cache")
+OWN_OPTIONS = ("ro", "rw", "entry_timeout", "attr_timeout", "chunk_cache", "no_ome_translation")
 
 
 class UsageError(Exception):
@@ -63,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     m.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
                    help="mount options: ro, entry_timeout=S, attr_timeout=S, chunk_cache=SIZE "
-                        "(decoded-chunk cache, default 64M, 0 = off), and FUSE options such as allow_other")
+                        "(decoded-chunk cache, default 64M, 0 = off), no_ome_translation (as "
+                        "--no-ome-translation), and FUSE options such as allow_other")
     m.add_argument("--read-only", action="store_true", help="refuse every write (EROFS)")
     m.add_argument("--no-ome-translation", dest="ome", action="store_false",
                    help="show OME-Zarr 0.5 attributes as they are, not as OME-Zarr 0.4")
@@ -221,7 +222,8 @@ def _run_daemon(args: argparse.Namespace, mnt: str, own: dict[str, str], fuse_op
     from shardfs.chunkcache import DEFAULT_BYTES, ChunkCache, parse_size
 
     cache = ChunkCache(parse_size(own["chunk_cache"]) if "chunk_cache" in own else DEFAULT_BYTES)
-    view = View(source, read_only=read_only, writeback=writeback, ome=args.ome, chunk_cache=cache)
+    ome = args.ome and "no_ome_translation" not in own
+    view = View(source, read_only=read_only, writeback=writeback, ome=ome, chunk_cache=cache)
     ops = Operations(view, timeouts, writeback)
     if writeback is not None:
         writeback.on_folded = ops.writer.folded

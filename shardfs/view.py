@@ -105,21 +105,29 @@ class ChunkSet(NamedTuple):
 
 @dataclass
 class ArrayNode:
-    """A presented array: its slot in the chunk-inode space and its v2 description."""
+    """A presented array: its slot in the chunk-inode space and its v2 description.
+
+    ``fill_file``: the chunk file of an empty inner chunk, encoded on first use, when
+    ``info.serve_missing`` says empty chunks are served.
+    """
 
     path: str
     slot: int
     version: Version
     info: ArrayInfo | None
     error: str | None
+    fill_file: bytes | None = None
 
 
 @dataclass
 class GroupNode:
+    """A presented group; ``image``: an OME-Zarr image or label, whose arrays are its levels."""
+
     path: str
     version: Version
     zgroup: bytes
     zattrs: bytes
+    image: bool = False
 
 
 @dataclass
@@ -283,13 +291,16 @@ class View:
             return None
         if node_type == "group":
             zgroup, zattrs = v2().group_files(doc, self.ome)
-            node = GroupNode(path, version, zgroup, zattrs)
+            attrs = doc.get("attributes")
+            node = GroupNode(path, version, zgroup, zattrs, isinstance(attrs, dict) and v2().is_ome_image(attrs))
             self._groups[path] = node
             return node
         if node_type != "array":
             return None
+        parent = await self._node(path.rpartition("/")[0]) if path else None
+        image = isinstance(parent, GroupNode) and parent.image
         try:
-            info, error = v2().describe_array(doc, self.ome), None
+            info, error = v2().describe_array(doc, self.ome, image), None
         except Unpresentable as e:
             info, error = None, str(e)
             log.error("%s: array not shown as v2: %s", self.source.path(key), e)
@@ -411,6 +422,20 @@ class View:
         coords, inside = layout.chunks_at(shard, pos)
         return ChunkSet(coords[inside], arr.info.chunk.file_size(nbytes[inside]), mtime[inside])
 
+    @staticmethod
+    def _with_fill_chunks(arr: ArrayNode, stored: ChunkSet, fill_size: int) -> ChunkSet:
+        """Every in-bounds inner chunk in C order: ``stored`` ones as they are, the others as
+        fill chunks (``fill_size`` bytes, the array metadata's mtime)."""
+        grid = arr.info.layout.chunk_grid
+        n = int(np.prod(grid, dtype=np.int64))
+        coords = np.indices(grid, dtype=np.int64).reshape(len(grid), n).T
+        size = np.full(n, fill_size, dtype=np.int64)
+        mtime = np.full(n, arr.version.mtime_ns, dtype=np.int64)
+        if len(stored.size):
+            at = np.ravel_multi_index(tuple(stored.coords.T), grid) if grid else np.zeros(len(stored.size), np.int64)
+            size[at], mtime[at] = stored.size, stored.mtime
+        return ChunkSet(coords, size, mtime)
+
     def _chunk_attrs(self, arr: ArrayNode, chunks: ChunkSet) -> list[Attr]:
         """The attributes of every chunk file of ``chunks`` (``_chunk_attr`` column-wise)."""
         layout = arr.info.layout
@@ -500,9 +525,23 @@ class View:
 
     async def _chunk_entry(self, arr: ArrayNode, coords: tuple[int, ...]) -> Attr:
         ext = await self.extent(arr, coords)
-        if ext is None:
+        if ext is not None:
+            return self._chunk_attr(arr, coords, ext)
+        if not (arr.info.serve_missing and arr.info.layout.in_grid(coords)):
             raise fail(errno.ENOENT)
-        return self._chunk_attr(arr, coords, ext)
+        return self._fill_attr(arr, coords, len(await self.fill_file(arr)))
+
+    def _fill_attr(self, arr: ArrayNode, coords: tuple[int, ...], size: int) -> Attr:
+        """An empty inner chunk served as the fill chunk, unchanged since the array's metadata
+        was (``st_nlink`` as for the array's stored chunks, as listings show it)."""
+        nlink = 1 if arr.info.layout.index is None else 2
+        return Attr(self.chunk_ino(arr, coords), stat.S_IFREG | self._file_mode, size, arr.version.mtime_ns, nlink)
+
+    async def fill_file(self, arr: ArrayNode) -> bytes:
+        """The chunk file of an empty inner chunk of ``arr`` (encoded once per array)."""
+        if arr.fill_file is None:
+            arr.fill_file = await blocking(arr.info.fill_file)
+        return arr.fill_file
 
     # ----- shard and inner shard directories --------------------------------------------------
 
@@ -679,6 +718,8 @@ class View:
         nested = layout.keys.view_separator == "/"
         chunks = ChunkSet.concat([await self.shard_chunks(arr, shard) for shard in await self.stored_shards(arr)],
                                  layout.ndim)
+        if arr.info.serve_missing:
+            chunks = self._with_fill_chunks(arr, chunks, len(await self.fill_file(arr)))
         if not nested:
             out.extend(zip(self._names(chunks.coords), self._chunk_attrs(arr, chunks)))
             return out
@@ -745,7 +786,8 @@ class View:
         for _ in range(3):
             ext = await self.extent(arr, coords)
             if ext is None:
-                raise fail(errno.ENOENT)
+                attr = await self._chunk_entry(arr, coords)  # ENOENT unless empty chunks are served
+                return ReadHandle(ino, attr, data=await self.fill_file(arr))
             attr = self._chunk_attr(arr, coords, ext)
             if isinstance(ext, Pending):
                 return ReadHandle(ino, attr, data=await self._decoded(arr, coords, ext.data))
