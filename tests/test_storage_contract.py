@@ -242,6 +242,28 @@ def test_server_killed_mid_read_gives_eio_then_recovers(tmp_path, monkeypatch):
         server.stop()
 
 
+def test_read_during_a_short_outage_is_retried_and_succeeds(tmp_path, monkeypatch):
+    server = SeaweedS3(tmp_path / "own").start()
+    try:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        retry = Retry(max_retries=30, retry_timeout=25, init_backoff=0.1, max_backoff=0.5)
+        st = ObjectStorage(f"s3://{server.bucket}/o", endpoint=server.endpoint, retry=retry)
+        v = st.replace("k", [b"survives"])
+        server.kill()
+        outcome: list = []
+        reader = threading.Thread(target=lambda: outcome.append(st.read("k", [Range(0, 100)], if_version=v)))
+        reader.start()
+        time.sleep(0.5)  # connection refused, retried with backoff meanwhile
+        assert reader.is_alive()
+        server.start()
+        reader.join(timeout=30)
+        assert outcome == [[b"survives"]]
+        st.close()
+    finally:
+        server.stop()
+
+
 def test_trio_tasks_await_reads_on_the_loop_thread(aws_env):
     import trio
 
