@@ -31,7 +31,7 @@ import trio
 from shardfs import shard as shard_mod
 from shardfs.chunkcache import ChunkCache
 from shardfs.index import EMPTY
-from shardfs.layout import Unpresentable
+from shardfs.layout import Unpresentable, parse_coord
 from shardfs.nodes import (ARRAY_DIRS, ArrayDirKey, ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, NodeKey,
                            ShardDirKey, StagingKey)
 from shardfs.shard import CorruptChunk, CorruptShard, Extent, IndexCache
@@ -154,20 +154,6 @@ class ReadHandle:
 
 def _join(path: str, name: str) -> str:
     return f"{path}/{name}" if path else name
-
-
-def chunk_name(coords: tuple[int, ...]) -> str:
-    """A chunk's name inside shard directories (and at the root with the "." separator)."""
-    return ".".join(map(str, coords)) if coords else "0"
-
-
-def parse_chunk_name(name: str, ndim: int) -> tuple[int, ...] | None:
-    if ndim == 0:
-        return () if name == "0" else None
-    parts = name.split(".")
-    if len(parts) != ndim or not all(p.isdigit() and str(int(p)) == p for p in parts):
-        return None
-    return tuple(int(p) for p in parts)
 
 
 class View:
@@ -457,13 +443,6 @@ class View:
             np.zeros(len(chunks.size), np.int64)
         return self.chunk_attrs(arr, (base + i for i in linear.tolist()), chunks.size.tolist(), chunks.mtime.tolist())
 
-    @staticmethod
-    def _names(coords: np.ndarray) -> list[str]:
-        """``chunk_name`` of every row of an ``(n, ndim)`` coordinate array."""
-        if coords.shape[1] == 0:
-            return ["0"] * len(coords)
-        return [".".join(row) for row in coords.astype(str).tolist()]
-
     # ----- name resolution ----------------------------------------------------------------
 
     async def lookup(self, parent: int, name: str) -> Attr:
@@ -504,14 +483,15 @@ class View:
         layout = arr.info.layout
         nested = layout.keys.view_separator == "/"
         if prefix is not None:
-            if nested and name.isdigit() and str(int(name)) == name:
-                coords = prefix + (int(name),)
+            i = parse_coord(name) if nested else None
+            if i is not None:
+                coords = prefix + (i,)
                 if len(coords) == layout.ndim:
                     return await self._chunk_entry(arr, coords)
                 if len(coords) < layout.ndim and coords[-1] < layout.chunk_grid[len(coords) - 1]:
                     return await self.getattr(self._ino(KeyDirKey(arr.path, coords)))
             elif not nested and not prefix:
-                coords = parse_chunk_name(name, layout.ndim)
+                coords = layout.names.parse(name)
                 if coords is not None:
                     return await self._chunk_entry(arr, coords)
         if rel is not None and layout.index is not None:
@@ -569,17 +549,17 @@ class View:
         layout = arr.info.layout
         chunks = await self._box_chunks(arr, level, box)
         if level == layout.depth:
-            return list(zip(self._names(chunks.coords), self._chunk_attrs(arr, chunks)))
+            return list(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
         newest: dict[tuple[int, ...], int] = {}
         for c, mtime in zip(map(tuple, (chunks.coords // np.array(layout.spans[level + 1])).tolist()),
                             chunks.mtime.tolist()):
             newest[c] = max(newest.get(c, 0), mtime)
-        return [(chunk_name(child), self._dir_attr(self._ino(InnerShardKey(arr.path, level + 1, child)), mtime))
+        return [(layout.names.key(child), self._dir_attr(self._ino(InnerShardKey(arr.path, level + 1, child)), mtime))
                 for child, mtime in sorted(newest.items())]
 
     async def _lookup_in_box(self, arr: ArrayNode, level: int, box: tuple[int, ...], name: str) -> Attr:
         layout = arr.info.layout
-        coords = parse_chunk_name(name, layout.ndim)
+        coords = layout.names.parse(name)
         if coords is None:
             raise fail(errno.ENOENT)
         if level == layout.depth:
@@ -723,7 +703,7 @@ class View:
         if arr.info.serve_missing:
             chunks = self._with_fill_chunks(arr, chunks, len(await self.fill_file(arr)))
         if not nested:
-            out.extend(zip(self._names(chunks.coords), self._chunk_attrs(arr, chunks)))
+            out.extend(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
             return out
         depth = len(prefix)
         chunks = chunks.where(np.all(chunks.coords[:, :depth] == np.array(prefix, dtype=np.int64), axis=1))
@@ -751,15 +731,16 @@ class View:
         layout = arr.info.layout
         if prefix is None:  # a shard or inner shard directory: the innermost holds chunks
             level, box = (key.level, key.box) if isinstance(key, InnerShardKey) else (0, layout.keys.parse(key.rel))
-            coords = parse_chunk_name(name, layout.ndim) if box is not None and level == layout.depth else None
+            coords = layout.names.parse(name) if box is not None and level == layout.depth else None
             if coords is None or layout.box(coords, level) != box:
                 return None
         elif layout.keys.view_separator == "/":
-            if not (name.isdigit() and str(int(name)) == name) or len(prefix) + 1 != layout.ndim:
+            i = parse_coord(name)
+            if i is None or len(prefix) + 1 != layout.ndim:
                 return None
-            coords = prefix + (int(name),)
+            coords = prefix + (i,)
         else:
-            coords = parse_chunk_name(name, layout.ndim)
+            coords = layout.names.parse(name)
         return (arr, coords) if coords is not None and layout.in_grid(coords) else None
 
     async def dir_node(self, ino: int) -> tuple[DirKey | ArrayDirKey, ArrayNode | GroupNode | None]:
@@ -832,7 +813,7 @@ class View:
             return await blocking(arr.info.chunk.to_file, stored)
         except CorruptChunk as e:
             where = self.source.path(key or arr.path)
-            log.error("%s: corrupt chunk %s: %s", where, chunk_name(coords), e)
+            log.error("%s: corrupt chunk %s: %s", where, arr.info.layout.names.key(coords), e)
             raise fail(errno.EIO) from None
 
     async def read(self, handle: ReadHandle, offset: int, size: int) -> bytes | bytearray | memoryview:

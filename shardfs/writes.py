@@ -20,7 +20,7 @@ from shardfs import shard as shard_mod
 from shardfs.shard import CorruptChunk
 from shardfs.layout import ArrayLayout
 from shardfs.nodes import ChunkKey, DirKey, InnerShardKey, MetaKey, ShardDirKey, StagingKey
-from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, chunk_name, fail
+from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, fail
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
 
 log = logging.getLogger("shardfs")
@@ -143,7 +143,7 @@ class Writer:
 
     async def commit(self, arr: ArrayNode, coords: tuple[int, ...], data: bytes | None) -> None:
         """Make ``data`` the content of inner chunk ``coords`` (None: empty it)."""
-        name = self.view.source.path(arr.path) + "/" + chunk_name(coords)
+        name = self.view.source.path(arr.path) + "/" + arr.info.layout.names.key(coords)
         layout = arr.info.layout
         shard, pos = layout.locate(coords)
         found = await self.view.shard_table(arr, shard)  # refuses (EIO) to write into a corrupt shard
