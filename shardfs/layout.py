@@ -62,6 +62,7 @@ class KeyScheme:
     kind: str  # "default" or "v2"
     separator: str  # "/" or "."
     ndim: int
+    nested: bool = False  # the view prefers "/" keys (arrays of OME-Zarr images and labels)
 
     def key(self, coords: tuple[int, ...]) -> str:
         """The storage key of the chunk (shard) at ``coords``."""
@@ -90,8 +91,16 @@ class KeyScheme:
 
     @property
     def view_separator(self) -> str:
-        """The v2 view's ``dimension_separator``: "/" only if "." keys would collide with shards."""
-        return "/" if self.kind == "v2" and self.separator == "." else "."
+        """The v2 view's ``dimension_separator``, chosen so that no chunk key collides with a
+        shard's name: "/" when the source's shard keys are v2 "."-joined ones (``0.1`` at the
+        array root), "." when they are v2 "/"-joined ones (the source's ``0/`` directories
+        hold shards), otherwise "/" if ``nested`` (the ``c`` prefix never looks like a chunk
+        key) and "." if not. 0-D arrays have the single key ``0`` either way (".")."""
+        if self.ndim == 0:
+            return "."
+        if self.kind == "v2":
+            return "/" if self.separator == "." else "."
+        return "/" if self.nested else "."
 
     def is_prefix(self, key: str) -> bool:
         """True if ``key`` names a directory that can hold keys (e.g. ``c/0``)."""

@@ -99,21 +99,29 @@ class ChunkSet(NamedTuple):
 
 @dataclass
 class ArrayNode:
-    """A presented array: its slot in the chunk-inode space and its v2 description."""
+    """A presented array: its slot in the chunk-inode space and its v2 description.
+
+    ``fill_file``: the chunk file of an empty inner chunk, encoded on first use, when
+    ``info.serve_missing`` says empty chunks are served.
+    """
 
     path: str
     slot: int
     version: Version
     info: ArrayInfo | None
     error: str | None
+    fill_file: bytes | None = None
 
 
 @dataclass
 class GroupNode:
+    """A presented group; ``image``: an OME-Zarr image or label, whose arrays are its levels."""
+
     path: str
     version: Version
     zgroup: bytes
     zattrs: bytes
+    image: bool = False
 
 
 @dataclass
@@ -264,13 +272,16 @@ class View:
             return None
         if node_type == "group":
             zgroup, zattrs = v2().group_files(doc, self.ome)
-            node = GroupNode(path, version, zgroup, zattrs)
+            attrs = doc.get("attributes")
+            node = GroupNode(path, version, zgroup, zattrs, isinstance(attrs, dict) and v2().is_ome_image(attrs))
             self._groups[path] = node
             return node
         if node_type != "array":
             return None
+        parent = await self._node(path.rpartition("/")[0]) if path else None
+        image = isinstance(parent, GroupNode) and parent.image
         try:
-            info, error = v2().describe_array(doc, self.ome), None
+            info, error = v2().describe_array(doc, self.ome, image), None
         except Unpresentable as e:
             info, error = None, str(e)
             log.error("%s: array not shown as v2: %s", self.source.path(key), e)
@@ -410,6 +421,20 @@ class View:
         coords, inside = layout.chunks_at(shard, pos)
         return ChunkSet(coords[inside], arr.info.chunk.file_size(nbytes[inside]), mtime[inside])
 
+    @staticmethod
+    def _with_fill_chunks(arr: ArrayNode, stored: ChunkSet, fill_size: int) -> ChunkSet:
+        """Every in-bounds inner chunk in C order: ``stored`` ones as they are, the others as
+        fill chunks (``fill_size`` bytes, the array metadata's mtime)."""
+        grid = arr.info.layout.chunk_grid
+        n = int(np.prod(grid, dtype=np.int64))
+        coords = np.indices(grid, dtype=np.int64).reshape(len(grid), n).T
+        size = np.full(n, fill_size, dtype=np.int64)
+        mtime = np.full(n, arr.version.mtime_ns, dtype=np.int64)
+        if len(stored.size):
+            at = np.ravel_multi_index(tuple(stored.coords.T), grid) if grid else np.zeros(len(stored.size), np.int64)
+            size[at], mtime[at] = stored.size, stored.mtime
+        return ChunkSet(coords, size, mtime)
+
     def _chunk_attrs(self, arr: ArrayNode, chunks: ChunkSet) -> list[Attr]:
         """The attributes of every chunk file of ``chunks`` (``_chunk_attr`` column-wise)."""
         layout = arr.info.layout
@@ -489,9 +514,18 @@ class View:
 
     async def _chunk_entry(self, arr: ArrayNode, coords: tuple[int, ...]) -> Attr:
         ext = await self.extent(arr, coords)
-        if ext is None:
+        if ext is not None:
+            return self._chunk_attr(arr, coords, ext)
+        if not (arr.info.serve_missing and arr.info.layout.in_grid(coords)):
             raise fail(errno.ENOENT)
-        return self._chunk_attr(arr, coords, ext)
+        # an empty chunk served as the fill chunk, unchanged since the array's metadata was
+        return self.chunk_attr(arr, self.chunk_ino(arr, coords), len(await self.fill_file(arr)), arr.version.mtime_ns)
+
+    async def fill_file(self, arr: ArrayNode) -> bytes:
+        """The chunk file of an empty inner chunk of ``arr`` (encoded once per array)."""
+        if arr.fill_file is None:
+            arr.fill_file = await blocking(arr.info.fill_file)
+        return arr.fill_file
 
     # ----- shard and inner shard directories --------------------------------------------------
 
@@ -666,6 +700,8 @@ class View:
         nested = layout.keys.view_separator == "/"
         chunks = ChunkSet.concat([await self.shard_chunks(arr, shard) for shard in await self.stored_shards(arr)],
                                  layout.ndim)
+        if arr.info.serve_missing:
+            chunks = self._with_fill_chunks(arr, chunks, len(await self.fill_file(arr)))
         if not nested:
             out.extend(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
             return out
@@ -732,7 +768,8 @@ class View:
         for _ in range(3):
             ext = await self.extent(arr, coords)
             if ext is None:
-                raise fail(errno.ENOENT)
+                attr = await self._chunk_entry(arr, coords)  # ENOENT unless empty chunks are served
+                return ReadHandle(ino, attr, data=await self.fill_file(arr))
             attr = self._chunk_attr(arr, coords, ext)
             if isinstance(ext, Pending):
                 return ReadHandle(ino, attr, data=await self._decoded(arr, coords, ext.data))

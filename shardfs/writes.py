@@ -241,6 +241,8 @@ class Writer:
             log.error("unlink of %s: only chunk files and temporary files can be removed", name)
             raise fail(errno.EPERM)
         if await self.view.extent(*target) is None:
+            if target[0].info.serve_missing:
+                return  # an empty chunk served as the fill chunk: it stays one
             raise fail(errno.ENOENT)
         await self.commit(*target, None)
 
@@ -256,6 +258,11 @@ class Writer:
             raise fail(errno.EPERM)
 
     async def _exists(self, parent: int, name: str) -> bool:
+        """True if ``name`` exists; a chunk exists only if it is stored (or pending), not when
+        an empty chunk is served as the fill chunk."""
+        target = await self.view.chunk_at_name(parent, name)
+        if target is not None:
+            return await self.view.extent(*target) is not None
         try:
             await self.view.lookup(parent, name)
         except OSError as e:
