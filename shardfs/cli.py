@@ -258,7 +258,8 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     own = opts.own
     read_only = writeback is None
     cache = ChunkCache(parse_size(own["chunk_cache"]) if "chunk_cache" in own else DEFAULT_BYTES)
-    view = View(source, read_only=read_only, writeback=writeback, ome=args.ome, chunk_cache=cache)
+    ome = args.ome and "no_ome_translation" not in own
+    view = View(source, read_only=read_only, writeback=writeback, ome=ome, chunk_cache=cache)
     ops = Operations(view, timeouts, writeback)
     if writeback is not None:
         writeback.on_folded = ops.writer.folded

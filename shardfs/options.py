@@ -32,6 +32,7 @@ OWN = (
     Option("chunk_cache", "SIZE", "memory for decoded chunk files, e.g. 256M (default 64M, 0 = off)"),
     Option("journal_dir", "DIR", "write journal here (default $XDG_STATE_HOME/shardfs/<id>/journal)"),
     Option("debug", None, "log every request (as --debug)"),
+    Option("no_ome_translation", None, "show OME-Zarr 0.5 attributes as stored (as --no-ome-translation)"),
 )
 _FLAG = "kernel mount flags, passed to libfuse"
 FUSE = (

@@ -20,7 +20,7 @@ from shardfs import shard as shard_mod
 from shardfs.shard import CorruptChunk
 from shardfs.layout import ArrayLayout
 from shardfs.nodes import ChunkKey, DirKey, InnerShardKey, MetaKey, ShardDirKey, StagingKey
-from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, chunk_name, fail
+from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, fail
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
 
 log = logging.getLogger("shardfs")
@@ -143,7 +143,7 @@ class Writer:
 
     async def commit(self, arr: ArrayNode, coords: tuple[int, ...], data: bytes | None) -> None:
         """Make ``data`` the content of inner chunk ``coords`` (None: empty it)."""
-        name = self.view.source.path(arr.path) + "/" + chunk_name(coords)
+        name = self.view.source.path(arr.path) + "/" + arr.info.layout.names.key(coords)
         layout = arr.info.layout
         shard, pos = layout.locate(coords)
         found = await self.view.shard_table(arr, shard)  # refuses (EIO) to write into a corrupt shard
@@ -241,6 +241,8 @@ class Writer:
             log.error("unlink of %s: only chunk files and temporary files can be removed", name)
             raise fail(errno.EPERM)
         if await self.view.extent(*target) is None:
+            if target[0].info.serve_missing:
+                return  # an empty chunk served as the fill chunk: it stays one
             raise fail(errno.ENOENT)
         await self.commit(*target, None)
 
@@ -256,6 +258,11 @@ class Writer:
             raise fail(errno.EPERM)
 
     async def _exists(self, parent: int, name: str) -> bool:
+        """True if ``name`` exists; a chunk exists only if it is stored (or pending), not when
+        an empty chunk is served as the fill chunk."""
+        target = await self.view.chunk_at_name(parent, name)
+        if target is not None:
+            return await self.view.extent(*target) is not None
         try:
             await self.view.lookup(parent, name)
         except OSError as e:
