@@ -284,6 +284,9 @@ class View:
         image = isinstance(parent, GroupNode) and parent.image
         try:
             info, error = v2().describe_array(doc, self.ome, image), None
+            if image and info.layout.keys.view_separator != "/":
+                log.warning("%s: OME-Zarr array with v2 \"/\" chunk keys: its v2 keys keep \".\" (the source's "
+                            "directories of shards take the \"/\" names)", self.source.path(key))
         except Unpresentable as e:
             info, error = None, str(e)
             log.error("%s: array not shown as v2: %s", self.source.path(key), e)
