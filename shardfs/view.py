@@ -1,4 +1,6 @@
-"""The virtual tree the mount shows: inodes, names and node kinds.
+"""The virtual tree the mount shows: inode numbers, names and node kinds.
+
+What the kernel holds of these inodes (lookup counts, cached pages) is ``shardfs.inodes``.
 
 Node kinds are the key classes of ``shardfs.nodes`` (group and array directories,
 metadata files, shard and key directories, inner shards, chunk files, staging
