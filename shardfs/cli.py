@@ -24,7 +24,7 @@ from shardfs import __version__
 from shardfs.mounts import daemon_pid, fsname
 
 log = logging.getLogger("shardfs")
-OWN_OPTIONS = ("ro", "rw", "entry_timeout", "attr_timeout", "chunk_cache")
+OWN_OPTIONS = ("ro", "rw", "entry_timeout", "attr_timeout", "chunk_cache", "shard_size")
 
 
 class UsageError(Exception):
@@ -63,7 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     m.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
                    help="mount options: ro, entry_timeout=S, attr_timeout=S, chunk_cache=SIZE "
-                        "(decoded-chunk cache, default 64M, 0 = off), and FUSE options such as allow_other")
+                        "(decoded-chunk cache, default 64M, 0 = off), shard_size=SIZE (uncompressed "
+                        "shard size of arrays created through the mount, default 64M), "
+                        "and FUSE options such as allow_other")
     m.add_argument("--read-only", action="store_true", help="refuse every write (EROFS)")
     m.add_argument("--no-ome-translation", dest="ome", action="store_false",
                    help="show OME-Zarr 0.5 attributes as they are, not as OME-Zarr 0.4")
@@ -130,13 +132,14 @@ def _split_options(raw: list[str]) -> tuple[dict[str, str], set[str]]:
                 float(own[name])
             except ValueError:
                 raise UsageError(f"-o {name}={own[name]}: not a number") from None
-    if "chunk_cache" in own:
-        from shardfs.chunkcache import parse_size
+    for name in ("chunk_cache", "shard_size"):
+        if name in own:
+            from shardfs.chunkcache import parse_size
 
-        try:
-            parse_size(own["chunk_cache"])
-        except ValueError:
-            raise UsageError(f"-o chunk_cache={own['chunk_cache']}: not a size (e.g. 64M)") from None
+            try:
+                parse_size(own[name])
+            except ValueError:
+                raise UsageError(f"-o {name}={own[name]}: not a size (e.g. 64M)") from None
     return own, fuse
 
 
@@ -225,6 +228,8 @@ def _run_daemon(args: argparse.Namespace, mnt: str, own: dict[str, str], fuse_op
     ops = Operations(view, timeouts, writeback)
     if writeback is not None:
         writeback.on_folded = ops.writer.folded
+        if "shard_size" in own:
+            ops.writer.shard_bytes = max(1, parse_size(own["shard_size"]))
     options = set(pyfuse3.default_options) | {fsname(args.src), "subtype=shardfs"} | fuse_opts
     if read_only:
         options.add("ro")
