@@ -24,6 +24,7 @@ from shardfs import shard as shard_mod
 from shardfs.create import DEFAULT_SHARD_BYTES, Refused, array_doc, dimension_names, group_doc, rewrite_kind
 from shardfs.shard import CorruptChunk
 from shardfs.layout import ArrayLayout
+from shardfs.nodes import ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey, StagingKey
 from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, chunk_name, fail, v2
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
 
@@ -76,20 +77,19 @@ class Writer:
 
     async def create(self, parent: int, name: str) -> tuple[Attr, WriteHandle]:
         """Create ``name`` in ``parent``: a new chunk if it is a chunk key, else a staging file."""
-        kind, node = await self.view.dir_node(parent)
+        dir_key, node = await self.view.dir_node(parent)
         if node is None and not self._is_new_dir(parent):
             raise fail(errno.ENOENT)
-        if kind == "dir" and node is not None and name in node_meta(node):
+        if isinstance(dir_key, DirKey) and node is not None and name in node_meta(node):
             # a metadata file unlinked before (rm, then cp): applied on close like a rewrite
-            ino = self.view._ino(("meta", node.path, name))
+            ino = self.view._ino(MetaKey(node.path, name))
             return Attr(ino, stat.S_IFREG | 0o644, 0, self.view.mount_ns), \
                 WriteHandle(ino, buf=bytearray(), dirty=True, meta=(node.path, name))
         target = await self.view.chunk_at_name(parent, name)
         if target is not None:
             ino = self.view.chunk_ino(*target)
             handle = WriteHandle(ino, chunk=target, buf=bytearray(), dirty=True)
-            attr = Attr(ino, 0o100000 | 0o644, 0, self.view.mount_ns, 2)
-            return attr, handle
+            return self.view.chunk_attr(target[0], ino, 0, self.view.mount_ns), handle
         if isinstance(node, ArrayNode) and node.info is None:
             raise fail(errno.EPERM, "array is not presentable")
         st = self.view.new_staging(parent, name)
@@ -97,18 +97,18 @@ class Writer:
 
     async def open(self, ino: int, truncate: bool) -> WriteHandle:
         """Open an existing chunk or staging file for writing (``truncate``: O_TRUNC)."""
-        key = self.view._key(ino)
-        if key[0] == "tmp":
+        key = self.view.node_key(ino)
+        if isinstance(key, StagingKey):
             if truncate:
-                key[1].data.clear()
-            return WriteHandle(ino, staging=key[1])
-        if key[0] == "chunk":
-            handle = WriteHandle(ino, chunk=(key[1], key[2]))
+                key.staging.data.clear()
+            return WriteHandle(ino, staging=key.staging)
+        if isinstance(key, ChunkKey):
+            handle = WriteHandle(ino, chunk=(key.arr, key.coords))
             if truncate:
                 handle.buf, handle.dirty = bytearray(), True
             return handle
-        if key[0] == "meta":
-            handle = WriteHandle(ino, meta=(key[1], key[2]))
+        if isinstance(key, MetaKey):
+            handle = WriteHandle(ino, meta=(key.path, key.name))
             if truncate:
                 handle.buf, handle.dirty = bytearray(), True
             return handle
@@ -163,7 +163,7 @@ class Writer:
                     and self._is_new_dir(st.parent):
                 handle.dirty = False
                 await self.create_node(st.parent, st.name, bytes(st.data))
-                await self._became_meta(st.parent, st.name, self.view._key(st.parent)[1], st.name)
+                await self._became_meta(st.parent, st.name, self.view.node_key(st.parent).path, st.name)
 
     async def fsync(self, handle: WriteHandle | None) -> None:
         """Commit and make every committed chunk durable (journal fsync)."""
@@ -243,7 +243,7 @@ class Writer:
             log.error("%s: write refused: not consolidated metadata", where)
             raise fail(errno.EINVAL)
         self.view.hidden.discard((node.path, name))
-        ino = self.view.allocated(("meta", node.path, name))
+        ino = self.view.allocated(MetaKey(node.path, name))
         await self.invalidate([ino] if ino else [])
 
     async def _doc(self, path: str) -> dict[str, Any]:
@@ -273,7 +273,7 @@ class Writer:
         """A ``.zarray`` or ``.zgroup`` written in a new directory: make the v3 array or group,
         with the attributes of a ``.zattrs`` written there before; then commit the files
         written there before it whose names are chunk keys."""
-        path = self.view._key(parent)[1]
+        path = self.view.node_key(parent).path
         where = self.view.source.path(path) + "/" + name
         attrs_file = self.view.staged.get((parent, ".zattrs"))
         try:
@@ -306,19 +306,19 @@ class Writer:
             target = await self.view.chunk_at_name(parent, n) if p == parent else None
             if target is not None:
                 await self.commit(*target, bytes(st.data))
-                self.view.drop_staging(p, n, committed=("chunk", *target))
+                self.view.drop_staging(p, n, committed=ChunkKey(*target))
         await self.invalidate([parent])
 
     async def _became_meta(self, parent: int, name: str, path: str, meta: str) -> None:
         """Staging file ``name`` of ``parent`` was committed as metadata file ``meta`` of node
         ``path``: its inode shows that file now, whose content (served from the v3
         metadata) differs from the bytes written, so the kernel's pages and size go."""
-        self.view.drop_staging(parent, name, committed=("meta", path, meta))
-        await self.invalidate([self.view._ino(("meta", path, meta))])
+        self.view.drop_staging(parent, name, committed=MetaKey(path, meta))
+        await self.invalidate([self.view._ino(MetaKey(path, meta))])
 
     def _is_new_dir(self, ino: int) -> bool:
-        key = self.view._key(ino)
-        return key[0] == "dir" and key[1] in self.view.new_dirs
+        key = self.view.node_key(ino)
+        return isinstance(key, DirKey) and key.path in self.view.new_dirs
 
     # ----- names --------------------------------------------------------------------------
 
@@ -334,16 +334,16 @@ class Writer:
         target = await self.view.chunk_at_name(p2, n2)
         if target is not None:
             await self.commit(*target, bytes(st.data))
-            self.view.drop_staging(p1, n1, committed=("chunk", *target))
+            self.view.drop_staging(p1, n1, committed=ChunkKey(*target))
             return
-        kind, node = await self.view.dir_node(p2)
-        if kind == "dir" and node is not None and n2 in node_meta(node):
+        dir_key, node = await self.view.dir_node(p2)
+        if isinstance(dir_key, DirKey) and node is not None and n2 in node_meta(node):
             await self.commit_metadata(node, n2, bytes(st.data))
             await self._became_meta(p1, n1, node.path, n2)
             return
         if n2 in CREATES and self._is_new_dir(p2):
             await self.create_node(p2, n2, bytes(st.data))
-            await self._became_meta(p1, n1, self.view._key(p2)[1], n2)
+            await self._became_meta(p1, n1, dir_key.path, n2)
             return
         if exists and (p2, n2) not in self.view.staged:
             log.error("rename of %s onto %s: not a chunk key or temporary file", n1, n2)
@@ -354,14 +354,14 @@ class Writer:
 
     async def link(self, ino: int, parent: int, name: str) -> Attr:
         """Hard-link a staging file onto a chunk key: an exclusive create of that chunk."""
-        key = self.view._key(ino)
+        key = self.view.node_key(ino)
         target = await self.view.chunk_at_name(parent, name)
-        if key[0] != "tmp" or target is None:
+        if not isinstance(key, StagingKey) or target is None:
             log.error("link to %s: only a temporary file can be linked onto a chunk key", name)
             raise fail(errno.EPERM)
         if await self._exists(parent, name):
             raise fail(errno.EEXIST)
-        await self.commit(*target, bytes(key[1].data))
+        await self.commit(*target, bytes(key.staging.data))
         return await self.view.lookup(parent, name)
 
     async def unlink(self, parent: int, name: str) -> None:
@@ -374,8 +374,8 @@ class Writer:
         target = await self.view.chunk_at_name(parent, name)
         if target is None:
             await self.view.lookup(parent, name)  # ENOENT if there is nothing
-            kind, node = await self.view.dir_node(parent)
-            if kind == "dir" and node is not None and name in self.view.meta_names(node):
+            dir_key, node = await self.view.dir_node(parent)
+            if isinstance(dir_key, DirKey) and node is not None and name in self.view.meta_names(node):
                 self.view.hidden.add((node.path, name))
                 return
             log.error("unlink of %s: only chunk, metadata and temporary files can be removed", name)
@@ -388,16 +388,16 @@ class Writer:
         """Remove an empty directory (``rm -r``): an array or group whose files were all
         removed is deleted from the source; ENOTEMPTY while anything is listed."""
         attr = await self.view.lookup(parent, name)
-        key = self.view._key(attr.ino)
-        if key[0] not in ("dir", "sdir", "idir", "kdir"):
+        key = self.view.node_key(attr.ino)
+        if not isinstance(key, (DirKey, ShardDirKey, InnerShardKey, KeyDirKey)):
             raise fail(errno.ENOTDIR)
         if await self.view.listdir(attr.ino):
             raise fail(errno.ENOTEMPTY)
-        if key[0] == "sdir":
-            self.view.made.discard((key[1], key[2]))
-        if key[0] != "dir":
+        if isinstance(key, ShardDirKey):
+            self.view.made.discard((key.path, key.rel))
+        if not isinstance(key, DirKey):
             return
-        path = key[1]
+        path = key.path
         node = await self.view._node(path)
         if isinstance(node, ArrayNode):
             if node.info is None:
@@ -422,18 +422,18 @@ class Writer:
         (``c``, ``c/0``, a shard) that writers create before writing chunks into it."""
         if await self._exists(parent, name):
             raise fail(errno.EEXIST)
-        kind, node = await self.view.dir_node(parent)
-        key = self.view._key(parent)
-        if kind == "dir" and not name.startswith(".") and (isinstance(node, GroupNode) or self._is_new_dir(parent)):
-            path = f"{key[1]}/{name}" if key[1] else name
+        key, node = await self.view.dir_node(parent)
+        if isinstance(key, DirKey) and not name.startswith(".") and \
+                (isinstance(node, GroupNode) or self._is_new_dir(parent)):
+            path = f"{key.path}/{name}" if key.path else name
             self.view.new_dirs.add(path)
-            return await self.view.getattr(self.view._ino(("dir", path)))
-        if isinstance(node, ArrayNode) and node.info is not None and kind in ("dir", "sdir"):
-            rel = f"{key[2]}/{name}" if kind == "sdir" else name
+            return await self.view.getattr(self.view._ino(DirKey(path)))
+        if isinstance(node, ArrayNode) and node.info is not None and isinstance(key, (DirKey, ShardDirKey)):
+            rel = f"{key.rel}/{name}" if isinstance(key, ShardDirKey) else name
             keys = node.info.layout.keys
             if node.info.layout.index is not None and (keys.is_prefix(rel) or keys.parse(rel) is not None):
                 self.view.made.add((node.path, rel))
-                return await self.view.getattr(self.view._ino(("sdir", node.path, rel)))
+                return await self.view.getattr(self.view._ino(ShardDirKey(node.path, rel)))
         log.error("mkdir %s: only groups, arrays and key directories can be made", name)
         raise fail(errno.EPERM)
 
