@@ -17,6 +17,7 @@ import functools
 import itertools
 import logging
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, TypeVar
