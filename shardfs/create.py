@@ -11,8 +11,10 @@ the one shown (``rewrite_kind``): only a new shape is a change the mount applies
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import struct
 from typing import Any
 
 import numcodecs
@@ -24,6 +26,7 @@ from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.metadata.migrate_v3 import _convert_array_metadata
 
 DEFAULT_SHARD_BYTES = 64 << 20  # uncompressed bytes of one shard of a new array (-o shard_size)
+XARRAY_FILL = "_FillValue"
 
 
 class Refused(ValueError):
@@ -67,6 +70,18 @@ def dimension_names(attrs: dict[str, Any], ndim: int) -> list[str] | None:
     return None
 
 
+def xarray_fill(value: Any, dtype: np.dtype) -> Any:
+    """``value`` spelled as xarray writes a ``_FillValue`` attribute on v3 data (floats:
+    base64 of a little-endian float64), or None if the dtype has no such spelling."""
+    if dtype.kind == "b":
+        return bool(value)
+    if dtype.kind in "iu":
+        return int(value)
+    if dtype.kind == "f":
+        return base64.standard_b64encode(struct.pack("<d", float(value))).decode()
+    return None
+
+
 def array_doc(zarray: Any, attrs: dict[str, Any], shard_bytes: int = DEFAULT_SHARD_BYTES) -> dict[str, Any]:
     """The v3 ``zarr.json`` of a new sharded array described by a v2 ``.zarray`` and ``.zattrs``.
 
@@ -75,6 +90,9 @@ def array_doc(zarray: Any, attrs: dict[str, Any], shard_bytes: int = DEFAULT_SHA
     Raises ``Refused`` if the metadata is invalid or zarr has no v3 codec for it.
     """
     v2meta = _v2_metadata(zarray)
+    if zarray.get("fill_value") is None:  # v3 needs one: the dtype's zero, as zarr 3 writes it
+        zero = False if np.dtype(v2meta.dtype.to_native_dtype()).kind == "b" else 0
+        v2meta = _v2_metadata({**zarray, "fill_value": zero})
     try:
         unsharded = _convert_array_metadata(v2meta)
     except Exception as e:  # no zarr.codecs.numcodecs codec for a filter or compressor
@@ -90,6 +108,12 @@ def array_doc(zarray: Any, attrs: dict[str, Any], shard_bytes: int = DEFAULT_SHA
         {"name": "default", "configuration": {"separator": "/"}}
     attrs = dict(attrs)
     names = dimension_names(attrs, len(shape))
+    # A v2 fill_value is also xarray's mask; on v3 data xarray reads the mask from this
+    # attribute (the view shows it as the v2 fill_value again, not in .zattrs).
+    mask = None if zarray.get("fill_value") is None else \
+        xarray_fill(v2meta.fill_value, np.dtype(v2meta.dtype.to_native_dtype()))
+    if mask is not None:
+        attrs.setdefault(XARRAY_FILL, mask)
     try:
         meta = ArrayV3Metadata(
             shape=shape, data_type=unsharded.data_type,
@@ -137,5 +161,5 @@ def rewrite_kind(new: Any, shown: dict[str, Any], fills: tuple[Any, ...]) -> str
     if new.get("fill_value") is not None and new.get("fill_value") not in fills:
         changed.append("fill_value")
     if changed:
-        raise Refused("changing " + ", ".join(changed) + " of an array is not supported")
+        raise Refused(", ".join(changed) + " differ from the array's")
     return "same" if list(new["shape"]) == list(shown["shape"]) else "resize"

@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable
 import numpy as np
 
 from shardfs import shard as shard_mod
-from shardfs.create import DEFAULT_SHARD_BYTES, Refused, array_doc, dimension_names, group_doc, rewrite_kind
+from shardfs.create import DEFAULT_SHARD_BYTES, XARRAY_FILL, Refused, array_doc, dimension_names, group_doc, rewrite_kind
 from shardfs.shard import CorruptChunk
 from shardfs.layout import ArrayLayout
 from shardfs.nodes import ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey, StagingKey
@@ -234,6 +234,9 @@ class Writer:
                 names = dimension_names(new, len(doc.get("shape", ())))
                 if names is not None:
                     doc["dimension_names"] = names
+                old = doc.get("attributes") or {}
+                if XARRAY_FILL in old and XARRAY_FILL not in new:  # shown as the fill_value, not in .zattrs
+                    new[XARRAY_FILL] = old[XARRAY_FILL]
             doc["attributes"] = new
             await self._write_doc(node.path, doc)
         elif name == ".zgroup" and new != {"zarr_format": 2}:
@@ -289,7 +292,8 @@ class Writer:
                 doc = group_doc(meta, attrs)
             else:
                 doc = array_doc(meta, attrs, self.shard_bytes)
-                v2().describe_array(doc, self.view.ome)
+                shown = json.loads(v2().describe_array(doc, self.view.ome).zarray)
+                rewrite_kind(meta, shown, (shown.get("fill_value"), doc.get("fill_value")))
         except (Refused, ValueError) as e:  # Unpresentable is a ValueError
             log.error("%s: cannot create: %s", where, e)
             raise fail(errno.EPERM) from None
