@@ -31,7 +31,7 @@ import trio
 from shardfs import shard as shard_mod
 from shardfs.chunkcache import ChunkCache
 from shardfs.index import EMPTY
-from shardfs.layout import Unpresentable
+from shardfs.layout import Unpresentable, parse_coord
 from shardfs.nodes import (ARRAY_DIRS, ArrayDirKey, ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, NodeKey,
                            ShardDirKey, StagingKey)
 from shardfs.shard import CorruptChunk, CorruptShard, Extent, IndexCache
@@ -99,21 +99,29 @@ class ChunkSet(NamedTuple):
 
 @dataclass
 class ArrayNode:
-    """A presented array: its slot in the chunk-inode space and its v2 description."""
+    """A presented array: its slot in the chunk-inode space and its v2 description.
+
+    ``fill_file``: the chunk file of an empty inner chunk, encoded on first use, when
+    ``info.serve_missing`` says empty chunks are served.
+    """
 
     path: str
     slot: int
     version: Version
     info: ArrayInfo | None
     error: str | None
+    fill_file: bytes | None = None
 
 
 @dataclass
 class GroupNode:
+    """A presented group; ``image``: an OME-Zarr image or label, whose arrays are its levels."""
+
     path: str
     version: Version
     zgroup: bytes
     zattrs: bytes
+    image: bool = False
 
 
 @dataclass
@@ -148,20 +156,6 @@ class ReadHandle:
 
 def _join(path: str, name: str) -> str:
     return f"{path}/{name}" if path else name
-
-
-def chunk_name(coords: tuple[int, ...]) -> str:
-    """A chunk's name inside shard directories (and at the root with the "." separator)."""
-    return ".".join(map(str, coords)) if coords else "0"
-
-
-def parse_chunk_name(name: str, ndim: int) -> tuple[int, ...] | None:
-    if ndim == 0:
-        return () if name == "0" else None
-    parts = name.split(".")
-    if len(parts) != ndim or not all(p.isdigit() and str(int(p)) == p for p in parts):
-        return None
-    return tuple(int(p) for p in parts)
 
 
 class View:
@@ -284,13 +278,16 @@ class View:
             return None
         if node_type == "group":
             zgroup, zattrs = v2().group_files(doc, self.ome)
-            node = GroupNode(path, version, zgroup, zattrs)
+            attrs = doc.get("attributes")
+            node = GroupNode(path, version, zgroup, zattrs, isinstance(attrs, dict) and v2().is_ome_image(attrs))
             self._groups[path] = node
             return node
         if node_type != "array":
             return None
+        parent = await self._node(path.rpartition("/")[0]) if path else None
+        image = isinstance(parent, GroupNode) and parent.image
         try:
-            info, error = v2().describe_array(doc, self.ome), None
+            info, error = v2().describe_array(doc, self.ome, image), None
         except Unpresentable as e:
             info, error = None, str(e)
             log.error("%s: array not shown as v2: %s", self.source.path(key), e)
@@ -432,6 +429,20 @@ class View:
         coords, inside = layout.chunks_at(shard, pos)
         return ChunkSet(coords[inside], arr.info.chunk.file_size(nbytes[inside]), mtime[inside])
 
+    @staticmethod
+    def _with_fill_chunks(arr: ArrayNode, stored: ChunkSet, fill_size: int) -> ChunkSet:
+        """Every in-bounds inner chunk in C order: ``stored`` ones as they are, the others as
+        fill chunks (``fill_size`` bytes, the array metadata's mtime)."""
+        grid = arr.info.layout.chunk_grid
+        n = int(np.prod(grid, dtype=np.int64))
+        coords = np.indices(grid, dtype=np.int64).reshape(len(grid), n).T
+        size = np.full(n, fill_size, dtype=np.int64)
+        mtime = np.full(n, arr.version.mtime_ns, dtype=np.int64)
+        if len(stored.size):
+            at = np.ravel_multi_index(tuple(stored.coords.T), grid) if grid else np.zeros(len(stored.size), np.int64)
+            size[at], mtime[at] = stored.size, stored.mtime
+        return ChunkSet(coords, size, mtime)
+
     def _chunk_attrs(self, arr: ArrayNode, chunks: ChunkSet) -> list[Attr]:
         """The attributes of every chunk file of ``chunks`` (``_chunk_attr`` column-wise)."""
         layout = arr.info.layout
@@ -439,13 +450,6 @@ class View:
         linear = np.ravel_multi_index(tuple(chunks.coords.T), layout.chunk_grid) if layout.ndim else \
             np.zeros(len(chunks.size), np.int64)
         return self.chunk_attrs(arr, (base + i for i in linear.tolist()), chunks.size.tolist(), chunks.mtime.tolist())
-
-    @staticmethod
-    def _names(coords: np.ndarray) -> list[str]:
-        """``chunk_name`` of every row of an ``(n, ndim)`` coordinate array."""
-        if coords.shape[1] == 0:
-            return ["0"] * len(coords)
-        return [".".join(row) for row in coords.astype(str).tolist()]
 
     # ----- name resolution ----------------------------------------------------------------
 
@@ -489,14 +493,15 @@ class View:
         layout = arr.info.layout
         nested = layout.keys.view_separator == "/"
         if prefix is not None:
-            if nested and name.isdigit() and str(int(name)) == name:
-                coords = prefix + (int(name),)
+            i = parse_coord(name) if nested else None
+            if i is not None:
+                coords = prefix + (i,)
                 if len(coords) == layout.ndim:
                     return await self._chunk_entry(arr, coords)
                 if len(coords) < layout.ndim and coords[-1] < layout.chunk_grid[len(coords) - 1]:
                     return await self.getattr(self._ino(KeyDirKey(arr.path, coords)))
             elif not nested and not prefix:
-                coords = parse_chunk_name(name, layout.ndim)
+                coords = layout.names.parse(name)
                 if coords is not None:
                     return await self._chunk_entry(arr, coords)
         if rel is not None and layout.index is not None:
@@ -519,9 +524,18 @@ class View:
 
     async def _chunk_entry(self, arr: ArrayNode, coords: tuple[int, ...]) -> Attr:
         ext = await self.extent(arr, coords)
-        if ext is None:
+        if ext is not None:
+            return self._chunk_attr(arr, coords, ext)
+        if not (arr.info.serve_missing and arr.info.layout.in_grid(coords)):
             raise fail(errno.ENOENT)
-        return self._chunk_attr(arr, coords, ext)
+        # an empty chunk served as the fill chunk, unchanged since the array's metadata was
+        return self.chunk_attr(arr, self.chunk_ino(arr, coords), len(await self.fill_file(arr)), arr.version.mtime_ns)
+
+    async def fill_file(self, arr: ArrayNode) -> bytes:
+        """The chunk file of an empty inner chunk of ``arr`` (encoded once per array)."""
+        if arr.fill_file is None:
+            arr.fill_file = await blocking(arr.info.fill_file)
+        return arr.fill_file
 
     # ----- shard and inner shard directories --------------------------------------------------
 
@@ -545,17 +559,17 @@ class View:
         layout = arr.info.layout
         chunks = await self._box_chunks(arr, level, box)
         if level == layout.depth:
-            return list(zip(self._names(chunks.coords), self._chunk_attrs(arr, chunks)))
+            return list(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
         newest: dict[tuple[int, ...], int] = {}
         for c, mtime in zip(map(tuple, (chunks.coords // np.array(layout.spans[level + 1])).tolist()),
                             chunks.mtime.tolist()):
             newest[c] = max(newest.get(c, 0), mtime)
-        return [(chunk_name(child), self._dir_attr(self._ino(InnerShardKey(arr.path, level + 1, child)), mtime))
+        return [(layout.names.key(child), self._dir_attr(self._ino(InnerShardKey(arr.path, level + 1, child)), mtime))
                 for child, mtime in sorted(newest.items())]
 
     async def _lookup_in_box(self, arr: ArrayNode, level: int, box: tuple[int, ...], name: str) -> Attr:
         layout = arr.info.layout
-        coords = parse_chunk_name(name, layout.ndim)
+        coords = layout.names.parse(name)
         if coords is None:
             raise fail(errno.ENOENT)
         if level == layout.depth:
@@ -712,8 +726,10 @@ class View:
         nested = layout.keys.view_separator == "/"
         chunks = ChunkSet.concat([await self.shard_chunks(arr, shard) for shard in await self.stored_shards(arr)],
                                  layout.ndim)
+        if arr.info.serve_missing:
+            chunks = self._with_fill_chunks(arr, chunks, len(await self.fill_file(arr)))
         if not nested:
-            out.extend(zip(self._names(chunks.coords), self._chunk_attrs(arr, chunks)))
+            out.extend(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
             return out
         depth = len(prefix)
         chunks = chunks.where(np.all(chunks.coords[:, :depth] == np.array(prefix, dtype=np.int64), axis=1))
@@ -741,15 +757,16 @@ class View:
         layout = arr.info.layout
         if prefix is None:  # a shard or inner shard directory: the innermost holds chunks
             level, box = (key.level, key.box) if isinstance(key, InnerShardKey) else (0, layout.keys.parse(key.rel))
-            coords = parse_chunk_name(name, layout.ndim) if box is not None and level == layout.depth else None
+            coords = layout.names.parse(name) if box is not None and level == layout.depth else None
             if coords is None or layout.box(coords, level) != box:
                 return None
         elif layout.keys.view_separator == "/":
-            if not (name.isdigit() and str(int(name)) == name) or len(prefix) + 1 != layout.ndim:
+            i = parse_coord(name)
+            if i is None or len(prefix) + 1 != layout.ndim:
                 return None
-            coords = prefix + (int(name),)
+            coords = prefix + (i,)
         else:
-            coords = parse_chunk_name(name, layout.ndim)
+            coords = layout.names.parse(name)
         return (arr, coords) if coords is not None and layout.in_grid(coords) else None
 
     async def dir_node(self, ino: int) -> tuple[DirKey | ArrayDirKey, ArrayNode | GroupNode | None]:
@@ -777,7 +794,8 @@ class View:
         for _ in range(3):
             ext = await self.extent(arr, coords)
             if ext is None:
-                raise fail(errno.ENOENT)
+                attr = await self._chunk_entry(arr, coords)  # ENOENT unless empty chunks are served
+                return ReadHandle(ino, attr, data=await self.fill_file(arr))
             attr = self._chunk_attr(arr, coords, ext)
             if isinstance(ext, Pending):
                 return ReadHandle(ino, attr, data=await self._decoded(arr, coords, ext.data))
@@ -821,7 +839,7 @@ class View:
             return await blocking(arr.info.chunk.to_file, stored)
         except CorruptChunk as e:
             where = self.source.path(key or arr.path)
-            log.error("%s: corrupt chunk %s: %s", where, chunk_name(coords), e)
+            log.error("%s: corrupt chunk %s: %s", where, arr.info.layout.names.key(coords), e)
             raise fail(errno.EIO) from None
 
     async def read(self, handle: ReadHandle, offset: int, size: int) -> bytes | bytearray | memoryview:

@@ -25,7 +25,7 @@ from shardfs.create import DEFAULT_SHARD_BYTES, XARRAY_FILL, Refused, array_doc,
 from shardfs.shard import CorruptChunk
 from shardfs.layout import ArrayLayout
 from shardfs.nodes import ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey, StagingKey
-from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, chunk_name, fail, v2
+from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, fail, v2
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
 
 log = logging.getLogger("shardfs")
@@ -183,7 +183,7 @@ class Writer:
 
     async def commit(self, arr: ArrayNode, coords: tuple[int, ...], data: bytes | None) -> None:
         """Make ``data`` the content of inner chunk ``coords`` (None: empty it)."""
-        name = self.view.source.path(arr.path) + "/" + chunk_name(coords)
+        name = self.view.source.path(arr.path) + "/" + arr.info.layout.names.key(coords)
         layout = arr.info.layout
         shard, pos = layout.locate(coords)
         found = await self.view.shard_table(arr, shard)  # refuses (EIO) to write into a corrupt shard
@@ -385,6 +385,8 @@ class Writer:
             log.error("unlink of %s: only chunk, metadata and temporary files can be removed", name)
             raise fail(errno.EPERM)
         if await self.view.extent(*target) is None:
+            if target[0].info.serve_missing:
+                return  # an empty chunk served as the fill chunk: it stays one
             raise fail(errno.ENOENT)
         await self.commit(*target, None)
 
@@ -395,7 +397,7 @@ class Writer:
         key = self.view.node_key(attr.ino)
         if not isinstance(key, (DirKey, ShardDirKey, InnerShardKey, KeyDirKey)):
             raise fail(errno.ENOTDIR)
-        if await self.view.listdir(attr.ino):
+        if await self._lists_anything(attr.ino):
             raise fail(errno.ENOTEMPTY)
         if isinstance(key, ShardDirKey):
             self.view.made.discard((key.path, key.rel))
@@ -441,7 +443,26 @@ class Writer:
         log.error("mkdir %s: only groups, arrays and key directories can be made", name)
         raise fail(errno.EPERM)
 
+    async def _lists_anything(self, ino: int) -> bool:
+        """True if directory ``ino`` lists something besides fill chunks served for empty
+        inner chunks (and key directories holding only those): ``rm -r`` cannot unlink those."""
+        for name, attr in await self.view.listdir(ino):
+            if (ino, name) in self.view.staged:
+                return True
+            target = await self.view.chunk_at_name(ino, name)
+            if target is not None and target[0].info.serve_missing and await self.view.extent(*target) is None:
+                continue
+            if isinstance(self.view.node_key(attr.ino), KeyDirKey) and not await self._lists_anything(attr.ino):
+                continue
+            return True
+        return False
+
     async def _exists(self, parent: int, name: str) -> bool:
+        """True if ``name`` exists; a chunk exists only if it is stored (or pending), not when
+        an empty chunk is served as the fill chunk."""
+        target = await self.view.chunk_at_name(parent, name)
+        if target is not None:
+            return await self.view.extent(*target) is not None
         try:
             await self.view.lookup(parent, name)
         except OSError as e:

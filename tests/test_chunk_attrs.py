@@ -85,3 +85,14 @@ def test_chunk_file_mode_and_nlink_read_only_mount(name, source, mount):
         assert size == os.stat(source / name / "c/0/0").st_size
     for n in root_names | shard_names:
         assert_chunk_attrs(os.stat(mnt / name / n), REGULAR_RO, nlink, size)
+
+
+@pytest.mark.parametrize("name", sorted(ARRAYS))
+def test_names_with_non_ascii_digits_do_not_exist(name, source, mount):
+    """Only ASCII decimal coordinates name chunks: "0.²" ("²".isdigit() is true, int("²")
+    raises) and "0.٣" (int("٣") == 3) are ENOENT, not EIO, and leave no traceback in the log."""
+    mnt = mount(source)
+    names = ["0.²", "0.٣", "٠.0"] + (["c/0/0/0.²", "c/0/0/0.٣"] if name == "sharded" else [])
+    for n in names:
+        with pytest.raises(FileNotFoundError):
+            os.stat(mnt / name / n)
