@@ -196,13 +196,8 @@ def _setup_logging(args: argparse.Namespace) -> None:
 
 def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed) -> int:
     """Serve the mount in this process until unmounted or signalled."""
-    import pyfuse3
-    import trio
-
-    from shardfs.fuse_ops import Operations, Timeouts
+    from shardfs.fuse_ops import Timeouts
     from shardfs.source import Source
-    from shardfs.view import View
-    from shardfs.writeback import Writeback
 
     args.debug = args.debug or "debug" in opts.own
     try:
@@ -217,23 +212,51 @@ def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed) -> int
     timeouts = Timeouts(float(own.get("entry_timeout", Timeouts.entry)),
                         float(own.get("attr_timeout", Timeouts.attr)))
     source = Source(args.src)
-    writeback = None
-    if not read_only:
-        writeback = Writeback(source, state.journal_dir(args.src, own.get("journal_dir")))
-        legacy = state.legacy_journal(args.src)
-        try:
-            replayed = writeback.replay_sync(functools.partial(_replay_target, source),
-                                             older=(legacy,) if legacy else ())
-        except Exception as e:
-            _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
-            return 1
-        if legacy:
-            state.remove_legacy(args.src)
-            log.info("moved the write journal out of the source: %s replayed and removed", legacy)
-        if replayed:
-            log.info("replayed %d journalled chunk changes into their shards", replayed)
-    from shardfs.chunkcache import DEFAULT_BYTES, ChunkCache, parse_size
+    with contextlib.ExitStack() as cleanup:
+        writeback = None
+        if not read_only:
+            try:
+                writeback = _writeback(args.src, source, own.get("journal_dir"), cleanup)
+            except Exception as e:
+                _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
+                return 1
+        return _mount_and_serve(args, mnt, opts, source, writeback, timeouts)
 
+
+def _writeback(src: str, source: Any, journal_dir: str | None, cleanup: contextlib.ExitStack) -> Any:
+    """The mount's ``Writeback``, journalling into a directory of its own under the source's
+    journal root (removed at exit if empty), after replaying into the shards what killed
+    daemons left there and what an earlier version left in ``SRC/.shardfs/journal``."""
+    from shardfs import journal
+    from shardfs.writeback import Writeback
+
+    claim = journal.claim(state.journal_dir(src, journal_dir))
+    cleanup.callback(claim.release)
+    writeback = Writeback(source, claim.directory)
+    legacy = state.legacy_journal(src)
+    replayed = writeback.replay_sync(functools.partial(_replay_target, source),
+                                     older=((legacy,) if legacy else ()) + tuple(claim.orphans))
+    claim.drop_orphans()
+    if legacy:
+        state.remove_legacy(src)
+        log.info("moved the write journal out of the source: %s replayed and removed", legacy)
+    if replayed:
+        log.info("replayed %d journalled chunk changes into their shards", replayed)
+    return writeback
+
+
+def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Any, writeback: Any,
+                     timeouts: Any) -> int:
+    """Mount and serve until unmounted or signalled; 1 if the mount failed (reported)."""
+    import pyfuse3
+    import trio
+
+    from shardfs.chunkcache import DEFAULT_BYTES, ChunkCache, parse_size
+    from shardfs.fuse_ops import Operations
+    from shardfs.view import View
+
+    own = opts.own
+    read_only = writeback is None
     cache = ChunkCache(parse_size(own["chunk_cache"]) if "chunk_cache" in own else DEFAULT_BYTES)
     ome = args.ome and "no_ome_translation" not in own
     view = View(source, read_only=read_only, writeback=writeback, ome=ome, chunk_cache=cache)
