@@ -1,4 +1,6 @@
-"""The virtual tree the mount shows: inodes, names and node kinds.
+"""The virtual tree the mount shows: inode numbers, names and node kinds.
+
+What the kernel holds of these inodes (lookup counts, cached pages) is ``shardfs.inodes``.
 
 Node kinds are the key classes of ``shardfs.nodes`` (group and array directories,
 metadata files, shard and key directories, inner shards, chunk files, staging
@@ -49,6 +51,7 @@ SLOT_SHIFT = 40
 READ_AHEAD_AFTER = 3  # opens of chunks of one shard among the last READ_AHEAD_WINDOW opens
 READ_AHEAD_WINDOW = 16  # before the rest of that shard is read ahead
 READ_AHEAD_MAX = 64 << 20  # larger shards are never read ahead
+LIST_FILL_MAX = 1 << 22  # arrays with more inner chunks do not list the empty ones they serve
 T = TypeVar("T")
 
 
@@ -102,7 +105,8 @@ class ArrayNode:
     """A presented array: its slot in the chunk-inode space and its v2 description.
 
     ``fill_file``: the chunk file of an empty inner chunk, encoded on first use, when
-    ``info.serve_missing`` says empty chunks are served.
+    ``info.serve_missing`` says empty chunks are served; ``fill_unlisted``: the array is
+    too large to list them, and that was logged.
     """
 
     path: str
@@ -111,6 +115,7 @@ class ArrayNode:
     info: ArrayInfo | None
     error: str | None
     fill_file: bytes | None = None
+    fill_unlisted: bool = False
 
 
 @dataclass
@@ -282,6 +287,9 @@ class View:
         image = isinstance(parent, GroupNode) and parent.image
         try:
             info, error = v2().describe_array(doc, self.ome, image), None
+            if image and info.layout.keys.view_separator != "/":
+                log.warning("%s: OME-Zarr array with v2 \"/\" chunk keys: its v2 keys keep \".\" (the source's "
+                            "directories of shards take the \"/\" names)", self.source.path(key))
         except Unpresentable as e:
             info, error = None, str(e)
             log.error("%s: array not shown as v2: %s", self.source.path(key), e)
@@ -701,7 +709,12 @@ class View:
         chunks = ChunkSet.concat([await self.shard_chunks(arr, shard) for shard in await self.stored_shards(arr)],
                                  layout.ndim)
         if arr.info.serve_missing:
-            chunks = self._with_fill_chunks(arr, chunks, len(await self.fill_file(arr)))
+            if int(np.prod(layout.chunk_grid, dtype=object)) <= LIST_FILL_MAX:
+                chunks = self._with_fill_chunks(arr, chunks, len(await self.fill_file(arr)))
+            elif not arr.fill_unlisted:
+                arr.fill_unlisted = True
+                log.warning("%s: more than %d inner chunks: empty ones are served but not listed",
+                            self.source.path(arr.path), LIST_FILL_MAX)
         if not nested:
             out.extend(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
             return out

@@ -274,6 +274,21 @@ def test_read_during_a_short_outage_is_retried_and_succeeds(tmp_path, monkeypatc
         server.stop()
 
 
+def test_delay_proxy_adds_its_delay_each_way(aws_env):
+    st = _objects(aws_env)
+    v = st.replace("k", [b"through the proxy"])
+    with DelayProxy(("127.0.0.1", aws_env.ports["s3.port"]), delay=0.2) as proxy:
+        slow = ObjectStorage(st.url, endpoint=f"http://127.0.0.1:{proxy.port}")
+        slow.version("k")  # connection set up
+        t0 = time.monotonic()
+        assert slow.read("k", [Range(0, 7), Range(-5, 5)], if_version=v) == [b"through", b"proxy"]
+        elapsed = time.monotonic() - t0
+        slow.close()
+    # 0.2 s each way; both GETs in flight at once: one round trip (two in a row would be 0.8 s)
+    assert 0.4 <= elapsed < 0.7, elapsed
+    st.close()
+
+
 def test_trio_tasks_await_reads_on_the_loop_thread(aws_env):
     import trio
 

@@ -1,4 +1,4 @@
-"""Writes through the mount (DESIGN.md "Writes"), with real v2 writers and POSIX tools.
+"""Writes through the mount (README.md "Writes"), with real v2 writers and POSIX tools.
 
 Every test builds its own small sharded v3 source (tests/writehelpers.py), mounts
 it, writes through the mount, and after ``shardfs umount`` reads the source

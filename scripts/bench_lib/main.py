@@ -1,4 +1,4 @@
-"""``scripts/bench``: the performance targets of DESIGN.md, measured side by side in one run.
+"""``scripts/bench``: shardfs against its baselines (README.md "Performance"), measured side by side in one run.
 
 Builds its own datasets under a temporary work directory, mounts them with
 ``shardfs mount``, and compares each operation through the mount with its

@@ -135,7 +135,6 @@ class ObjectStorage:
             config["skip_signature"] = True
         self._url, self._config = url, config
         self._client = {"allow_http": bool(endpoint and endpoint.startswith("http://"))}
-        self.retry = retry
         self._store = self._build(retry)
         self._own_loop = loop is None
         self.loop = loop or LoopThread(name="objects")
@@ -146,8 +145,7 @@ class ObjectStorage:
         retry_config = {"max_retries": retry.max_retries, "retry_timeout": timedelta(seconds=retry.retry_timeout),
                         "backoff": {"init_backoff": timedelta(seconds=retry.init_backoff),
                                     "max_backoff": timedelta(seconds=retry.max_backoff), "base": 2}}
-        return from_url(self._url, config=self._config or None, client_options=client,
-                                      retry_config=retry_config)
+        return from_url(self._url, config=self._config or None, client_options=client, retry_config=retry_config)
 
     def close(self) -> None:
         """Stop the loop thread if this storage started it."""
