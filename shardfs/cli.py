@@ -217,6 +217,9 @@ def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed) -> int
         if not read_only:
             try:
                 writeback = _writeback(args.src, source, own.get("journal_dir"), cleanup)
+            except UsageError as e:
+                _report(args, f"error: {e}")
+                return 1
             except Exception as e:
                 _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
                 return 1
@@ -230,7 +233,12 @@ def _writeback(src: str, source: Any, journal_dir: str | None, cleanup: contextl
     from shardfs import journal
     from shardfs.writeback import Writeback
 
-    claim = journal.claim(state.journal_dir(src, journal_dir))
+    root = state.journal_dir(src, journal_dir)
+    try:
+        claim = journal.claim(root)
+    except OSError as e:
+        raise UsageError(f"{root}: cannot create the write journal: {e.strerror} "
+                         "(-o journal_dir=DIR puts it elsewhere)") from None
     cleanup.callback(claim.release)
     writeback = Writeback(source, claim.directory)
     legacy = state.legacy_journal(src)
