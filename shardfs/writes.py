@@ -163,7 +163,7 @@ class Writer:
         limit = arr.info.chunk.max_file_size
         if size > limit:
             log.error("%s/%s: %s refused: %d bytes is more than any valid chunk (at most %d bytes)",
-                      self.view.source.path(arr.path), chunk_name(coords), what, size, limit)
+                      self.view.source.path(arr.path), arr.info.layout.names.key(coords), what, size, limit)
             raise fail(errno.EFBIG)
 
     async def read(self, handle: WriteHandle, offset: int, size: int) -> bytes:
