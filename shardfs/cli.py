@@ -24,7 +24,8 @@ from shardfs import __version__
 from shardfs.mounts import daemon_pid, fsname
 
 log = logging.getLogger("shardfs")
-OWN_OPTIONS = ("ro", "rw", "entry_timeout", "attr_timeout", "chunk_cache")
+OWN_OPTIONS = ("ro", "rw", "entry_timeout", "attr_timeout", "chunk_cache", "follow_symlinks")
+UMOUNT_TIMEOUT = 60.0
 
 
 class UsageError(Exception):
@@ -63,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     m.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
                    help="mount options: ro, entry_timeout=S, attr_timeout=S, chunk_cache=SIZE "
-                        "(decoded-chunk cache, default 64M, 0 = off), and FUSE options such as allow_other")
+                        "(decoded-chunk cache, default 64M, 0 = off), follow_symlinks (read through "
+                        "symlinks that leave SRC; never written), and FUSE options such as allow_other")
     m.add_argument("--read-only", action="store_true", help="refuse every write (EROFS)")
     m.add_argument("--no-ome-translation", dest="ome", action="store_false",
                    help="show OME-Zarr 0.5 attributes as they are, not as OME-Zarr 0.4")
@@ -77,7 +79,10 @@ def _parser() -> argparse.ArgumentParser:
     i.set_defaults(run=_cmd_inspect)
     u = sub.add_parser("umount", help="flush pending writes and unmount MNT")
     u.add_argument("mnt", metavar="MNT")
-    u.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the flush")
+    u.add_argument("--timeout", type=float, default=UMOUNT_TIMEOUT, metavar="S",
+                   help=f"seconds to wait for pending writes to reach their shards (default {UMOUNT_TIMEOUT:g}); "
+                        "then the daemon is stopped and what is left stays in the write journal, "
+                        "replayed by the next mount")
     u.set_defaults(run=_cmd_umount)
     return p
 
@@ -199,7 +204,7 @@ def _run_daemon(args: argparse.Namespace, mnt: str, own: dict[str, str], fuse_op
     import trio
 
     from shardfs.fuse_ops import Operations, Timeouts
-    from shardfs.source import Source
+    from shardfs.storage.local import LocalStorage
     from shardfs.view import View
     from shardfs.writeback import Writeback
 
@@ -207,7 +212,7 @@ def _run_daemon(args: argparse.Namespace, mnt: str, own: dict[str, str], fuse_op
     read_only = args.read_only or "ro" in own
     timeouts = Timeouts(float(own.get("entry_timeout", Timeouts.entry)),
                         float(own.get("attr_timeout", Timeouts.attr)))
-    source = Source(args.src)
+    source = LocalStorage(args.src, follow_symlinks="follow_symlinks" in own)
     writeback = None
     if not read_only:
         writeback = Writeback(source)
@@ -247,20 +252,24 @@ async def _serve(ops: Any, writeback: Any) -> None:
     """Run the FUSE loop; on SIGINT/SIGTERM fold pending writes into the shards and end it.
 
     Pending writes are also folded when the loop ends otherwise (``fusermount3 -u``).
+    Changes that cannot be folded stay in the journal (``Writeback.flush`` says why).
     """
     import pyfuse3
     import trio
 
     from shardfs import view as view_mod
 
+    flushed = False
     async with trio.open_nursery() as nursery:
 
         async def on_signal() -> None:
+            nonlocal flushed
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for sig in signals:
                     log.info("signal %d: flushing and unmounting", sig)
                     if writeback is not None:
                         await writeback.flush()
+                        flushed = True
                     pyfuse3.terminate()
                     return
 
@@ -270,7 +279,7 @@ async def _serve(ops: Any, writeback: Any) -> None:
             nursery.start_soon(writeback.run)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
-    if writeback is not None:
+    if writeback is not None and not flushed:
         writeback.on_folded = None  # the kernel connection is gone: nothing to invalidate
         await writeback.flush()
 
@@ -281,7 +290,7 @@ def _replay_target(source: Any, array_path: str, shard: tuple[int, ...]) -> Any:
     from shardfs.writes import shard_target
 
     try:
-        doc = json.loads(source.read(f"{array_path}/zarr.json" if array_path else "zarr.json"))
+        doc = json.loads(source.read_all(f"{array_path}/zarr.json" if array_path else "zarr.json")[0])
         return shard_target(array_path, describe_array(doc).layout, shard)
     except (OSError, ValueError):
         return None
@@ -311,6 +320,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_umount(args: argparse.Namespace) -> int:
+    """SIGTERM the daemon (it folds pending writes, then unmounts); after ``--timeout`` seconds
+    SIGKILL it (the journal keeps every acknowledged change) and unmount lazily. Prints what
+    is left in the journal and why; status 1 if anything is."""
     mnt = os.path.abspath(args.mnt)
     if not os.path.ismount(mnt):
         raise UsageError(f"{args.mnt}: not mounted")
@@ -320,13 +332,67 @@ def _cmd_umount(args: argparse.Namespace) -> int:
         if result.returncode:
             raise UsageError(result.stderr.strip() or f"{args.mnt}: cannot unmount")
         return 0
+    src = daemon_source(pid)
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + args.timeout
+    killed = False
     while _alive(pid) or os.path.ismount(mnt):
         if time.monotonic() > deadline:
-            raise UsageError(f"{args.mnt}: daemon {pid} did not finish within {args.timeout:g} s")
+            print(f"shardfs: {args.mnt}: pending writes not folded within {args.timeout:g} s: "
+                  f"stopping daemon {pid}", file=sys.stderr)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            killed = True
+            _wait_gone(pid, 10.0)
+            subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
+            break
         time.sleep(0.05)
-    return 0
+    lines = _kept_report(src, killed) if src is not None else []
+    for line in lines:
+        print(f"shardfs: {line}", file=sys.stderr)
+    if lines:
+        print(f"shardfs: they are folded by the next mount of {src}", file=sys.stderr)
+    return 1 if lines or killed else 0
+
+
+def _wait_gone(pid: int, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _kept_report(src: str, killed: bool) -> list[str]:
+    """One line per shard whose changes are still in the journal of ``src``: how many, and why
+    (the daemon's note; a killed daemon's journal is counted record by record)."""
+    from shardfs.journal import kept_line, read_kept
+    from shardfs.storage.local import LocalStorage
+    from shardfs.writeback import JOURNAL_DIR
+
+    pending, note = read_kept(os.path.join(src, JOURNAL_DIR))
+    if not killed:
+        return [kept_line(key, n, reason) for key, (n, reason) in sorted(note.items())]
+    source = LocalStorage(src)
+    lines = []
+    for (array, shard), positions in sorted(pending.items()):
+        target = _replay_target(source, array, shard)
+        key = target.key if target is not None else f"{array} shard {shard}"
+        reason = note.get(key, (0, "not folded before the timeout"))[1]
+        lines.append(kept_line(key, len(positions), reason))
+    return lines
+
+
+def daemon_source(pid: int) -> str | None:
+    """The source directory a daemon serves, from its command line (``mount SRC MNT -f``)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="surrogateescape") for a in f.read().split(b"\0")]
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
+    rest = [a for a in argv[argv.index("mount") + 1:] if a and not a.startswith("-")] if "mount" in argv else []
+    return os.path.normpath(os.path.join(cwd, rest[0])) if rest else None
 
 
 def _alive(pid: int) -> bool:

@@ -41,7 +41,8 @@ from shardfs.chunkcache import ChunkCache
 from shardfs.index import EMPTY
 from shardfs.layout import Unpresentable
 from shardfs.shard import CorruptChunk, CorruptShard, Extent, IndexCache
-from shardfs.source import Source, Version
+from shardfs.storage import Unusable, Version
+from shardfs.storage.local import LocalStorage
 from shardfs.writeback import Pending, Writeback
 
 if TYPE_CHECKING:
@@ -169,9 +170,9 @@ def parse_chunk_name(name: str, ndim: int) -> tuple[int, ...] | None:
 
 
 class View:
-    """The mount's tree over one ``Source``."""
+    """The mount's tree over one source directory."""
 
-    def __init__(self, source: Source, read_only: bool = True, writeback: Writeback | None = None,
+    def __init__(self, source: LocalStorage, read_only: bool = True, writeback: Writeback | None = None,
                  ome: bool = True, chunk_cache: ChunkCache | None = None) -> None:
         self.source = source
         self.ome = ome
@@ -192,6 +193,7 @@ class View:
         self._read_ahead_done: set[tuple[str, Version]] = set()
         self.chunk_cache = chunk_cache if chunk_cache is not None else ChunkCache()
         self._reader = CachedReader()
+        self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
         self._file_mode = 0o444 if read_only else 0o644
         self._dir_mode = 0o555 if read_only else 0o755
 
@@ -262,22 +264,39 @@ class View:
     def chunk_ino(self, arr: ArrayNode, coords: tuple[int, ...]) -> int:
         return CHUNK_BASE + (arr.slot << SLOT_SHIFT) + arr.info.layout.linear(coords)
 
+    def version(self, key: str) -> Version | None:
+        """``source.version``; a key that exists but is unusable (not a regular file, behind a
+        symlink out of the source) raises its errno, logged once per key and reason."""
+        try:
+            return self.source.version(key)
+        except Unusable as e:
+            if (key, e.strerror) not in self._unusable:
+                if len(self._unusable) >= 4096:
+                    self._unusable.clear()
+                self._unusable.add((key, e.strerror))
+                log.error("%s: not read: %s", self.source.describe(key), e.strerror)
+            raise fail(e.errno, e.strerror) from None
+
     # ----- metadata of the hierarchy ------------------------------------------------------
 
     async def _node(self, path: str) -> ArrayNode | GroupNode | None:
         """The group or array at ``path`` (re-read when its zarr.json changes), or None."""
         key = _join(path, "zarr.json")
-        version = self.source.version(key)
+        try:
+            version = self.version(key)
+        except OSError:
+            return None
         if version is None:
             return None
         cached = self._arrays.get(path) or self._groups.get(path)
         if cached is not None and cached.version == version:
             return cached
         try:
-            doc = json.loads(await blocking(self.source.read, key))
+            data, version = await blocking(self.source.read_all, key)
+            doc = json.loads(data)
             zarr_format, node_type = doc.get("zarr_format"), doc.get("node_type")
         except (OSError, ValueError, AttributeError) as e:
-            log.error("%s: unreadable metadata: %s", self.source.path(key), e)
+            log.error("%s: unreadable metadata: %s", self.source.describe(key), e)
             return None
         if zarr_format != 3:
             return None
@@ -292,7 +311,7 @@ class View:
             info, error = v2().describe_array(doc, self.ome), None
         except Unpresentable as e:
             info, error = None, str(e)
-            log.error("%s: array not shown as v2: %s", self.source.path(key), e)
+            log.error("%s: array not shown as v2: %s", self.source.describe(key), e)
         old = self._arrays.get(path)
         if old is not None and old.info is not None and info is not None and old.info.layout != info.layout:
             log.warning("%s: layout changed while mounted; old chunk inodes now stale", path)
@@ -320,7 +339,7 @@ class View:
         """
         key = self.shard_key(arr, shard)
         layout = arr.info.layout
-        version = self.source.version(key)
+        version = self.version(key)
         if version is None:
             return None
         if layout.index is None:
@@ -330,7 +349,7 @@ class View:
             try:
                 result = await blocking(shard_mod.read_index_sync, self.source, key, layout.index)
             except CorruptShard as e:
-                log.error("%s: corrupt shard: %s", self.source.path(key), e)
+                log.error("%s: corrupt shard: %s", self.source.describe(key), e)
                 self.index_cache.put(key, e.version, e)  # type: ignore[attr-defined]
                 raise fail(errno.EIO) from None
             if result is None:
@@ -599,7 +618,7 @@ class View:
             src = _join(arr.path, key[2])
             shard = arr.info.layout.keys.parse(key[2])
             if shard is not None:
-                version = self.source.version(src)
+                version = self.version(src)
                 if version is not None:
                     return self._dir_attr(ino, version.mtime_ns)
                 if self.writeback is not None and any(
@@ -788,7 +807,7 @@ class View:
         try:
             return await blocking(arr.info.chunk.to_file, stored)
         except CorruptChunk as e:
-            where = self.source.path(key or arr.path)
+            where = self.source.describe(key or arr.path)
             log.error("%s: corrupt chunk %s: %s", where, chunk_name(coords), e)
             raise fail(errno.EIO) from None
 

@@ -19,6 +19,7 @@ from typing import Awaitable, Callable
 from shardfs import shard as shard_mod
 from shardfs.shard import CorruptChunk
 from shardfs.layout import ArrayLayout
+from shardfs.storage import Storage, Unusable, VersionMismatch
 from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, chunk_name, fail
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
 
@@ -31,6 +32,23 @@ def shard_target(array_path: str, layout: ArrayLayout, shard: tuple[int, ...]) -
     key = layout.keys.key(shard)
     return ShardTarget(f"{array_path}/{key}" if array_path else key, layout.index,
                        chunks_in_shard(layout.chunk_grid, layout.chunks_per_shard, shard))
+
+
+def set_attributes_sync(source: Storage, key: str, attributes: dict) -> None:
+    """Make ``attributes`` the attributes of the zarr.json at ``key``: a read-modify-write
+    that is repeated when another writer changed the file in between."""
+    for _ in range(shard_mod.RACES):
+        data, version = source.read_all(key)
+        doc = json.loads(data)
+        if doc.get("dimension_names") is not None:
+            attributes.pop("_ARRAY_DIMENSIONS", None)
+        doc["attributes"] = attributes
+        try:
+            source.replace(key, [json.dumps(doc, indent=2).encode()], if_version=version)
+            return
+        except VersionMismatch:
+            continue
+    raise OSError(errno.EAGAIN, f"changed under {shard_mod.RACES} updates in a row")
 
 
 @dataclass
@@ -143,9 +161,14 @@ class Writer:
 
     async def commit(self, arr: ArrayNode, coords: tuple[int, ...], data: bytes | None) -> None:
         """Make ``data`` the content of inner chunk ``coords`` (None: empty it)."""
-        name = self.view.source.path(arr.path) + "/" + chunk_name(coords)
+        name = self.view.source.describe(arr.path) + "/" + chunk_name(coords)
         layout = arr.info.layout
         shard, pos = layout.locate(coords)
+        try:
+            self.view.source.check_write(self.view.shard_key(arr, shard))  # a non-regular file, a way out
+        except Unusable as e:
+            log.error("%s: write refused: %s", name, e.strerror)
+            raise fail(e.errno) from None
         found = await self.view.shard_table(arr, shard)  # refuses (EIO) to write into a corrupt shard
         if found is not None and shard_mod.has_corrupt(found[1]):
             log.error("%s: write refused: the shard holds a corrupt inner shard", name)
@@ -164,7 +187,7 @@ class Writer:
     async def commit_metadata(self, node: ArrayNode | GroupNode, name: str, data: bytes) -> None:
         """Accept a metadata file write: ``.zattrs`` updates the v3 attributes; ``.zarray`` and
         ``.zgroup`` may only be rewritten unchanged (EPERM otherwise)."""
-        where = self.view.source.path(node.path) + "/" + name
+        where = self.view.source.describe(node.path) + "/" + name
         try:
             new = json.loads(data)
         except ValueError as e:
@@ -183,11 +206,11 @@ class Writer:
             log.error("%s: write refused: attributes must be a JSON object", where)
             raise fail(errno.EINVAL)
         key = (node.path + "/" if node.path else "") + "zarr.json"
-        doc = json.loads(await blocking(self.view.source.read, key))
-        if doc.get("dimension_names") is not None:
-            new.pop("_ARRAY_DIMENSIONS", None)
-        doc["attributes"] = new
-        await blocking(self.view.source.replace, key, [json.dumps(doc, indent=2).encode()])
+        try:
+            await blocking(set_attributes_sync, self.view.source, key, new)
+        except (OSError, ValueError) as e:
+            log.error("%s: write refused: %s", where, getattr(e, "strerror", None) or e)
+            raise fail(getattr(e, "errno", None) or errno.EIO) from None
         ino = self.view.allocated(("meta", node.path, name))
         await self.invalidate([ino] if ino else [])
 
