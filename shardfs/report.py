@@ -90,7 +90,7 @@ def inspect(path: str) -> dict[str, Any]:
     for pos in range(len(table)):
         coords = layout.chunk_at(shard, pos)
         empty = table[pos, 0] == EMPTY
-        row = {"pos": pos, "chunk": None if coords is None else ".".join(map(str, coords)),
+        row = {"pos": pos, "chunk": None if coords is None else layout.names.key(coords),
                "offset": None if empty else int(table[pos, 0]),
                "nbytes": None if empty else int(table[pos, 1]), "empty": bool(empty)}
         if empty and table[pos, 1] == CORRUPT:
@@ -132,7 +132,7 @@ def _inner_shards(layout: ArrayLayout, read: Read, size: int, shard: tuple[int, 
     rows = []
     for pos in range(len(table)):
         empty = table[pos, 0] == EMPTY
-        row: dict[str, Any] = {"pos": pos, "inner_shard": ".".join(map(str, layout.inner_shard_at(shard, pos))),
+        row: dict[str, Any] = {"pos": pos, "inner_shard": layout.names.key(layout.inner_shard_at(shard, pos)),
                                "offset": None if empty else int(table[pos, 0]),
                                "nbytes": None if empty else int(table[pos, 1]), "empty": bool(empty)}
         if not empty:

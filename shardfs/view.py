@@ -1,17 +1,9 @@
 """The virtual tree the mount shows: inodes, names and node kinds.
 
-Node kinds (as inode keys):
-
-- ``("dir", path)``: a group or array directory of the source (``path`` is its key);
-- ``("meta", path, name)``: ``.zgroup``, ``.zattrs`` or ``.zarray`` of that directory;
-- ``("sdir", path, rel)``: a directory mirroring the source below an array:
-  a key prefix (``c``, ``c/0``) or, when ``rel`` is a shard key, the shard itself;
-- ``("kdir", path, coords)``: a directory of nested v2 keys (``dimension_separator`` "/");
-- ``("idir", path, level, coords)``: with nested sharding, an inner shard (``level`` 1 is
-  inside a shard directory, 2 inside a level-1 inner shard, ...) named by its coordinates
-  in that level's grid over the whole array;
-- chunk files, whose inode is computed from the array's slot and the chunk's
-  C-order position, so a million chunk files cost no memory.
+Node kinds are the key classes of ``shardfs.nodes`` (group and array directories,
+metadata files, shard and key directories, inner shards, chunk files, staging
+files). A chunk file's inode is computed from the array's slot and the chunk's
+C-order position, so a million chunk files cost no memory.
 
 Every method here runs on the trio thread. Reads of file contents and
 directory listings go through ``trio.to_thread``; ``stat`` and ``open`` of
@@ -31,7 +23,7 @@ import stat
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, TypeVar
 
 import numpy as np
 import trio
@@ -39,7 +31,9 @@ import trio
 from shardfs import shard as shard_mod
 from shardfs.chunkcache import ChunkCache
 from shardfs.index import EMPTY
-from shardfs.layout import Unpresentable
+from shardfs.layout import Unpresentable, parse_coord
+from shardfs.nodes import (ARRAY_DIRS, ArrayDirKey, ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, NodeKey,
+                           ShardDirKey, StagingKey)
 from shardfs.shard import CorruptChunk, CorruptShard, Extent, IndexCache
 from shardfs.storage import Unusable, Version
 from shardfs.storage.local import LocalStorage
@@ -106,21 +100,29 @@ class ChunkSet(NamedTuple):
 
 @dataclass
 class ArrayNode:
-    """A presented array: its slot in the chunk-inode space and its v2 description."""
+    """A presented array: its slot in the chunk-inode space and its v2 description.
+
+    ``fill_file``: the chunk file of an empty inner chunk, encoded on first use, when
+    ``info.serve_missing`` says empty chunks are served.
+    """
 
     path: str
     slot: int
     version: Version
     info: ArrayInfo | None
     error: str | None
+    fill_file: bytes | None = None
 
 
 @dataclass
 class GroupNode:
+    """A presented group; ``image``: an OME-Zarr image or label, whose arrays are its levels."""
+
     path: str
     version: Version
     zgroup: bytes
     zattrs: bytes
+    image: bool = False
 
 
 @dataclass
@@ -135,7 +137,7 @@ class Staging:
     ino: int
     data: bytearray = field(default_factory=bytearray)
     mtime_ns: int = field(default_factory=time.time_ns)
-    committed: tuple | None = None
+    committed: NodeKey | None = None
 
 
 @dataclass
@@ -155,20 +157,6 @@ def _join(path: str, name: str) -> str:
     return f"{path}/{name}" if path else name
 
 
-def chunk_name(coords: tuple[int, ...]) -> str:
-    """A chunk's name inside shard directories (and at the root with the "." separator)."""
-    return ".".join(map(str, coords)) if coords else "0"
-
-
-def parse_chunk_name(name: str, ndim: int) -> tuple[int, ...] | None:
-    if ndim == 0:
-        return () if name == "0" else None
-    parts = name.split(".")
-    if len(parts) != ndim or not all(p.isdigit() and str(int(p)) == p for p in parts):
-        return None
-    return tuple(int(p) for p in parts)
-
-
 class View:
     """The mount's tree over one source directory."""
 
@@ -179,8 +167,8 @@ class View:
         self.read_only = read_only
         self.writeback = writeback
         self.mount_ns = time.time_ns()
-        self._keys: dict[int, tuple] = {ROOT_INODE: ("dir", "")}
-        self._inos: dict[tuple, int] = {("dir", ""): ROOT_INODE}
+        self._keys: dict[int, NodeKey] = {ROOT_INODE: DirKey("")}
+        self._inos: dict[NodeKey, int] = {DirKey(""): ROOT_INODE}
         self._arrays: dict[str, ArrayNode] = {}
         self._slots: list[ArrayNode] = []
         self._groups: dict[str, GroupNode] = {}
@@ -199,7 +187,7 @@ class View:
 
     # ----- inodes -------------------------------------------------------------------------
 
-    def _ino(self, key: tuple) -> int:
+    def _ino(self, key: NodeKey) -> int:
         ino = self._inos.get(key)
         if ino is None:
             ino = next(self._next_ino)
@@ -207,16 +195,17 @@ class View:
             self._inos[key] = ino
         return ino
 
-    def _key(self, ino: int) -> tuple:
+    def node_key(self, ino: int) -> NodeKey:
+        """The node inode ``ino`` shows; ENOENT if it is unknown."""
         if ino >= CHUNK_BASE:
             slot, linear = divmod(ino - CHUNK_BASE, 1 << SLOT_SHIFT)
             if slot >= len(self._slots):
                 raise fail(errno.ENOENT)
             arr = self._slots[slot]
-            return ("chunk", arr, arr.info.layout.coords(linear))
+            return ChunkKey(arr, arr.info.layout.coords(linear))
         st = self._tmp.get(ino)
         if st is not None:
-            return st.committed or ("tmp", st)
+            return st.committed or StagingKey(st)
         try:
             return self._keys[ino]
         except KeyError:
@@ -229,7 +218,7 @@ class View:
         self.staged[(parent, name)] = st
         return st
 
-    def drop_staging(self, parent: int, name: str, committed: tuple | None) -> None:
+    def drop_staging(self, parent: int, name: str, committed: NodeKey | None) -> None:
         """Remove a staging file's name; its inode shows node key ``committed`` from now on
         (an alias of that node's inode until the kernel forgets it), if given."""
         st = self.staged.pop((parent, name))
@@ -254,10 +243,10 @@ class View:
             if not self._aliases[target]:
                 del self._aliases[target]
 
-    def _node_ino(self, key: tuple) -> int:
-        return self.chunk_ino(key[1], key[2]) if key[0] == "chunk" else self._ino(key)
+    def _node_ino(self, key: NodeKey) -> int:
+        return self.chunk_ino(key.arr, key.coords) if isinstance(key, ChunkKey) else self._ino(key)
 
-    def allocated(self, key: tuple) -> int | None:
+    def allocated(self, key: NodeKey) -> int | None:
         """The inode of a node key if the kernel may know it, else None."""
         return self._inos.get(key)
 
@@ -302,13 +291,16 @@ class View:
             return None
         if node_type == "group":
             zgroup, zattrs = v2().group_files(doc, self.ome)
-            node = GroupNode(path, version, zgroup, zattrs)
+            attrs = doc.get("attributes")
+            node = GroupNode(path, version, zgroup, zattrs, isinstance(attrs, dict) and v2().is_ome_image(attrs))
             self._groups[path] = node
             return node
         if node_type != "array":
             return None
+        parent = await self._node(path.rpartition("/")[0]) if path else None
+        image = isinstance(parent, GroupNode) and parent.image
         try:
-            info, error = v2().describe_array(doc, self.ome), None
+            info, error = v2().describe_array(doc, self.ome, image), None
         except Unpresentable as e:
             info, error = None, str(e)
             log.error("%s: array not shown as v2: %s", self.source.describe(key), e)
@@ -379,14 +371,32 @@ class View:
         except CorruptShard:  # its inner shard; logged when the shard's table was read
             raise fail(errno.EIO) from None
 
+    def chunk_attrs(self, arr: ArrayNode, inos: Iterable[int], sizes: Iterable[int], mtimes: Iterable[int]
+                    ) -> list[Attr]:
+        """What ``stat`` shows for chunk files of ``arr``: the one place that decides it.
+
+        A chunk file is a regular file with the mount's file mode (0644; 0444 on a read-only
+        mount), its size (never negative) and mtime, and ``st_nlink`` the number of directories
+        that list it: the array (its root, or a key directory with ``dimension_separator`` "/")
+        and, for a sharded array, its shard directory (with nested sharding, its innermost
+        inner shard directory). So 2 for a sharded array and 1 for an unsharded one, whether
+        or not the file is open for writing.
+        """
+        mode = stat.S_IFREG | self._file_mode
+        nlink = 1 if arr.info.layout.index is None else 2
+        return [Attr(ino, mode, max(size, 0), mtime, nlink) for ino, size, mtime in zip(inos, sizes, mtimes)]
+
+    def chunk_attr(self, arr: ArrayNode, ino: int, size: int, mtime_ns: int) -> Attr:
+        """``chunk_attrs`` of one chunk file."""
+        return self.chunk_attrs(arr, (ino,), (size,), (mtime_ns,))[0]
+
     def _chunk_attr(self, arr: ArrayNode, coords: tuple[int, ...], where: Extent | Pending) -> Attr:
+        """The attributes of a stored or pending inner chunk's file."""
         if isinstance(where, Pending):
             stored, mtime_ns = len(where.data), where.mtime_ns
         else:
             stored, mtime_ns = where.nbytes, where.version.mtime_ns
-        size = arr.info.chunk.file_size(stored)
-        nlink = 1 if arr.info.layout.index is None else 2
-        return Attr(self.chunk_ino(arr, coords), stat.S_IFREG | self._file_mode, max(size, 0), mtime_ns, nlink)
+        return self.chunk_attr(arr, self.chunk_ino(arr, coords), arr.info.chunk.file_size(stored), mtime_ns)
 
     async def stored_shards(self, arr: ArrayNode, rel: str = "") -> list[tuple[int, ...]]:
         """Coordinates of the stored shards at or below source directory ``rel`` of the array."""
@@ -430,57 +440,60 @@ class View:
         coords, inside = layout.chunks_at(shard, pos)
         return ChunkSet(coords[inside], arr.info.chunk.file_size(nbytes[inside]), mtime[inside])
 
+    @staticmethod
+    def _with_fill_chunks(arr: ArrayNode, stored: ChunkSet, fill_size: int) -> ChunkSet:
+        """Every in-bounds inner chunk in C order: ``stored`` ones as they are, the others as
+        fill chunks (``fill_size`` bytes, the array metadata's mtime)."""
+        grid = arr.info.layout.chunk_grid
+        n = int(np.prod(grid, dtype=np.int64))
+        coords = np.indices(grid, dtype=np.int64).reshape(len(grid), n).T
+        size = np.full(n, fill_size, dtype=np.int64)
+        mtime = np.full(n, arr.version.mtime_ns, dtype=np.int64)
+        if len(stored.size):
+            at = np.ravel_multi_index(tuple(stored.coords.T), grid) if grid else np.zeros(len(stored.size), np.int64)
+            size[at], mtime[at] = stored.size, stored.mtime
+        return ChunkSet(coords, size, mtime)
+
     def _chunk_attrs(self, arr: ArrayNode, chunks: ChunkSet) -> list[Attr]:
         """The attributes of every chunk file of ``chunks`` (``_chunk_attr`` column-wise)."""
         layout = arr.info.layout
         base = CHUNK_BASE + (arr.slot << SLOT_SHIFT)
         linear = np.ravel_multi_index(tuple(chunks.coords.T), layout.chunk_grid) if layout.ndim else \
             np.zeros(len(chunks.size), np.int64)
-        mode = stat.S_IFREG | self._file_mode
-        nlink = 1 if layout.index is None else 2
-        return [Attr(base + i, mode, size, mtime, nlink)
-                for i, size, mtime in zip(linear.tolist(), chunks.size.tolist(), chunks.mtime.tolist())]
-
-    @staticmethod
-    def _names(coords: np.ndarray) -> list[str]:
-        """``chunk_name`` of every row of an ``(n, ndim)`` coordinate array."""
-        if coords.shape[1] == 0:
-            return ["0"] * len(coords)
-        return [".".join(row) for row in coords.astype(str).tolist()]
+        return self.chunk_attrs(arr, (base + i for i in linear.tolist()), chunks.size.tolist(), chunks.mtime.tolist())
 
     # ----- name resolution ----------------------------------------------------------------
 
     async def lookup(self, parent: int, name: str) -> Attr:
         """The attributes of entry ``name`` of directory ``parent``; ENOENT if none."""
-        key = self._key(parent)
-        kind = key[0]
+        key = self.node_key(parent)
         if (parent, name) in self.staged:
             return await self.getattr(self.staged[(parent, name)].ino)
-        if kind == "dir":
-            node = await self._node(key[1])
+        if isinstance(key, DirKey):
+            node = await self._node(key.path)
             if node is None:
                 raise fail(errno.ENOENT)
             if name in self.meta_names(node):
-                return await self.getattr(self._ino(("meta", node.path, name)))
+                return await self.getattr(self._ino(MetaKey(node.path, name)))
             if isinstance(node, GroupNode):
                 child = _join(node.path, name)
                 if not name.startswith(".") and await self._node(child) is not None:
-                    return await self.getattr(self._ino(("dir", child)))
+                    return await self.getattr(self._ino(DirKey(child)))
                 raise fail(errno.ENOENT)
             if node.info is None:
                 raise fail(errno.ENOENT)
             return await self._lookup_in_array(node, "", (), name)
-        if kind == "sdir":
-            arr = self._arrays[key[1]]
-            shard = arr.info.layout.keys.parse(key[2])
+        if isinstance(key, ShardDirKey):
+            arr = self._arrays[key.path]
+            shard = arr.info.layout.keys.parse(key.rel)
             if shard is None:
-                return await self._lookup_in_array(arr, key[2], None, name)
+                return await self._lookup_in_array(arr, key.rel, None, name)
             return await self._lookup_in_box(arr, 0, shard, name)
-        if kind == "idir":
-            return await self._lookup_in_box(self._arrays[key[1]], key[2], key[3], name)
-        if kind == "kdir":
-            arr = self._arrays[key[1]]
-            return await self._lookup_in_array(arr, None, key[2], name)
+        if isinstance(key, InnerShardKey):
+            return await self._lookup_in_box(self._arrays[key.path], key.level, key.box, name)
+        if isinstance(key, KeyDirKey):
+            arr = self._arrays[key.path]
+            return await self._lookup_in_array(arr, None, key.prefix, name)
         raise fail(errno.ENOTDIR)
 
     async def _lookup_in_array(self, arr: ArrayNode, rel: str | None, prefix: tuple[int, ...] | None,
@@ -489,20 +502,21 @@ class View:
         layout = arr.info.layout
         nested = layout.keys.view_separator == "/"
         if prefix is not None:
-            if nested and name.isdigit() and str(int(name)) == name:
-                coords = prefix + (int(name),)
+            i = parse_coord(name) if nested else None
+            if i is not None:
+                coords = prefix + (i,)
                 if len(coords) == layout.ndim:
                     return await self._chunk_entry(arr, coords)
                 if len(coords) < layout.ndim and coords[-1] < layout.chunk_grid[len(coords) - 1]:
-                    return await self.getattr(self._ino(("kdir", arr.path, coords)))
+                    return await self.getattr(self._ino(KeyDirKey(arr.path, coords)))
             elif not nested and not prefix:
-                coords = parse_chunk_name(name, layout.ndim)
+                coords = layout.names.parse(name)
                 if coords is not None:
                     return await self._chunk_entry(arr, coords)
         if rel is not None and layout.index is not None:
             sub = _join(rel, self._source_name(arr, name))
             if sub is not None and (layout.keys.is_prefix(sub) or layout.keys.parse(sub) is not None):
-                ino = self._ino(("sdir", arr.path, sub))
+                ino = self._ino(ShardDirKey(arr.path, sub))
                 return await self.getattr(ino)
         raise fail(errno.ENOENT)
 
@@ -519,9 +533,18 @@ class View:
 
     async def _chunk_entry(self, arr: ArrayNode, coords: tuple[int, ...]) -> Attr:
         ext = await self.extent(arr, coords)
-        if ext is None:
+        if ext is not None:
+            return self._chunk_attr(arr, coords, ext)
+        if not (arr.info.serve_missing and arr.info.layout.in_grid(coords)):
             raise fail(errno.ENOENT)
-        return self._chunk_attr(arr, coords, ext)
+        # an empty chunk served as the fill chunk, unchanged since the array's metadata was
+        return self.chunk_attr(arr, self.chunk_ino(arr, coords), len(await self.fill_file(arr)), arr.version.mtime_ns)
+
+    async def fill_file(self, arr: ArrayNode) -> bytes:
+        """The chunk file of an empty inner chunk of ``arr`` (encoded once per array)."""
+        if arr.fill_file is None:
+            arr.fill_file = await blocking(arr.info.fill_file)
+        return arr.fill_file
 
     # ----- shard and inner shard directories --------------------------------------------------
 
@@ -538,24 +561,24 @@ class View:
         chunks = await self._box_chunks(arr, level, box)
         if not len(chunks.mtime):
             raise fail(errno.ENOENT)
-        return self._dir_attr(self._ino(("idir", arr.path, level, box)), int(chunks.mtime.max()))
+        return self._dir_attr(self._ino(InnerShardKey(arr.path, level, box)), int(chunks.mtime.max()))
 
     async def _list_box(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> list[tuple[str, Attr]]:
         """A shard or inner shard directory: its inner shards, or at the innermost level its chunks."""
         layout = arr.info.layout
         chunks = await self._box_chunks(arr, level, box)
         if level == layout.depth:
-            return list(zip(self._names(chunks.coords), self._chunk_attrs(arr, chunks)))
+            return list(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
         newest: dict[tuple[int, ...], int] = {}
         for c, mtime in zip(map(tuple, (chunks.coords // np.array(layout.spans[level + 1])).tolist()),
                             chunks.mtime.tolist()):
             newest[c] = max(newest.get(c, 0), mtime)
-        return [(chunk_name(child), self._dir_attr(self._ino(("idir", arr.path, level + 1, child)), mtime))
+        return [(layout.names.key(child), self._dir_attr(self._ino(InnerShardKey(arr.path, level + 1, child)), mtime))
                 for child, mtime in sorted(newest.items())]
 
     async def _lookup_in_box(self, arr: ArrayNode, level: int, box: tuple[int, ...], name: str) -> Attr:
         layout = arr.info.layout
-        coords = parse_chunk_name(name, layout.ndim)
+        coords = layout.names.parse(name)
         if coords is None:
             raise fail(errno.ENOENT)
         if level == layout.depth:
@@ -595,28 +618,27 @@ class View:
     # ----- attributes ---------------------------------------------------------------------
 
     async def getattr(self, ino: int) -> Attr:
-        key = self._key(ino)
-        kind = key[0]
-        if kind == "chunk":
-            return await self._chunk_entry(key[1], key[2])
-        if kind == "tmp":
-            st = key[1]
+        key = self.node_key(ino)
+        if isinstance(key, ChunkKey):
+            return await self._chunk_entry(key.arr, key.coords)
+        if isinstance(key, StagingKey):
+            st = key.staging
             return Attr(ino, stat.S_IFREG | self._file_mode, len(st.data), st.mtime_ns)
-        if kind == "dir":
-            node = await self._node(key[1])
+        if isinstance(key, DirKey):
+            node = await self._node(key.path)
             if node is None:
                 raise fail(errno.ENOENT)
             return self._dir_attr(ino, node.version.mtime_ns)
-        if kind == "meta":
-            node = await self._node(key[1])
-            if node is None or key[2] not in self.meta_names(node):
+        if isinstance(key, MetaKey):
+            node = await self._node(key.path)
+            if node is None or key.name not in self.meta_names(node):
                 raise fail(errno.ENOENT)
-            size = len(await self.meta_bytes(node, key[2]))
+            size = len(await self.meta_bytes(node, key.name))
             return Attr(ino, stat.S_IFREG | self._file_mode, size, node.version.mtime_ns)
-        arr = self._arrays[key[1]]
-        if kind == "sdir":
-            src = _join(arr.path, key[2])
-            shard = arr.info.layout.keys.parse(key[2])
+        arr = self._arrays[key.path]
+        if isinstance(key, ShardDirKey):
+            src = _join(arr.path, key.rel)
+            shard = arr.info.layout.keys.parse(key.rel)
             if shard is not None:
                 version = self.version(src)
                 if version is not None:
@@ -628,9 +650,9 @@ class View:
             if not self.source.is_dir(src):
                 raise fail(errno.ENOENT)
             return self._dir_attr(ino, arr.version.mtime_ns)
-        if kind == "idir":
-            return await self._box_attr(arr, key[2], key[3])
-        return self._dir_attr(ino, arr.version.mtime_ns)  # kdir
+        if isinstance(key, InnerShardKey):
+            return await self._box_attr(arr, key.level, key.box)
+        return self._dir_attr(ino, arr.version.mtime_ns)  # KeyDirKey
 
     def _dir_attr(self, ino: int, mtime_ns: int) -> Attr:
         return Attr(ino, stat.S_IFDIR | self._dir_mode, 0, mtime_ns, 2)
@@ -646,37 +668,36 @@ class View:
         return entries
 
     async def _listdir(self, ino: int) -> list[tuple[str, Attr]]:
-        key = self._key(ino)
-        kind = key[0]
-        if kind == "dir":
-            node = await self._node(key[1])
+        key = self.node_key(ino)
+        if isinstance(key, DirKey):
+            node = await self._node(key.path)
             if node is None:
                 raise fail(errno.ENOENT)
             out = []
             for name in self.meta_names(node):
-                mino = self._ino(("meta", node.path, name))
+                mino = self._ino(MetaKey(node.path, name))
                 out.append((name, Attr(mino, stat.S_IFREG | self._file_mode,
                                        len(await self.meta_bytes(node, name)), node.version.mtime_ns)))
             if isinstance(node, GroupNode):
                 for name, is_dir in sorted(await blocking(self.source.listdir, node.path)):
                     child = _join(node.path, name)
                     if is_dir and not name.startswith(".") and await self._node(child) is not None:
-                        out.append((name, await self.getattr(self._ino(("dir", child)))))
+                        out.append((name, await self.getattr(self._ino(DirKey(child)))))
                 return out
             if node.info is not None:
                 out.extend(await self._list_array(node, "", ()))
             return out
-        if kind in ("chunk", "meta", "tmp"):
+        if not isinstance(key, ARRAY_DIRS):
             raise fail(errno.ENOTDIR)
-        arr = self._arrays[key[1]]
-        if kind == "sdir":
-            shard = arr.info.layout.keys.parse(key[2])
+        arr = self._arrays[key.path]
+        if isinstance(key, ShardDirKey):
+            shard = arr.info.layout.keys.parse(key.rel)
             if shard is None:
-                return await self._list_array(arr, key[2], None)
+                return await self._list_array(arr, key.rel, None)
             return await self._list_box(arr, 0, shard)
-        if kind == "idir":
-            return await self._list_box(arr, key[2], key[3])
-        return await self._list_array(arr, None, key[2])
+        if isinstance(key, InnerShardKey):
+            return await self._list_box(arr, key.level, key.box)
+        return await self._list_array(arr, None, key.prefix)
 
     async def _list_array(self, arr: ArrayNode, rel: str | None, prefix: tuple[int, ...] | None
                           ) -> list[tuple[str, Attr]]:
@@ -688,7 +709,7 @@ class View:
                 is_shard = not is_dir and layout.keys.parse(sub) is not None
                 if is_shard or (is_dir and layout.keys.is_prefix(sub)):
                     shown = name + ".shard" if is_shard and self._shard_suffix(arr) else name
-                    ino = self._ino(("sdir", arr.path, sub))
+                    ino = self._ino(ShardDirKey(arr.path, sub))
                     try:
                         out.append((shown, await self.getattr(ino)))
                     except OSError:
@@ -698,8 +719,10 @@ class View:
         nested = layout.keys.view_separator == "/"
         chunks = ChunkSet.concat([await self.shard_chunks(arr, shard) for shard in await self.stored_shards(arr)],
                                  layout.ndim)
+        if arr.info.serve_missing:
+            chunks = self._with_fill_chunks(arr, chunks, len(await self.fill_file(arr)))
         if not nested:
-            out.extend(zip(self._names(chunks.coords), self._chunk_attrs(arr, chunks)))
+            out.extend(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
             return out
         depth = len(prefix)
         chunks = chunks.where(np.all(chunks.coords[:, :depth] == np.array(prefix, dtype=np.int64), axis=1))
@@ -707,64 +730,65 @@ class View:
             out.extend(zip(map(str, chunks.coords[:, depth].tolist()), self._chunk_attrs(arr, chunks)))
         else:
             for i in sorted(set(chunks.coords[:, depth].tolist())):
-                kino = self._ino(("kdir", arr.path, prefix + (i,)))
+                kino = self._ino(KeyDirKey(arr.path, prefix + (i,)))
                 out.append((str(i), self._dir_attr(kino, arr.version.mtime_ns)))
         return out
 
     async def chunk_at_name(self, parent: int, name: str) -> tuple[ArrayNode, tuple[int, ...]] | None:
         """The inner chunk that entry ``name`` of directory ``parent`` names, if any (stored or not)."""
-        key = self._key(parent)
-        kind = key[0]
-        if kind == "dir":
-            node = await self._node(key[1])
+        key = self.node_key(parent)
+        if isinstance(key, DirKey):
+            node = await self._node(key.path)
             if not isinstance(node, ArrayNode) or node.info is None:
                 return None
             arr, prefix = node, ()
-        elif kind in ("sdir", "kdir", "idir"):
-            arr = self._arrays[key[1]]
-            prefix = key[2] if kind == "kdir" else None
+        elif isinstance(key, ARRAY_DIRS):
+            arr = self._arrays[key.path]
+            prefix = key.prefix if isinstance(key, KeyDirKey) else None
         else:
             return None
         layout = arr.info.layout
         if prefix is None:  # a shard or inner shard directory: the innermost holds chunks
-            level, box = (key[2], key[3]) if kind == "idir" else (0, layout.keys.parse(key[2]))
-            coords = parse_chunk_name(name, layout.ndim) if box is not None and level == layout.depth else None
+            level, box = (key.level, key.box) if isinstance(key, InnerShardKey) else (0, layout.keys.parse(key.rel))
+            coords = layout.names.parse(name) if box is not None and level == layout.depth else None
             if coords is None or layout.box(coords, level) != box:
                 return None
         elif layout.keys.view_separator == "/":
-            if not (name.isdigit() and str(int(name)) == name) or len(prefix) + 1 != layout.ndim:
+            i = parse_coord(name)
+            if i is None or len(prefix) + 1 != layout.ndim:
                 return None
-            coords = prefix + (int(name),)
+            coords = prefix + (i,)
         else:
-            coords = parse_chunk_name(name, layout.ndim)
+            coords = layout.names.parse(name)
         return (arr, coords) if coords is not None and layout.in_grid(coords) else None
 
-    async def dir_node(self, ino: int) -> tuple[str, ArrayNode | GroupNode | None]:
-        """``(kind, node)`` of a directory inode: the group/array it shows or belongs to."""
-        key = self._key(ino)
-        if key[0] == "dir":
-            return "dir", await self._node(key[1])
-        if key[0] in ("sdir", "kdir", "idir"):
-            return key[0], self._arrays[key[1]]
+    async def dir_node(self, ino: int) -> tuple[DirKey | ArrayDirKey, ArrayNode | GroupNode | None]:
+        """``(key, node)`` of a directory inode: its key and the group/array it shows or belongs to."""
+        key = self.node_key(ino)
+        if isinstance(key, DirKey):
+            return key, await self._node(key.path)
+        if isinstance(key, ARRAY_DIRS):
+            return key, self._arrays[key.path]
         raise fail(errno.ENOTDIR)
 
     # ----- reading ------------------------------------------------------------------------
 
     async def open(self, ino: int) -> ReadHandle:
         """Open a file for reading: metadata bytes, or a verified/plain extent of a shard."""
-        key = self._key(ino)
-        if key[0] == "meta":
+        key = self.node_key(ino)
+        if isinstance(key, MetaKey):
             attr = await self.getattr(ino)
-            return ReadHandle(ino, attr, data=await self.meta_bytes(await self._node(key[1]), key[2]))
-        if key[0] == "tmp":
-            return ReadHandle(ino, await self.getattr(ino), data=bytes(key[1].data))
-        if key[0] != "chunk":
+            return ReadHandle(ino, attr, data=await self.meta_bytes(await self._node(key.path), key.name))
+        if isinstance(key, StagingKey):
+            return ReadHandle(ino, await self.getattr(ino), data=bytes(key.staging.data))
+        if not isinstance(key, ChunkKey):
             raise fail(errno.EISDIR)
-        arr, coords = key[1], key[2]
+        arr, coords = key.arr, key.coords
         for _ in range(3):
             ext = await self.extent(arr, coords)
             if ext is None:
-                raise fail(errno.ENOENT)
+                attr = await self._chunk_entry(arr, coords)  # ENOENT unless empty chunks are served
+                return ReadHandle(ino, attr, data=await self.fill_file(arr))
             attr = self._chunk_attr(arr, coords, ext)
             if isinstance(ext, Pending):
                 return ReadHandle(ino, attr, data=await self._decoded(arr, coords, ext.data))
@@ -808,7 +832,7 @@ class View:
             return await blocking(arr.info.chunk.to_file, stored)
         except CorruptChunk as e:
             where = self.source.describe(key or arr.path)
-            log.error("%s: corrupt chunk %s: %s", where, chunk_name(coords), e)
+            log.error("%s: corrupt chunk %s: %s", where, arr.info.layout.names.key(coords), e)
             raise fail(errno.EIO) from None
 
     async def read(self, handle: ReadHandle, offset: int, size: int) -> bytes | bytearray | memoryview:

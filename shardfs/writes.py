@@ -19,8 +19,9 @@ from typing import Awaitable, Callable
 from shardfs import shard as shard_mod
 from shardfs.shard import CorruptChunk
 from shardfs.layout import ArrayLayout
+from shardfs.nodes import ChunkKey, DirKey, InnerShardKey, MetaKey, ShardDirKey, StagingKey
 from shardfs.storage import Storage, Unusable, VersionMismatch
-from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, chunk_name, fail
+from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, fail
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
 
 log = logging.getLogger("shardfs")
@@ -77,15 +78,14 @@ class Writer:
 
     async def create(self, parent: int, name: str) -> tuple[Attr, WriteHandle]:
         """Create ``name`` in ``parent``: a new chunk if it is a chunk key, else a staging file."""
-        kind, node = await self.view.dir_node(parent)
+        _, node = await self.view.dir_node(parent)
         if node is None:
             raise fail(errno.ENOENT)
         target = await self.view.chunk_at_name(parent, name)
         if target is not None:
             ino = self.view.chunk_ino(*target)
             handle = WriteHandle(ino, chunk=target, buf=bytearray(), dirty=True)
-            attr = Attr(ino, 0o100000 | 0o644, 0, self.view.mount_ns, 2)
-            return attr, handle
+            return self.view.chunk_attr(target[0], ino, 0, self.view.mount_ns), handle
         if isinstance(node, ArrayNode) and node.info is None:
             raise fail(errno.EPERM, "array is not presentable")
         st = self.view.new_staging(parent, name)
@@ -93,17 +93,17 @@ class Writer:
 
     async def open(self, ino: int, truncate: bool) -> WriteHandle:
         """Open an existing chunk or staging file for writing (``truncate``: O_TRUNC)."""
-        key = self.view._key(ino)
-        if key[0] == "tmp":
+        key = self.view.node_key(ino)
+        if isinstance(key, StagingKey):
             if truncate:
-                key[1].data.clear()
-            return WriteHandle(ino, staging=key[1])
-        if key[0] == "chunk":
-            handle = WriteHandle(ino, chunk=(key[1], key[2]))
+                key.staging.data.clear()
+            return WriteHandle(ino, staging=key.staging)
+        if isinstance(key, ChunkKey):
+            handle = WriteHandle(ino, chunk=(key.arr, key.coords))
             if truncate:
                 handle.buf, handle.dirty = bytearray(), True
             return handle
-        if key[0] == "meta":
+        if isinstance(key, MetaKey):
             raise fail(errno.EPERM, "metadata files are read-only")
         raise fail(errno.EISDIR)
 
@@ -161,7 +161,7 @@ class Writer:
 
     async def commit(self, arr: ArrayNode, coords: tuple[int, ...], data: bytes | None) -> None:
         """Make ``data`` the content of inner chunk ``coords`` (None: empty it)."""
-        name = self.view.source.describe(arr.path) + "/" + chunk_name(coords)
+        name = self.view.source.describe(arr.path) + "/" + arr.info.layout.names.key(coords)
         layout = arr.info.layout
         shard, pos = layout.locate(coords)
         try:
@@ -211,7 +211,7 @@ class Writer:
         except (OSError, ValueError) as e:
             log.error("%s: write refused: %s", where, getattr(e, "strerror", None) or e)
             raise fail(getattr(e, "errno", None) or errno.EIO) from None
-        ino = self.view.allocated(("meta", node.path, name))
+        ino = self.view.allocated(MetaKey(node.path, name))
         await self.invalidate([ino] if ino else [])
 
     # ----- names --------------------------------------------------------------------------
@@ -228,12 +228,12 @@ class Writer:
         target = await self.view.chunk_at_name(p2, n2)
         if target is not None:
             await self.commit(*target, bytes(st.data))
-            self.view.drop_staging(p1, n1, committed=("chunk", *target))
+            self.view.drop_staging(p1, n1, committed=ChunkKey(*target))
             return
-        kind, node = await self.view.dir_node(p2)
-        if kind == "dir" and node is not None and n2 in self.view.meta_names(node):
+        dir_key, node = await self.view.dir_node(p2)
+        if isinstance(dir_key, DirKey) and node is not None and n2 in self.view.meta_names(node):
             await self.commit_metadata(node, n2, bytes(st.data))
-            self.view.drop_staging(p1, n1, committed=("meta", node.path, n2))
+            self.view.drop_staging(p1, n1, committed=MetaKey(node.path, n2))
             return
         if exists and (p2, n2) not in self.view.staged:
             log.error("rename of %s onto %s: not a chunk key or temporary file", n1, n2)
@@ -243,14 +243,14 @@ class Writer:
 
     async def link(self, ino: int, parent: int, name: str) -> Attr:
         """Hard-link a staging file onto a chunk key: an exclusive create of that chunk."""
-        key = self.view._key(ino)
+        key = self.view.node_key(ino)
         target = await self.view.chunk_at_name(parent, name)
-        if key[0] != "tmp" or target is None:
+        if not isinstance(key, StagingKey) or target is None:
             log.error("link to %s: only a temporary file can be linked onto a chunk key", name)
             raise fail(errno.EPERM)
         if await self._exists(parent, name):
             raise fail(errno.EEXIST)
-        await self.commit(*target, bytes(key[1].data))
+        await self.commit(*target, bytes(key.staging.data))
         return await self.view.lookup(parent, name)
 
     async def unlink(self, parent: int, name: str) -> None:
@@ -264,20 +264,28 @@ class Writer:
             log.error("unlink of %s: only chunk files and temporary files can be removed", name)
             raise fail(errno.EPERM)
         if await self.view.extent(*target) is None:
+            if target[0].info.serve_missing:
+                return  # an empty chunk served as the fill chunk: it stays one
             raise fail(errno.ENOENT)
         await self.commit(*target, None)
 
     async def rmdir(self, parent: int, name: str) -> None:
         """Remove a shard directory that no longer holds chunks (``rm -r``); EPERM otherwise."""
         attr = await self.view.lookup(parent, name)
-        key = self.view._key(attr.ino)
-        if key[0] in ("sdir", "idir") and await self.view.listdir(attr.ino):
+        key = self.view.node_key(attr.ino)
+        shard_dir = isinstance(key, (ShardDirKey, InnerShardKey))
+        if shard_dir and await self.view.listdir(attr.ino):
             raise fail(errno.ENOTEMPTY)
-        if key[0] not in ("sdir", "idir"):
+        if not shard_dir:
             log.error("rmdir of %s: groups, arrays and key directories cannot be removed", name)
             raise fail(errno.EPERM)
 
     async def _exists(self, parent: int, name: str) -> bool:
+        """True if ``name`` exists; a chunk exists only if it is stored (or pending), not when
+        an empty chunk is served as the fill chunk."""
+        target = await self.view.chunk_at_name(parent, name)
+        if target is not None:
+            return await self.view.extent(*target) is not None
         try:
             await self.view.lookup(parent, name)
         except OSError as e:

@@ -13,9 +13,11 @@ Readers:
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +33,14 @@ REPO = Path(__file__).resolve().parent.parent
 SHARDFS = str(Path(sys.executable).parent / "shardfs")
 ZARR2_PYTHON = os.environ.get("SHARDFS_ZARR2_PYTHON") or str(REPO / ".venv-zarr2" / "bin" / "python")
 MOUNT_TIMEOUT = 15.0
+# Every daemon the suite starts keeps its state (write journal, log) under this temporary
+# XDG_STATE_HOME, never in the user's ~/.local/state; removed at exit.
+STATE_HOME = tempfile.mkdtemp(prefix="shardfs-state-")
+os.environ["XDG_STATE_HOME"] = STATE_HOME
+atexit.register(shutil.rmtree, STATE_HOME, ignore_errors=True)
+
+# The ``s3`` fixture (a SeaweedFS server): tests/s3server.py.
+pytest_plugins = ["s3server"]
 
 
 # --------------------------------------------------------------------------- mounts
@@ -64,13 +74,15 @@ def lazy_unmount(mnt) -> None:
 
 
 class Mount:
-    """One daemon started by the suite (``shardfs mount SRC MNT -f --debug``)."""
+    """One daemon started by the suite (``shardfs mount SRC MNT -f --debug``), run under
+    ``prefix`` (e.g. ``strace ...``) when given: ``pid`` is then the prefix command's."""
 
-    def __init__(self, src: Path, mnt: Path, log: Path, extra: tuple[str, ...], allow_traceback: bool):
+    def __init__(self, src: Path, mnt: Path, log: Path, extra: tuple[str, ...], allow_traceback: bool,
+                 prefix: tuple[str, ...] = ()):
         self.src, self.mnt, self.log, self.allow_traceback = Path(src), mnt, log, allow_traceback
         self.stdout = log.with_suffix(".stdout")
         self.stderr = log.with_suffix(".stderr")
-        cmd = [SHARDFS, "mount", str(src), str(mnt), "-f", "--debug", "--log-file", str(log), *extra]
+        cmd = [*prefix, SHARDFS, "mount", str(src), str(mnt), "-f", "--debug", "--log-file", str(log), *extra]
         with open(self.stdout, "wb") as out, open(self.stderr, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -128,7 +140,7 @@ class Mount:
 
 
 class MountFactory:
-    """``mount(src, *extra_args, allow_traceback=False) -> Path`` (the live mountpoint).
+    """``mount(src, *extra_args, allow_traceback=False, prefix=()) -> Path`` (the live mountpoint).
 
     ``factory.info(mnt)`` gives the ``Mount`` (pid, log) behind a mountpoint.
     """
@@ -137,11 +149,11 @@ class MountFactory:
         self._tmp = tmp_factory
         self._mounts: list[Mount] = []
 
-    def __call__(self, src, *extra_args: str, allow_traceback: bool = False) -> Path:
+    def __call__(self, src, *extra_args: str, allow_traceback: bool = False, prefix: tuple[str, ...] = ()) -> Path:
         base = self._tmp.mktemp("mount")
         mnt = base / "mnt"
         mnt.mkdir()
-        m = Mount(Path(src), mnt, base / "daemon.log", tuple(extra_args), allow_traceback)
+        m = Mount(Path(src), mnt, base / "daemon.log", tuple(extra_args), allow_traceback, tuple(prefix))
         self._mounts.append(m)
         m.wait_live()
         return mnt

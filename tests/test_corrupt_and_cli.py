@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import daemon_pids, lazy_unmount, read_native, read_zarr2, read_zarr3_v2, run_shardfs
-from datasets import BYTES_LE, ArrayCase, read_index, write_case, write_group
+from datasets import BYTES_LE, CRC32C, ArrayCase, read_index, write_case, write_group
 
 # ------------------------------------------------------------------ helpers
 
@@ -285,3 +285,37 @@ def test_read_only_option_refuses_writes(mount, tmp_path):
         assert e.value.errno == errno.EROFS
     assert chunk.read_bytes() == before
     np.testing.assert_array_equal(read_zarr3_v2(mnt / "good"), read_native(src / "good"))
+
+
+# ------------------------------------------------------------------ corrupt inner chunks
+
+CRC = ArrayCase("crc", shape=(4, 4), chunk=(2, 2), shard=(4, 4), dtype="uint16", fill=0,
+                inner=(BYTES_LE, CRC32C), empty_frac=0.0)
+
+
+def test_inner_crc32c_mismatch_gives_eio_and_one_log_line(mount, tmp_path):
+    """A stored inner chunk whose trailing crc32c does not match its bytes: EIO on that chunk
+    file only (both names), one log line naming the shard and the chunk; the others read."""
+    src = tmp_path / "src"
+    write_group(src, {})
+    data = np.arange(1, 17, dtype="uint16").reshape(4, 4)
+    write_case(CRC, src, data=data)
+    shard = src / "crc" / "c" / "0" / "0"
+    blob = bytearray(shard.read_bytes())
+    off, n = (int(v) for v in read_index(CRC, bytes(blob))[1, 0])
+    assert n == 2 * 2 * 2 + 4, n
+    blob[off] ^= 0x01  # one data bit of chunk (1, 0): its stored crc32c no longer matches
+    shard.write_bytes(bytes(blob))
+
+    mnt = mount(src)
+    assert read_errno(mnt / "crc" / "1.0") == errno.EIO
+    info = mount.info(mnt)
+    lines = [ln for ln in info.log_text().splitlines() if "crc/c/0/0" in ln and "1.0" in ln]
+    assert len(lines) == 1, lines
+    assert " ERROR " in lines[0] and "crc32c" in lines[0], lines[0]
+    for i in ((0, 0), (0, 1), (1, 1)):
+        want = data[i[0] * 2:i[0] * 2 + 2, i[1] * 2:i[1] * 2 + 2].astype("<u2").tobytes()
+        assert (mnt / "crc" / f"{i[0]}.{i[1]}").read_bytes() == want, i
+        assert (mnt / "crc" / "c/0/0" / f"{i[0]}.{i[1]}").read_bytes() == want, i
+    assert read_errno(mnt / "crc" / "c/0/0" / "1.0") == errno.EIO
+    assert info.alive() and os.path.ismount(mnt)

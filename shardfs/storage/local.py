@@ -40,7 +40,7 @@ from shardfs.storage import Entry, Range, Unusable, Version, VersionMismatch, _A
 
 LOCK_SUFFIX = ".__lock"  # tensorstore's file kvstore: the lock file of key K is K + ".__lock"
 LOCK_WAIT = 2.0  # seconds a write waits for another writer's lock before it fails
-LIST_PAGE = 4096
+LIST_PAGE = 1000  # entries per page of a listing (as an S3 page)
 
 _SYS_OPENAT2 = 437  # the same number on every Linux architecture
 _RESOLVE_BENEATH = 0x08

@@ -1,0 +1,83 @@
+"""The kinds of node the mount shows, one small key class each.
+
+A node key names one node of the view; ``View`` maps inode numbers to keys and
+back (``View.node_key``). Directory and metadata keys are hashable values: the
+same key always gets the same inode. Chunk and staging keys are computed from
+the inode (chunk inodes encode the array's slot and the chunk's position) and
+never stored in the inode table.
+
+Keys are frozen dataclasses rather than NamedTuples so that keys of different
+kinds never compare equal (``ShardDirKey("a", "c") != MetaKey("a", "c")``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:
+    from shardfs.view import ArrayNode, Staging
+
+
+@dataclass(frozen=True, slots=True)
+class DirKey:
+    """A group or array directory of the source (``path`` is its key, "" the root)."""
+
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class MetaKey:
+    """``.zgroup``, ``.zattrs``, ``.zarray`` or ``.zmetadata`` of directory ``path``."""
+
+    path: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ShardDirKey:
+    """A directory mirroring the source below array ``path``: a key prefix (``c``, ``c/0``)
+    or, when ``rel`` is a shard key, the shard itself."""
+
+    path: str
+    rel: str
+
+
+@dataclass(frozen=True, slots=True)
+class KeyDirKey:
+    """A directory of nested v2 keys of array ``path`` (``dimension_separator`` "/"),
+    holding the keys that start with ``prefix``."""
+
+    path: str
+    prefix: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class InnerShardKey:
+    """With nested sharding, an inner shard of array ``path``: ``level`` 1 is inside a shard
+    directory, 2 inside a level-1 inner shard, ...; ``box`` its coordinates in that level's
+    grid over the whole array."""
+
+    path: str
+    level: int
+    box: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkKey:
+    """The file of inner chunk ``coords`` of array ``arr``."""
+
+    arr: ArrayNode
+    coords: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StagingKey:
+    """A staging file (a writer's temporary, held in memory)."""
+
+    staging: Staging
+
+
+ArrayDirKey = Union[ShardDirKey, KeyDirKey, InnerShardKey]
+ARRAY_DIRS = (ShardDirKey, KeyDirKey, InnerShardKey)  # directories below an array, for isinstance
+NodeKey = Union[DirKey, MetaKey, ShardDirKey, KeyDirKey, InnerShardKey, ChunkKey, StagingKey]

@@ -1,0 +1,152 @@
+"""What a fold writes: the README's "A shard is always replaced whole" (its lock file in the
+same directory written, fsynced, renamed over the shard, then the directory fsynced: observed
+with strace on the real daemon) and "Rewritten shards store inner chunks in Morton (Z) order, as zarr-python 3 does"
+(zarr-python 3 writing the same data is the oracle)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from writehelpers import Spec, assert_source_equals, build, leftovers
+from writers import WRITERS, umount
+
+s = slice
+EMPTY = 2**64 - 1
+
+
+# --------------------------------------------------------------------------- durability
+
+STRACE = shutil.which("strace")
+DUR = Spec("dur", (8, 8), (2, 2), (4, 4), "<i4", 0, ("zstd", 1), inner_crc=False, index_location="end",
+           index_crc=True, initial=((s(0, 4), s(0, 4)),), write=(s(0, 2), s(0, 2)))
+# One syscall of the strace log: pid, name, the raw arguments (unfinished calls included).
+SYSCALL = re.compile(r"^(\d+)\s+(fsync|fdatasync|rename|renameat|renameat2)\((.*)")
+
+
+def syscalls(log: str) -> list[tuple[str, str]]:
+    """``(name, args)`` of each traced call, in the order the calls started."""
+    out = []
+    for line in log.splitlines():
+        m = SYSCALL.match(line)
+        if m:
+            out.append((m.group(2), m.group(3)))
+    return out
+
+
+def fd_path(args: str) -> str:
+    """The path strace ``-y`` prints for an fsync's descriptor: ``5</a/b>`` -> ``/a/b``."""
+    m = re.match(r"\d+<(.*?)>", args)
+    assert m, args
+    return m.group(1)
+
+
+def rename_paths(name: str, args: str) -> tuple[str, str]:
+    """Both paths of a rename; ``renameat``'s are joined to the directory strace ``-y`` prints
+    for their descriptor (``5</a/b>, "x"`` -> ``/a/b/x``)."""
+    parts = re.findall(r'(?:(\d+<[^>]*>|AT_FDCWD),\s*)?"((?:[^"\\]|\\.)*)"', args)
+    assert len(parts) == 2, (name, args)
+    old, new = (os.path.join(fd_path(d), p) if d and d != "AT_FDCWD" else p for d, p in parts)
+    return old, new
+
+
+def traced_daemon(mount_info) -> int:
+    """The shardfs process strace started (its only child)."""
+    children = Path(f"/proc/{mount_info.pid}/task/{mount_info.pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+@pytest.mark.skipif(STRACE is None, reason="strace is not installed (scripts/install installs it)")
+def test_fold_fsyncs_the_shard_before_the_rename_and_the_directory_after(tmp_path, mount):
+    src = tmp_path / "src"
+    expected = build(src, [DUR])["dur"]
+    shard = DUR.shard_file(src, (0, 0))
+    trace = tmp_path / "strace.log"
+    mnt = mount(src, prefix=(STRACE, "-f", "-qq", "-y", "-s", "4096", "-o", str(trace),
+                             "-e", "trace=fsync,fdatasync,rename,renameat,renameat2"))
+    values = DUR.values(DUR.chunk, 7)
+    with open(mnt / "dur" / "0.0", "wb") as f:
+        f.write(DUR.encode(values))
+    expected[DUR.chunk_region((0, 0))] = values
+    info = mount.info(mnt)
+    os.kill(traced_daemon(info), signal.SIGTERM)  # folds, then unmounts; strace ends with it
+    assert info.proc.wait(timeout=60) == 0, info.output()[-3000:]
+
+    calls = syscalls(trace.read_text())
+    renames = [(i, *rename_paths(n, a)) for i, (n, a) in enumerate(calls) if n.startswith("rename")]
+    onto = [(i, old) for i, old, new in renames if new == str(shard)]
+    assert len(onto) == 1, f"want one rename onto {shard}, got {renames}"
+    at, tmp = onto[0]
+    assert os.path.dirname(tmp) == os.path.dirname(str(shard)), tmp
+    fsyncs = [(i, fd_path(a)) for i, (n, a) in enumerate(calls) if n in ("fsync", "fdatasync")]
+    assert [i for i, p in fsyncs if p == tmp and i < at], f"no fsync of {tmp} before its rename: {calls}"
+    assert [i for i, p in fsyncs if p == os.path.dirname(str(shard)) and i > at], (
+        f"no fsync of {os.path.dirname(str(shard))} after the rename: {calls}")
+    assert_source_equals(src, "dur", expected)
+    assert leftovers(src) == []
+
+
+# --------------------------------------------------------------------------- Morton order
+
+MORTON = [
+    Spec("sq", (8, 16), (2, 2), (8, 8), "<i4", 0, ("zstd", 1), inner_crc=False, index_location="end",
+         index_crc=True, initial=((s(0, 2), s(0, 2)), (s(6, 8), s(10, 14))), write=(s(0, 8), s(0, 16))),
+    Spec("odd", (4, 8, 6), (1, 2, 2), (2, 8, 6), "<u2", 0, ("gzip", 1), inner_crc=True,
+         index_location="start", index_crc=False, initial=(), write=(s(0, 4), s(1, 8), s(0, 6))),
+]
+
+
+def index_table(spec: Spec, blob: bytes) -> np.ndarray:
+    """The ``(n, 2)`` little-endian index of a shard (checksum skipped)."""
+    n = int(np.prod(spec.per_shard))
+    raw = blob[: 16 * n] if spec.index_location == "start" else blob[len(blob) - 16 * n - 4 * spec.index_crc:]
+    return np.frombuffer(raw[: 16 * n], dtype="<u8").reshape(n, 2)
+
+
+def write_reference(path: Path, spec: Spec, data: np.ndarray) -> None:
+    """The same array written by zarr-python 3 in one go."""
+    import json
+
+    import zarr
+
+    path.mkdir(parents=True)
+    (path / "zarr.json").write_text(json.dumps(spec.v3_metadata()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.open_array(str(path), mode="r+")[...] = data
+
+
+@pytest.mark.parametrize("spec", MORTON, ids=lambda sp: sp.name)
+def test_folded_shards_store_chunks_in_morton_order(spec, tmp_path, mount):
+    src = tmp_path / "src"
+    expected = build(src, [spec])[spec.name]
+    mnt = mount(src)
+    values = spec.values(expected[spec.write].shape, 11)
+    WRITERS["tensorstore"](mnt / spec.name, spec.write, values, tmp_path)
+    expected[spec.write] = values
+    umount(mount, mnt)
+    assert_source_equals(src, spec.name, expected)
+    write_reference(tmp_path / "ref" / spec.name, spec, expected)
+
+    shards = sorted(p for p in (src / spec.name / "c").rglob("*") if p.is_file())
+    assert len(shards) == int(np.prod(spec.shard_grid)), shards
+    for f in shards:
+        rel = f.relative_to(src / spec.name)
+        got = index_table(spec, f.read_bytes())
+        ref = index_table(spec, (tmp_path / "ref" / spec.name / rel).read_bytes())
+        stored = got[:, 0] != EMPTY
+        assert (stored == (ref[:, 0] != EMPTY)).all(), f"{rel}: other chunks stored than zarr-python 3 stores"
+        assert stored.sum() >= 2, rel
+        order = np.argsort(got[stored, 0], kind="stable")
+        ref_order = np.argsort(ref[stored, 0], kind="stable")
+        assert order.tolist() == ref_order.tolist(), f"{rel}: chunks not in zarr-python 3's (Morton) order"
+        offsets = got[stored, 0][ref_order]
+        assert (np.diff(offsets.astype(np.int64)) > 0).all(), f"{rel}: offsets not increasing: {offsets}"
