@@ -200,13 +200,8 @@ def _setup_logging(args: argparse.Namespace) -> None:
 
 def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed) -> int:
     """Serve the mount in this process until unmounted or signalled."""
-    import pyfuse3
-    import trio
-
-    from shardfs.fuse_ops import Operations, Timeouts
+    from shardfs.fuse_ops import Timeouts
     from shardfs.storage.local import LocalStorage
-    from shardfs.view import View
-    from shardfs.writeback import Writeback
 
     args.debug = args.debug or "debug" in opts.own
     try:
@@ -221,29 +216,67 @@ def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed) -> int
     timeouts = Timeouts(float(own.get("entry_timeout", Timeouts.entry)),
                         float(own.get("attr_timeout", Timeouts.attr)))
     source = LocalStorage(args.src, follow_symlinks="follow_symlinks" in own)
-    writeback = None
-    if not read_only:
-        writeback = Writeback(source, state.journal_dir(args.src, own.get("journal_dir")))
-        legacy = state.legacy_journal(args.src)
-        try:
-            replayed = writeback.replay_sync(functools.partial(_replay_target, source),
-                                             older=(legacy,) if legacy else ())
-        except Exception as e:
-            _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
-            return 1
-        if legacy:
-            state.remove_legacy(args.src)
-            log.info("moved the write journal out of the source: %s replayed and removed", legacy)
-        if replayed:
-            log.info("replayed %d journalled chunk changes into their shards", replayed)
-    from shardfs.chunkcache import DEFAULT_BYTES, ChunkCache, parse_size
+    with contextlib.ExitStack() as cleanup:
+        writeback = None
+        if not read_only:
+            try:
+                writeback = _writeback(args.src, source, own.get("journal_dir"), cleanup)
+            except UsageError as e:
+                _report(args, f"error: {e}")
+                return 1
+            except Exception as e:
+                _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
+                return 1
+        return _mount_and_serve(args, mnt, opts, source, writeback, timeouts)
 
+
+def _writeback(src: str, source: Any, journal_dir: str | None, cleanup: contextlib.ExitStack) -> Any:
+    """The mount's ``Writeback``, journalling into a directory of its own under the source's
+    journal root (removed at exit if empty), after replaying into the shards what killed
+    daemons left there and what an earlier version left in ``SRC/.shardfs/journal``."""
+    from shardfs import journal
+    from shardfs.writeback import Writeback
+
+    root = state.journal_dir(src, journal_dir)
+    try:
+        claim = journal.claim(root)
+    except OSError as e:
+        raise UsageError(f"{root}: cannot create the write journal: {e.strerror} "
+                         "(-o journal_dir=DIR puts it elsewhere)") from None
+    cleanup.callback(claim.release)
+    writeback = Writeback(source, claim.directory)
+    legacy = state.legacy_journal(src)
+    replayed = writeback.replay_sync(functools.partial(_replay_target, source),
+                                     older=((legacy,) if legacy else ()) + tuple(claim.orphans))
+    claim.drop_orphans()
+    if legacy:
+        state.remove_legacy(src)
+        log.info("moved the write journal out of the source: %s replayed and removed", legacy)
+    if replayed:
+        log.info("replayed %d journalled chunk changes into their shards", replayed)
+    return writeback
+
+
+def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Any, writeback: Any,
+                     timeouts: Any) -> int:
+    """Mount and serve until unmounted or signalled; 1 if the mount failed (reported)."""
+    import pyfuse3
+    import trio
+
+    from shardfs.chunkcache import DEFAULT_BYTES, ChunkCache, parse_size
+    from shardfs.fuse_ops import Operations
+    from shardfs.view import View
+
+    own = opts.own
+    read_only = writeback is None
     cache = ChunkCache(parse_size(own["chunk_cache"]) if "chunk_cache" in own else DEFAULT_BYTES)
     ome = args.ome and "no_ome_translation" not in own
     view = View(source, read_only=read_only, writeback=writeback, ome=ome, chunk_cache=cache)
     ops = Operations(view, timeouts, writeback)
     if writeback is not None:
         writeback.on_folded = ops.writer.folded
+        if "shard_size" in own:
+            ops.writer.shard_bytes = max(1, parse_size(own["shard_size"]))
     fuse_opts = set(pyfuse3.default_options) | {fsname(args.src), "subtype=shardfs"} | set(opts.fuse)
     if read_only:
         fuse_opts.add("ro")
@@ -389,7 +422,7 @@ def _cmd_umount(args: argparse.Namespace) -> int:
             subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
             break
         time.sleep(0.05)
-    lines = _kept_report(*found, killed) if found is not None else []
+    lines = _kept_report(*found, pid, killed) if found is not None else []
     for line in lines:
         print(f"shardfs: {line}", file=sys.stderr)
     if lines:
@@ -403,13 +436,20 @@ def _wait_gone(pid: int, seconds: float) -> None:
         time.sleep(0.05)
 
 
-def _kept_report(src: str, journal: str, killed: bool) -> list[str]:
-    """One line per shard whose changes are still in the journal directory ``journal``: how
-    many, and why (the daemon's note; a killed daemon's journal is counted record by record)."""
+def _kept_report(src: str, root: str, pid: int, killed: bool) -> list[str]:
+    """One line per shard whose changes are still in the journal of daemon ``pid`` (under the
+    journal root ``root``): how many, and why (the daemon's note; a killed daemon's journal is
+    counted record by record)."""
     from shardfs.journal import kept_line, read_kept
     from shardfs.storage.local import LocalStorage
 
-    pending, note = read_kept(journal)
+    try:
+        mine = [n for n in os.listdir(root) if n.endswith(f"-{pid}")]
+    except OSError:
+        mine = []
+    if not mine:
+        return []
+    pending, note = read_kept(os.path.join(root, mine[0]))
     if not killed:
         return [kept_line(key, n, reason) for key, (n, reason) in sorted(note.items())]
     source = LocalStorage(src)
@@ -423,7 +463,7 @@ def _kept_report(src: str, journal: str, killed: bool) -> list[str]:
 
 
 def daemon_journal(pid: int) -> tuple[str, str] | None:
-    """The source directory a daemon serves and its journal directory, from its command line
+    """The source directory a daemon serves and its journal root, from its command line
     (``... mount SRC MNT -f [-o journal_dir=DIR] ...``, relative paths against its cwd)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:

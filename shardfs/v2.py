@@ -222,9 +222,6 @@ def describe_array(doc: dict[str, Any], ome: bool = True, image: bool = False) -
     outer_chunks = tuple(meta.chunk_grid.chunk_shape)
     enc = meta.chunk_key_encoding
     keys = KeyScheme("v2" if isinstance(enc, V2ChunkKeyEncoding) else "default", enc.separator, len(shape), image)
-    if image and keys.view_separator != "/":
-        log.warning("OME-Zarr array with v2 chunk keys %r: its v2 view keeps \".\" (names would collide)",
-                    enc.separator)
     codecs = tuple(meta.codecs)
     before: tuple[Any, ...] = ()  # array→array codecs before the sharding codec
     if draft is not None:
@@ -241,7 +238,7 @@ def describe_array(doc: dict[str, Any], ome: bool = True, image: bool = False) -
         inner = codecs
     chunk = _presented(before, inner, meta, layout)
     attrs = ome_04(dict(meta.attributes)) if ome else dict(meta.attributes)
-    names = meta.dimension_names
+    names = meta.dimension_names if meta.dimension_names is not None or shape else ()  # xarray: 0-D has dims ()
     if names is not None and all(isinstance(n, str) for n in names):
         attrs.setdefault("_ARRAY_DIMENSIONS", list(names))
     fill = map_fill(attrs, meta.fill_value, dtype, "_ARRAY_DIMENSIONS" in attrs)

@@ -1,4 +1,6 @@
-"""The virtual tree the mount shows: inodes, names and node kinds.
+"""The virtual tree the mount shows: inode numbers, names and node kinds.
+
+What the kernel holds of these inodes (lookup counts, cached pages) is ``shardfs.inodes``.
 
 Node kinds are the key classes of ``shardfs.nodes`` (group and array directories,
 metadata files, shard and key directories, inner shards, chunk files, staging
@@ -50,6 +52,7 @@ SLOT_SHIFT = 40
 READ_AHEAD_AFTER = 3  # opens of chunks of one shard among the last READ_AHEAD_WINDOW opens
 READ_AHEAD_WINDOW = 16  # before the rest of that shard is read ahead
 READ_AHEAD_MAX = 64 << 20  # larger shards are never read ahead
+LIST_FILL_MAX = 1 << 22  # arrays with more inner chunks do not list the empty ones they serve
 T = TypeVar("T")
 
 
@@ -103,7 +106,8 @@ class ArrayNode:
     """A presented array: its slot in the chunk-inode space and its v2 description.
 
     ``fill_file``: the chunk file of an empty inner chunk, encoded on first use, when
-    ``info.serve_missing`` says empty chunks are served.
+    ``info.serve_missing`` says empty chunks are served; ``fill_unlisted``: the array is
+    too large to list them, and that was logged.
     """
 
     path: str
@@ -112,6 +116,7 @@ class ArrayNode:
     info: ArrayInfo | None
     error: str | None
     fill_file: bytes | None = None
+    fill_unlisted: bool = False
 
 
 @dataclass
@@ -135,6 +140,8 @@ class Staging:
     """
 
     ino: int
+    parent: int = 0  # where it is listed: directory inode and name
+    name: str = ""
     data: bytearray = field(default_factory=bytearray)
     mtime_ns: int = field(default_factory=time.time_ns)
     committed: NodeKey | None = None
@@ -173,6 +180,10 @@ class View:
         self._slots: list[ArrayNode] = []
         self._groups: dict[str, GroupNode] = {}
         self.staged: dict[tuple[int, str], Staging] = {}
+        # Structure made through the mount that the source does not hold (yet):
+        self.new_dirs: set[str] = set()  # directories made by mkdir, until a .zarray/.zgroup lands
+        self.made: set[tuple[str, str]] = set()  # (array, rel): key directories made by mkdir
+        self.hidden: set[tuple[str, str]] = set()  # (node, name): metadata files unlinked (rm -r)
         self._tmp: dict[int, Staging] = {}
         self._aliases: dict[int, set[int]] = {}
         self._next_ino = itertools.count(ROOT_INODE + 1)
@@ -213,7 +224,7 @@ class View:
 
     def new_staging(self, parent: int, name: str) -> Staging:
         """Create an empty staging file ``name`` in directory ``parent``."""
-        st = Staging(next(self._next_ino))
+        st = Staging(next(self._next_ino), parent, name)
         self._tmp[st.ino] = st
         self.staged[(parent, name)] = st
         return st
@@ -301,15 +312,20 @@ class View:
         image = isinstance(parent, GroupNode) and parent.image
         try:
             info, error = v2().describe_array(doc, self.ome, image), None
+            if image and info.layout.keys.view_separator != "/":
+                log.warning("%s: OME-Zarr array with v2 \"/\" chunk keys: its v2 keys keep \".\" (the source's "
+                            "directories of shards take the \"/\" names)", self.source.path(key))
         except Unpresentable as e:
             info, error = None, str(e)
             log.error("%s: array not shown as v2: %s", self.source.describe(key), e)
         old = self._arrays.get(path)
-        if old is not None and old.info is not None and info is not None and old.info.layout != info.layout:
-            log.warning("%s: layout changed while mounted; old chunk inodes now stale", path)
-        slot = old.slot if old is not None else len(self._slots)
+        # A new layout (a resize, or an array deleted and made again) gets a new slot: the
+        # kernel may still hold dentries of the old chunk inodes, which keep naming the old
+        # geometry's chunks instead of other chunks of the new one.
+        same = old is not None and (old.info.layout if old.info else None) == (info.layout if info else None)
+        slot = old.slot if same else len(self._slots)
         arr = ArrayNode(path, slot, version, info, error)
-        if old is None:
+        if not same:
             self._slots.append(arr)
         else:
             self._slots[slot] = arr
@@ -471,12 +487,14 @@ class View:
             return await self.getattr(self.staged[(parent, name)].ino)
         if isinstance(key, DirKey):
             node = await self._node(key.path)
+            child = _join(key.path, name)
+            if (node is None or isinstance(node, GroupNode)) and child in self.new_dirs:
+                return await self.getattr(self._ino(DirKey(child)))
             if node is None:
                 raise fail(errno.ENOENT)
             if name in self.meta_names(node):
                 return await self.getattr(self._ino(MetaKey(node.path, name)))
             if isinstance(node, GroupNode):
-                child = _join(node.path, name)
                 if not name.startswith(".") and await self._node(child) is not None:
                     return await self.getattr(self._ino(DirKey(child)))
                 raise fail(errno.ENOENT)
@@ -589,11 +607,17 @@ class View:
             raise fail(errno.ENOENT)
         return await self._box_attr(arr, level + 1, coords)
 
-    @staticmethod
-    def meta_names(node: ArrayNode | GroupNode) -> tuple[str, ...]:
+    def meta_names(self, node: ArrayNode | GroupNode) -> tuple[str, ...]:
+        """The metadata files shown in a node's directory (not those unlinked through the mount)."""
         if isinstance(node, GroupNode):
-            return (".zgroup", ".zattrs", ".zmetadata")
-        return (".zarray", ".zattrs") if node.info is not None else ()
+            names: tuple[str, ...] = (".zgroup", ".zattrs", ".zmetadata")
+        else:
+            names = (".zarray", ".zattrs") if node.info is not None else ()
+        return tuple(n for n in names if (node.path, n) not in self.hidden) if self.hidden else names
+
+    def new_children(self, path: str) -> list[str]:
+        """Names of the directories made by mkdir directly below ``path``."""
+        return sorted(d.rpartition("/")[2] for d in self.new_dirs if d.rpartition("/")[0] == path and d)
 
     async def meta_bytes(self, node: ArrayNode | GroupNode, name: str) -> bytes:
         """Content of a v2 metadata file; ``.zmetadata`` is consolidated on demand."""
@@ -627,6 +651,8 @@ class View:
         if isinstance(key, DirKey):
             node = await self._node(key.path)
             if node is None:
+                if key.path in self.new_dirs:
+                    return self._dir_attr(ino, self.mount_ns)
                 raise fail(errno.ENOENT)
             return self._dir_attr(ino, node.version.mtime_ns)
         if isinstance(key, MetaKey):
@@ -643,11 +669,12 @@ class View:
                 version = self.version(src)
                 if version is not None:
                     return self._dir_attr(ino, version.mtime_ns)
-                if self.writeback is not None and any(
-                        p.data is not None for p in self.writeback.pending_in((arr.path, shard)).values()):
+                if (self.writeback is not None and any(
+                        p.data is not None for p in self.writeback.pending_in((arr.path, shard)).values())) \
+                        or (arr.path, key.rel) in self.made:
                     return self._dir_attr(ino, self.mount_ns)
                 raise fail(errno.ENOENT)
-            if not self.source.is_dir(src):
+            if not self.source.is_dir(src) and (arr.path, key.rel) not in self.made:
                 raise fail(errno.ENOENT)
             return self._dir_attr(ino, arr.version.mtime_ns)
         if isinstance(key, InnerShardKey):
@@ -672,7 +699,10 @@ class View:
         if isinstance(key, DirKey):
             node = await self._node(key.path)
             if node is None:
-                raise fail(errno.ENOENT)
+                if key.path not in self.new_dirs:
+                    raise fail(errno.ENOENT)
+                return [(name, await self.getattr(self._ino(DirKey(_join(key.path, name)))))
+                        for name in self.new_children(key.path)]
             out = []
             for name in self.meta_names(node):
                 mino = self._ino(MetaKey(node.path, name))
@@ -683,9 +713,13 @@ class View:
                     child = _join(node.path, name)
                     if is_dir and not name.startswith(".") and await self._node(child) is not None:
                         out.append((name, await self.getattr(self._ino(DirKey(child)))))
+                shown = {name for name, _ in out}
+                for name in self.new_children(node.path):
+                    if name not in shown:
+                        out.append((name, await self.getattr(self._ino(DirKey(_join(node.path, name))))))
                 return out
-            if node.info is not None:
-                out.extend(await self._list_array(node, "", ()))
+            if node.info is not None:  # chunk files only: shard directories are one lookup away
+                out.extend(await self._list_array(node, None, ()))
             return out
         if not isinstance(key, ARRAY_DIRS):
             raise fail(errno.ENOTDIR)
@@ -720,7 +754,12 @@ class View:
         chunks = ChunkSet.concat([await self.shard_chunks(arr, shard) for shard in await self.stored_shards(arr)],
                                  layout.ndim)
         if arr.info.serve_missing:
-            chunks = self._with_fill_chunks(arr, chunks, len(await self.fill_file(arr)))
+            if int(np.prod(layout.chunk_grid, dtype=object)) <= LIST_FILL_MAX:
+                chunks = self._with_fill_chunks(arr, chunks, len(await self.fill_file(arr)))
+            elif not arr.fill_unlisted:
+                arr.fill_unlisted = True
+                log.warning("%s: more than %d inner chunks: empty ones are served but not listed",
+                            self.source.path(arr.path), LIST_FILL_MAX)
         if not nested:
             out.extend(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
             return out

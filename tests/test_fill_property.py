@@ -2,7 +2,7 @@
 real mount, with zarr-python 3 and current xarray reading the v3 source as the oracles.
 
 Each example writes one small 1-D array with zarr 3 into the mounted source: a dtype among
-ints, uints, bool, floats (NaN and +-inf fills) and datetime64; values drawn from a pool
+ints, uints, bool, floats (NaN and +-inf fills) and datetime64, 0-D or 1-D; values drawn from a pool
 that holds the fill value (so whole chunks are empty and not stored); optionally
 dimension names and an xarray ``_FillValue`` attribute (encoded by xarray's own coder).
 Then, through the mount:
@@ -50,13 +50,16 @@ def examples(draw):
     dtype = np.dtype(draw(st.sampled_from(DTYPES)))
     values = pool(dtype)
     fill = draw(st.sampled_from(values))
-    n = draw(st.integers(1, 14))
+    n = draw(st.integers(0, 14))  # 0: a 0-D array
     chunk = draw(st.integers(1, 4))
-    data = np.array(draw(st.lists(st.sampled_from(values + [fill] * 3), min_size=n, max_size=n)), dtype=dtype)
+    data = np.array(draw(st.lists(st.sampled_from(values + [fill] * 3), min_size=max(n, 1), max_size=max(n, 1))),
+                    dtype=dtype)
+    if n == 0:
+        data = data.reshape(())
     dims = draw(st.booleans())
     # xarray cannot decode a _FillValue attribute of a datetime64 array natively
     mask = draw(st.none() | st.sampled_from(values)) if dtype.kind != "M" else None
-    sharded = draw(st.booleans())
+    sharded = n > 0 and draw(st.booleans())
     return dtype, fill, data, chunk, dims, mask, sharded
 
 
@@ -102,9 +105,9 @@ def test_fill_mapping_reads_as_native(source, module_mount):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             g = zarr.open_group(str(source / name), mode="w", zarr_format=3)
-            a = g.create_array("v", shape=data.shape, dtype=dtype, chunks=(chunk,),
+            a = g.create_array("v", shape=data.shape, dtype=dtype, chunks=(chunk,) * data.ndim,
                                shards=(2 * chunk,) if sharded else None, fill_value=fill,
-                               dimension_names=["x"] if dims else None, attributes=attrs)
+                               dimension_names=["x"] * data.ndim if dims else None, attributes=attrs)
             a[...] = data
         native = zarr.open_array(str(source / name / "v"), mode="r")[...]
         assert_same_array(native, data, "oracle")
@@ -118,13 +121,13 @@ def test_fill_mapping_reads_as_native(source, module_mount):
         if mask is not None:
             decoded = zarr.open_array(str(mnt / name / "v"), mode="r", zarr_format=2).metadata.fill_value
             assert same_scalar(decoded, mask), (v2_fill, mask)
-        elif dims:
+        elif dims or data.ndim == 0:  # xarray opens 0-D arrays without dimension names
             assert v2_fill is None
         else:
             assert same_scalar(zarr.open_array(str(mnt / name / "v"), mode="r", zarr_format=2).metadata.fill_value,
                                fill), (v2_fill, fill)
 
-        if dims:
+        if dims or data.ndim == 0:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 want = xr.open_zarr(str(source / name), zarr_format=3, consolidated=False)["v"].values

@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 
 from conftest import is_mounted, run_shardfs
+from shardfs.journal import segments_under
 from writehelpers import Spec, assert_source_equals, build, journal_entries, leftovers
 from writers import umount
 
@@ -395,7 +396,7 @@ def test_two_mounts_of_one_source_writing_the_same_shards_lose_nothing(tmp_path,
             t.start()
         for t in threads:
             t.join()
-        wait_for(lambda: not any(os.listdir(tmp_path / name) for name in ("journal-a", "journal-b")),
+        wait_for(lambda: not any(segments_under(str(tmp_path / name)) for name in ("journal-a", "journal-b")),
                  20, "both journals folded")
         assert_source_equals(src, "t", exp)
     for mnt in mnts:

@@ -46,6 +46,11 @@ IMAGE_LABEL = {"colors": [{"label-value": 1, "rgba": [255, 0, 0, 255]}, {"label-
                "properties": [{"label-value": 1, "area": 200}], "source": {"image": "../../"}}
 CELLS_ATTRS = {"ome": {"version": "0.5", "multiscales": _multiscales("cells", 3), "image-label": IMAGE_LABEL}}
 IMAGE_ARRAYS = ["img/0", "img/1", "img/2"]
+# Chunk key encodings of the shards; the view's dimension_separator for an OME array with each.
+ENCODINGS = [{"name": "default", "configuration": {"separator": "."}},
+             {"name": "v2", "configuration": {"separator": "."}},
+             {"name": "default", "configuration": {"separator": "/"}},
+             {"name": "v2", "configuration": {"separator": "/"}}]
 LABEL_ARRAYS = ["img/labels/cells/0", "img/labels/cells/1", "img/labels/cells/2"]
 
 
@@ -81,6 +86,15 @@ def ome_src(tmp_path_factory) -> Path:
         _create(cells, str(i), lab[:, :: 2 ** i, :: 2 ** i], (1, 8, 8), (1, 16, 16), 0,
                 dimension_names=["c", "y", "x"])
     _create(g, "plain", np.arange(60, dtype="int16").reshape(6, 10), (2, 5), (4, 10), 3)
+    # The same levels stored with each other chunk key encoding of the shards.
+    enc = g.create_group("enc", attributes=IMAGE_ATTRS)
+    for i, encoding in enumerate(ENCODINGS[:3]):
+        _create(enc, str(i), data[:, :: 2 ** i, :: 2 ** i], (1, 8, 8), (1, 16, 16), 0,
+                dimension_names=["c", "y", "x"], chunk_key_encoding=encoding)
+    v2slash = g.create_group("v2slash", attributes={"ome": {**IMAGE_ATTRS["ome"],
+                                                            "multiscales": _multiscales("image", 1)}})
+    _create(v2slash, "0", data, (1, 8, 8), (1, 16, 16), 0, dimension_names=["c", "y", "x"],
+            chunk_key_encoding=ENCODINGS[3])
     return root
 
 
@@ -97,6 +111,39 @@ def test_ome_arrays_use_slash_keys_and_others_dot(ome_mnt):
     assert (ome_mnt / "img/0/1/2/3").is_file()
     assert not (ome_mnt / "img/0/1.2.3").exists()
     assert (ome_mnt / "plain/1.1").is_file()
+
+
+def test_ome_arrays_in_every_key_encoding(ome_mnt, ome_src, module_mount):
+    """"/" for OME arrays in every key encoding but v2 "/" (whose shard tree holds the digit
+    directories: "." and one warning); names never collide, and every name resolves."""
+    expected = {"enc/0": "/", "enc/1": "/", "enc/2": "/", "v2slash/0": "."}
+    got = zarr2(
+        """
+        import os
+        from ome_zarr.io import parse_url
+        from ome_zarr.reader import Reader
+        (node,) = list(Reader(parse_url(path))())
+        result = {str(i): np.asarray(level.compute()) for i, level in enumerate(node.data)}
+        """,
+        path=str(ome_mnt / "enc"),
+    )
+    for p, sep in expected.items():
+        assert json.loads((ome_mnt / p / ".zarray").read_text())["dimension_separator"] == sep, p
+        names = os.listdir(ome_mnt / p)
+        assert len(names) == len(set(names)), p
+        for n in names:
+            os.stat(ome_mnt / p / n)
+    for i in range(3):
+        assert_same_array(got[str(i)], read_native(ome_src / f"enc/{i}"), f"ome-zarr-py read of enc/{i}")
+    z2 = read_zarr2_many([ome_mnt / p for p in expected])
+    for p in expected:
+        assert_same_array(z2[str(ome_mnt / p)], read_native(ome_src / p), f"zarr 2.18 read of {p}")
+    assert (ome_mnt / "enc/1/0.1.1").is_dir()  # a v2 "." shard directory beside the "/" keys
+    assert (ome_mnt / "enc/1/0/1/2").is_file()
+    assert (ome_mnt / "v2slash/0/0.1.2").is_file()
+    log = module_mount.info(ome_mnt).log_text()
+    assert log.count("OME-Zarr array with v2 \"/\" chunk keys") == 1
+    assert f"{ome_src / 'v2slash/0/zarr.json'}: OME-Zarr array" in log
 
 
 def test_ome_attributes_are_ome_04(ome_mnt):
@@ -167,7 +214,8 @@ def _xarray_datasets(root: Path) -> None:
         {"temp": (("time", "x"), temp, {"units": "K"}),
          "flag": (("x",), np.array([False, True, False, False])),
          "count": (("time", "x"), np.arange(12, dtype="int32").reshape(3, 4) % 3),
-         "cold": (("x",), np.zeros(4, dtype="uint8"))},
+         "cold": (("x",), np.zeros(4, dtype="uint8")),
+         "zero": ((), np.int64(0))},  # 0-D, equal to the fill value: not stored
         coords={"x": np.arange(4), "time": pd.date_range("2000-01-01", periods=3)},
         attrs={"title": "xr"})
     with warnings.catch_warnings():
@@ -186,6 +234,13 @@ def _xarray_datasets(root: Path) -> None:
             np.datetime64("NaT"), dimension_names=["x"])
     _create(g, "n", np.array([[0, 7, 0], [0, 0, 0], [0, 0, 9], [0, 0, 0], [0, 0, 0]], dtype="uint16"), (2, 3), (4, 3),
             0, dimension_names=["x", "z"], attributes={"long_name": "counts"})
+    _create(g, "s", np.array(0, dtype="int32"), (), None, 0, dimension_names=[])  # 0-D, not stored
+    big = zarr.open_group(str(root / "big"), mode="w", zarr_format=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = big.create_array("huge", shape=(2049, 2049), dtype="uint8", chunks=(1, 1), shards=(64, 64),
+                             fill_value=0, compressors=None, dimension_names=["y", "x"])
+        a[0, 1] = 5  # one stored chunk among 2049 * 2049 (more than the 4M that are listed)
 
 
 DATASETS = ["byxr", "byxr_sharded", "byzarr"]
@@ -271,13 +326,14 @@ def test_fill_value_is_the_xarray_mask(xr_mnt, xr_src):
     assert _zarray(xr_mnt, "byxr/temp")["fill_value"] == "NaN"
     assert json.loads((xr_mnt / "byxr/temp/.zattrs").read_text()) == {"_ARRAY_DIMENSIONS": ["time", "x"], "units": "K"}
     # No mask: null (the v3 fill_value is not a mask).
-    for p in ("byxr/x", "byxr/flag", "byxr/count", "byzarr/x", "byzarr/ok", "byzarr/v", "byzarr/t", "byzarr/n"):
+    for p in ("byxr/x", "byxr/flag", "byxr/count", "byxr/zero", "byzarr/x", "byzarr/ok", "byzarr/v", "byzarr/t",
+              "byzarr/n", "byzarr/s"):
         assert _zarray(xr_mnt, p)["fill_value"] is None, p
     assert _zarray(xr_mnt, "byzarr/t")["dtype"] == "<M8[ns]"
 
 
 def test_zarr_clients_read_fill_null_arrays_exactly(xr_mnt, xr_src):
-    paths = [f"byzarr/{n}" for n in ("x", "ok", "v", "t", "n")] + ["byxr_sharded/temp", "byxr_sharded/count"]
+    paths = [f"byzarr/{n}" for n in ("x", "ok", "v", "t", "n", "s")] + ["byxr_sharded/temp", "byxr_sharded/count"]
     z2 = read_zarr2_many([xr_mnt / p for p in paths])
     for p in paths:
         native = read_native(xr_src / p)
@@ -291,7 +347,7 @@ def _chunk_names(directory: Path) -> set[str]:
     return {n for n in os.listdir(directory) if n[0].isdigit()}
 
 
-def test_every_chunk_listed_at_the_root_only_stored_ones_in_shards(xr_mnt):
+def test_every_chunk_listed_at_the_root_only_stored_ones_in_shards(xr_mnt, xr_src):
     # byzarr/n: shape (5, 3), chunks (2, 3), shards (4, 3): chunks 0.0 and 1.0 hold data, 2.0 is empty.
     root = xr_mnt / "byzarr/n"
     assert _chunk_names(root) == {"0.0", "1.0", "2.0"}
@@ -307,6 +363,19 @@ def test_every_chunk_listed_at_the_root_only_stored_ones_in_shards(xr_mnt):
     # byzarr/v: only the first row of chunks holds data; every in-bounds chunk is listed.
     assert _chunk_names(xr_mnt / "byzarr/v") == {f"{i}.{j}" for i in range(3) for j in range(2)}
     assert os.listdir(xr_mnt / "byzarr/v/c/0/0") == ["0.0", "0.1"]
+    # 0-D: the single chunk "0" is served though not stored.
+    assert not (xr_src / "byzarr/s/c").exists()
+    assert _chunk_names(xr_mnt / "byzarr/s") == {"0"}
+
+
+def test_huge_array_lists_stored_chunks_and_serves_the_rest(xr_mnt, module_mount):
+    root = xr_mnt / "big/huge"
+    assert _chunk_names(root) == {"0.1"}
+    assert (root / "0.1").read_bytes() == b"\x05"
+    assert (root / "2048.2048").read_bytes() == b"\x00"
+    assert os.listdir(root / "c/0/0") == ["0.1"]
+    log = module_mount.info(xr_mnt).log_text()
+    assert log.count("inner chunks: empty ones are served but not listed") == 1
 
 
 @pytest.mark.parametrize("tool", ["cp", "rsync"])
@@ -322,3 +391,28 @@ def test_copy_out_reads_back_equal(xr_mnt, xr_src, tmp_path, tool):
         native = read_native(xr_src / p)
         assert_same_array(read_zarr2_many([dest])[str(dest)], native, f"zarr 2.18 read of a {tool} copy of {p}")
         assert_same_array(read_zarr3_v2(dest), native, f"zarr 3 read of a {tool} copy of {p}")
+
+
+def test_partial_writes_into_empty_chunks_keep_the_fill(xr_src, mount, tmp_path):
+    """A writer that updates part of an empty chunk of a fill-null array reads the served fill
+    chunk first: the rest of the chunk stays the v3 fill (NaN), not zeros or garbage."""
+    from writers import umount
+
+    src = tmp_path / "src"
+    shutil.copytree(xr_src, src)
+    mnt = mount(src)
+    got = zarr2(
+        """
+        a = zarr.open(path + '/v', mode='r+')
+        assert a.fill_value is None
+        a[4, 0] = 42.0
+        result = zarr.open(path + '/v', mode='r')[...]
+        """,
+        path=str(mnt / "byzarr"),
+    )
+    expected = np.full((5, 6), np.nan, dtype="float32")
+    expected[0] = np.arange(6)
+    expected[4, 0] = 42.0
+    assert_same_array(got, expected, "zarr 2.18 read through the mount after the write")
+    umount(mount, mnt)
+    assert_same_array(read_native(src / "byzarr/v"), expected, "zarr 3 read of the source after the write")
