@@ -236,7 +236,7 @@ class View:
             self._tmp.pop(st.ino, None)
         else:
             st.committed = committed
-            self._aliases.setdefault(self._node_ino(committed), set()).add(st.ino)
+            self._aliases.setdefault(self.inode(committed), set()).add(st.ino)
 
     def aliases(self, ino: int) -> set[int]:
         """Staging inodes that were committed onto node ``ino`` and show it."""
@@ -247,12 +247,13 @@ class View:
         st = self._tmp.get(ino)
         if st is not None and st.committed is not None:
             del self._tmp[ino]
-            target = self._node_ino(st.committed)
+            target = self.inode(st.committed)
             self._aliases[target].discard(ino)
             if not self._aliases[target]:
                 del self._aliases[target]
 
-    def _node_ino(self, key: NodeKey) -> int:
+    def inode(self, key: NodeKey) -> int:
+        """The inode that shows node ``key`` (allocated on first use); the inverse of ``node_key``."""
         return self.chunk_ino(key.arr, key.coords) if isinstance(key, ChunkKey) else self._ino(key)
 
     def allocated(self, key: NodeKey) -> int | None:
@@ -382,6 +383,11 @@ class View:
         mode = stat.S_IFREG | self._file_mode
         nlink = 1 if arr.info.layout.index is None else 2
         return [Attr(ino, mode, max(size, 0), mtime, nlink) for ino, size, mtime in zip(inos, sizes, mtimes)]
+
+    def file_attr(self, ino: int, size: int, mtime_ns: int) -> Attr:
+        """What ``stat`` shows for a metadata or staging file: a regular file with the mount's
+        file mode, listed in one directory."""
+        return Attr(ino, stat.S_IFREG | self._file_mode, size, mtime_ns)
 
     def chunk_attr(self, arr: ArrayNode, ino: int, size: int, mtime_ns: int) -> Attr:
         """``chunk_attrs`` of one chunk file."""
@@ -636,7 +642,7 @@ class View:
             return await self._chunk_entry(key.arr, key.coords)
         if isinstance(key, StagingKey):
             st = key.staging
-            return Attr(ino, stat.S_IFREG | self._file_mode, len(st.data), st.mtime_ns)
+            return self.file_attr(ino, len(st.data), st.mtime_ns)
         if isinstance(key, DirKey):
             node = await self._node(key.path)
             if node is None:
@@ -649,7 +655,7 @@ class View:
             if node is None or key.name not in self.meta_names(node):
                 raise fail(errno.ENOENT)
             size = len(await self.meta_bytes(node, key.name))
-            return Attr(ino, stat.S_IFREG | self._file_mode, size, node.version.mtime_ns)
+            return self.file_attr(ino, size, node.version.mtime_ns)
         arr = self._arrays[key.path]
         if isinstance(key, ShardDirKey):
             src = _join(arr.path, key.rel)
@@ -695,8 +701,7 @@ class View:
             out = []
             for name in self.meta_names(node):
                 mino = self._ino(MetaKey(node.path, name))
-                out.append((name, Attr(mino, stat.S_IFREG | self._file_mode,
-                                       len(await self.meta_bytes(node, name)), node.version.mtime_ns)))
+                out.append((name, self.file_attr(mino, len(await self.meta_bytes(node, name)), node.version.mtime_ns)))
             if isinstance(node, GroupNode):
                 for name, is_dir in sorted(await blocking(self.source.listdir, node.path)):
                     child = _join(node.path, name)
