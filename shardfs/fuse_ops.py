@@ -22,7 +22,6 @@ import errno
 import functools
 import logging
 import os
-import stat
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
@@ -113,7 +112,7 @@ class Operations(pyfuse3.Operations):
         if handle is not None and handle.chunk is not None:
             return self._entry(self.view.chunk_attr(handle.chunk[0], inode, len(handle.data()), time.time_ns()))
         if handle is not None and handle.meta is not None:
-            return self._entry(Attr(inode, stat.S_IFREG | 0o644, len(handle.data()), time.time_ns()))
+            return self._entry(self.view.file_attr(inode, len(handle.data()), time.time_ns()))
         return self._entry(await self.view.getattr(inode))
 
     @_guard

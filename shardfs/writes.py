@@ -14,7 +14,6 @@ import errno
 import json
 import logging
 import math
-import stat
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -83,8 +82,8 @@ class Writer:
             raise fail(errno.ENOENT)
         if isinstance(dir_key, DirKey) and node is not None and name in node_meta(node):
             # a metadata file unlinked before (rm, then cp): applied on close like a rewrite
-            ino = self.view._ino(MetaKey(node.path, name))
-            return Attr(ino, stat.S_IFREG | 0o644, 0, self.view.mount_ns), \
+            ino = self.view.inode(MetaKey(node.path, name))
+            return self.view.file_attr(ino, 0, self.view.mount_ns), \
                 WriteHandle(ino, buf=bytearray(), dirty=True, meta=(node.path, name))
         target = await self.view.chunk_at_name(parent, name)
         if target is not None:
@@ -324,7 +323,7 @@ class Writer:
         ``path``: its inode shows that file now, whose content (served from the v3
         metadata) differs from the bytes written, so the kernel's pages and size go."""
         self.view.drop_staging(parent, name, committed=MetaKey(path, meta))
-        await self.invalidate([self.view._ino(MetaKey(path, meta))])
+        await self.invalidate([self.view.inode(MetaKey(path, meta))])
 
     def _is_new_dir(self, ino: int) -> bool:
         key = self.view.node_key(ino)
@@ -439,13 +438,13 @@ class Writer:
                 (isinstance(node, GroupNode) or self._is_new_dir(parent)):
             path = f"{key.path}/{name}" if key.path else name
             self.view.new_dirs.add(path)
-            return await self.view.getattr(self.view._ino(DirKey(path)))
+            return await self.view.getattr(self.view.inode(DirKey(path)))
         if isinstance(node, ArrayNode) and node.info is not None and isinstance(key, (DirKey, ShardDirKey)):
             rel = f"{key.rel}/{name}" if isinstance(key, ShardDirKey) else name
             keys = node.info.layout.keys
             if node.info.layout.index is not None and (keys.is_prefix(rel) or keys.parse(rel) is not None):
                 self.view.made.add((node.path, rel))
-                return await self.view.getattr(self.view._ino(ShardDirKey(node.path, rel)))
+                return await self.view.getattr(self.view.inode(ShardDirKey(node.path, rel)))
         log.error("mkdir %s: only groups, arrays and key directories can be made", name)
         raise fail(errno.EPERM)
 
