@@ -217,6 +217,9 @@ def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed) -> int
         if not read_only:
             try:
                 writeback = _writeback(args.src, source, own.get("journal_dir"), cleanup)
+            except UsageError as e:
+                _report(args, f"error: {e}")
+                return 1
             except Exception as e:
                 _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
                 return 1
@@ -230,7 +233,12 @@ def _writeback(src: str, source: Any, journal_dir: str | None, cleanup: contextl
     from shardfs import journal
     from shardfs.writeback import Writeback
 
-    claim = journal.claim(state.journal_dir(src, journal_dir))
+    root = state.journal_dir(src, journal_dir)
+    try:
+        claim = journal.claim(root)
+    except OSError as e:
+        raise UsageError(f"{root}: cannot create the write journal: {e.strerror} "
+                         "(-o journal_dir=DIR puts it elsewhere)") from None
     cleanup.callback(claim.release)
     writeback = Writeback(source, claim.directory)
     legacy = state.legacy_journal(src)
@@ -263,6 +271,8 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     ops = Operations(view, timeouts, writeback)
     if writeback is not None:
         writeback.on_folded = ops.writer.folded
+        if "shard_size" in own:
+            ops.writer.shard_bytes = max(1, parse_size(own["shard_size"]))
     fuse_opts = set(pyfuse3.default_options) | {fsname(args.src), "subtype=shardfs"} | set(opts.fuse)
     if read_only:
         fuse_opts.add("ro")

@@ -111,6 +111,8 @@ class Operations(pyfuse3.Operations):
         handle = self._handles.dirty_write(inode)
         if handle is not None and handle.chunk is not None:
             return self._entry(self.view.chunk_attr(handle.chunk[0], inode, len(handle.data()), time.time_ns()))
+        if handle is not None and handle.meta is not None:
+            return self._entry(self.view.file_attr(inode, len(handle.data()), time.time_ns()))
         return self._entry(await self.view.getattr(inode))
 
     @_guard
@@ -240,9 +242,10 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
                       fh: int | None, ctx: Any) -> pyfuse3.EntryAttributes:
+        # Mode, owner and times are accepted and not kept (the mount shows fixed ones):
+        # rsync -a and cp -a set them on every file and directory they create.
         if fields.update_mode or fields.update_uid or fields.update_gid:
-            log.error("setattr of inode %d: changing mode or owner is not supported", inode)
-            raise pyfuse3.FUSEError(errno.EPERM)
+            self._writable()
         if fields.update_size:
             writer = self._writable()
             handle = self._handles.get(fh) if fh is not None else None
@@ -280,21 +283,24 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
-        self._writable()
-        try:
-            await self.view.lookup(parent_inode, os.fsdecode(name))
-        except OSError:
-            log.error("mkdir %s: new directories are not supported", os.fsdecode(name))
-            raise pyfuse3.FUSEError(errno.EPERM) from None
-        raise pyfuse3.FUSEError(errno.EEXIST)
+        return self._looked_up(await self._writable().mkdir(parent_inode, os.fsdecode(name)))
 
     async def _unsupported(self, *args: Any) -> None:
         if self.writer is None:
             raise pyfuse3.FUSEError(errno.EROFS)
-        log.error("unsupported operation on the mount (symlink, mknod or xattr change)")
+        log.error("unsupported operation on the mount (symlink or mknod)")
         raise pyfuse3.FUSEError(errno.EPERM)
 
-    symlink = mknod = setxattr = removexattr = _unsupported
+    symlink = mknod = _unsupported
+
+    async def setxattr(self, *args: Any) -> None:
+        """No extended attributes (nor ACLs): ENOTSUP, which ``cp -a`` and ``rsync -X`` expect
+        from such a filesystem (they fall back to the mode, or skip)."""
+        if self.writer is None:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        raise pyfuse3.FUSEError(errno.ENOTSUP)
+
+    removexattr = setxattr
 
 
 def _invalidate_inodes(inodes: list[int]) -> None:

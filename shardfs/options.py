@@ -30,6 +30,8 @@ OWN = (
     Option("entry_timeout", "S", "seconds the kernel caches names (default 10)"),
     Option("attr_timeout", "S", "seconds the kernel caches attributes (default 10)"),
     Option("chunk_cache", "SIZE", "memory for decoded chunk files, e.g. 256M (default 64M, 0 = off)"),
+    Option("shard_size", "SIZE", "uncompressed size of a shard of an array created through the mount "
+                                 "(default 64M)"),
     Option("journal_dir", "DIR", "write journal here (default $XDG_STATE_HOME/shardfs/<id>/journal)"),
     Option("debug", None, "log every request (as --debug)"),
     Option("no_ome_translation", None, "show OME-Zarr 0.5 attributes as stored (as --no-ome-translation)"),
@@ -100,13 +102,14 @@ def _check_values(own: dict[str, str]) -> None:
                 ok = False
             if not ok:
                 raise ValueError(f"-o {name}={own[name]}: not a number of seconds")
-    if "chunk_cache" in own:
-        from shardfs.chunkcache import parse_size
+    for name in ("chunk_cache", "shard_size"):
+        if name in own:
+            from shardfs.chunkcache import parse_size
 
-        try:
-            parse_size(own["chunk_cache"])
-        except ValueError:
-            raise ValueError(f"-o chunk_cache={own['chunk_cache']}: not a size (e.g. 64M)") from None
+            try:
+                parse_size(own[name])
+            except ValueError:
+                raise ValueError(f"-o {name}={own[name]}: not a size (e.g. 64M)") from None
 
 
 def help_text() -> str:

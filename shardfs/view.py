@@ -51,6 +51,7 @@ SLOT_SHIFT = 40
 READ_AHEAD_AFTER = 3  # opens of chunks of one shard among the last READ_AHEAD_WINDOW opens
 READ_AHEAD_WINDOW = 16  # before the rest of that shard is read ahead
 READ_AHEAD_MAX = 64 << 20  # larger shards are never read ahead
+LIST_FILL_MAX = 1 << 22  # arrays with more inner chunks do not list the empty ones they serve
 T = TypeVar("T")
 
 
@@ -104,7 +105,8 @@ class ArrayNode:
     """A presented array: its slot in the chunk-inode space and its v2 description.
 
     ``fill_file``: the chunk file of an empty inner chunk, encoded on first use, when
-    ``info.serve_missing`` says empty chunks are served.
+    ``info.serve_missing`` says empty chunks are served; ``fill_unlisted``: the array is
+    too large to list them, and that was logged.
     """
 
     path: str
@@ -113,6 +115,7 @@ class ArrayNode:
     info: ArrayInfo | None
     error: str | None
     fill_file: bytes | None = None
+    fill_unlisted: bool = False
 
 
 @dataclass
@@ -136,6 +139,8 @@ class Staging:
     """
 
     ino: int
+    parent: int = 0  # where it is listed: directory inode and name
+    name: str = ""
     data: bytearray = field(default_factory=bytearray)
     mtime_ns: int = field(default_factory=time.time_ns)
     committed: NodeKey | None = None
@@ -174,6 +179,10 @@ class View:
         self._slots: list[ArrayNode] = []
         self._groups: dict[str, GroupNode] = {}
         self.staged: dict[tuple[int, str], Staging] = {}
+        # Structure made through the mount that the source does not hold (yet):
+        self.new_dirs: set[str] = set()  # directories made by mkdir, until a .zarray/.zgroup lands
+        self.made: set[tuple[str, str]] = set()  # (array, rel): key directories made by mkdir
+        self.hidden: set[tuple[str, str]] = set()  # (node, name): metadata files unlinked (rm -r)
         self._tmp: dict[int, Staging] = {}
         self._aliases: dict[int, set[int]] = {}
         self._next_ino = itertools.count(ROOT_INODE + 1)
@@ -213,7 +222,7 @@ class View:
 
     def new_staging(self, parent: int, name: str) -> Staging:
         """Create an empty staging file ``name`` in directory ``parent``."""
-        st = Staging(next(self._next_ino))
+        st = Staging(next(self._next_ino), parent, name)
         self._tmp[st.ino] = st
         self.staged[(parent, name)] = st
         return st
@@ -227,7 +236,7 @@ class View:
             self._tmp.pop(st.ino, None)
         else:
             st.committed = committed
-            self._aliases.setdefault(self._node_ino(committed), set()).add(st.ino)
+            self._aliases.setdefault(self.inode(committed), set()).add(st.ino)
 
     def aliases(self, ino: int) -> set[int]:
         """Staging inodes that were committed onto node ``ino`` and show it."""
@@ -238,12 +247,13 @@ class View:
         st = self._tmp.get(ino)
         if st is not None and st.committed is not None:
             del self._tmp[ino]
-            target = self._node_ino(st.committed)
+            target = self.inode(st.committed)
             self._aliases[target].discard(ino)
             if not self._aliases[target]:
                 del self._aliases[target]
 
-    def _node_ino(self, key: NodeKey) -> int:
+    def inode(self, key: NodeKey) -> int:
+        """The inode that shows node ``key`` (allocated on first use); the inverse of ``node_key``."""
         return self.chunk_ino(key.arr, key.coords) if isinstance(key, ChunkKey) else self._ino(key)
 
     def allocated(self, key: NodeKey) -> int | None:
@@ -291,11 +301,13 @@ class View:
             info, error = None, str(e)
             log.error("%s: array not shown as v2: %s", self.source.path(key), e)
         old = self._arrays.get(path)
-        if old is not None and old.info is not None and info is not None and old.info.layout != info.layout:
-            log.warning("%s: layout changed while mounted; old chunk inodes now stale", path)
-        slot = old.slot if old is not None else len(self._slots)
+        # A new layout (a resize, or an array deleted and made again) gets a new slot: the
+        # kernel may still hold dentries of the old chunk inodes, which keep naming the old
+        # geometry's chunks instead of other chunks of the new one.
+        same = old is not None and (old.info.layout if old.info else None) == (info.layout if info else None)
+        slot = old.slot if same else len(self._slots)
         arr = ArrayNode(path, slot, version, info, error)
-        if old is None:
+        if not same:
             self._slots.append(arr)
         else:
             self._slots[slot] = arr
@@ -371,6 +383,11 @@ class View:
         mode = stat.S_IFREG | self._file_mode
         nlink = 1 if arr.info.layout.index is None else 2
         return [Attr(ino, mode, max(size, 0), mtime, nlink) for ino, size, mtime in zip(inos, sizes, mtimes)]
+
+    def file_attr(self, ino: int, size: int, mtime_ns: int) -> Attr:
+        """What ``stat`` shows for a metadata or staging file: a regular file with the mount's
+        file mode, listed in one directory."""
+        return Attr(ino, stat.S_IFREG | self._file_mode, size, mtime_ns)
 
     def chunk_attr(self, arr: ArrayNode, ino: int, size: int, mtime_ns: int) -> Attr:
         """``chunk_attrs`` of one chunk file."""
@@ -457,53 +474,76 @@ class View:
             return await self.getattr(self.staged[(parent, name)].ino)
         if isinstance(key, DirKey):
             node = await self._node(key.path)
+            child = _join(key.path, name)
+            if (node is None or isinstance(node, GroupNode)) and child in self.new_dirs:
+                return await self.getattr(self._ino(DirKey(child)))
             if node is None:
                 raise fail(errno.ENOENT)
             if name in self.meta_names(node):
                 return await self.getattr(self._ino(MetaKey(node.path, name)))
             if isinstance(node, GroupNode):
-                child = _join(node.path, name)
                 if not name.startswith(".") and await self._node(child) is not None:
                     return await self.getattr(self._ino(DirKey(child)))
                 raise fail(errno.ENOENT)
             if node.info is None:
                 raise fail(errno.ENOENT)
-            return await self._lookup_in_array(node, "", (), name)
-        if isinstance(key, ShardDirKey):
+            arr = node
+        elif isinstance(key, ARRAY_DIRS):
             arr = self._arrays[key.path]
-            shard = arr.info.layout.keys.parse(key.rel)
-            if shard is None:
-                return await self._lookup_in_array(arr, key.rel, None, name)
-            return await self._lookup_in_box(arr, 0, shard, name)
-        if isinstance(key, InnerShardKey):
-            return await self._lookup_in_box(self._arrays[key.path], key.level, key.box, name)
-        if isinstance(key, KeyDirKey):
-            arr = self._arrays[key.path]
-            return await self._lookup_in_array(arr, None, key.prefix, name)
-        raise fail(errno.ENOTDIR)
+        else:
+            raise fail(errno.ENOTDIR)
+        coords = self._chunk_named(arr, key, name)
+        if coords is not None:
+            return await self._chunk_entry(arr, coords)
+        return await self._lookup_dir(arr, key, name)
 
-    async def _lookup_in_array(self, arr: ArrayNode, rel: str | None, prefix: tuple[int, ...] | None,
-                               name: str) -> Attr:
-        """Resolve ``name`` in the array root (rel "" and prefix ()), an sdir (rel) or a kdir (prefix)."""
+    @staticmethod
+    def _box_of(arr: ArrayNode, key: DirKey | ArrayDirKey) -> tuple[int, tuple[int, ...]] | None:
+        """``(level, box)`` if ``key`` is a shard directory (level 0) or an inner shard (level >= 1)."""
+        if isinstance(key, InnerShardKey):
+            return key.level, key.box
+        shard = arr.info.layout.keys.parse(key.rel) if isinstance(key, ShardDirKey) else None
+        return None if shard is None else (0, shard)
+
+    def _chunk_named(self, arr: ArrayNode, key: DirKey | ArrayDirKey, name: str) -> tuple[int, ...] | None:
+        """The inner chunk whose file is entry ``name`` of directory ``key`` of array ``arr``, if
+        ``name`` spells one (in the grid or not, stored or not): the one place that says which
+        directories hold which chunk names."""
         layout = arr.info.layout
-        nested = layout.keys.view_separator == "/"
-        if prefix is not None:
-            i = parse_coord(name) if nested else None
-            if i is not None:
-                coords = prefix + (i,)
-                if len(coords) == layout.ndim:
-                    return await self._chunk_entry(arr, coords)
-                if len(coords) < layout.ndim and coords[-1] < layout.chunk_grid[len(coords) - 1]:
-                    return await self.getattr(self._ino(KeyDirKey(arr.path, coords)))
-            elif not nested and not prefix:
-                coords = layout.names.parse(name)
-                if coords is not None:
-                    return await self._chunk_entry(arr, coords)
+        box = self._box_of(arr, key)
+        if box is not None:  # a shard or inner shard directory: the innermost level holds chunks
+            coords = layout.names.parse(name) if box[0] == layout.depth else None
+            return coords if coords is not None and layout.box(coords, box[0]) == box[1] else None
+        if isinstance(key, ShardDirKey):  # a key prefix directory of the source
+            return None
+        if layout.keys.view_separator == "/":  # the root and key directories: one level per coordinate
+            i = parse_coord(name)
+            prefix = key.prefix if isinstance(key, KeyDirKey) else ()
+            return prefix + (i,) if i is not None and len(prefix) + 1 == layout.ndim else None
+        return layout.names.parse(name)
+
+    async def _lookup_dir(self, arr: ArrayNode, key: DirKey | ArrayDirKey, name: str) -> Attr:
+        """Entry ``name`` of directory ``key`` of array ``arr`` that is not a chunk file: a key
+        directory, a shard or key prefix directory of the source, or an inner shard."""
+        layout = arr.info.layout
+        box = self._box_of(arr, key)
+        if box is not None:
+            level, outer = box
+            coords = layout.names.parse(name) if level < layout.depth else None
+            if coords is None or layout.box(layout.box_origin(coords, level + 1), level) != outer:
+                raise fail(errno.ENOENT)
+            return await self._box_attr(arr, level + 1, coords)
+        if layout.keys.view_separator == "/" and not isinstance(key, ShardDirKey):
+            i = parse_coord(name)
+            prefix = key.prefix if isinstance(key, KeyDirKey) else ()
+            if i is not None and len(prefix) + 1 < layout.ndim and i < layout.chunk_grid[len(prefix)]:
+                return await self.getattr(self._ino(KeyDirKey(arr.path, prefix + (i,))))
+        rel = key.rel if isinstance(key, ShardDirKey) else "" if isinstance(key, DirKey) else None
         if rel is not None and layout.index is not None:
-            sub = _join(rel, self._source_name(arr, name))
+            sub = self._source_name(arr, name)
+            sub = None if sub is None else _join(rel, sub)
             if sub is not None and (layout.keys.is_prefix(sub) or layout.keys.parse(sub) is not None):
-                ino = self._ino(ShardDirKey(arr.path, sub))
-                return await self.getattr(ino)
+                return await self.getattr(self._ino(ShardDirKey(arr.path, sub)))
         raise fail(errno.ENOENT)
 
     def _source_name(self, arr: ArrayNode, name: str) -> str | None:
@@ -562,24 +602,17 @@ class View:
         return [(layout.names.key(child), self._dir_attr(self._ino(InnerShardKey(arr.path, level + 1, child)), mtime))
                 for child, mtime in sorted(newest.items())]
 
-    async def _lookup_in_box(self, arr: ArrayNode, level: int, box: tuple[int, ...], name: str) -> Attr:
-        layout = arr.info.layout
-        coords = layout.names.parse(name)
-        if coords is None:
-            raise fail(errno.ENOENT)
-        if level == layout.depth:
-            if layout.box(coords, level) != box:
-                raise fail(errno.ENOENT)
-            return await self._chunk_entry(arr, coords)
-        if layout.box(layout.box_origin(coords, level + 1), level) != box:
-            raise fail(errno.ENOENT)
-        return await self._box_attr(arr, level + 1, coords)
-
-    @staticmethod
-    def meta_names(node: ArrayNode | GroupNode) -> tuple[str, ...]:
+    def meta_names(self, node: ArrayNode | GroupNode) -> tuple[str, ...]:
+        """The metadata files shown in a node's directory (not those unlinked through the mount)."""
         if isinstance(node, GroupNode):
-            return (".zgroup", ".zattrs", ".zmetadata")
-        return (".zarray", ".zattrs") if node.info is not None else ()
+            names: tuple[str, ...] = (".zgroup", ".zattrs", ".zmetadata")
+        else:
+            names = (".zarray", ".zattrs") if node.info is not None else ()
+        return tuple(n for n in names if (node.path, n) not in self.hidden) if self.hidden else names
+
+    def new_children(self, path: str) -> list[str]:
+        """Names of the directories made by mkdir directly below ``path``."""
+        return sorted(d.rpartition("/")[2] for d in self.new_dirs if d.rpartition("/")[0] == path and d)
 
     async def meta_bytes(self, node: ArrayNode | GroupNode, name: str) -> bytes:
         """Content of a v2 metadata file; ``.zmetadata`` is consolidated on demand."""
@@ -609,10 +642,12 @@ class View:
             return await self._chunk_entry(key.arr, key.coords)
         if isinstance(key, StagingKey):
             st = key.staging
-            return Attr(ino, stat.S_IFREG | self._file_mode, len(st.data), st.mtime_ns)
+            return self.file_attr(ino, len(st.data), st.mtime_ns)
         if isinstance(key, DirKey):
             node = await self._node(key.path)
             if node is None:
+                if key.path in self.new_dirs:
+                    return self._dir_attr(ino, self.mount_ns)
                 raise fail(errno.ENOENT)
             return self._dir_attr(ino, node.version.mtime_ns)
         if isinstance(key, MetaKey):
@@ -620,7 +655,7 @@ class View:
             if node is None or key.name not in self.meta_names(node):
                 raise fail(errno.ENOENT)
             size = len(await self.meta_bytes(node, key.name))
-            return Attr(ino, stat.S_IFREG | self._file_mode, size, node.version.mtime_ns)
+            return self.file_attr(ino, size, node.version.mtime_ns)
         arr = self._arrays[key.path]
         if isinstance(key, ShardDirKey):
             src = _join(arr.path, key.rel)
@@ -629,11 +664,12 @@ class View:
                 version = self.source.version(src)
                 if version is not None:
                     return self._dir_attr(ino, version.mtime_ns)
-                if self.writeback is not None and any(
-                        p.data is not None for p in self.writeback.pending_in((arr.path, shard)).values()):
+                if (self.writeback is not None and any(
+                        p.data is not None for p in self.writeback.pending_in((arr.path, shard)).values())) \
+                        or (arr.path, key.rel) in self.made:
                     return self._dir_attr(ino, self.mount_ns)
                 raise fail(errno.ENOENT)
-            if not self.source.is_dir(src):
+            if not self.source.is_dir(src) and (arr.path, key.rel) not in self.made:
                 raise fail(errno.ENOENT)
             return self._dir_attr(ino, arr.version.mtime_ns)
         if isinstance(key, InnerShardKey):
@@ -658,20 +694,26 @@ class View:
         if isinstance(key, DirKey):
             node = await self._node(key.path)
             if node is None:
-                raise fail(errno.ENOENT)
+                if key.path not in self.new_dirs:
+                    raise fail(errno.ENOENT)
+                return [(name, await self.getattr(self._ino(DirKey(_join(key.path, name)))))
+                        for name in self.new_children(key.path)]
             out = []
             for name in self.meta_names(node):
                 mino = self._ino(MetaKey(node.path, name))
-                out.append((name, Attr(mino, stat.S_IFREG | self._file_mode,
-                                       len(await self.meta_bytes(node, name)), node.version.mtime_ns)))
+                out.append((name, self.file_attr(mino, len(await self.meta_bytes(node, name)), node.version.mtime_ns)))
             if isinstance(node, GroupNode):
                 for name, is_dir in sorted(await blocking(self.source.listdir, node.path)):
                     child = _join(node.path, name)
                     if is_dir and not name.startswith(".") and await self._node(child) is not None:
                         out.append((name, await self.getattr(self._ino(DirKey(child)))))
+                shown = {name for name, _ in out}
+                for name in self.new_children(node.path):
+                    if name not in shown:
+                        out.append((name, await self.getattr(self._ino(DirKey(_join(node.path, name))))))
                 return out
-            if node.info is not None:
-                out.extend(await self._list_array(node, "", ()))
+            if node.info is not None:  # chunk files only: shard directories are one lookup away
+                out.extend(await self._list_array(node, None, ()))
             return out
         if not isinstance(key, ARRAY_DIRS):
             raise fail(errno.ENOTDIR)
@@ -706,7 +748,12 @@ class View:
         chunks = ChunkSet.concat([await self.shard_chunks(arr, shard) for shard in await self.stored_shards(arr)],
                                  layout.ndim)
         if arr.info.serve_missing:
-            chunks = self._with_fill_chunks(arr, chunks, len(await self.fill_file(arr)))
+            if int(np.prod(layout.chunk_grid, dtype=object)) <= LIST_FILL_MAX:
+                chunks = self._with_fill_chunks(arr, chunks, len(await self.fill_file(arr)))
+            elif not arr.fill_unlisted:
+                arr.fill_unlisted = True
+                log.warning("%s: more than %d inner chunks: empty ones are served but not listed",
+                            self.source.path(arr.path), LIST_FILL_MAX)
         if not nested:
             out.extend(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
             return out
@@ -724,29 +771,15 @@ class View:
         """The inner chunk that entry ``name`` of directory ``parent`` names, if any (stored or not)."""
         key = self.node_key(parent)
         if isinstance(key, DirKey):
-            node = await self._node(key.path)
-            if not isinstance(node, ArrayNode) or node.info is None:
+            arr = await self._node(key.path)
+            if not isinstance(arr, ArrayNode) or arr.info is None:
                 return None
-            arr, prefix = node, ()
         elif isinstance(key, ARRAY_DIRS):
             arr = self._arrays[key.path]
-            prefix = key.prefix if isinstance(key, KeyDirKey) else None
         else:
             return None
-        layout = arr.info.layout
-        if prefix is None:  # a shard or inner shard directory: the innermost holds chunks
-            level, box = (key.level, key.box) if isinstance(key, InnerShardKey) else (0, layout.keys.parse(key.rel))
-            coords = layout.names.parse(name) if box is not None and level == layout.depth else None
-            if coords is None or layout.box(coords, level) != box:
-                return None
-        elif layout.keys.view_separator == "/":
-            i = parse_coord(name)
-            if i is None or len(prefix) + 1 != layout.ndim:
-                return None
-            coords = prefix + (i,)
-        else:
-            coords = layout.names.parse(name)
-        return (arr, coords) if coords is not None and layout.in_grid(coords) else None
+        coords = self._chunk_named(arr, key, name)
+        return (arr, coords) if coords is not None and arr.info.layout.in_grid(coords) else None
 
     async def dir_node(self, ino: int) -> tuple[DirKey | ArrayDirKey, ArrayNode | GroupNode | None]:
         """``(key, node)`` of a directory inode: its key and the group/array it shows or belongs to."""

@@ -235,6 +235,12 @@ def _xarray_datasets(root: Path) -> None:
     _create(g, "n", np.array([[0, 7, 0], [0, 0, 0], [0, 0, 9], [0, 0, 0], [0, 0, 0]], dtype="uint16"), (2, 3), (4, 3),
             0, dimension_names=["x", "z"], attributes={"long_name": "counts"})
     _create(g, "s", np.array(0, dtype="int32"), (), None, 0, dimension_names=[])  # 0-D, not stored
+    big = zarr.open_group(str(root / "big"), mode="w", zarr_format=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = big.create_array("huge", shape=(2049, 2049), dtype="uint8", chunks=(1, 1), shards=(64, 64),
+                             fill_value=0, compressors=None, dimension_names=["y", "x"])
+        a[0, 1] = 5  # one stored chunk among 2049 * 2049 (more than the 4M that are listed)
 
 
 DATASETS = ["byxr", "byxr_sharded", "byzarr"]
@@ -362,6 +368,16 @@ def test_every_chunk_listed_at_the_root_only_stored_ones_in_shards(xr_mnt, xr_sr
     assert _chunk_names(xr_mnt / "byzarr/s") == {"0"}
 
 
+def test_huge_array_lists_stored_chunks_and_serves_the_rest(xr_mnt, module_mount):
+    root = xr_mnt / "big/huge"
+    assert _chunk_names(root) == {"0.1"}
+    assert (root / "0.1").read_bytes() == b"\x05"
+    assert (root / "2048.2048").read_bytes() == b"\x00"
+    assert os.listdir(root / "c/0/0") == ["0.1"]
+    log = module_mount.info(xr_mnt).log_text()
+    assert log.count("inner chunks: empty ones are served but not listed") == 1
+
+
 @pytest.mark.parametrize("tool", ["cp", "rsync"])
 def test_copy_out_reads_back_equal(xr_mnt, xr_src, tmp_path, tool):
     for p in ("byzarr/v", "byzarr/n", "byzarr/x"):
@@ -375,3 +391,28 @@ def test_copy_out_reads_back_equal(xr_mnt, xr_src, tmp_path, tool):
         native = read_native(xr_src / p)
         assert_same_array(read_zarr2_many([dest])[str(dest)], native, f"zarr 2.18 read of a {tool} copy of {p}")
         assert_same_array(read_zarr3_v2(dest), native, f"zarr 3 read of a {tool} copy of {p}")
+
+
+def test_partial_writes_into_empty_chunks_keep_the_fill(xr_src, mount, tmp_path):
+    """A writer that updates part of an empty chunk of a fill-null array reads the served fill
+    chunk first: the rest of the chunk stays the v3 fill (NaN), not zeros or garbage."""
+    from writers import umount
+
+    src = tmp_path / "src"
+    shutil.copytree(xr_src, src)
+    mnt = mount(src)
+    got = zarr2(
+        """
+        a = zarr.open(path + '/v', mode='r+')
+        assert a.fill_value is None
+        a[4, 0] = 42.0
+        result = zarr.open(path + '/v', mode='r')[...]
+        """,
+        path=str(mnt / "byzarr"),
+    )
+    expected = np.full((5, 6), np.nan, dtype="float32")
+    expected[0] = np.arange(6)
+    expected[4, 0] = 42.0
+    assert_same_array(got, expected, "zarr 2.18 read through the mount after the write")
+    umount(mount, mnt)
+    assert_same_array(read_native(src / "byzarr/v"), expected, "zarr 3 read of the source after the write")

@@ -224,3 +224,18 @@ def test_mount_refuses_a_journal_root_with_foreign_files(tmp_path):
     assert (r.returncode, r.stderr) == (1, f"shardfs: error: {src}: cannot replay the write journal: "
                                            f"{journal_path(src)}: not journal directories: junk\n")
     assert os.listdir(journal_path(src)) == ["junk"]
+
+
+def test_an_uncreatable_journal_is_one_clear_line(tmp_path):
+    from conftest import run_shardfs
+
+    src = tmp_path / "src"
+    build(src, [S])
+    (tmp_path / "file").write_text("")
+    mnt = tmp_path / "mnt"
+    try:
+        r = run_shardfs("mount", str(src), str(mnt), "-o", f"journal_dir={tmp_path}/file/j")
+    finally:
+        lazy_unmount(mnt)
+    assert (r.returncode, r.stderr) == (1, f"shardfs: error: {tmp_path}/file/j: cannot create the write "
+                                           "journal: Not a directory (-o journal_dir=DIR puts it elsewhere)\n")
