@@ -102,13 +102,9 @@ class Writer:
             if truncate:
                 key.staging.data.clear()
             return WriteHandle(ino, staging=key.staging)
-        if isinstance(key, ChunkKey):
-            handle = WriteHandle(ino, chunk=(key.arr, key.coords))
-            if truncate:
-                handle.buf, handle.dirty = bytearray(), True
-            return handle
-        if isinstance(key, MetaKey):
-            handle = WriteHandle(ino, meta=(key.path, key.name))
+        if isinstance(key, (ChunkKey, MetaKey)):
+            handle = (WriteHandle(ino, chunk=(key.arr, key.coords)) if isinstance(key, ChunkKey)
+                      else WriteHandle(ino, meta=(key.path, key.name)))
             if truncate:
                 handle.buf, handle.dirty = bytearray(), True
             return handle
