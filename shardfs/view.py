@@ -737,13 +737,11 @@ class View:
         if not isinstance(key, ARRAY_DIRS):
             raise fail(errno.ENOTDIR)
         arr = self._arrays[key.path]
-        if isinstance(key, ShardDirKey):
-            shard = arr.info.layout.keys.parse(key.rel)
-            if shard is None:
-                return await self._list_array(arr, key.rel, None)
-            return await self._list_box(arr, 0, shard)
-        if isinstance(key, InnerShardKey):
-            return await self._list_box(arr, key.level, key.box)
+        box = self._box_of(arr, key)
+        if box is not None:
+            return await self._list_box(arr, *box)
+        if isinstance(key, ShardDirKey):  # a key prefix directory of the source
+            return await self._list_array(arr, key.rel, None)
         return await self._list_array(arr, None, key.prefix)
 
     async def _list_array(self, arr: ArrayNode, rel: str | None, prefix: tuple[int, ...] | None
