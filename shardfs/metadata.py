@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from shardfs.storage import local
+
 METADATA_MAX = 16 << 20
 MAX_DEPTH = 100
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
@@ -32,15 +34,7 @@ class BadMetadata(Exception):
 
 def not_regular(mode: int) -> str | None:
     """Why a file of ``mode`` cannot be a ``zarr.json`` (None if it is a regular file)."""
-    if stat.S_ISREG(mode):
-        return None
-    if stat.S_ISDIR(mode):
-        return "zarr.json is a directory"
-    if stat.S_ISFIFO(mode):
-        return "zarr.json is a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "zarr.json is a socket"
-    return "zarr.json is a device or other special file"
+    return None if stat.S_ISREG(mode) else f"zarr.json: {local.not_regular(mode)}"
 
 
 def too_large(size: int) -> str | None:

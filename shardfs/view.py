@@ -38,8 +38,9 @@ from shardfs.layout import Unpresentable, parse_coord
 from shardfs.nodes import (ARRAY_DIRS, ArrayDirKey, ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, NodeKey,
                            ShardDirKey, StagingKey)
 from shardfs.shard import CorruptChunk, CorruptShard, Extent, IndexCache
-from shardfs.source import Source, Version
 from shardfs.spill import SpillBuffer
+from shardfs.storage import Unusable, Version
+from shardfs.storage.local import LocalStorage
 from shardfs.writeback import Pending, Writeback
 
 if TYPE_CHECKING:
@@ -168,19 +169,21 @@ def _join(path: str, name: str) -> str:
     return f"{path}/{name}" if path else name
 
 
-def _read_metadata(source: Source, key: str, version: Version) -> dict[str, Any]:
-    """The parsed zarr.json at ``key`` (a regular file at ``version``), in a worker thread;
-    ``BadMetadata`` if it is too large (then never read) or not a Zarr v3 document."""
-    reason = metadata.too_large(version.size)
+def _read_metadata(source: LocalStorage, key: str, size: int) -> tuple[dict[str, Any], Version]:
+    """The parsed zarr.json at ``key`` (``size`` bytes when its version was taken) and the
+    version read, in a worker thread; ``BadMetadata`` if it is too large (then never read)
+    or not a Zarr v3 document."""
+    reason = metadata.too_large(size)
     if reason:
         raise metadata.BadMetadata(reason)
-    return metadata.parse(source.read(key))
+    data, version = source.read_all(key)
+    return metadata.parse(data), version
 
 
 class View:
-    """The mount's tree over one ``Source``."""
+    """The mount's tree over one source directory."""
 
-    def __init__(self, source: Source, read_only: bool = True, writeback: Writeback | None = None,
+    def __init__(self, source: LocalStorage, read_only: bool = True, writeback: Writeback | None = None,
                  ome: bool = True, chunk_cache: ChunkCache | None = None) -> None:
         self.source = source
         self.ome = ome
@@ -205,6 +208,7 @@ class View:
         self._read_ahead_done: set[tuple[str, Version]] = set()
         self.chunk_cache = chunk_cache if chunk_cache is not None else ChunkCache()
         self._reader = CachedReader()
+        self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
         self._file_mode = 0o444 if read_only else 0o644
         self._dir_mode = 0o555 if read_only else 0o755
 
@@ -250,7 +254,7 @@ class View:
             self._tmp.pop(st.ino, None)
         else:
             st.committed = committed
-            self._aliases.setdefault(self._node_ino(committed), set()).add(st.ino)
+            self._aliases.setdefault(self.inode(committed), set()).add(st.ino)
 
     def aliases(self, ino: int) -> set[int]:
         """Staging inodes that were committed onto node ``ino`` and show it."""
@@ -261,12 +265,13 @@ class View:
         st = self._tmp.get(ino)
         if st is not None and st.committed is not None:
             del self._tmp[ino]
-            target = self._node_ino(st.committed)
+            target = self.inode(st.committed)
             self._aliases[target].discard(ino)
             if not self._aliases[target]:
                 del self._aliases[target]
 
-    def _node_ino(self, key: NodeKey) -> int:
+    def inode(self, key: NodeKey) -> int:
+        """The inode that shows node ``key`` (allocated on first use); the inverse of ``node_key``."""
         return self.chunk_ino(key.arr, key.coords) if isinstance(key, ChunkKey) else self._ino(key)
 
     def allocated(self, key: NodeKey) -> int | None:
@@ -275,6 +280,19 @@ class View:
 
     def chunk_ino(self, arr: ArrayNode, coords: tuple[int, ...]) -> int:
         return CHUNK_BASE + (arr.slot << SLOT_SHIFT) + arr.info.layout.linear(coords)
+
+    def version(self, key: str) -> Version | None:
+        """``source.version``; a key that exists but is unusable (not a regular file, behind a
+        symlink out of the source) raises its errno, logged once per key and reason."""
+        try:
+            return self.source.version(key)
+        except Unusable as e:
+            if (key, e.strerror) not in self._unusable:
+                if len(self._unusable) >= 4096:
+                    self._unusable.clear()
+                self._unusable.add((key, e.strerror))
+                log.error("%s: not read: %s", self.source.describe(key), e.strerror)
+            raise fail(e.errno, e.strerror) from None
 
     # ----- metadata of the hierarchy ------------------------------------------------------
 
@@ -287,18 +305,17 @@ class View:
         whose ``error`` (also logged once per version of the file) says why.
         """
         key = _join(path, "zarr.json")
-        version = self.source.version(key)
+        try:
+            version = self.source.version(key)  # a stat, never an open: it may be a FIFO
+        except Unusable as e:  # not a regular file, or behind a symlink out of the source
+            return self._store_array(path, Version(0, 0, self.mount_ns), None, f"zarr.json: {e.strerror}")
         if version is None:
-            mode = self.source.mode(key)  # a stat, never an open: it may be a FIFO
-            reason = None if mode is None else metadata.not_regular(mode)
-            if reason is None:
-                return None  # nothing there (or it just became a regular file)
-            return self._store_array(path, Version(0, 0, self.mount_ns), None, reason)
+            return None
         for cached in (self._arrays.get(path), self._groups.get(path)):
             if cached is not None and cached.version == version:
                 return cached
         try:
-            doc = await blocking(_read_metadata, self.source, key, version)
+            doc, version = await blocking(_read_metadata, self.source, key, version.size)
             if doc["node_type"] == "group":
                 zgroup, zattrs = v2().group_files(doc, self.ome)
                 attrs = doc.get("attributes")
@@ -310,12 +327,12 @@ class View:
             info = v2().describe_array(doc, self.ome, image)
             if image and info.layout.keys.view_separator != "/":
                 log.warning("%s: OME-Zarr array with v2 \"/\" chunk keys: its v2 keys keep \".\" (the source's "
-                            "directories of shards take the \"/\" names)", self.source.path(key))
+                            "directories of shards take the \"/\" names)", self.source.describe(key))
             return self._store_array(path, version, info, None)
         except (metadata.BadMetadata, Unpresentable) as e:
             return self._store_array(path, version, None, str(e))
         except OSError as e:
-            return self._store_array(path, version, None, f"zarr.json is unreadable: {e}")
+            return self._store_array(path, version, None, f"zarr.json is unreadable: {e.strerror or e}")
         except Exception as e:  # zarr's metadata classes raise many types for bad documents
             return self._store_array(path, version, None, f"invalid metadata: {e!r}")
 
@@ -326,7 +343,7 @@ class View:
         if error is not None and old is not None and (old.version, old.error) == (version, error):
             return old
         if error is not None:
-            log.error("%s: not shown as v2: %s", self.source.path(path), error)
+            log.error("%s: not shown as v2: %s", self.source.describe(path), error)
         # A new layout (a resize, or an array deleted and made again) gets a new slot: the
         # kernel may still hold dentries of the old chunk inodes, which keep naming the old
         # geometry's chunks instead of other chunks of the new one.
@@ -355,7 +372,7 @@ class View:
         """
         key = self.shard_key(arr, shard)
         layout = arr.info.layout
-        version = self.source.version(key)
+        version = self.version(key)
         if version is None:
             return None
         if layout.index is None:
@@ -365,7 +382,7 @@ class View:
             try:
                 result = await blocking(shard_mod.read_index_sync, self.source, key, layout.index)
             except CorruptShard as e:
-                log.error("%s: corrupt shard: %s", self.source.path(key), e)
+                log.error("%s: corrupt shard: %s", self.source.describe(key), e)
                 self.index_cache.put(key, e.version, e)  # type: ignore[attr-defined]
                 raise fail(errno.EIO) from None
             if result is None:
@@ -409,6 +426,11 @@ class View:
         mode = stat.S_IFREG | self._file_mode
         nlink = 1 if arr.info.layout.index is None else 2
         return [Attr(ino, mode, max(size, 0), mtime, nlink) for ino, size, mtime in zip(inos, sizes, mtimes)]
+
+    def file_attr(self, ino: int, size: int, mtime_ns: int) -> Attr:
+        """What ``stat`` shows for a metadata or staging file: a regular file with the mount's
+        file mode, listed in one directory."""
+        return Attr(ino, stat.S_IFREG | self._file_mode, size, mtime_ns)
 
     def chunk_attr(self, arr: ArrayNode, ino: int, size: int, mtime_ns: int) -> Attr:
         """``chunk_attrs`` of one chunk file."""
@@ -663,7 +685,7 @@ class View:
             return await self._chunk_entry(key.arr, key.coords)
         if isinstance(key, StagingKey):
             st = key.staging
-            return Attr(ino, stat.S_IFREG | self._file_mode, st.data.size, st.mtime_ns)
+            return self.file_attr(ino, st.data.size, st.mtime_ns)
         if isinstance(key, DirKey):
             node = await self._node(key.path)
             if node is None:
@@ -676,13 +698,13 @@ class View:
             if node is None or key.name not in self.meta_names(node):
                 raise fail(errno.ENOENT)
             size = len(await self.meta_bytes(node, key.name))
-            return Attr(ino, stat.S_IFREG | self._file_mode, size, node.version.mtime_ns)
+            return self.file_attr(ino, size, node.version.mtime_ns)
         arr = self._arrays[key.path]
         if isinstance(key, ShardDirKey):
             src = _join(arr.path, key.rel)
             shard = arr.info.layout.keys.parse(key.rel)
             if shard is not None:
-                version = self.source.version(src)
+                version = self.version(src)
                 if version is not None:
                     return self._dir_attr(ino, version.mtime_ns)
                 if key.rel in self._pending_shard_keys(arr) or (arr.path, key.rel) in self.made:
@@ -729,8 +751,7 @@ class View:
             out = []
             for name in self.meta_names(node):
                 mino = self._ino(MetaKey(node.path, name))
-                out.append((name, Attr(mino, stat.S_IFREG | self._file_mode,
-                                       len(await self.meta_bytes(node, name)), node.version.mtime_ns)))
+                out.append((name, self.file_attr(mino, len(await self.meta_bytes(node, name)), node.version.mtime_ns)))
             if isinstance(node, GroupNode):
                 for name, is_dir in sorted(await blocking(self.source.listdir, node.path)):
                     child = _join(node.path, name)
@@ -747,13 +768,11 @@ class View:
         if not isinstance(key, ARRAY_DIRS):
             raise fail(errno.ENOTDIR)
         arr = self._arrays[key.path]
-        if isinstance(key, ShardDirKey):
-            shard = arr.info.layout.keys.parse(key.rel)
-            if shard is None:
-                return await self._list_array(arr, key.rel, None)
-            return await self._list_box(arr, 0, shard)
-        if isinstance(key, InnerShardKey):
-            return await self._list_box(arr, key.level, key.box)
+        box = self._box_of(arr, key)
+        if box is not None:
+            return await self._list_box(arr, *box)
+        if isinstance(key, ShardDirKey):  # a key prefix directory of the source
+            return await self._list_array(arr, key.rel, None)
         return await self._list_array(arr, None, key.prefix)
 
     async def _list_array(self, arr: ArrayNode, rel: str | None, prefix: tuple[int, ...] | None
@@ -884,7 +903,7 @@ class View:
         try:
             return await blocking(arr.info.chunk.to_file, stored)
         except CorruptChunk as e:
-            where = self.source.path(key or arr.path)
+            where = self.source.describe(key or arr.path)
             log.error("%s: corrupt chunk %s: %s", where, arr.info.layout.names.key(coords), e)
             raise fail(errno.EIO) from None
 

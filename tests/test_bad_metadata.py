@@ -31,8 +31,8 @@ REASONS = {
     "deep": "nests deeper than the 100 levels allowed",
     "huge": "more than the 16 MiB allowed",
     "latin1": "not UTF-8",
-    "dirjson": "zarr.json is a directory",
-    "fifo": "zarr.json is a FIFO",
+    "dirjson": "zarr.json: not a regular file (a directory)",
+    "fifo": "zarr.json: not a regular file (a FIFO)",
 }
 
 
