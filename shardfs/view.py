@@ -287,18 +287,22 @@ class View:
         try:
             return self.source.version(key)
         except Unusable as e:
-            if (key, e.strerror) not in self._unusable:
-                if len(self._unusable) >= 4096:
-                    self._unusable.clear()
-                self._unusable.add((key, e.strerror))
-                log.error("%s: not read: %s", self.source.describe(key), e.strerror)
+            self._log_unusable(key, e)
             raise fail(e.errno, e.strerror) from None
+
+    def _log_unusable(self, key: str, e: Unusable) -> None:
+        """Log why ``key`` is not read, once per key and reason."""
+        if (key, e.strerror) not in self._unusable:
+            if len(self._unusable) >= 4096:
+                self._unusable.clear()
+            self._unusable.add((key, e.strerror))
+            log.error("%s: not read: %s", self.source.describe(key), e.strerror)
 
     # ----- metadata of the hierarchy ------------------------------------------------------
 
     async def _node(self, path: str) -> ArrayNode | GroupNode | None:
         """The group or array at ``path`` (re-read when its zarr.json changes), or None if
-        ``path`` has no zarr.json.
+        ``path`` has no zarr.json (or only one behind a symlink out of the source).
 
         A bad zarr.json (``shardfs.metadata``), and an array that cannot be shown as v2,
         give an ``ArrayNode`` without ``info``: a directory without metadata or entries,
@@ -307,8 +311,11 @@ class View:
         key = _join(path, "zarr.json")
         try:
             version = self.source.version(key)  # a stat, never an open: it may be a FIFO
-        except Unusable as e:  # not a regular file, or behind a symlink out of the source
-            return self._store_array(path, Version(0, 0, self.mount_ns), None, f"zarr.json: {e.strerror}")
+        except Unusable as e:
+            if e.errno == errno.EIO:  # not a regular file: a node without metadata, saying why
+                return self._store_array(path, Version(0, 0, self.mount_ns), None, f"zarr.json: {e.strerror}")
+            self._log_unusable(key, e)  # behind a symlink out of the source: as if absent
+            return None
         if version is None:
             return None
         for cached in (self._arrays.get(path), self._groups.get(path)):
