@@ -127,6 +127,38 @@ def test_zarr2_create_dataset_in_mounted_group(tmp_path, mount):
     assert_clean(src)
 
 
+def test_filters_and_numcodecs_compressors_become_v3_codecs(tmp_path, mount):
+    src = tmp_path / "src"
+    build(src, [])
+    mnt = mount(src)
+    ints = np.arange(10 * 12, dtype="<i4").reshape(10, 12) * 3
+    floats = np.round(np.linspace(-5, 5, 30), 1)
+    got = zarr2("""
+        import numcodecs
+        g = zarr.open_group(mnt, mode='a')
+        a = g.create_dataset('delta', shape=(10, 12), chunks=(4, 5), dtype='<i4',
+                             filters=[numcodecs.Delta('<i4')], compressor=numcodecs.Zlib(1))
+        a[...] = np.array(ints, dtype='<i4')
+        b = g.create_dataset('scaled', shape=(30,), chunks=(7,), dtype='<f8', fill_value=None,
+                             filters=[numcodecs.FixedScaleOffset(0, 10, '<f8', astype='<i4')],
+                             compressor=numcodecs.LZ4())
+        b[...] = np.array(floats)
+        result = {'delta': zarr.open(mnt + '/delta', mode='r')[...], 'scaled': zarr.open(mnt + '/scaled', mode='r')[...],
+                  'filters': json.loads(open(mnt + '/delta/.zarray').read())['filters']}
+        """, mnt=str(mnt), ints=ints.tolist(), floats=floats.tolist())
+    np.testing.assert_array_equal(got["delta"], ints)
+    np.testing.assert_array_equal(got["scaled"], floats)
+    assert got["filters"] == [{"id": "delta", "dtype": "<i4", "astype": "<i4"}]
+    assert errors(mount, mnt) == []
+    umount(mount, mnt)
+    assert [c["name"] for c in sharding(zjson(src / "delta"))["codecs"]] == ["numcodecs.delta", "bytes", "numcodecs.zlib"]
+    assert [c["name"] for c in sharding(zjson(src / "scaled"))["codecs"]] == \
+        ["numcodecs.fixedscaleoffset", "bytes", "numcodecs.lz4"]
+    np.testing.assert_array_equal(read_native(src / "delta"), ints)
+    np.testing.assert_array_equal(read_native(src / "scaled"), floats)
+    assert_clean(src)
+
+
 def test_zarr3_v2_mode_open_array_w_creates_and_recreates(tmp_path, mount):
     import zarr
 
