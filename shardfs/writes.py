@@ -299,6 +299,8 @@ class Writer:
             raise fail(errno.EPERM) from None
         await self._write_doc(path, doc)
         self.view.new_dirs.discard(path)
+        if name == ".zarray":
+            self.view.created.add(path)
         if attrs_file is not None:
             await self._became_meta(parent, ".zattrs", path, ".zattrs")
         else:  # shown once written: copy tools create it exclusively (O_EXCL) after .zarray
@@ -306,12 +308,38 @@ class Writer:
         if name == ".zgroup":
             self.view.hidden.add((path, ".zmetadata"))
         log.info("%s: created a v3 %s", self.view.source.path(path), "group" if name == ".zgroup" else "array")
+        dirs = [parent] + (await self._adopt_dirs(path) if name == ".zarray" else [])
         for (p, n), st in sorted(self.view.staged.items()):
-            target = await self.view.chunk_at_name(parent, n) if p == parent else None
+            target = await self.view.chunk_at_name(p, n) if p in dirs else None
             if target is not None:
                 await self.commit(*target, bytes(st.data))
                 self.view.drop_staging(p, n, committed=ChunkKey(*target))
-        await self.invalidate([parent])
+        await self.invalidate(dirs)
+
+    async def _adopt_dirs(self, path: str) -> list[int]:
+        """Directories made below a new array before its ``.zarray`` (``cp -r`` copies in
+        directory order) become its key directories: nested keys (``0/1`` with "/") or
+        shard key directories (``c/0``). Their inodes are kept; returns them."""
+        arr = await self.view._node(path)
+        if not isinstance(arr, ArrayNode) or arr.info is None:
+            return []
+        layout, inos = arr.info.layout, []
+        for made in sorted(d for d in self.view.new_dirs if d.startswith(path + "/")):
+            rel = made[len(path) + 1:]
+            parts = rel.split("/")
+            if layout.keys.view_separator == "/" and len(parts) < layout.ndim and \
+                    all(p.isdigit() and str(int(p)) == p for p in parts):
+                new: Any = KeyDirKey(path, tuple(map(int, parts)))
+            elif layout.index is not None and (layout.keys.is_prefix(rel) or layout.keys.parse(rel) is not None):
+                new = ShardDirKey(path, rel)
+                self.view.made.add((path, rel))
+            else:
+                continue
+            self.view.new_dirs.discard(made)
+            ino = self.view.rebind(DirKey(made), new)
+            if ino is not None:
+                inos.append(ino)
+        return inos
 
     async def _became_meta(self, parent: int, name: str, path: str, meta: str) -> None:
         """Staging file ``name`` of ``parent`` was committed as metadata file ``meta`` of node
@@ -401,6 +429,8 @@ class Writer:
             raise fail(errno.ENOTEMPTY)
         if isinstance(key, ShardDirKey):
             self.view.made.discard((key.path, key.rel))
+        if isinstance(key, KeyDirKey):
+            self.view.made_keys.discard((key.path, key.prefix))
         if not isinstance(key, DirKey):
             return
         path = key.path
@@ -420,6 +450,7 @@ class Writer:
             await blocking(_remove_all, self.view.source, [_json(path, "zarr.json")])
             log.info("%s: group deleted", self.view.source.path(path))
         self.view.new_dirs.discard(path)
+        self.view.created.discard(path)
         self.view.hidden = {h for h in self.view.hidden if h[0] != path}
 
     async def mkdir(self, parent: int, name: str) -> Attr:
@@ -434,6 +465,14 @@ class Writer:
             path = f"{key.path}/{name}" if key.path else name
             self.view.new_dirs.add(path)
             return await self.view.getattr(self.view._ino(DirKey(path)))
+        if isinstance(node, ArrayNode) and node.info is not None and isinstance(key, (DirKey, KeyDirKey)) \
+                and node.info.layout.keys.view_separator == "/":
+            prefix = (key.prefix if isinstance(key, KeyDirKey) else ()) + (int(name),) \
+                if name.isdigit() and str(int(name)) == name else None
+            if prefix is not None and len(prefix) < node.info.layout.ndim and node.info.layout.in_grid(
+                    prefix + (0,) * (node.info.layout.ndim - len(prefix))):
+                self.view.made_keys.add((node.path, prefix))
+                return await self.view.getattr(self.view._ino(KeyDirKey(node.path, prefix)))
         if isinstance(node, ArrayNode) and node.info is not None and isinstance(key, (DirKey, ShardDirKey)):
             rel = f"{key.rel}/{name}" if isinstance(key, ShardDirKey) else name
             keys = node.info.layout.keys

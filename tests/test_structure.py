@@ -293,6 +293,41 @@ def test_xarray_to_zarr_w_and_a_through_the_mount(client, tmp_path, mount):
     assert_clean(src)
 
 
+def test_nested_array_copied_chunks_first(tmp_path, mount):
+    """A "/" array copied into the mount with its key directories and chunks before its
+    .zarray (an order cp -r may take): they become the new array's keys."""
+    src = tmp_path / "src"
+    build(src, [])
+    data = np.arange(9 * 8, dtype="<u2").reshape(9, 8)
+    np.save(tmp_path / "d.npy", data)
+    zarr2("""
+        z = zarr.open_array(path, mode='w', shape=(9, 8), chunks=(4, 3), dtype='<u2', dimension_separator='/',
+                            compressor=None)
+        z[...] = np.load(vpath)
+        result = np.zeros(0)
+        """, path=str(tmp_path / "v2" / "n"), vpath=str(tmp_path / "d.npy"))
+    copy = tmp_path / "v2" / "n"
+    mnt = mount(src)
+    (mnt / "n").mkdir()
+    for row in sorted(p.name for p in copy.iterdir() if p.is_dir()):
+        (mnt / "n" / row).mkdir()
+        for col in sorted(os.listdir(copy / row)):
+            shutil.copyfile(copy / row / col, mnt / "n" / row / col)
+    shutil.copyfile(copy / ".zarray", mnt / "n" / ".zarray")
+    assert sorted(os.listdir(mnt / "n" / "0")) == ["0", "1", "2"]
+    run("cp", "-r", copy, mnt / "m")
+    got = zarr2("result = {'n': zarr.open(a, mode='r')[...], 'm': zarr.open(b, mode='r')[...]}",
+                a=str(mnt / "n"), b=str(mnt / "m"))
+    np.testing.assert_array_equal(got["n"], data)
+    np.testing.assert_array_equal(got["m"], data)
+    assert errors(mount, mnt) == []
+    umount(mount, mnt)
+    np.testing.assert_array_equal(read_native(src / "n"), data)
+    np.testing.assert_array_equal(read_native(src / "m"), data)
+    assert zjson(src / "n")["chunk_key_encoding"] == {"name": "v2", "configuration": {"separator": "."}}
+    assert_clean(src)
+
+
 # --------------------------------------------------------------------------- changing
 
 
