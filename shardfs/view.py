@@ -495,43 +495,64 @@ class View:
                 raise fail(errno.ENOENT)
             if node.info is None:
                 raise fail(errno.ENOENT)
-            return await self._lookup_in_array(node, "", (), name)
-        if isinstance(key, ShardDirKey):
+            arr = node
+        elif isinstance(key, ARRAY_DIRS):
             arr = self._arrays[key.path]
-            shard = arr.info.layout.keys.parse(key.rel)
-            if shard is None:
-                return await self._lookup_in_array(arr, key.rel, None, name)
-            return await self._lookup_in_box(arr, 0, shard, name)
-        if isinstance(key, InnerShardKey):
-            return await self._lookup_in_box(self._arrays[key.path], key.level, key.box, name)
-        if isinstance(key, KeyDirKey):
-            arr = self._arrays[key.path]
-            return await self._lookup_in_array(arr, None, key.prefix, name)
-        raise fail(errno.ENOTDIR)
+        else:
+            raise fail(errno.ENOTDIR)
+        coords = self._chunk_named(arr, key, name)
+        if coords is not None:
+            return await self._chunk_entry(arr, coords)
+        return await self._lookup_dir(arr, key, name)
 
-    async def _lookup_in_array(self, arr: ArrayNode, rel: str | None, prefix: tuple[int, ...] | None,
-                               name: str) -> Attr:
-        """Resolve ``name`` in the array root (rel "" and prefix ()), an sdir (rel) or a kdir (prefix)."""
+    @staticmethod
+    def _box_of(arr: ArrayNode, key: DirKey | ArrayDirKey) -> tuple[int, tuple[int, ...]] | None:
+        """``(level, box)`` if ``key`` is a shard directory (level 0) or an inner shard (level >= 1)."""
+        if isinstance(key, InnerShardKey):
+            return key.level, key.box
+        shard = arr.info.layout.keys.parse(key.rel) if isinstance(key, ShardDirKey) else None
+        return None if shard is None else (0, shard)
+
+    def _chunk_named(self, arr: ArrayNode, key: DirKey | ArrayDirKey, name: str) -> tuple[int, ...] | None:
+        """The inner chunk whose file is entry ``name`` of directory ``key`` of array ``arr``, if
+        ``name`` spells one (in the grid or not, stored or not): the one place that says which
+        directories hold which chunk names."""
         layout = arr.info.layout
-        nested = layout.keys.view_separator == "/"
-        if prefix is not None:
-            i = parse_coord(name) if nested else None
-            if i is not None:
-                coords = prefix + (i,)
-                if len(coords) == layout.ndim:
-                    return await self._chunk_entry(arr, coords)
-                if len(coords) < layout.ndim and coords[-1] < layout.chunk_grid[len(coords) - 1] \
-                        and await self._key_dir_shown(arr, coords):
-                    return await self.getattr(self._ino(KeyDirKey(arr.path, coords)))
-            elif not nested and not prefix:
-                coords = layout.names.parse(name)
-                if coords is not None:
-                    return await self._chunk_entry(arr, coords)
+        box = self._box_of(arr, key)
+        if box is not None:  # a shard or inner shard directory: the innermost level holds chunks
+            coords = layout.names.parse(name) if box[0] == layout.depth else None
+            return coords if coords is not None and layout.box(coords, box[0]) == box[1] else None
+        if isinstance(key, ShardDirKey):  # a key prefix directory of the source
+            return None
+        if layout.keys.view_separator == "/":  # the root and key directories: one level per coordinate
+            i = parse_coord(name)
+            prefix = key.prefix if isinstance(key, KeyDirKey) else ()
+            return prefix + (i,) if i is not None and len(prefix) + 1 == layout.ndim else None
+        return layout.names.parse(name)
+
+    async def _lookup_dir(self, arr: ArrayNode, key: DirKey | ArrayDirKey, name: str) -> Attr:
+        """Entry ``name`` of directory ``key`` of array ``arr`` that is not a chunk file: a key
+        directory, a shard or key prefix directory of the source, or an inner shard."""
+        layout = arr.info.layout
+        box = self._box_of(arr, key)
+        if box is not None:
+            level, outer = box
+            coords = layout.names.parse(name) if level < layout.depth else None
+            if coords is None or layout.box(layout.box_origin(coords, level + 1), level) != outer:
+                raise fail(errno.ENOENT)
+            return await self._box_attr(arr, level + 1, coords)
+        if layout.keys.view_separator == "/" and not isinstance(key, ShardDirKey):
+            i = parse_coord(name)
+            prefix = key.prefix if isinstance(key, KeyDirKey) else ()
+            if i is not None and len(prefix) + 1 < layout.ndim and i < layout.chunk_grid[len(prefix)] \
+                    and await self._key_dir_shown(arr, prefix + (i,)):
+                return await self.getattr(self._ino(KeyDirKey(arr.path, prefix + (i,))))
+        rel = key.rel if isinstance(key, ShardDirKey) else "" if isinstance(key, DirKey) else None
         if rel is not None and layout.index is not None:
-            sub = _join(rel, self._source_name(arr, name))
+            sub = self._source_name(arr, name)
+            sub = None if sub is None else _join(rel, sub)
             if sub is not None and (layout.keys.is_prefix(sub) or layout.keys.parse(sub) is not None):
-                ino = self._ino(ShardDirKey(arr.path, sub))
-                return await self.getattr(ino)
+                return await self.getattr(self._ino(ShardDirKey(arr.path, sub)))
         raise fail(errno.ENOENT)
 
     async def _key_dir_shown(self, arr: ArrayNode, prefix: tuple[int, ...]) -> bool:
@@ -600,19 +621,6 @@ class View:
             newest[c] = max(newest.get(c, 0), mtime)
         return [(layout.names.key(child), self._dir_attr(self._ino(InnerShardKey(arr.path, level + 1, child)), mtime))
                 for child, mtime in sorted(newest.items())]
-
-    async def _lookup_in_box(self, arr: ArrayNode, level: int, box: tuple[int, ...], name: str) -> Attr:
-        layout = arr.info.layout
-        coords = layout.names.parse(name)
-        if coords is None:
-            raise fail(errno.ENOENT)
-        if level == layout.depth:
-            if layout.box(coords, level) != box:
-                raise fail(errno.ENOENT)
-            return await self._chunk_entry(arr, coords)
-        if layout.box(layout.box_origin(coords, level + 1), level) != box:
-            raise fail(errno.ENOENT)
-        return await self._box_attr(arr, level + 1, coords)
 
     def meta_names(self, node: ArrayNode | GroupNode) -> tuple[str, ...]:
         """The metadata files shown in a node's directory (not those unlinked through the mount)."""
@@ -784,29 +792,15 @@ class View:
         """The inner chunk that entry ``name`` of directory ``parent`` names, if any (stored or not)."""
         key = self.node_key(parent)
         if isinstance(key, DirKey):
-            node = await self._node(key.path)
-            if not isinstance(node, ArrayNode) or node.info is None:
+            arr = await self._node(key.path)
+            if not isinstance(arr, ArrayNode) or arr.info is None:
                 return None
-            arr, prefix = node, ()
         elif isinstance(key, ARRAY_DIRS):
             arr = self._arrays[key.path]
-            prefix = key.prefix if isinstance(key, KeyDirKey) else None
         else:
             return None
-        layout = arr.info.layout
-        if prefix is None:  # a shard or inner shard directory: the innermost holds chunks
-            level, box = (key.level, key.box) if isinstance(key, InnerShardKey) else (0, layout.keys.parse(key.rel))
-            coords = layout.names.parse(name) if box is not None and level == layout.depth else None
-            if coords is None or layout.box(coords, level) != box:
-                return None
-        elif layout.keys.view_separator == "/":
-            i = parse_coord(name)
-            if i is None or len(prefix) + 1 != layout.ndim:
-                return None
-            coords = prefix + (i,)
-        else:
-            coords = layout.names.parse(name)
-        return (arr, coords) if coords is not None and layout.in_grid(coords) else None
+        coords = self._chunk_named(arr, key, name)
+        return (arr, coords) if coords is not None and arr.info.layout.in_grid(coords) else None
 
     async def dir_node(self, ino: int) -> tuple[DirKey | ArrayDirKey, ArrayNode | GroupNode | None]:
         """``(key, node)`` of a directory inode: its key and the group/array it shows or belongs to."""
