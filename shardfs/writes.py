@@ -221,6 +221,9 @@ class Writer:
                 fills = (shown.get("fill_value"), (await self._doc(node.path)).get("fill_value"))
                 change = rewrite_kind(new, shown, fills)
             except Refused as e:
+                if (node.path, ".zarray") in self.view.hidden:  # unlinked before: a new array there
+                    await self._replace_array(node, data)
+                    return
                 log.error("%s: write refused: %s", where, e)
                 raise fail(errno.EPERM) from None
             if change == "resize":
@@ -248,6 +251,16 @@ class Writer:
         self.view.hidden.discard((node.path, name))
         ino = self.view.allocated(MetaKey(node.path, name))
         await self.invalidate([ino] if ino else [])
+
+    async def _replace_array(self, node: ArrayNode, zarray: bytes) -> None:
+        """A different ``.zarray`` written where the array's was unlinked (``rm .zarray``, then
+        a new one): the old array is deleted and a new one made from it (no attributes)."""
+        await self._delete_array(node)
+        self.view.hidden = {h for h in self.view.hidden if h[0] != node.path}
+        self.view.new_dirs.add(node.path)
+        dir_ino = self.view._ino(DirKey(node.path))
+        await self.create_node(dir_ino, ".zarray", zarray)
+        await self.invalidate([self.view._ino(MetaKey(node.path, ".zarray"))])
 
     async def _doc(self, path: str) -> dict[str, Any]:
         return json.loads(await blocking(self.view.source.read, _json(path, "zarr.json")))
@@ -436,14 +449,7 @@ class Writer:
         path = key.path
         node = await self.view._node(path)
         if isinstance(node, ArrayNode):
-            if node.info is None:
-                log.error("rmdir of %s: the array is not shown as v2 (%s); not deleted",
-                          self.view.source.path(path), node.error)
-                raise fail(errno.EPERM)
-            await self.writeback.discard(path)
-            keys = [self.view.shard_key(node, shard) for shard in await self.view.stored_shards(node)]
-            await blocking(_remove_all, self.view.source, keys + [_json(path, "zarr.json")])
-            log.info("%s: array deleted", self.view.source.path(path))
+            await self._delete_array(node)
         elif isinstance(node, GroupNode):
             if not path:
                 raise fail(errno.EBUSY)
@@ -452,6 +458,16 @@ class Writer:
         self.view.new_dirs.discard(path)
         self.view.created.discard(path)
         self.view.hidden = {h for h in self.view.hidden if h[0] != path}
+
+    async def _delete_array(self, node: ArrayNode) -> None:
+        """Delete an array from the source: its pending chunks, shards and ``zarr.json``."""
+        if node.info is None:
+            log.error("%s: the array is not shown as v2 (%s); not deleted", self.view.source.path(node.path), node.error)
+            raise fail(errno.EPERM)
+        await self.writeback.discard(node.path)
+        keys = [self.view.shard_key(node, shard) for shard in await self.view.stored_shards(node)]
+        await blocking(_remove_all, self.view.source, keys + [_json(node.path, "zarr.json")])
+        log.info("%s: array deleted", self.view.source.path(node.path))
 
     async def mkdir(self, parent: int, name: str) -> Attr:
         """Make a directory: in a group (or a directory made here), a new directory that a

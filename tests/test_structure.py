@@ -362,6 +362,24 @@ def test_resize_drops_chunks_past_the_edge_including_pending(tmp_path, mount):
     assert_clean(src)
 
 
+def test_unlinked_zarray_rewritten_with_other_metadata_makes_a_new_array(tmp_path, mount):
+    src = tmp_path / "src"
+    build(src, [RAW])
+    mnt = mount(src)
+    zarray = json.loads((mnt / "raw" / ".zarray").read_text())
+    os.unlink(mnt / "raw" / ".zarray")
+    assert not (mnt / "raw" / ".zarray").exists()
+    (mnt / "raw" / ".zarray").write_text(json.dumps({**zarray, "shape": [3], "chunks": [2], "dtype": "<i2",
+                                                      "compressor": None, "fill_value": 4}))
+    assert os.listdir(mnt / "raw") == [".zarray"]  # the old chunks are gone with the old array
+    (mnt / "raw" / "1").write_bytes(np.array([7, 8], "<i2").tobytes())
+    assert zarr2("result = zarr.open(p, mode='r')[...]", p=str(mnt / "raw")).tolist() == [4, 4, 7]
+    assert errors(mount, mnt) == []
+    umount(mount, mnt)
+    assert read_native(src / "raw").tolist() == [4, 4, 7]
+    assert_clean(src)
+
+
 def test_consolidate_metadata_and_open_consolidated(tmp_path, mount):
     src = tmp_path / "src"
     exp = build(src, [RAW])["raw"]
