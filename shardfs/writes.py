@@ -6,6 +6,12 @@ commit validates the bytes (exactly one inner chunk with the array's codecs),
 hands them to the ``Writeback`` (journal + pending), and invalidates the
 kernel's caches of every inode whose content changed. Errors are
 ``OSError``s raised by the committing call, with one log line naming the file.
+
+Structure (``shardfs.create``): ``mkdir`` makes new directories (in memory) and
+key directories; a ``.zarray``/``.zgroup`` committed in a new directory creates
+the v3 node; metadata rewrites update ``zarr.json`` (attributes, a resize);
+unlinks of metadata files hide them and ``rmdir`` of an emptied array or group
+deletes it from the source.
 """
 
 from __future__ import annotations
@@ -78,7 +84,8 @@ class Writer:
     # ----- opening ------------------------------------------------------------------------
 
     async def create(self, parent: int, name: str) -> tuple[Attr, WriteHandle]:
-        """Create ``name`` in ``parent``: a new chunk if it is a chunk key, else a staging file."""
+        """Create ``name`` in ``parent``: a new chunk if it is a chunk key, a metadata file of
+        the directory's node if it was unlinked, else a staging file."""
         dir_key, node = await self.view.dir_node(parent)
         if node is None and not self._is_new_dir(parent):
             raise fail(errno.ENOENT)
@@ -98,7 +105,7 @@ class Writer:
         return await self.view.getattr(st.ino), WriteHandle(st.ino, staging=st)
 
     async def open(self, ino: int, truncate: bool) -> WriteHandle:
-        """Open an existing chunk or staging file for writing (``truncate``: O_TRUNC)."""
+        """Open an existing chunk, metadata or staging file for writing (``truncate``: O_TRUNC)."""
         key = self.view.node_key(ino)
         if isinstance(key, StagingKey):
             if truncate:
@@ -143,7 +150,8 @@ class Writer:
         handle.dirty = True
 
     async def flush(self, handle: WriteHandle) -> None:
-        """Commit a written chunk file (close); errors are returned to close()."""
+        """Commit a written chunk or metadata file, or a ``.zarray``/``.zgroup`` written in a
+        new directory (close); errors are returned to close()."""
         if not handle.dirty:
             return
         if handle.chunk is not None:
