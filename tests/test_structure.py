@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ZARR2_PYTHON, read_native, zarr2
+from conftest import read_native, zarr2
 from writers import umount
 from writehelpers import Spec, build, leftovers
 
