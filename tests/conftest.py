@@ -26,11 +26,33 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
 
 REPO = Path(__file__).resolve().parent.parent
 SHARDFS = str(Path(sys.executable).parent / "shardfs")
 ZARR2_PYTHON = os.environ.get("SHARDFS_ZARR2_PYTHON") or str(REPO / ".venv-zarr2" / "bin" / "python")
 MOUNT_TIMEOUT = 15.0
+
+
+# --------------------------------------------------------------------------- hypothesis
+
+# ``ci`` (the default): the same examples on every run (derandomized, no example database),
+# with the budgets the tests ask for. ``thorough`` (SHARDFS_HYPOTHESIS=thorough): random
+# examples, THOROUGH_FACTOR times the budget, failures remembered in .hypothesis/.
+HYPOTHESIS_PROFILE = os.environ.get("SHARDFS_HYPOTHESIS", "ci")
+THOROUGH_FACTOR = 10
+_COMMON = dict(deadline=None, print_blob=True,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.register_profile("ci", derandomize=True, database=None, **_COMMON)
+settings.register_profile("thorough", derandomize=False, **_COMMON)
+if HYPOTHESIS_PROFILE not in ("ci", "thorough"):
+    raise pytest.UsageError(f"SHARDFS_HYPOTHESIS={HYPOTHESIS_PROFILE}: use 'ci' or 'thorough'")
+settings.load_profile(HYPOTHESIS_PROFILE)
+
+
+def budget(examples: int) -> int:
+    """``max_examples`` for a property test: ``examples`` under the ci profile, more when thorough."""
+    return examples * THOROUGH_FACTOR if HYPOTHESIS_PROFILE == "thorough" else examples
 
 
 # --------------------------------------------------------------------------- mounts

@@ -135,12 +135,7 @@ def check_source(spec: Spec, src: Path, old: np.ndarray, new: np.ndarray, acked:
         assert k not in acked, f"acknowledged chunk {idx} (write #{k}) lost: got {got[r].ravel()[:4]}..."
         assert np.array_equal(got[r], old[r]), (
             f"chunk {idx} (write #{k}, not acknowledged) is neither old nor new: {got[r].ravel()[:6]}...")
-    # chunks never written keep their old value (all are written here, but keep the check honest)
-    written = set(order)
-    for idx in all_chunks(spec):
-        if idx not in written:
-            r = spec.chunk_region(idx)
-            assert np.array_equal(got[r], old[r]), f"chunk {idx} was never written but changed"
+    assert sorted(order) == sorted(all_chunks(spec)), "every chunk is written once"
 
 
 # --------------------------------------------------------------------------- one trial
@@ -276,10 +271,14 @@ def crash_results(tmp_path_factory):
 
 
 def test_sigkill_never_loses_acknowledged_chunks_or_tears_shards(crash_results):
-    assert len(crash_results) >= min(50, TRIALS)
+    assert len(crash_results) == TRIALS
     bad = [r for r in crash_results if "error" in r]
     assert not bad, f"{len(bad)}/{len(crash_results)} trials failed; first ones:\n" + "\n\n".join(
         json.dumps(r, indent=1)[:3000] for r in bad[:3])
+    n = math.prod(VARIANTS[0].inner_grid)
+    mid = [r for r in crash_results if 0 < r["acked"] < n and r["journal"] > 0]
+    if TRIALS >= 20:  # the kill must have landed mid-write, with a journal to replay, in some trials
+        assert len(mid) >= TRIALS // 10, f"only {len(mid)} of {TRIALS} trials were killed mid-write"
 
 
 def test_sigkill_does_not_wedge_the_mount(crash_results):

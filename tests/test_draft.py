@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_same_array, read_tensorstore, read_zarr2_many, read_zarr3_v2, run_shardfs
+from conftest import assert_same_array, budget, read_tensorstore, read_zarr2_many, read_zarr3_v2, run_shardfs
 from shardbuild import CRC, GZIP, LE, ZSTD, copy_array, random_data, read_draft, write_draft
 from writers import WRITERS, umount
 
@@ -136,7 +136,7 @@ def draft_arrays(draw):
     return data, chunk, cps, codecs, keys
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=budget(100))
 @given(case=draft_arrays())
 def test_property_draft_reads_match_the_reference(case, mnt, src):
     data, chunk, cps, codecs, keys = case

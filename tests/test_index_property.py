@@ -18,9 +18,10 @@ from pathlib import Path
 import crc32c
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import budget
 from datasets import BYTES_BE, BYTES_LE, CRC32C, ArrayCase, fill_scalar, gzip, stored_chunks, write_case
 from shardfs.index import EMPTY, CorruptIndex, IndexFormat
 
@@ -90,7 +91,7 @@ def shard_files(case: ArrayCase, arr: Path):
         yield s, arr / case.source_key(s)
 
 
-@settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=budget(100))
 @given(case=cases())
 def test_decode_matches_what_zarr_wrote(case):
     fmt = fmt_of(case)
@@ -143,7 +144,7 @@ def first_shard(case: ArrayCase, root: Path) -> bytes:
     return (arr / case.source_key((0,) * case.ndim)).read_bytes()
 
 
-@settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=budget(100))
 @given(case=written_shards(), data=st.data())
 def test_corrupt_indexes_are_rejected(case, data):
     fmt = fmt_of(case)
@@ -161,6 +162,11 @@ def test_corrupt_indexes_are_rejected(case, data):
         pos = data.draw(st.integers(0, len(raw) - 1), label="flipped byte")
         bad = bytearray(raw)
         bad[pos] ^= 1 << data.draw(st.integers(0, 7), label="bit")
+        with pytest.raises(CorruptIndex):
+            fmt.decode(bytes(bad), size)
+        # A flipped bit of the stored checksum itself (the entries stay plausible).
+        bad = bytearray(raw)
+        bad[len(raw) - 4 + data.draw(st.integers(0, 3), label="checksum byte")] ^= 1 << data.draw(st.integers(0, 7))
         with pytest.raises(CorruptIndex):
             fmt.decode(bytes(bad), size)
 
@@ -194,6 +200,20 @@ def test_corrupt_indexes_are_rejected(case, data):
             t[i, 0] = data.draw(st.integers(0, data_start - 1))
     with pytest.raises(CorruptIndex):
         fmt.decode(fmt.encode(t), size)
+
+
+@pytest.mark.parametrize("big_endian", [False, True])
+def test_every_flipped_bit_fails_the_index_checksum(big_endian):
+    """Not left to the examples drawn: a plausible table whose checksum is wrong is refused."""
+    fmt = IndexFormat((2, 2), big_endian=big_endian, checksum=True, at_start=False)
+    t = np.array([[0, 10], [10, 6], [EMPTY, EMPTY], [16, 4]], dtype=np.uint64)
+    raw = fmt.encode(t)
+    np.testing.assert_array_equal(fmt.decode(raw, 20 + fmt.nbytes), t)
+    for bit in range(8 * len(raw)):
+        bad = bytearray(raw)
+        bad[bit // 8] ^= 1 << (bit % 8)
+        with pytest.raises(CorruptIndex):
+            fmt.decode(bytes(bad), 20 + fmt.nbytes)
 
 
 def test_empty_rows_roundtrip_and_absurd_grids():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import subprocess
 from pathlib import Path
 
@@ -198,15 +199,18 @@ def test_empty_and_beyond_edge_chunks_do_not_exist(case, view, matrix):
         if s in present_shards:
             assert_enoent(arr / case.shard_dir(s) / case.entry_name(i))
     r = run("cat", str(arr / case.chunk_file(missing[0])), check=False)
-    assert r.returncode != 0 and b"No such file" in r.stderr
+    assert r.returncode == 1 and r.stderr.decode().rstrip().endswith(os.strerror(errno.ENOENT)), r.stderr
 
 
-def test_shard_dirs_are_directories_and_chunk_files_read_only(view):
+def test_shard_dirs_are_directories_and_chunk_files_have_two_links(view):
+    """A writable mount: directories 0755, chunk files 0644 with two links (the array root
+    and the shard directory, same inode)."""
     st = os.stat(view / "raw" / "c" / "0" / "0" / "0")
-    assert (st.st_mode & 0o170000) == 0o040000
+    assert st.st_mode == stat.S_IFDIR | 0o755, oct(st.st_mode)
     st = os.stat(view / "raw" / "0.0.1")
-    assert (st.st_mode & 0o170000) == 0o100000
-    assert st.st_nlink >= 1
+    assert st.st_mode == stat.S_IFREG | 0o644, oct(st.st_mode)
+    assert st.st_nlink == 2
+    assert os.stat(view / "raw" / "c" / "0" / "0" / "0" / "0.0.1").st_ino == st.st_ino
 
 
 # ------------------------------------------------------------------ .zarray
