@@ -24,7 +24,7 @@ from shardfs import __version__
 from shardfs.mounts import daemon_pid, fsname
 
 log = logging.getLogger("shardfs")
-OWN_OPTIONS = ("ro", "rw", "entry_timeout", "attr_timeout", "chunk_cache")
+OWN_OPTIONS = ("ro", "rw", "entry_timeout", "attr_timeout", "chunk_cache", "journal_dir")
 
 
 class UsageError(Exception):
@@ -198,6 +198,7 @@ def _run_daemon(args: argparse.Namespace, mnt: str, own: dict[str, str], fuse_op
     import pyfuse3
     import trio
 
+    from shardfs import state
     from shardfs.fuse_ops import Operations, Timeouts
     from shardfs.source import Source
     from shardfs.view import View
@@ -210,12 +211,17 @@ def _run_daemon(args: argparse.Namespace, mnt: str, own: dict[str, str], fuse_op
     source = Source(args.src)
     writeback = None
     if not read_only:
-        writeback = Writeback(source)
+        writeback = Writeback(source, state.journal_dir(args.src, own.get("journal_dir")))
+        legacy = state.legacy_journal(args.src)
         try:
-            replayed = writeback.replay_sync(functools.partial(_replay_target, source))
+            replayed = writeback.replay_sync(functools.partial(_replay_target, source),
+                                             older=(legacy,) if legacy else ())
         except Exception as e:
             _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
             return 1
+        if legacy:
+            state.remove_legacy(args.src)
+            log.info("moved the write journal out of the source: %s replayed and removed", legacy)
         if replayed:
             log.info("replayed %d journalled chunk changes into their shards", replayed)
     from shardfs.chunkcache import DEFAULT_BYTES, ChunkCache, parse_size

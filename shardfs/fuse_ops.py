@@ -17,7 +17,6 @@ import functools
 import itertools
 import logging
 import os
-import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, TypeVar
@@ -130,7 +129,7 @@ class Operations(pyfuse3.Operations):
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
         handle = self._open_write(inode)
         if handle is not None and handle.chunk is not None:
-            return self._entry(Attr(inode, stat.S_IFREG | 0o644, len(handle.data()), time.time_ns(), 2))
+            return self._entry(self.view.chunk_attr(handle.chunk[0], inode, len(handle.data()), time.time_ns()))
         return self._entry(await self.view.getattr(inode))
 
     @_guard

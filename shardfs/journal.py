@@ -152,10 +152,14 @@ class Journal:
     def _start_segment(self) -> _Segment:
         if self._current is not None:
             self._close(self._current)
-        if not os.path.isdir(self.directory):
-            os.makedirs(self.directory)
-            parent = os.path.dirname(self.directory)
-            self._new_dirs += [os.path.dirname(parent), parent]
+        missing = []  # the journal directory and its ancestors that do not exist yet
+        d = self.directory
+        while not os.path.isdir(d):
+            missing.append(d)
+            d = os.path.dirname(d)
+        if missing:
+            os.makedirs(self.directory, mode=0o700)  # it holds chunk data: private, as XDG asks
+            self._new_dirs += [os.path.dirname(m) for m in reversed(missing)]
         path = os.path.join(self.directory, f"{self._next:020d}.seg")
         self._next += 1
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)

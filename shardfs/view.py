@@ -23,7 +23,7 @@ import stat
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, TypeVar
 
 import numpy as np
 import trio
@@ -355,14 +355,32 @@ class View:
         except CorruptShard:  # its inner shard; logged when the shard's table was read
             raise fail(errno.EIO) from None
 
+    def chunk_attrs(self, arr: ArrayNode, inos: Iterable[int], sizes: Iterable[int], mtimes: Iterable[int]
+                    ) -> list[Attr]:
+        """What ``stat`` shows for chunk files of ``arr``: the one place that decides it.
+
+        A chunk file is a regular file with the mount's file mode (0644; 0444 on a read-only
+        mount), its size (never negative) and mtime, and ``st_nlink`` the number of directories
+        that list it: the array (its root, or a key directory with ``dimension_separator`` "/")
+        and, for a sharded array, its shard directory (with nested sharding, its innermost
+        inner shard directory). So 2 for a sharded array and 1 for an unsharded one, whether
+        or not the file is open for writing.
+        """
+        mode = stat.S_IFREG | self._file_mode
+        nlink = 1 if arr.info.layout.index is None else 2
+        return [Attr(ino, mode, max(size, 0), mtime, nlink) for ino, size, mtime in zip(inos, sizes, mtimes)]
+
+    def chunk_attr(self, arr: ArrayNode, ino: int, size: int, mtime_ns: int) -> Attr:
+        """``chunk_attrs`` of one chunk file."""
+        return self.chunk_attrs(arr, (ino,), (size,), (mtime_ns,))[0]
+
     def _chunk_attr(self, arr: ArrayNode, coords: tuple[int, ...], where: Extent | Pending) -> Attr:
+        """The attributes of a stored or pending inner chunk's file."""
         if isinstance(where, Pending):
             stored, mtime_ns = len(where.data), where.mtime_ns
         else:
             stored, mtime_ns = where.nbytes, where.version.mtime_ns
-        size = arr.info.chunk.file_size(stored)
-        nlink = 1 if arr.info.layout.index is None else 2
-        return Attr(self.chunk_ino(arr, coords), stat.S_IFREG | self._file_mode, max(size, 0), mtime_ns, nlink)
+        return self.chunk_attr(arr, self.chunk_ino(arr, coords), arr.info.chunk.file_size(stored), mtime_ns)
 
     async def stored_shards(self, arr: ArrayNode, rel: str = "") -> list[tuple[int, ...]]:
         """Coordinates of the stored shards at or below source directory ``rel`` of the array."""
@@ -412,10 +430,7 @@ class View:
         base = CHUNK_BASE + (arr.slot << SLOT_SHIFT)
         linear = np.ravel_multi_index(tuple(chunks.coords.T), layout.chunk_grid) if layout.ndim else \
             np.zeros(len(chunks.size), np.int64)
-        mode = stat.S_IFREG | self._file_mode
-        nlink = 1 if layout.index is None else 2
-        return [Attr(base + i, mode, size, mtime, nlink)
-                for i, size, mtime in zip(linear.tolist(), chunks.size.tolist(), chunks.mtime.tolist())]
+        return self.chunk_attrs(arr, (base + i for i in linear.tolist()), chunks.size.tolist(), chunks.mtime.tolist())
 
     @staticmethod
     def _names(coords: np.ndarray) -> list[str]:

@@ -1,7 +1,8 @@
 """Pending chunk changes of a mount, and folding them into shard rewrites.
 
 A commit validates/encodes the chunk (``prepare``), appends it to the journal
-(``shardfs.journal``: a record in ``SRC/.shardfs/journal/``, which survives a
+(``shardfs.journal``: a record in the journal directory, by default in the
+source's state directory outside the source (``shardfs.state``), which survives a
 SIGKILL of the daemon; ``sync`` makes it durable for power loss) and keeps it
 in memory so reads see it at once. A background task folds each shard's
 pending chunks into one atomic rewrite of the shard when the shard is
@@ -30,7 +31,6 @@ from shardfs.shardfile import ShardFormat
 from shardfs.source import Source, Version
 
 log = logging.getLogger("shardfs")
-JOURNAL_DIR = ".shardfs/journal"
 ShardId = tuple[str, tuple[int, ...]]  # (array path, shard coords)
 # ``prepare`` runs on the trio thread up to this input size: a worker-thread trip
 # costs ~0.5 ms, more than validating a small chunk (~0.2 ms for 64 KiB of zstd).
@@ -79,7 +79,7 @@ class _Dirty:
 class Writeback:
     """Pending chunk changes of one mount and the journal that makes them durable."""
 
-    def __init__(self, source: Source, idle: float = 1.0, budget: int = 256 << 20,
+    def __init__(self, source: Source, journal_dir: str, idle: float = 1.0, budget: int = 256 << 20,
                  on_folded: Callable[[ShardId, list[int], Version | None], Awaitable[None]] | None = None
                  ) -> None:
         self.source = source
@@ -90,7 +90,7 @@ class Writeback:
         self._bytes = 0
         self._last_write = 0.0
         self._wake = trio.Event()
-        self.journal = Journal(source.path(JOURNAL_DIR))
+        self.journal = Journal(journal_dir)
 
     # ----- reading pending state ----------------------------------------------------------
 
@@ -200,14 +200,19 @@ class Writeback:
 
     # ----- recovery -----------------------------------------------------------------------
 
-    def replay_sync(self, resolve: Callable[[str, tuple[int, ...]], ShardTarget | None]) -> int:
+    def replay_sync(self, resolve: Callable[[str, tuple[int, ...]], ShardTarget | None],
+                    older: tuple[str, ...] = ()) -> int:
         """Fold the journal left by an earlier daemon into the shards (before mounting).
 
-        ``resolve`` gives the target of a shard (None if its array is gone). The
-        last record of a chunk wins. Returns the number of records applied;
-        raises ``JournalError`` if the journal directory holds anything else.
+        ``older`` are journal directories written before this one (an earlier
+        version's ``SRC/.shardfs/journal``): their records are applied first and
+        the directories are emptied too. ``resolve`` gives the target of a shard
+        (None if its array is gone). The last record of a chunk wins. Returns the
+        number of records applied; raises ``JournalError`` if a journal directory
+        holds anything else.
         """
-        changes = self.journal.recover()
+        journals = [Journal(d) for d in older] + [self.journal]
+        changes = [change for journal in journals for change in journal.recover()]
         by_shard: dict[ShardId, dict[int, bytes | None]] = {}
         for change in changes:
             by_shard.setdefault((change.array, change.shard), {})[change.pos] = change.data
@@ -218,7 +223,8 @@ class Writeback:
                 continue
             shard_mod.rewrite_sync(self.source, target.key, target.fmt, chunks)
             self.source.remove_temporaries(os.path.dirname(target.key))
-        self.journal.clear()
+        for journal in journals:
+            journal.clear()
         return len(changes)
 
 

@@ -67,8 +67,7 @@ class Writer:
         if target is not None:
             ino = self.view.chunk_ino(*target)
             handle = WriteHandle(ino, chunk=target, buf=bytearray(), dirty=True)
-            attr = Attr(ino, 0o100000 | 0o644, 0, self.view.mount_ns, 2)
-            return attr, handle
+            return self.view.chunk_attr(target[0], ino, 0, self.view.mount_ns), handle
         if isinstance(node, ArrayNode) and node.info is None:
             raise fail(errno.EPERM, "array is not presentable")
         st = self.view.new_staging(parent, name)

@@ -13,9 +13,11 @@ Readers:
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +34,14 @@ REPO = Path(__file__).resolve().parent.parent
 SHARDFS = str(Path(sys.executable).parent / "shardfs")
 ZARR2_PYTHON = os.environ.get("SHARDFS_ZARR2_PYTHON") or str(REPO / ".venv-zarr2" / "bin" / "python")
 MOUNT_TIMEOUT = 15.0
+# Every daemon the suite starts keeps its state (write journal, log) under this temporary
+# XDG_STATE_HOME, never in the user's ~/.local/state; removed at exit.
+STATE_HOME = tempfile.mkdtemp(prefix="shardfs-state-")
+os.environ["XDG_STATE_HOME"] = STATE_HOME
+atexit.register(shutil.rmtree, STATE_HOME, ignore_errors=True)
+
+# The ``s3`` fixture (a SeaweedFS server): tests/s3server.py.
+pytest_plugins = ["s3server"]
 
 
 # --------------------------------------------------------------------------- hypothesis

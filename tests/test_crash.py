@@ -217,7 +217,7 @@ def run_trial(trial: int, base: Path, templates: dict) -> dict:
         assert acked == set(range(len(acked))), f"writer acknowledged out of order: {sorted(acked)}"
         result["acked"] = len(acked)
         result["journal"] = journal_bytes(src)
-        result["tmp_after_kill"] = [x for x in leftovers(src) if not x.startswith(".shardfs/journal")]
+        result["tmp_after_kill"] = [x for x in leftovers(src) if not x.startswith("journal/")]
 
         m2 = Mount(src, mnt, d / "daemon2.log", (), allow_traceback=False)
         m2.wait_live()

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from conftest import budget, lazy_unmount, read_tensorstore, run_shardfs
 from shardfs import journal as journal_mod
 from shardfs.journal import HEADER, Change, Journal, JournalError, decode_records, encode_record
-from writehelpers import Spec, assert_source_equals, build, journal_bytes, journal_entries, leftovers
+from writehelpers import Spec, assert_source_equals, build, journal_bytes, journal_entries, journal_path, leftovers
 from writers import umount
 
 SETTINGS = settings(max_examples=budget(150))
@@ -239,7 +239,7 @@ def test_sigkilled_daemons_journal_is_replayed_without_its_torn_tail(tmp_path, m
     assert shard.read_bytes() == before, "the shard was folded before the kill: nothing to replay"
     names = journal_entries(src)
     assert len(names) == 1 and names[0].endswith(".seg"), names
-    segment = src / ".shardfs" / "journal" / names[0]
+    segment = journal_path(src) / names[0]
     assert journal_bytes(src) > sum(len(J2.encode(b)) for _, b in writes)
     torn = encode_record(Change("j2", (0, 0), 2, J2.encode(J2.values(J2.chunk, 99))))
     with open(segment, "ab") as f:

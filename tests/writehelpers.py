@@ -19,8 +19,9 @@ from pathlib import Path
 import numcodecs
 import numpy as np
 
+from shardfs.state import LEGACY_DIR, journal_dir
+
 TEMP_SUFFIXES = (".partial", ".__lock", ".shardfs-tmp")
-JOURNAL = Path(".shardfs") / "journal"
 
 _DTYPE_NAMES = {"<i4": "int32", "<u2": "uint16", "<f8": "float64", "<i2": "int16"}
 
@@ -183,28 +184,35 @@ def assert_source_equals(src: Path, name: str, expected: np.ndarray) -> None:
 
 
 def leftovers(src: Path) -> list[str]:
-    """Temp files anywhere in the source, and files in the journal directory."""
+    """Temp files anywhere in the source, anything in ``SRC/.shardfs`` (the source holds only
+    Zarr data), and files in the journal directory (``journal/<name>``)."""
     src = Path(src)
     bad = []
     for dirpath, _dirs, files in os.walk(src):
         for f in files:
             if f.endswith(TEMP_SUFFIXES) or "shardfs-tmp" in f or ".partial" in f or "__lock" in f:
                 bad.append(os.path.relpath(os.path.join(dirpath, f), src))
-    journal = src / JOURNAL
-    if journal.is_dir():
-        bad += [f"{JOURNAL}/{n}" for n in os.listdir(journal)]
+    if (src / LEGACY_DIR).exists():
+        bad.append(LEGACY_DIR)
+    bad += [f"journal/{n}" for n in journal_entries(src)]
     return sorted(bad)
+
+
+def journal_path(src: Path) -> Path:
+    """The write journal of a mount of ``src`` (in its state directory, under the suite's
+    XDG_STATE_HOME)."""
+    return Path(journal_dir(str(src)))
 
 
 def journal_entries(src: Path) -> list[str]:
     """Names of the files in the journal directory: segments (``*.seg``) while changes are pending."""
-    j = Path(src) / JOURNAL
+    j = journal_path(src)
     return sorted(os.listdir(j)) if j.is_dir() else []
 
 
 def journal_bytes(src: Path) -> int:
     """Total size of the journal's files: at least the stored bytes of every pending chunk."""
-    return sum((Path(src) / JOURNAL / n).stat().st_size for n in journal_entries(src))
+    return sum((journal_path(src) / n).stat().st_size for n in journal_entries(src))
 
 
 def all_chunks(spec: Spec):

@@ -45,6 +45,7 @@ sys.path.insert(0, str(HERE.parent))
 from bench_lib import datasets as ds  # noqa: E402
 from bench_lib import report  # noqa: E402
 from shardfs.mounts import daemon_pid  # noqa: E402
+from shardfs.state import journal_dir  # noqa: E402
 
 PY3 = str(REPO / ".venv" / "bin" / "python")
 PY2 = os.environ.get("SHARDFS_ZARR2_PYTHON") or str(REPO / ".venv-zarr2" / "bin" / "python")
@@ -639,7 +640,7 @@ class Bench:
         return [row, floor, brow]
 
     def wait_journal_empty(self, src: Path) -> None:
-        journal = src / ".shardfs" / "journal"
+        journal = journal_dir(str(src))
         deadline = time.monotonic() + self.op_timeout()
         while True:
             try:

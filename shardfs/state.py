@@ -1,0 +1,82 @@
+"""Where a mount keeps what is not Zarr data: its state directory outside the source.
+
+A source's state directory is ``$XDG_STATE_HOME/shardfs/<id>`` (XDG_STATE_HOME
+defaults to ``~/.local/state``; a relative value is ignored, as the XDG spec
+says). ``<id>`` is readable and unique per source: the source's last path
+component plus 12 hex digits of the SHA-256 of its canonical name (the real
+path of a local directory, the URL otherwise), so the next mount of the same
+source finds the same directory. It holds the write journal (``journal/``,
+unless ``-o journal_dir=DIR`` puts it elsewhere) and the daemon's log file
+when there is no syslog (``log``).
+
+Earlier versions kept the journal in the source, ``SRC/.shardfs/journal``;
+``LEGACY_JOURNAL`` names it so a mount can replay and remove it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+
+LEGACY_DIR = ".shardfs"
+LEGACY_JOURNAL = f"{LEGACY_DIR}/journal"
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def canonical(source: str) -> str:
+    """The name that identifies ``source``: a URL as given (without trailing "/"), else the real path."""
+    if _URL.match(source):
+        return source.rstrip("/")
+    return os.path.realpath(source)
+
+
+def source_id(source: str) -> str:
+    """``<name>-<hash>``: a readable, file-name-safe key, unique per canonical source."""
+    name = canonical(source)
+    digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", name.rsplit("/", 1)[-1] or name.split("://", 1)[-1])
+    base = base.strip("._")[:40] or "root"
+    return f"{base}-{digest}"
+
+
+def state_home() -> str:
+    """``$XDG_STATE_HOME/shardfs`` (``~/.local/state/shardfs`` when unset or relative)."""
+    home = os.environ.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(home):
+        home = os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(home, "shardfs")
+
+
+def state_dir(source: str) -> str:
+    """The state directory of ``source`` (not created here)."""
+    return os.path.join(state_home(), source_id(source))
+
+
+def journal_dir(source: str, override: str | None = None) -> str:
+    """The write journal of ``source``: ``override`` (``-o journal_dir``) or ``<state dir>/journal``."""
+    return os.path.abspath(override) if override else os.path.join(state_dir(source), "journal")
+
+
+def log_file(source: str) -> str:
+    """The daemon's log file when it runs in the background and there is no syslog."""
+    return os.path.join(state_dir(source), "log")
+
+
+def legacy_journal(source: str) -> str | None:
+    """``SRC/.shardfs/journal`` of a local source if an earlier version left it there, else None."""
+    if _URL.match(source):
+        return None
+    path = os.path.join(source, LEGACY_JOURNAL)
+    return path if os.path.isdir(path) else None
+
+
+def remove_legacy(source: str) -> None:
+    """Remove the emptied ``SRC/.shardfs/journal`` and then ``SRC/.shardfs`` if nothing else is in it."""
+    for rel in (LEGACY_JOURNAL, LEGACY_DIR):
+        try:
+            os.rmdir(os.path.join(source, rel))
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return  # not empty: something that is not ours

@@ -1,0 +1,77 @@
+"""An asyncio event loop on its own thread, awaited from trio or from blocking code.
+
+obstore's async API runs many requests concurrently on one Python thread (the I/O itself is on
+obstore's tokio runtime); trio's worker threads would each hold one blocking request instead
+(see ``shardfs.storage.objects`` for the measurement). ``LoopThread`` owns one asyncio loop
+on a daemon thread: ``run(coro)`` blocks the calling thread until the coroutine is done,
+``await trio_run(coro)`` suspends only the calling trio task. A cancelled trio task cancels its
+coroutine (the request is abandoned; obstore drops it). Exceptions propagate unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from typing import Any, Coroutine, TypeVar
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    """One asyncio loop running on a daemon thread until ``close()``."""
+
+    def __init__(self, name: str = "storage-loop"):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedule ``coro`` on the loop; the future completes with its outcome."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and block until it is done (never call from the loop itself)."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("LoopThread.run called from its own loop")
+        return self.submit(coro).result()
+
+    async def trio_run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop; only the calling trio task waits for it."""
+        import outcome
+        import trio
+
+        token = trio.lowlevel.current_trio_token()
+        task = trio.lowlevel.current_task()
+        future = self.submit(coro)
+        waiting = True
+
+        def resume() -> None:  # on the trio thread
+            nonlocal waiting
+            if waiting:
+                waiting = False
+                trio.lowlevel.reschedule(task, outcome.capture(future.result))
+
+        def done(_: concurrent.futures.Future) -> None:  # on the loop thread
+            try:
+                token.run_sync_soon(resume)
+            except trio.RunFinishedError:
+                pass
+
+        future.add_done_callback(done)
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            nonlocal waiting
+            waiting = False
+            future.cancel()
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        return await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def close(self) -> None:
+        """Stop the loop (pending coroutines are abandoned) and join its thread."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+        self._loop.close()
