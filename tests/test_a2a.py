@@ -20,11 +20,31 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_same_array, budget, read_native, read_tensorstore, read_zarr2_many, read_zarr3_v2, run_shardfs
-from shardbuild import BE, CRC, GZIP, LE, ZSTD, copy_array, hashed_array, nested_codecs, random_data, sharding, write_v3
+from conftest import (
+    assert_same_array,
+    budget,
+    read_native,
+    read_tensorstore,
+    read_ts3_native,
+    read_zarr2_many,
+    read_zarr3_v2,
+    run_shardfs,
+)
+from sources import (
+    BE,
+    CRC,
+    GZIP,
+    LE,
+    ZSTD,
+    copy_array,
+    hashed_array,
+    nested_codecs,
+    random_data,
+    sharding,
+    write_v3,
+)
 from shardfs.layout import ArrayLayout, KeyScheme, permuted, unpermuted
 from writers import WRITERS, cache_stats as stats, umount
-from writehelpers import read_ts3_native
 
 
 def transpose(order) -> dict:

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 from conftest import assert_same_array, read_native, run_shardfs
-from shardbuild import CRC, GZIP, LE, ZSTD, sharding, write_v3
+from sources import CRC, GZIP, LE, ZSTD, journal_entries, sharding, write_v3
 from writers import cache_stats as stats, umount
-from writehelpers import journal_entries
 
 SHAPE, CHUNK, SHARD = (8, 12), (4, 6), (8, 12)
 

@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import stat
-import subprocess
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import daemon_pids, lazy_unmount, read_native, read_zarr2, read_zarr3_v2, run_shardfs
-from datasets import BYTES_LE, CRC32C, ArrayCase, read_index, write_case, write_group
+from sources import CRC, LE, ArrayCase, read_index, write_case, write_group
 
 # ------------------------------------------------------------------ helpers
 
@@ -54,9 +53,9 @@ def rss_mib(pid: int) -> float:
 
 
 GOOD = ArrayCase("good", shape=(6, 7), chunk=(2, 2), shard=(4, 4), dtype="int16", fill=0,
-                 inner=(BYTES_LE,), empty_frac=0.0)
+                 inner=(LE,), empty_frac=0.0)
 BAD = ArrayCase("bad", shape=(8, 8), chunk=(2, 2), shard=(4, 4), dtype="uint16", fill=0,
-                inner=(BYTES_LE,), empty_frac=0.0)  # index at the end, little endian, crc32c
+                inner=(LE,), empty_frac=0.0)  # index at the end, little endian, crc32c
 
 
 def local_chunks(shard):
@@ -294,7 +293,7 @@ def test_read_only_option_refuses_writes(mount, tmp_path):
 # ------------------------------------------------------------------ corrupt inner chunks
 
 CRC = ArrayCase("crc", shape=(4, 4), chunk=(2, 2), shard=(4, 4), dtype="uint16", fill=0,
-                inner=(BYTES_LE, CRC32C), empty_frac=0.0)
+                inner=(LE, CRC), empty_frac=0.0)
 
 
 def test_inner_crc32c_mismatch_gives_eio_and_one_log_line(mount, tmp_path):

@@ -35,17 +35,8 @@ import crc32c
 import numpy as np
 import pytest
 
-from conftest import Mount, lazy_unmount
-from writehelpers import (
-    Spec,
-    all_chunks,
-    build,
-    journal_bytes,
-    journal_entries,
-    leftovers,
-    read_ts3_native,
-    read_zarr3_native,
-)
+from conftest import Mount, lazy_unmount, read_native, read_ts3_native
+from sources import Spec, all_chunks, build, journal_bytes, journal_entries, leftovers
 
 s = slice
 TRIALS = int(os.environ.get("SHARDFS_CRASH_TRIALS", "60"))
@@ -90,7 +81,7 @@ print("done", flush=True)
 
 def parse_shard(spec: Spec, data: bytes, where: str) -> dict[int, np.ndarray]:
     """Position -> decoded inner chunk; AssertionError if anything is off."""
-    n = math.prod(spec.per_shard)
+    n = math.prod(spec.chunks_per_shard)
     isz = 16 * n + (4 if spec.index_crc else 0)
     assert len(data) >= isz, f"{where}: {len(data)} bytes, shorter than its index ({isz})"
     raw = data[:isz] if spec.index_location == "start" else data[len(data) - isz:]
@@ -126,7 +117,7 @@ def check_source(spec: Spec, src: Path, old: np.ndarray, new: np.ndarray, acked:
         if p.is_file() and not p.name.startswith("."):
             parse_shard(spec, p.read_bytes(), str(p.relative_to(src)))
     got = read_ts3_native(arr_dir)
-    got3 = read_zarr3_native(arr_dir)
+    got3 = read_native(arr_dir)
     np.testing.assert_array_equal(got3, got, err_msg="zarr-python 3 and tensorstore disagree")
     for k, idx in enumerate(order):
         r = spec.chunk_region(idx)

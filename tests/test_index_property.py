@@ -22,15 +22,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import budget
-from datasets import BYTES_BE, BYTES_LE, CRC32C, ArrayCase, fill_scalar, gzip, stored_chunks, write_case
+from sources import BE, CRC, LE, ArrayCase, gzip, stored_chunks, write_case
 from shardfs.index import EMPTY, CorruptIndex, IndexFormat
 
 CHAINS = {
-    "bytes_le": (BYTES_LE,),
-    "bytes_be": (BYTES_BE,),
-    "bytes_le_gzip": (BYTES_LE, gzip(1)),
-    "bytes_le_crc32c": (BYTES_LE, CRC32C),
-    "bytes_be_gzip_crc32c": (BYTES_BE, gzip(3), CRC32C),
+    "bytes_le": (LE,),
+    "bytes_be": (BE,),
+    "bytes_le_gzip": (LE, gzip(1)),
+    "bytes_le_crc32c": (LE, CRC),
+    "bytes_be_gzip_crc32c": (BE, gzip(3), CRC),
 }
 
 
@@ -72,13 +72,6 @@ def decode_inner(case: ArrayCase, blob: bytes) -> np.ndarray:
     endian = ">" if case.inner[0]["configuration"]["endian"] == "big" else "<"
     dt = np.dtype(case.dtype).newbyteorder(endian)
     return np.frombuffer(blob, dtype=dt).reshape(case.chunk)
-
-
-def padded_chunk(case: ArrayCase, data: np.ndarray, idx) -> np.ndarray:
-    out = np.full(case.chunk, fill_scalar(case), dtype=case.dtype)
-    region = case.chunk_region(idx)
-    out[tuple(slice(0, r.stop - r.start) for r in region)] = data[region]
-    return out
 
 
 def write(case: ArrayCase, root: Path) -> tuple[np.ndarray, Path]:
@@ -123,7 +116,7 @@ def test_decode_matches_what_zarr_wrote(case):
                 assert o != int(EMPTY), f"chunk {g} should be stored"
                 seen.add(g)
                 spans.append((o, o + n))
-                np.testing.assert_array_equal(decode_inner(case, blob[o:o + n]), padded_chunk(case, data, g))
+                np.testing.assert_array_equal(decode_inner(case, blob[o:o + n]), case.padded_chunk(data, g))
             # Entries do not overlap each other or the index.
             spans.append((off, off + length))
             spans.sort()

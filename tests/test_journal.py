@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from conftest import budget, lazy_unmount, read_tensorstore, run_shardfs
 from shardfs import journal as journal_mod
 from shardfs.journal import HEADER, Change, Journal, JournalError, decode_records, encode_record
-from writehelpers import Spec, assert_source_equals, build, journal_bytes, journal_entries, journal_path, leftovers
+from sources import Spec, assert_source_equals, build, journal_bytes, journal_entries, journal_path, leftovers
 from writers import umount
 
 SETTINGS = settings(max_examples=budget(150))

@@ -31,10 +31,21 @@ from conftest import (
     read_zarr3_v2,
     run_shardfs,
 )
-from shardbuild import (BE, CRC, GZIP, LE, ZSTD, copy_array, hashed_array, nested_codecs, random_data, sharding,
-                        write_v3)
+from sources import (
+    BE,
+    CRC,
+    GZIP,
+    LE,
+    ZSTD,
+    assert_source_equals,
+    copy_array,
+    hashed_array,
+    nested_codecs,
+    random_data,
+    sharding,
+    write_v3,
+)
 from writers import WRITERS, umount
-from writehelpers import assert_source_equals
 
 
 # name -> (data, outer shard shape, codecs, innermost chunk shape, inner shard shape, v2 compressor)

@@ -1,6 +1,6 @@
 """POSIX view of the mount with the real tools: ls, find, stat, cat, cp.
 
-Expected names are computed from the data written (datasets.stored_chunks),
+Expected names are computed from the data written (sources.stored_chunks),
 never from the daemon.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import case_params
-from datasets import CASES, CASES_BY_ID, empty_in_bounds_chunks, stored_chunks, stored_inner_bytes
+from sources import CASES, CASES_BY_ID, empty_in_bounds_chunks, stored_chunks, stored_inner_bytes
 
 SHARDED = [c for c in CASES if c.sharded]
 
@@ -46,7 +46,7 @@ def expected_tree(case, data) -> tuple[set[str], set[str]]:
     if case.sharded:
         for s in {case.shard_of(i) for i in stored}:
             dirs.add(case.shard_dir(s))
-        files |= {f"{case.shard_dir(case.shard_of(i))}/{case.entry_name(i)}" for i in stored}
+        files |= {f"{case.shard_dir(case.shard_of(i))}/{case.chunk_name(i)}" for i in stored}
     for f in list(files) + list(dirs):
         dirs |= prefixes(f)
     return files, dirs
@@ -86,7 +86,7 @@ def test_ls_of_each_shard_dir(case, view, matrix):
     stored = stored_chunks(case, matrix.data[case.id])
     by_shard: dict[tuple, set[str]] = {}
     for i in stored:
-        by_shard.setdefault(case.shard_of(i), set()).add(case.entry_name(i))
+        by_shard.setdefault(case.shard_of(i), set()).add(case.chunk_name(i))
     for s, names in by_shard.items():
         out = run("ls", "-A1", str(view / case.relpath / case.shard_dir(s))).stdout.decode()
         assert set(out.split()) == names, f"shard {s}"
@@ -141,7 +141,7 @@ def test_same_inode_size_and_bytes(case, view, matrix):
     arr = view / case.relpath
     for i in sorted(stored_chunks(case, matrix.data[case.id])):
         root_f = arr / case.chunk_file(i)
-        entry_f = arr / case.shard_dir(case.shard_of(i)) / case.entry_name(i)
+        entry_f = arr / case.shard_dir(case.shard_of(i)) / case.chunk_name(i)
         st_r, st_e = os.stat(root_f), os.stat(entry_f)
         assert st_r.st_ino == st_e.st_ino, i
         content = root_f.read_bytes()
@@ -159,7 +159,7 @@ def test_stat_and_cat_agree(case, view, matrix):
     arr = view / case.relpath
     sample = sorted(stored_chunks(case, matrix.data[case.id]))[:4]
     paths = [str(arr / case.chunk_file(i)) for i in sample]
-    paths += [str(arr / case.shard_dir(case.shard_of(i)) / case.entry_name(i)) for i in sample]
+    paths += [str(arr / case.shard_dir(case.shard_of(i)) / case.chunk_name(i)) for i in sample]
     out = run("stat", "-c", "%i %s %F", *paths).stdout.decode().splitlines()
     assert len(out) == len(paths)
     for p, line in zip(paths, out):
@@ -180,7 +180,7 @@ def test_cp_r_of_a_shard_dir(case, view, matrix, tmp_path):
     src = arr / case.shard_dir(shard)
     run("cp", "-r", str(src), str(tmp_path / "copy"))
     copied = {p.name: p.read_bytes() for p in (tmp_path / "copy").iterdir()}
-    expected = {case.entry_name(i): (arr / case.chunk_file(i)).read_bytes()
+    expected = {case.chunk_name(i): (arr / case.chunk_file(i)).read_bytes()
                 for i in stored if case.shard_of(i) == shard}
     assert copied == expected
 
@@ -197,7 +197,7 @@ def test_empty_and_beyond_edge_chunks_do_not_exist(case, view, matrix):
         assert_enoent(arr / case.chunk_file(i))
         s = case.shard_of(i)
         if s in present_shards:
-            assert_enoent(arr / case.shard_dir(s) / case.entry_name(i))
+            assert_enoent(arr / case.shard_dir(s) / case.chunk_name(i))
     r = run("cat", str(arr / case.chunk_file(missing[0])), check=False)
     assert r.returncode == 1 and r.stderr.decode().rstrip().endswith(os.strerror(errno.ENOENT)), r.stderr
 
