@@ -1,13 +1,16 @@
-"""Command line: ``shardfs mount | umount``; daemonizing, signals, logging.
+"""Command line: ``shardfs mount | umount | inspect``; daemonizing, signals, logging.
 
-``shardfs mount SRC MNT`` checks SRC, starts the daemon (this same program
-with ``-f`` in a new session) and returns once the daemon reports, over a
-pipe, that the mount is live or why it failed.
+``shardfs mount SRC MNT`` checks SRC and the ``-o`` options, starts the daemon
+(this same program with ``-f`` in a new session) and returns once the daemon
+reports, over a pipe, that the mount is live or why it failed (libfuse's own
+words included). ``shardfs SRC MNT [-o ...]`` is the same: the form
+``mount -t fuse.shardfs`` (through mount.fuse3) and fstab use.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import functools
 import json
@@ -17,14 +20,17 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from typing import Any
+from typing import Any, Iterator
 
-from shardfs import __version__
+from shardfs import __version__, options, state
 from shardfs.mounts import daemon_pid, fsname
 
 log = logging.getLogger("shardfs")
-OWN_OPTIONS = ("ro", "rw", "entry_timeout", "attr_timeout", "chunk_cache", "journal_dir")
+COMMANDS = ("mount", "umount", "inspect")
+BARE_FORM = ("`shardfs SRC MNT [-o OPT,...]` is `shardfs mount SRC MNT ...` "
+             "(the form mount -t fuse.shardfs and /etc/fstab use).")
 
 
 class UsageError(Exception):
@@ -32,6 +38,9 @@ class UsageError(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if len(argv) >= 2 and argv[0] not in COMMANDS and not any(a.startswith("-") for a in argv[:2]):
+        argv.insert(0, "mount")  # ``shardfs SRC MNT -o ...``, as mount.fuse3 runs it
     parser = _parser()
     args = parser.parse_args(argv)
     if args.version:
@@ -53,22 +62,24 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="shardfs",
-        description="Mount sharded Zarr v3 data as plain Zarr v2 arrays (FUSE).",
+        description="Mount sharded Zarr v3 data as plain Zarr v2 arrays (FUSE). " + BARE_FORM,
+        epilog=options.help_text(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="store_true", help="print versions and exit")
     sub = p.add_subparsers(dest="command")
-    m = sub.add_parser("mount", help="mount SRC (a Zarr v3 group or array) on MNT")
+    m = sub.add_parser("mount", help="mount SRC (a Zarr v3 group or array) on MNT", description=BARE_FORM,
+                       epilog=options.help_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     m.add_argument("src", metavar="SRC")
     m.add_argument("mnt", metavar="MNT")
     m.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     m.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
-                   help="mount options: ro, entry_timeout=S, attr_timeout=S, chunk_cache=SIZE "
-                        "(decoded-chunk cache, default 64M, 0 = off), and FUSE options such as allow_other")
+                   help="mount options (listed below)")
     m.add_argument("--read-only", action="store_true", help="refuse every write (EROFS)")
     m.add_argument("--no-ome-translation", dest="ome", action="store_false",
                    help="show OME-Zarr 0.5 attributes as they are, not as OME-Zarr 0.4")
     m.add_argument("--debug", action="store_true", help="log every request")
-    m.add_argument("--log-file", metavar="FILE", help="log here (default: stderr with -f, else syslog)")
+    m.add_argument("--log-file", metavar="FILE",
+                   help="log here (default: stderr with -f, else syslog, else a file in the state directory)")
     m.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     m.set_defaults(run=_cmd_mount)
     i = sub.add_parser("inspect", help="show the codecs, shapes and index of an array or shard")
@@ -113,36 +124,12 @@ def check_source(src: str) -> dict[str, Any]:
     return doc
 
 
-def _split_options(raw: list[str]) -> tuple[dict[str, str], set[str]]:
-    """Split ``-o`` values into shardfs's own options and options passed to libfuse."""
-    own: dict[str, str] = {}
-    fuse: set[str] = set()
-    for group in raw:
-        for opt in filter(None, group.split(",")):
-            name, _, value = opt.partition("=")
-            if name in OWN_OPTIONS:
-                own[name] = value
-            else:
-                fuse.add(opt)
-    for name in ("entry_timeout", "attr_timeout"):
-        if name in own:
-            try:
-                float(own[name])
-            except ValueError:
-                raise UsageError(f"-o {name}={own[name]}: not a number") from None
-    if "chunk_cache" in own:
-        from shardfs.chunkcache import parse_size
-
-        try:
-            parse_size(own["chunk_cache"])
-        except ValueError:
-            raise UsageError(f"-o chunk_cache={own['chunk_cache']}: not a size (e.g. 64M)") from None
-    return own, fuse
-
-
 def _cmd_mount(args: argparse.Namespace) -> int:
+    try:
+        opts = options.parse(args.options)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     check_source(args.src)
-    own, fuse_opts = _split_options(args.options)
     mnt = os.path.abspath(args.mnt)
     try:
         os.makedirs(mnt, exist_ok=True)
@@ -151,12 +138,24 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     if os.path.ismount(mnt):
         raise UsageError(f"{args.mnt}: already a mountpoint")
     if args.foreground:
-        return _run_daemon(args, mnt, own, fuse_opts)
+        return _run_daemon(args, mnt, opts)
     return _spawn_daemon(args)
 
 
 def _spawn_daemon(args: argparse.Namespace) -> int:
-    """Start the daemon in its own session and wait for it to report."""
+    """Start the daemon in its own session and wait for it to report.
+
+    The daemon logs to ``--log-file``, else to syslog, else (no ``/dev/log``, as in
+    many containers) to ``log`` in the source's state directory, which is said
+    on stderr once the mount is live (a failure is one line: its reason)."""
+    fallback = not args.log_file and not os.path.exists("/dev/log")
+    if fallback:
+        args.log_file = state.log_file(args.src)
+        try:
+            os.makedirs(os.path.dirname(args.log_file), mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"{os.path.dirname(args.log_file)}: cannot create the state directory: "
+                             f"{e.strerror}") from None
     r, w = os.pipe()
     argv = [sys.executable, "-m", "shardfs", "mount", os.path.abspath(args.src), os.path.abspath(args.mnt),
             "-f", "--ready-fd", str(w)]
@@ -171,6 +170,8 @@ def _spawn_daemon(args: argparse.Namespace) -> int:
     with os.fdopen(r, "rb") as pipe:
         report = pipe.readline().decode().strip()
     if report == "ok":
+        if fallback:
+            print(f"shardfs: no syslog (/dev/log): the daemon logs to {args.log_file}", file=sys.stderr)
         return 0
     proc.wait()
     raise UsageError(report.removeprefix("error: ") or f"daemon exited with status {proc.returncode}")
@@ -193,52 +194,101 @@ def _setup_logging(args: argparse.Namespace) -> None:
         logging.getLogger("pyfuse3").setLevel(logging.WARNING)
 
 
-def _run_daemon(args: argparse.Namespace, mnt: str, own: dict[str, str], fuse_opts: set[str]) -> int:
+def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed) -> int:
     """Serve the mount in this process until unmounted or signalled."""
-    import pyfuse3
-    import trio
-
-    from shardfs import state
-    from shardfs.fuse_ops import Operations, Timeouts
+    from shardfs.fuse_ops import Timeouts
     from shardfs.source import Source
-    from shardfs.view import View
-    from shardfs.writeback import Writeback
 
-    _setup_logging(args)
-    read_only = args.read_only or "ro" in own
+    args.debug = args.debug or "debug" in opts.own
+    try:
+        _setup_logging(args)
+    except OSError as e:
+        _report(args, f"error: {args.log_file}: cannot open the log file: {e.strerror}")
+        return 1
+    own = opts.own
+    if opts.ignored:
+        log.debug("ignored mount options: %s", ",".join(opts.ignored))
+    read_only = args.read_only or opts.read_only
     timeouts = Timeouts(float(own.get("entry_timeout", Timeouts.entry)),
                         float(own.get("attr_timeout", Timeouts.attr)))
     source = Source(args.src)
-    writeback = None
-    if not read_only:
-        writeback = Writeback(source, state.journal_dir(args.src, own.get("journal_dir")))
-        legacy = state.legacy_journal(args.src)
-        try:
-            replayed = writeback.replay_sync(functools.partial(_replay_target, source),
-                                             older=(legacy,) if legacy else ())
-        except Exception as e:
-            _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
-            return 1
-        if legacy:
-            state.remove_legacy(args.src)
-            log.info("moved the write journal out of the source: %s replayed and removed", legacy)
-        if replayed:
-            log.info("replayed %d journalled chunk changes into their shards", replayed)
-    from shardfs.chunkcache import DEFAULT_BYTES, ChunkCache, parse_size
+    with contextlib.ExitStack() as cleanup:
+        writeback = None
+        if not read_only:
+            try:
+                writeback = _writeback(args.src, source, own.get("journal_dir"), cleanup)
+            except UsageError as e:
+                _report(args, f"error: {e}")
+                return 1
+            except Exception as e:
+                _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
+                return 1
+        return _mount_and_serve(args, mnt, opts, source, writeback, timeouts)
 
+
+def _writeback(src: str, source: Any, journal_dir: str | None, cleanup: contextlib.ExitStack) -> Any:
+    """The mount's ``Writeback``, journalling into a directory of its own under the source's
+    journal root (removed at exit if empty), after replaying into the shards what killed
+    daemons left there and what an earlier version left in ``SRC/.shardfs/journal``."""
+    from shardfs import journal
+    from shardfs.writeback import Writeback
+
+    root = state.journal_dir(src, journal_dir)
+    try:
+        claim = journal.claim(root)
+    except OSError as e:
+        raise UsageError(f"{root}: cannot create the write journal: {e.strerror} "
+                         "(-o journal_dir=DIR puts it elsewhere)") from None
+    cleanup.callback(claim.release)
+    writeback = Writeback(source, claim.directory)
+    legacy = state.legacy_journal(src)
+    replayed = writeback.replay_sync(functools.partial(_replay_target, source),
+                                     older=((legacy,) if legacy else ()) + tuple(claim.orphans))
+    claim.drop_orphans()
+    if legacy:
+        state.remove_legacy(src)
+        log.info("moved the write journal out of the source: %s replayed and removed", legacy)
+    if replayed:
+        log.info("replayed %d journalled chunk changes into their shards", replayed)
+    return writeback
+
+
+def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Any, writeback: Any,
+                     timeouts: Any) -> int:
+    """Mount and serve until unmounted or signalled; 1 if the mount failed (reported)."""
+    import pyfuse3
+    import trio
+
+    from shardfs.chunkcache import DEFAULT_BYTES, ChunkCache, parse_size
+    from shardfs.fuse_ops import Operations
+    from shardfs.view import View
+
+    own = opts.own
+    read_only = writeback is None
     cache = ChunkCache(parse_size(own["chunk_cache"]) if "chunk_cache" in own else DEFAULT_BYTES)
-    view = View(source, read_only=read_only, writeback=writeback, ome=args.ome, chunk_cache=cache)
+    ome = args.ome and "no_ome_translation" not in own
+    view = View(source, read_only=read_only, writeback=writeback, ome=ome, chunk_cache=cache)
     ops = Operations(view, timeouts, writeback)
     if writeback is not None:
         writeback.on_folded = ops.writer.folded
-    options = set(pyfuse3.default_options) | {fsname(args.src), "subtype=shardfs"} | fuse_opts
+        if "shard_size" in own:
+            ops.writer.shard_bytes = max(1, parse_size(own["shard_size"]))
+    fuse_opts = set(pyfuse3.default_options) | {fsname(args.src), "subtype=shardfs"} | set(opts.fuse)
     if read_only:
-        options.add("ro")
-    try:
-        pyfuse3.init(ops, mnt, options)
-    except RuntimeError as e:
-        _report(args, f"error: {mnt}: cannot mount: {e}")
+        fuse_opts.add("ro")
+    with _stderr_captured() as said:
+        try:
+            pyfuse3.init(ops, mnt, fuse_opts)
+        except RuntimeError as e:
+            failed: RuntimeError | None = e
+        else:
+            failed = None
+    libfuse = "; ".join(said)
+    if failed is not None:
+        _report(args, f"error: {mnt}: cannot mount: {libfuse + f' ({failed})' if libfuse else failed}")
         return 1
+    if libfuse:
+        log.warning("libfuse: %s", libfuse)
     log.info("mounted %s on %s%s", os.path.abspath(args.src), mnt, " (read-only)" if read_only else "")
     _report(args, "ok")
     try:
@@ -247,6 +297,24 @@ def _run_daemon(args: argparse.Namespace, mnt: str, own: dict[str, str], fuse_op
         pyfuse3.close(unmount=True)
         log.info("unmounted %s", mnt)
     return 0
+
+
+@contextlib.contextmanager
+def _stderr_captured() -> Iterator[list[str]]:
+    """Collect what is written to file descriptor 2 meanwhile (libfuse and fusermount3 print
+    their reasons there) into the yielded list, one stripped line each, at exit."""
+    said: list[str] = []
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        sys.stderr.flush()
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield said
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            said += [line.strip() for line in tmp.read().decode(errors="replace").splitlines() if line.strip()]
 
 
 async def _serve(ops: Any, writeback: Any) -> None:

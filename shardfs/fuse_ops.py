@@ -1,4 +1,10 @@
-"""pyfuse3 adapter: FUSE requests -> calls on the ``View``; errno mapping, nothing else.
+"""pyfuse3 adapter: each FUSE request becomes a call on the ``View`` (names, attributes,
+reads) or the ``Writer`` (writes), and its result a pyfuse3 reply.
+
+What the adapter itself keeps is what talking to the kernel needs: the open handles
+(``handles.Handles``), the lookups and cached pages the kernel holds
+(``inodes.KernelInodes``, which decide what ``invalidate`` must drop and whether an
+open keeps the page cache), and the entry/attribute timeouts.
 
 Any exception other than ``pyfuse3.FUSEError`` escaping a handler would end
 ``pyfuse3.main`` and kill the mount, so every handler goes through ``_guard``:
@@ -14,16 +20,18 @@ from __future__ import annotations
 
 import errno
 import functools
-import itertools
 import logging
 import os
+import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 
 import pyfuse3
 import trio
 
+from shardfs.handles import DirHandle, Handles
+from shardfs.inodes import KernelInodes
 from shardfs.view import Attr, ReadHandle, View
 from shardfs.writeback import Writeback
 from shardfs.writes import WriteHandle, Writer
@@ -58,25 +66,6 @@ class Timeouts:
     attr: float = 10.0
 
 
-@dataclass
-class _DirHandle:
-    ino: int
-    entries: list[tuple[str, Attr]] | None = None
-
-
-@dataclass
-class _Served:
-    """The version of a file last opened, to tell the kernel whether its page cache is still good."""
-
-    versions: dict[int, tuple[int, int]] = field(default_factory=dict)
-
-    def unchanged(self, attr: Attr) -> bool:
-        version = (attr.size, attr.mtime_ns)
-        same = self.versions.get(attr.ino) == version
-        self.versions[attr.ino] = version
-        return same
-
-
 class Operations(pyfuse3.Operations):
     """The FUSE request handlers of a shardfs mount."""
 
@@ -89,10 +78,8 @@ class Operations(pyfuse3.Operations):
         self.view = view
         self.writer = None if writeback is None else Writer(view, writeback, self.invalidate)
         self.timeouts = timeouts or Timeouts()
-        self._handles: dict[int, Any] = {}
-        self._next_fh = itertools.count(1)
-        self._served = _Served()
-        self._known: dict[int, int] = {}  # inode -> lookups the kernel holds (until it forgets them)
+        self._handles = Handles()
+        self._kernel = KernelInodes()
         self._uid, self._gid = os.getuid(), os.getgid()
 
     def _entry(self, attr: Attr, e: pyfuse3.EntryAttributes | None = None) -> pyfuse3.EntryAttributes:
@@ -113,13 +100,8 @@ class Operations(pyfuse3.Operations):
 
     def _looked_up(self, attr: Attr) -> pyfuse3.EntryAttributes:
         """An entry reply (lookup, create, link): the kernel now holds one more lookup of the inode."""
-        self._known[attr.ino] = self._known.get(attr.ino, 0) + 1
+        self._kernel.looked_up(attr.ino)
         return self._entry(attr)
-
-    def _new_fh(self, handle: Any) -> int:
-        fh = next(self._next_fh)
-        self._handles[fh] = handle
-        return fh
 
     @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
@@ -127,19 +109,21 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        handle = self._open_write(inode)
+        handle = self._handles.dirty_write(inode)
         if handle is not None and handle.chunk is not None:
             return self._entry(self.view.chunk_attr(handle.chunk[0], inode, len(handle.data()), time.time_ns()))
+        if handle is not None and handle.meta is not None:
+            return self._entry(Attr(inode, stat.S_IFREG | 0o644, len(handle.data()), time.time_ns()))
         return self._entry(await self.view.getattr(inode))
 
     @_guard
     async def opendir(self, inode: int, ctx: Any) -> int:
         await self.view.getattr(inode)
-        return self._new_fh(_DirHandle(inode))
+        return self._handles.add(DirHandle(inode))
 
     @_guard
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        handle: _DirHandle = self._handles[fh]
+        handle = self._handles[fh]
         if handle.entries is None or start_id == 0:
             handle.entries = await self.view.listdir(handle.ino)
         e = None
@@ -148,21 +132,21 @@ class Operations(pyfuse3.Operations):
             e = self._entry(attr, e)
             if not pyfuse3.readdir_reply(token, os.fsencode(name), e, i + 1):
                 break
-            self._known[attr.ino] = self._known.get(attr.ino, 0) + 1
+            self._kernel.looked_up(attr.ino)
 
     @_guard
     async def releasedir(self, fh: int) -> None:
-        self._handles.pop(fh, None)
+        self._handles.pop(fh)
 
     @_guard
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
             await self.view.getattr(inode)
             handle = await self._writable().open(inode, truncate=bool(flags & os.O_TRUNC))
-            return pyfuse3.FileInfo(fh=self._new_fh(handle), direct_io=False, keep_cache=False)
+            return pyfuse3.FileInfo(fh=self._handles.add(handle), direct_io=False, keep_cache=False)
         handle = await self.view.open(inode)
-        fi = pyfuse3.FileInfo(fh=self._new_fh(handle))
-        fi.keep_cache = self._served.unchanged(handle.attr)
+        fi = pyfuse3.FileInfo(fh=self._handles.add(handle))
+        fi.keep_cache = self._kernel.keep_cache(handle.attr)
         return fi
 
     @_guard
@@ -174,7 +158,7 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def release(self, fh: int) -> None:
-        handle = self._handles.pop(fh, None)
+        handle = self._handles.pop(fh)
         if isinstance(handle, ReadHandle):
             self.view.release(handle)
 
@@ -209,24 +193,21 @@ class Operations(pyfuse3.Operations):
         it has nothing cached for them.
         """
         for ino in inodes:
-            self._served.versions.pop(ino, None)
-        targets = [alias for ino in inodes for alias in (ino, *self.view.aliases(ino)) if alias in self._known]
+            self._kernel.changed(ino)
+        targets = [alias for ino in inodes for alias in (ino, *self.view.aliases(ino)) if self._kernel.holds(alias)]
         if targets:
             await trio.to_thread.run_sync(_invalidate_inodes, targets)
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for ino, nlookup in inode_list:
-            left = self._known.pop(ino, 0) - nlookup
-            if left > 0:
-                self._known[ino] = left
-            else:
+            if self._kernel.forget(ino, nlookup):
                 self.view.forget(ino)
 
     @_guard
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
                      ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         attr, handle = await self._writable().create(parent_inode, os.fsdecode(name))
-        return pyfuse3.FileInfo(fh=self._new_fh(handle)), self._looked_up(attr)
+        return pyfuse3.FileInfo(fh=self._handles.add(handle)), self._looked_up(attr)
 
     @_guard
     async def write(self, fh: int, off: int, buf: bytes) -> int:
@@ -262,14 +243,15 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
                       fh: int | None, ctx: Any) -> pyfuse3.EntryAttributes:
+        # Mode, owner and times are accepted and not kept (the mount shows fixed ones):
+        # rsync -a and cp -a set them on every file and directory they create.
         if fields.update_mode or fields.update_uid or fields.update_gid:
-            log.error("setattr of inode %d: changing mode or owner is not supported", inode)
-            raise pyfuse3.FUSEError(errno.EPERM)
+            self._writable()
         if fields.update_size:
             writer = self._writable()
             handle = self._handles.get(fh) if fh is not None else None
             if not isinstance(handle, WriteHandle):
-                handle = self._open_write(inode)
+                handle = self._handles.dirty_write(inode)
             if handle is None:
                 current = await self.view.getattr(inode)
                 if current.size != attr.st_size:
@@ -278,11 +260,6 @@ class Operations(pyfuse3.Operations):
                 return self._entry(current)
             await writer.truncate(handle, attr.st_size)
         return await self.getattr(inode)
-
-    def _open_write(self, inode: int) -> WriteHandle | None:
-        """A handle with uncommitted writes to ``inode``, if any (its size is what stat shows)."""
-        return next((h for h in self._handles.values()
-                     if isinstance(h, WriteHandle) and h.ino == inode and h.dirty), None)
 
     @_guard
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
@@ -307,21 +284,24 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
-        self._writable()
-        try:
-            await self.view.lookup(parent_inode, os.fsdecode(name))
-        except OSError:
-            log.error("mkdir %s: new directories are not supported", os.fsdecode(name))
-            raise pyfuse3.FUSEError(errno.EPERM) from None
-        raise pyfuse3.FUSEError(errno.EEXIST)
+        return self._looked_up(await self._writable().mkdir(parent_inode, os.fsdecode(name)))
 
     async def _unsupported(self, *args: Any) -> None:
         if self.writer is None:
             raise pyfuse3.FUSEError(errno.EROFS)
-        log.error("unsupported operation on the mount (symlink, mknod or xattr change)")
+        log.error("unsupported operation on the mount (symlink or mknod)")
         raise pyfuse3.FUSEError(errno.EPERM)
 
-    symlink = mknod = setxattr = removexattr = _unsupported
+    symlink = mknod = _unsupported
+
+    async def setxattr(self, *args: Any) -> None:
+        """No extended attributes (nor ACLs): ENOTSUP, which ``cp -a`` and ``rsync -X`` expect
+        from such a filesystem (they fall back to the mode, or skip)."""
+        if self.writer is None:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        raise pyfuse3.FUSEError(errno.ENOTSUP)
+
+    removexattr = setxattr
 
 
 def _invalidate_inodes(inodes: list[int]) -> None:

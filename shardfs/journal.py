@@ -23,17 +23,26 @@ Contracts:
 - ``recover`` reads what an earlier daemon left: segments in name order,
   records in file order, each segment up to its first incomplete or damaged
   record (never acknowledged: the append did not return). ``clear`` deletes it.
+
+Several daemons may write one source at once (two mounts), so a source's
+journal root holds one journal directory per daemon,
+``<start time ns:020d>-<pid>``, which that daemon keeps ``flock``ed while it
+runs. ``claim`` makes this daemon's directory and hands over the directories
+no live daemon holds (their daemon was killed): the mount replays them, then
+removes them. A live daemon's journal is never touched by another.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import logging
 import os
 import re
 import struct
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Iterable
 
 import crc32c
@@ -47,6 +56,7 @@ MAGIC = b"SFJ1"
 HEADER = struct.Struct("<4sIQI")  # magic, meta length, data length, crc32c over meta + data
 SEGMENT_BYTES = 64 << 20  # a segment is rotated once it is this long
 SEGMENT_NAME = re.compile(r"\d{20}\.seg")
+DAEMON_DIR = re.compile(r"\d{20}-\d+")
 
 
 class JournalError(Exception):
@@ -260,3 +270,99 @@ def _fsync_all(paths: set[str], dirs: list[str]) -> None:
             os.close(fd)
     for d in dict.fromkeys(dirs):
         fsync_dir(d)
+
+
+# ----- one journal per daemon under a source's journal root -------------------------------
+
+
+@dataclass
+class Claim:
+    """This daemon's journal directory (``directory``, created and locked) and the journals
+    of daemons that are gone (``orphans``, oldest first, locked by this daemon until
+    ``drop_orphans``)."""
+
+    directory: str
+    orphans: list[str]
+    _locks: dict[str, int] = field(default_factory=dict)  # directory -> its open, flocked fd
+
+    def drop_orphans(self) -> None:
+        """Remove the orphan directories (after their changes were replayed and cleared)."""
+        for path in self.orphans:
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            os.close(self._locks.pop(path))
+        if self.orphans:
+            fsync_dir(os.path.dirname(self.directory))
+        self.orphans = []
+
+    def release(self) -> None:
+        """At exit: remove this daemon's directory if nothing is left in it, and unlock it."""
+        try:
+            os.rmdir(self.directory)
+        except OSError:
+            pass  # changes not folded: the next mount replays them
+        for fd in self._locks.values():
+            os.close(fd)
+        self._locks.clear()
+
+
+def claim(root: str) -> Claim:
+    """Create and lock a new journal directory for this daemon under ``root`` (made, mode
+    0700, durably); lock and return the directories of daemons that are gone. Raises
+    ``JournalError`` if ``root`` holds anything but daemon directories."""
+    created = []
+    d = root
+    while not os.path.isdir(d):
+        created.append(d)
+        d = os.path.dirname(d)
+    for path in reversed(created):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        fsync_dir(os.path.dirname(path))
+    names = sorted(os.listdir(root))
+    strange = [n for n in names if not (DAEMON_DIR.fullmatch(n) and os.path.isdir(os.path.join(root, n)))]
+    if strange:
+        raise JournalError(f"{root}: not journal directories: {', '.join(strange[:5])}"
+                           f"{' ...' if len(strange) > 5 else ''}")
+    locks: dict[str, int] = {}
+    for name in names:
+        path = os.path.join(root, name)
+        fd = _lock(path)
+        if fd is not None:
+            locks[path] = fd
+    own = os.path.join(root, f"{time.time_ns():020d}-{os.getpid()}")
+    os.mkdir(own, 0o700)
+    fsync_dir(root)
+    fd = _lock(own)
+    assert fd is not None, "a directory nobody else knows is locked"
+    orphans = list(locks)
+    locks[own] = fd
+    return Claim(own, orphans, locks)
+
+
+def _lock(path: str) -> int | None:
+    """An open fd of directory ``path`` holding its exclusive flock; None if a live daemon
+    holds it or it is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def segments_under(root: str) -> list[str]:
+    """Paths (relative to ``root``) of every segment in the daemon journals under ``root``:
+    the changes not yet folded (for tools and tests that wait for folds)."""
+    out = []
+    for dirpath, _dirs, files in os.walk(root):
+        out += [os.path.relpath(os.path.join(dirpath, f), root) for f in files]
+    return sorted(out)

@@ -2,7 +2,9 @@
 
 ``ArrayLayout`` answers "which shard holds inner chunk (i, j, k), and at which
 position of its index", and the inverse; ``KeyScheme`` turns shard coordinates
-into source keys and back. Nothing here does I/O.
+into source keys and back, and chunk coordinates into the view's file names and
+back (``ArrayLayout.names``); ``parse_coord`` is the one parser of a coordinate
+in a name. Nothing here does I/O.
 
 A ``transpose`` codec before the sharding codec puts the shard's index (and its
 ``chunk_shape``) in the transposed space: dimension ``k`` of the index grid is
@@ -25,6 +27,14 @@ MAX_CHUNKS = 1 << 40  # inner chunks in an array's grid; bounds the inode space
 
 class Unpresentable(ValueError):
     """The array cannot be shown as a v2 array (the message says why)."""
+
+
+def parse_coord(text: str) -> int | None:
+    """A coordinate spelled as keys and names spell it (ASCII decimal digits without sign or
+    leading zeros), else None."""
+    if text.isascii() and text.isdigit() and (text[0] != "0" or text == "0"):
+        return int(text)
+    return None
 
 
 def permuted(shape: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, ...]:
@@ -52,6 +62,7 @@ class KeyScheme:
     kind: str  # "default" or "v2"
     separator: str  # "/" or "."
     ndim: int
+    nested: bool = False  # the view prefers "/" keys (arrays of OME-Zarr images and labels)
 
     def key(self, coords: tuple[int, ...]) -> str:
         """The storage key of the chunk (shard) at ``coords``."""
@@ -59,8 +70,15 @@ class KeyScheme:
             return self.separator.join(["c", *map(str, coords)])
         return self.separator.join(map(str, coords)) if coords else "0"
 
+    def keys(self, coords: np.ndarray) -> list[str]:
+        """``key`` of every row of an ``(n, ndim)`` coordinate array."""
+        rows = coords.astype(str).tolist()
+        if self.kind == "default":
+            return [self.separator.join(["c", *row]) for row in rows]
+        return [self.separator.join(row) for row in rows] if self.ndim else ["0"] * len(rows)
+
     def parse(self, key: str) -> tuple[int, ...] | None:
-        """Coordinates for a storage key, or None if ``key`` is not one."""
+        """Coordinates for a storage key (the inverse of ``key``), or None if ``key`` is not one."""
         parts = key.split(self.separator)
         if self.kind == "default":
             if parts[0] != "c":
@@ -68,15 +86,21 @@ class KeyScheme:
             parts = parts[1:]
         elif self.ndim == 0:
             return () if key == "0" else None
-        if len(parts) != self.ndim or not all(p.isdigit() for p in parts):
-            return None
-        coords = tuple(int(p) for p in parts)
-        return coords if self.key(coords) == key else None
+        coords = tuple(map(parse_coord, parts))
+        return coords if len(coords) == self.ndim and None not in coords else None
 
     @property
     def view_separator(self) -> str:
-        """The v2 view's ``dimension_separator``: "/" only if "." keys would collide with shards."""
-        return "/" if self.kind == "v2" and self.separator == "." else "."
+        """The v2 view's ``dimension_separator``, chosen so that no chunk key collides with a
+        shard's name: "/" when the source's shard keys are v2 "."-joined ones (``0.1`` at the
+        array root), "." when they are v2 "/"-joined ones (the source's ``0/`` directories
+        hold shards), otherwise "/" if ``nested`` (the ``c`` prefix never looks like a chunk
+        key) and "." if not. 0-D arrays have the single key ``0`` either way (".")."""
+        if self.ndim == 0:
+            return "."
+        if self.kind == "v2":
+            return "/" if self.separator == "." else "."
+        return "/" if self.nested else "."
 
     def is_prefix(self, key: str) -> bool:
         """True if ``key`` names a directory that can hold keys (e.g. ``c/0``)."""
@@ -87,7 +111,7 @@ class KeyScheme:
             if parts[0] != "c":
                 return False
             parts = parts[1:]
-        return len(parts) < self.ndim and all(p.isdigit() and str(int(p)) == p for p in parts)
+        return len(parts) < self.ndim and all(parse_coord(p) is not None for p in parts)
 
 
 @dataclass(frozen=True)
@@ -123,6 +147,13 @@ class ArrayLayout:
     @cached_property
     def ndim(self) -> int:
         return len(self.shape)
+
+    @cached_property
+    def names(self) -> KeyScheme:
+        """The view's names of chunk files and inner shard directories: coordinates joined
+        with "." ("0" for 0-D). Used in shard directories, and at the array root unless
+        ``keys.view_separator`` is "/" (then the root holds one directory level per coordinate)."""
+        return KeyScheme("v2", ".", self.ndim)
 
     @cached_property
     def chunks_per_shard(self) -> tuple[int, ...]:

@@ -11,7 +11,7 @@ import numpy as np
 from shardfs.index import EMPTY, CorruptIndex, IndexFormat
 from shardfs.mounts import source_of
 from shardfs.layout import ArrayLayout, Unpresentable
-from shardfs.shardfile import CORRUPT, NestedFormat, ShardFormat, Read, outermost, read_table
+from shardfs.shardfile import CORRUPT, Indexes, NestedFormat, ShardFormat, decode, flat_table, outermost
 from shardfs.a2a import describe
 from shardfs.v2 import describe_array
 
@@ -31,7 +31,8 @@ def _array_dir(path: str) -> str | None:
 
 
 def inspect(path: str) -> dict[str, Any]:
-    """A description of the array or shard at ``path`` (source or mount path).
+    """A description of the array or shard at ``path`` (source or mount path): the array's
+    summary and, for a shard (file or shard directory), its report under ``"shard"``.
 
     Raises ``ValueError`` with a one-line reason if ``path`` is neither.
     """
@@ -41,6 +42,21 @@ def inspect(path: str) -> dict[str, Any]:
         raise ValueError(f"{path}: not inside a Zarr v3 array")
     with open(os.path.join(array, "zarr.json"), "rb") as f:
         doc = json.loads(f.read())
+    report, layout = array_summary(array, doc)
+    if layout is None or src == array or layout.index is None:
+        return report
+    rel = os.path.relpath(src, array)
+    shard = layout.keys.parse(rel.replace(os.sep, "/"))
+    if shard is None or not os.path.isfile(os.path.join(array, rel)):
+        raise ValueError(f"{path}: not a shard of {array}")
+    with open(os.path.join(array, rel), "rb") as f:
+        report["shard"] = shard_report(layout, rel, shard, f.read())
+    return report
+
+
+def array_summary(array: str, doc: dict[str, Any]) -> tuple[dict[str, Any], ArrayLayout | None]:
+    """What ``inspect`` says about the array at directory ``array`` whose ``zarr.json`` is
+    ``doc``, and its layout (None if the array cannot be shown as v2: the summary says why)."""
     out: dict[str, Any] = {"array": array, "codecs": doc.get("codecs"), "shape": doc.get("shape"),
                            "data_type": doc.get("data_type")}
     try:
@@ -48,7 +64,7 @@ def inspect(path: str) -> dict[str, Any]:
     except Unpresentable as e:
         out["presentable"] = False
         out["reason"] = str(e)
-        return out
+        return out, None
     layout = info.layout
     out.update(presentable=True, shard_shape=list(layout.shard_shape), chunk_shape=list(layout.chunk_shape),
                chunks_per_shard=list(layout.chunks_per_shard),
@@ -64,43 +80,46 @@ def inspect(path: str) -> dict[str, Any]:
         out["index"] = _index(outermost(layout.index))
     if isinstance(layout.index, NestedFormat):
         out["nested"] = _levels(layout)
-    if src == array or layout.index is None:
-        return out
-    rel = os.path.relpath(src, array)
-    shard = layout.keys.parse(rel.replace(os.sep, "/"))
-    if shard is None or not os.path.isfile(os.path.join(array, rel)):
-        raise ValueError(f"{path}: not a shard of {array}")
-    with open(os.path.join(array, rel), "rb") as f:
-        data = f.read()
+    return out, layout
+
+
+def shard_report(layout: ArrayLayout, key: str, shard: tuple[int, ...], data: bytes) -> dict[str, Any]:
+    """What ``inspect`` says about one shard (``data``, stored under ``key`` at ``shard``):
+    index status, one row per index entry, nested inner shards and unused bytes. Each index
+    is decoded once."""
     fmt = layout.index
-    entry: dict[str, Any] = {"key": rel, "coords": list(shard), "size": len(data)}
-    out["shard"] = entry
+    entry: dict[str, Any] = {"key": key, "coords": list(shard), "size": len(data)}
 
     def read(offset: int, n: int) -> bytes:
         return data[offset: offset + n]
 
-    problems: dict[int, str] = {}
     try:
-        table = read_table(fmt, read, 0, len(data), problems)
+        indexes = decode(fmt, read, 0, len(data))
     except CorruptIndex as e:
         entry["index_status"] = f"corrupt: {e}"
-        return out
+        return entry
     entry["index_status"] = _status(outermost(fmt))
-    rows = []
-    for pos in range(len(table)):
-        coords = layout.chunk_at(shard, pos)
-        empty = table[pos, 0] == EMPTY
-        row = {"pos": pos, "chunk": None if coords is None else ".".join(map(str, coords)),
-               "offset": None if empty else int(table[pos, 0]),
-               "nbytes": None if empty else int(table[pos, 1]), "empty": bool(empty)}
-        if empty and table[pos, 1] == CORRUPT:
+    table = flat_table(fmt, indexes)
+    coords, inside = layout.chunks_at(shard, np.arange(len(table)))
+    names = [name if ok else None for name, ok in zip(layout.names.keys(coords), inside.tolist())]
+    rows = _rows(table, "chunk", names)
+    for row in rows:
+        if row["empty"] and table[row["pos"], 1] == CORRUPT:
             row["corrupt"] = True
-        rows.append(row)
     if isinstance(fmt, NestedFormat):
-        entry["inner_shards"] = _inner_shards(layout, read, len(data), shard, problems)
+        entry["inner_shards"] = _inner_shards(layout, shard, indexes)
     entry.update(stored_chunks=int(np.sum(table[:, 0] != EMPTY)), index=rows,
-                 unused_bytes=_unused(fmt, read, 0, len(data)))
-    return out
+                 unused_bytes=_unused(fmt, indexes, len(data)))
+    return entry
+
+
+def _rows(table: np.ndarray, field: str, names: list[str | None]) -> list[dict[str, Any]]:
+    """One row per entry of an index table: position, ``field`` (the entry's name), offset,
+    nbytes, empty."""
+    empty = int(EMPTY)
+    return [{"pos": pos, field: name, "offset": None if offset == empty else offset,
+             "nbytes": None if offset == empty else nbytes, "empty": offset == empty}
+            for pos, (name, (offset, nbytes)) in enumerate(zip(names, table.tolist()))]
 
 
 def _index(fmt: IndexFormat) -> dict[str, Any]:
@@ -124,35 +143,27 @@ def _levels(layout: ArrayLayout) -> list[dict[str, Any]]:
     return out
 
 
-def _inner_shards(layout: ArrayLayout, read: Read, size: int, shard: tuple[int, ...],
-                  problems: dict[int, str]) -> list[dict[str, Any]]:
+def _inner_shards(layout: ArrayLayout, shard: tuple[int, ...], indexes: Indexes) -> list[dict[str, Any]]:
     """One row per entry of a shard's index over its (first-level) inner shards."""
-    fmt = layout.index
-    table = read_table(fmt.outer, read, 0, size)
-    rows = []
-    for pos in range(len(table)):
-        empty = table[pos, 0] == EMPTY
-        row: dict[str, Any] = {"pos": pos, "inner_shard": ".".join(map(str, layout.inner_shard_at(shard, pos))),
-                               "offset": None if empty else int(table[pos, 0]),
-                               "nbytes": None if empty else int(table[pos, 1]), "empty": bool(empty)}
-        if not empty:
-            row["index_status"] = f"corrupt: {problems[pos]}" if pos in problems else _status(outermost(fmt.inner))
-        rows.append(row)
+    table = indexes.table
+    names = [layout.names.key(layout.inner_shard_at(shard, pos)) for pos in range(len(table))]
+    rows = _rows(table, "inner_shard", names)
+    ok = _status(outermost(layout.index.inner))
+    for row in rows:
+        inner = indexes.inner.get(row["pos"])
+        if not row["empty"]:
+            row["index_status"] = f"corrupt: {inner}" if isinstance(inner, CorruptIndex) else ok
     return rows
 
 
-def _unused(fmt: ShardFormat, read: Read, base: int, size: int) -> int:
-    """Bytes of a (possibly nested) shard that no index entry or index covers."""
-    index = outermost(fmt)
-    try:
-        table = read_table(index, read, base, size)
-    except CorruptIndex:
-        return 0
-    stored = table[table[:, 0] != EMPTY]
-    unused = size - index.nbytes - int(stored[:, 1].sum())
+def _unused(fmt: ShardFormat, indexes: Indexes, size: int) -> int:
+    """Bytes of a (possibly nested) ``size``-byte shard that no index entry or index covers."""
+    table = indexes.table
+    unused = size - outermost(fmt).nbytes - int(table[table[:, 0] != EMPTY, 1].sum())
     if isinstance(fmt, NestedFormat):
         trailer = 4 if fmt.crc32c else 0
-        unused += sum(_unused(fmt.inner, read, int(o), int(n) - trailer) for o, n in stored if n >= trailer)
+        unused += sum(_unused(fmt.inner, inner, int(table[pos, 1]) - trailer)
+                      for pos, inner in indexes.inner.items() if isinstance(inner, Indexes))
     return unused
 
 

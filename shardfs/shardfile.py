@@ -12,7 +12,7 @@ through a ``read(offset, length)`` callback.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Union
 
 import crc32c
@@ -72,6 +72,56 @@ def flat_positions(fmt: NestedFormat) -> np.ndarray:
     return flat
 
 
+@dataclass
+class Indexes:
+    """The indexes of one shard (or inner shard) blob, each decoded once.
+
+    ``table`` is the blob's own index, ``(n, 2)`` uint64 with offsets absolute in
+    the shard file; with nested sharding ``inner`` maps each stored entry's position
+    to that inner shard's ``Indexes``, or to the ``CorruptIndex`` that makes it unusable.
+    """
+
+    table: np.ndarray
+    inner: dict[int, "Indexes | CorruptIndex"] = field(default_factory=dict)
+
+
+def decode(fmt: ShardFormat, read: Read, base: int, size: int) -> Indexes:
+    """Every index of the ``size``-byte shard that starts at byte ``base``.
+
+    Raises ``CorruptIndex`` if the (outermost) index is unusable; an unusable inner
+    shard is kept in ``Indexes.inner`` as its ``CorruptIndex``.
+    """
+    if isinstance(fmt, IndexFormat):
+        offset, length = fmt.index_range(size)
+        table = fmt.decode(read(base + offset, length), size)
+        if base:
+            table[table[:, 0] != EMPTY] += np.array([base, 0], dtype=np.uint64)
+        return Indexes(table)
+    outer = decode(fmt.outer, read, base, size)
+    trailer = 4 if fmt.crc32c else 0
+    for pos in np.flatnonzero(outer.table[:, 0] != EMPTY):
+        offset, nbytes = int(outer.table[pos, 0]), int(outer.table[pos, 1]) - trailer
+        try:
+            if nbytes < 0:
+                raise CorruptIndex(f"{nbytes + trailer} bytes cannot hold a crc32c")
+            outer.inner[int(pos)] = decode(fmt.inner, read, offset, nbytes)
+        except CorruptIndex as e:
+            outer.inner[int(pos)] = e
+    return outer
+
+
+def flat_table(fmt: ShardFormat, indexes: Indexes) -> np.ndarray:
+    """The flat table of a decoded shard: the chunks of an unusable inner shard are
+    ``(EMPTY, CORRUPT)``."""
+    if isinstance(fmt, IndexFormat):
+        return indexes.table
+    flat = empty_table(fmt.n_chunks)
+    where = flat_positions(fmt)
+    for pos, inner in indexes.inner.items():
+        flat[where[pos]] = (EMPTY, CORRUPT) if isinstance(inner, CorruptIndex) else flat_table(fmt.inner, inner)
+    return flat
+
+
 def read_table(fmt: ShardFormat, read: Read, base: int, size: int,
                problems: dict[int, str] | None = None) -> np.ndarray:
     """The flat table of the ``size``-byte shard that starts at byte ``base``.
@@ -80,27 +130,10 @@ def read_table(fmt: ShardFormat, read: Read, base: int, size: int,
     inner shard only marks its chunks ``(EMPTY, CORRUPT)`` and is reported in
     ``problems`` (its position in the outer index -> reason).
     """
-    if isinstance(fmt, IndexFormat):
-        offset, length = fmt.index_range(size)
-        table = fmt.decode(read(base + offset, length), size)
-        if base:
-            table[table[:, 0] != EMPTY] += np.array([base, 0], dtype=np.uint64)
-        return table
-    outer = read_table(fmt.outer, read, base, size)
-    flat = empty_table(fmt.n_chunks)
-    where = flat_positions(fmt)
-    trailer = 4 if fmt.crc32c else 0
-    for pos in np.flatnonzero(outer[:, 0] != EMPTY):
-        offset, nbytes = int(outer[pos, 0]), int(outer[pos, 1]) - trailer
-        try:
-            if nbytes < 0:
-                raise CorruptIndex(f"{nbytes + trailer} bytes cannot hold a crc32c")
-            flat[where[pos]] = read_table(fmt.inner, read, offset, nbytes)
-        except CorruptIndex as e:
-            flat[where[pos]] = (EMPTY, CORRUPT)
-            if problems is not None:
-                problems[int(pos)] = str(e)
-    return flat
+    indexes = decode(fmt, read, base, size)
+    if problems is not None:
+        problems.update((pos, str(e)) for pos, e in indexes.inner.items() if isinstance(e, CorruptIndex))
+    return flat_table(fmt, indexes)
 
 
 def assemble(fmt: ShardFormat, chunks: dict[int, bytes | memoryview]) -> list[bytes | memoryview]:

@@ -37,6 +37,7 @@ from zarr.core.metadata.v3 import ArrayV3Metadata
 
 from shardfs.a2a import Filters, index_order, split_sharding
 from shardfs.draft import draft_index
+from shardfs.fill import map_fill
 from shardfs.index import IndexFormat
 from shardfs.layout import ArrayLayout, KeyScheme, Unpresentable, permuted, unpermuted
 from shardfs.shard import CorruptChunk
@@ -156,6 +157,13 @@ class ChunkFormat:
             return f"decodes to {raw_size} bytes; one inner chunk is {self.nbytes} bytes"
         return None
 
+    def constant_file(self, value: Any) -> bytes:
+        """The chunk file of an inner chunk whose every element is ``value`` (a fill chunk)."""
+        raw = np.full(self.nbytes // self.dtype.itemsize, value, dtype=self.dtype)
+        if self.compressor is None:
+            return raw.tobytes()
+        return bytes(ensure_contiguous_ndarray(numcodecs.get_codec(dict(self.compressor)).encode(raw)))
+
     def stored(self, data: bytes) -> bytes:
         """The bytes to store in the shard for chunk-file bytes ``data`` (already checked);
         ``CorruptChunk`` if zarr's codecs cannot encode them."""
@@ -169,19 +177,32 @@ class ChunkFormat:
 
 @dataclass(frozen=True)
 class ArrayInfo:
-    """Everything the view needs to present one v3 array."""
+    """Everything the view needs to present one v3 array.
+
+    ``serve_missing``: the v2 ``fill_value`` is not the v3 fill (see ``shardfs.fill``), so
+    an empty in-bounds inner chunk is served as ``fill_file()`` instead of being absent.
+    """
 
     layout: ArrayLayout
     chunk: ChunkFormat
     zarray: bytes
     zattrs: bytes
+    fill: Any = None  # the v3 fill value, a numpy scalar
+    serve_missing: bool = False
+
+    def fill_file(self) -> bytes:
+        """The chunk file of an empty inner chunk (CPU-bound: call it off the trio thread)."""
+        return self.chunk.constant_file(self.fill)
 
 
-def describe_array(doc: dict[str, Any], ome: bool = True) -> ArrayInfo:
+def describe_array(doc: dict[str, Any], ome: bool = True, image: bool = False) -> ArrayInfo:
     """Present a parsed v3 array ``zarr.json`` as a v2 array; raises ``Unpresentable``.
 
     Handles the ``sharding_indexed`` codec (nested too: the view shows the
-    innermost chunks) and the draft sharding storage transformer.
+    innermost chunks) and the draft sharding storage transformer. ``ome``:
+    translate OME-Zarr 0.5 attributes to 0.4; ``image``: the array is a level
+    of an OME-Zarr image or label (its group has ``multiscales``), so its v2
+    keys use "/" (``KeyScheme.view_separator``).
     """
     shape_doc = doc.get("shape")
     draft = draft_index(doc.get("storage_transformers"), len(shape_doc) if isinstance(shape_doc, list) else 0)
@@ -195,12 +216,12 @@ def describe_array(doc: dict[str, Any], ome: bool = True) -> ArrayInfo:
         dtype = np.dtype(meta.data_type.to_native_dtype())
     except Exception as e:
         raise Unpresentable(f"data type {doc.get('data_type')!r} has no v2 equivalent") from e
-    if dtype.kind not in "biufc":
+    if dtype.kind not in "biufcmM":
         raise Unpresentable(f"data type {doc.get('data_type')!r} is not supported")
     shape = tuple(meta.shape)
     outer_chunks = tuple(meta.chunk_grid.chunk_shape)
     enc = meta.chunk_key_encoding
-    keys = KeyScheme("v2" if isinstance(enc, V2ChunkKeyEncoding) else "default", enc.separator, len(shape))
+    keys = KeyScheme("v2" if isinstance(enc, V2ChunkKeyEncoding) else "default", enc.separator, len(shape), image)
     codecs = tuple(meta.codecs)
     before: tuple[Any, ...] = ()  # array→array codecs before the sharding codec
     if draft is not None:
@@ -217,27 +238,35 @@ def describe_array(doc: dict[str, Any], ome: bool = True) -> ArrayInfo:
         inner = codecs
     chunk = _presented(before, inner, meta, layout)
     attrs = ome_04(dict(meta.attributes)) if ome else dict(meta.attributes)
-    names = meta.dimension_names
+    names = meta.dimension_names if meta.dimension_names is not None or shape else ()  # xarray: 0-D has dims ()
     if names is not None and all(isinstance(n, str) for n in names):
         attrs.setdefault("_ARRAY_DIMENSIONS", list(names))
+    fill = map_fill(attrs, meta.fill_value, dtype, "_ARRAY_DIMENSIONS" in attrs)
     zarray = {
         "zarr_format": 2,
         "shape": list(shape),
         "chunks": list(layout.chunk_shape),
         "dtype": chunk.dtype.str,
         "compressor": chunk.compressor,
-        "fill_value": encode_fill_value(meta.fill_value, dtype),
+        "fill_value": fill.fill_value,
         "order": chunk.order,
         "filters": None,
         "dimension_separator": keys.view_separator,
     }
-    return ArrayInfo(layout, chunk, to_json(zarray), to_json(attrs))
+    return ArrayInfo(layout, chunk, to_json(zarray), to_json(fill.attrs), meta.fill_value, fill.serve_missing)
 
 
 def group_files(doc: dict[str, Any], ome: bool = True) -> tuple[bytes, bytes]:
     """``(.zgroup, .zattrs)`` for a parsed v3 group ``zarr.json``."""
     attrs = doc.get("attributes") or {}
     return to_json({"zarr_format": 2}), to_json(ome_04(attrs) if ome else attrs)
+
+
+def is_ome_image(attrs: dict[str, Any]) -> bool:
+    """True if group attributes describe an OME-Zarr multiscale image or label image
+    (0.5: ``ome.multiscales``; 0.4 and earlier: ``multiscales``): its arrays are the levels."""
+    ome = attrs.get("ome")
+    return "multiscales" in attrs or (isinstance(ome, dict) and "multiscales" in ome)
 
 
 def ome_04(attrs: dict[str, Any]) -> dict[str, Any]:
@@ -264,26 +293,6 @@ def ome_04(attrs: dict[str, Any]) -> dict[str, Any]:
 
 def to_json(obj: Any) -> bytes:
     return (json.dumps(obj, indent=4, sort_keys=True, allow_nan=False) + "\n").encode()
-
-
-def encode_fill_value(value: Any, dtype: np.dtype) -> Any:
-    """A fill value in v2 JSON: NaN/Infinity as strings, complex as ``[re, im]``."""
-    if dtype.kind == "b":
-        return bool(value)
-    if dtype.kind in "iu":
-        return int(value)
-    if dtype.kind == "c":
-        c = complex(value)
-        return [_float_json(c.real), _float_json(c.imag)]
-    return _float_json(float(value))
-
-
-def _float_json(x: float) -> Any:
-    if math.isnan(x):
-        return "NaN"
-    if math.isinf(x):
-        return "Infinity" if x > 0 else "-Infinity"
-    return x
 
 
 def _shard_format(sharding: ShardingCodec, shard_shape: tuple[int, ...]

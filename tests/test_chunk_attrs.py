@@ -48,7 +48,9 @@ def test_chunk_file_mode_and_nlink_read_write_mount(name, source, mount):
     root_names, shard_names, nlink = ARRAYS[name]
     arr = mnt / name
     listed = {n for n in os.listdir(arr) if not n.startswith(".")}
-    assert listed == root_names | ({"c"} if shard_names else set())
+    assert listed == root_names  # shard directories are not listed at the array root (copies)
+    if shard_names:
+        assert os.listdir(arr / "c" / "0" / "0") == ["0.0"]
     stored = (arr / "0.0").read_bytes()
     for n in root_names | shard_names:
         assert_chunk_attrs(os.stat(arr / n), REGULAR_RW, nlink, len(stored))
@@ -83,3 +85,14 @@ def test_chunk_file_mode_and_nlink_read_only_mount(name, source, mount):
         assert size == os.stat(source / name / "c/0/0").st_size
     for n in root_names | shard_names:
         assert_chunk_attrs(os.stat(mnt / name / n), REGULAR_RO, nlink, size)
+
+
+@pytest.mark.parametrize("name", sorted(ARRAYS))
+def test_names_with_non_ascii_digits_do_not_exist(name, source, mount):
+    """Only ASCII decimal coordinates name chunks: "0.²" ("²".isdigit() is true, int("²")
+    raises) and "0.٣" (int("٣") == 3) are ENOENT, not EIO, and leave no traceback in the log."""
+    mnt = mount(source)
+    names = ["0.²", "0.٣", "٠.0"] + (["c/0/0/0.²", "c/0/0/0.٣"] if name == "sharded" else [])
+    for n in names:
+        with pytest.raises(FileNotFoundError):
+            os.stat(mnt / name / n)

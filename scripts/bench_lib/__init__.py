@@ -1,1 +1,1 @@
-"""Helpers of ``scripts/bench`` (the performance targets of DESIGN.md, measured side by side)."""
+"""Helpers of ``scripts/bench`` (shardfs against its baselines, README.md "Performance", measured side by side)."""

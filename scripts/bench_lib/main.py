@@ -1,4 +1,4 @@
-"""``scripts/bench``: the performance targets of DESIGN.md, measured side by side in one run.
+"""``scripts/bench``: shardfs against its baselines (README.md "Performance"), measured side by side in one run.
 
 Builds its own datasets under a temporary work directory, mounts them with
 ``shardfs mount``, and compares each operation through the mount with its
@@ -45,6 +45,7 @@ sys.path.insert(0, str(HERE.parent))
 from bench_lib import datasets as ds  # noqa: E402
 from bench_lib import report  # noqa: E402
 from shardfs.mounts import daemon_pid  # noqa: E402
+from shardfs.journal import segments_under  # noqa: E402
 from shardfs.state import journal_dir  # noqa: E402
 
 PY3 = str(REPO / ".venv" / "bin" / "python")
@@ -643,10 +644,7 @@ class Bench:
         journal = journal_dir(str(src))
         deadline = time.monotonic() + self.op_timeout()
         while True:
-            try:
-                if not any(os.scandir(journal)):
-                    return
-            except FileNotFoundError:
+            if not segments_under(journal):
                 return
             if time.monotonic() > deadline:
                 raise BenchError("journal not folded in time")

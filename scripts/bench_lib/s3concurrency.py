@@ -2,7 +2,7 @@
 
 Usage: ``.venv/bin/python scripts/bench_lib/s3concurrency.py [N] [DELAY_MS]`` (defaults: 200
 GETs, 100 ms each way, i.e. 200 ms per GET). Starts its own SeaweedFS (tests/s3server.py) with
-a DelayProxy in front, stores N small objects, then from one trio task per GET reads them all
+a DelayProxy in front (its own process, so it does not share the client's GIL), stores N small objects, then from one trio task per GET reads them all
 at once three ways, 3 rounds each (cold = fresh client, warm = same client again), and prints
 wall time and client CPU time per round:
 
@@ -15,6 +15,7 @@ wall time and client CPU time per round:
 from __future__ import annotations
 
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +28,6 @@ import obstore  # noqa: E402
 import trio  # noqa: E402
 from obstore.store import S3Store  # noqa: E402
 
-from bench_lib.delayproxy import DelayProxy  # noqa: E402
 from s3server import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3  # noqa: E402
 from shardfs.storage.loop import LoopThread  # noqa: E402
 
@@ -68,11 +68,15 @@ def main() -> None:
             f"trio.to_thread, limiter {n}": lambda s: threads(s, trio.CapacityLimiter(n)),
             "asyncio loop thread bridged to trio": bridged,
         }
-        with DelayProxy(("127.0.0.1", server.ports["s3.port"]), delay) as proxy:
+        proxy = subprocess.Popen([sys.executable, str(HERE / "delayproxy.py"), "--delay-ms", str(delay * 1000),
+                                  "--upstream", f"127.0.0.1:{server.ports['s3.port']}"],
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            port = int(proxy.stdout.readline().rsplit(":", 1)[1])
             results: dict[str, list[tuple[float, float, float]]] = {w: [] for w in ways}
             for _ in range(3):
                 for name, way in ways.items():
-                    s = store(proxy.port)
+                    s = store(port)
                     t0 = time.perf_counter()
                     trio.run(way, s)
                     cold = time.perf_counter() - t0
@@ -80,6 +84,9 @@ def main() -> None:
                     trio.run(way, s)
                     warm, cpu = time.perf_counter() - t0, time.process_time() - c0
                     results[name].append((cold, warm, cpu))
+        finally:
+            proxy.terminate()
+            proxy.wait()
         print(f"{n} concurrent GETs, {delay * 2000:.0f} ms each (medians of 3):")
         for name, rows in results.items():
             cold, warm, cpu = (statistics.median(col) for col in zip(*rows))

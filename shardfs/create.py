@@ -1,0 +1,165 @@
+"""v2 metadata written through the mount -> v3 nodes: new arrays and groups, ``.zarray`` rewrites.
+
+A ``.zarray`` written in a new directory becomes a sharded v3 array
+(``array_doc``): the ``sharding_indexed`` codec's inner chunks are the v2
+chunks, its inner chain is zarr-python's own translation of the v2 ``order``,
+dtype byte order, ``filters`` and ``compressor`` (``zarr.metadata.migrate_v3``),
+and the shard shape follows ``shard_counts``. ``_ARRAY_DIMENSIONS`` in the
+attributes become ``dimension_names``. A rewritten ``.zarray`` is compared with
+the one shown (``rewrite_kind``): only a new shape is a change the mount applies.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import struct
+from typing import Any
+
+import numcodecs
+import numpy as np
+from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.metadata.v2 import ArrayV2Metadata
+from zarr.core.metadata.v3 import ArrayV3Metadata
+from zarr.metadata.migrate_v3 import _convert_array_metadata
+
+DEFAULT_SHARD_BYTES = 64 << 20  # uncompressed bytes of one shard of a new array (-o shard_size)
+XARRAY_FILL = "_FillValue"
+
+
+class Refused(ValueError):
+    """The metadata cannot be applied (the message says why)."""
+
+
+def shard_counts(chunk_nbytes: int, grid: tuple[int, ...], target: int) -> tuple[int, ...]:
+    """Inner chunks per shard, per dimension, for a new array.
+
+    Starting from one inner chunk, each dimension in turn (the last first, C order)
+    doubles its count, capped at the array's chunk grid (at least 1), as long as the
+    shard's uncompressed size stays within ``target`` bytes; repeated until nothing grows.
+    """
+    counts = [1] * len(grid)
+    grown = True
+    while grown:
+        grown = False
+        for d in reversed(range(len(grid))):
+            bigger = min(counts[d] * 2, max(1, grid[d]))
+            if bigger > counts[d] and math.prod(counts) // counts[d] * bigger * chunk_nbytes <= target:
+                counts[d] = bigger
+                grown = True
+    return tuple(counts)
+
+
+def _v2_metadata(zarray: Any) -> ArrayV2Metadata:
+    if not isinstance(zarray, dict) or zarray.get("zarr_format") != 2:
+        raise Refused("not Zarr v2 array metadata")
+    try:
+        return ArrayV2Metadata.from_dict({**zarray, "attributes": {}})
+    except Exception as e:  # zarr raises many types for bad metadata
+        raise Refused(f"invalid .zarray: {e}") from None
+
+
+def dimension_names(attrs: dict[str, Any], ndim: int) -> list[str] | None:
+    """``_ARRAY_DIMENSIONS`` (removed from ``attrs``) if it names every dimension."""
+    names = attrs.get("_ARRAY_DIMENSIONS")
+    if isinstance(names, list) and len(names) == ndim and all(isinstance(n, str) for n in names):
+        del attrs["_ARRAY_DIMENSIONS"]
+        return names
+    return None
+
+
+def xarray_fill(value: Any, dtype: np.dtype) -> Any:
+    """``value`` spelled as xarray writes a ``_FillValue`` attribute on v3 data (floats:
+    base64 of a little-endian float64), or None if the dtype has no such spelling."""
+    if dtype.kind == "b":
+        return bool(value)
+    if dtype.kind in "iu":
+        return int(value)
+    if dtype.kind == "f":
+        return base64.standard_b64encode(struct.pack("<d", float(value))).decode()
+    return None
+
+
+def array_doc(zarray: Any, attrs: dict[str, Any], shard_bytes: int = DEFAULT_SHARD_BYTES) -> dict[str, Any]:
+    """The v3 ``zarr.json`` of a new sharded array described by a v2 ``.zarray`` and ``.zattrs``.
+
+    Keys use the default encoding (``c/0/1``), whose v2 view has ``dimension_separator``
+    "."; a ``.zarray`` asking for "/" gets the v2 encoding with "." (shown with "/").
+    Raises ``Refused`` if the metadata is invalid or zarr has no v3 codec for it.
+    """
+    v2meta = _v2_metadata(zarray)
+    if zarray.get("fill_value") is None:  # v3 needs one: the dtype's zero, as zarr 3 writes it
+        zero = False if np.dtype(v2meta.dtype.to_native_dtype()).kind == "b" else 0
+        v2meta = _v2_metadata({**zarray, "fill_value": zero})
+    try:
+        unsharded = _convert_array_metadata(v2meta)
+    except Exception as e:  # no zarr.codecs.numcodecs codec for a filter or compressor
+        raise Refused(f"no v3 codec for the .zarray codecs: {e}") from None
+    shape, chunks = tuple(v2meta.shape), tuple(v2meta.chunks)
+    itemsize = np.dtype(v2meta.dtype.to_native_dtype()).itemsize
+    grid = tuple(math.ceil(s / c) for s, c in zip(shape, chunks))
+    counts = shard_counts(math.prod(chunks) * itemsize, grid, shard_bytes)
+    sharding = ShardingCodec(chunk_shape=chunks, codecs=unsharded.codecs,
+                             index_codecs=[BytesCodec(endian="little"), Crc32cCodec()], index_location="end")
+    separator = zarray.get("dimension_separator") or "."
+    encoding = {"name": "v2", "configuration": {"separator": "."}} if separator == "/" else \
+        {"name": "default", "configuration": {"separator": "/"}}
+    attrs = dict(attrs)
+    names = dimension_names(attrs, len(shape))
+    # A v2 fill_value is also xarray's mask; on v3 data xarray reads the mask from this
+    # attribute (the view shows it as the v2 fill_value again, not in .zattrs).
+    mask = None if zarray.get("fill_value") is None else \
+        xarray_fill(v2meta.fill_value, np.dtype(v2meta.dtype.to_native_dtype()))
+    if mask is not None:
+        attrs.setdefault(XARRAY_FILL, mask)
+    try:
+        meta = ArrayV3Metadata(
+            shape=shape, data_type=unsharded.data_type,
+            chunk_grid={"name": "regular", "configuration": {"chunk_shape": [c * n for c, n in zip(chunks, counts)]}},
+            chunk_key_encoding=encoding, fill_value=unsharded.fill_value, codecs=[sharding],
+            attributes=attrs, dimension_names=names, storage_transformers=None)
+        return json.loads(meta.to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes())
+    except Exception as e:
+        raise Refused(f"cannot make v3 metadata: {e}") from None
+
+
+def group_doc(zgroup: Any, attrs: dict[str, Any]) -> dict[str, Any]:
+    """The v3 ``zarr.json`` of a new group from its ``.zgroup`` and ``.zattrs``."""
+    if not isinstance(zgroup, dict) or zgroup.get("zarr_format") != 2:
+        raise Refused("not Zarr v2 group metadata")
+    return {"zarr_format": 3, "node_type": "group", "attributes": attrs}
+
+
+def _normal(zarray: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a ``.zarray`` that define its chunk format, spelled one way."""
+    def codec(config: Any) -> Any:
+        return None if config is None else numcodecs.get_codec(dict(config)).get_config()
+
+    filters = zarray.get("filters") or None
+    return {
+        "chunks": list(zarray.get("chunks", [])),
+        "dtype": np.dtype(zarray["dtype"]).str if isinstance(zarray.get("dtype"), str) else zarray.get("dtype"),
+        "compressor": codec(zarray.get("compressor")),
+        "filters": None if filters is None else [codec(f) for f in filters],
+        "order": zarray.get("order", "C") if len(zarray.get("shape", [])) > 1 else "C",
+        "dimension_separator": zarray.get("dimension_separator") or ".",
+    }
+
+
+def rewrite_kind(new: Any, shown: dict[str, Any], fills: tuple[Any, ...]) -> str:
+    """What a rewrite of ``.zarray`` to ``new`` asks, given the ``.zarray`` ``shown``:
+    ``"same"``, ``"resize"`` (only the shape differs), or raises ``Refused`` saying what
+    else changed. ``fills`` are the fill values that count as unchanged (JSON); null always does."""
+    _v2_metadata(new)
+    try:
+        a, b = _normal(new), _normal(shown)
+    except Exception as e:
+        raise Refused(f"invalid .zarray: {e}") from None
+    changed = [k for k in a if a[k] != b[k]]
+    if new.get("fill_value") is not None and new.get("fill_value") not in fills:
+        changed.append("fill_value")
+    if changed:
+        raise Refused(", ".join(changed) + " differ from the array's")
+    return "same" if list(new["shape"]) == list(shown["shape"]) else "resize"

@@ -1,0 +1,393 @@
+"""Legacy writers change the hierarchy through the mount (DESIGN.md "What real tools need").
+
+Creating arrays and groups (zarr 2.18, zarr 3 in v2 mode, xarray when installed),
+resizing, consolidating, deleting (``mode="w"``, ``rm -r``), and shell tools
+copying arrays in (``rsync -a``, ``cp -a``, ``cp -r``) and out (each chunk once).
+Every test compares with zarr-python 3 reading the v3 source natively after
+``shardfs umount``.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ZARR2_PYTHON, read_native, zarr2
+from writers import umount
+from sources import Spec, build, leftovers
+
+s = slice
+# A sharded array with data in two of its four shards, default key encoding.
+RAW = Spec("raw", (20, 27), (4, 5), (8, 10), "<i4", 0, ("zstd", 3), inner_crc=False,
+           index_location="end", index_crc=True,
+           initial=((s(0, 8), s(0, 10)), (s(8, 20), s(10, 27))), write=(s(0, 1), s(0, 1)))
+
+
+def run(*cmd, ok: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, timeout=120)
+    if ok:
+        assert r.returncode == 0, f"{cmd} -> {r.returncode}: {r.stderr.decode(errors='replace')}"
+    return r
+
+
+def zjson(path: Path) -> dict:
+    return json.loads((Path(path) / "zarr.json").read_text())
+
+
+def sharding(doc: dict) -> dict:
+    (codec,) = doc["codecs"]
+    assert codec["name"] == "sharding_indexed"
+    return codec["configuration"]
+
+
+def errors(mount, mnt) -> list[str]:
+    return [line for line in mount.info(mnt).log_text().splitlines() if " ERROR " in line]
+
+
+def assert_clean(src: Path) -> None:
+    assert leftovers(src) == [], f"temporaries or journal left in the source: {leftovers(src)}"
+
+
+def v2_copy(tmp: Path, name: str, data: np.ndarray, chunks, compressor: dict) -> Path:
+    """A real zarr 2.18 DirectoryStore array at ``tmp/v2/name`` holding ``data``."""
+    np.save(tmp / f"{name}.npy", data)
+    zarr2("""
+        import numcodecs
+        data = np.load(vpath)
+        z = zarr.open_array(path, mode='w', shape=data.shape, chunks=chunks, dtype=data.dtype,
+                            compressor=numcodecs.get_codec(compressor))
+        z[...] = data
+        z.attrs.update({'_ARRAY_DIMENSIONS': ['y', 'x'], 'units': 'K'})
+        result = np.zeros(0)
+        """, path=str(tmp / "v2" / name), vpath=str(tmp / f"{name}.npy"), chunks=list(chunks),
+          compressor=compressor)
+    return tmp / "v2" / name
+
+
+# --------------------------------------------------------------------------- creating
+
+
+def test_zarr2_create_dataset_in_mounted_group(tmp_path, mount):
+    src = tmp_path / "src"
+    exp = build(src, [RAW])
+    mnt = mount(src, "-o", "shard_size=512")
+    data = np.arange(9 * 7, dtype="<f8").reshape(9, 7) / 4
+    res = zarr2("""
+        g = zarr.open_group(mnt, mode='a')
+        d = g.create_dataset('new', shape=(9, 7), chunks=(2, 3), dtype='<f8',
+                             compressor=zarr.Zstd(level=3), fill_value=-1.0)
+        d[...] = np.array(data)
+        d.attrs['_ARRAY_DIMENSIONS'] = ['y', 'x']
+        d.attrs['units'] = 'm'
+        sub = g.create_group('grp')
+        sub.attrs['k'] = 1
+        f = sub.create_dataset('big', shape=(5, 6), chunks=(5, 6), dtype='>u2', order='F',
+                               compressor=zarr.GZip(level=2), fill_value=7)
+        f[1:3, 2:5] = 1234
+        result = {'new': zarr.open(mnt + '/new', mode='r')[...], 'big': zarr.open(mnt + '/grp/big', mode='r')[...],
+                  'keys': sorted(zarr.open_group(mnt, mode='r').array_keys())}
+        """, mnt=str(mnt), data=data.tolist())
+    np.testing.assert_array_equal(res["new"], data)
+    assert res["keys"] == ["new", "raw"]
+    big = np.full((5, 6), 7, ">u2")
+    big[1:3, 2:5] = 1234
+    np.testing.assert_array_equal(res["big"], big)
+    zarray = json.loads((mnt / "new" / ".zarray").read_text())
+    assert (zarray["chunks"], zarray["dtype"], zarray["compressor"]["id"]) == ([2, 3], "<f8", "zstd")
+    assert json.loads((mnt / "grp" / "big" / ".zarray").read_text())["order"] == "F"
+    assert errors(mount, mnt) == []
+    umount(mount, mnt)
+
+    new = zjson(src / "new")
+    cfg = sharding(new)
+    # shard rule: each dimension doubles in turn (last first, capped at the 5 x 3 chunk grid)
+    # while the shard's chunks of 2*3*8 bytes fit in 512 bytes: (1,2) (2,2) (2,3); (4,3) is too big.
+    assert new["chunk_grid"]["configuration"]["chunk_shape"] == [4, 9]
+    assert cfg["chunk_shape"] == [2, 3]
+    assert [c["name"] for c in cfg["codecs"]] == ["bytes", "zstd"]
+    assert cfg["codecs"][0]["configuration"]["endian"] == "little"
+    assert new["dimension_names"] == ["y", "x"]
+    # the v2 fill_value is xarray's mask: kept as xarray spells it on v3 data (base64 float64)
+    assert new["attributes"] == {"units": "m", "_FillValue": "AAAAAAAA8L8="}
+    assert new["fill_value"] == -1.0
+    np.testing.assert_array_equal(read_native(src / "new"), data)
+    big_doc = zjson(src / "grp" / "big")
+    assert [c["name"] for c in sharding(big_doc)["codecs"]] == ["transpose", "bytes", "gzip"]
+    assert sharding(big_doc)["codecs"][1]["configuration"]["endian"] == "big"
+    np.testing.assert_array_equal(read_native(src / "grp" / "big"), big)
+    assert zjson(src / "grp") == {"zarr_format": 3, "node_type": "group", "attributes": {"k": 1}}
+    np.testing.assert_array_equal(read_native(src / "raw"), exp["raw"])
+    assert_clean(src)
+
+
+def test_zarr3_v2_mode_open_array_w_creates_and_recreates(tmp_path, mount):
+    import zarr
+
+    src = tmp_path / "src"
+    build(src, [RAW])
+    mnt = mount(src)
+    a = zarr.open_array(str(mnt / "made"), mode="w", zarr_format=2, shape=(6, 10), chunks=(3, 4), dtype="i2",
+                        fill_value=0)
+    a[...] = np.arange(60, dtype="i2").reshape(6, 10)
+    # mode="w" again with the same metadata, then over an existing array with other metadata
+    b = zarr.open_array(str(mnt / "made"), mode="w", zarr_format=2, shape=(6, 10), chunks=(3, 4), dtype="i2",
+                        fill_value=0)
+    b[0, :] = 5
+    c = zarr.open_array(str(mnt / "raw"), mode="w", zarr_format=2, shape=(3, 3), chunks=(2, 2), dtype="f4",
+                        fill_value=0)
+    c[...] = 1.5
+    assert errors(mount, mnt) == []
+    umount(mount, mnt)
+    made = np.zeros((6, 10), "i2")
+    made[0, :] = 5
+    np.testing.assert_array_equal(read_native(src / "made"), made)
+    np.testing.assert_array_equal(read_native(src / "raw"), np.full((3, 3), 1.5, "f4"))
+    assert sharding(zjson(src / "raw"))["chunk_shape"] == [2, 2]
+    assert {p.name for p in src.iterdir()} - {".shardfs"} == {"made", "raw", "zarr.json"}
+    assert_clean(src)
+
+
+def test_zarr2_open_array_w_over_an_existing_array(tmp_path, mount):
+    src = tmp_path / "src"
+    build(src, [RAW])
+    mnt = mount(src)
+    got = zarr2("""
+        z = zarr.open_array(p, mode='w', shape=(5, 3), chunks=(2, 2), dtype='<u1', fill_value=1)
+        z[0] = [7, 8, 9]
+        same = zarr.open_array(p, mode='w', shape=(5, 3), chunks=(2, 2), dtype='<u1', fill_value=1)
+        same[4] = 3
+        result = zarr.open(p, mode='r')[...]
+        """, p=str(mnt / "raw"))
+    want = np.ones((5, 3), "u1")
+    want[4] = 3
+    np.testing.assert_array_equal(got, want)
+    assert errors(mount, mnt) == []
+    umount(mount, mnt)
+    np.testing.assert_array_equal(read_native(src / "raw"), want)
+    assert sharding(zjson(src / "raw"))["chunk_shape"] == [2, 2]
+    assert sorted(str(p.relative_to(src / "raw")) for p in (src / "raw").rglob("*") if p.is_file()) == \
+        ["c/0/0", "zarr.json"]  # the old shards are gone; one shard holds the new chunks
+    assert_clean(src)
+
+
+def test_zattrs_before_zarray_and_nested_separator(tmp_path, mount):
+    src = tmp_path / "src"
+    build(src, [])
+    mnt = mount(src)
+    (mnt / "nest").mkdir()
+    (mnt / "nest" / ".zattrs").write_text(json.dumps({"_ARRAY_DIMENSIONS": ["t"], "a": [1, 2]}))
+    (mnt / "nest" / ".zarray").write_text(json.dumps({
+        "zarr_format": 2, "shape": [10], "chunks": [4], "dtype": "<i8", "compressor": None,
+        "fill_value": 3, "order": "C", "filters": None, "dimension_separator": "/"}))
+    assert json.loads((mnt / "nest" / ".zattrs").read_text()) == {"_ARRAY_DIMENSIONS": ["t"], "a": [1, 2]}
+    assert json.loads((mnt / "nest" / ".zarray").read_text())["dimension_separator"] == "/"
+    (mnt / "nest" / "1").write_bytes(np.arange(4, 8, dtype="<i8").tobytes())
+    got = zarr2("result = zarr.open(p, mode='r')[...]", p=str(mnt / "nest"))
+    assert got.tolist() == [3, 3, 3, 3, 4, 5, 6, 7, 3, 3]
+    umount(mount, mnt)
+    doc = zjson(src / "nest")
+    assert doc["dimension_names"] == ["t"] and doc["attributes"] == {"a": [1, 2], "_FillValue": 3}
+    assert read_native(src / "nest").tolist() == [3, 3, 3, 3, 4, 5, 6, 7, 3, 3]
+
+
+XR_SNIPPET = """
+import xarray as xr
+ds = xr.Dataset({"t": (("y", "x"), np.arange(12.0).reshape(3, 4))},
+                coords={"x": np.arange(4), "y": [10, 20, 30]})
+ds["t"][0, 0] = np.nan
+ds.to_zarr(root + "/ds", mode="w", **kw)
+more = xr.Dataset({"t": (("y", "x"), np.full((2, 4), 5.0))}, coords={"x": np.arange(4), "y": [40, 50]})
+more.to_zarr(root + "/ds", mode="a", append_dim="y", **kw)
+xr.Dataset({"flag": (("y",), np.array([True, False, True, False, False]))}).to_zarr(
+    root + "/ds", mode="a", **kw)
+ds.to_zarr(root + "/again", mode="w", **kw)
+ds.isel(y=[0]).to_zarr(root + "/again", mode="w", **kw)  # over an existing store: delete, then create
+out = {}
+for name in ("ds", "again"):
+    back = xr.open_zarr(root + "/" + name, **kw).load()
+    for var in ("t", "x", "y", "flag"):
+        if var in back:
+            out[name + "/" + var] = back[var].values
+            out[name + "/" + var + ":dtype"] = back[var].dtype.str
+"""
+
+
+def _xarray_expected() -> dict:
+    t = np.arange(12.0).reshape(3, 4)
+    t[0, 0] = np.nan
+    return {"ds/t": np.concatenate([t, np.full((2, 4), 5.0)]), "ds/x": np.arange(4), "ds/y": [10, 20, 30, 40, 50],
+            "ds/flag": [True, False, True, False, False], "again/t": t[:1], "again/x": np.arange(4), "again/y": [10]}
+
+
+def _xarray_native(src: Path) -> dict:
+    import xarray as xr
+
+    out = {}
+    for name in ("ds", "again"):
+        back = xr.open_zarr(str(src / name), consolidated=False).load()
+        for var in back.variables:
+            out[f"{name}/{var}"] = back[var].values
+            out[f"{name}/{var}:dtype"] = back[var].dtype.str
+    return out
+
+
+@pytest.mark.parametrize("client", ["xarray2025-zarr2", "xarray-zarr3"])
+def test_xarray_to_zarr_w_and_a_through_the_mount(client, tmp_path, mount):
+    src = tmp_path / "src"
+    build(src, [])
+    mnt = mount(src)
+    if client == "xarray2025-zarr2":
+        got = zarr2(XR_SNIPPET + "\nresult = out\n", root=str(mnt), kw={})
+    else:
+        scope: dict = {"np": np, "root": str(mnt), "kw": {"zarr_format": 2, "consolidated": False}}
+        exec(XR_SNIPPET, scope)
+        got = scope["out"]
+    assert errors(mount, mnt) == []
+    umount(mount, mnt)
+    native = _xarray_native(src)
+    for key, want in _xarray_expected().items():
+        if want is not None:
+            np.testing.assert_array_equal(got[key], want, err_msg=key)
+        np.testing.assert_array_equal(native[key], got[key], err_msg=f"{key}: native v3 read differs")
+        assert native[key + ":dtype"] == got[key + ":dtype"], key
+    assert got["ds/flag:dtype"] == "|b1"
+    assert_clean(src)
+
+
+# --------------------------------------------------------------------------- changing
+
+
+def test_resize_drops_chunks_past_the_edge_including_pending(tmp_path, mount):
+    src = tmp_path / "src"
+    exp = build(src, [RAW])["raw"]
+    mnt = mount(src)
+    res = zarr2("""
+        z = zarr.open(p, mode='r+')
+        z[16:20, 20:27] = 9          # pending chunks, then cut off
+        z.resize(12, 13)             # shrink: shards c/1/2 gone, chunks past row 3 / col 2 emptied
+        z.resize(20, 27)             # grow back: the dropped region reads as fill
+        z.append(np.ones((4, 27), dtype='i4'), axis=0)
+        result = {'data': z[...], 'shape': list(zarr.open(p, mode='r').shape)}
+        """, p=str(mnt / "raw"))
+    want = np.zeros((24, 27), "<i4")
+    want[:12, :15] = exp[:12, :15]  # whole chunks inside the (12, 13) edge are kept, as zarr does
+    want[20:24] = 1
+    assert res["shape"] == [24, 27]
+    np.testing.assert_array_equal(res["data"], want)
+    zarray = json.loads((mnt / "raw" / ".zarray").read_text())
+    zarray_bytes = (mnt / "raw" / ".zarray").read_bytes()
+    (mnt / "raw" / ".zarray").write_bytes(zarray_bytes)  # identical rewrite: accepted
+    for change in ({"dtype": "<i8"}, {"chunks": [2, 5]}, {"compressor": {"id": "gzip", "level": 1}}):
+        with pytest.raises(OSError) as e:
+            (mnt / "raw" / ".zarray").write_text(json.dumps({**zarray, **change}))
+        assert e.value.errno == errno.EPERM, change
+    assert len(errors(mount, mnt)) == 3, errors(mount, mnt)
+    umount(mount, mnt)
+    np.testing.assert_array_equal(read_native(src / "raw"), want)
+    assert zjson(src / "raw")["shape"] == [24, 27]
+    assert_clean(src)
+
+
+def test_consolidate_metadata_and_open_consolidated(tmp_path, mount):
+    src = tmp_path / "src"
+    exp = build(src, [RAW])["raw"]
+    mnt = mount(src)
+    res = zarr2("""
+        zarr.consolidate_metadata(mnt)
+        g = zarr.open_consolidated(mnt, mode='r')
+        result = {'raw': g['raw'][...], 'keys': sorted(json.loads(open(mnt + '/.zmetadata').read())['metadata'])}
+        """, mnt=str(mnt))
+    np.testing.assert_array_equal(res["raw"], exp)
+    assert res["keys"] == [".zattrs", ".zgroup", "raw/.zarray", "raw/.zattrs"]
+    umount(mount, mnt)
+    assert sorted(p.name for p in src.iterdir() if p.name != ".shardfs") == ["raw", "zarr.json"]
+
+
+def test_rm_r_deletes_arrays_and_groups_in_the_source(tmp_path, mount):
+    src = tmp_path / "src"
+    build(src, [RAW])
+    mnt = mount(src)
+    zarr2("g = zarr.open_group(mnt, mode='a'); g.create_group('grp').zeros('z', shape=(4,), chunks=(2,)); "
+          "g['grp/z'][...] = 1; result = np.zeros(0)", mnt=str(mnt))
+    run("rm", "-r", mnt / "raw")
+    run("rm", "-r", mnt / "grp")
+    assert sorted(os.listdir(mnt)) == [".zattrs", ".zgroup", ".zmetadata"]
+    assert errors(mount, mnt) == []
+    umount(mount, mnt)
+    assert sorted(p.name for p in src.iterdir() if p.name != ".shardfs") == ["zarr.json"]
+    assert_clean(src)
+
+
+def test_read_only_mount_refuses_structure_changes(tmp_path, mount):
+    src = tmp_path / "src"
+    build(src, [RAW])
+    mnt = mount(src, "-o", "ro")
+    for op in (lambda: os.mkdir(mnt / "x"), lambda: shutil.rmtree(mnt / "raw"),
+               lambda: (mnt / "raw" / ".zarray").write_text("{}")):
+        with pytest.raises(OSError) as e:
+            op()
+        assert e.value.errno == errno.EROFS
+    assert (src / "raw" / "zarr.json").is_file()
+
+
+# --------------------------------------------------------------------------- shell tools in
+
+
+@pytest.mark.parametrize("tool", ["rsync", "cp-a", "cp-r"])
+def test_shell_tools_copy_arrays_in(tool, tmp_path, mount):
+    src = tmp_path / "src"
+    exp = build(src, [RAW])["raw"]
+    data = (np.arange(20 * 27, dtype="<i4").reshape(20, 27) * 7) - 100
+    copy = v2_copy(tmp_path, "arr", data, (4, 5), {"id": "zstd", "level": 3})
+    mnt = mount(src)
+    cmd = {"rsync": ["rsync", "-a"], "cp-a": ["cp", "-a"], "cp-r": ["cp", "-r"]}[tool]
+    run(*cmd, f"{copy}/" if tool == "rsync" else copy, mnt / "new")  # a new array
+    if tool == "rsync":
+        run(*cmd, f"{copy}/", mnt / "raw")  # over an existing array with identical .zarray
+    else:
+        run(*cmd, f"{copy}/.", mnt / "raw")
+    assert errors(mount, mnt) == []
+    got = zarr2("result = {'new': zarr.open(a, mode='r')[...], 'raw': zarr.open(b, mode='r')[...]}",
+                a=str(mnt / "new"), b=str(mnt / "raw"))
+    np.testing.assert_array_equal(got["new"], data)
+    np.testing.assert_array_equal(got["raw"], data)
+    umount(mount, mnt)
+    np.testing.assert_array_equal(read_native(src / "new"), data)
+    np.testing.assert_array_equal(read_native(src / "raw"), data)
+    assert zjson(src / "new")["dimension_names"] == ["y", "x"]
+    assert zjson(src / "new")["attributes"] == {"units": "K", "_FillValue": 0}  # zarr 2's fill: xarray's mask
+    assert_clean(src)
+
+
+# --------------------------------------------------------------------------- copies out
+
+
+@pytest.mark.parametrize("tool", ["cp-r", "rsync", "copy_store"])
+def test_copies_out_hold_each_chunk_once(tool, tmp_path, mount):
+    src = tmp_path / "src"
+    exp = build(src, [RAW])["raw"]
+    mnt = mount(src, "-o", "ro")
+    out = tmp_path / "out"
+    if tool == "cp-r":
+        run("cp", "-r", mnt / "raw", out)
+    elif tool == "rsync":
+        run("rsync", "-a", f"{mnt / 'raw'}/", out)
+    else:
+        zarr2("zarr.copy_store(zarr.DirectoryStore(a), zarr.DirectoryStore(b)); result = np.zeros(0)",
+              a=str(mnt / "raw"), b=str(out))
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    stored = sorted(os.listdir(mnt / "raw"))
+    assert files == stored, f"copy holds {files}"
+    assert len([f for f in files if not f.startswith(".")]) == 4 + 12  # stored inner chunks
+    assert "c" not in os.listdir(mnt / "raw") and sorted(os.listdir(mnt / "raw" / "c" / "0" / "0")) == \
+        ["0.0", "0.1", "1.0", "1.1"]
+    got = zarr2("result = zarr.open(p, mode='r')[...]", p=str(out))
+    np.testing.assert_array_equal(got, read_native(src / "raw"))
+    np.testing.assert_array_equal(got, exp)
