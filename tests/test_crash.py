@@ -183,8 +183,11 @@ def run_trial(trial: int, base: Path, templates: dict) -> dict:
     try:
         m1.wait_live()
         t0 = time.monotonic()
-        writer = subprocess.Popen([sys.executable, "-S", "-c", WRITER, str(d / "plan.json")],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        # stderr to a file: stdout is read through its buffer only (``communicate`` would read
+        # the pipe directly and lose acknowledgements ``readline`` had already buffered)
+        with open(d / "writer.stderr", "wb") as stderr:
+            writer = subprocess.Popen([sys.executable, "-S", "-c", WRITER, str(d / "plan.json")],
+                                      stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, text=True)
         assert writer.stdout.readline().strip() == "ready"
         # most kills land while the writer runs (~0.2 s), some after it, during folds
         delay = rng.uniform(0.02, 0.25) if rng.random() < 0.75 else rng.uniform(0.25, 1.6)
@@ -203,7 +206,8 @@ def run_trial(trial: int, base: Path, templates: dict) -> dict:
                 abort_connection(mnt)
             m1.proc.wait(timeout=15)
         lazy_unmount(mnt)
-        out, err = writer.communicate(timeout=30)
+        writer.wait(timeout=30)
+        out = writer.stdout.read()
         acked = {int(line) for line in out.splitlines() if line.strip().isdigit()}
         assert acked == set(range(len(acked))), f"writer acknowledged out of order: {sorted(acked)}"
         result["acked"] = len(acked)
