@@ -1,17 +1,16 @@
 """The ``Storage`` contract (shardfs/storage/__init__.py), checked on every implementation.
 
-``ObjectStorage`` runs against a real SeaweedFS (tests/s3server.py) for ``s3://`` and a real
-Azurite (tests/azserver.py, skipped when not installed) for ``az://``, each test below its own
-prefix; ``LocalStorage`` (when present) against a temporary directory. The object-store-only
-part at the end covers what only a remote store has: ``check()`` at mount (bad credentials,
-missing bucket or prefix, unreachable endpoint), a server killed mid-read and restarted, and
-the trio bridge of its coroutines.
+``LocalStorage`` runs on a temporary directory; ``ObjectStorage`` against a real SeaweedFS
+(tests/s3server.py) for ``s3://`` and a real Azurite (tests/azserver.py, skipped when not
+installed) for ``az://``, each test below its own prefix. The object-store-only part at the end
+covers what only a remote store has: ``check()`` at mount (bad credentials, missing bucket or
+prefix, unreachable endpoint), a server killed mid-read and restarted, a short outage retried,
+the delay proxy, and the trio bridge of its coroutines.
 """
 
 from __future__ import annotations
 
 import errno
-import importlib.util
 import socket
 import sys
 import threading
@@ -25,12 +24,13 @@ import pytest
 from azserver import CONTAINER
 from s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3
 from shardfs.storage import ABSENT, Entry, Range, Version, VersionMismatch
+from shardfs.storage.local import LocalStorage
 from shardfs.storage.objects import PAGE, ObjectStorage, Retry, StorageUnavailable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from bench_lib.delayproxy import DelayProxy  # noqa: E402
 
-KINDS = ["objects", "azure"] + (["local"] if importlib.util.find_spec("shardfs.storage.local") else [])
+KINDS = ["local", "objects", "azure"]
 
 
 @pytest.fixture
@@ -61,8 +61,6 @@ def storage(request, tmp_path):
         yield st
         st.close()
     else:
-        from shardfs.storage.local import LocalStorage
-
         root = tmp_path / "src"
         root.mkdir()
         yield LocalStorage(str(root))
