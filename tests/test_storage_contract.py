@@ -272,6 +272,47 @@ def test_read_during_a_short_outage_is_retried_and_succeeds(tmp_path, monkeypatc
         server.stop()
 
 
+def test_5xx_is_retried_a_bounded_number_of_times_then_eio(monkeypatch):
+    """A server answering 503 to everything: exactly 1 + max_retries requests, then EIO."""
+    import http.server
+
+    hits: list[str] = []
+
+    class Unavailable(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.command)
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        st = ObjectStorage("s3://b/p", endpoint=f"http://127.0.0.1:{server.server_address[1]}",
+                           retry=Retry(max_retries=3, retry_timeout=10, init_backoff=0.05, max_backoff=0.2))
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as e:
+            st.read("k", [Range(0, 10)])
+        assert e.value.errno == errno.EIO and time.monotonic() - t0 < 5
+        assert hits == ["GET"] * 4
+        hits.clear()
+        with pytest.raises(OSError) as e:
+            st.version("k")
+        assert e.value.errno == errno.EIO and hits == ["HEAD"] * 4
+        st.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_delay_proxy_adds_its_delay_each_way(aws_env):
     st = _objects(aws_env)
     v = st.replace("k", [b"through the proxy"])
