@@ -22,7 +22,6 @@ import errno
 import functools
 import logging
 import os
-import stat
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
@@ -113,7 +112,7 @@ class Operations(pyfuse3.Operations):
         if handle is not None and handle.chunk is not None:
             return self._entry(self.view.chunk_attr(handle.chunk[0], inode, len(handle.data()), time.time_ns()))
         if handle is not None and handle.meta is not None:
-            return self._entry(Attr(inode, stat.S_IFREG | 0o644, len(handle.data()), time.time_ns()))
+            return self._entry(self.view.file_attr(inode, len(handle.data()), time.time_ns()))
         return self._entry(await self.view.getattr(inode))
 
     @_guard
@@ -166,15 +165,9 @@ class Operations(pyfuse3.Operations):
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
         st = self.view.source.statvfs()
         out = pyfuse3.StatvfsData()
-        out.f_bsize = st.f_bsize
-        out.f_frsize = st.f_frsize
-        out.f_blocks = st.f_blocks
-        out.f_bfree = st.f_bfree
-        out.f_bavail = st.f_bavail
-        out.f_files = st.f_files
-        out.f_ffree = st.f_ffree
-        out.f_favail = st.f_favail
-        out.f_namemax = st.f_namemax
+        for name in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_favail",
+                     "f_namemax"):
+            setattr(out, name, getattr(st, name))
         return out
 
     def _writable(self) -> "Writer":

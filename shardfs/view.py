@@ -37,7 +37,8 @@ from shardfs.layout import Unpresentable, parse_coord
 from shardfs.nodes import (ARRAY_DIRS, ArrayDirKey, ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, NodeKey,
                            ShardDirKey, StagingKey)
 from shardfs.shard import CorruptChunk, CorruptShard, Extent, IndexCache
-from shardfs.source import Source, Version
+from shardfs.storage import Unusable, Version
+from shardfs.storage.local import LocalStorage
 from shardfs.writeback import Pending, Writeback
 
 if TYPE_CHECKING:
@@ -164,9 +165,9 @@ def _join(path: str, name: str) -> str:
 
 
 class View:
-    """The mount's tree over one ``Source``."""
+    """The mount's tree over one source directory."""
 
-    def __init__(self, source: Source, read_only: bool = True, writeback: Writeback | None = None,
+    def __init__(self, source: LocalStorage, read_only: bool = True, writeback: Writeback | None = None,
                  ome: bool = True, chunk_cache: ChunkCache | None = None) -> None:
         self.source = source
         self.ome = ome
@@ -191,6 +192,7 @@ class View:
         self._read_ahead_done: set[tuple[str, Version]] = set()
         self.chunk_cache = chunk_cache if chunk_cache is not None else ChunkCache()
         self._reader = CachedReader()
+        self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
         self._file_mode = 0o444 if read_only else 0o644
         self._dir_mode = 0o555 if read_only else 0o755
 
@@ -236,7 +238,7 @@ class View:
             self._tmp.pop(st.ino, None)
         else:
             st.committed = committed
-            self._aliases.setdefault(self._node_ino(committed), set()).add(st.ino)
+            self._aliases.setdefault(self.inode(committed), set()).add(st.ino)
 
     def aliases(self, ino: int) -> set[int]:
         """Staging inodes that were committed onto node ``ino`` and show it."""
@@ -247,12 +249,13 @@ class View:
         st = self._tmp.get(ino)
         if st is not None and st.committed is not None:
             del self._tmp[ino]
-            target = self._node_ino(st.committed)
+            target = self.inode(st.committed)
             self._aliases[target].discard(ino)
             if not self._aliases[target]:
                 del self._aliases[target]
 
-    def _node_ino(self, key: NodeKey) -> int:
+    def inode(self, key: NodeKey) -> int:
+        """The inode that shows node ``key`` (allocated on first use); the inverse of ``node_key``."""
         return self.chunk_ino(key.arr, key.coords) if isinstance(key, ChunkKey) else self._ino(key)
 
     def allocated(self, key: NodeKey) -> int | None:
@@ -262,22 +265,39 @@ class View:
     def chunk_ino(self, arr: ArrayNode, coords: tuple[int, ...]) -> int:
         return CHUNK_BASE + (arr.slot << SLOT_SHIFT) + arr.info.layout.linear(coords)
 
+    def version(self, key: str) -> Version | None:
+        """``source.version``; a key that exists but is unusable (not a regular file, behind a
+        symlink out of the source) raises its errno, logged once per key and reason."""
+        try:
+            return self.source.version(key)
+        except Unusable as e:
+            if (key, e.strerror) not in self._unusable:
+                if len(self._unusable) >= 4096:
+                    self._unusable.clear()
+                self._unusable.add((key, e.strerror))
+                log.error("%s: not read: %s", self.source.describe(key), e.strerror)
+            raise fail(e.errno, e.strerror) from None
+
     # ----- metadata of the hierarchy ------------------------------------------------------
 
     async def _node(self, path: str) -> ArrayNode | GroupNode | None:
         """The group or array at ``path`` (re-read when its zarr.json changes), or None."""
         key = _join(path, "zarr.json")
-        version = self.source.version(key)
+        try:
+            version = self.version(key)
+        except OSError:
+            return None
         if version is None:
             return None
         cached = self._arrays.get(path) or self._groups.get(path)
         if cached is not None and cached.version == version:
             return cached
         try:
-            doc = json.loads(await blocking(self.source.read, key))
+            data, version = await blocking(self.source.read_all, key)
+            doc = json.loads(data)
             zarr_format, node_type = doc.get("zarr_format"), doc.get("node_type")
         except (OSError, ValueError, AttributeError) as e:
-            log.error("%s: unreadable metadata: %s", self.source.path(key), e)
+            log.error("%s: unreadable metadata: %s", self.source.describe(key), e)
             return None
         if zarr_format != 3:
             return None
@@ -298,7 +318,7 @@ class View:
                             "directories of shards take the \"/\" names)", self.source.path(key))
         except Unpresentable as e:
             info, error = None, str(e)
-            log.error("%s: array not shown as v2: %s", self.source.path(key), e)
+            log.error("%s: array not shown as v2: %s", self.source.describe(key), e)
         old = self._arrays.get(path)
         # A new layout (a resize, or an array deleted and made again) gets a new slot: the
         # kernel may still hold dentries of the old chunk inodes, which keep naming the old
@@ -328,7 +348,7 @@ class View:
         """
         key = self.shard_key(arr, shard)
         layout = arr.info.layout
-        version = self.source.version(key)
+        version = self.version(key)
         if version is None:
             return None
         if layout.index is None:
@@ -338,7 +358,7 @@ class View:
             try:
                 result = await blocking(shard_mod.read_index_sync, self.source, key, layout.index)
             except CorruptShard as e:
-                log.error("%s: corrupt shard: %s", self.source.path(key), e)
+                log.error("%s: corrupt shard: %s", self.source.describe(key), e)
                 self.index_cache.put(key, e.version, e)  # type: ignore[attr-defined]
                 raise fail(errno.EIO) from None
             if result is None:
@@ -382,6 +402,11 @@ class View:
         mode = stat.S_IFREG | self._file_mode
         nlink = 1 if arr.info.layout.index is None else 2
         return [Attr(ino, mode, max(size, 0), mtime, nlink) for ino, size, mtime in zip(inos, sizes, mtimes)]
+
+    def file_attr(self, ino: int, size: int, mtime_ns: int) -> Attr:
+        """What ``stat`` shows for a metadata or staging file: a regular file with the mount's
+        file mode, listed in one directory."""
+        return Attr(ino, stat.S_IFREG | self._file_mode, size, mtime_ns)
 
     def chunk_attr(self, arr: ArrayNode, ino: int, size: int, mtime_ns: int) -> Attr:
         """``chunk_attrs`` of one chunk file."""
@@ -481,42 +506,63 @@ class View:
                 raise fail(errno.ENOENT)
             if node.info is None:
                 raise fail(errno.ENOENT)
-            return await self._lookup_in_array(node, "", (), name)
-        if isinstance(key, ShardDirKey):
+            arr = node
+        elif isinstance(key, ARRAY_DIRS):
             arr = self._arrays[key.path]
-            shard = arr.info.layout.keys.parse(key.rel)
-            if shard is None:
-                return await self._lookup_in_array(arr, key.rel, None, name)
-            return await self._lookup_in_box(arr, 0, shard, name)
-        if isinstance(key, InnerShardKey):
-            return await self._lookup_in_box(self._arrays[key.path], key.level, key.box, name)
-        if isinstance(key, KeyDirKey):
-            arr = self._arrays[key.path]
-            return await self._lookup_in_array(arr, None, key.prefix, name)
-        raise fail(errno.ENOTDIR)
+        else:
+            raise fail(errno.ENOTDIR)
+        coords = self._chunk_named(arr, key, name)
+        if coords is not None:
+            return await self._chunk_entry(arr, coords)
+        return await self._lookup_dir(arr, key, name)
 
-    async def _lookup_in_array(self, arr: ArrayNode, rel: str | None, prefix: tuple[int, ...] | None,
-                               name: str) -> Attr:
-        """Resolve ``name`` in the array root (rel "" and prefix ()), an sdir (rel) or a kdir (prefix)."""
+    @staticmethod
+    def _box_of(arr: ArrayNode, key: DirKey | ArrayDirKey) -> tuple[int, tuple[int, ...]] | None:
+        """``(level, box)`` if ``key`` is a shard directory (level 0) or an inner shard (level >= 1)."""
+        if isinstance(key, InnerShardKey):
+            return key.level, key.box
+        shard = arr.info.layout.keys.parse(key.rel) if isinstance(key, ShardDirKey) else None
+        return None if shard is None else (0, shard)
+
+    def _chunk_named(self, arr: ArrayNode, key: DirKey | ArrayDirKey, name: str) -> tuple[int, ...] | None:
+        """The inner chunk whose file is entry ``name`` of directory ``key`` of array ``arr``, if
+        ``name`` spells one (in the grid or not, stored or not): the one place that says which
+        directories hold which chunk names."""
         layout = arr.info.layout
-        nested = layout.keys.view_separator == "/"
-        if prefix is not None:
-            i = parse_coord(name) if nested else None
-            if i is not None:
-                coords = prefix + (i,)
-                if len(coords) == layout.ndim:
-                    return await self._chunk_entry(arr, coords)
-                if len(coords) < layout.ndim and coords[-1] < layout.chunk_grid[len(coords) - 1]:
-                    return await self.getattr(self._ino(KeyDirKey(arr.path, coords)))
-            elif not nested and not prefix:
-                coords = layout.names.parse(name)
-                if coords is not None:
-                    return await self._chunk_entry(arr, coords)
+        box = self._box_of(arr, key)
+        if box is not None:  # a shard or inner shard directory: the innermost level holds chunks
+            coords = layout.names.parse(name) if box[0] == layout.depth else None
+            return coords if coords is not None and layout.box(coords, box[0]) == box[1] else None
+        if isinstance(key, ShardDirKey):  # a key prefix directory of the source
+            return None
+        if layout.keys.view_separator == "/":  # the root and key directories: one level per coordinate
+            i = parse_coord(name)
+            prefix = key.prefix if isinstance(key, KeyDirKey) else ()
+            return prefix + (i,) if i is not None and len(prefix) + 1 == layout.ndim else None
+        return layout.names.parse(name)
+
+    async def _lookup_dir(self, arr: ArrayNode, key: DirKey | ArrayDirKey, name: str) -> Attr:
+        """Entry ``name`` of directory ``key`` of array ``arr`` that is not a chunk file: a key
+        directory, a shard or key prefix directory of the source, or an inner shard."""
+        layout = arr.info.layout
+        box = self._box_of(arr, key)
+        if box is not None:
+            level, outer = box
+            coords = layout.names.parse(name) if level < layout.depth else None
+            if coords is None or layout.box(layout.box_origin(coords, level + 1), level) != outer:
+                raise fail(errno.ENOENT)
+            return await self._box_attr(arr, level + 1, coords)
+        if layout.keys.view_separator == "/" and not isinstance(key, ShardDirKey):
+            i = parse_coord(name)
+            prefix = key.prefix if isinstance(key, KeyDirKey) else ()
+            if i is not None and len(prefix) + 1 < layout.ndim and i < layout.chunk_grid[len(prefix)]:
+                return await self.getattr(self._ino(KeyDirKey(arr.path, prefix + (i,))))
+        rel = key.rel if isinstance(key, ShardDirKey) else "" if isinstance(key, DirKey) else None
         if rel is not None and layout.index is not None:
-            sub = _join(rel, self._source_name(arr, name))
+            sub = self._source_name(arr, name)
+            sub = None if sub is None else _join(rel, sub)
             if sub is not None and (layout.keys.is_prefix(sub) or layout.keys.parse(sub) is not None):
-                ino = self._ino(ShardDirKey(arr.path, sub))
-                return await self.getattr(ino)
+                return await self.getattr(self._ino(ShardDirKey(arr.path, sub)))
         raise fail(errno.ENOENT)
 
     def _source_name(self, arr: ArrayNode, name: str) -> str | None:
@@ -575,19 +621,6 @@ class View:
         return [(layout.names.key(child), self._dir_attr(self._ino(InnerShardKey(arr.path, level + 1, child)), mtime))
                 for child, mtime in sorted(newest.items())]
 
-    async def _lookup_in_box(self, arr: ArrayNode, level: int, box: tuple[int, ...], name: str) -> Attr:
-        layout = arr.info.layout
-        coords = layout.names.parse(name)
-        if coords is None:
-            raise fail(errno.ENOENT)
-        if level == layout.depth:
-            if layout.box(coords, level) != box:
-                raise fail(errno.ENOENT)
-            return await self._chunk_entry(arr, coords)
-        if layout.box(layout.box_origin(coords, level + 1), level) != box:
-            raise fail(errno.ENOENT)
-        return await self._box_attr(arr, level + 1, coords)
-
     def meta_names(self, node: ArrayNode | GroupNode) -> tuple[str, ...]:
         """The metadata files shown in a node's directory (not those unlinked through the mount)."""
         if isinstance(node, GroupNode):
@@ -628,7 +661,7 @@ class View:
             return await self._chunk_entry(key.arr, key.coords)
         if isinstance(key, StagingKey):
             st = key.staging
-            return Attr(ino, stat.S_IFREG | self._file_mode, len(st.data), st.mtime_ns)
+            return self.file_attr(ino, len(st.data), st.mtime_ns)
         if isinstance(key, DirKey):
             node = await self._node(key.path)
             if node is None:
@@ -641,13 +674,13 @@ class View:
             if node is None or key.name not in self.meta_names(node):
                 raise fail(errno.ENOENT)
             size = len(await self.meta_bytes(node, key.name))
-            return Attr(ino, stat.S_IFREG | self._file_mode, size, node.version.mtime_ns)
+            return self.file_attr(ino, size, node.version.mtime_ns)
         arr = self._arrays[key.path]
         if isinstance(key, ShardDirKey):
             src = _join(arr.path, key.rel)
             shard = arr.info.layout.keys.parse(key.rel)
             if shard is not None:
-                version = self.source.version(src)
+                version = self.version(src)
                 if version is not None:
                     return self._dir_attr(ino, version.mtime_ns)
                 if (self.writeback is not None and any(
@@ -687,8 +720,7 @@ class View:
             out = []
             for name in self.meta_names(node):
                 mino = self._ino(MetaKey(node.path, name))
-                out.append((name, Attr(mino, stat.S_IFREG | self._file_mode,
-                                       len(await self.meta_bytes(node, name)), node.version.mtime_ns)))
+                out.append((name, self.file_attr(mino, len(await self.meta_bytes(node, name)), node.version.mtime_ns)))
             if isinstance(node, GroupNode):
                 for name, is_dir in sorted(await blocking(self.source.listdir, node.path)):
                     child = _join(node.path, name)
@@ -705,13 +737,11 @@ class View:
         if not isinstance(key, ARRAY_DIRS):
             raise fail(errno.ENOTDIR)
         arr = self._arrays[key.path]
-        if isinstance(key, ShardDirKey):
-            shard = arr.info.layout.keys.parse(key.rel)
-            if shard is None:
-                return await self._list_array(arr, key.rel, None)
-            return await self._list_box(arr, 0, shard)
-        if isinstance(key, InnerShardKey):
-            return await self._list_box(arr, key.level, key.box)
+        box = self._box_of(arr, key)
+        if box is not None:
+            return await self._list_box(arr, *box)
+        if isinstance(key, ShardDirKey):  # a key prefix directory of the source
+            return await self._list_array(arr, key.rel, None)
         return await self._list_array(arr, None, key.prefix)
 
     async def _list_array(self, arr: ArrayNode, rel: str | None, prefix: tuple[int, ...] | None
@@ -758,29 +788,15 @@ class View:
         """The inner chunk that entry ``name`` of directory ``parent`` names, if any (stored or not)."""
         key = self.node_key(parent)
         if isinstance(key, DirKey):
-            node = await self._node(key.path)
-            if not isinstance(node, ArrayNode) or node.info is None:
+            arr = await self._node(key.path)
+            if not isinstance(arr, ArrayNode) or arr.info is None:
                 return None
-            arr, prefix = node, ()
         elif isinstance(key, ARRAY_DIRS):
             arr = self._arrays[key.path]
-            prefix = key.prefix if isinstance(key, KeyDirKey) else None
         else:
             return None
-        layout = arr.info.layout
-        if prefix is None:  # a shard or inner shard directory: the innermost holds chunks
-            level, box = (key.level, key.box) if isinstance(key, InnerShardKey) else (0, layout.keys.parse(key.rel))
-            coords = layout.names.parse(name) if box is not None and level == layout.depth else None
-            if coords is None or layout.box(coords, level) != box:
-                return None
-        elif layout.keys.view_separator == "/":
-            i = parse_coord(name)
-            if i is None or len(prefix) + 1 != layout.ndim:
-                return None
-            coords = prefix + (i,)
-        else:
-            coords = layout.names.parse(name)
-        return (arr, coords) if coords is not None and layout.in_grid(coords) else None
+        coords = self._chunk_named(arr, key, name)
+        return (arr, coords) if coords is not None and arr.info.layout.in_grid(coords) else None
 
     async def dir_node(self, ino: int) -> tuple[DirKey | ArrayDirKey, ArrayNode | GroupNode | None]:
         """``(key, node)`` of a directory inode: its key and the group/array it shows or belongs to."""
@@ -851,7 +867,7 @@ class View:
         try:
             return await blocking(arr.info.chunk.to_file, stored)
         except CorruptChunk as e:
-            where = self.source.path(key or arr.path)
+            where = self.source.describe(key or arr.path)
             log.error("%s: corrupt chunk %s: %s", where, arr.info.layout.names.key(coords), e)
             raise fail(errno.EIO) from None
 

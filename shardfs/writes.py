@@ -14,7 +14,6 @@ import errno
 import json
 import logging
 import math
-import stat
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -25,6 +24,7 @@ from shardfs.create import DEFAULT_SHARD_BYTES, XARRAY_FILL, Refused, array_doc,
 from shardfs.shard import CorruptChunk
 from shardfs.layout import ArrayLayout
 from shardfs.nodes import ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey, StagingKey
+from shardfs.storage import Unusable
 from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, fail, v2
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
 
@@ -82,8 +82,8 @@ class Writer:
             raise fail(errno.ENOENT)
         if isinstance(dir_key, DirKey) and node is not None and name in node_meta(node):
             # a metadata file unlinked before (rm, then cp): applied on close like a rewrite
-            ino = self.view._ino(MetaKey(node.path, name))
-            return Attr(ino, stat.S_IFREG | 0o644, 0, self.view.mount_ns), \
+            ino = self.view.inode(MetaKey(node.path, name))
+            return self.view.file_attr(ino, 0, self.view.mount_ns), \
                 WriteHandle(ino, buf=bytearray(), dirty=True, meta=(node.path, name))
         target = await self.view.chunk_at_name(parent, name)
         if target is not None:
@@ -102,13 +102,9 @@ class Writer:
             if truncate:
                 key.staging.data.clear()
             return WriteHandle(ino, staging=key.staging)
-        if isinstance(key, ChunkKey):
-            handle = WriteHandle(ino, chunk=(key.arr, key.coords))
-            if truncate:
-                handle.buf, handle.dirty = bytearray(), True
-            return handle
-        if isinstance(key, MetaKey):
-            handle = WriteHandle(ino, meta=(key.path, key.name))
+        if isinstance(key, (ChunkKey, MetaKey)):
+            handle = (WriteHandle(ino, chunk=(key.arr, key.coords)) if isinstance(key, ChunkKey)
+                      else WriteHandle(ino, meta=(key.path, key.name)))
             if truncate:
                 handle.buf, handle.dirty = bytearray(), True
             return handle
@@ -183,9 +179,14 @@ class Writer:
 
     async def commit(self, arr: ArrayNode, coords: tuple[int, ...], data: bytes | None) -> None:
         """Make ``data`` the content of inner chunk ``coords`` (None: empty it)."""
-        name = self.view.source.path(arr.path) + "/" + arr.info.layout.names.key(coords)
+        name = self.view.source.describe(arr.path) + "/" + arr.info.layout.names.key(coords)
         layout = arr.info.layout
         shard, pos = layout.locate(coords)
+        try:
+            self.view.source.check_write(self.view.shard_key(arr, shard))  # a non-regular file, a way out
+        except Unusable as e:
+            log.error("%s: write refused: %s", name, e.strerror)
+            raise fail(e.errno) from None
         found = await self.view.shard_table(arr, shard)  # refuses (EIO) to write into a corrupt shard
         if found is not None and shard_mod.has_corrupt(found[1]):
             log.error("%s: write refused: the shard holds a corrupt inner shard", name)
@@ -250,7 +251,7 @@ class Writer:
         await self.invalidate([ino] if ino else [])
 
     async def _doc(self, path: str) -> dict[str, Any]:
-        return json.loads(await blocking(self.view.source.read, _json(path, "zarr.json")))
+        return json.loads((await blocking(self.view.source.read_all, _json(path, "zarr.json")))[0])
 
     async def _write_doc(self, path: str, doc: dict[str, Any]) -> None:
         await blocking(self.view.source.replace, _json(path, "zarr.json"), [json.dumps(doc, indent=2).encode()])
@@ -318,7 +319,7 @@ class Writer:
         ``path``: its inode shows that file now, whose content (served from the v3
         metadata) differs from the bytes written, so the kernel's pages and size go."""
         self.view.drop_staging(parent, name, committed=MetaKey(path, meta))
-        await self.invalidate([self.view._ino(MetaKey(path, meta))])
+        await self.invalidate([self.view.inode(MetaKey(path, meta))])
 
     def _is_new_dir(self, ino: int) -> bool:
         key = self.view.node_key(ino)
@@ -433,13 +434,13 @@ class Writer:
                 (isinstance(node, GroupNode) or self._is_new_dir(parent)):
             path = f"{key.path}/{name}" if key.path else name
             self.view.new_dirs.add(path)
-            return await self.view.getattr(self.view._ino(DirKey(path)))
+            return await self.view.getattr(self.view.inode(DirKey(path)))
         if isinstance(node, ArrayNode) and node.info is not None and isinstance(key, (DirKey, ShardDirKey)):
             rel = f"{key.rel}/{name}" if isinstance(key, ShardDirKey) else name
             keys = node.info.layout.keys
             if node.info.layout.index is not None and (keys.is_prefix(rel) or keys.parse(rel) is not None):
                 self.view.made.add((node.path, rel))
-                return await self.view.getattr(self.view._ino(ShardDirKey(node.path, rel)))
+                return await self.view.getattr(self.view.inode(ShardDirKey(node.path, rel)))
         log.error("mkdir %s: only groups, arrays and key directories can be made", name)
         raise fail(errno.EPERM)
 
@@ -475,4 +476,4 @@ class Writer:
 def _remove_all(source: Any, keys: list[str]) -> None:
     """Delete ``keys`` from the source (their emptied directories go too)."""
     for key in keys:
-        source.remove(key)
+        source.delete(key)

@@ -28,15 +28,17 @@ Faults: 5xx, timeouts and dropped connections are retried by obstore with expone
 ``PermissionError``. ``check()`` (at mount) turns bad credentials, a missing bucket or prefix
 and an unreachable endpoint into one ``StorageUnavailable`` line.
 
-Concurrency, measured (scripts/bench_lib/s3concurrency.py, SeaweedFS behind a DelayProxy, 2
-loaded cores): 200 GETs of 200 ms each, started at once from 200 trio tasks, take 1.20 s
-through ``trio.to_thread`` (trio's default limit of 40 threads: five rounds), 0.40 s through
-``trio.to_thread`` with a limiter of 200 (200 threads, 0.13 s client CPU) and 0.39 s through
-obstore's async API on one asyncio loop thread awaited from trio (1 thread, 0.08 s client
-CPU). So every request here is a coroutine on one ``LoopThread``: the blocking ``Storage``
-methods wait for it (``LoopThread.run``), trio code awaits it without a worker thread
-(``LoopThread.trio_run`` on the ``a*`` coroutines), and a multi-range ``read`` has all its
-GETs in flight at once.
+Concurrency, measured (scripts/bench_lib/s3concurrency.py: SeaweedFS behind a DelayProxy of
+100 ms each way, 200 GETs started at once from 200 trio tasks, medians of 3, four runs on 2
+cores at load 7 to 16): trio's default limit of 40 threads takes 1.18-1.46 s (five rounds of
+round trips); ``trio.to_thread`` with a limiter of 200 takes 0.38-0.78 s (200 threads); obstore's
+async API on one asyncio loop thread, awaited from trio, takes 0.34-0.93 s (1 thread; client CPU
+0.06-0.09 s either way). The last two are equal within this machine's noise, so the choice is
+made on the rest: one thread however many requests are in flight, a multi-range ``read`` with all
+its GETs in flight from one call, and a cancelled trio task abandoning its request. Every request
+here is therefore a coroutine on one ``LoopThread``: the blocking ``Storage`` methods wait for it
+(``LoopThread.run``) and trio code awaits the ``a*`` coroutines without a worker thread
+(``LoopThread.trio_run``).
 
 Configuration: ``s3://`` reads the standard AWS variables (``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``/``AWS_DEFAULT_REGION``,
@@ -290,6 +292,9 @@ class ObjectStorage:
 
     def delete(self, key: str, if_version: Version | _Absent | None = None) -> None:
         self.loop.run(self.adelete(key, if_version))
+
+    def check_write(self, key: str) -> None:
+        """Nothing to refuse: a key of an object store is an object or nothing."""
 
     def list(self, prefix: str) -> Iterator[list[Entry]]:
         """See ``Storage.list``: pages of at most ``PAGE`` entries, files and sub-prefixes in
