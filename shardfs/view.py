@@ -37,7 +37,8 @@ from shardfs.layout import Unpresentable, parse_coord
 from shardfs.nodes import (ARRAY_DIRS, ArrayDirKey, ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, NodeKey,
                            ShardDirKey, StagingKey)
 from shardfs.shard import CorruptChunk, CorruptShard, Extent, IndexCache
-from shardfs.source import Source, Version
+from shardfs.storage import Unusable, Version
+from shardfs.storage.local import LocalStorage
 from shardfs.writeback import Pending, Writeback
 
 if TYPE_CHECKING:
@@ -176,9 +177,9 @@ def _join(path: str, name: str) -> str:
 
 
 class View:
-    """The mount's tree over one ``Source``."""
+    """The mount's tree over one source directory."""
 
-    def __init__(self, source: Source, read_only: bool = True, writeback: Writeback | None = None,
+    def __init__(self, source: LocalStorage, read_only: bool = True, writeback: Writeback | None = None,
                  ome: bool = True, chunk_cache: ChunkCache | None = None) -> None:
         self.source = source
         self.ome = ome
@@ -203,6 +204,7 @@ class View:
         self._read_ahead_done: set[tuple[str, Version]] = set()
         self.chunk_cache = chunk_cache if chunk_cache is not None else ChunkCache()
         self._reader = CachedReader()
+        self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
         self._file_mode = 0o444 if read_only else 0o644
         self._dir_mode = 0o555 if read_only else 0o755
 
@@ -275,12 +277,28 @@ class View:
     def chunk_ino(self, arr: ArrayNode, coords: tuple[int, ...]) -> int:
         return CHUNK_BASE + (arr.slot << SLOT_SHIFT) + arr.info.layout.linear(coords)
 
+    def version(self, key: str) -> Version | None:
+        """``source.version``; a key that exists but is unusable (not a regular file, behind a
+        symlink out of the source) raises its errno, logged once per key and reason."""
+        try:
+            return self.source.version(key)
+        except Unusable as e:
+            if (key, e.strerror) not in self._unusable:
+                if len(self._unusable) >= 4096:
+                    self._unusable.clear()
+                self._unusable.add((key, e.strerror))
+                log.error("%s: not read: %s", self.source.describe(key), e.strerror)
+            raise fail(e.errno, e.strerror) from None
+
     # ----- metadata of the hierarchy ------------------------------------------------------
 
     async def _node(self, path: str) -> ArrayNode | GroupNode | None:
         """The group or array at ``path`` (re-read when its zarr.json changes), or None."""
         key = _join(path, "zarr.json")
-        version = self.source.version(key)
+        try:
+            version = self.version(key)
+        except OSError:
+            return None
         if version is None:
             return None
         cached = self._arrays.get(path) or self._groups.get(path)
@@ -288,10 +306,11 @@ class View:
                 isinstance(cached, GroupNode) or cached.image == self._in_image(path)):
             return cached
         try:
-            doc = json.loads(await blocking(self.source.read, key))
+            data, version = await blocking(self.source.read_all, key)
+            doc = json.loads(data)
             zarr_format, node_type = doc.get("zarr_format"), doc.get("node_type")
         except (OSError, ValueError, AttributeError) as e:
-            log.error("%s: unreadable metadata: %s", self.source.path(key), e)
+            log.error("%s: unreadable metadata: %s", self.source.describe(key), e)
             return None
         if zarr_format != 3:
             return None
@@ -312,7 +331,7 @@ class View:
                             "directories of shards take the \"/\" names)", self.source.path(key))
         except Unpresentable as e:
             info, error = None, str(e)
-            log.error("%s: array not shown as v2: %s", self.source.path(key), e)
+            log.error("%s: array not shown as v2: %s", self.source.describe(key), e)
         old = self._arrays.get(path)
         # A new layout (a resize, or an array deleted and made again) gets a new slot: the
         # kernel may still hold dentries of the old chunk inodes, which keep naming the old
@@ -349,7 +368,7 @@ class View:
         """
         key = self.shard_key(arr, shard)
         layout = arr.info.layout
-        version = self.source.version(key)
+        version = self.version(key)
         if version is None:
             return None
         if layout.index is None:
@@ -359,7 +378,7 @@ class View:
             try:
                 result = await blocking(shard_mod.read_index_sync, self.source, key, layout.index)
             except CorruptShard as e:
-                log.error("%s: corrupt shard: %s", self.source.path(key), e)
+                log.error("%s: corrupt shard: %s", self.source.describe(key), e)
                 self.index_cache.put(key, e.version, e)  # type: ignore[attr-defined]
                 raise fail(errno.EIO) from None
             if result is None:
@@ -681,7 +700,7 @@ class View:
             src = _join(arr.path, key.rel)
             shard = arr.info.layout.keys.parse(key.rel)
             if shard is not None:
-                version = self.source.version(src)
+                version = self.version(src)
                 if version is not None:
                     return self._dir_attr(ino, version.mtime_ns)
                 if (self.writeback is not None and any(
@@ -738,13 +757,11 @@ class View:
         if not isinstance(key, ARRAY_DIRS):
             raise fail(errno.ENOTDIR)
         arr = self._arrays[key.path]
-        if isinstance(key, ShardDirKey):
-            shard = arr.info.layout.keys.parse(key.rel)
-            if shard is None:
-                return await self._list_array(arr, key.rel, None)
-            return await self._list_box(arr, 0, shard)
-        if isinstance(key, InnerShardKey):
-            return await self._list_box(arr, key.level, key.box)
+        box = self._box_of(arr, key)
+        if box is not None:
+            return await self._list_box(arr, *box)
+        if isinstance(key, ShardDirKey):  # a key prefix directory of the source
+            return await self._list_array(arr, key.rel, None)
         return await self._list_array(arr, None, key.prefix)
 
     async def _list_array(self, arr: ArrayNode, rel: str | None, prefix: tuple[int, ...] | None
@@ -870,7 +887,7 @@ class View:
         try:
             return await blocking(arr.info.chunk.to_file, stored)
         except CorruptChunk as e:
-            where = self.source.path(key or arr.path)
+            where = self.source.describe(key or arr.path)
             log.error("%s: corrupt chunk %s: %s", where, arr.info.layout.names.key(coords), e)
             raise fail(errno.EIO) from None
 

@@ -24,6 +24,7 @@ from shardfs.create import DEFAULT_SHARD_BYTES, XARRAY_FILL, Refused, array_doc,
 from shardfs.shard import CorruptChunk
 from shardfs.layout import ArrayLayout
 from shardfs.nodes import ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey, StagingKey
+from shardfs.storage import Unusable
 from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, fail, v2
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
 
@@ -178,9 +179,14 @@ class Writer:
 
     async def commit(self, arr: ArrayNode, coords: tuple[int, ...], data: bytes | None) -> None:
         """Make ``data`` the content of inner chunk ``coords`` (None: empty it)."""
-        name = self.view.source.path(arr.path) + "/" + arr.info.layout.names.key(coords)
+        name = self.view.source.describe(arr.path) + "/" + arr.info.layout.names.key(coords)
         layout = arr.info.layout
         shard, pos = layout.locate(coords)
+        try:
+            self.view.source.check_write(self.view.shard_key(arr, shard))  # a non-regular file, a way out
+        except Unusable as e:
+            log.error("%s: write refused: %s", name, e.strerror)
+            raise fail(e.errno) from None
         found = await self.view.shard_table(arr, shard)  # refuses (EIO) to write into a corrupt shard
         if found is not None and shard_mod.has_corrupt(found[1]):
             log.error("%s: write refused: the shard holds a corrupt inner shard", name)
@@ -245,7 +251,7 @@ class Writer:
         await self.invalidate([ino] if ino else [])
 
     async def _doc(self, path: str) -> dict[str, Any]:
-        return json.loads(await blocking(self.view.source.read, _json(path, "zarr.json")))
+        return json.loads((await blocking(self.view.source.read_all, _json(path, "zarr.json")))[0])
 
     async def _write_doc(self, path: str, doc: dict[str, Any]) -> None:
         await blocking(self.view.source.replace, _json(path, "zarr.json"), [json.dumps(doc, indent=2).encode()])
@@ -470,4 +476,4 @@ class Writer:
 def _remove_all(source: Any, keys: list[str]) -> None:
     """Delete ``keys`` from the source (their emptied directories go too)."""
     for key in keys:
-        source.remove(key)
+        source.delete(key)

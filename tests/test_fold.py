@@ -1,6 +1,6 @@
-"""What a fold writes: the README's "A shard is always replaced whole: a temporary file in the
-same directory, fsync, rename, fsync of the directory" (observed with strace on the real
-daemon) and "Rewritten shards store inner chunks in Morton (Z) order, as zarr-python 3 does"
+"""What a fold writes: the README's "A shard is always replaced whole" (its lock file in the
+same directory written, fsynced, renamed over the shard, then the directory fsynced: observed
+with strace on the real daemon) and "Rewritten shards store inner chunks in Morton (Z) order, as zarr-python 3 does"
 (zarr-python 3 writing the same data is the oracle)."""
 
 from __future__ import annotations
@@ -49,9 +49,12 @@ def fd_path(args: str) -> str:
 
 
 def rename_paths(name: str, args: str) -> tuple[str, str]:
-    quoted = re.findall(r'"((?:[^"\\]|\\.)*)"', args)
-    assert len(quoted) == 2, (name, args)
-    return quoted[0], quoted[1]
+    """Both paths of a rename; ``renameat``'s are joined to the directory strace ``-y`` prints
+    for their descriptor (``5</a/b>, "x"`` -> ``/a/b/x``)."""
+    parts = re.findall(r'(?:(\d+<[^>]*>|AT_FDCWD),\s*)?"((?:[^"\\]|\\.)*)"', args)
+    assert len(parts) == 2, (name, args)
+    old, new = (os.path.join(fd_path(d), p) if d and d != "AT_FDCWD" else p for d, p in parts)
+    return old, new
 
 
 def traced_daemon(mount_info) -> int:
