@@ -117,6 +117,13 @@ class ArrayNode:
     error: str | None
     fill_file: bytes | None = None
     fill_unlisted: bool = False
+    image: bool = False  # a level of an OME-Zarr image or label (described with "/" keys)
+    parent_mtime_ns: int = 0  # of the image group's metadata, which ``.zarray`` depends on
+
+    @property
+    def meta_mtime_ns(self) -> int:
+        """``st_mtime`` of ``.zarray``/``.zattrs``: changes when what they show may change."""
+        return max(self.version.mtime_ns, self.parent_mtime_ns)
 
 
 @dataclass
@@ -128,6 +135,11 @@ class GroupNode:
     zgroup: bytes
     zattrs: bytes
     image: bool = False
+
+    @property
+    def meta_mtime_ns(self) -> int:
+        """``st_mtime`` of ``.zgroup``/``.zattrs``/``.zmetadata``."""
+        return self.version.mtime_ns
 
 
 @dataclass
@@ -304,7 +316,8 @@ class View:
         if version is None:
             return None
         cached = self._arrays.get(path) or self._groups.get(path)
-        if cached is not None and cached.version == version:
+        if cached is not None and cached.version == version and (
+                isinstance(cached, GroupNode) or cached.image == self._in_image(path)):
             return cached
         try:
             data, version = await blocking(self.source.read_all, key)
@@ -339,13 +352,20 @@ class View:
         # geometry's chunks instead of other chunks of the new one.
         same = old is not None and (old.info.layout if old.info else None) == (info.layout if info else None)
         slot = old.slot if same else len(self._slots)
-        arr = ArrayNode(path, slot, version, info, error)
+        arr = ArrayNode(path, slot, version, info, error, image=image,
+                        parent_mtime_ns=parent.version.mtime_ns if image else 0)
         if not same:
             self._slots.append(arr)
         else:
             self._slots[slot] = arr
         self._arrays[path] = arr
         return arr
+
+    def _in_image(self, path: str) -> bool:
+        """True if the array at ``path`` is in an OME-Zarr image or label group, as last read
+        (no I/O: the group is re-read whenever it is looked at, and its arrays follow)."""
+        parent = self._groups.get(path.rpartition("/")[0]) if path else None
+        return parent is not None and parent.image
 
     # ----- shard indexes ------------------------------------------------------------------
 
@@ -700,7 +720,7 @@ class View:
             if node is None or key.name not in self.meta_names(node):
                 raise fail(errno.ENOENT)
             size = len(await self.meta_bytes(node, key.name))
-            return self.file_attr(ino, size, node.version.mtime_ns)
+            return self.file_attr(ino, size, node.meta_mtime_ns)
         arr = self._arrays[key.path]
         if isinstance(key, ShardDirKey):
             src = _join(arr.path, key.rel)
@@ -746,7 +766,7 @@ class View:
             out = []
             for name in self.meta_names(node):
                 mino = self._ino(MetaKey(node.path, name))
-                out.append((name, self.file_attr(mino, len(await self.meta_bytes(node, name)), node.version.mtime_ns)))
+                out.append((name, self.file_attr(mino, len(await self.meta_bytes(node, name)), node.meta_mtime_ns)))
             if isinstance(node, GroupNode):
                 for name, is_dir in sorted(await blocking(self.source.listdir, node.path)):
                     child = _join(node.path, name)

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import read_native, zarr2
 from writers import umount
-from writehelpers import Spec, build, leftovers
+from sources import Spec, build, leftovers
 
 s = slice
 # A sharded array with data in two of its four shards, default key encoding.
