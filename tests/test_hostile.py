@@ -32,7 +32,7 @@ import pytest
 
 from conftest import is_mounted, run_shardfs
 from shardfs.journal import segments_under
-from writehelpers import Spec, assert_source_equals, build, journal_entries, leftovers
+from sources import Spec, assert_source_equals, build, journal_entries, leftovers
 from writers import umount
 
 s = slice
