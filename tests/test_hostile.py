@@ -15,12 +15,10 @@
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import itertools
 import os
 import socket
-import struct
 import subprocess
 import sys
 import threading
