@@ -196,6 +196,8 @@ class View:
         self.new_dirs: set[str] = set()  # directories made by mkdir, until a .zarray/.zgroup lands
         self.made: set[tuple[str, str]] = set()  # (array, rel): key directories made by mkdir
         self.hidden: set[tuple[str, str]] = set()  # (node, name): metadata files unlinked (rm -r)
+        self.created: set[str] = set()  # arrays created through the mount (see _key_dir_shown)
+        self.made_keys: set[tuple[str, tuple[int, ...]]] = set()  # (array, prefix): key dirs made there
         self._tmp: dict[int, Staging] = {}
         self._aliases: dict[int, set[int]] = {}
         self._next_ino = itertools.count(ROOT_INODE + 1)
@@ -269,6 +271,18 @@ class View:
     def inode(self, key: NodeKey) -> int:
         """The inode that shows node ``key`` (allocated on first use); the inverse of ``node_key``."""
         return self.chunk_ino(key.arr, key.coords) if isinstance(key, ChunkKey) else self._ino(key)
+
+    def rebind(self, old: NodeKey, new: NodeKey) -> int | None:
+        """Make the inode of ``old`` show ``new`` (a directory made before its array existed
+        becomes one of its key directories); its inode, or None if ``old`` had none or
+        ``new`` has one already."""
+        ino = self._inos.get(old)
+        if ino is None or new in self._inos:
+            return None
+        del self._inos[old]
+        self._keys[ino] = new
+        self._inos[new] = ino
+        return ino
 
     def allocated(self, key: NodeKey) -> int | None:
         """The inode of a node key if the kernel may know it, else None."""
@@ -575,7 +589,8 @@ class View:
         if layout.keys.view_separator == "/" and not isinstance(key, ShardDirKey):
             i = parse_coord(name)
             prefix = key.prefix if isinstance(key, KeyDirKey) else ()
-            if i is not None and len(prefix) + 1 < layout.ndim and i < layout.chunk_grid[len(prefix)]:
+            if i is not None and len(prefix) + 1 < layout.ndim and i < layout.chunk_grid[len(prefix)] \
+                    and await self._key_dir_shown(arr, prefix + (i,)):
                 return await self.getattr(self._ino(KeyDirKey(arr.path, prefix + (i,))))
         rel = key.rel if isinstance(key, ShardDirKey) else "" if isinstance(key, DirKey) else None
         if rel is not None and layout.index is not None:
@@ -584,6 +599,17 @@ class View:
             if sub is not None and (layout.keys.is_prefix(sub) or layout.keys.parse(sub) is not None):
                 return await self.getattr(self._ino(ShardDirKey(arr.path, sub)))
         raise fail(errno.ENOENT)
+
+    async def _key_dir_shown(self, arr: ArrayNode, prefix: tuple[int, ...]) -> bool:
+        """Whether key directory ``prefix`` (dimension_separator "/") resolves. Every prefix in
+        the grid does, except in arrays created through this mount, where one holding no
+        chunk exists only once made: ``cp -r`` makes them right after the .zarray, and the
+        kernel answers its mkdir with EEXIST if the lookup succeeds."""
+        if arr.path not in self.created or (arr.path, prefix) in self.made_keys:
+            return True
+        chunks = ChunkSet.concat([await self.shard_chunks(arr, s) for s in await self.stored_shards(arr)],
+                                 arr.info.layout.ndim)
+        return bool(np.any(np.all(chunks.coords[:, :len(prefix)] == np.array(prefix, dtype=np.int64), axis=1)))
 
     def _source_name(self, arr: ArrayNode, name: str) -> str | None:
         """Source entry name for view entry ``name`` (1-D v2 keys carry a ``.shard`` suffix)."""
