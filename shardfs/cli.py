@@ -31,6 +31,7 @@ log = logging.getLogger("shardfs")
 COMMANDS = ("mount", "umount", "inspect")
 BARE_FORM = ("`shardfs SRC MNT [-o OPT,...]` is `shardfs mount SRC MNT ...` "
              "(the form mount -t fuse.shardfs and /etc/fstab use).")
+UMOUNT_TIMEOUT = 60.0
 
 
 class UsageError(Exception):
@@ -88,7 +89,10 @@ def _parser() -> argparse.ArgumentParser:
     i.set_defaults(run=_cmd_inspect)
     u = sub.add_parser("umount", help="flush pending writes and unmount MNT")
     u.add_argument("mnt", metavar="MNT")
-    u.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the flush")
+    u.add_argument("--timeout", type=float, default=UMOUNT_TIMEOUT, metavar="S",
+                   help=f"seconds to wait for pending writes to reach their shards (default {UMOUNT_TIMEOUT:g}); "
+                        "then the daemon is stopped and what is left stays in the write journal, "
+                        "replayed by the next mount")
     u.set_defaults(run=_cmd_umount)
     return p
 
@@ -197,7 +201,7 @@ def _setup_logging(args: argparse.Namespace) -> None:
 def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed) -> int:
     """Serve the mount in this process until unmounted or signalled."""
     from shardfs.fuse_ops import Timeouts
-    from shardfs.source import Source
+    from shardfs.storage.local import LocalStorage
 
     args.debug = args.debug or "debug" in opts.own
     try:
@@ -211,7 +215,7 @@ def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed) -> int
     read_only = args.read_only or opts.read_only
     timeouts = Timeouts(float(own.get("entry_timeout", Timeouts.entry)),
                         float(own.get("attr_timeout", Timeouts.attr)))
-    source = Source(args.src)
+    source = LocalStorage(args.src, follow_symlinks="follow_symlinks" in own)
     with contextlib.ExitStack() as cleanup:
         writeback = None
         if not read_only:
@@ -321,20 +325,24 @@ async def _serve(ops: Any, writeback: Any) -> None:
     """Run the FUSE loop; on SIGINT/SIGTERM fold pending writes into the shards and end it.
 
     Pending writes are also folded when the loop ends otherwise (``fusermount3 -u``).
+    Changes that cannot be folded stay in the journal (``Writeback.flush`` says why).
     """
     import pyfuse3
     import trio
 
     from shardfs import view as view_mod
 
+    flushed = False
     async with trio.open_nursery() as nursery:
 
         async def on_signal() -> None:
+            nonlocal flushed
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for sig in signals:
                     log.info("signal %d: flushing and unmounting", sig)
                     if writeback is not None:
                         await writeback.flush()
+                        flushed = True
                     pyfuse3.terminate()
                     return
 
@@ -344,7 +352,7 @@ async def _serve(ops: Any, writeback: Any) -> None:
             nursery.start_soon(writeback.run)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
-    if writeback is not None:
+    if writeback is not None and not flushed:
         writeback.on_folded = None  # the kernel connection is gone: nothing to invalidate
         await writeback.flush()
 
@@ -355,7 +363,7 @@ def _replay_target(source: Any, array_path: str, shard: tuple[int, ...]) -> Any:
     from shardfs.writes import shard_target
 
     try:
-        doc = json.loads(source.read(f"{array_path}/zarr.json" if array_path else "zarr.json"))
+        doc = json.loads(source.read_all(f"{array_path}/zarr.json" if array_path else "zarr.json")[0])
         return shard_target(array_path, describe_array(doc).layout, shard)
     except (OSError, ValueError):
         return None
@@ -385,6 +393,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_umount(args: argparse.Namespace) -> int:
+    """SIGTERM the daemon (it folds pending writes, then unmounts); after ``--timeout`` seconds
+    SIGKILL it (the journal keeps every acknowledged change) and unmount lazily. Prints what
+    is left in the journal and why; status 1 if anything is."""
     mnt = os.path.abspath(args.mnt)
     if not os.path.ismount(mnt):
         raise UsageError(f"{args.mnt}: not mounted")
@@ -394,13 +405,77 @@ def _cmd_umount(args: argparse.Namespace) -> int:
         if result.returncode:
             raise UsageError(result.stderr.strip() or f"{args.mnt}: cannot unmount")
         return 0
+    found = daemon_journal(pid)
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + args.timeout
+    killed = False
     while _alive(pid) or os.path.ismount(mnt):
         if time.monotonic() > deadline:
-            raise UsageError(f"{args.mnt}: daemon {pid} did not finish within {args.timeout:g} s")
+            print(f"shardfs: {args.mnt}: pending writes not folded within {args.timeout:g} s: "
+                  f"stopping daemon {pid}", file=sys.stderr)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            killed = True
+            _wait_gone(pid, 10.0)
+            subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
+            break
         time.sleep(0.05)
-    return 0
+    lines = _kept_report(*found, pid, killed) if found is not None else []
+    for line in lines:
+        print(f"shardfs: {line}", file=sys.stderr)
+    if lines:
+        print(f"shardfs: they are folded by the next mount of {found[0]}", file=sys.stderr)
+    return 1 if lines or killed else 0
+
+
+def _wait_gone(pid: int, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _kept_report(src: str, root: str, pid: int, killed: bool) -> list[str]:
+    """One line per shard whose changes are still in the journal of daemon ``pid`` (under the
+    journal root ``root``): how many, and why (the daemon's note; a killed daemon's journal is
+    counted record by record)."""
+    from shardfs.journal import kept_line, read_kept
+    from shardfs.storage.local import LocalStorage
+
+    try:
+        mine = [n for n in os.listdir(root) if n.endswith(f"-{pid}")]
+    except OSError:
+        mine = []
+    if not mine:
+        return []
+    pending, note = read_kept(os.path.join(root, mine[0]))
+    if not killed:
+        return [kept_line(key, n, reason) for key, (n, reason) in sorted(note.items())]
+    source = LocalStorage(src)
+    lines = []
+    for (array, shard), positions in sorted(pending.items()):
+        target = _replay_target(source, array, shard)
+        key = target.key if target is not None else f"{array} shard {shard}"
+        reason = note.get(key, (0, "not folded before the timeout"))[1]
+        lines.append(kept_line(key, len(positions), reason))
+    return lines
+
+
+def daemon_journal(pid: int) -> tuple[str, str] | None:
+    """The source directory a daemon serves and its journal root, from its command line
+    (``... mount SRC MNT -f [-o journal_dir=DIR] ...``, relative paths against its cwd)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="surrogateescape") for a in f.read().split(b"\0")][:-1]
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+        args = _parser().parse_args(argv[argv.index("mount"):])
+        own = options.parse(args.options).own
+    except (OSError, ValueError, SystemExit):
+        return None
+    src = os.path.normpath(os.path.join(cwd, args.src))
+    override = own.get("journal_dir")
+    return src, state.journal_dir(src, os.path.join(cwd, override) if override else None)
 
 
 def _alive(pid: int) -> bool:

@@ -22,7 +22,12 @@ Contracts:
   included: once everything is released the directory is empty.
 - ``recover`` reads what an earlier daemon left: segments in name order,
   records in file order, each segment up to its first incomplete or damaged
-  record (never acknowledged: the append did not return). ``clear`` deletes it.
+  record (never acknowledged: the append did not return). ``discard_recovered``
+  deletes those segments (after their changes reached their shards or were appended
+  again to a new segment).
+- ``KEPT`` (``kept.json``), when present, says which shards' changes could not be
+  folded and why: ``{shard key: [pending chunk changes, reason]}``, written by
+  ``note_kept``; ``shardfs umount`` reports it.
 
 Several daemons may write one source at once (two mounts), so a source's
 journal root holds one journal directory per daemon,
@@ -48,7 +53,7 @@ from typing import Iterable
 import crc32c
 import trio
 
-from shardfs.source import fsync_dir
+from shardfs.storage.local import fsync_dir
 
 log = logging.getLogger("shardfs")
 
@@ -56,6 +61,7 @@ MAGIC = b"SFJ1"
 HEADER = struct.Struct("<4sIQI")  # magic, meta length, data length, crc32c over meta + data
 SEGMENT_BYTES = 64 << 20  # a segment is rotated once it is this long
 SEGMENT_NAME = re.compile(r"\d{20}\.seg")
+KEPT = "kept.json"
 DAEMON_DIR = re.compile(r"\d{20}-\d+")
 
 
@@ -135,6 +141,7 @@ class Journal:
         self._unsynced: set[str] = set()  # segments appended to since the last sync
         self._new_dirs: list[str] = []  # directories with entries created since the last sync
         self._sync_lock = trio.Lock()
+        self._recovered: list[str] = []  # segments read by ``recover``
 
     # ----- appending ----------------------------------------------------------------------
 
@@ -212,12 +219,21 @@ class Journal:
             dirs, self._new_dirs = self._new_dirs, []
             if not (paths or dirs):
                 return
-            try:
-                await trio.to_thread.run_sync(_fsync_all, paths, dirs)
-            except BaseException:
-                self._unsynced |= paths  # not durable: the next sync tries again
-                self._new_dirs += dirs
-                raise
+            await trio.to_thread.run_sync(self._sync_now, paths, dirs)
+
+    def sync_blocking(self) -> None:
+        """``sync`` for callers outside trio (the replay before mounting)."""
+        paths, self._unsynced = self._unsynced, set()
+        dirs, self._new_dirs = self._new_dirs, []
+        self._sync_now(paths, dirs)
+
+    def _sync_now(self, paths: set[str], dirs: list[str]) -> None:
+        try:
+            _fsync_all(paths, dirs)
+        except BaseException:
+            self._unsynced |= paths  # not durable: the next sync tries again
+            self._new_dirs += dirs
+            raise
 
     # ----- recovery -----------------------------------------------------------------------
 
@@ -229,10 +245,12 @@ class Journal:
             names = sorted(os.listdir(self.directory))
         except FileNotFoundError:
             return []
-        strange = [n for n in names if not SEGMENT_NAME.fullmatch(n)]
+        strange = [n for n in names if not SEGMENT_NAME.fullmatch(n) and n != KEPT]
         if strange:
             raise JournalError(f"{self.directory}: not journal segments: {', '.join(strange[:5])}"
                                f"{' ...' if len(strange) > 5 else ''}")
+        self._recovered = names  # the note of kept changes goes with the segments
+        names = [n for n in names if n != KEPT]
         changes = []
         for name in names:
             path = os.path.join(self.directory, name)
@@ -247,15 +265,59 @@ class Journal:
             self._next = int(names[-1][:20]) + 1
         return changes
 
-    def clear(self) -> None:
-        """Delete every segment (after ``recover``ed changes were applied) durably."""
-        try:
-            names = os.listdir(self.directory)
-        except FileNotFoundError:
-            return
-        for name in names:
+    def discard_recovered(self) -> None:
+        """Delete the segments ``recover`` read (and the note of kept changes), durably: their
+        changes reached their shards, or were appended again."""
+        for name in self._recovered:
             os.unlink(os.path.join(self.directory, name))
-        fsync_dir(self.directory)
+        if self._recovered:
+            fsync_dir(self.directory)
+        self._recovered = []
+
+    # ----- why records are kept -----------------------------------------------------------
+
+    def note_kept(self, reasons: dict[str, tuple[int, str]]) -> None:
+        """Record which shards' changes cannot be folded: ``{key: (changes, reason)}``
+        (``{}``: remove the note)."""
+        path = os.path.join(self.directory, KEPT)
+        if not reasons:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            return
+        os.makedirs(self.directory, exist_ok=True)
+        with open(path, "w") as f:  # small, rewritten whole; a torn note is only a worse message
+            json.dump(reasons, f, indent=1, sort_keys=True)
+
+
+def kept_line(key: str, changes: int, reason: str) -> str:
+    """How a log line and ``shardfs umount`` say that a shard's changes stay in the journal."""
+    return f"{changes} change{'s' if changes != 1 else ''} to {key} kept in the journal: {reason}"
+
+
+def read_kept(directory: str) -> tuple[dict[tuple[str, tuple[int, ...]], set[int]], dict[str, tuple[int, str]]]:
+    """What a journal directory holds, without changing it: the chunk positions with records
+    per ``(array, shard)`` (records already folded included), and the ``kept.json`` note."""
+    pending: dict[tuple[str, tuple[int, ...]], set[int]] = {}
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return {}, {}
+    reasons: dict[str, tuple[int, str]] = {}
+    for name in names:
+        path = os.path.join(directory, name)
+        if name == KEPT:
+            try:
+                with open(path) as f:
+                    reasons = {k: (int(n), str(r)) for k, (n, r) in json.load(f).items()}
+            except (OSError, ValueError, TypeError):
+                pass
+        elif SEGMENT_NAME.fullmatch(name):
+            with open(path, "rb") as f:
+                for change in decode_records(f.read())[0]:
+                    pending.setdefault((change.array, change.shard), set()).add(change.pos)
+    return pending, reasons
 
 
 def _fsync_all(paths: set[str], dirs: list[str]) -> None:

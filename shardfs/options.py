@@ -33,6 +33,7 @@ OWN = (
     Option("shard_size", "SIZE", "uncompressed size of a shard of an array created through the mount "
                                  "(default 64M)"),
     Option("journal_dir", "DIR", "write journal here (default $XDG_STATE_HOME/shardfs/<id>/journal)"),
+    Option("follow_symlinks", None, "read through symlinks that leave SRC (they are never written)"),
     Option("debug", None, "log every request (as --debug)"),
     Option("no_ome_translation", None, "show OME-Zarr 0.5 attributes as stored (as --no-ome-translation)"),
 )

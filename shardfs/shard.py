@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import random
+import time
 from typing import NamedTuple
 
 import numpy as np
@@ -17,9 +19,11 @@ import numpy as np
 from shardfs.index import EMPTY, CorruptIndex
 from shardfs.lru import SizedLRU
 from shardfs.shardfile import CORRUPT, ShardFormat, assemble, outermost, read_table
-from shardfs.source import Source, Version
+from shardfs.storage import ABSENT, Storage, Version, VersionMismatch
+from shardfs.storage.local import LocalStorage
 
 log = logging.getLogger("shardfs")
+RACES = 20  # a rewrite that finds the shard changed this many times in a row gives up (and is retried later)
 _EMPTY, _CORRUPT = int(EMPTY), int(CORRUPT)
 
 
@@ -53,7 +57,7 @@ class IndexCache(SizedLRU[tuple[str, Version], "np.ndarray | CorruptShard"]):
         super().put((key, version), item)
 
 
-def read_index_sync(source: Source, key: str, fmt: ShardFormat) -> tuple[Version, np.ndarray] | None:
+def read_index_sync(source: LocalStorage, key: str, fmt: ShardFormat) -> tuple[Version, np.ndarray] | None:
     """Read and verify a shard's flat table (``shardfile``); None if the shard does not exist.
 
     One ranged read per index: the shard's, plus one per stored inner shard
@@ -77,7 +81,7 @@ def read_index_sync(source: Source, key: str, fmt: ShardFormat) -> tuple[Version
     for pos, reason in problems.items():
         where = tuple(int(i) for i in np.unravel_index(pos, outermost(fmt).chunks_per_shard))
         log.error("%s: corrupt inner shard at %s of the shard's grid of inner shards: %s",
-                  source.path(key), where, reason)
+                  source.describe(key), where, reason)
     return version, table
 
 
@@ -94,7 +98,7 @@ def extent(key: str, version: Version, table: np.ndarray, pos: int) -> Extent | 
     return Extent(key, version, offset, nbytes)
 
 
-def open_extent_sync(source: Source, ext: Extent) -> int | None:
+def open_extent_sync(source: LocalStorage, ext: Extent) -> int | None:
     """Open the shard holding ``ext``; None if it was replaced since ``ext`` was resolved."""
     try:
         fd, version = source.open(ext.key)
@@ -111,28 +115,40 @@ def has_corrupt(table: np.ndarray) -> bool:
     return bool(np.any(table[:, 1] == CORRUPT))
 
 
-def rewrite_sync(source: Source, key: str, fmt: ShardFormat | None,
+def rewrite_sync(source: Storage, key: str, fmt: ShardFormat | None,
                  changes: dict[int, bytes | None]) -> Version | None:
     """Apply ``changes`` (index position -> stored chunk bytes, None = empty it) to a shard.
 
-    The shard is rebuilt (``shardfile.assemble``: Morton order, nested inner
-    shards rebuilt) and replaced atomically (``Source.replace``); a shard left
-    without chunks is deleted. Returns the new version, None if the shard was
-    deleted. Raises ``CorruptShard`` if the existing shard or one of its inner
-    shards is unusable (nothing is written).
+    The shard is read, rebuilt (``shardfile.assemble``: Morton order, nested inner
+    shards rebuilt) and replaced atomically only if it is still the version that was read
+    (``Storage.replace``/``delete`` with ``if_version``): when another writer (another
+    mount, tensorstore) changed it in between, it is read again and the changes applied on
+    top of the new content. A shard left without chunks is deleted. Returns the new version,
+    None if the shard was deleted. Raises ``CorruptShard`` if the existing shard or one of
+    its inner shards is unusable, ``OSError`` if the source refuses (nothing is written).
     """
-    if fmt is None:  # an unsharded chunk: the "shard" is the chunk itself
+    for attempt in range(RACES):
+        try:
+            return _rewrite_once(source, key, fmt, changes)
+        except VersionMismatch:
+            log.debug("%s: changed by another writer while folding; reading it again", source.describe(key))
+            time.sleep(random.uniform(0, 0.002 * (attempt + 1)))
+    raise OSError(f"the shard changed under {RACES} rewrites in a row")
+
+
+def _rewrite_once(source: Storage, key: str, fmt: ShardFormat | None,
+                  changes: dict[int, bytes | None]) -> Version | None:
+    if fmt is None:  # an unsharded chunk: the "shard" is the chunk itself (last writer wins)
         data = changes[0]
         if data is None:
-            source.remove(key)
+            source.delete(key)
             return None
         return source.replace(key, [data])
     chunks: dict[int, bytes | memoryview] = {}
     try:
-        with open(source.path(key), "rb") as f:
-            old = f.read()
+        old, version = source.read_all(key)
     except FileNotFoundError:
-        old = b""
+        old, version = b"", ABSENT
     if old:
         problems: dict[int, str] = {}
         try:
@@ -151,6 +167,6 @@ def rewrite_sync(source: Source, key: str, fmt: ShardFormat | None,
         else:
             chunks[pos] = data
     if not chunks:
-        source.remove(key)
+        source.delete(key, if_version=version)
         return None
-    return source.replace(key, assemble(fmt, chunks))
+    return source.replace(key, assemble(fmt, chunks), if_version=version)

@@ -37,7 +37,8 @@ from shardfs.layout import Unpresentable, parse_coord
 from shardfs.nodes import (ARRAY_DIRS, ArrayDirKey, ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, NodeKey,
                            ShardDirKey, StagingKey)
 from shardfs.shard import CorruptChunk, CorruptShard, Extent, IndexCache
-from shardfs.source import Source, Version
+from shardfs.storage import Unusable, Version
+from shardfs.storage.local import LocalStorage
 from shardfs.writeback import Pending, Writeback
 
 if TYPE_CHECKING:
@@ -116,6 +117,13 @@ class ArrayNode:
     error: str | None
     fill_file: bytes | None = None
     fill_unlisted: bool = False
+    image: bool = False  # a level of an OME-Zarr image or label (described with "/" keys)
+    parent_mtime_ns: int = 0  # of the image group's metadata, which ``.zarray`` depends on
+
+    @property
+    def meta_mtime_ns(self) -> int:
+        """``st_mtime`` of ``.zarray``/``.zattrs``: changes when what they show may change."""
+        return max(self.version.mtime_ns, self.parent_mtime_ns)
 
 
 @dataclass
@@ -127,6 +135,11 @@ class GroupNode:
     zgroup: bytes
     zattrs: bytes
     image: bool = False
+
+    @property
+    def meta_mtime_ns(self) -> int:
+        """``st_mtime`` of ``.zgroup``/``.zattrs``/``.zmetadata``."""
+        return self.version.mtime_ns
 
 
 @dataclass
@@ -164,9 +177,9 @@ def _join(path: str, name: str) -> str:
 
 
 class View:
-    """The mount's tree over one ``Source``."""
+    """The mount's tree over one source directory."""
 
-    def __init__(self, source: Source, read_only: bool = True, writeback: Writeback | None = None,
+    def __init__(self, source: LocalStorage, read_only: bool = True, writeback: Writeback | None = None,
                  ome: bool = True, chunk_cache: ChunkCache | None = None) -> None:
         self.source = source
         self.ome = ome
@@ -183,6 +196,8 @@ class View:
         self.new_dirs: set[str] = set()  # directories made by mkdir, until a .zarray/.zgroup lands
         self.made: set[tuple[str, str]] = set()  # (array, rel): key directories made by mkdir
         self.hidden: set[tuple[str, str]] = set()  # (node, name): metadata files unlinked (rm -r)
+        self.created: set[str] = set()  # arrays created through the mount (see _key_dir_shown)
+        self.made_keys: set[tuple[str, tuple[int, ...]]] = set()  # (array, prefix): key dirs made there
         self._tmp: dict[int, Staging] = {}
         self._aliases: dict[int, set[int]] = {}
         self._next_ino = itertools.count(ROOT_INODE + 1)
@@ -191,6 +206,7 @@ class View:
         self._read_ahead_done: set[tuple[str, Version]] = set()
         self.chunk_cache = chunk_cache if chunk_cache is not None else ChunkCache()
         self._reader = CachedReader()
+        self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
         self._file_mode = 0o444 if read_only else 0o644
         self._dir_mode = 0o555 if read_only else 0o755
 
@@ -256,6 +272,18 @@ class View:
         """The inode that shows node ``key`` (allocated on first use); the inverse of ``node_key``."""
         return self.chunk_ino(key.arr, key.coords) if isinstance(key, ChunkKey) else self._ino(key)
 
+    def rebind(self, old: NodeKey, new: NodeKey) -> int | None:
+        """Make the inode of ``old`` show ``new`` (a directory made before its array existed
+        becomes one of its key directories); its inode, or None if ``old`` had none or
+        ``new`` has one already."""
+        ino = self._inos.get(old)
+        if ino is None or new in self._inos:
+            return None
+        del self._inos[old]
+        self._keys[ino] = new
+        self._inos[new] = ino
+        return ino
+
     def allocated(self, key: NodeKey) -> int | None:
         """The inode of a node key if the kernel may know it, else None."""
         return self._inos.get(key)
@@ -263,22 +291,40 @@ class View:
     def chunk_ino(self, arr: ArrayNode, coords: tuple[int, ...]) -> int:
         return CHUNK_BASE + (arr.slot << SLOT_SHIFT) + arr.info.layout.linear(coords)
 
+    def version(self, key: str) -> Version | None:
+        """``source.version``; a key that exists but is unusable (not a regular file, behind a
+        symlink out of the source) raises its errno, logged once per key and reason."""
+        try:
+            return self.source.version(key)
+        except Unusable as e:
+            if (key, e.strerror) not in self._unusable:
+                if len(self._unusable) >= 4096:
+                    self._unusable.clear()
+                self._unusable.add((key, e.strerror))
+                log.error("%s: not read: %s", self.source.describe(key), e.strerror)
+            raise fail(e.errno, e.strerror) from None
+
     # ----- metadata of the hierarchy ------------------------------------------------------
 
     async def _node(self, path: str) -> ArrayNode | GroupNode | None:
         """The group or array at ``path`` (re-read when its zarr.json changes), or None."""
         key = _join(path, "zarr.json")
-        version = self.source.version(key)
+        try:
+            version = self.version(key)
+        except OSError:
+            return None
         if version is None:
             return None
         cached = self._arrays.get(path) or self._groups.get(path)
-        if cached is not None and cached.version == version:
+        if cached is not None and cached.version == version and (
+                isinstance(cached, GroupNode) or cached.image == self._in_image(path)):
             return cached
         try:
-            doc = json.loads(await blocking(self.source.read, key))
+            data, version = await blocking(self.source.read_all, key)
+            doc = json.loads(data)
             zarr_format, node_type = doc.get("zarr_format"), doc.get("node_type")
         except (OSError, ValueError, AttributeError) as e:
-            log.error("%s: unreadable metadata: %s", self.source.path(key), e)
+            log.error("%s: unreadable metadata: %s", self.source.describe(key), e)
             return None
         if zarr_format != 3:
             return None
@@ -299,20 +345,27 @@ class View:
                             "directories of shards take the \"/\" names)", self.source.path(key))
         except Unpresentable as e:
             info, error = None, str(e)
-            log.error("%s: array not shown as v2: %s", self.source.path(key), e)
+            log.error("%s: array not shown as v2: %s", self.source.describe(key), e)
         old = self._arrays.get(path)
         # A new layout (a resize, or an array deleted and made again) gets a new slot: the
         # kernel may still hold dentries of the old chunk inodes, which keep naming the old
         # geometry's chunks instead of other chunks of the new one.
         same = old is not None and (old.info.layout if old.info else None) == (info.layout if info else None)
         slot = old.slot if same else len(self._slots)
-        arr = ArrayNode(path, slot, version, info, error)
+        arr = ArrayNode(path, slot, version, info, error, image=image,
+                        parent_mtime_ns=parent.version.mtime_ns if image else 0)
         if not same:
             self._slots.append(arr)
         else:
             self._slots[slot] = arr
         self._arrays[path] = arr
         return arr
+
+    def _in_image(self, path: str) -> bool:
+        """True if the array at ``path`` is in an OME-Zarr image or label group, as last read
+        (no I/O: the group is re-read whenever it is looked at, and its arrays follow)."""
+        parent = self._groups.get(path.rpartition("/")[0]) if path else None
+        return parent is not None and parent.image
 
     # ----- shard indexes ------------------------------------------------------------------
 
@@ -329,7 +382,7 @@ class View:
         """
         key = self.shard_key(arr, shard)
         layout = arr.info.layout
-        version = self.source.version(key)
+        version = self.version(key)
         if version is None:
             return None
         if layout.index is None:
@@ -339,7 +392,7 @@ class View:
             try:
                 result = await blocking(shard_mod.read_index_sync, self.source, key, layout.index)
             except CorruptShard as e:
-                log.error("%s: corrupt shard: %s", self.source.path(key), e)
+                log.error("%s: corrupt shard: %s", self.source.describe(key), e)
                 self.index_cache.put(key, e.version, e)  # type: ignore[attr-defined]
                 raise fail(errno.EIO) from None
             if result is None:
@@ -536,7 +589,8 @@ class View:
         if layout.keys.view_separator == "/" and not isinstance(key, ShardDirKey):
             i = parse_coord(name)
             prefix = key.prefix if isinstance(key, KeyDirKey) else ()
-            if i is not None and len(prefix) + 1 < layout.ndim and i < layout.chunk_grid[len(prefix)]:
+            if i is not None and len(prefix) + 1 < layout.ndim and i < layout.chunk_grid[len(prefix)] \
+                    and await self._key_dir_shown(arr, prefix + (i,)):
                 return await self.getattr(self._ino(KeyDirKey(arr.path, prefix + (i,))))
         rel = key.rel if isinstance(key, ShardDirKey) else "" if isinstance(key, DirKey) else None
         if rel is not None and layout.index is not None:
@@ -545,6 +599,17 @@ class View:
             if sub is not None and (layout.keys.is_prefix(sub) or layout.keys.parse(sub) is not None):
                 return await self.getattr(self._ino(ShardDirKey(arr.path, sub)))
         raise fail(errno.ENOENT)
+
+    async def _key_dir_shown(self, arr: ArrayNode, prefix: tuple[int, ...]) -> bool:
+        """Whether key directory ``prefix`` (dimension_separator "/") resolves. Every prefix in
+        the grid does, except in arrays created through this mount, where one holding no
+        chunk exists only once made: ``cp -r`` makes them right after the .zarray, and the
+        kernel answers its mkdir with EEXIST if the lookup succeeds."""
+        if arr.path not in self.created or (arr.path, prefix) in self.made_keys:
+            return True
+        chunks = ChunkSet.concat([await self.shard_chunks(arr, s) for s in await self.stored_shards(arr)],
+                                 arr.info.layout.ndim)
+        return bool(np.any(np.all(chunks.coords[:, :len(prefix)] == np.array(prefix, dtype=np.int64), axis=1)))
 
     def _source_name(self, arr: ArrayNode, name: str) -> str | None:
         """Source entry name for view entry ``name`` (1-D v2 keys carry a ``.shard`` suffix)."""
@@ -655,13 +720,13 @@ class View:
             if node is None or key.name not in self.meta_names(node):
                 raise fail(errno.ENOENT)
             size = len(await self.meta_bytes(node, key.name))
-            return self.file_attr(ino, size, node.version.mtime_ns)
+            return self.file_attr(ino, size, node.meta_mtime_ns)
         arr = self._arrays[key.path]
         if isinstance(key, ShardDirKey):
             src = _join(arr.path, key.rel)
             shard = arr.info.layout.keys.parse(key.rel)
             if shard is not None:
-                version = self.source.version(src)
+                version = self.version(src)
                 if version is not None:
                     return self._dir_attr(ino, version.mtime_ns)
                 if (self.writeback is not None and any(
@@ -701,7 +766,7 @@ class View:
             out = []
             for name in self.meta_names(node):
                 mino = self._ino(MetaKey(node.path, name))
-                out.append((name, self.file_attr(mino, len(await self.meta_bytes(node, name)), node.version.mtime_ns)))
+                out.append((name, self.file_attr(mino, len(await self.meta_bytes(node, name)), node.meta_mtime_ns)))
             if isinstance(node, GroupNode):
                 for name, is_dir in sorted(await blocking(self.source.listdir, node.path)):
                     child = _join(node.path, name)
@@ -848,7 +913,7 @@ class View:
         try:
             return await blocking(arr.info.chunk.to_file, stored)
         except CorruptChunk as e:
-            where = self.source.path(key or arr.path)
+            where = self.source.describe(key or arr.path)
             log.error("%s: corrupt chunk %s: %s", where, arr.info.layout.names.key(coords), e)
             raise fail(errno.EIO) from None
 

@@ -12,13 +12,23 @@ SIGTERM). A journal record is released only after its shard was replaced with
 it or with a newer value of its chunk, and the next mount replays whatever is
 left, so every acknowledged chunk reaches its shard exactly as committed
 (replaying an already folded record rewrites the same bytes).
+
+Folds are version-checked (``shard.rewrite_sync``): a shard changed by another
+writer is read again and the pending chunks applied on top. A fold that fails
+(the shard is not a regular file, is corrupt, is locked by another writer...)
+keeps its changes pending and in the journal, and is retried with exponential
+backoff (``BACKOFF_FIRST`` doubling up to ``BACKOFF_MAX`` seconds) without
+holding up other shards; it is logged at most once per ``LOG_EVERY`` seconds
+per shard. ``flush`` tries each shard once more and never loops on a failing
+one, and the replay of the next mount keeps the changes it cannot fold pending
+(and journalled) instead of failing the mount. The journal's ``kept.json``
+says which shards' changes are kept and why.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterator
@@ -26,15 +36,19 @@ from typing import Awaitable, Callable, Iterator
 import trio
 
 from shardfs import shard as shard_mod
-from shardfs.journal import Change, Journal, Record
+from shardfs.journal import Change, Journal, Record, kept_line
 from shardfs.shardfile import ShardFormat
-from shardfs.source import Source, Version
+from shardfs.storage import Version
+from shardfs.storage.local import LocalStorage
 
 log = logging.getLogger("shardfs")
 ShardId = tuple[str, tuple[int, ...]]  # (array path, shard coords)
 # ``prepare`` runs on the trio thread up to this input size: a worker-thread trip
 # costs ~0.5 ms, more than validating a small chunk (~0.2 ms for 64 KiB of zstd).
 INLINE_PREPARE_BYTES = 256 << 10
+BACKOFF_FIRST = 1.0  # seconds before a failed fold is retried; doubles per failure
+BACKOFF_MAX = 300.0
+LOG_EVERY = 60.0  # a shard whose folds keep failing is logged at most this often
 
 
 @dataclass
@@ -62,6 +76,11 @@ class _Dirty:
     superseded: list[Record] = field(default_factory=list)  # records replaced before folding
     stored: int = 0  # pending chunks with data (the shard is complete when it reaches n_in_grid)
     lock: trio.Lock = field(default_factory=trio.Lock)
+    failures: int = 0  # folds failed in a row
+    reason: str = ""  # why the last fold failed
+    retry_at: float = 0.0  # monotonic time before which the fold is not retried
+    logged_at: float = -math.inf
+    unlogged: int = 0  # failures since the last log line
 
     def put(self, pos: int, entry: Pending) -> Pending | None:
         """Make ``entry`` the pending state of ``pos``; returns the entry it replaces."""
@@ -79,7 +98,7 @@ class _Dirty:
 class Writeback:
     """Pending chunk changes of one mount and the journal that makes them durable."""
 
-    def __init__(self, source: Source, journal_dir: str, idle: float = 1.0, budget: int = 256 << 20,
+    def __init__(self, source: LocalStorage, journal_dir: str, idle: float = 1.0, budget: int = 256 << 20,
                  on_folded: Callable[[ShardId, list[int], Version | None], Awaitable[None]] | None = None
                  ) -> None:
         self.source = source
@@ -142,25 +161,24 @@ class Writeback:
 
     # ----- folding ------------------------------------------------------------------------
 
-    async def fold(self, shard: ShardId) -> None:
-        """Rewrite one shard with its pending chunks; on failure they stay pending (logged)."""
+    async def fold(self, shard: ShardId) -> bool:
+        """Rewrite one shard with its pending chunks; False if that failed: they stay
+        pending, and the shard is retried after a backoff (logged at most every ``LOG_EVERY`` s)."""
         dirty = self._dirty.get(shard)
         if dirty is None:
-            return
+            return True
         async with dirty.lock:
             snapshot = dict(dirty.chunks)
             superseded = list(dirty.superseded)
             if not snapshot:
-                return
+                return True
             changes = {pos: p.data for pos, p in snapshot.items()}
             try:
                 version = await trio.to_thread.run_sync(
                     shard_mod.rewrite_sync, self.source, dirty.target.key, dirty.target.fmt, changes)
             except Exception as e:
-                log.error("%s: shard rewrite failed, changes kept in the journal: %s",
-                          self.source.path(dirty.target.key), e)
-                self._last_write = time.monotonic()  # retried after the next idle time
-                return
+                self._failed(dirty, failure_reason(e))
+                return False
             # A record replaced before this fold must go too, or a replay would resurrect it.
             # One replaced during the rewrite is in ``superseded`` now: the next fold releases it.
             del dirty.superseded[: len(superseded)]
@@ -172,8 +190,39 @@ class Writeback:
             if not dirty.chunks and self._dirty.get(shard) is dirty:
                 del self._dirty[shard]
             self.journal.release(superseded)
+            if dirty.failures:
+                log.info("%s: folded after %d failed attempts", self.source.describe(dirty.target.key), dirty.failures)
+                dirty.failures, dirty.reason, dirty.unlogged, dirty.logged_at = 0, "", 0, -math.inf
+                self.note_kept()
             if self.on_folded is not None:
                 await self.on_folded(shard, list(snapshot), version)
+            return True
+
+    def _failed(self, dirty: _Dirty, reason: str) -> None:
+        dirty.failures += 1
+        dirty.reason = reason
+        delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (dirty.failures - 1))
+        now = time.monotonic()
+        dirty.retry_at = now + delay
+        if now - dirty.logged_at < LOG_EVERY:
+            dirty.unlogged += 1
+            return
+        again = f" (and {dirty.unlogged} more times)" if dirty.unlogged else ""
+        log.error("%s: shard rewrite failed%s, next try in %g s; %s", self.source.describe(dirty.target.key),
+                  again, delay, kept_line(dirty.target.key, len(dirty.chunks), reason))
+        dirty.logged_at, dirty.unlogged = now, 0
+        self.note_kept()
+
+    def kept(self) -> dict[str, tuple[int, str]]:
+        """Shards whose changes could not be folded: ``{key: (pending changes, reason)}``."""
+        return {d.target.key: (len(d.chunks), d.reason) for d in self._dirty.values() if d.failures}
+
+    def note_kept(self) -> None:
+        """Write (or remove) the journal's note of the shards whose changes are kept, and why."""
+        try:
+            self.journal.note_kept(self.kept())
+        except OSError as e:
+            log.error("%s: cannot write the note of kept changes: %s", self.journal.directory, e)
 
     async def discard(self, array: str) -> None:
         """Forget every pending change of ``array`` (it is being deleted): waits for a fold
@@ -194,7 +243,7 @@ class Writeback:
         # array in C order returns to each shard only after it crossed the others.
         everything = self._bytes > self.budget or now - self._last_write >= self.idle
         for shard, dirty in list(self._dirty.items()):
-            if everything or dirty.stored >= dirty.target.n_in_grid:
+            if now >= dirty.retry_at and (everything or dirty.stored >= dirty.target.n_in_grid):
                 yield shard
 
     async def run(self) -> None:
@@ -206,11 +255,19 @@ class Writeback:
             for shard in list(self._due(time.monotonic())):
                 await self.fold(shard)
 
-    async def flush(self) -> None:
-        """Fold every pending change into its shard (unmount, SIGTERM)."""
-        while self._dirty:
-            for shard in list(self._dirty):
-                await self.fold(shard)
+    async def flush(self) -> dict[str, tuple[int, str]]:
+        """Fold every pending change into its shard (unmount, SIGTERM), trying each failing
+        shard once more; returns (and notes in the journal) the shards left: ``kept()``."""
+        failed: set[ShardId] = set()
+        while todo := [shard for shard in self._dirty if shard not in failed]:
+            for shard in todo:
+                if not await self.fold(shard):
+                    failed.add(shard)
+        kept = self.kept()
+        for key, (n, reason) in sorted(kept.items()):
+            log.error("%s", kept_line(key, n, reason))
+        self.note_kept()
+        return kept
 
     # ----- recovery -----------------------------------------------------------------------
 
@@ -219,11 +276,11 @@ class Writeback:
         """Fold the journal left by an earlier daemon into the shards (before mounting).
 
         ``older`` are journal directories written before this one (an earlier
-        version's ``SRC/.shardfs/journal``): their records are applied first and
-        the directories are emptied too. ``resolve`` gives the target of a shard
-        (None if its array is gone). The last record of a chunk wins. Returns the
-        number of records applied; raises ``JournalError`` if a journal directory
-        holds anything else.
+        version's ``SRC/.shardfs/journal``): their records are applied first. ``resolve``
+        gives the target of a shard (None if its array is gone). The last record of a chunk
+        wins. The changes of a shard that cannot be folded now are kept: appended again to
+        this mount's journal and pending (served, retried with backoff). Returns the number
+        of records read; raises ``JournalError`` if a journal directory holds anything else.
         """
         journals = [Journal(d) for d in older] + [self.journal]
         changes = [change for journal in journals for change in journal.recover()]
@@ -235,11 +292,25 @@ class Writeback:
             if target is None:
                 log.error("journal: array %r no longer presentable; dropping %d changes", array, len(chunks))
                 continue
-            shard_mod.rewrite_sync(self.source, target.key, target.fmt, chunks)
-            self.source.remove_temporaries(os.path.dirname(target.key))
+            try:
+                shard_mod.rewrite_sync(self.source, target.key, target.fmt, chunks)
+            except Exception as e:
+                for pos, data in chunks.items():
+                    record = self.journal.append(Change(array, coords, pos, data))
+                    self._record((array, coords), target, pos, Pending(record, data, time.time_ns()))
+                self._failed(self._dirty[(array, coords)], failure_reason(e))
+        self.journal.sync_blocking()  # the kept changes are durable before the old segments go
         for journal in journals:
-            journal.clear()
+            journal.discard_recovered()
+        self.note_kept()
         return len(changes)
+
+
+def failure_reason(e: Exception) -> str:
+    """What a log line or ``shardfs umount`` says about a failed fold."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e) or type(e).__name__
 
 
 def chunks_in_shard(grid: tuple[int, ...], per_shard: tuple[int, ...], shard: tuple[int, ...]) -> int:

@@ -42,6 +42,12 @@ class VersionMismatch(Exception):
     """A conditional ``read``/``replace``/``delete`` found the key at another version (or absent)."""
 
 
+class Unusable(OSError):
+    """The key exists but is never read or written: not a regular file (a FIFO, a directory, a
+    device...), or reached through a symlink that leaves the source. ``errno`` is what a
+    client gets (EIO, or EACCES for a way out of the source); ``strerror`` says why."""
+
+
 class Range(NamedTuple):
     """``nbytes`` bytes at ``offset``; a negative ``offset`` counts from the end (a suffix range)."""
 
@@ -63,7 +69,8 @@ class Storage(Protocol):
         """A human-readable location of ``key`` for log lines (a path, or ``s3://bucket/key``)."""
 
     def version(self, key: str) -> Version | None:
-        """The key's current version; None if it does not exist or is not a regular object."""
+        """The key's current version; None if it does not exist. ``Unusable`` if it exists but
+        is not a regular object that may be read."""
 
     def read(self, key: str, ranges: Sequence[Range], if_version: Version | None = None) -> list[bytes]:
         """The bytes of each range (shorter at the end of the object), read as one version.
@@ -88,3 +95,7 @@ class Storage(Protocol):
 
     def delete(self, key: str, if_version: Version | _Absent | None = None) -> None:
         """Remove ``key`` (missing is fine unless ``if_version`` is a Version)."""
+
+    def check_write(self, key: str) -> None:
+        """Raise ``Unusable`` if ``replace``/``delete`` of ``key`` would be refused for what the
+        source holds there (a non-regular file, a way out of the source); cheap: called per commit."""

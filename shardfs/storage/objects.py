@@ -293,6 +293,9 @@ class ObjectStorage:
     def delete(self, key: str, if_version: Version | _Absent | None = None) -> None:
         self.loop.run(self.adelete(key, if_version))
 
+    def check_write(self, key: str) -> None:
+        """Nothing to refuse: a key of an object store is an object or nothing."""
+
     def list(self, prefix: str) -> Iterator[list[Entry]]:
         """See ``Storage.list``: pages of at most ``PAGE`` entries, files and sub-prefixes in
         key order (blocking; each page is fetched when the previous one was consumed)."""
