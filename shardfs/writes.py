@@ -535,11 +535,6 @@ class Writer:
         return False
 
     async def _exists(self, parent: int, name: str) -> bool:
-        """True if ``name`` exists; a chunk exists only if it is stored (or pending), not when
-        an empty chunk is served as the fill chunk."""
-        target = await self.view.chunk_at_name(parent, name)
-        if target is not None:
-            return await self.view.extent(*target) is not None
         try:
             await self.view.lookup(parent, name)
         except OSError as e:
