@@ -119,6 +119,13 @@ class ArrayNode:
     error: str | None
     fill_file: bytes | None = None
     fill_unlisted: bool = False
+    image: bool = False  # a level of an OME-Zarr image or label (described with "/" keys)
+    parent_mtime_ns: int = 0  # of the image group's metadata, which ``.zarray`` depends on
+
+    @property
+    def meta_mtime_ns(self) -> int:
+        """``st_mtime`` of ``.zarray``/``.zattrs``: changes when what they show may change."""
+        return max(self.version.mtime_ns, self.parent_mtime_ns)
 
 
 @dataclass
@@ -130,6 +137,11 @@ class GroupNode:
     zgroup: bytes
     zattrs: bytes
     image: bool = False
+
+    @property
+    def meta_mtime_ns(self) -> int:
+        """``st_mtime`` of ``.zgroup``/``.zattrs``/``.zmetadata``."""
+        return self.version.mtime_ns
 
 
 @dataclass
@@ -200,6 +212,8 @@ class View:
         self.new_dirs: set[str] = set()  # directories made by mkdir, until a .zarray/.zgroup lands
         self.made: set[tuple[str, str]] = set()  # (array, rel): key directories made by mkdir
         self.hidden: set[tuple[str, str]] = set()  # (node, name): metadata files unlinked (rm -r)
+        self.created: set[str] = set()  # arrays created through the mount (see _key_dir_shown)
+        self.made_keys: set[tuple[str, tuple[int, ...]]] = set()  # (array, prefix): key dirs made there
         self._tmp: dict[int, Staging] = {}
         self._aliases: dict[int, set[int]] = {}
         self._next_ino = itertools.count(ROOT_INODE + 1)
@@ -274,6 +288,18 @@ class View:
         """The inode that shows node ``key`` (allocated on first use); the inverse of ``node_key``."""
         return self.chunk_ino(key.arr, key.coords) if isinstance(key, ChunkKey) else self._ino(key)
 
+    def rebind(self, old: NodeKey, new: NodeKey) -> int | None:
+        """Make the inode of ``old`` show ``new`` (a directory made before its array existed
+        becomes one of its key directories); its inode, or None if ``old`` had none or
+        ``new`` has one already."""
+        ino = self._inos.get(old)
+        if ino is None or new in self._inos:
+            return None
+        del self._inos[old]
+        self._keys[ino] = new
+        self._inos[new] = ino
+        return ino
+
     def allocated(self, key: NodeKey) -> int | None:
         """The inode of a node key if the kernel may know it, else None."""
         return self._inos.get(key)
@@ -319,7 +345,8 @@ class View:
         if version is None:
             return None
         for cached in (self._arrays.get(path), self._groups.get(path)):
-            if cached is not None and cached.version == version:
+            if cached is not None and cached.version == version and (
+                    isinstance(cached, GroupNode) or cached.image == self._in_image(path)):
                 return cached
         try:
             doc, version = await blocking(_read_metadata, self.source, key, version.size)
@@ -335,7 +362,8 @@ class View:
             if image and info.layout.keys.view_separator != "/":
                 log.warning("%s: OME-Zarr array with v2 \"/\" chunk keys: its v2 keys keep \".\" (the source's "
                             "directories of shards take the \"/\" names)", self.source.describe(key))
-            return self._store_array(path, version, info, None)
+            return self._store_array(path, version, info, None, image,
+                                     parent.version.mtime_ns if image else 0)
         except (metadata.BadMetadata, Unpresentable) as e:
             return self._store_array(path, version, None, str(e))
         except OSError as e:
@@ -343,11 +371,13 @@ class View:
         except Exception as e:  # zarr's metadata classes raise many types for bad documents
             return self._store_array(path, version, None, f"invalid metadata: {e!r}")
 
-    def _store_array(self, path: str, version: Version, info: ArrayInfo | None, error: str | None) -> ArrayNode:
+    def _store_array(self, path: str, version: Version, info: ArrayInfo | None, error: str | None,
+                     image: bool | None = None, parent_mtime_ns: int = 0) -> ArrayNode:
         """Remember the array (or hidden node) at ``path``; a hidden node's reason is logged
-        when it is new or changed."""
+        when it is new or changed. ``image``: in an OME-Zarr image group (None: as last read)."""
+        image = self._in_image(path) if image is None else image
         old = self._arrays.get(path)
-        if error is not None and old is not None and (old.version, old.error) == (version, error):
+        if error is not None and old is not None and (old.version, old.error, old.image) == (version, error, image):
             return old
         if error is not None:
             log.error("%s: not shown as v2: %s", self.source.describe(path), error)
@@ -356,13 +386,19 @@ class View:
         # geometry's chunks instead of other chunks of the new one.
         same = old is not None and (old.info.layout if old.info else None) == (info.layout if info else None)
         slot = old.slot if same else len(self._slots)
-        arr = ArrayNode(path, slot, version, info, error)
+        arr = ArrayNode(path, slot, version, info, error, image=image, parent_mtime_ns=parent_mtime_ns)
         if not same:
             self._slots.append(arr)
         else:
             self._slots[slot] = arr
         self._arrays[path] = arr
         return arr
+
+    def _in_image(self, path: str) -> bool:
+        """True if the array at ``path`` is in an OME-Zarr image or label group, as last read
+        (no I/O: the group is re-read whenever it is looked at, and its arrays follow)."""
+        parent = self._groups.get(path.rpartition("/")[0]) if path else None
+        return parent is not None and parent.image
 
     # ----- shard indexes ------------------------------------------------------------------
 
@@ -432,7 +468,7 @@ class View:
         """
         mode = stat.S_IFREG | self._file_mode
         nlink = 1 if arr.info.layout.index is None else 2
-        return [Attr(ino, mode, max(size, 0), mtime, nlink) for ino, size, mtime in zip(inos, sizes, mtimes)]
+        return [Attr(ino, mode, size if size > 0 else 0, mtime, nlink) for ino, size, mtime in zip(inos, sizes, mtimes)]
 
     def file_attr(self, ino: int, size: int, mtime_ns: int) -> Attr:
         """What ``stat`` shows for a metadata or staging file: a regular file with the mount's
@@ -513,7 +549,7 @@ class View:
         base = CHUNK_BASE + (arr.slot << SLOT_SHIFT)
         linear = np.ravel_multi_index(tuple(chunks.coords.T), layout.chunk_grid) if layout.ndim else \
             np.zeros(len(chunks.size), np.int64)
-        return self.chunk_attrs(arr, (base + i for i in linear.tolist()), chunks.size.tolist(), chunks.mtime.tolist())
+        return self.chunk_attrs(arr, (linear + base).tolist(), chunks.size.tolist(), chunks.mtime.tolist())
 
     # ----- name resolution ----------------------------------------------------------------
 
@@ -586,7 +622,8 @@ class View:
         if layout.keys.view_separator == "/" and not isinstance(key, ShardDirKey):
             i = parse_coord(name)
             prefix = key.prefix if isinstance(key, KeyDirKey) else ()
-            if i is not None and len(prefix) + 1 < layout.ndim and i < layout.chunk_grid[len(prefix)]:
+            if i is not None and len(prefix) + 1 < layout.ndim and i < layout.chunk_grid[len(prefix)] \
+                    and await self._key_dir_shown(arr, prefix + (i,)):
                 return await self.getattr(self._ino(KeyDirKey(arr.path, prefix + (i,))))
         rel = key.rel if isinstance(key, ShardDirKey) else "" if isinstance(key, DirKey) else None
         if rel is not None and layout.index is not None:
@@ -595,6 +632,17 @@ class View:
             if sub is not None and (layout.keys.is_prefix(sub) or layout.keys.parse(sub) is not None):
                 return await self.getattr(self._ino(ShardDirKey(arr.path, sub)))
         raise fail(errno.ENOENT)
+
+    async def _key_dir_shown(self, arr: ArrayNode, prefix: tuple[int, ...]) -> bool:
+        """Whether key directory ``prefix`` (dimension_separator "/") resolves. Every prefix in
+        the grid does, except in arrays created through this mount, where one holding no
+        chunk exists only once made: ``cp -r`` makes them right after the .zarray, and the
+        kernel answers its mkdir with EEXIST if the lookup succeeds."""
+        if arr.path not in self.created or (arr.path, prefix) in self.made_keys:
+            return True
+        chunks = ChunkSet.concat([await self.shard_chunks(arr, s) for s in await self.stored_shards(arr)],
+                                 arr.info.layout.ndim)
+        return bool(np.any(np.all(chunks.coords[:, :len(prefix)] == np.array(prefix, dtype=np.int64), axis=1)))
 
     def _source_name(self, arr: ArrayNode, name: str) -> str | None:
         """Source entry name for view entry ``name`` (1-D v2 keys carry a ``.shard`` suffix)."""
@@ -705,7 +753,7 @@ class View:
             if node is None or key.name not in self.meta_names(node):
                 raise fail(errno.ENOENT)
             size = len(await self.meta_bytes(node, key.name))
-            return self.file_attr(ino, size, node.version.mtime_ns)
+            return self.file_attr(ino, size, node.meta_mtime_ns)
         arr = self._arrays[key.path]
         if isinstance(key, ShardDirKey):
             src = _join(arr.path, key.rel)
@@ -758,7 +806,7 @@ class View:
             out = []
             for name in self.meta_names(node):
                 mino = self._ino(MetaKey(node.path, name))
-                out.append((name, self.file_attr(mino, len(await self.meta_bytes(node, name)), node.version.mtime_ns)))
+                out.append((name, self.file_attr(mino, len(await self.meta_bytes(node, name)), node.meta_mtime_ns)))
             if isinstance(node, GroupNode):
                 for name, is_dir in sorted(await blocking(self.source.listdir, node.path)):
                     child = _join(node.path, name)

@@ -7,6 +7,12 @@ hands them to the ``Writeback`` (journal + pending), and invalidates the
 kernel's caches of every inode whose content changed. Errors are
 ``OSError``s raised by the committing call, with one log line naming the file.
 
+Structure (``shardfs.create``): ``mkdir`` makes new directories (in memory) and
+key directories; a ``.zarray``/``.zgroup`` committed in a new directory creates
+the v3 node; metadata rewrites update ``zarr.json`` (attributes, a resize);
+unlinks of metadata files hide them and ``rmdir`` of an emptied array or group
+deletes it from the source.
+
 Contents being written (chunk files, staging files) are ``SpillBuffer``s: at
 most ``SPILL_THRESHOLD`` bytes each in memory, the rest in unlinked spill
 files. A chunk file never grows past the largest valid encoded inner chunk
@@ -30,7 +36,8 @@ import trio
 from shardfs import shard as shard_mod
 from shardfs.create import DEFAULT_SHARD_BYTES, XARRAY_FILL, Refused, array_doc, dimension_names, group_doc, rewrite_kind
 from shardfs.shard import CorruptChunk
-from shardfs.layout import ArrayLayout
+from shardfs.storage import ABSENT, VersionMismatch
+from shardfs.layout import ArrayLayout, parse_coord
 from shardfs.nodes import ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey, StagingKey
 from shardfs.spill import SPILL_THRESHOLD, SpillBuffer
 from shardfs.storage import Unusable
@@ -93,6 +100,7 @@ class Writer:
         self.spill_dir = spill_dir
         self.spill_threshold = spill_threshold
         self.shard_bytes = DEFAULT_SHARD_BYTES  # -o shard_size: shards of arrays created here
+        self._read_versions: dict[str, Any] = {}  # node path -> version of the zarr.json last read
 
     def _buffer(self, data: bytes = b"") -> SpillBuffer:
         return SpillBuffer(self.spill_dir, self.spill_threshold, data)
@@ -100,7 +108,8 @@ class Writer:
     # ----- opening ------------------------------------------------------------------------
 
     async def create(self, parent: int, name: str) -> tuple[Attr, WriteHandle]:
-        """Create ``name`` in ``parent``: a new chunk if it is a chunk key, else a staging file."""
+        """Create ``name`` in ``parent``: a new chunk if it is a chunk key, a metadata file of
+        the directory's node if it was unlinked, else a staging file."""
         dir_key, node = await self.view.dir_node(parent)
         if node is None and not self._is_new_dir(parent):
             raise fail(errno.ENOENT)
@@ -120,7 +129,7 @@ class Writer:
         return await self.view.getattr(st.ino), WriteHandle(st.ino, staging=st)
 
     async def open(self, ino: int, truncate: bool) -> WriteHandle:
-        """Open an existing chunk or staging file for writing (``truncate``: O_TRUNC)."""
+        """Open an existing chunk, metadata or staging file for writing (``truncate``: O_TRUNC)."""
         key = self.view.node_key(ino)
         if isinstance(key, StagingKey):
             if truncate:
@@ -194,10 +203,10 @@ class Writer:
             raise fail(errno.EPERM)
 
     async def flush(self, handle: WriteHandle) -> None:
-        """Commit a written chunk or metadata file (close); errors are returned to close().
-
-        A refused chunk commit drops the kernel's cached size and pages of the file, so
-        ``stat`` shows the previous content's size at once."""
+        """Commit a written chunk or metadata file, or a ``.zarray``/``.zgroup`` written in a
+        new directory (close); errors are returned to close(). A refused chunk commit drops
+        the kernel's cached size and pages of the file, so ``stat`` shows the previous
+        content's size at once."""
         if not handle.dirty:
             return
         if handle.chunk is not None:
@@ -283,6 +292,9 @@ class Writer:
                 fills = (shown.get("fill_value"), (await self._doc(node.path)).get("fill_value"))
                 change = rewrite_kind(new, shown, fills)
             except Refused as e:
+                if (node.path, ".zarray") in self.view.hidden:  # unlinked before: a new array there
+                    await self._replace_array(node, data)
+                    return
                 log.error("%s: write refused: %s", where, e)
                 raise fail(errno.EPERM) from None
             if change == "resize":
@@ -311,11 +323,33 @@ class Writer:
         ino = self.view.allocated(MetaKey(node.path, name))
         await self.invalidate([ino] if ino else [])
 
-    async def _doc(self, path: str) -> dict[str, Any]:
-        return json.loads((await blocking(self.view.source.read_all, _json(path, "zarr.json")))[0])
+    async def _replace_array(self, node: ArrayNode, zarray: bytes) -> None:
+        """A different ``.zarray`` written where the array's was unlinked (``rm .zarray``, then
+        a new one): the old array is deleted and a new one made from it (no attributes)."""
+        await self._delete_array(node)
+        self.view.hidden = {h for h in self.view.hidden if h[0] != node.path}
+        self.view.new_dirs.add(node.path)
+        dir_ino = self.view.inode(DirKey(node.path))
+        await self.create_node(dir_ino, ".zarray", zarray)
+        await self.invalidate([self.view.inode(MetaKey(node.path, ".zarray"))])
 
-    async def _write_doc(self, path: str, doc: dict[str, Any]) -> None:
-        await blocking(self.view.source.replace, _json(path, "zarr.json"), [json.dumps(doc, indent=2).encode()])
+    async def _doc(self, path: str) -> dict[str, Any]:
+        """The node's ``zarr.json``; its version is remembered for ``_write_doc``."""
+        data, version = await blocking(self.view.source.read_all, _json(path, "zarr.json"))
+        self._read_versions[path] = version
+        return json.loads(data)
+
+    async def _write_doc(self, path: str, doc: dict[str, Any], new: bool = False) -> None:
+        """Replace the node's ``zarr.json`` only if it is still the version ``_doc`` read (or,
+        ``new``, still absent): a change made meanwhile behind the mount is not overwritten
+        (EBUSY and one log line)."""
+        key = _json(path, "zarr.json")
+        expected = ABSENT if new else self._read_versions.pop(path, None)
+        try:
+            await blocking(self.view.source.replace, key, [json.dumps(doc, indent=2).encode()], expected)
+        except VersionMismatch:
+            log.error("%s: changed behind the mount meanwhile; not overwritten", self.view.source.describe(key))
+            raise fail(errno.EBUSY) from None
 
     async def resize(self, arr: ArrayNode, shape: tuple[int, ...]) -> None:
         """Give ``arr`` a new shape: inner chunks (stored or pending) outside the new chunk
@@ -360,8 +394,10 @@ class Writer:
         except (Refused, ValueError) as e:  # Unpresentable is a ValueError
             log.error("%s: cannot create: %s", where, e)
             raise fail(errno.EPERM) from None
-        await self._write_doc(path, doc)
+        await self._write_doc(path, doc, new=True)
         self.view.new_dirs.discard(path)
+        if name == ".zarray":
+            self.view.created.add(path)
         if attrs_file is not None:
             await self._became_meta(parent, ".zattrs", path, ".zattrs")
         else:  # shown once written: copy tools create it exclusively (O_EXCL) after .zarray
@@ -369,12 +405,37 @@ class Writer:
         if name == ".zgroup":
             self.view.hidden.add((path, ".zmetadata"))
         log.info("%s: created a v3 %s", self.view.source.path(path), "group" if name == ".zgroup" else "array")
+        dirs = [parent] + (await self._adopt_dirs(path) if name == ".zarray" else [])
         for (p, n), st in sorted(self.view.staged.items()):
-            target = await self.view.chunk_at_name(parent, n) if p == parent else None
+            target = await self.view.chunk_at_name(p, n) if p in dirs else None
             if target is not None:
                 await self.commit(*target, await self._staged_chunk(st, *target))
                 self.view.drop_staging(p, n, committed=ChunkKey(*target))
-        await self.invalidate([parent])
+        await self.invalidate(dirs)
+
+    async def _adopt_dirs(self, path: str) -> list[int]:
+        """Directories made below a new array before its ``.zarray`` (``cp -r`` copies in
+        directory order) become its key directories: nested keys (``0/1`` with "/") or
+        shard key directories (``c/0``). Their inodes are kept; returns them."""
+        arr = await self.view._node(path)
+        if not isinstance(arr, ArrayNode) or arr.info is None:
+            return []
+        layout, inos = arr.info.layout, []
+        for made in sorted(d for d in self.view.new_dirs if d.startswith(path + "/")):
+            rel = made[len(path) + 1:]
+            coords = tuple(map(parse_coord, rel.split("/")))
+            if layout.keys.view_separator == "/" and len(coords) < layout.ndim and None not in coords:
+                new: Any = KeyDirKey(path, coords)
+            elif layout.index is not None and (layout.keys.is_prefix(rel) or layout.keys.parse(rel) is not None):
+                new = ShardDirKey(path, rel)
+                self.view.made.add((path, rel))
+            else:
+                continue
+            self.view.new_dirs.discard(made)
+            ino = self.view.rebind(DirKey(made), new)
+            if ino is not None:
+                inos.append(ino)
+        return inos
 
     async def _became_meta(self, parent: int, name: str, path: str, meta: str) -> None:
         """Staging file ``name`` of ``parent`` was committed as metadata file ``meta`` of node
@@ -483,26 +544,32 @@ class Writer:
             raise fail(errno.ENOTEMPTY)
         if isinstance(key, ShardDirKey):
             self.view.made.discard((key.path, key.rel))
+        if isinstance(key, KeyDirKey):
+            self.view.made_keys.discard((key.path, key.prefix))
         if not isinstance(key, DirKey):
             return
         path = key.path
         node = await self.view._node(path)
         if isinstance(node, ArrayNode):
-            if node.info is None:
-                log.error("rmdir of %s: the array is not shown as v2 (%s); not deleted",
-                          self.view.source.path(path), node.error)
-                raise fail(errno.EPERM)
-            await self.writeback.discard(path)
-            keys = [self.view.shard_key(node, shard) for shard in await self.view.stored_shards(node)]
-            await blocking(_remove_all, self.view.source, keys + [_json(path, "zarr.json")])
-            log.info("%s: array deleted", self.view.source.path(path))
+            await self._delete_array(node)
         elif isinstance(node, GroupNode):
             if not path:
                 raise fail(errno.EBUSY)
             await blocking(_remove_all, self.view.source, [_json(path, "zarr.json")])
             log.info("%s: group deleted", self.view.source.path(path))
         self.view.new_dirs.discard(path)
+        self.view.created.discard(path)
         self.view.hidden = {h for h in self.view.hidden if h[0] != path}
+
+    async def _delete_array(self, node: ArrayNode) -> None:
+        """Delete an array from the source: its pending chunks, shards and ``zarr.json``."""
+        if node.info is None:
+            log.error("%s: the array is not shown as v2 (%s); not deleted", self.view.source.path(node.path), node.error)
+            raise fail(errno.EPERM)
+        await self.writeback.discard(node.path)
+        keys = [self.view.shard_key(node, shard) for shard in await self.view.stored_shards(node)]
+        await blocking(_remove_all, self.view.source, keys + [_json(node.path, "zarr.json")])
+        log.info("%s: array deleted", self.view.source.path(node.path))
 
     async def mkdir(self, parent: int, name: str) -> Attr:
         """Make a directory: in a group (or a directory made here), a new directory that a
@@ -516,6 +583,14 @@ class Writer:
             path = f"{key.path}/{name}" if key.path else name
             self.view.new_dirs.add(path)
             return await self.view.getattr(self.view.inode(DirKey(path)))
+        if isinstance(node, ArrayNode) and node.info is not None and isinstance(key, (DirKey, KeyDirKey)) \
+                and node.info.layout.keys.view_separator == "/":
+            i = parse_coord(name)
+            prefix = None if i is None else (key.prefix if isinstance(key, KeyDirKey) else ()) + (i,)
+            if prefix is not None and len(prefix) < node.info.layout.ndim and node.info.layout.in_grid(
+                    prefix + (0,) * (node.info.layout.ndim - len(prefix))):
+                self.view.made_keys.add((node.path, prefix))
+                return await self.view.getattr(self.view.inode(KeyDirKey(node.path, prefix)))
         if isinstance(node, ArrayNode) and node.info is not None and isinstance(key, (DirKey, ShardDirKey)):
             rel = f"{key.rel}/{name}" if isinstance(key, ShardDirKey) else name
             keys = node.info.layout.keys
@@ -540,11 +615,6 @@ class Writer:
         return False
 
     async def _exists(self, parent: int, name: str) -> bool:
-        """True if ``name`` exists; a chunk exists only if it is stored (or pending), not when
-        an empty chunk is served as the fill chunk."""
-        target = await self.view.chunk_at_name(parent, name)
-        if target is not None:
-            return await self.view.extent(*target) is not None
         try:
             await self.view.lookup(parent, name)
         except OSError as e:

@@ -8,7 +8,10 @@ the suite started are ever signalled, and only by PID.
 Readers:
 - ``zarr2(code, **params)`` runs a snippet under zarr-python 2.18 (separate venv);
 - ``read_zarr2`` / ``read_zarr3_v2`` / ``read_tensorstore`` read through the mount;
-- ``read_native`` is the oracle: zarr-python 3 on the v3 source.
+- ``read_native`` / ``read_ts3_native`` are the oracles: zarr-python 3 / tensorstore ``zarr3``
+  on the v3 source.
+
+Sources are built by tests/sources.py.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, Phase, settings
 
 REPO = Path(__file__).resolve().parent.parent
 SHARDFS = str(Path(sys.executable).parent / "shardfs")
@@ -41,6 +45,30 @@ atexit.register(shutil.rmtree, STATE_HOME, ignore_errors=True)
 
 # Object-store servers: ``s3`` (SeaweedFS, tests/s3server.py), ``azure`` (Azurite, tests/azserver.py).
 pytest_plugins = ["s3server", "azserver"]
+
+
+# --------------------------------------------------------------------------- hypothesis
+
+# ``ci`` (the default): the same examples on every run (derandomized, no example database),
+# with the budgets the tests ask for. ``thorough`` (SHARDFS_HYPOTHESIS=thorough): random
+# examples, THOROUGH_FACTOR times the budget, failures remembered in .hypothesis/.
+# ``mutants`` (set by scripts/mutants): ``ci`` without shrinking, a failure is all it needs.
+HYPOTHESIS_PROFILE = os.environ.get("SHARDFS_HYPOTHESIS", "ci")
+THOROUGH_FACTOR = 10
+_COMMON = dict(deadline=None, print_blob=True,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.register_profile("ci", derandomize=True, database=None, **_COMMON)
+settings.register_profile("thorough", derandomize=False, **_COMMON)
+settings.register_profile("mutants", derandomize=True, database=None,
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate], **_COMMON)
+if HYPOTHESIS_PROFILE not in ("ci", "thorough", "mutants"):
+    raise pytest.UsageError(f"SHARDFS_HYPOTHESIS={HYPOTHESIS_PROFILE}: use 'ci' or 'thorough'")
+settings.load_profile(HYPOTHESIS_PROFILE)
+
+
+def budget(examples: int) -> int:
+    """``max_examples`` for a property test: ``examples`` under the ci profile, more when thorough."""
+    return examples * THOROUGH_FACTOR if HYPOTHESIS_PROFILE == "thorough" else examples
 
 
 # --------------------------------------------------------------------------- mounts
@@ -288,6 +316,14 @@ def read_native(src_path) -> np.ndarray:
     return zarr.open_array(str(src_path), mode="r")[...]
 
 
+def read_ts3_native(src_path) -> np.ndarray:
+    """The other oracle: tensorstore's ``zarr3`` driver on the v3 source (strict about corrupt shards)."""
+    import tensorstore as ts
+
+    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(src_path)}}
+    return ts.open(spec, read=True, context=ts.Context()).result().read().result()
+
+
 def assert_same_array(actual, expected, what: str = "") -> None:
     """Equal shape, dtype (kind and size; byte order may differ) and values (NaN == NaN)."""
     actual = np.asarray(actual)
@@ -321,7 +357,7 @@ class Matrix:
 
 @pytest.fixture(scope="session")
 def matrix(tmp_path_factory) -> Matrix:
-    from datasets import build_matrix
+    from sources import build_matrix
 
     root = tmp_path_factory.mktemp("matrix") / "src"
     return Matrix(root, build_matrix(root))

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import assert_same_array, read_native, run_shardfs, zarr2
 from writers import umount
-from writehelpers import Spec, build
+from sources import Spec, build
 
 s = slice
 GOOD = Spec("good", (8, 10), (4, 5), (8, 10), "<i4", 0, ("zstd", 3), inner_crc=False,

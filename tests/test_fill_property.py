@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_same_array, read_zarr2_many
+from conftest import assert_same_array, budget, read_zarr2_many
 
 DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float16", "float32", "float64", "datetime64[ns]", "datetime64[s]", "timedelta64[ms]"]
@@ -96,7 +96,7 @@ def test_fill_mapping_reads_as_native(source, module_mount):
     counter = itertools.count()
     written: list[tuple[str, np.ndarray]] = []
 
-    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @settings(max_examples=budget(60))
     @given(examples())
     def check(example):
         dtype, fill, data, chunk, dims, mask, sharded = example

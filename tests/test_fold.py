@@ -5,17 +5,19 @@ with strace on the real daemon) and "Rewritten shards store inner chunks in Mort
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
 import signal
-import warnings
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from writehelpers import Spec, assert_source_equals, build, leftovers
+from sources import Spec, assert_source_equals, build, journal_entries, leftovers, write_zarr3
 from writers import WRITERS, umount
 
 s = slice
@@ -106,22 +108,9 @@ MORTON = [
 
 def index_table(spec: Spec, blob: bytes) -> np.ndarray:
     """The ``(n, 2)`` little-endian index of a shard (checksum skipped)."""
-    n = int(np.prod(spec.per_shard))
+    n = int(np.prod(spec.chunks_per_shard))
     raw = blob[: 16 * n] if spec.index_location == "start" else blob[len(blob) - 16 * n - 4 * spec.index_crc:]
     return np.frombuffer(raw[: 16 * n], dtype="<u8").reshape(n, 2)
-
-
-def write_reference(path: Path, spec: Spec, data: np.ndarray) -> None:
-    """The same array written by zarr-python 3 in one go."""
-    import json
-
-    import zarr
-
-    path.mkdir(parents=True)
-    (path / "zarr.json").write_text(json.dumps(spec.v3_metadata()))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        zarr.open_array(str(path), mode="r+")[...] = data
 
 
 @pytest.mark.parametrize("spec", MORTON, ids=lambda sp: sp.name)
@@ -134,7 +123,7 @@ def test_folded_shards_store_chunks_in_morton_order(spec, tmp_path, mount):
     expected[spec.write] = values
     umount(mount, mnt)
     assert_source_equals(src, spec.name, expected)
-    write_reference(tmp_path / "ref" / spec.name, spec, expected)
+    write_zarr3(tmp_path / "ref" / spec.name, spec.v3_metadata(), [((...), expected)])  # zarr-python 3 in one go
 
     shards = sorted(p for p in (src / spec.name / "c").rglob("*") if p.is_file())
     assert len(shards) == int(np.prod(spec.shard_grid)), shards
@@ -150,3 +139,111 @@ def test_folded_shards_store_chunks_in_morton_order(spec, tmp_path, mount):
         assert order.tolist() == ref_order.tolist(), f"{rel}: chunks not in zarr-python 3's (Morton) order"
         offsets = got[stored, 0][ref_order]
         assert (np.diff(offsets.astype(np.int64)) > 0).all(), f"{rel}: offsets not increasing: {offsets}"
+
+
+# --------------------------------------------------------------------------- when a shard is folded
+
+COMPLETE = Spec("full", (8, 8), (2, 2), (4, 4), "<i4", 0, ("zstd", 1), inner_crc=False, index_location="end",
+                index_crc=True, initial=((s(0, 4), s(0, 4)),), write=(s(0, 4), s(0, 4)))
+
+
+def test_a_complete_shard_is_folded_while_writes_go_on(tmp_path, mount):
+    """Once every chunk of a shard is pending it is folded at once, without waiting for the
+    mount to be idle: here another shard is written to without pause the whole time."""
+    src = tmp_path / "src"
+    expected = build(src, [COMPLETE])["full"]
+    shard = COMPLETE.shard_file(src, (0, 0))
+    before = shard.stat().st_ino
+    mnt = mount(src)
+    arr = mnt / "full"
+    for k, idx in enumerate(all_chunks_of(COMPLETE, (0, 0))):
+        values = COMPLETE.values(COMPLETE.chunk, 100 + k)
+        (arr / COMPLETE.chunk_name(idx)).write_bytes(COMPLETE.encode(values))
+        expected[COMPLETE.chunk_region(idx)] = values
+    other = COMPLETE.encode(COMPLETE.values(COMPLETE.chunk, 99))
+    deadline = time.monotonic() + 5
+    while shard.stat().st_ino == before:
+        assert time.monotonic() < deadline, "the complete shard was not folded within 5 s of busy writing"
+        (arr / "3.3").write_bytes(other)  # shard (1, 1): never complete, and the mount never idle
+    expected[COMPLETE.chunk_region((3, 3))] = COMPLETE.decode(other)
+    umount(mount, mnt)
+    assert_source_equals(src, "full", expected)
+
+
+def all_chunks_of(spec: Spec, shard) -> list[tuple[int, ...]]:
+    """The inner chunks of ``shard`` (all inside the array here)."""
+    return [tuple(s * n + i for s, n, i in zip(shard, spec.chunks_per_shard, local))
+            for local in np.ndindex(*spec.chunks_per_shard)]
+
+
+def test_fusermount_unmount_folds_pending_writes(tmp_path, mount):
+    """An unmount that does not go through ``shardfs umount`` (no signal) still folds every
+    pending chunk before the daemon exits, leaving the journal empty."""
+    src = tmp_path / "src"
+    expected = build(src, [COMPLETE])["full"]
+    mnt = mount(src)
+    values = COMPLETE.values(COMPLETE.chunk, 5)
+    (mnt / "full" / "0.0").write_bytes(COMPLETE.encode(values))  # an incomplete shard, folded only when idle
+    expected[COMPLETE.chunk_region((0, 0))] = values
+    info = mount.info(mnt)
+    r = subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert info.proc.wait(timeout=60) == 0, info.output()[-3000:]
+    assert leftovers(src) == []
+    assert_source_equals(src, "full", expected)
+
+
+def test_after_a_fold_the_written_chunk_shows_the_new_shards_mtime(tmp_path, mount):
+    """A chunk file's st_mtime is its shard's: the kernel's cached attributes of the chunks a
+    fold wrote are dropped when it replaces the shard (well within the 10 s attribute timeout).
+    (The shard's other chunk files keep their cached mtime until the timeout: not checked.)"""
+    src = tmp_path / "src"
+    build(src, [COMPLETE])
+    shard = COMPLETE.shard_file(src, (0, 0))
+    mnt = mount(src)
+    arr = mnt / "full"
+    assert os.stat(arr / "0.0").st_mtime_ns == os.stat(arr / "0.1").st_mtime_ns == shard.stat().st_mtime_ns
+    (arr / "0.0").write_bytes(COMPLETE.encode(COMPLETE.values(COMPLETE.chunk, 8)))
+    pending = os.stat(arr / "0.0").st_mtime_ns  # cached by the kernel
+    deadline = time.monotonic() + 10
+    while journal_entries(src):  # folded once the mount is idle for 1 s
+        assert time.monotonic() < deadline, "not folded within 10 s"
+        time.sleep(0.05)
+    folded = shard.stat().st_mtime_ns
+    assert folded != pending
+    deadline = time.monotonic() + 3  # the journal is released just before the invalidation
+    while os.stat(arr / "0.0").st_mtime_ns != folded:
+        assert time.monotonic() < deadline, "the written chunk still shows its pending mtime 3 s after the fold"
+        time.sleep(0.05)
+
+
+GONE = Spec("gone", (8, 8), (2, 2), (4, 4), "<i4", 0, ("zstd", 1), inner_crc=False, index_location="end",
+            index_crc=True, initial=((s(4, 8), s(4, 8)),), write=(s(0, 8), s(0, 8)))
+UNLINK = re.compile(r"^\d+\s+(fsync|unlinkat)\((.*)")
+
+
+@pytest.mark.skipif(STRACE is None, reason="strace is not installed (scripts/install installs it)")
+def test_a_deleted_shard_is_durable_in_the_directory_that_survives(tmp_path, mount):
+    """Removing every chunk of the only shard deletes it and its emptied key directories
+    (``c/1``, ``c``); the removal is then fsynced in the array directory, the one that is
+    left, after the last directory went (not in a directory that no longer exists)."""
+    src = tmp_path / "src"
+    expected = build(src, [GONE])["gone"]
+    trace = tmp_path / "strace.log"
+    mnt = mount(src, prefix=(STRACE, "-f", "-qq", "-y", "-s", "4096", "-o", str(trace),
+                             "-e", "trace=fsync,unlinkat"))
+    for i, j in itertools.product((2, 3), (2, 3)):
+        os.unlink(mnt / "gone" / f"{i}.{j}")
+    expected[4:8, 4:8] = 0
+    info = mount.info(mnt)
+    os.kill(traced_daemon(info), signal.SIGTERM)
+    assert info.proc.wait(timeout=60) == 0, info.output()[-3000:]
+    assert sorted(os.listdir(src / "gone")) == ["zarr.json"]
+    calls = [m.groups() for m in map(UNLINK.match, trace.read_text().splitlines()) if m]
+    rmdirs = [(i, fd_path(a), re.findall(r'"([^"]*)"', a)[0]) for i, (n, a) in enumerate(calls)
+              if n == "unlinkat" and "AT_REMOVEDIR" in a and a.endswith(") = 0")]  # the ones that removed
+    assert [(d, name) for _, d, name in rmdirs] == [(str(src / "gone" / "c"), "1"), (str(src / "gone"), "c")], calls
+    last = rmdirs[-1][0]
+    assert [i for i, (n, a) in enumerate(calls) if n == "fsync" and fd_path(a) == str(src / "gone") and i > last], \
+        f"no fsync of {src / 'gone'} after the rmdir of its key directory: {calls}"
+    assert_source_equals(src, "gone", expected)

@@ -25,7 +25,7 @@ import pytest
 
 from conftest import REPO, daemon_pids, lazy_unmount, read_zarr2, run_shardfs
 from shardfs import options, state
-from writehelpers import Spec, build
+from sources import Spec, build
 from writers import write_zarr2
 
 MOUNT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -18,18 +18,19 @@ from pathlib import Path
 import crc32c
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datasets import BYTES_BE, BYTES_LE, CRC32C, ArrayCase, fill_scalar, gzip, stored_chunks, write_case
+from conftest import budget
+from sources import BE, CRC, LE, ArrayCase, gzip, stored_chunks, write_case
 from shardfs.index import EMPTY, CorruptIndex, IndexFormat
 
 CHAINS = {
-    "bytes_le": (BYTES_LE,),
-    "bytes_be": (BYTES_BE,),
-    "bytes_le_gzip": (BYTES_LE, gzip(1)),
-    "bytes_le_crc32c": (BYTES_LE, CRC32C),
-    "bytes_be_gzip_crc32c": (BYTES_BE, gzip(3), CRC32C),
+    "bytes_le": (LE,),
+    "bytes_be": (BE,),
+    "bytes_le_gzip": (LE, gzip(1)),
+    "bytes_le_crc32c": (LE, CRC),
+    "bytes_be_gzip_crc32c": (BE, gzip(3), CRC),
 }
 
 
@@ -73,13 +74,6 @@ def decode_inner(case: ArrayCase, blob: bytes) -> np.ndarray:
     return np.frombuffer(blob, dtype=dt).reshape(case.chunk)
 
 
-def padded_chunk(case: ArrayCase, data: np.ndarray, idx) -> np.ndarray:
-    out = np.full(case.chunk, fill_scalar(case), dtype=case.dtype)
-    region = case.chunk_region(idx)
-    out[tuple(slice(0, r.stop - r.start) for r in region)] = data[region]
-    return out
-
-
 def write(case: ArrayCase, root: Path) -> tuple[np.ndarray, Path]:
     data = write_case(case, root)
     return data, root / case.relpath
@@ -90,7 +84,7 @@ def shard_files(case: ArrayCase, arr: Path):
         yield s, arr / case.source_key(s)
 
 
-@settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=budget(100))
 @given(case=cases())
 def test_decode_matches_what_zarr_wrote(case):
     fmt = fmt_of(case)
@@ -122,7 +116,7 @@ def test_decode_matches_what_zarr_wrote(case):
                 assert o != int(EMPTY), f"chunk {g} should be stored"
                 seen.add(g)
                 spans.append((o, o + n))
-                np.testing.assert_array_equal(decode_inner(case, blob[o:o + n]), padded_chunk(case, data, g))
+                np.testing.assert_array_equal(decode_inner(case, blob[o:o + n]), case.padded_chunk(data, g))
             # Entries do not overlap each other or the index.
             spans.append((off, off + length))
             spans.sort()
@@ -143,7 +137,7 @@ def first_shard(case: ArrayCase, root: Path) -> bytes:
     return (arr / case.source_key((0,) * case.ndim)).read_bytes()
 
 
-@settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=budget(100))
 @given(case=written_shards(), data=st.data())
 def test_corrupt_indexes_are_rejected(case, data):
     fmt = fmt_of(case)
@@ -161,6 +155,11 @@ def test_corrupt_indexes_are_rejected(case, data):
         pos = data.draw(st.integers(0, len(raw) - 1), label="flipped byte")
         bad = bytearray(raw)
         bad[pos] ^= 1 << data.draw(st.integers(0, 7), label="bit")
+        with pytest.raises(CorruptIndex):
+            fmt.decode(bytes(bad), size)
+        # A flipped bit of the stored checksum itself (the entries stay plausible).
+        bad = bytearray(raw)
+        bad[len(raw) - 4 + data.draw(st.integers(0, 3), label="checksum byte")] ^= 1 << data.draw(st.integers(0, 7))
         with pytest.raises(CorruptIndex):
             fmt.decode(bytes(bad), size)
 
@@ -194,6 +193,20 @@ def test_corrupt_indexes_are_rejected(case, data):
             t[i, 0] = data.draw(st.integers(0, data_start - 1))
     with pytest.raises(CorruptIndex):
         fmt.decode(fmt.encode(t), size)
+
+
+@pytest.mark.parametrize("big_endian", [False, True])
+def test_every_flipped_bit_fails_the_index_checksum(big_endian):
+    """Not left to the examples drawn: a plausible table whose checksum is wrong is refused."""
+    fmt = IndexFormat((2, 2), big_endian=big_endian, checksum=True, at_start=False)
+    t = np.array([[0, 10], [10, 6], [EMPTY, EMPTY], [16, 4]], dtype=np.uint64)
+    raw = fmt.encode(t)
+    np.testing.assert_array_equal(fmt.decode(raw, 20 + fmt.nbytes), t)
+    for bit in range(8 * len(raw)):
+        bad = bytearray(raw)
+        bad[bit // 8] ^= 1 << (bit % 8)
+        with pytest.raises(CorruptIndex):
+            fmt.decode(bytes(bad), 20 + fmt.nbytes)
 
 
 def test_empty_rows_roundtrip_and_absurd_grids():

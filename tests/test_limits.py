@@ -19,7 +19,7 @@ import pytest
 
 from shardfs.state import spill_dir
 from writers import umount
-from writehelpers import Spec, assert_source_equals, build
+from sources import Spec, assert_source_equals, build
 
 s = slice
 MiB = 1 << 20

@@ -17,7 +17,7 @@ import numcodecs
 import numpy as np
 import pytest
 
-from shardbuild import LE, ZSTD, sharding, write_v3
+from sources import LE, ZSTD, sharding, write_v3
 
 SHAPE, CHUNK, SHARD = (16, 16), (8, 8), (16, 16)
 

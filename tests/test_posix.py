@@ -1,6 +1,6 @@
 """POSIX view of the mount with the real tools: ls, find, stat, cat, cp.
 
-Expected names are computed from the data written (datasets.stored_chunks),
+Expected names are computed from the data written (sources.stored_chunks),
 never from the daemon.
 """
 
@@ -9,13 +9,14 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from conftest import case_params
-from datasets import CASES, CASES_BY_ID, empty_in_bounds_chunks, stored_chunks, stored_inner_bytes
+from sources import CASES, CASES_BY_ID, empty_in_bounds_chunks, stored_chunks, stored_inner_bytes
 
 SHARDED = [c for c in CASES if c.sharded]
 
@@ -49,7 +50,7 @@ def expected_tree(case, data) -> tuple[set[str], set[str], set[str], set[str]]:
     shard_dirs: set[str] = set()
     if case.sharded:
         shard_dirs = {case.shard_dir(s) for s in {case.shard_of(i) for i in stored}}
-        shard_files = {f"{case.shard_dir(case.shard_of(i))}/{case.entry_name(i)}" for i in stored}
+        shard_files = {f"{case.shard_dir(case.shard_of(i))}/{case.chunk_name(i)}" for i in stored}
         for f in list(shard_files) + list(shard_dirs):
             shard_dirs |= prefixes(f)
     return files, dirs, shard_files, shard_dirs
@@ -98,7 +99,7 @@ def test_ls_of_each_shard_dir(case, view, matrix):
     stored = stored_chunks(case, matrix.data[case.id])
     by_shard: dict[tuple, set[str]] = {}
     for i in stored:
-        by_shard.setdefault(case.shard_of(i), set()).add(case.entry_name(i))
+        by_shard.setdefault(case.shard_of(i), set()).add(case.chunk_name(i))
     for s, names in by_shard.items():
         out = run("ls", "-A1", str(view / case.relpath / case.shard_dir(s))).stdout.decode()
         assert set(out.split()) == names, f"shard {s}"
@@ -153,7 +154,7 @@ def test_same_inode_size_and_bytes(case, view, matrix):
     arr = view / case.relpath
     for i in sorted(stored_chunks(case, matrix.data[case.id])):
         root_f = arr / case.chunk_file(i)
-        entry_f = arr / case.shard_dir(case.shard_of(i)) / case.entry_name(i)
+        entry_f = arr / case.shard_dir(case.shard_of(i)) / case.chunk_name(i)
         st_r, st_e = os.stat(root_f), os.stat(entry_f)
         assert st_r.st_ino == st_e.st_ino, i
         content = root_f.read_bytes()
@@ -171,7 +172,7 @@ def test_stat_and_cat_agree(case, view, matrix):
     arr = view / case.relpath
     sample = sorted(stored_chunks(case, matrix.data[case.id]))[:4]
     paths = [str(arr / case.chunk_file(i)) for i in sample]
-    paths += [str(arr / case.shard_dir(case.shard_of(i)) / case.entry_name(i)) for i in sample]
+    paths += [str(arr / case.shard_dir(case.shard_of(i)) / case.chunk_name(i)) for i in sample]
     out = run("stat", "-c", "%i %s %F", *paths).stdout.decode().splitlines()
     assert len(out) == len(paths)
     for p, line in zip(paths, out):
@@ -192,7 +193,7 @@ def test_cp_r_of_a_shard_dir(case, view, matrix, tmp_path):
     src = arr / case.shard_dir(shard)
     run("cp", "-r", str(src), str(tmp_path / "copy"))
     copied = {p.name: p.read_bytes() for p in (tmp_path / "copy").iterdir()}
-    expected = {case.entry_name(i): (arr / case.chunk_file(i)).read_bytes()
+    expected = {case.chunk_name(i): (arr / case.chunk_file(i)).read_bytes()
                 for i in stored if case.shard_of(i) == shard}
     assert copied == expected
 
@@ -209,17 +210,20 @@ def test_empty_and_beyond_edge_chunks_do_not_exist(case, view, matrix):
         assert_enoent(arr / case.chunk_file(i))
         s = case.shard_of(i)
         if s in present_shards:
-            assert_enoent(arr / case.shard_dir(s) / case.entry_name(i))
+            assert_enoent(arr / case.shard_dir(s) / case.chunk_name(i))
     r = run("cat", str(arr / case.chunk_file(missing[0])), check=False)
-    assert r.returncode != 0 and b"No such file" in r.stderr
+    assert r.returncode == 1 and r.stderr.decode().rstrip().endswith(os.strerror(errno.ENOENT)), r.stderr
 
 
-def test_shard_dirs_are_directories_and_chunk_files_read_only(view):
+def test_shard_dirs_are_directories_and_chunk_files_have_two_links(view):
+    """A writable mount: directories 0755, chunk files 0644 with two links (the array root
+    and the shard directory, same inode)."""
     st = os.stat(view / "raw" / "c" / "0" / "0" / "0")
-    assert (st.st_mode & 0o170000) == 0o040000
+    assert st.st_mode == stat.S_IFDIR | 0o755, oct(st.st_mode)
     st = os.stat(view / "raw" / "0.0.1")
-    assert (st.st_mode & 0o170000) == 0o100000
-    assert st.st_nlink >= 1
+    assert st.st_mode == stat.S_IFREG | 0o644, oct(st.st_mode)
+    assert st.st_nlink == 2
+    assert os.stat(view / "raw" / "c" / "0" / "0" / "0" / "0.0.1").st_ino == st.st_ino
 
 
 # ------------------------------------------------------------------ .zarray

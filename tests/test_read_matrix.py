@@ -17,7 +17,7 @@ from conftest import (
     read_zarr3_v2,
     zarr2,
 )
-from datasets import CASES, GROUP_ATTRS, ROOT_ATTRS
+from sources import CASES, GROUP_ATTRS, ROOT_ATTRS
 
 
 

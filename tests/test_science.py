@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import warnings
 from pathlib import Path
 
@@ -414,5 +415,52 @@ def test_partial_writes_into_empty_chunks_keep_the_fill(xr_src, mount, tmp_path)
     expected[0] = np.arange(6)
     expected[4, 0] = 42.0
     assert_same_array(got, expected, "zarr 2.18 read through the mount after the write")
+    # rm of an empty chunk (served as the fill chunk) succeeds and changes nothing
+    fill = (mnt / "byzarr/n/2.0").read_bytes()
+    os.unlink(mnt / "byzarr/n/2.0")
+    assert (mnt / "byzarr/n/2.0").read_bytes() == fill
+    # it exists: an exclusive create (link) fails; a rename replaces it, as a stored chunk
+    import numcodecs
+
+    codec = numcodecs.get_codec(_zarray(mnt, "byzarr/n")["compressor"])
+    (mnt / "byzarr/n/tmp").write_bytes(codec.encode(np.array([1, 2, 3, 4, 5, 6], dtype="<u2")))
+    with pytest.raises(FileExistsError):
+        os.link(mnt / "byzarr/n/tmp", mnt / "byzarr/n/2.0")
+    os.rename(mnt / "byzarr/n/tmp", mnt / "byzarr/n/2.0")
     umount(mount, mnt)
+    n = read_native(src / "byzarr/n")
+    assert n[4].tolist() == [1, 2, 3] and n[:4].tolist() == [[0, 7, 0], [0, 0, 0], [0, 0, 9], [0, 0, 0]]
     assert_same_array(read_native(src / "byzarr/v"), expected, "zarr 3 read of the source after the write")
+
+
+def test_group_becoming_an_image_switches_its_arrays_to_slash(mount, tmp_path):
+    """Attributes written after the arrays (as OME writers do): once the view has read the
+    group's new attributes, its arrays show "/" keys (a new .zarray mtime, so no stale page)."""
+    import zarr
+
+    src = tmp_path / "src"
+    g = zarr.open_group(str(src), mode="w", zarr_format=3)
+    late = g.create_group("late")
+    data = np.random.default_rng(3).integers(1, 100, (2, 20, 20)).astype("uint8")
+    _create(late, "0", data, (1, 8, 8), (1, 16, 16), 0, dimension_names=["c", "y", "x"])
+    mnt = mount(src, "-o", "entry_timeout=0,attr_timeout=0")
+    assert json.loads((mnt / "late/0/.zarray").read_text())["dimension_separator"] == "."
+    before = os.stat(mnt / "late/0/.zarray").st_mtime_ns
+    doc = json.loads((src / "late/zarr.json").read_text())
+    doc["attributes"] = {"ome": {"version": "0.5", "multiscales": _multiscales("late", 1)}}
+    (src / "late/zarr.json").write_text(json.dumps(doc))
+    os.utime(src / "late/zarr.json", ns=(before + 10 ** 9, before + 10 ** 9))
+    time.sleep(1.5)  # the daemon remembers stat results for 1 s
+    assert json.loads((mnt / "late/.zattrs").read_text())["multiscales"][0]["version"] == "0.4"
+    assert json.loads((mnt / "late/0/.zarray").read_text())["dimension_separator"] == "/"
+    assert os.stat(mnt / "late/0/.zarray").st_mtime_ns == before + 10 ** 9
+    got = zarr2(
+        """
+        from ome_zarr.io import parse_url
+        from ome_zarr.reader import Reader
+        (node,) = list(Reader(parse_url(path))())
+        result = np.asarray(node.data[0].compute())
+        """,
+        path=str(mnt / "late"),
+    )
+    assert_same_array(got, data, "ome-zarr-py read of late/0")

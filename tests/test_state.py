@@ -20,7 +20,7 @@ import pytest
 from conftest import STATE_HOME, lazy_unmount, read_zarr2
 from shardfs import state
 from shardfs.journal import DAEMON_DIR, Change, Journal, segments_under
-from writehelpers import Spec, assert_source_equals, build, journal_entries, journal_path, leftovers
+from sources import Spec, assert_source_equals, build, journal_entries, journal_path, leftovers
 from writers import umount
 
 S = Spec("s", (8, 10), (4, 5), (8, 10), "<i4", 0, ("zstd", 3), inner_crc=False,

@@ -15,8 +15,8 @@ directories hold exactly the chunk files of the array root. After the last
 step, zarr-python 3 reading the source natively equals zarr-python 2.18
 reading the reference directory.
 
-Examples: ``CI_EXAMPLES`` by default (about a minute); set
-``SHARDFS_HYPOTHESIS=thorough`` for many more.
+Examples: ``CI_EXAMPLES`` under the ci hypothesis profile (a minute or two);
+``SHARDFS_HYPOTHESIS=thorough`` runs ten times as many, drawn at random.
 """
 
 from __future__ import annotations
@@ -34,12 +34,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from conftest import MountFactory, assert_same_array, read_native, zarr2
+from conftest import MountFactory, assert_same_array, budget, read_native, zarr2
 from writers import umount
-from writehelpers import Spec, build
+from sources import Spec, build
 
 s = slice
-THOROUGH = os.environ.get("SHARDFS_HYPOTHESIS") == "thorough"
 CI_EXAMPLES = 6
 SPEC = Spec("a", (6, 7), (2, 3), (4, 6), "<i2", 7, ("zstd", 1), inner_crc=True,
             index_location="end", index_crc=True, initial=((s(0, 4), s(0, 6)), (s(4, 6), s(6, 7))), write=())
@@ -274,8 +273,7 @@ def test_mount_behaves_like_a_v2_directory(tmp_path_factory):
     try:
         run_state_machine_as_test(
             lambda: MountVsDirectory(tmp_path_factory, factory),
-            settings=settings(max_examples=200 if THOROUGH else CI_EXAMPLES, stateful_step_count=25,
-                              deadline=None, derandomize=not THOROUGH,
+            settings=settings(max_examples=budget(CI_EXAMPLES), stateful_step_count=25, deadline=None,
                               suppress_health_check=list(HealthCheck)))
     finally:
         factory.close()

@@ -1,17 +1,16 @@
 """The ``Storage`` contract (shardfs/storage/__init__.py), checked on every implementation.
 
-``ObjectStorage`` runs against a real SeaweedFS (tests/s3server.py) for ``s3://`` and a real
-Azurite (tests/azserver.py, skipped when not installed) for ``az://``, each test below its own
-prefix; ``LocalStorage`` (when present) against a temporary directory. The object-store-only
-part at the end covers what only a remote store has: ``check()`` at mount (bad credentials,
-missing bucket or prefix, unreachable endpoint), a server killed mid-read and restarted, and
-the trio bridge of its coroutines.
+``LocalStorage`` runs on a temporary directory; ``ObjectStorage`` against a real SeaweedFS
+(tests/s3server.py) for ``s3://`` and a real Azurite (tests/azserver.py, skipped when not
+installed) for ``az://``, each test below its own prefix. The object-store-only part at the end
+covers what only a remote store has: ``check()`` at mount (bad credentials, missing bucket or
+prefix, unreachable endpoint), a server killed mid-read and restarted, a short outage retried,
+the delay proxy, and the trio bridge of its coroutines.
 """
 
 from __future__ import annotations
 
 import errno
-import importlib.util
 import socket
 import sys
 import threading
@@ -25,12 +24,13 @@ import pytest
 from azserver import CONTAINER
 from s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3
 from shardfs.storage import ABSENT, Entry, Range, Version, VersionMismatch
+from shardfs.storage.local import LocalStorage
 from shardfs.storage.objects import PAGE, ObjectStorage, Retry, StorageUnavailable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from bench_lib.delayproxy import DelayProxy  # noqa: E402
 
-KINDS = ["objects", "azure"] + (["local"] if importlib.util.find_spec("shardfs.storage.local") else [])
+KINDS = ["local", "objects", "azure"]
 
 
 @pytest.fixture
@@ -61,8 +61,6 @@ def storage(request, tmp_path):
         yield st
         st.close()
     else:
-        from shardfs.storage.local import LocalStorage
-
         root = tmp_path / "src"
         root.mkdir()
         yield LocalStorage(str(root))
@@ -272,6 +270,47 @@ def test_read_during_a_short_outage_is_retried_and_succeeds(tmp_path, monkeypatc
         st.close()
     finally:
         server.stop()
+
+
+def test_5xx_is_retried_a_bounded_number_of_times_then_eio(monkeypatch):
+    """A server answering 503 to everything: exactly 1 + max_retries requests, then EIO."""
+    import http.server
+
+    hits: list[str] = []
+
+    class Unavailable(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.command)
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        st = ObjectStorage("s3://b/p", endpoint=f"http://127.0.0.1:{server.server_address[1]}",
+                           retry=Retry(max_retries=3, retry_timeout=10, init_backoff=0.05, max_backoff=0.2))
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as e:
+            st.read("k", [Range(0, 10)])
+        assert e.value.errno == errno.EIO and time.monotonic() - t0 < 5
+        assert hits == ["GET"] * 4
+        hits.clear()
+        with pytest.raises(OSError) as e:
+            st.version("k")
+        assert e.value.errno == errno.EIO and hits == ["HEAD"] * 4
+        st.close()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_delay_proxy_adds_its_delay_each_way(aws_env):

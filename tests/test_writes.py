@@ -1,6 +1,6 @@
 """Writes through the mount (README.md "Writes"), with real v2 writers and POSIX tools.
 
-Every test builds its own small sharded v3 source (tests/writehelpers.py), mounts
+Every test builds its own small sharded v3 source (tests/sources.py), mounts
 it, writes through the mount, and after ``shardfs umount`` reads the source
 natively with zarr-python 3 AND tensorstore's ``zarr3`` driver against a numpy
 expectation. Sources also must be left without temp files and with an empty
@@ -9,6 +9,7 @@ journal.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
@@ -25,7 +26,7 @@ import pytest
 
 from conftest import ZARR2_PYTHON, lazy_unmount, read_tensorstore, zarr2
 from writers import WRITERS, region_json, umount
-from writehelpers import (
+from sources import (
     Spec,
     all_chunks,
     assert_source_equals,
@@ -37,6 +38,7 @@ from writehelpers import (
 )
 
 s = slice
+AT_FDCWD, RENAME_EXCHANGE = -100, 2
 
 Z2 = Spec("z2", (20, 27), (4, 5), (8, 10), "<i4", 0, ("zstd", 3), inner_crc=False,
           index_location="end", index_crc=True,
@@ -304,9 +306,23 @@ def test_reads_see_pending_writes_at_once(tmp_path, mount):
         with open(tmp, "wb") as f:
             f.write(d2)
         os.rename(tmp, arr / "0.3")
+        # (c) temp + rename onto an existing chunk whose size and pages the kernel has cached
+        # under its other name (the shard directory entry: same inode)
+        entry = arr / "c" / "0" / "0" / "1.1"
+        old11 = cat(entry)
+        assert os.stat(entry).st_size == len(old11)
+        b3, d3 = next((b, d) for b, d in ((b, Z2.encode(b)) for b in (Z2.values(Z2.chunk, seed_of("pending", 3, k))
+                                                                       for k in range(50))) if len(d) != len(old11))
+        tmp = arr / "1.1.4567cdef.partial"
+        tmp.write_bytes(d3)
+        os.rename(tmp, arr / "1.1")
         t_written = time.monotonic()
         exp[Z2.chunk_region((1, 0))] = b1
         exp[Z2.chunk_region((0, 3))] = b2
+        exp[Z2.chunk_region((1, 1))] = b3
+        assert os.stat(entry).st_size == len(d3), "stale size after a rename onto the chunk"
+        assert cat(entry) == d3, "stale bytes after a rename onto the chunk"
+        assert cat(arr / "1.1") == d3
 
         assert cat(arr / "1.0") == d1, "cat right after the write returned stale bytes"
         assert cat(arr / "c" / "0" / "0" / "1.0") == d1, "shard-dir entry right after the write is stale"
@@ -537,22 +553,40 @@ def test_unsupported_operations_fail_with_eperm(tmp_path, mount):
             if tmp.exists():
                 os.unlink(tmp)
 
-    cases = {
-        "symlink": (lambda: os.symlink("0.0", arr / "link"), {errno.EPERM, errno.ENOTSUP}),
-        "mknod fifo": (lambda: os.mkfifo(arr / "fifo"), {errno.EPERM, errno.ENOTSUP}),
-        "mkdir new name in array": (lambda: os.mkdir(arr / "newdir"), {errno.EPERM}),
-        "rename chunk file": (lambda: os.rename(arr / "0.0", arr / "0.0.bak"), {errno.EPERM}),
-        "rewrite .zarray in place (other dtype)": (rewrite_zarray_in_place, {errno.EPERM}),
-        "rewrite .zarray by rename (other dtype)": (rewrite_zarray_by_rename, {errno.EPERM}),
+    def exchange(a: Path, b: Path) -> None:
+        """renameat2(RENAME_EXCHANGE), which os.rename cannot ask for."""
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.renameat2(AT_FDCWD, bytes(a), AT_FDCWD, bytes(b), RENAME_EXCHANGE) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+    def exchange_temp():
+        tmp = arr / "0.0.77.partial"
+        tmp.write_bytes(cat(arr / "0.1"))
+        try:
+            exchange(tmp, arr / "0.0")
+        finally:
+            os.unlink(tmp)
+
+    cases = {  # the README's table of unsupported operations
+        "symlink": (lambda: os.symlink("0.0", arr / "link"), errno.EPERM),
+        "mknod fifo": (lambda: os.mkfifo(arr / "fifo"), errno.EPERM),
+        "setxattr": (lambda: os.setxattr(arr / "0.0", "user.x", b"1"), errno.ENOTSUP),
+        "mkdir new name in array": (lambda: os.mkdir(arr / "newdir"), errno.EPERM),
+        "rmdir of a shard directory that lists chunks": (lambda: os.rmdir(arr / "c" / "0" / "0"), errno.ENOTEMPTY),
+        "rename chunk file": (lambda: os.rename(arr / "0.0", arr / "0.0.bak"), errno.EPERM),
+        "rename with RENAME_EXCHANGE": (exchange_temp, errno.EINVAL),
+        "rewrite .zarray in place (other dtype)": (rewrite_zarray_in_place, errno.EPERM),
+        "rewrite .zarray by rename (other dtype)": (rewrite_zarray_by_rename, errno.EPERM),
+        "truncate of a chunk not open for writing": (lambda: os.truncate(arr / "0.0", 3), errno.EPERM),
     }
     wrong = {}
-    for what, (op, allowed) in cases.items():
+    for what, (op, want) in cases.items():
         try:
             op()
             wrong[what] = "succeeded"
         except OSError as e:
-            if e.errno not in allowed:
-                wrong[what] = f"errno {e.errno} ({e.strerror}), expected one of {sorted(allowed)}"
+            if e.errno != want:
+                wrong[what] = f"errno {e.errno} ({e.strerror}), expected {want} ({os.strerror(want)})"
     assert json.loads((arr / ".zarray").read_text()) == zarray, ".zarray changed"
     assert os.path.exists(arr / "0.0"), "chunk 0.0 gone after a refused rename"
     assert not os.path.lexists(arr / "link") and not os.path.lexists(arr / "newdir")

@@ -35,7 +35,8 @@ from shardfs.storage.loop import LoopThread  # noqa: E402
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
     delay = (float(sys.argv[2]) if len(sys.argv) > 2 else 100.0) / 1000
-    server = SeaweedS3(Path(tempfile.mkdtemp(prefix="s3concurrency-"))).start()
+    workdir = tempfile.TemporaryDirectory(prefix="s3concurrency-")
+    server = SeaweedS3(Path(workdir.name)).start()
     loop = LoopThread()
     try:
         def store(port: int) -> S3Store:
@@ -94,6 +95,7 @@ def main() -> None:
     finally:
         loop.close()
         server.stop()
+        workdir.cleanup()
 
 
 if __name__ == "__main__":
