@@ -438,8 +438,8 @@ def _wait_gone(pid: int, seconds: float) -> None:
 
 def _kept_report(src: str, root: str, pid: int, killed: bool) -> list[str]:
     """One line per shard whose changes are still in the journal of daemon ``pid`` (under the
-    journal root ``root``): how many, and why (the daemon's note; a killed daemon's journal is
-    counted record by record)."""
+    journal root ``root``): how many, and why: the daemon's note (updated as ``flush`` goes),
+    or, if a killed daemon left none, its records counted (folded ones included)."""
     from shardfs.journal import kept_line, read_kept
     from shardfs.storage.local import LocalStorage
 
@@ -450,7 +450,7 @@ def _kept_report(src: str, root: str, pid: int, killed: bool) -> list[str]:
     if not mine:
         return []
     pending, note = read_kept(os.path.join(root, mine[0]))
-    if not killed:
+    if note or not killed:  # a killed daemon may not have written it: then count its records
         return [kept_line(key, n, reason) for key, (n, reason) in sorted(note.items())]
     source = LocalStorage(src)
     lines = []

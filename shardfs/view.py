@@ -435,7 +435,7 @@ class View:
         """
         mode = stat.S_IFREG | self._file_mode
         nlink = 1 if arr.info.layout.index is None else 2
-        return [Attr(ino, mode, max(size, 0), mtime, nlink) for ino, size, mtime in zip(inos, sizes, mtimes)]
+        return [Attr(ino, mode, size if size > 0 else 0, mtime, nlink) for ino, size, mtime in zip(inos, sizes, mtimes)]
 
     def file_attr(self, ino: int, size: int, mtime_ns: int) -> Attr:
         """What ``stat`` shows for a metadata or staging file: a regular file with the mount's
@@ -516,7 +516,7 @@ class View:
         base = CHUNK_BASE + (arr.slot << SLOT_SHIFT)
         linear = np.ravel_multi_index(tuple(chunks.coords.T), layout.chunk_grid) if layout.ndim else \
             np.zeros(len(chunks.size), np.int64)
-        return self.chunk_attrs(arr, (base + i for i in linear.tolist()), chunks.size.tolist(), chunks.mtime.tolist())
+        return self.chunk_attrs(arr, (linear + base).tolist(), chunks.size.tolist(), chunks.mtime.tolist())
 
     # ----- name resolution ----------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from shardfs import shard as shard_mod
 from shardfs.create import DEFAULT_SHARD_BYTES, XARRAY_FILL, Refused, array_doc, dimension_names, group_doc, rewrite_kind
 from shardfs.shard import CorruptChunk
 from shardfs.storage import ABSENT, VersionMismatch
-from shardfs.layout import ArrayLayout
+from shardfs.layout import ArrayLayout, parse_coord
 from shardfs.nodes import ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey, StagingKey
 from shardfs.storage import Unusable
 from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, fail, v2
@@ -362,10 +362,9 @@ class Writer:
         layout, inos = arr.info.layout, []
         for made in sorted(d for d in self.view.new_dirs if d.startswith(path + "/")):
             rel = made[len(path) + 1:]
-            parts = rel.split("/")
-            if layout.keys.view_separator == "/" and len(parts) < layout.ndim and \
-                    all(p.isdigit() and str(int(p)) == p for p in parts):
-                new: Any = KeyDirKey(path, tuple(map(int, parts)))
+            coords = tuple(map(parse_coord, rel.split("/")))
+            if layout.keys.view_separator == "/" and len(coords) < layout.ndim and None not in coords:
+                new: Any = KeyDirKey(path, coords)
             elif layout.index is not None and (layout.keys.is_prefix(rel) or layout.keys.parse(rel) is not None):
                 new = ShardDirKey(path, rel)
                 self.view.made.add((path, rel))
@@ -506,8 +505,8 @@ class Writer:
             return await self.view.getattr(self.view.inode(DirKey(path)))
         if isinstance(node, ArrayNode) and node.info is not None and isinstance(key, (DirKey, KeyDirKey)) \
                 and node.info.layout.keys.view_separator == "/":
-            prefix = (key.prefix if isinstance(key, KeyDirKey) else ()) + (int(name),) \
-                if name.isdigit() and str(int(name)) == name else None
+            i = parse_coord(name)
+            prefix = None if i is None else (key.prefix if isinstance(key, KeyDirKey) else ()) + (i,)
             if prefix is not None and len(prefix) < node.info.layout.ndim and node.info.layout.in_grid(
                     prefix + (0,) * (node.info.layout.ndim - len(prefix))):
                 self.view.made_keys.add((node.path, prefix))
@@ -536,11 +535,6 @@ class Writer:
         return False
 
     async def _exists(self, parent: int, name: str) -> bool:
-        """True if ``name`` exists; a chunk exists only if it is stored (or pending), not when
-        an empty chunk is served as the fill chunk."""
-        target = await self.view.chunk_at_name(parent, name)
-        if target is not None:
-            return await self.view.extent(*target) is not None
         try:
             await self.view.lookup(parent, name)
         except OSError as e:

@@ -156,11 +156,13 @@ class LocalStorage:
             self._changes += 1
             self._versions.pop(key, None)
 
-    def _stat(self, key: str, strict: bool) -> Version | None:
-        """The current version (never remembered); None if missing."""
+    def _stat(self, key: str, strict: bool, missing: tuple[type[OSError], ...] = (FileNotFoundError,
+                                                                                  NotADirectoryError)
+              ) -> Version | None:
+        """The current version (never remembered); None if missing (``missing`` errors)."""
         try:
             fd = self._open(key, os.O_PATH, strict)  # O_PATH: nothing is opened for I/O
-        except (FileNotFoundError, NotADirectoryError):
+        except missing:
             return None
         try:
             st = os.fstat(fd)
@@ -247,7 +249,10 @@ class LocalStorage:
     # ----- writing ------------------------------------------------------------------------
 
     def check_write(self, key: str) -> None:
-        self._stat(key, strict=True)
+        try:
+            self._stat(key, strict=True, missing=(FileNotFoundError,))
+        except NotADirectoryError:
+            raise Unusable(errno.EIO, "a file is where a directory should be", self.path(key)) from None
 
     def replace(self, key: str, data: Iterable[bytes | memoryview],
                 if_version: Version | _Absent | None = None) -> Version:
