@@ -210,6 +210,8 @@ class Writer:
         except OSError as e:
             log.error("%s: cannot journal the write: %s", name, e)
             raise fail(errno.EIO) from None
+        if data is not None and arr.path in self.view.created:  # its key directories now resolve
+            self.view.made_keys.update((arr.path, coords[:k]) for k in range(1, len(coords)))
         await self.invalidate([self.view.chunk_ino(arr, coords)])
 
     async def commit_metadata(self, node: ArrayNode | GroupNode, name: str, data: bytes) -> None:
