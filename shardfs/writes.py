@@ -367,6 +367,7 @@ class Writer:
             coords = tuple(map(parse_coord, rel.split("/")))
             if layout.keys.view_separator == "/" and len(coords) < layout.ndim and None not in coords:
                 new: Any = KeyDirKey(path, coords)
+                self.view.made_keys.add((path, coords))
             elif layout.index is not None and (layout.keys.is_prefix(rel) or layout.keys.parse(rel) is not None):
                 new = ShardDirKey(path, rel)
                 self.view.made.add((path, rel))
