@@ -56,7 +56,10 @@ def _v2_metadata(zarray: Any) -> ArrayV2Metadata:
     if not isinstance(zarray, dict) or zarray.get("zarr_format") != 2:
         raise Refused("not Zarr v2 array metadata")
     try:
-        return ArrayV2Metadata.from_dict({**zarray, "attributes": {}})
+        dtype = zarray.get("dtype")
+        if isinstance(dtype, str):  # "<u1" and "|u1" are one dtype; zarr 3 knows only the latter
+            dtype = np.dtype(dtype).str
+        return ArrayV2Metadata.from_dict({**zarray, "dtype": dtype, "attributes": {}})
     except Exception as e:  # zarr raises many types for bad metadata
         raise Refused(f"invalid .zarray: {e}") from None
 

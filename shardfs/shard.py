@@ -1,4 +1,5 @@
-"""One shard file: its cached index, and reading one inner chunk out of it.
+"""One shard file in the source: its cached index, where one inner chunk is in it, and
+rewriting it with changed chunks (the fold).
 
 Index tables are cached keyed by the shard's ``(key, Version)`` (inode, size,
 mtime), so a shard replaced by anyone is re-read. Functions named ``*_sync``

@@ -28,6 +28,7 @@ from zarr.codecs import (
     TransposeCodec,
     ZstdCodec,
 )
+from zarr.abc.codec import ArrayArrayCodec, BytesBytesCodec
 from zarr.core.array_spec import ArrayConfig, ArraySpec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.chunk_key_encodings import V2ChunkKeyEncoding
@@ -98,6 +99,7 @@ class ChunkFormat:
     nbytes: int  # decoded size of one inner chunk
     shape: tuple[int, ...] = ()
     transcoder: Transcoder | None = None
+    filters: tuple[dict[str, Any], ...] | None = None  # v2 filters (numcodecs configurations)
 
     @property
     def decodes(self) -> bool:
@@ -112,6 +114,20 @@ class ChunkFormat:
             return np.full_like(stored_nbytes, self.nbytes) if many else self.nbytes
         trimmed = stored_nbytes - (4 if self.crc32c else 0)
         return np.maximum(trimmed, 0) if many else max(0, trimmed)
+
+    @property
+    def max_file_size(self) -> int:
+        """The largest chunk file that can be one valid inner chunk: writes and truncates past
+        it are refused with EFBIG (see README "Limits").
+
+        Without a compressor (raw or transcoded chunk files) a valid file is exactly
+        ``nbytes`` long. With one it is at most ``nbytes + nbytes/8 + nbytes/64 + 4 KiB``,
+        above the worst-case expansion of every v2 compressor shown: deflate's stored
+        blocks plus the gzip wrapper (zlib's ``deflateBound`` is ``n + n/8 + n/64 + 23``),
+        zstd's ``ZSTD_compressBound`` (``n + n/256 + 64``) and blosc's 16-byte header.
+        """
+        n = self.nbytes
+        return n if self.compressor is None else n + n // 8 + n // 64 + 4096
 
     def to_file(self, stored: bytes) -> bytes:
         """The chunk file's bytes for a stored inner chunk; ``CorruptChunk`` if it does not decode."""
@@ -143,26 +159,25 @@ class ChunkFormat:
     def check(self, data: bytes) -> str | None:
         """Why ``data`` is not exactly one inner chunk in this format (None if it is).
 
-        Decodes with the v2 compressor (numcodecs), as a v2 reader would.
+        Decodes with the v2 compressor and filters (numcodecs), as a v2 reader would.
         """
-        if self.compressor is None:
-            raw_size = len(data)
-        else:
-            codec = numcodecs.get_codec(dict(self.compressor))
+        buf: Any = data
+        for config in ([self.compressor] if self.compressor else []) + list(reversed(self.filters or ())):
             try:
-                raw_size = ensure_contiguous_ndarray(codec.decode(data)).nbytes
+                buf = numcodecs.get_codec(dict(config)).decode(buf)
             except Exception as e:
-                return f"does not decode with {self.compressor['id']}: {e}"
+                return f"does not decode with {config['id']}: {e}"
+        raw_size = ensure_contiguous_ndarray(buf).nbytes
         if raw_size != self.nbytes:
             return f"decodes to {raw_size} bytes; one inner chunk is {self.nbytes} bytes"
         return None
 
     def constant_file(self, value: Any) -> bytes:
         """The chunk file of an inner chunk whose every element is ``value`` (a fill chunk)."""
-        raw = np.full(self.nbytes // self.dtype.itemsize, value, dtype=self.dtype)
-        if self.compressor is None:
-            return raw.tobytes()
-        return bytes(ensure_contiguous_ndarray(numcodecs.get_codec(dict(self.compressor)).encode(raw)))
+        buf: Any = np.full(self.nbytes // self.dtype.itemsize, value, dtype=self.dtype)
+        for config in list(self.filters or ()) + ([self.compressor] if self.compressor else []):
+            buf = numcodecs.get_codec(dict(config)).encode(buf)
+        return bytes(ensure_contiguous_ndarray(buf))
 
     def stored(self, data: bytes) -> bytes:
         """The bytes to store in the shard for chunk-file bytes ``data`` (already checked);
@@ -250,7 +265,7 @@ def describe_array(doc: dict[str, Any], ome: bool = True, image: bool = False) -
         "compressor": chunk.compressor,
         "fill_value": fill.fill_value,
         "order": chunk.order,
-        "filters": None,
+        "filters": list(chunk.filters) if chunk.filters else None,
         "dimension_separator": keys.view_separator,
     }
     return ArrayInfo(layout, chunk, to_json(zarray), to_json(fill.attrs), meta.fill_value, fill.serve_missing)
@@ -391,14 +406,34 @@ def _chunk_format(codecs: tuple[Any, ...], dtype: np.dtype, ndim: int, nbytes: i
             raise Unpresentable(f"transpose order {tuple(chain[0].order)} has no v2 equivalent")
         order = "F" if ndim > 1 else "C"
         chain.pop(0)
+    filters = []
+    while chain and isinstance(chain[0], ArrayArrayCodec) and _numcodecs_config(chain[0]) is not None:
+        if order == "F":  # the filter would see the transposed chunk, a v2 one the F-ordered one
+            raise Unpresentable("numcodecs filters after a transpose have no v2 equivalent")
+        filters.append(_numcodecs_config(chain.pop(0)))
     if not chain or not isinstance(chain[0], BytesCodec):
         raise Unpresentable(f"inner codecs {codecs} have no v2 equivalent")
     endian = _endian(chain.pop(0))
+    if filters and endian == "big":  # the filters' own dtypes say their byte order, not the bytes codec
+        raise Unpresentable("numcodecs filters before big-endian bytes have no v2 equivalent")
     v2dtype = dtype.newbyteorder(">" if endian == "big" else "<") if dtype.itemsize > 1 else dtype
     if len(chain) > 1:
         raise Unpresentable(f"inner codecs {codecs} have no v2 equivalent")
     compressor = _compressor(chain[0]) if chain else None
-    return ChunkFormat(v2dtype, order, compressor, crc, nbytes)
+    return ChunkFormat(v2dtype, order, compressor, crc, nbytes, filters=tuple(filters) or None)
+
+
+def _numcodecs_config(codec: Any) -> dict[str, Any] | None:
+    """The v2 (numcodecs) configuration of one of zarr's ``numcodecs.*`` codecs, else None:
+    the stored bytes of such a codec are those of the numcodecs codec itself."""
+    name = getattr(codec, "codec_name", None)
+    if not isinstance(name, str) or not name.startswith("numcodecs."):
+        return None
+    config = {k: v for k, v in getattr(codec, "codec_config", {}).items() if k != "id"}
+    try:
+        return numcodecs.get_codec({"id": name.removeprefix("numcodecs."), **config}).get_config()
+    except Exception:  # numcodecs raises many types for a bad configuration
+        return None
 
 
 def _chunk_spec(meta: ArrayV3Metadata, shape: tuple[int, ...]) -> ArraySpec:
@@ -435,4 +470,7 @@ def _compressor(codec: Any) -> dict[str, Any]:
             "shuffle": _BLOSC_SHUFFLE[str(getattr(codec.shuffle, "value", codec.shuffle))],
             "blocksize": codec.blocksize,
         }
+    config = _numcodecs_config(codec) if isinstance(codec, BytesBytesCodec) else None
+    if config is not None:
+        return config
     raise Unpresentable(f"codec {codec} has no v2 equivalent")

@@ -49,6 +49,7 @@ INLINE_PREPARE_BYTES = 256 << 10
 BACKOFF_FIRST = 1.0  # seconds before a failed fold is retried; doubles per failure
 BACKOFF_MAX = 300.0
 LOG_EVERY = 60.0  # a shard whose folds keep failing is logged at most this often
+FOLDS_AT_ONCE = 4  # shards the background task folds at the same time
 
 
 @dataclass
@@ -109,6 +110,7 @@ class Writeback:
         self._bytes = 0
         self._last_write = 0.0
         self._wake = trio.Event()
+        self._flushing = False
         self.journal = Journal(journal_dir)
 
     # ----- reading pending state ----------------------------------------------------------
@@ -214,8 +216,10 @@ class Writeback:
         self.note_kept()
 
     def kept(self) -> dict[str, tuple[int, str]]:
-        """Shards whose changes could not be folded: ``{key: (pending changes, reason)}``."""
-        return {d.target.key: (len(d.chunks), d.reason) for d in self._dirty.values() if d.failures}
+        """Shards whose changes could not be folded: ``{key: (pending changes, reason)}``;
+        during ``flush``, every shard not folded yet."""
+        return {d.target.key: (len(d.chunks), d.reason or "not folded before the daemon stopped")
+                for d in self._dirty.values() if d.failures or self._flushing}
 
     def note_kept(self) -> None:
         """Write (or remove) the journal's note of the shards whose changes are kept, and why."""
@@ -247,22 +251,42 @@ class Writeback:
                 yield shard
 
     async def run(self) -> None:
-        """Background task: fold shards as they become due, forever."""
-        while True:
-            with trio.move_on_after(self.idle / 4):
-                await self._wake.wait()
-            self._wake = trio.Event()
-            for shard in list(self._due(time.monotonic())):
-                await self.fold(shard)
+        """Background task: fold shards as they become due, forever, up to ``FOLDS_AT_ONCE``
+        at a time, so a slow fold (a shard locked by another writer) holds up no other shard."""
+        limiter = trio.CapacityLimiter(FOLDS_AT_ONCE)
+        folding: set[ShardId] = set()
+
+        async def fold_one(shard: ShardId) -> None:
+            try:
+                async with limiter:
+                    await self.fold(shard)
+            finally:
+                folding.discard(shard)
+
+        async with trio.open_nursery() as nursery:
+            while True:
+                with trio.move_on_after(self.idle / 4):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+                for shard in list(self._due(time.monotonic())):
+                    if shard not in folding:
+                        folding.add(shard)
+                        nursery.start_soon(fold_one, shard)
 
     async def flush(self) -> dict[str, tuple[int, str]]:
         """Fold every pending change into its shard (unmount, SIGTERM), trying each failing
         shard once more; returns (and notes in the journal) the shards left: ``kept()``."""
         failed: set[ShardId] = set()
-        while todo := [shard for shard in self._dirty if shard not in failed]:
-            for shard in todo:
-                if not await self.fold(shard):
-                    failed.add(shard)
+        self._flushing = True  # the note names every shard still pending, should the daemon be killed
+        try:
+            self.note_kept()
+            while todo := [shard for shard in self._dirty if shard not in failed]:
+                for shard in todo:
+                    if not await self.fold(shard):
+                        failed.add(shard)
+                    self.note_kept()
+        finally:
+            self._flushing = False
         kept = self.kept()
         for key, (n, reason) in sorted(kept.items()):
             log.error("%s", kept_line(key, n, reason))

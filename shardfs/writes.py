@@ -6,6 +6,19 @@ commit validates the bytes (exactly one inner chunk with the array's codecs),
 hands them to the ``Writeback`` (journal + pending), and invalidates the
 kernel's caches of every inode whose content changed. Errors are
 ``OSError``s raised by the committing call, with one log line naming the file.
+
+Structure (``shardfs.create``): ``mkdir`` makes new directories (in memory) and
+key directories; a ``.zarray``/``.zgroup`` committed in a new directory creates
+the v3 node; metadata rewrites update ``zarr.json`` (attributes, a resize);
+unlinks of metadata files hide them and ``rmdir`` of an emptied array or group
+deletes it from the source.
+
+Contents being written (chunk files, staging files) are ``SpillBuffer``s: at
+most ``SPILL_THRESHOLD`` bytes each in memory, the rest in unlinked spill
+files. A chunk file never grows past the largest valid encoded inner chunk
+(``ChunkFormat.max_file_size``): a write or truncate beyond it fails with
+EFBIG, and a staging file larger than that is refused (EINVAL) by the rename
+or link that would commit it, before its bytes are read.
 """
 
 from __future__ import annotations
@@ -18,18 +31,22 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import numpy as np
+import trio
 
 from shardfs import shard as shard_mod
 from shardfs.create import DEFAULT_SHARD_BYTES, XARRAY_FILL, Refused, array_doc, dimension_names, group_doc, rewrite_kind
 from shardfs.shard import CorruptChunk
-from shardfs.layout import ArrayLayout
+from shardfs.storage import ABSENT, VersionMismatch
+from shardfs.layout import ArrayLayout, parse_coord
 from shardfs.nodes import ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey, StagingKey
+from shardfs.spill import SPILL_THRESHOLD, SpillBuffer
 from shardfs.storage import Unusable
 from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, fail, v2
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
 
 log = logging.getLogger("shardfs")
 Invalidate = Callable[[list[int]], Awaitable[None]]
+METADATA_WRITE_MAX = 16 << 20  # a metadata file written or renamed in (EINVAL beyond)
 CREATES = (".zarray", ".zgroup")  # metadata files that make a new directory an array / a group
 
 
@@ -56,27 +73,43 @@ class WriteHandle:
     ino: int
     chunk: tuple[ArrayNode, tuple[int, ...]] | None = None
     staging: Staging | None = None
-    buf: bytearray | None = None  # chunk or metadata content; None until first needed
+    buf: SpillBuffer | None = None  # chunk or metadata content; None until first needed
     meta: tuple[str, str] | None = None  # (node path, metadata file name)
     dirty: bool = False
 
-    def data(self) -> bytearray:
+    def data(self) -> SpillBuffer:
         return self.staging.data if self.staging is not None else self.buf
+
+
+async def _run(buf: SpillBuffer, end: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, a call on ``buf`` reaching byte ``end``: in a worker thread when it
+    touches a spill file (disk I/O), inline when it stays in memory."""
+    if buf.spilled or end > buf.threshold:
+        return await trio.to_thread.run_sync(fn, *args)
+    return fn(*args)
 
 
 class Writer:
     """Applies writes to the view's arrays through the writeback."""
 
-    def __init__(self, view: View, writeback: Writeback, invalidate: Invalidate) -> None:
+    def __init__(self, view: View, writeback: Writeback, invalidate: Invalidate, spill_dir: str,
+                 spill_threshold: int = SPILL_THRESHOLD) -> None:
         self.view = view
         self.writeback = writeback
         self.invalidate = invalidate
+        self.spill_dir = spill_dir
+        self.spill_threshold = spill_threshold
         self.shard_bytes = DEFAULT_SHARD_BYTES  # -o shard_size: shards of arrays created here
+        self._read_versions: dict[str, Any] = {}  # node path -> version of the zarr.json last read
+
+    def _buffer(self, data: bytes = b"") -> SpillBuffer:
+        return SpillBuffer(self.spill_dir, self.spill_threshold, data)
 
     # ----- opening ------------------------------------------------------------------------
 
     async def create(self, parent: int, name: str) -> tuple[Attr, WriteHandle]:
-        """Create ``name`` in ``parent``: a new chunk if it is a chunk key, else a staging file."""
+        """Create ``name`` in ``parent``: a new chunk if it is a chunk key, a metadata file of
+        the directory's node if it was unlinked, else a staging file."""
         dir_key, node = await self.view.dir_node(parent)
         if node is None and not self._is_new_dir(parent):
             raise fail(errno.ENOENT)
@@ -84,19 +117,19 @@ class Writer:
             # a metadata file unlinked before (rm, then cp): applied on close like a rewrite
             ino = self.view.inode(MetaKey(node.path, name))
             return self.view.file_attr(ino, 0, self.view.mount_ns), \
-                WriteHandle(ino, buf=bytearray(), dirty=True, meta=(node.path, name))
+                WriteHandle(ino, buf=self._buffer(), dirty=True, meta=(node.path, name))
         target = await self.view.chunk_at_name(parent, name)
         if target is not None:
             ino = self.view.chunk_ino(*target)
-            handle = WriteHandle(ino, chunk=target, buf=bytearray(), dirty=True)
+            handle = WriteHandle(ino, chunk=target, buf=self._buffer(), dirty=True)
             return self.view.chunk_attr(target[0], ino, 0, self.view.mount_ns), handle
         if isinstance(node, ArrayNode) and node.info is None:
             raise fail(errno.EPERM, "array is not presentable")
-        st = self.view.new_staging(parent, name)
+        st = self.view.new_staging(parent, name, self._buffer())
         return await self.view.getattr(st.ino), WriteHandle(st.ino, staging=st)
 
     async def open(self, ino: int, truncate: bool) -> WriteHandle:
-        """Open an existing chunk or staging file for writing (``truncate``: O_TRUNC)."""
+        """Open an existing chunk, metadata or staging file for writing (``truncate``: O_TRUNC)."""
         key = self.view.node_key(ino)
         if isinstance(key, StagingKey):
             if truncate:
@@ -106,59 +139,96 @@ class Writer:
             handle = (WriteHandle(ino, chunk=(key.arr, key.coords)) if isinstance(key, ChunkKey)
                       else WriteHandle(ino, meta=(key.path, key.name)))
             if truncate:
-                handle.buf, handle.dirty = bytearray(), True
+                handle.buf, handle.dirty = self._buffer(), True
             return handle
         raise fail(errno.EISDIR)
 
-    async def _load(self, handle: WriteHandle) -> bytearray:
+    async def _load(self, handle: WriteHandle) -> SpillBuffer:
         if handle.staging is None and handle.buf is None:
             rh = await self.view.open(handle.ino)
             try:
-                handle.buf = bytearray(await self.view.read(rh, 0, 1 << 62))
+                handle.buf = self._buffer(bytes(await self.view.read(rh, 0, 1 << 62)))
             finally:
                 self.view.release(rh)
         return handle.data()
 
+    def release(self, handle: WriteHandle) -> None:
+        """The last descriptor of ``handle`` closed: a chunk file's buffer (spill file) goes."""
+        if handle.buf is not None:
+            handle.buf.clear()
+
     # ----- data ---------------------------------------------------------------------------
 
+    def _bound(self, handle: WriteHandle, size: int, what: str) -> None:
+        """EFBIG if chunk file ``handle`` would grow past the largest valid inner chunk."""
+        if handle.chunk is not None:
+            self.check_chunk_size(*handle.chunk, size, what)
+
+    def check_chunk_size(self, arr: ArrayNode, coords: tuple[int, ...], size: int, what: str) -> None:
+        limit = arr.info.chunk.max_file_size
+        if size > limit:
+            log.error("%s/%s: %s refused: %d bytes is more than any valid chunk (at most %d bytes)",
+                      self.view.source.describe(arr.path), arr.info.layout.names.key(coords), what, size, limit)
+            raise fail(errno.EFBIG)
+
     async def read(self, handle: WriteHandle, offset: int, size: int) -> bytes:
-        return bytes((await self._load(handle))[offset: offset + size])
+        buf = await self._load(handle)
+        return await _run(buf, 0, buf.read, offset, size)
 
     async def write(self, handle: WriteHandle, offset: int, data: bytes) -> int:
+        self._bound(handle, offset + len(data), "write")
         buf = await self._load(handle)
-        if offset > len(buf):
-            buf.extend(bytes(offset - len(buf)))
-        buf[offset: offset + len(data)] = data
+        await _run(buf, offset + len(data), buf.write, offset, data)
         handle.dirty = True
         return len(data)
 
     async def truncate(self, handle: WriteHandle, size: int) -> None:
+        self._bound(handle, size, "truncate")
         buf = await self._load(handle)
-        if size < len(buf):
-            del buf[size:]
-        else:
-            buf.extend(bytes(size - len(buf)))
+        await _run(buf, size, buf.truncate, size)
         handle.dirty = True
 
+    async def truncate_closed(self, ino: int, size: int) -> None:
+        """``truncate(2)`` by path of a file no handle is writing: a staging file is resized;
+        a chunk file past its bound is EFBIG, to any other size EPERM (rewrite it instead)."""
+        key = self.view.node_key(ino)
+        if isinstance(key, StagingKey):
+            await _run(key.staging.data, size, key.staging.data.truncate, size)
+            return
+        if isinstance(key, ChunkKey):
+            self.check_chunk_size(key.arr, key.coords, size, "truncate")
+        if (await self.view.getattr(ino)).size != size:
+            log.error("truncate of inode %d: only temporary files and chunk files open for writing can be "
+                      "resized", ino)
+            raise fail(errno.EPERM)
+
     async def flush(self, handle: WriteHandle) -> None:
-        """Commit a written chunk file (close); errors are returned to close()."""
+        """Commit a written chunk or metadata file, or a ``.zarray``/``.zgroup`` written in a
+        new directory (close); errors are returned to close(). A refused chunk commit drops
+        the kernel's cached size and pages of the file, so ``stat`` shows the previous
+        content's size at once."""
         if not handle.dirty:
             return
         if handle.chunk is not None:
             handle.dirty = False  # a refused write is reported (and logged) once
-            await self.commit(*handle.chunk, bytes(handle.buf))
+            data = await _run(handle.buf, 0, handle.buf.getvalue)
+            try:
+                await self.commit(*handle.chunk, data)
+            except OSError:
+                await self.invalidate([handle.ino])
+                raise
         elif handle.meta is not None:
             handle.dirty = False
             node = await self.view._node(handle.meta[0])
             if node is None:
                 raise fail(errno.ENOENT)
-            await self.commit_metadata(node, handle.meta[1], bytes(handle.buf))
+            await self.commit_metadata(node, handle.meta[1], await self._metadata_bytes(handle.buf, handle.meta[1]))
         else:
             st = handle.staging
             if st.name in CREATES and self.view.staged.get((st.parent, st.name)) is st \
                     and self._is_new_dir(st.parent):
                 handle.dirty = False
-                await self.create_node(st.parent, st.name, bytes(st.data))
+                await self.create_node(st.parent, st.name, await self._metadata_bytes(st.data, st.name))
                 await self._became_meta(st.parent, st.name, self.view.node_key(st.parent).path, st.name)
 
     async def fsync(self, handle: WriteHandle | None) -> None:
@@ -200,6 +270,8 @@ class Writer:
         except OSError as e:
             log.error("%s: cannot journal the write: %s", name, e)
             raise fail(errno.EIO) from None
+        if data is not None and arr.path in self.view.created:  # its key directories now resolve
+            self.view.made_keys.update((arr.path, coords[:k]) for k in range(1, len(coords)))
         await self.invalidate([self.view.chunk_ino(arr, coords)])
 
     async def commit_metadata(self, node: ArrayNode | GroupNode, name: str, data: bytes) -> None:
@@ -222,6 +294,9 @@ class Writer:
                 fills = (shown.get("fill_value"), (await self._doc(node.path)).get("fill_value"))
                 change = rewrite_kind(new, shown, fills)
             except Refused as e:
+                if (node.path, ".zarray") in self.view.hidden:  # unlinked before: a new array there
+                    await self._replace_array(node, data)
+                    return
                 log.error("%s: write refused: %s", where, e)
                 raise fail(errno.EPERM) from None
             if change == "resize":
@@ -250,11 +325,33 @@ class Writer:
         ino = self.view.allocated(MetaKey(node.path, name))
         await self.invalidate([ino] if ino else [])
 
-    async def _doc(self, path: str) -> dict[str, Any]:
-        return json.loads((await blocking(self.view.source.read_all, _json(path, "zarr.json")))[0])
+    async def _replace_array(self, node: ArrayNode, zarray: bytes) -> None:
+        """A different ``.zarray`` written where the array's was unlinked (``rm .zarray``, then
+        a new one): the old array is deleted and a new one made from it (no attributes)."""
+        await self._delete_array(node)
+        self.view.hidden = {h for h in self.view.hidden if h[0] != node.path}
+        self.view.new_dirs.add(node.path)
+        dir_ino = self.view.inode(DirKey(node.path))
+        await self.create_node(dir_ino, ".zarray", zarray)
+        await self.invalidate([self.view.inode(MetaKey(node.path, ".zarray"))])
 
-    async def _write_doc(self, path: str, doc: dict[str, Any]) -> None:
-        await blocking(self.view.source.replace, _json(path, "zarr.json"), [json.dumps(doc, indent=2).encode()])
+    async def _doc(self, path: str) -> dict[str, Any]:
+        """The node's ``zarr.json``; its version is remembered for ``_write_doc``."""
+        data, version = await blocking(self.view.source.read_all, _json(path, "zarr.json"))
+        self._read_versions[path] = version
+        return json.loads(data)
+
+    async def _write_doc(self, path: str, doc: dict[str, Any], new: bool = False) -> None:
+        """Replace the node's ``zarr.json`` only if it is still the version ``_doc`` read (or,
+        ``new``, still absent): a change made meanwhile behind the mount is not overwritten
+        (EBUSY and one log line)."""
+        key = _json(path, "zarr.json")
+        expected = ABSENT if new else self._read_versions.pop(path, None)
+        try:
+            await blocking(self.view.source.replace, key, [json.dumps(doc, indent=2).encode()], expected)
+        except VersionMismatch:
+            log.error("%s: changed behind the mount meanwhile; not overwritten", self.view.source.describe(key))
+            raise fail(errno.EBUSY) from None
 
     async def resize(self, arr: ArrayNode, shape: tuple[int, ...]) -> None:
         """Give ``arr`` a new shape: inner chunks (stored or pending) outside the new chunk
@@ -282,7 +379,8 @@ class Writer:
         attrs_file = self.view.staged.get((parent, ".zattrs"))
         try:
             meta = json.loads(data)
-            attrs = json.loads(attrs_file.data) if attrs_file is not None and attrs_file.data else {}
+            raw = await self._metadata_bytes(attrs_file.data, ".zattrs") if attrs_file is not None else b""
+            attrs = json.loads(raw) if raw else {}
             if not isinstance(attrs, dict):
                 raise ValueError(".zattrs is not a JSON object")
         except ValueError as e:
@@ -298,8 +396,10 @@ class Writer:
         except (Refused, ValueError) as e:  # Unpresentable is a ValueError
             log.error("%s: cannot create: %s", where, e)
             raise fail(errno.EPERM) from None
-        await self._write_doc(path, doc)
+        await self._write_doc(path, doc, new=True)
         self.view.new_dirs.discard(path)
+        if name == ".zarray":
+            self.view.created.add(path)
         if attrs_file is not None:
             await self._became_meta(parent, ".zattrs", path, ".zattrs")
         else:  # shown once written: copy tools create it exclusively (O_EXCL) after .zarray
@@ -307,12 +407,38 @@ class Writer:
         if name == ".zgroup":
             self.view.hidden.add((path, ".zmetadata"))
         log.info("%s: created a v3 %s", self.view.source.path(path), "group" if name == ".zgroup" else "array")
+        dirs = [parent] + (await self._adopt_dirs(path) if name == ".zarray" else [])
         for (p, n), st in sorted(self.view.staged.items()):
-            target = await self.view.chunk_at_name(parent, n) if p == parent else None
+            target = await self.view.chunk_at_name(p, n) if p in dirs else None
             if target is not None:
-                await self.commit(*target, bytes(st.data))
+                await self.commit(*target, await self._staged_chunk(st, *target))
                 self.view.drop_staging(p, n, committed=ChunkKey(*target))
-        await self.invalidate([parent])
+        await self.invalidate(dirs)
+
+    async def _adopt_dirs(self, path: str) -> list[int]:
+        """Directories made below a new array before its ``.zarray`` (``cp -r`` copies in
+        directory order) become its key directories: nested keys (``0/1`` with "/") or
+        shard key directories (``c/0``). Their inodes are kept; returns them."""
+        arr = await self.view._node(path)
+        if not isinstance(arr, ArrayNode) or arr.info is None:
+            return []
+        layout, inos = arr.info.layout, []
+        for made in sorted(d for d in self.view.new_dirs if d.startswith(path + "/")):
+            rel = made[len(path) + 1:]
+            coords = tuple(map(parse_coord, rel.split("/")))
+            if layout.keys.view_separator == "/" and len(coords) < layout.ndim and None not in coords:
+                new: Any = KeyDirKey(path, coords)
+                self.view.made_keys.add((path, coords))
+            elif layout.index is not None and (layout.keys.is_prefix(rel) or layout.keys.parse(rel) is not None):
+                new = ShardDirKey(path, rel)
+                self.view.made.add((path, rel))
+            else:
+                continue
+            self.view.new_dirs.discard(made)
+            ino = self.view.rebind(DirKey(made), new)
+            if ino is not None:
+                inos.append(ino)
+        return inos
 
     async def _became_meta(self, parent: int, name: str, path: str, meta: str) -> None:
         """Staging file ``name`` of ``parent`` was committed as metadata file ``meta`` of node
@@ -338,22 +464,23 @@ class Writer:
             raise fail(errno.EEXIST)
         target = await self.view.chunk_at_name(p2, n2)
         if target is not None:
-            await self.commit(*target, bytes(st.data))
+            await self.commit(*target, await self._staged_chunk(st, *target))
             self.view.drop_staging(p1, n1, committed=ChunkKey(*target))
             return
         dir_key, node = await self.view.dir_node(p2)
         if isinstance(dir_key, DirKey) and node is not None and n2 in node_meta(node):
-            await self.commit_metadata(node, n2, bytes(st.data))
+            await self.commit_metadata(node, n2, await self._metadata_bytes(st.data, n1))
             await self._became_meta(p1, n1, node.path, n2)
             return
         if n2 in CREATES and self._is_new_dir(p2):
-            await self.create_node(p2, n2, bytes(st.data))
+            await self.create_node(p2, n2, await self._metadata_bytes(st.data, n1))
             await self._became_meta(p1, n1, dir_key.path, n2)
             return
         if exists and (p2, n2) not in self.view.staged:
             log.error("rename of %s onto %s: not a chunk key or temporary file", n1, n2)
             raise fail(errno.EPERM)
-        self.view.staged.pop((p2, n2), None)
+        if (p2, n2) in self.view.staged:  # the temporary it replaces is gone, its space too
+            self.view.drop_staging(p2, n2, committed=None)
         self.view.staged[(p2, n2)] = self.view.staged.pop((p1, n1))
         st.parent, st.name = p2, n2
 
@@ -366,8 +493,26 @@ class Writer:
             raise fail(errno.EPERM)
         if await self._exists(parent, name):
             raise fail(errno.EEXIST)
-        await self.commit(*target, bytes(key.staging.data))
+        await self.commit(*target, await self._staged_chunk(key.staging, *target))
         return await self.view.lookup(parent, name)
+
+    async def _metadata_bytes(self, buf: SpillBuffer, name: str) -> bytes:
+        """The bytes of metadata file ``name`` being written; EINVAL, without reading them,
+        if there are more than ``METADATA_WRITE_MAX``."""
+        if buf.size > METADATA_WRITE_MAX:
+            log.error("%s: write refused: %d bytes is more than metadata may be (%d)",
+                      name, buf.size, METADATA_WRITE_MAX)
+            raise fail(errno.EINVAL)
+        return await _run(buf, 0, buf.getvalue)
+
+    async def _staged_chunk(self, st: Staging, arr: ArrayNode, coords: tuple[int, ...]) -> bytes:
+        """The bytes of staging file ``st`` to commit onto chunk ``coords``; EINVAL without
+        reading them if it is larger than any valid chunk."""
+        try:
+            self.check_chunk_size(arr, coords, st.data.size, "commit")
+        except OSError:
+            raise fail(errno.EINVAL) from None
+        return await _run(st.data, 0, st.data.getvalue)
 
     async def unlink(self, parent: int, name: str) -> None:
         """Remove a staging file, empty an inner chunk (``rm`` of a chunk file), or unlink a
@@ -402,26 +547,32 @@ class Writer:
             raise fail(errno.ENOTEMPTY)
         if isinstance(key, ShardDirKey):
             self.view.made.discard((key.path, key.rel))
+        if isinstance(key, KeyDirKey):
+            self.view.made_keys.discard((key.path, key.prefix))
         if not isinstance(key, DirKey):
             return
         path = key.path
         node = await self.view._node(path)
         if isinstance(node, ArrayNode):
-            if node.info is None:
-                log.error("rmdir of %s: the array is not shown as v2 (%s); not deleted",
-                          self.view.source.path(path), node.error)
-                raise fail(errno.EPERM)
-            await self.writeback.discard(path)
-            keys = [self.view.shard_key(node, shard) for shard in await self.view.stored_shards(node)]
-            await blocking(_remove_all, self.view.source, keys + [_json(path, "zarr.json")])
-            log.info("%s: array deleted", self.view.source.path(path))
+            await self._delete_array(node)
         elif isinstance(node, GroupNode):
             if not path:
                 raise fail(errno.EBUSY)
             await blocking(_remove_all, self.view.source, [_json(path, "zarr.json")])
             log.info("%s: group deleted", self.view.source.path(path))
         self.view.new_dirs.discard(path)
+        self.view.created.discard(path)
         self.view.hidden = {h for h in self.view.hidden if h[0] != path}
+
+    async def _delete_array(self, node: ArrayNode) -> None:
+        """Delete an array from the source: its pending chunks, shards and ``zarr.json``."""
+        if node.info is None:
+            log.error("%s: the array is not shown as v2 (%s); not deleted", self.view.source.path(node.path), node.error)
+            raise fail(errno.EPERM)
+        await self.writeback.discard(node.path)
+        keys = [self.view.shard_key(node, shard) for shard in await self.view.stored_shards(node)]
+        await blocking(_remove_all, self.view.source, keys + [_json(node.path, "zarr.json")])
+        log.info("%s: array deleted", self.view.source.path(node.path))
 
     async def mkdir(self, parent: int, name: str) -> Attr:
         """Make a directory: in a group (or a directory made here), a new directory that a
@@ -435,6 +586,14 @@ class Writer:
             path = f"{key.path}/{name}" if key.path else name
             self.view.new_dirs.add(path)
             return await self.view.getattr(self.view.inode(DirKey(path)))
+        if isinstance(node, ArrayNode) and node.info is not None and isinstance(key, (DirKey, KeyDirKey)) \
+                and node.info.layout.keys.view_separator == "/":
+            i = parse_coord(name)
+            prefix = None if i is None else (key.prefix if isinstance(key, KeyDirKey) else ()) + (i,)
+            if prefix is not None and len(prefix) < node.info.layout.ndim and node.info.layout.in_grid(
+                    prefix + (0,) * (node.info.layout.ndim - len(prefix))):
+                self.view.made_keys.add((node.path, prefix))
+                return await self.view.getattr(self.view.inode(KeyDirKey(node.path, prefix)))
         if isinstance(node, ArrayNode) and node.info is not None and isinstance(key, (DirKey, ShardDirKey)):
             rel = f"{key.rel}/{name}" if isinstance(key, ShardDirKey) else name
             keys = node.info.layout.keys
@@ -459,11 +618,6 @@ class Writer:
         return False
 
     async def _exists(self, parent: int, name: str) -> bool:
-        """True if ``name`` exists; a chunk exists only if it is stored (or pending), not when
-        an empty chunk is served as the fill chunk."""
-        target = await self.view.chunk_at_name(parent, name)
-        if target is not None:
-            return await self.view.extent(*target) is not None
         try:
             await self.view.lookup(parent, name)
         except OSError as e:

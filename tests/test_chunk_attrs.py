@@ -6,6 +6,7 @@ array; the same while the file is open for writing, just created, or committed.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 
@@ -96,3 +97,19 @@ def test_names_with_non_ascii_digits_do_not_exist(name, source, mount):
     for n in names:
         with pytest.raises(FileNotFoundError):
             os.stat(mnt / name / n)
+
+
+def test_mkdir_with_non_ascii_digit_names_is_eperm(tmp_path, mount):
+    """In an array whose v2 keys nest ("/"), ``mkdir`` of a key directory takes only ASCII
+    decimal coordinates: "²" and "٣" are EPERM with one log line, not EIO with a traceback."""
+    src = tmp_path / "src"
+    group = zarr.open_group(str(src), mode="w", zarr_format=3)
+    arr = group.create_array("v2dot", shape=(8, 8), chunks=(4, 4), shards=(8, 8), dtype="<i4", fill_value=0,
+                             chunk_key_encoding={"name": "v2", "separator": "."})
+    arr[:4, :4] = 1
+    mnt = mount(src)
+    assert json.loads((mnt / "v2dot" / ".zarray").read_bytes())["dimension_separator"] == "/"
+    for name in ("²", "٣"):
+        with pytest.raises(PermissionError):
+            os.mkdir(mnt / "v2dot" / name)
+    assert sorted(os.listdir(mnt / "v2dot")) == [".zarray", ".zattrs", "0"]

@@ -5,6 +5,7 @@ with strace on the real daemon) and "Rewritten shards store inner chunks in Mort
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -214,3 +215,35 @@ def test_after_a_fold_the_written_chunk_shows_the_new_shards_mtime(tmp_path, mou
     while os.stat(arr / "0.0").st_mtime_ns != folded:
         assert time.monotonic() < deadline, "the written chunk still shows its pending mtime 3 s after the fold"
         time.sleep(0.05)
+
+
+GONE = Spec("gone", (8, 8), (2, 2), (4, 4), "<i4", 0, ("zstd", 1), inner_crc=False, index_location="end",
+            index_crc=True, initial=((s(4, 8), s(4, 8)),), write=(s(0, 8), s(0, 8)))
+UNLINK = re.compile(r"^\d+\s+(fsync|unlinkat)\((.*)")
+
+
+@pytest.mark.skipif(STRACE is None, reason="strace is not installed (scripts/install installs it)")
+def test_a_deleted_shard_is_durable_in_the_directory_that_survives(tmp_path, mount):
+    """Removing every chunk of the only shard deletes it and its emptied key directories
+    (``c/1``, ``c``); the removal is then fsynced in the array directory, the one that is
+    left, after the last directory went (not in a directory that no longer exists)."""
+    src = tmp_path / "src"
+    expected = build(src, [GONE])["gone"]
+    trace = tmp_path / "strace.log"
+    mnt = mount(src, prefix=(STRACE, "-f", "-qq", "-y", "-s", "4096", "-o", str(trace),
+                             "-e", "trace=fsync,unlinkat"))
+    for i, j in itertools.product((2, 3), (2, 3)):
+        os.unlink(mnt / "gone" / f"{i}.{j}")
+    expected[4:8, 4:8] = 0
+    info = mount.info(mnt)
+    os.kill(traced_daemon(info), signal.SIGTERM)
+    assert info.proc.wait(timeout=60) == 0, info.output()[-3000:]
+    assert sorted(os.listdir(src / "gone")) == ["zarr.json"]
+    calls = [m.groups() for m in map(UNLINK.match, trace.read_text().splitlines()) if m]
+    rmdirs = [(i, fd_path(a), re.findall(r'"([^"]*)"', a)[0]) for i, (n, a) in enumerate(calls)
+              if n == "unlinkat" and "AT_REMOVEDIR" in a and a.endswith(") = 0")]  # the ones that removed
+    assert [(d, name) for _, d, name in rmdirs] == [(str(src / "gone" / "c"), "1"), (str(src / "gone"), "c")], calls
+    last = rmdirs[-1][0]
+    assert [i for i, (n, a) in enumerate(calls) if n == "fsync" and fd_path(a) == str(src / "gone") and i > last], \
+        f"no fsync of {src / 'gone'} after the rmdir of its key directory: {calls}"
+    assert_source_equals(src, "gone", expected)

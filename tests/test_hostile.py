@@ -15,12 +15,10 @@
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import itertools
 import os
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -169,8 +167,9 @@ def test_shard_turned_fifo_or_directory_after_a_write_keeps_it_in_the_journal(tm
     mnt = mount(src)  # the replay keeps what it cannot fold, and the mount goes live
     assert len(lines(mount, mnt, f"{src / 'h/c/0/0'}: shard rewrite failed, next try in 1 s; "
                              "1 change to h/c/0/0 kept in the journal: not a regular file (a FIFO)")) == 1
-    for idx in ((0, 1), (0, 2)):  # served from the journal meanwhile
+    for idx in ((0, 1), (0, 2), (2, 2)):  # served from the journal meanwhile, and the good shard
         assert read_bytes(mnt / "h" / H.chunk_name(idx)) == data[idx]
+    np.testing.assert_array_equal(H.decode(read_bytes(mnt / "h" / "3.3")), exp["h"][H.chunk_region((3, 3))])
     assert errno_of(read_bytes, mnt / "h" / "0.0") == errno.EIO  # a stored chunk of the FIFO shard
     os.unlink(fifo)
     os.rename(tmp_path / "shard00", fifo)
@@ -180,6 +179,20 @@ def test_shard_turned_fifo_or_directory_after_a_write_keeps_it_in_the_journal(tm
     umount(mount, mnt)
     assert_source_equals(src, "h", exp["h"])
     assert leftovers(src) == []
+
+
+def test_a_file_where_a_key_directory_should_be_refuses_the_write(tmp_path, mount):
+    src = tmp_path / "src"
+    build(src, [H])
+    os.rename(src / "h" / "c" / "1", tmp_path / "c1")
+    (src / "h" / "c" / "1").write_bytes(b"not a directory")
+    mnt = mount(src)
+    assert errno_of(read_bytes, mnt / "h" / "2.2") == errno.ENOENT  # no such shard
+    assert errno_of(write_file, mnt / "h" / "2.2", chunk_bytes(1)[1]) == errno.EIO  # refused at close
+    assert len(lines(mount, mnt, f"{src / 'h'}/2.2: write refused: a file is where a directory should be")) == 1
+    r, _ = shardfs_umount(mnt)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert (src / "h" / "c" / "1").read_bytes() == b"not a directory"
 
 
 _LOCKER = r"""
@@ -203,6 +216,13 @@ def test_umount_returns_in_bounded_time_when_a_shard_is_locked_forever(tmp_path,
         block, data = chunk_bytes(7)
         write_file(mnt / "h" / "3.3", data)
         exp["h"][H.chunk_region((3, 3))] = block
+        other, data = chunk_bytes(8)  # a shard beside the locked one is folded meanwhile
+        write_file(mnt / "h" / "0.0", data)
+        exp["h"][H.chunk_region((0, 0))] = other
+        import zarr
+
+        wait_for(lambda: np.array_equal(zarr.open_array(str(src / "h"), mode="r")[0:4, 0:4], other), 10,
+                 "the unlocked shard folded")
         r, took = shardfs_umount(mnt, "--timeout", "1")
         assert took < 13, f"umount --timeout 1 took {took:.1f} s"
         assert r.returncode == 1

@@ -415,7 +415,21 @@ def test_partial_writes_into_empty_chunks_keep_the_fill(xr_src, mount, tmp_path)
     expected[0] = np.arange(6)
     expected[4, 0] = 42.0
     assert_same_array(got, expected, "zarr 2.18 read through the mount after the write")
+    # rm of an empty chunk (served as the fill chunk) succeeds and changes nothing
+    fill = (mnt / "byzarr/n/2.0").read_bytes()
+    os.unlink(mnt / "byzarr/n/2.0")
+    assert (mnt / "byzarr/n/2.0").read_bytes() == fill
+    # it exists: an exclusive create (link) fails; a rename replaces it, as a stored chunk
+    import numcodecs
+
+    codec = numcodecs.get_codec(_zarray(mnt, "byzarr/n")["compressor"])
+    (mnt / "byzarr/n/tmp").write_bytes(codec.encode(np.array([1, 2, 3, 4, 5, 6], dtype="<u2")))
+    with pytest.raises(FileExistsError):
+        os.link(mnt / "byzarr/n/tmp", mnt / "byzarr/n/2.0")
+    os.rename(mnt / "byzarr/n/tmp", mnt / "byzarr/n/2.0")
     umount(mount, mnt)
+    n = read_native(src / "byzarr/n")
+    assert n[4].tolist() == [1, 2, 3] and n[:4].tolist() == [[0, 7, 0], [0, 0, 0], [0, 0, 9], [0, 0, 0]]
     assert_same_array(read_native(src / "byzarr/v"), expected, "zarr 3 read of the source after the write")
 
 

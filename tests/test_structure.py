@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ZARR2_PYTHON, read_native, zarr2
+from conftest import read_native, zarr2
 from writers import umount
 from sources import Spec, build, leftovers
 
@@ -124,6 +124,38 @@ def test_zarr2_create_dataset_in_mounted_group(tmp_path, mount):
     np.testing.assert_array_equal(read_native(src / "grp" / "big"), big)
     assert zjson(src / "grp") == {"zarr_format": 3, "node_type": "group", "attributes": {"k": 1}}
     np.testing.assert_array_equal(read_native(src / "raw"), exp["raw"])
+    assert_clean(src)
+
+
+def test_filters_and_numcodecs_compressors_become_v3_codecs(tmp_path, mount):
+    src = tmp_path / "src"
+    build(src, [])
+    mnt = mount(src)
+    ints = np.arange(10 * 12, dtype="<i4").reshape(10, 12) * 3
+    floats = np.round(np.linspace(-5, 5, 30), 1)
+    got = zarr2("""
+        import numcodecs
+        g = zarr.open_group(mnt, mode='a')
+        a = g.create_dataset('delta', shape=(10, 12), chunks=(4, 5), dtype='<i4',
+                             filters=[numcodecs.Delta('<i4')], compressor=numcodecs.Zlib(1))
+        a[...] = np.array(ints, dtype='<i4')
+        b = g.create_dataset('scaled', shape=(30,), chunks=(7,), dtype='<f8', fill_value=None,
+                             filters=[numcodecs.FixedScaleOffset(0, 10, '<f8', astype='<i4')],
+                             compressor=numcodecs.LZ4())
+        b[...] = np.array(floats)
+        result = {'delta': zarr.open(mnt + '/delta', mode='r')[...], 'scaled': zarr.open(mnt + '/scaled', mode='r')[...],
+                  'filters': json.loads(open(mnt + '/delta/.zarray').read())['filters']}
+        """, mnt=str(mnt), ints=ints.tolist(), floats=floats.tolist())
+    np.testing.assert_array_equal(got["delta"], ints)
+    np.testing.assert_array_equal(got["scaled"], floats)
+    assert got["filters"] == [{"id": "delta", "dtype": "<i4", "astype": "<i4"}]
+    assert errors(mount, mnt) == []
+    umount(mount, mnt)
+    assert [c["name"] for c in sharding(zjson(src / "delta"))["codecs"]] == ["numcodecs.delta", "bytes", "numcodecs.zlib"]
+    assert [c["name"] for c in sharding(zjson(src / "scaled"))["codecs"]] == \
+        ["numcodecs.fixedscaleoffset", "bytes", "numcodecs.lz4"]
+    np.testing.assert_array_equal(read_native(src / "delta"), ints)
+    np.testing.assert_array_equal(read_native(src / "scaled"), floats)
     assert_clean(src)
 
 
@@ -261,6 +293,41 @@ def test_xarray_to_zarr_w_and_a_through_the_mount(client, tmp_path, mount):
     assert_clean(src)
 
 
+def test_nested_array_copied_chunks_first(tmp_path, mount):
+    """A "/" array copied into the mount with its key directories and chunks before its
+    .zarray (an order cp -r may take): they become the new array's keys."""
+    src = tmp_path / "src"
+    build(src, [])
+    data = np.arange(9 * 8, dtype="<u2").reshape(9, 8)
+    np.save(tmp_path / "d.npy", data)
+    zarr2("""
+        z = zarr.open_array(path, mode='w', shape=(9, 8), chunks=(4, 3), dtype='<u2', dimension_separator='/',
+                            compressor=None)
+        z[...] = np.load(vpath)
+        result = np.zeros(0)
+        """, path=str(tmp_path / "v2" / "n"), vpath=str(tmp_path / "d.npy"))
+    copy = tmp_path / "v2" / "n"
+    mnt = mount(src)
+    (mnt / "n").mkdir()
+    for row in sorted(p.name for p in copy.iterdir() if p.is_dir()):
+        (mnt / "n" / row).mkdir()
+        for col in sorted(os.listdir(copy / row)):
+            shutil.copyfile(copy / row / col, mnt / "n" / row / col)
+    shutil.copyfile(copy / ".zarray", mnt / "n" / ".zarray")
+    assert sorted(os.listdir(mnt / "n" / "0")) == ["0", "1", "2"]
+    run("cp", "-r", copy, mnt / "m")
+    got = zarr2("result = {'n': zarr.open(a, mode='r')[...], 'm': zarr.open(b, mode='r')[...]}",
+                a=str(mnt / "n"), b=str(mnt / "m"))
+    np.testing.assert_array_equal(got["n"], data)
+    np.testing.assert_array_equal(got["m"], data)
+    assert errors(mount, mnt) == []
+    umount(mount, mnt)
+    np.testing.assert_array_equal(read_native(src / "n"), data)
+    np.testing.assert_array_equal(read_native(src / "m"), data)
+    assert zjson(src / "n")["chunk_key_encoding"] == {"name": "v2", "configuration": {"separator": "."}}
+    assert_clean(src)
+
+
 # --------------------------------------------------------------------------- changing
 
 
@@ -292,6 +359,24 @@ def test_resize_drops_chunks_past_the_edge_including_pending(tmp_path, mount):
     umount(mount, mnt)
     np.testing.assert_array_equal(read_native(src / "raw"), want)
     assert zjson(src / "raw")["shape"] == [24, 27]
+    assert_clean(src)
+
+
+def test_unlinked_zarray_rewritten_with_other_metadata_makes_a_new_array(tmp_path, mount):
+    src = tmp_path / "src"
+    build(src, [RAW])
+    mnt = mount(src)
+    zarray = json.loads((mnt / "raw" / ".zarray").read_text())
+    os.unlink(mnt / "raw" / ".zarray")
+    assert not (mnt / "raw" / ".zarray").exists()
+    (mnt / "raw" / ".zarray").write_text(json.dumps({**zarray, "shape": [3], "chunks": [2], "dtype": "<i2",
+                                                      "compressor": None, "fill_value": 4}))
+    assert os.listdir(mnt / "raw") == [".zarray"]  # the old chunks are gone with the old array
+    (mnt / "raw" / "1").write_bytes(np.array([7, 8], "<i2").tobytes())
+    assert zarr2("result = zarr.open(p, mode='r')[...]", p=str(mnt / "raw")).tolist() == [4, 4, 7]
+    assert errors(mount, mnt) == []
+    umount(mount, mnt)
+    assert read_native(src / "raw").tolist() == [4, 4, 7]
     assert_clean(src)
 
 
@@ -363,6 +448,29 @@ def test_shell_tools_copy_arrays_in(tool, tmp_path, mount):
     np.testing.assert_array_equal(read_native(src / "raw"), data)
     assert zjson(src / "new")["dimension_names"] == ["y", "x"]
     assert zjson(src / "new")["attributes"] == {"units": "K", "_FillValue": 0}  # zarr 2's fill: xarray's mask
+    assert_clean(src)
+
+
+def test_mkdir_of_key_directories_in_an_array(tmp_path, mount):
+    """Writers make key directories before writing chunks into them (mkdir -p c/1/2)."""
+    src = tmp_path / "src"
+    exp = build(src, [RAW])["raw"]
+    mnt = mount(src)
+    arr = mnt / "raw"
+    with pytest.raises(FileExistsError):
+        os.mkdir(arr / "c")
+    os.makedirs(arr / "c" / "0" / "2")  # a shard that does not exist yet (c/0 does)
+    assert os.listdir(arr / "c" / "0" / "2") == []
+    block = np.full((4, 5), 77, "<i4")
+    (arr / "c" / "0" / "2" / "1.4").write_bytes(RAW.encode(block))
+    for bad in ("newdir", "c/x"):
+        with pytest.raises(PermissionError):
+            os.mkdir(arr / bad)
+    assert os.listdir(arr / "c" / "0" / "2") == ["1.4"]
+    assert len(errors(mount, mnt)) == 2
+    umount(mount, mnt)
+    exp[4:8, 20:25] = 77
+    np.testing.assert_array_equal(read_native(src / "raw"), exp)
     assert_clean(src)
 
 

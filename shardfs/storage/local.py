@@ -55,7 +55,8 @@ _KINDS = {stat_mod.S_IFDIR: "a directory", stat_mod.S_IFIFO: "a FIFO", stat_mod.
           stat_mod.S_IFLNK: "a symlink"}
 
 
-def _not_regular(mode: int) -> str:
+def not_regular(mode: int) -> str:
+    """Why a file of ``mode`` (not a regular file) is never opened for I/O, for log lines."""
     return f"not a regular file ({_KINDS.get(stat_mod.S_IFMT(mode), 'unknown type')})"
 
 
@@ -156,18 +157,20 @@ class LocalStorage:
             self._changes += 1
             self._versions.pop(key, None)
 
-    def _stat(self, key: str, strict: bool) -> Version | None:
-        """The current version (never remembered); None if missing."""
+    def _stat(self, key: str, strict: bool, missing: tuple[type[OSError], ...] = (FileNotFoundError,
+                                                                                  NotADirectoryError)
+              ) -> Version | None:
+        """The current version (never remembered); None if missing (``missing`` errors)."""
         try:
             fd = self._open(key, os.O_PATH, strict)  # O_PATH: nothing is opened for I/O
-        except (FileNotFoundError, NotADirectoryError):
+        except missing:
             return None
         try:
             st = os.fstat(fd)
         finally:
             os.close(fd)
         if not stat_mod.S_ISREG(st.st_mode):
-            raise Unusable(errno.EIO, _not_regular(st.st_mode), self.path(key))
+            raise Unusable(errno.EIO, not_regular(st.st_mode), self.path(key))
         return Version(st.st_ino, st.st_size, st.st_mtime_ns)
 
     def is_dir(self, key: str) -> bool:
@@ -189,7 +192,7 @@ class LocalStorage:
         try:
             st = os.fstat(fd)
             if not stat_mod.S_ISREG(st.st_mode):
-                raise Unusable(errno.EIO, _not_regular(st.st_mode), self.path(key))
+                raise Unusable(errno.EIO, not_regular(st.st_mode), self.path(key))
         except BaseException:
             os.close(fd)
             raise
@@ -247,7 +250,10 @@ class LocalStorage:
     # ----- writing ------------------------------------------------------------------------
 
     def check_write(self, key: str) -> None:
-        self._stat(key, strict=True)
+        try:
+            self._stat(key, strict=True, missing=(FileNotFoundError,))
+        except NotADirectoryError:
+            raise Unusable(errno.EIO, "a file is where a directory should be", self.path(key)) from None
 
     def replace(self, key: str, data: Iterable[bytes | memoryview],
                 if_version: Version | _Absent | None = None) -> Version:
@@ -367,7 +373,7 @@ class LocalStorage:
         st = os.fstat(fd)
         if not stat_mod.S_ISREG(st.st_mode):
             os.close(fd)
-            raise Unusable(errno.EIO, f"lock file {_not_regular(st.st_mode)}", self.path(key) + LOCK_SUFFIX)
+            raise Unusable(errno.EIO, f"lock file {not_regular(st.st_mode)}", self.path(key) + LOCK_SUFFIX)
         return fd
 
     def _open_dir(self, key: str, create: bool) -> tuple[int, os.stat_result]:
