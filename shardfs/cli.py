@@ -112,10 +112,13 @@ def check_source(src: str) -> dict[str, Any]:
         raise UsageError(f"{src}: no such file or directory")
     if not os.path.isdir(src):
         raise UsageError(f"{src}: not a directory")
+    from shardfs.metadata import BadMetadata, read_file
+
     meta = os.path.join(src, "zarr.json")
     try:
-        with open(meta, "rb") as f:
-            doc = json.loads(f.read())
+        doc = read_file(meta)
+    except BadMetadata as e:
+        raise UsageError(f"{meta}: not Zarr v3 group or array metadata: {e}") from None
     except FileNotFoundError:
         v2 = any(os.path.exists(os.path.join(src, n)) for n in (".zarray", ".zgroup"))
         raise UsageError(f"{src}: {'Zarr v2 data, not Zarr v3' if v2 else 'not a Zarr v3 group or array (no zarr.json)'}") from None
@@ -123,8 +126,6 @@ def check_source(src: str) -> dict[str, Any]:
         raise UsageError(f"{meta}: permission denied") from None
     except (OSError, ValueError) as e:
         raise UsageError(f"{meta}: unreadable: {e}") from None
-    if not isinstance(doc, dict) or doc.get("zarr_format") != 3 or doc.get("node_type") not in ("group", "array"):
-        raise UsageError(f"{meta}: not Zarr v3 group or array metadata")
     return doc
 
 
@@ -272,7 +273,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     cache = ChunkCache(parse_size(own["chunk_cache"]) if "chunk_cache" in own else DEFAULT_BYTES)
     ome = args.ome and "no_ome_translation" not in own
     view = View(source, read_only=read_only, writeback=writeback, ome=ome, chunk_cache=cache)
-    ops = Operations(view, timeouts, writeback)
+    ops = Operations(view, timeouts, writeback, spill_dir=state.spill_dir(args.src))
     if writeback is not None:
         writeback.on_folded = ops.writer.folded
         if "shard_size" in own:
@@ -359,18 +360,20 @@ async def _serve(ops: Any, writeback: Any) -> None:
 
 def _replay_target(source: Any, array_path: str, shard: tuple[int, ...]) -> Any:
     """Resolve a journalled shard to its rewrite target from the array's current metadata: None
-    if the array is gone; ``Unusable`` if its ``zarr.json`` is there but cannot be read now
-    (not a regular file, behind a symlink out of the source)."""
+    if the array is gone or its metadata is bad; ``Unusable`` if its ``zarr.json`` is there but
+    cannot be read now (not a regular file, behind a symlink out of the source)."""
+    from shardfs.metadata import BadMetadata, parse
     from shardfs.storage import Unusable
     from shardfs.v2 import describe_array
     from shardfs.writes import shard_target
 
     try:
-        doc = json.loads(source.read_all(f"{array_path}/zarr.json" if array_path else "zarr.json")[0])
+        data, _version = source.read_all(f"{array_path}/zarr.json" if array_path else "zarr.json")
+        doc = parse(data)
         return shard_target(array_path, describe_array(doc).layout, shard)
     except Unusable:
         raise
-    except (OSError, ValueError):
+    except (OSError, ValueError, BadMetadata):
         return None
 
 

@@ -31,12 +31,20 @@ import trio
 
 from shardfs.handles import DirHandle, Handles
 from shardfs.inodes import KernelInodes
-from shardfs.view import Attr, ReadHandle, View
+from shardfs.view import CHUNK_BASE, Attr, ReadHandle, View
 from shardfs.writeback import Writeback
 from shardfs.writes import WriteHandle, Writer
 
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+NAME_MAX = 255  # bytes in one name (ENAMETOOLONG beyond), as on every local Linux filesystem
+
+
+def _name(name: bytes) -> str:
+    """A name from the kernel as ``str``; ENAMETOOLONG if it is longer than ``NAME_MAX`` bytes."""
+    if len(name) > NAME_MAX:
+        raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
+    return os.fsdecode(name)
 
 
 def _guard(fn: F) -> F:
@@ -72,10 +80,11 @@ class Operations(pyfuse3.Operations):
     enable_writeback_cache = False
 
     def __init__(self, view: View, timeouts: Timeouts | None = None,
-                 writeback: Writeback | None = None) -> None:
+                 writeback: Writeback | None = None, spill_dir: str | None = None) -> None:
+        """``spill_dir``: where contents being written spill beyond memory (needed with ``writeback``)."""
         super().__init__()
         self.view = view
-        self.writer = None if writeback is None else Writer(view, writeback, self.invalidate)
+        self.writer = None if writeback is None else Writer(view, writeback, self.invalidate, spill_dir)
         self.timeouts = timeouts or Timeouts()
         self._handles = Handles()
         self._kernel = KernelInodes()
@@ -104,16 +113,31 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        return self._looked_up(await self.view.lookup(parent_inode, os.fsdecode(name)))
+        return self._looked_up(await self.view.lookup(parent_inode, _name(name)))
 
     @_guard
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
         handle = self._handles.dirty_write(inode)
         if handle is not None and handle.chunk is not None:
-            return self._entry(self.view.chunk_attr(handle.chunk[0], inode, len(handle.data()), time.time_ns()))
+            return self._entry(self.view.chunk_attr(handle.chunk[0], inode, handle.data().size, time.time_ns()))
         if handle is not None and handle.meta is not None:
-            return self._entry(self.view.file_attr(inode, len(handle.data()), time.time_ns()))
-        return self._entry(await self.view.getattr(inode))
+            return self._entry(self.view.file_attr(inode, handle.data().size, time.time_ns()))
+        return self._entry(await self._attr(inode))
+
+    async def _attr(self, inode: int) -> Attr:
+        """``view.getattr``, except that a chunk file that no longer exists is ESTALE, not ENOENT.
+
+        The kernel may still hold its name (from a ``create`` whose commit was refused, or
+        from the other name of a chunk emptied through one of its two names). ESTALE makes
+        it look the name up again (``LOOKUP_REVAL``) and drop it, so ``stat`` says ENOENT and
+        ``open(O_CREAT)`` creates the file; ENOENT would fail both until the entry expires.
+        """
+        try:
+            return await self.view.getattr(inode)
+        except FileNotFoundError:
+            if inode >= CHUNK_BASE:
+                raise pyfuse3.FUSEError(errno.ESTALE) from None
+            raise
 
     @_guard
     async def opendir(self, inode: int, ctx: Any) -> int:
@@ -140,7 +164,7 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
-            await self.view.getattr(inode)
+            await self._attr(inode)
             handle = await self._writable().open(inode, truncate=bool(flags & os.O_TRUNC))
             return pyfuse3.FileInfo(fh=self._handles.add(handle), direct_io=False, keep_cache=False)
         handle = await self.view.open(inode)
@@ -160,6 +184,8 @@ class Operations(pyfuse3.Operations):
         handle = self._handles.pop(fh)
         if isinstance(handle, ReadHandle):
             self.view.release(handle)
+        elif isinstance(handle, WriteHandle) and self.writer is not None:
+            self.writer.release(handle)
 
     @_guard
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
@@ -199,7 +225,7 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
                      ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        attr, handle = await self._writable().create(parent_inode, os.fsdecode(name))
+        attr, handle = await self._writable().create(parent_inode, _name(name))
         return pyfuse3.FileInfo(fh=self._handles.add(handle)), self._looked_up(attr)
 
     @_guard
@@ -246,12 +272,9 @@ class Operations(pyfuse3.Operations):
             if not isinstance(handle, WriteHandle):
                 handle = self._handles.dirty_write(inode)
             if handle is None:
-                current = await self.view.getattr(inode)
-                if current.size != attr.st_size:
-                    log.error("truncate of inode %d: only files open for writing can be resized", inode)
-                    raise pyfuse3.FUSEError(errno.EPERM)
-                return self._entry(current)
-            await writer.truncate(handle, attr.st_size)
+                await writer.truncate_closed(inode, attr.st_size)
+            else:
+                await writer.truncate(handle, attr.st_size)
         return await self.getattr(inode)
 
     @_guard
@@ -259,13 +282,13 @@ class Operations(pyfuse3.Operations):
                      name_new: bytes, flags: int, ctx: Any) -> None:
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise pyfuse3.FUSEError(errno.EINVAL)
-        await self._writable().rename(parent_inode_old, os.fsdecode(name_old), parent_inode_new,
-                                      os.fsdecode(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE))
+        await self._writable().rename(parent_inode_old, _name(name_old), parent_inode_new,
+                                      _name(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE))
 
     @_guard
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any
                    ) -> pyfuse3.EntryAttributes:
-        return self._looked_up(await self._writable().link(inode, new_parent_inode, os.fsdecode(new_name)))
+        return self._looked_up(await self._writable().link(inode, new_parent_inode, _name(new_name)))
 
     @_guard
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -277,7 +300,7 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
-        return self._looked_up(await self._writable().mkdir(parent_inode, os.fsdecode(name)))
+        return self._looked_up(await self._writable().mkdir(parent_inode, _name(name)))
 
     async def _unsupported(self, *args: Any) -> None:
         if self.writer is None:

@@ -9,21 +9,30 @@ from typing import Any
 import numpy as np
 
 from shardfs.index import EMPTY, CorruptIndex, IndexFormat
+from shardfs.metadata import BadMetadata, read_file
 from shardfs.mounts import source_of
 from shardfs.layout import ArrayLayout, Unpresentable
 from shardfs.shardfile import CORRUPT, Indexes, NestedFormat, ShardFormat, decode, flat_table, outermost
 from shardfs.a2a import describe
 from shardfs.v2 import describe_array
 
-def _array_dir(path: str) -> str | None:
-    """The nearest directory at or above ``path`` holding an array's ``zarr.json``."""
+class _Hidden(Exception):
+    """A directory whose ``zarr.json`` is bad: the mount hides it (``args``: directory, reason)."""
+
+
+def _array_dir(path: str) -> tuple[str, dict[str, Any]] | None:
+    """The nearest directory at or above ``path`` holding an array's ``zarr.json``, and that
+    document; ``_Hidden`` if a bad ``zarr.json`` comes first."""
     current = path if os.path.isdir(path) else os.path.dirname(path)
     while True:
-        meta = os.path.join(current, "zarr.json")
-        if os.path.isfile(meta):
-            with open(meta, "rb") as f:
-                if json.loads(f.read()).get("node_type") == "array":
-                    return current
+        try:
+            doc = read_file(os.path.join(current, "zarr.json"))
+        except (FileNotFoundError, NotADirectoryError):
+            doc = None
+        except (BadMetadata, OSError) as e:
+            raise _Hidden(current, str(e)) from None
+        if doc is not None and doc["node_type"] == "array":
+            return current, doc
         parent = os.path.dirname(current)
         if parent == current:
             return None
@@ -37,11 +46,15 @@ def inspect(path: str) -> dict[str, Any]:
     Raises ``ValueError`` with a one-line reason if ``path`` is neither.
     """
     src = source_of(path)
-    array = _array_dir(src)
-    if array is None:
+    try:
+        found = _array_dir(src)
+    except _Hidden as e:
+        node, reason = e.args
+        return {"array": node, "codecs": None, "shape": None, "data_type": None, "presentable": False,
+                "reason": reason}
+    if found is None:
         raise ValueError(f"{path}: not inside a Zarr v3 array")
-    with open(os.path.join(array, "zarr.json"), "rb") as f:
-        doc = json.loads(f.read())
+    array, doc = found
     report, layout = array_summary(array, doc)
     if layout is None or src == array or layout.index is None:
         return report

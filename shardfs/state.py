@@ -6,8 +6,9 @@ says). ``<id>`` is readable and unique per source: the source's last path
 component plus 12 hex digits of the SHA-256 of its canonical name (the real
 path of a local directory, the URL otherwise), so the next mount of the same
 source finds the same directory. It holds the write journal (``journal/``,
-unless ``-o journal_dir=DIR`` puts it elsewhere) and the daemon's log file
-when there is no syslog (``log``).
+unless ``-o journal_dir=DIR`` puts it elsewhere), the spill files of large
+writes (``spill/``, unlinked as soon as they are created) and the daemon's log
+file when there is no syslog (``log``).
 
 Earlier versions kept the journal in the source, ``SRC/.shardfs/journal``;
 ``LEGACY_JOURNAL`` names it so a mount can replay and remove it.
@@ -56,6 +57,11 @@ def state_dir(source: str) -> str:
 def journal_dir(source: str, override: str | None = None) -> str:
     """The write journal of ``source``: ``override`` (``-o journal_dir``) or ``<state dir>/journal``."""
     return os.path.abspath(override) if override else os.path.join(state_dir(source), "journal")
+
+
+def spill_dir(source: str) -> str:
+    """Where contents being written spill beyond memory (unlinked files: see ``shardfs.spill``)."""
+    return os.path.join(state_dir(source), "spill")
 
 
 def log_file(source: str) -> str:

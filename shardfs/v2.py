@@ -115,6 +115,20 @@ class ChunkFormat:
         trimmed = stored_nbytes - (4 if self.crc32c else 0)
         return np.maximum(trimmed, 0) if many else max(0, trimmed)
 
+    @property
+    def max_file_size(self) -> int:
+        """The largest chunk file that can be one valid inner chunk: writes and truncates past
+        it are refused with EFBIG (see README "Limits").
+
+        Without a compressor (raw or transcoded chunk files) a valid file is exactly
+        ``nbytes`` long. With one it is at most ``nbytes + nbytes/8 + nbytes/64 + 4 KiB``,
+        above the worst-case expansion of every v2 compressor shown: deflate's stored
+        blocks plus the gzip wrapper (zlib's ``deflateBound`` is ``n + n/8 + n/64 + 23``),
+        zstd's ``ZSTD_compressBound`` (``n + n/256 + 64``) and blosc's 16-byte header.
+        """
+        n = self.nbytes
+        return n if self.compressor is None else n + n // 8 + n // 64 + 4096
+
     def to_file(self, stored: bytes) -> bytes:
         """The chunk file's bytes for a stored inner chunk; ``CorruptChunk`` if it does not decode."""
         if self.transcoder is not None:

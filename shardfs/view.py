@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, TypeVar
 import numpy as np
 import trio
 
+from shardfs import metadata
 from shardfs import shard as shard_mod
 from shardfs.chunkcache import ChunkCache
 from shardfs.index import EMPTY
@@ -37,6 +38,7 @@ from shardfs.layout import Unpresentable, parse_coord
 from shardfs.nodes import (ARRAY_DIRS, ArrayDirKey, ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, NodeKey,
                            ShardDirKey, StagingKey)
 from shardfs.shard import CorruptChunk, CorruptShard, Extent, IndexCache
+from shardfs.spill import SpillBuffer
 from shardfs.storage import Unusable, Version
 from shardfs.storage.local import LocalStorage
 from shardfs.writeback import Pending, Writeback
@@ -144,7 +146,8 @@ class GroupNode:
 
 @dataclass
 class Staging:
-    """A file with a name that is not a chunk key (a writer's temporary), held in memory.
+    """A file with a name that is not a chunk key (a writer's temporary), held by the daemon
+    (in memory while small, then in a spill file: ``shardfs.spill``).
 
     ``committed`` is set when it was renamed onto a chunk or metadata file: its inode then
     shows that node (the node key), so the kernel's dentry for the new name stays valid
@@ -152,21 +155,23 @@ class Staging:
     """
 
     ino: int
+    data: SpillBuffer
     parent: int = 0  # where it is listed: directory inode and name
     name: str = ""
-    data: bytearray = field(default_factory=bytearray)
     mtime_ns: int = field(default_factory=time.time_ns)
     committed: NodeKey | None = None
 
 
 @dataclass
 class ReadHandle:
-    """An open chunk or metadata file: either bytes in memory or a shard byte range, and
-    the attributes of the version that was opened."""
+    """An open chunk, metadata or staging file: bytes in memory, a shard byte range, or a
+    staging file's buffer (read as it is at each read), and the attributes of the version
+    that was opened."""
 
     ino: int
     attr: Attr
     data: bytes | None = None
+    buffer: SpillBuffer | None = None
     fd: int = -1
     offset: int = 0
     nbytes: int = 0
@@ -174,6 +179,17 @@ class ReadHandle:
 
 def _join(path: str, name: str) -> str:
     return f"{path}/{name}" if path else name
+
+
+def _read_metadata(source: LocalStorage, key: str, size: int) -> tuple[dict[str, Any], Version]:
+    """The parsed zarr.json at ``key`` (``size`` bytes when its version was taken) and the
+    version read, in a worker thread; ``BadMetadata`` if it is too large (then never read)
+    or not a Zarr v3 document."""
+    reason = metadata.too_large(size)
+    if reason:
+        raise metadata.BadMetadata(reason)
+    data, version = source.read_all(key)
+    return metadata.parse(data), version
 
 
 class View:
@@ -236,9 +252,9 @@ class View:
         except KeyError:
             raise fail(errno.ENOENT) from None
 
-    def new_staging(self, parent: int, name: str) -> Staging:
-        """Create an empty staging file ``name`` in directory ``parent``."""
-        st = Staging(next(self._next_ino), parent, name)
+    def new_staging(self, parent: int, name: str, data: SpillBuffer) -> Staging:
+        """Create staging file ``name`` in directory ``parent`` holding ``data`` (empty)."""
+        st = Staging(next(self._next_ino), data, parent, name)
         self._tmp[st.ino] = st
         self.staged[(parent, name)] = st
         return st
@@ -247,7 +263,7 @@ class View:
         """Remove a staging file's name; its inode shows node key ``committed`` from now on
         (an alias of that node's inode until the kernel forgets it), if given."""
         st = self.staged.pop((parent, name))
-        st.data = bytearray()
+        st.data.clear()  # gives a spill file's space back
         if committed is None:
             self._tmp.pop(st.ino, None)
         else:
@@ -297,63 +313,80 @@ class View:
         try:
             return self.source.version(key)
         except Unusable as e:
-            if (key, e.strerror) not in self._unusable:
-                if len(self._unusable) >= 4096:
-                    self._unusable.clear()
-                self._unusable.add((key, e.strerror))
-                log.error("%s: not read: %s", self.source.describe(key), e.strerror)
+            self._log_unusable(key, e)
             raise fail(e.errno, e.strerror) from None
+
+    def _log_unusable(self, key: str, e: Unusable) -> None:
+        """Log why ``key`` is not read, once per key and reason."""
+        if (key, e.strerror) not in self._unusable:
+            if len(self._unusable) >= 4096:
+                self._unusable.clear()
+            self._unusable.add((key, e.strerror))
+            log.error("%s: not read: %s", self.source.describe(key), e.strerror)
 
     # ----- metadata of the hierarchy ------------------------------------------------------
 
     async def _node(self, path: str) -> ArrayNode | GroupNode | None:
-        """The group or array at ``path`` (re-read when its zarr.json changes), or None."""
+        """The group or array at ``path`` (re-read when its zarr.json changes), or None if
+        ``path`` has no zarr.json (or only one behind a symlink out of the source).
+
+        A bad zarr.json (``shardfs.metadata``), and an array that cannot be shown as v2,
+        give an ``ArrayNode`` without ``info``: a directory without metadata or entries,
+        whose ``error`` (also logged once per version of the file) says why.
+        """
         key = _join(path, "zarr.json")
         try:
-            version = self.version(key)
-        except OSError:
+            version = self.source.version(key)  # a stat, never an open: it may be a FIFO
+        except Unusable as e:
+            if e.errno == errno.EIO:  # not a regular file: a node without metadata, saying why
+                return self._store_array(path, Version(0, 0, self.mount_ns), None, f"zarr.json: {e.strerror}")
+            self._log_unusable(key, e)  # behind a symlink out of the source: as if absent
             return None
         if version is None:
             return None
-        cached = self._arrays.get(path) or self._groups.get(path)
-        if cached is not None and cached.version == version and (
-                isinstance(cached, GroupNode) or cached.image == self._in_image(path)):
-            return cached
+        for cached in (self._arrays.get(path), self._groups.get(path)):
+            if cached is not None and cached.version == version and (
+                    isinstance(cached, GroupNode) or cached.image == self._in_image(path)):
+                return cached
         try:
-            data, version = await blocking(self.source.read_all, key)
-            doc = json.loads(data)
-            zarr_format, node_type = doc.get("zarr_format"), doc.get("node_type")
-        except (OSError, ValueError, AttributeError) as e:
-            log.error("%s: unreadable metadata: %s", self.source.describe(key), e)
-            return None
-        if zarr_format != 3:
-            return None
-        if node_type == "group":
-            zgroup, zattrs = v2().group_files(doc, self.ome)
-            attrs = doc.get("attributes")
-            node = GroupNode(path, version, zgroup, zattrs, isinstance(attrs, dict) and v2().is_ome_image(attrs))
-            self._groups[path] = node
-            return node
-        if node_type != "array":
-            return None
-        parent = await self._node(path.rpartition("/")[0]) if path else None
-        image = isinstance(parent, GroupNode) and parent.image
-        try:
-            info, error = v2().describe_array(doc, self.ome, image), None
+            doc, version = await blocking(_read_metadata, self.source, key, version.size)
+            if doc["node_type"] == "group":
+                zgroup, zattrs = v2().group_files(doc, self.ome)
+                attrs = doc.get("attributes")
+                node = GroupNode(path, version, zgroup, zattrs, isinstance(attrs, dict) and v2().is_ome_image(attrs))
+                self._groups[path] = node
+                return node
+            parent = await self._node(path.rpartition("/")[0]) if path else None
+            image = isinstance(parent, GroupNode) and parent.image
+            info = v2().describe_array(doc, self.ome, image)
             if image and info.layout.keys.view_separator != "/":
                 log.warning("%s: OME-Zarr array with v2 \"/\" chunk keys: its v2 keys keep \".\" (the source's "
-                            "directories of shards take the \"/\" names)", self.source.path(key))
-        except Unpresentable as e:
-            info, error = None, str(e)
-            log.error("%s: array not shown as v2: %s", self.source.describe(key), e)
+                            "directories of shards take the \"/\" names)", self.source.describe(key))
+            return self._store_array(path, version, info, None, image,
+                                     parent.version.mtime_ns if image else 0)
+        except (metadata.BadMetadata, Unpresentable) as e:
+            return self._store_array(path, version, None, str(e))
+        except OSError as e:
+            return self._store_array(path, version, None, f"zarr.json is unreadable: {e.strerror or e}")
+        except Exception as e:  # zarr's metadata classes raise many types for bad documents
+            return self._store_array(path, version, None, f"invalid metadata: {e!r}")
+
+    def _store_array(self, path: str, version: Version, info: ArrayInfo | None, error: str | None,
+                     image: bool | None = None, parent_mtime_ns: int = 0) -> ArrayNode:
+        """Remember the array (or hidden node) at ``path``; a hidden node's reason is logged
+        when it is new or changed. ``image``: in an OME-Zarr image group (None: as last read)."""
+        image = self._in_image(path) if image is None else image
         old = self._arrays.get(path)
+        if error is not None and old is not None and (old.version, old.error, old.image) == (version, error, image):
+            return old
+        if error is not None:
+            log.error("%s: not shown as v2: %s", self.source.describe(path), error)
         # A new layout (a resize, or an array deleted and made again) gets a new slot: the
         # kernel may still hold dentries of the old chunk inodes, which keep naming the old
         # geometry's chunks instead of other chunks of the new one.
         same = old is not None and (old.info.layout if old.info else None) == (info.layout if info else None)
         slot = old.slot if same else len(self._slots)
-        arr = ArrayNode(path, slot, version, info, error, image=image,
-                        parent_mtime_ns=parent.version.mtime_ns if image else 0)
+        arr = ArrayNode(path, slot, version, info, error, image=image, parent_mtime_ns=parent_mtime_ns)
         if not same:
             self._slots.append(arr)
         else:
@@ -590,7 +623,7 @@ class View:
             i = parse_coord(name)
             prefix = key.prefix if isinstance(key, KeyDirKey) else ()
             if i is not None and len(prefix) + 1 < layout.ndim and i < layout.chunk_grid[len(prefix)] \
-                    and await self._key_dir_shown(arr, prefix + (i,)):
+                    and self._key_dir_shown(arr, prefix + (i,)):
                 return await self.getattr(self._ino(KeyDirKey(arr.path, prefix + (i,))))
         rel = key.rel if isinstance(key, ShardDirKey) else "" if isinstance(key, DirKey) else None
         if rel is not None and layout.index is not None:
@@ -600,16 +633,13 @@ class View:
                 return await self.getattr(self._ino(ShardDirKey(arr.path, sub)))
         raise fail(errno.ENOENT)
 
-    async def _key_dir_shown(self, arr: ArrayNode, prefix: tuple[int, ...]) -> bool:
+    def _key_dir_shown(self, arr: ArrayNode, prefix: tuple[int, ...]) -> bool:
         """Whether key directory ``prefix`` (dimension_separator "/") resolves. Every prefix in
-        the grid does, except in arrays created through this mount, where one holding no
-        chunk exists only once made: ``cp -r`` makes them right after the .zarray, and the
-        kernel answers its mkdir with EEXIST if the lookup succeeds."""
-        if arr.path not in self.created or (arr.path, prefix) in self.made_keys:
-            return True
-        chunks = ChunkSet.concat([await self.shard_chunks(arr, s) for s in await self.stored_shards(arr)],
-                                 arr.info.layout.ndim)
-        return bool(np.any(np.all(chunks.coords[:, :len(prefix)] == np.array(prefix, dtype=np.int64), axis=1)))
+        the grid does, except in arrays created through this mount, where one resolves once
+        made (``mkdir``) or once a chunk below it was written (all of such an array's chunks
+        were): ``cp -r`` makes them after the .zarray, and the kernel answers its mkdir with
+        EEXIST if the lookup succeeds."""
+        return arr.path not in self.created or (arr.path, prefix) in self.made_keys
 
     def _source_name(self, arr: ArrayNode, name: str) -> str | None:
         """Source entry name for view entry ``name`` (1-D v2 keys carry a ``.shard`` suffix)."""
@@ -707,7 +737,7 @@ class View:
             return await self._chunk_entry(key.arr, key.coords)
         if isinstance(key, StagingKey):
             st = key.staging
-            return self.file_attr(ino, len(st.data), st.mtime_ns)
+            return self.file_attr(ino, st.data.size, st.mtime_ns)
         if isinstance(key, DirKey):
             node = await self._node(key.path)
             if node is None:
@@ -729,17 +759,24 @@ class View:
                 version = self.version(src)
                 if version is not None:
                     return self._dir_attr(ino, version.mtime_ns)
-                if (self.writeback is not None and any(
-                        p.data is not None for p in self.writeback.pending_in((arr.path, shard)).values())) \
-                        or (arr.path, key.rel) in self.made:
+                if key.rel in self._pending_shard_keys(arr) or (arr.path, key.rel) in self.made:
                     return self._dir_attr(ino, self.mount_ns)
                 raise fail(errno.ENOENT)
-            if not self.source.is_dir(src) and (arr.path, key.rel) not in self.made:
+            if (not self.source.is_dir(src) and (arr.path, key.rel) not in self.made
+                    and not any(k.startswith(key.rel + "/") for k in self._pending_shard_keys(arr))):
                 raise fail(errno.ENOENT)
             return self._dir_attr(ino, arr.version.mtime_ns)
         if isinstance(key, InnerShardKey):
             return await self._box_attr(arr, key.level, key.box)
         return self._dir_attr(ino, arr.version.mtime_ns)  # KeyDirKey
+
+    def _pending_shard_keys(self, arr: ArrayNode) -> set[str]:
+        """Keys (below the array) of the shards with pending chunks: their directories exist
+        before the first fold creates them in the source."""
+        if self.writeback is None:
+            return set()
+        return {arr.info.layout.keys.key(shard) for shard in self.writeback.dirty_shards(arr.path)
+                if any(p.data is not None for p in self.writeback.pending_in((arr.path, shard)).values())}
 
     def _dir_attr(self, ino: int, mtime_ns: int) -> Attr:
         return Attr(ino, stat.S_IFDIR | self._dir_mode, 0, mtime_ns, 2)
@@ -795,7 +832,12 @@ class View:
         layout = arr.info.layout
         out: list[tuple[str, Attr]] = []
         if rel is not None and layout.index is not None:
-            for name, is_dir in sorted(await blocking(self.source.listdir, _join(arr.path, rel))):
+            entries = set(await blocking(self.source.listdir, _join(arr.path, rel)))
+            for pending in self._pending_shard_keys(arr):  # shards not folded into the source yet
+                if not rel or pending.startswith(rel + "/"):
+                    name, sep, _rest = pending[len(rel) + 1 if rel else 0:].partition("/")
+                    entries.add((name, bool(sep)))
+            for name, is_dir in sorted(entries):
                 sub = _join(rel, name)
                 is_shard = not is_dir and layout.keys.parse(sub) is not None
                 if is_shard or (is_dir and layout.keys.is_prefix(sub)):
@@ -862,7 +904,7 @@ class View:
             attr = await self.getattr(ino)
             return ReadHandle(ino, attr, data=await self.meta_bytes(await self._node(key.path), key.name))
         if isinstance(key, StagingKey):
-            return ReadHandle(ino, await self.getattr(ino), data=bytes(key.staging.data))
+            return ReadHandle(ino, await self.getattr(ino), buffer=key.staging.data)
         if not isinstance(key, ChunkKey):
             raise fail(errno.EISDIR)
         arr, coords = key.arr, key.coords
@@ -922,6 +964,10 @@ class View:
         read reuses (see ``CachedReader``), so copy or reply before awaiting anything else."""
         if handle.data is not None:
             return memoryview(handle.data)[offset: offset + size]
+        if handle.buffer is not None:
+            if handle.buffer.spilled:
+                return await blocking(handle.buffer.read, offset, size)
+            return handle.buffer.read(offset, size)
         size = max(0, min(size, handle.nbytes - offset))
         if size == 0:
             return b""

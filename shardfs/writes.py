@@ -12,6 +12,13 @@ key directories; a ``.zarray``/``.zgroup`` committed in a new directory creates
 the v3 node; metadata rewrites update ``zarr.json`` (attributes, a resize);
 unlinks of metadata files hide them and ``rmdir`` of an emptied array or group
 deletes it from the source.
+
+Contents being written (chunk files, staging files) are ``SpillBuffer``s: at
+most ``SPILL_THRESHOLD`` bytes each in memory, the rest in unlinked spill
+files. A chunk file never grows past the largest valid encoded inner chunk
+(``ChunkFormat.max_file_size``): a write or truncate beyond it fails with
+EFBIG, and a staging file larger than that is refused (EINVAL) by the rename
+or link that would commit it, before its bytes are read.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import numpy as np
+import trio
 
 from shardfs import shard as shard_mod
 from shardfs.create import DEFAULT_SHARD_BYTES, XARRAY_FILL, Refused, array_doc, dimension_names, group_doc, rewrite_kind
@@ -31,12 +39,14 @@ from shardfs.shard import CorruptChunk
 from shardfs.storage import ABSENT, VersionMismatch
 from shardfs.layout import ArrayLayout, parse_coord
 from shardfs.nodes import ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey, StagingKey
+from shardfs.spill import SPILL_THRESHOLD, SpillBuffer
 from shardfs.storage import Unusable
 from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, fail, v2
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
 
 log = logging.getLogger("shardfs")
 Invalidate = Callable[[list[int]], Awaitable[None]]
+METADATA_WRITE_MAX = 16 << 20  # a metadata file written or renamed in (EINVAL beyond)
 CREATES = (".zarray", ".zgroup")  # metadata files that make a new directory an array / a group
 
 
@@ -63,23 +73,37 @@ class WriteHandle:
     ino: int
     chunk: tuple[ArrayNode, tuple[int, ...]] | None = None
     staging: Staging | None = None
-    buf: bytearray | None = None  # chunk or metadata content; None until first needed
+    buf: SpillBuffer | None = None  # chunk or metadata content; None until first needed
     meta: tuple[str, str] | None = None  # (node path, metadata file name)
     dirty: bool = False
 
-    def data(self) -> bytearray:
+    def data(self) -> SpillBuffer:
         return self.staging.data if self.staging is not None else self.buf
+
+
+async def _run(buf: SpillBuffer, end: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, a call on ``buf`` reaching byte ``end``: in a worker thread when it
+    touches a spill file (disk I/O), inline when it stays in memory."""
+    if buf.spilled or end > buf.threshold:
+        return await trio.to_thread.run_sync(fn, *args)
+    return fn(*args)
 
 
 class Writer:
     """Applies writes to the view's arrays through the writeback."""
 
-    def __init__(self, view: View, writeback: Writeback, invalidate: Invalidate) -> None:
+    def __init__(self, view: View, writeback: Writeback, invalidate: Invalidate, spill_dir: str,
+                 spill_threshold: int = SPILL_THRESHOLD) -> None:
         self.view = view
         self.writeback = writeback
         self.invalidate = invalidate
+        self.spill_dir = spill_dir
+        self.spill_threshold = spill_threshold
         self.shard_bytes = DEFAULT_SHARD_BYTES  # -o shard_size: shards of arrays created here
         self._read_versions: dict[str, Any] = {}  # node path -> version of the zarr.json last read
+
+    def _buffer(self, data: bytes = b"") -> SpillBuffer:
+        return SpillBuffer(self.spill_dir, self.spill_threshold, data)
 
     # ----- opening ------------------------------------------------------------------------
 
@@ -93,15 +117,15 @@ class Writer:
             # a metadata file unlinked before (rm, then cp): applied on close like a rewrite
             ino = self.view.inode(MetaKey(node.path, name))
             return self.view.file_attr(ino, 0, self.view.mount_ns), \
-                WriteHandle(ino, buf=bytearray(), dirty=True, meta=(node.path, name))
+                WriteHandle(ino, buf=self._buffer(), dirty=True, meta=(node.path, name))
         target = await self.view.chunk_at_name(parent, name)
         if target is not None:
             ino = self.view.chunk_ino(*target)
-            handle = WriteHandle(ino, chunk=target, buf=bytearray(), dirty=True)
+            handle = WriteHandle(ino, chunk=target, buf=self._buffer(), dirty=True)
             return self.view.chunk_attr(target[0], ino, 0, self.view.mount_ns), handle
         if isinstance(node, ArrayNode) and node.info is None:
             raise fail(errno.EPERM, "array is not presentable")
-        st = self.view.new_staging(parent, name)
+        st = self.view.new_staging(parent, name, self._buffer())
         return await self.view.getattr(st.ino), WriteHandle(st.ino, staging=st)
 
     async def open(self, ino: int, truncate: bool) -> WriteHandle:
@@ -115,60 +139,96 @@ class Writer:
             handle = (WriteHandle(ino, chunk=(key.arr, key.coords)) if isinstance(key, ChunkKey)
                       else WriteHandle(ino, meta=(key.path, key.name)))
             if truncate:
-                handle.buf, handle.dirty = bytearray(), True
+                handle.buf, handle.dirty = self._buffer(), True
             return handle
         raise fail(errno.EISDIR)
 
-    async def _load(self, handle: WriteHandle) -> bytearray:
+    async def _load(self, handle: WriteHandle) -> SpillBuffer:
         if handle.staging is None and handle.buf is None:
             rh = await self.view.open(handle.ino)
             try:
-                handle.buf = bytearray(await self.view.read(rh, 0, 1 << 62))
+                handle.buf = self._buffer(bytes(await self.view.read(rh, 0, 1 << 62)))
             finally:
                 self.view.release(rh)
         return handle.data()
 
+    def release(self, handle: WriteHandle) -> None:
+        """The last descriptor of ``handle`` closed: a chunk file's buffer (spill file) goes."""
+        if handle.buf is not None:
+            handle.buf.clear()
+
     # ----- data ---------------------------------------------------------------------------
 
+    def _bound(self, handle: WriteHandle, size: int, what: str) -> None:
+        """EFBIG if chunk file ``handle`` would grow past the largest valid inner chunk."""
+        if handle.chunk is not None:
+            self.check_chunk_size(*handle.chunk, size, what)
+
+    def check_chunk_size(self, arr: ArrayNode, coords: tuple[int, ...], size: int, what: str) -> None:
+        limit = arr.info.chunk.max_file_size
+        if size > limit:
+            log.error("%s/%s: %s refused: %d bytes is more than any valid chunk (at most %d bytes)",
+                      self.view.source.describe(arr.path), arr.info.layout.names.key(coords), what, size, limit)
+            raise fail(errno.EFBIG)
+
     async def read(self, handle: WriteHandle, offset: int, size: int) -> bytes:
-        return bytes((await self._load(handle))[offset: offset + size])
+        buf = await self._load(handle)
+        return await _run(buf, 0, buf.read, offset, size)
 
     async def write(self, handle: WriteHandle, offset: int, data: bytes) -> int:
+        self._bound(handle, offset + len(data), "write")
         buf = await self._load(handle)
-        if offset > len(buf):
-            buf.extend(bytes(offset - len(buf)))
-        buf[offset: offset + len(data)] = data
+        await _run(buf, offset + len(data), buf.write, offset, data)
         handle.dirty = True
         return len(data)
 
     async def truncate(self, handle: WriteHandle, size: int) -> None:
+        self._bound(handle, size, "truncate")
         buf = await self._load(handle)
-        if size < len(buf):
-            del buf[size:]
-        else:
-            buf.extend(bytes(size - len(buf)))
+        await _run(buf, size, buf.truncate, size)
         handle.dirty = True
+
+    async def truncate_closed(self, ino: int, size: int) -> None:
+        """``truncate(2)`` by path of a file no handle is writing: a staging file is resized;
+        a chunk file past its bound is EFBIG, to any other size EPERM (rewrite it instead)."""
+        key = self.view.node_key(ino)
+        if isinstance(key, StagingKey):
+            await _run(key.staging.data, size, key.staging.data.truncate, size)
+            return
+        if isinstance(key, ChunkKey):
+            self.check_chunk_size(key.arr, key.coords, size, "truncate")
+        if (await self.view.getattr(ino)).size != size:
+            log.error("truncate of inode %d: only temporary files and chunk files open for writing can be "
+                      "resized", ino)
+            raise fail(errno.EPERM)
 
     async def flush(self, handle: WriteHandle) -> None:
         """Commit a written chunk or metadata file, or a ``.zarray``/``.zgroup`` written in a
-        new directory (close); errors are returned to close()."""
+        new directory (close); errors are returned to close(). A refused chunk commit drops
+        the kernel's cached size and pages of the file, so ``stat`` shows the previous
+        content's size at once."""
         if not handle.dirty:
             return
         if handle.chunk is not None:
             handle.dirty = False  # a refused write is reported (and logged) once
-            await self.commit(*handle.chunk, bytes(handle.buf))
+            data = await _run(handle.buf, 0, handle.buf.getvalue)
+            try:
+                await self.commit(*handle.chunk, data)
+            except OSError:
+                await self.invalidate([handle.ino])
+                raise
         elif handle.meta is not None:
             handle.dirty = False
             node = await self.view._node(handle.meta[0])
             if node is None:
                 raise fail(errno.ENOENT)
-            await self.commit_metadata(node, handle.meta[1], bytes(handle.buf))
+            await self.commit_metadata(node, handle.meta[1], await self._metadata_bytes(handle.buf, handle.meta[1]))
         else:
             st = handle.staging
             if st.name in CREATES and self.view.staged.get((st.parent, st.name)) is st \
                     and self._is_new_dir(st.parent):
                 handle.dirty = False
-                await self.create_node(st.parent, st.name, bytes(st.data))
+                await self.create_node(st.parent, st.name, await self._metadata_bytes(st.data, st.name))
                 await self._became_meta(st.parent, st.name, self.view.node_key(st.parent).path, st.name)
 
     async def fsync(self, handle: WriteHandle | None) -> None:
@@ -210,6 +270,8 @@ class Writer:
         except OSError as e:
             log.error("%s: cannot journal the write: %s", name, e)
             raise fail(errno.EIO) from None
+        if data is not None and arr.path in self.view.created:  # its key directories now resolve
+            self.view.made_keys.update((arr.path, coords[:k]) for k in range(1, len(coords)))
         await self.invalidate([self.view.chunk_ino(arr, coords)])
 
     async def commit_metadata(self, node: ArrayNode | GroupNode, name: str, data: bytes) -> None:
@@ -317,7 +379,8 @@ class Writer:
         attrs_file = self.view.staged.get((parent, ".zattrs"))
         try:
             meta = json.loads(data)
-            attrs = json.loads(attrs_file.data) if attrs_file is not None and attrs_file.data else {}
+            raw = await self._metadata_bytes(attrs_file.data, ".zattrs") if attrs_file is not None else b""
+            attrs = json.loads(raw) if raw else {}
             if not isinstance(attrs, dict):
                 raise ValueError(".zattrs is not a JSON object")
         except ValueError as e:
@@ -348,7 +411,7 @@ class Writer:
         for (p, n), st in sorted(self.view.staged.items()):
             target = await self.view.chunk_at_name(p, n) if p in dirs else None
             if target is not None:
-                await self.commit(*target, bytes(st.data))
+                await self.commit(*target, await self._staged_chunk(st, *target))
                 self.view.drop_staging(p, n, committed=ChunkKey(*target))
         await self.invalidate(dirs)
 
@@ -365,6 +428,7 @@ class Writer:
             coords = tuple(map(parse_coord, rel.split("/")))
             if layout.keys.view_separator == "/" and len(coords) < layout.ndim and None not in coords:
                 new: Any = KeyDirKey(path, coords)
+                self.view.made_keys.add((path, coords))
             elif layout.index is not None and (layout.keys.is_prefix(rel) or layout.keys.parse(rel) is not None):
                 new = ShardDirKey(path, rel)
                 self.view.made.add((path, rel))
@@ -400,22 +464,23 @@ class Writer:
             raise fail(errno.EEXIST)
         target = await self.view.chunk_at_name(p2, n2)
         if target is not None:
-            await self.commit(*target, bytes(st.data))
+            await self.commit(*target, await self._staged_chunk(st, *target))
             self.view.drop_staging(p1, n1, committed=ChunkKey(*target))
             return
         dir_key, node = await self.view.dir_node(p2)
         if isinstance(dir_key, DirKey) and node is not None and n2 in node_meta(node):
-            await self.commit_metadata(node, n2, bytes(st.data))
+            await self.commit_metadata(node, n2, await self._metadata_bytes(st.data, n1))
             await self._became_meta(p1, n1, node.path, n2)
             return
         if n2 in CREATES and self._is_new_dir(p2):
-            await self.create_node(p2, n2, bytes(st.data))
+            await self.create_node(p2, n2, await self._metadata_bytes(st.data, n1))
             await self._became_meta(p1, n1, dir_key.path, n2)
             return
         if exists and (p2, n2) not in self.view.staged:
             log.error("rename of %s onto %s: not a chunk key or temporary file", n1, n2)
             raise fail(errno.EPERM)
-        self.view.staged.pop((p2, n2), None)
+        if (p2, n2) in self.view.staged:  # the temporary it replaces is gone, its space too
+            self.view.drop_staging(p2, n2, committed=None)
         self.view.staged[(p2, n2)] = self.view.staged.pop((p1, n1))
         st.parent, st.name = p2, n2
 
@@ -428,8 +493,26 @@ class Writer:
             raise fail(errno.EPERM)
         if await self._exists(parent, name):
             raise fail(errno.EEXIST)
-        await self.commit(*target, bytes(key.staging.data))
+        await self.commit(*target, await self._staged_chunk(key.staging, *target))
         return await self.view.lookup(parent, name)
+
+    async def _metadata_bytes(self, buf: SpillBuffer, name: str) -> bytes:
+        """The bytes of metadata file ``name`` being written; EINVAL, without reading them,
+        if there are more than ``METADATA_WRITE_MAX``."""
+        if buf.size > METADATA_WRITE_MAX:
+            log.error("%s: write refused: %d bytes is more than metadata may be (%d)",
+                      name, buf.size, METADATA_WRITE_MAX)
+            raise fail(errno.EINVAL)
+        return await _run(buf, 0, buf.getvalue)
+
+    async def _staged_chunk(self, st: Staging, arr: ArrayNode, coords: tuple[int, ...]) -> bytes:
+        """The bytes of staging file ``st`` to commit onto chunk ``coords``; EINVAL without
+        reading them if it is larger than any valid chunk."""
+        try:
+            self.check_chunk_size(arr, coords, st.data.size, "commit")
+        except OSError:
+            raise fail(errno.EINVAL) from None
+        return await _run(st.data, 0, st.data.getvalue)
 
     async def unlink(self, parent: int, name: str) -> None:
         """Remove a staging file, empty an inner chunk (``rm`` of a chunk file), or unlink a

@@ -451,6 +451,29 @@ def test_shell_tools_copy_arrays_in(tool, tmp_path, mount):
     assert_clean(src)
 
 
+def test_mkdir_of_key_directories_in_an_array(tmp_path, mount):
+    """Writers make key directories before writing chunks into them (mkdir -p c/1/2)."""
+    src = tmp_path / "src"
+    exp = build(src, [RAW])["raw"]
+    mnt = mount(src)
+    arr = mnt / "raw"
+    with pytest.raises(FileExistsError):
+        os.mkdir(arr / "c")
+    os.makedirs(arr / "c" / "0" / "2")  # a shard that does not exist yet (c/0 does)
+    assert os.listdir(arr / "c" / "0" / "2") == []
+    block = np.full((4, 5), 77, "<i4")
+    (arr / "c" / "0" / "2" / "1.4").write_bytes(RAW.encode(block))
+    for bad in ("newdir", "c/x"):
+        with pytest.raises(PermissionError):
+            os.mkdir(arr / bad)
+    assert os.listdir(arr / "c" / "0" / "2") == ["1.4"]
+    assert len(errors(mount, mnt)) == 2
+    umount(mount, mnt)
+    exp[4:8, 20:25] = 77
+    np.testing.assert_array_equal(read_native(src / "raw"), exp)
+    assert_clean(src)
+
+
 # --------------------------------------------------------------------------- copies out
 
 

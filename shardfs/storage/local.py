@@ -55,7 +55,8 @@ _KINDS = {stat_mod.S_IFDIR: "a directory", stat_mod.S_IFIFO: "a FIFO", stat_mod.
           stat_mod.S_IFLNK: "a symlink"}
 
 
-def _not_regular(mode: int) -> str:
+def not_regular(mode: int) -> str:
+    """Why a file of ``mode`` (not a regular file) is never opened for I/O, for log lines."""
     return f"not a regular file ({_KINDS.get(stat_mod.S_IFMT(mode), 'unknown type')})"
 
 
@@ -169,7 +170,7 @@ class LocalStorage:
         finally:
             os.close(fd)
         if not stat_mod.S_ISREG(st.st_mode):
-            raise Unusable(errno.EIO, _not_regular(st.st_mode), self.path(key))
+            raise Unusable(errno.EIO, not_regular(st.st_mode), self.path(key))
         return Version(st.st_ino, st.st_size, st.st_mtime_ns)
 
     def is_dir(self, key: str) -> bool:
@@ -191,7 +192,7 @@ class LocalStorage:
         try:
             st = os.fstat(fd)
             if not stat_mod.S_ISREG(st.st_mode):
-                raise Unusable(errno.EIO, _not_regular(st.st_mode), self.path(key))
+                raise Unusable(errno.EIO, not_regular(st.st_mode), self.path(key))
         except BaseException:
             os.close(fd)
             raise
@@ -372,7 +373,7 @@ class LocalStorage:
         st = os.fstat(fd)
         if not stat_mod.S_ISREG(st.st_mode):
             os.close(fd)
-            raise Unusable(errno.EIO, f"lock file {_not_regular(st.st_mode)}", self.path(key) + LOCK_SUFFIX)
+            raise Unusable(errno.EIO, f"lock file {not_regular(st.st_mode)}", self.path(key) + LOCK_SUFFIX)
         return fd
 
     def _open_dir(self, key: str, create: bool) -> tuple[int, os.stat_result]:
