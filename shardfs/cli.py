@@ -359,8 +359,11 @@ async def _serve(ops: Any, writeback: Any) -> None:
 
 
 def _replay_target(source: Any, array_path: str, shard: tuple[int, ...]) -> Any:
-    """Resolve a journalled shard to its rewrite target from the array's current metadata."""
+    """Resolve a journalled shard to its rewrite target from the array's current metadata: None
+    if the array is gone or its metadata is bad; ``Unusable`` if its ``zarr.json`` is there but
+    cannot be read now (not a regular file, behind a symlink out of the source)."""
     from shardfs.metadata import BadMetadata, parse
+    from shardfs.storage import Unusable
     from shardfs.v2 import describe_array
     from shardfs.writes import shard_target
 
@@ -368,6 +371,8 @@ def _replay_target(source: Any, array_path: str, shard: tuple[int, ...]) -> Any:
         data, _version = source.read_all(f"{array_path}/zarr.json" if array_path else "zarr.json")
         doc = parse(data)
         return shard_target(array_path, describe_array(doc).layout, shard)
+    except Unusable:
+        raise
     except (OSError, ValueError, BadMetadata):
         return None
 
@@ -458,7 +463,10 @@ def _kept_report(src: str, root: str, pid: int, killed: bool) -> list[str]:
     source = LocalStorage(src)
     lines = []
     for (array, shard), positions in sorted(pending.items()):
-        target = _replay_target(source, array, shard)
+        try:
+            target = _replay_target(source, array, shard)
+        except OSError:
+            target = None
         key = target.key if target is not None else f"{array} shard {shard}"
         reason = note.get(key, (0, "not folded before the timeout"))[1]
         lines.append(kept_line(key, len(positions), reason))

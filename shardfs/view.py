@@ -623,7 +623,7 @@ class View:
             i = parse_coord(name)
             prefix = key.prefix if isinstance(key, KeyDirKey) else ()
             if i is not None and len(prefix) + 1 < layout.ndim and i < layout.chunk_grid[len(prefix)] \
-                    and await self._key_dir_shown(arr, prefix + (i,)):
+                    and self._key_dir_shown(arr, prefix + (i,)):
                 return await self.getattr(self._ino(KeyDirKey(arr.path, prefix + (i,))))
         rel = key.rel if isinstance(key, ShardDirKey) else "" if isinstance(key, DirKey) else None
         if rel is not None and layout.index is not None:
@@ -633,16 +633,13 @@ class View:
                 return await self.getattr(self._ino(ShardDirKey(arr.path, sub)))
         raise fail(errno.ENOENT)
 
-    async def _key_dir_shown(self, arr: ArrayNode, prefix: tuple[int, ...]) -> bool:
+    def _key_dir_shown(self, arr: ArrayNode, prefix: tuple[int, ...]) -> bool:
         """Whether key directory ``prefix`` (dimension_separator "/") resolves. Every prefix in
-        the grid does, except in arrays created through this mount, where one holding no
-        chunk exists only once made: ``cp -r`` makes them right after the .zarray, and the
-        kernel answers its mkdir with EEXIST if the lookup succeeds."""
-        if arr.path not in self.created or (arr.path, prefix) in self.made_keys:
-            return True
-        chunks = ChunkSet.concat([await self.shard_chunks(arr, s) for s in await self.stored_shards(arr)],
-                                 arr.info.layout.ndim)
-        return bool(np.any(np.all(chunks.coords[:, :len(prefix)] == np.array(prefix, dtype=np.int64), axis=1)))
+        the grid does, except in arrays created through this mount, where one resolves once
+        made (``mkdir``) or once a chunk below it was written (all of such an array's chunks
+        were): ``cp -r`` makes them after the .zarray, and the kernel answers its mkdir with
+        EEXIST if the lookup succeeds."""
+        return arr.path not in self.created or (arr.path, prefix) in self.made_keys
 
     def _source_name(self, arr: ArrayNode, name: str) -> str | None:
         """Source entry name for view entry ``name`` (1-D v2 keys carry a ``.shard`` suffix)."""

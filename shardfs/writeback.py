@@ -111,6 +111,7 @@ class Writeback:
         self._last_write = 0.0
         self._wake = trio.Event()
         self._flushing = False
+        self._stranded: dict[str, tuple[int, str]] = {}  # replayed changes of arrays unreadable now
         self.journal = Journal(journal_dir)
 
     # ----- reading pending state ----------------------------------------------------------
@@ -218,8 +219,9 @@ class Writeback:
     def kept(self) -> dict[str, tuple[int, str]]:
         """Shards whose changes could not be folded: ``{key: (pending changes, reason)}``;
         during ``flush``, every shard not folded yet."""
-        return {d.target.key: (len(d.chunks), d.reason or "not folded before the daemon stopped")
+        kept = {d.target.key: (len(d.chunks), d.reason or "not folded before the daemon stopped")
                 for d in self._dirty.values() if d.failures or self._flushing}
+        return {**self._stranded, **kept}
 
     def note_kept(self) -> None:
         """Write (or remove) the journal's note of the shards whose changes are kept, and why."""
@@ -301,10 +303,12 @@ class Writeback:
 
         ``older`` are journal directories written before this one (an earlier
         version's ``SRC/.shardfs/journal``): their records are applied first. ``resolve``
-        gives the target of a shard (None if its array is gone). The last record of a chunk
-        wins. The changes of a shard that cannot be folded now are kept: appended again to
-        this mount's journal and pending (served, retried with backoff). Returns the number
-        of records read; raises ``JournalError`` if a journal directory holds anything else.
+        gives the target of a shard (None if its array is gone; ``OSError`` if its metadata
+        cannot be read now: its changes are appended again, for a later mount). The last
+        record of a chunk wins. The changes of a shard that cannot be folded now are kept:
+        appended again to this mount's journal and pending (served, retried with backoff).
+        Returns the number of records read; raises ``JournalError`` if a journal directory
+        holds anything else.
         """
         journals = [Journal(d) for d in older] + [self.journal]
         changes = [change for journal in journals for change in journal.recover()]
@@ -312,7 +316,15 @@ class Writeback:
         for change in changes:
             by_shard.setdefault((change.array, change.shard), {})[change.pos] = change.data
         for (array, coords), chunks in by_shard.items():
-            target = resolve(array, coords)
+            try:
+                target = resolve(array, coords)
+            except OSError as e:  # the array's metadata is there but cannot be read now
+                for pos, data in chunks.items():
+                    self.journal.append(Change(array, coords, pos, data))  # live: a later mount replays it
+                name = f"{array} shard {list(coords)}"
+                self._stranded[name] = (len(chunks), failure_reason(e))
+                log.error("journal: %s", kept_line(name, *self._stranded[name]))
+                continue
             if target is None:
                 log.error("journal: array %r no longer presentable; dropping %d changes", array, len(chunks))
                 continue

@@ -270,6 +270,8 @@ class Writer:
         except OSError as e:
             log.error("%s: cannot journal the write: %s", name, e)
             raise fail(errno.EIO) from None
+        if data is not None and arr.path in self.view.created:  # its key directories now resolve
+            self.view.made_keys.update((arr.path, coords[:k]) for k in range(1, len(coords)))
         await self.invalidate([self.view.chunk_ino(arr, coords)])
 
     async def commit_metadata(self, node: ArrayNode | GroupNode, name: str, data: bytes) -> None:
@@ -426,6 +428,7 @@ class Writer:
             coords = tuple(map(parse_coord, rel.split("/")))
             if layout.keys.view_separator == "/" and len(coords) < layout.ndim and None not in coords:
                 new: Any = KeyDirKey(path, coords)
+                self.view.made_keys.add((path, coords))
             elif layout.index is not None and (layout.keys.is_prefix(rel) or layout.keys.parse(rel) is not None):
                 new = ShardDirKey(path, rel)
                 self.view.made.add((path, rel))

@@ -425,3 +425,46 @@ def test_two_mounts_of_one_source_writing_the_same_shards_lose_nothing(tmp_path,
     assert leftovers(src) == []
     races = sum(len(lines(mount, mnt, "changed by another writer")) for mnt in mnts)
     print(f"folds that found the shard changed: {races}")
+
+
+def test_a_journal_whose_array_metadata_turned_into_a_fifo_is_kept_for_a_later_mount(tmp_path, mount):
+    """A killed daemon's journal, replayed while the array's zarr.json is a FIFO: the mount goes
+    live (the other array is served), the changes stay in the journal, and a mount after the
+    metadata is back folds them."""
+    import signal
+
+    from conftest import lazy_unmount
+
+    src = tmp_path / "src"
+    other = Spec("o", (8, 8), (4, 4), (8, 8), "<u2", 0, ("gzip", 1), inner_crc=False, index_location="start",
+                 index_crc=False, initial=((s(0, 8), s(0, 8)),), write=(s(0, 8), s(0, 8)))
+    exp = build(src, [H, other])
+    mnt = mount(src)
+    block, data = chunk_bytes(9)
+    write_file(mnt / "h" / "1.1", data)
+    exp["h"][H.chunk_region((1, 1))] = block
+    m = mount.info(mnt)
+    os.kill(m.pid, signal.SIGKILL)
+    m.proc.wait(timeout=10)
+    lazy_unmount(mnt)
+    meta = src / "h" / "zarr.json"
+    os.rename(meta, tmp_path / "zarr.json")
+    os.mkfifo(meta)
+    mnt = mount(src)  # does not block on the FIFO, and goes live
+    assert len(lines(mount, mnt, "journal: 1 change to h shard [0, 0] kept in the journal: "
+                                 "not a regular file (a FIFO)")) == 1, mount.info(mnt).log_text()[-2000:]
+    from conftest import read_zarr2
+
+    np.testing.assert_array_equal(read_zarr2(mnt / "o"), exp["o"])
+    r, _ = shardfs_umount(mnt)
+    assert r.returncode == 1 and r.stderr.splitlines() == [
+        "shardfs: 1 change to h shard [0, 0] kept in the journal: not a regular file (a FIFO)",
+        f"shardfs: they are folded by the next mount of {src}"], r.stderr
+    assert sorted(Path(e).suffix for e in journal_entries(src)) == [".json", ".seg"]  # the note, the change
+    meta.unlink()
+    os.rename(tmp_path / "zarr.json", meta)
+    mnt = mount(src)
+    assert journal_entries(src) == []
+    umount(mount, mnt)
+    assert_source_equals(src, "h", exp["h"])
+    assert leftovers(src) == []
