@@ -11,10 +11,8 @@ the one shown (``rewrite_kind``): only a new shape is a change the mount applies
 
 from __future__ import annotations
 
-import base64
 import json
 import math
-import struct
 from typing import Any
 
 import numcodecs
@@ -25,8 +23,9 @@ from zarr.core.metadata.v2 import ArrayV2Metadata
 from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.metadata.migrate_v3 import _convert_array_metadata
 
+from shardfs.fill import XARRAY_FILL, encode_xarray_fill
+
 DEFAULT_SHARD_BYTES = 64 << 20  # uncompressed bytes of one shard of a new array (-o shard_size)
-XARRAY_FILL = "_FillValue"
 
 
 class Refused(ValueError):
@@ -73,18 +72,6 @@ def dimension_names(attrs: dict[str, Any], ndim: int) -> list[str] | None:
     return None
 
 
-def xarray_fill(value: Any, dtype: np.dtype) -> Any:
-    """``value`` spelled as xarray writes a ``_FillValue`` attribute on v3 data (floats:
-    base64 of a little-endian float64), or None if the dtype has no such spelling."""
-    if dtype.kind == "b":
-        return bool(value)
-    if dtype.kind in "iu":
-        return int(value)
-    if dtype.kind == "f":
-        return base64.standard_b64encode(struct.pack("<d", float(value))).decode()
-    return None
-
-
 def array_doc(zarray: Any, attrs: dict[str, Any], shard_bytes: int = DEFAULT_SHARD_BYTES) -> dict[str, Any]:
     """The v3 ``zarr.json`` of a new sharded array described by a v2 ``.zarray`` and ``.zattrs``.
 
@@ -114,7 +101,7 @@ def array_doc(zarray: Any, attrs: dict[str, Any], shard_bytes: int = DEFAULT_SHA
     # A v2 fill_value is also xarray's mask; on v3 data xarray reads the mask from this
     # attribute (the view shows it as the v2 fill_value again, not in .zattrs).
     mask = None if zarray.get("fill_value") is None else \
-        xarray_fill(v2meta.fill_value, np.dtype(v2meta.dtype.to_native_dtype()))
+        encode_xarray_fill(v2meta.fill_value, np.dtype(v2meta.dtype.to_native_dtype()))
     if mask is not None:
         attrs.setdefault(XARRAY_FILL, mask)
     try:

@@ -79,6 +79,19 @@ def decode_xarray_fill(value: Any, dtype: np.dtype) -> Any | None:
     return None
 
 
+def encode_xarray_fill(value: Any, dtype: np.dtype) -> Any:
+    """``value`` spelled as xarray writes a ``_FillValue`` attribute on v3 data (floats:
+    base64 of a little-endian float64), or None if the dtype has no such spelling; the
+    inverse of ``decode_xarray_fill``."""
+    if dtype.kind == "b":
+        return bool(value)
+    if dtype.kind in "iu":
+        return int(value)
+    if dtype.kind == "f":
+        return base64.standard_b64encode(struct.pack("<d", float(value))).decode()
+    return None
+
+
 def _decode_float(value: Any) -> float:
     if isinstance(value, bool):
         raise TypeError("a bool is not a float fill")
