@@ -447,7 +447,7 @@ def _wait_gone(pid: int, seconds: float) -> None:
 def _kept_report(src: str, root: str, pid: int, killed: bool) -> list[str]:
     """One line per shard whose changes are still in the journal of daemon ``pid`` (under the
     journal root ``root``): how many, and why: the daemon's note (updated as ``flush`` goes),
-    or, if a killed daemon left none, its records counted (folded ones included)."""
+    or, if a killed daemon left none, its records counted (those marked folded left out)."""
     from shardfs.journal import kept_line, read_kept
     from shardfs.storage.local import LocalStorage
 

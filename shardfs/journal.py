@@ -9,6 +9,12 @@ with a single ``os.write`` to the current segment::
     meta    JSON: {"array": path, "shard": [coords], "pos": n, "deleted": bool}
     data    the chunk's stored bytes (empty for a deleted chunk)
 
+A second kind of record, the fold marker (meta ``{"kind": "folded", "offsets": [n, ...]}``,
+no data), names records earlier in the same segment, by their offset in it, that
+were released: their chunks reached their shards (or were discarded). ``recover``
+skips them, so a replay never writes an old value over a newer one that another
+writer (a second mount, tensorstore, zarr-python) stored after the fold.
+
 Contracts:
 - ``append`` returns once the record is in the page cache: it survives a
   SIGKILL of the daemon. ``sync`` makes every record appended before it was
@@ -19,10 +25,18 @@ Contracts:
 - A record stays on disk while it is live: until the caller ``release``s its
   handle (its shard was rewritten with it or with a newer value of its chunk).
   A segment with no live records is closed and unlinked, the current one
-  included: once everything is released the directory is empty.
+  included: once everything is released the directory is empty. Releasing records
+  of a segment that stays appends a fold marker naming them to that segment (opened
+  again if it is no longer the current one). The marker is a buffered write (it
+  survives a SIGKILL, not a power loss unless a later ``sync`` covered its segment).
+  Window: a crash between a shard's replace and its marker (or a marker that could
+  not be written: logged, and that segment gets no more markers) leaves those
+  records unmarked, and the next mount replays them as before markers existed,
+  writing their chunks' folded values again over whatever came since.
 - ``recover`` reads what an earlier daemon left: segments in name order,
   records in file order, each segment up to its first incomplete or damaged
-  record (never acknowledged: the append did not return). ``discard_recovered``
+  record (never acknowledged: the append did not return), without the records a
+  fold marker names (journals without markers are read as before). ``discard_recovered``
   deletes those segments (after their changes reached their shards or were appended
   again to a new segment).
 - ``KEPT`` (``kept.json``), when present, says which shards' changes could not be
@@ -81,21 +95,31 @@ class Change:
 
 def encode_record(change: Change) -> bytes:
     """The bytes of one journal record holding ``change``."""
-    meta = json.dumps({"array": change.array, "shard": list(change.shard), "pos": change.pos,
-                       "deleted": change.data is None}).encode()
-    data = change.data or b""
+    meta = {"array": change.array, "shard": list(change.shard), "pos": change.pos, "deleted": change.data is None}
+    return _frame(meta, change.data or b"")
+
+
+def encode_marker(offsets: Iterable[int]) -> bytes:
+    """The bytes of a fold marker naming the records at ``offsets`` of its segment."""
+    return _frame({"kind": "folded", "offsets": sorted(offsets)}, b"")
+
+
+def _frame(meta_doc: dict, data: bytes) -> bytes:
+    meta = json.dumps(meta_doc).encode()
     header = HEADER.pack(MAGIC, len(meta), len(data), crc32c.crc32c(data, crc32c.crc32c(meta)))
     return b"".join((header, meta, data))
 
 
 def decode_records(buf: bytes) -> tuple[list[Change], int]:
-    """The complete, intact records at the start of ``buf`` and the number of bytes they span.
+    """The changes of the complete, intact records at the start of ``buf`` that no fold
+    marker among them names, and the number of bytes those records span.
 
     Decoding stops at the first record that is incomplete or whose magic or
     crc32c does not match; a record with a matching crc32c but unreadable meta
     raises ``JournalError``.
     """
-    changes = []
+    changes: dict[int, Change] = {}  # offset -> change
+    folded: set[int] = set()
     view = memoryview(buf)
     end = 0
     while end + HEADER.size <= len(buf):
@@ -106,12 +130,15 @@ def decode_records(buf: bytes) -> tuple[list[Change], int]:
             break
         try:
             meta = json.loads(bytes(view[start: start + meta_len]))
-            data = None if meta["deleted"] else bytes(view[start + meta_len: stop])
-            changes.append(Change(meta["array"], tuple(meta["shard"]), meta["pos"], data))
-        except (ValueError, KeyError, TypeError) as e:
+            if meta.get("kind") == "folded":
+                folded.update(int(offset) for offset in meta["offsets"])
+            else:
+                data = None if meta["deleted"] else bytes(view[start + meta_len: stop])
+                changes[end] = Change(meta["array"], tuple(meta["shard"]), meta["pos"], data)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise JournalError(f"record at offset {end}: unreadable meta: {e}") from None
         end = stop
-    return changes, end
+    return [change for offset, change in changes.items() if offset not in folded], end
 
 
 @dataclass(eq=False)
@@ -120,6 +147,7 @@ class _Segment:
     fd: int | None  # open for appending while this is the current segment
     size: int = 0
     live: int = 0  # appended records not yet released
+    torn: bool = False  # a write to it failed: nothing more is appended to it (no fold markers either)
 
 
 @dataclass(eq=False, frozen=True)
@@ -127,6 +155,7 @@ class Record:
     """Handle of one appended record: pass it to ``Journal.release`` exactly once."""
 
     segment: _Segment
+    offset: int  # where the record starts in its segment (a fold marker names it so)
 
 
 class Journal:
@@ -152,19 +181,16 @@ class Journal:
         if seg is None or seg.size >= self.segment_bytes:
             seg = self._start_segment()
         try:
-            rest = memoryview(record)
-            while rest:  # a short write (e.g. interrupted by a signal) goes on where it stopped
-                n = os.write(seg.fd, rest)
-                if n == 0:
-                    raise OSError(errno.EIO, f"{seg.path}: write returned 0")
-                rest = rest[n:]
+            _write_all(seg.fd, seg.path, record)
         except OSError:
+            seg.torn = True
             self._close(seg)  # a torn record ends this segment
             raise
+        offset = seg.size
         seg.size += len(record)
         seg.live += 1
         self._unsynced.add(seg.path)
-        return Record(seg)
+        return Record(seg, offset)
 
     def _start_segment(self) -> _Segment:
         if self._current is not None:
@@ -201,12 +227,39 @@ class Journal:
     # ----- releasing ----------------------------------------------------------------------
 
     def release(self, records: Iterable[Record]) -> None:
-        """Records whose changes reached their shards (durably): their segments may go."""
+        """Records whose changes reached their shards (durably) or are discarded: their
+        segments may go; a segment that stays gets a fold marker naming them."""
+        by_segment: dict[_Segment, list[int]] = {}
         for record in records:
-            seg = record.segment
-            seg.live -= 1
+            record.segment.live -= 1
+            by_segment.setdefault(record.segment, []).append(record.offset)
+        for seg, offsets in by_segment.items():
             if seg.live == 0:
                 self._close(seg)
+            elif not seg.torn:
+                self._mark_folded(seg, offsets)
+
+    def _mark_folded(self, seg: _Segment, offsets: list[int]) -> None:
+        """Append a fold marker naming ``offsets`` to ``seg``; a failure is logged (the window
+        of the module docstring) and ends markers in ``seg``."""
+        marker = encode_marker(offsets)
+        fd = seg.fd
+        try:
+            if fd is None:
+                fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            try:
+                _write_all(fd, seg.path, marker)
+            finally:
+                if seg.fd is None:
+                    os.close(fd)
+        except OSError as e:
+            log.error("%s: cannot mark %d folded records: a replay would write them again: %s",
+                      seg.path, len(offsets), e)
+            seg.torn = True
+            if seg is self._current:
+                self._close(seg)
+            return
+        seg.size += len(marker)
 
     # ----- durability ---------------------------------------------------------------------
 
@@ -298,7 +351,7 @@ def kept_line(key: str, changes: int, reason: str) -> str:
 
 def read_kept(directory: str) -> tuple[dict[tuple[str, tuple[int, ...]], set[int]], dict[str, tuple[int, str]]]:
     """What a journal directory holds, without changing it: the chunk positions with records
-    per ``(array, shard)`` (records already folded included), and the ``kept.json`` note."""
+    per ``(array, shard)`` (records a fold marker names left out), and the ``kept.json`` note."""
     pending: dict[tuple[str, tuple[int, ...]], set[int]] = {}
     try:
         names = sorted(os.listdir(directory))
@@ -318,6 +371,17 @@ def read_kept(directory: str) -> tuple[dict[tuple[str, tuple[int, ...]], set[int
                 for change in decode_records(f.read())[0]:
                     pending.setdefault((change.array, change.shard), set()).add(change.pos)
     return pending, reasons
+
+
+def _write_all(fd: int, path: str, data: bytes) -> None:
+    """Write ``data`` at the end of segment ``fd``; a short write (e.g. interrupted by a
+    signal) goes on where it stopped. Raises ``OSError``."""
+    rest = memoryview(data)
+    while rest:
+        n = os.write(fd, rest)
+        if n == 0:
+            raise OSError(errno.EIO, f"{path}: write returned 0")
+        rest = rest[n:]
 
 
 def _fsync_all(paths: set[str], dirs: list[str]) -> None:

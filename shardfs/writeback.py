@@ -10,8 +10,10 @@ complete, once the mount has seen no writes for ``idle`` seconds, or when
 pending bytes exceed ``budget``; ``flush`` folds everything (unmount,
 SIGTERM). A journal record is released only after its shard was replaced with
 it or with a newer value of its chunk, and the next mount replays whatever is
-left, so every acknowledged chunk reaches its shard exactly as committed
-(replaying an already folded record rewrites the same bytes).
+left, so every acknowledged chunk reaches its shard exactly as committed.
+Released records are marked folded in the journal, so the replay skips them and never
+writes an old value over one another writer stored since (but for a fold the crash
+interrupted between the shard's replace and the marker: ``shardfs.journal``).
 
 Folds are version-checked (``shard.rewrite_sync``): a shard changed by another
 writer is read again and the pending chunks applied on top. A fold that fails
@@ -193,6 +195,7 @@ class Writeback:
             if not dirty.chunks and self._dirty.get(shard) is dirty:
                 del self._dirty[shard]
             self.journal.release(superseded)
+            log.debug("%s: folded %d chunk changes", self.source.describe(dirty.target.key), len(snapshot))
             if dirty.failures:
                 log.info("%s: folded after %d failed attempts", self.source.describe(dirty.target.key), dirty.failures)
                 dirty.failures, dirty.reason, dirty.unlogged, dirty.logged_at = 0, "", 0, -math.inf

@@ -8,11 +8,14 @@ tests SIGKILL a real daemon and check what the next mount replays or refuses.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import logging
 import os
 import signal
+import struct
 import tempfile
+import time
 from pathlib import Path
 
 import crc32c
@@ -22,7 +25,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import budget, lazy_unmount, read_tensorstore, run_shardfs
+from conftest import budget, lazy_unmount, read_native, read_tensorstore, run_shardfs
 from shardfs import journal as journal_mod
 from shardfs.journal import HEADER, Change, Journal, JournalError, decode_records, encode_record
 from sources import Spec, assert_source_equals, build, journal_bytes, journal_entries, journal_path, leftovers
@@ -87,6 +90,14 @@ def test_intact_record_with_unreadable_meta_is_an_error():
 # --------------------------------------------------------------------------- segment lifecycle
 
 
+def wait_for(cond, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {seconds} s: {what}")
+        time.sleep(0.05)
+
+
 def change(k: int, size: int = 100) -> Change:
     return Change("a/b", (k % 3, 1), k, bytes([k % 256]) * size)
 
@@ -140,6 +151,46 @@ def test_recover_replays_segments_in_order_and_skips_a_torn_tail(tmp_path, caplo
     assert segments(d)[-1] == f"{3:020d}.seg"
     again.discard_recovered()  # the recovered segments go; the one appended to since stays
     assert segments(d) == [f"{3:020d}.seg"]
+
+
+def test_released_records_of_a_segment_that_stays_are_not_recovered(tmp_path):
+    """A fold marker names the released records of a segment that other records keep:
+    the current segment and an older one (opened again for the marker)."""
+    d = tmp_path / "journal"
+    j = Journal(str(d), segment_bytes=1000)
+    items = [change(k, size=300) for k in range(6)]  # 3 records per segment
+    records = [j.append(c) for c in items]
+    j.release([records[0], records[2]])  # segment 0 is no longer the current one
+    j.release([records[4]])
+    assert segments(d) == [f"{0:020d}.seg", f"{1:020d}.seg"]
+    assert Journal(str(d)).recover() == [items[1], items[3], items[5]]
+    j.release([records[1]])  # segment 0 empty: deleted, no marker needed
+    assert segments(d) == [f"{1:020d}.seg"]
+    assert Journal(str(d)).recover() == [items[3], items[5]]
+
+
+def test_a_marker_that_cannot_be_written_ends_markers_in_its_segment(tmp_path, monkeypatch, caplog):
+    d = tmp_path / "journal"
+    j = Journal(str(d))
+    records = [j.append(change(k)) for k in range(3)]
+    real_write = os.write
+
+    def disk_full(fd: int, data) -> int:
+        real_write(fd, bytes(data[:5]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(journal_mod.os, "write", disk_full)
+    with caplog.at_level(logging.ERROR, logger="shardfs"):
+        j.release([records[0]])
+    monkeypatch.setattr(journal_mod.os, "write", real_write)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "cannot mark 1 folded records" in errors[0], errors
+    j.release([records[1]])  # after a torn marker: none, the old behaviour for these records
+    later = j.append(change(3))  # and a new segment for new records
+    assert segments(d) == [f"{0:020d}.seg", f"{1:020d}.seg"]
+    assert Journal(str(d)).recover() == [change(0), change(1), change(2), change(3)]
+    j.release([records[2], later])
+    assert segments(d) == []
 
 
 def test_recover_refuses_anything_but_segments(tmp_path):
@@ -273,3 +324,46 @@ def test_mount_refuses_a_journal_it_cannot_replay(tmp_path):
     assert "cannot replay the write journal" in r.stderr and "00000000000000000007.j" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert os.listdir(journal) == ["00000000000000000007.j"], "a journal that was refused must be kept"
+
+
+R = Spec("r", (8, 10), (4, 5), (4, 10), "<i4", 0, ("zstd", 3), inner_crc=False,
+         index_location="end", index_crc=True, initial=((slice(0, 8), slice(0, 10)),),
+         write=(slice(0, 8), slice(0, 10)))
+
+
+def test_replay_skips_folded_records_and_keeps_a_newer_value_written_since(tmp_path, mount):
+    """Chunk X is folded while chunk Y, in another shard (locked by another writer), keeps
+    their segment; zarr-python 3 then writes X again in the source; the daemon is killed.
+    The next mount replays Y only: X keeps zarr-python 3's value, not the folded one."""
+    import zarr
+
+    src = tmp_path / "src"
+    exp = build(src, [R])["r"]
+    x, y = (0, 0), (1, 0)  # shards (0, 0) and (1, 0)
+    lock = os.open(f"{R.shard_file(src, R.shard_of(y))}.__lock", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.fcntl(lock, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0))
+        mnt = mount(src)
+        m = mount.info(mnt)
+        vy, v1, v2 = (R.values(R.chunk, seed) for seed in (1, 2, 3))
+        (mnt / "r" / R.chunk_name(y)).write_bytes(R.encode(vy))
+        (mnt / "r" / R.chunk_name(x)).write_bytes(R.encode(v1))
+        folded = f"{R.shard_file(src, R.shard_of(x))}: folded 1 chunk changes"
+        wait_for(lambda: folded in m.log_text(), 20, "the fold of chunk X")
+        np.testing.assert_array_equal(read_native(src / "r")[R.chunk_region(x)], v1)
+        zarr.open_array(str(src / "r"), mode="r+")[R.chunk_region(x)] = v2
+        exp[R.chunk_region(x)], exp[R.chunk_region(y)] = v2, vy
+        os.kill(m.pid, signal.SIGKILL)
+        m.proc.wait(timeout=10)
+        lazy_unmount(mnt)
+        assert len(journal_entries(src)) == 1, "Y's record keeps the segment holding X's"
+    finally:
+        os.close(lock)
+    mnt = mount(src)
+    assert journal_entries(src) == []
+    assert_source_equals(src, "r", exp)
+    assert "replayed 1 journalled chunk changes" in mount.info(mnt).log_text()
+    np.testing.assert_array_equal(read_tensorstore(mnt / "r"), exp)
+    umount(mount, mnt)
+    assert_source_equals(src, "r", exp)
+    assert leftovers(src) == []
