@@ -377,3 +377,18 @@ def daemon_pids(mnt: Path) -> list[int]:
         if needle in argv and any(b"shardfs" in a for a in argv):
             pids.append(int(d))
     return pids
+
+
+@pytest.fixture
+def mnt_dir(tmp_path):
+    """A mountpoint for tests that run the CLI themselves: unmounted and its daemons gone at
+    the end (SIGKILL by PID after 5 s), whatever happened."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    yield mnt
+    lazy_unmount(mnt)
+    deadline = time.monotonic() + 5
+    while daemon_pids(mnt) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in daemon_pids(mnt):
+        os.kill(pid, signal.SIGKILL)

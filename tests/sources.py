@@ -779,3 +779,13 @@ def read_draft(path: Path) -> np.ndarray:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_bytes(raw[offset: offset + length])
         return read_native(plain)
+
+
+def create_array(group, name, data, chunks, shards, fill, **kw):
+    """A sharded v3 array ``group/name`` holding ``data`` (written with zarr 3)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = group.create_array(name, shape=data.shape, dtype=data.dtype, chunks=chunks, shards=shards,
+                               fill_value=fill, **kw)
+        a[...] = data
+    return a

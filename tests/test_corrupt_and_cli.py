@@ -6,7 +6,6 @@ import errno
 import json
 import os
 import re
-import signal
 import stat
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ import crc32c
 import numpy as np
 import pytest
 
-from conftest import daemon_pids, lazy_unmount, read_native, read_zarr2, read_zarr3_v2, run_shardfs
+from conftest import daemon_pids, read_native, read_zarr2, read_zarr3_v2, run_shardfs
 from sources import CRC, LE, ArrayCase, read_index, write_case, write_group
 
 # ------------------------------------------------------------------ helpers
@@ -31,18 +30,7 @@ def read_errno(path: Path) -> int | None:
     return None
 
 
-@pytest.fixture
-def mnt_dir(tmp_path):
-    """A mountpoint for tests that run the CLI themselves; always cleaned up."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    yield mnt
-    lazy_unmount(mnt)
-    deadline = time.monotonic() + 5
-    while daemon_pids(mnt) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in daemon_pids(mnt):
-        os.kill(pid, signal.SIGKILL)
+
 
 
 def rss_mib(pid: int) -> float:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -46,18 +45,7 @@ def run(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
                           stdin=subprocess.DEVNULL)
 
 
-@pytest.fixture
-def mnt_dir(tmp_path):
-    """A mountpoint; unmounted and its daemons gone at the end, whatever happened."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    yield mnt
-    lazy_unmount(mnt)
-    deadline = time.monotonic() + 5
-    while daemon_pids(mnt) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in daemon_pids(mnt):
-        os.kill(pid, signal.SIGKILL)
+
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ from conftest import (
     run_shardfs,
     zarr2,
 )
+from sources import create_array
 
 # ------------------------------------------------------------------ source writers
 
@@ -42,14 +43,7 @@ def _zarr3():
     return zarr
 
 
-def create_array(group, name, data, chunks, shards, fill, **kw):
-    """A sharded v3 array ``group/name`` holding ``data`` (written with zarr 3)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        a = group.create_array(name, shape=data.shape, dtype=data.dtype, chunks=chunks, shards=shards,
-                               fill_value=fill, **kw)
-        a[...] = data
-    return a
+
 
 
 def rng_data(seed, shape, dtype):

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_same_array, read_native, read_tensorstore, read_zarr2_many, read_zarr3_v2, zarr2
+from sources import create_array
 
 # ------------------------------------------------------------------ OME-Zarr 0.5 image
 
@@ -55,13 +56,7 @@ ENCODINGS = [{"name": "default", "configuration": {"separator": "."}},
 LABEL_ARRAYS = ["img/labels/cells/0", "img/labels/cells/1", "img/labels/cells/2"]
 
 
-def _create(group, name, data, chunks, shards, fill, **kw):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        a = group.create_array(name, shape=data.shape, dtype=data.dtype, chunks=chunks, shards=shards,
-                               fill_value=fill, **kw)
-        a[...] = data
-    return a
+
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +71,7 @@ def ome_src(tmp_path_factory) -> Path:
     data = np.random.default_rng(1).integers(1, 4000, (2, 60, 50)).astype("uint16")
     data[:, :16, :16] = 0  # empty inner chunks (not stored)
     for i in range(3):
-        _create(img, str(i), data[:, :: 2 ** i, :: 2 ** i], (1, 8, 8), (1, 16, 16), 0,
+        create_array(img, str(i), data[:, :: 2 ** i, :: 2 ** i], (1, 8, 8), (1, 16, 16), 0,
                 dimension_names=["c", "y", "x"])
     labels = img.create_group("labels", attributes=LABELS_ATTRS)
     cells = labels.create_group("cells", attributes=CELLS_ATTRS)
@@ -84,17 +79,17 @@ def ome_src(tmp_path_factory) -> Path:
     lab[0, 20:30, 20:40] = 1
     lab[0, 40:50, 5:15] = 7
     for i in range(3):
-        _create(cells, str(i), lab[:, :: 2 ** i, :: 2 ** i], (1, 8, 8), (1, 16, 16), 0,
+        create_array(cells, str(i), lab[:, :: 2 ** i, :: 2 ** i], (1, 8, 8), (1, 16, 16), 0,
                 dimension_names=["c", "y", "x"])
-    _create(g, "plain", np.arange(60, dtype="int16").reshape(6, 10), (2, 5), (4, 10), 3)
+    create_array(g, "plain", np.arange(60, dtype="int16").reshape(6, 10), (2, 5), (4, 10), 3)
     # The same levels stored with each other chunk key encoding of the shards.
     enc = g.create_group("enc", attributes=IMAGE_ATTRS)
     for i, encoding in enumerate(ENCODINGS[:3]):
-        _create(enc, str(i), data[:, :: 2 ** i, :: 2 ** i], (1, 8, 8), (1, 16, 16), 0,
+        create_array(enc, str(i), data[:, :: 2 ** i, :: 2 ** i], (1, 8, 8), (1, 16, 16), 0,
                 dimension_names=["c", "y", "x"], chunk_key_encoding=encoding)
     v2slash = g.create_group("v2slash", attributes={"ome": {**IMAGE_ATTRS["ome"],
                                                             "multiscales": _multiscales("image", 1)}})
-    _create(v2slash, "0", data, (1, 8, 8), (1, 16, 16), 0, dimension_names=["c", "y", "x"],
+    create_array(v2slash, "0", data, (1, 8, 8), (1, 16, 16), 0, dimension_names=["c", "y", "x"],
             chunk_key_encoding=ENCODINGS[3])
     return root
 
@@ -226,16 +221,16 @@ def _xarray_datasets(root: Path) -> None:
                    encoding={"temp": {"chunks": (1, 2), "shards": (2, 4)},
                              "count": {"chunks": (1, 2), "shards": (2, 4)}})
     g = zarr.open_group(str(root / "byzarr"), mode="w", zarr_format=3, attributes={"title": "plain zarr"})
-    _create(g, "x", np.arange(5, dtype="int64"), (2,), (4,), 0, dimension_names=["x"])
-    _create(g, "ok", np.array([False, False, True, False, False]), (2,), (4,), False, dimension_names=["x"])
+    create_array(g, "x", np.arange(5, dtype="int64"), (2,), (4,), 0, dimension_names=["x"])
+    create_array(g, "ok", np.array([False, False, True, False, False]), (2,), (4,), False, dimension_names=["x"])
     v = np.full((5, 6), np.nan, dtype="float32")
     v[0] = np.arange(6)
-    _create(g, "v", v, (2, 3), (4, 6), np.nan, dimension_names=["x", "y"])
-    _create(g, "t", np.array(["2000-01-01", "NaT", "1970-01-01", "NaT", "2001-01-01"], dtype="M8[ns]"), (2,), (4,),
+    create_array(g, "v", v, (2, 3), (4, 6), np.nan, dimension_names=["x", "y"])
+    create_array(g, "t", np.array(["2000-01-01", "NaT", "1970-01-01", "NaT", "2001-01-01"], dtype="M8[ns]"), (2,), (4,),
             np.datetime64("NaT"), dimension_names=["x"])
-    _create(g, "n", np.array([[0, 7, 0], [0, 0, 0], [0, 0, 9], [0, 0, 0], [0, 0, 0]], dtype="uint16"), (2, 3), (4, 3),
+    create_array(g, "n", np.array([[0, 7, 0], [0, 0, 0], [0, 0, 9], [0, 0, 0], [0, 0, 0]], dtype="uint16"), (2, 3), (4, 3),
             0, dimension_names=["x", "z"], attributes={"long_name": "counts"})
-    _create(g, "s", np.array(0, dtype="int32"), (), None, 0, dimension_names=[])  # 0-D, not stored
+    create_array(g, "s", np.array(0, dtype="int32"), (), None, 0, dimension_names=[])  # 0-D, not stored
     big = zarr.open_group(str(root / "big"), mode="w", zarr_format=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -442,7 +437,7 @@ def test_group_becoming_an_image_switches_its_arrays_to_slash(mount, tmp_path):
     g = zarr.open_group(str(src), mode="w", zarr_format=3)
     late = g.create_group("late")
     data = np.random.default_rng(3).integers(1, 100, (2, 20, 20)).astype("uint8")
-    _create(late, "0", data, (1, 8, 8), (1, 16, 16), 0, dimension_names=["c", "y", "x"])
+    create_array(late, "0", data, (1, 8, 8), (1, 16, 16), 0, dimension_names=["c", "y", "x"])
     mnt = mount(src, "-o", "entry_timeout=0,attr_timeout=0")
     assert json.loads((mnt / "late/0/.zarray").read_text())["dimension_separator"] == "."
     before = os.stat(mnt / "late/0/.zarray").st_mtime_ns

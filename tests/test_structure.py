@@ -428,7 +428,7 @@ def test_read_only_mount_refuses_structure_changes(tmp_path, mount):
 @pytest.mark.parametrize("tool", ["rsync", "cp-a", "cp-r"])
 def test_shell_tools_copy_arrays_in(tool, tmp_path, mount):
     src = tmp_path / "src"
-    exp = build(src, [RAW])["raw"]
+    build(src, [RAW])
     data = (np.arange(20 * 27, dtype="<i4").reshape(20, 27) * 7) - 100
     copy = v2_copy(tmp_path, "arr", data, (4, 5), {"id": "zstd", "level": 3})
     mnt = mount(src)
