@@ -221,6 +221,15 @@ def module_mount(tmp_path_factory):
     factory.close()
 
 
+def wait_for(cond, seconds: float, what: str) -> None:
+    """Poll ``cond`` until it is true; AssertionError naming ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {seconds} s: {what}")
+        time.sleep(0.1)
+
+
 def run_shardfs(*args: str, timeout: float = 30, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([SHARDFS, *args], capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, **kw)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import is_mounted, run_shardfs
+from conftest import is_mounted, run_shardfs, wait_for
 from shardfs.journal import segments_under
 from sources import Spec, assert_source_equals, build, journal_entries, leftovers
 from writers import umount
@@ -81,14 +81,6 @@ def shardfs_umount(mnt: Path, *args: str, timeout: float = 120) -> tuple[subproc
     t0 = time.monotonic()
     r = run_shardfs("umount", str(mnt), *args, timeout=timeout)
     return r, time.monotonic() - t0
-
-
-def wait_for(cond, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {seconds} s: {what}")
-        time.sleep(0.1)
 
 
 # --------------------------------------------------------------------------- non-regular files

@@ -15,7 +15,6 @@ import os
 import signal
 import struct
 import tempfile
-import time
 from pathlib import Path
 
 import crc32c
@@ -25,7 +24,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import budget, lazy_unmount, read_native, read_tensorstore, run_shardfs
+from conftest import budget, lazy_unmount, read_native, read_tensorstore, run_shardfs, wait_for
 from shardfs import journal as journal_mod
 from shardfs.journal import HEADER, Change, Journal, JournalError, decode_records, encode_record
 from sources import Spec, assert_source_equals, build, journal_bytes, journal_entries, journal_path, leftovers
@@ -88,14 +87,6 @@ def test_intact_record_with_unreadable_meta_is_an_error():
 
 
 # --------------------------------------------------------------------------- segment lifecycle
-
-
-def wait_for(cond, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {seconds} s: {what}")
-        time.sleep(0.05)
 
 
 def change(k: int, size: int = 100) -> Change:
