@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, daemon_pids, lazy_unmount, read_zarr2, run_shardfs
+from conftest import daemon_pids, lazy_unmount, read_zarr2, run_shardfs
 from shardfs import options, state
 from sources import Spec, build
 from writers import write_zarr2
@@ -34,10 +34,14 @@ S = Spec("s", (8, 10), (4, 5), (8, 10), "<i4", 0, ("zstd", 3), inner_crc=False,
 SYSLOG = os.path.exists("/dev/log")
 
 
+CODE = Path(options.__file__).resolve().parent.parent  # where the tested shardfs is (scripts/mutants: a copy)
+
+
 def env() -> dict[str, str]:
-    """The environment for commands that start a daemon: this checkout's code first."""
+    """The environment for commands that start a daemon: the code under test first (the
+    shardfs this process imports: this checkout's, or the copy scripts/mutants made)."""
     path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": str(REPO) + (os.pathsep + path if path else "")}
+    return {**os.environ, "PYTHONPATH": str(CODE) + (os.pathsep + path if path else "")}
 
 
 def run(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
