@@ -719,6 +719,15 @@ class View:
             return node.zgroup if name == ".zgroup" else node.zattrs
         return node.info.zarray if name == ".zarray" else node.info.zattrs
 
+    async def _meta_file(self, ino: int, key: MetaKey) -> tuple[Attr, bytes]:
+        """The attributes and content of a metadata file, built once (``.zmetadata`` walks the
+        hierarchy below its group); ENOENT if the node has no such file."""
+        node = await self._node(key.path)
+        if node is None or key.name not in self.meta_names(node):
+            raise fail(errno.ENOENT)
+        data = await self.meta_bytes(node, key.name)
+        return self.file_attr(ino, len(data), node.meta_mtime_ns), data
+
     async def _consolidate(self, node: ArrayNode | GroupNode, prefix: str, out: dict[str, Any]) -> None:
         for name in self.meta_names(node):
             if name != ".zmetadata":
@@ -746,11 +755,7 @@ class View:
                 raise fail(errno.ENOENT)
             return self._dir_attr(ino, node.version.mtime_ns)
         if isinstance(key, MetaKey):
-            node = await self._node(key.path)
-            if node is None or key.name not in self.meta_names(node):
-                raise fail(errno.ENOENT)
-            size = len(await self.meta_bytes(node, key.name))
-            return self.file_attr(ino, size, node.meta_mtime_ns)
+            return (await self._meta_file(ino, key))[0]
         arr = self._arrays[key.path]
         if isinstance(key, ShardDirKey):
             src = _join(arr.path, key.rel)
@@ -901,8 +906,8 @@ class View:
         """Open a file for reading: metadata bytes, or a verified/plain extent of a shard."""
         key = self.node_key(ino)
         if isinstance(key, MetaKey):
-            attr = await self.getattr(ino)
-            return ReadHandle(ino, attr, data=await self.meta_bytes(await self._node(key.path), key.name))
+            attr, data = await self._meta_file(ino, key)
+            return ReadHandle(ino, attr, data=data)
         if isinstance(key, StagingKey):
             return ReadHandle(ino, await self.getattr(ino), buffer=key.staging.data)
         if not isinstance(key, ChunkKey):

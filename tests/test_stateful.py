@@ -112,6 +112,15 @@ def tree(root: Path) -> dict[str, bytes]:
     return out
 
 
+def fsync_path(path: Path, flags: int) -> None:
+    """Open ``path`` with ``flags``, fsync it, close it."""
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class MountVsDirectory(RuleBasedStateMachine):
     """One array of a shardfs mount against a real v2 copy of it."""
 
@@ -177,13 +186,7 @@ class MountVsDirectory(RuleBasedStateMachine):
 
     @rule(key=keys)
     def fsync_chunk(self, key: str) -> None:
-        def op(root: Path) -> None:
-            fd = os.open(root / key, os.O_WRONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        self.both(op)
+        self.both(lambda root: fsync_path(root / key, os.O_WRONLY))
 
     # ----- temporaries --------------------------------------------------------------------
 
@@ -220,13 +223,7 @@ class MountVsDirectory(RuleBasedStateMachine):
 
     @rule(name=temps)
     def fsync_temp(self, name: str) -> None:
-        def op(root: Path) -> None:
-            fd = os.open(root / name, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        self.both(op)
+        self.both(lambda root: fsync_path(root / name, os.O_RDONLY))
 
     # ----- the mount ------------------------------------------------------------------------
 
