@@ -354,6 +354,8 @@ class View:
         except (metadata.BadMetadata, Unpresentable) as e:
             return self._store_array(path, version, None, str(e))
         except OSError as e:
+            if e.errno == errno.EIO and not isinstance(e, Unusable):  # a failed read (a store that did
+                raise fail(errno.EIO) from None  # not answer, logged there): this request alone fails
             return self._store_array(path, version, None, f"zarr.json is unreadable: {e.strerror or e}")
         except Exception as e:  # zarr's metadata classes raise many types for bad documents
             return self._store_array(path, version, None, f"invalid metadata: {e!r}")
