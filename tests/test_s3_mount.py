@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 
+import numpy as np
 import pytest
+import zarr
 
 from conftest import daemon_pids, run_shardfs
 from shardfs import state
+from shardfs.shard import rewrite_sync
+from shardfs.storage import ABSENT
+from shardfs.storage.objects import ObjectStorage
 from sources import Spec, build
 
 S = Spec("s", (8, 10), (4, 5), (8, 10), "<i4", 0, ("zstd", 3), inner_crc=False,
@@ -121,3 +127,112 @@ def test_state_dir_is_keyed_on_the_normalized_url_and_endpoint(monkeypatch):
     assert Source.parse(url + "/", {}).endpoint == "http://127.0.0.1:1"
     assert Source.parse(url, {"endpoint": "http://127.0.0.1:2"}).endpoint == "http://127.0.0.1:2"
     assert Source.parse("gs://bucket/p", {}).endpoint is None, "AWS_ENDPOINT_URL is for s3:// only"
+
+
+# --------------------------------------------------------------------------- folds over objects
+
+
+class Hooked(ObjectStorage):
+    """An ``ObjectStorage`` that runs ``after_read`` once, right after its next ``read_all``:
+    another writer acting between a fold's read and its conditional PUT. Counts its calls."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.after_read = None
+        self.calls: list[tuple[str, object]] = []
+
+    def read_all(self, key):
+        out = super().read_all(key)
+        self.calls.append(("read_all", out[1]))
+        hook, self.after_read = self.after_read, None
+        if hook is not None:
+            hook()
+        return out
+
+    def replace(self, key, data, if_version=None):
+        self.calls.append(("replace", if_version))
+        return super().replace(key, data, if_version)
+
+
+def shard_of_s(storage) -> tuple[str, object]:
+    """The key and index format of ``s``'s only shard."""
+    from shardfs.metadata import parse
+    from shardfs.v2 import describe_array
+    from shardfs.writes import shard_target
+
+    target = shard_target("s", describe_array(parse(storage.read_all("s/zarr.json")[0])).layout, (0, 0))
+    if isinstance(storage, Hooked):
+        storage.calls.clear()
+    return target.key, target.fmt
+
+
+def chunk_values(seed: int) -> np.ndarray:
+    return S.values(S.chunk, seed)
+
+
+@pytest.fixture
+def storages(uploaded, monkeypatch):
+    for name, value in uploaded.env.items():
+        monkeypatch.setenv(name, value)
+    mine, other = Hooked(uploaded.url), ObjectStorage(uploaded.url)
+    yield mine, other
+    mine.close()
+    other.close()
+
+
+def test_a_fold_that_loses_the_race_reads_again_and_applies_its_chunks_on_top(uploaded, storages):
+    """The other writer replaces the shard between the fold's read and its PUT: the PUT
+    (If-Match the ETag read) is refused with 412, and the fold reads the shard again and
+    replaces it with both writers' chunks (one conditional PUT per attempt)."""
+    mine, other = storages
+    key, fmt = shard_of_s(mine)
+    exp = zarr.open_array(uploaded.zarr_store(), path="s", mode="r")[...]
+    theirs, ours = chunk_values(71), chunk_values(72)
+    mine.after_read = lambda: rewrite_sync(other, key, fmt, {1: S.encode(theirs)})  # chunk (0, 1)
+    version = rewrite_sync(mine, key, fmt, {2: S.encode(ours)})  # chunk (1, 0)
+    exp[S.chunk_region((0, 1))], exp[S.chunk_region((1, 0))] = theirs, ours
+    [first, second] = [v for op, v in mine.calls if op == "read_all"]
+    assert [c[0] for c in mine.calls] == ["read_all", "replace", "read_all", "replace"], mine.calls
+    assert [c[1] for c in mine.calls if c[0] == "replace"] == [first, second] and first != second
+    assert mine.version(key) == version
+    np.testing.assert_array_equal(zarr.open_array(uploaded.zarr_store(), path="s", mode="r")[...], exp)
+
+
+def test_a_fold_of_a_shard_deleted_meanwhile_creates_it_if_none_match(uploaded, storages):
+    """The shard vanishes between the fold's read and its PUT (If-Match on a missing key: 412,
+    or 404 from some servers): the fold reads again, finds nothing and creates the shard with
+    If-None-Match: * holding only its own chunk."""
+    mine, other = storages
+    key, fmt = shard_of_s(mine)
+    ours = chunk_values(73)
+    mine.after_read = lambda: other.delete(key)
+    rewrite_sync(mine, key, fmt, {3: S.encode(ours)})  # chunk (1, 1)
+    assert [c[0] for c in mine.calls] == ["read_all", "replace", "replace"], mine.calls
+    assert mine.calls[2][1] is ABSENT
+    exp = np.zeros(S.shape, S.dtype)
+    exp[S.chunk_region((1, 1))] = ours
+    np.testing.assert_array_equal(zarr.open_array(uploaded.zarr_store(), path="s", mode="r")[...], exp)
+
+
+def test_two_writers_folding_disjoint_chunks_of_one_shard_at_once_lose_nothing(uploaded, storages):
+    """Two storages (two hosts) fold their own chunks of the same shard round after round,
+    started together: every round, the shard ends up with both writers' latest chunks."""
+    mine, other = storages
+    key, fmt = shard_of_s(mine)
+    barrier = threading.Barrier(2)
+    exp = zarr.open_array(uploaded.zarr_store(), path="s", mode="r")[...]
+
+    def writer(storage, positions, seed):
+        for round_ in range(8):
+            barrier.wait(timeout=30)
+            rewrite_sync(storage, key, fmt, {p: S.encode(chunk_values(seed + 10 * round_ + p)) for p in positions})
+
+    threads = [threading.Thread(target=writer, args=(mine, (0, 3), 100)),
+               threading.Thread(target=writer, args=(other, (1, 2), 500))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for idx, p, seed in (((0, 0), 0, 100), ((1, 1), 3, 100), ((0, 1), 1, 500), ((1, 0), 2, 500)):
+        exp[S.chunk_region(idx)] = chunk_values(seed + 70 + p)
+    np.testing.assert_array_equal(zarr.open_array(uploaded.zarr_store(), path="s", mode="r")[...], exp)
