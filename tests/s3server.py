@@ -1,9 +1,13 @@
-"""The ``s3`` fixture: one real SeaweedFS S3 server for the test session.
+"""The object-store fixtures: one real SeaweedFS S3 server for the test session, and uploads to it.
 
 The server itself (``SeaweedS3``: ``weed mini`` on loopback, every port explicit, credentials
-enforced, stopped by PID) lives in scripts/bench_lib/seaweed.py, shared with scripts/bench; its
-names are re-exported here. Tests needing their own server (to stop it) build a ``SeaweedS3``
-under ``tmp_path`` and stop it in a ``finally``. Registered in conftest.py.
+enforced, stopped by PID) and ``upload``/``S3Source`` live in scripts/bench_lib/seaweed.py, shared
+with scripts/bench; their names are re-exported here. Fixtures (registered in conftest.py):
+``s3`` (session-scoped) gives one running server; tests needing their own (to stop it) build a
+``SeaweedS3`` under ``tmp_path`` and stop it in a ``finally``. ``s3_upload`` (function-scoped)
+copies a local source directory to a fresh prefix of that server's bucket: ``s3_upload(src) ->
+S3Source`` (its ``url``, the ``env`` a client or daemon needs, a zarr-python 3 ``zarr_store()``
+reading it natively, ``keys()``).
 """
 
 from __future__ import annotations
@@ -14,9 +18,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from bench_lib.seaweed import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, SeaweedS3  # noqa: E402
+from bench_lib.seaweed import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, S3Source, SeaweedS3, upload  # noqa: E402
 
-__all__ = ["ACCESS_KEY", "BUCKET", "REGION", "SECRET_KEY", "SeaweedS3", "s3"]
+__all__ = ["ACCESS_KEY", "BUCKET", "REGION", "SECRET_KEY", "S3Source", "SeaweedS3", "upload", "s3", "s3_upload"]
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +31,10 @@ def s3(tmp_path_factory):
         yield server.start()
     finally:
         server.stop()
+
+
+@pytest.fixture
+def s3_upload(s3):
+    """``s3_upload(src) -> S3Source``: ``src`` (a local source directory) copied to a fresh
+    prefix of the session server's bucket."""
+    return lambda src, prefix=None: upload(s3, Path(src), prefix)

@@ -28,7 +28,6 @@ for the figure's duration (mounts and clients inherit them).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
@@ -41,14 +40,13 @@ from typing import Iterator
 
 from bench_lib.delayproxy import DelayProxy
 from bench_lib.main import PY2, PY3, Bench, BenchError, Row
-from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3
+from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY, S3Source, SeaweedS3, put_all, upload
 
 BUCKET = "shardfs-bench"
 DELAY = 0.010  # seconds each way per request (rows 2 and 3)
 RANDOM = 60  # chunks read in row 3 (SMOKE_RANDOM in --smoke)
 TENK, SMOKE_TENK = 10_000, 100  # shards under the tenk prefix
 COUNT_SHARDS = 8  # shards read in each request-count case (at most a third of vol's shards)
-UPLOAD_CONCURRENCY = 32
 MiB = 1 << 20
 
 
@@ -80,35 +78,6 @@ def _aws_env() -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _put_all(endpoint: str, items: list[tuple[str, bytes | Path]]) -> None:
-    """PUT every (key, bytes or file) into BUCKET, ``UPLOAD_CONCURRENCY`` at a time."""
-    import obstore
-    from obstore.store import S3Store
-
-    store = S3Store(BUCKET, config={"endpoint": endpoint, "region": REGION, "access_key_id": ACCESS_KEY,
-                                    "secret_access_key": SECRET_KEY}, client_options={"allow_http": True})
-
-    async def run() -> None:
-        sem = asyncio.Semaphore(UPLOAD_CONCURRENCY)
-
-        async def one(key: str, src: bytes | Path) -> None:
-            async with sem:
-                await obstore.put_async(store, key, src.read_bytes() if isinstance(src, Path) else src)
-
-        await asyncio.gather(*(one(k, v) for k, v in items))
-
-    asyncio.run(run())
-
-
-def _tree(root: Path, prefix: str, only: tuple[str, ...] = ()) -> list[tuple[str, Path]]:
-    """(``prefix/relative path``, file) for the files under ``root`` (under its ``only`` children)."""
-    tops = [root / o for o in only] if only else [root]
-    files = [p for top in tops for p in sorted(top.rglob("*")) if p.is_file()]
-    if only:
-        files += [p for p in root.iterdir() if p.is_file()]
-    return [(f"{prefix}/{p.relative_to(root).as_posix()}", p) for p in files]
-
-
 class _S3Rows:
     def __init__(self, bench: Bench, server: SeaweedS3) -> None:
         self.b = bench
@@ -126,16 +95,18 @@ class _S3Rows:
     # ----- data -------------------------------------------------------------------------------
 
     def upload(self) -> None:
-        b = self.b
-        n_tenk = SMOKE_TENK if self.smoke else TENK
-        tenk_items = self._tenk_items(n_tenk)
-        items = (_tree(b.big, "big", only=("vol",)) + _tree(b.copy / "vol", "v2/vol") + _tree(b.small, "small")
-                 + tenk_items)
+        b, server = self.b, self.server
+        self.n_tenk = SMOKE_TENK if self.smoke else TENK
         t0 = time.perf_counter()
-        _put_all(self.direct, items)
-        b.raw["s3_upload"] = {"objects": len(items), "seconds": time.perf_counter() - t0}
-        b.log(f"  S3: uploaded {len(items)} objects ({n_tenk} shards under tenk) in {time.perf_counter() - t0:.1f} s")
-        self.n_tenk = n_tenk
+        put_all(S3Source(server, "big").store(), [("zarr.json", b.big / "zarr.json")])
+        n = 1 + len(upload(server, b.big / "vol", "big/vol").keys())
+        n += len(upload(server, b.copy / "vol", "v2/vol").keys())
+        n += len(upload(server, b.small, "small").keys())
+        tenk = self._tenk_items(self.n_tenk)
+        put_all(S3Source(server, "tenk").store(), tenk)
+        n += len(tenk)
+        b.raw["s3_upload"] = {"objects": n, "seconds": time.perf_counter() - t0}
+        b.log(f"  S3: uploaded {n} objects ({self.n_tenk} shards under tenk) in {time.perf_counter() - t0:.1f} s")
 
     def _tenk_items(self, n: int) -> list[tuple[str, bytes | Path]]:
         """``tenk``: a group with array ``a`` of ``n`` (a square number) 4x4 uint8 shards of 2x2
@@ -152,10 +123,9 @@ class _S3Rows:
         a[:4, :4] = np.arange(1, 17, dtype=np.uint8).reshape(4, 4)
         shard = (root / "a" / "c" / "0" / "0").read_bytes()
         self.tenk_side = side
-        items: list[tuple[str, bytes | Path]] = [("tenk/zarr.json", root / "zarr.json"),
-                                                ("tenk/a/zarr.json", root / "a" / "zarr.json")]
-        items += [(f"tenk/a/c/{i}/{j}", shard) for i in range(side) for j in range(side)]
-        return items
+        items: list[tuple[str, bytes | Path]] = [("zarr.json", root / "zarr.json"),
+                                                ("a/zarr.json", root / "a" / "zarr.json")]
+        return items + [(f"a/c/{i}/{j}", shard) for i in range(side) for j in range(side)]
 
     # ----- sides ------------------------------------------------------------------------------
 
@@ -234,7 +204,8 @@ class _S3Rows:
                             m["mount"], m["native"], 1.6)]
         if self.smoke:
             return rows
-        rows.append(b.ratio_row(f"S3, {DELAY * 1e3:g} ms each way: same", "s", m["mount_delay"], m["native_delay"], 1.6))
+        rows.append(b.ratio_row(f"S3, {DELAY * 1e3:g} ms each way: same", "s",
+                                m["mount_delay"], m["native_delay"], 1.6))
         n = RANDOM
         row = b.ratio_row(f"S3, {DELAY * 1e3:g} ms each way: {n} random single-chunk reads, one process, "
                           "mount vs zarr 3 native", "s", m["random_mount"], m["random_native"], 0.6)

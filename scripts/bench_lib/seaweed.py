@@ -10,6 +10,10 @@ object: volumes serve data only once they reported to the master). ``kill()`` / 
 again (same directory, same ports) simulate a crash and a restart; ``stop()`` ends it by PID
 (SIGTERM, then SIGKILL after 3 s) and removes the sockets it leaves in /tmp.
 
+``upload(server, src, prefix)`` copies a local directory to a prefix of the bucket (an
+``S3Source``: its ``url``, the ``env`` a client or daemon needs, a zarr-python 3 ``zarr_store()``
+reading it natively, ``keys()``); ``put_all(store, items)`` PUTs many objects at once.
+
 Used by tests/s3server.py (the pytest fixture) and by scripts/bench; imports only the standard
 library (obstore when waiting for readiness).
 """
@@ -22,6 +26,8 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 WEED = str(Path(sys.executable).parent / "weed")
@@ -161,3 +167,66 @@ class SeaweedS3:
                     os.unlink(os.path.join("/tmp", name))
                 except FileNotFoundError:
                     pass
+
+
+@dataclass
+class S3Source:
+    """A source in the test server: ``s3://BUCKET/PREFIX``."""
+
+    server: SeaweedS3
+    prefix: str
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.server.bucket}/{self.prefix}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The AWS variables for a client or a daemon (merge them into ``os.environ``)."""
+        return self.server.env
+
+    def store(self):
+        """An obstore ``S3Store`` rooted at the prefix."""
+        from obstore.store import S3Store
+
+        return S3Store(self.server.bucket, prefix=self.prefix,
+                       config={"endpoint": self.server.endpoint, "access_key_id": ACCESS_KEY,
+                               "secret_access_key": SECRET_KEY, "region": REGION},
+                       client_options={"allow_http": True})
+
+    def zarr_store(self, read_only: bool = True):
+        """zarr-python 3's own ``ObjectStore`` on the prefix: the native reader (the oracle)."""
+        from zarr.storage import ObjectStore
+
+        return ObjectStore(self.store(), read_only=read_only)
+
+    def keys(self) -> list[str]:
+        """Every key below the prefix (relative to it), sorted."""
+        import obstore
+
+        return sorted(meta["path"] for chunk in obstore.list(self.store()) for meta in chunk)
+
+
+def upload(server: SeaweedS3, src: Path, prefix: str | None = None) -> S3Source:
+    """Copy every file below directory ``src`` to ``prefix`` (default: a fresh one) of the bucket."""
+    out = S3Source(server, prefix or f"t-{uuid.uuid4().hex[:12]}")
+    put_all(out.store(), [(p.relative_to(src).as_posix(), p) for p in sorted(Path(src).rglob("*")) if p.is_file()])
+    return out
+
+
+def put_all(store, items: list[tuple[str, bytes | Path]], concurrency: int = 32) -> None:
+    """PUT every (key, bytes or file) into obstore ``store``, ``concurrency`` requests at a time."""
+    import asyncio
+
+    import obstore
+
+    async def run() -> None:
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(key: str, data: bytes | Path) -> None:
+            async with sem:
+                await obstore.put_async(store, key, data.read_bytes() if isinstance(data, Path) else data)
+
+        await asyncio.gather(*(one(k, v) for k, v in items))
+
+    asyncio.run(run())
