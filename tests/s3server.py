@@ -8,7 +8,8 @@ identity from them and rejects every other signature), and ``BUCKET`` created at
 returns once a signed listing of the bucket succeeds (and, on a restart, a read of a stored
 object: volumes serve data only once they reported to the master). ``kill()`` / ``start()``
 again (same directory, same ports) simulate a crash and a restart; ``stop()`` ends it by PID
-(SIGTERM, then SIGKILL after 3 s) and removes the sockets it leaves in /tmp.
+(SIGTERM, then SIGKILL after 3 s) and removes the sockets it leaves in /tmp. ``store(prefix)``
+is an obstore client of the bucket, ``upload(dir, prefix)`` copies a local directory into it.
 
 Fixture: ``s3`` (session-scoped, registered in conftest.py) gives one running server; tests
 needing their own (to stop it) build a ``SeaweedS3`` under ``tmp_path`` and stop it in a
@@ -17,6 +18,7 @@ needing their own (to stop it) build a ``SeaweedS3`` under ``tmp_path`` and stop
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -33,6 +35,8 @@ SECRET_KEY = "shardfs-test-secret-0123456789"
 BUCKET = "shardfs-test"
 REGION = "us-east-1"
 START_TIMEOUT = 30.0
+# The AWS variables of a client given the endpoint some other way (``-o endpoint=URL``).
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": REGION}
 
 # weed mini's listeners (flag -> role). The admin server's gRPC port must be its HTTP port +
 # 10000: its built-in worker dials that address whatever -admin.port.grpc says.
@@ -86,8 +90,7 @@ class SeaweedS3:
     @property
     def env(self) -> dict[str, str]:
         """The AWS variables a client needs to reach this server."""
-        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-                "AWS_ENDPOINT_URL": self.endpoint, "AWS_REGION": REGION}
+        return {**CREDENTIALS, "AWS_ENDPOINT_URL": self.endpoint}
 
     def command(self) -> list[str]:
         ports = [f"-{flag}={port}" for flag, port in self.ports.items()]
@@ -110,14 +113,35 @@ class SeaweedS3:
             raise
         return self
 
-    def _wait_ready(self) -> None:
-        import obstore
+    def store(self, prefix: str | None = None, **kw):
+        """An obstore ``S3Store`` on the bucket (below ``prefix``), signed with the test's keys;
+        ``kw`` are more ``S3Store`` arguments (``client_options``, ``retry_config``)."""
         from obstore.store import S3Store
 
-        store = S3Store(self.bucket, config={"endpoint": self.endpoint, "access_key_id": ACCESS_KEY,
-                                             "secret_access_key": SECRET_KEY, "region": REGION},
-                        client_options={"allow_http": True, "timeout": "2s"},
-                        retry_config={"max_retries": 0})
+        client = {"allow_http": True, **kw.pop("client_options", {})}
+        return S3Store(self.bucket, prefix=prefix, config={"endpoint": self.endpoint, "access_key_id": ACCESS_KEY,
+                                                           "secret_access_key": SECRET_KEY, "region": REGION},
+                       client_options=client, **kw)
+
+    def upload(self, local: Path, prefix: str) -> int:
+        """Copy every file below the directory ``local`` to ``PREFIX/<its relative path>`` (PUTs
+        in flight at once); return how many."""
+        import obstore
+
+        files = [p for p in sorted(Path(local).rglob("*")) if p.is_file()]
+        store = self.store(prefix)
+
+        async def put_all() -> None:
+            await asyncio.gather(*(obstore.put_async(store, p.relative_to(local).as_posix(), p.read_bytes())
+                                   for p in files))
+
+        asyncio.run(put_all())
+        return len(files)
+
+    def _wait_ready(self) -> None:
+        import obstore
+
+        store = self.store(client_options={"timeout": "2s"}, retry_config={"max_retries": 0})
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if self.proc.poll() is not None:

@@ -1,15 +1,21 @@
-"""A TCP proxy that delays every byte by a fixed time in each direction (this kernel has no netem).
+"""A TCP proxy that delays every byte by a fixed time in each direction (this kernel has no netem),
+and can record the HTTP requests that pass through it (the tests count a daemon's S3 requests).
 
 Usage: ``.venv/bin/python scripts/bench_lib/delayproxy.py --upstream HOST:PORT --delay-ms 10
 [--port P]`` (stays in the foreground; prints ``listening on 127.0.0.1:P`` once ready), or in
-process: ``with DelayProxy(("127.0.0.1", port), delay=0.01) as proxy: ... proxy.port``.
+process: ``with DelayProxy(("127.0.0.1", port), delay=0.01) as proxy: ... proxy.port``;
+``DelayProxy(..., record=True)`` keeps every HTTP/1.x request sent upstream, in order, in
+``proxy.requests`` (``Request(method, path, query, headers)``; ``proxy.clear()`` empties it).
 
 Contract: each accepted connection gets its own upstream connection; bytes read from one side
 are written to the other ``delay`` seconds after they were read, in order, without throttling
 (so a request/response exchange costs 2 x ``delay`` more than direct, whatever its size). A
 half-close is forwarded after the data before it; when the upstream fails or goes away the
 client connection is closed (reset if the upstream could not be reached), so clients see a
-dropped connection. The proxy runs an asyncio loop on its own daemon thread and binds 127.0.0.1
+dropped connection. Recording parses the client-to-upstream stream of each connection as
+HTTP/1.x requests (request line, headers, a ``Content-Length`` body; keep-alive); a request it
+cannot parse (e.g. a chunked body) is recorded with method ``"?"`` and ends recording on that
+connection, so a count never silently misses one. The proxy runs an asyncio loop on its own daemon thread and binds 127.0.0.1
 only. Imports only the standard library.
 """
 
@@ -20,10 +26,62 @@ import asyncio
 import collections
 import socket
 import threading
+from typing import Callable, NamedTuple
+from urllib.parse import unquote, urlsplit
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
-    """Copy ``reader`` to ``writer``, each chunk ``delay`` seconds after it arrived."""
+class Request(NamedTuple):
+    """One HTTP request seen by the proxy: ``path`` percent-decoded, ``headers`` lower-cased names."""
+
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+
+
+class _RequestParser:
+    """Incremental parser of one connection's client-to-server bytes into ``Request``s."""
+
+    def __init__(self, emit: Callable[[Request], None]):
+        self._emit = emit
+        self._buf = bytearray()
+        self._body_left = 0
+        self._broken = False
+
+    def feed(self, data: bytes) -> None:
+        if self._broken:
+            return
+        self._buf += data
+        while True:
+            if self._body_left:
+                n = min(self._body_left, len(self._buf))
+                del self._buf[:n]
+                self._body_left -= n
+                if self._body_left:
+                    return
+            end = self._buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(self._buf[:end]).decode("latin-1").split("\r\n")
+            del self._buf[:end + 4]
+            method, target, *_ = head[0].split(" ") + [""]
+            headers = {}
+            for line in head[1:]:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            url = urlsplit(target)
+            if "chunked" in headers.get("transfer-encoding", "").lower():
+                self._emit(Request("?", unquote(url.path), url.query, headers))
+                self._broken = True
+                return
+            self._emit(Request(method, unquote(url.path), url.query, headers))
+            self._body_left = int(headers.get("content-length") or 0)
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float,
+                observe: Callable[[bytes], None] | None = None) -> None:
+    """Copy ``reader`` to ``writer``, each chunk ``delay`` seconds after it arrived; ``observe``
+    sees each chunk as it is read."""
     loop = asyncio.get_running_loop()
     queue: collections.deque[tuple[float, bytes]] = collections.deque()
     more = asyncio.Event()
@@ -48,6 +106,8 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
     try:
         while True:
             data = await reader.read(1 << 16)
+            if observe is not None and data:
+                observe(data)
             queue.append((loop.time() + delay, data))
             more.set()
             if not data:
@@ -59,10 +119,12 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
 
 
 class DelayProxy:
-    """Forward ``127.0.0.1:port`` to ``upstream`` with ``delay`` seconds each way."""
+    """Forward ``127.0.0.1:port`` to ``upstream`` with ``delay`` seconds each way; with ``record``,
+    keep the HTTP requests sent upstream in ``requests``."""
 
-    def __init__(self, upstream: tuple[str, int], delay: float, port: int = 0):
-        self.upstream, self.delay = upstream, delay
+    def __init__(self, upstream: tuple[str, int], delay: float, port: int = 0, record: bool = False):
+        self.upstream, self.delay, self.record = upstream, delay, record
+        self.requests: list[Request] = []
         self._sock = socket.create_server(("127.0.0.1", port))
         self.port: int = self._sock.getsockname()[1]
         self._loop = asyncio.new_event_loop()
@@ -85,6 +147,10 @@ class DelayProxy:
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stop.set)
             self._thread.join()
+
+    def clear(self) -> None:
+        """Forget the requests recorded so far."""
+        self.requests.clear()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -114,7 +180,8 @@ class DelayProxy:
         except OSError:
             cwriter.transport.abort()  # RST: the client sees the connection refused/reset
             return
-        up = asyncio.ensure_future(_pump(creader, uwriter, self.delay))
+        observe = _RequestParser(self.requests.append).feed if self.record else None
+        up = asyncio.ensure_future(_pump(creader, uwriter, self.delay, observe))
         down = asyncio.ensure_future(_pump(ureader, cwriter, self.delay))
         try:
             done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_EXCEPTION)
