@@ -40,8 +40,7 @@ import trio
 from shardfs import shard as shard_mod
 from shardfs.journal import Change, Journal, Record, kept_line
 from shardfs.shardfile import ShardFormat
-from shardfs.storage import Version
-from shardfs.storage.local import LocalStorage
+from shardfs.storage import Storage, Version
 
 log = logging.getLogger("shardfs")
 ShardId = tuple[str, tuple[int, ...]]  # (array path, shard coords)
@@ -101,7 +100,7 @@ class _Dirty:
 class Writeback:
     """Pending chunk changes of one mount and the journal that makes them durable."""
 
-    def __init__(self, source: LocalStorage, journal_dir: str, idle: float = 1.0, budget: int = 256 << 20,
+    def __init__(self, source: Storage, journal_dir: str, idle: float = 1.0, budget: int = 256 << 20,
                  on_folded: Callable[[ShardId, list[int], Version | None], Awaitable[None]] | None = None
                  ) -> None:
         self.source = source

@@ -282,7 +282,7 @@ class Writer:
         ``.zgroup`` nothing (EPERM otherwise); ``.zmetadata`` is accepted and not
         stored: the mount serves it computed from the source.
         """
-        where = self.view.source.path(node.path) + "/" + name
+        where = self.view.source.describe(node.path) + "/" + name
         try:
             new = json.loads(data)
         except ValueError as e:
@@ -368,14 +368,14 @@ class Writer:
         doc = await self._doc(arr.path)
         doc["shape"] = list(shape)
         await self._write_doc(arr.path, doc)
-        log.info("%s: resized to %s", self.view.source.path(arr.path), list(shape))
+        log.info("%s: resized to %s", self.view.source.describe(arr.path), list(shape))
 
     async def create_node(self, parent: int, name: str, data: bytes) -> None:
         """A ``.zarray`` or ``.zgroup`` written in a new directory: make the v3 array or group,
         with the attributes of a ``.zattrs`` written there before; then commit the files
         written there before it whose names are chunk keys."""
         path = self.view.node_key(parent).path
-        where = self.view.source.path(path) + "/" + name
+        where = self.view.source.describe(path) + "/" + name
         attrs_file = self.view.staged.get((parent, ".zattrs"))
         try:
             meta = json.loads(data)
@@ -406,7 +406,7 @@ class Writer:
             self.view.hidden.add((path, ".zattrs"))
         if name == ".zgroup":
             self.view.hidden.add((path, ".zmetadata"))
-        log.info("%s: created a v3 %s", self.view.source.path(path), "group" if name == ".zgroup" else "array")
+        log.info("%s: created a v3 %s", self.view.source.describe(path), "group" if name == ".zgroup" else "array")
         dirs = [parent] + (await self._adopt_dirs(path) if name == ".zarray" else [])
         for (p, n), st in sorted(self.view.staged.items()):
             target = await self.view.chunk_at_name(p, n) if p in dirs else None
@@ -559,7 +559,7 @@ class Writer:
             if not path:
                 raise fail(errno.EBUSY)
             await blocking(_remove_all, self.view.source, [_json(path, "zarr.json")])
-            log.info("%s: group deleted", self.view.source.path(path))
+            log.info("%s: group deleted", self.view.source.describe(path))
         self.view.new_dirs.discard(path)
         self.view.created.discard(path)
         self.view.hidden = {h for h in self.view.hidden if h[0] != path}
@@ -567,12 +567,12 @@ class Writer:
     async def _delete_array(self, node: ArrayNode) -> None:
         """Delete an array from the source: its pending chunks, shards and ``zarr.json``."""
         if node.info is None:
-            log.error("%s: the array is not shown as v2 (%s); not deleted", self.view.source.path(node.path), node.error)
+            log.error("%s: the array is not shown as v2 (%s); not deleted", self.view.source.describe(node.path), node.error)
             raise fail(errno.EPERM)
         await self.writeback.discard(node.path)
         keys = [self.view.shard_key(node, shard) for shard in await self.view.stored_shards(node)]
         await blocking(_remove_all, self.view.source, keys + [_json(node.path, "zarr.json")])
-        log.info("%s: array deleted", self.view.source.path(node.path))
+        log.info("%s: array deleted", self.view.source.describe(node.path))
 
     async def mkdir(self, parent: int, name: str) -> Attr:
         """Make a directory: in a group (or a directory made here), a new directory that a

@@ -107,17 +107,19 @@ def lazy_unmount(mnt) -> None:
 class Mount:
     """One daemon started by the suite (``shardfs mount SRC MNT -f --debug``), run under
     ``prefix`` (e.g. ``strace ...``) when given: ``pid`` is then the prefix command's.
-    ``SRC`` is a directory or a URL (``s3://...``); ``env`` is added to the daemon's environment."""
+    ``src`` is a directory or an object-store URL (a ``str``, kept as given); ``env`` is
+    added to the daemon's environment (an object store's credentials)."""
 
-    def __init__(self, src: str | Path, mnt: Path, log: Path, extra: tuple[str, ...], allow_traceback: bool,
+    def __init__(self, src: Path | str, mnt: Path, log: Path, extra: tuple[str, ...], allow_traceback: bool,
                  prefix: tuple[str, ...] = (), env: dict[str, str] | None = None):
-        self.src, self.mnt, self.log, self.allow_traceback = str(src), mnt, log, allow_traceback
+        self.src = src if "://" in str(src) else Path(src)
+        self.mnt, self.log, self.allow_traceback = mnt, log, allow_traceback
         self.stdout = log.with_suffix(".stdout")
         self.stderr = log.with_suffix(".stderr")
-        cmd = [*prefix, SHARDFS, "mount", self.src, str(mnt), "-f", "--debug", "--log-file", str(log), *extra]
+        cmd = [*prefix, SHARDFS, "mount", str(self.src), str(mnt), "-f", "--debug", "--log-file", str(log), *extra]
         with open(self.stdout, "wb") as out, open(self.stderr, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
-                                         env={**os.environ, **env} if env else None)
+                                         env={**os.environ, **(env or {})})
 
     @property
     def pid(self) -> int:
@@ -174,7 +176,7 @@ class Mount:
 
 class MountFactory:
     """``mount(src, *extra_args, allow_traceback=False, prefix=(), env=None) -> Path`` (the live
-    mountpoint; ``src`` a directory or a URL).
+    mountpoint); ``src`` a directory or an object-store URL, ``env`` added to the daemon's.
 
     ``factory.info(mnt)`` gives the ``Mount`` (pid, log) behind a mountpoint.
     """

@@ -9,11 +9,13 @@ returns once a signed listing of the bucket succeeds (and, on a restart, a read 
 object: volumes serve data only once they reported to the master). ``kill()`` / ``start()``
 again (same directory, same ports) simulate a crash and a restart; ``stop()`` ends it by PID
 (SIGTERM, then SIGKILL after 3 s) and removes the sockets it leaves in /tmp. ``store(prefix)``
-is an obstore client of the bucket, ``upload(dir, prefix)`` copies a local directory into it.
+is an obstore client of the bucket; ``upload(server, dir)`` copies a local directory into it.
 
-Fixture: ``s3`` (session-scoped, registered in conftest.py) gives one running server; tests
+Fixtures (registered in conftest.py): ``s3`` (session-scoped) gives one running server; tests
 needing their own (to stop it) build a ``SeaweedS3`` under ``tmp_path`` and stop it in a
-``finally``.
+``finally``. ``s3_upload`` (function-scoped) copies a local source directory to a fresh prefix
+of that server's bucket: ``s3_upload(src) -> S3Source`` (its ``url``, the ``env`` a client or
+daemon needs, a zarr-python 3 ``zarr_store()`` reading it natively, ``keys()``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -123,21 +127,6 @@ class SeaweedS3:
                                                            "secret_access_key": SECRET_KEY, "region": REGION},
                        client_options=client, **kw)
 
-    def upload(self, local: Path, prefix: str) -> int:
-        """Copy every file below the directory ``local`` to ``PREFIX/<its relative path>`` (PUTs
-        in flight at once); return how many."""
-        import obstore
-
-        files = [p for p in sorted(Path(local).rglob("*")) if p.is_file()]
-        store = self.store(prefix)
-
-        async def put_all() -> None:
-            await asyncio.gather(*(obstore.put_async(store, p.relative_to(local).as_posix(), p.read_bytes())
-                                   for p in files))
-
-        asyncio.run(put_all())
-        return len(files)
-
     def _wait_ready(self) -> None:
         import obstore
 
@@ -198,3 +187,60 @@ def s3(tmp_path_factory):
         yield server.start()
     finally:
         server.stop()
+
+
+@dataclass
+class S3Source:
+    """A source in the test server: ``s3://BUCKET/PREFIX``."""
+
+    server: SeaweedS3
+    prefix: str
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.server.bucket}/{self.prefix}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The AWS variables for a client or a daemon (merge them into ``os.environ``)."""
+        return self.server.env
+
+    def store(self):
+        """An obstore ``S3Store`` rooted at the prefix."""
+        return self.server.store(self.prefix)
+
+    def zarr_store(self, read_only: bool = True):
+        """zarr-python 3's own ``ObjectStore`` on the prefix: the native reader (the oracle)."""
+        from zarr.storage import ObjectStore
+
+        return ObjectStore(self.store(), read_only=read_only)
+
+    def keys(self) -> list[str]:
+        """Every key below the prefix (relative to it), sorted."""
+        import obstore
+
+        return sorted(meta["path"] for chunk in obstore.list(self.store()) for meta in chunk)
+
+
+def upload(server: SeaweedS3, src: Path, prefix: str | None = None) -> S3Source:
+    """Copy every file below directory ``src`` to ``prefix`` (default: a fresh one) of the bucket
+    (all PUTs in flight at once)."""
+    import obstore
+
+    out = S3Source(server, prefix or f"t-{uuid.uuid4().hex[:12]}")
+    store = out.store()
+    files = [Path(dirpath) / name for dirpath, _dirs, names in os.walk(src) for name in names]
+
+    async def put_all() -> None:
+        await asyncio.gather(*(obstore.put_async(store, p.relative_to(src).as_posix(), p.read_bytes())
+                               for p in files))
+
+    asyncio.run(put_all())
+    return out
+
+
+@pytest.fixture
+def s3_upload(s3):
+    """``s3_upload(src) -> S3Source``: ``src`` (a local source directory) copied to a fresh
+    prefix of the session server's bucket."""
+    return lambda src, prefix=None: upload(s3, Path(src), prefix)

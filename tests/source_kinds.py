@@ -4,7 +4,7 @@ A test builds its v3 source in a local directory with tests/sources.py, as alway
 ``source`` fixture (parametrized over ``SOURCE_KINDS``) turns that directory into a ``Source``:
 
 - ``local``: the directory itself, mounted as ``shardfs mount DIR MNT``;
-- ``s3``: its files uploaded to a fresh prefix of the session's SeaweedFS bucket (tests/s3server.py),
+- ``s3``: its files uploaded (``s3server.upload``) to a fresh prefix of the session's SeaweedFS bucket,
   mounted as ``shardfs mount s3://BUCKET/PREFIX MNT -o endpoint=http://127.0.0.1:PORT`` with the
   credentials and region in the daemon's ``AWS_*`` environment (nothing else in it names the server).
 
@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from conftest import read_native, read_ts3_native
-from s3server import CREDENTIALS, REGION, SeaweedS3
+from s3server import CREDENTIALS, REGION, S3Source, SeaweedS3, upload
 from sources import LEGACY_DIR, assert_read_equals, is_temp_name, journal_entries, leftovers
 
 SOURCE_KINDS = ("local",)  # "s3" joins once `shardfs mount s3://...` is on main
@@ -86,30 +86,23 @@ class LocalSource(Source):
         return leftovers(self.local)
 
 
-class S3Source(Source):
+class BucketSource(Source):
     kind = "s3"
 
     def __init__(self, local: Path, server: SeaweedS3, prefix: str, endpoint: str | None = None):
         """Upload ``local`` to ``server`` below ``prefix``; the daemon reaches the server at
         ``endpoint`` (default: directly; a proxy's URL to watch or delay its requests)."""
         super().__init__(local)
-        self.server, self.prefix = server, prefix
-        self.url = f"s3://{server.bucket}/{prefix}"
+        self.objects: S3Source = upload(server, self.local, prefix)
+        self.server, self.prefix, self.url = server, prefix, self.objects.url
         self.options = ("-o", f"endpoint={endpoint or server.endpoint}")
         self.env = dict(CREDENTIALS)
-        self.uploaded = server.upload(self.local, prefix)
-
-    def keys(self) -> list[str]:
-        """Every key below the prefix, relative to it."""
-        import obstore
-
-        return sorted(m["path"] for page in obstore.list(self.server.store(self.prefix)) for m in page)
 
     def exists(self, key: str) -> bool:
         import obstore
 
         try:
-            obstore.head(self.server.store(self.prefix), key)
+            obstore.head(self.objects.store(), key)
         except FileNotFoundError:
             return False
         return True
@@ -120,8 +113,7 @@ class S3Source(Source):
     def _read_zarr3(self, name: str) -> np.ndarray:
         import zarr
 
-        store = zarr.storage.ObjectStore(self.server.store(self.prefix), read_only=True)
-        return zarr.open_array(store, path=name, mode="r")[...]
+        return zarr.open_array(self.objects.zarr_store(), path=name, mode="r")[...]
 
     def _read_ts3(self, name: str) -> np.ndarray:
         import tensorstore as ts
@@ -133,7 +125,7 @@ class S3Source(Source):
             return ts.open(spec, read=True, context=ts.Context()).result().read().result()
 
     def leftovers(self) -> list[str]:
-        keys = self.keys()
+        keys = self.objects.keys()
         bad = [k for k in keys if is_temp_name(k.rsplit("/", 1)[-1])]
         bad += [LEGACY_DIR] if any(k.startswith(LEGACY_DIR + "/") for k in keys) else []
         return sorted(bad + [f"journal/{n}" for n in journal_entries(self.url)])
@@ -165,7 +157,7 @@ def make_source(kind: str, request) -> Callable[[Path], Source]:
     if kind == "local":
         return LocalSource
     server = request.getfixturevalue("s3")
-    return lambda local: S3Source(local, server, unique_prefix(request))
+    return lambda local: BucketSource(local, server, unique_prefix(request))
 
 
 @pytest.fixture(params=SOURCE_KINDS)
