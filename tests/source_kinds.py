@@ -28,9 +28,11 @@ import numpy as np
 import pytest
 
 from conftest import read_native, read_ts3_native
-from s3server import CREDENTIALS, REGION, S3Source, SeaweedS3, upload
+from s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Source, SeaweedS3, upload
 from sources import LEGACY_DIR, assert_read_equals, is_temp_name, journal_entries, leftovers
 
+# The daemon's AWS variables: the endpoint is given as ``-o endpoint=`` (a proxy's, or the server's).
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": REGION}
 SOURCE_KINDS = ("local",)  # "s3" joins once `shardfs mount s3://...` is on main
 
 

@@ -1,22 +1,26 @@
-"""A TCP proxy that delays every byte by a fixed time in each direction (this kernel has no netem),
-and can record the HTTP requests that pass through it (the tests count a daemon's S3 requests).
+"""A TCP proxy that delays every byte by a fixed time in each direction (this kernel has no netem).
 
 Usage: ``.venv/bin/python scripts/bench_lib/delayproxy.py --upstream HOST:PORT --delay-ms 10
 [--port P]`` (stays in the foreground; prints ``listening on 127.0.0.1:P`` once ready), or in
-process: ``with DelayProxy(("127.0.0.1", port), delay=0.01) as proxy: ... proxy.port``;
-``DelayProxy(..., record=True)`` keeps every HTTP/1.x request sent upstream, in order, in
-``proxy.requests`` (``Request(method, path, query, headers)``; ``proxy.clear()`` empties it).
+process: ``with DelayProxy(("127.0.0.1", port), delay=0.01) as proxy: ... proxy.port``.
 
 Contract: each accepted connection gets its own upstream connection; bytes read from one side
 are written to the other ``delay`` seconds after they were read, in order, without throttling
 (so a request/response exchange costs 2 x ``delay`` more than direct, whatever its size). A
 half-close is forwarded after the data before it; when the upstream fails or goes away the
 client connection is closed (reset if the upstream could not be reached), so clients see a
-dropped connection. Recording parses the client-to-upstream stream of each connection as
-HTTP/1.x requests (request line, headers, a ``Content-Length`` body; keep-alive); a request it
-cannot parse (e.g. a chunked body) is recorded with method ``"?"`` and ends recording on that
-connection, so a count never silently misses one. The proxy runs an asyncio loop on its own daemon thread and binds 127.0.0.1
+dropped connection. The proxy runs an asyncio loop on its own daemon thread and binds 127.0.0.1
 only. Imports only the standard library.
+
+Counting (for the bench's requests-per-chunk figures): ``proxy.requests`` counts the HTTP/1.1
+requests clients sent through it, by kind: the method (``GET``, ``HEAD``, ``PUT``...), with a
+bucket-level GET (an S3 listing) counted as ``LIST``; ``proxy.bytes_down`` counts the bytes the
+upstream answered. Request bodies are skipped by their ``Content-Length``; a chunked request
+body cannot be followed, so that connection's later requests count as ``UNPARSED`` (once).
+``snapshot()`` copies both, from any thread. ``DelayProxy(..., record=True)`` also keeps every
+request, in order, in ``proxy.log`` (``Request(method, path, query, headers)``: the kind as
+counted, the percent-decoded path, lower-cased header names), for the tests that count one key's
+requests and check their ranges and conditions.
 """
 
 from __future__ import annotations
@@ -31,57 +35,75 @@ from urllib.parse import unquote, urlsplit
 
 
 class Request(NamedTuple):
-    """One HTTP request seen by the proxy: ``path`` percent-decoded, ``headers`` lower-cased names."""
+    """One HTTP request seen by the proxy."""
 
-    method: str
-    path: str
+    method: str  # as counted: GET, HEAD, PUT, LIST...
+    path: str  # percent-decoded: /BUCKET/KEY
     query: str
-    headers: dict[str, str]
+    headers: dict[str, str]  # lower-cased names
 
 
 class _RequestParser:
-    """Incremental parser of one connection's client-to-server bytes into ``Request``s."""
+    """Follows one connection's client-to-upstream byte stream and counts its HTTP requests
+    (and appends each to ``log`` when given)."""
 
-    def __init__(self, emit: Callable[[Request], None]):
-        self._emit = emit
-        self._buf = bytearray()
-        self._body_left = 0
-        self._broken = False
+    MAX_HEAD = 1 << 16
+
+    def __init__(self, counts: collections.Counter, log: list[Request] | None = None) -> None:
+        self.counts = counts
+        self.log = log
+        self.head = b""
+        self.body = 0  # bytes of the current request's body still to skip
+        self.lost = False
 
     def feed(self, data: bytes) -> None:
-        if self._broken:
-            return
-        self._buf += data
-        while True:
-            if self._body_left:
-                n = min(self._body_left, len(self._buf))
-                del self._buf[:n]
-                self._body_left -= n
-                if self._body_left:
-                    return
-            end = self._buf.find(b"\r\n\r\n")
+        while data and not self.lost:
+            if self.body:
+                n = min(self.body, len(data))
+                self.body -= n
+                data = data[n:]
+                continue
+            self.head += data
+            end = self.head.find(b"\r\n\r\n")
             if end < 0:
+                if len(self.head) > self.MAX_HEAD:
+                    self._lose()
                 return
-            head = bytes(self._buf[:end]).decode("latin-1").split("\r\n")
-            del self._buf[:end + 4]
-            method, target, *_ = head[0].split(" ") + [""]
-            headers = {}
-            for line in head[1:]:
-                name, _, value = line.partition(":")
-                headers[name.strip().lower()] = value.strip()
-            url = urlsplit(target)
-            if "chunked" in headers.get("transfer-encoding", "").lower():
-                self._emit(Request("?", unquote(url.path), url.query, headers))
-                self._broken = True
-                return
-            self._emit(Request(method, unquote(url.path), url.query, headers))
-            self._body_left = int(headers.get("content-length") or 0)
+            head, data = self.head[:end], self.head[end + 4:]
+            self.head = b""
+            self._request(head)
+
+    def _request(self, head: bytes) -> None:
+        line, *fields = head.split(b"\r\n")
+        parts = line.split(b" ")
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            self._lose()
+            return
+        method = parts[0].decode("ascii", "replace")
+        target = urlsplit(parts[1].decode("ascii", "replace"))
+        if method == "GET" and "/" not in target.path.strip("/"):
+            method = "LIST"  # path-style bucket-level GET: ListObjects
+        self.counts[method] += 1
+        headers = {}
+        for f in fields:
+            name, _, value = f.partition(b":")
+            name = name.strip().lower()
+            headers[name.decode("latin-1")] = value.strip().decode("latin-1")
+            if name == b"content-length":
+                self.body = int(value.strip())
+            elif name == b"transfer-encoding" and b"chunked" in value.lower():
+                self._lose()
+        if self.log is not None:
+            self.log.append(Request(method, unquote(target.path), target.query, headers))
+
+    def _lose(self) -> None:
+        self.lost = True
+        self.counts["UNPARSED"] += 1
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float,
-                observe: Callable[[bytes], None] | None = None) -> None:
-    """Copy ``reader`` to ``writer``, each chunk ``delay`` seconds after it arrived; ``observe``
-    sees each chunk as it is read."""
+                seen: Callable[[bytes], None]) -> None:
+    """Copy ``reader`` to ``writer``, each chunk ``delay`` seconds after it arrived (and given to ``seen``)."""
     loop = asyncio.get_running_loop()
     queue: collections.deque[tuple[float, bytes]] = collections.deque()
     more = asyncio.Event()
@@ -106,8 +128,7 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
     try:
         while True:
             data = await reader.read(1 << 16)
-            if observe is not None and data:
-                observe(data)
+            seen(data)
             queue.append((loop.time() + delay, data))
             more.set()
             if not data:
@@ -120,16 +141,18 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
 
 class DelayProxy:
     """Forward ``127.0.0.1:port`` to ``upstream`` with ``delay`` seconds each way; with ``record``,
-    keep the HTTP requests sent upstream in ``requests``."""
+    keep every request in ``log``."""
 
     def __init__(self, upstream: tuple[str, int], delay: float, port: int = 0, record: bool = False):
-        self.upstream, self.delay, self.record = upstream, delay, record
-        self.requests: list[Request] = []
+        self.upstream, self.delay = upstream, delay
+        self.log: list[Request] | None = [] if record else None
         self._sock = socket.create_server(("127.0.0.1", port))
         self.port: int = self._sock.getsockname()[1]
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="delayproxy", daemon=True)
+        self.requests: collections.Counter[str] = collections.Counter()
+        self.bytes_down = 0
 
     def __enter__(self) -> "DelayProxy":
         self.start()
@@ -148,9 +171,12 @@ class DelayProxy:
             self._loop.call_soon_threadsafe(self._stop.set)
             self._thread.join()
 
-    def clear(self) -> None:
-        """Forget the requests recorded so far."""
-        self.requests.clear()
+    def snapshot(self) -> tuple[dict[str, int], int]:
+        """(requests by kind, bytes from upstream) counted so far."""
+        return dict(self.requests), self.bytes_down
+
+    def _down(self, data: bytes) -> None:
+        self.bytes_down += len(data)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -180,9 +206,8 @@ class DelayProxy:
         except OSError:
             cwriter.transport.abort()  # RST: the client sees the connection refused/reset
             return
-        observe = _RequestParser(self.requests.append).feed if self.record else None
-        up = asyncio.ensure_future(_pump(creader, uwriter, self.delay, observe))
-        down = asyncio.ensure_future(_pump(ureader, cwriter, self.delay))
+        up = asyncio.ensure_future(_pump(creader, uwriter, self.delay, _RequestParser(self.requests, self.log).feed))
+        down = asyncio.ensure_future(_pump(ureader, cwriter, self.delay, self._down))
         try:
             done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_EXCEPTION)
             if any(t.exception() for t in done):  # a reset on one side: drop the other
