@@ -28,9 +28,9 @@ Contract:
   A hit also keeps the blocks read in memory, and sets the file's mtime: disk usage is bounded
   by ``disk_max_bytes`` (default ``DEFAULT_DISK_BYTES``, fixed so that daemons sharing a
   directory agree) by a scan in a background thread, at start and after each
-  ``disk_max_bytes / 8`` written, that removes the least recently used files (oldest mtime,
-  so atime settings do not matter) down to 7/8 of the bound. Between scans usage may exceed
-  the bound by what was written since the last one.
+  ``disk_max_bytes / 8`` written (again at its end if that much was written meanwhile), that
+  removes the least recently used files (oldest mtime, so atime settings do not matter) until
+  at most 7/8 of the bound remain: usage exceeds the bound only by what is written during a scan.
 - The directory is created if missing (``ValueError`` naming it if it cannot be, or if it is
   a non-empty directory that is not a cache: it gets a ``CACHEDIR.TAG``, and files are only
   ever removed from a tagged directory). Any other disk error (ENOSPC, EACCES, EROFS, EIO)
@@ -387,16 +387,24 @@ class RangeCache:
         threading.Thread(target=self._trim_in_background, name="rangecache-trim", daemon=True).start()
 
     def _trim_in_background(self) -> None:
-        try:
-            self.trim_disk()
-        finally:
+        """Scan again as long as more than ``disk_max_bytes / 8`` was written during a scan."""
+        while True:
+            try:
+                self.trim_disk()
+            except BaseException:
+                with self._lock:
+                    self._trimming = False
+                raise
             with self._lock:
-                self._trimming = False
+                if self._written <= self.disk_max_bytes // 8 or self.disk_dir is None:
+                    self._trimming = False
+                    return
+                self._written = 0
 
     def trim_disk(self) -> int:
         """Remove the least recently used files until the cache holds at most 7/8 of
-        ``disk_max_bytes`` if it holds more; the bytes it holds after. Runs in a background
-        thread by itself (see the module's docstring)."""
+        ``disk_max_bytes``; the bytes it holds after. Runs in a background thread by itself
+        (see the module's docstring)."""
         with self._trim_lock:
             root, files, now = self.disk_dir, [], time.time_ns()
             if root is None:
@@ -415,13 +423,12 @@ class RangeCache:
                         elif entry.name.startswith(_TMP) and now - st.st_mtime_ns > _STALE_TMP_NS:
                             _unlink(entry.path)
                 total = sum(size for _, size, _ in files)
-                if total > self.disk_max_bytes:
-                    files.sort()
-                    for _, size, path in files:
-                        if total <= self.disk_max_bytes * 7 // 8:
-                            break
-                        _unlink(path)
-                        total -= size
+                files.sort()
+                for _, size, path in files:
+                    if total <= self.disk_max_bytes * 7 // 8:
+                        break
+                    _unlink(path)
+                    total -= size
             except OSError as e:
                 self._disk_failed(e)
                 return 0
