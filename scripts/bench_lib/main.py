@@ -42,6 +42,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE.parent))
 
+sys.modules.setdefault("bench_lib.main", sys.modules[__name__])  # one module when run as a script (s3rows imports it)
 from bench_lib import datasets as ds  # noqa: E402
 from bench_lib import report  # noqa: E402
 from shardfs.mounts import daemon_pid  # noqa: E402
@@ -222,15 +223,16 @@ class Bench:
             self.drop_ok = False
 
     @contextmanager
-    def mounted(self, src: Path, name: str, floor: bool = False, rw: bool = False, ro: bool = False
-                ) -> Iterator[Mounted]:
-        """A fresh mount of ``src`` on ``WORK/mnt/NAME``, timed: ``shardfs mount`` (``-o ro`` with ``ro``),
+    def mounted(self, src: Path | str, name: str, floor: bool = False, rw: bool = False, ro: bool = False,
+                options: str = "") -> Iterator[Mounted]:
+        """A fresh mount of ``src`` (a directory, or an ``s3://`` URL) on ``WORK/mnt/NAME``, timed:
+        ``shardfs mount`` (``-o ro`` with ``ro``, ``-o OPTIONS`` with ``options``),
         or with ``floor`` a ``floorfs.py`` child (the pyfuse3 floor; writable with ``rw``). Always
         unmounted afterwards, lazily if need be; raises BenchError when the clean unmount failed (after
         the body succeeded)."""
         mnt = self.work / "mnt" / name
         mnt.mkdir(parents=True, exist_ok=True)
-        m = self._mount_floor(src, mnt, name, rw) if floor else self._mount_shardfs(src, mnt, name, ro)
+        m = self._mount_floor(src, mnt, name, rw) if floor else self._mount_shardfs(src, mnt, name, ro, options)
         self.active[mnt] = m
         try:
             yield m
@@ -242,12 +244,13 @@ class Bench:
             if err:
                 raise BenchError(err)
 
-    def _mount_shardfs(self, src: Path, mnt: Path, name: str, ro: bool) -> Mounted:
-        """``shardfs mount [-o ro] SRC MNT`` (it returns once mounted; the daemon is found by mountpoint)."""
+    def _mount_shardfs(self, src: Path | str, mnt: Path, name: str, ro: bool, options: str) -> Mounted:
+        """``shardfs mount [-o ro] [-o OPTIONS] SRC MNT`` (it returns once mounted; the daemon is found by
+        mountpoint)."""
         t0 = time.perf_counter()
         try:
-            r = subprocess.run([SHARDFS, "mount", *["-o", "ro"] * ro, str(src), str(mnt),
-                                "--log-file", str(self.logs / f"{name}.log")],
+            r = subprocess.run([SHARDFS, "mount", *["-o", "ro"] * ro, *["-o", options] * bool(options),
+                                str(src), str(mnt), "--log-file", str(self.logs / f"{name}.log")],
                                capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             self._force_unmount(mnt, None)
@@ -691,6 +694,12 @@ class Bench:
         row.status = "PASS" if tm < 1.0 and row.ratio <= 1.5 else "FAIL"
         return [row]
 
+    def fig_s3(self) -> list[Row]:
+        """The object-storage rows (s3rows.py), against a SeaweedFS started and stopped here."""
+        from bench_lib import s3rows
+
+        return s3rows.figure(self)
+
     # ----- rows -------------------------------------------------------------------------------
 
     @staticmethod
@@ -725,8 +734,14 @@ class Bench:
 
 # share of the remaining time budget each figure may use (roughly its cost at full size)
 WEIGHTS = {"read": 0.20, "cat": 0.18, "large": 0.03, "listing": 0.15, "random": 0.04, "write": 0.27,
-           "dask": 0.10, "mount": 0.03}
+           "dask": 0.10, "mount": 0.03, "s3": 0.15}
 FLOOR = {"large": 25.0, "random": 20.0, "mount": 15.0}  # cheap figures always get their repetitions
+S3_LABELS = ["S3: zarr 2.18 read via mount vs zarr 3 native", "S3, 10 ms each way: same",
+             "S3, 10 ms each way: random single-chunk reads, mount vs zarr 3 native",
+             "S3: zarr 2.18 read via mount vs zarr 2.18 on a v2 copy (s3fs)", "S3: requests at mount",
+             "S3: requests, 1st chunk of a cold shard", "S3: requests per further chunk of a shard",
+             "S3: requests per shard read chunk by chunk", "S3: requests per shard, whole-array read",
+             "S3: mount time, 10k shards vs 1 shard", "S3: daemon peak RSS"]
 REOPEN_CALLS = 2000  # open+read+close of one cached file, per side and repetition of fig_random
 
 FIGURES: list[tuple[str, str, list[str]]] = [
@@ -748,7 +763,9 @@ FIGURES: list[tuple[str, str, list[str]]] = [
                             "  bytes written vs final size"]),
     ("dask", "fig_dask", ["dask 2 threads vs 1 thread, via mount", "  same on the real v2 copy"]),
     ("mount", "fig_mount", ["mount time, >100k chunks vs 1 shard"]),
+    ("s3", "fig_s3", S3_LABELS),
 ]
+NAMED_ONLY = {"s3"}  # figures run only when --only names them (s3: until `shardfs mount s3://` lands)
 
 
 def daemon_log_summary(logs: Path) -> list[str]:
@@ -792,13 +809,14 @@ def main(argv: list[str] | None = None) -> int:
             setup_error = f"setup: {e}"
             bench.log(f"setup failed: {e}\n{traceback.format_exc()}")
         for name, method, labels in FIGURES:
-            if only and name not in only:
+            if (only or name in NAMED_ONLY) and name not in only:
                 continue
             t0 = time.perf_counter()
             if setup_error:
                 bench.rows += [Row(lb, status="ERROR", note=setup_error[:120]) for lb in labels]
                 continue
-            todo = [f[0] for f in FIGURES[[f[0] for f in FIGURES].index(name):] if not only or f[0] in only]
+            todo = [f[0] for f in FIGURES[[f[0] for f in FIGURES].index(name):]
+                    if f[0] in only or not only and f[0] not in NAMED_ONLY]
             left = bench.budget - (time.perf_counter() - bench.t_start)
             bench.figure = name
             bench.allowance = max(max(0.0, left) * WEIGHTS[name] / sum(WEIGHTS[f] for f in todo),
