@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 from shardfs import __version__, options, state
 from shardfs.mounts import daemon_pid, fsname
+from shardfs.source import Source, is_url
 
 log = logging.getLogger("shardfs")
 COMMANDS = ("mount", "umount", "inspect")
@@ -106,8 +107,11 @@ def _versions() -> str:
             f"libfuse {libfuse.stdout.strip() or 'unknown'}")
 
 
-def check_source(src: str) -> dict[str, Any]:
-    """The root ``zarr.json`` of SRC; ``UsageError`` if SRC is not a readable Zarr v3 node."""
+def check_source(src: str, source: Source) -> dict[str, Any]:
+    """The root ``zarr.json`` of the source (``src`` as given); ``UsageError`` if it is not a
+    readable Zarr v3 node (an object store: nor reachable with these credentials)."""
+    if source.url:
+        return _check_url(source)
     if not os.path.exists(src):
         raise UsageError(f"{src}: no such file or directory")
     if not os.path.isdir(src):
@@ -129,12 +133,40 @@ def check_source(src: str) -> dict[str, Any]:
     return doc
 
 
+def _check_url(source: Source) -> dict[str, Any]:
+    """``check_source`` for an object store: the bucket and prefix answer (``ObjectStorage.check``:
+    credentials, bucket, prefix, endpoint) and hold a Zarr v3 ``zarr.json``."""
+    from shardfs.metadata import BadMetadata, parse
+    from shardfs.storage.objects import StorageUnavailable
+
+    try:
+        with source.opened() as storage:
+            storage.check()
+            try:
+                data, _ = storage.read_all("zarr.json")
+            except FileNotFoundError:
+                v2 = any(storage.version(n) is not None for n in (".zarray", ".zgroup"))
+                raise UsageError(f"{source.name}: {'Zarr v2 data, not Zarr v3' if v2 else 'not a Zarr v3 group or array (no zarr.json)'}") from None
+    except StorageUnavailable as e:
+        raise UsageError(str(e)) from None
+    except ValueError as e:  # a URL obstore cannot use (or region= for another scheme)
+        raise UsageError(str(e).splitlines()[0]) from None
+    except OSError as e:
+        raise UsageError(f"{source.name}/zarr.json: unreadable: {e.strerror or e}") from None
+    try:
+        return parse(data)
+    except BadMetadata as e:
+        raise UsageError(f"{source.name}/zarr.json: not Zarr v3 group or array metadata: {e}") from None
+
+
 def _cmd_mount(args: argparse.Namespace) -> int:
     try:
         opts = options.parse(args.options)
+        source = Source.parse(args.src, opts.own)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    check_source(args.src)
+    if args.ready_fd is None or not source.url:  # a daemon we spawned: its parent checked the store
+        check_source(args.src, source)
     mnt = os.path.abspath(args.mnt)
     try:
         os.makedirs(mnt, exist_ok=True)
@@ -143,11 +175,11 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     if os.path.ismount(mnt):
         raise UsageError(f"{args.mnt}: already a mountpoint")
     if args.foreground:
-        return _run_daemon(args, mnt, opts)
-    return _spawn_daemon(args)
+        return _run_daemon(args, mnt, opts, source)
+    return _spawn_daemon(args, source)
 
 
-def _spawn_daemon(args: argparse.Namespace) -> int:
+def _spawn_daemon(args: argparse.Namespace, source: Source) -> int:
     """Start the daemon in its own session and wait for it to report.
 
     The daemon logs to ``--log-file``, else to syslog, else (no ``/dev/log``, as in
@@ -155,14 +187,14 @@ def _spawn_daemon(args: argparse.Namespace) -> int:
     on stderr once the mount is live (a failure is one line: its reason)."""
     fallback = not args.log_file and not os.path.exists("/dev/log")
     if fallback:
-        args.log_file = state.log_file(args.src)
+        args.log_file = state.log_file(source.name, source.endpoint)
         try:
             os.makedirs(os.path.dirname(args.log_file), mode=0o700, exist_ok=True)
         except OSError as e:
             raise UsageError(f"{os.path.dirname(args.log_file)}: cannot create the state directory: "
                              f"{e.strerror}") from None
     r, w = os.pipe()
-    argv = [sys.executable, "-m", "shardfs", "mount", os.path.abspath(args.src), os.path.abspath(args.mnt),
+    argv = [sys.executable, "-m", "shardfs", "mount", source.name, os.path.abspath(args.mnt),
             "-f", "--ready-fd", str(w)]
     for opt in args.options:
         argv += ["-o", opt]
@@ -199,10 +231,9 @@ def _setup_logging(args: argparse.Namespace) -> None:
         logging.getLogger("pyfuse3").setLevel(logging.WARNING)
 
 
-def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed) -> int:
+def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source) -> int:
     """Serve the mount in this process until unmounted or signalled."""
     from shardfs.fuse_ops import Timeouts
-    from shardfs.storage.local import LocalStorage
 
     args.debug = args.debug or "debug" in opts.own
     try:
@@ -216,50 +247,50 @@ def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed) -> int
     read_only = args.read_only or opts.read_only
     timeouts = Timeouts(float(own.get("entry_timeout", Timeouts.entry)),
                         float(own.get("attr_timeout", Timeouts.attr)))
-    source = LocalStorage(args.src, follow_symlinks="follow_symlinks" in own)
     with contextlib.ExitStack() as cleanup:
+        storage = cleanup.enter_context(source.opened())
         writeback = None
         if not read_only:
             try:
-                writeback = _writeback(args.src, source, own.get("journal_dir"), cleanup)
+                writeback = _writeback(source, storage, own.get("journal_dir"), cleanup)
             except UsageError as e:
                 _report(args, f"error: {e}")
                 return 1
             except Exception as e:
                 _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
                 return 1
-        return _mount_and_serve(args, mnt, opts, source, writeback, timeouts)
+        return _mount_and_serve(args, mnt, opts, source, storage, writeback, timeouts)
 
 
-def _writeback(src: str, source: Any, journal_dir: str | None, cleanup: contextlib.ExitStack) -> Any:
+def _writeback(source: Source, storage: Any, journal_dir: str | None, cleanup: contextlib.ExitStack) -> Any:
     """The mount's ``Writeback``, journalling into a directory of its own under the source's
     journal root (removed at exit if empty), after replaying into the shards what killed
     daemons left there and what an earlier version left in ``SRC/.shardfs/journal``."""
     from shardfs import journal
     from shardfs.writeback import Writeback
 
-    root = state.journal_dir(src, journal_dir)
+    root = state.journal_dir(source.name, journal_dir, source.endpoint)
     try:
         claim = journal.claim(root)
     except OSError as e:
         raise UsageError(f"{root}: cannot create the write journal: {e.strerror} "
                          "(-o journal_dir=DIR puts it elsewhere)") from None
     cleanup.callback(claim.release)
-    writeback = Writeback(source, claim.directory)
-    legacy = state.legacy_journal(src)
-    replayed = writeback.replay_sync(functools.partial(_replay_target, source),
+    writeback = Writeback(storage, claim.directory)
+    legacy = state.legacy_journal(source.name)
+    replayed = writeback.replay_sync(functools.partial(_replay_target, storage),
                                      older=((legacy,) if legacy else ()) + tuple(claim.orphans))
     claim.drop_orphans()
     if legacy:
-        state.remove_legacy(src)
+        state.remove_legacy(source.name)
         log.info("moved the write journal out of the source: %s replayed and removed", legacy)
     if replayed:
         log.info("replayed %d journalled chunk changes into their shards", replayed)
     return writeback
 
 
-def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Any, writeback: Any,
-                     timeouts: Any) -> int:
+def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source, storage: Any,
+                     writeback: Any, timeouts: Any) -> int:
     """Mount and serve until unmounted or signalled; 1 if the mount failed (reported)."""
     import pyfuse3
     import trio
@@ -272,13 +303,13 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     read_only = writeback is None
     cache = ChunkCache(parse_size(own["chunk_cache"]) if "chunk_cache" in own else DEFAULT_BYTES)
     ome = args.ome and "no_ome_translation" not in own
-    view = View(source, read_only=read_only, writeback=writeback, ome=ome, chunk_cache=cache)
-    ops = Operations(view, timeouts, writeback, spill_dir=state.spill_dir(args.src))
+    view = View(storage, read_only=read_only, writeback=writeback, ome=ome, chunk_cache=cache)
+    ops = Operations(view, timeouts, writeback, spill_dir=state.spill_dir(source.name, source.endpoint))
     if writeback is not None:
         writeback.on_folded = ops.writer.folded
         if "shard_size" in own:
             ops.writer.shard_bytes = max(1, parse_size(own["shard_size"]))
-    fuse_opts = set(pyfuse3.default_options) | {fsname(args.src), "subtype=shardfs"} | set(opts.fuse)
+    fuse_opts = set(pyfuse3.default_options) | {fsname(source.name), "subtype=shardfs"} | set(opts.fuse)
     if read_only:
         fuse_opts.add("ro")
     with _stderr_captured() as said:
@@ -294,7 +325,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
         return 1
     if libfuse:
         log.warning("libfuse: %s", libfuse)
-    log.info("mounted %s on %s%s", os.path.abspath(args.src), mnt, " (read-only)" if read_only else "")
+    log.info("mounted %s on %s%s", source.name, mnt, " (read-only)" if read_only else "")
     _report(args, "ok")
     try:
         trio.run(_serve, ops, writeback)
@@ -460,11 +491,11 @@ def _kept_report(src: str, root: str, pid: int, killed: bool) -> list[str]:
     pending, note = read_kept(os.path.join(root, mine[0]))
     if note or not killed:  # a killed daemon may not have written it: then count its records
         return [kept_line(key, n, reason) for key, (n, reason) in sorted(note.items())]
-    source = LocalStorage(src)
+    storage = None if is_url(src) else LocalStorage(src)  # an object store: not contacted from here
     lines = []
     for (array, shard), positions in sorted(pending.items()):
         try:
-            target = _replay_target(source, array, shard)
+            target = None if storage is None else _replay_target(storage, array, shard)
         except OSError:
             target = None
         key = target.key if target is not None else f"{array} shard {shard}"
@@ -474,19 +505,23 @@ def _kept_report(src: str, root: str, pid: int, killed: bool) -> list[str]:
 
 
 def daemon_journal(pid: int) -> tuple[str, str] | None:
-    """The source directory a daemon serves and its journal root, from its command line
-    (``... mount SRC MNT -f [-o journal_dir=DIR] ...``, relative paths against its cwd)."""
+    """The source a daemon serves (a directory or a URL) and its journal root, from its
+    command line (``... mount SRC MNT -f [-o journal_dir=DIR] ...``, relative paths against
+    its cwd) and, for a URL, the endpoint its environment gave it."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = [a.decode(errors="surrogateescape") for a in f.read().split(b"\0")][:-1]
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = dict(v.decode(errors="surrogateescape").partition("=")[::2] for v in f.read().split(b"\0") if v)
         cwd = os.readlink(f"/proc/{pid}/cwd")
         args = _parser().parse_args(argv[argv.index("mount"):])
         own = options.parse(args.options).own
+        source = Source.parse(args.src if is_url(args.src) else os.path.join(cwd, args.src), own, environ)
     except (OSError, ValueError, SystemExit):
         return None
-    src = os.path.normpath(os.path.join(cwd, args.src))
     override = own.get("journal_dir")
-    return src, state.journal_dir(src, os.path.join(cwd, override) if override else None)
+    root = state.journal_dir(source.name, os.path.join(cwd, override) if override else None, source.endpoint)
+    return source.name, root
 
 
 def _alive(pid: int) -> bool:

@@ -10,12 +10,16 @@ from __future__ import annotations
 import os
 import re
 
+from shardfs.source import is_url
+
 FSTYPE = "fuse.shardfs"
 
 
 def fsname(src: str) -> str:
-    """The ``fsname=`` mount option naming source directory ``src`` (libfuse unescapes it)."""
-    return "fsname=" + os.path.abspath(src).replace("\\", "\\\\").replace(",", "\\,")
+    """The ``fsname=`` mount option naming the source: directory ``src`` (made absolute) or
+    an object-store URL as given (libfuse unescapes it)."""
+    name = src if is_url(src) else os.path.abspath(src)
+    return "fsname=" + name.replace("\\", "\\\\").replace(",", "\\,")
 
 
 def _unescape(field: str) -> str:
@@ -23,7 +27,7 @@ def _unescape(field: str) -> str:
 
 
 def mounts() -> dict[str, str]:
-    """Mountpoint -> source directory of every shardfs mount this process can see."""
+    """Mountpoint -> source (directory or URL) of every shardfs mount this process can see."""
     out = {}
     with open("/proc/self/mountinfo") as f:
         for line in f:
@@ -43,6 +47,8 @@ def source_of(path: str) -> str:
     """
     path = os.path.abspath(path)
     for mnt, src in sorted(mounts().items(), key=lambda item: -len(item[0])):
+        if is_url(src):
+            continue  # an object store: no source file to show
         if path == mnt or path.startswith(mnt.rstrip("/") + "/"):
             rel = os.path.relpath(path, mnt)
             candidate = os.path.normpath(os.path.join(src, rel))

@@ -34,6 +34,11 @@ OWN = (
                                  "(default 64M)"),
     Option("journal_dir", "DIR", "write journal here (default $XDG_STATE_HOME/shardfs/<id>/journal)"),
     Option("follow_symlinks", None, "read through symlinks that leave SRC (they are never written)"),
+    Option("endpoint", "URL", "object store: the server (default $AWS_ENDPOINT_URL, else the service's own)"),
+    Option("region", "R", "s3://: the bucket's region (default $AWS_REGION)"),
+    Option("anonymous", None, "object store: unsigned requests (public data, no credentials)"),
+    Option("cache_size", "SIZE", "object store: memory for fetched object ranges (default 256M)"),
+    Option("cache_dir", "DIR", "object store: keep fetched ranges here across mounts (keyed by ETag)"),
     Option("debug", None, "log every request (as --debug)"),
     Option("no_ome_translation", None, "show OME-Zarr 0.5 attributes as stored (as --no-ome-translation)"),
 )
@@ -103,7 +108,10 @@ def _check_values(own: dict[str, str]) -> None:
                 ok = False
             if not ok:
                 raise ValueError(f"-o {name}={own[name]}: not a number of seconds")
-    for name in ("chunk_cache", "shard_size"):
+    endpoint = own.get("endpoint")
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        raise ValueError(f"-o endpoint={endpoint}: not an http:// or https:// URL")
+    for name in ("chunk_cache", "shard_size", "cache_size"):
         if name in own:
             from shardfs.chunkcache import parse_size
 

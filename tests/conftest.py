@@ -34,6 +34,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 REPO = Path(__file__).resolve().parent.parent
+# The benchmark's helpers the tests use too (bench_lib.delayproxy: delaying and counting TCP proxy).
+sys.path.insert(0, str(REPO / "scripts"))
 SHARDFS = str(Path(sys.executable).parent / "shardfs")
 ZARR2_PYTHON = os.environ.get("SHARDFS_ZARR2_PYTHON") or str(REPO / ".venv-zarr2" / "bin" / "python")
 MOUNT_TIMEOUT = 15.0
@@ -43,8 +45,9 @@ STATE_HOME = tempfile.mkdtemp(prefix="shardfs-state-")
 os.environ["XDG_STATE_HOME"] = STATE_HOME
 atexit.register(shutil.rmtree, STATE_HOME, ignore_errors=True)
 
-# Object-store servers: ``s3`` (SeaweedFS, tests/s3server.py), ``azure`` (Azurite, tests/azserver.py).
-pytest_plugins = ["s3server", "azserver"]
+# Object-store servers: ``s3`` (SeaweedFS, tests/s3server.py), ``azure`` (Azurite, tests/azserver.py);
+# ``source`` (tests/source_kinds.py): a test over a local directory and over an s3:// bucket.
+pytest_plugins = ["s3server", "azserver", "source_kinds"]
 
 
 # --------------------------------------------------------------------------- hypothesis
@@ -103,16 +106,20 @@ def lazy_unmount(mnt) -> None:
 
 class Mount:
     """One daemon started by the suite (``shardfs mount SRC MNT -f --debug``), run under
-    ``prefix`` (e.g. ``strace ...``) when given: ``pid`` is then the prefix command's."""
+    ``prefix`` (e.g. ``strace ...``) when given: ``pid`` is then the prefix command's.
+    ``src`` is a directory or an object-store URL (a ``str``, kept as given); ``env`` is
+    added to the daemon's environment (an object store's credentials)."""
 
-    def __init__(self, src: Path, mnt: Path, log: Path, extra: tuple[str, ...], allow_traceback: bool,
-                 prefix: tuple[str, ...] = ()):
-        self.src, self.mnt, self.log, self.allow_traceback = Path(src), mnt, log, allow_traceback
+    def __init__(self, src: Path | str, mnt: Path, log: Path, extra: tuple[str, ...], allow_traceback: bool,
+                 prefix: tuple[str, ...] = (), env: dict[str, str] | None = None):
+        self.src = src if "://" in str(src) else Path(src)
+        self.mnt, self.log, self.allow_traceback = mnt, log, allow_traceback
         self.stdout = log.with_suffix(".stdout")
         self.stderr = log.with_suffix(".stderr")
-        cmd = [*prefix, SHARDFS, "mount", str(src), str(mnt), "-f", "--debug", "--log-file", str(log), *extra]
+        cmd = [*prefix, SHARDFS, "mount", str(self.src), str(mnt), "-f", "--debug", "--log-file", str(log), *extra]
         with open(self.stdout, "wb") as out, open(self.stderr, "wb") as err:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
+                                         env={**os.environ, **(env or {})})
 
     @property
     def pid(self) -> int:
@@ -168,7 +175,8 @@ class Mount:
 
 
 class MountFactory:
-    """``mount(src, *extra_args, allow_traceback=False, prefix=()) -> Path`` (the live mountpoint).
+    """``mount(src, *extra_args, allow_traceback=False, prefix=(), env=None) -> Path`` (the live
+    mountpoint); ``src`` a directory or an object-store URL, ``env`` added to the daemon's.
 
     ``factory.info(mnt)`` gives the ``Mount`` (pid, log) behind a mountpoint.
     """
@@ -177,11 +185,12 @@ class MountFactory:
         self._tmp = tmp_factory
         self._mounts: list[Mount] = []
 
-    def __call__(self, src, *extra_args: str, allow_traceback: bool = False, prefix: tuple[str, ...] = ()) -> Path:
+    def __call__(self, src, *extra_args: str, allow_traceback: bool = False, prefix: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None) -> Path:
         base = self._tmp.mktemp("mount")
         mnt = base / "mnt"
         mnt.mkdir()
-        m = Mount(Path(src), mnt, base / "daemon.log", tuple(extra_args), allow_traceback, tuple(prefix))
+        m = Mount(src, mnt, base / "daemon.log", tuple(extra_args), allow_traceback, tuple(prefix), env)
         self._mounts.append(m)
         m.wait_live()
         return mnt

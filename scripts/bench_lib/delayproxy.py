@@ -11,6 +11,16 @@ half-close is forwarded after the data before it; when the upstream fails or goe
 client connection is closed (reset if the upstream could not be reached), so clients see a
 dropped connection. The proxy runs an asyncio loop on its own daemon thread and binds 127.0.0.1
 only. Imports only the standard library.
+
+Counting (for the bench's requests-per-chunk figures): ``proxy.requests`` counts the HTTP/1.1
+requests clients sent through it, by kind: the method (``GET``, ``HEAD``, ``PUT``...), with a
+bucket-level GET (an S3 listing) counted as ``LIST``; ``proxy.bytes_down`` counts the bytes the
+upstream answered. Request bodies are skipped by their ``Content-Length``; a chunked request
+body cannot be followed, so that connection's later requests count as ``UNPARSED`` (once).
+``snapshot()`` copies both, from any thread. ``DelayProxy(..., record=True)`` also keeps every
+request, in order, in ``proxy.log`` (``Request(method, path, query, headers)``: the kind as
+counted, the percent-decoded path, lower-cased header names), for the tests that count one key's
+requests and check their ranges and conditions.
 """
 
 from __future__ import annotations
@@ -20,10 +30,80 @@ import asyncio
 import collections
 import socket
 import threading
+from typing import Callable, NamedTuple
+from urllib.parse import unquote, urlsplit
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
-    """Copy ``reader`` to ``writer``, each chunk ``delay`` seconds after it arrived."""
+class Request(NamedTuple):
+    """One HTTP request seen by the proxy."""
+
+    method: str  # as counted: GET, HEAD, PUT, LIST...
+    path: str  # percent-decoded: /BUCKET/KEY
+    query: str
+    headers: dict[str, str]  # lower-cased names
+
+
+class _RequestParser:
+    """Follows one connection's client-to-upstream byte stream and counts its HTTP requests
+    (and appends each to ``log`` when given)."""
+
+    MAX_HEAD = 1 << 16
+
+    def __init__(self, counts: collections.Counter, log: list[Request] | None = None) -> None:
+        self.counts = counts
+        self.log = log
+        self.head = b""
+        self.body = 0  # bytes of the current request's body still to skip
+        self.lost = False
+
+    def feed(self, data: bytes) -> None:
+        while data and not self.lost:
+            if self.body:
+                n = min(self.body, len(data))
+                self.body -= n
+                data = data[n:]
+                continue
+            self.head += data
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self.head) > self.MAX_HEAD:
+                    self._lose()
+                return
+            head, data = self.head[:end], self.head[end + 4:]
+            self.head = b""
+            self._request(head)
+
+    def _request(self, head: bytes) -> None:
+        line, *fields = head.split(b"\r\n")
+        parts = line.split(b" ")
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            self._lose()
+            return
+        method = parts[0].decode("ascii", "replace")
+        target = urlsplit(parts[1].decode("ascii", "replace"))
+        if method == "GET" and "/" not in target.path.strip("/"):
+            method = "LIST"  # path-style bucket-level GET: ListObjects
+        self.counts[method] += 1
+        headers = {}
+        for f in fields:
+            name, _, value = f.partition(b":")
+            name = name.strip().lower()
+            headers[name.decode("latin-1")] = value.strip().decode("latin-1")
+            if name == b"content-length":
+                self.body = int(value.strip())
+            elif name == b"transfer-encoding" and b"chunked" in value.lower():
+                self._lose()
+        if self.log is not None:
+            self.log.append(Request(method, unquote(target.path), target.query, headers))
+
+    def _lose(self) -> None:
+        self.lost = True
+        self.counts["UNPARSED"] += 1
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float,
+                seen: Callable[[bytes], None]) -> None:
+    """Copy ``reader`` to ``writer``, each chunk ``delay`` seconds after it arrived (and given to ``seen``)."""
     loop = asyncio.get_running_loop()
     queue: collections.deque[tuple[float, bytes]] = collections.deque()
     more = asyncio.Event()
@@ -48,6 +128,7 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
     try:
         while True:
             data = await reader.read(1 << 16)
+            seen(data)
             queue.append((loop.time() + delay, data))
             more.set()
             if not data:
@@ -59,15 +140,19 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
 
 
 class DelayProxy:
-    """Forward ``127.0.0.1:port`` to ``upstream`` with ``delay`` seconds each way."""
+    """Forward ``127.0.0.1:port`` to ``upstream`` with ``delay`` seconds each way; with ``record``,
+    keep every request in ``log``."""
 
-    def __init__(self, upstream: tuple[str, int], delay: float, port: int = 0):
+    def __init__(self, upstream: tuple[str, int], delay: float, port: int = 0, record: bool = False):
         self.upstream, self.delay = upstream, delay
+        self.log: list[Request] | None = [] if record else None
         self._sock = socket.create_server(("127.0.0.1", port))
         self.port: int = self._sock.getsockname()[1]
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="delayproxy", daemon=True)
+        self.requests: collections.Counter[str] = collections.Counter()
+        self.bytes_down = 0
 
     def __enter__(self) -> "DelayProxy":
         self.start()
@@ -85,6 +170,13 @@ class DelayProxy:
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stop.set)
             self._thread.join()
+
+    def snapshot(self) -> tuple[dict[str, int], int]:
+        """(requests by kind, bytes from upstream) counted so far."""
+        return dict(self.requests), self.bytes_down
+
+    def _down(self, data: bytes) -> None:
+        self.bytes_down += len(data)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -114,8 +206,8 @@ class DelayProxy:
         except OSError:
             cwriter.transport.abort()  # RST: the client sees the connection refused/reset
             return
-        up = asyncio.ensure_future(_pump(creader, uwriter, self.delay))
-        down = asyncio.ensure_future(_pump(ureader, cwriter, self.delay))
+        up = asyncio.ensure_future(_pump(creader, uwriter, self.delay, _RequestParser(self.requests, self.log).feed))
+        down = asyncio.ensure_future(_pump(ureader, cwriter, self.delay, self._down))
         try:
             done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_EXCEPTION)
             if any(t.exception() for t in done):  # a reset on one side: drop the other

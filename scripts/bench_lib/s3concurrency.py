@@ -1,7 +1,7 @@
 """How to keep many S3 GETs in flight from trio: the measurement behind shardfs.storage.objects.
 
 Usage: ``.venv/bin/python scripts/bench_lib/s3concurrency.py [N] [DELAY_MS]`` (defaults: 200
-GETs, 100 ms each way, i.e. 200 ms per GET). Starts its own SeaweedFS (tests/s3server.py) with
+GETs, 100 ms each way, i.e. 200 ms per GET). Starts its own SeaweedFS (seaweed.py) with
 a DelayProxy in front (its own process, so it does not share the client's GIL), stores N small objects, then from one trio task per GET reads them all
 at once three ways, 3 rounds each (cold = fresh client, warm = same client again), and prints
 wall time and client CPU time per round:
@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent.parent / "tests"), str(HERE.parent)]
+sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 
 import obstore  # noqa: E402
 import trio  # noqa: E402
 from obstore.store import S3Store  # noqa: E402
 
-from s3server import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3  # noqa: E402
+from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3  # noqa: E402
 from shardfs.storage.loop import LoopThread  # noqa: E402
 
 

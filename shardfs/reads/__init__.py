@@ -30,7 +30,7 @@ from shardfs.storage import Storage, Version
 from shardfs.threads import blocking
 
 if TYPE_CHECKING:
-    from shardfs.reads.objects import RangeCache
+    from shardfs.rangecache import RangeCache
     from shardfs.view import Attr
 
 READ_AHEAD_AFTER = 3  # opens of chunks of one shard among the last READ_AHEAD_WINDOW opens
@@ -138,9 +138,10 @@ class Reads:
 
 
 def make_reads(source: Storage, cache: RangeCache | None = None, chunk_cache: ChunkCache | None = None) -> Reads:
-    """The read path for ``source``; ``cache``: where an object store's fetched ranges are kept
-    (default: ``RangeCache`` of ``DEFAULT_CACHE_BYTES`` in memory); ``chunk_cache``: decoded
-    chunks (default: ``ChunkCache()``)."""
+    """The read path for ``source`` (the one place above ``shardfs.storage`` that tells the kinds
+    of source apart); ``cache``: where an object store's fetched ranges are kept (default:
+    ``RangeCache(shardfs.reads.objects.DEFAULT_CACHE_BYTES)``, memory only); ``chunk_cache``:
+    decoded chunks (default: ``ChunkCache()``)."""
     from shardfs.storage.local import LocalStorage
 
     chunk_cache = chunk_cache if chunk_cache is not None else ChunkCache()

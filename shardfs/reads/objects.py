@@ -14,47 +14,25 @@ trio task waits.
 
 from __future__ import annotations
 
+from typing import Any, Callable, TypeVar
+
 import trio
 
 from shardfs.chunkcache import ChunkCache
-from shardfs.lru import SizedLRU
+from shardfs.rangecache import RangeCache
 from shardfs.reads import ReadAhead, Reads
 from shardfs.shard import Extent
 from shardfs.storage import Range, Version, VersionMismatch
 from shardfs.storage.objects import ObjectStorage
+from shardfs.threads import blocking
 
 DEFAULT_CACHE_BYTES = 256 << 20
-
-
-class RangeCache:
-    """Byte ranges of object versions, in memory, bounded by ``max_bytes`` (least recently
-    used dropped first). A stand-in with the interface of ``shardfs.rangecache.RangeCache``
-    (which adds the disk cache), until that module lands."""
-
-    def __init__(self, max_bytes: int, disk_dir: str | None = None) -> None:
-        self._lru: SizedLRU[tuple[str, Version, int], bytes] = SizedLRU(max_bytes, len)
-        self._starts: dict[tuple[str, Version], set[int]] = {}
-
-    def get(self, where: str, version: Version, offset: int, nbytes: int) -> bytes | None:
-        """The ``nbytes`` bytes at ``offset`` if one kept range holds all of them."""
-        starts = self._starts.get((where, version), ())
-        for start in sorted(starts):
-            if start > offset:
-                break
-            data = self._lru.get((where, version, start))
-            if data is not None and offset + nbytes <= start + len(data):
-                return data[offset - start: offset - start + nbytes]
-        return None
-
-    def put(self, where: str, version: Version, offset: int, data: bytes) -> None:
-        if len(self._starts) >= 65536:
-            self._starts.clear()
-        self._starts.setdefault((where, version), set()).add(offset)
-        self._lru.put((where, version, offset), data)
+T = TypeVar("T")
 
 
 class ObjectReads(Reads):
-    """``Reads`` over an ``ObjectStorage`` (see the module docstring)."""
+    """``Reads`` over an ``ObjectStorage`` (see the module docstring); ``cache`` defaults to
+    ``RangeCache(DEFAULT_CACHE_BYTES)``, memory only."""
 
     def __init__(self, source: ObjectStorage, chunk_cache: ChunkCache, cache: RangeCache | None = None) -> None:
         super().__init__(chunk_cache, ReadAhead(after=2, chained=True))
@@ -68,7 +46,7 @@ class ObjectReads(Reads):
         fetching = self._fetching.get(shard)
         if fetching is not None:
             await fetching.wait()
-        data = self.cache.get(where, ext.version, ext.offset, ext.nbytes)
+        data = await self._cache(self.cache.get, where, ext.version, ext.offset, ext.nbytes)
         if data is not None:
             return data
         if ahead and shard not in self._fetching:
@@ -78,11 +56,15 @@ class ObjectReads(Reads):
             finally:
                 del self._fetching[shard]
                 done.set()
-            self.cache.put(where, ext.version, 0, whole)
+            await self._cache(self.cache.put, where, ext.version, 0, whole)
             return whole[ext.offset: ext.offset + ext.nbytes]
         data = await self._get(ext, Range(ext.offset, ext.nbytes))
-        self.cache.put(where, ext.version, ext.offset, data)
+        await self._cache(self.cache.put, where, ext.version, ext.offset, data)
         return data
+
+    async def _cache(self, call: Callable[..., T], *args: Any) -> T:
+        """A ``RangeCache`` call: inline in memory, in a worker thread when it may touch the disk."""
+        return call(*args) if self.cache.disk_dir is None else await blocking(call, *args)
 
     async def _get(self, ext: Extent, rng: Range) -> bytes:
         """One GET of ``rng`` of the shard, If-Match its version; ``VersionMismatch`` if the

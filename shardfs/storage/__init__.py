@@ -14,6 +14,7 @@ build the new shard, ``replace(key, data, if_version=V)``; on ``VersionMismatch`
 
 from __future__ import annotations
 
+import os
 from typing import Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 
@@ -123,6 +124,9 @@ class Storage(Protocol):
 
     def delete(self, key: str, if_version: Version | _Absent | None = None) -> None:
         """Remove ``key`` (missing is fine unless ``if_version`` is a Version)."""
+
+    def statvfs(self) -> os.statvfs_result:
+        """What ``statfs`` reports: the local filesystem's; a large constant for an object store."""
 
     def check_write(self, key: str) -> None:
         """Raise ``Unusable`` if ``replace``/``delete`` of ``key`` would be refused for what the

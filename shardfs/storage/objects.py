@@ -71,6 +71,7 @@ from obstore.store import from_url
 from obstore.exceptions import (AlreadyExistsError, NotFoundError, PermissionDeniedError, PreconditionError,
                                 UnauthenticatedError)
 
+from shardfs.source import env_endpoint
 from shardfs.storage import ABSENT, UNKNOWN, Entry, Range, Version, VersionMismatch, _Absent, _Unknown
 from shardfs.storage.versions import Remembered
 from shardfs.storage.loop import LoopThread
@@ -81,6 +82,8 @@ COALESCE_GAP = 1 << 20  # ranges closer than this are read in one GET (object_st
 CONSISTENT_READ_TRIES = 3
 _SCHEMES = {"s3": "s3", "s3a": "s3", "gs": "gs", "az": "az", "azure": "az", "abfs": "az", "abfss": "az"}
 _ENDPOINT_KEY = {"s3": "endpoint", "gs": "base_url", "az": "endpoint"}
+STATFS_BYTES = 1 << 60  # the size statvfs reports (see ``ObjectStorage.statvfs``)
+STATFS_BLOCK = 1 << 20
 _STATUS = re.compile(r"status code: (\d{3})")
 _MISSING = (NotFoundError, FileNotFoundError)  # obstore raises either for a 404
 
@@ -135,7 +138,7 @@ class ObjectStorage:
         self.scheme = scheme
         config: dict[str, Any] = {}
         if scheme == "s3":
-            endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT")
+            endpoint = endpoint or env_endpoint(url)
             region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
             if region:
                 config["region"] = region
@@ -165,6 +168,13 @@ class ObjectStorage:
 
     def describe(self, key: str) -> str:
         return f"{self.url}/{key}" if key else self.url
+
+    def statvfs(self) -> os.statvfs_result:
+        """An object store has no size or inode limit to report: like mountpoint-s3, a large
+        constant (1 EiB in 1 MiB blocks, all free; 2^32 files, all free), so ``df`` and tools
+        that check free space before writing see a usable filesystem."""
+        blocks, files = STATFS_BYTES // STATFS_BLOCK, 1 << 32
+        return os.statvfs_result((STATFS_BLOCK, STATFS_BLOCK, blocks, blocks, blocks, files, files, files, 0, 255))
 
     # ------------------------------------------------------------------ remembered versions
 

@@ -1,0 +1,351 @@
+"""The object-storage rows of ``scripts/bench`` (issue 13): ``shardfs mount s3://...`` against
+native readers of the same objects, side by side in one run.
+
+``figure(bench)`` starts SeaweedFS (seaweed.py: ``weed mini`` on 127.0.0.1, every port explicit,
+credentials enforced) under the work directory, always stops it by PID, and uploads with obstore:
+the bench's sharded ``vol`` (prefix ``big``), the real v2 copy of it (``v2/vol``), the one-shard
+``small`` and a group ``tenk`` whose array has ``TENK`` shards (each the same small shard). Then,
+each repetition alternating the sides, every mount fresh, page caches dropped before every
+measurement (SeaweedFS reads its volume files from disk), medians:
+
+1. zarr 2.18 whole-array read of vol through ``shardfs mount s3://BUCKET/big`` / zarr 3 native
+   (``ObjectStore`` over obstore's ``S3Store``) on the same objects; target <= 1.6x;
+2. the same, both sides through a ``DelayProxy`` adding ``DELAY`` each way per request; <= 1.6x;
+3. ``RANDOM`` random single-chunk reads of vol in one process (the array opened once) through
+   that proxy: zarr 2.18 through the mount / zarr 3 native; <= 0.6x;
+4. row 1's mount side / zarr 2.18 reading the v2 copy through ``FSStore`` (s3fs); <= 0.3x;
+5. through a counting proxy without delay (``DelayProxy.requests``): requests at mount, for the
+   first chunk read of a cold shard, per further chunk of a shard whose index is cached, per
+   shard read chunk file by chunk file, and per shard in a whole-array read (mount and zarr 3
+   native); mount time of ``tenk`` (< 1 s) against ``small``; the S3 daemons' peak RSS
+   (< 200 MiB).
+
+With ``--smoke`` only rows 1 and 5 run (one repetition, ``SMOKE_TENK`` shards in ``tenk``).
+The endpoint is always explicit (``-o endpoint=``, the clients' ENDPOINT argument); the
+credentials and region are in ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_REGION``
+for the figure's duration (mounts and clients inherit them).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import statistics
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from bench_lib.delayproxy import DelayProxy
+from bench_lib.main import PY2, PY3, Bench, BenchError, Row
+from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY, S3Source, SeaweedS3, put_all, upload
+
+BUCKET = "shardfs-bench"
+DELAY = 0.010  # seconds each way per request (rows 2 and 3)
+RANDOM = 60  # chunks read in row 3 (SMOKE_RANDOM in --smoke)
+TENK, SMOKE_TENK = 10_000, 100  # shards under the tenk prefix
+COUNT_SHARDS = 8  # shards read in each request-count case (at most a third of vol's shards)
+MiB = 1 << 20
+
+
+
+def figure(bench: Bench) -> list[Row]:
+    """All S3 rows (module docstring); SeaweedFS is stopped by PID whatever happens."""
+    server = SeaweedS3(bench.work / "seaweed", bucket=BUCKET)
+    with _aws_env():
+        server.start()
+        try:
+            return _S3Rows(bench, server).rows()
+        finally:
+            server.stop()
+
+
+@contextmanager
+def _aws_env() -> Iterator[None]:
+    """The server's credentials and region in the environment (restored after)."""
+    new = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": REGION}
+    old = {k: os.environ.get(k) for k in new}
+    os.environ.update(new)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class _S3Rows:
+    def __init__(self, bench: Bench, server: SeaweedS3) -> None:
+        self.b = bench
+        self.server = server
+        self.direct = server.endpoint
+        self.smoke = bench.smoke
+        zarray = json.loads((bench.copy / "vol" / ".zarray").read_text())
+        if zarray.get("dimension_separator", ".") != ".":
+            raise BenchError(f"v2 view of vol has dimension_separator {zarray['dimension_separator']!r}, expected '.'")
+        self.chunks = [tuple(int(x) for x in name.split(".")) for name in bench.vol_names]
+        s = bench.sizes
+        self.per_shard = tuple(sh // c for sh, c in zip(s.vol_shard, s.vol_chunk))
+        self.shard_grid = tuple(-(-a // sh) for a, sh in zip(s.vol_shape, s.vol_shard))
+
+    # ----- data -------------------------------------------------------------------------------
+
+    def upload(self) -> None:
+        b, server = self.b, self.server
+        self.n_tenk = SMOKE_TENK if self.smoke else TENK
+        t0 = time.perf_counter()
+        put_all(S3Source(server, "big").store(), [("zarr.json", b.big / "zarr.json")])
+        n = 1 + len(upload(server, b.big / "vol", "big/vol").keys())
+        n += len(upload(server, b.copy / "vol", "v2/vol").keys())
+        n += len(upload(server, b.small, "small").keys())
+        tenk = self._tenk_items(self.n_tenk)
+        put_all(S3Source(server, "tenk").store(), tenk)
+        n += len(tenk)
+        b.raw["s3_upload"] = {"objects": n, "seconds": time.perf_counter() - t0}
+        b.log(f"  S3: uploaded {n} objects ({self.n_tenk} shards under tenk) in {time.perf_counter() - t0:.1f} s")
+
+    def _tenk_items(self, n: int) -> list[tuple[str, bytes | Path]]:
+        """``tenk``: a group with array ``a`` of ``n`` (a square number) 4x4 uint8 shards of 2x2
+        chunks, every shard the same bytes (written once locally by zarr 3)."""
+        import numpy as np
+        import zarr
+
+        side = int(round(n ** 0.5))
+        assert side * side == n
+        root = self.b.work / "tenk-src"
+        g = zarr.open_group(str(root), mode="w")
+        a = g.create_array("a", shape=(4 * side, 4 * side), chunks=(2, 2), shards=(4, 4), dtype="uint8",
+                           compressors=None, fill_value=0)
+        a[:4, :4] = np.arange(1, 17, dtype=np.uint8).reshape(4, 4)
+        shard = (root / "a" / "c" / "0" / "0").read_bytes()
+        self.tenk_side = side
+        items: list[tuple[str, bytes | Path]] = [("zarr.json", root / "zarr.json"),
+                                                ("a/zarr.json", root / "a" / "zarr.json")]
+        return items + [(f"a/c/{i}/{j}", shard) for i in range(side) for j in range(side)]
+
+    # ----- sides ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _opts(port: int) -> str:
+        return f"endpoint=http://127.0.0.1:{port},region={REGION}"
+
+    def _url(self, prefix: str) -> str:
+        return f"s3://{BUCKET}/{prefix}"
+
+    def whole_mount(self, port: int, name: str) -> dict:
+        b = self.b
+        with b.mounted(self._url("big"), name, options=self._opts(port)) as m:
+            b.drop_caches()
+            res = b.client(PY2, "zarr_read", m.mnt / "vol")
+        return self._check_sum(res, name)
+
+    def whole_native(self, port: int, python: str, prefix: str, name: str) -> dict:
+        self.b.drop_caches()
+        res = self.b.client(python, "zarr_read", self._url(prefix), f"http://127.0.0.1:{port}")
+        return self._check_sum(res, name)
+
+    def _check_sum(self, res: dict, side: str) -> dict:
+        if res["sum"] != self.b.vol_sum:
+            raise BenchError(f"{side}: read wrong data (sum {res['sum']} != {self.b.vol_sum})")
+        return res
+
+    # ----- rows -------------------------------------------------------------------------------
+
+    def rows(self) -> list[Row]:
+        self.upload()
+        with DelayProxy(("127.0.0.1", self.server.ports["s3.port"]), DELAY) as slow, \
+                DelayProxy(("127.0.0.1", self.server.ports["s3.port"]), 0.0) as count:
+            rows = self.reads(slow)
+            rows += self.counts(count)
+        rows += self.mount_time()
+        rows.append(self.rss())
+        return rows
+
+    def reads(self, slow: DelayProxy) -> list[Row]:
+        """Rows 1-4, all sides alternating in one loop."""
+        b = self.b
+        direct = self.server.ports["s3.port"]
+        py2, py3 = PY2, PY3
+        sides = {
+            "mount": lambda rep: self.whole_mount(direct, "s3-read"),
+            "native": lambda rep: self.whole_native(direct, py3, "big/vol", "native"),
+        }
+        if not self.smoke:
+            sides.update({
+                "s3fs": lambda rep: self.whole_native(direct, py2, "v2/vol", "s3fs"),
+                "mount_delay": lambda rep: self.whole_mount(slow.port, "s3-read-delay"),
+                "native_delay": lambda rep: self.whole_native(slow.port, py3, "big/vol", "native_delay"),
+                "random_mount": lambda rep: self.random_mount(slow, rep),
+                "random_native": lambda rep: self.random_native(slow, rep),
+            })
+        t: dict[str, list[float]] = {k: [] for k in sides}
+        gets: dict[str, list[int]] = {k: [] for k in sides if k.startswith("random")}
+        sums: dict[int, dict[str, int]] = {}
+        for rep in b.repeat():
+            for side in _rotate(list(sides), rep):
+                before = slow.snapshot()[0]
+                res = sides[side](rep)
+                t[side].append(res["seconds"])
+                if side in gets:
+                    gets[side].append(_total(_delta(before, slow.snapshot()[0])))
+                    sums.setdefault(rep, {})[side] = res["sum"]
+                b.log(f"s3 rep {rep + 1}: {side} {res['seconds']:.2f} s")
+            if len(set(sums.get(rep, {}).values())) > 1:
+                raise BenchError(f"random reads rep {rep + 1}: mount and zarr 3 read different data {sums[rep]}")
+        b.raw["s3_read"] = t
+        b.raw["s3_random_requests"] = gets
+        m = {k: statistics.median(v) for k, v in t.items()}
+        mb = b.vol_bytes / MiB
+        rows = [b.ratio_row(f"S3: zarr 2.18 read {mb:.0f} MiB via mount vs zarr 3 native", "s",
+                            m["mount"], m["native"], 1.6)]
+        if self.smoke:
+            return rows
+        rows.append(b.ratio_row(f"S3, {DELAY * 1e3:g} ms each way: same", "s",
+                                m["mount_delay"], m["native_delay"], 1.6))
+        n = RANDOM
+        row = b.ratio_row(f"S3, {DELAY * 1e3:g} ms each way: {n} random single-chunk reads, one process, "
+                          "mount vs zarr 3 native", "s", m["random_mount"], m["random_native"], 0.6)
+        row.note = (f"requests: mount {statistics.median(gets['random_mount']):.0f}, "
+                    f"zarr 3 {statistics.median(gets['random_native']):.0f}")
+        rows.append(row)
+        rows.append(b.ratio_row("S3: zarr 2.18 read via mount vs zarr 2.18 on a v2 copy (FSStore, s3fs)", "s",
+                                m["mount"], m["s3fs"], 0.3))
+        return rows
+
+    def _random_list(self, rep: int) -> Path:
+        coords = random.Random(200 + rep).sample(self.chunks, min(RANDOM, len(self.chunks)))
+        path = self.b.work / f"s3-random-{rep}.list"
+        path.write_text("".join(" ".join(map(str, c)) + "\n" for c in coords))
+        return path
+
+    def random_mount(self, slow: DelayProxy, rep: int) -> dict:
+        b = self.b
+        with b.mounted(self._url("big"), "s3-random", options=self._opts(slow.port)) as m:
+            b.drop_caches()
+            return b.client(PY2, "zarr_chunks", m.mnt / "vol", self._random_list(rep))
+
+    def random_native(self, slow: DelayProxy, rep: int) -> dict:
+        self.b.drop_caches()
+        return self.b.client(PY3, "zarr_chunks", self._url("big/vol"), self._random_list(rep),
+                             f"http://127.0.0.1:{slow.port}")
+
+    def counts(self, count: DelayProxy) -> list[Row]:
+        """Row 5's request counts, through the counting proxy (one run: counts do not vary)."""
+        b = self.b
+        n_shards = math.prod(self.shard_grid)
+        k = max(1, min(COUNT_SHARDS, n_shards // 3))
+        shards = random.Random(7).sample(_grid(self.shard_grid), 3 * k)
+        first, whole = shards[:k], shards[k:2 * k]
+
+        def chunk_in(shard: tuple[int, ...], offset: tuple[int, ...]) -> str:
+            return ".".join(str(s * p + o) for s, p, o in zip(shard, self.per_shard, offset))
+
+        zero = tuple(0 for _ in self.per_shard)
+        one = tuple(min(1, p - 1) for p in self.per_shard)
+        found: dict[str, dict[str, int]] = {}
+
+        def read_files(root: Path, names: list[str], what: str) -> None:
+            lst = b.work / f"s3-count-{what}.list"
+            lst.write_text("\n".join(names) + "\n")
+            before = count.snapshot()[0]
+            res = b.client(PY3, "random_reads", root, lst)
+            if res["bytes"] <= 0:
+                raise BenchError(f"request counts: {what}: read nothing")
+            found[what] = _delta(before, count.snapshot()[0])
+
+        before = count.snapshot()[0]
+        with b.mounted(self._url("big"), "s3-count", options=self._opts(count.port)) as m:
+            found["mount"] = _delta(before, count.snapshot()[0])
+            vol = m.mnt / "vol"
+            read_files(vol, [chunk_in(s, zero) for s in first], "cold")
+            read_files(vol, [chunk_in(s, one) for s in first], "second")
+            read_files(vol, [chunk_in(s, off) for s in whole for off in _grid(self.per_shard)], "whole_shard")
+        before = count.snapshot()[0]
+        with b.mounted(self._url("big"), "s3-count-array", options=self._opts(count.port)) as m:
+            mid = count.snapshot()[0]
+            self._check_sum(b.client(PY2, "zarr_read", m.mnt / "vol"), "count mount")
+            found["array_mount"] = _delta(mid, count.snapshot()[0])
+        before = count.snapshot()[0]
+        self.whole_native(count.port, PY3, "big/vol", "count native")
+        found["array_native"] = _delta(before, count.snapshot()[0])
+        b.raw["s3_requests"] = found
+        b.log(f"s3 request counts: {found}")
+        unparsed = sum(c.get("UNPARSED", 0) for c in found.values())
+
+        def row(figure: str, what: str, per: int, target: float | None, baseline: str | None = None) -> Row:
+            value = _total(found[what]) / per
+            base = _total(found[baseline]) / per if baseline else None
+            r = b.ratio_row(figure, "req", value, base, None) if base else Row(figure, "req", value)
+            if target is not None:
+                b.abs_check(r, target + 1e-9, "<", f"≤ {target:g}")
+            r.note = _kinds(found[what]) + (f"; zarr 3: {_kinds(found[baseline])}" if baseline else "") \
+                + (f"; {unparsed} connection(s) unparsed" if unparsed else "")
+            return r
+
+        cps = math.prod(self.per_shard)
+        return [
+            row("S3: requests at mount", "mount", 1, None),
+            row(f"S3: requests for the 1st chunk file of a cold shard (x{k})", "cold", k, 2),
+            row("S3: requests per further chunk file of a shard, index cached", "second", k, 1),
+            row(f"S3: requests per shard read chunk file by chunk file ({cps} files, x{k})", "whole_shard", k, 2),
+            row(f"S3: requests per shard, whole-array read ({n_shards} shards): mount vs zarr 3 native",
+                "array_mount", n_shards, 2, "array_native"),
+        ]
+
+    def mount_time(self) -> list[Row]:
+        """Mount time of the TENK-shard prefix against the one-shard prefix; checks both show data."""
+        b = self.b
+        direct = self.server.ports["s3.port"]
+        t: dict[str, list[float]] = {"tenk": [], "small": []}
+        last = f"{2 * (self.tenk_side - 1)}.{2 * (self.tenk_side - 1)}"
+        for rep in b.repeat(b.reps if self.smoke else max(b.reps, 3)):
+            for side in _rotate(list(t), rep):
+                with b.mounted(self._url(side), f"s3-mount-{side}", options=self._opts(direct)) as m:
+                    t[side].append(m.seconds)
+                    if side == "tenk":
+                        first, end = (m.mnt / "a" / "0.0").read_bytes(), (m.mnt / "a" / last).read_bytes()
+                        if first != end or first != bytes([1, 2, 5, 6]):
+                            raise BenchError(f"tenk via mount: chunk 0.0 {first!r}, chunk {last} {end!r}")
+                    else:
+                        os.listdir(m.mnt / "tiny")
+        b.raw["s3_mount_seconds"] = t
+        tm, ts = statistics.median(t["tenk"]), statistics.median(t["small"])
+        row = b.ratio_row(f"S3: mount time, {self.n_tenk} shards vs 1 shard", "s", tm, ts, None)
+        return [b.abs_check(row, 1.0, "<", "< 1 s")]
+
+    def rss(self) -> Row:
+        peaks = {k: v for k, v in self.b.max_rss.items() if k.startswith("s3-")}
+        worst = max(peaks, key=peaks.get)
+        r = Row("S3: daemon peak RSS (VmHWM), any S3 mount", "MiB", peaks[worst] / MiB)
+        r = self.b.abs_check(r, 200, "<", "< 200 MiB")
+        r.note = f"largest: {worst}"
+        return r
+
+
+def _grid(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = [()]
+    for n in shape:
+        out = [c + (i,) for c in out for i in range(n)]
+    return out
+
+
+def _rotate(items: list, k: int) -> list:
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
+def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+
+
+def _total(counts: dict[str, int]) -> int:
+    return sum(v for k, v in counts.items() if k != "UNPARSED")
+
+
+def _kinds(counts: dict[str, int]) -> str:
+    return " ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
+
