@@ -785,7 +785,13 @@ class View:
             src = _join(arr.path, key.rel)
             shard = arr.info.layout.keys.parse(key.rel)
             if shard is not None:
-                version = await self.version(src)
+                version = await self.version(src, ask=False)
+                if version is UNKNOWN:  # not remembered: read with its index (one request, needed next)
+                    try:
+                        found = await self.shard_table(arr, shard)
+                        version = None if found is None else found[0]
+                    except OSError:  # corrupt (logged once): the version that read remembered
+                        version = await self.version(src)
                 if version is not None:
                     return self._dir_attr(ino, version.mtime_ns)
                 if key.rel in self._pending_shard_keys(arr) or (arr.path, key.rel) in self.made:
