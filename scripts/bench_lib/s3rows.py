@@ -82,11 +82,10 @@ class _S3Rows:
     def __init__(self, bench: Bench, server: SeaweedS3) -> None:
         self.b = bench
         self.server = server
-        self.direct = server.endpoint
         self.smoke = bench.smoke
         zarray = json.loads((bench.copy / "vol" / ".zarray").read_text())
         if zarray.get("dimension_separator", ".") != ".":
-            raise BenchError(f"v2 view of vol has dimension_separator {zarray['dimension_separator']!r}, expected '.'")
+            raise BenchError(f"v2 view of vol: dimension_separator {zarray['dimension_separator']!r}, not '.'")
         self.chunks = [tuple(int(x) for x in name.split(".")) for name in bench.vol_names]
         s = bench.sizes
         self.per_shard = tuple(sh // c for sh, c in zip(s.vol_shard, s.vol_chunk))
