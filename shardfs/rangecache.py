@@ -14,7 +14,9 @@ Contract:
 - Memory: an LRU of ranges whose sizes sum to at most ``max_bytes`` (0: no memory cache; a
   range larger than that is not kept). A range inside another of the same version is not kept
   twice. Putting a version of an object drops the ranges of its other versions.
-- Disk (``disk_dir``, like mountpoint-s3's ``--cache``): every put range is also a file,
+- Disk (``disk_dir``, like mountpoint-s3's ``--cache``): every put range is also written, by a
+  background thread (``put`` does not wait; ranges beyond ``QUEUE_BYTES`` waiting are not
+  written; ``flush()`` waits for the writes: call it at unmount), to a file
   ``DIR/<bucket>/<sha(where)>.<sha(version)>.<offset>.<length>`` (4096 hashed buckets: fast
   with 100k entries), written to a temporary name and renamed (readers, and other daemons
   sharing the directory, see a whole file or none; no lock). A file starts with a header
@@ -26,16 +28,17 @@ Contract:
   A hit also keeps the blocks read in memory, and sets the file's mtime: disk usage is bounded
   by ``disk_max_bytes`` (default ``DEFAULT_DISK_BYTES``, fixed so that daemons sharing a
   directory agree) by a scan in a background thread, at start and after each
-  ``disk_max_bytes / 8`` written, that removes the least recently used files (oldest mtime,
-  so atime settings do not matter) down to 7/8 of the bound. Between scans usage may exceed
-  the bound by what was written since the last one.
+  ``disk_max_bytes / 8`` written (again at its end if that much was written meanwhile), that
+  removes the least recently used files (oldest mtime, so atime settings do not matter) until
+  at most 7/8 of the bound remain: usage exceeds the bound only by what is written during a scan.
 - The directory is created if missing (``ValueError`` naming it if it cannot be, or if it is
   a non-empty directory that is not a cache: it gets a ``CACHEDIR.TAG``, and files are only
   ever removed from a tagged directory). Any other disk error (ENOSPC, EACCES, EROFS, EIO)
-  turns the disk cache off with one log line: reads then miss, they never fail.
-- Thread-safe. A memory hit is a dict lookup under a lock; a memory miss with a disk cache
-  lists one bucket directory and may read a file, and ``put`` writes one: with a disk cache,
-  call both from a worker thread.
+  turns the disk cache off with one log line: the cache goes on in memory alone; neither
+  ``get`` nor ``put`` ever raises.
+- Thread-safe. A memory hit is a dict lookup under a lock, and ``put`` never waits for the
+  disk. A memory miss with a disk cache lists one bucket directory and may read a file: on
+  the trio thread, ask ``get(..., disk=False)`` first, then ``get`` in a worker thread.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ import struct
 import threading
 import time
 from bisect import bisect_left, bisect_right
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 import crc32c
 
@@ -59,6 +62,7 @@ log = logging.getLogger("shardfs")
 
 DEFAULT_DISK_BYTES = 5 << 30
 BLOCK = 256 << 10  # payload bytes per crc32c
+QUEUE_BYTES = 256 << 20  # ranges waiting for the disk beyond this are not written
 MAGIC = b"SFR1"
 HEADER = struct.Struct("<4sIQ")  # magic, key length, payload length; then key, crc32c per block, payload
 TAG_NAME = "CACHEDIR.TAG"
@@ -107,6 +111,10 @@ class RangeCache:
         self.disk_dir: str | None = None
         self.disk_max_bytes = DEFAULT_DISK_BYTES if disk_max_bytes is None else disk_max_bytes
         self._written = 0  # bytes written to disk since the last scan started
+        self._queue: deque[tuple[str, str, int, bytes]] = deque()  # disk writes not done yet
+        self._queued = 0  # their bytes
+        self._writing = False  # a writer thread is running
+        self._idle = threading.Condition(self._lock)  # notified when the writer thread ends
         self._trimming = False
         self._trim_lock = threading.Lock()
         if disk_dir is not None:
@@ -114,8 +122,9 @@ class RangeCache:
 
     # ------------------------------------------------------------------ the interface
 
-    def get(self, where: str, version: Version, offset: int, nbytes: int) -> bytes | None:
-        """``[offset, offset + nbytes)`` of ``version`` of ``where`` if cached, else None."""
+    def get(self, where: str, version: Version, offset: int, nbytes: int, disk: bool = True) -> bytes | None:
+        """``[offset, offset + nbytes)`` of ``version`` of ``where`` if cached, else None.
+        ``disk=False``: in memory only (never blocks: for the trio thread)."""
         ident = _ident(version)
         if ident is None:
             return None
@@ -130,7 +139,7 @@ class RangeCache:
                 self._lru.move_to_end((where, at))
                 data = obj.data[at]  # type: ignore[union-attr]
                 return data if at == start and len(data) == stop - start else data[start - at: stop - at]
-        if self.disk_dir is None:
+        if not disk or self.disk_dir is None:
             return None
         found = self._disk_get(where, ident, start, stop)
         if found is None:
@@ -151,8 +160,22 @@ class RangeCache:
             return
         with self._lock:
             self._memory_put(where, ident, start, data)
-        if self.disk_dir is not None:
-            self._disk_put(where, ident, start, data)
+            if self.disk_dir is None:
+                return
+            if self._queued + len(data) > QUEUE_BYTES:
+                log.debug("%s: range at %d not written to the disk cache: %d bytes queued", where, start, self._queued)
+                return
+            self._queue.append((where, ident, start, data))
+            self._queued += len(data)
+            if self._writing:
+                return
+            self._writing = True
+        threading.Thread(target=self._write_queued, name="rangecache-write", daemon=True).start()
+
+    def flush(self) -> None:
+        """Wait until the disk writes of every earlier ``put`` are done (call it at unmount)."""
+        with self._idle:
+            self._idle.wait_for(lambda: not self._writing)
 
     # ------------------------------------------------------------------ memory
 
@@ -277,6 +300,25 @@ class RangeCache:
         log.warning("range cache file %s: %s: ignored and removed", path, problem)
         return None
 
+    def _write_queued(self) -> None:
+        """The writer thread: write the queued ranges to disk, then end."""
+        while True:
+            with self._lock:
+                if not self._queue or self.disk_dir is None:
+                    self._queue.clear()
+                    self._queued, self._writing = 0, False
+                    self._idle.notify_all()
+                    return
+                where, ident, start, data = self._queue.popleft()
+            try:
+                self._disk_put(where, ident, start, data)
+            except Exception as e:  # a bug: no more disk writes, but never a stuck flush()
+                log.exception("%s: range at %d: writing it to the disk cache failed", where, start)
+                self._disk_failed(e)
+            finally:
+                with self._lock:
+                    self._queued -= len(data)
+
     def _disk_put(self, where: str, ident: str, start: int, data: bytes) -> None:
         root = self.disk_dir
         if root is None:
@@ -326,13 +368,13 @@ class RangeCache:
             _unlink(tmp)
             raise
 
-    def _disk_failed(self, e: OSError) -> None:
+    def _disk_failed(self, e: Exception) -> None:
         with self._lock:
             if self.disk_dir is None:
                 return
             path, self.disk_dir = self.disk_dir, None
         log.warning("cache_dir %s: %s: caching in memory only from now on",
-                    path, os.strerror(e.errno) if e.errno else e)
+                    path, os.strerror(e.errno) if isinstance(e, OSError) and e.errno else e)
 
     # ------------------------------------------------------------------ eviction
 
@@ -345,16 +387,24 @@ class RangeCache:
         threading.Thread(target=self._trim_in_background, name="rangecache-trim", daemon=True).start()
 
     def _trim_in_background(self) -> None:
-        try:
-            self.trim_disk()
-        finally:
+        """Scan again as long as more than ``disk_max_bytes / 8`` was written during a scan."""
+        while True:
+            try:
+                self.trim_disk()
+            except BaseException:
+                with self._lock:
+                    self._trimming = False
+                raise
             with self._lock:
-                self._trimming = False
+                if self._written <= self.disk_max_bytes // 8 or self.disk_dir is None:
+                    self._trimming = False
+                    return
+                self._written = 0
 
     def trim_disk(self) -> int:
         """Remove the least recently used files until the cache holds at most 7/8 of
-        ``disk_max_bytes`` if it holds more; the bytes it holds after. Runs in a background
-        thread by itself (see the module's docstring)."""
+        ``disk_max_bytes``; the bytes it holds after. Runs in a background thread by itself
+        (see the module's docstring)."""
         with self._trim_lock:
             root, files, now = self.disk_dir, [], time.time_ns()
             if root is None:
@@ -373,13 +423,12 @@ class RangeCache:
                         elif entry.name.startswith(_TMP) and now - st.st_mtime_ns > _STALE_TMP_NS:
                             _unlink(entry.path)
                 total = sum(size for _, size, _ in files)
-                if total > self.disk_max_bytes:
-                    files.sort()
-                    for _, size, path in files:
-                        if total <= self.disk_max_bytes * 7 // 8:
-                            break
-                        _unlink(path)
-                        total -= size
+                files.sort()
+                for _, size, path in files:
+                    if total <= self.disk_max_bytes * 7 // 8:
+                        break
+                    _unlink(path)
+                    total -= size
             except OSError as e:
                 self._disk_failed(e)
                 return 0

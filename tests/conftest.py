@@ -34,6 +34,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 REPO = Path(__file__).resolve().parent.parent
+# The benchmark's helpers the tests use too (bench_lib.delayproxy: delaying and counting TCP proxy).
+sys.path.insert(0, str(REPO / "scripts"))
 SHARDFS = str(Path(sys.executable).parent / "shardfs")
 ZARR2_PYTHON = os.environ.get("SHARDFS_ZARR2_PYTHON") or str(REPO / ".venv-zarr2" / "bin" / "python")
 MOUNT_TIMEOUT = 15.0
@@ -43,8 +45,9 @@ STATE_HOME = tempfile.mkdtemp(prefix="shardfs-state-")
 os.environ["XDG_STATE_HOME"] = STATE_HOME
 atexit.register(shutil.rmtree, STATE_HOME, ignore_errors=True)
 
-# Object-store servers: ``s3`` (SeaweedFS, tests/s3server.py), ``azure`` (Azurite, tests/azserver.py).
-pytest_plugins = ["s3server", "azserver"]
+# Object-store servers: ``s3`` (SeaweedFS, tests/s3server.py), ``azure`` (Azurite, tests/azserver.py);
+# ``source`` (tests/source_kinds.py): a test over a local directory and over an s3:// bucket.
+pytest_plugins = ["s3server", "azserver", "source_kinds"]
 
 
 # --------------------------------------------------------------------------- hypothesis
@@ -113,7 +116,7 @@ class Mount:
         self.mnt, self.log, self.allow_traceback = mnt, log, allow_traceback
         self.stdout = log.with_suffix(".stdout")
         self.stderr = log.with_suffix(".stderr")
-        cmd = [*prefix, SHARDFS, "mount", str(src), str(mnt), "-f", "--debug", "--log-file", str(log), *extra]
+        cmd = [*prefix, SHARDFS, "mount", str(self.src), str(mnt), "-f", "--debug", "--log-file", str(log), *extra]
         with open(self.stdout, "wb") as out, open(self.stderr, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
                                          env={**os.environ, **(env or {})})

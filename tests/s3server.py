@@ -12,13 +12,11 @@ reading it natively, ``keys()``).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from bench_lib.seaweed import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, S3Source, SeaweedS3, upload  # noqa: E402
+from bench_lib.seaweed import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, S3Source, SeaweedS3, upload  # scripts/: conftest
 
 __all__ = ["ACCESS_KEY", "BUCKET", "REGION", "SECRET_KEY", "S3Source", "SeaweedS3", "upload", "s3", "s3_upload"]
 

@@ -593,8 +593,12 @@ class Spec(Geometry):
     initial: tuple[tuple[slice, ...], ...]  # regions holding data before the mount
     write: tuple[slice, ...]  # the region the client writers write
 
+    def shard_key(self, shard_idx) -> str:
+        """The shard's key below the source root (``name/c/i/j``)."""
+        return "/".join((self.name, "c", *map(str, shard_idx)))
+
     def shard_file(self, src: Path, shard_idx) -> Path:
-        return Path(src) / self.name / "c" / Path(*map(str, shard_idx))
+        return Path(src) / self.shard_key(shard_idx)
 
     def codec(self):
         kind, level = self.compressor
@@ -646,17 +650,26 @@ def build(src: Path, specs, seed: int = 1) -> dict[str, np.ndarray]:
     return out
 
 
+def assert_read_equals(got: np.ndarray, expected: np.ndarray, what: str) -> None:
+    """``got`` (an oracle's read of a source array, ``what``) is ``expected``: shape and values."""
+    assert got.shape == expected.shape, f"{what}: shape {got.shape}"
+    if not np.array_equal(got, expected, equal_nan=True):
+        bad = np.argwhere(~((got == expected) | (np.isnan(got) & np.isnan(expected))
+                            if got.dtype.kind == "f" else got == expected))
+        raise AssertionError(
+            f"{what}: {len(bad)} elements differ, first at {tuple(bad[0])}: "
+            f"got {got[tuple(bad[0])]!r}, expected {expected[tuple(bad[0])]!r}")
+
+
 def assert_source_equals(src: Path, name: str, expected: np.ndarray) -> None:
     """zarr-python 3 and tensorstore zarr3 both read ``src/name`` as ``expected``."""
     for reader in (read_native, read_ts3_native):
-        got = reader(Path(src) / name)
-        assert got.shape == expected.shape, f"{name} via {reader.__name__}: shape {got.shape}"
-        if not np.array_equal(got, expected, equal_nan=True):
-            bad = np.argwhere(~((got == expected) | (np.isnan(got) & np.isnan(expected))
-                                if got.dtype.kind == "f" else got == expected))
-            raise AssertionError(
-                f"{name} via {reader.__name__}: {len(bad)} elements differ, first at {tuple(bad[0])}: "
-                f"got {got[tuple(bad[0])]!r}, expected {expected[tuple(bad[0])]!r}")
+        assert_read_equals(reader(Path(src) / name), expected, f"{name} via {reader.__name__}")
+
+
+def is_temp_name(name: str) -> bool:
+    """A writer's temporary (or lock) file name: never left in a source after ``umount``."""
+    return name.endswith(TEMP_SUFFIXES) or "shardfs-tmp" in name or ".partial" in name or "__lock" in name
 
 
 def leftovers(src: Path) -> list[str]:
@@ -666,7 +679,7 @@ def leftovers(src: Path) -> list[str]:
     bad = []
     for dirpath, _dirs, files in os.walk(src):
         for f in files:
-            if f.endswith(TEMP_SUFFIXES) or "shardfs-tmp" in f or ".partial" in f or "__lock" in f:
+            if is_temp_name(f):
                 bad.append(os.path.relpath(os.path.join(dirpath, f), src))
     if (src / LEGACY_DIR).exists():
         bad.append(LEGACY_DIR)
@@ -674,19 +687,19 @@ def leftovers(src: Path) -> list[str]:
     return sorted(bad)
 
 
-def journal_path(src: Path) -> Path:
-    """The journal root of ``src`` (in its state directory, under the suite's XDG_STATE_HOME):
-    one directory per daemon, ``<start ns>-<pid>``."""
+def journal_path(src: Path | str) -> Path:
+    """The journal root of ``src`` (a directory or a URL; in its state directory, under the
+    suite's XDG_STATE_HOME): one directory per daemon, ``<start ns>-<pid>``."""
     return Path(journal_dir(str(src)))
 
 
-def journal_entries(src: Path) -> list[str]:
+def journal_entries(src: Path | str) -> list[str]:
     """The files in the daemons' journals, ``<daemon dir>/<segment>``: segments while changes
     are pending."""
     return segments_under(str(journal_path(src)))
 
 
-def journal_bytes(src: Path) -> int:
+def journal_bytes(src: Path | str) -> int:
     """Total size of the journal's files: at least the stored bytes of every pending chunk."""
     return sum((journal_path(src) / n).stat().st_size for n in journal_entries(src))
 

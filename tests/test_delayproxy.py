@@ -7,22 +7,18 @@ skipped by its Content-Length, and the bytes the server answered are counted.
 
 from __future__ import annotations
 
-import sys
 import uuid
-from pathlib import Path
 
 import obstore
 from obstore.store import S3Store
 
+from bench_lib.delayproxy import DelayProxy, Request
 from s3server import ACCESS_KEY, REGION, SECRET_KEY
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from bench_lib.delayproxy import DelayProxy  # noqa: E402
 
 
 def test_requests_counted_by_kind(s3):
     body = b"GET /shardfs-test/x HTTP/1.1\r\nHost: h\r\n\r\n" * 100
-    with DelayProxy(("127.0.0.1", s3.ports["s3.port"]), delay=0.0) as proxy:
+    with DelayProxy(("127.0.0.1", s3.ports["s3.port"]), delay=0.0, record=True) as proxy:
         store = S3Store(s3.bucket, config={"endpoint": f"http://127.0.0.1:{proxy.port}", "region": REGION,
                                            "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY},
                         client_options={"allow_http": True})
@@ -35,3 +31,8 @@ def test_requests_counted_by_kind(s3):
         requests, down = proxy.snapshot()
     assert requests == {"PUT": 1, "HEAD": 1, "GET": 2, "LIST": 1}
     assert down > len(body) + 3
+    path = f"/{s3.bucket}/{key}"
+    assert [(r.method, r.path, r.headers.get("range"), r.headers.get("content-length")) for r in proxy.log] == [
+        ("PUT", path, None, str(len(body))), ("HEAD", path, None, None), ("GET", path, "bytes=0-2", None),
+        ("GET", path, None, None), ("LIST", f"/{s3.bucket}", None, None)]
+    assert all(isinstance(r, Request) for r in proxy.log) and "list-type=2" in proxy.log[-1].query

@@ -31,6 +31,12 @@ V2 = Version('"etag-2"', 1 << 20, 2)
 CONTENT = {V1: random.Random(1).randbytes(V1.size), V2: random.Random(2).randbytes(V2.size)}
 
 
+def put_on_disk(root: Path, where: str, offset: int, data: bytes) -> None:
+    cache = RangeCache(0, str(root))
+    cache.put(where, V1, offset, data)
+    cache.flush()
+
+
 def cache_files(root: Path) -> list[Path]:
     return sorted(p for p in root.glob("*/*") if not p.name.startswith(".tmp."))
 
@@ -184,6 +190,7 @@ def test_served_ranges_match_an_oracle(mode, ops, tmp_path):
                     ranges = current[where][1] if current.get(where, ("",))[0] == tag else []
                     current[where] = (tag, ranges + [(start, stop)])
                 continue
+            cache.flush()
             got = cache.get(where, version, offset, nbytes)
             assert got is None or got == content[start:stop]
             covered = start >= stop or (current.get(where, ("",))[0] == tag
@@ -192,6 +199,7 @@ def test_served_ranges_match_an_oracle(mode, ops, tmp_path):
                 assert (got is not None) == covered
             assert cache.used <= memory
             assert cache.used == sum(len(d) for obj in cache._objects.values() for d in obj.data.values())
+        cache.flush()  # before the directory goes
 
 
 # --------------------------------------------------------------------------- disk
@@ -202,6 +210,7 @@ def test_ranges_persist_across_caches_and_processes(tmp_path):
     data = CONTENT[V1]
     first = RangeCache(1 << 20, str(root))
     first.put(WHERE, V1, 1000, data[1000:900_000])  # several crc32c blocks
+    first.flush()
     assert (root / TAG_NAME).read_bytes().startswith(b"Signature: 8a477f597d28d172789f06886806bc55")
     assert len(cache_files(root)) == 1
     second = RangeCache(0, str(root))  # no memory: every hit is read from disk
@@ -217,9 +226,19 @@ cache = RangeCache(0, {str(root)!r})
 print(cache.get({WHERE!r}, Version(*{tuple(V1)!r}), 500_000, 16).hex())
 print(cache.get({WHERE!r}, Version(*{tuple(V1)!r}), 0, 16))
 cache.put("s3://other/key", Version('"x"', 5, 0), 0, b"hello")
+cache.flush()
 """)
     assert out.split() == [data[500_000:500_016].hex(), "None"]
     assert RangeCache(0, str(root)).get("s3://other/key", Version('"x"', 5, 0), 1, 3) == b"ell"
+
+
+def test_the_trio_thread_can_ask_memory_alone(tmp_path):
+    root = tmp_path / "cache"
+    put_on_disk(root, WHERE, 0, CONTENT[V1][:5000])
+    cache = RangeCache(1 << 20, str(root))
+    assert cache.get(WHERE, V1, 100, 10, disk=False) is None
+    assert cache.get(WHERE, V1, 100, 10) == CONTENT[V1][100:110]
+    assert cache.get(WHERE, V1, 4000, 10, disk=False) == CONTENT[V1][4000:4010]  # the file's block is in memory
 
 
 def test_a_new_etag_removes_the_old_files(tmp_path):
@@ -229,6 +248,7 @@ def test_a_new_etag_removes_the_old_files(tmp_path):
     cache.put(WHERE, V1, 5000, CONTENT[V1][5000:6000])
     cache.put("s3://bucket/other", V1, 0, CONTENT[V1][:10])
     cache.put(WHERE, V2, 0, CONTENT[V2][:500])
+    cache.flush()
     assert len(cache_files(root)) == 2
     assert RangeCache(0, str(root)).get(WHERE, V1, 0, 10) is None
     assert RangeCache(0, str(root)).get(WHERE, V2, 0, 10) == CONTENT[V2][:10]
@@ -241,6 +261,7 @@ def test_files_inside_a_new_range_are_removed(tmp_path):
     cache.put(WHERE, V1, 300, CONTENT[V1][300:400])
     cache.put(WHERE, V1, 0, CONTENT[V1][:1000])
     cache.put(WHERE, V1, 500, CONTENT[V1][500:600])  # inside: not written
+    cache.flush()
     assert [p.name.rsplit(".", 2)[1:] for p in cache_files(root)] == [["0", "1000"]]
 
 
@@ -260,7 +281,7 @@ def _corrupt(path: Path, how: str) -> None:
 @pytest.mark.parametrize("how", ["truncated", "payload-bit", "foreign-key", "garbage"])
 def test_a_damaged_file_is_ignored_and_removed_with_one_log_line(tmp_path, caplog, how):
     root = tmp_path / "cache"
-    RangeCache(0, str(root)).put(WHERE, V1, 0, CONTENT[V1][:5000])
+    put_on_disk(root, WHERE, 0, CONTENT[V1][:5000])
     [path] = cache_files(root)
     _corrupt(path, how)
     cache = RangeCache(0, str(root))
@@ -271,12 +292,13 @@ def test_a_damaged_file_is_ignored_and_removed_with_one_log_line(tmp_path, caplo
     assert len(warnings(caplog)) == 1
     assert str(path) in warnings(caplog)[0] and "ignored and removed" in warnings(caplog)[0]
     cache.put(WHERE, V1, 0, CONTENT[V1][:5000])  # and it is cached again
+    cache.flush()
     assert RangeCache(0, str(root)).get(WHERE, V1, 4000, 1000) == CONTENT[V1][4000:5000]
 
 
 def test_only_the_blocks_read_are_checked(tmp_path, caplog):
     root = tmp_path / "cache"
-    RangeCache(0, str(root)).put(WHERE, V1, 0, CONTENT[V1][:3 * BLOCK])
+    put_on_disk(root, WHERE, 0, CONTENT[V1][:3 * BLOCK])
     [path] = cache_files(root)
     raw = bytearray(path.read_bytes())
     raw[len(raw) - BLOCK // 2] ^= 0x80  # in the last block
@@ -292,7 +314,7 @@ def test_only_the_blocks_read_are_checked(tmp_path, caplog):
 def _file_bytes(where: str, nbytes: int) -> int:
     root = Path(tempfile.mkdtemp())
     try:
-        RangeCache(0, str(root)).put(where, V1, 0, CONTENT[V1][:nbytes])
+        put_on_disk(root, where, 0, CONTENT[V1][:nbytes])
         return cache_files(root)[0].stat().st_size
     finally:
         shutil.rmtree(root)
@@ -305,11 +327,13 @@ def test_the_disk_bound_evicts_the_least_recently_used_files(tmp_path):
     cache = RangeCache(0, str(root), bound)
     for i in range(3):
         cache.put(f"s3://b/{i}", V1, 0, CONTENT[V1][:10_000])
+        cache.flush()
         time.sleep(0.02)  # distinct mtimes
     assert cache.trim_disk() == 3 * file_size
     assert cache.get("s3://b/0", V1, 0, 10) == CONTENT[V1][:10]  # a hit: 0 is now the most recent
     time.sleep(0.02)
     cache.put("s3://b/3", V1, 0, CONTENT[V1][:10_000])
+    cache.flush()
     assert cache.trim_disk() == 3 * file_size
     assert [cache.get(f"s3://b/{i}", V1, 0, 10) is not None for i in range(4)] == [True, False, True, True]
 
@@ -320,6 +344,7 @@ def test_the_disk_bound_is_kept_in_the_background(tmp_path):
     cache = RangeCache(0, str(root), bound)
     for i in range(40):
         cache.put(f"s3://b/{i}", V1, 0, CONTENT[V1][:20_000])  # 4x the bound in all
+    cache.flush()
     deadline = time.monotonic() + 10
     while sum(p.stat().st_size for p in cache_files(root)) > bound and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -356,6 +381,7 @@ def test_a_full_cache_dir_degrades_to_memory(tmpfs, caplog):
         cache.put(WHERE, V1, 0, CONTENT[V1][:10_000])
         cache.put(WHERE, V1, 10_000, CONTENT[V1][10_000:200_000])  # more than the filesystem holds
         cache.put(WHERE, V1, 300_000, CONTENT[V1][300_000:400_000])
+        cache.flush()
         assert cache.get(WHERE, V1, 100_000, 100) == CONTENT[V1][100_000:100_100]
         assert cache.get(WHERE, V1, 600_000, 100) is None
     assert warnings(caplog) == [f"cache_dir {root}: No space left on device: caching in memory only from now on"]
@@ -387,6 +413,7 @@ for _ in range(400):
         got = cache.get(f"s3://b/{{i}}", version, start, stop - start)
         assert got is None or got == content[start:stop], (i, version, start, stop)
         hits += got is not None
+cache.flush()
 print(hits)
 """
     env = dict(os.environ, PYTHONPATH=str(REPO))

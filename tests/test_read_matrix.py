@@ -1,7 +1,8 @@
 """Every v2 client reads through the mount exactly what zarr 3 reads natively.
 
-One mount of the whole matrix (see datasets.py) for the module; zarr 2.18 reads
-every array in one subprocess.
+One mount of the whole matrix (see sources.py) per source kind (tests/source_kinds.py: the
+directory itself, and a copy in an s3:// bucket); zarr 2.18 reads every array in one subprocess.
+The oracle reads the local directory (the bucket holds the same bytes).
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from conftest import (
     read_zarr3_v2,
     zarr2,
 )
+from source_kinds import SOURCE_KINDS, make_source
 from sources import CASES, GROUP_ATTRS, ROOT_ATTRS
 
 
-
-@pytest.fixture(scope="module")
-def view(matrix, module_mount):
-    return module_mount(matrix.root)
+@pytest.fixture(scope="module", params=SOURCE_KINDS)
+def view(request, matrix, module_mount):
+    return make_source(request.param, request)(matrix.root).mount(module_mount)
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import errno
 import socket
-import sys
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
@@ -26,9 +24,7 @@ from s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3
 from shardfs.storage import ABSENT, Entry, Range, Version, VersionMismatch
 from shardfs.storage.local import LocalStorage
 from shardfs.storage.objects import PAGE, ObjectStorage, Retry, StorageUnavailable
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from bench_lib.delayproxy import DelayProxy  # noqa: E402
+from bench_lib.delayproxy import DelayProxy
 
 KINDS = ["local", "objects", "azure"]
 

@@ -4,7 +4,8 @@ Every test builds its own small sharded v3 source (tests/sources.py), mounts
 it, writes through the mount, and after ``shardfs umount`` reads the source
 natively with zarr-python 3 AND tensorstore's ``zarr3`` driver against a numpy
 expectation. Sources also must be left without temp files and with an empty
-journal.
+journal. The tests taking the ``source`` fixture run over a local directory and
+over an s3:// bucket (tests/source_kinds.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 import pytest
 
 from conftest import ZARR2_PYTHON, lazy_unmount, read_tensorstore, zarr2
+from source_kinds import Source
 from writers import WRITERS, region_json, umount
 from sources import (
     Spec,
@@ -60,8 +62,8 @@ def error_lines(mount, mnt) -> list[str]:
     return [line for line in mount.info(mnt).log_text().splitlines() if " ERROR " in line]
 
 
-def assert_clean(src: Path) -> None:
-    left = leftovers(src)
+def assert_clean(src: Path | Source) -> None:
+    left = src.leftovers() if isinstance(src, Source) else leftovers(src)
     assert not left, f"source left with temp files / journal entries after umount: {left}"
 
 
@@ -90,15 +92,16 @@ def run(*cmd, ok=True) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda sp: sp.name)
 @pytest.mark.parametrize("writer", list(WRITERS))
-def test_client_writes_reach_the_shards(writer, spec, tmp_path, mount):
-    src = tmp_path / "src"
-    expected = build(src, [spec])[spec.name]
+def test_client_writes_reach_the_shards(writer, spec, tmp_path, mount, source):
+    local = tmp_path / "src"
+    expected = build(local, [spec])[spec.name]
     touched = {spec.shard_of(i) for i in chunks_touching(spec, spec.write)}
-    new_shards = sorted(sh for sh in touched if not spec.shard_file(src, sh).exists())
-    old_shards = sorted(sh for sh in touched if spec.shard_file(src, sh).exists())
+    new_shards = sorted(sh for sh in touched if not spec.shard_file(local, sh).exists())
+    old_shards = sorted(sh for sh in touched if spec.shard_file(local, sh).exists())
     assert new_shards and old_shards, "the write region must cover existing and missing shards"
 
-    mnt = mount(src)
+    src = source(local)
+    mnt = src.mount(mount)
     values = spec.values(expected[spec.write].shape, seed_of(writer, spec.name))
     WRITERS[writer](mnt / spec.name, spec.write, values, tmp_path)
     expected[spec.write] = values
@@ -109,8 +112,8 @@ def test_client_writes_reach_the_shards(writer, spec, tmp_path, mount):
                                   err_msg="read through the mount after the writer returned")
     umount(mount, mnt)
 
-    assert_source_equals(src, spec.name, expected)
-    missing = [sh for sh in new_shards if not spec.shard_file(src, sh).is_file()]
+    src.assert_equals(spec.name, expected)
+    missing = [sh for sh in new_shards if not src.exists(spec.shard_key(sh))]
     assert not missing, f"shards never created in the source: {missing}"
     assert_clean(src)
 
@@ -118,10 +121,10 @@ def test_client_writes_reach_the_shards(writer, spec, tmp_path, mount):
 # --------------------------------------------------------------------------- cp / dd / rm
 
 
-def test_cp_chunk_files(tmp_path, mount):
-    src = tmp_path / "src"
-    exp = build(src, [Z2, G3, C2])
-    mnt = mount(src)
+def test_cp_chunk_files(tmp_path, mount, source):
+    exp = build(tmp_path / "src", [Z2, G3, C2])
+    src = source(tmp_path / "src")
+    mnt = src.mount(mount)
     jobs = [  # (spec, chunk index, path relative to the array in the view)
         (Z2, (1, 1), "1.1"),               # existing chunk at the array root
         (Z2, (2, 2), "c/1/1/2.2"),         # existing chunk inside its shard directory
@@ -148,7 +151,7 @@ def test_cp_chunk_files(tmp_path, mount):
         assert cat(mnt / name / rel) == data, f"{name}/{rel}: cat after cp differs from the bytes copied"
     umount(mount, mnt)
     for spec in (Z2, G3, C2):
-        assert_source_equals(src, spec.name, exp[spec.name])
+        src.assert_equals(spec.name, exp[spec.name])
     assert_clean(src)
 
 
@@ -188,10 +191,10 @@ def test_dd_chunk_files(tmp_path, mount):
     assert_clean(src)
 
 
-def test_rm_chunk_files(tmp_path, mount):
-    src = tmp_path / "src"
-    exp = build(src, [Z2, C2])
-    mnt = mount(src)
+def test_rm_chunk_files(tmp_path, mount, source):
+    exp = build(tmp_path / "src", [Z2, C2])
+    src = source(tmp_path / "src")
+    mnt = src.mount(mount)
     # one chunk at the array root
     run("rm", mnt / "z2" / "0.0")
     exp["z2"][Z2.chunk_region((0, 0))] = Z2.fill
@@ -221,10 +224,10 @@ def test_rm_chunk_files(tmp_path, mount):
     assert not os.path.exists(mnt / "z2" / "4.5")
     umount(mount, mnt)
     for spec in (Z2, C2):
-        assert_source_equals(src, spec.name, exp[spec.name])
-    assert not Z2.shard_file(src, (1, 1)).exists(), "shard z2/c/1/1 with every chunk removed still exists"
-    assert Z2.shard_file(src, (0, 0)).is_file()
-    assert not Z2.shard_file(src, (2, 2)).exists(), "shard z2/c/2/2 exists though its only chunk was removed"
+        src.assert_equals(spec.name, exp[spec.name])
+    assert not src.exists(Z2.shard_key((1, 1))), "shard z2/c/1/1 with every chunk removed still exists"
+    assert src.exists(Z2.shard_key((0, 0)))
+    assert not src.exists(Z2.shard_key((2, 2))), "shard z2/c/2/2 exists though its only chunk was removed"
     assert_clean(src)
 
 
@@ -350,10 +353,10 @@ def test_reads_see_pending_writes_at_once(tmp_path, mount):
 # --------------------------------------------------------------------------- 3. SIGKILL durability
 
 
-def test_acknowledged_writes_survive_sigkill(tmp_path, mount):
-    src = tmp_path / "src"
-    exp = build(src, [Z2, G3])
-    mnt = mount(src)
+def test_acknowledged_writes_survive_sigkill(tmp_path, mount, source):
+    exp = build(tmp_path / "src", [Z2, G3])
+    src = source(tmp_path / "src")
+    mnt = src.mount(mount)
     m = mount.info(mnt)
     vz = Z2.values(exp["z2"][Z2.write].shape, seed_of("kill", "z2"))
     vg = G3.values(exp["g3"][G3.write].shape, seed_of("kill", "g3"))
@@ -370,22 +373,23 @@ def test_acknowledged_writes_survive_sigkill(tmp_path, mount):
     lazy_unmount(mnt)
     exp["z2"][Z2.write] = vz
     exp["g3"][G3.write] = vg
-    left = journal_entries(src)
+    left = journal_entries(src.url)
     # The kill came well within the idle time: incomplete shards were still pending.
     assert left and all(n.endswith(".seg") for n in left), f"killed daemon left no journal segments: {left}"
-    print(f"journal left by the killed daemon: {left}, {journal_bytes(src)} bytes")
+    print(f"journal left by the killed daemon: {left}, {journal_bytes(src.url)} bytes")
 
-    mnt2 = mount(src)
-    assert journal_entries(src) == [], "journal not replayed (and emptied) before the mount went live"
+    mnt2 = src.mount(mount)
+    assert journal_entries(src.url) == [], "journal not replayed (and emptied) before the mount went live"
     for spec in (Z2, G3):  # the replayed source, natively, while mounted (daemon idle)
-        assert_source_equals(src, spec.name, exp[spec.name])
+        src.assert_equals(spec.name, exp[spec.name])
     got = zarr2("result = {p: zarr.open(p, mode='r')[...] for p in paths}",
                 paths=[str(mnt2 / "z2"), str(mnt2 / "g3")])
     np.testing.assert_array_equal(got[str(mnt2 / "z2")], exp["z2"], err_msg="z2 via zarr 2.18 after remount")
     np.testing.assert_array_equal(got[str(mnt2 / "g3")], exp["g3"], err_msg="g3 via zarr 2.18 after remount")
     umount(mount, mnt2)
     for spec in (Z2, G3):
-        assert_source_equals(src, spec.name, exp[spec.name])
+        src.assert_equals(spec.name, exp[spec.name])
+    assert_clean(src)
 
 
 # --------------------------------------------------------------------------- 5. concurrency

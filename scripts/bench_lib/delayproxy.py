@@ -17,7 +17,10 @@ requests clients sent through it, by kind: the method (``GET``, ``HEAD``, ``PUT`
 bucket-level GET (an S3 listing) counted as ``LIST``; ``proxy.bytes_down`` counts the bytes the
 upstream answered. Request bodies are skipped by their ``Content-Length``; a chunked request
 body cannot be followed, so that connection's later requests count as ``UNPARSED`` (once).
-``snapshot()`` copies both, from any thread.
+``snapshot()`` copies both, from any thread. ``DelayProxy(..., record=True)`` also keeps every
+request, in order, in ``proxy.log`` (``Request(method, path, query, headers)``: the kind as
+counted, the percent-decoded path, lower-cased header names), for the tests that count one key's
+requests and check their ranges and conditions.
 """
 
 from __future__ import annotations
@@ -27,17 +30,28 @@ import asyncio
 import collections
 import socket
 import threading
-from typing import Callable
-from urllib.parse import urlsplit
+from typing import Callable, NamedTuple
+from urllib.parse import unquote, urlsplit
+
+
+class Request(NamedTuple):
+    """One HTTP request seen by the proxy."""
+
+    method: str  # as counted: GET, HEAD, PUT, LIST...
+    path: str  # percent-decoded: /BUCKET/KEY
+    query: str
+    headers: dict[str, str]  # lower-cased names
 
 
 class _RequestParser:
-    """Follows one connection's client-to-upstream byte stream and counts its HTTP requests."""
+    """Follows one connection's client-to-upstream byte stream and counts its HTTP requests
+    (and appends each to ``log`` when given)."""
 
     MAX_HEAD = 1 << 16
 
-    def __init__(self, counts: collections.Counter) -> None:
+    def __init__(self, counts: collections.Counter, log: list[Request] | None = None) -> None:
         self.counts = counts
+        self.log = log
         self.head = b""
         self.body = 0  # bytes of the current request's body still to skip
         self.lost = False
@@ -66,16 +80,21 @@ class _RequestParser:
             self._lose()
             return
         method = parts[0].decode("ascii", "replace")
-        if method == "GET" and "/" not in urlsplit(parts[1].decode("ascii", "replace")).path.strip("/"):
+        target = urlsplit(parts[1].decode("ascii", "replace"))
+        if method == "GET" and "/" not in target.path.strip("/"):
             method = "LIST"  # path-style bucket-level GET: ListObjects
         self.counts[method] += 1
+        headers = {}
         for f in fields:
             name, _, value = f.partition(b":")
             name = name.strip().lower()
+            headers[name.decode("latin-1")] = value.strip().decode("latin-1")
             if name == b"content-length":
                 self.body = int(value.strip())
             elif name == b"transfer-encoding" and b"chunked" in value.lower():
                 self._lose()
+        if self.log is not None:
+            self.log.append(Request(method, unquote(target.path), target.query, headers))
 
     def _lose(self) -> None:
         self.lost = True
@@ -121,10 +140,12 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
 
 
 class DelayProxy:
-    """Forward ``127.0.0.1:port`` to ``upstream`` with ``delay`` seconds each way."""
+    """Forward ``127.0.0.1:port`` to ``upstream`` with ``delay`` seconds each way; with ``record``,
+    keep every request in ``log``."""
 
-    def __init__(self, upstream: tuple[str, int], delay: float, port: int = 0):
+    def __init__(self, upstream: tuple[str, int], delay: float, port: int = 0, record: bool = False):
         self.upstream, self.delay = upstream, delay
+        self.log: list[Request] | None = [] if record else None
         self._sock = socket.create_server(("127.0.0.1", port))
         self.port: int = self._sock.getsockname()[1]
         self._loop = asyncio.new_event_loop()
@@ -185,7 +206,7 @@ class DelayProxy:
         except OSError:
             cwriter.transport.abort()  # RST: the client sees the connection refused/reset
             return
-        up = asyncio.ensure_future(_pump(creader, uwriter, self.delay, _RequestParser(self.requests).feed))
+        up = asyncio.ensure_future(_pump(creader, uwriter, self.delay, _RequestParser(self.requests, self.log).feed))
         down = asyncio.ensure_future(_pump(ureader, cwriter, self.delay, self._down))
         try:
             done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_EXCEPTION)
