@@ -986,6 +986,15 @@ class View:
             os.close(handle.fd)
             handle.fd = -1
 
+    def contents_now(self, handle: ReadHandle) -> bytes | memoryview | None:
+        """A read handle's whole content if it is at hand without waiting (in memory, or in the
+        page cache of the source), else None; a view that the next read may overwrite."""
+        if handle.data is not None:
+            return handle.data
+        if handle.fd >= 0:
+            return self._reader.pread(handle.fd, handle.nbytes, handle.offset)
+        return None
+
 
 class CachedReader:
     """``pread`` that never waits for the disk, into one reused buffer.
