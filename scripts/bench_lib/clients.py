@@ -64,6 +64,26 @@ def zarr_read(path: str, endpoint: str | None = None) -> dict:
             "zarr": zarr.__version__}
 
 
+def zarr_read_part(path: str, part: str, parts: str) -> dict:
+    """One of ``parts`` concurrent readers: after imports it prints ``ready`` and waits for a line on
+    stdin (so all readers start together), then opens the array and reads slab ``part`` of ``parts``
+    along axis 0, split on chunk boundaries (``parts`` = 1: the whole array). Times are wall-clock
+    (``time.time``) so the caller can span all readers."""
+    import zarr
+
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    sys.stdin.readline()
+    t0 = time.time()
+    arr = zarr.open_array(path, mode="r")
+    rows = -(-arr.shape[0] // arr.chunks[0])
+    k, n = int(part), int(parts)
+    lo, hi = k * rows // n * arr.chunks[0], (k + 1) * rows // n * arr.chunks[0]
+    data = arr[lo:hi]
+    t1 = time.time()
+    return {"start": t0, "end": t1, "seconds": t1 - t0, "sum": _checksum(data)}
+
+
 def ts_read(path: str, driver: str) -> dict:
     """Read a whole array with tensorstore (``zarr`` = v2 driver, ``zarr3`` = native)."""
     import tensorstore as ts
@@ -163,8 +183,9 @@ def reopen(path: str, calls: str) -> dict:
     return {"seconds": time.perf_counter() - t0, "calls": n, "bytes": nbytes}
 
 
-COMMANDS = {"zarr_read": zarr_read, "zarr_chunks": zarr_chunks, "ts_read": ts_read, "zarr_write": zarr_write,
-            "dask_read": dask_read, "random_reads": random_reads, "reopen": reopen}
+COMMANDS = {"zarr_read": zarr_read, "zarr_read_part": zarr_read_part, "zarr_chunks": zarr_chunks,
+            "ts_read": ts_read, "zarr_write": zarr_write, "dask_read": dask_read, "random_reads": random_reads,
+            "reopen": reopen}
 
 
 def main() -> None:

@@ -44,6 +44,7 @@ sys.path.insert(0, str(HERE.parent))
 
 sys.modules.setdefault("bench_lib.main", sys.modules[__name__])  # one module when run as a script (s3rows imports it)
 from bench_lib import datasets as ds  # noqa: E402
+from bench_lib import peers  # noqa: E402
 from bench_lib import report  # noqa: E402
 from shardfs.mounts import daemon_pid  # noqa: E402
 from shardfs.journal import segments_under  # noqa: E402
@@ -84,7 +85,8 @@ class Mounted:
     mnt: Path
     pid: int
     seconds: float  # until mounted
-    proc: subprocess.Popen | None = None  # a floorfs child (shardfs daemons are not our children)
+    proc: subprocess.Popen | None = None  # a floorfs or peer child (shardfs daemons are not our children)
+    peer: bool = False  # a peer filesystem (ratarmount, fuse-zip): stopped with ``fusermount3 -u -z``
 
 
 def median(xs: list[float]) -> float:
@@ -157,7 +159,7 @@ class Bench:
         self.problems: list[str] = []
         self.drop_ok = True
         self.max_rss: dict[str, int] = {}
-        self.budget: float = 45.0 if self.smoke else 500.0  # seconds, leaving room for overruns and cleanup
+        self.budget: float = 45.0 if self.smoke else 600.0  # seconds, leaving room for overruns and cleanup
         self.figure = ""
         self.allowance = math.inf
         self.reps_done: dict[str, int] = {}
@@ -224,15 +226,21 @@ class Bench:
 
     @contextmanager
     def mounted(self, src: Path | str, name: str, floor: bool = False, rw: bool = False, ro: bool = False,
-                options: str = "") -> Iterator[Mounted]:
+                options: str = "", peer: list[str] | None = None) -> Iterator[Mounted]:
         """A fresh mount of ``src`` (a directory, or an ``s3://`` URL) on ``WORK/mnt/NAME``, timed:
         ``shardfs mount`` (``-o ro`` with ``ro``, ``-o OPTIONS`` with ``options``),
-        or with ``floor`` a ``floorfs.py`` child (the pyfuse3 floor; writable with ``rw``). Always
-        unmounted afterwards, lazily if need be; raises BenchError when the clean unmount failed (after
-        the body succeeded)."""
+        or with ``floor`` a ``floorfs.py`` child (the pyfuse3 floor; writable with ``rw``), or with
+        ``peer`` that foreground command with ``SRC MNT`` appended, as our child (bench_lib/peers.py).
+        Always unmounted afterwards, lazily if need be; raises BenchError when the clean unmount failed
+        (after the body succeeded)."""
         mnt = self.work / "mnt" / name
         mnt.mkdir(parents=True, exist_ok=True)
-        m = self._mount_floor(src, mnt, name, rw) if floor else self._mount_shardfs(src, mnt, name, ro, options)
+        if peer is not None:
+            m = self._mount_child([*peer, str(src), str(mnt)], mnt, name, peer=True)
+        elif floor:
+            m = self._mount_child([PY3, FLOORFS, *["--rw"] * rw, str(src), str(mnt)], mnt, name)
+        else:
+            m = self._mount_shardfs(src, mnt, name, ro, options)
         self.active[mnt] = m
         try:
             yield m
@@ -265,22 +273,23 @@ class Bench:
             raise BenchError("mounted, but no daemon process found for the mountpoint")
         return Mounted(mnt, pid, seconds)
 
-    def _mount_floor(self, src: Path, mnt: Path, name: str, rw: bool) -> Mounted:
-        """Start ``floorfs.py [--rw] SRC MNT`` as our child (output to logs/NAME.log); ready once MNT is
-        a mount point. A child that exits or is not mounted within 30 s is a BenchError."""
+    def _mount_child(self, cmd: list[str], mnt: Path, name: str, peer: bool = False) -> Mounted:
+        """Start ``cmd`` (a filesystem serving MNT in the foreground: floorfs.py, or a peer) as our child
+        (output to logs/NAME.log); ready once MNT is a mount point. A child that exits or is not
+        mounted within 30 s is a BenchError."""
         log = self.logs / f"{name}.log"
         with open(log, "a") as f:
-            proc = subprocess.Popen([PY3, FLOORFS, *["--rw"] * rw, str(src), str(mnt)],
-                                    stdin=subprocess.DEVNULL, stdout=f,
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         t0 = time.perf_counter()
         while not is_mounted(mnt):
             if proc.poll() is not None or time.perf_counter() - t0 > 30:
                 self._force_unmount(mnt, proc.pid, proc)
                 tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
-                raise BenchError(f"floorfs did not mount (exit {proc.returncode}): {tail[:300]}")
+                raise BenchError(f"{Path(cmd[0 if peer else 1]).name} did not mount (exit {proc.returncode}): "
+                                 f"{tail[:300]}")
             time.sleep(0.01)
-        return Mounted(mnt, proc.pid, time.perf_counter() - t0, proc)
+        return Mounted(mnt, proc.pid, time.perf_counter() - t0, proc, peer)
 
     def _unmount(self, m: Mounted, name: str) -> str | None:
         """Unmount ``m`` the clean way, then make sure it is gone; the clean way's error, if any."""
@@ -290,6 +299,10 @@ class Bench:
                 self.max_rss[name] = max(self.max_rss.get(name, 0), rss)
             except OSError:
                 pass
+        if m.peer:  # fusermount3 -u -z, then its process killed (by pid) only if it does not exit
+            killed = len(self.problems)
+            self._force_unmount(m.mnt, m.pid, m.proc)
+            return self.problems[-1] if len(self.problems) > killed else None
         err = self._stop_floor(m) if m.proc is not None else self._stop_shardfs(m)
         self._force_unmount(m.mnt, m.pid, m.proc)
         return err
@@ -473,6 +486,11 @@ class Bench:
             self.floor_row("same, mount vs", "s", m["mount2"], m["floor2"], m["copy2"]),
             self.ratio_row("  same, read-only mount (-o ro) vs copy", "s", m["ro2"], m["copy2"], 1.25),
         ]
+
+    def fig_peers(self) -> list[Row]:
+        """shardfs beside ratarmount and fuse-zip (a stored zip of the copy), floorfs and the copy:
+        cat, zarr 2.18 reads, ls -l, daemon CPU per chunk (bench_lib/peers.py)."""
+        return peers.Peers(self, CLIENTS, PY2, rotate).run()
 
     def fig_large(self) -> list[Row]:
         """Sequential ``cat`` of 4 MiB chunk files, the source (and the copy) in the page cache; on the
@@ -733,9 +751,9 @@ class Bench:
 
 
 # share of the remaining time budget each figure may use (roughly its cost at full size)
-WEIGHTS = {"read": 0.20, "cat": 0.18, "large": 0.03, "listing": 0.15, "random": 0.04, "write": 0.27,
-           "dask": 0.10, "mount": 0.03, "s3": 0.15}
-FLOOR = {"large": 25.0, "random": 20.0, "mount": 15.0}  # cheap figures always get their repetitions
+WEIGHTS = {"read": 0.20, "cat": 0.18, "peers": 0.20, "large": 0.03, "listing": 0.15, "random": 0.04,
+           "write": 0.27, "dask": 0.10, "mount": 0.03, "s3": 0.15}
+FLOOR = {"peers": 90.0, "large": 25.0, "random": 20.0, "mount": 15.0}  # cheap figures always get their repetitions
 S3_LABELS = ["S3: zarr 2.18 read via mount vs zarr 3 native", "S3, 10 ms each way: same",
              "S3, 10 ms each way: random single-chunk reads, mount vs zarr 3 native",
              "S3: zarr 2.18 read via mount vs zarr 2.18 on a v2 copy (s3fs)", "S3: requests at mount",
@@ -753,6 +771,7 @@ FIGURES: list[tuple[str, str, list[str]]] = [
     ("cat", "fig_cat", ["cat chunk files, 1st pass after mount", "  floor: same, mount vs passthrough",
                         "  same, read-only mount vs copy", "cat chunk files, 2nd pass",
                         "  floor: same, mount vs passthrough", "  same, read-only mount vs copy"]),
+    ("peers", "fig_peers", peers.FIGURE_LABELS),
     ("large", "fig_large", ["cat 4 MiB chunk files, source cached", "  floor: same, mount vs passthrough"]),
     ("listing", "fig_listing", ["find -type f over >100k chunk files", "ls -l over >100k chunk files",
                                 "daemon RSS after listing >100k chunks"]),

@@ -1,0 +1,229 @@
+"""The local peers figure of ``scripts/bench``: shardfs beside the archive mounts users pick.
+
+ratarmount (``.venv-ratarmount``, from PyPI) and fuse-zip (Debian) mount a stored
+(uncompressed) zip of the real v2 copy of ``vol``; shardfs mounts the sharded source,
+floorfs (the pyfuse3 floor) the copy, and the copy itself is the real directory. Every side
+answers the same operations, each in a fresh mount with page caches dropped first, the
+sides alternating over the repetitions (medians reported):
+
+- zarr 2.18 reading the whole array right after mounting, then again (warm), and the
+  daemon's CPU time (utime + stime of all its threads, ``/proc/PID/stat``) per chunk read
+  during the read after mounting; then, in the same mount, page caches dropped before each,
+  1, 2 and 4 concurrent zarr 2.18 reader processes, each reading a disjoint slab of the
+  array along axis 0 (together, every chunk once): how the daemon's CPU per chunk scales;
+- ``cat`` of every chunk file, first pass after mounting and second pass;
+- ``ls -l`` of the array's directory right after mounting.
+
+The shardfs side is a default (writable) mount; a read-only one (``-o ro``, no FLUSH
+request per ``close``, as the peers' read-only mounts) answers the zarr reads too, in the
+rows' notes. ``--smoke`` mounts each side but that one once: one read after mounting,
+then the two ``cat`` passes.
+
+Targets (DESIGN.md "Performance targets"): shardfs at most ratarmount's time and at most
+1.1x fuse-zip's on every timed row, and at most ratarmount's CPU per chunk.
+A peer that is not installed is skipped in ``--smoke`` and an error otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import time
+import zipfile
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+RATARMOUNT = REPO / ".venv-ratarmount" / "bin" / "ratarmount"
+SIDES = ("shardfs", "shardfs-ro", "ratarmount", "fuse-zip", "floorfs", "real")
+PEERS = ("ratarmount", "fuse-zip")
+READERS = (1, 2, 4)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class PeerError(Exception):
+    """A peer figure could not be measured."""
+
+
+def peer_command(peer: str) -> list[str] | None:
+    """The foreground mount command of ``peer`` (``SRC MNT`` to append), or None if not installed."""
+    if peer == "ratarmount":
+        return [str(RATARMOUNT), "-f"] if os.access(RATARMOUNT, os.X_OK) else None
+    exe = shutil.which("fuse-zip")
+    return [exe, "-f", "-r"] if exe else None
+
+
+def build_zip(src: Path, dest: Path, arcdir: str) -> None:
+    """A stored (uncompressed) zip at ``dest`` of the files directly in ``src``, as ``arcdir/NAME``."""
+    with zipfile.ZipFile(dest, "w", compression=zipfile.ZIP_STORED) as z:
+        for name in sorted(os.listdir(src)):
+            z.write(src / name, f"{arcdir}/{name}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of process ``pid``, all its threads (those that ended too), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(") ", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+class Peers:
+    """One run of the peers figure on a ``main.Bench`` (its datasets, mounts and helpers)."""
+
+    def __init__(self, bench: Any, clients: str, py2: str, rotate: Callable[[list, int], list]) -> None:
+        """``clients``: clients.py; ``py2``: the zarr 2.18 interpreter; ``rotate(items, k)``: the
+        order of the sides in repetition ``k``."""
+        self.b = bench
+        self.clients, self.py2, self.rotate = clients, py2, rotate
+        self.commands = {p: peer_command(p) for p in PEERS}
+        missing = [p for p, c in self.commands.items() if c is None]
+        if missing and not bench.smoke:
+            raise PeerError(f"{', '.join(missing)} not installed: run scripts/install")
+        for p in missing:
+            bench.problems.append(f"peers: {p} not installed, skipped")
+        self.sides = [s for s in SIDES if s not in missing and not (bench.smoke and s == "shardfs-ro")]
+        self.zip = bench.work / "peers" / "vol.zip"
+        self.zip.parent.mkdir(exist_ok=True)
+        build_zip(bench.copy / "vol", self.zip, "vol")
+        self.n_chunks = len(bench.vol_names)
+
+    @contextmanager
+    def fresh(self, side: str, name: str) -> Iterator[tuple[Path, int | None]]:
+        """``side``'s root (holding ``vol``) in a fresh mount, page caches dropped, and its serving
+        process (None for the real directory)."""
+        b = self.b
+        if side == "real":
+            b.drop_caches()
+            yield b.copy, None
+            return
+        if side in PEERS:
+            ctx = b.mounted(self.zip, f"{side}-{name}", peer=self.commands[side])
+        else:
+            ctx = b.mounted(b.copy if side == "floorfs" else b.big, f"peers-{side}-{name}", floor=side == "floorfs",
+                            ro=side == "shardfs-ro")
+        with ctx as m:
+            b.drop_caches()
+            yield m.mnt, m.pid
+
+    def zarr_readers(self, vol: Path, n: int, pid: int | None) -> tuple[float, float | None]:
+        """``n`` concurrent zarr 2.18 processes reading disjoint slabs of ``vol`` (all of it together),
+        started together: (wall seconds from the first start to the last end, daemon CPU seconds
+        over the read or None without a daemon). The slabs' sums must add up to the array's."""
+        procs = [subprocess.Popen([self.py2, self.clients, "zarr_read_part", str(vol), str(k), str(n)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for k in range(n)]
+        try:
+            for p in procs:
+                if p.stdout.readline().strip() != "ready":
+                    raise PeerError(f"reader did not start: {p.communicate(timeout=10)[1].strip()[-300:]}")
+            cpu0 = cpu_seconds(pid) if pid else None
+            for p in procs:
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            deadline = time.monotonic() + self.b.op_timeout()
+            outs = []
+            for p in procs:
+                out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                if p.returncode:
+                    raise PeerError(f"reader exit {p.returncode}: {err.strip()[-300:]}")
+                outs.append(json.loads(out.strip().splitlines()[-1]))
+            cpu = cpu_seconds(pid) - cpu0 if pid else None
+        except subprocess.TimeoutExpired:
+            raise PeerError(f"{n} zarr readers did not finish in time") from None
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()  # our own child, by its Popen
+                    p.wait()
+        total = sum(o["sum"] for o in outs)
+        if total != self.b.vol_sum:
+            raise PeerError(f"{n} readers read wrong data (sum {total} != {self.b.vol_sum})")
+        return max(o["end"] for o in outs) - min(o["start"] for o in outs), cpu
+
+    def run(self) -> list[Any]:
+        b = self.b
+        cat = f"xargs -a {b.work / 'vol.list'} cat > /dev/null"
+        t: dict[str, dict[str, list[float]]] = {}
+
+        def put(key: str, side: str, value: float | None) -> None:
+            if value is not None:
+                t.setdefault(key, {}).setdefault(side, []).append(value)
+
+        readers = READERS[:1] if b.smoke else READERS
+        for rep in b.repeat():
+            for side in self.rotate(self.sides, rep):
+                with self.fresh(side, "zarr") as (root, pid):
+                    wall, cpu = self.zarr_readers(root / "vol", 1, pid)
+                    put("zarr1", side, wall)
+                    put("cpu_mount", side, None if cpu is None else cpu / self.n_chunks * 1e6)
+                    if b.smoke:  # one mount per side: the smoke run only checks that every step works
+                        put("cat1", side, b.shell(cat, cwd=root / "vol"))
+                        put("cat2", side, b.shell(cat, cwd=root / "vol"))
+                    else:
+                        put("zarr2", side, self.zarr_readers(root / "vol", 1, pid)[0])
+                    for n in readers if side not in ("real", "shardfs-ro") and not b.smoke else ():
+                        b.drop_caches()
+                        wall, cpu = self.zarr_readers(root / "vol", n, pid)
+                        put(f"wall{n}", side, wall)
+                        put(f"cpu{n}", side, cpu / self.n_chunks * 1e6)
+                if not b.smoke and side != "shardfs-ro":
+                    with self.fresh(side, "cat") as (root, _):
+                        put("cat1", side, b.shell(cat, cwd=root / "vol"))
+                        put("cat2", side, b.shell(cat, cwd=root / "vol"))
+                    with self.fresh(side, "ls") as (root, _):
+                        put("ls", side, b.shell("ls -l .", cwd=root / "vol"))
+                b.log(f"peers rep {rep + 1}: {side}: " + ", ".join(
+                    f"{k} {v[side][-1]:.3g}" for k, v in t.items() if side in v))
+        b.raw["peers"] = t
+        m = {k: {s: statistics.median(v) for s, v in d.items()} for k, d in t.items()}
+        b.raw["peers_medians"] = m
+        n = self.n_chunks
+        rows = []
+        timed = [("cat1", f"cat {n} chunk files, 1st pass after mount"), ("cat2", f"cat {n} chunk files, 2nd pass"),
+                 ("zarr1", "zarr 2.18 read right after mount"), ("zarr2", "zarr 2.18 read again (warm)"),
+                 ("ls", f"ls -l of {n} chunk files after mount")]
+        for key, label in timed:
+            if key in m:
+                rows += self.rows(m[key], f"peers: {label}", "s", key != "ls")
+        rows += self.rows(m["cpu_mount"], "peers: daemon CPU per chunk, zarr 2.18 read right after mount", "µs",
+                          True)
+        for k in readers if "cpu1" in m else ():
+            rows += self.rows(m[f"cpu{k}"], f"  same, page caches dropped, {k} reader{'s' * (k > 1)} at once", "µs",
+                              False, f"wall {self.values(m[f'wall{k}'])} s", second=False)
+        return rows
+
+    def values(self, v: dict[str, float], skip: tuple[str, ...] = ()) -> str:
+        """``side value, ...`` for the sides in ``v`` (not in ``skip``)."""
+        return ", ".join(f"{s} {v[s]:.3g}" for s in self.sides if s in v and s not in skip)
+
+    def rows(self, v: dict[str, float], label: str, unit: str, targets: bool, extra: str = "",
+             second: bool = True) -> list[Any]:
+        """``label``: shardfs vs ratarmount (target 1x), then (with ``second``) vs fuse-zip (target
+        1.1x, not for CPU); the other sides' values in the first row's note."""
+        b, out = self.b, []
+        for peer, limit in (("ratarmount", 1.0), ("fuse-zip", 1.1 if unit == "s" else None)):
+            if peer not in v or out and not second:
+                continue
+            first = not out
+            figure = f"{label}: shardfs vs {peer}" if first else f"  same, shardfs vs {peer}"
+            if v[peer] > 0:
+                row = b.ratio_row(figure, unit, v["shardfs"], v[peer], limit if targets else None)
+            else:  # under one clock tick of CPU (a --smoke run): no ratio
+                row = replace(b.ratio_row(figure, unit, v["shardfs"], 1.0, None), baseline=v[peer], ratio=None)
+            if first:
+                row.note = self.values(v, ("shardfs", peer)) + (f"; {extra}" if extra else "")
+            out.append(row)
+        return out
+
+
+FIGURE_LABELS = ["peers: cat 1st pass: shardfs vs ratarmount", "  same, shardfs vs fuse-zip",
+                 "peers: cat 2nd pass: shardfs vs ratarmount", "  same, shardfs vs fuse-zip",
+                 "peers: zarr 2.18 read after mount: shardfs vs ratarmount", "  same, shardfs vs fuse-zip",
+                 "peers: zarr 2.18 read warm: shardfs vs ratarmount", "  same, shardfs vs fuse-zip",
+                 "peers: daemon CPU per chunk, 1 reader: shardfs vs ratarmount"]
