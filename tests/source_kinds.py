@@ -33,7 +33,7 @@ from sources import LEGACY_DIR, assert_read_equals, is_temp_name, journal_bytes,
 
 # The daemon's AWS variables: the endpoint is given as ``-o endpoint=`` (a proxy's, or the server's).
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": REGION}
-SOURCE_KINDS = ("local",)  # "s3" joins once the object read path is on main
+SOURCE_KINDS = ("local", "s3")
 
 
 class Source:
