@@ -2,14 +2,14 @@
 rewriting it with changed chunks (the fold).
 
 Index tables are cached keyed by the shard's ``(key, Version)`` (inode, size,
-mtime), so a shard replaced by anyone is re-read. Functions named ``*_sync``
+mtime; ETag, size, last-modified for objects), so a shard replaced by anyone is re-read. Functions named ``*_sync``
 block and run off the trio thread.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
-import os
 import random
 import time
 from typing import NamedTuple
@@ -19,10 +19,10 @@ import numpy as np
 from shardfs.index import EMPTY, CorruptIndex
 from shardfs.lru import SizedLRU
 from shardfs.shardfile import CORRUPT, ShardFormat, assemble, outermost, read_table
-from shardfs.storage import ABSENT, Storage, Version, VersionMismatch
-from shardfs.storage.local import LocalStorage
+from shardfs.storage import ABSENT, Range, Storage, Version, VersionMismatch
 
 log = logging.getLogger("shardfs")
+INDEX_TRIES = 3  # reads of an index that find the shard replaced under them before EIO
 RACES = 20  # a rewrite that finds the shard changed this many times in a row gives up (and is retried later)
 _EMPTY, _CORRUPT = int(EMPTY), int(CORRUPT)
 
@@ -45,44 +45,73 @@ class Extent(NamedTuple):
 
 
 class IndexCache(SizedLRU[tuple[str, Version], "np.ndarray | CorruptShard"]):
-    """A bounded LRU of decoded index tables (and of failures, so a corrupt shard is logged once)."""
+    """A bounded LRU of decoded index tables (and of failures, so a corrupt shard is logged once),
+    which also knows the version of each key's newest entry (``latest``): a shard never read
+    is read without asking its version first (that would be a request of its own)."""
 
     def __init__(self, max_bytes: int = 64 << 20) -> None:
         super().__init__(max_bytes, lambda item: item.nbytes if isinstance(item, np.ndarray) else 64)
+        self._latest: dict[str, Version] = {}
 
     def get(self, key: str, version: Version) -> np.ndarray | CorruptShard | None:  # type: ignore[override]
         return super().get((key, version))
 
     def put(self, key: str, version: Version, item: np.ndarray | CorruptShard) -> None:  # type: ignore[override]
         super().put((key, version), item)
+        if len(self._latest) >= 65536:
+            self._latest.clear()
+        self._latest[key] = version
+
+    def latest(self, key: str) -> Version | None:
+        """The version of the newest entry put for ``key`` (it may have been evicted since)."""
+        return self._latest.get(key)
+
+    def forget(self, key: str) -> None:
+        """``key`` was found changed: its next read starts from the index (``latest`` is None)."""
+        self._latest.pop(key, None)
 
 
-def read_index_sync(source: LocalStorage, key: str, fmt: ShardFormat) -> tuple[Version, np.ndarray] | None:
+def read_index_sync(source: Storage, key: str, fmt: ShardFormat) -> tuple[Version, np.ndarray] | None:
     """Read and verify a shard's flat table (``shardfile``); None if the shard does not exist.
 
-    One ranged read per index: the shard's, plus one per stored inner shard
-    with nested sharding. Raises ``CorruptShard`` (carrying the version) if the
-    shard's own index is unusable; a corrupt inner shard is logged here, once,
-    and only its chunks are marked corrupt.
+    One request for the shard's own index: a suffix read (a ranged one when the index is at
+    the start) that also gives the version read (``Storage.read_versioned``: no version
+    check before it). With nested sharding, one more read per stored inner shard, each
+    conditioned on that version; a shard replaced meanwhile is read again from its index,
+    at most ``INDEX_TRIES`` times. Raises ``CorruptShard`` (carrying the version) if the
+    shard's own index is unusable; a corrupt inner shard is logged here, once, and only its
+    chunks are marked corrupt.
     """
-    try:
-        fd, version = source.open(key)
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        return None
-    problems: dict[int, str] = {}
-    try:
-        table = read_table(fmt, lambda offset, n: os.pread(fd, n, offset), 0, version.size, problems)
-    except CorruptIndex as e:
-        err = CorruptShard(str(e))
-        err.version = version  # type: ignore[attr-defined]
-        raise err from None
-    finally:
-        os.close(fd)
-    for pos, reason in problems.items():
-        where = tuple(int(i) for i in np.unravel_index(pos, outermost(fmt).chunks_per_shard))
-        log.error("%s: corrupt inner shard at %s of the shard's grid of inner shards: %s",
-                  source.describe(key), where, reason)
-    return version, table
+    index = outermost(fmt)
+    first = Range(0, index.nbytes) if index.at_start else Range(-index.nbytes, index.nbytes)
+    for _ in range(INDEX_TRIES):
+        try:
+            head, version = source.read_versioned(key, first)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+        start = 0 if index.at_start else version.size - len(head)
+
+        def read(offset: int, n: int) -> bytes:
+            if start <= offset and offset + n <= start + len(head):
+                return head[offset - start: offset - start + n]
+            return source.read(key, [Range(offset, n)], if_version=version)[0]
+
+        problems: dict[int, str] = {}
+        try:
+            table = read_table(fmt, read, 0, version.size, problems)
+        except CorruptIndex as e:
+            err = CorruptShard(str(e))
+            err.version = version  # type: ignore[attr-defined]
+            raise err from None
+        except VersionMismatch:
+            source.changed(key)
+            continue
+        for pos, reason in problems.items():
+            where = tuple(int(i) for i in np.unravel_index(pos, index.chunks_per_shard))
+            log.error("%s: corrupt inner shard at %s of the shard's grid of inner shards: %s",
+                      source.describe(key), where, reason)
+        return version, table
+    raise OSError(errno.EIO, f"changed during {INDEX_TRIES} reads of its index", source.describe(key))
 
 
 def extent(key: str, version: Version, table: np.ndarray, pos: int) -> Extent | None:
@@ -96,18 +125,6 @@ def extent(key: str, version: Version, table: np.ndarray, pos: int) -> Extent | 
             raise CorruptShard("the chunk's inner shard is corrupt")
         return None
     return Extent(key, version, offset, nbytes)
-
-
-def open_extent_sync(source: LocalStorage, ext: Extent) -> int | None:
-    """Open the shard holding ``ext``; None if it was replaced since ``ext`` was resolved."""
-    try:
-        fd, version = source.open(ext.key)
-    except FileNotFoundError:
-        return None
-    if version != ext.version:
-        os.close(fd)
-        return None
-    return fd
 
 
 def has_corrupt(table: np.ndarray) -> bool:

@@ -17,18 +17,17 @@ inode cache in microseconds while a trip to a worker thread costs far more
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import json
 import logging
 import os
 import stat
 import time
-from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
 import numpy as np
-import trio
 
 from shardfs import metadata
 from shardfs import shard as shard_mod
@@ -37,10 +36,11 @@ from shardfs.index import EMPTY
 from shardfs.layout import Unpresentable, parse_coord
 from shardfs.nodes import (ARRAY_DIRS, ArrayDirKey, ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, NodeKey,
                            ShardDirKey, StagingKey)
+from shardfs.reads import ReadHandle, Reads, make_reads
 from shardfs.shard import CorruptChunk, CorruptShard, Extent, IndexCache
 from shardfs.spill import SpillBuffer
-from shardfs.storage import Unusable, Version
-from shardfs.storage.local import LocalStorage
+from shardfs.storage import UNKNOWN, Entry, Storage, Unusable, Version, VersionMismatch, _Unknown
+from shardfs.threads import blocking
 from shardfs.writeback import Pending, Writeback
 
 if TYPE_CHECKING:
@@ -51,16 +51,8 @@ log = logging.getLogger("shardfs")
 ROOT_INODE = 1
 CHUNK_BASE = 1 << 62
 SLOT_SHIFT = 40
-READ_AHEAD_AFTER = 3  # opens of chunks of one shard among the last READ_AHEAD_WINDOW opens
-READ_AHEAD_WINDOW = 16  # before the rest of that shard is read ahead
-READ_AHEAD_MAX = 64 << 20  # larger shards are never read ahead
+OPEN_TRIES = 3  # opens of a chunk that find its shard replaced since its index was read, before EIO
 LIST_FILL_MAX = 1 << 22  # arrays with more inner chunks do not list the empty ones they serve
-T = TypeVar("T")
-
-
-async def blocking(fn: Callable[..., T], *args: Any) -> T:
-    """Run a blocking call off the trio thread."""
-    return await trio.to_thread.run_sync(fn, *args)
 
 
 def v2() -> Any:
@@ -162,26 +154,16 @@ class Staging:
     committed: NodeKey | None = None
 
 
-@dataclass
-class ReadHandle:
-    """An open chunk, metadata or staging file: bytes in memory, a shard byte range, or a
-    staging file's buffer (read as it is at each read), and the attributes of the version
-    that was opened."""
-
-    ino: int
-    attr: Attr
-    data: bytes | None = None
-    buffer: SpillBuffer | None = None
-    fd: int = -1
-    offset: int = 0
-    nbytes: int = 0
-
-
 def _join(path: str, name: str) -> str:
     return f"{path}/{name}" if path else name
 
 
-def _read_metadata(source: LocalStorage, key: str, size: int) -> tuple[dict[str, Any], Version]:
+def _entries(source: Storage, key: str) -> list[Entry]:
+    """Every entry directly below ``key`` (all pages of ``Storage.list``), in a worker thread."""
+    return [entry for page in source.list(key) for entry in page]
+
+
+def _read_metadata(source: Storage, key: str, size: int) -> tuple[dict[str, Any], Version]:
     """The parsed zarr.json at ``key`` (``size`` bytes when its version was taken) and the
     version read, in a worker thread; ``BadMetadata`` if it is too large (then never read)
     or not a Zarr v3 document."""
@@ -193,11 +175,13 @@ def _read_metadata(source: LocalStorage, key: str, size: int) -> tuple[dict[str,
 
 
 class View:
-    """The mount's tree over one source directory."""
+    """The mount's tree over one source (a directory or an object-store prefix); chunk files
+    are read through ``reads`` (default ``make_reads(source, chunk_cache=chunk_cache)``)."""
 
-    def __init__(self, source: LocalStorage, read_only: bool = True, writeback: Writeback | None = None,
-                 ome: bool = True, chunk_cache: ChunkCache | None = None) -> None:
+    def __init__(self, source: Storage, read_only: bool = True, writeback: Writeback | None = None,
+                 ome: bool = True, chunk_cache: ChunkCache | None = None, reads: Reads | None = None) -> None:
         self.source = source
+        self.reads = reads if reads is not None else make_reads(source, chunk_cache=chunk_cache)
         self.ome = ome
         self.read_only = read_only
         self.writeback = writeback
@@ -218,10 +202,6 @@ class View:
         self._aliases: dict[int, set[int]] = {}
         self._next_ino = itertools.count(ROOT_INODE + 1)
         self.index_cache = IndexCache()
-        self._recent: deque[tuple[str, Version]] = deque(maxlen=READ_AHEAD_WINDOW)  # shards of the last opens
-        self._read_ahead_done: set[tuple[str, Version]] = set()
-        self.chunk_cache = chunk_cache if chunk_cache is not None else ChunkCache()
-        self._reader = CachedReader()
         self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
         self._file_mode = 0o444 if read_only else 0o644
         self._dir_mode = 0o555 if read_only else 0o755
@@ -307,14 +287,21 @@ class View:
     def chunk_ino(self, arr: ArrayNode, coords: tuple[int, ...]) -> int:
         return CHUNK_BASE + (arr.slot << SLOT_SHIFT) + arr.info.layout.linear(coords)
 
-    def version(self, key: str) -> Version | None:
-        """``source.version``; a key that exists but is unusable (not a regular file, behind a
+    async def version(self, key: str, ask: bool = True) -> Version | None | _Unknown:
+        """``source.version`` (inline when remembered, else in a worker thread; ``UNKNOWN``
+        then if not ``ask``); a key that exists but is unusable (not a regular file, behind a
         symlink out of the source) raises its errno, logged once per key and reason."""
         try:
-            return self.source.version(key)
+            return await self._current(key, ask)
         except Unusable as e:
             self._log_unusable(key, e)
             raise fail(e.errno, e.strerror) from None
+
+    async def _current(self, key: str, ask: bool = True) -> Version | None | _Unknown:
+        """``source.version``: inline when it is remembered, else in a worker thread (or
+        ``UNKNOWN`` if not ``ask``)."""
+        found = self.source.remembered(key)
+        return await blocking(self.source.version, key) if found is UNKNOWN and ask else found
 
     def _log_unusable(self, key: str, e: Unusable) -> None:
         """Log why ``key`` is not read, once per key and reason."""
@@ -336,7 +323,7 @@ class View:
         """
         key = _join(path, "zarr.json")
         try:
-            version = self.source.version(key)  # a stat, never an open: it may be a FIFO
+            version = await self._current(key)  # a stat (a HEAD), never an open: it may be a FIFO
         except Unusable as e:
             if e.errno == errno.EIO:  # not a regular file: a node without metadata, saying why
                 return self._store_array(path, Version(0, 0, self.mount_ns), None, f"zarr.json: {e.strerror}")
@@ -367,6 +354,8 @@ class View:
         except (metadata.BadMetadata, Unpresentable) as e:
             return self._store_array(path, version, None, str(e))
         except OSError as e:
+            if e.errno == errno.EIO and not isinstance(e, Unusable):  # a failed read (a store that did
+                raise fail(errno.EIO) from None  # not answer, logged there): this request alone fails
             return self._store_array(path, version, None, f"zarr.json is unreadable: {e.strerror or e}")
         except Exception as e:  # zarr's metadata classes raise many types for bad documents
             return self._store_array(path, version, None, f"invalid metadata: {e!r}")
@@ -411,30 +400,37 @@ class View:
     async def shard_table(self, arr: ArrayNode, shard: tuple[int, ...]) -> tuple[Version, np.ndarray] | None:
         """The index of a stored shard (cached by version), None if the shard does not exist.
 
-        A corrupt shard raises EIO and is logged once per version.
+        A shard whose index was read before is checked against its current version (remembered
+        by the source for a short time: a stat or a HEAD at most once in it); one never read,
+        or found changed, is read in one request that also gives its version. A corrupt shard
+        raises EIO and is logged once per version.
         """
         key = self.shard_key(arr, shard)
         layout = arr.info.layout
-        version = self.version(key)
+        version = await self.version(key, ask=layout.index is None or self.index_cache.latest(key) is not None)
         if version is None:
             return None
         if layout.index is None:
-            return version, np.array([[0, version.size]], dtype=np.uint64)
-        cached = self.index_cache.get(key, version)
-        if cached is None:
-            try:
-                result = await blocking(shard_mod.read_index_sync, self.source, key, layout.index)
-            except CorruptShard as e:
-                log.error("%s: corrupt shard: %s", self.source.describe(key), e)
-                self.index_cache.put(key, e.version, e)  # type: ignore[attr-defined]
-                raise fail(errno.EIO) from None
-            if result is None:
-                return None
-            version, cached = result
-            self.index_cache.put(key, version, cached)
-        if isinstance(cached, CorruptShard):
-            raise fail(errno.EIO)
-        return version, cached
+            return version, np.array([[0, version.size]], dtype=np.uint64)  # type: ignore[union-attr]
+        if version is not UNKNOWN:
+            cached = self.index_cache.get(key, version)  # type: ignore[arg-type]
+            if cached is not None:
+                if isinstance(cached, CorruptShard):
+                    raise fail(errno.EIO)
+                return version, cached  # type: ignore[return-value]
+        try:
+            result = await blocking(shard_mod.read_index_sync, self.source, key, layout.index)
+        except CorruptShard as e:
+            log.error("%s: corrupt shard: %s", self.source.describe(key), e)
+            self.index_cache.put(key, e.version, e)  # type: ignore[attr-defined]
+            raise fail(errno.EIO) from None
+        except Unusable as e:
+            self._log_unusable(key, e)
+            raise fail(e.errno, e.strerror) from None
+        if result is None:
+            return None
+        self.index_cache.put(key, *result)
+        return result
 
     async def extent(self, arr: ArrayNode, coords: tuple[int, ...]) -> Extent | Pending | None:
         """Where inner chunk ``coords`` is: pending in the writeback, stored in a shard, or
@@ -491,7 +487,7 @@ class View:
         """Coordinates of the stored shards at or below source directory ``rel`` of the array."""
         keys = arr.info.layout.keys
         out = []
-        for name, is_dir in await blocking(self.source.listdir, _join(arr.path, rel)):
+        for name, is_dir in await blocking(_entries, self.source, _join(arr.path, rel)):
             sub = _join(rel, name)
             if is_dir and keys.is_prefix(sub):
                 out.extend(await self.stored_shards(arr, sub))
@@ -733,7 +729,7 @@ class View:
             if name != ".zmetadata":
                 out[prefix + name] = json.loads(await self.meta_bytes(node, name))
         if isinstance(node, GroupNode):
-            for name, is_dir in sorted(await blocking(self.source.listdir, node.path)):
+            for name, is_dir in sorted(await blocking(_entries, self.source, node.path)):
                 child = await self._node(_join(node.path, name)) if is_dir and not name.startswith(".") else None
                 if child is not None:
                     await self._consolidate(child, f"{prefix}{name}/", out)
@@ -761,13 +757,13 @@ class View:
             src = _join(arr.path, key.rel)
             shard = arr.info.layout.keys.parse(key.rel)
             if shard is not None:
-                version = self.version(src)
+                version = await self.version(src)
                 if version is not None:
                     return self._dir_attr(ino, version.mtime_ns)
                 if key.rel in self._pending_shard_keys(arr) or (arr.path, key.rel) in self.made:
                     return self._dir_attr(ino, self.mount_ns)
                 raise fail(errno.ENOENT)
-            if (not self.source.is_dir(src) and (arr.path, key.rel) not in self.made
+            if (not await blocking(self.source.is_dir, src) and (arr.path, key.rel) not in self.made
                     and not any(k.startswith(key.rel + "/") for k in self._pending_shard_keys(arr))):
                 raise fail(errno.ENOENT)
             return self._dir_attr(ino, arr.version.mtime_ns)
@@ -810,7 +806,7 @@ class View:
                 mino = self._ino(MetaKey(node.path, name))
                 out.append((name, self.file_attr(mino, len(await self.meta_bytes(node, name)), node.meta_mtime_ns)))
             if isinstance(node, GroupNode):
-                for name, is_dir in sorted(await blocking(self.source.listdir, node.path)):
+                for name, is_dir in sorted(await blocking(_entries, self.source, node.path)):
                     child = _join(node.path, name)
                     if is_dir and not name.startswith(".") and await self._node(child) is not None:
                         out.append((name, await self.getattr(self._ino(DirKey(child)))))
@@ -837,7 +833,7 @@ class View:
         layout = arr.info.layout
         out: list[tuple[str, Attr]] = []
         if rel is not None and layout.index is not None:
-            entries = set(await blocking(self.source.listdir, _join(arr.path, rel)))
+            entries = set(await blocking(_entries, self.source, _join(arr.path, rel)))
             for pending in self._pending_shard_keys(arr):  # shards not folded into the source yet
                 if not rel or pending.startswith(rel + "/"):
                     name, sep, _rest = pending[len(rel) + 1 if rel else 0:].partition("/")
@@ -863,7 +859,7 @@ class View:
             elif not arr.fill_unlisted:
                 arr.fill_unlisted = True
                 log.warning("%s: more than %d inner chunks: empty ones are served but not listed",
-                            self.source.path(arr.path), LIST_FILL_MAX)
+                            self.source.describe(arr.path), LIST_FILL_MAX)
         if not nested:
             out.extend(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
             return out
@@ -903,7 +899,9 @@ class View:
     # ----- reading ------------------------------------------------------------------------
 
     async def open(self, ino: int) -> ReadHandle:
-        """Open a file for reading: metadata bytes, or a verified/plain extent of a shard."""
+        """Open a file for reading: metadata bytes, a staging file, or a stored, pending or
+        empty chunk (``Reads.open``). A shard replaced between its index read and the open is
+        looked up again, ``OPEN_TRIES`` times, then EIO (logged)."""
         key = self.node_key(ino)
         if isinstance(key, MetaKey):
             attr, data = await self._meta_file(ino, key)
@@ -913,99 +911,42 @@ class View:
         if not isinstance(key, ChunkKey):
             raise fail(errno.EISDIR)
         arr, coords = key.arr, key.coords
-        for _ in range(3):
+        for _ in range(OPEN_TRIES):
             ext = await self.extent(arr, coords)
             if ext is None:
                 attr = await self._chunk_entry(arr, coords)  # ENOENT unless empty chunks are served
                 return ReadHandle(ino, attr, data=await self.fill_file(arr))
             attr = self._chunk_attr(arr, coords, ext)
             if isinstance(ext, Pending):
-                return ReadHandle(ino, attr, data=await self._decoded(arr, coords, ext.data))
-            cached = self.chunk_cache.get(ext) if arr.info.chunk.decodes else None
-            if cached is not None:
-                return ReadHandle(ino, attr, data=cached)
-            fd = shard_mod.open_extent_sync(self.source, ext)
-            if fd is not None:
-                break
-            self.source.changed(ext.key)  # replaced since its version was remembered: stat it again
-        else:
-            raise fail(errno.EIO, "shard keeps changing")
-        await self._read_ahead(ext, fd)
-        if not arr.info.chunk.decodes:
-            return ReadHandle(ino, attr, fd=fd, offset=ext.offset, nbytes=ext.nbytes)
-        try:
-            stored = await blocking(os.pread, fd, ext.nbytes, ext.offset)
-        finally:
-            os.close(fd)
-        data = await self._decoded(arr, coords, stored, ext.key)
-        self.chunk_cache.decoded(ext, data)
-        return ReadHandle(ino, attr, data=data)
+                return ReadHandle(ino, attr, data=await blocking(self._decode, arr, coords, ext.data))
+            decode = functools.partial(self._decode, arr, coords, key=ext.key) if arr.info.chunk.decodes else None
+            try:
+                return await self.reads.open(ino, attr, ext, decode)
+            except VersionMismatch:  # replaced since its version was remembered: look again
+                self.source.changed(ext.key)
+                self.index_cache.forget(ext.key)
+        log.error("%s: changed during %d opens of chunk %s", self.source.describe(ext.key), OPEN_TRIES,
+                  arr.info.layout.names.key(coords))
+        raise fail(errno.EIO, "shard keeps changing")
 
-    async def _read_ahead(self, ext: Extent, fd: int) -> None:
-        """When a client opens several chunks of one shard within a few opens, it is sweeping
-        the array: ask the kernel to read the rest of that (bounded-size) shard into the page
-        cache, so the next chunks are served without waiting for the disk. Scattered reads
-        rarely come back to a shard that soon, and cost no extra I/O."""
-        shard = (ext.key, ext.version)
-        self._recent.append(shard)
-        if (ext.version.size <= READ_AHEAD_MAX and shard not in self._read_ahead_done
-                and self._recent.count(shard) >= READ_AHEAD_AFTER):
-            if len(self._read_ahead_done) >= 4096:
-                self._read_ahead_done.clear()
-            self._read_ahead_done.add(shard)
-            await blocking(os.posix_fadvise, fd, 0, ext.version.size, os.POSIX_FADV_WILLNEED)
-
-    async def _decoded(self, arr: ArrayNode, coords: tuple[int, ...], stored: bytes, key: str = "") -> bytes:
-        """A chunk file's bytes from its stored form (checksum/transcoding); EIO if corrupt."""
+    def _decode(self, arr: ArrayNode, coords: tuple[int, ...], stored: bytes, key: str = "") -> bytes:
+        """A chunk file's bytes from its stored form (checksum/transcoding); EIO if corrupt
+        (logged). Blocking."""
         try:
-            return await blocking(arr.info.chunk.to_file, stored)
+            return arr.info.chunk.to_file(stored)
         except CorruptChunk as e:
             where = self.source.describe(key or arr.path)
             log.error("%s: corrupt chunk %s: %s", where, arr.info.layout.names.key(coords), e)
             raise fail(errno.EIO) from None
 
     async def read(self, handle: ReadHandle, offset: int, size: int) -> bytes | bytearray | memoryview:
-        """Up to ``size`` bytes at ``offset``: any buffer, possibly a view of one that the next
-        read reuses (see ``CachedReader``), so copy or reply before awaiting anything else."""
-        if handle.data is not None:
-            return memoryview(handle.data)[offset: offset + size]
-        if handle.buffer is not None:
-            if handle.buffer.spilled:
-                return await blocking(handle.buffer.read, offset, size)
-            return handle.buffer.read(offset, size)
-        size = max(0, min(size, handle.nbytes - offset))
-        if size == 0:
-            return b""
-        data = self._reader.pread(handle.fd, size, handle.offset + offset)
-        if data is None:
-            data = await blocking(os.pread, handle.fd, size, handle.offset + offset)
-        return data
+        """``Reads.read``: up to ``size`` bytes at ``offset``, possibly a view of a buffer that
+        the next read reuses, so copy or reply before awaiting anything else."""
+        return await self.reads.read(handle, offset, size)
 
     def release(self, handle: ReadHandle) -> None:
-        if handle.fd >= 0:
-            os.close(handle.fd)
-            handle.fd = -1
+        self.reads.release(handle)
 
-
-class CachedReader:
-    """``pread`` that never waits for the disk, into one reused buffer.
-
-    A read served from the page cache costs microseconds, far less than a trip
-    to a worker thread, so only cold reads are sent off the trio thread. The
-    result is a view of a buffer that the next call overwrites: pyfuse3 copies a
-    read handler's result into its reply before any other handler runs, so the
-    view must be returned to it without an ``await`` in between. Not allocating
-    (and zero-filling) a fresh buffer per request is what lets large files stream.
-    """
-
-    def __init__(self, capacity: int = 1 << 20) -> None:
-        self._buf = memoryview(bytearray(capacity))
-
-    def pread(self, fd: int, size: int, offset: int) -> memoryview | None:
-        """``size`` bytes at ``offset`` if all of them are in the page cache, else None."""
-        buf = self._buf[:size] if size <= len(self._buf) else memoryview(bytearray(size))
-        try:
-            n = os.preadv(fd, [buf], offset, os.RWF_NOWAIT)
-        except (BlockingIOError, OSError):
-            return None
-        return buf if n == size else None
+    def contents_now(self, handle: ReadHandle) -> bytes | memoryview | None:
+        """``Reads.contents_now``: a handle's whole content if it is at hand without waiting."""
+        return self.reads.contents_now(handle)

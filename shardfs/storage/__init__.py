@@ -39,6 +39,16 @@ class _Absent:
 ABSENT = _Absent()
 
 
+class _Unknown:
+    """What ``Storage.remembered`` answers when only a request would tell."""
+
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+UNKNOWN = _Unknown()
+
+
 class VersionMismatch(Exception):
     """A conditional ``read``/``replace``/``delete`` found the key at another version (or absent)."""
 
@@ -71,7 +81,12 @@ class Storage(Protocol):
 
     def version(self, key: str) -> Version | None:
         """The key's current version; None if it does not exist. ``Unusable`` if it exists but
-        is not a regular object that may be read."""
+        is not a regular object that may be read. Remembered for a short time (a stat or a
+        HEAD per call would cost every lookup): changes made elsewhere show within it."""
+
+    def remembered(self, key: str) -> Version | None | _Unknown:
+        """What ``version`` would answer without any I/O (a version remembered and still fresh),
+        else ``UNKNOWN``: callers on the trio thread ask this inline and ``version`` in a thread."""
 
     def read(self, key: str, ranges: Sequence[Range], if_version: Version | None = None) -> list[bytes]:
         """The bytes of each range (shorter at the end of the object), read as one version.
@@ -80,11 +95,24 @@ class Storage(Protocol):
         ``FileNotFoundError`` when it does not exist.
         """
 
+    def read_versioned(self, key: str, rng: Range) -> tuple[bytes, Version]:
+        """The bytes of one range (a suffix range for a negative offset) and the version they
+        were read from, in one request (no separate ``version`` call): how a shard's index is
+        read. The version is remembered as ``version`` remembers one. ``FileNotFoundError``
+        when the key does not exist; ``Unusable`` as for ``version``."""
+
     def read_all(self, key: str) -> tuple[bytes, Version]:
         """The whole content of a (small) key such as ``zarr.json``, and the version read."""
 
+    def changed(self, key: str) -> None:
+        """Forget the remembered version of ``key``: a reader found it changed (``version``
+        results are remembered for a short time; ``replace``/``delete`` forget them too)."""
+
     def list(self, prefix: str) -> Iterator[list[Entry]]:
         """The entries directly below ``prefix``, page by page (bounded memory); none if missing."""
+
+    def is_dir(self, key: str) -> bool:
+        """True if ``key`` is a directory (locally) or a prefix holding objects: it may be listed."""
 
     def replace(self, key: str, data: Iterable[bytes | memoryview],
                 if_version: Version | _Absent | None = None) -> Version:

@@ -2,6 +2,8 @@
 
 Every method blocks. Callers on the trio thread run those that move data through
 ``trio.to_thread``; ``version``, ``is_dir`` and ``open`` are cheap metadata calls made inline.
+``open`` (a descriptor, for ``pread`` into the read path's buffer) and ``statvfs`` are beyond
+``Storage``: only ``shardfs.reads.local`` and the ``statfs`` of a local mount use them.
 
 Hostile sources (contracts):
 - Only regular files are opened for I/O. Keys are resolved with ``openat2`` and
@@ -31,12 +33,12 @@ import fcntl
 import os
 import stat as stat_mod
 import struct
-import threading
 import time
 from contextlib import contextmanager
 from typing import Iterable, Iterator, Sequence
 
-from shardfs.storage import Entry, Range, Unusable, Version, VersionMismatch, _Absent
+from shardfs.storage import UNKNOWN, Entry, Range, Unusable, Version, VersionMismatch, _Absent, _Unknown
+from shardfs.storage.versions import Remembered
 
 LOCK_SUFFIX = ".__lock"  # tensorstore's file kvstore: the lock file of key K is K + ".__lock"
 LOCK_WAIT = 2.0  # seconds a write waits for another writer's lock before it fails
@@ -73,9 +75,7 @@ class LocalStorage:
         self.stat_ttl = stat_ttl
         self.follow_symlinks = follow_symlinks
         self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self._versions: dict[str, tuple[float, Version | Unusable | None]] = {}
-        self._lock = threading.Lock()  # replace/delete run in worker threads
-        self._changes = 0
+        self._versions = Remembered(stat_ttl)
 
     # ----- names --------------------------------------------------------------------------
 
@@ -131,31 +131,23 @@ class LocalStorage:
     def version(self, key: str) -> Version | None:
         """The file's version; None if it does not exist; ``Unusable`` if it is not a regular
         file or lies beyond a symlink out of the source."""
-        now = time.monotonic()
-        hit = self._versions.get(key)
-        if hit is None or now >= hit[0]:
-            with self._lock:
-                changes = self._changes
-            try:
-                found: Version | Unusable | None = self._stat(key, strict=False)
-            except Unusable as e:
-                found = e
-            with self._lock:
-                if changes == self._changes:  # else a change may have raced the stat: don't keep it
-                    if len(self._versions) >= 65536:
-                        self._versions.clear()
-                    self._versions[key] = (now + self.stat_ttl, found)
-        else:
-            found = hit[1]
-        if isinstance(found, Unusable):
-            raise Unusable(found.errno, found.strerror, found.filename)
+        found = self._versions.get(key)
+        if found is not UNKNOWN:
+            return found  # type: ignore[return-value]
+        token = self._versions.token()
+        try:
+            found = self._stat(key, strict=False)
+        except Unusable as e:
+            self._versions.put(key, e, token)
+            raise
+        self._versions.put(key, found, token)
         return found
 
+    def remembered(self, key: str) -> Version | None | _Unknown:
+        return self._versions.get(key)
+
     def changed(self, key: str) -> None:
-        """Forget the remembered version of ``key``: it changed (here or, seen by a reader, outside)."""
-        with self._lock:
-            self._changes += 1
-            self._versions.pop(key, None)
+        self._versions.forget(key)
 
     def _stat(self, key: str, strict: bool, missing: tuple[type[OSError], ...] = (FileNotFoundError,
                                                                                   NotADirectoryError)
@@ -211,6 +203,20 @@ class LocalStorage:
         finally:
             os.close(fd)
 
+    def read_versioned(self, key: str, rng: Range) -> tuple[bytes, Version]:
+        token = self._versions.token()
+        try:
+            fd, version = self.open(key)
+        except (FileNotFoundError, NotADirectoryError):
+            self._versions.put(key, None, token)
+            raise
+        self._versions.put(key, version, token)
+        try:
+            start = max(0, version.size + rng.offset) if rng.offset < 0 else rng.offset
+            return os.pread(fd, rng.nbytes, start), version
+        finally:
+            os.close(fd)
+
     def read_all(self, key: str) -> tuple[bytes, Version]:
         """The whole content of ``key`` and its version; ``FileNotFoundError`` if missing."""
         fd, version = self.open(key)
@@ -227,10 +233,15 @@ class LocalStorage:
             fd = self._open(prefix, os.O_RDONLY | os.O_DIRECTORY, strict=False)
         except (FileNotFoundError, NotADirectoryError):
             return
+        head = prefix + "/" if prefix else ""
         try:
             with os.scandir(fd) as it:
                 page: list[Entry] = []
+                token = self._versions.token()
                 for e in it:
+                    if e.is_file(follow_symlinks=False):  # remembered as ``version`` would see it
+                        st = e.stat(follow_symlinks=False)
+                        self._versions.put(head + e.name, Version(st.st_ino, st.st_size, st.st_mtime_ns), token)
                     page.append(Entry(e.name, e.is_dir()))
                     if len(page) == LIST_PAGE:
                         yield page
@@ -239,10 +250,6 @@ class LocalStorage:
                     yield page
         finally:
             os.close(fd)
-
-    def listdir(self, key: str) -> list[Entry]:
-        """Every entry of directory ``key`` (``(name, is_dir)``); [] if it is missing."""
-        return [entry for page in self.list(key) for entry in page]
 
     def statvfs(self) -> os.statvfs_result:
         return os.statvfs(self._root_fd)

@@ -3,7 +3,11 @@
 ``ObjectStorage("s3://BUCKET[/PREFIX]", endpoint=, region=, anonymous=)`` maps the interface onto
 obstore (the Rust object_store bindings zarr-python 3 uses):
 
-- ``version``: HEAD -> ``Version(etag, size, last_modified_ns)``; missing -> None.
+- ``version``: HEAD -> ``Version(etag, size, last_modified_ns)`` (whole seconds: listings and
+  HEADs may differ below that); missing -> None. Remembered for ``stat_ttl`` seconds, like
+  ``LocalStorage``'s, from HEADs, from ``read_versioned`` (the GET's own ETag, size and date) and
+  from listings (each page carries them); ``replace``, ``delete`` and ``changed`` forget it.
+- ``read_versioned``: one ranged or suffix GET, its version taken from the response (no HEAD).
 - ``read``: ranged GETs, one per group of ranges less than ``COALESCE_GAP`` apart (a negative
   offset is a suffix GET), all in flight at once, each conditioned on the ETag (If-Match) so
   the ranges come from one version: ``if_version``'s, or else the one the first GET saw
@@ -24,9 +28,9 @@ obstore (the Rust object_store bindings zarr-python 3 uses):
 
 Faults: 5xx, timeouts and dropped connections are retried by obstore with exponential backoff
 (``Retry``: at most ``max_retries`` retries within ``retry_timeout``), then that one call raises
-``OSError(EIO)`` with a one-line message; the next call starts afresh. 403 ->
-``PermissionError``. ``check()`` (at mount) turns bad credentials, a missing bucket or prefix
-and an unreachable endpoint into one ``StorageUnavailable`` line.
+``OSError(EIO)`` with a one-line message, also logged (one line per failed call); the next
+call starts afresh. 403 -> ``PermissionError``. ``check()`` (at mount) turns bad credentials,
+a missing bucket or prefix and an unreachable endpoint into one ``StorageUnavailable`` line.
 
 Concurrency, measured (scripts/bench_lib/s3concurrency.py: SeaweedFS behind a DelayProxy of
 100 ms each way, 200 GETs started at once from 200 trio tasks, medians of 3, four runs on 2
@@ -54,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -67,9 +72,11 @@ from obstore.exceptions import (AlreadyExistsError, NotFoundError, PermissionDen
                                 UnauthenticatedError)
 
 from shardfs.source import env_endpoint
-from shardfs.storage import ABSENT, Entry, Range, Version, VersionMismatch, _Absent
+from shardfs.storage import ABSENT, UNKNOWN, Entry, Range, Version, VersionMismatch, _Absent, _Unknown
+from shardfs.storage.versions import Remembered
 from shardfs.storage.loop import LoopThread
 
+log = logging.getLogger("shardfs")
 PAGE = 1000  # entries per listing page (S3's own page size)
 COALESCE_GAP = 1 << 20  # ranges closer than this are read in one GET (object_store's default)
 CONSISTENT_READ_TRIES = 3
@@ -108,7 +115,7 @@ def _first_line(e: BaseException) -> str:
 
 def _ns(meta: dict) -> int:
     t = meta.get("last_modified")
-    return int(t.timestamp() * 1_000_000_000) if t is not None else 0
+    return int(t.timestamp()) * 1_000_000_000 if t is not None else 0
 
 
 def _version(meta: dict) -> Version:
@@ -119,7 +126,8 @@ class ObjectStorage:
     """``Storage`` over one bucket/container and prefix of an object store (thread-safe)."""
 
     def __init__(self, url: str, *, endpoint: str | None = None, region: str | None = None,
-                 anonymous: bool = False, retry: Retry = Retry(), loop: LoopThread | None = None):
+                 anonymous: bool = False, retry: Retry = Retry(), loop: LoopThread | None = None,
+                 stat_ttl: float = 1.0):
         parts = urlsplit(url)
         scheme = _SCHEMES.get(parts.scheme)
         if scheme is None or not parts.netloc:
@@ -143,6 +151,7 @@ class ObjectStorage:
         self._store = self._build(retry)
         self._own_loop = loop is None
         self.loop = loop or LoopThread(name="objects")
+        self._versions = Remembered(stat_ttl)
 
     def _build(self, retry: Retry):
         client = {**self._client, "timeout": timedelta(seconds=retry.request_timeout),
@@ -167,6 +176,14 @@ class ObjectStorage:
         blocks, files = STATFS_BYTES // STATFS_BLOCK, 1 << 32
         return os.statvfs_result((STATFS_BLOCK, STATFS_BLOCK, blocks, blocks, blocks, files, files, files, 0, 255))
 
+    # ------------------------------------------------------------------ remembered versions
+
+    def remembered(self, key: str) -> Version | None | _Unknown:
+        return self._versions.get(key)
+
+    def changed(self, key: str) -> None:
+        self._versions.forget(key)
+
     # ------------------------------------------------------------------ errors
 
     def _error(self, e: BaseException, key: str) -> BaseException:
@@ -180,6 +197,7 @@ class ObjectStorage:
             return PermissionError(errno.EACCES, f"access denied: {_first_line(e)}", where)
         if isinstance(e, OSError):
             return e
+        log.error("%s: %s", where, _first_line(e))  # after obstore's retries: this request fails
         return OSError(errno.EIO, _first_line(e), where)
 
     # ------------------------------------------------------------------ coroutines (the loop thread)
@@ -242,6 +260,25 @@ class ObjectStorage:
             return _slice(ranges, groups, fetched)
         raise OSError(errno.EIO, f"changed during {CONSISTENT_READ_TRIES} consecutive reads", self.describe(key))
 
+    async def aread_versioned(self, key: str, rng: Range) -> tuple[bytes, Version]:
+        """See ``Storage.read_versioned``."""
+        token = self._versions.token()
+        try:
+            if self.scheme == "az" and rng.offset < 0:  # Azure has no suffix GET: the size from a HEAD
+                version = await self.aversion(key)
+                data = (await self.aread(key, [rng], version))[0] if version is not None else b""
+            else:
+                data, version = await self._get(key, rng, None)
+            if version is None:  # an empty object (416 for any range): its version from a HEAD
+                version = await self.aversion(key)
+            if version is None:
+                raise FileNotFoundError(errno.ENOENT, "no such object", self.describe(key))
+        except FileNotFoundError:
+            self._versions.put(key, None, token)
+            raise
+        self._versions.put(key, version, token)
+        return data, version
+
     async def aread_all(self, key: str) -> tuple[bytes, Version]:
         """See ``Storage.read_all``."""
         return await self._get(key, None, None)
@@ -262,6 +299,8 @@ class ObjectStorage:
             raise VersionMismatch(self.describe(key)) from None
         except Exception as e:
             raise self._error(e, key) from None
+        finally:
+            self.changed(key)
         etag = put.get("e_tag") or ""
         now = await self.aversion(key)
         if now is not None and now.tag == etag:
@@ -284,14 +323,24 @@ class ObjectStorage:
             pass
         except Exception as e:
             raise self._error(e, key) from None
+        finally:
+            self.changed(key)
 
     # ------------------------------------------------------------------ Storage (blocking)
 
     def version(self, key: str) -> Version | None:
-        return self.loop.run(self.aversion(key))
+        found = self._versions.get(key)
+        if found is UNKNOWN:
+            token = self._versions.token()
+            found = self.loop.run(self.aversion(key))
+            self._versions.put(key, found, token)
+        return found  # type: ignore[return-value]
 
     def read(self, key: str, ranges: Sequence[Range], if_version: Version | None = None) -> list[bytes]:
         return self.loop.run(self.aread(key, ranges, if_version))
+
+    def read_versioned(self, key: str, rng: Range) -> tuple[bytes, Version]:
+        return self.loop.run(self.aread_versioned(key, rng))
 
     def read_all(self, key: str) -> tuple[bytes, Version]:
         return self.loop.run(self.aread_all(key))
@@ -316,11 +365,14 @@ class ObjectStorage:
         while True:
             skip_to = None
             try:
+                token = self._versions.token()
                 for chunk in obstore.list(self._store, base or None, offset=offset, chunk_size=PAGE):
                     for meta in chunk:
                         name, sub, _ = meta["path"][len(head):].partition("/")
                         if not name:
                             continue
+                        if not sub:
+                            self._versions.put(meta["path"], _version(meta), token)
                         page.append(Entry(name, bool(sub)))
                         if len(page) >= PAGE:
                             yield page
@@ -337,6 +389,14 @@ class ObjectStorage:
             offset = skip_to
         if page:
             yield page
+
+    def is_dir(self, key: str) -> bool:
+        """True if some object lies below prefix ``key`` (one listing request of one key)."""
+        base = key.strip("/")
+        try:
+            return any(chunk for chunk in obstore.list(self._store, base or None, chunk_size=1))
+        except Exception as e:
+            raise self._error(e, key) from None
 
     # ------------------------------------------------------------------ mount-time check
 

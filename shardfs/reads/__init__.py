@@ -1,0 +1,165 @@
+"""The read path: open chunk files, read them, release them (mountpoint-s3's ``prefetch``).
+
+``View`` resolves a chunk file to an ``Extent`` (a byte range of one version of one shard) and
+asks ``Reads.open`` for a handle; ``read`` and ``release`` serve every read handle, also those
+the view makes itself for metadata and staging files (``data``/``buffer``). One implementation
+per kind of source, chosen once by ``make_reads`` (the only code above ``shardfs.storage`` that
+knows the kinds):
+
+- ``shardfs.reads.local.LocalReads``: a descriptor per open chunk, ``pread`` into a reused buffer
+  without waiting for the disk, the kernel asked to read a swept shard ahead;
+- ``shardfs.reads.objects.ObjectReads``: a ranged GET per chunk conditioned on the shard's ETag,
+  a swept shard fetched whole in one GET, fetched ranges kept in a bounded ``RangeCache``.
+
+Contracts of ``Reads.open(ino, attr, ext, decode)``: ``VersionMismatch`` when the shard is no
+longer at ``ext.version`` (the view re-reads its index and tries again); a chunk stored in
+another form than its file's (``decode`` given) is decoded once and kept in the ``ChunkCache``
+by extent; other ``OSError`` are the errno for the client.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from shardfs.chunkcache import ChunkCache
+from shardfs.shard import Extent
+from shardfs.spill import SpillBuffer
+from shardfs.storage import Storage, Version
+from shardfs.threads import blocking
+
+if TYPE_CHECKING:
+    from shardfs.rangecache import RangeCache
+    from shardfs.view import Attr
+
+READ_AHEAD_AFTER = 3  # opens of chunks of one shard among the last READ_AHEAD_WINDOW opens
+READ_AHEAD_WINDOW = 16  # before the rest of that shard is read ahead
+READ_AHEAD_MAX = 64 << 20  # larger shards are never read ahead
+
+Decode = Callable[[bytes], bytes]  # stored chunk bytes -> chunk file bytes (blocking; OSError if corrupt)
+
+
+@dataclass
+class ReadHandle:
+    """An open chunk, metadata or staging file: bytes in memory, a shard byte range open as a
+    descriptor (local sources), or a staging file's buffer (read as it is at each read), and
+    the attributes of the version that was opened."""
+
+    ino: int
+    attr: Attr
+    data: bytes | None = None
+    buffer: SpillBuffer | None = None
+    fd: int = -1
+    offset: int = 0
+    nbytes: int = 0
+
+
+class ReadAhead:
+    """Tells when a client sweeps a shard: ``note(ext)`` at every chunk open is True (once per
+    shard version) when the rest of that shard is worth reading at once.
+
+    Opens of chunks of one shard ``after`` times among the last ``window`` opens are a sweep
+    (scattered reads rarely come back to a shard that soon); with ``chained``, so is the first
+    open of a shard right after ``after`` opens of shards that were read ahead (a sweep moving
+    on to the next shard). Shards larger than ``max_bytes`` are never read ahead.
+    """
+
+    def __init__(self, after: int = READ_AHEAD_AFTER, chained: bool = False, window: int = READ_AHEAD_WINDOW,
+                 max_bytes: int = READ_AHEAD_MAX) -> None:
+        self.after, self.chained, self.max_bytes = after, chained, max_bytes
+        self._recent: deque[tuple[str, Version]] = deque(maxlen=window)  # shards of the last opens
+        self._done: set[tuple[str, Version]] = set()
+
+    def note(self, ext: Extent) -> bool:
+        shard = (ext.key, ext.version)
+        sweeping = self.chained and len(self._recent) >= self.after and all(
+            self._recent[-i] in self._done for i in range(1, self.after + 1))
+        self._recent.append(shard)
+        if ext.version.size > self.max_bytes or shard in self._done:
+            return False
+        if not sweeping and self._recent.count(shard) < self.after:
+            return False
+        if len(self._done) >= 4096:
+            self._done.clear()
+        self._done.add(shard)
+        return True
+
+
+class Reads:
+    """Opens and reads chunk files of one source (see the module docstring for the contracts).
+
+    Subclasses provide ``_stored`` (a chunk's stored bytes), and may serve undecoded chunks
+    from a descriptor instead (``_stored_handle``, ``_read_stored``, ``release``).
+    """
+
+    def __init__(self, chunk_cache: ChunkCache, ahead: ReadAhead) -> None:
+        self.chunk_cache = chunk_cache
+        self.ahead = ahead
+
+    async def open(self, ino: int, attr: Attr, ext: Extent, decode: Decode | None) -> ReadHandle:
+        """A handle on the chunk file stored at ``ext``: its stored bytes, or ``decode`` of them."""
+        if decode is not None:
+            cached = self.chunk_cache.get(ext)
+            if cached is not None:
+                return ReadHandle(ino, attr, data=cached)
+        ahead = self.ahead.note(ext)
+        if decode is None:
+            return await self._stored_handle(ino, attr, ext, ahead)
+        data = await blocking(decode, await self._stored(ext, ahead))
+        self.chunk_cache.decoded(ext, data)
+        return ReadHandle(ino, attr, data=data)
+
+    async def read(self, handle: ReadHandle, offset: int, size: int) -> bytes | bytearray | memoryview:
+        """Up to ``size`` bytes at ``offset``: any buffer, possibly a view of one that the next
+        read reuses, so copy or reply before awaiting anything else."""
+        if handle.data is not None:
+            return memoryview(handle.data)[offset: offset + size]
+        if handle.buffer is not None:
+            if handle.buffer.spilled:
+                return await blocking(handle.buffer.read, offset, size)
+            return handle.buffer.read(offset, size)
+        return await self._read_stored(handle, offset, size)
+
+    def release(self, handle: ReadHandle) -> None:
+        """The handle is closed: free what it holds."""
+
+    def contents_now(self, handle: ReadHandle) -> bytes | memoryview | None:
+        """The handle's whole content if it is at hand without waiting (in memory, or cached
+        by the source), else None; possibly a view of a buffer that the next read reuses."""
+        if handle.data is not None:
+            return handle.data
+        return None if handle.buffer is not None else self._stored_now(handle)
+
+    def _stored_now(self, handle: ReadHandle) -> bytes | memoryview | None:
+        """``contents_now`` of a handle made by ``_stored_handle`` that holds no bytes."""
+        return None
+
+    async def _stored(self, ext: Extent, ahead: bool) -> bytes:
+        """The stored bytes at ``ext``; ``ahead``: also read the rest of the shard ahead."""
+        raise NotImplementedError
+
+    async def _stored_handle(self, ino: int, attr: Attr, ext: Extent, ahead: bool) -> ReadHandle:
+        """A handle serving the stored bytes at ``ext`` as they are."""
+        return ReadHandle(ino, attr, data=await self._stored(ext, ahead))
+
+    async def _read_stored(self, handle: ReadHandle, offset: int, size: int) -> bytes | bytearray | memoryview:
+        """A read of a handle made by ``_stored_handle`` that holds no bytes."""
+        raise NotImplementedError
+
+
+def make_reads(source: Storage, cache: RangeCache | None = None, chunk_cache: ChunkCache | None = None) -> Reads:
+    """The read path for ``source`` (the one place above ``shardfs.storage`` that tells the kinds
+    of source apart); ``cache``: where an object store's fetched ranges are kept (default:
+    ``RangeCache(shardfs.reads.objects.DEFAULT_CACHE_BYTES)``, memory only); ``chunk_cache``:
+    decoded chunks (default: ``ChunkCache()``)."""
+    from shardfs.storage.local import LocalStorage
+
+    chunk_cache = chunk_cache if chunk_cache is not None else ChunkCache()
+    if isinstance(source, LocalStorage):
+        from shardfs.reads.local import LocalReads
+
+        return LocalReads(source, chunk_cache)
+    from shardfs.reads.objects import ObjectReads
+
+    return ObjectReads(source, chunk_cache, cache)  # type: ignore[arg-type]

@@ -1,0 +1,75 @@
+"""Chunk reads from an object store: ranged GETs pinned to the shard version their index gave.
+
+A chunk costs one ranged GET conditioned on the shard's ETag (If-Match), so a file never mixes
+two versions of a shard: a shard replaced since its index was read answers 412, raised as
+``VersionMismatch`` (the view re-reads the index and tries again). Every chunk file's bytes are
+fetched at open and served from memory. A swept shard (``ReadAhead``, chained: a sweep moving
+on to the next shard fetches it whole at its first open) is fetched whole in one GET; the
+chunks opened while that GET is in flight wait for it instead of asking for their own bytes.
+Fetched ranges are kept in a ``RangeCache`` (bounded memory, optionally a disk cache keyed by
+ETag), so the following chunks of a swept shard, and chunks opened again, cost no request.
+Requests run on the storage's asyncio loop thread (``LoopThread.trio_run``): only the opening
+trio task waits.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar
+
+import trio
+
+from shardfs.chunkcache import ChunkCache
+from shardfs.rangecache import RangeCache
+from shardfs.reads import ReadAhead, Reads
+from shardfs.shard import Extent
+from shardfs.storage import Range, Version, VersionMismatch
+from shardfs.storage.objects import ObjectStorage
+from shardfs.threads import blocking
+
+DEFAULT_CACHE_BYTES = 256 << 20
+T = TypeVar("T")
+
+
+class ObjectReads(Reads):
+    """``Reads`` over an ``ObjectStorage`` (see the module docstring); ``cache`` defaults to
+    ``RangeCache(DEFAULT_CACHE_BYTES)``, memory only."""
+
+    def __init__(self, source: ObjectStorage, chunk_cache: ChunkCache, cache: RangeCache | None = None) -> None:
+        super().__init__(chunk_cache, ReadAhead(after=2, chained=True))
+        self.source = source
+        self.cache = cache if cache is not None else RangeCache(DEFAULT_CACHE_BYTES)
+        self._fetching: dict[tuple[str, Version], trio.Event] = {}  # whole shards being fetched
+
+    async def _stored(self, ext: Extent, ahead: bool) -> bytes:
+        where = self.source.describe(ext.key)
+        shard = (ext.key, ext.version)
+        fetching = self._fetching.get(shard)
+        if fetching is not None:
+            await fetching.wait()
+        data = await self._cache(self.cache.get, where, ext.version, ext.offset, ext.nbytes)
+        if data is not None:
+            return data
+        if ahead and shard not in self._fetching:
+            done = self._fetching[shard] = trio.Event()
+            try:
+                whole = await self._get(ext, Range(0, ext.version.size))
+            finally:
+                del self._fetching[shard]
+                done.set()
+            await self._cache(self.cache.put, where, ext.version, 0, whole)
+            return whole[ext.offset: ext.offset + ext.nbytes]
+        data = await self._get(ext, Range(ext.offset, ext.nbytes))
+        await self._cache(self.cache.put, where, ext.version, ext.offset, data)
+        return data
+
+    async def _cache(self, call: Callable[..., T], *args: Any) -> T:
+        """A ``RangeCache`` call: inline in memory, in a worker thread when it may touch the disk."""
+        return call(*args) if self.cache.disk_dir is None else await blocking(call, *args)
+
+    async def _get(self, ext: Extent, rng: Range) -> bytes:
+        """One GET of ``rng`` of the shard, If-Match its version; ``VersionMismatch`` if the
+        shard was replaced or removed."""
+        try:
+            return (await self.source.loop.trio_run(self.source.aread(ext.key, [rng], ext.version)))[0]
+        except FileNotFoundError:
+            raise VersionMismatch(self.source.describe(ext.key)) from None
