@@ -29,11 +29,11 @@ import pytest
 
 from conftest import read_native, read_ts3_native
 from s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Source, SeaweedS3, upload
-from sources import LEGACY_DIR, assert_read_equals, is_temp_name, journal_entries, leftovers
+from sources import LEGACY_DIR, assert_read_equals, is_temp_name, journal_bytes, journal_entries, leftovers
 
 # The daemon's AWS variables: the endpoint is given as ``-o endpoint=`` (a proxy's, or the server's).
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": REGION}
-SOURCE_KINDS = ("local",)  # "s3" joins once `shardfs mount s3://...` is on main
+SOURCE_KINDS = ("local", "s3")
 
 
 class Source:
@@ -43,6 +43,7 @@ class Source:
     url: str  # what ``shardfs mount`` is given
     options: tuple[str, ...] = ()  # mount arguments the kind needs
     env: dict[str, str] | None = None  # added to the daemon's environment
+    endpoint: str | None = None  # the server the daemon reaches (the state directory is keyed on it)
 
     def __init__(self, local: Path):
         self.local = Path(local)
@@ -66,6 +67,13 @@ class Source:
     def leftovers(self) -> list[str]:
         """Temporaries and ``.shardfs`` in the source, segments in its journal (after ``umount``: none)."""
         raise NotImplementedError
+
+    def journal_entries(self) -> list[str]:
+        """The segments in the journal of this source's daemons (see ``sources.journal_entries``)."""
+        return journal_entries(self.url, self.endpoint)
+
+    def journal_bytes(self) -> int:
+        return journal_bytes(self.url, self.endpoint)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url})"
@@ -97,7 +105,8 @@ class BucketSource(Source):
         super().__init__(local)
         self.objects: S3Source = upload(server, self.local, prefix)
         self.server, self.prefix, self.url = server, prefix, self.objects.url
-        self.options = ("-o", f"endpoint={endpoint or server.endpoint}")
+        self.endpoint = endpoint or server.endpoint
+        self.options = ("-o", f"endpoint={self.endpoint}")
         self.env = dict(CREDENTIALS)
 
     def exists(self, key: str) -> bool:
@@ -130,7 +139,7 @@ class BucketSource(Source):
         keys = self.objects.keys()
         bad = [k for k in keys if is_temp_name(k.rsplit("/", 1)[-1])]
         bad += [LEGACY_DIR] if any(k.startswith(LEGACY_DIR + "/") for k in keys) else []
-        return sorted(bad + [f"journal/{n}" for n in journal_entries(self.url)])
+        return sorted(bad + [f"journal/{n}" for n in self.journal_entries()])
 
 
 @contextmanager

@@ -687,21 +687,22 @@ def leftovers(src: Path) -> list[str]:
     return sorted(bad)
 
 
-def journal_path(src: Path | str) -> Path:
-    """The journal root of ``src`` (a directory or a URL; in its state directory, under the
-    suite's XDG_STATE_HOME): one directory per daemon, ``<start ns>-<pid>``."""
-    return Path(journal_dir(str(src)))
+def journal_path(src: Path | str, endpoint: str | None = None) -> Path:
+    """The journal root of ``src`` (a directory, or a URL reached through ``endpoint``; in its
+    state directory, under the suite's XDG_STATE_HOME): one directory per daemon, ``<start ns>-<pid>``."""
+    return Path(journal_dir(str(src), endpoint=endpoint))
 
 
-def journal_entries(src: Path | str) -> list[str]:
+def journal_entries(src: Path | str, endpoint: str | None = None) -> list[str]:
     """The files in the daemons' journals, ``<daemon dir>/<segment>``: segments while changes
     are pending."""
-    return segments_under(str(journal_path(src)))
+    return segments_under(str(journal_path(src, endpoint)))
 
 
-def journal_bytes(src: Path | str) -> int:
+def journal_bytes(src: Path | str, endpoint: str | None = None) -> int:
     """Total size of the journal's files: at least the stored bytes of every pending chunk."""
-    return sum((journal_path(src) / n).stat().st_size for n in journal_entries(src))
+    root = journal_path(src, endpoint)
+    return sum((root / n).stat().st_size for n in journal_entries(src, endpoint))
 
 
 def all_chunks(spec: Spec):

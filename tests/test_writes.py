@@ -373,13 +373,13 @@ def test_acknowledged_writes_survive_sigkill(tmp_path, mount, source):
     lazy_unmount(mnt)
     exp["z2"][Z2.write] = vz
     exp["g3"][G3.write] = vg
-    left = journal_entries(src.url)
+    left = src.journal_entries()
     # The kill came well within the idle time: incomplete shards were still pending.
     assert left and all(n.endswith(".seg") for n in left), f"killed daemon left no journal segments: {left}"
-    print(f"journal left by the killed daemon: {left}, {journal_bytes(src.url)} bytes")
+    print(f"journal left by the killed daemon: {left}, {src.journal_bytes()} bytes")
 
     mnt2 = src.mount(mount)
-    assert journal_entries(src.url) == [], "journal not replayed (and emptied) before the mount went live"
+    assert src.journal_entries() == [], "journal not replayed (and emptied) before the mount went live"
     for spec in (Z2, G3):  # the replayed source, natively, while mounted (daemon idle)
         src.assert_equals(spec.name, exp[spec.name])
     got = zarr2("result = {p: zarr.open(p, mode='r')[...] for p in paths}",
