@@ -296,8 +296,8 @@ class View:
         return CHUNK_BASE + (arr.slot << SLOT_SHIFT) + arr.info.layout.linear(coords)
 
     async def version(self, key: str, ask: bool = True) -> Version | None | _Unknown:
-        """``source.version`` (inline when remembered, else in a worker thread; ``UNKNOWN``
-        then if not ``ask``); a key that exists but is unusable (not a regular file, behind a
+        """``source.version`` (inline when it is answered at once, ``Storage.version_now``, else
+        in a worker thread; ``UNKNOWN`` then if not ``ask``); a key that exists but is unusable (not a regular file, behind a
         symlink out of the source) raises its errno, logged once per key and reason."""
         try:
             return await self._current(key, ask)
@@ -306,9 +306,9 @@ class View:
             raise fail(e.errno, e.strerror) from None
 
     async def _current(self, key: str, ask: bool = True) -> Version | None | _Unknown:
-        """``source.version``: inline when it is remembered, else in a worker thread (or
+        """``source.version``: inline when it is answered at once, else in a worker thread (or
         ``UNKNOWN`` if not ``ask``)."""
-        found = self.source.remembered(key)
+        found = self.source.version_now(key)
         return await blocking(self.source.version, key) if found is UNKNOWN and ask else found
 
     def _log_unusable(self, key: str, e: Unusable) -> None:
@@ -419,10 +419,10 @@ class View:
     async def shard_table(self, arr: ArrayNode, shard: tuple[int, ...]) -> tuple[Version, np.ndarray] | None:
         """The index of a stored shard (cached by version), None if the shard does not exist.
 
-        A shard whose index was read before is checked against its current version (remembered
-        by the source for a short time: a stat or a HEAD at most once in it); one never read,
-        or found changed, is read in one request that also gives its version (once: concurrent
-        callers wait for that read). A corrupt shard raises EIO and is logged once per version.
+        A shard whose index was read before is checked against its current version (a stat;
+        for objects a HEAD at most once per ``stat_ttl``); one never read, or found changed, is
+        read in one request that also gives its version (once: concurrent callers wait for
+        that read). A corrupt shard raises EIO and is logged once per version.
         """
         key = self.shard_key(arr, shard)
         layout = arr.info.layout
@@ -786,7 +786,7 @@ class View:
             shard = arr.info.layout.keys.parse(key.rel)
             if shard is not None:
                 version = await self.version(src, ask=False)
-                if version is UNKNOWN:  # not remembered: read with its index (one request, needed next)
+                if version is UNKNOWN:  # only a request would tell: read it with the index (needed next)
                     try:
                         found = await self.shard_table(arr, shard)
                         version = None if found is None else found[0]
