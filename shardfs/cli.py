@@ -249,6 +249,13 @@ def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source
                         float(own.get("attr_timeout", Timeouts.attr)))
     with contextlib.ExitStack() as cleanup:
         storage = cleanup.enter_context(source.opened())
+        try:
+            ranges = _range_cache(source, own)
+        except ValueError as e:
+            _report(args, f"error: {e}")
+            return 1
+        if ranges is not None:
+            cleanup.callback(ranges.flush)  # the disk cache gets what was fetched last
         writeback = None
         if not read_only:
             try:
@@ -259,7 +266,20 @@ def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source
             except Exception as e:
                 _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
                 return 1
-        return _mount_and_serve(args, mnt, opts, source, storage, writeback, timeouts)
+        return _mount_and_serve(args, mnt, opts, source, storage, writeback, timeouts, ranges)
+
+
+def _range_cache(source: Source, own: dict[str, str]) -> Any:
+    """The ``RangeCache`` of an object store's fetched ranges (``-o cache_size``, ``-o cache_dir``);
+    None for a local directory. ``ValueError`` (one line) if the cache directory is unusable."""
+    if not source.url:
+        return None
+    from shardfs.chunkcache import parse_size
+    from shardfs.rangecache import RangeCache
+    from shardfs.reads.objects import DEFAULT_CACHE_BYTES
+
+    size = parse_size(own["cache_size"]) if "cache_size" in own else DEFAULT_CACHE_BYTES
+    return RangeCache(size, own.get("cache_dir"))
 
 
 def _writeback(source: Source, storage: Any, journal_dir: str | None, cleanup: contextlib.ExitStack) -> Any:
@@ -290,20 +310,21 @@ def _writeback(source: Source, storage: Any, journal_dir: str | None, cleanup: c
 
 
 def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source, storage: Any,
-                     writeback: Any, timeouts: Any) -> int:
+                     writeback: Any, timeouts: Any, ranges: Any) -> int:
     """Mount and serve until unmounted or signalled; 1 if the mount failed (reported)."""
     import pyfuse3
     import trio
 
     from shardfs.chunkcache import DEFAULT_BYTES, ChunkCache, parse_size
     from shardfs.fuse_ops import Operations
+    from shardfs.reads import make_reads
     from shardfs.view import View
 
     own = opts.own
     read_only = writeback is None
     cache = ChunkCache(parse_size(own["chunk_cache"]) if "chunk_cache" in own else DEFAULT_BYTES)
     ome = args.ome and "no_ome_translation" not in own
-    view = View(storage, read_only=read_only, writeback=writeback, ome=ome, chunk_cache=cache)
+    view = View(storage, read_only=read_only, writeback=writeback, ome=ome, reads=make_reads(storage, ranges, cache))
     ops = Operations(view, timeouts, writeback, spill_dir=state.spill_dir(source.name, source.endpoint))
     if writeback is not None:
         writeback.on_folded = ops.writer.folded
