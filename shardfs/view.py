@@ -946,3 +946,7 @@ class View:
 
     def release(self, handle: ReadHandle) -> None:
         self.reads.release(handle)
+
+    def contents_now(self, handle: ReadHandle) -> bytes | memoryview | None:
+        """``Reads.contents_now``: a handle's whole content if it is at hand without waiting."""
+        return self.reads.contents_now(handle)
