@@ -249,13 +249,6 @@ def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source
                         float(own.get("attr_timeout", Timeouts.attr)))
     with contextlib.ExitStack() as cleanup:
         storage = cleanup.enter_context(source.opened())
-        try:
-            ranges = _range_cache(source, own)
-        except ValueError as e:
-            _report(args, f"error: {e}")
-            return 1
-        if ranges is not None:
-            cleanup.callback(ranges.flush)  # the disk cache gets what was fetched last
         writeback = None
         if not read_only:
             try:
@@ -266,20 +259,7 @@ def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source
             except Exception as e:
                 _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
                 return 1
-        return _mount_and_serve(args, mnt, opts, source, storage, writeback, timeouts, ranges)
-
-
-def _range_cache(source: Source, own: dict[str, str]) -> Any:
-    """The ``RangeCache`` of an object store's fetched ranges (``-o cache_size``, ``-o cache_dir``);
-    None for a local directory. ``ValueError`` (one line) if the cache directory is unusable."""
-    if not source.url:
-        return None
-    from shardfs.chunkcache import parse_size
-    from shardfs.rangecache import RangeCache
-    from shardfs.reads.objects import DEFAULT_CACHE_BYTES
-
-    size = parse_size(own["cache_size"]) if "cache_size" in own else DEFAULT_CACHE_BYTES
-    return RangeCache(size, own.get("cache_dir"))
+        return _mount_and_serve(args, mnt, opts, source, storage, writeback, timeouts)
 
 
 def _writeback(source: Source, storage: Any, journal_dir: str | None, cleanup: contextlib.ExitStack) -> Any:
@@ -310,7 +290,7 @@ def _writeback(source: Source, storage: Any, journal_dir: str | None, cleanup: c
 
 
 def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source, storage: Any,
-                     writeback: Any, timeouts: Any, ranges: Any) -> int:
+                     writeback: Any, timeouts: Any) -> int:
     """Mount and serve until unmounted or signalled; 1 if the mount failed (reported)."""
     import pyfuse3
     import trio
@@ -323,8 +303,14 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     own = opts.own
     read_only = writeback is None
     cache = ChunkCache(parse_size(own["chunk_cache"]) if "chunk_cache" in own else DEFAULT_BYTES)
+    try:
+        ranges = _range_cache(source, own)
+    except ValueError as e:
+        _report(args, f"error: -o {e}")
+        return 1
     ome = args.ome and "no_ome_translation" not in own
-    view = View(storage, read_only=read_only, writeback=writeback, ome=ome, reads=make_reads(storage, ranges, cache))
+    view = View(storage, read_only=read_only, writeback=writeback, ome=ome,
+                reads=make_reads(storage, cache=ranges, chunk_cache=cache))
     ops = Operations(view, timeouts, writeback, spill_dir=state.spill_dir(source.name, source.endpoint))
     if writeback is not None:
         writeback.on_folded = ops.writer.folded
@@ -353,7 +339,22 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     finally:
         pyfuse3.close(unmount=True)
         log.info("unmounted %s", mnt)
+        if ranges is not None:
+            ranges.flush()  # the disk cache gets the ranges fetched last
     return 0
+
+
+def _range_cache(source: Source, own: dict[str, str]) -> Any:
+    """An object store's cache of fetched ranges (``-o cache_size``, ``-o cache_dir``); None for a
+    directory. ``ValueError`` (one line) if ``cache_dir`` cannot be used."""
+    if not source.url:
+        return None
+    from shardfs.chunkcache import parse_size
+    from shardfs.rangecache import RangeCache
+    from shardfs.reads.objects import DEFAULT_CACHE_BYTES
+
+    size = parse_size(own["cache_size"]) if "cache_size" in own else DEFAULT_CACHE_BYTES
+    return RangeCache(size, own.get("cache_dir"))
 
 
 @contextlib.contextmanager

@@ -536,5 +536,5 @@ def test_a_cache_dir_that_cannot_be_created_fails_the_mount_in_one_line(tmp_path
     for form in ((), ("-f",)):
         r = run_shardfs("mount", uploaded.url, str(mnt_dir), *form, "-o", f"cache_dir={bad}",
                         env={**os.environ, **uploaded.env}, timeout=60)
-        assert (r.returncode, r.stderr) == (1, f"shardfs: error: cache_dir {bad}: cannot create it: Not a directory\n")
+        assert (r.returncode, r.stderr) == (1, f"shardfs: error: -o cache_dir {bad}: cannot create it: Not a directory\n")
         assert not os.path.ismount(mnt_dir)
