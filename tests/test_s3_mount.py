@@ -15,6 +15,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +23,12 @@ import obstore
 import pytest
 import zarr
 
+from azserver import CONTAINER as AZ_CONTAINER
 from bench_lib.delayproxy import DelayProxy
 from conftest import daemon_pids, lazy_unmount, read_zarr2, run_shardfs, wait_for, zarr2
 from shardfs import state
 from shardfs.journal import segments_under
+from shardfs.mounts import mounts
 from shardfs.shard import rewrite_sync
 from shardfs.storage import ABSENT
 from shardfs.storage.objects import ObjectStorage
@@ -440,3 +443,63 @@ def test_cache_dir_keeps_fetched_chunks_for_the_next_mount(bucket_w, mount, tmp_
     assert (r.returncode, r.stderr) == (1, f"shardfs: error: -o cache_dir {foreign}: not empty and not a "
                                            "cache directory (no CACHEDIR.TAG)\n")
     assert not os.path.ismount(mnt_dir) and daemon_pids(mnt_dir) == []
+
+
+# --------------------------------------------------------------------------- the mount.fuse3 form, df, az://
+
+
+def test_bare_form_of_a_url_mounts_and_df_shows_the_url(bucket_w, mnt_dir):
+    """``shardfs s3://... MNT -o ro,dev,suid`` (what mount.fuse3 runs): mounted, the mount
+    table and ``df`` name the URL, statfs reports 1 EiB free in 1 MiB blocks, and without
+    syslog the log is in the URL's state directory."""
+    up, exp = bucket_w
+    env = {**os.environ, **up.env}
+    r = run_shardfs(up.url, str(mnt_dir), "-o", "ro,dev,suid", env=env)
+    log = state.log_file(up.url, endpoint=up.server.endpoint)  # in the URL's state directory
+    assert (r.returncode, r.stderr) == (0, "" if os.path.exists("/dev/log") else
+                                        f"shardfs: no syslog (/dev/log): the daemon logs to {log}\n")
+    assert mounts()[str(mnt_dir)] == up.url
+    st = os.statvfs(mnt_dir)
+    assert (st.f_frsize, st.f_blocks * st.f_frsize, st.f_bavail, st.f_namemax) == (1 << 20, 1 << 60, st.f_blocks, 255)
+    np.testing.assert_array_equal(read_zarr2(mnt_dir / "w"), exp)
+    assert run_shardfs("umount", str(mnt_dir), env=env).returncode == 0
+
+
+@pytest.fixture
+def az_source(tmp_path, azure, monkeypatch):
+    """``W`` uploaded to a fresh prefix of the Azurite container: ``(url, env, expected)``."""
+    for name, value in azure.env.items():
+        monkeypatch.setenv(name, value)
+    exp = build(tmp_path / "src", [W])["w"]
+    url = f"az://{AZ_CONTAINER}/t-{uuid.uuid4().hex[:12]}"
+    storage = ObjectStorage(url, endpoint=azure.endpoint)
+    try:
+        for path in sorted(p for p in (tmp_path / "src").rglob("*") if p.is_file()):
+            storage.replace(path.relative_to(tmp_path / "src").as_posix(), [path.read_bytes()])
+    finally:
+        storage.close()
+    return url, azure, exp
+
+
+def test_az_url_mounts_reads_and_folds_writes_into_the_container(az_source, mount):
+    """``az://CONTAINER/PREFIX`` against Azurite: zarr 2.18 reads the array through the mount,
+    chunks written there (an existing shard and a new one) are folded into the container by
+    ``shardfs umount``, and zarr-python 3 reads them natively."""
+    from obstore.store import from_url
+    from zarr.storage import ObjectStore
+
+    url, azure, exp = az_source
+    mnt = mount(url, "-o", f"endpoint={azure.endpoint}", env=azure.env)
+    np.testing.assert_array_equal(read_zarr2(mnt / "w"), exp)
+    write_chunk(mnt, W, (1, 1), 41, exp)
+    write_chunk(mnt, W, (2, 3), 42, exp)
+    umount(mount, mnt)
+    store = from_url(url, config={"endpoint": azure.endpoint}, client_options={"allow_http": True})
+    np.testing.assert_array_equal(zarr.open_array(ObjectStore(store, read_only=True), path="w", mode="r")[...], exp)
+
+
+def test_az_url_with_a_missing_prefix_is_one_line(az_source, mnt_dir):
+    url, azure, _ = az_source
+    missing = f"az://{AZ_CONTAINER}/no-such-prefix"
+    want = f"shardfs: error: {missing}: no such prefix (no object below it)\n"
+    assert mount_fails(missing, mnt_dir, azure.env, "-o", f"endpoint={azure.endpoint}") == [want, want]
