@@ -63,6 +63,7 @@ log = logging.getLogger("shardfs")
 DEFAULT_DISK_BYTES = 5 << 30
 BLOCK = 256 << 10  # payload bytes per crc32c
 QUEUE_BYTES = 256 << 20  # ranges waiting for the disk beyond this are not written
+WRITER_IDLE = 2.0  # seconds the writer thread waits for more before it ends
 MAGIC = b"SFR1"
 HEADER = struct.Struct("<4sIQ")  # magic, key length, payload length; then key, crc32c per block, payload
 TAG_NAME = "CACHEDIR.TAG"
@@ -120,9 +121,9 @@ class RangeCache:
         self.disk_max_bytes = DEFAULT_DISK_BYTES if disk_max_bytes is None else disk_max_bytes
         self._written = 0  # bytes written to disk since the last scan started
         self._queue: deque[tuple[str, Ident, int, bytes]] = deque()  # disk writes not done yet
-        self._queued = 0  # their bytes
-        self._writing = False  # a writer thread is running
-        self._idle = threading.Condition(self._lock)  # notified when the writer thread ends
+        self._queued = 0  # their bytes, the one being written included
+        self._writer = False  # a writer thread is running
+        self._changed = threading.Condition(self._lock)  # the queue or ``_queued`` changed
         self._trimming = False
         self._trim_lock = threading.Lock()
         if disk_dir is not None:
@@ -175,15 +176,16 @@ class RangeCache:
                 return
             self._queue.append((where, ident, start, data))
             self._queued += len(data)
-            if self._writing:
+            self._changed.notify_all()
+            if self._writer:
                 return
-            self._writing = True
+            self._writer = True
         threading.Thread(target=self._write_queued, name="rangecache-write", daemon=True).start()
 
     def flush(self) -> None:
         """Wait until the disk writes of every earlier ``put`` are done (call it at unmount)."""
-        with self._idle:
-            self._idle.wait_for(lambda: not self._writing)
+        with self._changed:
+            self._changed.wait_for(lambda: not self._queued)
 
     # ------------------------------------------------------------------ memory
 
@@ -309,13 +311,15 @@ class RangeCache:
         return None
 
     def _write_queued(self) -> None:
-        """The writer thread: write the queued ranges to disk, then end."""
+        """The writer thread: write the queued ranges to disk; end after ``WRITER_IDLE`` s without."""
         while True:
             with self._lock:
+                if not self._queue:
+                    self._changed.wait(WRITER_IDLE)
                 if not self._queue or self.disk_dir is None:
                     self._queue.clear()
-                    self._queued, self._writing = 0, False
-                    self._idle.notify_all()
+                    self._queued, self._writer = 0, False
+                    self._changed.notify_all()
                     return
                 where, ident, start, data = self._queue.popleft()
             try:
@@ -326,6 +330,7 @@ class RangeCache:
             finally:
                 with self._lock:
                     self._queued -= len(data)
+                    self._changed.notify_all()
 
     def _disk_put(self, where: str, ident: Ident, start: int, data: bytes) -> None:
         root = self.disk_dir
