@@ -432,6 +432,22 @@ class View:
         self.index_cache.put(key, *result)
         return result
 
+    async def _shard_version(self, arr: ArrayNode, shard: tuple[int, ...]) -> Version | None:
+        """A shard's version for its directory (None: not stored): the one remembered, else the
+        one its index read gives (one request, and the chunks inside need that index next: no
+        HEAD before the index GET); asked alone for a shard whose index is corrupt."""
+        key = self.shard_key(arr, shard)
+        version = await self.version(key, ask=False)
+        if version is not UNKNOWN:
+            return version  # type: ignore[return-value]
+        try:
+            found = await self.shard_table(arr, shard)
+        except OSError as e:
+            if e.errno != errno.EIO:
+                raise
+            return await self.version(key)  # type: ignore[return-value]
+        return None if found is None else found[0]
+
     async def extent(self, arr: ArrayNode, coords: tuple[int, ...]) -> Extent | Pending | None:
         """Where inner chunk ``coords`` is: pending in the writeback, stored in a shard, or
         None if it is empty or outside the grid."""
@@ -757,7 +773,7 @@ class View:
             src = _join(arr.path, key.rel)
             shard = arr.info.layout.keys.parse(key.rel)
             if shard is not None:
-                version = await self.version(src)
+                version = await self._shard_version(arr, shard)
                 if version is not None:
                     return self._dir_attr(ino, version.mtime_ns)
                 if key.rel in self._pending_shard_keys(arr) or (arr.path, key.rel) in self.made:
