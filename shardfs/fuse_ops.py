@@ -3,8 +3,9 @@ reads) or the ``Writer`` (writes), and its result a pyfuse3 reply.
 
 What the adapter itself keeps is what talking to the kernel needs: the open handles
 (``handles.Handles``), the lookups and cached pages the kernel holds
-(``inodes.KernelInodes``, which decide what ``invalidate`` must drop and whether an
-open keeps the page cache), and the entry/attribute timeouts.
+(``inodes.KernelInodes``, which decide what ``invalidate`` must drop, whether an
+open keeps the page cache, and when the daemon may fill it at an open), and the
+entry/attribute timeouts.
 
 Any exception other than ``pyfuse3.FUSEError`` escaping a handler would end
 ``pyfuse3.main`` and kill the mount, so every handler goes through ``_guard``:
@@ -30,13 +31,14 @@ import pyfuse3
 import trio
 
 from shardfs.handles import DirHandle, Handles
-from shardfs.inodes import KernelInodes
+from shardfs.inodes import KernelInodes, Pages
 from shardfs.view import CHUNK_BASE, Attr, ReadHandle, View
 from shardfs.writeback import Writeback
 from shardfs.writes import WriteHandle, Writer
 
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+FILL_MAX = 1 << 20  # files up to this size are stored into the page cache when opened (see _fill_pages)
 NAME_MAX = 255  # bytes in one name (ENAMETOOLONG beyond), as on every local Linux filesystem
 
 
@@ -88,6 +90,7 @@ class Operations(pyfuse3.Operations):
         self.timeouts = timeouts or Timeouts()
         self._handles = Handles()
         self._kernel = KernelInodes()
+        self._fill = True  # until the kernel says it cannot store pages (ENOSYS)
         self._uid, self._gid = os.getuid(), os.getgid()
 
     def _entry(self, attr: Attr, e: pyfuse3.EntryAttributes | None = None) -> pyfuse3.EntryAttributes:
@@ -166,11 +169,33 @@ class Operations(pyfuse3.Operations):
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
             await self._attr(inode)
             handle = await self._writable().open(inode, truncate=bool(flags & os.O_TRUNC))
+            self._kernel.changed(inode)
             return pyfuse3.FileInfo(fh=self._handles.add(handle), direct_io=False, keep_cache=False)
         handle = await self.view.open(inode)
         fi = pyfuse3.FileInfo(fh=self._handles.add(handle))
-        fi.keep_cache = self._kernel.keep_cache(handle.attr)
+        pages = self._kernel.opened(handle.attr)
+        fi.keep_cache = pages is not Pages.OTHER
+        if pages is Pages.NONE and self._fill:
+            self._fill_pages(handle)
         return fi
+
+    def _fill_pages(self, handle: ReadHandle) -> None:
+        """Store the whole content of a small file just opened into the kernel's page cache, which
+        holds none of it (``Pages.NONE``), when it is at hand without waiting (in memory, or in
+        the source's page cache): the client's reads are then served by the kernel, without a
+        READ request each. Done before the open is answered and without an ``await``, so no
+        client can be reading the file meanwhile (the kernel would hold its pages locked)."""
+        if not 0 < handle.attr.size <= FILL_MAX:
+            return
+        data = self.view.contents_now(handle)
+        if data is None or len(data) != handle.attr.size:
+            return
+        try:
+            pyfuse3.notify_store(handle.ino, 0, data)
+        except OSError as e:  # what was stored is still this version's: the pages are kept
+            if e.errno == errno.ENOSYS:
+                self._fill = False
+            log.debug("filling the page cache of inode %d: %s", handle.ino, e.strerror)
 
     @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -226,6 +251,7 @@ class Operations(pyfuse3.Operations):
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
                      ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         attr, handle = await self._writable().create(parent_inode, _name(name))
+        self._kernel.changed(attr.ino)
         return pyfuse3.FileInfo(fh=self._handles.add(handle)), self._looked_up(attr)
 
     @_guard

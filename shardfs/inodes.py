@@ -10,7 +10,17 @@ pages it may have cached, so an open can tell it whether to keep them.
 
 from __future__ import annotations
 
+import enum
+
 from shardfs.view import Attr
+
+
+class Pages(enum.Enum):
+    """What the kernel's page cache holds of a file being opened for reading."""
+
+    NONE = "none"  # nothing, ever: keep the (empty) cache, and the daemon may fill it
+    SAME = "same"  # at most pages of the version being opened: keep them
+    OTHER = "other"  # maybe pages of another version: the kernel must drop them
 
 
 class KernelInodes:
@@ -18,7 +28,9 @@ class KernelInodes:
 
     def __init__(self) -> None:
         self._lookups: dict[int, int] = {}  # inode -> lookups the kernel holds (until it forgets them)
-        self._cached: dict[int, tuple[int, int]] = {}  # inode -> (size, mtime) of the version last opened
+        # inode -> (size, mtime) of the version last opened for reading; None once opened for
+        # writing or changed (pages of unknown content). An inode not here was never opened.
+        self._cached: dict[int, tuple[int, int] | None] = {}
 
     def looked_up(self, ino: int) -> None:
         """The kernel got an entry for ``ino`` (lookup, create, link, readdirplus): one more lookup."""
@@ -36,14 +48,19 @@ class KernelInodes:
         """True while the kernel holds a lookup of ``ino`` (and so may cache its attributes or pages)."""
         return ino in self._lookups
 
-    def keep_cache(self, attr: Attr) -> bool:
-        """A file is being opened at version ``attr``: True if the pages the kernel cached are of
-        that version (it may keep them). Remembers the version for the next open."""
+    def opened(self, attr: Attr) -> Pages:
+        """A file is being opened for reading at version ``attr``: what the kernel may have
+        cached of it (it keeps the cache unless ``Pages.OTHER``). Remembers the version for
+        the next open.
+
+        Pages of an inode only come from files opened on it (or from the daemon filling them
+        at such an open), so an inode never opened before has none."""
         version = (attr.size, attr.mtime_ns)
-        same = self._cached.get(attr.ino) == version
+        before = self._cached.get(attr.ino, Pages.NONE)
         self._cached[attr.ino] = version
-        return same
+        return Pages.NONE if before is Pages.NONE else Pages.SAME if before == version else Pages.OTHER
 
     def changed(self, ino: int) -> None:
-        """The content of ``ino`` changed: the next open must not keep its cached pages."""
-        self._cached.pop(ino, None)
+        """The content of ``ino`` changed, or may change (it is open for writing): the next
+        open for reading must not keep its cached pages."""
+        self._cached[ino] = None

@@ -20,7 +20,8 @@ measurement (SeaweedFS reads its volume files from disk), medians:
    native); mount time of ``tenk`` (< 1 s) against ``small``; the S3 daemons' peak RSS
    (< 200 MiB).
 
-With ``--smoke`` only rows 1 and 5 run (one repetition, ``SMOKE_TENK`` shards in ``tenk``).
+With ``--smoke`` (kept short: CI runs it) only row 1, the counts made in one mount and the RSS
+row run, on the smoke data, without ``tenk``.
 The endpoint is always explicit (``-o endpoint=``, the clients' ENDPOINT argument); the
 credentials and region are in ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_REGION``
 for the figure's duration (mounts and clients inherit them).
@@ -39,13 +40,14 @@ from pathlib import Path
 from typing import Iterator
 
 from bench_lib.delayproxy import DelayProxy
-from bench_lib.main import PY2, PY3, Bench, BenchError, Row
+from bench_lib.main import PY2, PY3, Bench, BenchError, Row, rotate
+from bench_lib.peers import cpu_seconds
 from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY, S3Source, SeaweedS3, put_all, upload
 
 BUCKET = "shardfs-bench"
 DELAY = 0.010  # seconds each way per request (rows 2 and 3)
 RANDOM = 60  # chunks read in row 3 (SMOKE_RANDOM in --smoke)
-TENK, SMOKE_TENK = 10_000, 100  # shards under the tenk prefix
+TENK = 10_000  # shards under the tenk prefix
 COUNT_SHARDS = 8  # shards read in each request-count case (at most a third of vol's shards)
 MiB = 1 << 20
 
@@ -82,11 +84,10 @@ class _S3Rows:
     def __init__(self, bench: Bench, server: SeaweedS3) -> None:
         self.b = bench
         self.server = server
-        self.direct = server.endpoint
         self.smoke = bench.smoke
         zarray = json.loads((bench.copy / "vol" / ".zarray").read_text())
         if zarray.get("dimension_separator", ".") != ".":
-            raise BenchError(f"v2 view of vol has dimension_separator {zarray['dimension_separator']!r}, expected '.'")
+            raise BenchError(f"v2 view of vol: dimension_separator {zarray['dimension_separator']!r}, not '.'")
         self.chunks = [tuple(int(x) for x in name.split(".")) for name in bench.vol_names]
         s = bench.sizes
         self.per_shard = tuple(sh // c for sh, c in zip(s.vol_shard, s.vol_chunk))
@@ -96,17 +97,17 @@ class _S3Rows:
 
     def upload(self) -> None:
         b, server = self.b, self.server
-        self.n_tenk = SMOKE_TENK if self.smoke else TENK
         t0 = time.perf_counter()
         put_all(S3Source(server, "big").store(), [("zarr.json", b.big / "zarr.json")])
         n = 1 + len(upload(server, b.big / "vol", "big/vol").keys())
         n += len(upload(server, b.copy / "vol", "v2/vol").keys())
         n += len(upload(server, b.small, "small").keys())
-        tenk = self._tenk_items(self.n_tenk)
-        put_all(S3Source(server, "tenk").store(), tenk)
-        n += len(tenk)
+        if not self.smoke:
+            tenk = self._tenk_items(TENK)
+            put_all(S3Source(server, "tenk").store(), tenk)
+            n += len(tenk)
         b.raw["s3_upload"] = {"objects": n, "seconds": time.perf_counter() - t0}
-        b.log(f"  S3: uploaded {n} objects ({self.n_tenk} shards under tenk) in {time.perf_counter() - t0:.1f} s")
+        b.log(f"  S3: uploaded {n} objects in {time.perf_counter() - t0:.1f} s")
 
     def _tenk_items(self, n: int) -> list[tuple[str, bytes | Path]]:
         """``tenk``: a group with array ``a`` of ``n`` (a square number) 4x4 uint8 shards of 2x2
@@ -137,10 +138,13 @@ class _S3Rows:
         return f"s3://{BUCKET}/{prefix}"
 
     def whole_mount(self, port: int, name: str) -> dict:
+        """zarr 2.18 reading vol through a fresh mount; also the daemon's CPU seconds during the read."""
         b = self.b
         with b.mounted(self._url("big"), name, options=self._opts(port)) as m:
             b.drop_caches()
+            cpu = cpu_seconds(m.pid)
             res = b.client(PY2, "zarr_read", m.mnt / "vol")
+            res["daemon_cpu"] = cpu_seconds(m.pid) - cpu
         return self._check_sum(res, name)
 
     def whole_native(self, port: int, python: str, prefix: str, name: str) -> dict:
@@ -161,7 +165,8 @@ class _S3Rows:
                 DelayProxy(("127.0.0.1", self.server.ports["s3.port"]), 0.0) as count:
             rows = self.reads(slow)
             rows += self.counts(count)
-        rows += self.mount_time()
+        if not self.smoke:
+            rows += self.mount_time()
         rows.append(self.rss())
         return rows
 
@@ -169,49 +174,61 @@ class _S3Rows:
         """Rows 1-4, all sides alternating in one loop."""
         b = self.b
         direct = self.server.ports["s3.port"]
-        py2, py3 = PY2, PY3
         sides = {
             "mount": lambda rep: self.whole_mount(direct, "s3-read"),
-            "native": lambda rep: self.whole_native(direct, py3, "big/vol", "native"),
+            "native": lambda rep: self.whole_native(direct, PY3, "big/vol", "native"),
         }
         if not self.smoke:
             sides.update({
-                "s3fs": lambda rep: self.whole_native(direct, py2, "v2/vol", "s3fs"),
+                "s3fs": lambda rep: self.whole_native(direct, PY2, "v2/vol", "s3fs"),
                 "mount_delay": lambda rep: self.whole_mount(slow.port, "s3-read-delay"),
-                "native_delay": lambda rep: self.whole_native(slow.port, py3, "big/vol", "native_delay"),
+                "native_delay": lambda rep: self.whole_native(slow.port, PY3, "big/vol", "native_delay"),
                 "random_mount": lambda rep: self.random_mount(slow, rep),
                 "random_native": lambda rep: self.random_native(slow, rep),
             })
         t: dict[str, list[float]] = {k: [] for k in sides}
-        gets: dict[str, list[int]] = {k: [] for k in sides if k.startswith("random")}
+        cpu: dict[str, list[float]] = {k: [] for k in sides if k.startswith("mount")}
+        through_slow = ("mount_delay", "native_delay", "random_mount", "random_native")
+        requests: dict[str, list[dict[str, int]]] = {k: [] for k in sides if k in through_slow}
         sums: dict[int, dict[str, int]] = {}
         for rep in b.repeat():
-            for side in _rotate(list(sides), rep):
+            for side in rotate(list(sides), rep):
                 before = slow.snapshot()[0]
                 res = sides[side](rep)
                 t[side].append(res["seconds"])
-                if side in gets:
-                    gets[side].append(_total(_delta(before, slow.snapshot()[0])))
+                if side in cpu:
+                    cpu[side].append(res["daemon_cpu"])
+                if side in requests:  # through the delaying proxy
+                    requests[side].append(_delta(before, slow.snapshot()[0]))
+                if side.startswith("random"):
                     sums.setdefault(rep, {})[side] = res["sum"]
                 b.log(f"s3 rep {rep + 1}: {side} {res['seconds']:.2f} s")
             if len(set(sums.get(rep, {}).values())) > 1:
                 raise BenchError(f"random reads rep {rep + 1}: mount and zarr 3 read different data {sums[rep]}")
-        b.raw["s3_read"] = t
-        b.raw["s3_random_requests"] = gets
+        b.raw["s3_read"] = {"seconds": t, "daemon_cpu": cpu, "requests": requests}
         m = {k: statistics.median(v) for k, v in t.items()}
         mb = b.vol_bytes / MiB
+        n = len(self.chunks)
+
+        def note(mount: str, native: str | None = None) -> str:
+            c = statistics.median(cpu[mount]) if mount in cpu else None
+            out = [f"daemon CPU {c:.2f} s ({c / n * 1e6:.0f} µs/chunk)"] if c is not None else []
+            if native:
+                last = {side: requests[side][-1] for side in (mount, native)}
+                out.append(f"requests: mount {_kinds(last[mount])}, zarr 3 {_kinds(last[native])}")
+            return "; ".join(out)
+
         rows = [b.ratio_row(f"S3: zarr 2.18 read {mb:.0f} MiB via mount vs zarr 3 native", "s",
                             m["mount"], m["native"], 1.6)]
+        rows[-1].note = note("mount")
         if self.smoke:
             return rows
         rows.append(b.ratio_row(f"S3, {DELAY * 1e3:g} ms each way: same", "s",
                                 m["mount_delay"], m["native_delay"], 1.6))
-        n = RANDOM
-        row = b.ratio_row(f"S3, {DELAY * 1e3:g} ms each way: {n} random single-chunk reads, one process, "
-                          "mount vs zarr 3 native", "s", m["random_mount"], m["random_native"], 0.6)
-        row.note = (f"requests: mount {statistics.median(gets['random_mount']):.0f}, "
-                    f"zarr 3 {statistics.median(gets['random_native']):.0f}")
-        rows.append(row)
+        rows[-1].note = note("mount_delay", "native_delay")
+        rows.append(b.ratio_row(f"S3, {DELAY * 1e3:g} ms each way: {RANDOM} random single-chunk reads, one "
+                                "process, mount vs zarr 3 native", "s", m["random_mount"], m["random_native"], 0.6))
+        rows[-1].note = note("random_mount", "random_native")
         rows.append(b.ratio_row("S3: zarr 2.18 read via mount vs zarr 2.18 on a v2 copy (FSStore, s3fs)", "s",
                                 m["mount"], m["s3fs"], 0.3))
         return rows
@@ -237,15 +254,14 @@ class _S3Rows:
         """Row 5's request counts, through the counting proxy (one run: counts do not vary)."""
         b = self.b
         n_shards = math.prod(self.shard_grid)
-        k = max(1, min(COUNT_SHARDS, n_shards // 3))
-        shards = random.Random(7).sample(_grid(self.shard_grid), 3 * k)
-        first, whole = shards[:k], shards[k:2 * k]
-
-        def chunk_in(shard: tuple[int, ...], offset: tuple[int, ...]) -> str:
-            return ".".join(str(s * p + o) for s, p, o in zip(shard, self.per_shard, offset))
-
-        zero = tuple(0 for _ in self.per_shard)
-        one = tuple(min(1, p - 1) for p in self.per_shard)
+        by_shard: dict[tuple[int, ...], list[str]] = {}  # chunk file names, in order (edge shards hold fewer)
+        for c in sorted(self.chunks):
+            by_shard.setdefault(tuple(i // p for i, p in zip(c, self.per_shard)), []).append(".".join(map(str, c)))
+        usable = sorted(sh for sh, names in by_shard.items() if len(names) > 1)
+        k = max(1, min(COUNT_SHARDS, len(usable) // 2))
+        shards = random.Random(7).sample(usable, 2 * k)
+        first, whole = shards[:k], shards[k:]
+        n_whole = sum(len(by_shard[sh]) for sh in whole)
         found: dict[str, dict[str, int]] = {}
 
         def read_files(root: Path, names: list[str], what: str) -> None:
@@ -261,17 +277,17 @@ class _S3Rows:
         with b.mounted(self._url("big"), "s3-count", options=self._opts(count.port)) as m:
             found["mount"] = _delta(before, count.snapshot()[0])
             vol = m.mnt / "vol"
-            read_files(vol, [chunk_in(s, zero) for s in first], "cold")
-            read_files(vol, [chunk_in(s, one) for s in first], "second")
-            read_files(vol, [chunk_in(s, off) for s in whole for off in _grid(self.per_shard)], "whole_shard")
-        before = count.snapshot()[0]
-        with b.mounted(self._url("big"), "s3-count-array", options=self._opts(count.port)) as m:
-            mid = count.snapshot()[0]
-            self._check_sum(b.client(PY2, "zarr_read", m.mnt / "vol"), "count mount")
-            found["array_mount"] = _delta(mid, count.snapshot()[0])
-        before = count.snapshot()[0]
-        self.whole_native(count.port, PY3, "big/vol", "count native")
-        found["array_native"] = _delta(before, count.snapshot()[0])
+            read_files(vol, [by_shard[sh][0] for sh in first], "cold")
+            read_files(vol, [by_shard[sh][1] for sh in first], "second")
+            read_files(vol, [name for sh in whole for name in by_shard[sh]], "whole_shard")
+        if not self.smoke:
+            with b.mounted(self._url("big"), "s3-count-array", options=self._opts(count.port)) as m:
+                before = count.snapshot()[0]
+                self._check_sum(b.client(PY2, "zarr_read", m.mnt / "vol"), "count mount")
+                found["array_mount"] = _delta(before, count.snapshot()[0])
+            before = count.snapshot()[0]
+            self.whole_native(count.port, PY3, "big/vol", "count native")
+            found["array_native"] = _delta(before, count.snapshot()[0])
         b.raw["s3_requests"] = found
         b.log(f"s3 request counts: {found}")
         unparsed = sum(c.get("UNPARSED", 0) for c in found.values())
@@ -286,15 +302,15 @@ class _S3Rows:
                 + (f"; {unparsed} connection(s) unparsed" if unparsed else "")
             return r
 
-        cps = math.prod(self.per_shard)
         return [
             row("S3: requests at mount", "mount", 1, None),
             row(f"S3: requests for the 1st chunk file of a cold shard (x{k})", "cold", k, 2),
             row("S3: requests per further chunk file of a shard, index cached", "second", k, 1),
-            row(f"S3: requests per shard read chunk file by chunk file ({cps} files, x{k})", "whole_shard", k, 2),
+            row(f"S3: requests per shard read chunk file by chunk file ({n_whole / k:g} files, x{k})",
+                "whole_shard", k, 2),
+        ] + ([] if self.smoke else [
             row(f"S3: requests per shard, whole-array read ({n_shards} shards): mount vs zarr 3 native",
-                "array_mount", n_shards, 2, "array_native"),
-        ]
+                "array_mount", n_shards, 2, "array_native")])
 
     def mount_time(self) -> list[Row]:
         """Mount time of the TENK-shard prefix against the one-shard prefix; checks both show data."""
@@ -303,7 +319,7 @@ class _S3Rows:
         t: dict[str, list[float]] = {"tenk": [], "small": []}
         last = f"{2 * (self.tenk_side - 1)}.{2 * (self.tenk_side - 1)}"
         for rep in b.repeat(b.reps if self.smoke else max(b.reps, 3)):
-            for side in _rotate(list(t), rep):
+            for side in rotate(list(t), rep):
                 with b.mounted(self._url(side), f"s3-mount-{side}", options=self._opts(direct)) as m:
                     t[side].append(m.seconds)
                     if side == "tenk":
@@ -314,7 +330,7 @@ class _S3Rows:
                         os.listdir(m.mnt / "tiny")
         b.raw["s3_mount_seconds"] = t
         tm, ts = statistics.median(t["tenk"]), statistics.median(t["small"])
-        row = b.ratio_row(f"S3: mount time, {self.n_tenk} shards vs 1 shard", "s", tm, ts, None)
+        row = b.ratio_row(f"S3: mount time, {TENK} shards vs 1 shard", "s", tm, ts, None)
         return [b.abs_check(row, 1.0, "<", "< 1 s")]
 
     def rss(self) -> Row:
@@ -324,18 +340,6 @@ class _S3Rows:
         r = self.b.abs_check(r, 200, "<", "< 200 MiB")
         r.note = f"largest: {worst}"
         return r
-
-
-def _grid(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-    out: list[tuple[int, ...]] = [()]
-    for n in shape:
-        out = [c + (i,) for c in out for i in range(n)]
-    return out
-
-
-def _rotate(items: list, k: int) -> list:
-    k %= len(items)
-    return items[k:] + items[:k]
 
 
 def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:

@@ -73,6 +73,9 @@ class LocalReads(Reads):
             data = await blocking(os.pread, handle.fd, size, handle.offset + offset)
         return data
 
+    def _stored_now(self, handle: ReadHandle) -> memoryview | None:
+        return self._reader.pread(handle.fd, handle.nbytes, handle.offset) if handle.fd >= 0 else None
+
     def release(self, handle: ReadHandle) -> None:
         if handle.fd >= 0:
             os.close(handle.fd)

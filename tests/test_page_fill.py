@@ -1,0 +1,95 @@
+"""Pages filled at open: a chunk file opened for reading whose inode the kernel holds no pages
+of is stored into the kernel's page cache before the open is answered, so the client's reads
+are served without a READ request each; pages of another version are never kept.
+
+What the kernel holds is read with ``mincore`` on a mapping of the file (which neither reads
+nor faults pages in).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sources import LE, sharding, write_v3
+
+SHAPE, CHUNK, SHARD = (128, 128), (64, 64), (128, 128)  # chunk files of 8 KiB: two pages each
+FILE = CHUNK[0] * CHUNK[1] * 2
+PAGES = -(-FILE // mmap.PAGESIZE)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+
+
+def resident(fd: int, size: int) -> int:
+    """How many pages of the first ``size`` bytes of open file ``fd`` the page cache holds."""
+    addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "mmap")
+    try:
+        vec = ctypes.create_string_buffer(-(-size // mmap.PAGESIZE))
+        if _libc.mincore(addr, size, vec):
+            raise OSError(ctypes.get_errno(), "mincore")
+        return sum(b & 1 for b in vec.raw)
+    finally:
+        _libc.munmap(addr, size)
+
+
+@pytest.fixture
+def src(tmp_path) -> tuple[Path, np.ndarray]:
+    """One uncompressed <u2 array ``x`` in one shard (its chunk files are the raw chunk bytes),
+    the shard read once so it is in the source's page cache."""
+    data = np.arange(np.prod(SHAPE), dtype="<u2").reshape(SHAPE)
+    root = tmp_path / "src"
+    root.mkdir()
+    (root / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+    write_v3(root / "x", data, SHARD, [sharding(CHUNK, [LE])])
+    for shard in (root / "x" / "c").rglob("*"):
+        if shard.is_file():
+            shard.read_bytes()
+    return root, data
+
+
+def test_first_open_fills_the_page_cache(src, mount):
+    root, data = src
+    mnt = mount(root)
+    fd = os.open(mnt / "x" / "1.0", os.O_RDONLY)
+    try:
+        assert os.fstat(fd).st_size == FILE
+        assert resident(fd, FILE) == PAGES, "the whole file is in the page cache once open"
+        assert os.pread(fd, FILE + 1, 0) == data[64:, :64].tobytes()
+    finally:
+        os.close(fd)
+    fd = os.open(mnt / "x" / "1.1", os.O_RDONLY)  # an open file reads the same whether filled or not
+    try:
+        assert os.pread(fd, 100, 4000) == data[64:, 64:].tobytes()[4000:4100]
+    finally:
+        os.close(fd)
+
+
+def test_no_fill_of_a_file_opened_for_writing_before(src, mount):
+    """A file written through the mount is read back as written: the pages written are not
+    taken for a stored version's, and no stale page survives the next open for reading."""
+    root, data = src
+    mnt = mount(root)
+    path = mnt / "x" / "0.1"
+    assert path.read_bytes() == data[:64, 64:].tobytes()
+    new = (data[:64, 64:] + 7).astype("<u2").tobytes()
+    with open(path, "r+b") as f:
+        f.write(new)
+    assert path.read_bytes() == new
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert os.pread(fd, FILE, 0) == new
+    finally:
+        os.close(fd)
+
