@@ -297,13 +297,20 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
 
     from shardfs.chunkcache import DEFAULT_BYTES, ChunkCache, parse_size
     from shardfs.fuse_ops import Operations
+    from shardfs.reads import make_reads
     from shardfs.view import View
 
     own = opts.own
     read_only = writeback is None
     cache = ChunkCache(parse_size(own["chunk_cache"]) if "chunk_cache" in own else DEFAULT_BYTES)
+    try:
+        ranges = _range_cache(source, own)
+    except ValueError as e:
+        _report(args, f"error: -o {e}")
+        return 1
     ome = args.ome and "no_ome_translation" not in own
-    view = View(storage, read_only=read_only, writeback=writeback, ome=ome, chunk_cache=cache)
+    view = View(storage, read_only=read_only, writeback=writeback, ome=ome,
+                reads=make_reads(storage, cache=ranges, chunk_cache=cache))
     ops = Operations(view, timeouts, writeback, spill_dir=state.spill_dir(source.name, source.endpoint))
     if writeback is not None:
         writeback.on_folded = ops.writer.folded
@@ -332,7 +339,22 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     finally:
         pyfuse3.close(unmount=True)
         log.info("unmounted %s", mnt)
+        if ranges is not None:
+            ranges.flush()  # the disk cache gets the ranges fetched last
     return 0
+
+
+def _range_cache(source: Source, own: dict[str, str]) -> Any:
+    """An object store's cache of fetched ranges (``-o cache_size``, ``-o cache_dir``); None for a
+    directory. ``ValueError`` (one line) if ``cache_dir`` cannot be used."""
+    if not source.url:
+        return None
+    from shardfs.chunkcache import parse_size
+    from shardfs.rangecache import RangeCache
+    from shardfs.reads.objects import DEFAULT_CACHE_BYTES
+
+    size = parse_size(own["cache_size"]) if "cache_size" in own else DEFAULT_CACHE_BYTES
+    return RangeCache(size, own.get("cache_dir"))
 
 
 @contextlib.contextmanager

@@ -8,20 +8,32 @@ is keyed on the normalized URL and the endpoint it is reached through.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import signal
 import socket
 import threading
+import time
+import uuid
+from pathlib import Path
 
 import numpy as np
+import obstore
 import pytest
 import zarr
 
-from conftest import daemon_pids, run_shardfs
+from azserver import CONTAINER as AZ_CONTAINER
+from bench_lib.delayproxy import DelayProxy
+from conftest import daemon_pids, lazy_unmount, read_zarr2, run_shardfs, wait_for, zarr2
 from shardfs import state
+from shardfs.journal import segments_under
+from shardfs.mounts import mounts
 from shardfs.shard import rewrite_sync
 from shardfs.storage import ABSENT
 from shardfs.storage.objects import ObjectStorage
 from sources import Spec, build
+from writers import umount, write_zarr2
 
 S = Spec("s", (8, 10), (4, 5), (8, 10), "<i4", 0, ("zstd", 3), inner_crc=False,
          index_location="end", index_crc=True, initial=((slice(0, 8), slice(0, 5)),),
@@ -236,3 +248,258 @@ def test_two_writers_folding_disjoint_chunks_of_one_shard_at_once_lose_nothing(u
     for idx, p, seed in (((0, 0), 0, 100), ((1, 1), 3, 100), ((0, 1), 1, 500), ((1, 0), 2, 500)):
         exp[S.chunk_region(idx)] = chunk_values(seed + 70 + p)
     np.testing.assert_array_equal(zarr.open_array(uploaded.zarr_store(), path="s", mode="r")[...], exp)
+
+
+# --------------------------------------------------------------------------- writes through an s3:// mount
+
+W = Spec("w", (16, 20), (4, 5), (8, 10), "<i4", 0, ("zstd", 3), inner_crc=False,
+         index_location="end", index_crc=True, initial=((slice(0, 8), slice(0, 10)),),
+         write=(slice(0, 16), slice(0, 20)))  # 2 x 2 shards of 2 x 2 chunks; shard (0, 0) stored
+
+
+@pytest.fixture
+def bucket_w(tmp_path, s3_upload):
+    """``W`` uploaded to a fresh prefix: ``(S3Source, expected array)``."""
+    exp = build(tmp_path / "src", [W])["w"]
+    return s3_upload(tmp_path / "src"), exp
+
+
+def native(up, name: str) -> np.ndarray:
+    """zarr-python 3 reading ``name`` from the bucket with its own ``ObjectStore``."""
+    return zarr.open_array(up.zarr_store(), path=name, mode="r")[...]
+
+
+def journal_of(up) -> Path:
+    return Path(state.journal_dir(up.url, endpoint=up.server.endpoint))
+
+
+def only_zarr_keys(up) -> None:
+    """The prefix holds ``zarr.json`` files and shards, nothing else (no temporaries)."""
+    keys = up.keys()
+    bad = [k for k in keys if not (k.endswith("zarr.json") or re.fullmatch(r"\w+/c/\d+/\d+", k))]
+    assert bad == [], bad
+
+
+def write_chunk(mnt: Path, spec: Spec, idx, seed: int, exp: np.ndarray) -> None:
+    block = spec.values(spec.chunk, seed)
+    (mnt / spec.name / spec.chunk_name(idx)).write_bytes(spec.encode(block))
+    exp[spec.chunk_region(idx)] = block
+
+
+def test_zarr2_write_through_an_s3_mount_reaches_the_bucket(bucket_w, mount, tmp_path):
+    """zarr 2.18 writes the whole array through the mount (shard (0, 0) rewritten, three new
+    shards created); after ``shardfs umount`` zarr-python 3 reads it natively from the bucket."""
+    up, exp = bucket_w
+    mnt = mount(up.url, env=up.env)
+    values = W.values(W.shape, 9)
+    write_zarr2(mnt / "w", (slice(0, 16), slice(0, 20)), values, tmp_path)
+    np.testing.assert_array_equal(read_zarr2(mnt / "w"), values)
+    umount(mount, mnt)
+    np.testing.assert_array_equal(native(up, "w"), values)
+    assert [k for k in up.keys() if "/c/" in k] == [f"w/c/{i}/{j}" for i in range(2) for j in range(2)]
+    only_zarr_keys(up)
+    assert segments_under(str(journal_of(up))) == []
+
+
+def test_umount_folds_pending_chunks_into_the_bucket(bucket_w, mount):
+    """Chunks committed just before ``shardfs umount`` are still only in the journal; the
+    umount folds them into the bucket before the daemon ends."""
+    up, exp = bucket_w
+    mnt = mount(up.url, env=up.env)
+    before = up.store()
+    shard = bytes(obstore.get(before, "w/c/0/0").bytes())
+    write_chunk(mnt, W, (0, 0), 11, exp)
+    write_chunk(mnt, W, (3, 3), 12, exp)  # a new shard (1, 1)
+    assert segments_under(str(journal_of(up))) != [], "folded before the umount: nothing left to test"
+    assert bytes(obstore.get(before, "w/c/0/0").bytes()) == shard
+    umount(mount, mnt)
+    np.testing.assert_array_equal(native(up, "w"), exp)
+    assert segments_under(str(journal_of(up))) == []
+
+
+def test_zattrs_and_a_new_array_write_zarr_json_in_the_bucket(bucket_w, mount, tmp_path):
+    up, exp = bucket_w
+    mnt = mount(up.url, env=up.env)
+    (mnt / "w" / ".zattrs").write_text(json.dumps({"units": "mm"}))
+    values = np.arange(60, dtype="<u2").reshape(6, 10)
+    zarr2("""
+        g = zarr.open_group(path, mode='r+')
+        a = g.create_dataset('made', shape=(6, 10), chunks=(3, 5), dtype='<u2')
+        a[...] = np.arange(60, dtype='<u2').reshape(6, 10)
+        result = np.zeros(0)
+        """, path=str(mnt))
+    umount(mount, mnt)
+    group = zarr.open_group(up.zarr_store(), mode="r")
+    assert dict(group["w"].attrs) == {"units": "mm"}
+    np.testing.assert_array_equal(group["made"][...], values)
+    np.testing.assert_array_equal(group["w"][...], exp)
+
+
+def test_two_daemons_writing_disjoint_chunks_of_the_same_shards_lose_nothing(bucket_w, mount, tmp_path):
+    """Two mounts of one URL (two hosts: separate journals) write interleaved chunks of every
+    shard at once, three rounds, each folded concurrently; every chunk reaches the bucket."""
+    up, exp = bucket_w
+    mnts = [mount(up.url, "-o", f"journal_dir={tmp_path / f'j{k}'}", env=up.env) for k in range(2)]
+    cells = [(i, j) for i in range(4) for j in range(4)]
+    mine = [[c for c in cells if (c[0] + c[1]) % 2 == k] for k in range(2)]  # each shard: 2 chunks each
+    for round_ in range(3):
+        threads = [threading.Thread(target=lambda k=k: [write_chunk(mnts[k], W, c, 100 * round_ + 10 * k + n, exp)
+                                                        for n, c in enumerate(mine[k])]) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        wait_for(lambda: all(segments_under(str(tmp_path / f"j{k}")) == [] for k in range(2)), 60,
+                 "both daemons folded their chunks")
+    np.testing.assert_array_equal(native(up, "w"), exp)
+    for mnt in mnts:
+        umount(mount, mnt)
+    np.testing.assert_array_equal(native(up, "w"), exp)
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.02, 0.1, 0.3])
+def test_sigkill_during_folds_then_a_remount_of_the_url_replays_everything(bucket_w, mount, delay):
+    """Complete shards fold at once; the daemon is SIGKILLed ``delay`` seconds after the last
+    commit (before, during or after the folds). The next mount of the same URL replays the
+    journal: every acknowledged chunk is in the bucket."""
+    up, exp = bucket_w
+    mnt = mount(up.url, env=up.env)
+    m = mount.info(mnt)
+    for n, idx in enumerate((i, j) for i in range(4) for j in range(4)):
+        write_chunk(mnt, W, idx, 300 + n, exp)
+    time.sleep(delay)
+    os.kill(m.pid, signal.SIGKILL)
+    m.proc.wait(timeout=10)
+    lazy_unmount(mnt)
+    again = mount(up.url + "/", env=up.env)  # the same URL, spelled differently
+    if delay == 0.0:
+        assert re.search(r"replayed [1-9]\d* journalled chunk changes", mount.info(again).log_text()), \
+            "every fold finished before the SIGKILL: nothing was replayed"
+    umount(mount, again)
+    np.testing.assert_array_equal(native(up, "w"), exp)
+    assert segments_under(str(journal_of(up))) == []
+    only_zarr_keys(up)
+
+
+def test_umount_names_the_changes_it_could_not_fold_into_the_bucket(bucket_w, mount):
+    """A shard turned to garbage in the bucket after a commit cannot be folded: ``shardfs
+    umount`` (which finds the daemon's journal from its URL and endpoint) says what is kept and
+    exits 1; the bucket's garbage is left alone."""
+    up, exp = bucket_w
+    mnt = mount(up.url, env=up.env)
+    write_chunk(mnt, W, (0, 0), 21, exp)
+    obstore.put(up.store(), "w/c/0/0", b"garbage")
+    r = run_shardfs("umount", str(mnt), env={**os.environ, **up.env}, timeout=120)
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("shardfs: 1 change to w/c/0/0 kept in the journal: "), lines
+    assert lines[1:] == [f"shardfs: they are folded by the next mount of {up.url}"], lines
+    assert bytes(obstore.get(up.store(), "w/c/0/0").bytes()) == b"garbage"
+    mount.info(mnt).proc.wait(timeout=30)
+
+
+def test_a_fold_is_one_conditional_put_per_shard(bucket_w, mount):
+    """Seen on the wire (a recording proxy in front of the server): the umount's folds are one
+    PUT per shard, ``If-Match`` the ETag of the shard read for an existing shard and
+    ``If-None-Match: *`` for a new one; a ``.zattrs`` write is one PUT of ``zarr.json``,
+    ``If-Match`` its ETag."""
+    up, exp = bucket_w
+    etags = {k: obstore.head(up.store(), k)["e_tag"] for k in ("w/c/0/0", "w/zarr.json")}
+    with DelayProxy(("127.0.0.1", up.server.ports["s3.port"]), delay=0.0, record=True) as proxy:
+        mnt = mount(up.url, "-o", f"endpoint=http://127.0.0.1:{proxy.port}", env=up.env)
+        write_chunk(mnt, W, (1, 1), 31, exp)  # shard (0, 0), stored
+        write_chunk(mnt, W, (2, 3), 32, exp)  # shard (1, 1), new
+        (mnt / "w" / ".zattrs").write_text(json.dumps({"k": 1}))
+        umount(mount, mnt)
+        puts = [(r.path, r.headers.get("if-match"), r.headers.get("if-none-match"))
+                for r in proxy.log if r.method == "PUT"]
+    base = f"/{up.server.bucket}/{up.prefix}"
+    assert sorted(puts) == [(f"{base}/w/c/0/0", etags["w/c/0/0"], None), (f"{base}/w/c/1/1", None, "*"),
+                            (f"{base}/w/zarr.json", etags["w/zarr.json"], None)], puts
+    np.testing.assert_array_equal(native(up, "w"), exp)
+
+
+def test_cache_dir_keeps_fetched_chunks_for_the_next_mount(bucket_w, mount, tmp_path, mnt_dir):
+    """``-o cache_dir``: chunk bytes fetched by one mount are on disk; the next mount with the
+    same directory reads every chunk without a ranged GET of chunk bytes (only shard indexes,
+    suffix GETs, go to the server). A directory that is not a cache fails the mount in one line."""
+    up, exp = bucket_w
+    cache = tmp_path / "cache"
+    mnt = mount(up.url, "-o", f"ro,cache_size=0,cache_dir={cache}", env=up.env)
+    np.testing.assert_array_equal(read_zarr2(mnt / "w"), exp)
+    umount(mount, mnt)
+    assert (cache / "CACHEDIR.TAG").is_file() and len(list(cache.rglob("*.*.*.*"))) > 0
+    with DelayProxy(("127.0.0.1", up.server.ports["s3.port"]), delay=0.0, record=True) as proxy:
+        mnt = mount(up.url, "-o", f"ro,cache_size=0,cache_dir={cache},endpoint=http://127.0.0.1:{proxy.port}",
+                    env=up.env)
+        np.testing.assert_array_equal(read_zarr2(mnt / "w"), exp)
+        umount(mount, mnt)
+        shard_gets = [r.headers.get("range", "") for r in proxy.log if r.method == "GET" and "/c/" in r.path]
+    assert shard_gets and all(g.startswith("bytes=-") for g in shard_gets), shard_gets
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "mine").write_text("x")
+    r = run_shardfs("mount", up.url, str(mnt_dir), "-o", f"ro,cache_dir={foreign}", env={**os.environ, **up.env})
+    assert (r.returncode, r.stderr) == (1, f"shardfs: error: -o cache_dir {foreign}: not empty and not a "
+                                           "cache directory (no CACHEDIR.TAG)\n")
+    assert not os.path.ismount(mnt_dir) and daemon_pids(mnt_dir) == []
+
+
+# --------------------------------------------------------------------------- the mount.fuse3 form, df, az://
+
+
+def test_bare_form_of_a_url_mounts_and_df_shows_the_url(bucket_w, mnt_dir):
+    """``shardfs s3://... MNT -o ro,dev,suid`` (what mount.fuse3 runs): mounted, the mount
+    table and ``df`` name the URL, statfs reports 1 EiB free in 1 MiB blocks, and without
+    syslog the log is in the URL's state directory."""
+    up, exp = bucket_w
+    env = {**os.environ, **up.env}
+    r = run_shardfs(up.url, str(mnt_dir), "-o", "ro,dev,suid", env=env)
+    log = state.log_file(up.url, endpoint=up.server.endpoint)  # in the URL's state directory
+    assert (r.returncode, r.stderr) == (0, "" if os.path.exists("/dev/log") else
+                                        f"shardfs: no syslog (/dev/log): the daemon logs to {log}\n")
+    assert mounts()[str(mnt_dir)] == up.url
+    st = os.statvfs(mnt_dir)
+    assert (st.f_frsize, st.f_blocks * st.f_frsize, st.f_bavail, st.f_namemax) == (1 << 20, 1 << 60, st.f_blocks, 255)
+    np.testing.assert_array_equal(read_zarr2(mnt_dir / "w"), exp)
+    assert run_shardfs("umount", str(mnt_dir), env=env).returncode == 0
+
+
+@pytest.fixture
+def az_source(tmp_path, azure, monkeypatch):
+    """``W`` uploaded to a fresh prefix of the Azurite container: ``(url, env, expected)``."""
+    for name, value in azure.env.items():
+        monkeypatch.setenv(name, value)
+    exp = build(tmp_path / "src", [W])["w"]
+    url = f"az://{AZ_CONTAINER}/t-{uuid.uuid4().hex[:12]}"
+    storage = ObjectStorage(url, endpoint=azure.endpoint)
+    try:
+        for path in sorted(p for p in (tmp_path / "src").rglob("*") if p.is_file()):
+            storage.replace(path.relative_to(tmp_path / "src").as_posix(), [path.read_bytes()])
+    finally:
+        storage.close()
+    return url, azure, exp
+
+
+def test_az_url_mounts_reads_and_folds_writes_into_the_container(az_source, mount):
+    """``az://CONTAINER/PREFIX`` against Azurite: zarr 2.18 reads the array through the mount,
+    chunks written there (an existing shard and a new one) are folded into the container by
+    ``shardfs umount``, and zarr-python 3 reads them natively."""
+    from obstore.store import from_url
+    from zarr.storage import ObjectStore
+
+    url, azure, exp = az_source
+    mnt = mount(url, "-o", f"endpoint={azure.endpoint}", env=azure.env)
+    np.testing.assert_array_equal(read_zarr2(mnt / "w"), exp)
+    write_chunk(mnt, W, (1, 1), 41, exp)
+    write_chunk(mnt, W, (2, 3), 42, exp)
+    umount(mount, mnt)
+    store = from_url(url, config={"endpoint": azure.endpoint}, client_options={"allow_http": True})
+    np.testing.assert_array_equal(zarr.open_array(ObjectStore(store, read_only=True), path="w", mode="r")[...], exp)
+
+
+def test_az_url_with_a_missing_prefix_is_one_line(az_source, mnt_dir):
+    url, azure, _ = az_source
+    missing = f"az://{AZ_CONTAINER}/no-such-prefix"
+    want = f"shardfs: error: {missing}: no such prefix (no object below it)\n"
+    assert mount_fails(missing, mnt_dir, azure.env, "-o", f"endpoint={azure.endpoint}") == [want, want]
