@@ -53,6 +53,7 @@ ROOT_INODE = 1
 CHUNK_BASE = 1 << 62
 SLOT_SHIFT = 40
 OPEN_TRIES = 3  # opens of a chunk that find its shard replaced since its index was read, before EIO
+INDEX_READS = 32  # shard indexes a listing reads at once
 RESOLVED_KEPT = 256  # chunk lookups remembered for the opens that follow them
 SHARD_KEYS_KEPT = 4096  # shard keys remembered per array (formatting one costs more than a lookup)
 LIST_FILL_MAX = 1 << 22  # arrays with more inner chunks do not list the empty ones they serve
@@ -537,6 +538,23 @@ class View:
             out = sorted(set(out) | set(self.writeback.dirty_shards(arr.path)))
         return out
 
+    async def _read_indexes(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None:
+        """Read the indexes of ``shards`` that are not cached, ``INDEX_READS`` at a time (a
+        listing needs them all; over an object store each is a round trip). Errors are left
+        for the caller's own ``shard_table`` to meet."""
+        limiter = trio.CapacityLimiter(INDEX_READS)
+
+        async def one(shard: tuple[int, ...]) -> None:
+            async with limiter:
+                try:
+                    await self.shard_table(arr, shard)
+                except OSError:
+                    pass
+
+        async with trio.open_nursery() as nursery:
+            for shard in shards:
+                nursery.start_soon(one, shard)
+
     async def shard_chunks(self, arr: ArrayNode, shard: tuple[int, ...]) -> ChunkSet:
         """The stored (or pending) inner chunks of one shard, sorted by index position;
         none if the shard is corrupt."""
@@ -900,8 +918,9 @@ class View:
         if prefix is None:
             return out
         nested = layout.keys.view_separator == "/"
-        chunks = ChunkSet.concat([await self.shard_chunks(arr, shard) for shard in await self.stored_shards(arr)],
-                                 layout.ndim)
+        shards = await self.stored_shards(arr)
+        await self._read_indexes(arr, shards)
+        chunks = ChunkSet.concat([await self.shard_chunks(arr, shard) for shard in shards], layout.ndim)
         if arr.info.serve_missing:
             if int(np.prod(layout.chunk_grid, dtype=object)) <= LIST_FILL_MAX:
                 chunks = self._with_fill_chunks(arr, chunks, len(await self.fill_file(arr)))
