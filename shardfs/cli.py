@@ -340,6 +340,8 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     finally:
         pyfuse3.close(unmount=True)
         log.info("unmounted %s", mnt)
+        if ranges is not None:
+            ranges.flush()  # the disk cache gets the ranges fetched last
     return 0
 
 

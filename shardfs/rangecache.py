@@ -63,6 +63,7 @@ log = logging.getLogger("shardfs")
 DEFAULT_DISK_BYTES = 5 << 30
 BLOCK = 256 << 10  # payload bytes per crc32c
 QUEUE_BYTES = 256 << 20  # ranges waiting for the disk beyond this are not written
+WRITER_IDLE = 2.0  # seconds the writer thread waits for more before it ends
 MAGIC = b"SFR1"
 HEADER = struct.Struct("<4sIQ")  # magic, key length, payload length; then key, crc32c per block, payload
 TAG_NAME = "CACHEDIR.TAG"
@@ -73,11 +74,19 @@ _BUCKET = re.compile(r"[0-9a-f]{3}")
 _STALE_TMP_NS = 3600 * 10**9  # a temporary file this old was left by a killed writer
 
 
-def _ident(version: Version) -> str | None:
-    """The identity of a version's content ("" for an uncacheable one), as text."""
+Ident = tuple  # what identifies a version's content: (etag, size), or a whole local Version
+
+
+def _ident(version: Version) -> Ident | None:
+    """The identity of a version's content; None for an uncacheable one (no ETag)."""
     if isinstance(version.tag, str):
-        return json.dumps([version.tag, version.size]) if version.tag else None
-    return json.dumps(list(version))
+        return (version.tag, version.size) if version.tag else None
+    return tuple(version)
+
+
+def _key(where: str, ident: Ident, offset: int, length: int) -> bytes:
+    """The key a disk cache file's header holds."""
+    return json.dumps([where, ident, offset, length]).encode()
 
 
 class _Ranges:
@@ -87,7 +96,7 @@ class _Ranges:
 
     __slots__ = ("ident", "starts", "data")
 
-    def __init__(self, ident: str) -> None:
+    def __init__(self, ident: Ident) -> None:
         self.ident = ident
         self.starts: list[int] = []
         self.data: dict[int, bytes] = {}
@@ -111,10 +120,10 @@ class RangeCache:
         self.disk_dir: str | None = None
         self.disk_max_bytes = DEFAULT_DISK_BYTES if disk_max_bytes is None else disk_max_bytes
         self._written = 0  # bytes written to disk since the last scan started
-        self._queue: deque[tuple[str, str, int, bytes]] = deque()  # disk writes not done yet
-        self._queued = 0  # their bytes
-        self._writing = False  # a writer thread is running
-        self._idle = threading.Condition(self._lock)  # notified when the writer thread ends
+        self._queue: deque[tuple[str, Ident, int, bytes]] = deque()  # disk writes not done yet
+        self._queued = 0  # their bytes, the one being written included
+        self._writer = False  # a writer thread is running
+        self._changed = threading.Condition(self._lock)  # the queue or ``_queued`` changed
         self._trimming = False
         self._trim_lock = threading.Lock()
         if disk_dir is not None:
@@ -167,19 +176,20 @@ class RangeCache:
                 return
             self._queue.append((where, ident, start, data))
             self._queued += len(data)
-            if self._writing:
+            self._changed.notify_all()
+            if self._writer:
                 return
-            self._writing = True
+            self._writer = True
         threading.Thread(target=self._write_queued, name="rangecache-write", daemon=True).start()
 
     def flush(self) -> None:
         """Wait until the disk writes of every earlier ``put`` are done (call it at unmount)."""
-        with self._idle:
-            self._idle.wait_for(lambda: not self._writing)
+        with self._changed:
+            self._changed.wait_for(lambda: not self._queued)
 
     # ------------------------------------------------------------------ memory
 
-    def _memory_put(self, where: str, ident: str, start: int, data: bytes) -> None:
+    def _memory_put(self, where: str, ident: Ident, start: int, data: bytes) -> None:
         """Keep ``data`` at ``start`` (caller holds the lock)."""
         obj = self._objects.get(where)
         if obj is not None and obj.ident != ident:
@@ -238,10 +248,10 @@ class RangeCache:
         self._start_trim()
 
     @staticmethod
-    def _names(root: str, where: str, ident: str) -> tuple[str, str, str]:
+    def _names(root: str, where: str, ident: Ident) -> tuple[str, str, str]:
         """(bucket directory, name prefix of the object, name prefix of the version)."""
         obj = hashlib.sha256(where.encode("utf-8", "surrogateescape")).hexdigest()[:32]
-        ver = hashlib.sha256(ident.encode()).hexdigest()[:16]
+        ver = hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]
         return os.path.join(root, obj[:3]), f"{obj}.", f"{obj}.{ver}."
 
     @staticmethod
@@ -250,7 +260,7 @@ class RangeCache:
         match = _NAME.fullmatch(name) if name.startswith(prefix) else None
         return (int(match[3]), int(match[4])) if match else None
 
-    def _disk_get(self, where: str, ident: str, start: int, stop: int) -> tuple[int, bytes] | None:
+    def _disk_get(self, where: str, ident: Ident, start: int, stop: int) -> tuple[int, bytes] | None:
         """The verified blocks of one file covering ``[start, stop)``: (their offset, bytes)."""
         root = self.disk_dir
         if root is None:
@@ -267,9 +277,9 @@ class RangeCache:
             self._disk_failed(e)
         return None
 
-    def _read_file(self, path: str, where: str, ident: str, offset: int, length: int,
+    def _read_file(self, path: str, where: str, ident: Ident, offset: int, length: int,
                    start: int, stop: int) -> tuple[int, bytes] | None:
-        key = json.dumps([where, ident, offset, length]).encode("utf-8", "surrogateescape")
+        key = _key(where, ident, offset, length)
         nblocks = -(-length // BLOCK)
         body = HEADER.size + len(key) + 4 * nblocks
         first, last = (start - offset) // BLOCK, -(-(stop - offset) // BLOCK)
@@ -301,13 +311,15 @@ class RangeCache:
         return None
 
     def _write_queued(self) -> None:
-        """The writer thread: write the queued ranges to disk, then end."""
+        """The writer thread: write the queued ranges to disk; end after ``WRITER_IDLE`` s without."""
         while True:
             with self._lock:
+                if not self._queue:
+                    self._changed.wait(WRITER_IDLE)
                 if not self._queue or self.disk_dir is None:
                     self._queue.clear()
-                    self._queued, self._writing = 0, False
-                    self._idle.notify_all()
+                    self._queued, self._writer = 0, False
+                    self._changed.notify_all()
                     return
                 where, ident, start, data = self._queue.popleft()
             try:
@@ -318,8 +330,9 @@ class RangeCache:
             finally:
                 with self._lock:
                     self._queued -= len(data)
+                    self._changed.notify_all()
 
-    def _disk_put(self, where: str, ident: str, start: int, data: bytes) -> None:
+    def _disk_put(self, where: str, ident: Ident, start: int, data: bytes) -> None:
         root = self.disk_dir
         if root is None:
             return
@@ -340,7 +353,7 @@ class RangeCache:
                     inside.append(entry.path)
             if covered:
                 return
-            key = json.dumps([where, ident, start, len(data)]).encode("utf-8", "surrogateescape")
+            key = _key(where, ident, start, len(data))
             view = memoryview(data)
             crcs = [crc32c.crc32c(view[i: i + BLOCK]) for i in range(0, len(data), BLOCK)]
             head = HEADER.pack(MAGIC, len(key), len(data)) + key + struct.pack(f"<{len(crcs)}I", *crcs)

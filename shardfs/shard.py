@@ -76,11 +76,11 @@ def read_index_sync(source: Storage, key: str, fmt: ShardFormat) -> tuple[Versio
 
     One request for the shard's own index: a suffix read (a ranged one when the index is at
     the start) that also gives the version read (``Storage.read_versioned``: no version
-    check before it). With nested sharding, one more read per stored inner shard, each
-    conditioned on that version; a shard replaced meanwhile is read again from its index,
-    at most ``INDEX_TRIES`` times. Raises ``CorruptShard`` (carrying the version) if the
-    shard's own index is unusable; a corrupt inner shard is logged here, once, and only its
-    chunks are marked corrupt.
+    check before it). With nested sharding, one more ``Storage.read`` per level of inner
+    shards, of all that level's indexes at once, conditioned on that version; a shard
+    replaced meanwhile is read again from its index, at most ``INDEX_TRIES`` times. Raises
+    ``CorruptShard`` (carrying the version) if the shard's own index is unusable; a corrupt
+    inner shard is logged here, once, and only its chunks are marked corrupt.
     """
     index = outermost(fmt)
     first = Range(0, index.nbytes) if index.at_start else Range(-index.nbytes, index.nbytes)
@@ -90,19 +90,8 @@ def read_index_sync(source: Storage, key: str, fmt: ShardFormat) -> tuple[Versio
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
         start = 0 if index.at_start else version.size - len(head)
-
-        def read(offset: int, n: int) -> bytes:
-            if start <= offset and offset + n <= start + len(head):
-                return head[offset - start: offset - start + n]
-            return source.read(key, [Range(offset, n)], if_version=version)[0]
-
-        problems: dict[int, str] = {}
         try:
-            table = read_table(fmt, read, 0, version.size, problems)
-        except CorruptIndex as e:
-            err = CorruptShard(str(e))
-            err.version = version  # type: ignore[attr-defined]
-            raise err from None
+            table, problems = _decode_levels(source, key, fmt, version, start, head)
         except VersionMismatch:
             source.changed(key)
             continue
@@ -112,6 +101,40 @@ def read_index_sync(source: Storage, key: str, fmt: ShardFormat) -> tuple[Versio
                       source.describe(key), where, reason)
         return version, table
     raise OSError(errno.EIO, f"changed during {INDEX_TRIES} reads of its index", source.describe(key))
+
+
+class _NotRead(CorruptIndex):
+    """An index byte range not fetched yet (``_decode_levels`` fetches it and decodes again)."""
+
+
+def _decode_levels(source: Storage, key: str, fmt: ShardFormat, version: Version, start: int, head: bytes
+                   ) -> tuple[np.ndarray, dict[int, str]]:
+    """``read_table`` of the shard whose bytes from ``start`` are ``head``: decoded again after
+    each level of inner indexes it asked for was fetched, all of that level in one read."""
+    fetched: dict[Range, bytes] = {}
+
+    def read(offset: int, n: int) -> bytes:
+        if start <= offset and offset + n <= start + len(head):
+            return head[offset - start: offset - start + n]
+        data = fetched.get(Range(offset, n))
+        if data is None:
+            missing.append(Range(offset, n))
+            raise _NotRead(f"{n} bytes at {offset} not read yet")  # only that inner shard stops
+        return data
+
+    while True:
+        missing: list[Range] = []
+        problems: dict[int, str] = {}
+        try:
+            table = read_table(fmt, read, 0, version.size, problems)
+        except CorruptIndex as e:
+            if not missing:
+                err = CorruptShard(str(e))
+                err.version = version  # type: ignore[attr-defined]
+                raise err from None
+        if not missing:
+            return table, problems
+        fetched.update(zip(missing, source.read(key, missing, if_version=version)))
 
 
 def extent(key: str, version: Version, table: np.ndarray, pos: int) -> Extent | None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
 import numpy as np
+import trio
 
 from shardfs import metadata
 from shardfs import shard as shard_mod
@@ -39,7 +40,7 @@ from shardfs.nodes import (ARRAY_DIRS, ArrayDirKey, ChunkKey, DirKey, InnerShard
 from shardfs.reads import ReadHandle, Reads, make_reads
 from shardfs.shard import CorruptChunk, CorruptShard, Extent, IndexCache
 from shardfs.spill import SpillBuffer
-from shardfs.storage import UNKNOWN, Entry, Storage, Unusable, Version, VersionMismatch, _Unknown
+from shardfs.storage import UNKNOWN, Entry, Range, Storage, Unusable, Version, VersionMismatch, _Unknown
 from shardfs.threads import blocking
 from shardfs.writeback import Pending, Writeback
 
@@ -52,6 +53,9 @@ ROOT_INODE = 1
 CHUNK_BASE = 1 << 62
 SLOT_SHIFT = 40
 OPEN_TRIES = 3  # opens of a chunk that find its shard replaced since its index was read, before EIO
+INDEX_READS = 32  # shard indexes a listing reads at once
+RESOLVED_KEPT = 256  # chunk lookups remembered for the opens that follow them
+SHARD_KEYS_KEPT = 4096  # shard keys remembered per array (formatting one costs more than a lookup)
 LIST_FILL_MAX = 1 << 22  # arrays with more inner chunks do not list the empty ones they serve
 
 
@@ -113,6 +117,7 @@ class ArrayNode:
     fill_unlisted: bool = False
     image: bool = False  # a level of an OME-Zarr image or label (described with "/" keys)
     parent_mtime_ns: int = 0  # of the image group's metadata, which ``.zarray`` depends on
+    shard_keys: dict[tuple[int, ...], str] = field(default_factory=dict)  # see View.shard_key
 
     @property
     def meta_mtime_ns(self) -> int:
@@ -163,15 +168,21 @@ def _entries(source: Storage, key: str) -> list[Entry]:
     return [entry for page in source.list(key) for entry in page]
 
 
-def _read_metadata(source: Storage, key: str, size: int) -> tuple[dict[str, Any], Version]:
-    """The parsed zarr.json at ``key`` (``size`` bytes when its version was taken) and the
-    version read, in a worker thread; ``BadMetadata`` if it is too large (then never read)
-    or not a Zarr v3 document."""
-    reason = metadata.too_large(size)
+def _read_metadata(source: Storage, key: str, known: Version | _Unknown) -> tuple[dict[str, Any] | str, Version]:
+    """The parsed zarr.json at ``key``, or why it is bad (``shardfs.metadata``), and the version
+    read: one request of at most ``METADATA_MAX`` + 1 bytes (none if ``known``, its version,
+    is too large already), in a worker thread."""
+    reason = metadata.too_large(known.size) if isinstance(known, Version) else None
     if reason:
-        raise metadata.BadMetadata(reason)
-    data, version = source.read_all(key)
-    return metadata.parse(data), version
+        return reason, known  # type: ignore[return-value]
+    data, version = source.read_versioned(key, Range(0, metadata.METADATA_MAX + 1))
+    try:
+        reason = metadata.too_large(version.size)
+        if reason:
+            raise metadata.BadMetadata(reason)
+        return metadata.parse(data), version
+    except metadata.BadMetadata as e:
+        return str(e), version
 
 
 class View:
@@ -202,6 +213,8 @@ class View:
         self._aliases: dict[int, set[int]] = {}
         self._next_ino = itertools.count(ROOT_INODE + 1)
         self.index_cache = IndexCache()
+        self._index_reads: dict[str, trio.Event] = {}  # shard key -> its index being read
+        self._resolved: dict[int, tuple[Extent, Attr]] = {}  # chunk inode -> as last looked up (see open)
         self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
         self._file_mode = 0o444 if read_only else 0o644
         self._dir_mode = 0o555 if read_only else 0o755
@@ -288,8 +301,8 @@ class View:
         return CHUNK_BASE + (arr.slot << SLOT_SHIFT) + arr.info.layout.linear(coords)
 
     async def version(self, key: str, ask: bool = True) -> Version | None | _Unknown:
-        """``source.version`` (inline when remembered, else in a worker thread; ``UNKNOWN``
-        then if not ``ask``); a key that exists but is unusable (not a regular file, behind a
+        """``source.version`` (inline when it is answered at once, ``Storage.version_now``, else
+        in a worker thread; ``UNKNOWN`` then if not ``ask``); a key that exists but is unusable (not a regular file, behind a
         symlink out of the source) raises its errno, logged once per key and reason."""
         try:
             return await self._current(key, ask)
@@ -298,9 +311,9 @@ class View:
             raise fail(e.errno, e.strerror) from None
 
     async def _current(self, key: str, ask: bool = True) -> Version | None | _Unknown:
-        """``source.version``: inline when it is remembered, else in a worker thread (or
+        """``source.version``: inline when it is answered at once, else in a worker thread (or
         ``UNKNOWN`` if not ``ask``)."""
-        found = self.source.remembered(key)
+        found = self.source.version_now(key)
         return await blocking(self.source.version, key) if found is UNKNOWN and ask else found
 
     def _log_unusable(self, key: str, e: Unusable) -> None:
@@ -322,21 +335,32 @@ class View:
         whose ``error`` (also logged once per version of the file) says why.
         """
         key = _join(path, "zarr.json")
-        try:
-            version = await self._current(key)  # a stat (a HEAD), never an open: it may be a FIFO
-        except Unusable as e:
+        known = (self._arrays.get(path), self._groups.get(path))
+        version: Version | None | _Unknown = UNKNOWN
+        try:  # a node seen before is checked (a stat, a HEAD); a new one is read in one request
+            version = await self._current(key, ask=known != (None, None))
+            if version is None:
+                return None
+            for cached in known:
+                if cached is not None and cached.version == version and (
+                        isinstance(cached, GroupNode) or cached.image == self._in_image(path)):
+                    return cached
+            doc, version = await blocking(_read_metadata, self.source, key, version)
+        except Unusable as e:  # never read from: not a regular file (opened non-blocking), or out of SRC
             if e.errno == errno.EIO:  # not a regular file: a node without metadata, saying why
                 return self._store_array(path, Version(0, 0, self.mount_ns), None, f"zarr.json: {e.strerror}")
             self._log_unusable(key, e)  # behind a symlink out of the source: as if absent
             return None
-        if version is None:
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        for cached in (self._arrays.get(path), self._groups.get(path)):
-            if cached is not None and cached.version == version and (
-                    isinstance(cached, GroupNode) or cached.image == self._in_image(path)):
-                return cached
+        except OSError as e:
+            if e.errno == errno.EIO:  # a failed read (a store that did not answer, logged there):
+                raise fail(errno.EIO) from None  # this request alone fails
+            doc = f"zarr.json is unreadable: {e.strerror or e}"
+            version = version if isinstance(version, Version) else Version(0, 0, self.mount_ns)
+        if isinstance(doc, str):
+            return self._store_array(path, version, None, doc)
         try:
-            doc, version = await blocking(_read_metadata, self.source, key, version.size)
             if doc["node_type"] == "group":
                 zgroup, zattrs = v2().group_files(doc, self.ome)
                 attrs = doc.get("attributes")
@@ -353,9 +377,9 @@ class View:
                                      parent.version.mtime_ns if image else 0)
         except (metadata.BadMetadata, Unpresentable) as e:
             return self._store_array(path, version, None, str(e))
-        except OSError as e:
-            if e.errno == errno.EIO and not isinstance(e, Unusable):  # a failed read (a store that did
-                raise fail(errno.EIO) from None  # not answer, logged there): this request alone fails
+        except OSError as e:  # the parent group's metadata (a failed read: this request alone fails)
+            if e.errno == errno.EIO:
+                raise fail(errno.EIO) from None
             return self._store_array(path, version, None, f"zarr.json is unreadable: {e.strerror or e}")
         except Exception as e:  # zarr's metadata classes raise many types for bad documents
             return self._store_array(path, version, None, f"invalid metadata: {e!r}")
@@ -395,29 +419,41 @@ class View:
         return self._arrays.get(path)
 
     def shard_key(self, arr: ArrayNode, shard: tuple[int, ...]) -> str:
-        return _join(arr.path, arr.info.layout.keys.key(shard))
+        """The source key of ``shard`` of ``arr`` (remembered: every lookup and open asks it)."""
+        key = arr.shard_keys.get(shard)
+        if key is None:
+            if len(arr.shard_keys) >= SHARD_KEYS_KEPT:
+                arr.shard_keys.clear()
+            key = arr.shard_keys[shard] = _join(arr.path, arr.info.layout.keys.key(shard))
+        return key
 
     async def shard_table(self, arr: ArrayNode, shard: tuple[int, ...]) -> tuple[Version, np.ndarray] | None:
         """The index of a stored shard (cached by version), None if the shard does not exist.
 
-        A shard whose index was read before is checked against its current version (remembered
-        by the source for a short time: a stat or a HEAD at most once in it); one never read,
-        or found changed, is read in one request that also gives its version. A corrupt shard
-        raises EIO and is logged once per version.
+        A shard whose index was read before is checked against its current version (a stat;
+        for objects a HEAD at most once per ``stat_ttl``); one never read, or found changed, is
+        read in one request that also gives its version (once: concurrent callers wait for
+        that read). A corrupt shard raises EIO and is logged once per version.
         """
         key = self.shard_key(arr, shard)
         layout = arr.info.layout
-        version = await self.version(key, ask=layout.index is None or self.index_cache.latest(key) is not None)
-        if version is None:
-            return None
-        if layout.index is None:
-            return version, np.array([[0, version.size]], dtype=np.uint64)  # type: ignore[union-attr]
-        if version is not UNKNOWN:
-            cached = self.index_cache.get(key, version)  # type: ignore[arg-type]
-            if cached is not None:
-                if isinstance(cached, CorruptShard):
-                    raise fail(errno.EIO)
-                return version, cached  # type: ignore[return-value]
+        while True:
+            version = await self.version(key, ask=layout.index is None or self.index_cache.latest(key) is not None)
+            if version is None:
+                return None
+            if layout.index is None:
+                return version, np.array([[0, version.size]], dtype=np.uint64)  # type: ignore[union-attr]
+            if version is not UNKNOWN:
+                cached = self.index_cache.get(key, version)  # type: ignore[arg-type]
+                if cached is not None:
+                    if isinstance(cached, CorruptShard):
+                        raise fail(errno.EIO)
+                    return version, cached  # type: ignore[return-value]
+            reading = self._index_reads.get(key)
+            if reading is None:
+                break
+            await reading.wait()
+        self._index_reads[key] = reading = trio.Event()
         try:
             result = await blocking(shard_mod.read_index_sync, self.source, key, layout.index)
         except CorruptShard as e:
@@ -427,6 +463,9 @@ class View:
         except Unusable as e:
             self._log_unusable(key, e)
             raise fail(e.errno, e.strerror) from None
+        finally:
+            del self._index_reads[key]
+            reading.set()
         if result is None:
             return None
         self.index_cache.put(key, *result)
@@ -498,6 +537,23 @@ class View:
         if not rel and self.writeback is not None:
             out = sorted(set(out) | set(self.writeback.dirty_shards(arr.path)))
         return out
+
+    async def _read_indexes(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None:
+        """Read the indexes of ``shards`` that are not cached, ``INDEX_READS`` at a time (a
+        listing needs them all; over an object store each is a round trip). Errors are left
+        for the caller's own ``shard_table`` to meet."""
+        limiter = trio.CapacityLimiter(INDEX_READS)
+
+        async def one(shard: tuple[int, ...]) -> None:
+            async with limiter:
+                try:
+                    await self.shard_table(arr, shard)
+                except OSError:
+                    pass
+
+        async with trio.open_nursery() as nursery:
+            for shard in shards:
+                nursery.start_soon(one, shard)
 
     async def shard_chunks(self, arr: ArrayNode, shard: tuple[int, ...]) -> ChunkSet:
         """The stored (or pending) inner chunks of one shard, sorted by index position;
@@ -651,7 +707,12 @@ class View:
     async def _chunk_entry(self, arr: ArrayNode, coords: tuple[int, ...]) -> Attr:
         ext = await self.extent(arr, coords)
         if ext is not None:
-            return self._chunk_attr(arr, coords, ext)
+            attr = self._chunk_attr(arr, coords, ext)
+            if isinstance(ext, Extent):  # for the open that usually follows
+                if len(self._resolved) >= RESOLVED_KEPT:
+                    self._resolved.clear()
+                self._resolved[attr.ino] = (ext, attr)
+            return attr
         if not (arr.info.serve_missing and arr.info.layout.in_grid(coords)):
             raise fail(errno.ENOENT)
         # an empty chunk served as the fill chunk, unchanged since the array's metadata was
@@ -757,7 +818,13 @@ class View:
             src = _join(arr.path, key.rel)
             shard = arr.info.layout.keys.parse(key.rel)
             if shard is not None:
-                version = await self.version(src)
+                version = await self.version(src, ask=False)
+                if version is UNKNOWN:  # only a request would tell: read it with the index (needed next)
+                    try:
+                        found = await self.shard_table(arr, shard)
+                        version = None if found is None else found[0]
+                    except OSError:  # corrupt (logged once): the version that read remembered
+                        version = await self.version(src)
                 if version is not None:
                     return self._dir_attr(ino, version.mtime_ns)
                 if key.rel in self._pending_shard_keys(arr) or (arr.path, key.rel) in self.made:
@@ -851,8 +918,9 @@ class View:
         if prefix is None:
             return out
         nested = layout.keys.view_separator == "/"
-        chunks = ChunkSet.concat([await self.shard_chunks(arr, shard) for shard in await self.stored_shards(arr)],
-                                 layout.ndim)
+        shards = await self.stored_shards(arr)
+        await self._read_indexes(arr, shards)
+        chunks = ChunkSet.concat([await self.shard_chunks(arr, shard) for shard in shards], layout.ndim)
         if arr.info.serve_missing:
             if int(np.prod(layout.chunk_grid, dtype=object)) <= LIST_FILL_MAX:
                 chunks = self._with_fill_chunks(arr, chunks, len(await self.fill_file(arr)))
@@ -911,12 +979,18 @@ class View:
         if not isinstance(key, ChunkKey):
             raise fail(errno.EISDIR)
         arr, coords = key.arr, key.coords
+        resolved = self._resolved.pop(ino, None)
         for _ in range(OPEN_TRIES):
-            ext = await self.extent(arr, coords)
+            if resolved is not None and self._unchanged(arr, coords, resolved[0]):
+                ext, attr = resolved
+            else:
+                ext = await self.extent(arr, coords)
+                attr = None
+            resolved = None
             if ext is None:
                 attr = await self._chunk_entry(arr, coords)  # ENOENT unless empty chunks are served
                 return ReadHandle(ino, attr, data=await self.fill_file(arr))
-            attr = self._chunk_attr(arr, coords, ext)
+            attr = attr or self._chunk_attr(arr, coords, ext)
             if isinstance(ext, Pending):
                 return ReadHandle(ino, attr, data=await blocking(self._decode, arr, coords, ext.data))
             decode = functools.partial(self._decode, arr, coords, key=ext.key) if arr.info.chunk.decodes else None
@@ -928,6 +1002,20 @@ class View:
         log.error("%s: changed during %d opens of chunk %s", self.source.describe(ext.key), OPEN_TRIES,
                   arr.info.layout.names.key(coords))
         raise fail(errno.EIO, "shard keeps changing")
+
+    def _unchanged(self, arr: ArrayNode, coords: tuple[int, ...], ext: Extent) -> bool:
+        """True if ``extent(arr, coords)`` would still be ``ext`` (found by a lookup): its shard
+        is still at that version when asked inline (so its index is the same) and no write is
+        pending for the chunk. Cheaper than asking ``extent`` again."""
+        try:
+            if self.source.version_now(ext.key) != ext.version:
+                return False
+        except OSError:  # unusable now: ``extent`` says so
+            return False
+        if self.writeback is None:
+            return True
+        shard, pos = arr.info.layout.locate(coords)
+        return self.writeback.pending((arr.path, shard), pos) is None
 
     def _decode(self, arr: ArrayNode, coords: tuple[int, ...], stored: bytes, key: str = "") -> bytes:
         """A chunk file's bytes from its stored form (checksum/transcoding); EIO if corrupt
@@ -946,7 +1034,3 @@ class View:
 
     def release(self, handle: ReadHandle) -> None:
         self.reads.release(handle)
-
-    def contents_now(self, handle: ReadHandle) -> bytes | memoryview | None:
-        """``Reads.contents_now``: a handle's whole content if it is at hand without waiting."""
-        return self.reads.contents_now(handle)

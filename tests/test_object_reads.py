@@ -17,12 +17,14 @@ import stat
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 import trio
 
 from conftest import assert_same_array, case_params, read_native, read_zarr3_v2
 from s3server import SeaweedS3
-from sources import CASES, LE, ZSTD, random_data, sharding, write_group, write_v3
+from bench_lib.delayproxy import DelayProxy
+from sources import CASES, LE, ZSTD, nested_codecs, random_data, sharding, write_group, write_v3
 from shardfs.storage.local import LocalStorage
 from shardfs.storage.objects import ObjectStorage, Retry
 from shardfs.view import ROOT_INODE, View
@@ -111,9 +113,9 @@ def two_versions(tmp_path: Path) -> tuple[Path, Path]:
     return roots[0], roots[1]
 
 
-async def chunk_bytes(view: View, name: str, replace=None) -> bytes:
-    """Chunk file ``a/name`` as a client reads it; ``replace()`` runs between its lookup and open."""
-    arr = await view.lookup(ROOT_INODE, "a")
+async def chunk_bytes(view: View, name: str, replace=None, array: str = "a") -> bytes:
+    """Chunk file ``array/name`` as a client reads it; ``replace()`` runs between its lookup and open."""
+    arr = await view.lookup(ROOT_INODE, array)
     attr = await view.lookup(arr.ino, name)
     if replace is not None:
         replace()
@@ -168,3 +170,114 @@ def test_a_server_gone_fails_that_read_alone_with_eio_and_one_log_line(tmp_path,
         st.close()
     finally:
         server.stop()
+
+
+# ------------------------------------------------------------------ requests per chunk and per shard
+
+CPS = 4  # chunks per shard along each axis: shards of 16 chunks
+
+
+@pytest.fixture
+def counted(objects_env, tmp_path):
+    """``(view, proxy, requests, want, root)``: a 2x2-shard array (shards of 4x4 chunks of 32x32 int32;
+    the second array ``n`` with nested sharding: inner shards of 2x2 chunks) uploaded, a ``View``
+    reaching SeaweedFS through a counting proxy, ``requests(key)`` listing ``(method, range,
+    if-match)`` of the requests for one key, ``want(array, name)`` the chunk file as a ``View``
+    of the local directory shows it. Versions stay remembered (``stat_ttl`` 60 s): the counts
+    do not depend on the test's speed."""
+    root = tmp_path / "src"
+    write_group(root)
+    write_v3(root / "a", random_data((256, 256), "int32", 3), (128, 128), [sharding((32, 32), [LE])])
+    write_v3(root / "n", random_data((256, 256), "int32", 4), (128, 128), nested_codecs((64, 64), (32, 32), [LE]))
+    prefix = f"counted-{uuid.uuid4().hex[:8]}"
+    st = ObjectStorage(f"s3://{objects_env.bucket}/{prefix}")
+    upload(root, st)
+    st.close()
+    local = View(LocalStorage(str(root)))
+    with DelayProxy(("127.0.0.1", objects_env.ports["s3.port"]), delay=0, record=True) as proxy:
+        st = ObjectStorage(f"s3://{objects_env.bucket}/{prefix}", endpoint=f"http://127.0.0.1:{proxy.port}",
+                           stat_ttl=60)
+
+        def requests(key: str) -> list[tuple[str, str | None, bool]]:
+            return [(r.method, r.headers.get("range"), "if-match" in r.headers) for r in proxy.log
+                    if r.path == f"/{objects_env.bucket}/{prefix}/{key}"]
+
+        def want(array: str, name: str) -> bytes:
+            return trio.run(chunk_bytes, local, name, None, array)
+
+        yield View(st), proxy, requests, want, root
+        st.close()
+
+
+def names(shard: tuple[int, int]) -> list[str]:
+    """The chunk files of ``shard`` in the order zarr 2.18 reads them (C order)."""
+    return [f"{shard[0] * CPS + i}.{shard[1] * CPS + j}" for i in range(CPS) for j in range(CPS)]
+
+
+def test_a_chunk_costs_one_ranged_get_if_match_after_one_suffix_get_of_its_index(counted):
+    view, proxy, requests, want, src = counted
+    assert trio.run(chunk_bytes, view, "5.6", None, "a") == want("a", "5.6")
+    index = 16 * CPS * CPS + 4
+    shard = (src / "a/c/1/1").read_bytes()
+    offset, nbytes = np.frombuffer(shard[-index:-4], "<u8").reshape(CPS, CPS, 2)[1, 2].tolist()
+    assert requests("a/c/1/1") == [("GET", f"bytes=-{index}", False), ("GET", f"bytes={offset}-{offset + nbytes - 1}", True)]
+    assert requests("a/c/0/0") == []
+
+
+def test_a_shard_read_whole_costs_at_most_two_gets_and_reading_it_again_none(counted):
+    view, proxy, requests, want, _ = counted
+
+    async def sweep(shards) -> dict[str, bytes]:
+        return {name: await chunk_bytes(view, name, None, "a") for shard in shards for name in names(shard)}
+
+    shards = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    got = trio.run(sweep, shards)
+    assert got == {name: want("a", name) for shard in shards for name in names(shard)}
+    per_shard = [requests(f"a/c/{i}/{j}") for i, j in shards]
+    assert [len(r) for r in per_shard] == [3, 2, 2, 2], per_shard  # the first shard: a chunk, then the rest
+    assert all(m == "GET" for r in per_shard for m, _, _ in r)
+    before = len(proxy.log)
+    assert trio.run(sweep, shards) == got
+    assert proxy.log[before:] == []
+
+
+def test_nested_indexes_cost_one_request_per_level(counted):
+    view, proxy, requests, want, _ = counted
+    assert trio.run(chunk_bytes, view, "0.0", None, "n") == want("n", "0.0")
+    got = requests("n/c/0/0")  # the outer index, the 4 inner indexes in one GET, the chunk
+    assert [(m, c) for m, _, c in got] == [("GET", False), ("GET", True), ("GET", True)], got
+    assert got[0][1] == f"bytes=-{16 * 2 * 2 + 4}"
+
+
+def test_concurrent_opens_of_a_shard_share_its_index_read_and_its_whole_fetch(counted):
+    view, proxy, requests, want, _ = counted
+    got: dict[str, bytes] = {}
+
+    async def all_at_once() -> None:
+        async def one(name: str) -> None:
+            got[name] = await chunk_bytes(view, name, None, "a")
+
+        async with trio.open_nursery() as nursery:
+            for name in names((1, 0)):
+                nursery.start_soon(one, name)
+
+    trio.run(all_at_once)
+    assert got == {name: want("a", name) for name in names((1, 0))}
+    assert [(m, c) for m, _, c in requests("a/c/1/0")] == [("GET", False), ("GET", True), ("GET", True)]
+
+
+def test_listing_an_array_costs_its_listing_and_one_index_get_per_shard(counted):
+    view, proxy, requests, want, root = counted
+
+    async def listing() -> list[str]:
+        arr = await view.lookup(ROOT_INODE, "a")
+        return [name for name, _ in await view.listdir(arr.ino)]
+
+    shown = trio.run(listing)
+    assert sorted(shown) == sorted([".zarray", ".zattrs"] + [n for i in range(2) for j in range(2) for n in names((i, j))])
+    index = f"bytes=-{16 * CPS * CPS + 4}"
+    for i in range(2):
+        for j in range(2):
+            assert requests(f"a/c/{i}/{j}") == [("GET", index, False)]
+    assert {r.method for r in proxy.log} <= {"GET", "LIST"}
+    assert [r.method for r in proxy.log].count("GET") == 4 + 2  # the indexes, and zarr.json of the root and of a

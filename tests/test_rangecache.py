@@ -1,7 +1,8 @@
 """shardfs.rangecache: ranges of object versions in memory and in a disk cache directory.
 
 Real temporary directories throughout; the disk-failure tests mount a small or read-only
-tmpfs (root only, as the FUSE tests are run here).
+tmpfs (root only, as the FUSE tests are run here). Through a mount: ``-o cache_dir`` over
+SeaweedFS, with the daemon's requests seen by a recording proxy (``bench_lib.delayproxy``).
 """
 
 from __future__ import annotations
@@ -17,11 +18,17 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
+import obstore
 import pytest
+import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, budget
+from bench_lib.delayproxy import DelayProxy, Request
+from conftest import REPO, budget, read_zarr2, run_shardfs
+from source_kinds import BucketSource, unique_prefix
+from sources import Spec, assert_read_equals, build
 from shardfs.rangecache import BLOCK, TAG_NAME, RangeCache
 from shardfs.storage import Version
 
@@ -452,3 +459,82 @@ def test_threads_share_one_cache(tmp_path):
     for t in threads:
         t.join()
     assert errors == []
+
+
+# --------------------------------------------------------------------------- through a mount
+
+E2E = Spec("cached", (128, 128), (32, 32), (64, 64), "<i4", 0, ("zstd", 1), inner_crc=False,
+           index_location="end", index_crc=True, initial=((slice(0, 128), slice(0, 128)),),
+           write=(slice(0, 1), slice(0, 1)))  # 4 shards of 4 chunks
+
+
+def test_cache_dir_serves_a_remount_without_chunk_gets_and_never_an_old_etag(request, s3, tmp_path, mount):
+    """Mount with ``-o cache_dir``, read the array, unmount; mount again: the same bytes and no
+    GET of chunk data (only the shard indexes, read to learn each shard's ETag). A shard changed
+    behind the mount (a new ETag) is served new, the others still from the disk cache."""
+    expected = build(tmp_path / "src", [E2E])[E2E.name]
+    cache_dir = tmp_path / "cache"
+    with DelayProxy(("127.0.0.1", s3.ports["s3.port"]), delay=0, record=True) as proxy:
+        src = BucketSource(tmp_path / "src", s3, unique_prefix(request), endpoint=f"http://127.0.0.1:{proxy.port}")
+        shards = [f"/{s3.bucket}/{src.prefix}/{E2E.shard_key((i, j))}" for i in range(2) for j in range(2)]
+
+        def read_through_a_mount(*extra: str) -> tuple[np.ndarray, list[Request], Path]:
+            mnt = src.mount(mount, "-o", f"ro,cache_dir={cache_dir}", *extra)
+            proxy.log.clear()
+            got = read_zarr2(mnt / E2E.name)
+            return got, [r for r in proxy.log if r.path in shards], mnt
+
+        def unmount(mnt: Path) -> None:
+            r = run_shardfs("umount", str(mnt), timeout=60)
+            assert r.returncode == 0, r.stderr
+            assert mount.info(mnt).proc.wait(timeout=30) == 0
+
+        def chunk_gets(reqs: list[Request]) -> list[str]:
+            """The shards whose chunk data was fetched (GETs conditioned on an ETag)."""
+            return sorted(r.path for r in reqs if r.method == "GET" and "if-match" in r.headers)
+
+        got, reqs, mnt = read_through_a_mount()
+        assert_read_equals(got, expected, "first mount")
+        assert sorted(set(chunk_gets(reqs))) == shards  # a cold read fetches every shard's chunks
+        unmount(mnt)
+        assert len(cache_files(cache_dir)) >= 4
+
+        got, reqs, mnt = read_through_a_mount()
+        assert_read_equals(got, expected, "second mount")
+        assert chunk_gets(reqs) == []
+        assert sorted(r.path for r in reqs if r.method == "GET") == shards  # the indexes alone
+        unmount(mnt)
+
+        # a shard replaced behind the mount, while one is live: a new ETag, the same size (two
+        # chunks swapped), so only the ETag tells the versions apart
+        got, reqs, mnt = read_through_a_mount("-o", "entry_timeout=0,attr_timeout=0")
+        assert chunk_gets(reqs) == []
+        before = obstore.head(src.objects.store(), E2E.shard_key((0, 1)))
+        expected[0:32, 64:128] = np.concatenate([expected[0:32, 96:128], expected[0:32, 64:96]], axis=1)
+        zarr.open_array(src.objects.zarr_store(read_only=False), path=E2E.name, mode="r+")[0:32, 64:128] = \
+            expected[0:32, 64:128]
+        after = obstore.head(src.objects.store(), E2E.shard_key((0, 1)))
+        assert after["size"] == before["size"] and after["e_tag"] != before["e_tag"]
+        time.sleep(1.5)  # the daemon remembers a version for 1 s
+        proxy.log.clear()
+        assert_read_equals(read_zarr2(mnt / E2E.name), expected, "changed shard, same mount")
+        changed = f"/{s3.bucket}/{src.prefix}/{E2E.shard_key((0, 1))}"
+        assert set(chunk_gets([r for r in proxy.log if r.path in shards])) == {changed}
+        unmount(mnt)
+
+        got, reqs, mnt = read_through_a_mount()  # and the next mount serves it from disk
+        assert_read_equals(got, expected, "after the change, remounted")
+        assert chunk_gets(reqs) == []
+        unmount(mnt)
+
+
+def test_a_cache_dir_that_cannot_be_created_fails_the_mount_in_one_line(tmp_path, s3_upload, mnt_dir):
+    build(tmp_path / "src", [E2E])
+    uploaded = s3_upload(tmp_path / "src")
+    (tmp_path / "file").write_text("x")
+    bad = tmp_path / "file" / "cache"
+    for form in ((), ("-f",)):
+        r = run_shardfs("mount", uploaded.url, str(mnt_dir), *form, "-o", f"cache_dir={bad}",
+                        env={**os.environ, **uploaded.env}, timeout=60)
+        assert (r.returncode, r.stderr) == (1, f"shardfs: error: -o cache_dir {bad}: cannot create it: Not a directory\n")
+        assert not os.path.ismount(mnt_dir)

@@ -115,12 +115,7 @@ def assert_no_get(reqs: list[Request]) -> None:
     assert [r.method for r in reqs].count("HEAD") == len(reqs) <= 1, describe(reqs)
 
 
-SHARD_DIR_HEAD = pytest.mark.xfail(strict=True, reason=(
-    "the lookup of a shard directory asks the shard's version (View.getattr of a ShardDirKey: "
-    "source.version, a HEAD) before its index is read"))
-
-
-@pytest.mark.parametrize("where", ["root", pytest.param("shard-dir", marks=SHARD_DIR_HEAD)])
+@pytest.mark.parametrize("where", ["root", "shard-dir"])
 @pytest.mark.parametrize("counted", ["end", "start"], indirect=True)
 def test_cold_chunk_read_costs_one_index_get_and_one_conditional_ranged_get(counted, where):
     src, proxy, mnt, sp, expected = counted

@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Iterator
 
 from bench_lib.delayproxy import DelayProxy
-from bench_lib.main import PY2, PY3, Bench, BenchError, Row
+from bench_lib.main import PY2, PY3, Bench, BenchError, Row, rotate
+from bench_lib.peers import cpu_seconds
 from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY, S3Source, SeaweedS3, put_all, upload
 
 BUCKET = "shardfs-bench"
@@ -137,10 +138,13 @@ class _S3Rows:
         return f"s3://{BUCKET}/{prefix}"
 
     def whole_mount(self, port: int, name: str) -> dict:
+        """zarr 2.18 reading vol through a fresh mount; also the daemon's CPU seconds during the read."""
         b = self.b
         with b.mounted(self._url("big"), name, options=self._opts(port)) as m:
             b.drop_caches()
+            cpu = cpu_seconds(m.pid)
             res = b.client(PY2, "zarr_read", m.mnt / "vol")
+            res["daemon_cpu"] = cpu_seconds(m.pid) - cpu
         return self._check_sum(res, name)
 
     def whole_native(self, port: int, python: str, prefix: str, name: str) -> dict:
@@ -170,49 +174,61 @@ class _S3Rows:
         """Rows 1-4, all sides alternating in one loop."""
         b = self.b
         direct = self.server.ports["s3.port"]
-        py2, py3 = PY2, PY3
         sides = {
             "mount": lambda rep: self.whole_mount(direct, "s3-read"),
-            "native": lambda rep: self.whole_native(direct, py3, "big/vol", "native"),
+            "native": lambda rep: self.whole_native(direct, PY3, "big/vol", "native"),
         }
         if not self.smoke:
             sides.update({
-                "s3fs": lambda rep: self.whole_native(direct, py2, "v2/vol", "s3fs"),
+                "s3fs": lambda rep: self.whole_native(direct, PY2, "v2/vol", "s3fs"),
                 "mount_delay": lambda rep: self.whole_mount(slow.port, "s3-read-delay"),
-                "native_delay": lambda rep: self.whole_native(slow.port, py3, "big/vol", "native_delay"),
+                "native_delay": lambda rep: self.whole_native(slow.port, PY3, "big/vol", "native_delay"),
                 "random_mount": lambda rep: self.random_mount(slow, rep),
                 "random_native": lambda rep: self.random_native(slow, rep),
             })
         t: dict[str, list[float]] = {k: [] for k in sides}
-        gets: dict[str, list[int]] = {k: [] for k in sides if k.startswith("random")}
+        cpu: dict[str, list[float]] = {k: [] for k in sides if k.startswith("mount")}
+        through_slow = ("mount_delay", "native_delay", "random_mount", "random_native")
+        requests: dict[str, list[dict[str, int]]] = {k: [] for k in sides if k in through_slow}
         sums: dict[int, dict[str, int]] = {}
         for rep in b.repeat():
-            for side in _rotate(list(sides), rep):
+            for side in rotate(list(sides), rep):
                 before = slow.snapshot()[0]
                 res = sides[side](rep)
                 t[side].append(res["seconds"])
-                if side in gets:
-                    gets[side].append(_total(_delta(before, slow.snapshot()[0])))
+                if side in cpu:
+                    cpu[side].append(res["daemon_cpu"])
+                if side in requests:  # through the delaying proxy
+                    requests[side].append(_delta(before, slow.snapshot()[0]))
+                if side.startswith("random"):
                     sums.setdefault(rep, {})[side] = res["sum"]
                 b.log(f"s3 rep {rep + 1}: {side} {res['seconds']:.2f} s")
             if len(set(sums.get(rep, {}).values())) > 1:
                 raise BenchError(f"random reads rep {rep + 1}: mount and zarr 3 read different data {sums[rep]}")
-        b.raw["s3_read"] = t
-        b.raw["s3_random_requests"] = gets
+        b.raw["s3_read"] = {"seconds": t, "daemon_cpu": cpu, "requests": requests}
         m = {k: statistics.median(v) for k, v in t.items()}
         mb = b.vol_bytes / MiB
+        n = len(self.chunks)
+
+        def note(mount: str, native: str | None = None) -> str:
+            c = statistics.median(cpu[mount]) if mount in cpu else None
+            out = [f"daemon CPU {c:.2f} s ({c / n * 1e6:.0f} µs/chunk)"] if c is not None else []
+            if native:
+                last = {side: requests[side][-1] for side in (mount, native)}
+                out.append(f"requests: mount {_kinds(last[mount])}, zarr 3 {_kinds(last[native])}")
+            return "; ".join(out)
+
         rows = [b.ratio_row(f"S3: zarr 2.18 read {mb:.0f} MiB via mount vs zarr 3 native", "s",
                             m["mount"], m["native"], 1.6)]
+        rows[-1].note = note("mount")
         if self.smoke:
             return rows
         rows.append(b.ratio_row(f"S3, {DELAY * 1e3:g} ms each way: same", "s",
                                 m["mount_delay"], m["native_delay"], 1.6))
-        n = RANDOM
-        row = b.ratio_row(f"S3, {DELAY * 1e3:g} ms each way: {n} random single-chunk reads, one process, "
-                          "mount vs zarr 3 native", "s", m["random_mount"], m["random_native"], 0.6)
-        row.note = (f"requests: mount {statistics.median(gets['random_mount']):.0f}, "
-                    f"zarr 3 {statistics.median(gets['random_native']):.0f}")
-        rows.append(row)
+        rows[-1].note = note("mount_delay", "native_delay")
+        rows.append(b.ratio_row(f"S3, {DELAY * 1e3:g} ms each way: {RANDOM} random single-chunk reads, one "
+                                "process, mount vs zarr 3 native", "s", m["random_mount"], m["random_native"], 0.6))
+        rows[-1].note = note("random_mount", "random_native")
         rows.append(b.ratio_row("S3: zarr 2.18 read via mount vs zarr 2.18 on a v2 copy (FSStore, s3fs)", "s",
                                 m["mount"], m["s3fs"], 0.3))
         return rows
@@ -303,7 +319,7 @@ class _S3Rows:
         t: dict[str, list[float]] = {"tenk": [], "small": []}
         last = f"{2 * (self.tenk_side - 1)}.{2 * (self.tenk_side - 1)}"
         for rep in b.repeat(b.reps if self.smoke else max(b.reps, 3)):
-            for side in _rotate(list(t), rep):
+            for side in rotate(list(t), rep):
                 with b.mounted(self._url(side), f"s3-mount-{side}", options=self._opts(direct)) as m:
                     t[side].append(m.seconds)
                     if side == "tenk":
@@ -324,11 +340,6 @@ class _S3Rows:
         r = self.b.abs_check(r, 200, "<", "< 200 MiB")
         r.note = f"largest: {worst}"
         return r
-
-
-def _rotate(items: list, k: int) -> list:
-    k %= len(items)
-    return items[k:] + items[:k]
 
 
 def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:

@@ -7,14 +7,13 @@ fetched at open and served from memory. A swept shard (``ReadAhead``, chained: a
 on to the next shard fetches it whole at its first open) is fetched whole in one GET; the
 chunks opened while that GET is in flight wait for it instead of asking for their own bytes.
 Fetched ranges are kept in a ``RangeCache`` (bounded memory, optionally a disk cache keyed by
-ETag), so the following chunks of a swept shard, and chunks opened again, cost no request.
+ETag), so the following chunks of a swept shard, and chunks opened again, cost no request: a
+memory hit is served inline, the disk cache is read in a worker thread (``put`` never waits).
 Requests run on the storage's asyncio loop thread (``LoopThread.trio_run``): only the opening
 trio task waits.
 """
 
 from __future__ import annotations
-
-from typing import Any, Callable, TypeVar
 
 import trio
 
@@ -27,7 +26,6 @@ from shardfs.storage.objects import ObjectStorage
 from shardfs.threads import blocking
 
 DEFAULT_CACHE_BYTES = 256 << 20
-T = TypeVar("T")
 
 
 class ObjectReads(Reads):
@@ -46,7 +44,9 @@ class ObjectReads(Reads):
         fetching = self._fetching.get(shard)
         if fetching is not None:
             await fetching.wait()
-        data = await self._cache(self.cache.get, where, ext.version, ext.offset, ext.nbytes)
+        data = self.cache.get(where, ext.version, ext.offset, ext.nbytes, disk=False)
+        if data is None and self.cache.disk_dir is not None:
+            data = await blocking(self.cache.get, where, ext.version, ext.offset, ext.nbytes)
         if data is not None:
             return data
         if ahead and shard not in self._fetching:
@@ -56,15 +56,11 @@ class ObjectReads(Reads):
             finally:
                 del self._fetching[shard]
                 done.set()
-            await self._cache(self.cache.put, where, ext.version, 0, whole)
+            self.cache.put(where, ext.version, 0, whole)
             return whole[ext.offset: ext.offset + ext.nbytes]
         data = await self._get(ext, Range(ext.offset, ext.nbytes))
-        await self._cache(self.cache.put, where, ext.version, ext.offset, data)
+        self.cache.put(where, ext.version, ext.offset, data)
         return data
-
-    async def _cache(self, call: Callable[..., T], *args: Any) -> T:
-        """A ``RangeCache`` call: inline in memory, in a worker thread when it may touch the disk."""
-        return call(*args) if self.cache.disk_dir is None else await blocking(call, *args)
 
     async def _get(self, ext: Extent, rng: Range) -> bytes:
         """One GET of ``rng`` of the shard, If-Match its version; ``VersionMismatch`` if the

@@ -40,7 +40,7 @@ ABSENT = _Absent()
 
 
 class _Unknown:
-    """What ``Storage.remembered`` answers when only a request would tell."""
+    """What ``Storage.version_now`` answers when only a request would tell."""
 
     def __repr__(self) -> str:
         return "UNKNOWN"
@@ -84,9 +84,10 @@ class Storage(Protocol):
         is not a regular object that may be read. Remembered for a short time (a stat or a
         HEAD per call would cost every lookup): changes made elsewhere show within it."""
 
-    def remembered(self, key: str) -> Version | None | _Unknown:
-        """What ``version`` would answer without any I/O (a version remembered and still fresh),
-        else ``UNKNOWN``: callers on the trio thread ask this inline and ``version`` in a thread."""
+    def version_now(self, key: str) -> Version | None | _Unknown:
+        """``version`` if it is answered at once (a version remembered and still fresh; locally a
+        stat, answered from the kernel's inode cache in microseconds), else ``UNKNOWN`` (only a
+        request would tell): callers on the trio thread ask this inline, ``version`` in a thread."""
 
     def read(self, key: str, ranges: Sequence[Range], if_version: Version | None = None) -> list[bytes]:
         """The bytes of each range (shorter at the end of the object), read as one version.

@@ -37,7 +37,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterable, Iterator, Sequence
 
-from shardfs.storage import UNKNOWN, Entry, Range, Unusable, Version, VersionMismatch, _Absent, _Unknown
+from shardfs.storage import UNKNOWN, Entry, Range, Unusable, Version, VersionMismatch, _Absent
 from shardfs.storage.versions import Remembered
 
 LOCK_SUFFIX = ".__lock"  # tensorstore's file kvstore: the lock file of key K is K + ".__lock"
@@ -143,8 +143,8 @@ class LocalStorage:
         self._versions.put(key, found, token)
         return found
 
-    def remembered(self, key: str) -> Version | None | _Unknown:
-        return self._versions.get(key)
+    def version_now(self, key: str) -> Version | None:
+        return self.version(key)
 
     def changed(self, key: str) -> None:
         self._versions.forget(key)
@@ -233,15 +233,10 @@ class LocalStorage:
             fd = self._open(prefix, os.O_RDONLY | os.O_DIRECTORY, strict=False)
         except (FileNotFoundError, NotADirectoryError):
             return
-        head = prefix + "/" if prefix else ""
         try:
             with os.scandir(fd) as it:
                 page: list[Entry] = []
-                token = self._versions.token()
                 for e in it:
-                    if e.is_file(follow_symlinks=False):  # remembered as ``version`` would see it
-                        st = e.stat(follow_symlinks=False)
-                        self._versions.put(head + e.name, Version(st.st_ino, st.st_size, st.st_mtime_ns), token)
                     page.append(Entry(e.name, e.is_dir()))
                     if len(page) == LIST_PAGE:
                         yield page

@@ -178,7 +178,7 @@ class ObjectStorage:
 
     # ------------------------------------------------------------------ remembered versions
 
-    def remembered(self, key: str) -> Version | None | _Unknown:
+    def version_now(self, key: str) -> Version | None | _Unknown:
         return self._versions.get(key)
 
     def changed(self, key: str) -> None:
