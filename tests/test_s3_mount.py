@@ -403,7 +403,7 @@ def test_a_fold_is_one_conditional_put_per_shard(bucket_w, mount):
     """Seen on the wire (a recording proxy in front of the server): the umount's folds are one
     PUT per shard, ``If-Match`` the ETag of the shard read for an existing shard and
     ``If-None-Match: *`` for a new one; a ``.zattrs`` write is one PUT of ``zarr.json``,
-    ``If-Match`` its ETag."""
+    ``If-Match`` its ETag, and a new array's ``zarr.json`` one PUT, ``If-None-Match: *``."""
     up, exp = bucket_w
     etags = {k: obstore.head(up.store(), k)["e_tag"] for k in ("w/c/0/0", "w/zarr.json")}
     with DelayProxy(("127.0.0.1", up.server.ports["s3.port"]), delay=0.0, record=True) as proxy:
@@ -411,12 +411,18 @@ def test_a_fold_is_one_conditional_put_per_shard(bucket_w, mount):
         write_chunk(mnt, W, (1, 1), 31, exp)  # shard (0, 0), stored
         write_chunk(mnt, W, (2, 3), 32, exp)  # shard (1, 1), new
         (mnt / "w" / ".zattrs").write_text(json.dumps({"k": 1}))
+        (mnt / "made").mkdir()
+        (mnt / "made" / ".zarray").write_text(json.dumps(
+            {"zarr_format": 2, "shape": [4], "chunks": [2], "dtype": "<i2", "compressor": None,
+             "fill_value": 0, "order": "C", "filters": None}))
         umount(mount, mnt)
         puts = [(r.path, r.headers.get("if-match"), r.headers.get("if-none-match"))
                 for r in proxy.log if r.method == "PUT"]
     base = f"/{up.server.bucket}/{up.prefix}"
-    assert sorted(puts) == [(f"{base}/w/c/0/0", etags["w/c/0/0"], None), (f"{base}/w/c/1/1", None, "*"),
+    assert sorted(puts) == [(f"{base}/made/zarr.json", None, "*"),
+                            (f"{base}/w/c/0/0", etags["w/c/0/0"], None), (f"{base}/w/c/1/1", None, "*"),
                             (f"{base}/w/zarr.json", etags["w/zarr.json"], None)], puts
+    assert zarr.open_array(up.zarr_store(), path="made", mode="r").shape == (4,)
     np.testing.assert_array_equal(native(up, "w"), exp)
 
 
