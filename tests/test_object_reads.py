@@ -264,3 +264,20 @@ def test_concurrent_opens_of_a_shard_share_its_index_read_and_its_whole_fetch(co
     trio.run(all_at_once)
     assert got == {name: want("a", name) for name in names((1, 0))}
     assert [(m, c) for m, _, c in requests("a/c/1/0")] == [("GET", False), ("GET", True), ("GET", True)]
+
+
+def test_listing_an_array_costs_its_listing_and_one_index_get_per_shard(counted):
+    view, proxy, requests, want, root = counted
+
+    async def listing() -> list[str]:
+        arr = await view.lookup(ROOT_INODE, "a")
+        return [name for name, _ in await view.listdir(arr.ino)]
+
+    shown = trio.run(listing)
+    assert sorted(shown) == sorted([".zarray", ".zattrs"] + [n for i in range(2) for j in range(2) for n in names((i, j))])
+    index = f"bytes=-{16 * CPS * CPS + 4}"
+    for i in range(2):
+        for j in range(2):
+            assert requests(f"a/c/{i}/{j}") == [("GET", index, False)]
+    assert {r.method for r in proxy.log} <= {"GET", "LIST"}
+    assert [r.method for r in proxy.log].count("GET") == 4 + 2  # the indexes, and zarr.json of the root and of a
