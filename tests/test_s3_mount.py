@@ -88,6 +88,9 @@ def test_prefix_without_zarr_json_is_one_line(uploaded, mnt_dir):
     url = f"{uploaded.url}/s/c"  # shards, no zarr.json
     want = f"shardfs: error: {url}: not a Zarr v3 group or array (no zarr.json)\n"
     assert mount_fails(url, mnt_dir, uploaded.env) == [want, want]
+    obstore.put(uploaded.store(), "v2/.zgroup", b'{"zarr_format": 2}')
+    want = f"shardfs: error: {uploaded.url}/v2: Zarr v2 data, not Zarr v3\n"
+    assert mount_fails(f"{uploaded.url}/v2", mnt_dir, uploaded.env) == [want, want]
 
 
 @pytest.mark.parametrize("how", ["option", "env"])
