@@ -146,7 +146,8 @@ def _check_url(source: Source) -> dict[str, Any]:
                 data, _ = storage.read_all("zarr.json")
             except FileNotFoundError:
                 v2 = any(storage.version(n) is not None for n in (".zarray", ".zgroup"))
-                raise UsageError(f"{source.name}: {'Zarr v2 data, not Zarr v3' if v2 else 'not a Zarr v3 group or array (no zarr.json)'}") from None
+                why = "Zarr v2 data, not Zarr v3" if v2 else "not a Zarr v3 group or array (no zarr.json)"
+                raise UsageError(f"{source.name}: {why}") from None
     except StorageUnavailable as e:
         raise UsageError(str(e)) from None
     except ValueError as e:  # a URL obstore cannot use (or region= for another scheme)

@@ -172,30 +172,39 @@ class Operations(pyfuse3.Operations):
             self._kernel.changed(inode)
             return pyfuse3.FileInfo(fh=self._handles.add(handle), direct_io=False, keep_cache=False)
         handle = await self.view.open(inode)
+        try:
+            content = await self._content_to_fill(handle)
+        except BaseException:
+            self.view.release(handle)
+            raise
         fi = pyfuse3.FileInfo(fh=self._handles.add(handle))
         pages = self._kernel.opened(handle.attr)
         fi.keep_cache = pages is not Pages.OTHER
-        if pages is Pages.NONE and self._fill:
-            self._fill_pages(handle)
+        if pages is Pages.NONE and content is not None:
+            self._fill_pages(handle.ino, content)
         return fi
 
-    def _fill_pages(self, handle: ReadHandle) -> None:
-        """Store the whole content of a small file just opened into the kernel's page cache, which
-        holds none of it (``Pages.NONE``), when it is at hand without waiting (in memory, or in
-        the source's page cache): the client's reads are then served by the kernel, without a
-        READ request each. Done before the open is answered and without an ``await``, so no
-        client can be reading the file meanwhile (the kernel would hold its pages locked)."""
-        if not 0 < handle.attr.size <= FILL_MAX:
-            return
-        data = self.view.contents_now(handle)
-        if data is None or len(data) != handle.attr.size:
-            return
+    async def _content_to_fill(self, handle: ReadHandle) -> bytes | memoryview | None:
+        """The whole content of a small file being opened whose pages the kernel has never held
+        (``Pages.NONE``), to store into its page cache (``_fill_pages``); else None. The
+        client's reads are then served by the kernel, without a READ request each."""
+        size = handle.attr.size
+        if not (self._fill and 0 < size <= FILL_MAX and self._kernel.pages(handle.attr) is Pages.NONE):
+            return None
+        content = await self.view.read(handle, 0, size)
+        return content if len(content) == size else None
+
+    def _fill_pages(self, ino: int, content: bytes | memoryview) -> None:
+        """Store ``content`` (a view of a buffer the next read may reuse: no ``await`` since it
+        was read) into the page cache of ``ino``, which holds none of it. Called before the open
+        is answered, and without an ``await`` since ``opened`` said ``Pages.NONE``, so no client
+        can be reading the file meanwhile (the kernel would hold its pages locked)."""
         try:
-            pyfuse3.notify_store(handle.ino, 0, data)
+            pyfuse3.notify_store(ino, 0, content)
         except OSError as e:  # what was stored is still this version's: the pages are kept
             if e.errno == errno.ENOSYS:
                 self._fill = False
-            log.debug("filling the page cache of inode %d: %s", handle.ino, e.strerror)
+            log.debug("filling the page cache of inode %d: %s", ino, e.strerror)
 
     @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes:

@@ -48,6 +48,11 @@ class KernelInodes:
         """True while the kernel holds a lookup of ``ino`` (and so may cache its attributes or pages)."""
         return ino in self._lookups
 
+    def pages(self, attr: Attr) -> Pages:
+        """What ``opened(attr)`` would say now, without remembering anything."""
+        before = self._cached.get(attr.ino, Pages.NONE)
+        return Pages.NONE if before is Pages.NONE else Pages.SAME if before == (attr.size, attr.mtime_ns) else Pages.OTHER
+
     def opened(self, attr: Attr) -> Pages:
         """A file is being opened for reading at version ``attr``: what the kernel may have
         cached of it (it keeps the cache unless ``Pages.OTHER``). Remembers the version for
@@ -55,10 +60,9 @@ class KernelInodes:
 
         Pages of an inode only come from files opened on it (or from the daemon filling them
         at such an open), so an inode never opened before has none."""
-        version = (attr.size, attr.mtime_ns)
-        before = self._cached.get(attr.ino, Pages.NONE)
-        self._cached[attr.ino] = version
-        return Pages.NONE if before is Pages.NONE else Pages.SAME if before == version else Pages.OTHER
+        pages = self.pages(attr)
+        self._cached[attr.ino] = (attr.size, attr.mtime_ns)
+        return pages
 
     def changed(self, ino: int) -> None:
         """The content of ``ino`` changed, or may change (it is open for writing): the next

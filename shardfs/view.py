@@ -54,6 +54,8 @@ CHUNK_BASE = 1 << 62
 SLOT_SHIFT = 40
 OPEN_TRIES = 3  # opens of a chunk that find its shard replaced since its index was read, before EIO
 INDEX_READS = 32  # shard indexes a listing reads at once
+RESOLVED_KEPT = 256  # chunk lookups remembered for the opens that follow them
+SHARD_KEYS_KEPT = 4096  # shard keys remembered per array (formatting one costs more than a lookup)
 LIST_FILL_MAX = 1 << 22  # arrays with more inner chunks do not list the empty ones they serve
 
 
@@ -115,6 +117,7 @@ class ArrayNode:
     fill_unlisted: bool = False
     image: bool = False  # a level of an OME-Zarr image or label (described with "/" keys)
     parent_mtime_ns: int = 0  # of the image group's metadata, which ``.zarray`` depends on
+    shard_keys: dict[tuple[int, ...], str] = field(default_factory=dict)  # see View.shard_key
 
     @property
     def meta_mtime_ns(self) -> int:
@@ -211,6 +214,7 @@ class View:
         self._next_ino = itertools.count(ROOT_INODE + 1)
         self.index_cache = IndexCache()
         self._index_reads: dict[str, trio.Event] = {}  # shard key -> its index being read
+        self._resolved: dict[int, tuple[Extent, Attr]] = {}  # chunk inode -> as last looked up (see open)
         self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
         self._file_mode = 0o444 if read_only else 0o644
         self._dir_mode = 0o555 if read_only else 0o755
@@ -415,7 +419,13 @@ class View:
         return self._arrays.get(path)
 
     def shard_key(self, arr: ArrayNode, shard: tuple[int, ...]) -> str:
-        return _join(arr.path, arr.info.layout.keys.key(shard))
+        """The source key of ``shard`` of ``arr`` (remembered: every lookup and open asks it)."""
+        key = arr.shard_keys.get(shard)
+        if key is None:
+            if len(arr.shard_keys) >= SHARD_KEYS_KEPT:
+                arr.shard_keys.clear()
+            key = arr.shard_keys[shard] = _join(arr.path, arr.info.layout.keys.key(shard))
+        return key
 
     async def shard_table(self, arr: ArrayNode, shard: tuple[int, ...]) -> tuple[Version, np.ndarray] | None:
         """The index of a stored shard (cached by version), None if the shard does not exist.
@@ -697,7 +707,12 @@ class View:
     async def _chunk_entry(self, arr: ArrayNode, coords: tuple[int, ...]) -> Attr:
         ext = await self.extent(arr, coords)
         if ext is not None:
-            return self._chunk_attr(arr, coords, ext)
+            attr = self._chunk_attr(arr, coords, ext)
+            if isinstance(ext, Extent):  # for the open that usually follows
+                if len(self._resolved) >= RESOLVED_KEPT:
+                    self._resolved.clear()
+                self._resolved[attr.ino] = (ext, attr)
+            return attr
         if not (arr.info.serve_missing and arr.info.layout.in_grid(coords)):
             raise fail(errno.ENOENT)
         # an empty chunk served as the fill chunk, unchanged since the array's metadata was
@@ -964,12 +979,18 @@ class View:
         if not isinstance(key, ChunkKey):
             raise fail(errno.EISDIR)
         arr, coords = key.arr, key.coords
+        resolved = self._resolved.pop(ino, None)
         for _ in range(OPEN_TRIES):
-            ext = await self.extent(arr, coords)
+            if resolved is not None and self._unchanged(arr, coords, resolved[0]):
+                ext, attr = resolved
+            else:
+                ext = await self.extent(arr, coords)
+                attr = None
+            resolved = None
             if ext is None:
                 attr = await self._chunk_entry(arr, coords)  # ENOENT unless empty chunks are served
                 return ReadHandle(ino, attr, data=await self.fill_file(arr))
-            attr = self._chunk_attr(arr, coords, ext)
+            attr = attr or self._chunk_attr(arr, coords, ext)
             if isinstance(ext, Pending):
                 return ReadHandle(ino, attr, data=await blocking(self._decode, arr, coords, ext.data))
             decode = functools.partial(self._decode, arr, coords, key=ext.key) if arr.info.chunk.decodes else None
@@ -981,6 +1002,20 @@ class View:
         log.error("%s: changed during %d opens of chunk %s", self.source.describe(ext.key), OPEN_TRIES,
                   arr.info.layout.names.key(coords))
         raise fail(errno.EIO, "shard keeps changing")
+
+    def _unchanged(self, arr: ArrayNode, coords: tuple[int, ...], ext: Extent) -> bool:
+        """True if ``extent(arr, coords)`` would still be ``ext`` (found by a lookup): its shard
+        is still at that version when asked inline (so its index is the same) and no write is
+        pending for the chunk. Cheaper than asking ``extent`` again."""
+        try:
+            if self.source.version_now(ext.key) != ext.version:
+                return False
+        except OSError:  # unusable now: ``extent`` says so
+            return False
+        if self.writeback is None:
+            return True
+        shard, pos = arr.info.layout.locate(coords)
+        return self.writeback.pending((arr.path, shard), pos) is None
 
     def _decode(self, arr: ArrayNode, coords: tuple[int, ...], stored: bytes, key: str = "") -> bytes:
         """A chunk file's bytes from its stored form (checksum/transcoding); EIO if corrupt
@@ -999,7 +1034,3 @@ class View:
 
     def release(self, handle: ReadHandle) -> None:
         self.reads.release(handle)
-
-    def contents_now(self, handle: ReadHandle) -> bytes | memoryview | None:
-        """``Reads.contents_now``: a handle's whole content if it is at hand without waiting."""
-        return self.reads.contents_now(handle)

@@ -47,12 +47,13 @@ def resident(fd: int, size: int) -> int:
 @pytest.fixture
 def src(tmp_path) -> tuple[Path, np.ndarray]:
     """One uncompressed <u2 array ``x`` in one shard (its chunk files are the raw chunk bytes),
-    the shard read once so it is in the source's page cache."""
+    the shard written out and read once, so it is in the source's page cache."""
     data = np.arange(np.prod(SHAPE), dtype="<u2").reshape(SHAPE)
     root = tmp_path / "src"
     root.mkdir()
     (root / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
     write_v3(root / "x", data, SHARD, [sharding(CHUNK, [LE])])
+    os.sync()  # no page of the shard under writeback: all of it can be read without waiting
     for shard in (root / "x" / "c").rglob("*"):
         if shard.is_file():
             shard.read_bytes()

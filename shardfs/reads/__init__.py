@@ -124,17 +124,6 @@ class Reads:
     def release(self, handle: ReadHandle) -> None:
         """The handle is closed: free what it holds."""
 
-    def contents_now(self, handle: ReadHandle) -> bytes | memoryview | None:
-        """The handle's whole content if it is at hand without waiting (in memory, or cached
-        by the source), else None; possibly a view of a buffer that the next read reuses."""
-        if handle.data is not None:
-            return handle.data
-        return None if handle.buffer is not None else self._stored_now(handle)
-
-    def _stored_now(self, handle: ReadHandle) -> bytes | memoryview | None:
-        """``contents_now`` of a handle made by ``_stored_handle`` that holds no bytes."""
-        return None
-
     async def _stored(self, ext: Extent, ahead: bool) -> bytes:
         """The stored bytes at ``ext``; ``ahead``: also read the rest of the shard ahead."""
         raise NotImplementedError

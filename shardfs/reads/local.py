@@ -1,8 +1,9 @@
-"""Chunk reads from a local directory: a descriptor per open chunk file, ``pread`` at its extent.
+"""Chunk reads from a local directory: a shard descriptor per open chunk file, ``pread`` at its extent.
 
 A shard is opened inline on the trio thread (answered from the kernel's inode cache in
 microseconds, far less than a trip to a worker thread) and checked against the version its
-index was read from. Reads of cached pages are made inline too (``CachedReader``); only cold
+index was read from; its descriptor is shared by the chunk files open on it and kept for the
+next ones (``ShardFiles``). Reads of cached pages are made inline too (``CachedReader``); only cold
 reads go to a worker thread. A swept shard (``ReadAhead``) is handed to the kernel's read-ahead
 (``POSIX_FADV_WILLNEED``), so the next chunks are served without waiting for the disk.
 """
@@ -10,12 +11,13 @@ reads go to a worker thread. A swept shard (``ReadAhead``) is handed to the kern
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from shardfs.chunkcache import ChunkCache
 from shardfs.reads import ReadAhead, ReadHandle, Reads
 from shardfs.shard import Extent
-from shardfs.storage import VersionMismatch
+from shardfs.storage import Version, VersionMismatch
 from shardfs.storage.local import LocalStorage
 from shardfs.threads import blocking
 
@@ -30,10 +32,14 @@ class LocalReads(Reads):
         super().__init__(chunk_cache, ReadAhead())
         self.source = source
         self._reader = CachedReader()
+        self._files = ShardFiles()
 
     def _open(self, ext: Extent) -> int:
-        """A descriptor of the shard holding ``ext``; ``VersionMismatch`` if it was replaced
-        (or removed) since ``ext`` was resolved."""
+        """A descriptor of the shard holding ``ext`` (given back with ``ShardFiles.give``);
+        ``VersionMismatch`` if it was replaced (or removed) since ``ext`` was resolved."""
+        fd = self._files.take(ext.key, ext.version)
+        if fd is not None:
+            return fd
         try:
             fd, version = self.source.open(ext.key)
         except FileNotFoundError:
@@ -41,6 +47,7 @@ class LocalReads(Reads):
         if version != ext.version:
             os.close(fd)
             raise VersionMismatch(self.source.describe(ext.key))
+        self._files.add(ext.key, version, fd)
         return fd
 
     async def _opened(self, ext: Extent, ahead: bool) -> int:
@@ -50,7 +57,7 @@ class LocalReads(Reads):
             try:
                 await blocking(os.posix_fadvise, fd, 0, ext.version.size, os.POSIX_FADV_WILLNEED)
             except BaseException:
-                os.close(fd)
+                self._files.give(fd)
                 raise
         return fd
 
@@ -62,7 +69,7 @@ class LocalReads(Reads):
         try:
             return await blocking(os.pread, fd, ext.nbytes, ext.offset)
         finally:
-            os.close(fd)
+            self._files.give(fd)
 
     async def _read_stored(self, handle: ReadHandle, offset: int, size: int) -> bytes | memoryview:
         size = max(0, min(size, handle.nbytes - offset))
@@ -73,13 +80,71 @@ class LocalReads(Reads):
             data = await blocking(os.pread, handle.fd, size, handle.offset + offset)
         return data
 
-    def _stored_now(self, handle: ReadHandle) -> memoryview | None:
-        return self._reader.pread(handle.fd, handle.nbytes, handle.offset) if handle.fd >= 0 else None
-
     def release(self, handle: ReadHandle) -> None:
         if handle.fd >= 0:
-            os.close(handle.fd)
+            self._files.give(handle.fd)
             handle.fd = -1
+
+
+class ShardFiles:
+    """Descriptors of shard files, shared by the chunk files open on them and kept open after
+    the last of those closes, for ``idle`` shards at most (the least recently used go first):
+    a client sweeping a shard opens its chunks one after another, and each would open the
+    shard again. A descriptor is handed out again only for the same key and version, after an
+    ``fstat`` finds its file still at that version (a file changed in place is opened anew).
+
+    Every descriptor from ``take`` or ``add`` is given back once with ``give``."""
+
+    def __init__(self, idle: int = 8) -> None:
+        self.idle = idle
+        self._kept: dict[tuple[str, Version], int] = {}  # (key, version) -> the descriptor kept for it
+        self._shard: dict[int, tuple[str, Version]] = {}  # descriptor -> its (key, version)
+        self._users: dict[int, int] = {}  # descriptor -> uses not given back
+        self._unused: OrderedDict[int, None] = OrderedDict()  # kept descriptors without users, oldest first
+
+    def take(self, key: str, version: Version) -> int | None:
+        """The descriptor kept for ``key`` at ``version``, or None."""
+        fd = self._kept.get((key, version))
+        if fd is None:
+            return None
+        st = os.fstat(fd)
+        if (st.st_ino, st.st_size, st.st_mtime_ns) != version:  # changed in place: not handed out again
+            del self._kept[(key, version)]
+            if fd in self._unused:
+                self._close(fd)
+            return None
+        self._users[fd] += 1
+        self._unused.pop(fd, None)
+        return fd
+
+    def add(self, key: str, version: Version, fd: int) -> None:
+        """``fd``, just opened on ``key`` at ``version``, is in use (once); it is kept."""
+        old = self._kept.get((key, version))
+        if old is not None and old in self._unused:
+            self._close(old)
+        self._kept[(key, version)] = fd
+        self._shard[fd] = (key, version)
+        self._users[fd] = 1
+
+    def give(self, fd: int) -> None:
+        """One use of ``fd`` ended. Unused, it stays open if it is still the one kept for its
+        shard (and the least recently used beyond ``idle`` are closed), else it is closed."""
+        self._users[fd] -= 1
+        if self._users[fd]:
+            return
+        if self._kept.get(self._shard[fd]) != fd:
+            self._close(fd)
+            return
+        self._unused[fd] = None
+        while len(self._unused) > self.idle:
+            oldest = next(iter(self._unused))
+            del self._kept[self._shard[oldest]]
+            self._close(oldest)
+
+    def _close(self, fd: int) -> None:
+        self._unused.pop(fd, None)
+        del self._shard[fd], self._users[fd]
+        os.close(fd)
 
 
 class CachedReader:
