@@ -25,6 +25,7 @@ import zarr
 
 from azserver import CONTAINER as AZ_CONTAINER
 from bench_lib.delayproxy import DelayProxy
+from bench_lib.seaweed import SeaweedS3, upload
 from conftest import daemon_pids, lazy_unmount, read_zarr2, run_shardfs, wait_for, zarr2
 from shardfs import state
 from shardfs.journal import segments_under
@@ -87,6 +88,9 @@ def test_prefix_without_zarr_json_is_one_line(uploaded, mnt_dir):
     url = f"{uploaded.url}/s/c"  # shards, no zarr.json
     want = f"shardfs: error: {url}: not a Zarr v3 group or array (no zarr.json)\n"
     assert mount_fails(url, mnt_dir, uploaded.env) == [want, want]
+    obstore.put(uploaded.store(), "v2/.zgroup", b'{"zarr_format": 2}')
+    want = f"shardfs: error: {uploaded.url}/v2: Zarr v2 data, not Zarr v3\n"
+    assert mount_fails(f"{uploaded.url}/v2", mnt_dir, uploaded.env) == [want, want]
 
 
 @pytest.mark.parametrize("how", ["option", "env"])
@@ -510,3 +514,31 @@ def test_az_url_with_a_missing_prefix_is_one_line(az_source, mnt_dir):
     missing = f"az://{AZ_CONTAINER}/no-such-prefix"
     want = f"shardfs: error: {missing}: no such prefix (no object below it)\n"
     assert mount_fails(missing, mnt_dir, azure.env, "-o", f"endpoint={azure.endpoint}") == [want, want]
+
+
+def test_umount_with_the_server_down_keeps_the_changes_for_the_next_mount(tmp_path, mount):
+    """The server dies with chunks pending: ``shardfs umount --timeout 5`` cannot fold them,
+    names each shard kept in the journal and exits 1; once the server is back, the next
+    mount of the URL folds them into the bucket."""
+    server = SeaweedS3(tmp_path / "weed").start()
+    try:
+        exp = build(tmp_path / "src", [W])["w"]
+        up = upload(server, tmp_path / "src")
+        mnt = mount(up.url, env=up.env)
+        write_chunk(mnt, W, (0, 0), 51, exp)
+        write_chunk(mnt, W, (3, 3), 52, exp)
+        server.kill()
+        r = run_shardfs("umount", str(mnt), "--timeout", "5", env={**os.environ, **up.env}, timeout=120)
+        assert r.returncode == 1, r.stderr
+        for key in ("w/c/0/0", "w/c/1/1"):
+            assert any(line.startswith(f"shardfs: 1 change to {key} kept in the journal: ")
+                       for line in r.stderr.splitlines()), r.stderr
+        assert r.stderr.endswith(f"shardfs: they are folded by the next mount of {up.url}\n"), r.stderr
+        mount.info(mnt).proc.wait(timeout=30)
+        server.start()
+        again = mount(up.url, env=up.env)
+        umount(mount, again)
+        np.testing.assert_array_equal(native(up, "w"), exp)
+        assert segments_under(str(journal_of(up))) == []
+    finally:
+        server.stop()
