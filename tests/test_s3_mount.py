@@ -93,6 +93,15 @@ def test_prefix_without_zarr_json_is_one_line(uploaded, mnt_dir):
     assert mount_fails(f"{uploaded.url}/v2", mnt_dir, uploaded.env) == [want, want]
 
 
+def test_a_failed_mount_exits_1_every_time(uploaded, mnt_dir):
+    """The object store's client threads must not abort the process at exit (they did in
+    about one run in five, with status 134, after printing the right line)."""
+    url = f"{uploaded.url}/s/c"
+    codes = [run_shardfs("mount", url, str(mnt_dir), env={**os.environ, **uploaded.env}, timeout=60).returncode
+             for _ in range(15)]
+    assert codes == [1] * 15
+
+
 @pytest.mark.parametrize("how", ["option", "env"])
 def test_unreachable_endpoint_is_one_line(uploaded, mnt_dir, how):
     endpoint = f"http://127.0.0.1:{closed_port()}"
