@@ -73,7 +73,7 @@ class Source:
             return cls(os.path.abspath(src), False, follow_symlinks="follow_symlinks" in own)
         name = normalize_url(src)
         if "region" in own and not name.startswith(("s3://", "s3a://")):
-            raise ValueError(f"-o region: applies to s3:// URLs only")
+            raise ValueError("-o region: applies to s3:// URLs only")
         endpoint = own.get("endpoint") or env_endpoint(name, environ)
         return cls(name, True, endpoint=endpoint, region=own.get("region") or None,
                    anonymous="anonymous" in own)

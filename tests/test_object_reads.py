@@ -129,12 +129,14 @@ async def chunk_bytes(view: View, name: str, replace=None, array: str = "a") -> 
 def test_a_shard_replaced_after_its_index_was_read_is_read_again_at_its_new_version(objects_env, tmp_path):
     v1, v2 = two_versions(tmp_path)
     st = ObjectStorage(f"s3://{objects_env.bucket}/replaced-{uuid.uuid4().hex[:8]}")
+    other = ObjectStorage(st.url)  # another host: ``st`` still remembers the version it saw
     try:
         upload(v1, st)
         new = (v2 / "a/c/0/0").read_bytes()
-        got = trio.run(chunk_bytes, View(st), "1.0", lambda: st.replace("a/c/0/0", [new]))
+        got = trio.run(chunk_bytes, View(st), "1.0", lambda: other.replace("a/c/0/0", [new]))
     finally:
         st.close()
+        other.close()
     want = trio.run(chunk_bytes, View(LocalStorage(str(v2))), "1.0")
     old = trio.run(chunk_bytes, View(LocalStorage(str(v1))), "1.0")
     assert got == want and got != old

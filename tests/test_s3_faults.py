@@ -1,19 +1,22 @@
 """An ``s3://`` mount when its server goes away and comes back (issue 13, "Faults").
 
-Each test runs its own SeaweedFS (tests/s3server.py, own ports and directory; stopped by PID in
-teardown), since it stops it. The daemon reaches it through a ``DelayProxy`` (50 ms each way) so
-the server can be killed while a GET is on the wire. Promises: a read that needs the server
-fails with exactly EIO once obstore's bounded retries are spent (``shardfs.storage.objects.Retry``:
-``max_retries`` attempts more, each after a backoff of at most ``max_backoff``), with one log
-line per failing request; the daemon stays alive and serves what it has cached (a metadata
-file, chunks it read, within the lifetime of the versions it remembers); once the server is back
-on the same ports and directory, the same reads succeed without a remount.
+Each test runs its own SeaweedFS (tests/s3server.py, own ports and directory; killed by PID in
+teardown), since it stops it. "Mid-read": the server is frozen (SIGSTOP), reads are started (their
+requests hang in it), then it is killed (SIGKILL: their connections drop, new ones are refused).
+Promises: a read that needs the server fails with exactly EIO once obstore's bounded retries are
+spent (``shardfs.storage.objects.Retry``: ``max_retries`` attempts more, each after a backoff of
+at most ``max_backoff``), with one log line per failing request; the daemon stays alive and
+serves what it has cached (a metadata file, chunks it read, while it remembers their versions:
+``stat_ttl``); once the server is back on the same ports and directory, the same reads succeed
+without a remount.
 """
 
 from __future__ import annotations
 
 import errno
+import inspect
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -21,20 +24,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench_lib.delayproxy import DelayProxy
 from s3server import SeaweedS3
-from shardfs.storage.objects import Retry
+from shardfs.storage.objects import ObjectStorage, Retry
 from source_kinds import BucketSource
 from sources import Spec, build
 
 s = slice
 F = Spec("f", (16, 16), (4, 4), (8, 8), "<i4", 0, ("zstd", 1), inner_crc=False, index_location="end",
          index_crc=True, initial=((s(0, 16), s(0, 16)),), write=(s(0, 1), s(0, 1)))
-DELAY = 0.05
+IN_FLIGHT = 0.2  # seconds for the reads to reach the frozen server
 # obstore gives up after max_retries more attempts, each after at most max_backoff (connection
-# refused fails at once); the rest is slack for the delay proxy and a loaded machine.
+# refused fails at once); the rest is slack for a loaded machine.
 _R = Retry()
 EIO_WITHIN = _R.max_retries * _R.max_backoff + 5.0
+# How long the daemon uses a version it saw (a HEAD, a GET, a listing) without asking again.
+STAT_TTL = inspect.signature(ObjectStorage).parameters["stat_ttl"].default
 
 
 @pytest.fixture
@@ -85,54 +89,68 @@ def error_lines(log: str, key: str) -> list[str]:
 
 def test_server_stopped_mid_read_gives_eio_then_reads_recover_without_remount(own_s3, tmp_path, mount):
     expected = build(tmp_path / "src", [F])[F.name]
-    with DelayProxy(("127.0.0.1", own_s3.ports["s3.port"]), delay=DELAY) as proxy:
-        src = BucketSource(tmp_path / "src", own_s3, "faults", endpoint=f"http://127.0.0.1:{proxy.port}")
-        mnt = src.mount(mount)
-        daemon = mount.info(mnt)
-        arr = mnt / F.name
+    mnt = BucketSource(tmp_path / "src", own_s3, "faults").mount(mount)
+    daemon = mount.info(mnt)
+    arr = mnt / F.name
+    indexed_only = (2, 0)  # shard (1, 0): looked up (its index read), never read
+    cold = (2, 2)  # shard (1, 1): nothing read
 
-        indexed_only = (2, 0)  # shard (1, 0): looked up (its index read), never read
-        cold = (2, 2)  # shard (1, 1): nothing read
+    def cached() -> dict:
+        """What the daemon serves from its caches for ``STAT_TTL`` after reading it: a metadata
+        file, every chunk of shard (0, 0), the size of a chunk of (1, 0)."""
+        return {".zarray": (arr / ".zarray").read_bytes(),
+                "chunks": {idx: chunk_path(mnt, idx).read_bytes() for idx in [(0, 0), (0, 1), (1, 0), (1, 1)]},
+                "size": os.stat(chunk_path(mnt, indexed_only)).st_size}
 
-        def cached() -> dict:
-            """What the daemon serves from its caches for ``stat_ttl`` (1 s) after reading it: a
-            metadata file, every chunk of shard (0, 0), the size of a chunk of (1, 0). Reading
-            it (again) refreshes those caches."""
-            return {".zarray": (arr / ".zarray").read_bytes(),
-                    "chunks": {idx: chunk_path(mnt, idx).read_bytes() for idx in [(0, 0), (0, 1), (1, 0), (1, 1)]},
-                    "size": os.stat(chunk_path(mnt, indexed_only)).st_size}
+    assert sorted(os.listdir(mnt)) == [".zattrs", ".zgroup", ".zmetadata", "f"]
+    listing = sorted(os.listdir(arr))
+    assert {".zarray", ".zattrs", "0.0", "3.3"} <= set(listing), listing
+    before = cached()
+    for idx, data in before["chunks"].items():
+        np.testing.assert_array_equal(F.decode(data), expected_chunk(expected, idx), err_msg=f"chunk {idx}")
 
-        assert sorted(os.listdir(mnt)) == [".zattrs", ".zgroup", ".zmetadata", "f"] and "0.0" in os.listdir(arr)
-        before = cached()
-        for idx, data in before["chunks"].items():
-            np.testing.assert_array_equal(F.decode(data), expected_chunk(expected, idx), err_msg=f"chunk {idx}")
+    # The versions remembered since are forgotten, so reading again asks for them anew; then the
+    # server stops mid-read, and what was just read is served from the caches meanwhile.
+    time.sleep(STAT_TTL)
+    assert cached() == before
+    warmed = time.monotonic()
+    os.kill(own_s3.proc.pid, signal.SIGSTOP)
+    reads = [Outcome(chunk_path(mnt, indexed_only)), Outcome(chunk_path(mnt, cold))]
+    time.sleep(IN_FLIGHT)
+    assert all(r.thread.is_alive() for r in reads), "a read did not wait for the frozen server"
+    own_s3.kill()
+    print(f"\ncached reads {time.monotonic() - warmed:.2f} s after they were refreshed")
+    assert cached() == before
 
-        # Kill the server while reads are on the wire (the proxy drops their connections);
-        # meanwhile, what was just read is served from the caches.
-        assert cached() == before
-        warmed = time.monotonic()
-        reads = [Outcome(chunk_path(mnt, indexed_only)), Outcome(chunk_path(mnt, cold))]
-        time.sleep(DELAY)
-        own_s3.kill()
-        print(f"\ncached reads {time.monotonic() - warmed:.2f} s after they were refreshed")
-        assert cached() == before
+    for r in reads:
+        r.join()
+    for r in reads:
+        assert isinstance(r.error, OSError) and r.error.errno == errno.EIO, (
+            f"{r.path}: {r.error!r} (data: {r.data is not None}), expected EIO")
+        assert r.elapsed < IN_FLIGHT + EIO_WITHIN, f"{r.path}: EIO after {r.elapsed:.1f} s"
+    print(f"EIO {[round(r.elapsed - IN_FLIGHT, 2) for r in reads]} s after the server was killed "
+          f"(bound {EIO_WITHIN:.0f} s)")
+    assert daemon.alive(), f"daemon died:\n{daemon.output()[-3000:]}"
+    log = daemon.log_text()
+    for key in (F.shard_key((1, 0)), F.shard_key((1, 1))):
+        lines = error_lines(log, key)
+        assert len(lines) == 1, f"{key}: expected one log line for its failing request, got {lines}"
 
-        for r in reads:
-            r.join()
-        for r in reads:
-            assert isinstance(r.error, OSError) and r.error.errno == errno.EIO, (
-                f"{r.path}: {r.error!r} (data: {r.data is not None}), expected EIO")
-            assert r.elapsed < EIO_WITHIN, f"{r.path}: EIO after {r.elapsed:.1f} s (bound {EIO_WITHIN:.0f} s)"
-        print(f"\nEIO after {[round(r.elapsed, 2) for r in reads]} s (bound {EIO_WITHIN:.0f} s)")
-        assert daemon.alive(), f"daemon died:\n{daemon.output()[-3000:]}"
-        log = daemon.log_text()
-        for key in (F.shard_key((1, 0)), F.shard_key((1, 1))):
-            lines = error_lines(log, key)
-            assert len(lines) == 1, f"{key}: expected one log line for its failing request, got {lines}"
+    # Back on the same ports and directory: the same reads succeed, no remount.
+    own_s3.start()
+    for idx in (indexed_only, cold):
+        np.testing.assert_array_equal(F.decode(chunk_path(mnt, idx).read_bytes()), expected_chunk(expected, idx),
+                                      err_msg=f"chunk {idx} after the restart")
+    assert sorted(os.listdir(arr)) == listing
+    assert daemon.alive()
 
-        # Back on the same ports and directory: the same reads succeed, no remount.
-        own_s3.start()
-        for idx in (indexed_only, cold):
-            np.testing.assert_array_equal(F.decode(chunk_path(mnt, idx).read_bytes()), expected_chunk(expected, idx),
-                                          err_msg=f"chunk {idx} after the restart")
-        assert daemon.alive()
+
+@pytest.mark.xfail(strict=True, reason="listings are not cached: every readdir lists the store "
+                                       "(issue 13: cached for the entry timeout)")
+def test_listings_are_served_from_the_cache_while_the_server_is_down(own_s3, tmp_path, mount):
+    build(tmp_path / "src", [F])
+    mnt = BucketSource(tmp_path / "src", own_s3, "listings").mount(mount)
+    dirs = [mnt, mnt / F.name, mnt / F.name / "c" / "0" / "0"]
+    listed = [sorted(os.listdir(d)) for d in dirs]
+    own_s3.kill()
+    assert [sorted(os.listdir(d)) for d in dirs] == listed  # well within the 10 s entry timeout

@@ -309,6 +309,43 @@ def test_5xx_is_retried_a_bounded_number_of_times_then_eio(monkeypatch):
         server.server_close()
 
 
+def test_a_404_to_an_if_match_put_is_a_version_mismatch(monkeypatch):
+    """Some servers answer 404, not 412, to ``If-Match`` on a key that vanished: it is a
+    ``VersionMismatch`` (the fold reads again), never ``FileNotFoundError``. One PUT, no retry."""
+    import http.server
+
+    hits: list[tuple[str, str | None]] = []
+
+    class Vanished(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            hits.append((self.command, self.headers.get("If-Match")))
+            body = b"<Error><Code>NoSuchKey</Code><Message>The specified key does not exist.</Message></Error>"
+            self.send_response(404)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Vanished)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        st = ObjectStorage("s3://b/p", endpoint=f"http://127.0.0.1:{server.server_address[1]}")
+        with pytest.raises(VersionMismatch):
+            st.replace("k", [b"new"], if_version=Version('"e1"', 3, 0))
+        assert hits == [("PUT", '"e1"')]
+        st.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_delay_proxy_adds_its_delay_each_way(aws_env):
     st = _objects(aws_env)
     v = st.replace("k", [b"through the proxy"])

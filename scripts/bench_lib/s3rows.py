@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from bench_lib.delayproxy import DelayProxy
+from bench_lib.delayproxy import DelayProxy, Request
 from bench_lib.main import PY2, PY3, Bench, BenchError, Row, rotate
 from bench_lib.peers import cpu_seconds
 from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY, S3Source, SeaweedS3, put_all, upload
@@ -48,6 +48,7 @@ BUCKET = "shardfs-bench"
 DELAY = 0.010  # seconds each way per request (rows 2 and 3)
 RANDOM = 60  # chunks read in row 3 (SMOKE_RANDOM in --smoke)
 TENK = 10_000  # shards under the tenk prefix
+SHARD_KEYS = f"/{BUCKET}/big/vol/c/"  # path prefix of vol's shards in the proxy's log
 COUNT_SHARDS = 8  # shards read in each request-count case (at most a third of vol's shards)
 MiB = 1 << 20
 
@@ -162,7 +163,7 @@ class _S3Rows:
     def rows(self) -> list[Row]:
         self.upload()
         with DelayProxy(("127.0.0.1", self.server.ports["s3.port"]), DELAY) as slow, \
-                DelayProxy(("127.0.0.1", self.server.ports["s3.port"]), 0.0) as count:
+                DelayProxy(("127.0.0.1", self.server.ports["s3.port"]), 0.0, record=True) as count:
             rows = self.reads(slow)
             rows += self.counts(count)
         if not self.smoke:
@@ -262,44 +263,54 @@ class _S3Rows:
         shards = random.Random(7).sample(usable, 2 * k)
         first, whole = shards[:k], shards[k:]
         n_whole = sum(len(by_shard[sh]) for sh in whole)
-        found: dict[str, dict[str, int]] = {}
+        found: dict[str, dict[str, dict[str, int]]] = {}  # what -> "shard"/"other" -> kind -> count
+
+        @contextmanager
+        def counting(what: str) -> Iterator[None]:
+            start = len(count.log)
+            yield
+            found[what] = _split(count.log[start:])
 
         def read_files(root: Path, names: list[str], what: str) -> None:
             lst = b.work / f"s3-count-{what}.list"
             lst.write_text("\n".join(names) + "\n")
-            before = count.snapshot()[0]
-            res = b.client(PY3, "random_reads", root, lst)
+            with counting(what):
+                res = b.client(PY3, "random_reads", root, lst)
             if res["bytes"] <= 0:
                 raise BenchError(f"request counts: {what}: read nothing")
-            found[what] = _delta(before, count.snapshot()[0])
 
-        before = count.snapshot()[0]
+        start = len(count.log)
         with b.mounted(self._url("big"), "s3-count", options=self._opts(count.port)) as m:
-            found["mount"] = _delta(before, count.snapshot()[0])
+            found["mount"] = _split(count.log[start:])
             vol = m.mnt / "vol"
             read_files(vol, [by_shard[sh][0] for sh in first], "cold")
             read_files(vol, [by_shard[sh][1] for sh in first], "second")
             read_files(vol, [name for sh in whole for name in by_shard[sh]], "whole_shard")
         if not self.smoke:
             with b.mounted(self._url("big"), "s3-count-array", options=self._opts(count.port)) as m:
-                before = count.snapshot()[0]
-                self._check_sum(b.client(PY2, "zarr_read", m.mnt / "vol"), "count mount")
-                found["array_mount"] = _delta(before, count.snapshot()[0])
-            before = count.snapshot()[0]
-            self.whole_native(count.port, PY3, "big/vol", "count native")
-            found["array_native"] = _delta(before, count.snapshot()[0])
+                with counting("array_mount"):
+                    self._check_sum(b.client(PY2, "zarr_read", m.mnt / "vol"), "count mount")
+            with counting("array_native"):
+                self.whole_native(count.port, PY3, "big/vol", "count native")
         b.raw["s3_requests"] = found
         b.log(f"s3 request counts: {found}")
-        unparsed = sum(c.get("UNPARSED", 0) for c in found.values())
+        unparsed = count.snapshot()[0].get("UNPARSED", 0)
 
         def row(figure: str, what: str, per: int, target: float | None, baseline: str | None = None) -> Row:
-            value = _total(found[what]) / per
-            base = _total(found[baseline]) / per if baseline else None
+            if what == "mount":  # every request
+                value, base = sum(map(_total, found[what].values())), None
+            else:  # requests for shard keys; the others (metadata) in the note
+                value = _total(found[what]["shard"]) / per
+                base = _total(found[baseline]["shard"]) / per if baseline else None
             r = b.ratio_row(figure, "req", value, base, None) if base else Row(figure, "req", value)
             if target is not None:
                 b.abs_check(r, target + 1e-9, "<", f"≤ {target:g}")
-            r.note = _kinds(found[what]) + (f"; zarr 3: {_kinds(found[baseline])}" if baseline else "") \
-                + (f"; {unparsed} connection(s) unparsed" if unparsed else "")
+            notes = [f"{part}: {_kinds(found[what][part])}" for part in ("shard", "other") if found[what][part]]
+            if baseline:
+                notes.append(f"zarr 3 shard: {_kinds(found[baseline]['shard'])}")
+            if unparsed:
+                notes.append(f"{unparsed} connection(s) unparsed: counts low")
+            r.note = "; ".join(notes)
             return r
 
         return [
@@ -344,6 +355,15 @@ class _S3Rows:
 
 def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+
+
+def _split(log: list[Request]) -> dict[str, dict[str, int]]:
+    """Requests by kind, for vol's shard keys ("shard") and the rest ("other": metadata, listings)."""
+    out: dict[str, dict[str, int]] = {"shard": {}, "other": {}}
+    for r in log:
+        part = out["shard" if r.path.startswith(SHARD_KEYS) else "other"]
+        part[r.method] = part.get(r.method, 0) + 1
+    return out
 
 
 def _total(counts: dict[str, int]) -> int:
