@@ -91,16 +91,27 @@ def read_index_sync(source: Storage, key: str, fmt: ShardFormat) -> tuple[Versio
             return None
         start = 0 if index.at_start else version.size - len(head)
         try:
-            table, problems = _decode_levels(source, key, fmt, version, start, head)
+            return version, _table(source, key, fmt, version, start, head)
         except VersionMismatch:
             source.changed(key)
             continue
-        for pos, reason in problems.items():
-            where = tuple(int(i) for i in np.unravel_index(pos, index.chunks_per_shard))
-            log.error("%s: corrupt inner shard at %s of the shard's grid of inner shards: %s",
-                      source.describe(key), where, reason)
-        return version, table
     raise OSError(errno.EIO, f"changed during {INDEX_TRIES} reads of its index", source.describe(key))
+
+
+def table_of_whole(source: Storage, key: str, fmt: ShardFormat, version: Version, data: bytes) -> np.ndarray:
+    """The flat table of a shard fetched whole (``data``: all of ``version``), as
+    ``read_index_sync`` gives it, without a request; ``CorruptShard`` as there."""
+    return _table(source, key, fmt, version, 0, data)
+
+
+def _table(source: Storage, key: str, fmt: ShardFormat, version: Version, start: int, head: bytes) -> np.ndarray:
+    """``_decode_levels``, a corrupt inner shard logged once."""
+    table, problems = _decode_levels(source, key, fmt, version, start, head)
+    for pos, reason in problems.items():
+        where = tuple(int(i) for i in np.unravel_index(pos, outermost(fmt).chunks_per_shard))
+        log.error("%s: corrupt inner shard at %s of the shard's grid of inner shards: %s",
+                  source.describe(key), where, reason)
+    return table
 
 
 class _NotRead(CorruptIndex):

@@ -54,6 +54,7 @@ CHUNK_BASE = 1 << 62
 SLOT_SHIFT = 40
 OPEN_TRIES = 3  # opens of a chunk that find its shard replaced since its index was read, before EIO
 INDEX_READS = 32  # shard indexes a listing reads at once
+PREFETCH_SHARDS = 6  # shards after a swept one fetched whole ahead, at most this many in flight (objects)
 RESOLVED_KEPT = 256  # chunk lookups remembered for the opens that follow them
 SHARD_KEYS_KEPT = 4096  # shard keys remembered per array (formatting one costs more than a lookup)
 LIST_FILL_MAX = 1 << 22  # arrays with more inner chunks do not list the empty ones they serve
@@ -214,6 +215,8 @@ class View:
         self._next_ino = itertools.count(ROOT_INODE + 1)
         self.index_cache = IndexCache()
         self._index_reads: dict[str, trio.Event] = {}  # shard key -> its index being read
+        self._prefetching = 0  # shards being fetched ahead of a sweep
+        self._prefetched_after: dict[str, int] = {}  # array path -> the shard (linear) last fetched ahead of
         self._resolved: dict[int, tuple[Extent, Attr]] = {}  # chunk inode -> as last looked up (see open)
         self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
         self._file_mode = 0o444 if read_only else 0o644
@@ -995,13 +998,53 @@ class View:
                 return ReadHandle(ino, attr, data=await blocking(self._decode, arr, coords, ext.data))
             decode = functools.partial(self._decode, arr, coords, key=ext.key) if arr.info.chunk.decodes else None
             try:
-                return await self.reads.open(ino, attr, ext, decode)
+                handle = await self.reads.open(ino, attr, ext, decode)
             except VersionMismatch:  # replaced since its version was remembered: look again
                 self.source.changed(ext.key)
                 self.index_cache.forget(ext.key)
+                continue
+            if self.reads.prefetches and self.reads.ahead.swept(ext):
+                self._prefetch_after(arr, arr.info.layout.locate(coords)[0], ext.version.size)
+            return handle
         log.error("%s: changed during %d opens of chunk %s", self.source.describe(ext.key), OPEN_TRIES,
                   arr.info.layout.names.key(coords))
         raise fail(errno.EIO, "shard keeps changing")
+
+    def _prefetch_after(self, arr: ArrayNode, shard: tuple[int, ...], size: int) -> None:
+        """A client sweeps ``shard`` of ``arr``: fetch the ``PREFETCH_SHARDS`` shards after it in
+        C order of the shard grid (the order a sweep of the chunk grid in C order reaches them,
+        also when its rows cross several shards) whole in the background, one GET each, unless
+        their index was read before or is being read, or ``PREFETCH_SHARDS`` are in flight, or
+        that many shards of ``size`` would not fit in the cache. Their index is cached from the
+        bytes fetched; an open meanwhile waits for the fetch as for an index read."""
+        grid = arr.info.layout.shard_grid
+        at = int(np.ravel_multi_index(shard, grid))
+        if self._prefetched_after.get(arr.path) == at or not self.reads.room_ahead(size * PREFETCH_SHARDS):
+            return
+        if len(self._prefetched_after) >= SHARD_KEYS_KEPT:
+            self._prefetched_after.clear()
+        self._prefetched_after[arr.path] = at
+        for nxt in range(at + 1, min(at + 1 + PREFETCH_SHARDS, int(np.prod(grid)))):
+            if self._prefetching >= PREFETCH_SHARDS:
+                return
+            key = self.shard_key(arr, tuple(int(i) for i in np.unravel_index(nxt, grid)))
+            if key in self._index_reads or self.index_cache.latest(key) is not None:
+                continue
+            self._index_reads[key] = trio.Event()
+            self._prefetching += 1
+            trio.lowlevel.spawn_system_task(self._prefetch, arr, key)
+
+    async def _prefetch(self, arr: ArrayNode, key: str) -> None:
+        """Fetch the shard at ``key`` whole and cache its index (see ``_prefetch_after``); a
+        failure is left for the opens' own reads to meet (logged at debug level)."""
+        try:
+            data, version = await self.reads.fetch_whole(key)
+            self.index_cache.put(key, version, shard_mod.table_of_whole(self.source, key, arr.info.layout.index, version, data))
+        except Exception as e:  # noqa: BLE001 - a background fetch never ends the daemon
+            log.debug("%s: not fetched ahead: %r", self.source.describe(key), e)
+        finally:
+            self._prefetching -= 1
+            self._index_reads.pop(key).set()
 
     def _unchanged(self, arr: ArrayNode, coords: tuple[int, ...], ext: Extent) -> bool:
         """True if ``extent(arr, coords)`` would still be ``ext`` (found by a lookup): its shard

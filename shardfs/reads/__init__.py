@@ -71,6 +71,10 @@ class ReadAhead:
         self._recent: deque[tuple[str, Version]] = deque(maxlen=window)  # shards of the last opens
         self._done: set[tuple[str, Version]] = set()
 
+    def swept(self, ext: Extent) -> bool:
+        """True if ``note`` found a sweep of ``ext``'s shard (at this version)."""
+        return (ext.key, ext.version) in self._done
+
     def note(self, ext: Extent) -> bool:
         shard = (ext.key, ext.version)
         sweeping = self.chained and len(self._recent) >= self.after and all(
@@ -92,6 +96,8 @@ class Reads:
     Subclasses provide ``_stored`` (a chunk's stored bytes), and may serve undecoded chunks
     from a descriptor instead (``_stored_handle``, ``_read_stored``, ``release``).
     """
+
+    prefetches = False  # True: a sweep fetches the shards after it ahead (``fetch_whole``)
 
     def __init__(self, chunk_cache: ChunkCache, ahead: ReadAhead) -> None:
         self.chunk_cache = chunk_cache
@@ -123,6 +129,15 @@ class Reads:
 
     def release(self, handle: ReadHandle) -> None:
         """The handle is closed: free what it holds."""
+
+    def room_ahead(self, nbytes: int) -> bool:
+        """True if ``nbytes`` fetched ahead fit in the memory kept for fetched ranges."""
+        return False
+
+    async def fetch_whole(self, key: str) -> tuple[bytes, Version]:
+        """One GET of the whole shard at ``key``, kept for the opens of its chunks; its bytes and
+        version (``FileNotFoundError`` if there is none)."""
+        raise NotImplementedError
 
     async def _stored(self, ext: Extent, ahead: bool) -> bytes:
         """The stored bytes at ``ext``; ``ahead``: also read the rest of the shard ahead."""

@@ -62,6 +62,16 @@ class ObjectReads(Reads):
         self.cache.put(where, ext.version, ext.offset, data)
         return data
 
+    prefetches = True
+
+    def room_ahead(self, nbytes: int) -> bool:
+        return nbytes <= self.cache.max_bytes // 2
+
+    async def fetch_whole(self, key: str) -> tuple[bytes, Version]:
+        data, version = await self.source.loop.trio_run(self.source.aread_all(key))
+        self.cache.put(self.source.describe(key), version, 0, data)
+        return data, version
+
     async def _get(self, ext: Extent, rng: Range) -> bytes:
         """One GET of ``rng`` of the shard, If-Match its version; ``VersionMismatch`` if the
         shard was replaced or removed."""

@@ -5,7 +5,7 @@ obstore (the Rust object_store bindings zarr-python 3 uses):
 
 - ``version``: HEAD -> ``Version(etag, size, last_modified_ns)`` (whole seconds: listings and
   HEADs may differ below that); missing -> None. Remembered for ``stat_ttl`` seconds, like
-  ``LocalStorage``'s, from HEADs, from ``read_versioned`` (the GET's own ETag, size and date) and
+  ``LocalStorage``'s, from HEADs, from ``read_versioned`` and ``read_all`` (the GET's own ETag, size and date) and
   from listings (each page carries them); ``replace``, ``delete`` and ``changed`` forget it.
 - ``read_versioned``: one ranged or suffix GET, its version taken from the response (no HEAD).
 - ``read``: ranged GETs, one per group of ranges less than ``COALESCE_GAP`` apart (a negative
@@ -280,8 +280,15 @@ class ObjectStorage:
         return data, version
 
     async def aread_all(self, key: str) -> tuple[bytes, Version]:
-        """See ``Storage.read_all``."""
-        return await self._get(key, None, None)
+        """See ``Storage.read_all``; the version is remembered as ``read_versioned``'s."""
+        token = self._versions.token()
+        try:
+            data, version = await self._get(key, None, None)
+        except FileNotFoundError:
+            self._versions.put(key, None, token)
+            raise
+        self._versions.put(key, version, token)
+        return data, version
 
     async def areplace(self, key: str, data: Iterable[bytes | memoryview],
                        if_version: Version | _Absent | None = None) -> Version:
