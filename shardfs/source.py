@@ -79,9 +79,12 @@ class Source:
                    anonymous="anonymous" in own)
 
     @contextlib.contextmanager
-    def opened(self) -> Iterator[Any]:
+    def opened(self, version_ttl: float = 1.0) -> Iterator[Any]:
         """The ``Storage`` of this source, open for the ``with`` block (an object store's
-        request loop thread runs only inside it: start it after any fork, never before)."""
+        request loop thread runs only inside it: start it after any fork, never before).
+        ``version_ttl``: how long an object store remembers a key's version (the mount passes
+        its ``attr_timeout``: the lag it promises for changes behind its back); a local
+        directory remembers stats for 1 s whatever it is."""
         if not self.url:
             from shardfs.storage.local import LocalStorage
 
@@ -89,7 +92,8 @@ class Source:
             return
         from shardfs.storage.objects import ObjectStorage
 
-        storage = ObjectStorage(self.name, endpoint=self.endpoint, region=self.region, anonymous=self.anonymous)
+        storage = ObjectStorage(self.name, endpoint=self.endpoint, region=self.region, anonymous=self.anonymous,
+                                stat_ttl=version_ttl)
         try:
             yield storage
         finally:
