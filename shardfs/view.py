@@ -216,7 +216,7 @@ class View:
         self.index_cache = IndexCache()
         self._index_reads: dict[str, trio.Event] = {}  # shard key -> its index being read
         self._prefetching = 0  # shards being fetched ahead of a sweep
-        self._prefetched_after: dict[str, int] = {}  # array path -> the shard (linear) last fetched ahead of
+        self._last_shard: dict[str, int] = {}  # array path -> the shard (linear) of its last chunk opened
         self._resolved: dict[int, tuple[Extent, Attr]] = {}  # chunk inode -> as last looked up (see open)
         self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
         self._file_mode = 0o444 if read_only else 0o644
@@ -1003,27 +1003,41 @@ class View:
                 self.source.changed(ext.key)
                 self.index_cache.forget(ext.key)
                 continue
-            if self.reads.prefetches and self.reads.ahead.swept(ext):
-                self._prefetch_after(arr, arr.info.layout.locate(coords)[0], ext.version.size)
+            if self.reads.prefetches:
+                self._note_shard(arr, coords, ext)
             return handle
         log.error("%s: changed during %d opens of chunk %s", self.source.describe(ext.key), OPEN_TRIES,
                   arr.info.layout.names.key(coords))
         raise fail(errno.EIO, "shard keeps changing")
 
-    def _prefetch_after(self, arr: ArrayNode, shard: tuple[int, ...], size: int) -> None:
-        """A client sweeps ``shard`` of ``arr``: fetch the ``PREFETCH_SHARDS`` shards after it in
-        C order of the shard grid (the order a sweep of the chunk grid in C order reaches them,
-        also when its rows cross several shards) whole in the background, one GET each, unless
-        their index was read before or is being read, or ``PREFETCH_SHARDS`` are in flight, or
-        that many shards of ``size`` would not fit in the cache. Their index is cached from the
-        bytes fetched; an open meanwhile waits for the fetch as for an index read."""
-        grid = arr.info.layout.shard_grid
-        at = int(np.ravel_multi_index(shard, grid))
-        if self._prefetched_after.get(arr.path) == at or not self.reads.room_ahead(size * PREFETCH_SHARDS):
+    def _note_shard(self, arr: ArrayNode, coords: tuple[int, ...], ext: Extent) -> None:
+        """A chunk of ``arr`` at ``ext`` was opened: when the client sweeps its shard
+        (``ReadAhead``) and came to it from the shard just before it in C order of the shard grid
+        (the order a sweep of the chunk grid in C order reaches shards, also when its rows cross
+        several), it walks the array: fetch the shards after it ahead (``_prefetch_after``)."""
+        layout = arr.info.layout
+        at = 0
+        for c, g in zip(layout.locate(coords)[0], layout.shard_grid):
+            at = at * g + c
+        last = self._last_shard.get(arr.path)
+        if last == at:
             return
-        if len(self._prefetched_after) >= SHARD_KEYS_KEPT:
-            self._prefetched_after.clear()
-        self._prefetched_after[arr.path] = at
+        if len(self._last_shard) >= SHARD_KEYS_KEPT:
+            self._last_shard.clear()
+        self._last_shard[arr.path] = at
+        if last == at - 1 and self.reads.ahead.swept(ext):
+            self._prefetch_after(arr, at, ext.version.size)
+
+    def _prefetch_after(self, arr: ArrayNode, at: int, size: int) -> None:
+        """Fetch the ``PREFETCH_SHARDS`` shards after the one at ``at`` (linear, C order) in the
+        background, each whole in one GET (with a disk cache: their indexes alone, which tell
+        the ETag the cached chunks are under), unless their index was read before or is being
+        read, or ``PREFETCH_SHARDS`` are in flight, or that many shards of ``size`` would not
+        fit in the cache. Their index is cached from the bytes fetched; an open meanwhile waits
+        for the fetch as for an index read."""
+        grid = arr.info.layout.shard_grid
+        if not self.reads.room_ahead(size * PREFETCH_SHARDS):
+            return
         for nxt in range(at + 1, min(at + 1 + PREFETCH_SHARDS, int(np.prod(grid)))):
             if self._prefetching >= PREFETCH_SHARDS:
                 return
@@ -1037,9 +1051,16 @@ class View:
     async def _prefetch(self, arr: ArrayNode, key: str) -> None:
         """Fetch the shard at ``key`` whole and cache its index (see ``_prefetch_after``); a
         failure is left for the opens' own reads to meet (logged at debug level)."""
+        fmt = arr.info.layout.index
         try:
-            data, version = await self.reads.fetch_whole(key)
-            self.index_cache.put(key, version, shard_mod.table_of_whole(self.source, key, arr.info.layout.index, version, data))
+            fetched = await self.reads.fetch_whole(key)
+            if fetched is not None:
+                data, version = fetched
+                self.index_cache.put(key, version, shard_mod.table_of_whole(self.source, key, fmt, version, data))
+            else:
+                found = await blocking(shard_mod.read_index_sync, self.source, key, fmt)
+                if found is not None:
+                    self.index_cache.put(key, *found)
         except Exception as e:  # noqa: BLE001 - a background fetch never ends the daemon
             log.debug("%s: not fetched ahead: %r", self.source.describe(key), e)
         finally:

@@ -5,7 +5,8 @@ with ``record=True``, no delay), which sees every HTTP request; the counts below
 one shard's key, with their ``Range`` and ``If-Match``. Promises: a shard's index costs one GET
 (a suffix GET when it is at the end, no HEAD before it); an inner chunk one ranged GET of its
 bytes conditioned on the ETag the index was read at; a whole shard read chunk by chunk at most
-2 GETs (a shard after a swept one: all of it in one GET, fetched ahead); reading
+2 GETs (a shard a client moves on to in a sweep: its index, then all of it in one GET; the
+shards after those two, in a walk of the array: all of it in one GET, fetched ahead); reading
 again what the daemon has cached, no GET. Before a second read the kernel's page cache of the
 files is dropped (``POSIX_FADV_DONTNEED``), and the daemon's ``wchar`` shows it served the bytes.
 Promises the read path does not keep yet are strict ``xfail``s saying why (an XPASS fails).
@@ -141,7 +142,7 @@ def test_cold_chunk_read_costs_one_index_get_and_one_conditional_ranged_get(coun
 
 @pytest.mark.xfail(strict=True, reason=(
     "ReadAhead(after=2) reads the first chunk of a shard alone, and the whole shard (from offset 0) "
-    "at the second: 3 GETs for the first shard a client sweeps (1 for the shards after it, fetched ahead)"))
+    "at the second: 3 GETs for the first shard a client sweeps (2 for the next, 1 for those after, fetched ahead)"))
 @pytest.mark.parametrize("counted", ["end"], indirect=True)
 def test_whole_shard_read_chunk_by_chunk_costs_at_most_two_gets(counted):
     src, proxy, mnt, sp, expected = counted
@@ -176,17 +177,23 @@ def test_a_shard_read_again_costs_no_get(counted, mount):
 @pytest.mark.parametrize("counted", ["end"], indirect=True)
 def test_zarr2_whole_array_read_fetches_the_shards_after_a_swept_one_ahead_in_one_get_each(counted):
     """zarr 2.18 reads the array row of chunks by row, so its first rows cross shards (0, 0) and
-    (0, 1) in turn. Once it sweeps shard (0, 0) (counted in
-    ``test_whole_shard_read_chunk_by_chunk_costs_at_most_two_gets``), the shards after it in C
-    order are fetched ahead in the background, each whole in one unconditional GET that also
-    gives its index and ETag; the opens of their chunks wait for it and ask nothing more."""
+    (0, 1) in turn. It sweeps shard (0, 0) (counted in
+    ``test_whole_shard_read_chunk_by_chunk_costs_at_most_two_gets``) and moves on to (0, 1), the
+    next in C order of the shard grid: its index, then all of it in one GET If-Match its ETag.
+    That is a walk of the array, so the shards after (0, 1) are fetched ahead in the background,
+    each whole in one unconditional GET that also gives its index and ETag; the opens of their
+    chunks wait for it and ask nothing more."""
     src, proxy, mnt, sp, expected = counted
     got = zarr2("result = zarr.open(path, mode='r')[...]", path=str(mnt / sp.name))
     np.testing.assert_array_equal(got, expected)
     per_shard = {sh: describe(requests_for(src, proxy, sp.shard_key(sh))) for sh in np.ndindex(*sp.shard_grid)}
     print(f"\nzarr 2.18 whole array, requests per shard: {per_shard}")
-    first, *others = per_shard
+    first, second, *others = per_shard
     assert per_shard[first][:1] == [("GET", index_range(sp), None)], per_shard
+    key = sp.shard_key(second)
+    size = obstore.head(src.objects.store(), key)["size"]
+    assert per_shard[second] == [("GET", index_range(sp), None), ("GET", f"bytes=0-{size - 1}", f'"{etag(src, key)}"')], (
+        second, per_shard[second])
     for sh in others:
         assert per_shard[sh] == [("GET", None, None)], (sh, per_shard[sh])
 

@@ -134,9 +134,10 @@ class Reads:
         """True if ``nbytes`` fetched ahead fit in the memory kept for fetched ranges."""
         return False
 
-    async def fetch_whole(self, key: str) -> tuple[bytes, Version]:
+    async def fetch_whole(self, key: str) -> tuple[bytes, Version] | None:
         """One GET of the whole shard at ``key``, kept for the opens of its chunks; its bytes and
-        version (``FileNotFoundError`` if there is none)."""
+        version (``FileNotFoundError`` if there is none). None: better read its index alone
+        (its chunks may be cached on disk under an ETag only the index tells)."""
         raise NotImplementedError
 
     async def _stored(self, ext: Extent, ahead: bool) -> bytes:

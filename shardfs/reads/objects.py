@@ -67,7 +67,9 @@ class ObjectReads(Reads):
     def room_ahead(self, nbytes: int) -> bool:
         return nbytes <= self.cache.max_bytes // 2
 
-    async def fetch_whole(self, key: str) -> tuple[bytes, Version]:
+    async def fetch_whole(self, key: str) -> tuple[bytes, Version] | None:
+        if self.cache.disk_dir is not None:
+            return None
         data, version = await self.source.loop.trio_run(self.source.aread_all(key))
         self.cache.put(self.source.describe(key), version, 0, data)
         return data, version
