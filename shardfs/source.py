@@ -79,17 +79,19 @@ class Source:
                    anonymous="anonymous" in own)
 
     @contextlib.contextmanager
-    def opened(self) -> Iterator[Any]:
+    def opened(self, list_ttl: float = 0.0) -> Iterator[Any]:
         """The ``Storage`` of this source, open for the ``with`` block (an object store's
-        request loop thread runs only inside it: start it after any fork, never before)."""
+        request loop thread runs only inside it: start it after any fork, never before);
+        listings are remembered for ``list_ttl`` seconds (the mount's entry timeout)."""
         if not self.url:
             from shardfs.storage.local import LocalStorage
 
-            yield LocalStorage(self.name, follow_symlinks=self.follow_symlinks)
+            yield LocalStorage(self.name, follow_symlinks=self.follow_symlinks, list_ttl=list_ttl)
             return
         from shardfs.storage.objects import ObjectStorage
 
-        storage = ObjectStorage(self.name, endpoint=self.endpoint, region=self.region, anonymous=self.anonymous)
+        storage = ObjectStorage(self.name, endpoint=self.endpoint, region=self.region, anonymous=self.anonymous,
+                                list_ttl=list_ttl)
         try:
             yield storage
         finally:
