@@ -39,6 +39,11 @@ class _Kept:
     def size(self) -> int:
         return KEPT_OVERHEAD + len(self.names) + len(self.flags)
 
+    def flag(self, name: str) -> int | None:
+        """1 if ``name`` is a directory entry, 0 a file, None if not listed."""
+        at = f"/{self.names}/".find(f"/{name}/") if self.flags else -1
+        return None if at < 0 else self.flags[self.names.count("/", 0, at)]
+
     def pages(self) -> Iterator[list[Entry]]:
         names = self.names.split("/") if self.flags else []
         for start in range(0, len(names), PAGE):
@@ -61,10 +66,7 @@ class Listings:
         kept when consumed to the end (and small enough, and no key forgotten meanwhile)."""
         prefix = prefix.strip("/")
         with self._lock:
-            hit = self._kept.get(prefix)
-            if hit is not None and time.monotonic() >= hit.expires:
-                self._kept.drop(prefix)
-                hit = None
+            hit = self._fresh(prefix)
             token = self._changes
         if hit is not None:
             yield from hit.pages()
@@ -89,6 +91,27 @@ class Listings:
             with self._lock:
                 if token == self._changes:
                     self._kept.put(prefix, kept)
+
+    def _fresh(self, prefix: str) -> _Kept | None:
+        """The kept listing of ``prefix`` if still within ``ttl`` (the lock is held)."""
+        hit = self._kept.get(prefix)
+        if hit is not None and time.monotonic() >= hit.expires:
+            self._kept.drop(prefix)
+            return None
+        return hit
+
+    def is_dir(self, key: str) -> bool | None:
+        """What the kept listings tell of ``key`` being a directory/prefix with entries: True
+        if its own listing has entries, else its parent's entry for it; None if they do not
+        tell (then only the source does)."""
+        parent, _, name = key.strip("/").rpartition("/")
+        with self._lock:
+            own = self._fresh(key.strip("/"))
+            if own is not None and own.flags:
+                return True
+            above = self._fresh(parent)
+        flag = above.flag(name) if above is not None else None
+        return None if above is None else bool(flag)
 
     def forget(self, key: str) -> None:
         """Drop the listings of ``key`` and of every prefix above it (the root's too), and the

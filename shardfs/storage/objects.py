@@ -398,7 +398,11 @@ class ObjectStorage:
             yield page
 
     def is_dir(self, key: str) -> bool:
-        """True if some object lies below prefix ``key`` (one listing request of one key)."""
+        """True if some object lies below prefix ``key``: told by the listings remembered, else
+        one listing request of one key."""
+        known = self._listings.is_dir(key)
+        if known is not None:
+            return known
         base = key.strip("/")
         try:
             return any(chunk for chunk in obstore.list(self._store, base or None, chunk_size=1))
