@@ -38,7 +38,7 @@ IN_FLIGHT = 0.2  # seconds for the reads to reach the frozen server
 _R = Retry()
 EIO_WITHIN = _R.max_retries * _R.max_backoff + 5.0
 # How long the daemon uses a version it saw (a HEAD, a GET, a listing) without asking again.
-STAT_TTL = inspect.signature(ObjectStorage).parameters["stat_ttl"].default
+STAT_TTL = inspect.signature(ObjectStorage).parameters["stat_ttl"].default  # a mount passes its attr_timeout instead
 
 
 @pytest.fixture

@@ -298,9 +298,11 @@ class ObjectStorage:
             mode = {"e_tag": if_version.tag}  # type: ignore[union-attr]
         try:
             put = await obstore.put_async(self._store, key, body, mode=mode, use_multipart=False)
-        except _MISSING:  # If-Match on a key that vanished (some servers answer 404)
-            raise VersionMismatch(self.describe(key)) from None
         except Exception as e:
+            if isinstance(e, _MISSING) and isinstance(if_version, Version):
+                # If-Match on a key that vanished: S3 answers 412 (obstore's PreconditionError),
+                # some servers 404. A 404 to any other PUT (no bucket) stays an error.
+                raise VersionMismatch(self.describe(key)) from None
             raise self._error(e, key) from None
         finally:
             self.changed(key)
