@@ -1,4 +1,4 @@
-"""Listings of an object store are remembered for the entry timeout (``Listings``).
+"""Listings of an object store (and a local directory) are remembered for the entry timeout.
 
 Seen on the wire through a recording proxy (``bench_lib.delayproxy.DelayProxy``, no delay)
 in front of SeaweedFS: a listing repeated within ``-o entry_timeout`` sends no LIST; a change
@@ -114,6 +114,24 @@ def test_a_change_behind_the_mounts_back_shows_after_the_entry_timeout(tmp_path,
     obstore.put(store, "w/c/1/1", bytes(obstore.get(store, "w/c/0/0").bytes()))
     assert sorted(os.listdir(mnt)) == [".zattrs", ".zgroup", ".zmetadata", "w"]  # remembered: well within 2 s
     assert sorted(os.listdir(mnt / "w" / "c")) == ["0"]
+    wait_for(lambda: sorted(os.listdir(mnt)) == [".zattrs", ".zgroup", ".zmetadata", "g", "w"], 4,
+             "the new group listed")
+    wait_for(lambda: sorted(os.listdir(mnt / "w" / "c")) == ["0", "1"], 4, "the new shard listed")
+
+
+def test_a_change_behind_a_local_mounts_back_shows_after_the_entry_timeout(tmp_path, mount):
+    """The same for a local directory: its listings are remembered as well, for
+    ``-o entry_timeout=2``."""
+    src = tmp_path / "src"
+    build(src, [W])
+    mnt = mount(str(src), "-o", "entry_timeout=2")
+    assert sorted(os.listdir(mnt)) == [".zattrs", ".zgroup", ".zmetadata", "w"]
+    assert sorted(os.listdir(mnt / "w" / "c")) == ["0"]
+    (src / "g").mkdir()
+    (src / "g" / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group"}))
+    (src / "w" / "c" / "1").mkdir()
+    shutil.copy(src / "w" / "c" / "0" / "0", src / "w" / "c" / "1" / "1")
+    assert sorted(os.listdir(mnt)) == [".zattrs", ".zgroup", ".zmetadata", "w"]  # remembered: well within 2 s
     wait_for(lambda: sorted(os.listdir(mnt)) == [".zattrs", ".zgroup", ".zmetadata", "g", "w"], 4,
              "the new group listed")
     wait_for(lambda: sorted(os.listdir(mnt / "w" / "c")) == ["0", "1"], 4, "the new shard listed")
