@@ -41,8 +41,16 @@ class _Kept:
 
     def flag(self, name: str) -> int | None:
         """1 if ``name`` is a directory entry, 0 a file, None if not listed."""
-        at = f"/{self.names}/".find(f"/{name}/") if self.flags else -1
-        return None if at < 0 else self.flags[self.names.count("/", 0, at)]
+        names = self.names
+        if not self.flags or not name:
+            return None
+        if names == name or names.startswith(name + "/"):
+            at = 0
+        else:  # "/name/" inside, or "/name" at the end (no copy of ``names``)
+            at = names.find(f"/{name}/") + 1 or (len(names) - len(name) if names.endswith("/" + name) else 0)
+            if not at:
+                return None
+        return self.flags[names.count("/", 0, at)]
 
     def pages(self) -> Iterator[list[Entry]]:
         names = self.names.split("/") if self.flags else []
