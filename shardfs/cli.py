@@ -271,7 +271,7 @@ def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source
     timeouts = Timeouts(float(own.get("entry_timeout", Timeouts.entry)),
                         float(own.get("attr_timeout", Timeouts.attr)))
     with contextlib.ExitStack() as cleanup:
-        storage = cleanup.enter_context(source.opened(version_ttl=timeouts.attr))
+        storage = cleanup.enter_context(source.opened(version_ttl=timeouts.attr, list_ttl=timeouts.entry))
         writeback = None
         if not read_only:
             try:

@@ -39,3 +39,9 @@ class SizedLRU(Generic[K, V]):
         while self.used > self.max_bytes and len(self._items) > 1:
             _, dropped = self._items.popitem(last=False)
             self.used -= self._size(dropped)
+
+    def drop(self, key: K) -> None:
+        """Forget ``key`` (nothing if it is not kept)."""
+        old = self._items.pop(key, None)
+        if old is not None:
+            self.used -= self._size(old)

@@ -79,21 +79,22 @@ class Source:
                    anonymous="anonymous" in own)
 
     @contextlib.contextmanager
-    def opened(self, version_ttl: float = 1.0) -> Iterator[Any]:
+    def opened(self, version_ttl: float = 1.0, list_ttl: float = 0.0) -> Iterator[Any]:
         """The ``Storage`` of this source, open for the ``with`` block (an object store's
         request loop thread runs only inside it: start it after any fork, never before).
         ``version_ttl``: how long an object store remembers a key's version (the mount passes
         its ``attr_timeout``: the lag it promises for changes behind its back); a local
-        directory remembers stats for 1 s whatever it is."""
+        directory remembers stats for 1 s whatever it is. ``list_ttl``: how long either
+        remembers a listing (the mount passes its ``entry_timeout``)."""
         if not self.url:
             from shardfs.storage.local import LocalStorage
 
-            yield LocalStorage(self.name, follow_symlinks=self.follow_symlinks)
+            yield LocalStorage(self.name, follow_symlinks=self.follow_symlinks, list_ttl=list_ttl)
             return
         from shardfs.storage.objects import ObjectStorage
 
         storage = ObjectStorage(self.name, endpoint=self.endpoint, region=self.region, anonymous=self.anonymous,
-                                stat_ttl=version_ttl)
+                                stat_ttl=version_ttl, list_ttl=list_ttl)
         try:
             yield storage
         finally:

@@ -145,8 +145,6 @@ def test_server_stopped_mid_read_gives_eio_then_reads_recover_without_remount(ow
     assert daemon.alive()
 
 
-@pytest.mark.xfail(strict=True, reason="listings are not cached: every readdir lists the store "
-                                       "(issue 13: cached for the entry timeout)")
 def test_listings_are_served_from_the_cache_while_the_server_is_down(own_s3, tmp_path, mount):
     build(tmp_path / "src", [F])
     mnt = BucketSource(tmp_path / "src", own_s3, "listings").mount(mount)

@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from typing import Iterable, Iterator, Sequence
 
 from shardfs.storage import UNKNOWN, Entry, Range, Unusable, Version, VersionMismatch, _Absent
+from shardfs.storage.listings import Listings
 from shardfs.storage.versions import Remembered
 
 LOCK_SUFFIX = ".__lock"  # tensorstore's file kvstore: the lock file of key K is K + ".__lock"
@@ -70,12 +71,14 @@ class LocalStorage:
     changes made behind the mount's back wait that long.
     """
 
-    def __init__(self, root: str, stat_ttl: float = 1.0, follow_symlinks: bool = False) -> None:
+    def __init__(self, root: str, stat_ttl: float = 1.0, follow_symlinks: bool = False,
+                 list_ttl: float = 0.0) -> None:
         self.root = os.path.realpath(root)
         self.stat_ttl = stat_ttl
         self.follow_symlinks = follow_symlinks
         self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._versions = Remembered(stat_ttl)
+        self._listings = Listings(list_ttl)
 
     # ----- names --------------------------------------------------------------------------
 
@@ -148,6 +151,7 @@ class LocalStorage:
 
     def changed(self, key: str) -> None:
         self._versions.forget(key)
+        self._listings.forget(key)
 
     def _stat(self, key: str, strict: bool, missing: tuple[type[OSError], ...] = (FileNotFoundError,
                                                                                   NotADirectoryError)
@@ -229,6 +233,9 @@ class LocalStorage:
             os.close(fd)
 
     def list(self, prefix: str) -> Iterator[list[Entry]]:
+        return self._listings.list(prefix, self._list)
+
+    def _list(self, prefix: str) -> Iterator[list[Entry]]:
         try:
             fd = self._open(prefix, os.O_RDONLY | os.O_DIRECTORY, strict=False)
         except (FileNotFoundError, NotADirectoryError):
@@ -320,6 +327,7 @@ class LocalStorage:
             finally:
                 os.close(ufd)
             survivor = up
+        self._listings.forget(key)  # again: a listing made meanwhile may show the lock or an emptied parent
         fd, _ = self._open_dir(survivor, create=False)
         try:
             os.fsync(fd)

@@ -73,6 +73,7 @@ from obstore.exceptions import (AlreadyExistsError, NotFoundError, PermissionDen
 
 from shardfs.source import env_endpoint
 from shardfs.storage import ABSENT, UNKNOWN, Entry, Range, Version, VersionMismatch, _Absent, _Unknown
+from shardfs.storage.listings import Listings
 from shardfs.storage.versions import Remembered
 from shardfs.storage.loop import LoopThread
 
@@ -127,7 +128,7 @@ class ObjectStorage:
 
     def __init__(self, url: str, *, endpoint: str | None = None, region: str | None = None,
                  anonymous: bool = False, retry: Retry = Retry(), loop: LoopThread | None = None,
-                 stat_ttl: float = 1.0):
+                 stat_ttl: float = 1.0, list_ttl: float = 0.0):
         parts = urlsplit(url)
         scheme = _SCHEMES.get(parts.scheme)
         if scheme is None or not parts.netloc:
@@ -152,6 +153,7 @@ class ObjectStorage:
         self._own_loop = loop is None
         self.loop = loop or LoopThread(name="objects")
         self._versions = Remembered(stat_ttl)
+        self._listings = Listings(list_ttl)
 
     def _build(self, retry: Retry):
         client = {**self._client, "timeout": timedelta(seconds=retry.request_timeout),
@@ -183,6 +185,7 @@ class ObjectStorage:
 
     def changed(self, key: str) -> None:
         self._versions.forget(key)
+        self._listings.forget(key)
 
     # ------------------------------------------------------------------ errors
 
@@ -365,7 +368,11 @@ class ObjectStorage:
         """Nothing to refuse: a key of an object store is an object or nothing."""
 
     def list(self, prefix: str) -> Iterator[list[Entry]]:
-        """See ``Storage.list``: pages of at most ``PAGE`` entries, files and sub-prefixes in
+        """See ``Storage.list`` (remembered for ``list_ttl`` seconds, ``Listings``)."""
+        return self._listings.list(prefix, self._list)
+
+    def _list(self, prefix: str) -> Iterator[list[Entry]]:
+        """One listing from the store: pages of at most ``PAGE`` entries, files and sub-prefixes in
         key order (blocking; each page is fetched when the previous one was consumed)."""
         base = prefix.strip("/")
         head = base + "/" if base else ""
@@ -400,7 +407,11 @@ class ObjectStorage:
             yield page
 
     def is_dir(self, key: str) -> bool:
-        """True if some object lies below prefix ``key`` (one listing request of one key)."""
+        """True if some object lies below prefix ``key``: told by the listings remembered, else
+        one listing request of one key."""
+        known = self._listings.is_dir(key)
+        if known is not None:
+            return known
         base = key.strip("/")
         try:
             return any(chunk for chunk in obstore.list(self._store, base or None, chunk_size=1))
