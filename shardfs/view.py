@@ -216,7 +216,7 @@ class View:
         self.index_cache = IndexCache()
         self._index_reads: dict[str, trio.Event] = {}  # shard key -> its index being read
         self._prefetching = 0  # shards being fetched ahead of a sweep
-        self._last_shard: dict[str, int] = {}  # array path -> the shard (linear) of its last chunk opened
+        self._last_shard: dict[str, tuple[int, bool, bool]] = {}  # array path -> see ``_note_shard``
         self._resolved: dict[int, tuple[Extent, Attr]] = {}  # chunk inode -> as last looked up (see open)
         self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
         self._file_mode = 0o444 if read_only else 0o644
@@ -1012,20 +1012,22 @@ class View:
 
     def _note_shard(self, arr: ArrayNode, coords: tuple[int, ...], ext: Extent) -> None:
         """A chunk of ``arr`` at ``ext`` was opened: when the client sweeps its shard
-        (``ReadAhead``) and came to it from the shard just before it in C order of the shard grid
+        (``ReadAhead.swept``: 3 of its chunks among the last opens, so a client reading two
+        chunks of each of a few shards is no walk) and came to it from the shard just before it
+        in C order of the shard grid
         (the order a sweep of the chunk grid in C order reaches shards, also when its rows cross
         several), it walks the array: fetch the shards after it ahead (``_prefetch_after``)."""
         layout = arr.info.layout
         at = 0
         for c, g in zip(layout.locate(coords)[0], layout.shard_grid):
             at = at * g + c
-        last = self._last_shard.get(arr.path)
-        if last == at:
-            return
-        if len(self._last_shard) >= SHARD_KEYS_KEPT:
-            self._last_shard.clear()
-        self._last_shard[arr.path] = at
-        if last == at - 1 and self.reads.ahead.swept(ext):
+        last = self._last_shard.get(arr.path)  # (its shard, came from the one before, fetched ahead)
+        if last is None or last[0] != at:
+            if len(self._last_shard) >= SHARD_KEYS_KEPT:
+                self._last_shard.clear()
+            last = self._last_shard[arr.path] = (at, last is not None and last[0] == at - 1, False)
+        if last[1] and not last[2] and self.reads.ahead.swept(ext):
+            self._last_shard[arr.path] = (at, True, True)
             self._prefetch_after(arr, at, ext.version.size)
 
     def _prefetch_after(self, arr: ArrayNode, at: int, size: int) -> None:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 READ_AHEAD_AFTER = 3  # opens of chunks of one shard among the last READ_AHEAD_WINDOW opens
 READ_AHEAD_WINDOW = 16  # before the rest of that shard is read ahead
 READ_AHEAD_MAX = 64 << 20  # larger shards are never read ahead
+WALK_OPENS = 3  # opens of a swept shard among the last opens before the shards after it are fetched ahead
 
 Decode = Callable[[bytes], bytes]  # stored chunk bytes -> chunk file bytes (blocking; OSError if corrupt)
 
@@ -72,8 +73,10 @@ class ReadAhead:
         self._done: set[tuple[str, Version]] = set()
 
     def swept(self, ext: Extent) -> bool:
-        """True if ``note`` found a sweep of ``ext``'s shard (at this version)."""
-        return (ext.key, ext.version) in self._done
+        """True if ``note`` found a sweep of ``ext``'s shard (at this version) with at least
+        ``WALK_OPENS`` of its chunks among the last opens."""
+        shard = (ext.key, ext.version)
+        return shard in self._done and self._recent.count(shard) >= WALK_OPENS
 
     def note(self, ext: Extent) -> bool:
         shard = (ext.key, ext.version)
