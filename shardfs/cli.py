@@ -217,7 +217,9 @@ def _spawn_daemon(args: argparse.Namespace, source: Source) -> int:
             raise UsageError(f"{os.path.dirname(args.log_file)}: cannot create the state directory: "
                              f"{e.strerror}") from None
     r, w = os.pipe()
-    argv = [sys.executable, "-m", "shardfs", "mount", source.name, os.path.abspath(args.mnt),
+    # -P: the working directory is not put on the daemon's sys.path (a ``trio.py`` there
+    # must not replace a module the daemon imports).
+    argv = [sys.executable, "-P", "-m", "shardfs", "mount", source.name, os.path.abspath(args.mnt),
             "-f", "--ready-fd", str(w)]
     for opt in args.options:
         argv += ["-o", opt]

@@ -15,15 +15,14 @@ import json
 import math
 from typing import Any
 
-import numcodecs
+from typing import TYPE_CHECKING
+
 import numpy as np
-from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
-from zarr.core.buffer import default_buffer_prototype
-from zarr.core.metadata.v2 import ArrayV2Metadata
-from zarr.core.metadata.v3 import ArrayV3Metadata
-from zarr.metadata.migrate_v3 import _convert_array_metadata
 
 from shardfs.fill import XARRAY_FILL, encode_xarray_fill
+
+if TYPE_CHECKING:
+    from zarr.core.metadata.v2 import ArrayV2Metadata
 
 DEFAULT_SHARD_BYTES = 64 << 20  # uncompressed bytes of one shard of a new array (-o shard_size)
 
@@ -52,6 +51,8 @@ def shard_counts(chunk_nbytes: int, grid: tuple[int, ...], target: int) -> tuple
 
 
 def _v2_metadata(zarray: Any) -> ArrayV2Metadata:
+    from zarr.core.metadata.v2 import ArrayV2Metadata  # zarr on first use: it doubles the mount time
+
     if not isinstance(zarray, dict) or zarray.get("zarr_format") != 2:
         raise Refused("not Zarr v2 array metadata")
     try:
@@ -79,6 +80,11 @@ def array_doc(zarray: Any, attrs: dict[str, Any], shard_bytes: int = DEFAULT_SHA
     "."; a ``.zarray`` asking for "/" gets the v2 encoding with "." (shown with "/").
     Raises ``Refused`` if the metadata is invalid or zarr has no v3 codec for it.
     """
+    from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.metadata.v3 import ArrayV3Metadata
+    from zarr.metadata.migrate_v3 import _convert_array_metadata
+
     v2meta = _v2_metadata(zarray)
     if zarray.get("fill_value") is None:  # v3 needs one: the dtype's zero, as zarr 3 writes it
         zero = False if np.dtype(v2meta.dtype.to_native_dtype()).kind == "b" else 0
@@ -124,6 +130,8 @@ def group_doc(zgroup: Any, attrs: dict[str, Any]) -> dict[str, Any]:
 
 def _normal(zarray: dict[str, Any]) -> dict[str, Any]:
     """The fields of a ``.zarray`` that define its chunk format, spelled one way."""
+    import numcodecs
+
     def codec(config: Any) -> Any:
         return None if config is None else numcodecs.get_codec(dict(config)).get_config()
 

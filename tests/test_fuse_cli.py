@@ -225,6 +225,21 @@ def test_non_root_failure_reason_is_libfuses(tmp_path):
         shutil.rmtree(top, ignore_errors=True)
 
 
+def test_mount_from_a_directory_holding_python_modules(src, mnt_dir, tmp_path):
+    """The daemon imports its own modules, not files of the directory ``shardfs mount`` runs in."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    for name in ("trio", "attr", "numpy", "zarr"):
+        (cwd / f"{name}.py").write_text("raise ImportError('the wrong module')\n")
+    r = run_shardfs("mount", str(src), str(mnt_dir), "-o", "ro", env=env(), cwd=cwd)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert os.path.ismount(mnt_dir)
+        assert sorted(os.listdir(mnt_dir)) == [".zattrs", ".zgroup", ".zmetadata", S.name]
+    finally:
+        lazy_unmount(mnt_dir)
+
+
 # --------------------------------------------------------------------------- logs and help
 
 
