@@ -32,7 +32,9 @@ import trio
 
 from shardfs.handles import DirHandle, Handles
 from shardfs.inodes import KernelInodes, Pages
-from shardfs.view import CHUNK_BASE, Attr, ReadHandle, View
+from shardfs.attrs import Attr
+from shardfs.nodetable import CHUNK_BASE
+from shardfs.view import ReadHandle, View
 from shardfs.writeback import Writeback
 from shardfs.writes import WriteHandle, Writer
 
@@ -241,20 +243,20 @@ class Operations(pyfuse3.Operations):
         Dentries are never invalidated: a reverse entry invalidation waits for the
         directory's lock, which a client's rename holds while it waits for this
         daemon, and if the daemon is killed in that window the mount wedges.
-        Names therefore never change the inode they show (see ``View.drop_staging``).
+        Names therefore never change the inode they show (see ``NodeTable.drop_staging``).
         Inodes the kernel does not hold (never looked up, or forgotten) are skipped:
         it has nothing cached for them.
         """
         for ino in inodes:
             self._kernel.changed(ino)
-        targets = [alias for ino in inodes for alias in (ino, *self.view.aliases(ino)) if self._kernel.holds(alias)]
+        targets = [alias for ino in inodes for alias in (ino, *self.view.nodes.aliases(ino)) if self._kernel.holds(alias)]
         if targets:
             await trio.to_thread.run_sync(_invalidate_inodes, targets)
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for ino, nlookup in inode_list:
             if self._kernel.forget(ino, nlookup):
-                self.view.forget(ino)
+                self.view.nodes.forget(ino)
 
     @_guard
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any

@@ -1,7 +1,7 @@
 """The kinds of node the mount shows, one small key class each.
 
-A node key names one node of the view; ``View`` maps inode numbers to keys and
-back (``View.node_key``). Directory and metadata keys are hashable values: the
+A node key names one node of the view; ``shardfs.nodetable.NodeTable`` maps inode
+numbers to keys and back (``NodeTable.node_key``). Directory and metadata keys are hashable values: the
 same key always gets the same inode. Chunk and staging keys are computed from
 the inode (chunk inodes encode the array's slot and the chunk's position) and
 never stored in the inode table.
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
 if TYPE_CHECKING:
-    from shardfs.view import ArrayNode, Staging
+    from shardfs.nodetable import Staging
+    from shardfs.view import ArrayNode
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,8 @@
-"""The virtual tree the mount shows: inode numbers, names and node kinds.
+"""The virtual tree the mount shows: names, node kinds and what ``stat`` shows of them.
 
-What the kernel holds of these inodes (lookup counts, cached pages) is ``shardfs.inodes``.
+Which inode number shows which node (and staging files) is ``shardfs.nodetable``
+(``View.nodes``); what the kernel holds of these inodes (lookup counts, cached pages)
+is ``shardfs.inodes``.
 
 Node kinds are the key classes of ``shardfs.nodes`` (group and array directories,
 metadata files, shard and key directories, inner shards, chunk files, staging
@@ -18,10 +20,8 @@ from __future__ import annotations
 
 import errno
 import functools
-import itertools
 import json
 import logging
-import os
 import stat
 import time
 from dataclasses import dataclass, field
@@ -35,11 +35,12 @@ from shardfs import shard as shard_mod
 from shardfs.chunkcache import ChunkCache
 from shardfs.index import EMPTY
 from shardfs.layout import Unpresentable, parse_coord
-from shardfs.nodes import (ARRAY_DIRS, ArrayDirKey, ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, NodeKey,
+from shardfs.attrs import Attr, fail
+from shardfs.nodetable import CHUNK_BASE, SLOT_SHIFT, NodeTable
+from shardfs.nodes import (ARRAY_DIRS, ArrayDirKey, ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey,
                            ShardDirKey, StagingKey)
 from shardfs.reads import ReadHandle, Reads, make_reads
 from shardfs.shard import CorruptChunk, CorruptShard, Extent, IndexCache
-from shardfs.spill import SpillBuffer
 from shardfs.storage import UNKNOWN, Entry, Range, Storage, Unusable, Version, VersionMismatch, _Unknown
 from shardfs.threads import blocking
 from shardfs.writeback import Pending, Writeback
@@ -49,9 +50,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shardfs")
 
-ROOT_INODE = 1
-CHUNK_BASE = 1 << 62
-SLOT_SHIFT = 40
 OPEN_TRIES = 3  # opens of a chunk that find its shard replaced since its index was read, before EIO
 INDEX_READS = 32  # shard indexes a listing reads at once
 PREFETCH_SHARDS = 6  # shards after a swept one fetched whole ahead, at most this many in flight (objects)
@@ -67,20 +65,6 @@ def v2() -> Any:
     from shardfs import v2 as module
 
     return module
-
-
-def fail(code: int, msg: str = "") -> OSError:
-    return OSError(code, msg or os.strerror(code))
-
-
-class Attr(NamedTuple):
-    """What ``stat`` shows for one node (a tuple: listings make one per chunk file)."""
-
-    ino: int
-    mode: int
-    size: int
-    mtime_ns: int
-    nlink: int = 1
 
 
 class ChunkSet(NamedTuple):
@@ -142,24 +126,6 @@ class GroupNode:
         return self.version.mtime_ns
 
 
-@dataclass
-class Staging:
-    """A file with a name that is not a chunk key (a writer's temporary), held by the daemon
-    (in memory while small, then in a spill file: ``shardfs.spill``).
-
-    ``committed`` is set when it was renamed onto a chunk or metadata file: its inode then
-    shows that node (the node key), so the kernel's dentry for the new name stays valid
-    without an entry invalidation.
-    """
-
-    ino: int
-    data: SpillBuffer
-    parent: int = 0  # where it is listed: directory inode and name
-    name: str = ""
-    mtime_ns: int = field(default_factory=time.time_ns)
-    committed: NodeKey | None = None
-
-
 def _join(path: str, name: str) -> str:
     return f"{path}/{name}" if path else name
 
@@ -198,21 +164,16 @@ class View:
         self.read_only = read_only
         self.writeback = writeback
         self.mount_ns = time.time_ns()
-        self._keys: dict[int, NodeKey] = {ROOT_INODE: DirKey("")}
-        self._inos: dict[NodeKey, int] = {DirKey(""): ROOT_INODE}
         self._arrays: dict[str, ArrayNode] = {}
         self._slots: list[ArrayNode] = []
         self._groups: dict[str, GroupNode] = {}
-        self.staged: dict[tuple[int, str], Staging] = {}
+        self.nodes = NodeTable(self._slots)  # inode numbers <-> node keys, staging files
         # Structure made through the mount that the source does not hold (yet):
         self.new_dirs: set[str] = set()  # directories made by mkdir, until a .zarray/.zgroup lands
         self.made: set[tuple[str, str]] = set()  # (array, rel): key directories made by mkdir
         self.hidden: set[tuple[str, str]] = set()  # (node, name): metadata files unlinked (rm -r)
         self.created: set[str] = set()  # arrays created through the mount (see _key_dir_shown)
         self.made_keys: set[tuple[str, tuple[int, ...]]] = set()  # (array, prefix): key dirs made there
-        self._tmp: dict[int, Staging] = {}
-        self._aliases: dict[int, set[int]] = {}
-        self._next_ino = itertools.count(ROOT_INODE + 1)
         self.index_cache = IndexCache()
         self._index_reads: dict[str, trio.Event] = {}  # shard key -> its index being read
         self._prefetching = 0  # shards being fetched ahead of a sweep
@@ -221,87 +182,6 @@ class View:
         self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
         self._file_mode = 0o444 if read_only else 0o644
         self._dir_mode = 0o555 if read_only else 0o755
-
-    # ----- inodes -------------------------------------------------------------------------
-
-    def _ino(self, key: NodeKey) -> int:
-        ino = self._inos.get(key)
-        if ino is None:
-            ino = next(self._next_ino)
-            self._keys[ino] = key
-            self._inos[key] = ino
-        return ino
-
-    def node_key(self, ino: int) -> NodeKey:
-        """The node inode ``ino`` shows; ENOENT if it is unknown."""
-        if ino >= CHUNK_BASE:
-            slot, linear = divmod(ino - CHUNK_BASE, 1 << SLOT_SHIFT)
-            if slot >= len(self._slots):
-                raise fail(errno.ENOENT)
-            arr = self._slots[slot]
-            return ChunkKey(arr, arr.info.layout.coords(linear))
-        st = self._tmp.get(ino)
-        if st is not None:
-            return st.committed or StagingKey(st)
-        try:
-            return self._keys[ino]
-        except KeyError:
-            raise fail(errno.ENOENT) from None
-
-    def new_staging(self, parent: int, name: str, data: SpillBuffer) -> Staging:
-        """Create staging file ``name`` in directory ``parent`` holding ``data`` (empty)."""
-        st = Staging(next(self._next_ino), data, parent, name)
-        self._tmp[st.ino] = st
-        self.staged[(parent, name)] = st
-        return st
-
-    def drop_staging(self, parent: int, name: str, committed: NodeKey | None) -> None:
-        """Remove a staging file's name; its inode shows node key ``committed`` from now on
-        (an alias of that node's inode until the kernel forgets it), if given."""
-        st = self.staged.pop((parent, name))
-        st.data.clear()  # gives a spill file's space back
-        if committed is None:
-            self._tmp.pop(st.ino, None)
-        else:
-            st.committed = committed
-            self._aliases.setdefault(self.inode(committed), set()).add(st.ino)
-
-    def aliases(self, ino: int) -> set[int]:
-        """Staging inodes that were committed onto node ``ino`` and show it."""
-        return self._aliases.get(ino, set())
-
-    def forget(self, ino: int) -> None:
-        """The kernel dropped inode ``ino``: free it if it is a committed staging file."""
-        st = self._tmp.get(ino)
-        if st is not None and st.committed is not None:
-            del self._tmp[ino]
-            target = self.inode(st.committed)
-            self._aliases[target].discard(ino)
-            if not self._aliases[target]:
-                del self._aliases[target]
-
-    def inode(self, key: NodeKey) -> int:
-        """The inode that shows node ``key`` (allocated on first use); the inverse of ``node_key``."""
-        return self.chunk_ino(key.arr, key.coords) if isinstance(key, ChunkKey) else self._ino(key)
-
-    def rebind(self, old: NodeKey, new: NodeKey) -> int | None:
-        """Make the inode of ``old`` show ``new`` (a directory made before its array existed
-        becomes one of its key directories); its inode, or None if ``old`` had none or
-        ``new`` has one already."""
-        ino = self._inos.get(old)
-        if ino is None or new in self._inos:
-            return None
-        del self._inos[old]
-        self._keys[ino] = new
-        self._inos[new] = ino
-        return ino
-
-    def allocated(self, key: NodeKey) -> int | None:
-        """The inode of a node key if the kernel may know it, else None."""
-        return self._inos.get(key)
-
-    def chunk_ino(self, arr: ArrayNode, coords: tuple[int, ...]) -> int:
-        return CHUNK_BASE + (arr.slot << SLOT_SHIFT) + arr.info.layout.linear(coords)
 
     async def version(self, key: str, ask: bool = True) -> Version | None | _Unknown:
         """``source.version`` (inline when it is answered at once, ``Storage.version_now``, else
@@ -523,7 +403,7 @@ class View:
             stored, mtime_ns = len(where.data), where.mtime_ns
         else:
             stored, mtime_ns = where.nbytes, where.version.mtime_ns
-        return self.chunk_attr(arr, self.chunk_ino(arr, coords), arr.info.chunk.file_size(stored), mtime_ns)
+        return self.chunk_attr(arr, self.nodes.chunk_ino(arr, coords), arr.info.chunk.file_size(stored), mtime_ns)
 
     async def stored_shards(self, arr: ArrayNode, rel: str = "") -> list[tuple[int, ...]]:
         """Coordinates of the stored shards at or below source directory ``rel`` of the array."""
@@ -610,21 +490,21 @@ class View:
 
     async def lookup(self, parent: int, name: str) -> Attr:
         """The attributes of entry ``name`` of directory ``parent``; ENOENT if none."""
-        key = self.node_key(parent)
-        if (parent, name) in self.staged:
-            return await self.getattr(self.staged[(parent, name)].ino)
+        key = self.nodes.node_key(parent)
+        if (parent, name) in self.nodes.staged:
+            return await self.getattr(self.nodes.staged[(parent, name)].ino)
         if isinstance(key, DirKey):
             node = await self._node(key.path)
             child = _join(key.path, name)
             if (node is None or isinstance(node, GroupNode)) and child in self.new_dirs:
-                return await self.getattr(self._ino(DirKey(child)))
+                return await self.getattr(self.nodes.inode(DirKey(child)))
             if node is None:
                 raise fail(errno.ENOENT)
             if name in self.meta_names(node):
-                return await self.getattr(self._ino(MetaKey(node.path, name)))
+                return await self.getattr(self.nodes.inode(MetaKey(node.path, name)))
             if isinstance(node, GroupNode):
                 if not name.startswith(".") and await self._node(child) is not None:
-                    return await self.getattr(self._ino(DirKey(child)))
+                    return await self.getattr(self.nodes.inode(DirKey(child)))
                 raise fail(errno.ENOENT)
             if node.info is None:
                 raise fail(errno.ENOENT)
@@ -679,13 +559,13 @@ class View:
             prefix = key.prefix if isinstance(key, KeyDirKey) else ()
             if i is not None and len(prefix) + 1 < layout.ndim and i < layout.chunk_grid[len(prefix)] \
                     and self._key_dir_shown(arr, prefix + (i,)):
-                return await self.getattr(self._ino(KeyDirKey(arr.path, prefix + (i,))))
+                return await self.getattr(self.nodes.inode(KeyDirKey(arr.path, prefix + (i,))))
         rel = key.rel if isinstance(key, ShardDirKey) else "" if isinstance(key, DirKey) else None
         if rel is not None and layout.index is not None:
             sub = self._source_name(arr, name)
             sub = None if sub is None else _join(rel, sub)
             if sub is not None and (layout.keys.is_prefix(sub) or layout.keys.parse(sub) is not None):
-                return await self.getattr(self._ino(ShardDirKey(arr.path, sub)))
+                return await self.getattr(self.nodes.inode(ShardDirKey(arr.path, sub)))
         raise fail(errno.ENOENT)
 
     def _key_dir_shown(self, arr: ArrayNode, prefix: tuple[int, ...]) -> bool:
@@ -719,7 +599,7 @@ class View:
         if not (arr.info.serve_missing and arr.info.layout.in_grid(coords)):
             raise fail(errno.ENOENT)
         # an empty chunk served as the fill chunk, unchanged since the array's metadata was
-        return self.chunk_attr(arr, self.chunk_ino(arr, coords), len(await self.fill_file(arr)), arr.version.mtime_ns)
+        return self.chunk_attr(arr, self.nodes.chunk_ino(arr, coords), len(await self.fill_file(arr)), arr.version.mtime_ns)
 
     async def fill_file(self, arr: ArrayNode) -> bytes:
         """The chunk file of an empty inner chunk of ``arr`` (encoded once per array)."""
@@ -742,7 +622,7 @@ class View:
         chunks = await self._box_chunks(arr, level, box)
         if not len(chunks.mtime):
             raise fail(errno.ENOENT)
-        return self._dir_attr(self._ino(InnerShardKey(arr.path, level, box)), int(chunks.mtime.max()))
+        return self._dir_attr(self.nodes.inode(InnerShardKey(arr.path, level, box)), int(chunks.mtime.max()))
 
     async def _list_box(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> list[tuple[str, Attr]]:
         """A shard or inner shard directory: its inner shards, or at the innermost level its chunks."""
@@ -754,7 +634,7 @@ class View:
         for c, mtime in zip(map(tuple, (chunks.coords // np.array(layout.spans[level + 1])).tolist()),
                             chunks.mtime.tolist()):
             newest[c] = max(newest.get(c, 0), mtime)
-        return [(layout.names.key(child), self._dir_attr(self._ino(InnerShardKey(arr.path, level + 1, child)), mtime))
+        return [(layout.names.key(child), self._dir_attr(self.nodes.inode(InnerShardKey(arr.path, level + 1, child)), mtime))
                 for child, mtime in sorted(newest.items())]
 
     def meta_names(self, node: ArrayNode | GroupNode) -> tuple[str, ...]:
@@ -801,7 +681,7 @@ class View:
     # ----- attributes ---------------------------------------------------------------------
 
     async def getattr(self, ino: int) -> Attr:
-        key = self.node_key(ino)
+        key = self.nodes.node_key(ino)
         if isinstance(key, ChunkKey):
             return await self._chunk_entry(key.arr, key.coords)
         if isinstance(key, StagingKey):
@@ -857,33 +737,33 @@ class View:
     async def listdir(self, ino: int) -> list[tuple[str, Attr]]:
         """All entries of a directory with their attributes (for readdirplus)."""
         entries = await self._listdir(ino)
-        for (parent, name), st in sorted(self.staged.items()):
+        for (parent, name), st in sorted(self.nodes.staged.items()):
             if parent == ino:
                 entries.append((name, await self.getattr(st.ino)))
         return entries
 
     async def _listdir(self, ino: int) -> list[tuple[str, Attr]]:
-        key = self.node_key(ino)
+        key = self.nodes.node_key(ino)
         if isinstance(key, DirKey):
             node = await self._node(key.path)
             if node is None:
                 if key.path not in self.new_dirs:
                     raise fail(errno.ENOENT)
-                return [(name, await self.getattr(self._ino(DirKey(_join(key.path, name)))))
+                return [(name, await self.getattr(self.nodes.inode(DirKey(_join(key.path, name)))))
                         for name in self.new_children(key.path)]
             out = []
             for name in self.meta_names(node):
-                mino = self._ino(MetaKey(node.path, name))
+                mino = self.nodes.inode(MetaKey(node.path, name))
                 out.append((name, self.file_attr(mino, len(await self.meta_bytes(node, name)), node.meta_mtime_ns)))
             if isinstance(node, GroupNode):
                 for name, is_dir in sorted(await blocking(_entries, self.source, node.path)):
                     child = _join(node.path, name)
                     if is_dir and not name.startswith(".") and await self._node(child) is not None:
-                        out.append((name, await self.getattr(self._ino(DirKey(child)))))
+                        out.append((name, await self.getattr(self.nodes.inode(DirKey(child)))))
                 shown = {name for name, _ in out}
                 for name in self.new_children(node.path):
                     if name not in shown:
-                        out.append((name, await self.getattr(self._ino(DirKey(_join(node.path, name))))))
+                        out.append((name, await self.getattr(self.nodes.inode(DirKey(_join(node.path, name))))))
                 return out
             if node.info is not None:  # chunk files only: shard directories are one lookup away
                 out.extend(await self._list_array(node, None, ()))
@@ -913,7 +793,7 @@ class View:
                 is_shard = not is_dir and layout.keys.parse(sub) is not None
                 if is_shard or (is_dir and layout.keys.is_prefix(sub)):
                     shown = name + ".shard" if is_shard and self._shard_suffix(arr) else name
-                    ino = self._ino(ShardDirKey(arr.path, sub))
+                    ino = self.nodes.inode(ShardDirKey(arr.path, sub))
                     try:
                         out.append((shown, await self.getattr(ino)))
                     except OSError:
@@ -940,13 +820,13 @@ class View:
             out.extend(zip(map(str, chunks.coords[:, depth].tolist()), self._chunk_attrs(arr, chunks)))
         else:
             for i in sorted(set(chunks.coords[:, depth].tolist())):
-                kino = self._ino(KeyDirKey(arr.path, prefix + (i,)))
+                kino = self.nodes.inode(KeyDirKey(arr.path, prefix + (i,)))
                 out.append((str(i), self._dir_attr(kino, arr.version.mtime_ns)))
         return out
 
     async def chunk_at_name(self, parent: int, name: str) -> tuple[ArrayNode, tuple[int, ...]] | None:
         """The inner chunk that entry ``name`` of directory ``parent`` names, if any (stored or not)."""
-        key = self.node_key(parent)
+        key = self.nodes.node_key(parent)
         if isinstance(key, DirKey):
             arr = await self._node(key.path)
             if not isinstance(arr, ArrayNode) or arr.info is None:
@@ -960,7 +840,7 @@ class View:
 
     async def dir_node(self, ino: int) -> tuple[DirKey | ArrayDirKey, ArrayNode | GroupNode | None]:
         """``(key, node)`` of a directory inode: its key and the group/array it shows or belongs to."""
-        key = self.node_key(ino)
+        key = self.nodes.node_key(ino)
         if isinstance(key, DirKey):
             return key, await self._node(key.path)
         if isinstance(key, ARRAY_DIRS):
@@ -973,7 +853,7 @@ class View:
         """Open a file for reading: metadata bytes, a staging file, or a stored, pending or
         empty chunk (``Reads.open``). A shard replaced between its index read and the open is
         looked up again, ``OPEN_TRIES`` times, then EIO (logged)."""
-        key = self.node_key(ino)
+        key = self.nodes.node_key(ino)
         if isinstance(key, MetaKey):
             attr, data = await self._meta_file(ino, key)
             return ReadHandle(ino, attr, data=data)

@@ -41,7 +41,9 @@ from shardfs.layout import ArrayLayout, parse_coord
 from shardfs.nodes import ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey, StagingKey
 from shardfs.spill import SPILL_THRESHOLD, SpillBuffer
 from shardfs.storage import Unusable
-from shardfs.view import ArrayNode, Attr, GroupNode, Staging, View, blocking, fail, v2
+from shardfs.attrs import Attr, fail
+from shardfs.nodetable import Staging
+from shardfs.view import ArrayNode, GroupNode, View, blocking, v2
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
 
 log = logging.getLogger("shardfs")
@@ -115,22 +117,22 @@ class Writer:
             raise fail(errno.ENOENT)
         if isinstance(dir_key, DirKey) and node is not None and name in node_meta(node):
             # a metadata file unlinked before (rm, then cp): applied on close like a rewrite
-            ino = self.view.inode(MetaKey(node.path, name))
+            ino = self.view.nodes.inode(MetaKey(node.path, name))
             return self.view.file_attr(ino, 0, self.view.mount_ns), \
                 WriteHandle(ino, buf=self._buffer(), dirty=True, meta=(node.path, name))
         target = await self.view.chunk_at_name(parent, name)
         if target is not None:
-            ino = self.view.chunk_ino(*target)
+            ino = self.view.nodes.chunk_ino(*target)
             handle = WriteHandle(ino, chunk=target, buf=self._buffer(), dirty=True)
             return self.view.chunk_attr(target[0], ino, 0, self.view.mount_ns), handle
         if isinstance(node, ArrayNode) and node.info is None:
             raise fail(errno.EPERM, "array is not presentable")
-        st = self.view.new_staging(parent, name, self._buffer())
+        st = self.view.nodes.new_staging(parent, name, self._buffer())
         return await self.view.getattr(st.ino), WriteHandle(st.ino, staging=st)
 
     async def open(self, ino: int, truncate: bool) -> WriteHandle:
         """Open an existing chunk, metadata or staging file for writing (``truncate``: O_TRUNC)."""
-        key = self.view.node_key(ino)
+        key = self.view.nodes.node_key(ino)
         if isinstance(key, StagingKey):
             if truncate:
                 key.staging.data.clear()
@@ -191,7 +193,7 @@ class Writer:
     async def truncate_closed(self, ino: int, size: int) -> None:
         """``truncate(2)`` by path of a file no handle is writing: a staging file is resized;
         a chunk file past its bound is EFBIG, to any other size EPERM (rewrite it instead)."""
-        key = self.view.node_key(ino)
+        key = self.view.nodes.node_key(ino)
         if isinstance(key, StagingKey):
             await _run(key.staging.data, size, key.staging.data.truncate, size)
             return
@@ -225,11 +227,11 @@ class Writer:
             await self.commit_metadata(node, handle.meta[1], await self._metadata_bytes(handle.buf, handle.meta[1]))
         else:
             st = handle.staging
-            if st.name in CREATES and self.view.staged.get((st.parent, st.name)) is st \
+            if st.name in CREATES and self.view.nodes.staged.get((st.parent, st.name)) is st \
                     and self._is_new_dir(st.parent):
                 handle.dirty = False
                 await self.create_node(st.parent, st.name, await self._metadata_bytes(st.data, st.name))
-                await self._became_meta(st.parent, st.name, self.view.node_key(st.parent).path, st.name)
+                await self._became_meta(st.parent, st.name, self.view.nodes.node_key(st.parent).path, st.name)
 
     async def fsync(self, handle: WriteHandle | None) -> None:
         """Commit and make every committed chunk durable (journal fsync)."""
@@ -245,7 +247,7 @@ class Writer:
         if arr is None or arr.info is None:
             return
         coords = (arr.info.layout.chunk_at(shard[1], pos) for pos in positions)
-        await self.invalidate([self.view.chunk_ino(arr, c) for c in coords if c is not None])
+        await self.invalidate([self.view.nodes.chunk_ino(arr, c) for c in coords if c is not None])
 
     async def commit(self, arr: ArrayNode, coords: tuple[int, ...], data: bytes | None) -> None:
         """Make ``data`` the content of inner chunk ``coords`` (None: empty it)."""
@@ -272,7 +274,7 @@ class Writer:
             raise fail(errno.EIO) from None
         if data is not None and arr.path in self.view.created:  # its key directories now resolve
             self.view.made_keys.update((arr.path, coords[:k]) for k in range(1, len(coords)))
-        await self.invalidate([self.view.chunk_ino(arr, coords)])
+        await self.invalidate([self.view.nodes.chunk_ino(arr, coords)])
 
     async def commit_metadata(self, node: ArrayNode | GroupNode, name: str, data: bytes) -> None:
         """Apply a metadata file written over an existing node.
@@ -322,7 +324,7 @@ class Writer:
             log.error("%s: write refused: not consolidated metadata", where)
             raise fail(errno.EINVAL)
         self.view.hidden.discard((node.path, name))
-        ino = self.view.allocated(MetaKey(node.path, name))
+        ino = self.view.nodes.allocated(MetaKey(node.path, name))
         await self.invalidate([ino] if ino else [])
 
     async def _replace_array(self, node: ArrayNode, zarray: bytes) -> None:
@@ -331,9 +333,9 @@ class Writer:
         await self._delete_array(node)
         self.view.hidden = {h for h in self.view.hidden if h[0] != node.path}
         self.view.new_dirs.add(node.path)
-        dir_ino = self.view.inode(DirKey(node.path))
+        dir_ino = self.view.nodes.inode(DirKey(node.path))
         await self.create_node(dir_ino, ".zarray", zarray)
-        await self.invalidate([self.view.inode(MetaKey(node.path, ".zarray"))])
+        await self.invalidate([self.view.nodes.inode(MetaKey(node.path, ".zarray"))])
 
     async def _doc(self, path: str) -> dict[str, Any]:
         """The node's ``zarr.json``; its version is remembered for ``_write_doc``."""
@@ -374,9 +376,9 @@ class Writer:
         """A ``.zarray`` or ``.zgroup`` written in a new directory: make the v3 array or group,
         with the attributes of a ``.zattrs`` written there before; then commit the files
         written there before it whose names are chunk keys."""
-        path = self.view.node_key(parent).path
+        path = self.view.nodes.node_key(parent).path
         where = self.view.source.describe(path) + "/" + name
-        attrs_file = self.view.staged.get((parent, ".zattrs"))
+        attrs_file = self.view.nodes.staged.get((parent, ".zattrs"))
         try:
             meta = json.loads(data)
             raw = await self._metadata_bytes(attrs_file.data, ".zattrs") if attrs_file is not None else b""
@@ -408,11 +410,11 @@ class Writer:
             self.view.hidden.add((path, ".zmetadata"))
         log.info("%s: created a v3 %s", self.view.source.describe(path), "group" if name == ".zgroup" else "array")
         dirs = [parent] + (await self._adopt_dirs(path) if name == ".zarray" else [])
-        for (p, n), st in sorted(self.view.staged.items()):
+        for (p, n), st in sorted(self.view.nodes.staged.items()):
             target = await self.view.chunk_at_name(p, n) if p in dirs else None
             if target is not None:
                 await self.commit(*target, await self._staged_chunk(st, *target))
-                self.view.drop_staging(p, n, committed=ChunkKey(*target))
+                self.view.nodes.drop_staging(p, n, committed=ChunkKey(*target))
         await self.invalidate(dirs)
 
     async def _adopt_dirs(self, path: str) -> list[int]:
@@ -435,7 +437,7 @@ class Writer:
             else:
                 continue
             self.view.new_dirs.discard(made)
-            ino = self.view.rebind(DirKey(made), new)
+            ino = self.view.nodes.rebind(DirKey(made), new)
             if ino is not None:
                 inos.append(ino)
         return inos
@@ -444,18 +446,18 @@ class Writer:
         """Staging file ``name`` of ``parent`` was committed as metadata file ``meta`` of node
         ``path``: its inode shows that file now, whose content (served from the v3
         metadata) differs from the bytes written, so the kernel's pages and size go."""
-        self.view.drop_staging(parent, name, committed=MetaKey(path, meta))
-        await self.invalidate([self.view.inode(MetaKey(path, meta))])
+        self.view.nodes.drop_staging(parent, name, committed=MetaKey(path, meta))
+        await self.invalidate([self.view.nodes.inode(MetaKey(path, meta))])
 
     def _is_new_dir(self, ino: int) -> bool:
-        key = self.view.node_key(ino)
+        key = self.view.nodes.node_key(ino)
         return isinstance(key, DirKey) and key.path in self.view.new_dirs
 
     # ----- names --------------------------------------------------------------------------
 
     async def rename(self, p1: int, n1: str, p2: int, n2: str, noreplace: bool) -> None:
         """Rename a staging file: onto a chunk key or metadata file (a commit), or to another name."""
-        st = self.view.staged.get((p1, n1))
+        st = self.view.nodes.staged.get((p1, n1))
         if st is None:
             log.error("rename of %s: only temporary files can be renamed", n1)
             raise fail(errno.EPERM)
@@ -465,7 +467,7 @@ class Writer:
         target = await self.view.chunk_at_name(p2, n2)
         if target is not None:
             await self.commit(*target, await self._staged_chunk(st, *target))
-            self.view.drop_staging(p1, n1, committed=ChunkKey(*target))
+            self.view.nodes.drop_staging(p1, n1, committed=ChunkKey(*target))
             return
         dir_key, node = await self.view.dir_node(p2)
         if isinstance(dir_key, DirKey) and node is not None and n2 in node_meta(node):
@@ -476,17 +478,17 @@ class Writer:
             await self.create_node(p2, n2, await self._metadata_bytes(st.data, n1))
             await self._became_meta(p1, n1, dir_key.path, n2)
             return
-        if exists and (p2, n2) not in self.view.staged:
+        if exists and (p2, n2) not in self.view.nodes.staged:
             log.error("rename of %s onto %s: not a chunk key or temporary file", n1, n2)
             raise fail(errno.EPERM)
-        if (p2, n2) in self.view.staged:  # the temporary it replaces is gone, its space too
-            self.view.drop_staging(p2, n2, committed=None)
-        self.view.staged[(p2, n2)] = self.view.staged.pop((p1, n1))
+        if (p2, n2) in self.view.nodes.staged:  # the temporary it replaces is gone, its space too
+            self.view.nodes.drop_staging(p2, n2, committed=None)
+        self.view.nodes.staged[(p2, n2)] = self.view.nodes.staged.pop((p1, n1))
         st.parent, st.name = p2, n2
 
     async def link(self, ino: int, parent: int, name: str) -> Attr:
         """Hard-link a staging file onto a chunk key: an exclusive create of that chunk."""
-        key = self.view.node_key(ino)
+        key = self.view.nodes.node_key(ino)
         target = await self.view.chunk_at_name(parent, name)
         if not isinstance(key, StagingKey) or target is None:
             log.error("link to %s: only a temporary file can be linked onto a chunk key", name)
@@ -518,8 +520,8 @@ class Writer:
         """Remove a staging file, empty an inner chunk (``rm`` of a chunk file), or unlink a
         metadata file: it is no longer shown, so ``rm -r`` can empty the directory, and the
         node is deleted from the source by the ``rmdir`` that follows."""
-        if (parent, name) in self.view.staged:
-            self.view.drop_staging(parent, name, committed=None)
+        if (parent, name) in self.view.nodes.staged:
+            self.view.nodes.drop_staging(parent, name, committed=None)
             return
         target = await self.view.chunk_at_name(parent, name)
         if target is None:
@@ -540,7 +542,7 @@ class Writer:
         """Remove an empty directory (``rm -r``): an array or group whose files were all
         removed is deleted from the source; ENOTEMPTY while anything is listed."""
         attr = await self.view.lookup(parent, name)
-        key = self.view.node_key(attr.ino)
+        key = self.view.nodes.node_key(attr.ino)
         if not isinstance(key, (DirKey, ShardDirKey, InnerShardKey, KeyDirKey)):
             raise fail(errno.ENOTDIR)
         if await self._lists_anything(attr.ino):
@@ -585,7 +587,7 @@ class Writer:
                 (isinstance(node, GroupNode) or self._is_new_dir(parent)):
             path = f"{key.path}/{name}" if key.path else name
             self.view.new_dirs.add(path)
-            return await self.view.getattr(self.view.inode(DirKey(path)))
+            return await self.view.getattr(self.view.nodes.inode(DirKey(path)))
         if isinstance(node, ArrayNode) and node.info is not None and isinstance(key, (DirKey, KeyDirKey)) \
                 and node.info.layout.keys.view_separator == "/":
             i = parse_coord(name)
@@ -593,13 +595,13 @@ class Writer:
             if prefix is not None and len(prefix) < node.info.layout.ndim and node.info.layout.in_grid(
                     prefix + (0,) * (node.info.layout.ndim - len(prefix))):
                 self.view.made_keys.add((node.path, prefix))
-                return await self.view.getattr(self.view.inode(KeyDirKey(node.path, prefix)))
+                return await self.view.getattr(self.view.nodes.inode(KeyDirKey(node.path, prefix)))
         if isinstance(node, ArrayNode) and node.info is not None and isinstance(key, (DirKey, ShardDirKey)):
             rel = f"{key.rel}/{name}" if isinstance(key, ShardDirKey) else name
             keys = node.info.layout.keys
             if node.info.layout.index is not None and (keys.is_prefix(rel) or keys.parse(rel) is not None):
                 self.view.made.add((node.path, rel))
-                return await self.view.getattr(self.view.inode(ShardDirKey(node.path, rel)))
+                return await self.view.getattr(self.view.nodes.inode(ShardDirKey(node.path, rel)))
         log.error("mkdir %s: only groups, arrays and key directories can be made", name)
         raise fail(errno.EPERM)
 
@@ -607,12 +609,12 @@ class Writer:
         """True if directory ``ino`` lists something besides fill chunks served for empty
         inner chunks (and key directories holding only those): ``rm -r`` cannot unlink those."""
         for name, attr in await self.view.listdir(ino):
-            if (ino, name) in self.view.staged:
+            if (ino, name) in self.view.nodes.staged:
                 return True
             target = await self.view.chunk_at_name(ino, name)
             if target is not None and target[0].info.serve_missing and await self.view.extent(*target) is None:
                 continue
-            if isinstance(self.view.node_key(attr.ino), KeyDirKey) and not await self._lists_anything(attr.ino):
+            if isinstance(self.view.nodes.node_key(attr.ino), KeyDirKey) and not await self._lists_anything(attr.ino):
                 continue
             return True
         return False

@@ -27,7 +27,8 @@ from bench_lib.delayproxy import DelayProxy
 from sources import CASES, LE, ZSTD, nested_codecs, random_data, sharding, write_group, write_v3
 from shardfs.storage.local import LocalStorage
 from shardfs.storage.objects import ObjectStorage, Retry
-from shardfs.view import ROOT_INODE, View
+from shardfs.nodetable import ROOT_INODE
+from shardfs.view import View
 
 
 def upload(root: Path, st: ObjectStorage) -> None:

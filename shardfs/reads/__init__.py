@@ -31,7 +31,7 @@ from shardfs.threads import blocking
 
 if TYPE_CHECKING:
     from shardfs.rangecache import RangeCache
-    from shardfs.view import Attr
+    from shardfs.attrs import Attr
 
 READ_AHEAD_AFTER = 3  # opens of chunks of one shard among the last READ_AHEAD_WINDOW opens
 READ_AHEAD_WINDOW = 16  # before the rest of that shard is read ahead

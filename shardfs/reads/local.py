@@ -22,7 +22,7 @@ from shardfs.storage.local import LocalStorage
 from shardfs.threads import blocking
 
 if TYPE_CHECKING:
-    from shardfs.view import Attr
+    from shardfs.attrs import Attr
 
 
 class LocalReads(Reads):
