@@ -153,7 +153,7 @@ class Operations(pyfuse3.Operations):
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         handle = self._handles[fh]
         if handle.entries is None or start_id == 0:
-            handle.entries = await self.view.listdir(handle.ino)
+            handle.entries = await self.view.listing.listdir(handle.ino)
         e = None
         for i in range(start_id, len(handle.entries)):
             name, attr = handle.entries[i]

@@ -1,4 +1,5 @@
-"""The kinds of node the mount shows, one small key class each.
+"""The kinds of node the mount shows, one small key class each, and the presented
+groups and arrays (``GroupNode``, ``ArrayNode``) those keys point into.
 
 A node key names one node of the view; ``shardfs.nodetable.NodeTable`` maps inode
 numbers to keys and back (``NodeTable.node_key``). Directory and metadata keys are hashable values: the
@@ -12,12 +13,55 @@ kinds never compare equal (``ShardDirKey("a", "c") != MetaKey("a", "c")``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Union
 
 if TYPE_CHECKING:
     from shardfs.nodetable import Staging
-    from shardfs.view import ArrayNode
+    from shardfs.storage import Version
+    from shardfs.v2 import ArrayInfo
+
+
+@dataclass
+class ArrayNode:
+    """A presented array: its slot in the chunk-inode space and its v2 description.
+
+    ``fill_file``: the chunk file of an empty inner chunk, encoded on first use, when
+    ``info.serve_missing`` says empty chunks are served; ``fill_unlisted``: the array is
+    too large to list them, and that was logged.
+    """
+
+    path: str
+    slot: int
+    version: Version
+    info: ArrayInfo | None
+    error: str | None
+    fill_file: bytes | None = None
+    fill_unlisted: bool = False
+    image: bool = False  # a level of an OME-Zarr image or label (described with "/" keys)
+    parent_mtime_ns: int = 0  # of the image group's metadata, which ``.zarray`` depends on
+    shard_keys: dict[tuple[int, ...], str] = field(default_factory=dict)  # see View.shard_key
+
+    @property
+    def meta_mtime_ns(self) -> int:
+        """``st_mtime`` of ``.zarray``/``.zattrs``: changes when what they show may change."""
+        return max(self.version.mtime_ns, self.parent_mtime_ns)
+
+
+@dataclass
+class GroupNode:
+    """A presented group; ``image``: an OME-Zarr image or label, whose arrays are its levels."""
+
+    path: str
+    version: Version
+    zgroup: bytes
+    zattrs: bytes
+    image: bool = False
+
+    @property
+    def meta_mtime_ns(self) -> int:
+        """``st_mtime`` of ``.zgroup``/``.zattrs``/``.zmetadata``."""
+        return self.version.mtime_ns
 
 
 @dataclass(frozen=True, slots=True)

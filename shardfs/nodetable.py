@@ -16,14 +16,10 @@ import errno
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from shardfs.attrs import fail
-from shardfs.nodes import ChunkKey, DirKey, NodeKey, StagingKey
+from shardfs.nodes import ArrayNode, ChunkKey, DirKey, NodeKey, StagingKey
 from shardfs.spill import SpillBuffer
-
-if TYPE_CHECKING:
-    from shardfs.view import ArrayNode
 
 ROOT_INODE = 1
 CHUNK_BASE = 1 << 62

@@ -24,8 +24,7 @@ import json
 import logging
 import stat
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 import trio
@@ -33,15 +32,15 @@ import trio
 from shardfs import metadata
 from shardfs import shard as shard_mod
 from shardfs.chunkcache import ChunkCache
-from shardfs.index import EMPTY
 from shardfs.layout import Unpresentable, parse_coord
-from shardfs.attrs import Attr, fail
-from shardfs.nodetable import CHUNK_BASE, SLOT_SHIFT, NodeTable
-from shardfs.nodes import (ARRAY_DIRS, ArrayDirKey, ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey,
-                           ShardDirKey, StagingKey)
+from shardfs.attrs import Attr, fail, join, list_entries
+from shardfs.listing import ChunkSet, Listing
+from shardfs.nodetable import NodeTable
+from shardfs.nodes import (ARRAY_DIRS, ArrayDirKey, ArrayNode, ChunkKey, DirKey, GroupNode, InnerShardKey, KeyDirKey,
+                           MetaKey, ShardDirKey, StagingKey)
 from shardfs.reads import ReadHandle, Reads, make_reads
 from shardfs.shard import CorruptChunk, CorruptShard, Extent, IndexCache
-from shardfs.storage import UNKNOWN, Entry, Range, Storage, Unusable, Version, VersionMismatch, _Unknown
+from shardfs.storage import UNKNOWN, Range, Storage, Unusable, Version, VersionMismatch, _Unknown
 from shardfs.threads import blocking
 from shardfs.writeback import Pending, Writeback
 
@@ -51,11 +50,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("shardfs")
 
 OPEN_TRIES = 3  # opens of a chunk that find its shard replaced since its index was read, before EIO
-INDEX_READS = 32  # shard indexes a listing reads at once
 PREFETCH_SHARDS = 6  # shards after a swept one fetched whole ahead, at most this many in flight (objects)
 RESOLVED_KEPT = 256  # chunk lookups remembered for the opens that follow them
 SHARD_KEYS_KEPT = 4096  # shard keys remembered per array (formatting one costs more than a lookup)
-LIST_FILL_MAX = 1 << 22  # arrays with more inner chunks do not list the empty ones they serve
 
 
 def v2() -> Any:
@@ -65,74 +62,6 @@ def v2() -> Any:
     from shardfs import v2 as module
 
     return module
-
-
-class ChunkSet(NamedTuple):
-    """Stored inner chunks, column-wise: global coordinates ``(n, ndim)``, file sizes, mtimes."""
-
-    coords: np.ndarray
-    size: np.ndarray
-    mtime: np.ndarray
-
-    def where(self, mask: np.ndarray) -> "ChunkSet":
-        return ChunkSet(self.coords[mask], self.size[mask], self.mtime[mask])
-
-    @staticmethod
-    def concat(sets: list["ChunkSet"], ndim: int) -> "ChunkSet":
-        if not sets:
-            return ChunkSet(np.empty((0, ndim), np.int64), np.empty(0, np.int64), np.empty(0, np.int64))
-        return ChunkSet(*(np.concatenate(cols) for cols in zip(*sets)))
-
-
-@dataclass
-class ArrayNode:
-    """A presented array: its slot in the chunk-inode space and its v2 description.
-
-    ``fill_file``: the chunk file of an empty inner chunk, encoded on first use, when
-    ``info.serve_missing`` says empty chunks are served; ``fill_unlisted``: the array is
-    too large to list them, and that was logged.
-    """
-
-    path: str
-    slot: int
-    version: Version
-    info: ArrayInfo | None
-    error: str | None
-    fill_file: bytes | None = None
-    fill_unlisted: bool = False
-    image: bool = False  # a level of an OME-Zarr image or label (described with "/" keys)
-    parent_mtime_ns: int = 0  # of the image group's metadata, which ``.zarray`` depends on
-    shard_keys: dict[tuple[int, ...], str] = field(default_factory=dict)  # see View.shard_key
-
-    @property
-    def meta_mtime_ns(self) -> int:
-        """``st_mtime`` of ``.zarray``/``.zattrs``: changes when what they show may change."""
-        return max(self.version.mtime_ns, self.parent_mtime_ns)
-
-
-@dataclass
-class GroupNode:
-    """A presented group; ``image``: an OME-Zarr image or label, whose arrays are its levels."""
-
-    path: str
-    version: Version
-    zgroup: bytes
-    zattrs: bytes
-    image: bool = False
-
-    @property
-    def meta_mtime_ns(self) -> int:
-        """``st_mtime`` of ``.zgroup``/``.zattrs``/``.zmetadata``."""
-        return self.version.mtime_ns
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}/{name}" if path else name
-
-
-def _entries(source: Storage, key: str) -> list[Entry]:
-    """Every entry directly below ``key`` (all pages of ``Storage.list``), in a worker thread."""
-    return [entry for page in source.list(key) for entry in page]
 
 
 def _read_metadata(source: Storage, key: str, known: Version | _Unknown) -> tuple[dict[str, Any] | str, Version]:
@@ -168,6 +97,7 @@ class View:
         self._slots: list[ArrayNode] = []
         self._groups: dict[str, GroupNode] = {}
         self.nodes = NodeTable(self._slots)  # inode numbers <-> node keys, staging files
+        self.listing = Listing(self)  # directory listings and the stored chunks they show
         # Structure made through the mount that the source does not hold (yet):
         self.new_dirs: set[str] = set()  # directories made by mkdir, until a .zarray/.zgroup lands
         self.made: set[tuple[str, str]] = set()  # (array, rel): key directories made by mkdir
@@ -217,7 +147,7 @@ class View:
         give an ``ArrayNode`` without ``info``: a directory without metadata or entries,
         whose ``error`` (also logged once per version of the file) says why.
         """
-        key = _join(path, "zarr.json")
+        key = join(path, "zarr.json")
         known = (self._arrays.get(path), self._groups.get(path))
         version: Version | None | _Unknown = UNKNOWN
         try:  # a node seen before is checked (a stat, a HEAD); a new one is read in one request
@@ -307,7 +237,7 @@ class View:
         if key is None:
             if len(arr.shard_keys) >= SHARD_KEYS_KEPT:
                 arr.shard_keys.clear()
-            key = arr.shard_keys[shard] = _join(arr.path, arr.info.layout.keys.key(shard))
+            key = arr.shard_keys[shard] = join(arr.path, arr.info.layout.keys.key(shard))
         return key
 
     async def shard_table(self, arr: ArrayNode, shard: tuple[int, ...]) -> tuple[Version, np.ndarray] | None:
@@ -405,87 +335,6 @@ class View:
             stored, mtime_ns = where.nbytes, where.version.mtime_ns
         return self.chunk_attr(arr, self.nodes.chunk_ino(arr, coords), arr.info.chunk.file_size(stored), mtime_ns)
 
-    async def stored_shards(self, arr: ArrayNode, rel: str = "") -> list[tuple[int, ...]]:
-        """Coordinates of the stored shards at or below source directory ``rel`` of the array."""
-        keys = arr.info.layout.keys
-        out = []
-        for name, is_dir in await blocking(_entries, self.source, _join(arr.path, rel)):
-            sub = _join(rel, name)
-            if is_dir and keys.is_prefix(sub):
-                out.extend(await self.stored_shards(arr, sub))
-            elif not is_dir:
-                coords = keys.parse(sub)
-                if coords is not None and arr.info.layout.shard_in_grid(coords):
-                    out.append(coords)
-        if not rel and self.writeback is not None:
-            out = sorted(set(out) | set(self.writeback.dirty_shards(arr.path)))
-        return out
-
-    async def _read_indexes(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None:
-        """Read the indexes of ``shards`` that are not cached, ``INDEX_READS`` at a time (a
-        listing needs them all; over an object store each is a round trip). Errors are left
-        for the caller's own ``shard_table`` to meet."""
-        limiter = trio.CapacityLimiter(INDEX_READS)
-
-        async def one(shard: tuple[int, ...]) -> None:
-            async with limiter:
-                try:
-                    await self.shard_table(arr, shard)
-                except OSError:
-                    pass
-
-        async with trio.open_nursery() as nursery:
-            for shard in shards:
-                nursery.start_soon(one, shard)
-
-    async def shard_chunks(self, arr: ArrayNode, shard: tuple[int, ...]) -> ChunkSet:
-        """The stored (or pending) inner chunks of one shard, sorted by index position;
-        none if the shard is corrupt."""
-        layout = arr.info.layout
-        try:
-            found = await self.shard_table(arr, shard)
-        except OSError:
-            found = None
-        if found is None:
-            pos, nbytes, mtime = np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
-        else:
-            version, table = found
-            pos = np.flatnonzero(table[:, 0] != EMPTY)
-            nbytes = table[pos, 1].astype(np.int64)
-            mtime = np.full(len(pos), version.mtime_ns, dtype=np.int64)
-        pending = self.writeback.pending_in((arr.path, shard)) if self.writeback is not None else {}
-        if pending:
-            keep = ~np.isin(pos, np.fromiter(pending, np.int64, len(pending)))
-            live = sorted((p, len(x.data), x.mtime_ns) for p, x in pending.items() if x.data is not None)
-            extra = np.array(live, dtype=np.int64).reshape(-1, 3)
-            pos, nbytes, mtime = (np.concatenate([col[keep], extra[:, i]]) for i, col in enumerate((pos, nbytes, mtime)))
-            order = np.argsort(pos, kind="stable")
-            pos, nbytes, mtime = pos[order], nbytes[order], mtime[order]
-        coords, inside = layout.chunks_at(shard, pos)
-        return ChunkSet(coords[inside], arr.info.chunk.file_size(nbytes[inside]), mtime[inside])
-
-    @staticmethod
-    def _with_fill_chunks(arr: ArrayNode, stored: ChunkSet, fill_size: int) -> ChunkSet:
-        """Every in-bounds inner chunk in C order: ``stored`` ones as they are, the others as
-        fill chunks (``fill_size`` bytes, the array metadata's mtime)."""
-        grid = arr.info.layout.chunk_grid
-        n = int(np.prod(grid, dtype=np.int64))
-        coords = np.indices(grid, dtype=np.int64).reshape(len(grid), n).T
-        size = np.full(n, fill_size, dtype=np.int64)
-        mtime = np.full(n, arr.version.mtime_ns, dtype=np.int64)
-        if len(stored.size):
-            at = np.ravel_multi_index(tuple(stored.coords.T), grid) if grid else np.zeros(len(stored.size), np.int64)
-            size[at], mtime[at] = stored.size, stored.mtime
-        return ChunkSet(coords, size, mtime)
-
-    def _chunk_attrs(self, arr: ArrayNode, chunks: ChunkSet) -> list[Attr]:
-        """The attributes of every chunk file of ``chunks`` (``_chunk_attr`` column-wise)."""
-        layout = arr.info.layout
-        base = CHUNK_BASE + (arr.slot << SLOT_SHIFT)
-        linear = np.ravel_multi_index(tuple(chunks.coords.T), layout.chunk_grid) if layout.ndim else \
-            np.zeros(len(chunks.size), np.int64)
-        return self.chunk_attrs(arr, (linear + base).tolist(), chunks.size.tolist(), chunks.mtime.tolist())
-
     # ----- name resolution ----------------------------------------------------------------
 
     async def lookup(self, parent: int, name: str) -> Attr:
@@ -495,7 +344,7 @@ class View:
             return await self.getattr(self.nodes.staged[(parent, name)].ino)
         if isinstance(key, DirKey):
             node = await self._node(key.path)
-            child = _join(key.path, name)
+            child = join(key.path, name)
             if (node is None or isinstance(node, GroupNode)) and child in self.new_dirs:
                 return await self.getattr(self.nodes.inode(DirKey(child)))
             if node is None:
@@ -563,7 +412,7 @@ class View:
         rel = key.rel if isinstance(key, ShardDirKey) else "" if isinstance(key, DirKey) else None
         if rel is not None and layout.index is not None:
             sub = self._source_name(arr, name)
-            sub = None if sub is None else _join(rel, sub)
+            sub = None if sub is None else join(rel, sub)
             if sub is not None and (layout.keys.is_prefix(sub) or layout.keys.parse(sub) is not None):
                 return await self.getattr(self.nodes.inode(ShardDirKey(arr.path, sub)))
         raise fail(errno.ENOENT)
@@ -612,7 +461,7 @@ class View:
     async def _box_chunks(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> ChunkSet:
         """The stored chunks of shard ``box`` (level 0) or of a nested inner shard (level >= 1)."""
         layout = arr.info.layout
-        chunks = await self.shard_chunks(arr, layout.box(layout.box_origin(box, level), 0))
+        chunks = await self.listing.shard_chunks(arr, layout.box(layout.box_origin(box, level), 0))
         if level == 0:
             return chunks
         return chunks.where(np.all(chunks.coords // np.array(layout.spans[level]) == np.array(box), axis=1))
@@ -623,19 +472,6 @@ class View:
         if not len(chunks.mtime):
             raise fail(errno.ENOENT)
         return self._dir_attr(self.nodes.inode(InnerShardKey(arr.path, level, box)), int(chunks.mtime.max()))
-
-    async def _list_box(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> list[tuple[str, Attr]]:
-        """A shard or inner shard directory: its inner shards, or at the innermost level its chunks."""
-        layout = arr.info.layout
-        chunks = await self._box_chunks(arr, level, box)
-        if level == layout.depth:
-            return list(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
-        newest: dict[tuple[int, ...], int] = {}
-        for c, mtime in zip(map(tuple, (chunks.coords // np.array(layout.spans[level + 1])).tolist()),
-                            chunks.mtime.tolist()):
-            newest[c] = max(newest.get(c, 0), mtime)
-        return [(layout.names.key(child), self._dir_attr(self.nodes.inode(InnerShardKey(arr.path, level + 1, child)), mtime))
-                for child, mtime in sorted(newest.items())]
 
     def meta_names(self, node: ArrayNode | GroupNode) -> tuple[str, ...]:
         """The metadata files shown in a node's directory (not those unlinked through the mount)."""
@@ -673,8 +509,8 @@ class View:
             if name != ".zmetadata":
                 out[prefix + name] = json.loads(await self.meta_bytes(node, name))
         if isinstance(node, GroupNode):
-            for name, is_dir in sorted(await blocking(_entries, self.source, node.path)):
-                child = await self._node(_join(node.path, name)) if is_dir and not name.startswith(".") else None
+            for name, is_dir in sorted(await blocking(list_entries, self.source, node.path)):
+                child = await self._node(join(node.path, name)) if is_dir and not name.startswith(".") else None
                 if child is not None:
                     await self._consolidate(child, f"{prefix}{name}/", out)
 
@@ -698,7 +534,7 @@ class View:
             return (await self._meta_file(ino, key))[0]
         arr = self._arrays[key.path]
         if isinstance(key, ShardDirKey):
-            src = _join(arr.path, key.rel)
+            src = join(arr.path, key.rel)
             shard = arr.info.layout.keys.parse(key.rel)
             if shard is not None:
                 version = await self.version(src, ask=False)
@@ -731,98 +567,6 @@ class View:
 
     def _dir_attr(self, ino: int, mtime_ns: int) -> Attr:
         return Attr(ino, stat.S_IFDIR | self._dir_mode, 0, mtime_ns, 2)
-
-    # ----- listing ------------------------------------------------------------------------
-
-    async def listdir(self, ino: int) -> list[tuple[str, Attr]]:
-        """All entries of a directory with their attributes (for readdirplus)."""
-        entries = await self._listdir(ino)
-        for (parent, name), st in sorted(self.nodes.staged.items()):
-            if parent == ino:
-                entries.append((name, await self.getattr(st.ino)))
-        return entries
-
-    async def _listdir(self, ino: int) -> list[tuple[str, Attr]]:
-        key = self.nodes.node_key(ino)
-        if isinstance(key, DirKey):
-            node = await self._node(key.path)
-            if node is None:
-                if key.path not in self.new_dirs:
-                    raise fail(errno.ENOENT)
-                return [(name, await self.getattr(self.nodes.inode(DirKey(_join(key.path, name)))))
-                        for name in self.new_children(key.path)]
-            out = []
-            for name in self.meta_names(node):
-                mino = self.nodes.inode(MetaKey(node.path, name))
-                out.append((name, self.file_attr(mino, len(await self.meta_bytes(node, name)), node.meta_mtime_ns)))
-            if isinstance(node, GroupNode):
-                for name, is_dir in sorted(await blocking(_entries, self.source, node.path)):
-                    child = _join(node.path, name)
-                    if is_dir and not name.startswith(".") and await self._node(child) is not None:
-                        out.append((name, await self.getattr(self.nodes.inode(DirKey(child)))))
-                shown = {name for name, _ in out}
-                for name in self.new_children(node.path):
-                    if name not in shown:
-                        out.append((name, await self.getattr(self.nodes.inode(DirKey(_join(node.path, name))))))
-                return out
-            if node.info is not None:  # chunk files only: shard directories are one lookup away
-                out.extend(await self._list_array(node, None, ()))
-            return out
-        if not isinstance(key, ARRAY_DIRS):
-            raise fail(errno.ENOTDIR)
-        arr = self._arrays[key.path]
-        box = self._box_of(arr, key)
-        if box is not None:
-            return await self._list_box(arr, *box)
-        if isinstance(key, ShardDirKey):  # a key prefix directory of the source
-            return await self._list_array(arr, key.rel, None)
-        return await self._list_array(arr, None, key.prefix)
-
-    async def _list_array(self, arr: ArrayNode, rel: str | None, prefix: tuple[int, ...] | None
-                          ) -> list[tuple[str, Attr]]:
-        layout = arr.info.layout
-        out: list[tuple[str, Attr]] = []
-        if rel is not None and layout.index is not None:
-            entries = set(await blocking(_entries, self.source, _join(arr.path, rel)))
-            for pending in self._pending_shard_keys(arr):  # shards not folded into the source yet
-                if not rel or pending.startswith(rel + "/"):
-                    name, sep, _rest = pending[len(rel) + 1 if rel else 0:].partition("/")
-                    entries.add((name, bool(sep)))
-            for name, is_dir in sorted(entries):
-                sub = _join(rel, name)
-                is_shard = not is_dir and layout.keys.parse(sub) is not None
-                if is_shard or (is_dir and layout.keys.is_prefix(sub)):
-                    shown = name + ".shard" if is_shard and self._shard_suffix(arr) else name
-                    ino = self.nodes.inode(ShardDirKey(arr.path, sub))
-                    try:
-                        out.append((shown, await self.getattr(ino)))
-                    except OSError:
-                        pass
-        if prefix is None:
-            return out
-        nested = layout.keys.view_separator == "/"
-        shards = await self.stored_shards(arr)
-        await self._read_indexes(arr, shards)
-        chunks = ChunkSet.concat([await self.shard_chunks(arr, shard) for shard in shards], layout.ndim)
-        if arr.info.serve_missing:
-            if int(np.prod(layout.chunk_grid, dtype=object)) <= LIST_FILL_MAX:
-                chunks = self._with_fill_chunks(arr, chunks, len(await self.fill_file(arr)))
-            elif not arr.fill_unlisted:
-                arr.fill_unlisted = True
-                log.warning("%s: more than %d inner chunks: empty ones are served but not listed",
-                            self.source.describe(arr.path), LIST_FILL_MAX)
-        if not nested:
-            out.extend(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
-            return out
-        depth = len(prefix)
-        chunks = chunks.where(np.all(chunks.coords[:, :depth] == np.array(prefix, dtype=np.int64), axis=1))
-        if depth + 1 == layout.ndim:
-            out.extend(zip(map(str, chunks.coords[:, depth].tolist()), self._chunk_attrs(arr, chunks)))
-        else:
-            for i in sorted(set(chunks.coords[:, depth].tolist())):
-                kino = self.nodes.inode(KeyDirKey(arr.path, prefix + (i,)))
-                out.append((str(i), self._dir_attr(kino, arr.version.mtime_ns)))
-        return out
 
     async def chunk_at_name(self, parent: int, name: str) -> tuple[ArrayNode, tuple[int, ...]] | None:
         """The inner chunk that entry ``name`` of directory ``parent`` names, if any (stored or not)."""

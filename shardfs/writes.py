@@ -38,12 +38,12 @@ from shardfs.create import DEFAULT_SHARD_BYTES, XARRAY_FILL, Refused, array_doc,
 from shardfs.shard import CorruptChunk
 from shardfs.storage import ABSENT, VersionMismatch
 from shardfs.layout import ArrayLayout, parse_coord
-from shardfs.nodes import ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey, StagingKey
+from shardfs.nodes import ArrayNode, ChunkKey, DirKey, GroupNode, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey, StagingKey
 from shardfs.spill import SPILL_THRESHOLD, SpillBuffer
 from shardfs.storage import Unusable
 from shardfs.attrs import Attr, fail
 from shardfs.nodetable import Staging
-from shardfs.view import ArrayNode, GroupNode, View, blocking, v2
+from shardfs.view import View, blocking, v2
 from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
 
 log = logging.getLogger("shardfs")
@@ -363,8 +363,8 @@ class Writer:
         if len(shape) != layout.ndim:
             raise fail(errno.EPERM)
         grid = np.array([math.ceil(s / c) for s, c in zip(shape, layout.chunk_shape)], dtype=np.int64)
-        for shard in await self.view.stored_shards(arr):
-            chunks = await self.view.shard_chunks(arr, shard)
+        for shard in await self.view.listing.stored_shards(arr):
+            chunks = await self.view.listing.shard_chunks(arr, shard)
             for coords in chunks.coords[np.any(chunks.coords >= grid, axis=1)].tolist():
                 await self.commit(arr, tuple(coords), None)
         doc = await self._doc(arr.path)
@@ -572,7 +572,7 @@ class Writer:
             log.error("%s: the array is not shown as v2 (%s); not deleted", self.view.source.describe(node.path), node.error)
             raise fail(errno.EPERM)
         await self.writeback.discard(node.path)
-        keys = [self.view.shard_key(node, shard) for shard in await self.view.stored_shards(node)]
+        keys = [self.view.shard_key(node, shard) for shard in await self.view.listing.stored_shards(node)]
         await blocking(_remove_all, self.view.source, keys + [_json(node.path, "zarr.json")])
         log.info("%s: array deleted", self.view.source.describe(node.path))
 
@@ -608,7 +608,7 @@ class Writer:
     async def _lists_anything(self, ino: int) -> bool:
         """True if directory ``ino`` lists something besides fill chunks served for empty
         inner chunks (and key directories holding only those): ``rm -r`` cannot unlink those."""
-        for name, attr in await self.view.listdir(ino):
+        for name, attr in await self.view.listing.listdir(ino):
             if (ino, name) in self.view.nodes.staged:
                 return True
             target = await self.view.chunk_at_name(ino, name)

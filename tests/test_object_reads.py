@@ -42,7 +42,7 @@ async def walk(view: View, ino: int = ROOT_INODE, path: str = "") -> dict[str, b
     """``{path: content}`` of every file the view shows (directories as ``path/``), read like
     a client: listdir, open, one read past the end, release."""
     out: dict[str, bytes] = {}
-    for name, attr in await view.listdir(ino):
+    for name, attr in await view.listing.listdir(ino):
         sub = f"{path}/{name}" if path else name
         if stat.S_ISDIR(attr.mode):
             out[sub + "/"] = b""
@@ -277,7 +277,7 @@ def test_listing_an_array_costs_its_listing_and_one_index_get_per_shard(counted)
 
     async def listing() -> list[str]:
         arr = await view.lookup(ROOT_INODE, "a")
-        return [name for name, _ in await view.listdir(arr.ino)]
+        return [name for name, _ in await view.listing.listdir(arr.ino)]
 
     shown = trio.run(listing)
     assert sorted(shown) == sorted([".zarray", ".zattrs"] + [n for i in range(2) for j in range(2) for n in names((i, j))])
