@@ -6,7 +6,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Union
 
-from shardfs.view import Attr, ReadHandle
+from shardfs.attrs import Attr
+from shardfs.reads import ReadHandle
 from shardfs.writes import WriteHandle
 
 
