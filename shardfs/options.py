@@ -37,7 +37,7 @@ OWN = (
     Option("endpoint", "URL", "object store: the server (default $AWS_ENDPOINT_URL, else the service's own)"),
     Option("region", "R", "s3://: the bucket's region (default $AWS_REGION)"),
     Option("anonymous", None, "object store: unsigned requests (public data, no credentials)"),
-    Option("cache_size", "SIZE", "object store: memory for fetched object ranges (default 256M)"),
+    Option("cache_size", "SIZE", "object store: memory for fetched object ranges (default 96M)"),
     Option("cache_dir", "DIR", "object store: keep fetched ranges here across mounts, keyed by ETag "
                                "(at most 5G, least recently used out first)"),
     Option("debug", None, "log every request (as --debug)"),
