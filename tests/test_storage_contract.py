@@ -10,12 +10,15 @@ the delay proxy, and the trio bridge of its coroutines.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import http.server
 import socket
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator
 
 import pytest
 
@@ -268,10 +271,24 @@ def test_read_during_a_short_outage_is_retried_and_succeeds(tmp_path, monkeypatc
         server.stop()
 
 
+@contextlib.contextmanager
+def _answering(handler: type, monkeypatch) -> Iterator[str]:
+    """An HTTP server on loopback answering every request with ``handler`` (a server that
+    misbehaves in a way SeaweedFS cannot be made to), with credentials in the environment;
+    yields its endpoint URL and stops it at the end."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_5xx_is_retried_a_bounded_number_of_times_then_eio(monkeypatch):
     """A server answering 503 to everything: exactly 1 + max_retries requests, then EIO."""
-    import http.server
-
     hits: list[str] = []
 
     class Unavailable(http.server.BaseHTTPRequestHandler):
@@ -286,13 +303,8 @@ def test_5xx_is_retried_a_bounded_number_of_times_then_eio(monkeypatch):
         def log_message(self, *args) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-        st = ObjectStorage("s3://b/p", endpoint=f"http://127.0.0.1:{server.server_address[1]}",
+    with _answering(Unavailable, monkeypatch) as endpoint:
+        st = ObjectStorage("s3://b/p", endpoint=endpoint,
                            retry=Retry(max_retries=3, retry_timeout=10, init_backoff=0.05, max_backoff=0.2))
         t0 = time.monotonic()
         with pytest.raises(OSError) as e:
@@ -304,16 +316,11 @@ def test_5xx_is_retried_a_bounded_number_of_times_then_eio(monkeypatch):
             st.version("k")
         assert e.value.errno == errno.EIO and hits == ["HEAD"] * 4
         st.close()
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_a_404_to_an_if_match_put_is_a_version_mismatch(monkeypatch):
     """Some servers answer 404, not 412, to ``If-Match`` on a key that vanished: it is a
     ``VersionMismatch`` (the fold reads again), never ``FileNotFoundError``. One PUT, no retry."""
-    import http.server
-
     hits: list[tuple[str, str | None]] = []
 
     class Vanished(http.server.BaseHTTPRequestHandler):
@@ -330,20 +337,12 @@ def test_a_404_to_an_if_match_put_is_a_version_mismatch(monkeypatch):
         def log_message(self, *args) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Vanished)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-        st = ObjectStorage("s3://b/p", endpoint=f"http://127.0.0.1:{server.server_address[1]}")
+    with _answering(Vanished, monkeypatch) as endpoint:
+        st = ObjectStorage("s3://b/p", endpoint=endpoint)
         with pytest.raises(VersionMismatch):
             st.replace("k", [b"new"], if_version=Version('"e1"', 3, 0))
         assert hits == [("PUT", '"e1"')]
         st.close()
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_delay_proxy_adds_its_delay_each_way(aws_env):

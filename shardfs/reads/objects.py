@@ -32,6 +32,8 @@ class ObjectReads(Reads):
     """``Reads`` over an ``ObjectStorage`` (see the module docstring); ``cache`` defaults to
     ``RangeCache(DEFAULT_CACHE_BYTES)``, memory only."""
 
+    prefetches = True
+
     def __init__(self, source: ObjectStorage, chunk_cache: ChunkCache, cache: RangeCache | None = None) -> None:
         super().__init__(chunk_cache, ReadAhead(after=2, chained=True))
         self.source = source
@@ -61,8 +63,6 @@ class ObjectReads(Reads):
         data = await self._get(ext, Range(ext.offset, ext.nbytes))
         self.cache.put(where, ext.version, ext.offset, data)
         return data
-
-    prefetches = True
 
     def room_ahead(self, nbytes: int) -> bool:
         return nbytes <= self.cache.max_bytes // 2
