@@ -64,20 +64,20 @@ class Tree(Protocol):
     writeback: Writeback | None
     nodes: NodeTable
     new_dirs: set[str]
-    _arrays: dict[str, ArrayNode]
+    arrays: dict[str, ArrayNode]
 
-    async def _node(self, path: str) -> ArrayNode | GroupNode | None: ...
+    async def node(self, path: str) -> ArrayNode | GroupNode | None: ...
     def new_children(self, path: str) -> list[str]: ...
     def meta_names(self, node: ArrayNode | GroupNode) -> tuple[str, ...]: ...
     async def meta_bytes(self, node: ArrayNode | GroupNode, name: str) -> bytes: ...
     def file_attr(self, ino: int, size: int, mtime_ns: int) -> Attr: ...
     def chunk_attrs(self, arr: ArrayNode, inos: Any, sizes: Any, mtimes: Any) -> list[Attr]: ...
-    def _dir_attr(self, ino: int, mtime_ns: int) -> Attr: ...
+    def dir_attr(self, ino: int, mtime_ns: int) -> Attr: ...
     async def getattr(self, ino: int) -> Attr: ...
-    def _box_of(self, arr: ArrayNode, key: DirKey | ArrayDirKey) -> tuple[int, tuple[int, ...]] | None: ...
-    async def _box_chunks(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> ChunkSet: ...
-    def _pending_shard_keys(self, arr: ArrayNode) -> set[str]: ...
-    def _shard_suffix(self, arr: ArrayNode) -> bool: ...
+    def box_of(self, arr: ArrayNode, key: DirKey | ArrayDirKey) -> tuple[int, tuple[int, ...]] | None: ...
+    async def box_chunks(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> ChunkSet: ...
+    def pending_shard_keys(self, arr: ArrayNode) -> set[str]: ...
+    def shard_suffix(self, arr: ArrayNode) -> bool: ...
     async def shard_table(self, arr: ArrayNode, shard: tuple[int, ...]) -> tuple[Version, np.ndarray] | None: ...
     async def fill_file(self, arr: ArrayNode) -> bytes: ...
 
@@ -99,7 +99,7 @@ class Listing:
     async def _listdir(self, ino: int) -> list[tuple[str, Attr]]:
         key = self.tree.nodes.node_key(ino)
         if isinstance(key, DirKey):
-            node = await self.tree._node(key.path)
+            node = await self.tree.node(key.path)
             if node is None:
                 if key.path not in self.tree.new_dirs:
                     raise fail(errno.ENOENT)
@@ -112,7 +112,7 @@ class Listing:
             if isinstance(node, GroupNode):
                 for name, is_dir in sorted(await blocking(list_entries, self.tree.source, node.path)):
                     child = join(node.path, name)
-                    if is_dir and not name.startswith(".") and await self.tree._node(child) is not None:
+                    if is_dir and not name.startswith(".") and await self.tree.node(child) is not None:
                         out.append((name, await self.tree.getattr(self.tree.nodes.inode(DirKey(child)))))
                 shown = {name for name, _ in out}
                 for name in self.tree.new_children(node.path):
@@ -124,8 +124,8 @@ class Listing:
             return out
         if not isinstance(key, ARRAY_DIRS):
             raise fail(errno.ENOTDIR)
-        arr = self.tree._arrays[key.path]
-        box = self.tree._box_of(arr, key)
+        arr = self.tree.arrays[key.path]
+        box = self.tree.box_of(arr, key)
         if box is not None:
             return await self._list_box(arr, *box)
         if isinstance(key, ShardDirKey):  # a key prefix directory of the source
@@ -138,7 +138,7 @@ class Listing:
         out: list[tuple[str, Attr]] = []
         if rel is not None and layout.index is not None:
             entries = set(await blocking(list_entries, self.tree.source, join(arr.path, rel)))
-            for pending in self.tree._pending_shard_keys(arr):  # shards not folded into the source yet
+            for pending in self.tree.pending_shard_keys(arr):  # shards not folded into the source yet
                 if not rel or pending.startswith(rel + "/"):
                     name, sep, _rest = pending[len(rel) + 1 if rel else 0:].partition("/")
                     entries.add((name, bool(sep)))
@@ -146,7 +146,7 @@ class Listing:
                 sub = join(rel, name)
                 is_shard = not is_dir and layout.keys.parse(sub) is not None
                 if is_shard or (is_dir and layout.keys.is_prefix(sub)):
-                    shown = name + ".shard" if is_shard and self.tree._shard_suffix(arr) else name
+                    shown = name + ".shard" if is_shard and self.tree.shard_suffix(arr) else name
                     ino = self.tree.nodes.inode(ShardDirKey(arr.path, sub))
                     try:
                         out.append((shown, await self.tree.getattr(ino)))
@@ -175,20 +175,20 @@ class Listing:
         else:
             for i in sorted(set(chunks.coords[:, depth].tolist())):
                 kino = self.tree.nodes.inode(KeyDirKey(arr.path, prefix + (i,)))
-                out.append((str(i), self.tree._dir_attr(kino, arr.version.mtime_ns)))
+                out.append((str(i), self.tree.dir_attr(kino, arr.version.mtime_ns)))
         return out
 
     async def _list_box(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> list[tuple[str, Attr]]:
         """A shard or inner shard directory: its inner shards, or at the innermost level its chunks."""
         layout = arr.info.layout
-        chunks = await self.tree._box_chunks(arr, level, box)
+        chunks = await self.tree.box_chunks(arr, level, box)
         if level == layout.depth:
             return list(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
         newest: dict[tuple[int, ...], int] = {}
         for c, mtime in zip(map(tuple, (chunks.coords // np.array(layout.spans[level + 1])).tolist()),
                             chunks.mtime.tolist()):
             newest[c] = max(newest.get(c, 0), mtime)
-        return [(layout.names.key(child), self.tree._dir_attr(self.tree.nodes.inode(InnerShardKey(arr.path, level + 1, child)), mtime))
+        return [(layout.names.key(child), self.tree.dir_attr(self.tree.nodes.inode(InnerShardKey(arr.path, level + 1, child)), mtime))
                 for child, mtime in sorted(newest.items())]
 
     async def stored_shards(self, arr: ArrayNode, rel: str = "") -> list[tuple[int, ...]]:

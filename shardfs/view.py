@@ -93,7 +93,7 @@ class View:
         self.read_only = read_only
         self.writeback = writeback
         self.mount_ns = time.time_ns()
-        self._arrays: dict[str, ArrayNode] = {}
+        self.arrays: dict[str, ArrayNode] = {}
         self._slots: list[ArrayNode] = []
         self._groups: dict[str, GroupNode] = {}
         self.nodes = NodeTable(self._slots)  # inode numbers <-> node keys, staging files
@@ -139,7 +139,7 @@ class View:
 
     # ----- metadata of the hierarchy ------------------------------------------------------
 
-    async def _node(self, path: str) -> ArrayNode | GroupNode | None:
+    async def node(self, path: str) -> ArrayNode | GroupNode | None:
         """The group or array at ``path`` (re-read when its zarr.json changes), or None if
         ``path`` has no zarr.json (or only one behind a symlink out of the source).
 
@@ -148,7 +148,7 @@ class View:
         whose ``error`` (also logged once per version of the file) says why.
         """
         key = join(path, "zarr.json")
-        known = (self._arrays.get(path), self._groups.get(path))
+        known = (self.arrays.get(path), self._groups.get(path))
         version: Version | None | _Unknown = UNKNOWN
         try:  # a node seen before is checked (a stat, a HEAD); a new one is read in one request
             version = await self._current(key, ask=known != (None, None))
@@ -180,7 +180,7 @@ class View:
                 node = GroupNode(path, version, zgroup, zattrs, isinstance(attrs, dict) and v2().is_ome_image(attrs))
                 self._groups[path] = node
                 return node
-            parent = await self._node(path.rpartition("/")[0]) if path else None
+            parent = await self.node(path.rpartition("/")[0]) if path else None
             image = isinstance(parent, GroupNode) and parent.image
             info = v2().describe_array(doc, self.ome, image)
             if image and info.layout.keys.view_separator != "/":
@@ -202,7 +202,7 @@ class View:
         """Remember the array (or hidden node) at ``path``; a hidden node's reason is logged
         when it is new or changed. ``image``: in an OME-Zarr image group (None: as last read)."""
         image = self._in_image(path) if image is None else image
-        old = self._arrays.get(path)
+        old = self.arrays.get(path)
         if error is not None and old is not None and (old.version, old.error, old.image) == (version, error, image):
             return old
         if error is not None:
@@ -217,7 +217,7 @@ class View:
             self._slots.append(arr)
         else:
             self._slots[slot] = arr
-        self._arrays[path] = arr
+        self.arrays[path] = arr
         return arr
 
     def _in_image(self, path: str) -> bool:
@@ -229,7 +229,7 @@ class View:
     # ----- shard indexes ------------------------------------------------------------------
 
     def array(self, path: str) -> ArrayNode | None:
-        return self._arrays.get(path)
+        return self.arrays.get(path)
 
     def shard_key(self, arr: ArrayNode, shard: tuple[int, ...]) -> str:
         """The source key of ``shard`` of ``arr`` (remembered: every lookup and open asks it)."""
@@ -343,7 +343,7 @@ class View:
         if (parent, name) in self.nodes.staged:
             return await self.getattr(self.nodes.staged[(parent, name)].ino)
         if isinstance(key, DirKey):
-            node = await self._node(key.path)
+            node = await self.node(key.path)
             child = join(key.path, name)
             if (node is None or isinstance(node, GroupNode)) and child in self.new_dirs:
                 return await self.getattr(self.nodes.inode(DirKey(child)))
@@ -352,14 +352,14 @@ class View:
             if name in self.meta_names(node):
                 return await self.getattr(self.nodes.inode(MetaKey(node.path, name)))
             if isinstance(node, GroupNode):
-                if not name.startswith(".") and await self._node(child) is not None:
+                if not name.startswith(".") and await self.node(child) is not None:
                     return await self.getattr(self.nodes.inode(DirKey(child)))
                 raise fail(errno.ENOENT)
             if node.info is None:
                 raise fail(errno.ENOENT)
             arr = node
         elif isinstance(key, ARRAY_DIRS):
-            arr = self._arrays[key.path]
+            arr = self.arrays[key.path]
         else:
             raise fail(errno.ENOTDIR)
         coords = self._chunk_named(arr, key, name)
@@ -368,7 +368,7 @@ class View:
         return await self._lookup_dir(arr, key, name)
 
     @staticmethod
-    def _box_of(arr: ArrayNode, key: DirKey | ArrayDirKey) -> tuple[int, tuple[int, ...]] | None:
+    def box_of(arr: ArrayNode, key: DirKey | ArrayDirKey) -> tuple[int, tuple[int, ...]] | None:
         """``(level, box)`` if ``key`` is a shard directory (level 0) or an inner shard (level >= 1)."""
         if isinstance(key, InnerShardKey):
             return key.level, key.box
@@ -380,7 +380,7 @@ class View:
         ``name`` spells one (in the grid or not, stored or not): the one place that says which
         directories hold which chunk names."""
         layout = arr.info.layout
-        box = self._box_of(arr, key)
+        box = self.box_of(arr, key)
         if box is not None:  # a shard or inner shard directory: the innermost level holds chunks
             coords = layout.names.parse(name) if box[0] == layout.depth else None
             return coords if coords is not None and layout.box(coords, box[0]) == box[1] else None
@@ -396,7 +396,7 @@ class View:
         """Entry ``name`` of directory ``key`` of array ``arr`` that is not a chunk file: a key
         directory, a shard or key prefix directory of the source, or an inner shard."""
         layout = arr.info.layout
-        box = self._box_of(arr, key)
+        box = self.box_of(arr, key)
         if box is not None:
             level, outer = box
             coords = layout.names.parse(name) if level < layout.depth else None
@@ -427,12 +427,12 @@ class View:
 
     def _source_name(self, arr: ArrayNode, name: str) -> str | None:
         """Source entry name for view entry ``name`` (1-D v2 keys carry a ``.shard`` suffix)."""
-        if not self._shard_suffix(arr):
+        if not self.shard_suffix(arr):
             return name
         return name[: -len(".shard")] if name.endswith(".shard") else None
 
     @staticmethod
-    def _shard_suffix(arr: ArrayNode) -> bool:
+    def shard_suffix(arr: ArrayNode) -> bool:
         keys = arr.info.layout.keys
         return keys.kind == "v2" and keys.ndim <= 1
 
@@ -458,7 +458,7 @@ class View:
 
     # ----- shard and inner shard directories --------------------------------------------------
 
-    async def _box_chunks(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> ChunkSet:
+    async def box_chunks(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> ChunkSet:
         """The stored chunks of shard ``box`` (level 0) or of a nested inner shard (level >= 1)."""
         layout = arr.info.layout
         chunks = await self.listing.shard_chunks(arr, layout.box(layout.box_origin(box, level), 0))
@@ -468,10 +468,10 @@ class View:
 
     async def _box_attr(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> Attr:
         """An inner shard directory exists while it holds chunks; its mtime is their newest."""
-        chunks = await self._box_chunks(arr, level, box)
+        chunks = await self.box_chunks(arr, level, box)
         if not len(chunks.mtime):
             raise fail(errno.ENOENT)
-        return self._dir_attr(self.nodes.inode(InnerShardKey(arr.path, level, box)), int(chunks.mtime.max()))
+        return self.dir_attr(self.nodes.inode(InnerShardKey(arr.path, level, box)), int(chunks.mtime.max()))
 
     def meta_names(self, node: ArrayNode | GroupNode) -> tuple[str, ...]:
         """The metadata files shown in a node's directory (not those unlinked through the mount)."""
@@ -498,7 +498,7 @@ class View:
     async def _meta_file(self, ino: int, key: MetaKey) -> tuple[Attr, bytes]:
         """The attributes and content of a metadata file, built once (``.zmetadata`` walks the
         hierarchy below its group); ENOENT if the node has no such file."""
-        node = await self._node(key.path)
+        node = await self.node(key.path)
         if node is None or key.name not in self.meta_names(node):
             raise fail(errno.ENOENT)
         data = await self.meta_bytes(node, key.name)
@@ -510,7 +510,7 @@ class View:
                 out[prefix + name] = json.loads(await self.meta_bytes(node, name))
         if isinstance(node, GroupNode):
             for name, is_dir in sorted(await blocking(list_entries, self.source, node.path)):
-                child = await self._node(join(node.path, name)) if is_dir and not name.startswith(".") else None
+                child = await self.node(join(node.path, name)) if is_dir and not name.startswith(".") else None
                 if child is not None:
                     await self._consolidate(child, f"{prefix}{name}/", out)
 
@@ -524,15 +524,15 @@ class View:
             st = key.staging
             return self.file_attr(ino, st.data.size, st.mtime_ns)
         if isinstance(key, DirKey):
-            node = await self._node(key.path)
+            node = await self.node(key.path)
             if node is None:
                 if key.path in self.new_dirs:
-                    return self._dir_attr(ino, self.mount_ns)
+                    return self.dir_attr(ino, self.mount_ns)
                 raise fail(errno.ENOENT)
-            return self._dir_attr(ino, node.version.mtime_ns)
+            return self.dir_attr(ino, node.version.mtime_ns)
         if isinstance(key, MetaKey):
             return (await self._meta_file(ino, key))[0]
-        arr = self._arrays[key.path]
+        arr = self.arrays[key.path]
         if isinstance(key, ShardDirKey):
             src = join(arr.path, key.rel)
             shard = arr.info.layout.keys.parse(key.rel)
@@ -545,19 +545,19 @@ class View:
                     except OSError:  # corrupt (logged once): the version that read remembered
                         version = await self.version(src)
                 if version is not None:
-                    return self._dir_attr(ino, version.mtime_ns)
-                if key.rel in self._pending_shard_keys(arr) or (arr.path, key.rel) in self.made:
-                    return self._dir_attr(ino, self.mount_ns)
+                    return self.dir_attr(ino, version.mtime_ns)
+                if key.rel in self.pending_shard_keys(arr) or (arr.path, key.rel) in self.made:
+                    return self.dir_attr(ino, self.mount_ns)
                 raise fail(errno.ENOENT)
             if (not await blocking(self.source.is_dir, src) and (arr.path, key.rel) not in self.made
-                    and not any(k.startswith(key.rel + "/") for k in self._pending_shard_keys(arr))):
+                    and not any(k.startswith(key.rel + "/") for k in self.pending_shard_keys(arr))):
                 raise fail(errno.ENOENT)
-            return self._dir_attr(ino, arr.version.mtime_ns)
+            return self.dir_attr(ino, arr.version.mtime_ns)
         if isinstance(key, InnerShardKey):
             return await self._box_attr(arr, key.level, key.box)
-        return self._dir_attr(ino, arr.version.mtime_ns)  # KeyDirKey
+        return self.dir_attr(ino, arr.version.mtime_ns)  # KeyDirKey
 
-    def _pending_shard_keys(self, arr: ArrayNode) -> set[str]:
+    def pending_shard_keys(self, arr: ArrayNode) -> set[str]:
         """Keys (below the array) of the shards with pending chunks: their directories exist
         before the first fold creates them in the source."""
         if self.writeback is None:
@@ -565,18 +565,18 @@ class View:
         return {arr.info.layout.keys.key(shard) for shard in self.writeback.dirty_shards(arr.path)
                 if any(p.data is not None for p in self.writeback.pending_in((arr.path, shard)).values())}
 
-    def _dir_attr(self, ino: int, mtime_ns: int) -> Attr:
+    def dir_attr(self, ino: int, mtime_ns: int) -> Attr:
         return Attr(ino, stat.S_IFDIR | self._dir_mode, 0, mtime_ns, 2)
 
     async def chunk_at_name(self, parent: int, name: str) -> tuple[ArrayNode, tuple[int, ...]] | None:
         """The inner chunk that entry ``name`` of directory ``parent`` names, if any (stored or not)."""
         key = self.nodes.node_key(parent)
         if isinstance(key, DirKey):
-            arr = await self._node(key.path)
+            arr = await self.node(key.path)
             if not isinstance(arr, ArrayNode) or arr.info is None:
                 return None
         elif isinstance(key, ARRAY_DIRS):
-            arr = self._arrays[key.path]
+            arr = self.arrays[key.path]
         else:
             return None
         coords = self._chunk_named(arr, key, name)
@@ -586,9 +586,9 @@ class View:
         """``(key, node)`` of a directory inode: its key and the group/array it shows or belongs to."""
         key = self.nodes.node_key(ino)
         if isinstance(key, DirKey):
-            return key, await self._node(key.path)
+            return key, await self.node(key.path)
         if isinstance(key, ARRAY_DIRS):
-            return key, self._arrays[key.path]
+            return key, self.arrays[key.path]
         raise fail(errno.ENOTDIR)
 
     # ----- reading ------------------------------------------------------------------------

@@ -221,7 +221,7 @@ class Writer:
                 raise
         elif handle.meta is not None:
             handle.dirty = False
-            node = await self.view._node(handle.meta[0])
+            node = await self.view.node(handle.meta[0])
             if node is None:
                 raise fail(errno.ENOENT)
             await self.commit_metadata(node, handle.meta[1], await self._metadata_bytes(handle.buf, handle.meta[1]))
@@ -421,7 +421,7 @@ class Writer:
         """Directories made below a new array before its ``.zarray`` (``cp -r`` copies in
         directory order) become its key directories: nested keys (``0/1`` with "/") or
         shard key directories (``c/0``). Their inodes are kept; returns them."""
-        arr = await self.view._node(path)
+        arr = await self.view.node(path)
         if not isinstance(arr, ArrayNode) or arr.info is None:
             return []
         layout, inos = arr.info.layout, []
@@ -554,7 +554,7 @@ class Writer:
         if not isinstance(key, DirKey):
             return
         path = key.path
-        node = await self.view._node(path)
+        node = await self.view.node(path)
         if isinstance(node, ArrayNode):
             await self._delete_array(node)
         elif isinstance(node, GroupNode):
