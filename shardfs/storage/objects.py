@@ -27,7 +27,8 @@ obstore (the Rust object_store bindings zarr-python 3 uses):
   write (the window is one round trip; folds never delete shards, only the metadata paths do).
 
 Faults: 5xx, timeouts and dropped connections are retried by obstore with exponential backoff
-(``Retry``: at most ``max_retries`` retries within ``retry_timeout``), then that one call raises
+(``Retry``: at most ``max_retries`` retries within ``retry_timeout``; each attempt at most
+``request_timeout``, the mount's ``-o timeout``: ``Retry.for_timeout``), then that one call raises
 ``OSError(EIO)`` with a one-line message, also logged (one line per failed call); the next
 call starts afresh. 403 -> ``PermissionError``. ``check()`` (at mount) turns bad credentials,
 a missing bucket or prefix and an unreachable endpoint into one ``StorageUnavailable`` line.
@@ -71,7 +72,7 @@ from obstore.store import from_url
 from obstore.exceptions import (AlreadyExistsError, NotFoundError, PermissionDeniedError, PreconditionError,
                                 UnauthenticatedError)
 
-from shardfs.source import env_endpoint
+from shardfs.source import DEFAULT_TIMEOUT, env_endpoint
 from shardfs.storage import ABSENT, UNKNOWN, Entry, Range, Version, VersionMismatch, _Absent, _Unknown
 from shardfs.storage.listings import Listings
 from shardfs.storage.versions import Remembered
@@ -95,14 +96,34 @@ class StorageUnavailable(Exception):
 
 @dataclass(frozen=True)
 class Retry:
-    """Bounds on obstore's retries of transient faults, and on each request's duration."""
+    """Bounds on obstore's retries of transient faults, and on each request's duration.
+
+    obstore retries a timed-out attempt like any other transient fault, as long as less than
+    ``retry_timeout`` has passed since the first attempt (measured: a server that accepts
+    connections and never answers, ``request_timeout`` 1 s: 6 attempts, EIO after 7 s with a
+    ``retry_timeout`` of 20 s; 3 attempts, 3.3 s, with 2.5 s)."""
 
     max_retries: int = 5
-    retry_timeout: float = 20.0  # seconds from the first attempt after which none is retried
+    retry_timeout: float = DEFAULT_TIMEOUT  # seconds from the first attempt after which none is retried
     init_backoff: float = 0.1
     max_backoff: float = 2.0
-    request_timeout: float = 30.0
+    request_timeout: float = DEFAULT_TIMEOUT
     connect_timeout: float = 5.0
+
+    @classmethod
+    def for_timeout(cls, timeout: float) -> "Retry":
+        """The bounds of a mount's ``-o timeout``: each attempt at most ``timeout`` seconds
+        (connecting at most 5 of them), retried only within ``timeout`` of the first. So a hung
+        server costs one attempt, EIO after ``timeout``; whatever the faults, a call fails
+        within ``2 * timeout + max_backoff`` (a retry starts before ``timeout`` has passed, and
+        takes at most ``timeout``), while quick faults (5xx, a refused or dropped connection)
+        still get their ``max_retries`` retries."""
+        return cls(retry_timeout=timeout, request_timeout=timeout, connect_timeout=min(timeout, 5.0))
+
+    @property
+    def bound(self) -> float:
+        """Seconds after which a call has failed at the latest (see ``for_timeout``)."""
+        return self.retry_timeout + self.max_backoff + self.request_timeout
 
 
 def _status(e: BaseException) -> int | None:
@@ -149,6 +170,7 @@ class ObjectStorage:
             config["skip_signature"] = True
         self._url, self._config = url, config
         self._client = {"allow_http": bool(endpoint and endpoint.startswith("http://"))}
+        self._retry = retry
         self._store = self._build(retry)
         self._own_loop = loop is None
         self.loop = loop or LoopThread(name="objects")
@@ -423,7 +445,8 @@ class ObjectStorage:
     def check(self) -> None:
         """Raise ``StorageUnavailable`` (one line) unless the bucket and prefix exist and answer
         these credentials; fails fast (two attempts, 5 s each) on an unreachable endpoint."""
-        quick = self._build(Retry(max_retries=1, retry_timeout=5, request_timeout=5, connect_timeout=3))
+        quick = self._build(Retry(max_retries=1, retry_timeout=5, request_timeout=min(5.0, self._retry.request_timeout),
+                                  connect_timeout=min(3.0, self._retry.connect_timeout)))
         try:
             found = any(chunk for chunk in obstore.list(quick, None, chunk_size=1))
         except Exception as e:
