@@ -14,10 +14,11 @@ sides alternating over the repetitions (medians reported):
 - ``cat`` of every chunk file, first pass after mounting and second pass;
 - ``ls -l`` of the array's directory right after mounting.
 
-The shardfs side is a default (writable) mount; a read-only one (``-o ro``, no FLUSH
-request per ``close``, as the peers' read-only mounts) answers the zarr reads too, in the
-rows' notes. ``--smoke`` mounts each side but that one once: one read after mounting,
-then the two ``cat`` passes.
+The shardfs side is a default (writable) mount; a read-only one (``shardfs-ro``: ``-o ro``,
+no FLUSH request per ``close``, as the peers' read-only mounts) answers every operation too,
+in a row of its own under each figure (no target: the targets are the default mount's).
+``--smoke`` mounts each side but that one once: one read after mounting, then the two
+``cat`` passes.
 
 Targets (DESIGN.md "Performance targets"): shardfs at most ratarmount's time and at most
 1.1x fuse-zip's on every timed row, and at most ratarmount's CPU per chunk.
@@ -167,12 +168,12 @@ class Peers:
                         put("cat2", side, b.shell(cat, cwd=root / "vol"))
                     else:
                         put("zarr2", side, self.zarr_readers(root / "vol", 1, pid)[0])
-                    for n in readers if side not in ("real", "shardfs-ro") and not b.smoke else ():
+                    for n in readers if side != "real" and not b.smoke else ():
                         b.drop_caches()
                         wall, cpu = self.zarr_readers(root / "vol", n, pid)
                         put(f"wall{n}", side, wall)
                         put(f"cpu{n}", side, cpu / self.n_chunks * 1e6)
-                if not b.smoke and side != "shardfs-ro":
+                if not b.smoke:
                     with self.fresh(side, "cat") as (root, _):
                         put("cat1", side, b.shell(cat, cwd=root / "vol"))
                         put("cat2", side, b.shell(cat, cwd=root / "vol"))
@@ -205,20 +206,29 @@ class Peers:
     def rows(self, v: dict[str, float], label: str, unit: str, targets: bool, extra: str = "",
              second: bool = True) -> list[Any]:
         """``label``: shardfs vs ratarmount (target 1x), then (with ``second``) vs fuse-zip (target
-        1.1x, not for CPU); the other sides' values in the first row's note."""
+        1.1x, not for CPU); the other sides' values in the first row's note. Then the same rows
+        for ``shardfs-ro`` (if measured), without targets."""
         b, out = self.b, []
-        for peer, limit in (("ratarmount", 1.0), ("fuse-zip", 1.1 if unit == "s" else None)):
-            if peer not in v or out and not second:
+        for side in ("shardfs", "shardfs-ro"):
+            if side not in v:
                 continue
-            first = not out
-            figure = f"{label}: shardfs vs {peer}" if first else f"  same, shardfs vs {peer}"
-            if v[peer] > 0:
-                row = b.ratio_row(figure, unit, v["shardfs"], v[peer], limit if targets else None)
-            else:  # under one clock tick of CPU (a --smoke run): no ratio
-                row = replace(b.ratio_row(figure, unit, v["shardfs"], 1.0, None), baseline=v[peer], ratio=None)
-            if first:
-                row.note = self.values(v, ("shardfs", peer)) + (f"; {extra}" if extra else "")
-            out.append(row)
+            rows: list[Any] = []
+            for peer, limit in (("ratarmount", 1.0), ("fuse-zip", 1.1 if unit == "s" else None)):
+                if peer not in v or rows and not second:
+                    continue
+                first = not out and not rows
+                # a sub-row's label ("  same, ...") is repeated for each side: it names the case
+                full = first or not rows and label.startswith("  ")
+                figure = f"{label}: {side} vs {peer}" if full else f"  same, {side} vs {peer}"
+                limit = limit if targets and side == "shardfs" else None
+                if v[peer] > 0:
+                    row = b.ratio_row(figure, unit, v[side], v[peer], limit)
+                else:  # under one clock tick of CPU (a --smoke run): no ratio
+                    row = replace(b.ratio_row(figure, unit, v[side], 1.0, None), baseline=v[peer], ratio=None)
+                if first:
+                    row.note = self.values(v, ("shardfs", peer)) + (f"; {extra}" if extra else "")
+                rows.append(row)
+            out += rows
         return out
 
 
