@@ -52,7 +52,8 @@ Configuration: ``s3://`` reads the standard AWS variables (``AWS_ACCESS_KEY_ID``
 code and read the AZURE_* / GOOGLE_* variables (``AZURE_STORAGE_ACCOUNT_NAME``/``_KEY``...);
 ``endpoint`` maps to their base URL, ``region`` is S3 only. Azure has no suffix GET: a read with
 a negative offset takes the size from ``if_version`` or a HEAD. ``az://`` passes the contract
-tests against Azurite; ``gs://`` is untested (no emulator here).
+tests against Azurite; ``gs://`` is untested (no emulator on PyPI takes object_store's
+conditional XML-API PUTs: see README).
 """
 
 from __future__ import annotations
