@@ -170,11 +170,14 @@ class Listing:
                 if not rel or pending.startswith(rel + "/"):
                     name, sep, _rest = pending[len(rel) + 1 if rel else 0:].partition("/")
                     entries.add((name, bool(sep)))
-            names = sorted(entries)
+            ordered = sorted(entries)
             del entries
+            names = np.array([name for name, _ in ordered], dtype=str)  # about 4 bytes a character
+            dirs = np.array([is_dir for _, is_dir in ordered], dtype=bool)
+            del ordered
             for at in range(0, len(names), PAGE):
                 out = []
-                for name, is_dir in names[at:at + PAGE]:
+                for name, is_dir in zip(names[at:at + PAGE].tolist(), dirs[at:at + PAGE].tolist()):
                     sub = join(rel, name)
                     is_shard = not is_dir and layout.keys.parse(sub) is not None
                     if is_shard or (is_dir and layout.keys.is_prefix(sub)):
@@ -187,7 +190,9 @@ class Listing:
                 yield out
         if prefix is None:
             return
-        shards = await self.stored_shards(arr)
+        found = await self.stored_shards(arr)
+        shards = np.array(found, dtype=np.int64).reshape(len(found), layout.ndim)  # 8 bytes a coordinate
+        del found
         fill = False
         if arr.info.serve_missing:
             if int(np.prod(layout.chunk_grid, dtype=object)) <= LIST_FILL_MAX:
@@ -240,10 +245,11 @@ class Listing:
                                             arr.version.mtime_ns))
                 for i in sorted(set(chunks.coords[:, depth].tolist()))]
 
-    async def _shard_chunk_sets(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> AsyncIterator[ChunkSet]:
-        """``shard_chunks`` of each of ``shards`` in turn, their indexes read ``INDEX_BATCH`` ahead."""
+    async def _shard_chunk_sets(self, arr: ArrayNode, shards: np.ndarray) -> AsyncIterator[ChunkSet]:
+        """``shard_chunks`` of each of ``shards`` (coordinates, one row each) in turn, their
+        indexes read ``INDEX_BATCH`` ahead."""
         for at in range(0, len(shards), INDEX_BATCH):
-            batch = shards[at:at + INDEX_BATCH]
+            batch = [tuple(row) for row in shards[at:at + INDEX_BATCH].tolist()]
             await self._read_indexes(arr, batch)
             for shard in batch:
                 yield await self.shard_chunks(arr, shard)
