@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Iterator, NamedTuple, Protocol
 
 import numpy as np
 import trio
@@ -104,17 +104,19 @@ class Listing:
         """All entries of a directory with their attributes (every page of ``pages``)."""
         return [entry async for page in self.pages(ino) for entry in page]
 
-    async def pages(self, ino: int) -> AsyncIterator[Entries]:
-        """The entries of a directory with their attributes (for readdirplus), a page of at
-        most ``PAGE`` at a time, each made when the previous one was consumed (errors, e.g.
-        ENOENT, come with the first page)."""
-        async for page in self._pages(ino):
-            if page:
-                yield page
+    async def pages(self, ino: int) -> AsyncGenerator[Entries, None]:
+        """The entries of a directory with their attributes (for readdirplus), in pages of 1 to
+        ``PAGE`` entries, each made when the previous one was consumed (errors, e.g. ENOENT,
+        come with the first page). A group's children, a shard directory's entries and the
+        staging files are each made in one go (a group has few; a shard has at most its
+        chunks-per-shard)."""
+        async for made in self._pages(ino):
+            for at in range(0, len(made), PAGE):
+                yield made[at:at + PAGE]
         staged = [(name, await self.tree.getattr(st.ino))
                   for (parent, name), st in sorted(self.tree.nodes.staged.items()) if parent == ino]
-        if staged:
-            yield staged
+        for at in range(0, len(staged), PAGE):
+            yield staged[at:at + PAGE]
 
     async def _pages(self, ino: int) -> AsyncIterator[Entries]:
         key = self.tree.nodes.node_key(ino)
@@ -170,11 +172,14 @@ class Listing:
                 if not rel or pending.startswith(rel + "/"):
                     name, sep, _rest = pending[len(rel) + 1 if rel else 0:].partition("/")
                     entries.add((name, bool(sep)))
-            names = sorted(entries)
+            ordered = sorted(entries)
             del entries
+            names = np.array([name for name, _ in ordered], dtype=str)  # about 4 bytes a character
+            dirs = np.array([is_dir for _, is_dir in ordered], dtype=bool)
+            del ordered
             for at in range(0, len(names), PAGE):
                 out = []
-                for name, is_dir in names[at:at + PAGE]:
+                for name, is_dir in zip(names[at:at + PAGE].tolist(), dirs[at:at + PAGE].tolist()):
                     sub = join(rel, name)
                     is_shard = not is_dir and layout.keys.parse(sub) is not None
                     if is_shard or (is_dir and layout.keys.is_prefix(sub)):
@@ -187,7 +192,9 @@ class Listing:
                 yield out
         if prefix is None:
             return
-        shards = await self.stored_shards(arr)
+        found = await self.stored_shards(arr)
+        shards = np.array(found, dtype=np.int64).reshape(len(found), layout.ndim)  # 8 bytes a coordinate
+        del found
         fill = False
         if arr.info.serve_missing:
             if int(np.prod(layout.chunk_grid, dtype=object)) <= LIST_FILL_MAX:
@@ -240,10 +247,11 @@ class Listing:
                                             arr.version.mtime_ns))
                 for i in sorted(set(chunks.coords[:, depth].tolist()))]
 
-    async def _shard_chunk_sets(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> AsyncIterator[ChunkSet]:
-        """``shard_chunks`` of each of ``shards`` in turn, their indexes read ``INDEX_BATCH`` ahead."""
+    async def _shard_chunk_sets(self, arr: ArrayNode, shards: np.ndarray) -> AsyncIterator[ChunkSet]:
+        """``shard_chunks`` of each of ``shards`` (coordinates, one row each) in turn, their
+        indexes read ``INDEX_BATCH`` ahead."""
         for at in range(0, len(shards), INDEX_BATCH):
-            batch = shards[at:at + INDEX_BATCH]
+            batch = [tuple(row) for row in shards[at:at + INDEX_BATCH].tolist()]
             await self._read_indexes(arr, batch)
             for shard in batch:
                 yield await self.shard_chunks(arr, shard)
@@ -362,7 +370,7 @@ class DirStream:
 
     def __init__(self, listing: Listing, ino: int) -> None:
         self._listing, self._ino = listing, ino
-        self._pages: AsyncIterator[Entries] | None = None
+        self._pages: AsyncGenerator[Entries, None] | None = None
         self._base = 0  # the offset of the first entry of ``_page``
         self._page: Entries = []
         self._lock = trio.Lock()  # one reader of the listing at a time
@@ -373,14 +381,14 @@ class DirStream:
         async with self._lock:
             if self._pages is None or offset < self._base:
                 await self._close()
-                self._pages = self._listing.pages(self._ino).__aiter__()
+                self._pages = self._listing.pages(self._ino)
             while offset >= self._base + len(self._page):
                 try:
                     page = await self._pages.__anext__()
                 except StopAsyncIteration:
                     return [], 0
-                except BaseException:
-                    await self._close()
+                except BaseException:  # the listing failed (and ended): the next call starts it again
+                    self._pages, self._base, self._page = None, 0, []
                     raise
                 self._base += len(self._page)
                 self._page = page
@@ -398,5 +406,5 @@ class DirStream:
     async def _close(self) -> None:
         pages, self._pages, self._base, self._page = self._pages, None, 0, []
         if pages is not None:
-            await pages.aclose()  # type: ignore[attr-defined]
+            await pages.aclose()
 
