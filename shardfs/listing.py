@@ -156,7 +156,7 @@ class Listing:
             return out
         nested = layout.keys.view_separator == "/"
         shards = await self.stored_shards(arr)
-        await self._read_indexes(arr, shards)
+        await self.read_indexes(arr, shards)
         chunks = ChunkSet.concat([await self.shard_chunks(arr, shard) for shard in shards], layout.ndim)
         if arr.info.serve_missing:
             if int(np.prod(layout.chunk_grid, dtype=object)) <= LIST_FILL_MAX:
@@ -207,7 +207,7 @@ class Listing:
             out = sorted(set(out) | set(self.tree.writeback.dirty_shards(arr.path)))
         return out
 
-    async def _read_indexes(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None:
+    async def read_indexes(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None:
         """Read the indexes of ``shards`` that are not cached, ``INDEX_READS`` at a time (a
         listing needs them all; over an object store each is a round trip). Errors are left
         for the caller's own ``shard_table`` to meet."""
