@@ -52,6 +52,7 @@ log = logging.getLogger("shardfs")
 OPEN_TRIES = 3  # opens of a chunk that find its shard replaced since its index was read, before EIO
 PREFETCH_SHARDS = 6  # shards after a swept one fetched whole ahead, at most this many in flight (objects)
 INDEXES_AHEAD_MAX = 4096  # arrays with more stored shards never have their indexes read ahead
+INDEXES_AHEAD_AT_ONCE = 8  # of those in flight at once (more slow the opens meanwhile: measured)
 INDEXES_AHEAD_OTHER_KEYS = 16  # keys below an array besides its shards (zarr.json...) listed for that
 RESOLVED_KEPT = 256  # chunk lookups remembered for the opens that follow them
 SHARD_KEYS_KEPT = 4096  # shard keys remembered per array (formatting one costs more than a lookup)
@@ -712,10 +713,11 @@ class View:
         trio.lowlevel.spawn_system_task(self._read_indexes_ahead, arr)
 
     async def _read_indexes_ahead(self, arr: ArrayNode) -> None:
-        """Read the indexes of the stored shards of ``arr`` (``Listing.read_indexes``: through
-        ``shard_table``, sharing a read in flight with the opens that need it), if one listing
-        of at most ``INDEXES_AHEAD_MAX`` keys names them and their tables fit a quarter of the
-        index cache; a failure is left for the opens' own reads (logged at debug level)."""
+        """Read the indexes of the stored shards of ``arr``, ``INDEXES_AHEAD_AT_ONCE`` at a time
+        (``Listing.read_indexes``: through ``shard_table``, sharing a read in flight with the
+        opens that need it), if a listing of at most ``INDEXES_AHEAD_MAX`` keys names them and
+        their tables fit a quarter of the index cache; a failure is left for the opens' own
+        reads (logged at debug level)."""
         layout = arr.info.layout
         table_bytes = 16 * int(np.prod(layout.chunks_per_shard))  # (offset, nbytes) uint64 per inner chunk
         most = min(INDEXES_AHEAD_MAX, self.index_cache.max_bytes // 4 // table_bytes)
@@ -723,7 +725,7 @@ class View:
             keys = await self.reads.keys_below(arr.path, most + INDEXES_AHEAD_OTHER_KEYS)
             shards = [c for c in map(layout.keys.parse, keys or ()) if c is not None and layout.shard_in_grid(c)]
             if keys is not None and len(shards) <= most:
-                await self.listing.read_indexes(arr, shards)
+                await self.listing.read_indexes(arr, shards, INDEXES_AHEAD_AT_ONCE)
         except Exception as e:  # noqa: BLE001 - a background read never ends the daemon
             log.debug("%s: indexes not read ahead: %r", self.source.describe(arr.path), e)
 

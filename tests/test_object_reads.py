@@ -156,18 +156,21 @@ def test_a_server_gone_fails_that_read_alone_with_eio_and_one_log_line(tmp_path,
         view = View(st)
 
         async def scenario() -> None:
-            assert await chunk_bytes(view, "0.0") == want["0.0"]  # the shard's index is cached now
+            # the shard's index cached by a listing (so the open reads no index ahead in the
+            # background), then a chunk other than its first (that would fetch it whole)
+            await view.listing.listdir((await view.lookup(ROOT_INODE, "a")).ino)
+            assert await chunk_bytes(view, "1.0") == want["1.0"]
             server.kill()
             caplog.clear()
             with caplog.at_level(logging.ERROR, logger="shardfs"):
                 with pytest.raises(OSError) as failed:
-                    await chunk_bytes(view, "1.0")
+                    await chunk_bytes(view, "0.0")
             assert failed.value.errno == errno.EIO
             lines = [r.getMessage() for r in caplog.records]
             assert len(lines) == 1 and lines[0].startswith(f"s3://{server.bucket}/gone/a/c/0/0: "), lines
-            assert await chunk_bytes(view, "0.0") == want["0.0"]  # what is in memory is still served
+            assert await chunk_bytes(view, "1.0") == want["1.0"]  # what is in memory is still served
             server.start()
-            assert await chunk_bytes(view, "1.0") == want["1.0"]
+            assert await chunk_bytes(view, "0.0") == want["0.0"]
 
         trio.run(scenario)
         st.close()
@@ -276,6 +279,26 @@ def test_a_shard_read_whole_costs_at_most_two_gets_and_reading_it_again_none(cou
     assert proxy.log[before:] == []
 
 
+def test_a_sweep_starting_inside_a_shard_fetches_the_rest_at_the_next_chunk_stored(counted):
+    """A chunk, then the one stored right after it (zarr 3 stores a shard's chunks in Morton
+    order): the second open fetches the shard whole (its index, the first chunk, all of it); the
+    rest of the shard costs nothing more."""
+    view, proxy, requests, want, src = counted
+    index = 16 * CPS * CPS + 4
+    size = (src / "a/c/0/1").stat().st_size
+    table = np.frombuffer((src / "a/c/0/1").read_bytes()[-index:-4], "<u8").reshape(CPS * CPS, 2)
+    offset, nbytes = table[5].tolist()
+    [after] = np.flatnonzero(table[:, 0] == offset + nbytes)
+    sweep = [names((0, 1))[5], names((0, 1))[after]] + [n for i, n in enumerate(names((0, 1))) if i not in (5, after)]
+
+    async def read() -> dict[str, bytes]:
+        return {name: await chunk_bytes(view, name, None, "a") for name in sweep}
+
+    assert trio.run(read) == {name: want("a", name) for name in sweep}
+    assert requests("a/c/0/1") == [("GET", f"bytes=-{index}", False), ("GET", f"bytes={offset}-{offset + nbytes - 1}", True),
+                                   ("GET", f"bytes=0-{size - 1}", True)]
+
+
 def test_nested_indexes_cost_one_request_per_level(counted):
     view, proxy, requests, want, _ = counted
     assert trio.run(chunk_bytes, view, "0.0", None, "n") == want("n", "0.0")
@@ -288,19 +311,23 @@ def test_concurrent_opens_of_a_shard_share_its_index_read_and_its_whole_fetch(co
     view, proxy, requests, want, _ = counted
     got: dict[str, bytes] = {}
 
+    # not its first chunk (a sweep would start there), and none stored right after another
+    # (a sweep from inside the shard): in whatever order they run, they are scattered reads
+    opened = names((1, 0))[1::2]
+
     async def all_at_once() -> None:
         async def one(name: str) -> None:
             got[name] = await chunk_bytes(view, name, None, "a")
 
         async with trio.open_nursery() as nursery:
-            for name in names((1, 0))[1:]:  # not its first chunk: a sweep would start there
+            for name in opened:
                 nursery.start_soon(one, name)
 
     trio.run(all_at_once)
-    assert got == {name: want("a", name) for name in names((1, 0))[1:]}
-    # one index GET, one chunk's GET (the first open), then all of it (the second open): the
+    assert got == {name: want("a", name) for name in opened}
+    # one index GET, the chunks of the first two opens, then all of it (the third open): the
     # other opens wait for those
-    assert [(m, c) for m, _, c in requests("a/c/1/0")] == [("GET", False), ("GET", True), ("GET", True)]
+    assert [(m, c) for m, _, c in requests("a/c/1/0")] == [("GET", False)] + [("GET", True)] * 3
 
 
 def test_listing_an_array_costs_its_listing_and_one_index_get_per_shard(counted):

@@ -65,14 +65,18 @@ class ReadAhead:
     open of a shard right after ``after`` opens of shards that were read ahead (a sweep moving
     on to the next shard); with ``starts``, so is an open of a shard's first chunk (``first``:
     position 0 of its index, where a sweep in C order starts) when no chunk of that shard is
-    among the last opens. Shards larger than ``max_bytes`` are never read ahead.
+    among the last opens; with ``adjacent``, so is an open of the chunk stored right after the
+    last one opened of its shard (a sweep that started inside the shard; scattered reads
+    seldom do that). Shards larger than ``max_bytes`` are never read ahead.
     """
 
     def __init__(self, after: int = READ_AHEAD_AFTER, chained: bool = False, window: int = READ_AHEAD_WINDOW,
-                 max_bytes: int = READ_AHEAD_MAX, starts: bool = False) -> None:
-        self.after, self.chained, self.max_bytes, self.starts = after, chained, max_bytes, starts
+                 max_bytes: int = READ_AHEAD_MAX, starts: bool = False, adjacent: bool = False) -> None:
+        self.after, self.chained, self.max_bytes = after, chained, max_bytes
+        self.starts, self.adjacent = starts, adjacent
         self._recent: deque[tuple[str, Version]] = deque(maxlen=window)  # shards of the last opens
         self._done: set[tuple[str, Version]] = set()
+        self._ends: dict[tuple[str, Version], int] = {}  # shard -> where its last opened chunk ends (adjacent)
 
     def swept(self, ext: Extent) -> bool:
         """True if ``note`` found a sweep of ``ext``'s shard (at this version) with at least
@@ -85,6 +89,11 @@ class ReadAhead:
         sweeping = (self.chained and len(self._recent) >= self.after and all(
             self._recent[-i] in self._done for i in range(1, self.after + 1))) or (
             first and self.starts and shard not in self._recent)
+        if self.adjacent:
+            sweeping = sweeping or self._ends.get(shard) == ext.offset
+            if len(self._ends) >= 4096:
+                self._ends.clear()
+            self._ends[shard] = ext.offset + ext.nbytes
         self._recent.append(shard)
         if ext.version.size > self.max_bytes or shard in self._done:
             return False
