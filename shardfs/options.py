@@ -13,6 +13,7 @@ Anything else is an error naming the option: nothing is mounted.
 
 from __future__ import annotations
 
+import math
 import textwrap
 from dataclasses import dataclass, field
 
@@ -38,6 +39,7 @@ OWN = (
     Option("region", "R", "s3://: the bucket's region (default $AWS_REGION)"),
     Option("anonymous", None, "object store: unsigned requests (public data, no credentials)"),
     Option("cache_size", "SIZE", "object store: memory for fetched object ranges (default 96M)"),
+    Option("timeout", "S", "object store: seconds per request; a hung server fails a read after this (default 30)"),
     Option("cache_dir", "DIR", "object store: keep fetched ranges here across mounts, keyed by ETag "
                                "(at most 5G, least recently used out first)"),
     Option("debug", None, "log every request (as --debug)"),
@@ -101,14 +103,16 @@ def parse(groups: list[str]) -> Parsed:
 
 
 def _check_values(own: dict[str, str]) -> None:
-    for name in ("entry_timeout", "attr_timeout"):
+    for name in ("entry_timeout", "attr_timeout", "timeout"):
         if name in own:
             try:
-                ok = float(own[name]) >= 0
+                seconds = float(own[name])
+                ok = seconds > 0 if name == "timeout" else seconds >= 0
             except ValueError:
                 ok = False
-            if not ok:
-                raise ValueError(f"-o {name}={own[name]}: not a number of seconds")
+            if not ok or not math.isfinite(seconds):
+                raise ValueError(f"-o {name}={own[name]}: not a " + ("positive " if name == "timeout" else "")
+                                 + "number of seconds")
     endpoint = own.get("endpoint")
     if endpoint is not None and not endpoint.startswith(("http://", "https://")):
         raise ValueError(f"-o endpoint={endpoint}: not an http:// or https:// URL")

@@ -2,7 +2,7 @@
 
 ``Source.parse(src, own)`` sorts the ``-o`` options that belong to one kind of source
 (``follow_symlinks`` for a directory; ``endpoint``, ``region``, ``anonymous``,
-``cache_size``, ``cache_dir`` for a URL) and refuses the ones given to the other kind
+``cache_size``, ``cache_dir``, ``timeout`` for a URL) and refuses the ones given to the other kind
 (``ValueError``, one line). A URL is normalized (scheme in lower case, no empty path
 segments, no trailing "/"), and its endpoint is the one in effect: ``-o endpoint`` or,
 for ``s3://``, ``AWS_ENDPOINT_URL``. ``(name, endpoint)`` identifies the source: the state
@@ -22,7 +22,12 @@ from typing import Any, Iterator, Mapping
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://([^/]*)(.*)$")
 LOCAL_ONLY = ("follow_symlinks",)
-URL_ONLY = ("endpoint", "region", "anonymous", "cache_size", "cache_dir")
+URL_ONLY = ("endpoint", "region", "anonymous", "cache_size", "cache_dir", "timeout")
+# Seconds one object-store request may take, connecting and the whole answer included (``-o
+# timeout``): obstore's own default, under which a whole shard (up to 64 MiB, one GET or one PUT)
+# still passes at about 2.2 MB/s. s3fs waits 120 s for a stalled transfer, mountpoint-s3 has no
+# request timeout at all; a hung server costs a read this long before EIO (see ``Retry.for_timeout``).
+DEFAULT_TIMEOUT = 30.0
 
 
 def is_url(src: str) -> bool:
@@ -59,6 +64,7 @@ class Source:
     region: str | None = None
     anonymous: bool = False
     follow_symlinks: bool = False
+    timeout: float = DEFAULT_TIMEOUT  # seconds per object-store request (``-o timeout``)
 
     @classmethod
     def parse(cls, src: str, own: Mapping[str, str], environ: Mapping[str, str] = os.environ) -> "Source":
@@ -76,7 +82,7 @@ class Source:
             raise ValueError("-o region: applies to s3:// URLs only")
         endpoint = own.get("endpoint") or env_endpoint(name, environ)
         return cls(name, True, endpoint=endpoint, region=own.get("region") or None,
-                   anonymous="anonymous" in own)
+                   anonymous="anonymous" in own, timeout=float(own.get("timeout", DEFAULT_TIMEOUT)))
 
     @contextlib.contextmanager
     def opened(self, version_ttl: float = 1.0, list_ttl: float = 0.0) -> Iterator[Any]:
@@ -91,10 +97,10 @@ class Source:
 
             yield LocalStorage(self.name, follow_symlinks=self.follow_symlinks, list_ttl=list_ttl)
             return
-        from shardfs.storage.objects import ObjectStorage
+        from shardfs.storage.objects import ObjectStorage, Retry
 
         storage = ObjectStorage(self.name, endpoint=self.endpoint, region=self.region, anonymous=self.anonymous,
-                                stat_ttl=version_ttl, list_ttl=list_ttl)
+                                retry=Retry.for_timeout(self.timeout), stat_ttl=version_ttl, list_ttl=list_ttl)
         try:
             yield storage
         finally:

@@ -152,3 +152,35 @@ def test_listings_are_served_from_the_cache_while_the_server_is_down(own_s3, tmp
     listed = [sorted(os.listdir(d)) for d in dirs]
     own_s3.kill()
     assert [sorted(os.listdir(d)) for d in dirs] == listed  # well within the 10 s entry timeout
+
+
+def test_a_hung_server_fails_a_read_with_eio_within_the_mount_timeout(own_s3, tmp_path, mount):
+    """``-o timeout=1`` against a server that accepts connections and never answers (frozen with
+    SIGSTOP: the kernel still accepts its connections): a chunk read that needs a request fails
+    with exactly EIO after one attempt of about 1 s, well within ``Retry.for_timeout(1).bound``
+    (obstore's own 30 s otherwise), with one log line naming its shard; what was read before is
+    still served, and the daemon stays alive."""
+    timeout = 1.0
+    bound = Retry.for_timeout(timeout).bound + 2.0  # slack for a loaded machine
+    expected = build(tmp_path / "src", [F])[F.name]
+    mnt = BucketSource(tmp_path / "src", own_s3, "hung").mount(mount, "-o", f"timeout={timeout:g}")
+    daemon = mount.info(mnt)
+    arr = mnt / F.name
+    listing = sorted(os.listdir(arr))  # every index read: the cold read below costs one GET
+    assert {".zarray", "0.0", "3.3"} <= set(listing), listing
+    warm = chunk_path(mnt, (0, 0)).read_bytes()
+    np.testing.assert_array_equal(F.decode(warm), expected_chunk(expected, (0, 0)))
+    os.kill(own_s3.proc.pid, signal.SIGSTOP)
+    try:
+        cold = Outcome(chunk_path(mnt, (2, 2))).join()  # shard (1, 1): nothing of it read
+        assert isinstance(cold.error, OSError) and cold.error.errno == errno.EIO, (
+            f"{cold.error!r} (data: {cold.data is not None}), expected EIO")
+        print(f"\nEIO after {cold.elapsed:.2f} s with -o timeout={timeout:g} (bound {bound:.1f} s)")
+        assert timeout * 0.9 <= cold.elapsed < bound, f"EIO after {cold.elapsed:.2f} s"
+        assert chunk_path(mnt, (0, 0)).read_bytes() == warm
+        assert sorted(os.listdir(arr)) == listing
+        assert daemon.alive(), f"daemon died:\n{daemon.output()[-3000:]}"
+        lines = error_lines(daemon.log_text(), F.shard_key((1, 1)))
+        assert len(lines) == 1, f"expected one log line for the failing request, got {lines}"
+    finally:
+        os.kill(own_s3.proc.pid, signal.SIGCONT)

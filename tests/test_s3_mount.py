@@ -129,6 +129,9 @@ def test_anonymous_requests_are_refused_by_a_private_bucket(uploaded, mnt_dir):
     ("local", "cache_dir=/tmp/c",
      "-o cache_dir: applies to an object-store URL (s3://...), not to a local directory"),
     ("url", "cache_size=lots", "-o cache_size=lots: not a size (e.g. 64M)"),
+    ("local", "timeout=5", "-o timeout: applies to an object-store URL (s3://...), not to a local directory"),
+    ("url", "timeout=x", "-o timeout=x: not a positive number of seconds"),
+    ("url", "timeout=0", "-o timeout=0: not a positive number of seconds"),
 ])
 def test_option_for_the_other_kind_of_source_is_one_line(tmp_path, uploaded, mnt_dir, src, opt, message):
     src = {"url": uploaded.url, "local": str(tmp_path / "src")}.get(src, src)

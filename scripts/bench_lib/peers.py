@@ -14,10 +14,11 @@ sides alternating over the repetitions (medians reported):
 - ``cat`` of every chunk file, first pass after mounting and second pass;
 - ``ls -l`` of the array's directory right after mounting.
 
-The shardfs side is a default (writable) mount; a read-only one (``-o ro``, no FLUSH
-request per ``close``, as the peers' read-only mounts) answers the zarr reads too, in the
-rows' notes. ``--smoke`` mounts each side but that one once: one read after mounting,
-then the two ``cat`` passes.
+The shardfs side is a default (writable) mount; a read-only one (``shardfs-ro``: ``-o ro``,
+no FLUSH request per ``close``, as the peers' read-only mounts) answers every operation too,
+in a row of its own under each figure (no target: the targets are the default mount's).
+``--smoke`` mounts each side but that one once: one read after mounting, then the two
+``cat`` passes.
 
 Targets (DESIGN.md "Performance targets"): shardfs at most ratarmount's time and at most
 1.1x fuse-zip's on every timed row, and at most ratarmount's CPU per chunk.
@@ -73,6 +74,45 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def zarr_readers(bench: Any, py2: str, clients: str, vol: Path, n: int, pid: int | None
+                 ) -> tuple[float, float | None]:
+    """``n`` concurrent zarr 2.18 processes (``py2`` running ``clients``) reading disjoint slabs of
+    ``vol`` (all of it together), started together once each has imported zarr (so the daemon CPU
+    measured is the read's alone, not what the daemon does at its start meanwhile, such as
+    importing zarr-python itself): (wall seconds from the first start to the last end, daemon CPU seconds
+    over the read or None without a daemon). The slabs' sums must add up to the array's."""
+    procs = [subprocess.Popen([py2, clients, "zarr_read_part", str(vol), str(k), str(n)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for k in range(n)]
+    try:
+        for p in procs:
+            if p.stdout.readline().strip() != "ready":
+                raise PeerError(f"reader did not start: {p.communicate(timeout=10)[1].strip()[-300:]}")
+        cpu0 = cpu_seconds(pid) if pid else None
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        deadline = time.monotonic() + bench.op_timeout()
+        outs = []
+        for p in procs:
+            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            if p.returncode:
+                raise PeerError(f"reader exit {p.returncode}: {err.strip()[-300:]}")
+            outs.append(json.loads(out.strip().splitlines()[-1]))
+        cpu = cpu_seconds(pid) - cpu0 if pid else None
+    except subprocess.TimeoutExpired:
+        raise PeerError(f"{n} zarr readers did not finish in time") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()  # our own child, by its Popen
+                p.wait()
+    total = sum(o["sum"] for o in outs)
+    if total != bench.vol_sum:
+        raise PeerError(f"{n} readers read wrong data (sum {total} != {bench.vol_sum})")
+    return max(o["end"] for o in outs) - min(o["start"] for o in outs), cpu
+
+
 class Peers:
     """One run of the peers figure on a ``main.Bench`` (its datasets, mounts and helpers)."""
 
@@ -112,39 +152,8 @@ class Peers:
             yield m.mnt, m.pid
 
     def zarr_readers(self, vol: Path, n: int, pid: int | None) -> tuple[float, float | None]:
-        """``n`` concurrent zarr 2.18 processes reading disjoint slabs of ``vol`` (all of it together),
-        started together: (wall seconds from the first start to the last end, daemon CPU seconds
-        over the read or None without a daemon). The slabs' sums must add up to the array's."""
-        procs = [subprocess.Popen([self.py2, self.clients, "zarr_read_part", str(vol), str(k), str(n)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for k in range(n)]
-        try:
-            for p in procs:
-                if p.stdout.readline().strip() != "ready":
-                    raise PeerError(f"reader did not start: {p.communicate(timeout=10)[1].strip()[-300:]}")
-            cpu0 = cpu_seconds(pid) if pid else None
-            for p in procs:
-                p.stdin.write("go\n")
-                p.stdin.flush()
-            deadline = time.monotonic() + self.b.op_timeout()
-            outs = []
-            for p in procs:
-                out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-                if p.returncode:
-                    raise PeerError(f"reader exit {p.returncode}: {err.strip()[-300:]}")
-                outs.append(json.loads(out.strip().splitlines()[-1]))
-            cpu = cpu_seconds(pid) - cpu0 if pid else None
-        except subprocess.TimeoutExpired:
-            raise PeerError(f"{n} zarr readers did not finish in time") from None
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()  # our own child, by its Popen
-                    p.wait()
-        total = sum(o["sum"] for o in outs)
-        if total != self.b.vol_sum:
-            raise PeerError(f"{n} readers read wrong data (sum {total} != {self.b.vol_sum})")
-        return max(o["end"] for o in outs) - min(o["start"] for o in outs), cpu
+        """``zarr_readers`` with this figure's bench and zarr 2.18 client."""
+        return zarr_readers(self.b, self.py2, self.clients, vol, n, pid)
 
     def run(self) -> list[Any]:
         b = self.b
@@ -167,12 +176,12 @@ class Peers:
                         put("cat2", side, b.shell(cat, cwd=root / "vol"))
                     else:
                         put("zarr2", side, self.zarr_readers(root / "vol", 1, pid)[0])
-                    for n in readers if side not in ("real", "shardfs-ro") and not b.smoke else ():
+                    for n in readers if side != "real" and not b.smoke else ():
                         b.drop_caches()
                         wall, cpu = self.zarr_readers(root / "vol", n, pid)
                         put(f"wall{n}", side, wall)
                         put(f"cpu{n}", side, cpu / self.n_chunks * 1e6)
-                if not b.smoke and side != "shardfs-ro":
+                if not b.smoke:
                     with self.fresh(side, "cat") as (root, _):
                         put("cat1", side, b.shell(cat, cwd=root / "vol"))
                         put("cat2", side, b.shell(cat, cwd=root / "vol"))
@@ -205,20 +214,29 @@ class Peers:
     def rows(self, v: dict[str, float], label: str, unit: str, targets: bool, extra: str = "",
              second: bool = True) -> list[Any]:
         """``label``: shardfs vs ratarmount (target 1x), then (with ``second``) vs fuse-zip (target
-        1.1x, not for CPU); the other sides' values in the first row's note."""
+        1.1x, not for CPU); the other sides' values in the first row's note. Then the same rows
+        for ``shardfs-ro`` (if measured), without targets."""
         b, out = self.b, []
-        for peer, limit in (("ratarmount", 1.0), ("fuse-zip", 1.1 if unit == "s" else None)):
-            if peer not in v or out and not second:
+        for side in ("shardfs", "shardfs-ro"):
+            if side not in v:
                 continue
-            first = not out
-            figure = f"{label}: shardfs vs {peer}" if first else f"  same, shardfs vs {peer}"
-            if v[peer] > 0:
-                row = b.ratio_row(figure, unit, v["shardfs"], v[peer], limit if targets else None)
-            else:  # under one clock tick of CPU (a --smoke run): no ratio
-                row = replace(b.ratio_row(figure, unit, v["shardfs"], 1.0, None), baseline=v[peer], ratio=None)
-            if first:
-                row.note = self.values(v, ("shardfs", peer)) + (f"; {extra}" if extra else "")
-            out.append(row)
+            rows: list[Any] = []
+            for peer, limit in (("ratarmount", 1.0), ("fuse-zip", 1.1 if unit == "s" else None)):
+                if peer not in v or rows and not second:
+                    continue
+                first = not out and not rows
+                # a sub-row's label ("  same, ...") is repeated for each side: it names the case
+                full = first or not rows and label.startswith("  ")
+                figure = f"{label}: {side} vs {peer}" if full else f"  same, {side} vs {peer}"
+                limit = limit if targets and side == "shardfs" else None
+                if v[peer] > 0:
+                    row = b.ratio_row(figure, unit, v[side], v[peer], limit)
+                else:  # under one clock tick of CPU (a --smoke run): no ratio
+                    row = replace(b.ratio_row(figure, unit, v[side], 1.0, None), baseline=v[peer], ratio=None)
+                if first:
+                    row.note = self.values(v, ("shardfs", peer)) + (f"; {extra}" if extra else "")
+                rows.append(row)
+            out += rows
         return out
 
 

@@ -27,7 +27,8 @@ obstore (the Rust object_store bindings zarr-python 3 uses):
   write (the window is one round trip; folds never delete shards, only the metadata paths do).
 
 Faults: 5xx, timeouts and dropped connections are retried by obstore with exponential backoff
-(``Retry``: at most ``max_retries`` retries within ``retry_timeout``), then that one call raises
+(``Retry``: at most ``max_retries`` retries within ``retry_timeout``; each attempt at most
+``request_timeout``, the mount's ``-o timeout``: ``Retry.for_timeout``), then that one call raises
 ``OSError(EIO)`` with a one-line message, also logged (one line per failed call); the next
 call starts afresh. 403 -> ``PermissionError``. ``check()`` (at mount) turns bad credentials,
 a missing bucket or prefix and an unreachable endpoint into one ``StorageUnavailable`` line.
@@ -51,7 +52,8 @@ Configuration: ``s3://`` reads the standard AWS variables (``AWS_ACCESS_KEY_ID``
 code and read the AZURE_* / GOOGLE_* variables (``AZURE_STORAGE_ACCOUNT_NAME``/``_KEY``...);
 ``endpoint`` maps to their base URL, ``region`` is S3 only. Azure has no suffix GET: a read with
 a negative offset takes the size from ``if_version`` or a HEAD. ``az://`` passes the contract
-tests against Azurite; ``gs://`` is untested (no emulator here).
+tests against Azurite; ``gs://`` is untested (no emulator on PyPI takes object_store's
+conditional XML-API PUTs: see README).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ from obstore.store import from_url
 from obstore.exceptions import (AlreadyExistsError, NotFoundError, PermissionDeniedError, PreconditionError,
                                 UnauthenticatedError)
 
-from shardfs.source import env_endpoint
+from shardfs.source import DEFAULT_TIMEOUT, env_endpoint
 from shardfs.storage import ABSENT, UNKNOWN, Entry, Range, Version, VersionMismatch, _Absent, _Unknown
 from shardfs.storage.listings import Listings
 from shardfs.storage.versions import Remembered
@@ -87,6 +89,7 @@ STATFS_BYTES = 1 << 60  # the size statvfs reports (see ``ObjectStorage.statvfs`
 STATFS_BLOCK = 1 << 20
 _STATUS = re.compile(r"status code: (\d{3})")
 _MISSING = (NotFoundError, FileNotFoundError)  # obstore raises either for a 404
+Buffer = bytes | obstore.Bytes  # a GET's body: a copy, or obstore's own read-only buffer (``copy=False``)
 
 
 class StorageUnavailable(Exception):
@@ -95,14 +98,34 @@ class StorageUnavailable(Exception):
 
 @dataclass(frozen=True)
 class Retry:
-    """Bounds on obstore's retries of transient faults, and on each request's duration."""
+    """Bounds on obstore's retries of transient faults, and on each request's duration.
+
+    obstore retries a timed-out attempt like any other transient fault, as long as less than
+    ``retry_timeout`` has passed since the first attempt (measured: a server that accepts
+    connections and never answers, ``request_timeout`` 1 s: 6 attempts, EIO after 7 s with a
+    ``retry_timeout`` of 20 s; 3 attempts, 3.3 s, with 2.5 s)."""
 
     max_retries: int = 5
-    retry_timeout: float = 20.0  # seconds from the first attempt after which none is retried
+    retry_timeout: float = DEFAULT_TIMEOUT  # seconds from the first attempt after which none is retried
     init_backoff: float = 0.1
     max_backoff: float = 2.0
-    request_timeout: float = 30.0
+    request_timeout: float = DEFAULT_TIMEOUT
     connect_timeout: float = 5.0
+
+    @classmethod
+    def for_timeout(cls, timeout: float) -> "Retry":
+        """The bounds of a mount's ``-o timeout``: each attempt at most ``timeout`` seconds
+        (connecting at most 5 of them), retried only within ``timeout`` of the first. So a hung
+        server costs one attempt, EIO after ``timeout``; whatever the faults, a call fails
+        within ``2 * timeout + max_backoff`` (a retry starts before ``timeout`` has passed, and
+        takes at most ``timeout``), while quick faults (5xx, a refused or dropped connection)
+        still get their ``max_retries`` retries."""
+        return cls(retry_timeout=timeout, request_timeout=timeout, connect_timeout=min(timeout, 5.0))
+
+    @property
+    def bound(self) -> float:
+        """Seconds after which a call has failed at the latest (see ``for_timeout``)."""
+        return self.retry_timeout + self.max_backoff + self.request_timeout
 
 
 def _status(e: BaseException) -> int | None:
@@ -149,6 +172,7 @@ class ObjectStorage:
             config["skip_signature"] = True
         self._url, self._config = url, config
         self._client = {"allow_http": bool(endpoint and endpoint.startswith("http://"))}
+        self._retry = retry
         self._store = self._build(retry)
         self._own_loop = loop is None
         self.loop = loop or LoopThread(name="objects")
@@ -216,8 +240,9 @@ class ObjectStorage:
         except Exception as e:
             raise self._error(e, key) from None
 
-    async def _get(self, key: str, rng: Range | None, etag: str | None) -> tuple[bytes, Version]:
-        """One GET of ``rng`` (or all), If-Match ``etag``; a range past the end reads b""."""
+    async def _get(self, key: str, rng: Range | None, etag: str | None, copy: bool = True) -> tuple[Buffer, Version]:
+        """One GET of ``rng`` (or all), If-Match ``etag``; a range past the end reads b"".
+        ``copy=False``: the body as obstore received it (a read-only ``obstore.Bytes``, no copy)."""
         options: dict[str, Any] = {}
         if rng is not None:
             options["range"] = {"suffix": -rng.offset} if rng.offset < 0 else (rng.offset, rng.offset + rng.nbytes)
@@ -225,15 +250,17 @@ class ObjectStorage:
             options["if_match"] = etag
         try:
             result = await obstore.get_async(self._store, key, options=options)
-            data = bytes(await result.bytes_async())
-            return data, _version(result.meta)
+            body = await result.bytes_async()
+            return bytes(body) if copy else body, _version(result.meta)
         except Exception as e:
             if rng is not None and _status(e) == 416:  # starts at or past the end
                 return b"", None  # type: ignore[return-value]
             raise self._error(e, key) from None
 
-    async def aread(self, key: str, ranges: Sequence[Range], if_version: Version | None = None) -> list[bytes]:
-        """See ``Storage.read``."""
+    async def aread(self, key: str, ranges: Sequence[Range], if_version: Version | None = None,
+                    copy: bool = True) -> list[Buffer]:
+        """See ``Storage.read``; ``copy=False``: each range a read-only buffer sharing the
+        response's memory (``obstore.Bytes``: no copy of the body, for the read path's cache)."""
         if self.scheme == "az" and any(r.offset < 0 for r in ranges):  # Azure has no suffix GET
             if if_version is None:
                 if_version = await self.aversion(key)
@@ -246,14 +273,14 @@ class ObjectStorage:
             return [b"" for _ in ranges]
         for _ in range(CONSISTENT_READ_TRIES):
             etag = if_version.tag if if_version is not None else None
-            fetched: list[bytes | None] = [None] * len(groups)
+            fetched: list[Buffer | None] = [None] * len(groups)
             todo = list(range(len(groups)))
             if etag is None:  # the first GET fixes the version the others must match
-                fetched[0], seen = await self._get(key, groups[0], None)
+                fetched[0], seen = await self._get(key, groups[0], None, copy)
                 etag = seen.tag if seen is not None else None
                 todo = todo[1:]
             try:
-                results = await asyncio.gather(*(self._get(key, groups[i], etag) for i in todo))
+                results = await asyncio.gather(*(self._get(key, groups[i], etag, copy) for i in todo))
             except VersionMismatch:
                 if if_version is not None:
                     raise
@@ -282,11 +309,12 @@ class ObjectStorage:
         self._versions.put(key, version, token)
         return data, version
 
-    async def aread_all(self, key: str) -> tuple[bytes, Version]:
-        """See ``Storage.read_all``; the version is remembered as ``read_versioned``'s."""
+    async def aread_all(self, key: str, copy: bool = True) -> tuple[Buffer, Version]:
+        """See ``Storage.read_all``; the version is remembered as ``read_versioned``'s;
+        ``copy=False`` as for ``aread``."""
         token = self._versions.token()
         try:
-            data, version = await self._get(key, None, None)
+            data, version = await self._get(key, None, None, copy)
         except FileNotFoundError:
             self._versions.put(key, None, token)
             raise
@@ -439,7 +467,8 @@ class ObjectStorage:
     def check(self) -> None:
         """Raise ``StorageUnavailable`` (one line) unless the bucket and prefix exist and answer
         these credentials; fails fast (two attempts, 5 s each) on an unreachable endpoint."""
-        quick = self._build(Retry(max_retries=1, retry_timeout=5, request_timeout=5, connect_timeout=3))
+        quick = self._build(Retry(max_retries=1, retry_timeout=5, request_timeout=min(5.0, self._retry.request_timeout),
+                                  connect_timeout=min(3.0, self._retry.connect_timeout)))
         try:
             found = any(chunk for chunk in obstore.list(quick, None, chunk_size=1))
         except Exception as e:
@@ -474,7 +503,7 @@ def _coalesce(ranges: Sequence[Range]) -> list[Range]:
     return groups
 
 
-def _slice(ranges: Sequence[Range], groups: list[Range], fetched: list[bytes | None]) -> list[bytes]:
+def _slice(ranges: Sequence[Range], groups: list[Range], fetched: list[Buffer | None]) -> list[Buffer]:
     """Cut each requested range out of the GET that covers it."""
     out = []
     for r in ranges:
