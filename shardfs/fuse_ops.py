@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import itertools
 import logging
 import os
 import time
@@ -32,6 +33,7 @@ import trio
 
 from shardfs.handles import DirHandle, Handles
 from shardfs.inodes import KernelInodes, Pages
+from shardfs.listing import DirStream
 from shardfs.attrs import Attr
 from shardfs.nodetable import CHUNK_BASE
 from shardfs.view import ReadHandle, View
@@ -147,24 +149,33 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def opendir(self, inode: int, ctx: Any) -> int:
         await self.view.getattr(inode)
-        return self._handles.add(DirHandle(inode))
+        return self._handles.add(DirHandle(inode, DirStream(self.view.listing, inode)))
 
     @_guard
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        handle = self._handles[fh]
-        if handle.entries is None or start_id == 0:
-            handle.entries = await self.view.listing.listdir(handle.ino)
+        """Entries from offset ``start_id`` on, until the kernel's buffer is full; offset 0
+        lists afresh. The entries come a page at a time (``DirStream``)."""
+        stream = self._handles[fh].stream
+        if start_id == 0:
+            await stream.rewind()
         e = None
-        for i in range(start_id, len(handle.entries)):
-            name, attr = handle.entries[i]
-            e = self._entry(attr, e)
-            if not pyfuse3.readdir_reply(token, os.fsencode(name), e, i + 1):
-                break
-            self._kernel.looked_up(attr.ino)
+        offset = start_id
+        while True:
+            page, i = await stream.at(offset)
+            if not page:
+                return
+            for name, attr in itertools.islice(page, i, None):
+                e = self._entry(attr, e)
+                if not pyfuse3.readdir_reply(token, os.fsencode(name), e, offset + 1):
+                    return
+                self._kernel.looked_up(attr.ino)
+                offset += 1
 
     @_guard
     async def releasedir(self, fh: int) -> None:
-        self._handles.pop(fh)
+        handle = self._handles.pop(fh)
+        if isinstance(handle, DirHandle):
+            await handle.stream.aclose()
 
     @_guard
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:

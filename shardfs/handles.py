@@ -6,17 +6,17 @@ import itertools
 from dataclasses import dataclass
 from typing import Union
 
-from shardfs.attrs import Attr
+from shardfs.listing import DirStream
 from shardfs.reads import ReadHandle
 from shardfs.writes import WriteHandle
 
 
 @dataclass
 class DirHandle:
-    """An open directory: its entries, listed once per pass of readdir."""
+    """An open directory: its listing, made a page at a time as readdir consumes it."""
 
     ino: int
-    entries: list[tuple[str, Attr]] | None = None
+    stream: DirStream
 
 
 Handle = Union[ReadHandle, WriteHandle, DirHandle]

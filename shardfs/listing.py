@@ -1,6 +1,6 @@
 """Directory listings (readdirplus) and the stored inner chunks they show.
 
-Contract: ``Listing.listdir`` returns every entry of a directory with the attributes
+Contract: ``Listing.pages`` produces every entry of a directory with the attributes
 ``stat`` would show for it (``Tree.getattr``, ``Tree.chunk_attrs``): the metadata files,
 child groups and arrays, and directories made by mkdir of a group; the chunk files
 (and, with dimension_separator "/", key directories) of an array, with the empty chunks
@@ -8,6 +8,15 @@ it serves when it has at most ``LIST_FILL_MAX`` of them; the shards and key pref
 a source directory; the inner shards or chunks of a (nested) shard directory; then the
 staging files of the directory. ``stored_shards`` and ``shard_chunks`` say which shards
 and inner chunks are stored or pending (written through the mount, not folded yet).
+
+Memory: entries are made a page (at most ``PAGE``) at a time, as a reader consumes them
+(``DirStream``: one per open directory, keeping its offsets stable). An array's chunk files
+come a few shards at a time from their cached indexes (read ``INDEX_READS`` at a time,
+``INDEX_BATCH`` shards ahead), so listing an array holds its shard coordinates and one batch
+of shards' chunks, never every chunk file's name and attributes at once; when it serves
+empty inner chunks it also holds the stored chunks' positions, sizes and mtimes (24 bytes
+each), never the whole grid. Listings with a key directory per coordinate
+(``dimension_separator`` "/") are computed whole, then produced a page at a time.
 
 Everything else it needs comes from the view, seen through the ``Tree`` protocol (this
 module does not import ``shardfs.view``). Runs on the trio thread; source listings go
@@ -18,7 +27,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Iterator, NamedTuple, Protocol
 
 import numpy as np
 import trio
@@ -37,6 +46,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("shardfs")
 
 INDEX_READS = 32  # shard indexes a listing reads at once
+INDEX_BATCH = 256  # shards whose indexes a listing reads ahead of the entries it produces
+PAGE = 1024  # entries a listing makes at a time
+Entries = list[tuple[str, Attr]]
 LIST_FILL_MAX = 1 << 22  # arrays with more inner chunks do not list the empty ones they serve
 
 
@@ -47,7 +59,7 @@ class ChunkSet(NamedTuple):
     size: np.ndarray
     mtime: np.ndarray
 
-    def where(self, mask: np.ndarray) -> "ChunkSet":
+    def where(self, mask: np.ndarray | slice) -> "ChunkSet":
         return ChunkSet(self.coords[mask], self.size[mask], self.mtime[mask])
 
     @staticmethod
@@ -88,23 +100,34 @@ class Listing:
     def __init__(self, tree: Tree) -> None:
         self.tree = tree
 
-    async def listdir(self, ino: int) -> list[tuple[str, Attr]]:
-        """All entries of a directory with their attributes (for readdirplus)."""
-        entries = await self._listdir(ino)
-        for (parent, name), st in sorted(self.tree.nodes.staged.items()):
-            if parent == ino:
-                entries.append((name, await self.tree.getattr(st.ino)))
-        return entries
+    async def listdir(self, ino: int) -> Entries:
+        """All entries of a directory with their attributes (every page of ``pages``)."""
+        return [entry async for page in self.pages(ino) for entry in page]
 
-    async def _listdir(self, ino: int) -> list[tuple[str, Attr]]:
+    async def pages(self, ino: int) -> AsyncGenerator[Entries, None]:
+        """The entries of a directory with their attributes (for readdirplus), in pages of 1 to
+        ``PAGE`` entries, each made when the previous one was consumed (errors, e.g. ENOENT,
+        come with the first page). A group's children, a shard directory's entries and the
+        staging files are each made in one go (a group has few; a shard has at most its
+        chunks-per-shard)."""
+        async for made in self._pages(ino):
+            for at in range(0, len(made), PAGE):
+                yield made[at:at + PAGE]
+        staged = [(name, await self.tree.getattr(st.ino))
+                  for (parent, name), st in sorted(self.tree.nodes.staged.items()) if parent == ino]
+        for at in range(0, len(staged), PAGE):
+            yield staged[at:at + PAGE]
+
+    async def _pages(self, ino: int) -> AsyncIterator[Entries]:
         key = self.tree.nodes.node_key(ino)
         if isinstance(key, DirKey):
             node = await self.tree.node(key.path)
             if node is None:
                 if key.path not in self.tree.new_dirs:
                     raise fail(errno.ENOENT)
-                return [(name, await self.tree.getattr(self.tree.nodes.inode(DirKey(join(key.path, name)))))
-                        for name in self.tree.new_children(key.path)]
+                yield [(name, await self.tree.getattr(self.tree.nodes.inode(DirKey(join(key.path, name)))))
+                       for name in self.tree.new_children(key.path)]
+                return
             out = []
             for name in self.tree.meta_names(node):
                 mino = self.tree.nodes.inode(MetaKey(node.path, name))
@@ -118,65 +141,120 @@ class Listing:
                 for name in self.tree.new_children(node.path):
                     if name not in shown:
                         out.append((name, await self.tree.getattr(self.tree.nodes.inode(DirKey(join(node.path, name))))))
-                return out
+                yield out
+                return
+            yield out
             if node.info is not None:  # chunk files only: shard directories are one lookup away
-                out.extend(await self._list_array(node, None, ()))
-            return out
+                async for page in self._array_pages(node, None, ()):
+                    yield page
+            return
         if not isinstance(key, ARRAY_DIRS):
             raise fail(errno.ENOTDIR)
         arr = self.tree.arrays[key.path]
         box = self.tree.box_of(arr, key)
-        if box is not None:
-            return await self._list_box(arr, *box)
-        if isinstance(key, ShardDirKey):  # a key prefix directory of the source
-            return await self._list_array(arr, key.rel, None)
-        return await self._list_array(arr, None, key.prefix)
+        if box is not None:  # at most one shard's chunks
+            yield await self._list_box(arr, *box)
+        elif isinstance(key, ShardDirKey):  # a key prefix directory of the source
+            async for page in self._array_pages(arr, key.rel, None):
+                yield page
+        else:
+            async for page in self._array_pages(arr, None, key.prefix):
+                yield page
 
-    async def _list_array(self, arr: ArrayNode, rel: str | None, prefix: tuple[int, ...] | None
-                          ) -> list[tuple[str, Attr]]:
+    async def _array_pages(self, arr: ArrayNode, rel: str | None, prefix: tuple[int, ...] | None
+                           ) -> AsyncIterator[Entries]:
+        """An array directory: the shards and key prefixes of source directory ``rel``, or the
+        chunk files (or key directories) below key ``prefix``."""
         layout = arr.info.layout
-        out: list[tuple[str, Attr]] = []
         if rel is not None and layout.index is not None:
             entries = set(await blocking(list_entries, self.tree.source, join(arr.path, rel)))
             for pending in self.tree.pending_shard_keys(arr):  # shards not folded into the source yet
                 if not rel or pending.startswith(rel + "/"):
                     name, sep, _rest = pending[len(rel) + 1 if rel else 0:].partition("/")
                     entries.add((name, bool(sep)))
-            for name, is_dir in sorted(entries):
-                sub = join(rel, name)
-                is_shard = not is_dir and layout.keys.parse(sub) is not None
-                if is_shard or (is_dir and layout.keys.is_prefix(sub)):
-                    shown = name + ".shard" if is_shard and self.tree.shard_suffix(arr) else name
-                    ino = self.tree.nodes.inode(ShardDirKey(arr.path, sub))
-                    try:
-                        out.append((shown, await self.tree.getattr(ino)))
-                    except OSError:
-                        pass
+            ordered = sorted(entries)
+            del entries
+            names = np.array([name for name, _ in ordered], dtype=str)  # about 4 bytes a character
+            dirs = np.array([is_dir for _, is_dir in ordered], dtype=bool)
+            del ordered
+            for at in range(0, len(names), PAGE):
+                out = []
+                for name, is_dir in zip(names[at:at + PAGE].tolist(), dirs[at:at + PAGE].tolist()):
+                    sub = join(rel, name)
+                    is_shard = not is_dir and layout.keys.parse(sub) is not None
+                    if is_shard or (is_dir and layout.keys.is_prefix(sub)):
+                        shown = name + ".shard" if is_shard and self.tree.shard_suffix(arr) else name
+                        ino = self.tree.nodes.inode(ShardDirKey(arr.path, sub))
+                        try:
+                            out.append((shown, await self.tree.getattr(ino)))
+                        except OSError:
+                            pass
+                yield out
         if prefix is None:
-            return out
-        nested = layout.keys.view_separator == "/"
-        shards = await self.stored_shards(arr)
-        await self._read_indexes(arr, shards)
-        chunks = ChunkSet.concat([await self.shard_chunks(arr, shard) for shard in shards], layout.ndim)
+            return
+        found = await self.stored_shards(arr)
+        shards = np.array(found, dtype=np.int64).reshape(len(found), layout.ndim)  # 8 bytes a coordinate
+        del found
+        fill = False
         if arr.info.serve_missing:
             if int(np.prod(layout.chunk_grid, dtype=object)) <= LIST_FILL_MAX:
-                chunks = self._with_fill_chunks(arr, chunks, len(await self.tree.fill_file(arr)))
+                fill = True
             elif not arr.fill_unlisted:
                 arr.fill_unlisted = True
                 log.warning("%s: more than %d inner chunks: empty ones are served but not listed",
                             self.tree.source.describe(arr.path), LIST_FILL_MAX)
-        if not nested:
-            out.extend(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
-            return out
+        if fill or layout.keys.view_separator == "/":
+            chunks = ChunkSet.concat([c async for c in self._shard_chunk_sets(arr, shards)], layout.ndim)
+            if fill:
+                filled = self._with_fill_chunks(arr, chunks, len(await self.tree.fill_file(arr)))
+                if layout.keys.view_separator != "/":
+                    for part in filled:
+                        yield list(zip(layout.names.keys(part.coords), self._chunk_attrs(arr, part)))
+                    return
+                chunks = ChunkSet.concat(list(filled), layout.ndim)
+            entries = self._nested(arr, chunks, prefix)
+            del chunks
+            for at in range(0, len(entries), PAGE):
+                yield entries[at:at + PAGE]
+            return
+        held: list[ChunkSet] = []
+        count = 0
+        async for chunks in self._shard_chunk_sets(arr, shards):
+            held.append(chunks)
+            count += len(chunks.size)
+            if count >= PAGE:
+                async for page in self._chunk_pages(arr, ChunkSet.concat(held, layout.ndim)):
+                    yield page
+                held, count = [], 0
+        async for page in self._chunk_pages(arr, ChunkSet.concat(held, layout.ndim)):
+            yield page
+
+    async def _chunk_pages(self, arr: ArrayNode, chunks: ChunkSet) -> AsyncIterator[Entries]:
+        """The chunk files of ``chunks`` (v2 keys as names), at most ``PAGE`` at a time."""
+        for at in range(0, len(chunks.size), PAGE):
+            part = chunks.where(slice(at, at + PAGE))
+            yield list(zip(arr.info.layout.names.keys(part.coords), self._chunk_attrs(arr, part)))
+
+    def _nested(self, arr: ArrayNode, chunks: ChunkSet, prefix: tuple[int, ...]) -> Entries:
+        """With dimension_separator "/": the entries of key directory ``prefix`` (the chunk files
+        named by their last coordinate, or the key directories of the next one)."""
+        layout = arr.info.layout
         depth = len(prefix)
         chunks = chunks.where(np.all(chunks.coords[:, :depth] == np.array(prefix, dtype=np.int64), axis=1))
         if depth + 1 == layout.ndim:
-            out.extend(zip(map(str, chunks.coords[:, depth].tolist()), self._chunk_attrs(arr, chunks)))
-        else:
-            for i in sorted(set(chunks.coords[:, depth].tolist())):
-                kino = self.tree.nodes.inode(KeyDirKey(arr.path, prefix + (i,)))
-                out.append((str(i), self.tree.dir_attr(kino, arr.version.mtime_ns)))
-        return out
+            return list(zip(map(str, chunks.coords[:, depth].tolist()), self._chunk_attrs(arr, chunks)))
+        return [(str(i), self.tree.dir_attr(self.tree.nodes.inode(KeyDirKey(arr.path, prefix + (i,))),
+                                            arr.version.mtime_ns))
+                for i in sorted(set(chunks.coords[:, depth].tolist()))]
+
+    async def _shard_chunk_sets(self, arr: ArrayNode, shards: np.ndarray) -> AsyncIterator[ChunkSet]:
+        """``shard_chunks`` of each of ``shards`` (coordinates, one row each) in turn, their
+        indexes read ``INDEX_BATCH`` ahead."""
+        for at in range(0, len(shards), INDEX_BATCH):
+            batch = [tuple(row) for row in shards[at:at + INDEX_BATCH].tolist()]
+            await self._read_indexes(arr, batch)
+            for shard in batch:
+                yield await self.shard_chunks(arr, shard)
 
     async def _list_box(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> list[tuple[str, Attr]]:
         """A shard or inner shard directory: its inner shards, or at the innermost level its chunks."""
@@ -250,24 +328,83 @@ class Listing:
         coords, inside = layout.chunks_at(shard, pos)
         return ChunkSet(coords[inside], arr.info.chunk.file_size(nbytes[inside]), mtime[inside])
 
-    @staticmethod
-    def _with_fill_chunks(arr: ArrayNode, stored: ChunkSet, fill_size: int) -> ChunkSet:
-        """Every in-bounds inner chunk in C order: ``stored`` ones as they are, the others as
-        fill chunks (``fill_size`` bytes, the array metadata's mtime)."""
+    def _with_fill_chunks(self, arr: ArrayNode, stored: ChunkSet, fill_size: int) -> Iterator[ChunkSet]:
+        """Every in-bounds inner chunk in C order, ``PAGE`` at a time: ``stored`` ones as they
+        are, the others as fill chunks (``fill_size`` bytes, the array metadata's mtime)."""
         grid = arr.info.layout.chunk_grid
-        n = int(np.prod(grid, dtype=np.int64))
-        coords = np.indices(grid, dtype=np.int64).reshape(len(grid), n).T
-        size = np.full(n, fill_size, dtype=np.int64)
-        mtime = np.full(n, arr.version.mtime_ns, dtype=np.int64)
-        if len(stored.size):
-            at = np.ravel_multi_index(tuple(stored.coords.T), grid) if grid else np.zeros(len(stored.size), np.int64)
-            size[at], mtime[at] = stored.size, stored.mtime
-        return ChunkSet(coords, size, mtime)
+        total = int(np.prod(grid, dtype=np.int64))
+        linear = self._linear(arr, stored.coords)
+        order = np.argsort(linear, kind="stable")
+        linear, size, mtime = linear[order], stored.size[order], stored.mtime[order]
+        for at in range(0, total, PAGE):
+            ids = np.arange(at, min(total, at + PAGE), dtype=np.int64)
+            coords = (np.stack(np.unravel_index(ids, grid), axis=1).astype(np.int64) if grid
+                      else np.zeros((len(ids), 0), np.int64))
+            page = ChunkSet(coords, np.full(len(ids), fill_size, np.int64),
+                            np.full(len(ids), arr.version.mtime_ns, np.int64))
+            lo, hi = np.searchsorted(linear, [at, at + len(ids)])
+            page.size[linear[lo:hi] - at], page.mtime[linear[lo:hi] - at] = size[lo:hi], mtime[lo:hi]
+            yield page
+
+    @staticmethod
+    def _linear(arr: ArrayNode, coords: np.ndarray) -> np.ndarray:
+        """The C-order positions in the array's chunk grid of ``coords``."""
+        layout = arr.info.layout
+        if not layout.ndim:
+            return np.zeros(len(coords), np.int64)
+        return np.ravel_multi_index(tuple(coords.T), layout.chunk_grid).astype(np.int64)
 
     def _chunk_attrs(self, arr: ArrayNode, chunks: ChunkSet) -> list[Attr]:
         """The attributes of every chunk file of ``chunks`` (``_chunk_attr`` column-wise)."""
-        layout = arr.info.layout
         base = CHUNK_BASE + (arr.slot << SLOT_SHIFT)
-        linear = np.ravel_multi_index(tuple(chunks.coords.T), layout.chunk_grid) if layout.ndim else \
-            np.zeros(len(chunks.size), np.int64)
-        return self.tree.chunk_attrs(arr, (linear + base).tolist(), chunks.size.tolist(), chunks.mtime.tolist())
+        return self.tree.chunk_attrs(arr, (self._linear(arr, chunks.coords) + base).tolist(), chunks.size.tolist(),
+                                     chunks.mtime.tolist())
+
+
+class DirStream:
+    """One open directory's entries as readdir asks for them (``Listing.pages``, consumed as
+    the reader goes): entry ``i`` has offset ``i``, and the kernel resumes at the offset after
+    the last entry it took. Only the current page is kept; ``rewind`` (readdir at offset 0)
+    lists afresh, and an offset before the current page lists again from the start and skips
+    to it (``seekdir`` back; a listing that failed is resumed the same way)."""
+
+    def __init__(self, listing: Listing, ino: int) -> None:
+        self._listing, self._ino = listing, ino
+        self._pages: AsyncGenerator[Entries, None] | None = None
+        self._base = 0  # the offset of the first entry of ``_page``
+        self._page: Entries = []
+        self._lock = trio.Lock()  # one reader of the listing at a time
+
+    async def at(self, offset: int) -> tuple[Entries, int]:
+        """The page holding the entry at ``offset`` and its index in that page (an empty page:
+        the listing ended before ``offset``)."""
+        async with self._lock:
+            if self._pages is None or offset < self._base:
+                await self._close()
+                self._pages = self._listing.pages(self._ino)
+            while offset >= self._base + len(self._page):
+                try:
+                    page = await self._pages.__anext__()
+                except StopAsyncIteration:
+                    return [], 0
+                except BaseException:  # the listing failed (and ended): the next call starts it again
+                    self._pages, self._base, self._page = None, 0, []
+                    raise
+                self._base += len(self._page)
+                self._page = page
+            return self._page, offset - self._base
+
+    async def rewind(self) -> None:
+        """The next ``at`` lists the directory afresh."""
+        async with self._lock:
+            await self._close()
+
+    async def aclose(self) -> None:
+        """Stop the listing (the directory is released)."""
+        await self.rewind()
+
+    async def _close(self) -> None:
+        pages, self._pages, self._base, self._page = self._pages, None, 0, []
+        if pages is not None:
+            await pages.aclose()
+

@@ -2,11 +2,14 @@
 
 Contract:
 - ``put(where, version, offset, data)`` records that the object at ``where`` (its full
-  location, ``source.describe(key)``) holds ``data`` at ``offset`` in ``version``.
+  location, ``source.describe(key)``) holds ``data`` (any read-only buffer, kept as it is, not
+  copied: never modify it after) at ``offset`` in ``version``.
   ``get(where, version, offset, nbytes)`` returns the bytes ``[offset, offset + nbytes)`` of
   that version when ONE recorded range covers them, else None (ranges are never stitched
-  together). Past the object's end (``version.size``) the result is shorter, as
-  ``Storage.read`` returns it: a range that ends at the object's end covers every read past it.
+  together): the range as put when it is exactly that, else a ``memoryview`` of the part
+  (no copy; it keeps the range's memory alive, even once evicted, while it is referenced).
+  Past the object's end (``version.size``) the result is shorter, as ``Storage.read``
+  returns it: a range that ends at the object's end covers every read past it.
   A negative ``offset`` counts from the end (a suffix range).
 - A version is identified by its ETag and size (``Version.tag``/``size``; a non-string tag,
   such as a local inode, by the whole ``Version``). A version with an empty ETag (a server
@@ -131,7 +134,8 @@ class RangeCache:
 
     # ------------------------------------------------------------------ the interface
 
-    def get(self, where: str, version: Version, offset: int, nbytes: int, disk: bool = True) -> bytes | None:
+    def get(self, where: str, version: Version, offset: int, nbytes: int,
+            disk: bool = True) -> bytes | memoryview | None:
         """``[offset, offset + nbytes)`` of ``version`` of ``where`` if cached, else None.
         ``disk=False``: in memory only (never blocks: for the trio thread)."""
         ident = _ident(version)
@@ -147,7 +151,7 @@ class RangeCache:
             if at is not None:
                 self._lru.move_to_end((where, at))
                 data = obj.data[at]  # type: ignore[union-attr]
-                return data if at == start and len(data) == stop - start else data[start - at: stop - at]
+                return data if at == start and len(data) == stop - start else memoryview(data)[start - at: stop - at]
         if not disk or self.disk_dir is None:
             return None
         found = self._disk_get(where, ident, start, stop)
@@ -158,14 +162,15 @@ class RangeCache:
             self._memory_put(where, ident, at, data)
         return data[start - at: stop - at]
 
-    def put(self, where: str, version: Version, offset: int, data: bytes) -> None:
+    def put(self, where: str, version: Version, offset: int, data: bytes | memoryview) -> None:
         """Record that ``version`` of ``where`` holds ``data`` at ``offset``."""
         ident = _ident(version)
         if ident is None:
             return
         start = max(0, version.size + offset) if offset < 0 else offset
-        data = bytes(data[: max(0, version.size - start)])
-        if not data:
+        if len(data) > version.size - start:
+            data = bytes(data[: max(0, version.size - start)])
+        if not len(data):
             return
         with self._lock:
             self._memory_put(where, ident, start, data)

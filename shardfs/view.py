@@ -108,6 +108,7 @@ class View:
         self._index_reads: dict[str, trio.Event] = {}  # shard key -> its index being read
         self._prefetching = 0  # shards being fetched ahead of a sweep
         self._last_shard: dict[str, tuple[int, bool, bool]] = {}  # array path -> see ``_note_shard``
+        self._covered: set[tuple[str, int]] = set()  # (array path, shard): its shards after all fetched ahead
         self._resolved: dict[int, tuple[Extent, Attr]] = {}  # chunk inode -> as last looked up (see open)
         self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
         self._file_mode = 0o444 if read_only else 0o644
@@ -644,39 +645,53 @@ class View:
         chunks of each of a few shards is no walk) and came to it from the shard just before it
         in C order of the shard grid
         (the order a sweep of the chunk grid in C order reaches shards, also when its rows cross
-        several), it walks the array: fetch the shards after it ahead (``_prefetch_after``)."""
+        several), it walks the array: fetch the shards after it ahead (``_prefetch_after``),
+        once per visit of the shard until all of them were (a sweep whose rows cross several
+        shards visits each many times: a visit after that costs no look at the shards after)."""
         layout = arr.info.layout
         at = 0
         for c, g in zip(layout.locate(coords)[0], layout.shard_grid):
             at = at * g + c
-        last = self._last_shard.get(arr.path)  # (its shard, came from the one before, fetched ahead)
+        last = self._last_shard.get(arr.path)  # (its shard, came from the one before, asked this visit)
         if last is None or last[0] != at:
             if len(self._last_shard) >= SHARD_KEYS_KEPT:
                 self._last_shard.clear()
             last = self._last_shard[arr.path] = (at, last is not None and last[0] == at - 1, False)
-        if last[1] and not last[2] and self.reads.ahead.swept(ext):
+        if last[1] and not last[2] and (arr.path, at) not in self._covered and self.reads.ahead.swept(ext):
             self._last_shard[arr.path] = (at, True, True)
-            self._prefetch_after(arr, at, ext.version.size)
+            if self._prefetch_after(arr, at, ext.version.size):
+                if len(self._covered) >= SHARD_KEYS_KEPT:
+                    self._covered.clear()
+                self._covered.add((arr.path, at))
 
-    def _prefetch_after(self, arr: ArrayNode, at: int, size: int) -> None:
+    def _prefetch_after(self, arr: ArrayNode, at: int, size: int) -> bool:
         """Fetch the ``PREFETCH_SHARDS`` shards after the one at ``at`` (linear, C order) in the
         background, each whole in one GET (with a disk cache: their indexes alone, which tell
         the ETag the cached chunks are under), unless their index was read before or is being
         read, or ``PREFETCH_SHARDS`` are in flight, or that many shards of ``size`` would not
         fit in the cache. Their index is cached from the bytes fetched; an open meanwhile waits
-        for the fetch as for an index read."""
+        for the fetch as for an index read. False if some were left out because
+        ``PREFETCH_SHARDS`` were in flight (asking again later may fetch them)."""
         grid = arr.info.layout.shard_grid
         if not self.reads.room_ahead(size * PREFETCH_SHARDS):
-            return
-        for nxt in range(at + 1, min(at + 1 + PREFETCH_SHARDS, int(np.prod(grid)))):
-            if self._prefetching >= PREFETCH_SHARDS:
-                return
-            key = self.shard_key(arr, tuple(int(i) for i in np.unravel_index(nxt, grid)))
+            return True
+        count = 1
+        for g in grid:
+            count *= g
+        for nxt in range(at + 1, min(at + 1 + PREFETCH_SHARDS, count)):
+            shard, rest = [], nxt
+            for g in reversed(grid):
+                rest, c = divmod(rest, g)
+                shard.append(c)
+            key = self.shard_key(arr, tuple(reversed(shard)))
             if key in self._index_reads or self.index_cache.latest(key) is not None:
                 continue
+            if self._prefetching >= PREFETCH_SHARDS:
+                return False
             self._index_reads[key] = trio.Event()
             self._prefetching += 1
             trio.lowlevel.spawn_system_task(self._prefetch, arr, key)
+        return True
 
     async def _prefetch(self, arr: ArrayNode, key: str) -> None:
         """Fetch the shard at ``key`` whole and cache its index (see ``_prefetch_after``); a

@@ -126,6 +126,21 @@ def test_an_object_without_etag_is_never_cached():
     assert cache.used == 0
 
 
+def test_memory_hits_share_the_put_buffer_without_a_copy():
+    """A range is kept as put (obstore's body, not a copy) and a part of it is served as a
+    ``memoryview`` of it: a shard fetched whole costs no copy per chunk served from it."""
+    cache = RangeCache(4 << 20)
+    body = obstore.Bytes(CONTENT[V1][:300_000])  # what a GET with copy=False gives
+    cache.put(WHERE, V1, 0, body)
+    assert cache.get(WHERE, V1, 0, 300_000) is body
+    part = cache.get(WHERE, V1, 1000, 4000)
+    assert isinstance(part, memoryview) and part.obj is body and part.readonly
+    assert part == CONTENT[V1][1000:5000]
+    assert cache.used == 300_000
+    cache.put(WHERE, V1, V1.size - 100, b"x" * 200)  # longer than the object: cut to its end
+    assert cache.get(WHERE, V1, V1.size - 100, 200) == b"x" * 100
+
+
 def test_memory_is_bounded_and_least_recently_used_goes_first():
     cache = RangeCache(3000)
     data = CONTENT[V1]

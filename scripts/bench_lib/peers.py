@@ -74,6 +74,45 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def zarr_readers(bench: Any, py2: str, clients: str, vol: Path, n: int, pid: int | None
+                 ) -> tuple[float, float | None]:
+    """``n`` concurrent zarr 2.18 processes (``py2`` running ``clients``) reading disjoint slabs of
+    ``vol`` (all of it together), started together once each has imported zarr (so the daemon CPU
+    measured is the read's alone, not what the daemon does at its start meanwhile, such as
+    importing zarr-python itself): (wall seconds from the first start to the last end, daemon CPU seconds
+    over the read or None without a daemon). The slabs' sums must add up to the array's."""
+    procs = [subprocess.Popen([py2, clients, "zarr_read_part", str(vol), str(k), str(n)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for k in range(n)]
+    try:
+        for p in procs:
+            if p.stdout.readline().strip() != "ready":
+                raise PeerError(f"reader did not start: {p.communicate(timeout=10)[1].strip()[-300:]}")
+        cpu0 = cpu_seconds(pid) if pid else None
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        deadline = time.monotonic() + bench.op_timeout()
+        outs = []
+        for p in procs:
+            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            if p.returncode:
+                raise PeerError(f"reader exit {p.returncode}: {err.strip()[-300:]}")
+            outs.append(json.loads(out.strip().splitlines()[-1]))
+        cpu = cpu_seconds(pid) - cpu0 if pid else None
+    except subprocess.TimeoutExpired:
+        raise PeerError(f"{n} zarr readers did not finish in time") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()  # our own child, by its Popen
+                p.wait()
+    total = sum(o["sum"] for o in outs)
+    if total != bench.vol_sum:
+        raise PeerError(f"{n} readers read wrong data (sum {total} != {bench.vol_sum})")
+    return max(o["end"] for o in outs) - min(o["start"] for o in outs), cpu
+
+
 class Peers:
     """One run of the peers figure on a ``main.Bench`` (its datasets, mounts and helpers)."""
 
@@ -113,39 +152,8 @@ class Peers:
             yield m.mnt, m.pid
 
     def zarr_readers(self, vol: Path, n: int, pid: int | None) -> tuple[float, float | None]:
-        """``n`` concurrent zarr 2.18 processes reading disjoint slabs of ``vol`` (all of it together),
-        started together: (wall seconds from the first start to the last end, daemon CPU seconds
-        over the read or None without a daemon). The slabs' sums must add up to the array's."""
-        procs = [subprocess.Popen([self.py2, self.clients, "zarr_read_part", str(vol), str(k), str(n)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for k in range(n)]
-        try:
-            for p in procs:
-                if p.stdout.readline().strip() != "ready":
-                    raise PeerError(f"reader did not start: {p.communicate(timeout=10)[1].strip()[-300:]}")
-            cpu0 = cpu_seconds(pid) if pid else None
-            for p in procs:
-                p.stdin.write("go\n")
-                p.stdin.flush()
-            deadline = time.monotonic() + self.b.op_timeout()
-            outs = []
-            for p in procs:
-                out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-                if p.returncode:
-                    raise PeerError(f"reader exit {p.returncode}: {err.strip()[-300:]}")
-                outs.append(json.loads(out.strip().splitlines()[-1]))
-            cpu = cpu_seconds(pid) - cpu0 if pid else None
-        except subprocess.TimeoutExpired:
-            raise PeerError(f"{n} zarr readers did not finish in time") from None
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()  # our own child, by its Popen
-                    p.wait()
-        total = sum(o["sum"] for o in outs)
-        if total != self.b.vol_sum:
-            raise PeerError(f"{n} readers read wrong data (sum {total} != {self.b.vol_sum})")
-        return max(o["end"] for o in outs) - min(o["start"] for o in outs), cpu
+        """``zarr_readers`` with this figure's bench and zarr 2.18 client."""
+        return zarr_readers(self.b, self.py2, self.clients, vol, n, pid)
 
     def run(self) -> list[Any]:
         b = self.b

@@ -10,20 +10,27 @@ Fetched ranges are kept in a ``RangeCache`` (bounded memory, optionally a disk c
 ETag), so the following chunks of a swept shard, and chunks opened again, cost no request: a
 memory hit is served inline, the disk cache is read in a worker thread (``put`` never waits).
 Requests run on the storage's asyncio loop thread (``LoopThread.trio_run``): only the opening
-trio task waits.
+trio task waits. Fetched bytes are never copied: a response's body is cached as obstore gave
+it, and a chunk file served as it is stored holds a view of the cached range (a chunk to
+decode is copied out: what the ``ChunkCache`` keeps never pins a shard's bytes).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import trio
 
 from shardfs.chunkcache import ChunkCache
 from shardfs.rangecache import RangeCache
-from shardfs.reads import ReadAhead, Reads
+from shardfs.reads import ReadAhead, ReadHandle, Reads
 from shardfs.shard import Extent
 from shardfs.storage import Range, Version, VersionMismatch
-from shardfs.storage.objects import ObjectStorage
+from shardfs.storage.objects import Buffer, ObjectStorage
 from shardfs.threads import blocking
+
+if TYPE_CHECKING:
+    from shardfs.attrs import Attr
 
 DEFAULT_CACHE_BYTES = 96 << 20  # with the daemon's ~90 MiB, RSS stays under 200 MiB
 
@@ -41,6 +48,13 @@ class ObjectReads(Reads):
         self._fetching: dict[tuple[str, Version], trio.Event] = {}  # whole shards being fetched
 
     async def _stored(self, ext: Extent, ahead: bool) -> bytes:
+        return bytes(await self._buffer(ext, ahead))
+
+    async def _stored_handle(self, ino: int, attr: Attr, ext: Extent, ahead: bool) -> ReadHandle:
+        return ReadHandle(ino, attr, data=await self._buffer(ext, ahead))
+
+    async def _buffer(self, ext: Extent, ahead: bool) -> Buffer:
+        """``_stored``, as a read-only buffer that may share the cached range's memory."""
         where = self.source.describe(ext.key)
         shard = (ext.key, ext.version)
         fetching = self._fetching.get(shard)
@@ -59,7 +73,7 @@ class ObjectReads(Reads):
                 del self._fetching[shard]
                 done.set()
             self.cache.put(where, ext.version, 0, whole)
-            return whole[ext.offset: ext.offset + ext.nbytes]
+            return memoryview(whole)[ext.offset: ext.offset + ext.nbytes]
         data = await self._get(ext, Range(ext.offset, ext.nbytes))
         self.cache.put(where, ext.version, ext.offset, data)
         return data
@@ -70,14 +84,14 @@ class ObjectReads(Reads):
     async def fetch_whole(self, key: str) -> tuple[bytes, Version] | None:
         if self.cache.disk_dir is not None:
             return None
-        data, version = await self.source.loop.trio_run(self.source.aread_all(key))
+        data, version = await self.source.loop.trio_run(self.source.aread_all(key, copy=False))
         self.cache.put(self.source.describe(key), version, 0, data)
         return data, version
 
-    async def _get(self, ext: Extent, rng: Range) -> bytes:
+    async def _get(self, ext: Extent, rng: Range) -> Buffer:
         """One GET of ``rng`` of the shard, If-Match its version; ``VersionMismatch`` if the
         shard was replaced or removed."""
         try:
-            return (await self.source.loop.trio_run(self.source.aread(ext.key, [rng], ext.version)))[0]
+            return (await self.source.loop.trio_run(self.source.aread(ext.key, [rng], ext.version, copy=False)))[0]
         except FileNotFoundError:
             raise VersionMismatch(self.source.describe(ext.key)) from None

@@ -52,7 +52,8 @@ Configuration: ``s3://`` reads the standard AWS variables (``AWS_ACCESS_KEY_ID``
 code and read the AZURE_* / GOOGLE_* variables (``AZURE_STORAGE_ACCOUNT_NAME``/``_KEY``...);
 ``endpoint`` maps to their base URL, ``region`` is S3 only. Azure has no suffix GET: a read with
 a negative offset takes the size from ``if_version`` or a HEAD. ``az://`` passes the contract
-tests against Azurite; ``gs://`` is untested (no emulator here).
+tests against Azurite; ``gs://`` is untested (no emulator on PyPI takes object_store's
+conditional XML-API PUTs: see README).
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ STATFS_BYTES = 1 << 60  # the size statvfs reports (see ``ObjectStorage.statvfs`
 STATFS_BLOCK = 1 << 20
 _STATUS = re.compile(r"status code: (\d{3})")
 _MISSING = (NotFoundError, FileNotFoundError)  # obstore raises either for a 404
+Buffer = bytes | obstore.Bytes  # a GET's body: a copy, or obstore's own read-only buffer (``copy=False``)
 
 
 class StorageUnavailable(Exception):
@@ -238,8 +240,9 @@ class ObjectStorage:
         except Exception as e:
             raise self._error(e, key) from None
 
-    async def _get(self, key: str, rng: Range | None, etag: str | None) -> tuple[bytes, Version]:
-        """One GET of ``rng`` (or all), If-Match ``etag``; a range past the end reads b""."""
+    async def _get(self, key: str, rng: Range | None, etag: str | None, copy: bool = True) -> tuple[Buffer, Version]:
+        """One GET of ``rng`` (or all), If-Match ``etag``; a range past the end reads b"".
+        ``copy=False``: the body as obstore received it (a read-only ``obstore.Bytes``, no copy)."""
         options: dict[str, Any] = {}
         if rng is not None:
             options["range"] = {"suffix": -rng.offset} if rng.offset < 0 else (rng.offset, rng.offset + rng.nbytes)
@@ -247,15 +250,17 @@ class ObjectStorage:
             options["if_match"] = etag
         try:
             result = await obstore.get_async(self._store, key, options=options)
-            data = bytes(await result.bytes_async())
-            return data, _version(result.meta)
+            body = await result.bytes_async()
+            return bytes(body) if copy else body, _version(result.meta)
         except Exception as e:
             if rng is not None and _status(e) == 416:  # starts at or past the end
                 return b"", None  # type: ignore[return-value]
             raise self._error(e, key) from None
 
-    async def aread(self, key: str, ranges: Sequence[Range], if_version: Version | None = None) -> list[bytes]:
-        """See ``Storage.read``."""
+    async def aread(self, key: str, ranges: Sequence[Range], if_version: Version | None = None,
+                    copy: bool = True) -> list[Buffer]:
+        """See ``Storage.read``; ``copy=False``: each range a read-only buffer sharing the
+        response's memory (``obstore.Bytes``: no copy of the body, for the read path's cache)."""
         if self.scheme == "az" and any(r.offset < 0 for r in ranges):  # Azure has no suffix GET
             if if_version is None:
                 if_version = await self.aversion(key)
@@ -268,14 +273,14 @@ class ObjectStorage:
             return [b"" for _ in ranges]
         for _ in range(CONSISTENT_READ_TRIES):
             etag = if_version.tag if if_version is not None else None
-            fetched: list[bytes | None] = [None] * len(groups)
+            fetched: list[Buffer | None] = [None] * len(groups)
             todo = list(range(len(groups)))
             if etag is None:  # the first GET fixes the version the others must match
-                fetched[0], seen = await self._get(key, groups[0], None)
+                fetched[0], seen = await self._get(key, groups[0], None, copy)
                 etag = seen.tag if seen is not None else None
                 todo = todo[1:]
             try:
-                results = await asyncio.gather(*(self._get(key, groups[i], etag) for i in todo))
+                results = await asyncio.gather(*(self._get(key, groups[i], etag, copy) for i in todo))
             except VersionMismatch:
                 if if_version is not None:
                     raise
@@ -304,11 +309,12 @@ class ObjectStorage:
         self._versions.put(key, version, token)
         return data, version
 
-    async def aread_all(self, key: str) -> tuple[bytes, Version]:
-        """See ``Storage.read_all``; the version is remembered as ``read_versioned``'s."""
+    async def aread_all(self, key: str, copy: bool = True) -> tuple[Buffer, Version]:
+        """See ``Storage.read_all``; the version is remembered as ``read_versioned``'s;
+        ``copy=False`` as for ``aread``."""
         token = self._versions.token()
         try:
-            data, version = await self._get(key, None, None)
+            data, version = await self._get(key, None, None, copy)
         except FileNotFoundError:
             self._versions.put(key, None, token)
             raise
@@ -481,7 +487,7 @@ def _coalesce(ranges: Sequence[Range]) -> list[Range]:
     return groups
 
 
-def _slice(ranges: Sequence[Range], groups: list[Range], fetched: list[bytes | None]) -> list[bytes]:
+def _slice(ranges: Sequence[Range], groups: list[Range], fetched: list[Buffer | None]) -> list[Buffer]:
     """Cut each requested range out of the GET that covers it."""
     out = []
     for r in ranges:
