@@ -320,9 +320,12 @@ class View:
         inner shard directory). So 2 for a sharded array and 1 for an unsharded one, whether
         or not the file is open for writing.
         """
-        mode = stat.S_IFREG | self._file_mode
-        nlink = 1 if arr.info.layout.index is None else 2
+        mode, nlink = self._chunk_kind(arr)
         return [Attr(ino, mode, size if size > 0 else 0, mtime, nlink) for ino, size, mtime in zip(inos, sizes, mtimes)]
+
+    def _chunk_kind(self, arr: ArrayNode) -> tuple[int, int]:
+        """``(st_mode, st_nlink)`` of the chunk files of ``arr`` (see ``chunk_attrs``)."""
+        return stat.S_IFREG | self._file_mode, 1 if arr.info.layout.index is None else 2
 
     def file_attr(self, ino: int, size: int, mtime_ns: int) -> Attr:
         """What ``stat`` shows for a metadata or staging file: a regular file with the mount's
@@ -330,8 +333,9 @@ class View:
         return Attr(ino, stat.S_IFREG | self._file_mode, size, mtime_ns)
 
     def chunk_attr(self, arr: ArrayNode, ino: int, size: int, mtime_ns: int) -> Attr:
-        """``chunk_attrs`` of one chunk file."""
-        return self.chunk_attrs(arr, (ino,), (size,), (mtime_ns,))[0]
+        """``chunk_attrs`` of one chunk file (every lookup asks: without the lists)."""
+        mode, nlink = self._chunk_kind(arr)
+        return Attr(ino, mode, size if size > 0 else 0, mtime_ns, nlink)
 
     def _chunk_attr(self, arr: ArrayNode, coords: tuple[int, ...], where: Extent | Pending) -> Attr:
         """The attributes of a stored or pending inner chunk's file."""
