@@ -308,12 +308,16 @@ def test_nested_indexes_cost_one_request_per_level(counted):
 
 
 def test_concurrent_opens_of_a_shard_share_its_index_read_and_its_whole_fetch(counted):
-    view, proxy, requests, want, _ = counted
+    view, proxy, requests, want, src = counted
     got: dict[str, bytes] = {}
 
-    # not its first chunk (a sweep would start there), and none stored right after another
-    # (a sweep from inside the shard): in whatever order they run, they are scattered reads
-    opened = names((1, 0))[1::2]
+    # every other chunk in the order they are stored: not the first chunk (a sweep would start
+    # there), none stored right after another (a sweep from inside the shard): in whatever
+    # order they run, they are scattered reads
+    table = np.frombuffer((src / "a/c/1/0").read_bytes()[-(16 * CPS * CPS + 4):-4], "<u8").reshape(CPS * CPS, 2)
+    stored = np.argsort(table[:, 0]).tolist()
+    assert stored[0] == 0
+    opened = [names((1, 0))[pos] for pos in stored[1::2]]
 
     async def all_at_once() -> None:
         async def one(name: str) -> None:
