@@ -1,6 +1,6 @@
 """Read-ahead of a swept shard from a local source: once a client has opened three chunk files
 of one shard among its last opens, the kernel is asked to read that whole shard into the source's
-page cache (``POSIX_FADV_WILLNEED``, given in the background), so the next chunk files of it are
+page cache (``POSIX_FADV_WILLNEED``), so the next chunk files of it are
 served without waiting for the disk; a shard with fewer opens is not read ahead.
 
 What the page cache holds of a shard file is read with ``mincore`` (``test_page_fill.resident``),

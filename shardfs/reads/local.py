@@ -5,18 +5,14 @@ microseconds, far less than a trip to a worker thread) and checked against the v
 index was read from; its descriptor is shared by the chunk files open on it and kept for the
 next ones (``ShardFiles``). Reads of cached pages are made inline too (``CachedReader``); only cold
 reads go to a worker thread. A swept shard (``ReadAhead``) is handed to the kernel's read-ahead
-(``POSIX_FADV_WILLNEED``, in the background), so the next chunks are served without waiting for
-the disk.
+(``POSIX_FADV_WILLNEED``), so the next chunks are served without waiting for the disk.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from collections import OrderedDict
 from typing import TYPE_CHECKING
-
-import trio
 
 from shardfs.chunkcache import ChunkCache
 from shardfs.reads import ReadAhead, ReadHandle, Reads
@@ -27,8 +23,6 @@ from shardfs.threads import blocking
 
 if TYPE_CHECKING:
     from shardfs.attrs import Attr
-
-log = logging.getLogger("shardfs")
 
 
 class LocalReads(Reads):
@@ -57,26 +51,15 @@ class LocalReads(Reads):
         return fd
 
     async def _opened(self, ext: Extent, ahead: bool) -> int:
-        """``_open``; when ``ahead``, the kernel is also asked to read the whole shard ahead,
-        in the background (``_advise``): the open does not wait for that."""
+        """``_open``, and the kernel's read-ahead of the whole shard when ``ahead``."""
         fd = self._open(ext)
         if ahead:
-            self._files.share(fd)
-            trio.lowlevel.spawn_system_task(self._advise, fd, ext.version.size)
+            try:
+                await blocking(os.posix_fadvise, fd, 0, ext.version.size, os.POSIX_FADV_WILLNEED)
+            except BaseException:
+                self._files.give(fd)
+                raise
         return fd
-
-    async def _advise(self, fd: int, size: int) -> None:
-        """``POSIX_FADV_WILLNEED`` of the first ``size`` bytes of shard descriptor ``fd``, in a
-        worker thread (queueing the reads may wait for the disk); then gives back the use of
-        ``fd`` that ``_opened`` took for it. A failure is logged at debug level: the chunks are
-        then read as they are opened."""
-        try:
-            await blocking(os.posix_fadvise, fd, 0, size, os.POSIX_FADV_WILLNEED)
-            log.debug("shard descriptor %d: %d bytes read ahead", fd, size)
-        except Exception as e:  # noqa: BLE001 - a background request never ends the daemon
-            log.debug("shard descriptor %d: not read ahead: %r", fd, e)
-        finally:
-            self._files.give(fd)
 
     async def _stored_handle(self, ino: int, attr: Attr, ext: Extent, ahead: bool) -> ReadHandle:
         return ReadHandle(ino, attr, fd=await self._opened(ext, ahead), offset=ext.offset, nbytes=ext.nbytes)
@@ -142,10 +125,6 @@ class ShardFiles:
         self._kept[(key, version)] = fd
         self._shard[fd] = (key, version)
         self._users[fd] = 1
-
-    def share(self, fd: int) -> None:
-        """One more use of ``fd``, which is in use already (given back with ``give``)."""
-        self._users[fd] += 1
 
     def give(self, fd: int) -> None:
         """One use of ``fd`` ended. Unused, it stays open if it is still the one kept for its
