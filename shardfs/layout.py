@@ -204,7 +204,12 @@ class ArrayLayout:
         return tuple(b * n for b, n in zip(box, self.spans[level]))
 
     def in_grid(self, coords: tuple[int, ...]) -> bool:
-        return len(coords) == self.ndim and all(0 <= c < g for c, g in zip(coords, self.chunk_grid))
+        if len(coords) != self.ndim:
+            return False
+        for c, g in zip(coords, self.chunk_grid):  # a loop: every lookup asks, a generator costs more
+            if not 0 <= c < g:
+                return False
+        return True
 
     def shard_in_grid(self, coords: tuple[int, ...]) -> bool:
         return len(coords) == self.ndim and all(0 <= c < g for c, g in zip(coords, self.shard_grid))
@@ -226,12 +231,15 @@ class ArrayLayout:
 
     def locate(self, coords: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
         """``(shard coords, position in the shard's index)`` of an inner chunk."""
-        shard = tuple(c // n for c, n in zip(coords, self.chunks_per_shard))
-        local = self._index_space(tuple(c % n for c, n in zip(coords, self.chunks_per_shard)))
+        shard, local = [], []
+        for c, n in zip(coords, self.chunks_per_shard):  # every lookup and open asks: one plain loop
+            q, r = divmod(c, n)
+            shard.append(q)
+            local.append(r)
         pos = 0
-        for c, n in zip(local, self.index_grid):
+        for c, n in zip(local if self.order is None else permuted(tuple(local), self.order), self.index_grid):
             pos = pos * n + c
-        return shard, pos
+        return tuple(shard), pos
 
     def chunks_at(self, shard: tuple[int, ...], positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Inverse of ``locate`` for many index positions of one shard.
