@@ -290,7 +290,8 @@ class View:
 
     async def extent(self, arr: ArrayNode, coords: tuple[int, ...]) -> Extent | Pending | None:
         """Where inner chunk ``coords`` is: pending in the writeback, stored in a shard, or
-        None if it is empty or outside the grid."""
+        None if it is empty or outside the grid. A cold chunk other than its shard's first
+        (object sources) starts reading the array's indexes ahead (``_indexes_ahead``)."""
         layout = arr.info.layout
         if not layout.in_grid(coords):
             return None

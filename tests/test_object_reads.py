@@ -28,6 +28,7 @@ from sources import CASES, LE, ZSTD, nested_codecs, random_data, sharding, write
 from shardfs.storage.local import LocalStorage
 from shardfs.storage.objects import ObjectStorage, Retry
 from shardfs.nodetable import ROOT_INODE
+from shardfs.shard import IndexCache
 from shardfs.view import View
 
 
@@ -277,6 +278,25 @@ def test_a_shard_read_whole_costs_at_most_two_gets_and_reading_it_again_none(cou
     before = len(proxy.log)
     assert trio.run(sweep, shards) == got
     assert proxy.log[before:] == []
+
+
+def test_no_index_is_read_ahead_when_the_arrays_indexes_would_not_fit_a_quarter_of_the_index_cache(counted):
+    """With an index cache of 12 tables, a quarter holds 3: the array's 4 shards are listed
+    (one LIST) and no other index is read."""
+    view, proxy, requests, want, _ = counted
+    view.index_cache = IndexCache(max_bytes=12 * 16 * CPS * CPS)  # 16 bytes per chunk in a table
+
+    async def scattered() -> bytes:
+        data = await chunk_bytes(view, "5.6", None, "a")
+        with trio.fail_after(5):
+            while "LIST" not in [r.method for r in proxy.log]:
+                await trio.sleep(0.01)
+        await trio.sleep(0.5)  # what the listing would start
+        return data
+
+    assert trio.run(scattered) == want("a", "5.6")
+    assert [r.method for r in proxy.log].count("LIST") == 1
+    assert [len(requests(f"a/c/{i}/{j}")) for i in range(2) for j in range(2)] == [0, 0, 0, 2]
 
 
 def test_a_sweep_starting_inside_a_shard_fetches_the_rest_at_the_next_chunk_stored(counted):
