@@ -252,7 +252,7 @@ class Listing:
         indexes read ``INDEX_BATCH`` ahead."""
         for at in range(0, len(shards), INDEX_BATCH):
             batch = [tuple(row) for row in shards[at:at + INDEX_BATCH].tolist()]
-            await self._read_indexes(arr, batch)
+            await self.read_indexes(arr, batch)
             for shard in batch:
                 yield await self.shard_chunks(arr, shard)
 
@@ -285,11 +285,11 @@ class Listing:
             out = sorted(set(out) | set(self.tree.writeback.dirty_shards(arr.path)))
         return out
 
-    async def _read_indexes(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None:
-        """Read the indexes of ``shards`` that are not cached, ``INDEX_READS`` at a time (a
+    async def read_indexes(self, arr: ArrayNode, shards: list[tuple[int, ...]], at_once: int = INDEX_READS) -> None:
+        """Read the indexes of ``shards`` that are not cached, ``at_once`` at a time (a
         listing needs them all; over an object store each is a round trip). Errors are left
         for the caller's own ``shard_table`` to meet."""
-        limiter = trio.CapacityLimiter(INDEX_READS)
+        limiter = trio.CapacityLimiter(at_once)
 
         async def one(shard: tuple[int, ...]) -> None:
             async with limiter:

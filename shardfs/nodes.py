@@ -41,6 +41,7 @@ class ArrayNode:
     image: bool = False  # a level of an OME-Zarr image or label (described with "/" keys)
     parent_mtime_ns: int = 0  # of the image group's metadata, which ``.zarray`` depends on
     shard_keys: dict[tuple[int, ...], str] = field(default_factory=dict)  # see View.shard_key
+    indexes_ahead: bool = False  # its shards' indexes were read ahead (see View.extent)
 
     @property
     def meta_mtime_ns(self) -> int:

@@ -51,6 +51,9 @@ log = logging.getLogger("shardfs")
 
 OPEN_TRIES = 3  # opens of a chunk that find its shard replaced since its index was read, before EIO
 PREFETCH_SHARDS = 6  # shards after a swept one fetched whole ahead, at most this many in flight (objects)
+INDEXES_AHEAD_MAX = 4096  # arrays with more stored shards never have their indexes read ahead
+INDEXES_AHEAD_AT_ONCE = 8  # of those in flight at once (more slow the opens meanwhile: measured)
+INDEXES_AHEAD_OTHER_KEYS = 16  # keys below an array besides its shards (zarr.json...) listed for that
 RESOLVED_KEPT = 256  # chunk lookups remembered for the opens that follow them
 SHARD_KEYS_KEPT = 4096  # shard keys remembered per array (formatting one costs more than a lookup)
 
@@ -287,7 +290,8 @@ class View:
 
     async def extent(self, arr: ArrayNode, coords: tuple[int, ...]) -> Extent | Pending | None:
         """Where inner chunk ``coords`` is: pending in the writeback, stored in a shard, or
-        None if it is empty or outside the grid."""
+        None if it is empty or outside the grid. A cold chunk other than its shard's first
+        (object sources) starts reading the array's indexes ahead (``_indexes_ahead``)."""
         layout = arr.info.layout
         if not layout.in_grid(coords):
             return None
@@ -295,6 +299,8 @@ class View:
         pending = self.writeback.pending((arr.path, shard), pos) if self.writeback else None
         if pending is not None:
             return pending if pending.data is not None else None
+        if pos and not arr.indexes_ahead and self.reads.prefetches:
+            self._indexes_ahead(arr, shard)
         found = await self.shard_table(arr, shard)
         if found is None:
             return None
@@ -626,8 +632,9 @@ class View:
             if isinstance(ext, Pending):
                 return ReadHandle(ino, attr, data=await blocking(self._decode, arr, coords, ext.data))
             decode = functools.partial(self._decode, arr, coords, key=ext.key) if arr.info.chunk.decodes else None
+            first = self.reads.prefetches and not any(c % n for c, n in zip(coords, arr.info.layout.chunks_per_shard))
             try:
-                handle = await self.reads.open(ino, attr, ext, decode)
+                handle = await self.reads.open(ino, attr, ext, decode, first)
             except VersionMismatch:  # replaced since its version was remembered: look again
                 self.source.changed(ext.key)
                 self.index_cache.forget(ext.key)
@@ -711,6 +718,36 @@ class View:
         finally:
             self._prefetching -= 1
             self._index_reads.pop(key).set()
+
+    def _indexes_ahead(self, arr: ArrayNode, shard: tuple[int, ...]) -> None:
+        """A chunk of ``shard`` other than its first is looked up (object sources): if the
+        shard's index is neither cached nor being read, the client reads scattered chunks (a
+        sweep in C order comes to a shard at its first chunk, which fetches the shard whole),
+        each cold one costing two round trips (its index, then its bytes). So read the indexes
+        of all the array's stored shards ahead, in the background, once per array version
+        (``_read_indexes_ahead``): the scattered reads that follow cost one round trip."""
+        key = self.shard_key(arr, shard)
+        if self.index_cache.latest(key) is not None or key in self._index_reads or arr.info.layout.index is None:
+            return
+        arr.indexes_ahead = True
+        trio.lowlevel.spawn_system_task(self._read_indexes_ahead, arr)
+
+    async def _read_indexes_ahead(self, arr: ArrayNode) -> None:
+        """Read the indexes of the stored shards of ``arr``, ``INDEXES_AHEAD_AT_ONCE`` at a time
+        (``Listing.read_indexes``: through ``shard_table``, sharing a read in flight with the
+        opens that need it), if a listing of at most ``INDEXES_AHEAD_MAX`` keys names them and
+        their tables fit a quarter of the index cache; a failure is left for the opens' own
+        reads (logged at debug level)."""
+        layout = arr.info.layout
+        table_bytes = 16 * int(np.prod(layout.chunks_per_shard))  # (offset, nbytes) uint64 per inner chunk
+        most = min(INDEXES_AHEAD_MAX, self.index_cache.max_bytes // 4 // table_bytes)
+        try:
+            keys = await self.reads.keys_below(arr.path, most + INDEXES_AHEAD_OTHER_KEYS)
+            shards = [c for c in map(layout.keys.parse, keys or ()) if c is not None and layout.shard_in_grid(c)]
+            if keys is not None and len(shards) <= most:
+                await self.listing.read_indexes(arr, shards, INDEXES_AHEAD_AT_ONCE)
+        except Exception as e:  # noqa: BLE001 - a background read never ends the daemon
+            log.debug("%s: indexes not read ahead: %r", self.source.describe(arr.path), e)
 
     def _unchanged(self, arr: ArrayNode, coords: tuple[int, ...], ext: Extent) -> bool:
         """True if ``extent(arr, coords)`` would still be ``ext`` (found by a lookup): its shard

@@ -28,6 +28,7 @@ from sources import CASES, LE, ZSTD, nested_codecs, random_data, sharding, write
 from shardfs.storage.local import LocalStorage
 from shardfs.storage.objects import ObjectStorage, Retry
 from shardfs.nodetable import ROOT_INODE
+from shardfs.shard import IndexCache
 from shardfs.view import View
 
 
@@ -156,18 +157,21 @@ def test_a_server_gone_fails_that_read_alone_with_eio_and_one_log_line(tmp_path,
         view = View(st)
 
         async def scenario() -> None:
-            assert await chunk_bytes(view, "0.0") == want["0.0"]  # the shard's index is cached now
+            # the shard's index cached by a listing (so the open reads no index ahead in the
+            # background), then a chunk other than its first (that would fetch it whole)
+            await view.listing.listdir((await view.lookup(ROOT_INODE, "a")).ino)
+            assert await chunk_bytes(view, "1.0") == want["1.0"]
             server.kill()
             caplog.clear()
             with caplog.at_level(logging.ERROR, logger="shardfs"):
                 with pytest.raises(OSError) as failed:
-                    await chunk_bytes(view, "1.0")
+                    await chunk_bytes(view, "0.0")
             assert failed.value.errno == errno.EIO
             lines = [r.getMessage() for r in caplog.records]
             assert len(lines) == 1 and lines[0].startswith(f"s3://{server.bucket}/gone/a/c/0/0: "), lines
-            assert await chunk_bytes(view, "0.0") == want["0.0"]  # what is in memory is still served
+            assert await chunk_bytes(view, "1.0") == want["1.0"]  # what is in memory is still served
             server.start()
-            assert await chunk_bytes(view, "1.0") == want["1.0"]
+            assert await chunk_bytes(view, "0.0") == want["0.0"]
 
         trio.run(scenario)
         st.close()
@@ -224,11 +228,39 @@ def test_a_chunk_costs_one_ranged_get_if_match_after_one_suffix_get_of_its_index
     shard = (src / "a/c/1/1").read_bytes()
     offset, nbytes = np.frombuffer(shard[-index:-4], "<u8").reshape(CPS, CPS, 2)[1, 2].tolist()
     assert requests("a/c/1/1") == [("GET", f"bytes=-{index}", False), ("GET", f"bytes={offset}-{offset + nbytes - 1}", True)]
-    assert requests("a/c/0/0") == []
+    for other in ("a/c/0/0", "a/c/0/1", "a/c/1/0"):  # their indexes, read ahead in the background
+        assert requests(other) in ([], [("GET", f"bytes=-{index}", False)]), (other, requests(other))
+
+
+def test_a_scattered_read_reads_every_index_of_its_array_ahead_once_then_a_chunk_costs_one_get(counted):
+    """A cold chunk that is not its shard's first (no sweep starts there): after its index and
+    its bytes, the indexes of the array's other shards are read in the background (one listing,
+    one GET each, none twice); a chunk of another shard then costs one GET."""
+    view, proxy, requests, want, src = counted
+    index = ("GET", f"bytes=-{16 * CPS * CPS + 4}", False)
+    shards = [f"a/c/{i}/{j}" for i in range(2) for j in range(2)]
+
+    async def scattered() -> tuple[bytes, bytes, list]:
+        first = await chunk_bytes(view, "5.6", None, "a")
+        with trio.fail_after(5):
+            while any(view.index_cache.latest(key) is None for key in shards):
+                await trio.sleep(0.01)
+        before = len(proxy.log)
+        second = await chunk_bytes(view, "1.5", None, "a")
+        return first, second, proxy.log[before:]
+
+    first, second, after = trio.run(scattered)
+    assert (first, second) == (want("a", "5.6"), want("a", "1.5"))
+    assert [(r.method, r.path.rpartition("/")[2], "if-match" in r.headers) for r in after] == [("GET", "1", True)]
+    assert requests("a/c/0/1") == [index, ("GET", after[0].headers["range"], True)]
+    assert requests("a/c/1/1")[0] == index and len(requests("a/c/1/1")) == 2
+    assert requests("a/c/0/0") == requests("a/c/1/0") == [index]
+    assert [r.method for r in proxy.log].count("LIST") == 1
+    assert not [r for r in proxy.log if "/n/" in r.path], "another array's shards were read"
 
 
 def test_a_shard_read_whole_costs_at_most_two_gets_and_reading_it_again_none(counted):
-    view, proxy, requests, want, _ = counted
+    view, proxy, requests, want, src = counted
 
     async def sweep(shards) -> dict[str, bytes]:
         return {name: await chunk_bytes(view, name, None, "a") for shard in shards for name in names(shard)}
@@ -237,14 +269,54 @@ def test_a_shard_read_whole_costs_at_most_two_gets_and_reading_it_again_none(cou
     got = trio.run(sweep, shards)
     assert got == {name: want("a", name) for shard in shards for name in names(shard)}
     per_shard = [requests(f"a/c/{i}/{j}") for i, j in shards]
-    # the first shard: its index, a chunk, then the rest; the next, swept on from it: its index,
-    # then all of it; that is a walk in C order, so the shards after it are fetched ahead whole
-    assert [len(r) for r in per_shard] == [3, 2, 1, 1], per_shard
-    assert all(m == "GET" for r in per_shard for m, _, _ in r)
+    # the first shard, opened at its first chunk: its index, then all of it; the next, swept on
+    # from it: the same; that is a walk in C order, so the shards after it are fetched ahead whole
+    index = ("GET", f"bytes=-{16 * CPS * CPS + 4}", False)
+    sizes = [(src / f"a/c/{i}/{j}").stat().st_size for i, j in shards]
+    assert per_shard[:2] == [[index, ("GET", f"bytes=0-{size - 1}", True)] for size in sizes[:2]], per_shard
     assert all(r == [("GET", None, False)] for r in per_shard[2:]), per_shard
     before = len(proxy.log)
     assert trio.run(sweep, shards) == got
     assert proxy.log[before:] == []
+
+
+def test_no_index_is_read_ahead_when_the_arrays_indexes_would_not_fit_a_quarter_of_the_index_cache(counted):
+    """With an index cache of 12 tables, a quarter holds 3: the array's 4 shards are listed
+    (one LIST) and no other index is read."""
+    view, proxy, requests, want, _ = counted
+    view.index_cache = IndexCache(max_bytes=12 * 16 * CPS * CPS)  # 16 bytes per chunk in a table
+
+    async def scattered() -> bytes:
+        data = await chunk_bytes(view, "5.6", None, "a")
+        with trio.fail_after(5):
+            while "LIST" not in [r.method for r in proxy.log]:
+                await trio.sleep(0.01)
+        await trio.sleep(0.5)  # what the listing would start
+        return data
+
+    assert trio.run(scattered) == want("a", "5.6")
+    assert [r.method for r in proxy.log].count("LIST") == 1
+    assert [len(requests(f"a/c/{i}/{j}")) for i in range(2) for j in range(2)] == [0, 0, 0, 2]
+
+
+def test_a_sweep_starting_inside_a_shard_fetches_the_rest_at_the_next_chunk_stored(counted):
+    """A chunk, then the one stored right after it (zarr 3 stores a shard's chunks in Morton
+    order): the second open fetches the shard whole (its index, the first chunk, all of it); the
+    rest of the shard costs nothing more."""
+    view, proxy, requests, want, src = counted
+    index = 16 * CPS * CPS + 4
+    size = (src / "a/c/0/1").stat().st_size
+    table = np.frombuffer((src / "a/c/0/1").read_bytes()[-index:-4], "<u8").reshape(CPS * CPS, 2)
+    offset, nbytes = table[5].tolist()
+    [after] = np.flatnonzero(table[:, 0] == offset + nbytes)
+    sweep = [names((0, 1))[5], names((0, 1))[after]] + [n for i, n in enumerate(names((0, 1))) if i not in (5, after)]
+
+    async def read() -> dict[str, bytes]:
+        return {name: await chunk_bytes(view, name, None, "a") for name in sweep}
+
+    assert trio.run(read) == {name: want("a", name) for name in sweep}
+    assert requests("a/c/0/1") == [("GET", f"bytes=-{index}", False), ("GET", f"bytes={offset}-{offset + nbytes - 1}", True),
+                                   ("GET", f"bytes=0-{size - 1}", True)]
 
 
 def test_nested_indexes_cost_one_request_per_level(counted):
@@ -256,20 +328,30 @@ def test_nested_indexes_cost_one_request_per_level(counted):
 
 
 def test_concurrent_opens_of_a_shard_share_its_index_read_and_its_whole_fetch(counted):
-    view, proxy, requests, want, _ = counted
+    view, proxy, requests, want, src = counted
     got: dict[str, bytes] = {}
+
+    # every other chunk in the order they are stored: not the first chunk (a sweep would start
+    # there), none stored right after another (a sweep from inside the shard): in whatever
+    # order they run, they are scattered reads
+    table = np.frombuffer((src / "a/c/1/0").read_bytes()[-(16 * CPS * CPS + 4):-4], "<u8").reshape(CPS * CPS, 2)
+    stored = np.argsort(table[:, 0]).tolist()
+    assert stored[0] == 0
+    opened = [names((1, 0))[pos] for pos in stored[1::2]]
 
     async def all_at_once() -> None:
         async def one(name: str) -> None:
             got[name] = await chunk_bytes(view, name, None, "a")
 
         async with trio.open_nursery() as nursery:
-            for name in names((1, 0)):
+            for name in opened:
                 nursery.start_soon(one, name)
 
     trio.run(all_at_once)
-    assert got == {name: want("a", name) for name in names((1, 0))}
-    assert [(m, c) for m, _, c in requests("a/c/1/0")] == [("GET", False), ("GET", True), ("GET", True)]
+    assert got == {name: want("a", name) for name in opened}
+    # one index GET, the chunks of the first two opens, then all of it (the third open): the
+    # other opens wait for those
+    assert [(m, c) for m, _, c in requests("a/c/1/0")] == [("GET", False)] + [("GET", True)] * 3
 
 
 def test_listing_an_array_costs_its_listing_and_one_index_get_per_shard(counted):
@@ -287,3 +369,27 @@ def test_listing_an_array_costs_its_listing_and_one_index_get_per_shard(counted)
             assert requests(f"a/c/{i}/{j}") == [("GET", index, False)]
     assert {r.method for r in proxy.log} <= {"GET", "LIST"}
     assert [r.method for r in proxy.log].count("GET") == 4 + 2  # the indexes, and zarr.json of the root and of a
+
+
+def test_a_sweep_crossing_shards_row_by_row_looks_at_the_shards_after_one_once(counted):
+    """zarr 2.18's order: rows of chunks, each crossing both shards of a row of shards, so each
+    shard is visited 4 times. The shards after one are looked at (``_prefetch_after``) once per
+    shard the sweep walks on to, not at every visit: after shard 1 (coming from 0: the shards
+    after it, 2 and 3, fetched ahead), after 2 and after 3 (nothing left after them)."""
+    view, proxy, requests, want, src = counted
+    looked: list[int] = []
+    prefetch_after = view._prefetch_after
+
+    def recording(arr, at: int, size: int) -> bool:
+        looked.append(at)
+        return prefetch_after(arr, at, size)
+
+    view._prefetch_after = recording
+    rows = [f"{i}.{j}" for i in range(2 * CPS) for j in range(2 * CPS)]
+
+    async def read() -> dict[str, bytes]:
+        return {name: await chunk_bytes(view, name, None, "a") for name in rows}
+
+    assert trio.run(read) == {name: want("a", name) for name in rows}
+    assert looked == [1, 2, 3]
+    assert requests("a/c/1/0") == requests("a/c/1/1") == [("GET", None, False)]

@@ -4,12 +4,14 @@ The daemon reaches SeaweedFS through a counting TCP proxy (``bench_lib.delayprox
 with ``record=True``, no delay), which sees every HTTP request; the counts below are those of
 one shard's key, with their ``Range`` and ``If-Match``. Promises: a shard's index costs one GET
 (a suffix GET when it is at the end, no HEAD before it); an inner chunk one ranged GET of its
-bytes conditioned on the ETag the index was read at; a whole shard read chunk by chunk at most
-2 GETs (a shard a client moves on to in a sweep: its index, then all of it in one GET; the
-shards after those two, in a walk of the array: all of it in one GET, fetched ahead); reading
-again what the daemon has cached, no GET. Before a second read the kernel's page cache of the
-files is dropped (``POSIX_FADV_DONTNEED``), and the daemon's ``wchar`` shows it served the bytes.
-Promises the read path does not keep yet are strict ``xfail``s saying why (an XPASS fails).
+bytes conditioned on the ETag the index was read at; a cold chunk other than its shard's first
+(a scattered read) also has the indexes of the array's other shards read ahead, each once, so
+a chunk of another shard then costs one GET; a whole shard read chunk by chunk 2 GETs (opened
+at its first chunk, where a sweep in C order starts: its index, then all of it in one GET; the
+shards after the first two, in a walk of the array: all of it in one GET, fetched ahead);
+reading again what the daemon has cached, no GET. Before a second read the kernel's page cache
+of the files is dropped (``POSIX_FADV_DONTNEED``), and the daemon's ``wchar`` shows it served
+the bytes.
 """
 
 from __future__ import annotations
@@ -130,8 +132,9 @@ def test_cold_chunk_read_costs_one_index_get_and_one_conditional_ranged_get(coun
     assert describe(reqs) == [("GET", index_range(sp), None), ("GET", chunk_range(src, sp, shard, idx), f'"{etag(src, key)}"')], (
         "expected the index GET, then one GET of the chunk's bytes conditioned on the ETag the index was read at")
     others = [r for r in proxy.log if r.path.startswith(f"/{src.server.bucket}/{src.prefix}/{sp.name}/c/")
-              and r not in reqs]
-    assert not others, f"requests for other shards: {[(r.method, r.path) for r in others]}"
+              and r not in reqs]  # their indexes, read ahead in the background: each at most once
+    assert all(describe([r]) == [("GET", index_range(sp), None)] for r in others), describe(others)
+    assert len({r.path for r in others}) == len(others), [r.path for r in others]
 
     # the same chunk again, past the kernel's page cache: served from the daemon's cache
     proxy.log.clear()
@@ -140,20 +143,47 @@ def test_cold_chunk_read_costs_one_index_get_and_one_conditional_ranged_get(coun
     assert_no_get(requests_for(src, proxy, key))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ReadAhead(after=2) reads the first chunk of a shard alone, and the whole shard (from offset 0) "
-    "at the second: 3 GETs for the first shard a client sweeps (2 for the next, 1 for those after, fetched ahead)"))
-@pytest.mark.parametrize("counted", ["end"], indirect=True)
-def test_whole_shard_read_chunk_by_chunk_costs_at_most_two_gets(counted):
+@pytest.mark.parametrize("counted", ["end", "start"], indirect=True)
+def test_whole_shard_read_chunk_by_chunk_costs_two_gets(counted):
+    """Opened at its first chunk, a shard is fetched whole in one GET If-Match the ETag its
+    index was read at; its other chunks cost nothing, and no other shard is asked anything."""
     src, proxy, mnt, sp, expected = counted
     key = sp.shard_key((1, 1))
     files = chunk_files(mnt, sp, (1, 1), "root")
     for (_, idx), data in zip(files, read_files([p for p, _ in files])):
         assert_chunk(sp, expected, idx, data)
-    reqs = requests_for(src, proxy, key)
-    assert describe(reqs)[:1] == [("GET", index_range(sp), None)], describe(reqs)
-    assert all(r.method == "GET" and r.headers.get("if-match") == f'"{etag(src, key)}"' for r in reqs[1:]), describe(reqs)
-    assert len(reqs) <= 2, describe(reqs)
+    size = obstore.head(src.objects.store(), key)["size"]
+    assert describe(requests_for(src, proxy, key)) == [
+        ("GET", index_range(sp), None), ("GET", f"bytes=0-{size - 1}", f'"{etag(src, key)}"')]
+    others = [r for r in proxy.log if r.path.startswith(f"/{src.server.bucket}/{src.prefix}/{sp.name}/c/")
+              and r.path != f"/{src.server.bucket}/{src.prefix}/{key}"]
+    assert not others, describe(others)
+
+
+@pytest.mark.parametrize("counted", ["end"], indirect=True)
+def test_scattered_reads_read_every_index_ahead_once_then_a_chunk_costs_one_get(counted):
+    """A cold chunk other than its shard's first: its index, its bytes, and in the background
+    one listing of the array and one index GET for each other shard (never a second one for
+    the shard read); then a chunk of another shard costs exactly one GET, If-Match its ETag."""
+    src, proxy, mnt, sp, expected = counted
+    shards = list(np.ndindex(*sp.shard_grid))
+    path, idx = chunk_files(mnt, sp, (1, 0), "root")[5]
+    assert_chunk(sp, expected, idx, read_files([path])[0])
+    deadline = time.monotonic() + 10
+    while any(not requests_for(src, proxy, sp.shard_key(sh)) for sh in shards) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    before = len(proxy.log)
+    shard = (0, 1)
+    path, idx = chunk_files(mnt, sp, shard, "root")[6]
+    assert_chunk(sp, expected, idx, read_files([path])[0])
+    key = sp.shard_key(shard)
+    assert describe(proxy.log[before:]) == [("GET", chunk_range(src, sp, shard, idx), f'"{etag(src, key)}"')], (
+        describe(proxy.log[before:]))
+    assert [r.path for r in proxy.log[before:]] == [f"/{src.server.bucket}/{src.prefix}/{key}"]
+    for sh in shards:
+        reqs = describe(requests_for(src, proxy, sp.shard_key(sh)))
+        assert reqs[:1] == [("GET", index_range(sp), None)] and len(reqs) == (2 if sh in ((1, 0), shard) else 1), (sh, reqs)
+    assert [r.method for r in proxy.log].count("LIST") == 1
 
 
 @pytest.mark.parametrize("counted", ["end"], indirect=True)
@@ -177,9 +207,8 @@ def test_a_shard_read_again_costs_no_get(counted, mount):
 @pytest.mark.parametrize("counted", ["end"], indirect=True)
 def test_zarr2_whole_array_read_fetches_the_shards_after_a_swept_one_ahead_in_one_get_each(counted):
     """zarr 2.18 reads the array row of chunks by row, so its first rows cross shards (0, 0) and
-    (0, 1) in turn. It sweeps shard (0, 0) (counted in
-    ``test_whole_shard_read_chunk_by_chunk_costs_at_most_two_gets``) and moves on to (0, 1), the
-    next in C order of the shard grid: its index, then all of it in one GET If-Match its ETag.
+    (0, 1) in turn. It opens shard (0, 0) at its first chunk, then moves on to (0, 1), the next
+    in C order of the shard grid: for each its index, then all of it in one GET If-Match its ETag.
     That is a walk of the array, so the shards after (0, 1) are fetched ahead in the background,
     each whole in one unconditional GET that also gives its index and ETag; the opens of their
     chunks wait for it and ask nothing more."""
@@ -189,11 +218,11 @@ def test_zarr2_whole_array_read_fetches_the_shards_after_a_swept_one_ahead_in_on
     per_shard = {sh: describe(requests_for(src, proxy, sp.shard_key(sh))) for sh in np.ndindex(*sp.shard_grid)}
     print(f"\nzarr 2.18 whole array, requests per shard: {per_shard}")
     first, second, *others = per_shard
-    assert per_shard[first][:1] == [("GET", index_range(sp), None)], per_shard
-    key = sp.shard_key(second)
-    size = obstore.head(src.objects.store(), key)["size"]
-    assert per_shard[second] == [("GET", index_range(sp), None), ("GET", f"bytes=0-{size - 1}", f'"{etag(src, key)}"')], (
-        second, per_shard[second])
+    for sh in (first, second):
+        key = sp.shard_key(sh)
+        size = obstore.head(src.objects.store(), key)["size"]
+        assert per_shard[sh] == [("GET", index_range(sp), None), ("GET", f"bytes=0-{size - 1}", f'"{etag(src, key)}"')], (
+            sh, per_shard[sh])
     for sh in others:
         assert per_shard[sh] == [("GET", None, None)], (sh, per_shard[sh])
 

@@ -63,14 +63,20 @@ class ReadAhead:
     Opens of chunks of one shard ``after`` times among the last ``window`` opens are a sweep
     (scattered reads rarely come back to a shard that soon); with ``chained``, so is the first
     open of a shard right after ``after`` opens of shards that were read ahead (a sweep moving
-    on to the next shard). Shards larger than ``max_bytes`` are never read ahead.
+    on to the next shard); with ``starts``, so is an open of a shard's first chunk (``first``:
+    position 0 of its index, where a sweep in C order starts) when no chunk of that shard is
+    among the last opens; with ``adjacent``, so is an open of the chunk stored right after the
+    last one opened of its shard (a sweep that started inside the shard; scattered reads
+    seldom do that). Shards larger than ``max_bytes`` are never read ahead.
     """
 
     def __init__(self, after: int = READ_AHEAD_AFTER, chained: bool = False, window: int = READ_AHEAD_WINDOW,
-                 max_bytes: int = READ_AHEAD_MAX) -> None:
+                 max_bytes: int = READ_AHEAD_MAX, starts: bool = False, adjacent: bool = False) -> None:
         self.after, self.chained, self.max_bytes = after, chained, max_bytes
+        self.starts, self.adjacent = starts, adjacent
         self._recent: deque[tuple[str, Version]] = deque(maxlen=window)  # shards of the last opens
         self._done: set[tuple[str, Version]] = set()
+        self._ends: dict[tuple[str, Version], int] = {}  # shard -> where its last opened chunk ends (adjacent)
 
     def swept(self, ext: Extent) -> bool:
         """True if ``note`` found a sweep of ``ext``'s shard (at this version) with at least
@@ -78,10 +84,16 @@ class ReadAhead:
         shard = (ext.key, ext.version)
         return shard in self._done and self._recent.count(shard) >= WALK_OPENS
 
-    def note(self, ext: Extent) -> bool:
+    def note(self, ext: Extent, first: bool = False) -> bool:
         shard = (ext.key, ext.version)
-        sweeping = self.chained and len(self._recent) >= self.after and all(
-            self._recent[-i] in self._done for i in range(1, self.after + 1))
+        sweeping = (self.chained and len(self._recent) >= self.after and all(
+            self._recent[-i] in self._done for i in range(1, self.after + 1))) or (
+            first and self.starts and shard not in self._recent)
+        if self.adjacent:
+            sweeping = sweeping or self._ends.get(shard) == ext.offset
+            if len(self._ends) >= 4096:
+                self._ends.clear()
+            self._ends[shard] = ext.offset + ext.nbytes
         self._recent.append(shard)
         if ext.version.size > self.max_bytes or shard in self._done:
             return False
@@ -100,19 +112,22 @@ class Reads:
     from a descriptor instead (``_stored_handle``, ``_read_stored``, ``release``).
     """
 
-    prefetches = False  # True: a sweep fetches the shards after it ahead (``fetch_whole``)
+    prefetches = False  # True: a sweep fetches the shards after it ahead (``fetch_whole``), and a
+    # scattered read the indexes of its array's shards (``keys_below``)
 
     def __init__(self, chunk_cache: ChunkCache, ahead: ReadAhead) -> None:
         self.chunk_cache = chunk_cache
         self.ahead = ahead
 
-    async def open(self, ino: int, attr: Attr, ext: Extent, decode: Decode | None) -> ReadHandle:
-        """A handle on the chunk file stored at ``ext``: its stored bytes, or ``decode`` of them."""
+    async def open(self, ino: int, attr: Attr, ext: Extent, decode: Decode | None, first: bool = False
+                   ) -> ReadHandle:
+        """A handle on the chunk file stored at ``ext``: its stored bytes, or ``decode`` of them;
+        ``first``: the chunk is its shard's first (``ReadAhead.note``)."""
         if decode is not None:
             cached = self.chunk_cache.get(ext)
             if cached is not None:
                 return ReadHandle(ino, attr, data=cached)
-        ahead = self.ahead.note(ext)
+        ahead = self.ahead.note(ext, first)
         if decode is None:
             return await self._stored_handle(ino, attr, ext, ahead)
         data = await blocking(decode, await self._stored(ext, ahead))
@@ -136,6 +151,11 @@ class Reads:
     def room_ahead(self, nbytes: int) -> bool:
         """True if ``nbytes`` fetched ahead fit in the memory kept for fetched ranges."""
         return False
+
+    async def keys_below(self, prefix: str, most: int) -> list[str] | None:
+        """Every key below ``prefix`` at any depth (relative to it), if there are at most
+        ``most`` (a few listing requests), else None: the shards whose indexes are read ahead."""
+        raise NotImplementedError
 
     async def fetch_whole(self, key: str) -> tuple[bytes, Version] | None:
         """One GET of the whole shard at ``key``, kept for the opens of its chunks; its bytes and

@@ -3,8 +3,12 @@
 A chunk costs one ranged GET conditioned on the shard's ETag (If-Match), so a file never mixes
 two versions of a shard: a shard replaced since its index was read answers 412, raised as
 ``VersionMismatch`` (the view re-reads the index and tries again). Every chunk file's bytes are
-fetched at open and served from memory. A swept shard (``ReadAhead``, chained: a sweep moving
-on to the next shard fetches it whole at its first open) is fetched whole in one GET; the
+fetched at open and served from memory. A swept shard is fetched whole in one GET
+(``ReadAhead``: a first open of a shard at its first chunk, where a sweep in C order starts, so
+a shard read whole chunk by chunk costs its index and one GET; an open of the chunk stored
+right after the last one opened of its shard; 3 opens of it among the last; chained: a sweep
+moving on to the next shard). Scattered reads seldom fetch a shard whole (that costs more than
+the chunks they read). The
 chunks opened while that GET is in flight wait for it instead of asking for their own bytes.
 Fetched ranges are kept in a ``RangeCache`` (bounded memory, optionally a disk cache keyed by
 ETag), so the following chunks of a swept shard, and chunks opened again, cost no request: a
@@ -42,7 +46,7 @@ class ObjectReads(Reads):
     prefetches = True
 
     def __init__(self, source: ObjectStorage, chunk_cache: ChunkCache, cache: RangeCache | None = None) -> None:
-        super().__init__(chunk_cache, ReadAhead(after=2, chained=True))
+        super().__init__(chunk_cache, ReadAhead(chained=True, starts=True, adjacent=True))
         self.source = source
         self.cache = cache if cache is not None else RangeCache(DEFAULT_CACHE_BYTES)
         self._fetching: dict[tuple[str, Version], trio.Event] = {}  # whole shards being fetched
@@ -80,6 +84,9 @@ class ObjectReads(Reads):
 
     def room_ahead(self, nbytes: int) -> bool:
         return nbytes <= self.cache.max_bytes // 2
+
+    async def keys_below(self, prefix: str, most: int) -> list[str] | None:
+        return await blocking(self.source.keys_below, prefix, most)
 
     async def fetch_whole(self, key: str) -> tuple[bytes, Version] | None:
         if self.cache.disk_dir is not None:

@@ -434,6 +434,22 @@ class ObjectStorage:
         if page:
             yield page
 
+    def keys_below(self, prefix: str, most: int) -> list[str] | None:
+        """Every key below ``prefix`` at any depth, relative to it, in key order; None if there
+        are more than ``most`` (the listing stops there: at most ``most // PAGE + 1`` requests).
+        Blocking; not remembered (``list`` is)."""
+        base = prefix.strip("/")
+        head = len(base) + 1 if base else 0
+        keys: list[str] = []
+        try:
+            for chunk in obstore.list(self._store, base or None, chunk_size=PAGE):
+                keys.extend(meta["path"][head:] for meta in chunk)
+                if len(keys) > most:
+                    return None
+        except Exception as e:
+            raise self._error(e, prefix) from None
+        return keys
+
     def is_dir(self, key: str) -> bool:
         """True if some object lies below prefix ``key``: told by the listings remembered, else
         one listing request of one key."""
