@@ -369,3 +369,27 @@ def test_listing_an_array_costs_its_listing_and_one_index_get_per_shard(counted)
             assert requests(f"a/c/{i}/{j}") == [("GET", index, False)]
     assert {r.method for r in proxy.log} <= {"GET", "LIST"}
     assert [r.method for r in proxy.log].count("GET") == 4 + 2  # the indexes, and zarr.json of the root and of a
+
+
+def test_a_sweep_crossing_shards_row_by_row_looks_at_the_shards_after_one_once(counted):
+    """zarr 2.18's order: rows of chunks, each crossing both shards of a row of shards, so each
+    shard is visited 4 times. The shards after one are looked at (``_prefetch_after``) once per
+    shard the sweep walks on to, not at every visit: after shard 1 (coming from 0: the shards
+    after it, 2 and 3, fetched ahead), after 2 and after 3 (nothing left after them)."""
+    view, proxy, requests, want, src = counted
+    looked: list[int] = []
+    prefetch_after = view._prefetch_after
+
+    def recording(arr, at: int, size: int) -> bool:
+        looked.append(at)
+        return prefetch_after(arr, at, size)
+
+    view._prefetch_after = recording
+    rows = [f"{i}.{j}" for i in range(2 * CPS) for j in range(2 * CPS)]
+
+    async def read() -> dict[str, bytes]:
+        return {name: await chunk_bytes(view, name, None, "a") for name in rows}
+
+    assert trio.run(read) == {name: want("a", name) for name in rows}
+    assert looked == [1, 2, 3]
+    assert requests("a/c/1/0") == requests("a/c/1/1") == [("GET", None, False)]
