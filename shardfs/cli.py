@@ -409,7 +409,7 @@ async def _serve(ops: Any, writeback: Any) -> None:
     import pyfuse3
     import trio
 
-    from shardfs import view as view_mod
+    from shardfs import fuseloop, view as view_mod
 
     flushed = False
     async with trio.open_nursery() as nursery:
@@ -429,7 +429,7 @@ async def _serve(ops: Any, writeback: Any) -> None:
         nursery.start_soon(trio.to_thread.run_sync, view_mod.v2)  # zarr, before the first lookup needs it
         if writeback is not None:
             nursery.start_soon(writeback.run)
-        await pyfuse3.main()
+        await fuseloop.main()  # pyfuse3.main() with a cheaper read lock
         nursery.cancel_scope.cancel()
     if writeback is not None and not flushed:
         writeback.on_folded = None  # the kernel connection is gone: nothing to invalidate

@@ -10,6 +10,7 @@ endian, over the encoded pairs).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import crc32c
 import numpy as np
@@ -40,11 +41,11 @@ class IndexFormat:
                 f"{n} inner chunks per shard exceeds the supported {MAX_INDEX_ENTRIES}"
             )
 
-    @property
+    @cached_property
     def n_chunks(self) -> int:
         return int(np.prod(self.chunks_per_shard, dtype=np.int64))
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         """Encoded size of the index in bytes."""
         return 16 * self.n_chunks + (4 if self.checksum else 0)
@@ -60,38 +61,56 @@ class IndexFormat:
         ``file_size``-byte shard outside the index itself; raises
         ``CorruptIndex`` with the reason otherwise.
         """
-        if len(raw) != self.nbytes:
-            raise CorruptIndex(
-                f"shard is {file_size} bytes, shorter than its {self.nbytes}-byte index"
-            )
-        body = raw[: 16 * self.n_chunks]
-        if self.checksum:
-            stored = int.from_bytes(raw[-4:], "little")
-            actual = crc32c.crc32c(body)
-            if stored != actual:
-                raise CorruptIndex(
-                    f"index checksum mismatch (stored {stored:#010x}, computed {actual:#010x})"
-                )
-        table = np.frombuffer(body, dtype=self._dtype).astype(np.uint64).reshape(-1, 2)
-        offsets, lengths = table[:, 0], table[:, 1]
+        found = self.decode_many([raw], [file_size])[0]
+        if isinstance(found, CorruptIndex):
+            raise found
+        return found
+
+    def decode_many(self, raws: list[bytes], file_sizes: list[int]) -> list[np.ndarray | CorruptIndex]:
+        """``decode`` of the indexes of many shards at once (column-wise: a listing of many
+        small shards costs numpy calls per call, not per shard): each one's table, or the
+        ``CorruptIndex`` it would raise."""
+        out: list[np.ndarray | CorruptIndex] = []
+        good: list[int] = []
+        body_len = 16 * self.n_chunks
+        for raw, file_size in zip(raws, file_sizes):
+            if len(raw) != self.nbytes:
+                out.append(CorruptIndex(f"shard is {file_size} bytes, shorter than its {self.nbytes}-byte index"))
+                continue
+            if self.checksum:
+                stored = int.from_bytes(raw[-4:], "little")
+                actual = crc32c.crc32c(raw[:body_len])
+                if stored != actual:
+                    out.append(CorruptIndex(
+                        f"index checksum mismatch (stored {stored:#010x}, computed {actual:#010x})"))
+                    continue
+            good.append(len(out))
+            out.append(CorruptIndex(""))  # replaced below
+        if not good:
+            return out
+        tables = np.frombuffer(b"".join(raws[i][:body_len] for i in good), dtype=self._dtype
+                               ).astype(np.uint64).reshape(len(good), -1, 2)
+        offsets, lengths = tables[:, :, 0], tables[:, :, 1]
         empty = (offsets == EMPTY) & (lengths == EMPTY)
+        sizes = np.array([file_sizes[i] for i in good], dtype=np.uint64)[:, None]
         data_start = self.nbytes if self.at_start else 0
-        data_end = file_size if self.at_start else file_size - self.nbytes
-        used = ~empty
-        bad = used & (
+        data_end = sizes if self.at_start else sizes - np.uint64(self.nbytes)
+        bad = ~empty & (
             (offsets < data_start)
-            | (lengths > np.uint64(data_end))
-            | (offsets > np.uint64(data_end) - np.minimum(lengths, np.uint64(data_end)))
+            | (lengths > data_end)
+            | (offsets > data_end - np.minimum(lengths, data_end))
         )
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise CorruptIndex(
-                f"index entry {i} (offset {int(offsets[i])}, nbytes {int(lengths[i])}) "
-                f"points outside the shard's data [{data_start}, {data_end})"
-            )
-        table = table.copy()
-        table[empty] = EMPTY
-        return table
+        flawed = bad.any(axis=1).tolist()
+        for j, i in enumerate(good):
+            if flawed[j]:
+                at = int(np.flatnonzero(bad[j])[0])
+                out[i] = CorruptIndex(
+                    f"index entry {at} (offset {int(offsets[j, at])}, nbytes {int(lengths[j, at])}) "
+                    f"points outside the shard's data [{data_start}, {int(data_end[j, 0])})"
+                )
+            else:  # copies (astype): writable, and empty rows are already EMPTY
+                out[i] = tables[j] if len(good) == 1 else tables[j].copy()
+        return out
 
     def encode(self, table: np.ndarray) -> bytes:
         """Encode a ``(n, 2)`` uint64 table (``EMPTY`` rows for empty chunks)."""

@@ -242,7 +242,8 @@ class ArrayLayout:
         return tuple(shard), pos
 
     def chunks_at(self, shard: tuple[int, ...], positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Inverse of ``locate`` for many index positions of one shard.
+        """Inverse of ``locate`` for many index positions of one shard (or of many: ``shard``
+        an ``(n, ndim)`` array, the shard of each position).
 
         Returns the global coordinates, an ``(n, ndim)`` int64 array, and a boolean
         mask of the rows that lie inside the array (edge shards hold chunks past it).

@@ -41,11 +41,12 @@ from shardfs.storage import Storage, Version
 from shardfs.threads import blocking
 
 if TYPE_CHECKING:
+    from shardfs.reads import Reads
     from shardfs.writeback import Writeback
 
 log = logging.getLogger("shardfs")
 
-INDEX_READS = 32  # shard indexes a listing reads at once
+INDEX_READS = 32  # shard indexes read at once (``read_indexes``, one shard per call)
 INDEX_BATCH = 256  # shards whose indexes a listing reads ahead of the entries it produces
 PAGE = 1024  # entries a listing makes at a time
 Entries = list[tuple[str, Attr]]
@@ -75,6 +76,7 @@ class Tree(Protocol):
     source: Storage
     writeback: Writeback | None
     nodes: NodeTable
+    reads: Reads
     new_dirs: set[str]
     arrays: dict[str, ArrayNode]
 
@@ -91,6 +93,8 @@ class Tree(Protocol):
     def pending_shard_keys(self, arr: ArrayNode) -> set[str]: ...
     def shard_suffix(self, arr: ArrayNode) -> bool: ...
     async def shard_table(self, arr: ArrayNode, shard: tuple[int, ...]) -> tuple[Version, np.ndarray] | None: ...
+    async def read_tables(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None: ...
+    async def shard_versions(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> list[tuple[int, ...]]: ...
     async def fill_file(self, arr: ArrayNode) -> bytes: ...
 
 
@@ -179,9 +183,15 @@ class Listing:
             del ordered
             for at in range(0, len(names), PAGE):
                 out = []
-                for name, is_dir in zip(names[at:at + PAGE].tolist(), dirs[at:at + PAGE].tolist()):
-                    sub = join(rel, name)
-                    is_shard = not is_dir and layout.keys.parse(sub) is not None
+                page = [(name, is_dir, join(rel, name)) for name, is_dir in
+                        zip(names[at:at + PAGE].tolist(), dirs[at:at + PAGE].tolist())]
+                shards = {sub: layout.keys.parse(sub) for name, is_dir, sub in page if not is_dir}
+                # a shard directory's mtime is its shard's version's: asked for the page at once
+                # (those only a request tells come with their indexes, read INDEX_READS at a time)
+                unknown = await self.tree.shard_versions(arr, [c for c in shards.values() if c is not None])
+                await self._read_tables(arr, unknown)
+                for name, is_dir, sub in page:
+                    is_shard = shards.get(sub) is not None
                     if is_shard or (is_dir and layout.keys.is_prefix(sub)):
                         shown = name + ".shard" if is_shard and self.tree.shard_suffix(arr) else name
                         ino = self.tree.nodes.inode(ShardDirKey(arr.path, sub))
@@ -248,13 +258,18 @@ class Listing:
                 for i in sorted(set(chunks.coords[:, depth].tolist()))]
 
     async def _shard_chunk_sets(self, arr: ArrayNode, shards: np.ndarray) -> AsyncIterator[ChunkSet]:
-        """``shard_chunks`` of each of ``shards`` (coordinates, one row each) in turn, their
-        indexes read ``INDEX_BATCH`` ahead."""
+        """``shards_chunks`` of ``shards`` (coordinates, one row each), as many shards at a time
+        as hold at most ``PAGE`` inner chunks (at least one), their indexes read ``INDEX_BATCH``
+        shards ahead."""
+        group = max(1, PAGE // int(np.prod(arr.info.layout.chunks_per_shard, dtype=np.int64)))
         for at in range(0, len(shards), INDEX_BATCH):
             batch = [tuple(row) for row in shards[at:at + INDEX_BATCH].tolist()]
-            await self.read_indexes(arr, batch)
-            for shard in batch:
-                yield await self.shard_chunks(arr, shard)
+            await self._read_tables(arr, batch)
+            if at + INDEX_BATCH < len(shards):  # the next batch's, while the reader takes this one's
+                ahead = [tuple(row) for row in shards[at + INDEX_BATCH:at + 2 * INDEX_BATCH].tolist()]
+                trio.lowlevel.spawn_system_task(self._tables_ahead, arr, ahead)
+            for first in range(0, len(batch), group):
+                yield await self.shards_chunks(arr, batch[first:first + group])
 
     async def _list_box(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> list[tuple[str, Attr]]:
         """A shard or inner shard directory: its inner shards, or at the innermost level its chunks."""
@@ -285,47 +300,85 @@ class Listing:
             out = sorted(set(out) | set(self.tree.writeback.dirty_shards(arr.path)))
         return out
 
-    async def read_indexes(self, arr: ArrayNode, shards: list[tuple[int, ...]], at_once: int = INDEX_READS) -> None:
-        """Read the indexes of ``shards`` that are not cached, ``at_once`` at a time (a
-        listing needs them all; over an object store each is a round trip). Errors are left
-        for the caller's own ``shard_table`` to meet."""
+    async def _read_tables(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None:
+        """``read_indexes`` of ``shards`` for a listing: split among the source's ``index_calls``
+        worker thread calls at once (``Reads.index_calls``: one for a local source)."""
+        calls = self.tree.reads.index_calls
+        await self.read_indexes(arr, shards, calls, per_call=max(1, -(-len(shards) // calls)))
+
+    async def _tables_ahead(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None:
+        """``_read_tables`` in the background (a listing may be abandoned meanwhile: at most one
+        batch is read for nothing); a failure is left for the listing's own reads."""
+        try:
+            await self._read_tables(arr, shards)
+        except Exception as e:  # noqa: BLE001 - a background read never ends the daemon
+            log.debug("%s: indexes not read ahead: %r", self.tree.source.describe(arr.path), e)
+
+    async def read_indexes(self, arr: ArrayNode, shards: list[tuple[int, ...]], at_once: int = INDEX_READS,
+                           per_call: int = 1) -> None:
+        """Read the indexes of ``shards`` that are not cached, ``at_once`` calls at a time (a
+        listing needs them all; over an object store each is a round trip): with ``per_call``
+        1 each through ``shard_table``, else ``per_call`` never-read ones in one worker thread
+        call (``read_tables``: a thread hop per shard costs more than reading a small local
+        shard's index). Errors are left for the caller's own ``shard_table`` to meet."""
         limiter = trio.CapacityLimiter(at_once)
 
-        async def one(shard: tuple[int, ...]) -> None:
+        async def one(group: list[tuple[int, ...]]) -> None:
             async with limiter:
                 try:
-                    await self.tree.shard_table(arr, shard)
+                    if per_call == 1:
+                        await self.tree.shard_table(arr, group[0])
+                    else:
+                        await self.tree.read_tables(arr, group)
                 except OSError:
                     pass
 
         async with trio.open_nursery() as nursery:
-            for shard in shards:
-                nursery.start_soon(one, shard)
+            for at in range(0, len(shards), per_call):
+                nursery.start_soon(one, shards[at:at + per_call])
 
     async def shard_chunks(self, arr: ArrayNode, shard: tuple[int, ...]) -> ChunkSet:
         """The stored (or pending) inner chunks of one shard, sorted by index position;
         none if the shard is corrupt."""
+        return await self.shards_chunks(arr, [shard])
+
+    async def shards_chunks(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> ChunkSet:
+        """``shard_chunks`` of each of ``shards`` in turn, made column-wise for all of them at
+        once (a listing of many small shards costs numpy calls per batch, not per shard)."""
         layout = arr.info.layout
-        try:
-            found = await self.tree.shard_table(arr, shard)
-        except OSError:
-            found = None
-        if found is None:
-            pos, nbytes, mtime = np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+        found: list[tuple[int, tuple[Version, np.ndarray]]] = []
+        for i, shard in enumerate(shards):
+            try:
+                table = await self.tree.shard_table(arr, shard)
+            except OSError:
+                table = None
+            if table is not None:
+                found.append((i, table))
+        if found:
+            tables = np.stack([table for _, (_, table) in found])  # (shards, rows, 2)
+            which, pos = np.nonzero(tables[:, :, 0] != EMPTY)
+            nbytes = tables[which, pos, 1].astype(np.int64)
+            mtime = np.array([version.mtime_ns for _, (version, _) in found], dtype=np.int64)[which]
+            owner = np.array([i for i, _ in found], dtype=np.int64)[which]
+            del tables
         else:
-            version, table = found
-            pos = np.flatnonzero(table[:, 0] != EMPTY)
-            nbytes = table[pos, 1].astype(np.int64)
-            mtime = np.full(len(pos), version.mtime_ns, dtype=np.int64)
-        pending = self.tree.writeback.pending_in((arr.path, shard)) if self.tree.writeback is not None else {}
-        if pending:
-            keep = ~np.isin(pos, np.fromiter(pending, np.int64, len(pending)))
-            live = sorted((p, len(x.data), x.mtime_ns) for p, x in pending.items() if x.data is not None)
-            extra = np.array(live, dtype=np.int64).reshape(-1, 3)
-            pos, nbytes, mtime = (np.concatenate([col[keep], extra[:, i]]) for i, col in enumerate((pos, nbytes, mtime)))
-            order = np.argsort(pos, kind="stable")
-            pos, nbytes, mtime = pos[order], nbytes[order], mtime[order]
-        coords, inside = layout.chunks_at(shard, pos)
+            owner, pos, nbytes, mtime = (np.empty(0, np.int64) for _ in range(4))
+        if self.tree.writeback is not None:
+            patched = False
+            for i, shard in enumerate(shards):
+                pending = self.tree.writeback.pending_in((arr.path, shard))
+                if pending:
+                    keep = ~((owner == i) & np.isin(pos, np.fromiter(pending, np.int64, len(pending))))
+                    live = sorted((i, p, len(x.data), x.mtime_ns) for p, x in pending.items() if x.data is not None)
+                    extra = np.array(live, dtype=np.int64).reshape(-1, 4)
+                    owner, pos, nbytes, mtime = (np.concatenate([col[keep], extra[:, j]])
+                                                 for j, col in enumerate((owner, pos, nbytes, mtime)))
+                    patched = True
+            if patched:
+                order = np.lexsort((pos, owner))
+                owner, pos, nbytes, mtime = owner[order], pos[order], nbytes[order], mtime[order]
+        at = np.array(shards, dtype=np.int64).reshape(len(shards), layout.ndim)[owner]
+        coords, inside = layout.chunks_at(at, pos)
         return ChunkSet(coords[inside], arr.info.chunk.file_size(nbytes[inside]), mtime[inside])
 
     def _with_fill_chunks(self, arr: ArrayNode, stored: ChunkSet, fill_size: int) -> Iterator[ChunkSet]:

@@ -16,13 +16,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shardfs.index import EMPTY, CorruptIndex
+from shardfs.index import EMPTY, CorruptIndex, IndexFormat
 from shardfs.lru import SizedLRU
 from shardfs.shardfile import CORRUPT, ShardFormat, assemble, outermost, read_table
 from shardfs.storage import ABSENT, Range, Storage, Version, VersionMismatch
 
 log = logging.getLogger("shardfs")
 INDEX_TRIES = 3  # reads of an index that find the shard replaced under them before EIO
+DECODE_MANY_BYTES = 1 << 20  # index bytes ``read_indexes_sync`` decodes at once (at most)
 RACES = 20  # a rewrite that finds the shard changed this many times in a row gives up (and is retried later)
 _EMPTY, _CORRUPT = int(EMPTY), int(CORRUPT)
 
@@ -83,12 +84,11 @@ def read_index_sync(source: Storage, key: str, fmt: ShardFormat) -> tuple[Versio
     inner shard is logged here, once, and only its chunks are marked corrupt.
     """
     index = outermost(fmt)
-    first = Range(0, index.nbytes) if index.at_start else Range(-index.nbytes, index.nbytes)
     for _ in range(INDEX_TRIES):
-        try:
-            head, version = source.read_versioned(key, first)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        found = _read_head(source, key, index)
+        if found is None:
             return None
+        head, version = found
         start = 0 if index.at_start else version.size - len(head)
         try:
             return version, _table(source, key, fmt, version, start, head)
@@ -96,6 +96,57 @@ def read_index_sync(source: Storage, key: str, fmt: ShardFormat) -> tuple[Versio
             source.changed(key)
             continue
     raise OSError(errno.EIO, f"changed during {INDEX_TRIES} reads of its index", source.describe(key))
+
+
+def read_indexes_sync(source: Storage, keys: list[str], fmt: ShardFormat
+                      ) -> list[tuple[Version, np.ndarray] | None | CorruptShard | OSError]:
+    """``read_index_sync`` of each of ``keys`` in turn, in one call (one thread hop for many
+    small shards); each one's result, or the ``CorruptShard`` or ``OSError`` (``Unusable``
+    included) it raised. Indexes of one level are decoded all at once (``decode_many``)."""
+    out: list[tuple[Version, np.ndarray] | None | CorruptShard | OSError] = []
+    heads: dict[int, tuple[bytes, Version]] = {}  # position in ``out`` -> its index's bytes, read
+
+    def decode() -> None:
+        tables = fmt.decode_many([head for head, _ in heads.values()],  # type: ignore[union-attr]
+                                 [version.size for _, version in heads.values()])
+        for (at, (_, version)), table in zip(heads.items(), tables):
+            if isinstance(table, CorruptIndex):
+                err = CorruptShard(str(table))
+                err.version = version  # type: ignore[attr-defined]
+                out[at] = err
+            else:
+                out[at] = version, table
+        heads.clear()
+
+    for key in keys:
+        try:
+            if not isinstance(fmt, IndexFormat):
+                out.append(read_index_sync(source, key, fmt))
+                continue
+            found = _read_head(source, key, fmt)
+            if found is not None and len(found[0]) != min(found[1].size, fmt.nbytes):  # changed meanwhile
+                out.append(read_index_sync(source, key, fmt))
+                continue
+            out.append(None)
+            if found is not None:
+                heads[len(out) - 1] = found
+                if len(heads) * fmt.nbytes >= DECODE_MANY_BYTES:
+                    decode()
+        except (CorruptShard, OSError) as e:
+            out.append(e)
+    if heads:
+        decode()
+    return out
+
+
+def _read_head(source: Storage, key: str, index: IndexFormat) -> tuple[bytes, Version] | None:
+    """The bytes of a shard's (outermost) index, or all of a shard shorter than it, and the
+    version read; None if the shard does not exist."""
+    first = Range(0, index.nbytes) if index.at_start else Range(-index.nbytes, index.nbytes)
+    try:
+        return source.read_versioned(key, first)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
 
 
 def table_of_whole(source: Storage, key: str, fmt: ShardFormat, version: Version, data: bytes) -> np.ndarray:

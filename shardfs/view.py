@@ -84,6 +84,18 @@ def _read_metadata(source: Storage, key: str, known: Version | _Unknown) -> tupl
         return str(e), version
 
 
+def _versions_now(source: Storage, keys: list[str]) -> list[Version | None | _Unknown]:
+    """``source.version_now`` of each of ``keys`` (None for one that is unusable: its getattr
+    meets the error again, remembered)."""
+    out: list[Version | None | _Unknown] = []
+    for key in keys:
+        try:
+            out.append(source.version_now(key))
+        except OSError:
+            out.append(None)
+    return out
+
+
 class View:
     """The mount's tree over one source (a directory or an object-store prefix); chunk files
     are read through ``reads`` (default ``make_reads(source, chunk_cache=chunk_cache)``)."""
@@ -272,20 +284,67 @@ class View:
             await reading.wait()
         self._index_reads[key] = reading = trio.Event()
         try:
-            result = await blocking(shard_mod.read_index_sync, self.source, key, layout.index)
-        except CorruptShard as e:
-            log.error("%s: corrupt shard: %s", self.source.describe(key), e)
-            self.index_cache.put(key, e.version, e)  # type: ignore[attr-defined]
-            raise fail(errno.EIO) from None
-        except Unusable as e:
-            self._log_unusable(key, e)
-            raise fail(e.errno, e.strerror) from None
+            try:
+                result = await blocking(shard_mod.read_index_sync, self.source, key, layout.index)
+            except (CorruptShard, Unusable) as e:
+                result = e
+            return self._index_read(key, result)
         finally:
             del self._index_reads[key]
             reading.set()
-        if result is None:
-            return None
-        self.index_cache.put(key, *result)
+
+    async def read_tables(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None:
+        """Read the indexes of those of ``shards`` never read and not being read, in one worker
+        thread call (``read_indexes_sync``: one thread hop, and no version asked first, for many
+        small shards), and cache them as ``shard_table`` does (a corrupt or unusable shard is
+        logged); other errors are left for ``shard_table`` to meet again. Returns when those
+        being read by others were read too."""
+        layout = arr.info.layout
+        if layout.index is None:
+            return
+        keys = [key for key in dict.fromkeys(self.shard_key(arr, shard) for shard in shards)
+                if self.index_cache.latest(key) is None]
+        elsewhere = {id(event): event for event in map(self._index_reads.get, keys) if event is not None}
+        keys = [key for key in keys if key not in self._index_reads]
+        reading = trio.Event()
+        for key in keys:
+            self._index_reads[key] = reading
+        try:
+            results = await blocking(shard_mod.read_indexes_sync, self.source, keys, layout.index) if keys else []
+            for key, result in zip(keys, results):
+                if not isinstance(result, OSError) or isinstance(result, Unusable):
+                    try:
+                        self._index_read(key, result)
+                    except OSError:
+                        pass
+        finally:
+            for key in keys:
+                del self._index_reads[key]
+            reading.set()
+        for event in elsewhere.values():  # read by others: wait for them too
+            await event.wait()
+
+    async def shard_versions(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """Ask the versions of ``shards`` the source answers at once (``version_now``: a local
+        stat each, remembered for the getattrs that follow) in one worker thread call; those
+        only a request would tell (objects not remembered) are returned."""
+        keys = [self.shard_key(arr, shard) for shard in shards]
+        found = await blocking(_versions_now, self.source, keys)
+        return [shard for shard, version in zip(shards, found) if version is UNKNOWN]
+
+    def _index_read(self, key: str, result: tuple[Version, np.ndarray] | None | CorruptShard | Unusable
+                    ) -> tuple[Version, np.ndarray] | None:
+        """What a read of ``key``'s index found, cached (a corrupt shard too, logged once per
+        version; an unusable one logged once per reason, then raised as its errno)."""
+        if isinstance(result, CorruptShard):
+            log.error("%s: corrupt shard: %s", self.source.describe(key), result)
+            self.index_cache.put(key, result.version, result)  # type: ignore[attr-defined]
+            raise fail(errno.EIO)
+        if isinstance(result, Unusable):
+            self._log_unusable(key, result)
+            raise fail(result.errno, result.strerror)
+        if result is not None:
+            self.index_cache.put(key, *result)
         return result
 
     async def extent(self, arr: ArrayNode, coords: tuple[int, ...]) -> Extent | Pending | None:

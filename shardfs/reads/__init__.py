@@ -114,6 +114,7 @@ class Reads:
 
     prefetches = False  # True: a sweep fetches the shards after it ahead (``fetch_whole``), and a
     # scattered read the indexes of its array's shards (``keys_below``)
+    index_calls = 32  # worker thread calls a listing reads shard indexes in at once (each index a round trip)
 
     def __init__(self, chunk_cache: ChunkCache, ahead: ReadAhead) -> None:
         self.chunk_cache = chunk_cache
