@@ -51,10 +51,14 @@ def test_trio_run_returns_raises_and_a_cancelled_task_cancels_its_coroutine(loop
 
 
 def test_waking_the_loop_never_releases_the_gil(loop):
-    """Another thread ready to run Python gets the GIL whenever a caller releases it (here it
-    would keep it for the whole switch interval). While 2000 requests are handed to the loop,
-    it never runs: the wake-ups (a byte on the loop's self-pipe each) keep the GIL. With
-    asyncio's own ``socket.send`` it runs, and the caller waits seconds for the GIL."""
+    """A thread waiting for the GIL gets it whenever its holder releases it. While 10000 requests
+    are handed to the loop, such a thread never runs: the wake-ups (a byte on the loop's
+    self-pipe each) keep the GIL. With asyncio's own ``socket.send`` it runs.
+
+    Deterministic under load: the waiting thread sleeps 10 µs between its steps (so it never
+    holds the GIL long and is almost always waiting for it), and the switch interval is 30 s,
+    so the interpreter cannot force the GIL over to it while this thread submits, however long
+    the OS deschedules this process (the 10000 submits take tens of milliseconds)."""
 
     async def nothing() -> None:
         return None
@@ -65,19 +69,21 @@ def test_waking_the_loop_never_releases_the_gil(loop):
     def spin() -> None:
         while not stop.is_set():
             count[0] += 1
+            time.sleep(1e-5)  # releases the GIL, then waits for it again
 
     old = sys.getswitchinterval()
     spinner = threading.Thread(target=spin, daemon=True)
-    sys.setswitchinterval(0.2)
+    sys.setswitchinterval(30.0)
     try:
         spinner.start()
-        time.sleep(0.01)  # the spinner holds the GIL whenever this thread lets it go
+        while count[0] < 10:  # the spinner is running: from now on it waits for the GIL
+            time.sleep(0.001)
         before = count[0]
-        futures = [loop.submit(nothing()) for _ in range(2000)]
+        futures = [loop.submit(nothing()) for _ in range(10000)]
         ran = count[0] - before
     finally:
         stop.set()
         sys.setswitchinterval(old)
         spinner.join()
-    assert [f.result(timeout=10) for f in futures] == [None] * 2000
-    assert ran == 0, f"the other thread ran {ran} loops while the loop was woken: a wake-up released the GIL"
+    assert [f.result(timeout=10) for f in futures] == [None] * 10000
+    assert ran == 0, f"the other thread ran {ran} steps while the loop was woken: a wake-up released the GIL"
