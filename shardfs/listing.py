@@ -11,9 +11,11 @@ and inner chunks are stored or pending (written through the mount, not folded ye
 
 Memory: entries are made a page (at most ``PAGE``) at a time, as a reader consumes them
 (``DirStream``: one per open directory, keeping its offsets stable). An array's chunk files
-come a few shards at a time from their cached indexes (read ``INDEX_READS`` at a time,
-``INDEX_BATCH`` shards ahead), so listing an array holds its shard coordinates and one batch
-of shards' chunks, never every chunk file's name and attributes at once; when it serves
+come at most a page of chunks at a time from their cached indexes (read ``INDEX_BATCH``
+shards ahead, many to a worker thread call, ``Reads.index_calls`` calls at once; the next
+batch's while the reader takes this one's), so listing an array holds its shard coordinates
+and at most a page of chunks (at least one shard's), never every chunk file's name and
+attributes at once; when it serves
 empty inner chunks it also holds the stored chunks' positions, sizes and mtimes (24 bytes
 each), never the whole grid. Listings with a key directory per coordinate
 (``dimension_separator`` "/") are computed whole, then produced a page at a time.
