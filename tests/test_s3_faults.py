@@ -172,7 +172,12 @@ def test_a_hung_server_fails_a_read_with_eio_within_the_mount_timeout(own_s3, tm
     np.testing.assert_array_equal(F.decode(warm), expected_chunk(expected, (0, 0)))
     os.kill(own_s3.proc.pid, signal.SIGSTOP)
     try:
-        cold = Outcome(chunk_path(mnt, (2, 2))).join()  # shard (1, 1): nothing of it read
+        # Shard (1, 1): nothing of it can have been read before. Its index was read by the
+        # listing, so no fetch ahead takes it (``_prefetch_after`` skips shards whose index was
+        # read; and it needs a sweep coming from shard (1, 0)); ``ReadAhead`` fetches a shard
+        # whole only at an open of that shard (``starts``: this open; ``chained``: this open,
+        # after 3 opens, not 1; ``adjacent`` and 3 opens: earlier opens of it, none).
+        cold = Outcome(chunk_path(mnt, (2, 2))).join()
         assert isinstance(cold.error, OSError) and cold.error.errno == errno.EIO, (
             f"{cold.error!r} (data: {cold.data is not None}), expected EIO")
         print(f"\nEIO after {cold.elapsed:.2f} s with -o timeout={timeout:g} (bound {bound:.1f} s)")
