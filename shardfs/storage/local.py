@@ -165,6 +165,11 @@ class LocalStorage:
             st = os.fstat(fd)
         finally:
             os.close(fd)
+        return self._regular(key, st)
+
+    def _regular(self, key: str, st: os.stat_result) -> Version:
+        """The version of ``key``, whose status is ``st``; ``Unusable`` (EIO) if it is not a
+        regular file (the one check every open and version of a shard goes through)."""
         if not stat_mod.S_ISREG(st.st_mode):
             raise Unusable(errno.EIO, not_regular(st.st_mode), self.path(key))
         return Version(st.st_ino, st.st_size, st.st_mtime_ns)
@@ -186,13 +191,11 @@ class LocalStorage:
         """Open a regular file read-only (the read path's fast call); its descriptor and version."""
         fd = self._open(key, os.O_RDONLY | os.O_NONBLOCK, strict=False)
         try:
-            st = os.fstat(fd)
-            if not stat_mod.S_ISREG(st.st_mode):
-                raise Unusable(errno.EIO, not_regular(st.st_mode), self.path(key))
+            version = self._regular(key, os.fstat(fd))
         except BaseException:
             os.close(fd)
             raise
-        return fd, Version(st.st_ino, st.st_size, st.st_mtime_ns)
+        return fd, version
 
     def read(self, key: str, ranges: Sequence[Range], if_version: Version | None = None) -> list[bytes]:
         fd, version = self.open(key)
