@@ -216,18 +216,11 @@ class ArrayLayout:
 
     def linear(self, coords: tuple[int, ...]) -> int:
         """Position of an inner chunk in the C-order chunk grid (its inode offset)."""
-        n = 0
-        for c, g in zip(coords, self.chunk_grid):
-            n = n * g + c
-        return n
+        return c_linear(coords, self.chunk_grid)
 
     def coords(self, linear: int) -> tuple[int, ...]:
         """Inverse of ``linear``."""
-        out = []
-        for g in reversed(self.chunk_grid):
-            linear, c = divmod(linear, g)
-            out.append(c)
-        return tuple(reversed(out))
+        return c_coords(linear, self.chunk_grid)
 
     def locate(self, coords: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
         """``(shard coords, position in the shard's index)`` of an inner chunk."""
@@ -274,3 +267,21 @@ class ArrayLayout:
             pos, c = divmod(pos, n)
             local.append(c)
         return self._array_space(tuple(reversed(local)))
+
+
+def c_linear(coords: tuple[int, ...], grid: tuple[int, ...]) -> int:
+    """Position of ``coords`` in ``grid`` in C order (plain loops: lookups and opens ask,
+    and numpy's per-call cost is larger than the work)."""
+    n = 0
+    for c, g in zip(coords, grid):
+        n = n * g + c
+    return n
+
+
+def c_coords(linear: int, grid: tuple[int, ...]) -> tuple[int, ...]:
+    """Inverse of ``c_linear``."""
+    out = []
+    for g in reversed(grid):
+        linear, c = divmod(linear, g)
+        out.append(c)
+    return tuple(reversed(out))

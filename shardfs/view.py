@@ -22,6 +22,7 @@ import errno
 import functools
 import json
 import logging
+import math
 import stat
 import time
 from typing import TYPE_CHECKING, Any, Iterable
@@ -32,7 +33,7 @@ import trio
 from shardfs import metadata
 from shardfs import shard as shard_mod
 from shardfs.chunkcache import ChunkCache
-from shardfs.layout import Unpresentable, parse_coord
+from shardfs.layout import Unpresentable, c_coords, c_linear, parse_coord
 from shardfs.attrs import Attr, fail, join, list_entries
 from shardfs.listing import ChunkSet, Listing
 from shardfs.nodetable import NodeTable
@@ -715,9 +716,7 @@ class View:
         once per visit of the shard until all of them were (a sweep whose rows cross several
         shards visits each many times: a visit after that costs no look at the shards after)."""
         layout = arr.info.layout
-        at = 0
-        for c, g in zip(layout.locate(coords)[0], layout.shard_grid):
-            at = at * g + c
+        at = c_linear(layout.locate(coords)[0], layout.shard_grid)
         last = self._last_shard.get(arr.path)  # (its shard, came from the one before, asked this visit)
         if last is None or last[0] != at:
             if len(self._last_shard) >= SHARD_KEYS_KEPT:
@@ -741,15 +740,8 @@ class View:
         grid = arr.info.layout.shard_grid
         if not self.reads.room_ahead(size * PREFETCH_SHARDS):
             return True
-        count = 1
-        for g in grid:
-            count *= g
-        for nxt in range(at + 1, min(at + 1 + PREFETCH_SHARDS, count)):
-            shard, rest = [], nxt
-            for g in reversed(grid):
-                rest, c = divmod(rest, g)
-                shard.append(c)
-            key = self.shard_key(arr, tuple(reversed(shard)))
+        for nxt in range(at + 1, min(at + 1 + PREFETCH_SHARDS, math.prod(grid))):
+            key = self.shard_key(arr, c_coords(nxt, grid))
             if key in self._index_reads or self.index_cache.latest(key) is not None:
                 continue
             if self._prefetching >= PREFETCH_SHARDS:
