@@ -63,8 +63,8 @@ SHARD_KEYS_KEPT = 4096  # shard keys remembered per array (formatting one costs 
 
 def v2() -> Any:
     """``shardfs.v2``, imported on first use: it brings in zarr (a quarter of a second), which
-    a mount does not need before the first metadata is read. ``cli`` preloads it in a thread
-    once the mount is live."""
+    nothing needs before the first metadata is read. The daemon (``cli``) imports it before
+    it goes live."""
     from shardfs import v2 as module
 
     return module
