@@ -25,6 +25,7 @@ import logging
 import math
 import stat
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
@@ -51,7 +52,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("shardfs")
 
 OPEN_TRIES = 3  # opens of a chunk that find its shard replaced since its index was read, before EIO
-PREFETCH_SHARDS = 6  # shards after a swept one fetched whole ahead, at most this many in flight (objects)
+PREFETCH_SHARDS = 6  # shards after a swept one fetched whole ahead, at least (objects; see ``_prefetch_after``)
+PREFETCH_AT_ONCE = 6  # of those in flight at once; the others wait their turn, in the order asked
 INDEXES_AHEAD_MAX = 4096  # arrays with more stored shards never have their indexes read ahead
 INDEXES_AHEAD_AT_ONCE = 8  # of those in flight at once (more slow the opens meanwhile: measured)
 INDEXES_AHEAD_OTHER_KEYS = 16  # keys below an array besides its shards (zarr.json...) listed for that
@@ -61,8 +63,8 @@ SHARD_KEYS_KEPT = 4096  # shard keys remembered per array (formatting one costs 
 
 def v2() -> Any:
     """``shardfs.v2``, imported on first use: it brings in zarr (a quarter of a second), which
-    a mount does not need before the first metadata is read. ``cli`` preloads it in a thread
-    once the mount is live."""
+    nothing needs before the first metadata is read. The daemon (``cli``) imports it before
+    it goes live."""
     from shardfs import v2 as module
 
     return module
@@ -122,8 +124,9 @@ class View:
         self.made_keys: set[tuple[str, tuple[int, ...]]] = set()  # (array, prefix): key dirs made there
         self.index_cache = IndexCache()
         self._index_reads: dict[str, trio.Event] = {}  # shard key -> its index being read
+        self._ahead: deque[tuple[ArrayNode, str]] = deque()  # shards to fetch ahead of a sweep, in turn
         self._prefetching = 0  # shards being fetched ahead of a sweep
-        self._last_shard: dict[str, tuple[int, bool, bool]] = {}  # array path -> see ``_note_shard``
+        self._last_shard: dict[str, tuple[int, bool, bool, Extent]] = {}  # array path -> see ``_note_shard``
         self._covered: set[tuple[str, int]] = set()  # (array path, shard): its shards after all fetched ahead
         self._resolved: dict[int, tuple[Extent, Attr]] = {}  # chunk inode -> as last looked up (see open)
         self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
@@ -350,8 +353,10 @@ class View:
 
     async def extent(self, arr: ArrayNode, coords: tuple[int, ...]) -> Extent | Pending | None:
         """Where inner chunk ``coords`` is: pending in the writeback, stored in a shard, or
-        None if it is empty or outside the grid. A cold chunk other than its shard's first
-        (object sources) starts reading the array's indexes ahead (``_indexes_ahead``)."""
+        None if it is empty or outside the grid. Object sources: a cold chunk of the shard
+        after a swept one fetches it whole with the shards after it (``_walk_on``); another
+        cold chunk other than its shard's first starts reading the array's indexes ahead
+        (``_indexes_ahead``)."""
         layout = arr.info.layout
         if not layout.in_grid(coords):
             return None
@@ -359,6 +364,8 @@ class View:
         pending = self.writeback.pending((arr.path, shard), pos) if self.writeback else None
         if pending is not None:
             return pending if pending.data is not None else None
+        if self.reads.prefetches and arr.path in self._last_shard:
+            self._walk_on(arr, shard)
         if pos and not arr.indexes_ahead and self.reads.prefetches:
             self._indexes_ahead(arr, shard)
         found = await self.shard_table(arr, shard)
@@ -714,42 +721,72 @@ class View:
         (the order a sweep of the chunk grid in C order reaches shards, also when its rows cross
         several), it walks the array: fetch the shards after it ahead (``_prefetch_after``),
         once per visit of the shard until all of them were (a sweep whose rows cross several
-        shards visits each many times: a visit after that costs no look at the shards after)."""
+        shards visits each many times: a visit after that costs no look at the shards after).
+        The shard last opened is remembered for ``_walk_on``."""
         layout = arr.info.layout
         at = c_linear(layout.locate(coords)[0], layout.shard_grid)
-        last = self._last_shard.get(arr.path)  # (its shard, came from the one before, asked this visit)
+        last = self._last_shard.get(arr.path)  # (its shard, came from the one before, asked this visit, an extent)
         if last is None or last[0] != at:
             if len(self._last_shard) >= SHARD_KEYS_KEPT:
                 self._last_shard.clear()
-            last = self._last_shard[arr.path] = (at, last is not None and last[0] == at - 1, False)
+            last = self._last_shard[arr.path] = (at, last is not None and last[0] == at - 1, False, ext)
         if last[1] and not last[2] and (arr.path, at) not in self._covered and self.reads.ahead.swept(ext):
-            self._last_shard[arr.path] = (at, True, True)
-            if self._prefetch_after(arr, at, ext.version.size):
-                if len(self._covered) >= SHARD_KEYS_KEPT:
-                    self._covered.clear()
-                self._covered.add((arr.path, at))
+            self._last_shard[arr.path] = (at, True, True, ext)
+            self._prefetch_after(arr, at, ext.version.size)
 
-    def _prefetch_after(self, arr: ArrayNode, at: int, size: int) -> bool:
-        """Fetch the ``PREFETCH_SHARDS`` shards after the one at ``at`` (linear, C order) in the
-        background, each whole in one GET (with a disk cache: their indexes alone, which tell
-        the ETag the cached chunks are under), unless their index was read before or is being
-        read, or ``PREFETCH_SHARDS`` are in flight, or that many shards of ``size`` would not
-        fit in the cache. Their index is cached from the bytes fetched; an open meanwhile waits
-        for the fetch as for an index read. False if some were left out because
-        ``PREFETCH_SHARDS`` were in flight (asking again later may fetch them)."""
+    def _walk_on(self, arr: ArrayNode, shard: tuple[int, ...]) -> None:
+        """A chunk of ``shard`` is looked up or opened (object sources). If its index is
+        neither cached nor being read, and the shard opened last in ``arr`` is the one before
+        it in C order and was swept (``ReadAhead.swept``), the client walks on from that one:
+        zarr 2.18 reading the array row by row crosses from the first shard to the second
+        this way. Then fetch this shard whole in one GET (which also tells its index) together
+        with the shards after it (``_prefetch_after``), instead of reading its index first,
+        then the rest of it, and only then the shards after it."""
+        last = self._last_shard[arr.path]
+        at = c_linear(shard, arr.info.layout.shard_grid)
+        if last[0] != at - 1 or (arr.path, at - 1) in self._covered:
+            return
+        key = self.shard_key(arr, shard)
+        if key in self._index_reads or self.index_cache.latest(key) is not None or not self.reads.ahead.swept(last[3]):
+            return
+        self._prefetch_after(arr, at - 1, last[3].version.size)
+
+    def _prefetch_after(self, arr: ArrayNode, at: int, size: int) -> None:
+        """Fetch the shards after the one at ``at`` (linear, C order) in the background, each
+        whole in one GET (with a disk cache: their indexes alone, which tell the ETag the
+        cached chunks are under), unless their index was read before or is being read:
+        as many as a plane of chunks crosses (``prod(shard_grid[1:])``, at least
+        ``PREFETCH_SHARDS``), since a sweep in C order of the chunk grid comes back to the
+        shards of one plane until it has read them all, then enters the next plane's, which are
+        then fetched already; but no more than ``Reads.room_ahead`` shards of ``size``.
+        ``PREFETCH_AT_ONCE`` are fetched at once, the others wait their turn in C order (the
+        order the sweep needs them). Their index is cached from the bytes fetched; an open
+        meanwhile waits for the fetch as for an index read. The shards after ``at`` count as
+        asked for (``_covered``) from then on."""
         grid = arr.info.layout.shard_grid
-        if not self.reads.room_ahead(size * PREFETCH_SHARDS):
-            return True
-        for nxt in range(at + 1, min(at + 1 + PREFETCH_SHARDS, math.prod(grid))):
+        if len(self._covered) >= SHARD_KEYS_KEPT:
+            self._covered.clear()
+        self._covered.add((arr.path, at))
+        lead = min(max(PREFETCH_SHARDS, math.prod(grid[1:])), self.reads.room_ahead(size))
+        for nxt in range(at + 1, min(at + 1 + lead, math.prod(grid))):
             key = self.shard_key(arr, c_coords(nxt, grid))
             if key in self._index_reads or self.index_cache.latest(key) is not None:
                 continue
-            if self._prefetching >= PREFETCH_SHARDS:
-                return False
             self._index_reads[key] = trio.Event()
+            self._ahead.append((arr, key))
+        self._next_prefetch()
+
+    def _next_prefetch(self) -> None:
+        """Start fetching the shards asked for by ``_prefetch_after`` in turn, up to
+        ``PREFETCH_AT_ONCE`` at once."""
+        while self._ahead and self._prefetching < PREFETCH_AT_ONCE:
+            arr, key = self._ahead.popleft()
+            try:
+                trio.lowlevel.spawn_system_task(self._prefetch, arr, key)
+            except RuntimeError:  # the trio run is ending: not fetched
+                self._index_reads.pop(key).set()
+                continue
             self._prefetching += 1
-            trio.lowlevel.spawn_system_task(self._prefetch, arr, key)
-        return True
 
     async def _prefetch(self, arr: ArrayNode, key: str) -> None:
         """Fetch the shard at ``key`` whole and cache its index (see ``_prefetch_after``); a
@@ -769,6 +806,7 @@ class View:
         finally:
             self._prefetching -= 1
             self._index_reads.pop(key).set()
+            self._next_prefetch()
 
     def _indexes_ahead(self, arr: ArrayNode, shard: tuple[int, ...]) -> None:
         """A chunk of ``shard`` other than its first is looked up (object sources): if the

@@ -240,6 +240,21 @@ def test_mount_from_a_directory_holding_python_modules(src, mnt_dir, tmp_path):
         lazy_unmount(mnt_dir)
 
 
+def test_mount_returns_with_zarr_imported_before_any_request(src, mnt_dir):
+    """``shardfs mount`` returns once the daemon has imported zarr-python and numcodecs (0.15-0.3 s,
+    which the first lookup of any node needs): a client reading right after the mount never
+    waits for that import. Checked before the mount is asked anything: numcodecs' extension
+    modules are already mapped into the daemon."""
+    r = run_shardfs("mount", str(src), str(mnt_dir), env=env())
+    assert r.returncode == 0, r.stderr
+    [pid] = daemon_pids(mnt_dir)
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    extensions = {Path(line.split()[-1]).parent.name for line in maps if line.endswith(".so")}
+    assert "numcodecs" in extensions, sorted(extensions)
+    assert run_shardfs("umount", str(mnt_dir), env=env()).returncode == 0
+    wait_daemon_gone(mnt_dir)
+
+
 # --------------------------------------------------------------------------- logs and help
 
 

@@ -269,12 +269,13 @@ def test_a_shard_read_whole_costs_at_most_two_gets_and_reading_it_again_none(cou
     got = trio.run(sweep, shards)
     assert got == {name: want("a", name) for shard in shards for name in names(shard)}
     per_shard = [requests(f"a/c/{i}/{j}") for i, j in shards]
-    # the first shard, opened at its first chunk: its index, then all of it; the next, swept on
-    # from it: the same; that is a walk in C order, so the shards after it are fetched ahead whole
+    # the first shard, opened at its first chunk: its index, then all of it; the next, walked on
+    # to from it in C order (``_walk_on``): all of it in one GET that also tells its index, with
+    # the shards after it, fetched ahead the same way
     index = ("GET", f"bytes=-{16 * CPS * CPS + 4}", False)
-    sizes = [(src / f"a/c/{i}/{j}").stat().st_size for i, j in shards]
-    assert per_shard[:2] == [[index, ("GET", f"bytes=0-{size - 1}", True)] for size in sizes[:2]], per_shard
-    assert all(r == [("GET", None, False)] for r in per_shard[2:]), per_shard
+    size = (src / "a/c/0/0").stat().st_size
+    assert per_shard[0] == [index, ("GET", f"bytes=0-{size - 1}", True)], per_shard
+    assert all(r == [("GET", None, False)] for r in per_shard[1:]), per_shard
     before = len(proxy.log)
     assert trio.run(sweep, shards) == got
     assert proxy.log[before:] == []
@@ -374,8 +375,9 @@ def test_listing_an_array_costs_its_listing_and_one_index_get_per_shard(counted)
 def test_a_sweep_crossing_shards_row_by_row_looks_at_the_shards_after_one_once(counted):
     """zarr 2.18's order: rows of chunks, each crossing both shards of a row of shards, so each
     shard is visited 4 times. The shards after one are looked at (``_prefetch_after``) once per
-    shard the sweep walks on to, not at every visit: after shard 1 (coming from 0: the shards
-    after it, 2 and 3, fetched ahead), after 2 and after 3 (nothing left after them)."""
+    shard the sweep walks on to, not at every visit: after shard 0 when the sweep walks on to
+    shard 1 (``_walk_on``: shards 1 to 3 fetched ahead), after 1, after 2 and after 3 (nothing
+    left after them)."""
     view, proxy, requests, want, src = counted
     looked: list[int] = []
     prefetch_after = view._prefetch_after
@@ -391,5 +393,76 @@ def test_a_sweep_crossing_shards_row_by_row_looks_at_the_shards_after_one_once(c
         return {name: await chunk_bytes(view, name, None, "a") for name in rows}
 
     assert trio.run(read) == {name: want("a", name) for name in rows}
-    assert looked == [1, 2, 3]
+    assert looked == [0, 1, 2, 3]
     assert requests("a/c/1/0") == requests("a/c/1/1") == [("GET", None, False)]
+
+
+def test_a_sweep_in_c_order_has_the_next_layer_of_shards_fetched_in_turn_before_it_comes_to_it(objects_env, tmp_path):
+    """A 3x3x3-shard array (shards of 2x2x4 chunks) swept in zarr 2.18's order, C order of the
+    chunk grid: each plane of chunks crosses the 9 shards of a layer (more than
+    ``PREFETCH_SHARDS``), and the sweep reads a layer in 2 planes, then enters the next. Once
+    it has read the first layer (and the fetches it started are done), the whole second layer
+    has been fetched (the shards after each one walked on to, as many as a plane crosses), each
+    shard whole in one GET, and nothing of the third. The fetches start in C order, the order
+    the sweep needs them, ``PREFETCH_AT_ONCE`` at once (never more). In all, the
+    first shard costs its index and one GET If-Match, every other shard one GET."""
+    from shardfs import view as view_mod
+
+    root = tmp_path / "src"
+    write_group(root)
+    write_v3(root / "v", random_data((12, 12, 24), "uint8", 5), (4, 4, 8), [sharding((2, 2, 2), [LE])])
+    prefix = f"layers-{uuid.uuid4().hex[:8]}"
+    st = ObjectStorage(f"s3://{objects_env.bucket}/{prefix}")
+    upload(root, st)
+    st.close()
+    local = View(LocalStorage(str(root)))
+    grid = (3, 3, 3)
+    keys = [f"v/c/{i}/{j}/{k}" for i, j, k in np.ndindex(*grid)]  # C order
+    chunks = [f"{i}.{j}.{k}" for i, j, k in np.ndindex(6, 6, 12)]
+    first_layer = [name for name in chunks if int(name.split(".")[0]) < 2]
+    with DelayProxy(("127.0.0.1", objects_env.ports["s3.port"]), delay=0, record=True) as proxy:
+        st = ObjectStorage(f"s3://{objects_env.bucket}/{prefix}", endpoint=f"http://127.0.0.1:{proxy.port}",
+                           stat_ttl=60)
+        view = View(st)
+        started: list[str] = []
+        running = [0, 0]  # now, most
+        fetch_whole = view.reads.fetch_whole
+
+        async def counting(key: str):
+            started.append(key)
+            running[0] += 1
+            running[1] = max(running)
+            try:
+                return await fetch_whole(key)
+            finally:
+                running[0] -= 1
+
+        view.reads.fetch_whole = counting
+
+        def requests() -> list[list[tuple[str, str | None, bool]]]:
+            return [[(r.method, r.headers.get("range"), "if-match" in r.headers) for r in proxy.log
+                     if r.path == f"/{objects_env.bucket}/{prefix}/{key}"] for key in keys]
+
+        async def sweep(names: list[str]) -> dict[str, bytes]:
+            got = {name: await chunk_bytes(view, name, None, "v") for name in names}
+            with trio.fail_after(10):
+                while view._index_reads:
+                    await trio.sleep(0.01)
+            return got
+
+        got = trio.run(sweep, first_layer)
+        after_first = requests()
+        got.update(trio.run(sweep, chunks[len(first_layer):]))
+        st.close()
+    assert got == {name: trio.run(chunk_bytes, local, name, None, "v") for name in chunks}
+    size = (root / keys[0]).stat().st_size
+    whole = [("GET", None, False)]
+    assert after_first == [[("GET", f"bytes=-{16 * 16 + 4}", False), ("GET", f"bytes=0-{size - 1}", True)]] + \
+        [whole] * 17 + [[]] * 9, after_first
+    assert requests() == after_first[:18] + [whole] * 9
+    assert sorted(started) == keys[1:]  # each once
+    at_once = view_mod.PREFETCH_AT_ONCE
+    # in turn: trio starts tasks spawned together in any order, so each fetch starts among the
+    # PREFETCH_AT_ONCE next in C order
+    assert all(abs(started.index(key) - i) < at_once for i, key in enumerate(keys[1:])), started
+    assert running[1] == at_once

@@ -149,9 +149,10 @@ class Reads:
     def release(self, handle: ReadHandle) -> None:
         """The handle is closed: free what it holds."""
 
-    def room_ahead(self, nbytes: int) -> bool:
-        """True if ``nbytes`` fetched ahead fit in the memory kept for fetched ranges."""
-        return False
+    def room_ahead(self, size: int) -> int:
+        """How many shards of ``size`` bytes fetched ahead fit in the memory kept for fetched
+        ranges (along with as many being read)."""
+        return 0
 
     async def keys_below(self, prefix: str, most: int) -> list[str] | None:
         """Every key below ``prefix`` at any depth (relative to it), if there are at most

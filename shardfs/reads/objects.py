@@ -82,8 +82,8 @@ class ObjectReads(Reads):
         self.cache.put(where, ext.version, ext.offset, data)
         return data
 
-    def room_ahead(self, nbytes: int) -> bool:
-        return nbytes <= self.cache.max_bytes // 2
+    def room_ahead(self, size: int) -> int:
+        return self.cache.max_bytes // 2 // max(size, 1)
 
     async def keys_below(self, prefix: str, most: int) -> list[str] | None:
         return await blocking(self.source.keys_below, prefix, most)
