@@ -757,7 +757,9 @@ WEIGHTS = {"read": 0.20, "cat": 0.18, "peers": 0.20, "large": 0.03, "listing": 0
 FLOOR = {"peers": 90.0, "large": 25.0, "random": 20.0, "mount": 15.0, "s3": 90.0}
 S3_LABELS = ["S3: zarr 2.18 read via mount vs zarr 3 native", "S3, 10 ms each way: same",
              "S3, 10 ms each way: random single-chunk reads, mount vs zarr 3 native",
-             "S3: zarr 2.18 read via mount vs zarr 2.18 on a v2 copy (s3fs)", "S3: requests at mount",
+             "S3: zarr 2.18 read via mount vs zarr 2.18 on a v2 copy (s3fs)",
+             "S3: zarr 2.18 read via S3 mount vs via a mount of a local copy", "S3, 10 ms each way: same, S3 vs local mount",
+             "S3: requests at mount",
              "S3: requests, 1st chunk of a cold shard", "S3: requests per further chunk of a shard",
              "S3: requests per shard read chunk by chunk", "S3: requests per shard, whole-array read",
              "S3: mount time, 10k shards vs 1 shard", "S3: daemon peak RSS"]

@@ -14,6 +14,9 @@ measurement (SeaweedFS reads its volume files from disk), medians:
 3. ``RANDOM`` random single-chunk reads of vol in one process (the array opened once) through
    that proxy: zarr 2.18 through the mount / zarr 3 native; <= 0.6x;
 4. row 1's mount side / zarr 2.18 reading the v2 copy through ``FSStore`` (s3fs); <= 0.3x;
+4b. row 1's and row 2's mount sides / the same read through a fresh mount of the local copy
+   of the same shards (``big``): what the object store adds to the mount's read (the issue
+   allows 5%: <= 1.05x directly; with the delay, a report row);
 5. through a counting proxy without delay (``DelayProxy.requests``): requests at mount, for the
    first chunk read of a cold shard, per further chunk of a shard whose index is cached, per
    shard read chunk file by chunk file, and per shard in a whole-array read (mount and zarr 3
@@ -149,6 +152,14 @@ class _S3Rows:
             seconds, cpu = zarr_readers(b, PY2, CLIENTS, m.mnt / "vol", 1, m.pid)
         return {"seconds": seconds, "daemon_cpu": cpu}
 
+    def whole_local(self) -> dict:
+        """``whole_mount``'s read through a fresh mount of the local copy of the same shards."""
+        b = self.b
+        with b.mounted(b.big, "s3-local-read") as m:
+            b.drop_caches()
+            seconds, cpu = zarr_readers(b, PY2, CLIENTS, m.mnt / "vol", 1, m.pid)
+        return {"seconds": seconds, "daemon_cpu": cpu}
+
     def whole_native(self, port: int, python: str, prefix: str, name: str) -> dict:
         self.b.drop_caches()
         res = self.b.client(python, "zarr_read", self._url(prefix), f"http://127.0.0.1:{port}")
@@ -183,6 +194,7 @@ class _S3Rows:
         if not self.smoke:
             sides.update({
                 "s3fs": lambda rep: self.whole_native(direct, PY2, "v2/vol", "s3fs"),
+                "mount_local": lambda rep: self.whole_local(),
                 "mount_delay": lambda rep: self.whole_mount(slow.port, "s3-read-delay"),
                 "native_delay": lambda rep: self.whole_native(slow.port, PY3, "big/vol", "native_delay"),
                 "random_mount": lambda rep: self.random_mount(slow, rep),
@@ -233,6 +245,11 @@ class _S3Rows:
         rows[-1].note = note("random_mount", "random_native")
         rows.append(b.ratio_row("S3: zarr 2.18 read via mount vs zarr 2.18 on a v2 copy (FSStore, s3fs)", "s",
                                 m["mount"], m["s3fs"], 0.3))
+        rows.append(b.ratio_row("S3: zarr 2.18 read via S3 mount vs via a mount of a local copy of the shards", "s",
+                                m["mount"], m["mount_local"], 1.05))
+        rows[-1].note = f"local mount {note('mount_local')}"
+        rows.append(b.ratio_row(f"S3, {DELAY * 1e3:g} ms each way: same, S3 mount vs local mount", "s",
+                                m["mount_delay"], m["mount_local"], None))
         return rows
 
     def _random_list(self, rep: int) -> Path:
