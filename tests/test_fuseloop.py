@@ -1,11 +1,17 @@
 """pyfuse3's request loop with ``shardfs.fuseloop.ReadLock`` (its read lock without checkpoint or
-hand-over): the lock's contract under trio, and, through a real mount, that requests are still
-read and answered while a handler waits (a chunk read hanging in a frozen object store)."""
+hand-over) and ``QueuedWait`` (its wait for the next request, without a checkpoint while one is
+queued, at most ``STREAK`` times in a row): their contracts under trio, and, through real mounts,
+that requests are still read and answered while a handler waits (a chunk read hanging in a
+frozen object store), that concurrent readers get exact bytes, and that the daemon ends at the
+unmount."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import threading
 import time
 
 import numpy as np
@@ -13,7 +19,8 @@ import pytest
 import trio
 import trio.testing
 
-from shardfs.fuseloop import ReadLock
+from conftest import is_mounted
+from shardfs.fuseloop import STREAK, QueuedWait, ReadLock
 from source_kinds import BucketSource
 from sources import build
 from test_s3_faults import F, IN_FLIGHT, Outcome, chunk_path, expected_chunk, own_s3  # noqa: F401 (fixture)
@@ -79,6 +86,117 @@ def test_a_cancelled_waiter_leaves_the_read_lock_usable():
         return [scope.cancelled_caught]
 
     assert trio.run(main) == [True]
+
+
+def test_a_read_lock_left_by_a_task_that_ends_goes_to_its_waiter():
+    """The holder releases the lock and ends without suspending again (the request task at an
+    unmount): the parked waiter still gets it."""
+    got: list[str] = []
+
+    async def main() -> None:
+        lock = ReadLock()
+        taken = trio.Event()
+
+        async def holder() -> None:
+            async with lock:
+                taken.set()
+                await trio.testing.wait_all_tasks_blocked()
+
+        async def waiter() -> None:
+            await taken.wait()
+            async with lock:
+                got.append("waiter")
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(holder)
+                nursery.start_soon(waiter)
+
+    trio.run(main)
+    assert got == ["waiter"]
+
+
+def test_queued_wait_skips_the_scheduler_while_readable_at_most_streak_times_in_a_row():
+    """Readable: STREAK returns without a checkpoint, then one through trio (a checkpoint);
+    then STREAK without again."""
+    a, b = socket.socketpair()
+    try:
+        b.send(b"x")
+
+        async def main() -> None:
+            wait = QueuedWait().wait_readable
+            for _ in range(2):
+                with trio.testing.assert_no_checkpoints():
+                    for _ in range(STREAK):
+                        await wait(a.fileno())
+                with trio.testing.assert_checkpoints():
+                    await wait(a.fileno())
+
+        trio.run(main)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_queued_wait_waits_through_trio_until_readable():
+    """Nothing queued: the wait suspends (other tasks run) until the descriptor is readable."""
+    a, b = socket.socketpair()
+    order: list[str] = []
+    try:
+
+        async def main() -> None:
+            wait = QueuedWait().wait_readable
+
+            async def writer() -> None:
+                await trio.sleep(0.05)
+                order.append("sent")
+                b.send(b"x")
+
+            with trio.fail_after(10):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(writer)
+                    await wait(a.fileno())
+                    order.append("readable")
+
+        trio.run(main)
+    finally:
+        a.close()
+        b.close()
+    assert order == ["sent", "readable"]
+
+
+def test_concurrent_readers_get_exact_bytes_and_the_daemon_ends_at_the_unmount(tmp_path, mount):
+    """Four threads open/read/close every chunk file 20 times at once through a writable mount
+    (requests queue up, so the loop answers runs of them without trio's scheduler): every read
+    gives the bytes of the first one; then ``fusermount3 -u`` (not lazy) unmounts and the daemon
+    exits within 5 s."""
+    build(tmp_path / "src", [F])
+    mnt = mount(tmp_path / "src")
+    arr = mnt / F.name
+    names = sorted(n for n in os.listdir(arr) if not n.startswith("."))
+    assert len(names) == 16
+    want = {n: (arr / n).read_bytes() for n in names}
+    bad: list[str] = []
+
+    def reader() -> None:
+        for _ in range(20):
+            for n in names:
+                with open(arr / n, "rb") as f:
+                    if f.read() != want[n]:
+                        bad.append(n)
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert bad == []
+    proc = mount.info(mnt).proc
+    subprocess.run(["fusermount3", "-u", str(mnt)], check=True, timeout=30)
+    proc.wait(timeout=5)
+    assert proc.returncode == 0
+    assert not is_mounted(mnt)
 
 
 def test_requests_are_served_while_a_handler_waits_for_a_hung_object_store(own_s3, tmp_path, mount):  # noqa: F811
