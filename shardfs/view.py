@@ -54,6 +54,7 @@ log = logging.getLogger("shardfs")
 OPEN_TRIES = 3  # opens of a chunk that find its shard replaced since its index was read, before EIO
 PREFETCH_SHARDS = 6  # shards after a swept one fetched whole ahead, at least (objects; see ``_prefetch_after``)
 PREFETCH_AT_ONCE = 6  # of those in flight at once; the others wait their turn, in the order asked
+PREFETCH_MAX = 32  # shards after a swept one fetched ahead, at most (a sweep of a small region wastes no more)
 INDEXES_AHEAD_MAX = 4096  # arrays with more stored shards never have their indexes read ahead
 INDEXES_AHEAD_AT_ONCE = 8  # of those in flight at once (more slow the opens meanwhile: measured)
 INDEXES_AHEAD_OTHER_KEYS = 16  # keys below an array besides its shards (zarr.json...) listed for that
@@ -758,7 +759,8 @@ class View:
         as many as a plane of chunks crosses (``prod(shard_grid[1:])``, at least
         ``PREFETCH_SHARDS``), since a sweep in C order of the chunk grid comes back to the
         shards of one plane until it has read them all, then enters the next plane's, which are
-        then fetched already; but no more than ``Reads.room_ahead`` shards of ``size``.
+        then fetched already; but no more than ``PREFETCH_MAX`` (what a sweep of a small region
+        may fetch for nothing) nor than ``Reads.room_ahead`` shards of ``size``.
         ``PREFETCH_AT_ONCE`` are fetched at once, the others wait their turn in C order (the
         order the sweep needs them). Their index is cached from the bytes fetched; an open
         meanwhile waits for the fetch as for an index read. The shards after ``at`` count as
@@ -767,7 +769,7 @@ class View:
         if len(self._covered) >= SHARD_KEYS_KEPT:
             self._covered.clear()
         self._covered.add((arr.path, at))
-        lead = min(max(PREFETCH_SHARDS, math.prod(grid[1:])), self.reads.room_ahead(size))
+        lead = min(max(PREFETCH_SHARDS, math.prod(grid[1:])), PREFETCH_MAX, self.reads.room_ahead(size))
         for nxt in range(at + 1, min(at + 1 + lead, math.prod(grid))):
             key = self.shard_key(arr, c_coords(nxt, grid))
             if key in self._index_reads or self.index_cache.latest(key) is not None:

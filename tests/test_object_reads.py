@@ -466,3 +466,41 @@ def test_a_sweep_in_c_order_has_the_next_layer_of_shards_fetched_in_turn_before_
     # PREFETCH_AT_ONCE next in C order
     assert all(abs(started.index(key) - i) < at_once for i, key in enumerate(keys[1:])), started
     assert running[1] == at_once
+
+
+def test_a_walk_fetches_at_most_prefetch_max_shards_ahead_however_wide_a_plane(objects_env, tmp_path):
+    """A 2x40-shard array (shards of 1x4 chunks): a plane of chunks crosses 40 shards, more
+    than ``PREFETCH_MAX``. A sweep of shard 0's chunks, then the first chunk of shard 1 (a
+    walk: ``_walk_on``), fetches shard 1 and the ``PREFETCH_MAX`` - 1 shards after it, each
+    whole in one GET, and no other: a sweep of a small region fetches no more for nothing."""
+    from shardfs import view as view_mod
+
+    root = tmp_path / "src"
+    write_group(root)
+    write_v3(root / "w", random_data((2, 160), "uint8", 6), (1, 4), [sharding((1, 1), [LE])])
+    prefix = f"wide-{uuid.uuid4().hex[:8]}"
+    st = ObjectStorage(f"s3://{objects_env.bucket}/{prefix}")
+    upload(root, st)
+    st.close()
+    keys = [f"w/c/{i}/{j}" for i in range(2) for j in range(40)]
+    with DelayProxy(("127.0.0.1", objects_env.ports["s3.port"]), delay=0, record=True) as proxy:
+        st = ObjectStorage(f"s3://{objects_env.bucket}/{prefix}", endpoint=f"http://127.0.0.1:{proxy.port}",
+                           stat_ttl=60)
+        view = View(st)
+
+        async def sweep() -> list[bytes]:
+            got = [await chunk_bytes(view, f"0.{j}", None, "w") for j in range(5)]
+            with trio.fail_after(10):
+                while view._index_reads:
+                    await trio.sleep(0.01)
+            return got
+
+        got = trio.run(sweep)
+        st.close()
+    local = View(LocalStorage(str(root)))
+    assert got == [trio.run(chunk_bytes, local, f"0.{j}", None, "w") for j in range(5)]
+    fetched = [key for key in keys if any(r.path == f"/{objects_env.bucket}/{prefix}/{key}" for r in proxy.log)]
+    assert fetched == keys[:1 + view_mod.PREFETCH_MAX]
+    for key in keys[1:1 + view_mod.PREFETCH_MAX]:
+        assert [(r.method, r.headers.get("range")) for r in proxy.log
+                if r.path == f"/{objects_env.bucket}/{prefix}/{key}"] == [("GET", None)], key
