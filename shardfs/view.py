@@ -26,7 +26,7 @@ import math
 import stat
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
 import numpy as np
 import trio
@@ -60,6 +60,15 @@ INDEXES_AHEAD_AT_ONCE = 8  # of those in flight at once (more slow the opens mea
 INDEXES_AHEAD_OTHER_KEYS = 16  # keys below an array besides its shards (zarr.json...) listed for that
 RESOLVED_KEPT = 256  # chunk lookups remembered for the opens that follow them
 SHARD_KEYS_KEPT = 4096  # shard keys remembered per array (formatting one costs more than a lookup)
+
+
+class _Visit(NamedTuple):
+    """The shard of an array opened last (``View._note_shard``)."""
+
+    at: int  # its position in the shard grid, C order
+    from_before: bool  # the shard opened before it was the one just before it
+    asked: bool  # the shards after it were asked for during this visit
+    ext: Extent  # a chunk opened in it this visit (the shard's version and size)
 
 
 def v2() -> Any:
@@ -127,7 +136,7 @@ class View:
         self._index_reads: dict[str, trio.Event] = {}  # shard key -> its index being read
         self._ahead: deque[tuple[ArrayNode, str]] = deque()  # shards to fetch ahead of a sweep, in turn
         self._prefetching = 0  # shards being fetched ahead of a sweep
-        self._last_shard: dict[str, tuple[int, bool, bool, Extent]] = {}  # array path -> see ``_note_shard``
+        self._last_shard: dict[str, _Visit] = {}  # array path -> its shard opened last (``_note_shard``)
         self._covered: set[tuple[str, int]] = set()  # (array path, shard): its shards after all fetched ahead
         self._resolved: dict[int, tuple[Extent, Attr]] = {}  # chunk inode -> as last looked up (see open)
         self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
@@ -726,13 +735,13 @@ class View:
         The shard last opened is remembered for ``_walk_on``."""
         layout = arr.info.layout
         at = c_linear(layout.locate(coords)[0], layout.shard_grid)
-        last = self._last_shard.get(arr.path)  # (its shard, came from the one before, asked this visit, an extent)
-        if last is None or last[0] != at:
+        last = self._last_shard.get(arr.path)
+        if last is None or last.at != at:
             if len(self._last_shard) >= SHARD_KEYS_KEPT:
                 self._last_shard.clear()
-            last = self._last_shard[arr.path] = (at, last is not None and last[0] == at - 1, False, ext)
-        if last[1] and not last[2] and (arr.path, at) not in self._covered and self.reads.ahead.swept(ext):
-            self._last_shard[arr.path] = (at, True, True, ext)
+            last = self._last_shard[arr.path] = _Visit(at, last is not None and last.at == at - 1, False, ext)
+        if last.from_before and not last.asked and (arr.path, at) not in self._covered and self.reads.ahead.swept(ext):
+            self._last_shard[arr.path] = _Visit(at, True, True, ext)
             self._prefetch_after(arr, at, ext.version.size)
 
     def _walk_on(self, arr: ArrayNode, shard: tuple[int, ...]) -> None:
@@ -745,12 +754,12 @@ class View:
         then the rest of it, and only then the shards after it."""
         last = self._last_shard[arr.path]
         at = c_linear(shard, arr.info.layout.shard_grid)
-        if last[0] != at - 1 or (arr.path, at - 1) in self._covered:
+        if last.at != at - 1 or (arr.path, at - 1) in self._covered:
             return
         key = self.shard_key(arr, shard)
-        if key in self._index_reads or self.index_cache.latest(key) is not None or not self.reads.ahead.swept(last[3]):
+        if key in self._index_reads or self.index_cache.latest(key) is not None or not self.reads.ahead.swept(last.ext):
             return
-        self._prefetch_after(arr, at - 1, last[3].version.size)
+        self._prefetch_after(arr, at - 1, last.ext.version.size)
 
     def _prefetch_after(self, arr: ArrayNode, at: int, size: int) -> None:
         """Fetch the shards after the one at ``at`` (linear, C order) in the background, each
