@@ -44,6 +44,10 @@ log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 FILL_MAX = 1 << 20  # files up to this size are stored into the page cache when opened (see _fill_pages)
 NAME_MAX = 255  # bytes in one name (ENAMETOOLONG beyond), as on every local Linux filesystem
+# pyfuse3 built with scripts/pyfuse3-noflush.patch (scripts/install) has FileInfo.noflush: a
+# read-only open then asks the kernel for no FLUSH request at its close(); stock pyfuse3 has not
+# (each close of a read-only open then costs one FLUSH request, answered as a no-op).
+NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
 
 
 def _name(name: bytes) -> str:
@@ -191,6 +195,8 @@ class Operations(pyfuse3.Operations):
             self.view.release(handle)
             raise
         fi = pyfuse3.FileInfo(fh=self._handles.add(handle))
+        if NOFLUSH:  # nothing to commit at its close(): see flush
+            fi.noflush = True
         pages = self._kernel.opened(handle.attr)
         fi.keep_cache = pages is not Pages.OTHER
         if pages is Pages.NONE and content is not None:
@@ -287,8 +293,10 @@ class Operations(pyfuse3.Operations):
     async def flush(self, fh: int) -> None:
         """Commit a written chunk file (its errors reach close()).
 
-        A read-only mount has nothing to commit: it answers ENOSYS, after which
-        the kernel stops sending FLUSH, saving a round trip on every close().
+        Files opened for reading have nothing to commit: their opens set ``noflush``
+        (``NOFLUSH``), so the kernel sends no FLUSH at their close(). A read-only mount
+        answers ENOSYS, after which the kernel stops sending FLUSH altogether (with a
+        stock pyfuse3, the first close() still sends one).
         """
         if self.writer is None:
             raise pyfuse3.FUSEError(errno.ENOSYS)

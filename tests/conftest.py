@@ -174,6 +174,13 @@ class Mount:
         return "\n".join(problems) or None
 
 
+def traced_daemon(mount_info: Mount) -> int:
+    """The shardfs process of a mount started with a ``prefix`` command (e.g. strace): its only child."""
+    children = Path(f"/proc/{mount_info.pid}/task/{mount_info.pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
 class MountFactory:
     """``mount(src, *extra_args, allow_traceback=False, prefix=(), env=None) -> Path`` (the live
     mountpoint); ``src`` a directory or an object-store URL, ``env`` added to the daemon's.

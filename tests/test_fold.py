@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import traced_daemon
 from sources import Spec, assert_source_equals, build, journal_entries, leftovers, write_zarr3
 from writers import WRITERS, umount
 
@@ -57,13 +58,6 @@ def rename_paths(name: str, args: str) -> tuple[str, str]:
     assert len(parts) == 2, (name, args)
     old, new = (os.path.join(fd_path(d), p) if d and d != "AT_FDCWD" else p for d, p in parts)
     return old, new
-
-
-def traced_daemon(mount_info) -> int:
-    """The shardfs process strace started (its only child)."""
-    children = Path(f"/proc/{mount_info.pid}/task/{mount_info.pid}/children").read_text().split()
-    assert len(children) == 1, children
-    return int(children[0])
 
 
 @pytest.mark.skipif(STRACE is None, reason="strace is not installed (scripts/install installs it)")

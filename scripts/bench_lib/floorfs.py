@@ -162,7 +162,8 @@ class FloorOps(pyfuse3.Operations):
         return os.pread(fh, size, off)
 
     async def flush(self, fh: int) -> None:
-        """A no-op, but answered: the kernel keeps sending FLUSH on every close (as to shardfs)."""
+        """A no-op, but answered: the kernel keeps sending FLUSH on every close (a stock pyfuse3
+        cannot ask for none; shardfs, with the pyfuse3 scripts/install patches, does for reads)."""
 
     async def release(self, fh: int) -> None:
         os.close(fh)

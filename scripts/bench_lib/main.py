@@ -565,7 +565,7 @@ class Bench:
         """Random single-chunk reads (open, read, close) of vol chunk files, cold: p50/p99 latency, on the
         mount, the copy and floorfs over the copy. Then, warm, one of those files opened, read and closed
         again and again: the per-call cost of the FUSE requests every open+close makes (OPEN, FLUSH,
-        RELEASE), whatever the filesystem does."""
+        RELEASE; no FLUSH on shardfs), whatever the filesystem does."""
         k = min(len(self.vol_names), 30 if self.smoke else 300)
         sides = ["mount", "copy", "floor"]
         lat: dict[str, list[float]] = {side: [] for side in sides}

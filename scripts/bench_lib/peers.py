@@ -14,9 +14,10 @@ sides alternating over the repetitions (medians reported):
 - ``cat`` of every chunk file, first pass after mounting and second pass;
 - ``ls -l`` of the array's directory right after mounting.
 
-The shardfs side is a default (writable) mount; a read-only one (``shardfs-ro``: ``-o ro``,
-no FLUSH request per ``close``, as the peers' read-only mounts) answers every operation too,
-in a row of its own under each figure (no target: the targets are the default mount's).
+The shardfs side is a default (writable) mount (no FLUSH request at the ``close`` of a file
+opened for reading, as the peers' read-only mounts); a read-only one (``shardfs-ro``:
+``-o ro``) answers every operation too, in a row of its own under each figure (no target:
+the targets are the default mount's).
 ``--smoke`` mounts each side but that one once: one read after mounting, then the two
 ``cat`` passes.
 
