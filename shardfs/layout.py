@@ -89,7 +89,7 @@ class KeyScheme:
         coords = tuple(map(parse_coord, parts))
         return coords if len(coords) == self.ndim and None not in coords else None
 
-    @property
+    @cached_property
     def view_separator(self) -> str:
         """The v2 view's ``dimension_separator``, chosen so that no chunk key collides with a
         shard's name: "/" when the source's shard keys are v2 "."-joined ones (``0.1`` at the

@@ -179,16 +179,16 @@ class View:
         whose ``error`` (also logged once per version of the file) says why.
         """
         key = join(path, "zarr.json")
-        known = (self.arrays.get(path), self._groups.get(path))
+        arr, group = self.arrays.get(path), self._groups.get(path)
         version: Version | None | _Unknown = UNKNOWN
         try:  # a node seen before is checked (a stat, a HEAD); a new one is read in one request
-            version = await self._current(key, ask=known != (None, None))
+            version = await self._current(key, ask=arr is not None or group is not None)
             if version is None:
                 return None
-            for cached in known:
-                if cached is not None and cached.version == version and (
-                        isinstance(cached, GroupNode) or cached.image == self._in_image(path)):
-                    return cached
+            if arr is not None and arr.version == version and arr.image == self._in_image(path):
+                return arr
+            if group is not None and group.version == version:
+                return group
             doc, version = await blocking(_read_metadata, self.source, key, version)
         except Unusable as e:  # never read from: not a regular file (opened non-blocking), or out of SRC
             if e.errno == errno.EIO:  # not a regular file: a node without metadata, saying why
@@ -459,7 +459,7 @@ class View:
     async def lookup(self, parent: int, name: str) -> Attr:
         """The attributes of entry ``name`` of directory ``parent``; ENOENT if none."""
         key = self.nodes.node_key(parent)
-        if (parent, name) in self.nodes.staged:
+        if self.nodes.staged and (parent, name) in self.nodes.staged:
             return await self.getattr(self.nodes.staged[(parent, name)].ino)
         if isinstance(key, DirKey):
             node = await self.node(key.path)
