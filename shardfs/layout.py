@@ -89,7 +89,7 @@ class KeyScheme:
         coords = tuple(map(parse_coord, parts))
         return coords if len(coords) == self.ndim and None not in coords else None
 
-    @property
+    @cached_property
     def view_separator(self) -> str:
         """The v2 view's ``dimension_separator``, chosen so that no chunk key collides with a
         shard's name: "/" when the source's shard keys are v2 "."-joined ones (``0.1`` at the
@@ -225,12 +225,19 @@ class ArrayLayout:
     def locate(self, coords: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
         """``(shard coords, position in the shard's index)`` of an inner chunk."""
         shard, local = [], []
-        for c, n in zip(coords, self.chunks_per_shard):  # every lookup and open asks: one plain loop
+        if self.order is None:  # every lookup and open asks: one plain loop
+            pos = 0
+            for c, n in zip(coords, self.chunks_per_shard):
+                q, r = divmod(c, n)
+                shard.append(q)
+                pos = pos * n + r
+            return tuple(shard), pos
+        for c, n in zip(coords, self.chunks_per_shard):
             q, r = divmod(c, n)
             shard.append(q)
             local.append(r)
         pos = 0
-        for c, n in zip(local if self.order is None else permuted(tuple(local), self.order), self.index_grid):
+        for c, n in zip(permuted(tuple(local), self.order), self.index_grid):
             pos = pos * n + c
         return tuple(shard), pos
 

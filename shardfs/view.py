@@ -58,6 +58,7 @@ PREFETCH_MAX = 32  # shards after a swept one fetched ahead, at most (a sweep of
 INDEXES_AHEAD_MAX = 4096  # arrays with more stored shards never have their indexes read ahead
 INDEXES_AHEAD_AT_ONCE = 8  # of those in flight at once (more slow the opens meanwhile: measured)
 INDEXES_AHEAD_OTHER_KEYS = 16  # keys below an array besides its shards (zarr.json...) listed for that
+INDEXES_PER_READ_BYTES = 1 << 20  # tables read in one call for a lookup (``Reads.indexes_per_read``), at most
 RESOLVED_KEPT = 256  # chunk lookups remembered for the opens that follow them
 SHARD_KEYS_KEPT = 4096  # shard keys remembered per array (formatting one costs more than a lookup)
 
@@ -178,16 +179,16 @@ class View:
         whose ``error`` (also logged once per version of the file) says why.
         """
         key = join(path, "zarr.json")
-        known = (self.arrays.get(path), self._groups.get(path))
+        arr, group = self.arrays.get(path), self._groups.get(path)
         version: Version | None | _Unknown = UNKNOWN
         try:  # a node seen before is checked (a stat, a HEAD); a new one is read in one request
-            version = await self._current(key, ask=known != (None, None))
+            version = await self._current(key, ask=arr is not None or group is not None)
             if version is None:
                 return None
-            for cached in known:
-                if cached is not None and cached.version == version and (
-                        isinstance(cached, GroupNode) or cached.image == self._in_image(path)):
-                    return cached
+            if arr is not None and arr.version == version and arr.image == self._in_image(path):
+                return arr
+            if group is not None and group.version == version:
+                return group
             doc, version = await blocking(_read_metadata, self.source, key, version)
         except Unusable as e:  # never read from: not a regular file (opened non-blocking), or out of SRC
             if e.errno == errno.EIO:  # not a regular file: a node without metadata, saying why
@@ -270,16 +271,20 @@ class View:
             key = arr.shard_keys[shard] = join(arr.path, arr.info.layout.keys.key(shard))
         return key
 
-    async def shard_table(self, arr: ArrayNode, shard: tuple[int, ...]) -> tuple[Version, np.ndarray] | None:
-        """The index of a stored shard (cached by version), None if the shard does not exist.
+    async def shard_table(self, arr: ArrayNode, shard: tuple[int, ...], key: str = ""
+                          ) -> tuple[Version, np.ndarray] | None:
+        """The index of a stored shard (cached by version), None if the shard does not exist;
+        ``key``: its ``shard_key``, if the caller has it.
 
         A shard whose index was read before is checked against its current version (a stat;
         for objects a HEAD at most once per ``stat_ttl``); one never read, or found changed, is
         read in one request that also gives its version (once: concurrent callers wait for
-        that read). A corrupt shard raises EIO and is logged once per version.
+        that read). A corrupt shard raises EIO and is logged once per version. A shard never
+        read is first read together with the next shards in C order (``_read_with_next``).
         """
-        key = self.shard_key(arr, shard)
+        key = key or self.shard_key(arr, shard)
         layout = arr.info.layout
+        with_next = self.reads.indexes_per_read > 1
         while True:
             version = await self.version(key, ask=layout.index is None or self.index_cache.latest(key) is not None)
             if version is None:
@@ -293,9 +298,13 @@ class View:
                         raise fail(errno.EIO)
                     return version, cached  # type: ignore[return-value]
             reading = self._index_reads.get(key)
-            if reading is None:
+            if reading is not None:
+                await reading.wait()
+            elif with_next and self.index_cache.latest(key) is None:
+                with_next = False  # once: what that read did not cache is read alone below
+                await self._read_with_next(arr, shard)
+            else:
                 break
-            await reading.wait()
         self._index_reads[key] = reading = trio.Event()
         try:
             try:
@@ -307,12 +316,33 @@ class View:
             del self._index_reads[key]
             reading.set()
 
-    async def read_tables(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None:
+    async def _read_with_next(self, arr: ArrayNode, shard: tuple[int, ...]) -> None:
+        """Read the index of never-read ``shard`` together with those of the shards after it in
+        C order of the shard grid that were never read and are not being read, up to
+        ``Reads.indexes_per_read`` shards in all (as far as their tables stay within
+        ``INDEXES_PER_READ_BYTES``), in one worker thread call (``read_tables``): a client
+        looking up or opening chunk files one at a time needs them next, and a thread hop per
+        index costs more than reading a small one. Only the tables read are cached: a shard
+        found corrupt, unusable or unreadable is left for its own ``shard_table`` to read
+        (and log), so the client sees no error before it asks for that shard."""
+        layout = arr.info.layout
+        grid = layout.shard_grid
+        most = min(self.reads.indexes_per_read, INDEXES_PER_READ_BYTES // (16 * math.prod(layout.chunks_per_shard)))
+        at = c_linear(shard, grid)
+        shards = [shard]
+        for nxt in range(at + 1, min(at + most, math.prod(grid))):
+            coords = c_coords(nxt, grid)
+            key = self.shard_key(arr, coords)
+            if self.index_cache.latest(key) is None and key not in self._index_reads:
+                shards.append(coords)
+        await self.read_tables(arr, shards, failures=False)
+
+    async def read_tables(self, arr: ArrayNode, shards: list[tuple[int, ...]], failures: bool = True) -> None:
         """Read the indexes of those of ``shards`` never read and not being read, in one worker
         thread call (``read_indexes_sync``: one thread hop, and no version asked first, for many
         small shards), and cache them as ``shard_table`` does (a corrupt or unusable shard is
-        logged); other errors are left for ``shard_table`` to meet again. Returns when those
-        being read by others were read too."""
+        logged; with ``failures`` False neither cached nor logged); other errors are left for
+        ``shard_table`` to meet again. Returns when those being read by others were read too."""
         layout = arr.info.layout
         if layout.index is None:
             return
@@ -326,7 +356,7 @@ class View:
         try:
             results = await blocking(shard_mod.read_indexes_sync, self.source, keys, layout.index) if keys else []
             for key, result in zip(keys, results):
-                if not isinstance(result, OSError) or isinstance(result, Unusable):
+                if failures and isinstance(result, (CorruptShard, Unusable)) or isinstance(result, tuple):
                     try:
                         self._index_read(key, result)
                     except OSError:
@@ -378,12 +408,13 @@ class View:
             self._walk_on(arr, shard)
         if pos and not arr.indexes_ahead and self.reads.prefetches:
             self._indexes_ahead(arr, shard)
-        found = await self.shard_table(arr, shard)
+        key = self.shard_key(arr, shard)
+        found = await self.shard_table(arr, shard, key)
         if found is None:
             return None
         version, table = found
         try:
-            return shard_mod.extent(self.shard_key(arr, shard), version, table, pos)
+            return shard_mod.extent(key, version, table, pos)
         except CorruptShard:  # its inner shard; logged when the shard's table was read
             raise fail(errno.EIO) from None
 
@@ -428,16 +459,17 @@ class View:
     async def lookup(self, parent: int, name: str) -> Attr:
         """The attributes of entry ``name`` of directory ``parent``; ENOENT if none."""
         key = self.nodes.node_key(parent)
-        if (parent, name) in self.nodes.staged:
+        if self.nodes.staged and (parent, name) in self.nodes.staged:
             return await self.getattr(self.nodes.staged[(parent, name)].ino)
         if isinstance(key, DirKey):
             node = await self.node(key.path)
-            child = join(key.path, name)
-            if (node is None or isinstance(node, GroupNode)) and child in self.new_dirs:
-                return await self.getattr(self.nodes.inode(DirKey(child)))
-            if node is None:
-                raise fail(errno.ENOENT)
-            if name in self.meta_names(node):
+            if node is None or isinstance(node, GroupNode):  # (an array's entries are no paths of their own)
+                child = join(key.path, name)
+                if child in self.new_dirs:
+                    return await self.getattr(self.nodes.inode(DirKey(child)))
+                if node is None:
+                    raise fail(errno.ENOENT)
+            if name[:1] == "." and name in self.meta_names(node):  # every metadata file's name starts with "."
                 return await self.getattr(self.nodes.inode(MetaKey(node.path, name)))
             if isinstance(node, GroupNode):
                 if not name.startswith(".") and await self.node(child) is not None:

@@ -115,6 +115,8 @@ class Reads:
     prefetches = False  # True: a sweep fetches the shards after it ahead (``fetch_whole``), and a
     # scattered read the indexes of its array's shards (``keys_below``)
     index_calls = 32  # worker thread calls a listing reads shard indexes in at once (each index a round trip)
+    indexes_per_read = 1  # a never-read index that a lookup or open needs is read with those of the shards
+    # after it, this many in all, in one worker thread call (``View.shard_table``)
 
     def __init__(self, chunk_cache: ChunkCache, ahead: ReadAhead) -> None:
         self.chunk_cache = chunk_cache
