@@ -412,6 +412,8 @@ class ObjectStorage:
                 token = self._versions.token()
                 for chunk in obstore.list(self._store, base or None, offset=offset, chunk_size=PAGE):
                     for meta in chunk:
+                        if offset is not None and meta["path"] <= offset:
+                            continue  # a store that ignores the offset (Azurite 3.35) lists from the start
                         name, sub, _ = meta["path"][len(head):].partition("/")
                         if not name:
                             continue
