@@ -225,19 +225,12 @@ class ArrayLayout:
     def locate(self, coords: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
         """``(shard coords, position in the shard's index)`` of an inner chunk."""
         shard, local = [], []
-        if self.order is None:  # every lookup and open asks: one plain loop
-            pos = 0
-            for c, n in zip(coords, self.chunks_per_shard):
-                q, r = divmod(c, n)
-                shard.append(q)
-                pos = pos * n + r
-            return tuple(shard), pos
-        for c, n in zip(coords, self.chunks_per_shard):
+        for c, n in zip(coords, self.chunks_per_shard):  # every lookup and open asks: plain loops
             q, r = divmod(c, n)
             shard.append(q)
             local.append(r)
         pos = 0
-        for c, n in zip(permuted(tuple(local), self.order), self.index_grid):
+        for c, n in zip(local if self.order is None else permuted(tuple(local), self.order), self.index_grid):
             pos = pos * n + c
         return tuple(shard), pos
 

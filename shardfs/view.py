@@ -356,7 +356,7 @@ class View:
         try:
             results = await blocking(shard_mod.read_indexes_sync, self.source, keys, layout.index) if keys else []
             for key, result in zip(keys, results):
-                if failures and isinstance(result, (CorruptShard, Unusable)) or isinstance(result, tuple):
+                if isinstance(result, tuple) or (failures and isinstance(result, (CorruptShard, Unusable))):
                     try:
                         self._index_read(key, result)
                     except OSError:
