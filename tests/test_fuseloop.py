@@ -1,6 +1,7 @@
 """pyfuse3's request loop with ``shardfs.fuseloop.ReadLock`` (its read lock without checkpoint or
 hand-over) and ``QueuedWait`` (its wait for the next request, without a checkpoint while one is
-queued, at most ``STREAK`` times in a row): their contracts under trio, and, through real mounts,
+queued or, with ``Pending``, while trio has nothing else to do, at most ``STREAK`` times in a
+row): their contracts under trio, and, through real mounts,
 that requests are still read and answered while a handler waits (a chunk read hanging in a
 frozen object store), that concurrent readers get exact bytes, and that the daemon ends at the
 unmount."""
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import threading
 import time
+from typing import Awaitable, Callable
 
 import numpy as np
 import pytest
@@ -20,7 +22,7 @@ import trio
 import trio.testing
 
 from conftest import is_mounted
-from shardfs.fuseloop import STREAK, QueuedWait, ReadLock
+from shardfs.fuseloop import STREAK, Pending, QueuedWait, ReadLock, trio_epoll
 from source_kinds import BucketSource
 from sources import build
 from test_s3_faults import F, IN_FLIGHT, Outcome, chunk_path, expected_chunk, own_s3  # noqa: F401 (fixture)
@@ -163,6 +165,130 @@ def test_queued_wait_waits_through_trio_until_readable():
         a.close()
         b.close()
     assert order == ["sent", "readable"]
+
+
+class IoWaits(trio.abc.Instrument):
+    """Counts trio's own waits for I/O (``epoll_wait`` calls of its run loop)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.n += 1
+
+
+def _idle_run(other: "Callable[[list[str]], Awaitable[None]] | None", after: float = 0.3,
+              settle: bool = True) -> tuple[list[str], int, float]:
+    """In a fresh trio run with a watching ``Pending``: ``other(events)`` started first (if
+    given) and, with ``settle``, left to block (else still scheduled to run), then a
+    ``QueuedWait`` for a socket that a plain thread makes readable ``after`` seconds on, with
+    "readable" then appended to the events. Returns (events, trio's I/O waits during the wait,
+    seconds the wait took)."""
+    a, b = socket.socketpair()
+    events: list[str] = []
+    timer = threading.Timer(after, lambda: (events.append("sent"), b.send(b"x")))
+    try:
+
+        async def main() -> tuple[int, float]:
+            pending = Pending()
+            await pending.watch()
+            wait = QueuedWait(pending).wait_readable
+            io = IoWaits()
+            with trio.fail_after(10):
+                async with trio.open_nursery() as nursery:
+                    if other is not None:
+                        nursery.start_soon(other, events)
+                    if settle:
+                        await trio.testing.wait_all_tasks_blocked()
+                    else:  # other is in the batch of tasks trio runs after this one
+                        await trio.lowlevel.cancel_shielded_checkpoint()
+                    timer.start()
+                    trio.lowlevel.add_instrument(io)
+                    t0 = time.monotonic()
+                    await wait(a.fileno())
+                    took = time.monotonic() - t0
+                    trio.lowlevel.remove_instrument(io)
+                    events.append("readable")
+            return io.n, took
+
+        n, took = trio.run(main)
+    finally:
+        timer.cancel()
+        a.close()
+        b.close()
+    return events, n, took
+
+
+def test_this_trio_has_an_epoll_descriptor_for_queued_wait_to_block_on():
+    """The installed trio keeps its epoll instance where ``trio_epoll`` looks: otherwise every
+    wait of a serial client's request would go through trio's scheduler again (a trio upgrade
+    that moves it fails here, not silently in the benchmark)."""
+
+    async def main() -> int:
+        return trio_epoll()
+
+    fd = trio.run(main)
+    assert fd >= 0
+
+
+def test_with_nothing_else_to_run_queued_wait_blocks_in_its_own_poll_without_trio():
+    """Nothing queued, no other task: the wait blocks until the descriptor is readable with no
+    pass through trio's I/O wait at all (and no checkpoint)."""
+    events, io_waits, took = _idle_run(None)
+    assert events == ["sent", "readable"]
+    assert io_waits == 0
+    assert 0.25 <= took < 5
+
+
+def test_a_task_already_scheduled_runs_before_queued_wait_blocks():
+    """A task scheduled to run (here: in the same batch) runs at once, not after the request."""
+
+    async def other(events: list[str]) -> None:
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        events.append("other ran")
+
+    events, _, _ = _idle_run(other, after=1.0, settle=False)
+    assert events == ["other ran", "sent", "readable"]
+
+
+def test_a_threads_result_is_delivered_while_queued_wait_blocks():
+    """A thread's result (trio's run_sync_soon) wakes the blocked wait, which lets trio deliver
+    it long before the request comes."""
+
+    async def other(events: list[str]) -> None:
+        await trio.to_thread.run_sync(time.sleep, 0.05)
+        events.append("thread done")
+
+    events, _, _ = _idle_run(other, after=1.0)
+    assert events == ["thread done", "sent", "readable"]
+
+
+def test_trios_next_deadline_is_kept_while_queued_wait_blocks():
+    """A sleeping task wakes at its deadline, not when the request comes."""
+
+    async def other(events: list[str]) -> None:
+        await trio.sleep(0.1)
+        events.append("slept")
+
+    events, _, _ = _idle_run(other, after=1.0)
+    assert events == ["slept", "sent", "readable"]
+
+
+def test_another_descriptor_becoming_readable_is_served_while_queued_wait_blocks():
+    """A task waiting on another descriptor (through trio's epoll) runs when it is readable."""
+    c, d = socket.socketpair()
+
+    async def other(events: list[str]) -> None:
+        threading.Timer(0.1, d.send, (b"y",)).start()
+        await trio.lowlevel.wait_readable(c.fileno())
+        events.append("other readable")
+
+    try:
+        events, _, _ = _idle_run(other, after=1.0)
+    finally:
+        c.close()
+        d.close()
+    assert events == ["other readable", "sent", "readable"]
 
 
 def test_concurrent_readers_get_exact_bytes_and_the_daemon_ends_at_the_unmount(tmp_path, mount):
