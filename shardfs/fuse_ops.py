@@ -110,6 +110,7 @@ class Operations(pyfuse3.Operations):
             e.entry_timeout = self.timeouts.entry
             e.attr_timeout = self.timeouts.attr
         e.st_ino = attr.ino
+        e.generation = self._kernel.generation(attr.ino)
         e.st_mode = attr.mode
         e.st_nlink = attr.nlink
         e.st_size = attr.size
@@ -352,7 +353,7 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        await self._writable().rmdir(parent_inode, os.fsdecode(name))
+        self._kernel.removed_dir(await self._writable().rmdir(parent_inode, os.fsdecode(name)))
 
     @_guard
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:

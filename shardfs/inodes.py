@@ -4,8 +4,9 @@ The inode numbers, the node each one shows and the aliases of committed staging
 files belong to ``shardfs.nodetable.NodeTable`` (``node_key``, ``aliases``, ``forget``).
 This module keeps the kernel's side of the table: how many lookups of each inode
 it holds (an inode it does not hold has nothing cached, so needs no invalidation,
-and once it holds none the view may free it), and the version of each file whose
-pages it may have cached, so an open can tell it whether to keep them.
+and once it holds none the view may free it), the version of each file whose
+pages it may have cached, so an open can tell it whether to keep them, and the
+generation of each inode number whose directory was removed.
 """
 
 from __future__ import annotations
@@ -31,17 +32,20 @@ class KernelInodes:
         # inode -> (size, mtime) of the version last opened for reading; None once opened for
         # writing or changed (pages of unknown content). An inode not here was never opened.
         self._cached: dict[int, tuple[int, int] | None] = {}
+        self._generations: dict[int, int] = {}  # inode -> directories removed under its number
 
     def looked_up(self, ino: int) -> None:
         """The kernel got an entry for ``ino`` (lookup, create, link, readdirplus): one more lookup."""
         self._lookups[ino] = self._lookups.get(ino, 0) + 1
 
     def forget(self, ino: int, n: int) -> bool:
-        """The kernel dropped ``n`` lookups of ``ino``; True if it holds none any more."""
+        """The kernel dropped ``n`` lookups of ``ino``; True if it holds none any more: then it
+        evicted the inode with its pages, so the next open finds none (``Pages.NONE``)."""
         left = self._lookups.pop(ino, 0) - n
         if left > 0:
             self._lookups[ino] = left
             return False
+        self._cached.pop(ino, None)
         return True
 
     def holds(self, ino: int) -> bool:
@@ -68,3 +72,17 @@ class KernelInodes:
         """The content of ``ino`` changed, or may change (it is open for writing): the next
         open for reading must not keep its cached pages."""
         self._cached[ino] = None
+
+    def generation(self, ino: int) -> int:
+        """The generation every entry of ``ino`` carries (0 until ``removed_dir(ino)``)."""
+        return self._generations.get(ino, 0)
+
+    def removed_dir(self, ino: int) -> None:
+        """Directory ``ino`` was removed. A name shows the same inode number whenever it exists,
+        so a directory made again under the removed one's name comes back with ``ino``; the
+        kernel may still hold the removed directory's inode (a process has it open or as its
+        working directory), which it marked dead, and would take that one for the new
+        directory (creating anything in it: ENOENT). A new generation makes it a new inode to
+        the kernel (the dead one gives EIO to whoever still holds it, as a removed directory
+        should)."""
+        self._generations[ino] = self.generation(ino) + 1

@@ -538,9 +538,10 @@ class Writer:
             raise fail(errno.ENOENT)
         await self.commit(*target, None)
 
-    async def rmdir(self, parent: int, name: str) -> None:
+    async def rmdir(self, parent: int, name: str) -> int:
         """Remove an empty directory (``rm -r``): an array or group whose files were all
-        removed is deleted from the source; ENOTEMPTY while anything is listed."""
+        removed is deleted from the source; ENOTEMPTY while anything is listed. Returns the
+        removed directory's inode."""
         attr = await self.view.lookup(parent, name)
         key = self.view.nodes.node_key(attr.ino)
         if not isinstance(key, (DirKey, ShardDirKey, InnerShardKey, KeyDirKey)):
@@ -552,7 +553,7 @@ class Writer:
         if isinstance(key, KeyDirKey):
             self.view.made_keys.discard((key.path, key.prefix))
         if not isinstance(key, DirKey):
-            return
+            return attr.ino
         path = key.path
         node = await self.view.node(path)
         if isinstance(node, ArrayNode):
@@ -565,6 +566,7 @@ class Writer:
         self.view.new_dirs.discard(path)
         self.view.created.discard(path)
         self.view.hidden = {h for h in self.view.hidden if h[0] != path}
+        return attr.ino
 
     async def _delete_array(self, node: ArrayNode) -> None:
         """Delete an array from the source: its pending chunks, shards and ``zarr.json``."""

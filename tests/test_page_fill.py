@@ -77,6 +77,23 @@ def test_first_open_fills_the_page_cache(src, mount):
         os.close(fd)
 
 
+def test_a_file_the_kernel_evicted_is_filled_again_at_its_next_open(src, mount):
+    """Page caches dropped after a read: the kernel evicts the inode with its pages and forgets
+    it, so the next open fills the pages again (no READ request per read, as the first time)."""
+    root, data = src
+    mnt = mount(root)
+    path = mnt / "x" / "1.0"
+    assert path.read_bytes() == data[64:, :64].tobytes()
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert resident(fd, FILE) == PAGES
+        assert os.pread(fd, FILE + 1, 0) == data[64:, :64].tobytes()
+    finally:
+        os.close(fd)
+
+
 def test_no_fill_of_a_file_opened_for_writing_before(src, mount):
     """A file written through the mount is read back as written: the pages written are not
     taken for a stored version's, and no stale page survives the next open for reading."""

@@ -410,6 +410,36 @@ def test_rm_r_deletes_arrays_and_groups_in_the_source(tmp_path, mount):
     assert_clean(src)
 
 
+def test_a_group_removed_while_held_open_and_made_again_is_a_new_directory(tmp_path, mount):
+    """``rm -r`` of a group while a process holds its directory open, then the same name made
+    again (what ``to_zarr(mode="w")`` does over an existing store, with zarr 3's threads still
+    holding the old one): files are created in the new directory (not ENOENT from the
+    removed one), the new group is made, and the old descriptor gives EIO, as on a removed
+    directory's dead inode."""
+    src = tmp_path / "src"
+    build(src, [])
+    mnt = mount(src)
+    again = mnt / "again"
+    again.mkdir()
+    (again / ".zgroup").write_text('{"zarr_format": 2}')
+    held = os.open(again, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        run("rm", "-r", again)
+        again.mkdir()
+        (again / ".zgroup.1.partial").write_text('{"zarr_format": 2}')
+        os.rename(again / ".zgroup.1.partial", again / ".zgroup")
+        assert os.listdir(again) == [".zgroup"]
+        with pytest.raises(OSError) as e:
+            os.listdir(held)
+        assert e.value.errno == errno.EIO
+    finally:
+        os.close(held)
+    assert errors(mount, mnt) == []
+    umount(mount, mnt)
+    assert zjson(src / "again")["node_type"] == "group"
+    assert_clean(src)
+
+
 def test_read_only_mount_refuses_structure_changes(tmp_path, mount):
     src = tmp_path / "src"
     build(src, [RAW])
