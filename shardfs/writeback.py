@@ -269,7 +269,10 @@ class Writeback:
 
         async with trio.open_nursery() as nursery:
             while True:
-                with trio.move_on_after(self.idle / 4):
+                if self._dirty:  # idle is measured: look again at least every idle / 4 s
+                    with trio.move_on_after(self.idle / 4):
+                        await self._wake.wait()
+                else:  # nothing pending: no timer wakes an idle daemon
                     await self._wake.wait()
                 self._wake = trio.Event()
                 for shard in list(self._due(time.monotonic())):

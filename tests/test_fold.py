@@ -164,6 +164,36 @@ def test_a_complete_shard_is_folded_while_writes_go_on(tmp_path, mount):
     assert_source_equals(src, "full", expected)
 
 
+def main_thread_wakeups(pid: int) -> int:
+    """Voluntary context switches of the main thread of process ``pid`` so far."""
+    status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
+    return int(re.search(r"^voluntary_ctxt_switches:\s*(\d+)", status, re.M).group(1))
+
+
+def test_an_idle_daemon_sleeps_and_a_write_is_still_folded_once_idle(tmp_path, mount):
+    """With nothing pending the daemon's main thread never wakes (no timer runs: 0 wakeups in
+    2 s); a write to an incomplete shard then wakes it, and is folded once the mount is idle."""
+    src = tmp_path / "src"
+    expected = build(src, [COMPLETE])["full"]
+    shard = COMPLETE.shard_file(src, (0, 0))
+    before = shard.stat().st_ino
+    mnt = mount(src)
+    pid = mount.info(mnt).pid
+    time.sleep(0.5)
+    woken = main_thread_wakeups(pid)
+    time.sleep(2)
+    assert main_thread_wakeups(pid) - woken == 0
+    values = COMPLETE.values(COMPLETE.chunk, 7)
+    (mnt / "full" / "0.0").write_bytes(COMPLETE.encode(values))
+    expected[COMPLETE.chunk_region((0, 0))] = values
+    deadline = time.monotonic() + 10
+    while shard.stat().st_ino == before:
+        assert time.monotonic() < deadline, "the idle mount's pending chunk was not folded within 10 s"
+        time.sleep(0.05)
+    umount(mount, mnt)
+    assert_source_equals(src, "full", expected)
+
+
 def all_chunks_of(spec: Spec, shard) -> list[tuple[int, ...]]:
     """The inner chunks of ``shard`` (all inside the array here)."""
     return [tuple(s * n + i for s, n, i in zip(shard, spec.chunks_per_shard, local))
