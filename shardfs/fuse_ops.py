@@ -263,11 +263,13 @@ class Operations(pyfuse3.Operations):
         daemon, and if the daemon is killed in that window the mount wedges.
         Names therefore never change the inode they show (see ``NodeTable.drop_staging``).
         Inodes the kernel does not hold (never looked up, or forgotten) are skipped:
-        it has nothing cached for them.
+        it has nothing cached for them, and their next open finds no pages to keep
+        (so nothing is remembered for them: written chunks the kernel evicted before
+        their fold would otherwise pile up here).
         """
-        for ino in inodes:
-            self._kernel.changed(ino)
         targets = [alias for ino in inodes for alias in (ino, *self.view.nodes.aliases(ino)) if self._kernel.holds(alias)]
+        for ino in targets:
+            self._kernel.changed(ino)
         if targets:
             await trio.to_thread.run_sync(_invalidate_inodes, targets)
 

@@ -12,6 +12,7 @@ import ctypes
 import json
 import mmap
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +91,31 @@ def test_a_file_the_kernel_evicted_is_filled_again_at_its_next_open(src, mount):
     try:
         assert resident(fd, FILE) == PAGES
         assert os.pread(fd, FILE + 1, 0) == data[64:, :64].tobytes()
+    finally:
+        os.close(fd)
+
+
+def test_a_chunk_folded_after_the_kernel_evicted_it_is_filled_at_its_next_open(src, mount):
+    """A chunk written through the mount, then evicted by the kernel (page caches dropped) before
+    its shard is folded: the fold has no pages to drop in the kernel, and the next open fills
+    them with the folded bytes (no READ request per read)."""
+    root, data = src
+    mnt = mount(root)
+    path = mnt / "x" / "0.1"
+    shard = next(p for p in (root / "x" / "c").rglob("*") if p.is_file())
+    before = shard.stat().st_ino
+    new = (data[:64, 64:] + 7).astype("<u2").tobytes()
+    with open(path, "r+b") as f:
+        f.write(new)
+    Path("/proc/sys/vm/drop_caches").write_text("3")
+    deadline = time.monotonic() + 10
+    while shard.stat().st_ino == before:
+        assert time.monotonic() < deadline, "the written chunk was not folded within 10 s"
+        time.sleep(0.05)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert resident(fd, FILE) == PAGES
+        assert os.pread(fd, FILE + 1, 0) == new
     finally:
         os.close(fd)
 
