@@ -147,9 +147,9 @@ class QueuedWait:
         if self._pending is None or self._pending.others():
             return False
         stats = trio.lowlevel.current_statistics()
-        if stats.run_sync_soon_queue_size or stats.seconds_to_next_deadline < 0.002:
-            return False
         t = stats.seconds_to_next_deadline
+        if stats.run_sync_soon_queue_size or t < 0.002:
+            return False
         ready = self._idle.poll(-1 if t == math.inf else int(t * 1000) - 1)
         return len(ready) == 1 and ready[0][0] == self._fd
 

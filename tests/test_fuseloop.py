@@ -177,7 +177,7 @@ class IoWaits(trio.abc.Instrument):
         self.n += 1
 
 
-def _idle_run(other: "Callable[[list[str]], Awaitable[None]] | None", after: float = 0.3,
+def _idle_run(other: Callable[[list[str]], Awaitable[None]] | None, after: float = 0.3,
               settle: bool = True) -> tuple[list[str], int, float]:
     """In a fresh trio run with a watching ``Pending``: ``other(events)`` started first (if
     given) and, with ``settle``, left to block (else still scheduled to run), then a
