@@ -10,6 +10,8 @@ Contract:
   (no copy; it keeps the range's memory alive, even once evicted, while it is referenced).
   Past the object's end (``version.size``) the result is shorter, as ``Storage.read``
   returns it: a range that ends at the object's end covers every read past it.
+  ``lacks(where, version)``: True if memory could keep the whole version but no range there
+  covers it (what fetching it whole would add).
   A negative ``offset`` counts from the end (a suffix range).
 - A version is identified by its ETag and size (``Version.tag``/``size``; a non-string tag,
   such as a local inode, by the whole ``Version``). A version with an empty ETag (a server
@@ -161,6 +163,16 @@ class RangeCache:
         with self._lock:
             self._memory_put(where, ident, at, data)
         return data[start - at: stop - at]
+
+    def lacks(self, where: str, version: Version) -> bool:
+        """True if memory could keep the whole of ``version`` of ``where`` (it has an ETag and
+        fits) but holds no range covering it (never blocks; the LRU order is left as it is)."""
+        ident = _ident(version)
+        if ident is None or not 0 < version.size <= self.max_bytes:
+            return False
+        with self._lock:
+            obj = self._objects.get(where)
+            return obj is None or obj.ident != ident or obj.covering(0, version.size) is None
 
     def put(self, where: str, version: Version, offset: int, data: bytes | memoryview) -> None:
         """Record that ``version`` of ``where`` holds ``data`` at ``offset``."""

@@ -286,6 +286,10 @@ class View:
         layout = arr.info.layout
         with_next = self.reads.indexes_per_read > 1
         while True:
+            reading = self._index_reads.get(key)
+            if reading is not None:  # its index being read, or the shard fetched whole ahead: that
+                await reading.wait()  # read also tells its version
+                continue
             version = await self.version(key, ask=layout.index is None or self.index_cache.latest(key) is not None)
             if version is None:
                 return None
@@ -297,10 +301,9 @@ class View:
                     if isinstance(cached, CorruptShard):
                         raise fail(errno.EIO)
                     return version, cached  # type: ignore[return-value]
-            reading = self._index_reads.get(key)
-            if reading is not None:
-                await reading.wait()
-            elif with_next and self.index_cache.latest(key) is None:
+            if key in self._index_reads:  # a read began while the version was asked
+                continue
+            if with_next and self.index_cache.latest(key) is None:
                 with_next = False  # once: what that read did not cache is read alone below
                 await self._read_with_next(arr, shard)
             else:
@@ -777,26 +780,35 @@ class View:
             self._prefetch_after(arr, at, ext.version.size)
 
     def _walk_on(self, arr: ArrayNode, shard: tuple[int, ...]) -> None:
-        """A chunk of ``shard`` is looked up or opened (object sources). If its index is
-        neither cached nor being read, and the shard opened last in ``arr`` is the one before
-        it in C order and was swept (``ReadAhead.swept``), the client walks on from that one:
+        """A chunk of ``shard`` is looked up or opened (object sources). If it is ``_cold``
+        (its index never read, or its bytes evicted since), and the shard opened last in ``arr``
+        is the one before it in C order and was swept (``ReadAhead.swept``), the client walks on from that one:
         zarr 2.18 reading the array row by row crosses from the first shard to the second
         this way. Then fetch this shard whole in one GET (which also tells its index) together
         with the shards after it (``_prefetch_after``), instead of reading its index first,
         then the rest of it, and only then the shards after it."""
         last = self._last_shard[arr.path]
         at = c_linear(shard, arr.info.layout.shard_grid)
-        if last.at != at - 1 or (arr.path, at - 1) in self._covered:
+        if last.at != at - 1 or not self._cold(self.shard_key(arr, shard)) or not self.reads.ahead.swept(last.ext):
             return
-        key = self.shard_key(arr, shard)
-        if key in self._index_reads or self.index_cache.latest(key) is not None or not self.reads.ahead.swept(last.ext):
-            return
+        # a shard read before and evicted since: what ``_covered`` says was fetched ahead of
+        # the sweep may be gone too (a sweep again of an array larger than the cache)
+        self._covered = {c for c in self._covered if c[0] != arr.path}
         self._prefetch_after(arr, at - 1, last.ext.version.size)
+
+    def _cold(self, key: str) -> bool:
+        """Whether fetching the shard at ``key`` whole ahead saves its opens a request: it is
+        not being read, and its index was never read or its bytes are no longer kept
+        (``Reads.kept``)."""
+        if key in self._index_reads:
+            return False
+        version = self.index_cache.latest(key)
+        return version is None or not self.reads.kept(key, version)
 
     def _prefetch_after(self, arr: ArrayNode, at: int, size: int) -> None:
         """Fetch the shards after the one at ``at`` (linear, C order) in the background, each
         whole in one GET (with a disk cache: their indexes alone, which tell the ETag the
-        cached chunks are under), unless their index was read before or is being read:
+        cached chunks are under), those that are ``_cold``:
         as many as a plane of chunks crosses (``prod(shard_grid[1:])``, at least
         ``PREFETCH_SHARDS``), since a sweep in C order of the chunk grid comes back to the
         shards of one plane until it has read them all, then enters the next plane's, which are
@@ -813,7 +825,7 @@ class View:
         lead = min(max(PREFETCH_SHARDS, math.prod(grid[1:])), PREFETCH_MAX, self.reads.room_ahead(size))
         for nxt in range(at + 1, min(at + 1 + lead, math.prod(grid))):
             key = self.shard_key(arr, c_coords(nxt, grid))
-            if key in self._index_reads or self.index_cache.latest(key) is not None:
+            if not self._cold(key):
                 continue
             self._index_reads[key] = trio.Event()
             self._ahead.append((arr, key))

@@ -226,6 +226,35 @@ def test_zarr2_whole_array_read_fetches_the_shards_after_the_first_ahead_in_one_
         assert per_shard[sh] == [("GET", None, None)], (sh, per_shard[sh])
 
 
+def test_a_second_sweep_of_an_array_larger_than_the_cache_fetches_each_shard_whole_again(s3, tmp_path, mount,
+                                                                                          request):
+    """With ``-o cache_size`` holding 3.5 of the array's 4 shards, a second zarr 2.18 whole-array
+    read in the same mount (page caches dropped) finds shards evicted by the first, then by
+    itself. It sweeps them as the first read did: (0, 0) opened at its first chunk is fetched
+    whole in one GET If-Match its ETag, and the shards after it ahead in one unconditional GET
+    each; never a GET per chunk (a shard's read-ahead is once per visit, not once per mount)."""
+    sp = spec("end")
+    expected = build(tmp_path / "src", [sp])[sp.name]
+    with DelayProxy(("127.0.0.1", s3.ports["s3.port"]), delay=0, record=True) as proxy:
+        src = BucketSource(tmp_path / "src", s3, unique_prefix(request), endpoint=f"http://127.0.0.1:{proxy.port}")
+        shards = list(np.ndindex(*sp.shard_grid))
+        sizes = {sh: obstore.head(src.objects.store(), sp.shard_key(sh))["size"] for sh in shards}
+        mnt = src.mount(mount, "-o", f"cache_size={max(sizes.values()) * 7 // 2}")
+        per_sweep = []
+        for _ in range(2):
+            Path("/proc/sys/vm/drop_caches").write_text("3")  # (opening the files to drop theirs would read them)
+            proxy.log.clear()
+            got = zarr2("result = zarr.open(path, mode='r')[...]", path=str(mnt / sp.name))
+            np.testing.assert_array_equal(got, expected)
+            per_sweep.append({sh: describe(requests_for(src, proxy, sp.shard_key(sh))) for sh in shards})
+    print(f"\nrequests per shard, first and second sweep: {per_sweep}")
+    first, *others = shards
+    assert per_sweep[1][first] == [("GET", f"bytes=0-{sizes[first] - 1}", f'"{etag(src, sp.shard_key(first))}"')], (
+        per_sweep[1][first])
+    for sh in others:
+        assert per_sweep[1][sh] == [("GET", None, None)], (sh, per_sweep[1][sh])
+
+
 def test_a_replaced_shard_shows_after_attr_timeout_and_is_never_mixed(s3, tmp_path, mount, request):
     """Versions are remembered for ``attr_timeout`` (3 s here): a chunk read again within it
     costs no request, not even a HEAD (also after the 1 s local sources keep stats); the shard

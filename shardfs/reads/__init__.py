@@ -58,7 +58,9 @@ class ReadHandle:
 
 class ReadAhead:
     """Tells when a client sweeps a shard: ``note(ext)`` at every chunk open is True (once per
-    shard version) when the rest of that shard is worth reading at once.
+    visit of a shard version: a visit ends when no open among the last ``window`` was of that
+    shard, and what was read ahead then may have been evicted since) when the rest of that
+    shard is worth reading at once.
 
     Opens of chunks of one shard ``after`` times among the last ``window`` opens are a sweep
     (scattered reads rarely come back to a shard that soon); with ``chained``, so is the first
@@ -86,6 +88,8 @@ class ReadAhead:
 
     def note(self, ext: Extent, first: bool = False) -> bool:
         shard = (ext.key, ext.version)
+        if shard not in self._recent:  # a new visit: what was read ahead may have been evicted since
+            self._done.discard(shard)
         sweeping = (self.chained and len(self._recent) >= self.after and all(
             self._recent[-i] in self._done for i in range(1, self.after + 1))) or (
             first and self.starts and shard not in self._recent)
@@ -155,6 +159,12 @@ class Reads:
         """How many shards of ``size`` bytes fetched ahead fit in the memory kept for fetched
         ranges (along with as many being read)."""
         return 0
+
+    def kept(self, key: str, version: Version) -> bool:
+        """Whether fetching the shard at ``key`` (at ``version``) whole ahead (``fetch_whole``)
+        would bring nothing that its known index does not: its bytes are kept, or are not
+        fetched ahead at all."""
+        return True
 
     async def keys_below(self, prefix: str, most: int) -> list[str] | None:
         """Every key below ``prefix`` at any depth (relative to it), if there are at most

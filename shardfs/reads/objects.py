@@ -85,6 +85,12 @@ class ObjectReads(Reads):
     def room_ahead(self, size: int) -> int:
         return self.cache.max_bytes // 2 // max(size, 1)
 
+    def kept(self, key: str, version: Version) -> bool:
+        """With a disk cache only indexes are fetched ahead; without one, a shard is kept while
+        one range in memory holds it whole (a second sweep of an array larger than the cache
+        finds its shards evicted) or when memory could not keep it anyway."""
+        return self.cache.disk_dir is not None or not self.cache.lacks(self.source.describe(key), version)
+
     async def keys_below(self, prefix: str, most: int) -> list[str] | None:
         return await blocking(self.source.keys_below, prefix, most)
 
