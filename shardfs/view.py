@@ -286,11 +286,12 @@ class View:
         layout = arr.info.layout
         with_next = self.reads.indexes_per_read > 1
         while True:
-            reading = self._index_reads.get(key)
+            asked = self.index_cache.latest(key) is not None or layout.index is None
+            version = UNKNOWN if key in self._index_reads else await self.version(key, ask=asked)
+            reading = self._index_reads.get(key)  # (also one begun while the version was asked)
             if reading is not None:  # its index being read, or the shard fetched whole ahead: that
                 await reading.wait()  # read also tells its version
                 continue
-            version = await self.version(key, ask=layout.index is None or self.index_cache.latest(key) is not None)
             if version is None:
                 return None
             if layout.index is None:
@@ -301,8 +302,6 @@ class View:
                     if isinstance(cached, CorruptShard):
                         raise fail(errno.EIO)
                     return version, cached  # type: ignore[return-value]
-            if key in self._index_reads:  # a read began while the version was asked
-                continue
             if with_next and self.index_cache.latest(key) is None:
                 with_next = False  # once: what that read did not cache is read alone below
                 await self._read_with_next(arr, shard)
