@@ -42,6 +42,7 @@ class ArrayNode:
     parent_mtime_ns: int = 0  # of the image group's metadata, which ``.zarray`` depends on
     shard_keys: dict[tuple[int, ...], str] = field(default_factory=dict)  # see View.shard_key
     indexes_ahead: bool = False  # its shards' indexes were read ahead (see View.extent)
+    covered: set[int] = field(default_factory=set)  # shards (C order) with the next fetched ahead (see View)
 
     @property
     def meta_mtime_ns(self) -> int:

@@ -138,7 +138,6 @@ class View:
         self._ahead: deque[tuple[ArrayNode, str]] = deque()  # shards to fetch ahead of a sweep, in turn
         self._prefetching = 0  # shards being fetched ahead of a sweep
         self._last_shard: dict[str, _Visit] = {}  # array path -> its shard opened last (``_note_shard``)
-        self._covered: set[tuple[str, int]] = set()  # (array path, shard): its shards after all fetched ahead
         self._resolved: dict[int, tuple[Extent, Attr]] = {}  # chunk inode -> as last looked up (see open)
         self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
         self._file_mode = 0o444 if read_only else 0o644
@@ -774,15 +773,15 @@ class View:
             if len(self._last_shard) >= SHARD_KEYS_KEPT:
                 self._last_shard.clear()
             last = self._last_shard[arr.path] = _Visit(at, last is not None and last.at == at - 1, False, ext)
-        if last.from_before and not last.asked and (arr.path, at) not in self._covered and self.reads.ahead.swept(ext):
+        if last.from_before and not last.asked and at not in arr.covered and self.reads.ahead.swept(ext):
             self._last_shard[arr.path] = _Visit(at, True, True, ext)
             self._prefetch_after(arr, at, ext.version.size)
 
     def _walk_on(self, arr: ArrayNode, shard: tuple[int, ...]) -> None:
         """A chunk of ``shard`` is looked up or opened (object sources). If it is ``_cold``
-        (its index never read, or its bytes evicted since), and the shard opened last in ``arr``
-        is the one before it in C order and was swept (``ReadAhead.swept``), the client walks on from that one:
-        zarr 2.18 reading the array row by row crosses from the first shard to the second
+        (its index never read, or its bytes evicted since), and the shard opened last in
+        ``arr`` is the one before it in C order and was swept (``ReadAhead.swept``), the client
+        walks on from that one: zarr 2.18 reading the array row by row crosses from the first shard to the second
         this way. Then fetch this shard whole in one GET (which also tells its index) together
         with the shards after it (``_prefetch_after``), instead of reading its index first,
         then the rest of it, and only then the shards after it."""
@@ -790,9 +789,9 @@ class View:
         at = c_linear(shard, arr.info.layout.shard_grid)
         if last.at != at - 1 or not self._cold(self.shard_key(arr, shard)) or not self.reads.ahead.swept(last.ext):
             return
-        # a shard read before and evicted since: what ``_covered`` says was fetched ahead of
-        # the sweep may be gone too (a sweep again of an array larger than the cache)
-        self._covered = {c for c in self._covered if c[0] != arr.path}
+        # a shard read before and evicted since: what ``arr.covered`` says was fetched ahead
+        # of the sweep may be gone too (a sweep again of an array larger than the cache)
+        arr.covered.clear()
         self._prefetch_after(arr, at - 1, last.ext.version.size)
 
     def _cold(self, key: str) -> bool:
@@ -816,11 +815,11 @@ class View:
         ``PREFETCH_AT_ONCE`` are fetched at once, the others wait their turn in C order (the
         order the sweep needs them). Their index is cached from the bytes fetched; an open
         meanwhile waits for the fetch as for an index read. The shards after ``at`` count as
-        asked for (``_covered``) from then on."""
+        asked for (``arr.covered``) from then on."""
         grid = arr.info.layout.shard_grid
-        if len(self._covered) >= SHARD_KEYS_KEPT:
-            self._covered.clear()
-        self._covered.add((arr.path, at))
+        if len(arr.covered) >= SHARD_KEYS_KEPT:
+            arr.covered.clear()
+        arr.covered.add(at)
         lead = min(max(PREFETCH_SHARDS, math.prod(grid[1:])), PREFETCH_MAX, self.reads.room_ahead(size))
         for nxt in range(at + 1, min(at + 1 + lead, math.prod(grid))):
             key = self.shard_key(arr, c_coords(nxt, grid))

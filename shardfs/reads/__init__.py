@@ -88,11 +88,11 @@ class ReadAhead:
 
     def note(self, ext: Extent, first: bool = False) -> bool:
         shard = (ext.key, ext.version)
-        if shard not in self._recent:  # a new visit: what was read ahead may have been evicted since
+        visit = shard not in self._recent
+        if visit:  # a new visit: what was read ahead may have been evicted since
             self._done.discard(shard)
         sweeping = (self.chained and len(self._recent) >= self.after and all(
-            self._recent[-i] in self._done for i in range(1, self.after + 1))) or (
-            first and self.starts and shard not in self._recent)
+            self._recent[-i] in self._done for i in range(1, self.after + 1))) or (first and self.starts and visit)
         if self.adjacent:
             sweeping = sweeping or self._ends.get(shard) == ext.offset
             if len(self._ends) >= 4096:
