@@ -50,6 +50,11 @@ def abort_connection(mnt: str | Path) -> None:
                     pass
 
 
+def immutable(path: Path, on: bool) -> None:
+    """``chattr +i`` / ``-i`` (best effort: some filesystems have no such flag)."""
+    subprocess.run(["chattr", "+i" if on else "-i", str(path)], capture_output=True)
+
+
 def lazy_unmount(mnt: str | Path) -> None:
     if is_mounted(mnt):
         subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True, timeout=60)
@@ -65,6 +70,7 @@ class Daemon:
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         self.mnt.mkdir(parents=True, exist_ok=True)
+        immutable(self.mnt, True)  # while unmounted (a restart), no client can write into the bare directory
 
     @property
     def pid(self) -> int | None:
@@ -127,7 +133,8 @@ class Daemon:
 
     def close(self) -> None:
         """For ``finally``: unmount, and end the daemon if it is still there (by PID; a daemon
-        blocked in the kernel has its FUSE connection aborted first)."""
+        blocked in the kernel has its FUSE connection aborted first); the mountpoint becomes an
+        ordinary directory again."""
         if self.proc is not None and self.proc.poll() is None and self._stuck():
             abort_connection(self.mnt)
         lazy_unmount(self.mnt)
@@ -141,6 +148,8 @@ class Daemon:
                 except subprocess.TimeoutExpired:
                     abort_connection(self.mnt)
                     self.proc.wait(timeout=60)
+        if not is_mounted(self.mnt):
+            immutable(self.mnt, False)
 
     def _stuck(self) -> bool:
         """The daemon's main thread is blocked writing to /dev/fuse (in the kernel)."""

@@ -45,7 +45,7 @@ import hazard  # noqa: E402
 import metrics  # noqa: E402
 import report  # noqa: E402
 from checks import Ledger  # noqa: E402
-from daemons import Daemon, Wedged  # noqa: E402
+from daemons import Daemon, Wedged, immutable  # noqa: E402
 from faults import LOCAL_KINDS, S3_KINDS, Injector, JournalDisk, schedule  # noqa: E402
 from grid import Grid  # noqa: E402
 from model import Model  # noqa: E402
@@ -69,14 +69,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--source", choices=("local", "s3", "both"), default="both")
     ap.add_argument("--seed", type=int, default=None, help="seed of every random choice (default: drawn)")
     ap.add_argument("--out", type=Path, default=Path("soak-out"), help="output directory (default soak-out)")
+    ap.add_argument("--faults", default=None, metavar="KIND,...",
+                    help="only these fault kinds (default: all the source allows: " + ", ".join(S3_KINDS) + ")")
+    ap.add_argument("--mounts", type=int, choices=(1, 2), default=2,
+                    help="daemons on the source (default 2: the second one is another host, its own state)")
+    ap.add_argument("--fault-every", type=float, default=FAULT_EVERY, metavar="S",
+                    help=f"seconds between faults on average (default {FAULT_EVERY:g})")
     return ap.parse_args(argv)
 
 
 class Run:
     """One source's soak (see the module docstring); ``result`` once ``run()`` returned."""
 
-    def __init__(self, kind: str, minutes: float, seed: int, out: Path):
+    def __init__(self, kind: str, minutes: float, seed: int, out: Path, faults: tuple[str, ...] | None = None,
+                 fault_every: float = FAULT_EVERY, mounts: int = 2):
         self.kind, self.minutes, self.seed, self.out = kind, minutes, seed, out
+        kinds = S3_KINDS if kind == "s3" else LOCAL_KINDS
+        self.fault_kinds = tuple(k for k in kinds if faults is None or k in faults)
+        self.fault_every = fault_every
+        self.mounts = mounts
         self.rng = random.Random(f"{seed}-{kind}")
         self.result = report.Result(kind, minutes)
         self.model = Model()
@@ -120,6 +131,8 @@ class Run:
     # ---------------------------------------------------------------- the run
 
     def run(self) -> report.Result:
+        for old in self.out.glob("mnt-*"):  # a run that ended without its finally blocks
+            immutable(old, False)
         shutil.rmtree(self.out, ignore_errors=True)
         (self.out / "ops").mkdir(parents=True)
         src = self.out / "src"
@@ -141,7 +154,7 @@ class Run:
         disk = JournalDisk(self.out / "journal-A")
         disk.mount()
         stack.callback(disk.unmount)
-        for i, name in enumerate("AB"):
+        for i, name in enumerate("AB"[: self.mounts]):
             state = self.out / f"state-{name}"
             opts = options + ([f"journal_dir={disk.path}"] if name == "A" else [])
             d = Daemon(name, url, self.out / f"mnt-{name}", opts, {**env, "XDG_STATE_HOME": str(state)}, self.out)
@@ -149,6 +162,7 @@ class Run:
             self.daemons.append(d)
             d.start()
         journals = {"A": disk.path, "B": self._state_journal(url, options, self.out / "state-B")}
+        journals = {d.name: journals[d.name] for d in self.daemons}
         mnt = [str(d.mnt) for d in self.daemons]
         zarrays = {n: json.loads((Path(mnt[0]) / n / ".zarray").read_text()) for n in specs}
         arrays = {n: {"zarray": zarrays[n], "shard": list(specs[n].shard)} for n in specs}
@@ -163,17 +177,17 @@ class Run:
         logs = []
         for i in range(READERS):
             lib = READER_LIBS[i % len(READER_LIBS)]
-            m = 1 if i % 4 == 3 else 0
+            m = 1 if i % 4 == 3 and self.mounts > 1 else 0
             logs.append(self._spawn(1 + i, "reader", ZARR2_PYTHON if lib == "zarr2" else MAIN_PYTHON,
                                     {"lib": lib, "mount": mnt[m], "m": m, "arrays": arrays}, deadline, heartbeat))
-        for j, (venv, m) in enumerate(WRITERS):
+        for j, (venv, m) in enumerate(w for w in WRITERS if w[1] < self.mounts):
             logs.append(self._spawn(1 + READERS + j, "writer", ZARR2_PYTHON if venv == "zarr2" else MAIN_PYTHON,
                                     {"lib": venv, "mount": mnt[m], "m": m, "mounts": len(mnt), "arrays": arrays},
                                     deadline, heartbeat))
         logs.append(self._spawn(1 + READERS + len(WRITERS), "structure", ZARR2_PYTHON,
                                 {"lib": "zarr2", "mount": mnt[0], "m": 0}, deadline, heartbeat))
-        events = schedule(self.rng, 60 * self.minutes, S3_KINDS if self.kind == "s3" else LOCAL_KINDS,
-                          FAULT_EVERY, len(self.daemons))
+        events = schedule(self.rng, 60 * self.minutes, self.fault_kinds, self.fault_every,
+                          len(self.daemons)) if self.fault_kinds else []
         (self.out / "faults.json").write_text(json.dumps([e.__dict__ for e in events], indent=1))
         stop = threading.Event()
         injector.start(events, t0, stop)
@@ -297,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for kind in kinds:
-        results.append(Run(kind, args.minutes, seed, args.out / kind).run())
+        faults = tuple(args.faults.split(",")) if args.faults is not None else None
+        results.append(Run(kind, args.minutes, seed, args.out / kind, faults, args.fault_every, args.mounts).run())
     summary = report.table(results)
     (args.out / "summary.md").write_text(summary + "\n")
     print(summary)

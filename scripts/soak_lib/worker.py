@@ -10,7 +10,7 @@ base), ``seed``, ``deadline`` (a ``time.monotonic()`` value), ``log`` (its JSONL
 Contract: every operation is logged as one JSON line, flushed at once (a write also logs a
 ``begin`` line *before* it starts, so the controller knows every write in flight); while an
 operation runs, the worker's heartbeat slot holds its start time (0 when idle), so the controller
-can name one that hangs. An operation's failure never ends the worker: it is logged with
+can name one that hangs. An operation's failure never ends the worker (it pauses ``ERROR_PAUSE``): it is logged with
 ``err`` = the errno's name (``EIO``...) when the error carries one, else ``X:<type>: <message>``.
 """
 
@@ -27,6 +27,9 @@ import time
 from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+ERROR_PAUSE = 0.2
 
 
 class Worker:
@@ -61,6 +64,8 @@ class Worker:
             result, err = None, error_name(e)
         t1 = time.monotonic()
         self.beat(0.0)
+        if err is not None:
+            time.sleep(ERROR_PAUSE)  # a dead mount fails at once: no busy loop
         return t0, t1, result, err
 
 

@@ -43,9 +43,9 @@ class _Writes:
         self.path, self.grid, self.tmp = path, grid, tmp
 
     def _key(self, chunk: tuple[int, ...]) -> str:
-        key = os.path.join(self.path, self.grid.key(chunk))
-        os.makedirs(os.path.dirname(key), exist_ok=True)
-        return key
+        # No makedirs: the arrays use "." keys, and a directory made while a daemon restarts
+        # would be in the bare mountpoint (immutable anyway: see daemons.Daemon).
+        return os.path.join(self.path, self.grid.key(chunk))
 
     def zarr2(self, chunk: tuple[int, ...], token: int) -> None:
         import zarr
