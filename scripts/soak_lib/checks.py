@@ -133,7 +133,7 @@ class Ledger:
             if token is None:
                 self.forbidden.append(f"{rec['w']} ({rec['lib']}, mount {rec['m']}): {name} chunk {chunk} torn or "
                                       f"foreign: values {values[:6]} read in [{t0:.3f}, {t1:.3f}]\n"
-                                      + self.history(name, chunk))
+                                      + self.history(name, chunk, t1))
                 continue
             strict = owner(name, chunk, self.mounts) == rec["m"]
             ok = (self.model.allowed(name, chunk, token, t0, t1) if strict
@@ -144,7 +144,7 @@ class Ledger:
                 self.masked[rec["lib"]] += 1
                 continue
             self.forbidden.append(f"{rec['w']} ({rec['lib']}, mount {rec['m']}): {name} chunk {chunk} held "
-                                  f"{token}, which the model forbids in [{t0:.3f}, {t1:.3f}]\n" + self.history(name, chunk))
+                                  f"{token}, which the model forbids in [{t0:.3f}, {t1:.3f}]\n" + self.history(name, chunk, t1))
 
     def final_check(self, read_array: Callable[[str], np.ndarray]) -> None:
         """Every chunk of every array in the source against ``Model.final_allowed`` (module docstring)."""
@@ -167,12 +167,14 @@ class Ledger:
                     w.token == token for w in self.model.writes() if w.array == name and w.chunk == chunk))
                 (self.lost if known else self.forbidden).append(what)
 
-    def history(self, name: str, chunk: tuple[int, ...], last: int = 12) -> str:
-        """The op log of one chunk (its last ``last`` writes), to replay a failure."""
-        writes = sorted((w for w in self.model.writes() if w.array == name and w.chunk == chunk),
-                        key=lambda w: w.start)[-last:]
+    def history(self, name: str, chunk: tuple[int, ...], at: float = math.inf, before: int = 8, after: int = 3) -> str:
+        """The op log of one chunk around time ``at``: its last ``before`` writes that began
+        before it and the ``after`` next ones, to replay a failure."""
+        writes = sorted((w for w in self.model.writes() if w.array == name and w.chunk == chunk), key=lambda w: w.start)
+        i = sum(w.start < at for w in writes)
         return "\n".join(f"    {w.start:12.3f} .. {'?' if w.end is None else f'{w.end:.3f}':>12} token {w.token:>9} "
-                         f"{w.how:11} {'ok' if w.ok else 'not acknowledged'} {w.worker}" for w in writes)
+                         f"{w.how:11} {'ok' if w.ok else 'not acknowledged'} {w.worker}"
+                         for w in writes[max(0, i - before): i + after])
 
 
 def grid_ndim(grid: Grid) -> int:

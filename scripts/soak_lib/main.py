@@ -302,6 +302,7 @@ class Run:
         metrics.write_csv(rows, self.out / "minutes.csv")
         metrics.plot(rows, names, self.out / "soak.png", f"shardfs soak, {self.kind} source, seed {self.seed}")
         r.flat = metrics.flatness(rows, names)
+        (self.out / "windows.json").write_text(json.dumps([w.__dict__ for w in injector.windows], indent=1))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,7 @@ on purpose), a token (``index * TOKEN_STRIDE + seq``, unique per array) and a me
 ``begin`` line ``{"k": "wb", "a", "c", "tok", "how", "op", "t0"}``, writes, then logs
 ``{"k": "we", "a", "op", "t0", "t1", "ok", "err"?}``; ``ok`` means the call that commits
 returned success (``close()`` for in-place, ``rename()`` for temp+rename, the library's write
-for zarr/tensorstore, ``cp``'s exit status 0, ``unlink()`` for ``rm``: token 0).
+for zarr/tensorstore, ``cp``'s exit status 0, ``unlink()`` for ``rm``: token 0; its ENOENT is a failure).
 Methods: ``zarr2`` / ``zarr3`` / ``tensorstore`` (the library writes the chunk's region), ``rename``
 (``<key>.<uuid>.partial`` then ``rename``, as zarr does), ``inplace`` (``open(O_TRUNC)``, write,
 close), ``cp`` (coreutils from a file outside the mount), ``rm`` (unlink: the chunk becomes fill).
@@ -84,10 +84,9 @@ class _Writes:
             raise OSError(f"cp exited with {r.returncode}: {r.stderr.strip()}")
 
     def rm(self, chunk: tuple[int, ...], token: int) -> None:
-        try:
-            os.unlink(os.path.join(self.path, self.grid.key(chunk)))
-        except FileNotFoundError:
-            pass
+        # ENOENT fails the op too: the chunk may be empty already, or the mount is not there
+        # (a restart); either way nothing was acknowledged.
+        os.unlink(os.path.join(self.path, self.grid.key(chunk)))
 
 
 def run_writer(worker: Any) -> None:
