@@ -66,6 +66,8 @@ MESSAGE_SOURCES = [
     ("journal.py", set(), {"kept_line"}),
     ("storage/objects.py", {"ValueError", "StorageUnavailable"}, {"check"}),
     ("status_client.py", {"StatusError"}, set()),
+    ("gridmap.py", {"ValueError"}, set()),
+    ("survey.py", {"ValueError"}, set()),
 ]
 
 
