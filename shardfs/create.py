@@ -64,6 +64,9 @@ def _v2_metadata(zarray: Any) -> ArrayV2Metadata:
         dtype = zarray.get("dtype")
         if isinstance(dtype, str):  # "<u1" and "|u1" are one dtype; zarr 3 knows only the latter
             dtype = np.dtype(dtype).str
+        if dtype == "|O" and not isinstance(zarray.get("fill_value"), str):  # zarr 2 gives them 0
+            zarray = {**zarray, "fill_value": None}
+
         return ArrayV2Metadata.from_dict({**zarray, "dtype": dtype, "attributes": {}})
     except Exception as e:  # zarr raises many types for bad metadata
         raise Refused(f"invalid .zarray: {e}") from None
@@ -93,9 +96,7 @@ def array_doc(zarray: Any, attrs: dict[str, Any], shard_bytes: int = DEFAULT_SHA
 
     v2meta = _v2_metadata(zarray)
     vlen = getattr(v2meta.dtype, "object_codec_id", None)
-    if zarray.get("fill_value") is None or (vlen is not None and not isinstance(zarray.get("fill_value"), str)):
-
-        # v3 needs one: the dtype's default, as zarr 3 writes it (zarr 2 gives object arrays 0)
+    if v2meta.fill_value is None:  # v3 needs one: the dtype's default, as zarr 3 writes it
         v2meta = replace(v2meta, fill_value=_default_fill(v2meta))
     try:
         if vlen is None:
