@@ -30,7 +30,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import budget, zarr2
+from conftest import budget, run_shardfs, zarr2
 
 # numpy's unicode and zarr's fixed_length_utf32 strip trailing NULs; elsewhere NUL is kept
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)) | st.sampled_from(["\x00", "😀", "𝔘"]),
@@ -351,6 +351,9 @@ def test_unknown_data_type_is_hidden_with_its_reason(tmp_path, mount):
     assert sorted(p.name for p in (mnt / "odd").iterdir()) == []
     log = mount.info(mnt).output()
     assert len([line for line in log.splitlines() if "odd" in line and "float8_e4m3fn" in line]) == 1, log[-3000:]
+    out = run_shardfs("inspect", str(src / "odd")).stdout
+    assert "not shown: invalid array metadata: No Zarr data type found that matches 'float8_e4m3fn'" in out
+
 
 
 # --------------------------------------------------------------------------- chunk files
