@@ -65,6 +65,7 @@ MESSAGE_SOURCES = [
     ("report.py", {"ValueError"}, set()),
     ("journal.py", set(), {"kept_line"}),
     ("storage/objects.py", {"ValueError", "StorageUnavailable"}, {"check"}),
+    ("status_client.py", {"StatusError"}, set()),
 ]
 
 
