@@ -274,7 +274,7 @@ def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source
     own = opts.own
     if opts.ignored:
         log.debug("ignored mount options: %s", ",".join(opts.ignored))
-    read_only = args.read_only or opts.read_only
+    read_only = args.read_only or opts.read_only or source.web  # a web server takes no writes
     timeouts = Timeouts(float(own.get("entry_timeout", Timeouts.entry)),
                         float(own.get("attr_timeout", Timeouts.attr)))
     with contextlib.ExitStack() as cleanup:
