@@ -12,9 +12,9 @@ retries, counters), and makes up the listings the view needs from what the data 
   one answers. Any other child is found by name (a lookup GETs its ``zarr.json``): ``ls``
   does not show it, ``cd`` and ``open`` work.
 - an array lists ``zarr.json`` and its chunk key space level by level (``c``, ``c/0``...),
-  computed from its shape, chunk grid and key encoding; the level that holds shards
-  lists the ones that exist, each found by a HEAD (404: absent), ``PROBES_AT_ONCE`` in
-  flight.
+  computed from its shape, chunk grid and key encoding: every position of the shard grid.
+  Which shards exist comes from their GETs (the view reads a listed shard's index; 404:
+  absent), so a listing costs no request of its own.
 
 Versions are the server's ETag (or Last-Modified) and size, as for objects; a server that
 sends neither makes every key look unchanged for the life of the mount (said once in the
@@ -23,7 +23,6 @@ log at mount). ``replace`` and ``delete`` fail with EROFS: the mount is read-onl
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import itertools
 import json
@@ -45,7 +44,6 @@ from shardfs.storage.versions import Remembered
 from shardfs.stats import StoreStats
 
 log = logging.getLogger("shardfs")
-PROBES_AT_ONCE = 32  # HEADs in flight while a level of shards is listed
 DOC_TTL = 1.0  # seconds a zarr.json read for a listing is remembered
 DOCS_KEPT = 1024  # zarr.json documents remembered at most (all forgotten past it)
 
@@ -154,20 +152,7 @@ class WebStorage(ObjectStorage):
         if level is None:
             return []
         names, leaf = level
-        if not leaf:
-            return [Entry(n, True) for n in names]
-        head = "/".join(filter(None, (path, *rel)))
-        keys = [f"{head}/{n}" if head else n for n in names]
-        found = self.loop.run(self._probe(keys))
-        return [Entry(n, False) for n, ok in zip(names, found) if ok]
-
-    async def _probe(self, keys: list[str]) -> list[bool]:
-        """Which of ``keys`` exist (a HEAD each, ``PROBES_AT_ONCE`` at a time)."""
-        out: list[bool] = []
-        for start in range(0, len(keys), PROBES_AT_ONCE):
-            batch = keys[start:start + PROBES_AT_ONCE]
-            out.extend(v is not None for v in await asyncio.gather(*map(self.aversion, batch)))
-        return out
+        return [Entry(n, not leaf) for n in names]
 
     # ------------------------------------------------------------------ mount-time check
 
