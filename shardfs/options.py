@@ -44,6 +44,8 @@ OWN = (
                                "(at most 5G, least recently used out first)"),
     Option("debug", None, "log every request (as --debug)"),
     Option("no_ome_translation", None, "show OME-Zarr 0.5 attributes as stored (as --no-ome-translation)"),
+    Option("c_order", None, "serve arrays stored transposed (shown as \"order\": \"F\") as C-order chunks, "
+                            "transcoded: for netCDF-C, NCO and CDO, which ignore \"order\""),
 )
 _FLAG = "kernel mount flags, passed to libfuse"
 FUSE = (
