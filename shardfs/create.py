@@ -87,7 +87,8 @@ def array_doc(zarray: Any, attrs: dict[str, Any], shard_bytes: int = DEFAULT_SHA
 
     v2meta = _v2_metadata(zarray)
     if zarray.get("fill_value") is None:  # v3 needs one: the dtype's zero, as zarr 3 writes it
-        zero = False if np.dtype(v2meta.dtype.to_native_dtype()).kind == "b" else 0
+        kind = np.dtype(v2meta.dtype.to_native_dtype()).kind
+        zero = False if kind == "b" else [0.0, 0.0] if kind == "c" else 0  # v2 JSON: complex is [re, im]
         v2meta = _v2_metadata({**zarray, "fill_value": zero})
     try:
         unsharded = _convert_array_metadata(v2meta)

@@ -16,9 +16,17 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import read_native, run_shardfs, zarr2
-from sources import CRC, LE, ZSTD, array_doc, sharding, transpose, write_group, write_zarr3
+from sources import (
+    CRC,
+    LE,
+    ZSTD,
+    array_doc,
+    sharding,
+    transpose,
+    write_group,
+    write_zarr3,
+)
 
 SHAPE, SHARD, INNER = (7, 10), (4, 8), (2, 4)
 T = transpose((1, 0))
