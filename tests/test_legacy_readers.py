@@ -150,9 +150,6 @@ def _client(reader: str) -> str:
 # ------------------------------------------------------------------ the read fixture
 
 
-LEAD_3_4 = "issue 23 item 3/4 (lead)"
-
-
 def _copy_fill(case: Case) -> Any:
     """The case's fill value as zarr 2.18 takes it (``fill_value=``), through JSON."""
     return case.fill if case.dtype != "complex64" else {"complex": case.fill}
@@ -211,15 +208,7 @@ def _result(reads, reader: str, where: str, case: Case) -> dict:
     return reads[reader, where][CASES.index(case)]
 
 
-def _case_params():
-    for case in CASES:
-        # item 3: a NaN fill with dimension names is shown as null today, so no client sees NaN
-        # as nodata as on the copy
-        marks = [pytest.mark.xfail(strict=True, reason=LEAD_3_4)] if case.name == "float64_dims" else []
-        yield pytest.param(case, id=case.name, marks=marks)
-
-
-@pytest.mark.parametrize("case", list(_case_params()))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 @pytest.mark.parametrize("reader", READERS)
 def test_read(reads, reader, case):
     """The client reads the mount (and a ``-o c_order`` mount) exactly as it reads the v2 copy:
