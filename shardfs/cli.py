@@ -345,7 +345,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
         _report(args, f"error: -o {e}")
         return 1
     ome = args.ome and "no_ome_translation" not in own
-    view = View(storage, read_only=read_only, writeback=writeback, ome=ome,
+    view = View(storage, read_only=read_only, writeback=writeback, ome=ome, c_order="c_order" in own,
                 reads=make_reads(storage, cache=ranges, chunk_cache=cache))
     ops = Operations(view, timeouts, writeback, spill_dir=state.spill_dir(source.name, source.endpoint))
     if writeback is not None:
