@@ -282,7 +282,7 @@ def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source
     own = opts.own
     if opts.ignored:
         log.debug("ignored mount options: %s", ",".join(opts.ignored))
-    read_only = args.read_only or opts.read_only
+    read_only = args.read_only or opts.read_only or source.web  # a web server takes no writes
     timeouts = Timeouts(float(own.get("entry_timeout", Timeouts.entry)),
                         float(own.get("attr_timeout", Timeouts.attr)))
     with contextlib.ExitStack() as cleanup:
@@ -353,7 +353,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
         _report(args, f"error: -o {e}")
         return 1
     ome = args.ome and "no_ome_translation" not in own
-    view = View(storage, read_only=read_only, writeback=writeback, ome=ome,
+    view = View(storage, read_only=read_only, writeback=writeback, ome=ome, c_order="c_order" in own,
                 reads=make_reads(storage, cache=ranges, chunk_cache=cache))
     ops = Operations(view, timeouts, writeback, spill_dir=state.spill_dir(source.name, source.endpoint))
     if writeback is not None:

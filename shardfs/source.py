@@ -2,7 +2,8 @@
 
 ``Source.parse(src, own)`` sorts the ``-o`` options that belong to one kind of source
 (``follow_symlinks`` for a directory; ``endpoint``, ``region``, ``anonymous``,
-``cache_size``, ``cache_dir``, ``timeout`` for a URL) and refuses the ones given to the other kind
+``cache_size``, ``cache_dir``, ``timeout`` for a URL; of these, a plain web server,
+``http(s)://``, takes the last three) and refuses the ones given to the other kind
 (``ValueError``, one line). A URL is normalized (scheme in lower case, no empty path
 segments, no trailing "/"), and its endpoint is the one in effect: ``-o endpoint`` or,
 for ``s3://``, ``AWS_ENDPOINT_URL``. ``(name, endpoint)`` identifies the source: the state
@@ -23,6 +24,8 @@ from typing import Any, Iterator, Mapping
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://([^/]*)(.*)$")
 LOCAL_ONLY = ("follow_symlinks",)
 URL_ONLY = ("endpoint", "region", "anonymous", "cache_size", "cache_dir", "timeout")
+OBJECT_STORE_ONLY = ("endpoint", "region", "anonymous")  # not for a web server (http(s)://)
+WEB_SCHEMES = ("http", "https")
 # Seconds one object-store request may take, connecting and the whole answer included (``-o
 # timeout``): obstore's own default, under which a whole shard (up to 64 MiB, one GET or one PUT)
 # still passes at about 2.2 MB/s. s3fs waits 120 s for a stalled transfer, mountpoint-s3 has no
@@ -43,6 +46,11 @@ def normalize_url(url: str) -> str:
     scheme, host, path = m.groups()
     parts = [p for p in path.split("/") if p]
     return f"{scheme.lower()}://{host}" + "".join("/" + p for p in parts)
+
+
+def is_web(url: str) -> bool:
+    """True if ``url`` names a plain web server (``http://``, ``https://``)."""
+    return url.split("://", 1)[0].lower() in WEB_SCHEMES
 
 
 def env_endpoint(url: str, environ: Mapping[str, str] = os.environ) -> str | None:
@@ -78,11 +86,19 @@ class Source:
         if not url:
             return cls(os.path.abspath(src), False, follow_symlinks="follow_symlinks" in own)
         name = normalize_url(src)
+        web = [n for n in OBJECT_STORE_ONLY if n in own] if is_web(name) else []
+        if web:
+            raise ValueError(f"-o {web[0]}: applies to an object store (s3://...), not to a web server")
         if "region" in own and not name.startswith(("s3://", "s3a://")):
             raise ValueError("-o region: applies to s3:// URLs only")
         endpoint = own.get("endpoint") or env_endpoint(name, environ)
         return cls(name, True, endpoint=endpoint, region=own.get("region") or None,
                    anonymous="anonymous" in own, timeout=float(own.get("timeout", DEFAULT_TIMEOUT)))
+
+    @property
+    def web(self) -> bool:
+        """True for a plain web server (``http(s)://``): read-only, no listing."""
+        return self.url and is_web(self.name)
 
     @contextlib.contextmanager
     def opened(self, version_ttl: float = 1.0, list_ttl: float = 0.0) -> Iterator[Any]:
@@ -99,8 +115,14 @@ class Source:
             return
         from shardfs.storage.objects import ObjectStorage, Retry
 
-        storage = ObjectStorage(self.name, endpoint=self.endpoint, region=self.region, anonymous=self.anonymous,
-                                retry=Retry.for_timeout(self.timeout), stat_ttl=version_ttl, list_ttl=list_ttl)
+        retry = Retry.for_timeout(self.timeout)
+        if self.web:
+            from shardfs.storage.web import WebStorage
+
+            storage: Any = WebStorage(self.name, retry=retry, stat_ttl=version_ttl, list_ttl=list_ttl)
+        else:
+            storage = ObjectStorage(self.name, endpoint=self.endpoint, region=self.region, anonymous=self.anonymous,
+                                    retry=retry, stat_ttl=version_ttl, list_ttl=list_ttl)
         try:
             yield storage
         finally:

@@ -251,8 +251,9 @@ class ObjectStorage:
         options: dict[str, Any] = {}
         if rng is not None:
             options["range"] = {"suffix": -rng.offset} if rng.offset < 0 else (rng.offset, rng.offset + rng.nbytes)
-        if etag is not None:
+        if etag:  # a web server may send no ETag (""): nothing to match
             options["if_match"] = etag
+
         try:
             with self.stats.request("GET", _ANSWERS) as counted:
                 result = await obstore.get_async(self._store, key, options=options)
