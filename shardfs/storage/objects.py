@@ -75,6 +75,7 @@ from obstore.exceptions import (AlreadyExistsError, NotFoundError, PermissionDen
 
 from shardfs.source import DEFAULT_TIMEOUT, env_endpoint
 from shardfs.storage import ABSENT, UNKNOWN, Entry, Range, Version, VersionMismatch, _Absent, _Unknown
+from shardfs.storage.access import Access
 from shardfs.storage.listings import Listings
 from shardfs.storage.versions import Remembered
 from shardfs.storage.loop import LoopThread
@@ -151,7 +152,7 @@ class ObjectStorage:
 
     def __init__(self, url: str, *, endpoint: str | None = None, region: str | None = None,
                  anonymous: bool = False, retry: Retry = Retry(), loop: LoopThread | None = None,
-                 stat_ttl: float = 1.0, list_ttl: float = 0.0):
+                 stat_ttl: float = 1.0, list_ttl: float = 0.0, access: Access = Access()):
         parts = urlsplit(url)
         scheme = _SCHEMES.get(parts.scheme)
         if scheme is None or not parts.netloc:
@@ -166,12 +167,13 @@ class ObjectStorage:
             region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
             if region:
                 config["region"] = region
+            config.update(access.s3_config())
         if endpoint:
             config[_ENDPOINT_KEY[scheme]] = endpoint
         if anonymous:
             config["skip_signature"] = True
-        self._url, self._config = url, config
-        self._client = {"allow_http": bool(endpoint and endpoint.startswith("http://"))}
+        self._url, self._config, self._access = url, config, access
+        self._client = {"allow_http": bool(endpoint and endpoint.startswith("http://")), **access.client_options()}
         self._retry = retry
         self._store = self._build(retry)
         self._own_loop = loop is None
@@ -185,7 +187,9 @@ class ObjectStorage:
         retry_config = {"max_retries": retry.max_retries, "retry_timeout": timedelta(seconds=retry.retry_timeout),
                         "backoff": {"init_backoff": timedelta(seconds=retry.init_backoff),
                                     "max_backoff": timedelta(seconds=retry.max_backoff), "base": 2}}
-        return from_url(self._url, config=self._config or None, client_options=client, retry_config=retry_config)
+        provider = None if "skip_signature" in self._config else self._access.credentials
+        return from_url(self._url, config=self._config or None, client_options=client, retry_config=retry_config,
+                        credential_provider=provider)
 
     def close(self) -> None:
         """Stop the loop thread if this storage started it."""
@@ -476,7 +480,7 @@ class ObjectStorage:
         except Exception as e:
             status = _status(e)
             if isinstance(e, (PermissionDeniedError, UnauthenticatedError)) or status in (401, 403):
-                why = "access denied (check the credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
+                why = f"access denied (check the credentials: {self._access.hint})"
             elif status == 404:
                 why = "no such bucket"
             elif status is None:
