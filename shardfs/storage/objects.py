@@ -91,6 +91,7 @@ _ENDPOINT_KEY = {"s3": "endpoint", "gs": "base_url", "az": "endpoint"}
 STATFS_BYTES = 1 << 60  # the size statvfs reports (see ``ObjectStorage.statvfs``)
 STATFS_BLOCK = 1 << 20
 _STATUS = re.compile(r"status code: (\d{3})")
+_TLS = re.compile(r"InvalidCertificate\(\s*([A-Za-z]+)")  # rustls's verdict, in obstore's debug text
 _MISSING = (NotFoundError, FileNotFoundError)  # obstore raises either for a 404
 _ANSWERS = (*_MISSING, PreconditionError, AlreadyExistsError)  # errors that answer a request (not failures)
 Buffer = bytes | obstore.Bytes  # a GET's body: a copy, or obstore's own read-only buffer (``copy=False``)
@@ -513,6 +514,9 @@ class ObjectStorage:
                 why = f"access denied (check the credentials: {self._access.hint})"
             elif status == 404:
                 why = "no such bucket"
+            elif status is None and (tls := _TLS.search(str(e))):
+                why = (f"TLS certificate verification failed ({tls.group(1)}): trust the server's CA with "
+                       "-o ca_bundle=FILE or AWS_CA_BUNDLE")
             elif status is None:
                 why = f"endpoint unreachable ({_first_line(e)})"
             else:
