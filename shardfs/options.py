@@ -55,6 +55,8 @@ OWN = (
     Option("stats_interval", "S", "log a one-line summary of the counters every S seconds (default off; "
                                   "shardfs status shows them)"),
     Option("no_ome_translation", None, "show OME-Zarr 0.5 attributes as stored (as --no-ome-translation)"),
+    Option("c_order", None, "serve arrays stored transposed (shown as \"order\": \"F\") as C-order chunks, "
+                            "transcoded: for netCDF-C, NCO and CDO, which ignore \"order\""),
 )
 _FLAG = "kernel mount flags, passed to libfuse"
 FUSE = (

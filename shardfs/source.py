@@ -1,9 +1,10 @@
 """What a ``SRC`` argument names: a local directory or an object-store URL, and its options.
 
 ``Source.parse(src, own)`` sorts the ``-o`` options that belong to one kind of source
-(``follow_symlinks`` for a directory; ``URL_ONLY`` for a URL, ``S3_ONLY`` for ``s3://`` alone)
-and refuses the ones given to the other kind (``ValueError``, one line). A URL is normalized
-(scheme in lower case, no empty path segments, no trailing "/").
+(``follow_symlinks`` for a directory; ``URL_ONLY`` for a URL, of which a plain web server,
+``http(s)://``, refuses ``OBJECT_STORE_ONLY``; ``S3_ONLY`` for ``s3://`` alone) and refuses the
+ones given to the other kind (``ValueError``, one line). A URL is normalized (scheme in lower
+case, no empty path segments, no trailing "/").
 
 For ``s3://`` the AWS configuration is read as the AWS CLI reads it (``shardfs.storage.aws``:
 the profile's endpoint, region, addressing style and CA bundle, and the ``AWS_*`` variables);
@@ -34,7 +35,9 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://([^/]*)(.*)$")
 LOCAL_ONLY = ("follow_symlinks",)
 URL_ONLY = ("endpoint", "region", "anonymous", "cache_size", "cache_dir", "timeout", "profile", "ca_bundle", "insecure",
             "requester_pays", "addressing")
+OBJECT_STORE_ONLY = ("endpoint", "region", "anonymous")  # not for a web server (http(s)://)
 S3_ONLY = ("region", "profile", "requester_pays", "addressing")
+WEB_SCHEMES = ("http", "https")
 # Seconds one object-store request may take, connecting and the whole answer included (``-o
 # timeout``): obstore's own default, under which a whole shard (up to 64 MiB, one GET or one PUT)
 # still passes at about 2.2 MB/s. s3fs waits 120 s for a stalled transfer, mountpoint-s3 has no
@@ -55,6 +58,11 @@ def normalize_url(url: str) -> str:
     scheme, host, path = m.groups()
     parts = [p for p in path.split("/") if p]
     return f"{scheme.lower()}://{host}" + "".join("/" + p for p in parts)
+
+
+def is_web(url: str) -> bool:
+    """True if ``url`` names a plain web server (``http://``, ``https://``)."""
+    return url.split("://", 1)[0].lower() in WEB_SCHEMES
 
 
 def env_endpoint(url: str, environ: Mapping[str, str] = os.environ) -> str | None:
@@ -95,6 +103,9 @@ class Source:
         if not url:
             return cls(os.path.abspath(src), False, follow_symlinks="follow_symlinks" in own)
         name = normalize_url(src)
+        web = [n for n in OBJECT_STORE_ONLY if n in own] if is_web(name) else []
+        if web:
+            raise ValueError(f"-o {web[0]}: applies to an object store (s3://...), not to a web server")
         s3 = name.startswith(("s3://", "s3a://"))
         wrong = [n for n in S3_ONLY if n in own and not s3]
         if wrong:
@@ -142,6 +153,11 @@ class Source:
                         "read and change the data", self.name)
         return Access(credentials, ca_pem, self.insecure, self.requester_pays, self.addressing, hint)
 
+    @property
+    def web(self) -> bool:
+        """True for a plain web server (``http(s)://``): read-only, no listing."""
+        return self.url and is_web(self.name)
+
     @contextlib.contextmanager
     def opened(self, version_ttl: float = 1.0, list_ttl: float = 0.0) -> Iterator[Any]:
         """The ``Storage`` of this source, open for the ``with`` block (an object store's
@@ -157,9 +173,15 @@ class Source:
             return
         from shardfs.storage.objects import ObjectStorage, Retry
 
-        storage = ObjectStorage(self.name, endpoint=self.endpoint, region=self.region, anonymous=self.anonymous,
-                                retry=Retry.for_timeout(self.timeout), stat_ttl=version_ttl, list_ttl=list_ttl,
-                                access=self.access())
+        retry = Retry.for_timeout(self.timeout)
+        if self.web:
+            from shardfs.storage.web import WebStorage
+
+            storage: Any = WebStorage(self.name, retry=retry, stat_ttl=version_ttl, list_ttl=list_ttl,
+                                      access=self.access())
+        else:
+            storage = ObjectStorage(self.name, endpoint=self.endpoint, region=self.region, anonymous=self.anonymous,
+                                    retry=retry, stat_ttl=version_ttl, list_ttl=list_ttl, access=self.access())
         try:
             yield storage
         finally:

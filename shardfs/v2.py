@@ -228,14 +228,16 @@ class ArrayInfo:
         return self.chunk.constant_file(self.fill)
 
 
-def describe_array(doc: dict[str, Any], ome: bool = True, image: bool = False) -> ArrayInfo:
+def describe_array(doc: dict[str, Any], ome: bool = True, image: bool = False, c_order: bool = False) -> ArrayInfo:
     """Present a parsed v3 array ``zarr.json`` as a v2 array; raises ``Unpresentable``.
 
     Handles the ``sharding_indexed`` codec (nested too: the view shows the
     innermost chunks) and the draft sharding storage transformer. ``ome``:
     translate OME-Zarr 0.5 attributes to 0.4; ``image``: the array is a level
     of an OME-Zarr image or label (its group has ``multiscales``), so its v2
-    keys use "/" (``KeyScheme.view_separator``).
+    keys use "/" (``KeyScheme.view_separator``); ``c_order`` (``-o c_order``): inner chunks
+    stored transposed, which v2 spells ``"order": "F"``, are transcoded to C order instead,
+    for readers that ignore ``order`` (netCDF-C).
     """
     shape_doc = doc.get("shape")
     draft = draft_index(doc.get("storage_transformers"), len(shape_doc) if isinstance(shape_doc, list) else 0)
@@ -264,7 +266,7 @@ def describe_array(doc: dict[str, Any], ome: bool = True, image: bool = False) -
     else:
         layout = ArrayLayout(shape, outer_chunks, outer_chunks, None, keys)
         inner = codecs
-    chunk = _presented(before, inner, meta, layout, vlen)
+    chunk = _presented(before, inner, meta, layout, vlen, c_order)
     attrs = ome_04(dict(meta.attributes)) if ome else dict(meta.attributes)
     names = meta.dimension_names if meta.dimension_names is not None or shape else ()  # xarray: 0-D has dims ()
     if names is not None and all(isinstance(n, str) for n in names):
@@ -361,14 +363,16 @@ def _sharded_layout(sharding: ShardingCodec, order: tuple[int, ...] | None, shap
 
 
 def _presented(before: tuple[Any, ...], inner: tuple[Any, ...], meta: ArrayV3Metadata,
-               layout: ArrayLayout, vlen: str | None) -> ChunkFormat:
+               layout: ArrayLayout, vlen: str | None, c_order: bool = False) -> ChunkFormat:
     """How an inner chunk coded by ``before`` (array→array codecs before the sharding codec)
-    and then ``inner`` is shown: with its v2 spelling if it has one, else transcoded.
+    and then ``inner`` is shown: with its v2 spelling if it has one (unless that spelling is
+    ``"order": "F"`` and ``c_order`` is set), else transcoded.
 
     With codecs ``before`` it is always transcoded, and ``Unpresentable`` unless
     an empty inner chunk decodes to the fill value (``Filters.check_empty_chunk``).
     A variable-length type (object codec ``vlen``) is never transcoded: its chunks
-    have no raw form, so a chain without a v2 spelling is ``Unpresentable``.
+    have no raw form, so a chain without a v2 spelling is ``Unpresentable`` (and an F-order
+    one stays F order under ``c_order``).
     """
     spec = _chunk_spec(meta, layout.chunk_shape)
     if vlen is not None:
@@ -384,10 +388,13 @@ def _presented(before: tuple[Any, ...], inner: tuple[Any, ...], meta: ArrayV3Met
         return _transcoded(inner, spec, filters)
     dtype = np.dtype(meta.data_type.to_native_dtype())
     try:
-        return _chunk_format(inner, dtype, layout.ndim, math.prod(layout.chunk_shape) * dtype.itemsize)
+        chunk = _chunk_format(inner, dtype, layout.ndim, math.prod(layout.chunk_shape) * dtype.itemsize)
     except Unpresentable as e:
         log.info("array: transcoding inner chunks (%s)", e)
         return _transcoded(inner, spec)
+    if c_order and chunk.order == "F":
+        return _transcoded(inner, spec)
+    return chunk
 
 
 def _index_format(sharding: ShardingCodec, shard_shape: tuple[int, ...]) -> IndexFormat:

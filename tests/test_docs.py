@@ -68,6 +68,8 @@ MESSAGE_SOURCES = [
     ("storage/aws.py", {"AwsConfigError"}, set()),
     ("storage/awscredentials.py", {"AwsConfigError"}, {"_why", "_nothing_found"}),
     ("status_client.py", {"StatusError"}, set()),
+    ("gridmap.py", {"ValueError"}, set()),
+    ("survey.py", {"ValueError"}, set()),
 ]
 
 

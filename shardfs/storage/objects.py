@@ -138,6 +138,15 @@ def _status(e: BaseException) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def tls_failure(e: BaseException) -> str | None:
+    """The one-line reason if ``e`` is a failed verification of the server's TLS certificate."""
+    verdict = _TLS.search(str(e))
+    if verdict is None:
+        return None
+    return (f"TLS certificate verification failed ({verdict.group(1)}): trust the server's CA with "
+            "-o ca_bundle=FILE or AWS_CA_BUNDLE")
+
+
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
@@ -256,8 +265,9 @@ class ObjectStorage:
         options: dict[str, Any] = {}
         if rng is not None:
             options["range"] = {"suffix": -rng.offset} if rng.offset < 0 else (rng.offset, rng.offset + rng.nbytes)
-        if etag is not None:
+        if etag:  # a web server may send no ETag (""): nothing to match
             options["if_match"] = etag
+
         try:
             with self.stats.request("GET", _ANSWERS) as counted:
                 result = await obstore.get_async(self._store, key, options=options)
@@ -514,9 +524,8 @@ class ObjectStorage:
                 why = f"access denied (check the credentials: {self._access.hint})"
             elif status == 404:
                 why = "no such bucket"
-            elif status is None and (tls := _TLS.search(str(e))):
-                why = (f"TLS certificate verification failed ({tls.group(1)}): trust the server's CA with "
-                       "-o ca_bundle=FILE or AWS_CA_BUNDLE")
+            elif status is None and (tls := tls_failure(e)):
+                why = tls
             elif status is None:
                 why = f"endpoint unreachable ({_first_line(e)})"
             else:
