@@ -116,6 +116,10 @@ class Storage(Protocol):
     def list(self, prefix: str) -> Iterator[list[Entry]]:
         """The entries directly below ``prefix``, page by page (bounded memory); none if missing."""
 
+    def keys_below(self, prefix: str, most: int) -> list[str] | None:
+        """Every key below ``prefix`` at any depth, relative to it, in key order; None if there
+        are more than ``most`` (what is listed stops there)."""
+
     def is_dir(self, key: str) -> bool:
         """True if ``key`` is a directory (locally) or a prefix holding objects: it may be listed."""
 
