@@ -65,6 +65,8 @@ MESSAGE_SOURCES = [
     ("report.py", {"ValueError"}, set()),
     ("journal.py", set(), {"kept_line"}),
     ("storage/objects.py", {"ValueError", "StorageUnavailable"}, {"check"}),
+    ("storage/aws.py", {"AwsConfigError"}, set()),
+    ("storage/awscredentials.py", {"AwsConfigError"}, {"_why", "_nothing_found"}),
     ("status_client.py", {"StatusError"}, set()),
     ("gridmap.py", {"ValueError"}, set()),
     ("survey.py", {"ValueError"}, set()),

@@ -39,7 +39,8 @@ from obstore.store import HTTPStore
 from shardfs.storage import Entry, Version, _Absent
 from shardfs.storage.listings import Listings
 from shardfs.storage.loop import LoopThread
-from shardfs.storage.objects import ObjectStorage, Retry, StorageUnavailable, _first_line, _status, _version
+from shardfs.storage.access import Access
+from shardfs.storage.objects import ObjectStorage, Retry, StorageUnavailable, _first_line, _status, _version, tls_failure
 from shardfs.storage.versions import Remembered
 from shardfs.stats import StoreStats
 
@@ -52,11 +53,12 @@ class WebStorage(ObjectStorage):
     """``Storage`` over ``http(s)://host/path`` (thread-safe; read-only)."""
 
     def __init__(self, url: str, *, retry: Retry = Retry(), loop: LoopThread | None = None,
-                 stat_ttl: float = 1.0, list_ttl: float = 0.0):
+                 stat_ttl: float = 1.0, list_ttl: float = 0.0, access: Access = Access()):
         self.url = url.rstrip("/")
         self.scheme = "http"
         self._url, self._config = self.url, {}
-        self._client = {"allow_http": self.url.startswith("http://")}
+        self._access = access  # TLS trust only: a web server takes no credentials
+        self._client = {"allow_http": self.url.startswith("http://"), **access.client_options()}
         self._retry = retry
         self._store = self._build(retry)
         self._own_loop = loop is None
@@ -166,7 +168,7 @@ class WebStorage(ObjectStorage):
             version = None
         except Exception as e:  # obstore raises many types
             status = _status(e)
-            why = f"HTTP {status}" if status else f"server unreachable ({_first_line(e)})"
+            why = f"HTTP {status}" if status else tls_failure(e) or f"server unreachable ({_first_line(e)})"
             raise StorageUnavailable(f"{self.url}: {why}") from None
         if version is not None and not version.tag and not version.mtime_ns:
             log.warning("%s: the server sends neither ETag nor Last-Modified: the source is treated as "
