@@ -180,6 +180,7 @@ class Journal:
         seg = self._current
         if seg is None or seg.size >= self.segment_bytes:
             seg = self._start_segment()
+        assert seg.fd is not None  # the current segment is open
         try:
             _write_all(seg.fd, seg.path, record)
         except OSError:

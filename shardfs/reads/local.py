@@ -78,10 +78,10 @@ class LocalReads(Reads):
         size = max(0, min(size, handle.nbytes - offset))
         if size == 0:
             return b""
-        data = self._reader.pread(handle.fd, size, handle.offset + offset)
-        if data is None:
-            data = await blocking(os.pread, handle.fd, size, handle.offset + offset)
-        return data
+        cached = self._reader.pread(handle.fd, size, handle.offset + offset)
+        if cached is not None:
+            return cached
+        return await blocking(os.pread, handle.fd, size, handle.offset + offset)
 
     def release(self, handle: ReadHandle) -> None:
         if handle.fd >= 0:

@@ -27,6 +27,7 @@ Hostile sources (contracts):
 
 from __future__ import annotations
 
+import builtins
 import ctypes
 import errno
 import fcntl
@@ -136,7 +137,7 @@ class LocalStorage:
         file or lies beyond a symlink out of the source."""
         found = self._versions.get(key)
         if found is not UNKNOWN:
-            return found  # type: ignore[return-value]
+            return found  # type: ignore[return-value]  # not UNKNOWN (checked)
         token = self._versions.token()
         try:
             found = self._stat(key, strict=False)
@@ -238,7 +239,7 @@ class LocalStorage:
     def list(self, prefix: str) -> Iterator[list[Entry]]:
         return self._listings.list(prefix, self._list)
 
-    def _list(self, prefix: str) -> Iterator[list[Entry]]:
+    def _list(self, prefix: str) -> Iterator[builtins.list[Entry]]:
         try:
             fd = self._open(prefix, os.O_RDONLY | os.O_DIRECTORY, strict=False)
         except (FileNotFoundError, NotADirectoryError):
