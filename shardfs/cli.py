@@ -1,4 +1,4 @@
-"""Command line: ``shardfs mount | umount | inspect``; daemonizing, signals, logging.
+"""Command line: ``shardfs mount | umount | inspect | status``; daemonizing, signals, logging.
 
 ``shardfs mount SRC MNT`` checks SRC and the ``-o`` options, starts the daemon
 (this same program with ``-f`` in a new session) and returns once the daemon
@@ -29,7 +29,7 @@ from shardfs.mounts import daemon_pid, fsname
 from shardfs.source import Source, is_url
 
 log = logging.getLogger("shardfs")
-COMMANDS = ("mount", "umount", "inspect")
+COMMANDS = ("mount", "umount", "inspect", "status")
 BARE_FORM = ("`shardfs SRC MNT [-o OPT,...]` is `shardfs mount SRC MNT ...` "
              "(the form mount -t fuse.shardfs and /etc/fstab use).")
 UMOUNT_TIMEOUT = 60.0
@@ -72,7 +72,7 @@ def _main(argv: list[str]) -> int:
         return 0
     if args.command is None:
         parser.print_usage(sys.stderr)
-        print("shardfs: error: a command is required (mount, umount, inspect)", file=sys.stderr)
+        print("shardfs: error: a command is required (mount, umount, inspect, status)", file=sys.stderr)
         return 2
     try:
         return args.run(args)
@@ -110,6 +110,11 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("path", metavar="PATH", help="a shard file, a shard directory in a mount, or an array")
     i.add_argument("--json", action="store_true", help="print JSON for scripts")
     i.set_defaults(run=_cmd_inspect)
+    s = sub.add_parser("status", help="what a mount is doing: requests, store, caches, pending writes, folds")
+    s.add_argument("mnt", metavar="MNT", nargs="?", help="a mountpoint (default: every shardfs mount of this user)")
+    s.add_argument("--json", action="store_true", help="print JSON (an object with MNT, else a list of them)")
+    s.add_argument("--watch", type=float, metavar="S", help="show it again every S seconds until interrupted")
+    s.set_defaults(run=_cmd_status)
     u = sub.add_parser("umount", help="flush pending writes and unmount MNT")
     u.add_argument("mnt", metavar="MNT")
     u.add_argument("--timeout", type=float, default=UMOUNT_TIMEOUT, metavar="S",
@@ -329,6 +334,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     from shardfs.chunkcache import DEFAULT_BYTES, ChunkCache, parse_size
     from shardfs.fuse_ops import Operations
     from shardfs.reads import make_reads
+    from shardfs.status import Status
     from shardfs.view import View, v2
 
     own = opts.own
@@ -365,9 +371,13 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     if libfuse:
         log.warning("libfuse: %s", libfuse)
     log.info("mounted %s on %s%s", source.name, mnt, " (read-only)" if read_only else "")
+    shown = {**own, **{o.partition("=")[0]: o.partition("=")[2] for o in opts.fuse}}
+    status = Status(ops, mnt, source.name, read_only, shown,
+                    state.status_socket(source.name, source.endpoint, os.getpid()),
+                    float(own["stats_interval"]) if "stats_interval" in own else None)
     _report(args, "ok")
     try:
-        trio.run(_serve, ops, writeback)
+        trio.run(_serve, ops, writeback, status)
     finally:
         pyfuse3.close(unmount=True)
         log.info("unmounted %s", mnt)
@@ -407,8 +417,9 @@ def _stderr_captured() -> Iterator[list[str]]:
             said += [line.strip() for line in tmp.read().decode(errors="replace").splitlines() if line.strip()]
 
 
-async def _serve(ops: Any, writeback: Any) -> None:
-    """Run the FUSE loop; on SIGINT/SIGTERM fold pending writes into the shards and end it.
+async def _serve(ops: Any, writeback: Any, status: Any) -> None:
+    """Run the FUSE loop and answer ``shardfs status`` (``status``); on SIGINT/SIGTERM fold
+    pending writes into the shards and end it.
 
     Pending writes are also folded when the loop ends otherwise (``fusermount3 -u``).
     Changes that cannot be folded stay in the journal (``Writeback.flush`` says why).
@@ -433,6 +444,7 @@ async def _serve(ops: Any, writeback: Any) -> None:
                     return
 
         nursery.start_soon(on_signal)
+        nursery.start_soon(status.run)
         if writeback is not None:
             nursery.start_soon(writeback.run)
         await fuseloop.main()  # pyfuse3.main() with a cheaper read lock
@@ -482,6 +494,40 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     print(json.dumps(report, indent=2) if args.json else format_text(report))
     return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    """Print the status of one mount or of every mount of this user, once or every ``--watch`` s."""
+    from shardfs.status_client import StatusError, all_statuses, format_text, status_of
+
+    if args.watch is not None and not args.watch > 0:
+        raise UsageError(f"--watch {args.watch:g}: not a positive number of seconds")
+    clear = _clear_screen() if args.watch and not args.json and sys.stdout.isatty() else ""
+    while True:
+        try:
+            docs: Any = status_of(args.mnt) if args.mnt else all_statuses()
+        except StatusError as e:
+            raise UsageError(str(e)) from None
+        if args.json:
+            print(json.dumps(docs, indent=2))
+        else:
+            shown = [docs] if args.mnt else docs
+            print(clear + ("\n\n".join(map(format_text, shown)) if shown else "no shardfs mounts of this user"))
+        if not args.watch:
+            return 0
+        sys.stdout.flush()
+        time.sleep(args.watch)
+
+
+def _clear_screen() -> str:
+    """The terminal's clear-screen sequence (terminfo), or "" if it has none."""
+    import curses
+
+    try:
+        curses.setupterm()
+        return (curses.tigetstr("clear") or b"").decode()
+    except curses.error:
+        return ""
 
 
 def _cmd_umount(args: argparse.Namespace) -> int:

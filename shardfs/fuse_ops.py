@@ -36,6 +36,7 @@ from shardfs.inodes import KernelInodes, Pages
 from shardfs.listing import DirStream
 from shardfs.attrs import Attr
 from shardfs.nodetable import CHUNK_BASE
+from shardfs.stats import RequestStats
 from shardfs.view import ReadHandle, View
 from shardfs.writeback import Writeback
 from shardfs.writes import WriteHandle, Writer
@@ -48,6 +49,7 @@ NAME_MAX = 255  # bytes in one name (ENAMETOOLONG beyond), as on every local Lin
 # read-only open then asks the kernel for no FLUSH request at its close(); stock pyfuse3 has not
 # (each close of a read-only open then costs one FLUSH request, answered as a no-op).
 NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
+GUARDED: list[str] = []  # the handlers ``_guard`` wraps: the operations ``RequestStats`` counts
 
 
 def _name(name: bytes) -> str:
@@ -58,20 +60,29 @@ def _name(name: bytes) -> str:
 
 
 def _guard(fn: F) -> F:
+    """A handler that counts itself (``Operations.stats``) and never raises anything but
+    ``FUSEError`` (see the module docstring)."""
+    op = fn.__name__
+
     @functools.wraps(fn)
     async def wrapper(self: "Operations", *args: Any) -> Any:
+        self.stats.requests[op] += 1
         try:
             return await fn(self, *args)
-        except pyfuse3.FUSEError:
+        except pyfuse3.FUSEError as e:
+            self.stats.error(e.errno, op)
             raise
         except OSError as e:
             if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR) and e.strerror:
-                log.debug("%s%r: %s", fn.__name__, args[:2], e.strerror)
+                log.debug("%s%r: %s", op, args[:2], e.strerror)
+            self.stats.error(e.errno or errno.EIO, op)
             raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
         except Exception:
-            log.exception("internal error in %s%r", fn.__name__, args[:2])
+            log.exception("internal error in %s%r", op, args[:2])
+            self.stats.error(errno.EIO, op)
             raise pyfuse3.FUSEError(errno.EIO) from None
 
+    GUARDED.append(op)
     return wrapper  # type: ignore[return-value]  # functools.wraps: fn's signature
 
 
@@ -103,6 +114,9 @@ class Operations(pyfuse3.Operations):
         self._kernel = KernelInodes()
         self._fill = True  # until the kernel says it cannot store pages (ENOSYS)
         self._uid, self._gid = os.getuid(), os.getgid()
+        self.stats = RequestStats()
+        for op in GUARDED:
+            self.stats.op(op)
 
     def _entry(self, attr: Attr, e: pyfuse3.EntryAttributes | None = None) -> pyfuse3.EntryAttributes:
         """``attr`` as pyfuse3 entry attributes (filled into ``e`` if given: readdir reuses one)."""
@@ -195,6 +209,8 @@ class Operations(pyfuse3.Operations):
             self._kernel.changed(inode)
             return pyfuse3.FileInfo(fh=self._handles.add(written), direct_io=False, keep_cache=False)
         handle = await self.view.open(inode)
+        if inode >= CHUNK_BASE:
+            self.stats.chunk_files += 1
         try:
             content = await self._content_to_fill(handle)
         except BaseException:
@@ -226,6 +242,7 @@ class Operations(pyfuse3.Operations):
         can be reading the file meanwhile (the kernel would hold its pages locked)."""
         try:
             pyfuse3.notify_store(ino, 0, content)  # type: ignore[arg-type]  # any buffer (stub: bytes); no copy
+            self.stats.read_bytes += len(content)
         except OSError as e:  # what was stored is still this version's: the pages are kept
             if e.errno == errno.ENOSYS:
                 self._fill = False
@@ -234,10 +251,14 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self._handles[fh]
+        data: bytes | bytearray | memoryview
         if isinstance(handle, WriteHandle):
-            return await self._writable().read(handle, off, size)
-        assert isinstance(handle, ReadHandle)  # the kernel sends READ with file handles only
-        return await self.view.read(handle, off, size)  # type: ignore[return-value]  # pyfuse3 replies any buffer
+            data = await self._writable().read(handle, off, size)
+        else:
+            assert isinstance(handle, ReadHandle)  # the kernel sends READ with file handles only
+            data = await self.view.read(handle, off, size)
+        self.stats.read_bytes += len(data)
+        return data  # type: ignore[return-value]  # pyfuse3 replies with any buffer
 
     @_guard
     async def release(self, fh: int) -> None:
@@ -255,6 +276,12 @@ class Operations(pyfuse3.Operations):
                      "f_namemax"):
             setattr(out, name, getattr(st, name))
         return out
+
+    def spilled_bytes(self) -> int:
+        """Bytes held in spill files by open files and staging files (``shardfs status``)."""
+        buffers = {id(b): b for b in (h.data() for h in self._handles.writes()) if b is not None}
+        buffers.update((id(st.data), st.data) for st in self.view.nodes.staged.values())
+        return sum(b.size for b in buffers.values() if b.spilled)
 
     def _writable(self) -> "Writer":
         if self.writer is None:
@@ -341,7 +368,7 @@ class Operations(pyfuse3.Operations):
                 await writer.truncate_closed(inode, attr.st_size)
             else:
                 await writer.truncate(handle, attr.st_size)
-        return await self.getattr(inode)
+        return await Operations.getattr.__wrapped__(self, inode)  # type: ignore[attr-defined]  # (one request)
 
     @_guard
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,

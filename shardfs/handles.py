@@ -44,6 +44,10 @@ class Handles:
         """Unregister ``fh`` (release); the handle, or None if there was none."""
         return self._open.pop(fh, None)
 
+    def writes(self) -> list[WriteHandle]:
+        """Every handle open for writing."""
+        return [h for h in self._open.values() if isinstance(h, WriteHandle)]
+
     def dirty_write(self, ino: int) -> WriteHandle | None:
         """A handle with uncommitted writes to ``ino``, if any (its size is what stat shows)."""
         return next((h for h in self._open.values() if isinstance(h, WriteHandle) and h.ino == ino and h.dirty),

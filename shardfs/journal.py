@@ -171,6 +171,7 @@ class Journal:
         self._new_dirs: list[str] = []  # directories with entries created since the last sync
         self._sync_lock = trio.Lock()
         self._recovered: list[str] = []  # segments read by ``recover``
+        self.bytes = 0  # bytes in this mount's segments on disk (``shardfs status``)
 
     # ----- appending ----------------------------------------------------------------------
 
@@ -189,6 +190,7 @@ class Journal:
             raise
         offset = seg.size
         seg.size += len(record)
+        self.bytes += len(record)
         seg.live += 1
         self._unsynced.add(seg.path)
         return Record(seg, offset)
@@ -222,6 +224,7 @@ class Journal:
             self._unsynced.discard(seg.path)
             try:
                 os.unlink(seg.path)
+                self.bytes -= seg.size
             except OSError as e:
                 log.error("%s: cannot delete a folded journal segment: %s", seg.path, e)
 
@@ -261,6 +264,7 @@ class Journal:
                 self._close(seg)
             return
         seg.size += len(marker)
+        self.bytes += len(marker)
 
     # ----- durability ---------------------------------------------------------------------
 

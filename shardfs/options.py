@@ -43,6 +43,8 @@ OWN = (
     Option("cache_dir", "DIR", "object store: keep fetched ranges here across mounts, keyed by ETag "
                                "(at most 5G, least recently used out first)"),
     Option("debug", None, "log every request (as --debug)"),
+    Option("stats_interval", "S", "log a one-line summary of the counters every S seconds (default off; "
+                                  "shardfs status shows them)"),
     Option("no_ome_translation", None, "show OME-Zarr 0.5 attributes as stored (as --no-ome-translation)"),
 )
 _FLAG = "kernel mount flags, passed to libfuse"
@@ -103,15 +105,16 @@ def parse(groups: list[str]) -> Parsed:
 
 
 def _check_values(own: dict[str, str]) -> None:
-    for name in ("entry_timeout", "attr_timeout", "timeout"):
+    for name in ("entry_timeout", "attr_timeout", "timeout", "stats_interval"):
         if name in own:
+            positive = name in ("timeout", "stats_interval")
             try:
                 seconds = float(own[name])
-                ok = seconds > 0 if name == "timeout" else seconds >= 0
+                ok = seconds > 0 if positive else seconds >= 0
             except ValueError:
                 ok = False
             if not ok or not math.isfinite(seconds):
-                raise ValueError(f"-o {name}={own[name]}: not a " + ("positive " if name == "timeout" else "")
+                raise ValueError(f"-o {name}={own[name]}: not a " + ("positive " if positive else "")
                                  + "number of seconds")
     endpoint = own.get("endpoint")
     if endpoint is not None and not endpoint.startswith(("http://", "https://")):

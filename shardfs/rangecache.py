@@ -119,6 +119,8 @@ class RangeCache:
     def __init__(self, max_bytes: int, disk_dir: str | None = None, disk_max_bytes: int | None = None) -> None:
         self.max_bytes = max_bytes
         self.used = 0  # bytes of the ranges in memory
+        self.hits = 0  # chunk reads served from here (counted by the reader: ``shardfs status``)
+        self.misses = 0
         self._lock = threading.Lock()
         self._objects: dict[str, _Ranges] = {}
         self._lru: OrderedDict[tuple[str, int], int] = OrderedDict()  # (where, start) -> length

@@ -96,6 +96,7 @@ def read_index_sync(source: Storage, key: str, fmt: ShardFormat) -> tuple[Versio
             return version, _table(source, key, fmt, version, start, head)
         except VersionMismatch:
             source.changed(key)
+            source.stats.retries += 1
             continue
     raise OSError(errno.EIO, f"changed during {INDEX_TRIES} reads of its index", source.describe(key))
 
@@ -236,6 +237,7 @@ def rewrite_sync(source: Storage, key: str, fmt: ShardFormat | None,
             return _rewrite_once(source, key, fmt, changes)
         except VersionMismatch:
             log.debug("%s: changed by another writer while folding; reading it again", source.describe(key))
+            source.stats.retries += 1
             time.sleep(random.uniform(0, 0.002 * (attempt + 1)))
     raise OSError(f"the shard changed under {RACES} rewrites in a row")
 

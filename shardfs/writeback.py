@@ -113,6 +113,8 @@ class Writeback:
         self._wake = trio.Event()
         self._flushing = False
         self._stranded: dict[str, tuple[int, str]] = {}  # replayed changes of arrays unreadable now
+        self.folds_done = 0  # shard rewrites that succeeded / failed (``shardfs status``)
+        self.folds_failed = 0
         self.journal = Journal(journal_dir)
 
     # ----- reading pending state ----------------------------------------------------------
@@ -186,6 +188,7 @@ class Writeback:
             # A record replaced before this fold must go too, or a replay would resurrect it.
             # One replaced during the rewrite is in ``superseded`` now: the next fold releases it.
             del dirty.superseded[: len(superseded)]
+            self.folds_done += 1
             for pos, p in snapshot.items():
                 if dirty.chunks.get(pos) is p:
                     dirty.drop(pos)
@@ -204,6 +207,7 @@ class Writeback:
             return True
 
     def _failed(self, dirty: _Dirty, reason: str) -> None:
+        self.folds_failed += 1
         dirty.failures += 1
         dirty.reason = reason
         delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (dirty.failures - 1))
@@ -217,6 +221,22 @@ class Writeback:
                   again, delay, kept_line(dirty.target.key, len(dirty.chunks), reason))
         dirty.logged_at, dirty.unlogged = now, 0
         self.note_kept()
+
+    def snapshot(self) -> dict[str, object]:
+        """What ``shardfs status`` shows of the pending changes and folds (see ``shardfs.status``)."""
+        now = time.monotonic()
+        arrays: dict[str, dict[str, int]] = {}
+        for (array, _), dirty in self._dirty.items():
+            per = arrays.setdefault(array, {"chunks": 0, "bytes": 0, "shards": 0})
+            per["chunks"] += len(dirty.chunks)
+            per["bytes"] += sum(len(p.data or b"") for p in dirty.chunks.values())
+            per["shards"] += 1
+        backing_off = [{"shard": self.source.describe(d.target.key), "reason": d.reason, "failures": d.failures,
+                        "chunks": len(d.chunks), "retry_in_s": round(max(0.0, d.retry_at - now), 1)}
+                       for d in self._dirty.values() if d.failures]
+        return {"pending": {"chunks": sum(a["chunks"] for a in arrays.values()), "bytes": self._bytes,
+                            "shards": len(self._dirty), "arrays": arrays, "journal_bytes": self.journal.bytes},
+                "folds": {"done": self.folds_done, "failed": self.folds_failed, "backing_off": backing_off}}
 
     def kept(self) -> dict[str, tuple[int, str]]:
         """Shards whose changes could not be folded: ``{key: (pending changes, reason)}``;

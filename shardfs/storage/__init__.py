@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 from typing import Iterable, Iterator, NamedTuple, Protocol, Sequence
 
+from shardfs.stats import StoreStats
+
 
 class Version(NamedTuple):
     """Identity of one state of a stored key (a NamedTuple: it is hashed and compared per open).
@@ -75,6 +77,8 @@ class Entry(NamedTuple):
 
 class Storage(Protocol):
     """A source of keys: a local directory or an object-store prefix."""
+
+    stats: StoreStats  # the requests it made (``shardfs status``)
 
     def describe(self, key: str) -> str:
         """A human-readable location of ``key`` for log lines (a path, or ``s3://bucket/key``)."""

@@ -41,10 +41,12 @@ from typing import Iterable, Iterator, Sequence
 from shardfs.storage import UNKNOWN, Entry, Range, Unusable, Version, VersionMismatch, _Absent
 from shardfs.storage.listings import Listings
 from shardfs.storage.versions import Remembered
+from shardfs.stats import StoreStats, counted
 
 LOCK_SUFFIX = ".__lock"  # tensorstore's file kvstore: the lock file of key K is K + ".__lock"
 LOCK_WAIT = 2.0  # seconds a write waits for another writer's lock before it fails
 LIST_PAGE = 1000  # entries per page of a listing (as an S3 page)
+_ANSWERS = (FileNotFoundError, NotADirectoryError, VersionMismatch)  # not failures (``StoreStats``)
 
 _SYS_OPENAT2 = 437  # the same number on every Linux architecture
 _RESOLVE_BENEATH = 0x08
@@ -80,6 +82,7 @@ class LocalStorage:
         self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._versions = Remembered(stat_ttl)
         self._listings = Listings(list_ttl)
+        self.stats = StoreStats()  # shard file reads and replaces (chunk reads: ``shardfs.reads.local``)
 
     # ----- names --------------------------------------------------------------------------
 
@@ -198,6 +201,7 @@ class LocalStorage:
             raise
         return fd, version
 
+    @counted("READ", _ANSWERS, bytes_in=lambda out: sum(map(len, out)))
     def read(self, key: str, ranges: Sequence[Range], if_version: Version | None = None) -> list[bytes]:
         fd, version = self.open(key)
         try:
@@ -211,6 +215,7 @@ class LocalStorage:
         finally:
             os.close(fd)
 
+    @counted("READ", _ANSWERS, bytes_in=lambda out: len(out[0]))
     def read_versioned(self, key: str, rng: Range) -> tuple[bytes, Version]:
         token = self._versions.token()
         try:
@@ -225,6 +230,7 @@ class LocalStorage:
         finally:
             os.close(fd)
 
+    @counted("READ", _ANSWERS, bytes_in=lambda out: len(out[0]))
     def read_all(self, key: str) -> tuple[bytes, Version]:
         """The whole content of ``key`` and its version; ``FileNotFoundError`` if missing."""
         fd, version = self.open(key)
@@ -268,6 +274,7 @@ class LocalStorage:
         except NotADirectoryError:
             raise Unusable(errno.EIO, "a file is where a directory should be", self.path(key)) from None
 
+    @counted("REPLACE", _ANSWERS, bytes_out=lambda version: version.size)
     def replace(self, key: str, data: Iterable[bytes | memoryview],
                 if_version: Version | _Absent | None = None) -> Version:
         parent, name = _split(key)
@@ -294,6 +301,7 @@ class LocalStorage:
             os.close(dfd)
         return Version(new.st_ino, new.st_size, new.st_mtime_ns)
 
+    @counted("DELETE", _ANSWERS)
     def delete(self, key: str, if_version: Version | _Absent | None = None) -> None:
         """Remove ``key``, then its emptied parent directories; durable in the directory that
         survives (the grandparent, when the parent went too)."""

@@ -64,6 +64,7 @@ import errno
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Iterable, Iterator, Sequence, TypeAlias
@@ -75,6 +76,7 @@ from obstore.exceptions import (AlreadyExistsError, NotFoundError, PermissionDen
                                 UnauthenticatedError)
 
 from shardfs.source import DEFAULT_TIMEOUT, env_endpoint
+from shardfs.stats import StoreStats
 from shardfs.storage import ABSENT, UNKNOWN, Entry, Range, Version, VersionMismatch, _Absent, _Unknown
 from shardfs.storage.listings import Listings
 from shardfs.storage.versions import Remembered
@@ -90,6 +92,7 @@ STATFS_BYTES = 1 << 60  # the size statvfs reports (see ``ObjectStorage.statvfs`
 STATFS_BLOCK = 1 << 20
 _STATUS = re.compile(r"status code: (\d{3})")
 _MISSING = (NotFoundError, FileNotFoundError)  # obstore raises either for a 404
+_ANSWERS = (*_MISSING, PreconditionError, AlreadyExistsError)  # errors that answer a request (not failures)
 Buffer: TypeAlias = bytes | obstore.Bytes  # a GET's body: a copy, or obstore's own read-only buffer (``copy=False``)
 
 
@@ -179,6 +182,7 @@ class ObjectStorage:
         self.loop = loop or LoopThread(name="objects")
         self._versions = Remembered(stat_ttl)
         self._listings = Listings(list_ttl)
+        self.stats = StoreStats()
 
     def _build(self, retry: Retry):
         client = {**self._client, "timeout": timedelta(seconds=retry.request_timeout),
@@ -235,7 +239,8 @@ class ObjectStorage:
         if not key or key.endswith("/"):
             return None
         try:
-            return _version(await obstore.head_async(self._store, key))
+            with self.stats.request("HEAD", _ANSWERS):
+                return _version(await obstore.head_async(self._store, key))
         except _MISSING:
             return None
         except Exception as e:
@@ -251,8 +256,10 @@ class ObjectStorage:
         if etag is not None:
             options["if_match"] = etag
         try:
-            result = await obstore.get_async(self._store, key, options=options)
-            body = await result.bytes_async()
+            with self.stats.request("GET", _ANSWERS) as counted:
+                result = await obstore.get_async(self._store, key, options=options)
+                body = await result.bytes_async()
+                counted.bytes_in = len(body)
             return bytes(body) if copy else body, _version(result.meta)
         except Exception as e:
             if rng is not None and _status(e) == 416:  # starts at or past the end
@@ -286,6 +293,7 @@ class ObjectStorage:
             except VersionMismatch:
                 if if_version is not None:
                     raise
+                self.stats.retries += 1
                 continue  # replaced between our GETs: read again
             for i, (data, _) in zip(todo, results):
                 fetched[i] = data
@@ -334,7 +342,9 @@ class ObjectStorage:
         else:
             mode = {"e_tag": if_version.tag}  # type: ignore[union-attr]  # a Version: None, ABSENT handled above
         try:
-            put = await obstore.put_async(self._store, key, body, mode=mode, use_multipart=False)
+            with self.stats.request("PUT", _ANSWERS):
+                put = await obstore.put_async(self._store, key, body, mode=mode, use_multipart=False)
+            self.stats.bytes_out += len(body)
         except Exception as e:
             if isinstance(e, _MISSING) and isinstance(if_version, Version):
                 # If-Match on a key that vanished: S3 answers 412 (obstore's PreconditionError),
@@ -360,7 +370,8 @@ class ObjectStorage:
             if now is None or now.tag != if_version.tag:  # type: ignore[union-attr]  # a Version: ABSENT handled above
                 raise VersionMismatch(self.describe(key))
         try:
-            await obstore.delete_async(self._store, key)
+            with self.stats.request("DELETE", _ANSWERS):
+                await obstore.delete_async(self._store, key)
         except _MISSING:
             pass
         except Exception as e:
@@ -412,7 +423,7 @@ class ObjectStorage:
             skip_to = None
             try:
                 token = self._versions.token()
-                for chunk in obstore.list(self._store, base or None, offset=offset, chunk_size=PAGE):
+                for chunk in self._pages(obstore.list(self._store, base or None, offset=offset, chunk_size=PAGE)):
                     for meta in chunk:
                         if offset is not None and meta["path"] <= offset:
                             continue  # a store that ignores the offset (Azurite 3.35) lists from the start
@@ -446,7 +457,7 @@ class ObjectStorage:
         head = len(base) + 1 if base else 0
         keys: list[str] = []
         try:
-            for chunk in obstore.list(self._store, base or None, chunk_size=PAGE):
+            for chunk in self._pages(obstore.list(self._store, base or None, chunk_size=PAGE)):
                 keys.extend(meta["path"][head:] for meta in chunk)
                 if len(keys) > most:
                     return None
@@ -462,9 +473,28 @@ class ObjectStorage:
             return known
         base = key.strip("/")
         try:
-            return any(chunk for chunk in obstore.list(self._store, base or None, chunk_size=1))
+            return any(chunk for chunk in self._pages(obstore.list(self._store, base or None, chunk_size=1)))
         except Exception as e:
             raise self._error(e, key) from None
+
+    def _pages(self, pages: Iterator[builtins.list[dict]]) -> Iterator[builtins.list[dict]]:
+        """The pages of an obstore listing, each counted as one ``LIST`` request (a listing
+        with no page made one too)."""
+        first = True
+        while True:
+            started = time.monotonic()
+            try:
+                page = next(pages, None)
+            except Exception as e:
+                self.stats.count("LIST", time.monotonic() - started)
+                self.stats.failures += not isinstance(e, _ANSWERS)
+                raise
+            if page is not None or first:
+                self.stats.count("LIST", time.monotonic() - started)
+            if page is None:
+                return
+            first = False
+            yield page
 
     # ------------------------------------------------------------------ mount-time check
 
