@@ -33,6 +33,7 @@ COMMANDS = ("mount", "umount", "inspect", "status")
 BARE_FORM = ("`shardfs SRC MNT [-o OPT,...]` is `shardfs mount SRC MNT ...` "
              "(the form mount -t fuse.shardfs and /etc/fstab use).")
 UMOUNT_TIMEOUT = 60.0
+PROGRESS_MIN = 100  # shard indexes to read before inspect shows a progress bar
 
 
 class UsageError(Exception):
@@ -109,6 +110,13 @@ def _parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="show the codecs, shapes and index of an array or shard")
     i.add_argument("path", metavar="PATH", help="a shard file, a shard directory in a mount, or an array")
     i.add_argument("--json", action="store_true", help="print JSON for scripts")
+    i.add_argument("--slice", metavar="I,J,...",
+                   help="the 2-D slice of the shard grid the map shows: ':' for the two dimensions shown, an "
+                        "array index for each other one (default: the last two dimensions, index 0 of the others)")
+    i.add_argument("--map", metavar="FILE.png", help="also draw a heat map of the chunks stored per shard "
+                                                     "(needs matplotlib: pip install 'shardfs[map]')")
+    i.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
+                   help="for an object-store URL: endpoint=, region=, anonymous, timeout= (as for mount)")
     i.set_defaults(run=_cmd_inspect)
     s = sub.add_parser("status", help="what a mount is doing: requests, store, caches, pending writes, folds")
     s.add_argument("mnt", metavar="MNT", nargs="?", help="a mountpoint (default: every shardfs mount of this user)")
@@ -275,7 +283,7 @@ def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source
     own = opts.own
     if opts.ignored:
         log.debug("ignored mount options: %s", ",".join(opts.ignored))
-    read_only = args.read_only or opts.read_only
+    read_only = args.read_only or opts.read_only or source.web  # a web server takes no writes
     timeouts = Timeouts(float(own.get("entry_timeout", Timeouts.entry)),
                         float(own.get("attr_timeout", Timeouts.attr)))
     with contextlib.ExitStack() as cleanup:
@@ -346,7 +354,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
         _report(args, f"error: -o {e}")
         return 1
     ome = args.ome and "no_ome_translation" not in own
-    view = View(storage, read_only=read_only, writeback=writeback, ome=ome,
+    view = View(storage, read_only=read_only, writeback=writeback, ome=ome, c_order="c_order" in own,
                 reads=make_reads(storage, cache=ranges, chunk_cache=cache))
     ops = Operations(view, timeouts, writeback, spill_dir=state.spill_dir(source.name, source.endpoint))
     if writeback is not None and ops.writer is not None:
@@ -372,7 +380,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
         log.warning("libfuse: %s", libfuse)
     log.info("mounted %s on %s%s", source.name, mnt, " (read-only)" if read_only else "")
     shown = {**own, **{o.partition("=")[0]: o.partition("=")[2] for o in opts.fuse}}
-    status = Status(ops, mnt, source.name, read_only, shown,
+    status = Status(ops, mnt, source.name, source.endpoint, read_only, shown,
                     state.status_socket(source.name, source.endpoint, os.getpid()),
                     float(own["stats_interval"]) if "stats_interval" in own else None)
     _report(args, "ok")
@@ -486,13 +494,39 @@ def _report(args: argparse.Namespace, line: str) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    """Print what ``shardfs.report.inspect`` finds; draw ``--map``. Reading many shard indexes
+    shows a progress bar on a terminal's stderr."""
+    from shardfs.gridmap import parse_slice, save_png
     from shardfs.report import format_text, inspect
 
+    bars: list[Any] = []
+
+    def progress(total: int) -> Any:
+        if total < PROGRESS_MIN or not sys.stderr.isatty():
+            return None
+        from tqdm import tqdm
+
+        bars.append(tqdm(total=total, unit="shard", desc="reading shard indexes", file=sys.stderr, leave=False))
+        return bars[-1].update
+
     try:
-        report = inspect(args.path)
+        report = inspect(args.path, options.parse(args.options).own, progress=progress)
+        where = parse_slice(args.slice, report["shape"], report["shard_shape"]) if "stored" in report else None
     except (OSError, ValueError) as e:
-        raise UsageError(str(e)) from None
-    print(json.dumps(report, indent=2) if args.json else format_text(report))
+        raise UsageError(str(e).splitlines()[0]) from None
+    finally:
+        for bar in bars:
+            bar.close()
+    if args.map:
+        if where is None:
+            raise UsageError(f"--map: {args.path} is not an array that can be shown (inspect says why)")
+        try:
+            save_png(report, where, args.map)
+        except ImportError:
+            raise UsageError("--map needs matplotlib: pip install 'shardfs[map]'") from None
+        except OSError as e:
+            raise UsageError(f"{args.map}: cannot write: {e.strerror}") from None
+    print(json.dumps(report, indent=2) if args.json else format_text(report, where))
     return 0
 
 

@@ -31,10 +31,13 @@ PROBLEM_WINDOW = 60.0  # errors of the last this many seconds are problems
 class Status:
     """What one mount shows to ``shardfs status``: the mount's identity and ``ops``' counters."""
 
-    def __init__(self, ops: Operations, mountpoint: str, source: str, read_only: bool, options: dict[str, str],
-                 socket_path: str | None, interval: float | None = None) -> None:
+    def __init__(self, ops: Operations, mountpoint: str, source: str, endpoint: str | None, read_only: bool,
+                 options: dict[str, str], socket_path: str | None, interval: float | None = None) -> None:
+        """``endpoint``: an object store's endpoint in effect (None: the service's default, or a
+        directory); ``shardfs inspect`` of a path in the mount reaches the store through it."""
         self.ops = ops
         self.mountpoint, self.source, self.read_only, self.options = mountpoint, source, read_only, options
+        self.endpoint = endpoint
         self.socket_path = socket_path
         self.interval = interval
         self.started = time.monotonic()
@@ -44,7 +47,7 @@ class Status:
         ops = self.ops
         view = ops.view
         doc: dict[str, Any] = {
-            "mountpoint": self.mountpoint, "source": self.source, "pid": os.getpid(),
+            "mountpoint": self.mountpoint, "source": self.source, "endpoint": self.endpoint, "pid": os.getpid(),
             "uptime_s": round(time.monotonic() - self.started, 1), "read_only": self.read_only,
             "options": dict(self.options)}
         doc.update(ops.stats.snapshot())

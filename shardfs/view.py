@@ -115,10 +115,12 @@ class View:
     are read through ``reads`` (default ``make_reads(source, chunk_cache=chunk_cache)``)."""
 
     def __init__(self, source: Storage, read_only: bool = True, writeback: Writeback | None = None,
-                 ome: bool = True, chunk_cache: ChunkCache | None = None, reads: Reads | None = None) -> None:
+                 ome: bool = True, chunk_cache: ChunkCache | None = None, reads: Reads | None = None,
+                 c_order: bool = False) -> None:
         self.source = source
         self.reads = reads if reads is not None else make_reads(source, chunk_cache=chunk_cache)
         self.ome = ome
+        self.c_order = c_order  # -o c_order (shardfs.v2.describe_array)
         self.read_only = read_only
         self.writeback = writeback
         self.mount_ns = time.time_ns()
@@ -213,7 +215,7 @@ class View:
                 return node
             parent = await self.node(path.rpartition("/")[0]) if path else None
             image = isinstance(parent, GroupNode) and parent.image
-            info = v2().describe_array(doc, self.ome, image)
+            info = v2().describe_array(doc, self.ome, image, self.c_order)
             if image and info.layout.keys.view_separator != "/":
                 log.warning("%s: OME-Zarr array with v2 \"/\" chunk keys: its v2 keys keep \".\" (the source's "
                             "directories of shards take the \"/\" names)", self.source.describe(key))

@@ -396,7 +396,7 @@ class Writer:
                 doc = group_doc(meta, attrs)
             else:
                 doc = array_doc(meta, attrs, self.shard_bytes)
-                shown = json.loads(v2().describe_array(doc, self.view.ome).zarray)
+                shown = json.loads(v2().describe_array(doc, self.view.ome, c_order=self.view.c_order).zarray)
                 rewrite_kind(meta, shown, (shown.get("fill_value"), doc.get("fill_value")))
         except (Refused, ValueError) as e:  # Unpresentable is a ValueError
             log.error("%s: cannot create: %s", where, e)

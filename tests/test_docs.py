@@ -66,6 +66,11 @@ MESSAGE_SOURCES = [
     ("status_client.py", {"StatusError"}, set()),
     ("journal.py", set(), {"kept_line"}),
     ("storage/objects.py", {"ValueError", "StorageUnavailable"}, {"check"}),
+    ("storage/aws.py", {"AwsConfigError"}, set()),
+    ("storage/awscredentials.py", {"AwsConfigError"}, {"_why", "_nothing_found"}),
+    ("status_client.py", {"StatusError"}, set()),
+    ("gridmap.py", {"ValueError"}, set()),
+    ("survey.py", {"ValueError"}, set()),
 ]
 
 

@@ -263,6 +263,19 @@ class LocalStorage:
         finally:
             os.close(fd)
 
+    def keys_below(self, prefix: str, most: int) -> builtins.list[str] | None:
+        """Every file below directory ``prefix`` at any depth, relative to it, in key order;
+        None if there are more than ``most`` (symlinks are not followed)."""
+        top = self.path(prefix)
+        keys: list[str] = []
+        for dirpath, dirs, files in os.walk(top):
+            dirs.sort()
+            rel = os.path.relpath(dirpath, top)
+            keys.extend(name if rel == "." else f"{rel}/{name}" for name in files)
+            if len(keys) > most:
+                return None
+        return sorted(keys)
+
     def statvfs(self) -> os.statvfs_result:
         return os.statvfs(self._root_fd)
 

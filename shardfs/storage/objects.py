@@ -78,6 +78,7 @@ from obstore.exceptions import (AlreadyExistsError, NotFoundError, PermissionDen
 from shardfs.source import DEFAULT_TIMEOUT, env_endpoint
 from shardfs.stats import StoreStats
 from shardfs.storage import ABSENT, UNKNOWN, Entry, Range, Version, VersionMismatch, _Absent, _Unknown
+from shardfs.storage.access import Access
 from shardfs.storage.listings import Listings
 from shardfs.storage.versions import Remembered
 from shardfs.storage.loop import LoopThread
@@ -91,6 +92,7 @@ _ENDPOINT_KEY = {"s3": "endpoint", "gs": "base_url", "az": "endpoint"}
 STATFS_BYTES = 1 << 60  # the size statvfs reports (see ``ObjectStorage.statvfs``)
 STATFS_BLOCK = 1 << 20
 _STATUS = re.compile(r"status code: (\d{3})")
+_TLS = re.compile(r"InvalidCertificate\(\s*([A-Za-z]+)")  # rustls's verdict, in obstore's debug text
 _MISSING = (NotFoundError, FileNotFoundError)  # obstore raises either for a 404
 _ANSWERS = (*_MISSING, PreconditionError, AlreadyExistsError)  # errors that answer a request (not failures)
 Buffer: TypeAlias = bytes | obstore.Bytes  # a GET's body: a copy, or obstore's own read-only buffer (``copy=False``)
@@ -137,6 +139,15 @@ def _status(e: BaseException) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def tls_failure(e: BaseException) -> str | None:
+    """The one-line reason if ``e`` is a failed verification of the server's TLS certificate."""
+    verdict = _TLS.search(str(e))
+    if verdict is None:
+        return None
+    return (f"TLS certificate verification failed ({verdict.group(1)}): trust the server's CA with "
+            "-o ca_bundle=FILE or AWS_CA_BUNDLE")
+
+
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
@@ -155,7 +166,7 @@ class ObjectStorage:
 
     def __init__(self, url: str, *, endpoint: str | None = None, region: str | None = None,
                  anonymous: bool = False, retry: Retry = Retry(), loop: LoopThread | None = None,
-                 stat_ttl: float = 1.0, list_ttl: float = 0.0):
+                 stat_ttl: float = 1.0, list_ttl: float = 0.0, access: Access = Access()):
         parts = urlsplit(url)
         scheme = _SCHEMES.get(parts.scheme)
         if scheme is None or not parts.netloc:
@@ -170,12 +181,13 @@ class ObjectStorage:
             region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
             if region:
                 config["region"] = region
+            config.update(access.s3_config())
         if endpoint:
             config[_ENDPOINT_KEY[scheme]] = endpoint
         if anonymous:
             config["skip_signature"] = True
-        self._url, self._config = url, config
-        self._client = {"allow_http": bool(endpoint and endpoint.startswith("http://"))}
+        self._url, self._config, self._access = url, config, access
+        self._client = {"allow_http": bool(endpoint and endpoint.startswith("http://")), **access.client_options()}
         self._retry = retry
         self._store = self._build(retry)
         self._own_loop = loop is None
@@ -190,7 +202,9 @@ class ObjectStorage:
         retry_config = {"max_retries": retry.max_retries, "retry_timeout": timedelta(seconds=retry.retry_timeout),
                         "backoff": {"init_backoff": timedelta(seconds=retry.init_backoff),
                                     "max_backoff": timedelta(seconds=retry.max_backoff), "base": 2}}
-        return from_url(self._url, config=self._config or None, client_options=client, retry_config=retry_config)
+        provider = None if "skip_signature" in self._config else self._access.credentials
+        return from_url(self._url, config=self._config or None, client_options=client, retry_config=retry_config,
+                        credential_provider=provider)
 
     def close(self) -> None:
         """Stop the loop thread if this storage started it."""
@@ -253,8 +267,9 @@ class ObjectStorage:
         options: dict[str, Any] = {}
         if rng is not None:
             options["range"] = {"suffix": -rng.offset} if rng.offset < 0 else (rng.offset, rng.offset + rng.nbytes)
-        if etag is not None:
+        if etag:  # a web server may send no ETag (""): nothing to match
             options["if_match"] = etag
+
         try:
             with self.stats.request("GET", _ANSWERS) as counted:
                 result = await obstore.get_async(self._store, key, options=options)
@@ -508,9 +523,11 @@ class ObjectStorage:
         except Exception as e:
             status = _status(e)
             if isinstance(e, (PermissionDeniedError, UnauthenticatedError)) or status in (401, 403):
-                why = "access denied (check the credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
+                why = f"access denied (check the credentials: {self._access.hint})"
             elif status == 404:
                 why = "no such bucket"
+            elif status is None and (tls := tls_failure(e)):
+                why = tls
             elif status is None:
                 why = f"endpoint unreachable ({_first_line(e)})"
             else:
