@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 from shardfs import __version__, options, state
 from shardfs.mounts import daemon_pid, fsname
+from shardfs.progress import FoldProgress
 from shardfs.source import Source, is_url
 
 log = logging.getLogger("shardfs")
@@ -565,9 +566,10 @@ def _clear_screen() -> str:
 
 
 def _cmd_umount(args: argparse.Namespace) -> int:
-    """SIGTERM the daemon (it folds pending writes, then unmounts); after ``--timeout`` seconds
-    SIGKILL it (the journal keeps every acknowledged change) and unmount lazily. Prints what
-    is left in the journal and why; status 1 if anything is."""
+    """SIGTERM the daemon (it folds pending writes, then unmounts), showing the folds' progress
+    when many chunks are pending (``FoldProgress``); after ``--timeout`` seconds SIGKILL it (the
+    journal keeps every acknowledged change) and unmount lazily. Prints what is left in the
+    journal and why; status 1 if anything is."""
     mnt = os.path.abspath(args.mnt)
     if not os.path.ismount(mnt):
         raise UsageError(f"{args.mnt}: not mounted")
@@ -578,10 +580,13 @@ def _cmd_umount(args: argparse.Namespace) -> int:
             raise UsageError(result.stderr.strip() or f"{args.mnt}: cannot unmount")
         return 0
     found = daemon_journal(pid)
+    sockets = state.status_sockets(pid)
+    progress = FoldProgress(args.mnt, sockets[0] if sockets else None)
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + args.timeout
     killed = False
     while _alive(pid) or os.path.ismount(mnt):
+        progress.poll()
         if time.monotonic() > deadline:
             print(f"shardfs: {args.mnt}: pending writes not folded within {args.timeout:g} s: "
                   f"stopping daemon {pid}", file=sys.stderr)
@@ -595,6 +600,7 @@ def _cmd_umount(args: argparse.Namespace) -> int:
             break
         time.sleep(0.05)
     lines = _kept_report(*found, pid, killed) if found is not None else []
+    progress.close(bool(lines) or killed)
     for line in lines:
         print(f"shardfs: {line}", file=sys.stderr)
     if lines and found is not None:

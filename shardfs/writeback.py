@@ -115,6 +115,7 @@ class Writeback:
         self._stranded: dict[str, tuple[int, str]] = {}  # replayed changes of arrays unreadable now
         self.folds_done = 0  # shard rewrites that succeeded / failed (``shardfs status``)
         self.folds_failed = 0
+        self.flushing: str | None = None  # the shard ``flush`` is folding
         self.journal = Journal(journal_dir)
 
     # ----- reading pending state ----------------------------------------------------------
@@ -236,7 +237,8 @@ class Writeback:
                        for d in self._dirty.values() if d.failures]
         return {"pending": {"chunks": sum(a["chunks"] for a in arrays.values()), "bytes": self._bytes,
                             "shards": len(self._dirty), "arrays": arrays, "journal_bytes": self.journal.bytes},
-                "folds": {"done": self.folds_done, "failed": self.folds_failed, "backing_off": backing_off}}
+                "folds": {"done": self.folds_done, "failed": self.folds_failed, "backing_off": backing_off,
+                          "current": self.flushing}}
 
     def kept(self) -> dict[str, tuple[int, str]]:
         """Shards whose changes could not be folded: ``{key: (pending changes, reason)}``;
@@ -309,11 +311,14 @@ class Writeback:
             self.note_kept()
             while todo := [shard for shard in self._dirty if shard not in failed]:
                 for shard in todo:
+                    dirty = self._dirty.get(shard)
+                    self.flushing = self.source.describe(dirty.target.key) if dirty is not None else None
                     if not await self.fold(shard):
                         failed.add(shard)
                     self.note_kept()
         finally:
             self._flushing = False
+            self.flushing = None
         kept = self.kept()
         for key, (n, reason) in sorted(kept.items()):
             log.error("%s", kept_line(key, n, reason))
