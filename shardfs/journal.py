@@ -183,6 +183,7 @@ class Journal:
         try:
             if seg is None or seg.size >= self.segment_bytes:
                 seg = self._start_segment()
+            assert seg.fd is not None  # the current segment is open
             try:
                 _write_all(seg.fd, seg.path, record)
             except OSError:

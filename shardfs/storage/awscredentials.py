@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import timezone
+from datetime import UTC
 from typing import Any
 
 from obstore.auth.boto3 import Boto3CredentialProvider
@@ -63,7 +63,8 @@ def credentials(profile: str | None) -> "AwsCredentials":
     except BotoCoreError as e:
         raise AwsConfigError(_why(e, session)) from None
     except OSError as e:  # a credential_process that cannot be started
-        raise AwsConfigError(f"AWS profile {profile_name(session)!r}: cannot get credentials: {e.strerror or e}") from None
+        raise AwsConfigError(f"AWS profile {profile_name(session)!r}: "
+                             f"cannot get credentials: {e.strerror or e}") from None
     return provider
 
 
@@ -118,5 +119,5 @@ class AwsCredentials(Boto3CredentialProvider):
             expiry = getattr(self.credentials, "_expiry_time", None)
             self._last = {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key,
                           "token": frozen.token,  # obstore takes UTC only (botocore gives local time)
-                          "expires_at": expiry.astimezone(timezone.utc) if expiry is not None else None}
+                          "expires_at": expiry.astimezone(UTC) if expiry is not None else None}
             return self._last
