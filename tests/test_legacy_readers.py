@@ -14,11 +14,8 @@ netCDF-C does with ``"order": "F"``), the oracle is zarr-python 3 reading the so
 On the mount every client must do exactly what it does on the copy, with the same dtype, shape
 and nodata, and nodata must be the source's fill value.
 
-Writes: each client creates an array of each data type through the mount; after
-``shardfs umount`` zarr-python 3 reads the source. The control is the same write into a plain
-directory read back by zarr 2.18.
-
-``test_support_table`` prints the client x data type x (read, write) table of issue 23.
+Writes: tests/test_legacy_writers.py. ``EXPECTED`` here and there is the client x data type x
+(read, write) table of doc/SEMANTICS.md#legacy-readers.
 """
 
 from __future__ import annotations
