@@ -33,6 +33,17 @@ SKIP = re.compile(r"<!-- docs-test: skip \((?P<reason>[^)]+(?:\([^)]*\)[^)]*)*)\
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\s*$", re.M | re.S)
 
 
+# ------------------------------------------------------------------ README
+
+
+def test_readme_is_short_and_starts_with_the_two_setup_commands():
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 150
+    code = [line.strip() for line in lines if line.startswith("    ") and line.strip()]
+    assert code[:2] == ["./scripts/install && ./scripts/demo", "./scripts/install && ./scripts/test"]
+    assert lines.index("    " + code[1]) < 15
+
+
 # ------------------------------------------------------------------ CONFIGURATION
 
 
