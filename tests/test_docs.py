@@ -1,5 +1,6 @@
 """The documentation is kept honest: README.md, doc/*.md and tests/README.md.
 
+- README.md has at most 150 lines and starts with the two set-up commands;
 - doc/CONFIGURATION.md's option tables are what ``scripts/gen-config-doc`` writes from the
   option table in ``shardfs/options.py``, and name every ``-o`` option;
 - every message the command line prints (the literal text of each ``UsageError``, of the
