@@ -35,9 +35,19 @@ OWN = (
                                  "(default 64M)"),
     Option("journal_dir", "DIR", "write journal here (default $XDG_STATE_HOME/shardfs/<id>/journal)"),
     Option("follow_symlinks", None, "read through symlinks that leave SRC (they are never written)"),
-    Option("endpoint", "URL", "object store: the server (default $AWS_ENDPOINT_URL, else the service's own)"),
-    Option("region", "R", "s3://: the bucket's region (default $AWS_REGION)"),
+    Option("endpoint", "URL", "object store: the server (default $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, the AWS "
+                              "profile's endpoint_url, else the service's own)"),
+    Option("region", "R", "s3://: the bucket's region "
+                          "(default $AWS_REGION, $AWS_DEFAULT_REGION, the profile's region)"),
+    Option("profile", "NAME", "s3://: the AWS profile of ~/.aws/config and ~/.aws/credentials (default $AWS_PROFILE, "
+                              "else default)"),
     Option("anonymous", None, "object store: unsigned requests (public data, no credentials)"),
+    Option("ca_bundle", "FILE", "object store: also trust the CAs in this PEM file (default $AWS_CA_BUNDLE, the "
+                                "profile's ca_bundle)"),
+    Option("insecure", None, "object store: do not verify TLS certificates (a warning at every mount)"),
+    Option("requester_pays", None, "s3://: requests are billed to the requester (requester-pays buckets)"),
+    Option("addressing", "STYLE", "s3://: path (https://host/bucket/key) or virtual (https://bucket.host/key) "
+                                  "(default the profile's s3 addressing_style, else path with an endpoint)"),
     Option("cache_size", "SIZE", "object store: memory for fetched object ranges (default 96M)"),
     Option("timeout", "S", "object store: seconds per request; a hung server fails a read after this (default 30)"),
     Option("cache_dir", "DIR", "object store: keep fetched ranges here across mounts, keyed by ETag "
@@ -118,6 +128,8 @@ def _check_values(own: dict[str, str]) -> None:
             if not ok or not math.isfinite(seconds):
                 raise ValueError(f"-o {name}={own[name]}: not a " + ("positive " if positive else "")
                                  + "number of seconds")
+    if own.get("addressing", "path") not in ("path", "virtual"):
+        raise ValueError(f"-o addressing={own['addressing']}: not path or virtual")
     endpoint = own.get("endpoint")
     if endpoint is not None and not endpoint.startswith(("http://", "https://")):
         raise ValueError(f"-o endpoint={endpoint}: not an http:// or https:// URL")

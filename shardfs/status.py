@@ -31,10 +31,13 @@ PROBLEM_WINDOW = 60.0  # errors of the last this many seconds are problems
 class Status:
     """What one mount shows to ``shardfs status``: the mount's identity and ``ops``' counters."""
 
-    def __init__(self, ops: Operations, mountpoint: str, source: str, read_only: bool, options: dict[str, str],
-                 socket_path: str | None, interval: float | None = None) -> None:
+    def __init__(self, ops: Operations, mountpoint: str, source: str, endpoint: str | None, read_only: bool,
+                 options: dict[str, str], socket_path: str | None, interval: float | None = None) -> None:
+        """``endpoint``: an object store's endpoint in effect (None: the service's default, or a
+        directory); ``shardfs inspect`` of a path in the mount reaches the store through it."""
         self.ops = ops
         self.mountpoint, self.source, self.read_only, self.options = mountpoint, source, read_only, options
+        self.endpoint = endpoint
         self.socket_path = socket_path
         self.interval = interval
         self.started = time.monotonic()
@@ -44,7 +47,7 @@ class Status:
         ops = self.ops
         view = ops.view
         doc: dict[str, Any] = {
-            "mountpoint": self.mountpoint, "source": self.source, "pid": os.getpid(),
+            "mountpoint": self.mountpoint, "source": self.source, "endpoint": self.endpoint, "pid": os.getpid(),
             "uptime_s": round(time.monotonic() - self.started, 1), "read_only": self.read_only,
             "options": dict(self.options)}
         doc.update(ops.stats.snapshot())
@@ -57,8 +60,9 @@ class Status:
         if writeback is not None:
             doc.update(writeback.snapshot())
         else:
-            doc["pending"] = {"chunks": 0, "bytes": 0, "shards": 0, "arrays": {}, "journal_bytes": 0}
-            doc["folds"] = {"done": 0, "failed": 0, "backing_off": []}
+            doc["pending"] = {"chunks": 0, "bytes": 0, "shards": 0, "arrays": {}, "journal_bytes": 0,
+                              "journal_error": None}
+            doc["folds"] = {"done": 0, "failed": 0, "backing_off": [], "current": None}
         doc["pending"]["spill_bytes"] = ops.spilled_bytes()
         doc["errors_last_minute"] = ops.stats.errors_since(PROBLEM_WINDOW)
         doc["rss_bytes"], doc["open_files"] = _process()

@@ -63,9 +63,14 @@ MESSAGE_SOURCES = [
     ("source.py", {"ValueError"}, set()),
     ("rangecache.py", {"ValueError"}, set()),
     ("report.py", {"ValueError"}, set()),
+    ("status_client.py", {"StatusError"}, set()),
     ("journal.py", set(), {"kept_line"}),
     ("storage/objects.py", {"ValueError", "StorageUnavailable"}, {"check"}),
+    ("storage/aws.py", {"AwsConfigError"}, set()),
+    ("storage/awscredentials.py", {"AwsConfigError"}, {"_why", "_nothing_found"}),
     ("status_client.py", {"StatusError"}, set()),
+    ("gridmap.py", {"ValueError"}, set()),
+    ("survey.py", {"ValueError"}, set()),
 ]
 
 

@@ -59,6 +59,7 @@ conditional XML-API PUTs: see README).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import errno
 import logging
 import os
@@ -66,7 +67,7 @@ import re
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence, TypeAlias
 from urllib.parse import urlsplit
 
 import obstore
@@ -77,6 +78,7 @@ from obstore.exceptions import (AlreadyExistsError, NotFoundError, PermissionDen
 from shardfs.source import DEFAULT_TIMEOUT, env_endpoint
 from shardfs.stats import StoreStats
 from shardfs.storage import ABSENT, UNKNOWN, Entry, Range, Version, VersionMismatch, _Absent, _Unknown
+from shardfs.storage.access import Access
 from shardfs.storage.listings import Listings
 from shardfs.storage.versions import Remembered
 from shardfs.storage.loop import LoopThread
@@ -90,9 +92,10 @@ _ENDPOINT_KEY = {"s3": "endpoint", "gs": "base_url", "az": "endpoint"}
 STATFS_BYTES = 1 << 60  # the size statvfs reports (see ``ObjectStorage.statvfs``)
 STATFS_BLOCK = 1 << 20
 _STATUS = re.compile(r"status code: (\d{3})")
+_TLS = re.compile(r"InvalidCertificate\(\s*([A-Za-z]+)")  # rustls's verdict, in obstore's debug text
 _MISSING = (NotFoundError, FileNotFoundError)  # obstore raises either for a 404
 _ANSWERS = (*_MISSING, PreconditionError, AlreadyExistsError)  # errors that answer a request (not failures)
-Buffer = bytes | obstore.Bytes  # a GET's body: a copy, or obstore's own read-only buffer (``copy=False``)
+Buffer: TypeAlias = bytes | obstore.Bytes  # a GET's body: a copy, or obstore's own read-only buffer (``copy=False``)
 
 
 class StorageUnavailable(Exception):
@@ -136,6 +139,15 @@ def _status(e: BaseException) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def tls_failure(e: BaseException) -> str | None:
+    """The one-line reason if ``e`` is a failed verification of the server's TLS certificate."""
+    verdict = _TLS.search(str(e))
+    if verdict is None:
+        return None
+    return (f"TLS certificate verification failed ({verdict.group(1)}): trust the server's CA with "
+            "-o ca_bundle=FILE or AWS_CA_BUNDLE")
+
+
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
@@ -154,7 +166,7 @@ class ObjectStorage:
 
     def __init__(self, url: str, *, endpoint: str | None = None, region: str | None = None,
                  anonymous: bool = False, retry: Retry = Retry(), loop: LoopThread | None = None,
-                 stat_ttl: float = 1.0, list_ttl: float = 0.0):
+                 stat_ttl: float = 1.0, list_ttl: float = 0.0, access: Access = Access()):
         parts = urlsplit(url)
         scheme = _SCHEMES.get(parts.scheme)
         if scheme is None or not parts.netloc:
@@ -169,12 +181,13 @@ class ObjectStorage:
             region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
             if region:
                 config["region"] = region
+            config.update(access.s3_config())
         if endpoint:
             config[_ENDPOINT_KEY[scheme]] = endpoint
         if anonymous:
             config["skip_signature"] = True
-        self._url, self._config = url, config
-        self._client = {"allow_http": bool(endpoint and endpoint.startswith("http://"))}
+        self._url, self._config, self._access = url, config, access
+        self._client = {"allow_http": bool(endpoint and endpoint.startswith("http://")), **access.client_options()}
         self._retry = retry
         self._store = self._build(retry)
         self._own_loop = loop is None
@@ -189,7 +202,9 @@ class ObjectStorage:
         retry_config = {"max_retries": retry.max_retries, "retry_timeout": timedelta(seconds=retry.retry_timeout),
                         "backoff": {"init_backoff": timedelta(seconds=retry.init_backoff),
                                     "max_backoff": timedelta(seconds=retry.max_backoff), "base": 2}}
-        return from_url(self._url, config=self._config or None, client_options=client, retry_config=retry_config)
+        provider = None if "skip_signature" in self._config else self._access.credentials
+        return from_url(self._url, config=self._config or None, client_options=client, retry_config=retry_config,
+                        credential_provider=provider)
 
     def close(self) -> None:
         """Stop the loop thread if this storage started it."""
@@ -245,7 +260,8 @@ class ObjectStorage:
         except Exception as e:
             raise self._error(e, key) from None
 
-    async def _get(self, key: str, rng: Range | None, etag: str | None, copy: bool = True) -> tuple[Buffer, Version]:
+    async def _get(self, key: str, rng: Range | None, etag: int | str | None, copy: bool = True
+                   ) -> tuple[Buffer, Version]:
         """One GET of ``rng`` (or all), If-Match ``etag``; a range past the end reads b"".
         ``copy=False``: the body as obstore received it (a read-only ``obstore.Bytes``, no copy)."""
         options: dict[str, Any] = {}
@@ -262,7 +278,7 @@ class ObjectStorage:
             return bytes(body) if copy else body, _version(result.meta)
         except Exception as e:
             if rng is not None and _status(e) == 416:  # starts at or past the end
-                return b"", None  # type: ignore[return-value]
+                return b"", None  # type: ignore[return-value]  # past the end: no version (callers check)
             raise self._error(e, key) from None
 
     async def aread(self, key: str, ranges: Sequence[Range], if_version: Version | None = None,
@@ -339,7 +355,7 @@ class ObjectStorage:
         elif if_version is ABSENT:
             mode = "create"
         else:
-            mode = {"e_tag": if_version.tag}  # type: ignore[union-attr]
+            mode = {"e_tag": if_version.tag}  # type: ignore[union-attr]  # a Version: None, ABSENT handled above
         try:
             with self.stats.request("PUT", _ANSWERS):
                 put = await obstore.put_async(self._store, key, body, mode=mode, use_multipart=False)
@@ -366,7 +382,7 @@ class ObjectStorage:
                 if now is not None:
                     raise VersionMismatch(self.describe(key))
                 return
-            if now is None or now.tag != if_version.tag:  # type: ignore[union-attr]
+            if now is None or now.tag != if_version.tag:  # type: ignore[union-attr]  # a Version: ABSENT handled above
                 raise VersionMismatch(self.describe(key))
         try:
             with self.stats.request("DELETE", _ANSWERS):
@@ -386,7 +402,7 @@ class ObjectStorage:
             token = self._versions.token()
             found = self.loop.run(self.aversion(key))
             self._versions.put(key, found, token)
-        return found  # type: ignore[return-value]
+        return found  # type: ignore[return-value]  # not UNKNOWN: asked just above
 
     def read(self, key: str, ranges: Sequence[Range], if_version: Version | None = None) -> list[bytes]:
         return self.loop.run(self.aread(key, ranges, if_version))
@@ -411,7 +427,7 @@ class ObjectStorage:
         """See ``Storage.list`` (remembered for ``list_ttl`` seconds, ``Listings``)."""
         return self._listings.list(prefix, self._list)
 
-    def _list(self, prefix: str) -> Iterator[list[Entry]]:
+    def _list(self, prefix: str) -> Iterator[builtins.list[Entry]]:
         """One listing from the store: pages of at most ``PAGE`` entries, files and sub-prefixes in
         key order (blocking; each page is fetched when the previous one was consumed)."""
         base = prefix.strip("/")
@@ -448,7 +464,7 @@ class ObjectStorage:
         if page:
             yield page
 
-    def keys_below(self, prefix: str, most: int) -> list[str] | None:
+    def keys_below(self, prefix: str, most: int) -> builtins.list[str] | None:
         """Every key below ``prefix`` at any depth, relative to it, in key order; None if there
         are more than ``most`` (the listing stops there: at most ``most // PAGE + 1`` requests).
         Blocking; not remembered (``list`` is)."""
@@ -476,7 +492,7 @@ class ObjectStorage:
         except Exception as e:
             raise self._error(e, key) from None
 
-    def _pages(self, pages: Iterator[list[dict]]) -> Iterator[list[dict]]:
+    def _pages(self, pages: Iterator[builtins.list[dict]]) -> Iterator[builtins.list[dict]]:
         """The pages of an obstore listing, each counted as one ``LIST`` request (a listing
         with no page made one too)."""
         first = True
@@ -507,9 +523,11 @@ class ObjectStorage:
         except Exception as e:
             status = _status(e)
             if isinstance(e, (PermissionDeniedError, UnauthenticatedError)) or status in (401, 403):
-                why = "access denied (check the credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
+                why = f"access denied (check the credentials: {self._access.hint})"
             elif status == 404:
                 why = "no such bucket"
+            elif status is None and (tls := tls_failure(e)):
+                why = tls
             elif status is None:
                 why = f"endpoint unreachable ({_first_line(e)})"
             else:

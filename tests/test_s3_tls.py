@@ -1,0 +1,81 @@
+"""s3:// over https with a private CA (issue 25): a TLS-terminating proxy (tests/tlsproxy.py, a CA
+made by openssl) in front of the session's SeaweedFS.
+
+The CA is trusted through ``-o ca_bundle``, ``AWS_CA_BUNDLE`` or the profile's ``ca_bundle``: each
+mounts and zarr 2.18 reads exactly. Without it the mount fails with one line naming the TLS
+failure; ``-o insecure`` mounts and says so in the log at every mount.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY
+from test_aws_config import LAB_KEYS, home, reads_exactly, src, write_aws  # noqa: F401 (fixtures)
+from test_s3_mount import mount_fails
+from tlsproxy import TlsProxy, make_ca
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_ca(tmp_path_factory.mktemp("ca"))
+
+
+@pytest.fixture
+def tls(s3, certs):
+    """The https endpoint in front of the session's SeaweedFS."""
+    proxy = TlsProxy(int(s3.endpoint.rsplit(":", 1)[1]), certs)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+@pytest.fixture
+def keys(monkeypatch, home):
+    """The server's keys and region in the environment; no endpoint (each test gives its own)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.setenv("AWS_REGION", REGION)
+    return home
+
+
+def test_ca_bundle_option(mount, src, keys, tls, certs):
+    reads_exactly(mount, src, "-o", f"endpoint={tls.endpoint},ca_bundle={certs.ca}")
+
+
+def test_aws_ca_bundle_variable(mount, src, keys, tls, certs, monkeypatch):
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(certs.ca))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", tls.endpoint)
+    reads_exactly(mount, src)
+
+
+def test_profile_ca_bundle(mount, src, home, tls, certs):
+    write_aws(home, f"[profile lab]\nregion = {REGION}\nendpoint_url = {tls.endpoint}\nca_bundle = {certs.ca}\n",
+              LAB_KEYS)
+    reads_exactly(mount, src, "-o", "profile=lab")
+
+
+def test_untrusted_ca_is_one_line(src, keys, tls, mnt_dir):
+    want = (f"shardfs: error: {src[1].url}: TLS certificate verification failed (UnknownIssuer): trust the "
+            "server's CA with -o ca_bundle=FILE or AWS_CA_BUNDLE\n")
+    assert mount_fails(src[1].url, mnt_dir, {}, "-o", f"endpoint={tls.endpoint}") == [want, want]
+    assert tls.handshakes_failed >= 2
+
+
+def test_insecure_mounts_and_warns_at_every_mount(mount, src, keys, tls):
+    warning = "TLS certificates are not verified (-o insecure)"
+    for _ in range(2):
+        mnt = reads_exactly(mount, src, "-o", f"endpoint={tls.endpoint},insecure")
+        log = mount.info(mnt).log_text()
+        assert sum(warning in line and "WARNING" in line for line in log.splitlines()) == 1, log
+
+
+def test_bad_ca_bundle_is_one_line(src, keys, tls, mnt_dir, tmp_path):
+    (tmp_path / "not.pem").write_text("hello\n")
+    want = f"shardfs: error: ca_bundle {tmp_path / 'not.pem'}: no PEM certificate in it\n"
+    assert mount_fails(src[1].url, mnt_dir, {}, "-o", f"endpoint={tls.endpoint},ca_bundle={tmp_path / 'not.pem'}") \
+        == [want, want]
+    want = f"shardfs: error: ca_bundle {tmp_path / 'none.pem'}: no such file\n"
+    assert mount_fails(src[1].url, mnt_dir, {}, "-o", f"endpoint={tls.endpoint},ca_bundle={tmp_path / 'none.pem'}") \
+        == [want, want]
