@@ -274,7 +274,8 @@ class Writer:
             raise fail(errno.EINVAL, str(e)) from None
         except OSError as e:
             log.error("%s: cannot journal the write: %s", name, e)
-            raise fail(errno.EIO) from None
+            # a full disk or quota is the writer's to know (and fix); anything else is EIO
+            raise fail(e.errno if e.errno in (errno.ENOSPC, errno.EDQUOT) else errno.EIO) from None
         if data is not None and arr.path in self.view.created:  # its key directories now resolve
             self.view.made_keys.update((arr.path, coords[:k]) for k in range(1, len(coords)))
         await self.invalidate([self.view.nodes.chunk_ino(arr, coords)])
