@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -43,7 +45,8 @@ def src(tmp_path, s3_upload):
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     """A clean AWS environment: ``HOME`` an empty temporary directory (``~/.aws`` in it), no
-    ``AWS_*`` variable, instance metadata off (nothing to wait for), state under tmp."""
+    ``AWS_*`` variable, instance metadata off (nothing to wait for), the state directory in a
+    short temporary path (a status socket's path must fit AF_UNIX's 108 bytes)."""
     for name in list(os.environ):
         if name.startswith("AWS_"):
             monkeypatch.delenv(name)
@@ -51,8 +54,12 @@ def home(tmp_path, monkeypatch):
     (h / ".aws").mkdir(parents=True)
     monkeypatch.setenv("HOME", str(h))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    return h
+    state = tempfile.mkdtemp(prefix="sfs-")
+    monkeypatch.setenv("XDG_STATE_HOME", state)
+    try:
+        yield h
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def write_aws(home: Path, config: str = "", credentials: str = "") -> None:
