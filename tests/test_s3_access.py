@@ -12,11 +12,10 @@ configuration: loopback has no per-bucket host names).
 from __future__ import annotations
 
 import pytest
-
-from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY
-from test_aws_config import LAB_KEYS, home, reads_exactly, src, write_aws  # noqa: F401 (fixtures)
-from test_s3_mount import mount_fails
+from awshome import LAB_KEYS, reads_exactly, write_aws
 from bench_lib.delayproxy import DelayProxy
+from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY
+from test_s3_mount import mount_fails
 from tlsproxy import TlsProxy, make_ca
 
 

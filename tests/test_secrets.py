@@ -13,10 +13,9 @@ import os
 from pathlib import Path
 
 import pytest
-
+from awshome import credential_process, reads_exactly, write_aws
 from bench_lib.seaweed import REGION, SECRET_KEY
 from conftest import run_shardfs
-from test_aws_config import credential_process, home, reads_exactly, src, write_aws  # noqa: F401 (fixtures)
 
 
 def everything_written(mount, mnt: Path, state: Path, said: list[str]) -> str:
