@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 from shardfs import __version__, options, state
 from shardfs.mounts import daemon_pid, fsname
+from shardfs.progress import FoldProgress
 from shardfs.source import Source, is_url
 
 log = logging.getLogger("shardfs")
@@ -160,7 +161,8 @@ def check_source(src: str, source: Source) -> dict[str, Any]:
         raise UsageError(f"{meta}: not Zarr v3 group or array metadata: {e}") from None
     except FileNotFoundError:
         v2 = any(os.path.exists(os.path.join(src, n)) for n in (".zarray", ".zgroup"))
-        raise UsageError(f"{src}: {'Zarr v2 data, not Zarr v3' if v2 else 'not a Zarr v3 group or array (no zarr.json)'}") from None
+        why = "Zarr v2 data, not Zarr v3" if v2 else "not a Zarr v3 group or array (no zarr.json)"
+        raise UsageError(f"{src}: {why}") from None
     except PermissionError:
         raise UsageError(f"{meta}: permission denied") from None
     except (OSError, ValueError) as e:
@@ -356,7 +358,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     view = View(storage, read_only=read_only, writeback=writeback, ome=ome, c_order="c_order" in own,
                 reads=make_reads(storage, cache=ranges, chunk_cache=cache))
     ops = Operations(view, timeouts, writeback, spill_dir=state.spill_dir(source.name, source.endpoint))
-    if writeback is not None:
+    if writeback is not None and ops.writer is not None:
         writeback.on_folded = ops.writer.folded
         if "shard_size" in own:
             ops.writer.shard_bytes = max(1, parse_size(own["shard_size"]))
@@ -564,9 +566,10 @@ def _clear_screen() -> str:
 
 
 def _cmd_umount(args: argparse.Namespace) -> int:
-    """SIGTERM the daemon (it folds pending writes, then unmounts); after ``--timeout`` seconds
-    SIGKILL it (the journal keeps every acknowledged change) and unmount lazily. Prints what
-    is left in the journal and why; status 1 if anything is."""
+    """SIGTERM the daemon (it folds pending writes, then unmounts), showing the folds' progress
+    when many chunks are pending (``FoldProgress``); after ``--timeout`` seconds SIGKILL it (the
+    journal keeps every acknowledged change) and unmount lazily. Prints what is left in the
+    journal and why; status 1 if anything is."""
     mnt = os.path.abspath(args.mnt)
     if not os.path.ismount(mnt):
         raise UsageError(f"{args.mnt}: not mounted")
@@ -577,10 +580,13 @@ def _cmd_umount(args: argparse.Namespace) -> int:
             raise UsageError(result.stderr.strip() or f"{args.mnt}: cannot unmount")
         return 0
     found = daemon_journal(pid)
+    sockets = state.status_sockets(pid)
+    progress = FoldProgress(args.mnt, sockets[0] if sockets else None)
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + args.timeout
     killed = False
     while _alive(pid) or os.path.ismount(mnt):
+        progress.poll()
         if time.monotonic() > deadline:
             print(f"shardfs: {args.mnt}: pending writes not folded within {args.timeout:g} s: "
                   f"stopping daemon {pid}", file=sys.stderr)
@@ -594,9 +600,10 @@ def _cmd_umount(args: argparse.Namespace) -> int:
             break
         time.sleep(0.05)
     lines = _kept_report(*found, pid, killed) if found is not None else []
+    progress.close(bool(lines) or killed)
     for line in lines:
         print(f"shardfs: {line}", file=sys.stderr)
-    if lines:
+    if lines and found is not None:
         print(f"shardfs: they are folded by the next mount of {found[0]}", file=sys.stderr)
     return 1 if lines or killed else 0
 

@@ -145,10 +145,14 @@ def same_fill(a: Any, b: Any, dtype: np.dtype) -> bool:
 def encode_fill_value(value: Any, dtype: np.dtype) -> Any:
     """A fill value in v2 JSON: NaN/Infinity as strings, complex as ``[re, im]``,
     datetimes as their int64 count (NaT is the smallest int64), strings as JSON strings,
-    fixed-size bytes (and structured values) as base64 of their bytes, as zarr 2 spells them."""
+    fixed-size bytes (and structured values) as base64 of their bytes, as zarr 2 spells them
+    (``|S n``: without trailing NULs, so an all-NUL fill is ``""``: netCDF-C takes the JSON
+    string itself as the fill, not its base64 decoding)."""
     if dtype.kind == "U":
         return str(value)
-    if dtype.kind in "SV":
+    if dtype.kind == "S":
+        return base64.standard_b64encode(bytes(np.array(value, dtype=dtype)[()])).decode()
+    if dtype.kind == "V":
         return base64.standard_b64encode(np.array(value, dtype=dtype).tobytes()).decode()
     if dtype.kind == "b":
         return bool(value)

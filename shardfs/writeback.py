@@ -29,6 +29,7 @@ says which shards' changes are kept and why.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import time
@@ -115,6 +116,7 @@ class Writeback:
         self._stranded: dict[str, tuple[int, str]] = {}  # replayed changes of arrays unreadable now
         self.folds_done = 0  # shard rewrites that succeeded / failed (``shardfs status``)
         self.folds_failed = 0
+        self.flushing: str | None = None  # the shard ``flush`` is folding
         self.journal = Journal(journal_dir)
 
     # ----- reading pending state ----------------------------------------------------------
@@ -234,9 +236,15 @@ class Writeback:
         backing_off = [{"shard": self.source.describe(d.target.key), "reason": d.reason, "failures": d.failures,
                         "chunks": len(d.chunks), "retry_in_s": round(max(0.0, d.retry_at - now), 1)}
                        for d in self._dirty.values() if d.failures]
+        failed = self.journal.failed
+        journal_error = None if failed is None else {
+            "errno": errno.errorcode.get(failed[0], str(failed[0])), "reason": failed[1],
+            "seconds_ago": round(now - failed[2], 1), "directory": self.journal.directory}
         return {"pending": {"chunks": sum(a["chunks"] for a in arrays.values()), "bytes": self._bytes,
-                            "shards": len(self._dirty), "arrays": arrays, "journal_bytes": self.journal.bytes},
-                "folds": {"done": self.folds_done, "failed": self.folds_failed, "backing_off": backing_off}}
+                            "shards": len(self._dirty), "arrays": arrays, "journal_bytes": self.journal.bytes,
+                            "journal_error": journal_error},
+                "folds": {"done": self.folds_done, "failed": self.folds_failed, "backing_off": backing_off,
+                          "current": self.flushing}}
 
     def kept(self) -> dict[str, tuple[int, str]]:
         """Shards whose changes could not be folded: ``{key: (pending changes, reason)}``;
@@ -309,11 +317,14 @@ class Writeback:
             self.note_kept()
             while todo := [shard for shard in self._dirty if shard not in failed]:
                 for shard in todo:
+                    dirty = self._dirty.get(shard)
+                    self.flushing = self.source.describe(dirty.target.key) if dirty is not None else None
                     if not await self.fold(shard):
                         failed.add(shard)
                     self.note_kept()
         finally:
             self._flushing = False
+            self.flushing = None
         kept = self.kept()
         for key, (n, reason) in sorted(kept.items()):
             log.error("%s", kept_line(key, n, reason))

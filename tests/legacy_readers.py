@@ -105,8 +105,10 @@ def same_values(got: np.ndarray, expected: np.ndarray) -> bool:
         return False
     if got.dtype.kind in "fc" and expected.dtype.kind in "fc":
         return bool(np.array_equal(got, expected, equal_nan=True))
-    if got.dtype.kind == "O" or expected.dtype.kind == "O":
-        return got.tolist() == expected.tolist()
+    if got.dtype.kind in "OUS" or expected.dtype.kind in "OUS":  # strings: GDAL gives str for bytes too
+        def text(values: np.ndarray) -> list:
+            return [v.decode() if isinstance(v, bytes) else v for v in values.ravel().tolist()]
+        return text(got) == text(expected)
     if expected.dtype.kind in "mM":
         expected = expected.view("i8")
         got = got.view("i8") if got.dtype.kind in "mM" else got

@@ -63,6 +63,7 @@ MESSAGE_SOURCES = [
     ("source.py", {"ValueError"}, set()),
     ("rangecache.py", {"ValueError"}, set()),
     ("report.py", {"ValueError"}, set()),
+    ("status_client.py", {"StatusError"}, set()),
     ("journal.py", set(), {"kept_line"}),
     ("storage/objects.py", {"ValueError", "StorageUnavailable"}, {"check"}),
     ("storage/aws.py", {"AwsConfigError"}, set()),

@@ -371,7 +371,7 @@ def test_the_mapping_of_every_type(tmp_path):
              "variable_length_bytes": ("variable_length_bytes", "|O", [{"id": "vlen-bytes"}], None),
              "fixed_length_utf32": ("<U3", "<U3", None, ""),
              "big_utf32": (">U3", ">U3", None, ""),
-             "null_terminated_bytes": ("S2", "|S2", None, "AAA="),
+             "null_terminated_bytes": ("S2", "|S2", None, ""),  # zarr 2 spells b"\0\0" so
              "int": ("<i4", "<i4", None, 0)}
     for name, (dtype, v2, filters, fill) in cases.items():
         with warnings.catch_warnings():

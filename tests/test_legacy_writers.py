@@ -20,17 +20,19 @@ from sources import write_group
 
 SHAPE, CHUNKS = (7, 10), (2, 4)
 DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-          "float32", "float64", "complex64")
+          "float32", "float64", "complex64", "S1", "U6")
 WRITERS = ("gdal", "netcdf", "zarrjs")
 # What each client cannot write into a plain directory (zarr 2.18 reading it back): anything not
 # listed is "ok". Required of the mount too.
 EXPECTED: dict[tuple[str, str], str] = {
     ("gdal", "bool"): "error",  # GDAL 3.6 has no bool data type
+    # GDAL 3.6's Python MDArray.Write takes no strings (numpy strings are cast to float64)
+    ("gdal", "S1"): "error", ("gdal", "U6"): "error",
     # netCDF4: no bool type; complex only with auto_complex=True (written then as a compound
     # type, which NCZarr cannot store)
     ("netcdf", "bool"): "error", ("netcdf", "complex64"): "error",
-    # zarr.js 0.6: no 64-bit integers, no complex
-    ("zarrjs", "int64"): "error", ("zarrjs", "uint64"): "error", ("zarrjs", "complex64"): "error",
+    # zarr.js 0.6: no 64-bit integers, no complex, no strings
+    **{("zarrjs", d): "error" for d in ("int64", "uint64", "complex64", "S1", "U6")},
 }
 
 
@@ -41,6 +43,9 @@ def _data(dtype: str) -> np.ndarray:
         return rng.integers(0, 2, SHAPE).astype(bool)
     if dt.kind == "c":
         return (rng.random(SHAPE) * 100 + 1j * rng.random(SHAPE)).astype(dt)
+    if dt.kind in "SU":  # netCDF's char type (S1) and names
+        return np.array([["Rome", "Oslo", "x", "Kyiv", "Lima"][i] for i in rng.integers(0, 5, SHAPE).ravel()],
+                        dtype=dt).reshape(SHAPE)
     return (rng.random(SHAPE) * 100).astype(dt) if dt.kind == "f" else rng.integers(1, 100, SHAPE).astype(dt)
 
 

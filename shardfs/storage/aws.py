@@ -81,7 +81,8 @@ def open_session(profile: str | None) -> Any:
     try:
         session.get_scoped_config()
     except ProfileNotFound:
-        raise AwsConfigError(f"AWS profile {profile_name(session)!r} not found (looked in {config_files(session)})") from None
+        raise AwsConfigError(f"AWS profile {profile_name(session)!r} not found "
+                             f"(looked in {config_files(session)})") from None
     return session
 
 

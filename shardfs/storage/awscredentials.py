@@ -75,7 +75,8 @@ def credentials(profile: str | None) -> AwsCredentials:
     except BotoCoreError as e:
         raise AwsConfigError(_why(e, session)) from None
     except OSError as e:  # a credential_process that cannot be started
-        raise AwsConfigError(f"AWS profile {profile_name(session)!r}: cannot get credentials: {e.strerror or e}") from None
+        raise AwsConfigError(f"AWS profile {profile_name(session)!r}: "
+                             f"cannot get credentials: {e.strerror or e}") from None
     return provider
 
 

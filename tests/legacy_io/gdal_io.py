@@ -61,7 +61,10 @@ def _create(job: dict) -> dict:
     group = ds.GetRootGroup()
     dims = [group.CreateDimension(f"{job['array']}_d{i}", None, None, n) for i, n in enumerate(job["shape"])]
     dtype = np.dtype(job["dtype"])
-    gdt = gdal.ExtendedDataType.Create(gdal_array.NumericTypeCodeToGDALTypeCode(dtype))
+    if dtype.kind in "SU":
+        gdt = gdal.ExtendedDataType.CreateString(dtype.itemsize // (4 if dtype.kind == "U" else 1))
+    else:
+        gdt = gdal.ExtendedDataType.Create(gdal_array.NumericTypeCodeToGDALTypeCode(dtype))
     options = [f"BLOCKSIZE={','.join(map(str, job['chunks']))}"]
     arr = group.CreateMDArray(job["array"], dims, gdt, options)
     if job.get("nodata") is not None:

@@ -9,7 +9,7 @@ not the test session).
   (pure Zarr, file storage: the URL form of libnetcdf 4.10's NCZarr documentation), the
   variable's ``shape``, ``dtype`` (numpy ``str``), ``nodata`` (its fill value, which NCZarr
   takes from ``.zarray``'s ``fill_value``: ``get_fill_value``, None without one) and ``data``
-  (unmasked C-order bytes, base64);
+  (unmasked C-order bytes, base64; strings and bytes: ``strings``, a list, bytes decoded);
 - ``{"op": "create", "group": DIR, "array": NAME, "dtype": STR, "shape": [...],
   "chunks": [...], "data": BASE64, "nodata": X | null}``: a new dataset at ``DIR``
   (``mode=zarr,file``, so plain Zarr v2 without NCZarr's extra attributes) with one variable.
@@ -35,9 +35,17 @@ def _read(job: dict) -> dict:
         var.set_auto_maskandscale(False)
         values = np.asarray(var[...])
         nodata = var.get_fill_value()
-        return {"shape": list(var.shape), "dtype": values.dtype.str,
-                "nodata": None if nodata is None else np.asarray(nodata).item(),
-                "data": base64.b64encode(np.ascontiguousarray(values).tobytes()).decode()}
+        out = {"shape": list(var.shape), "dtype": values.dtype.str,
+               "nodata": None if nodata is None else _json(np.asarray(nodata).item())}
+        if values.dtype.kind in "OSU":
+            out["strings"] = [_json(v) for v in values.ravel().tolist()]
+        else:
+            out["data"] = base64.b64encode(np.ascontiguousarray(values).tobytes()).decode()
+        return out
+
+
+def _json(value):
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def _create(job: dict) -> dict:
