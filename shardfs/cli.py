@@ -161,7 +161,8 @@ def check_source(src: str, source: Source) -> dict[str, Any]:
         raise UsageError(f"{meta}: not Zarr v3 group or array metadata: {e}") from None
     except FileNotFoundError:
         v2 = any(os.path.exists(os.path.join(src, n)) for n in (".zarray", ".zgroup"))
-        raise UsageError(f"{src}: {'Zarr v2 data, not Zarr v3' if v2 else 'not a Zarr v3 group or array (no zarr.json)'}") from None
+        why = "Zarr v2 data, not Zarr v3" if v2 else "not a Zarr v3 group or array (no zarr.json)"
+        raise UsageError(f"{src}: {why}") from None
     except PermissionError:
         raise UsageError(f"{meta}: permission denied") from None
     except (OSError, ValueError) as e:
@@ -357,7 +358,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     view = View(storage, read_only=read_only, writeback=writeback, ome=ome, c_order="c_order" in own,
                 reads=make_reads(storage, cache=ranges, chunk_cache=cache))
     ops = Operations(view, timeouts, writeback, spill_dir=state.spill_dir(source.name, source.endpoint))
-    if writeback is not None:
+    if writeback is not None and ops.writer is not None:
         writeback.on_folded = ops.writer.folded
         if "shard_size" in own:
             ops.writer.shard_bytes = max(1, parse_size(own["shard_size"]))
@@ -602,7 +603,7 @@ def _cmd_umount(args: argparse.Namespace) -> int:
     progress.close(bool(lines) or killed)
     for line in lines:
         print(f"shardfs: {line}", file=sys.stderr)
-    if lines:
+    if lines and found is not None:
         print(f"shardfs: they are folded by the next mount of {found[0]}", file=sys.stderr)
     return 1 if lines or killed else 0
 

@@ -116,7 +116,7 @@ def array_doc(zarray: Any, attrs: dict[str, Any], shard_bytes: int = DEFAULT_SHA
     sharding = ShardingCodec(chunk_shape=chunks, codecs=inner,
                              index_codecs=[BytesCodec(endian="little"), Crc32cCodec()], index_location="end")
     separator = zarray.get("dimension_separator") or "."
-    encoding = {"name": "v2", "configuration": {"separator": "."}} if separator == "/" else \
+    encoding: dict[str, Any] = {"name": "v2", "configuration": {"separator": "."}} if separator == "/" else \
         {"name": "default", "configuration": {"separator": "/"}}
     attrs = dict(attrs)
     names = dimension_names(attrs, len(shape))

@@ -26,7 +26,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import pyfuse3
 import trio
@@ -83,7 +83,7 @@ def _guard(fn: F) -> F:
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     GUARDED.append(op)
-    return wrapper  # type: ignore[return-value]
+    return wrapper  # type: ignore[return-value]  # functools.wraps: fn's signature
 
 
 @dataclass
@@ -105,7 +105,10 @@ class Operations(pyfuse3.Operations):
         """``spill_dir``: where contents being written spill beyond memory (needed with ``writeback``)."""
         super().__init__()
         self.view = view
-        self.writer = None if writeback is None else Writer(view, writeback, self.invalidate, spill_dir)
+        if writeback is not None and spill_dir is None:
+            raise ValueError("a writable mount needs a spill_dir")
+        self.writer = None if writeback is None or spill_dir is None else Writer(view, writeback, self.invalidate,
+                                                                                   spill_dir)
         self.timeouts = timeouts or Timeouts()
         self._handles = Handles()
         self._kernel = KernelInodes()
@@ -174,7 +177,9 @@ class Operations(pyfuse3.Operations):
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         """Entries from offset ``start_id`` on, until the kernel's buffer is full; offset 0
         lists afresh. The entries come a page at a time (``DirStream``)."""
-        stream = self._handles[fh].stream
+        handle = self._handles[fh]
+        assert isinstance(handle, DirHandle)  # the kernel sends READDIR with directory handles only
+        stream = handle.stream
         if start_id == 0:
             await stream.rewind()
         e = None
@@ -200,9 +205,9 @@ class Operations(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
             await self._attr(inode)
-            handle = await self._writable().open(inode, truncate=bool(flags & os.O_TRUNC))
+            written = await self._writable().open(inode, truncate=bool(flags & os.O_TRUNC))
             self._kernel.changed(inode)
-            return pyfuse3.FileInfo(fh=self._handles.add(handle), direct_io=False, keep_cache=False)
+            return pyfuse3.FileInfo(fh=self._handles.add(written), direct_io=False, keep_cache=False)
         handle = await self.view.open(inode)
         if inode >= CHUNK_BASE:
             self.stats.chunk_files += 1
@@ -220,7 +225,7 @@ class Operations(pyfuse3.Operations):
             self._fill_pages(handle.ino, content)
         return fi
 
-    async def _content_to_fill(self, handle: ReadHandle) -> bytes | memoryview | None:
+    async def _content_to_fill(self, handle: ReadHandle) -> bytes | bytearray | memoryview | None:
         """The whole content of a small file being opened whose pages the kernel has never held
         (``Pages.NONE``), to store into its page cache (``_fill_pages``); else None. The
         client's reads are then served by the kernel, without a READ request each."""
@@ -230,13 +235,13 @@ class Operations(pyfuse3.Operations):
         content = await self.view.read(handle, 0, size)
         return content if len(content) == size else None
 
-    def _fill_pages(self, ino: int, content: bytes | memoryview) -> None:
+    def _fill_pages(self, ino: int, content: bytes | bytearray | memoryview) -> None:
         """Store ``content`` (a view of a buffer the next read may reuse: no ``await`` since it
         was read) into the page cache of ``ino``, which holds none of it. Called before the open
         is answered, and without an ``await`` since ``opened`` said ``Pages.NONE``, so no client
         can be reading the file meanwhile (the kernel would hold its pages locked)."""
         try:
-            pyfuse3.notify_store(ino, 0, content)
+            pyfuse3.notify_store(ino, 0, content)  # type: ignore[arg-type]  # any buffer (stub: bytes); no copy
             self.stats.read_bytes += len(content)
         except OSError as e:  # what was stored is still this version's: the pages are kept
             if e.errno == errno.ENOSYS:
@@ -246,12 +251,14 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self._handles[fh]
+        data: bytes | bytearray | memoryview
         if isinstance(handle, WriteHandle):
             data = await self._writable().read(handle, off, size)
         else:
+            assert isinstance(handle, ReadHandle)  # the kernel sends READ with file handles only
             data = await self.view.read(handle, off, size)
         self.stats.read_bytes += len(data)
-        return data
+        return data  # type: ignore[return-value]  # pyfuse3 replies with any buffer
 
     @_guard
     async def release(self, fh: int) -> None:
@@ -293,13 +300,14 @@ class Operations(pyfuse3.Operations):
         (so nothing is remembered for them: written chunks the kernel evicted before
         their fold would otherwise pile up here).
         """
-        targets = [alias for ino in inodes for alias in (ino, *self.view.nodes.aliases(ino)) if self._kernel.holds(alias)]
+        targets = [alias for ino in inodes for alias in (ino, *self.view.nodes.aliases(ino))
+                   if self._kernel.holds(alias)]
         for ino in targets:
             self._kernel.changed(ino)
         if targets:
             await trio.to_thread.run_sync(_invalidate_inodes, targets)
 
-    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, nlookup in inode_list:
             if self._kernel.forget(ino, nlookup):
                 self.view.nodes.forget(ino)
@@ -393,7 +401,7 @@ class Operations(pyfuse3.Operations):
         log.error("unsupported operation on the mount (symlink or mknod)")
         raise pyfuse3.FUSEError(errno.EPERM)
 
-    symlink = mknod = _unsupported
+    symlink = mknod = _unsupported  # type: ignore[assignment]  # both always fail, whatever their arguments
 
     async def setxattr(self, *args: Any) -> None:
         """No extended attributes (nor ACLs): ENOTSUP, which ``cp -a`` and ``rsync -X`` expect
@@ -402,7 +410,7 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         raise pyfuse3.FUSEError(errno.ENOTSUP)
 
-    removexattr = setxattr
+    removexattr = setxattr  # type: ignore[assignment]  # both always fail, whatever their arguments
 
 
 def _invalidate_inodes(inodes: list[int]) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Union
 
 from shardfs.listing import DirStream
 from shardfs.reads import ReadHandle
@@ -19,7 +18,7 @@ class DirHandle:
     stream: DirStream
 
 
-Handle = Union[ReadHandle, WriteHandle, DirHandle]
+Handle = ReadHandle | WriteHandle | DirHandle
 
 
 class Handles:

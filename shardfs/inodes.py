@@ -55,7 +55,9 @@ class KernelInodes:
     def pages(self, attr: Attr) -> Pages:
         """What ``opened(attr)`` would say now, without remembering anything."""
         before = self._cached.get(attr.ino, Pages.NONE)
-        return Pages.NONE if before is Pages.NONE else Pages.SAME if before == (attr.size, attr.mtime_ns) else Pages.OTHER
+        if before is Pages.NONE:
+            return Pages.NONE
+        return Pages.SAME if before == (attr.size, attr.mtime_ns) else Pages.OTHER
 
     def opened(self, attr: Attr) -> Pages:
         """A file is being opened for reading at version ``attr``: what the kernel may have

@@ -172,6 +172,7 @@ class Journal:
         self._sync_lock = trio.Lock()
         self._recovered: list[str] = []  # segments read by ``recover``
         self.bytes = 0  # bytes in this mount's segments on disk (``shardfs status``)
+        self.failed: tuple[int, str, float] | None = None  # the last append's failure: errno, why, when
 
     # ----- appending ----------------------------------------------------------------------
 
@@ -179,14 +180,20 @@ class Journal:
         """Append one record; raises ``OSError`` if it could not be written whole."""
         record = encode_record(change)
         seg = self._current
-        if seg is None or seg.size >= self.segment_bytes:
-            seg = self._start_segment()
         try:
-            _write_all(seg.fd, seg.path, record)
-        except OSError:
-            seg.torn = True
-            self._close(seg)  # a torn record ends this segment
+            if seg is None or seg.size >= self.segment_bytes:
+                seg = self._start_segment()
+            assert seg.fd is not None  # the current segment is open
+            try:
+                _write_all(seg.fd, seg.path, record)
+            except OSError:
+                seg.torn = True
+                self._close(seg)  # a torn record ends this segment
+                raise
+        except OSError as e:
+            self.failed = (e.errno or errno.EIO, e.strerror or str(e), time.monotonic())
             raise
+        self.failed = None
         offset = seg.size
         seg.size += len(record)
         self.bytes += len(record)

@@ -37,7 +37,8 @@ OWN = (
     Option("follow_symlinks", None, "read through symlinks that leave SRC (they are never written)"),
     Option("endpoint", "URL", "object store: the server (default $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, the AWS "
                               "profile's endpoint_url, else the service's own)"),
-    Option("region", "R", "s3://: the bucket's region (default $AWS_REGION, $AWS_DEFAULT_REGION, the profile's region)"),
+    Option("region", "R", "s3://: the bucket's region "
+                          "(default $AWS_REGION, $AWS_DEFAULT_REGION, the profile's region)"),
     Option("profile", "NAME", "s3://: the AWS profile of ~/.aws/config and ~/.aws/credentials (default $AWS_PROFILE, "
                               "else default)"),
     Option("anonymous", None, "object store: unsigned requests (public data, no credentials)"),

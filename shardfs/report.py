@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import posixpath
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -83,7 +83,7 @@ def inspect(path: str, own: dict[str, str] | None = None, survey: bool = True,
             data = storage.read_all(key)[0] if shard is not None else None
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             data = None
-        if data is None:
+        if data is None or shard is None:
             raise ValueError(f"{path}: not a shard of {storage.describe(array)}")
         report["shard"] = shard_report(layout, rel, shard, data)
         return report
@@ -153,6 +153,7 @@ def shard_report(layout: ArrayLayout, key: str, shard: tuple[int, ...], data: by
     index status, one row per index entry, nested inner shards and unused bytes. Each index
     is decoded once."""
     fmt = layout.index
+    assert fmt is not None  # the array of a shard is sharded
     entry: dict[str, Any] = {"key": key, "coords": list(shard), "size": len(data)}
 
     def read(offset: int, n: int) -> bytes:
@@ -178,7 +179,7 @@ def shard_report(layout: ArrayLayout, key: str, shard: tuple[int, ...], data: by
     return entry
 
 
-def _rows(table: np.ndarray, field: str, names: list[str | None]) -> list[dict[str, Any]]:
+def _rows(table: np.ndarray, field: str, names: Sequence[str | None]) -> list[dict[str, Any]]:
     """One row per entry of an index table: position, ``field`` (the entry's name), offset,
     nbytes, empty."""
     empty = int(EMPTY)
@@ -201,6 +202,7 @@ def _levels(layout: ArrayLayout) -> list[dict[str, Any]]:
     out = []
     fmt = layout.index
     for per in layout.spans[1:]:  # array space (a transpose before the sharding codec permutes the index's)
+        assert isinstance(fmt, NestedFormat)  # one nested level per span after the first
         out.append({"inner_shard_shape": [c * n for c, n in zip(layout.chunk_shape, per)],
                     "chunks_per_inner_shard": list(per), "crc32c_after": fmt.crc32c,
                     "index": _index(outermost(fmt.inner))})
@@ -213,6 +215,7 @@ def _inner_shards(layout: ArrayLayout, shard: tuple[int, ...], indexes: Indexes)
     table = indexes.table
     names = [layout.names.key(layout.inner_shard_at(shard, pos)) for pos in range(len(table))]
     rows = _rows(table, "inner_shard", names)
+    assert isinstance(layout.index, NestedFormat)  # the shard holds inner shards
     ok = _status(outermost(layout.index.inner))
     for row in rows:
         inner = indexes.inner.get(row["pos"])
@@ -272,8 +275,8 @@ def format_text(report: dict[str, Any], where: Any = None) -> str:
                 lines.append(f"           inner shard {row['inner_shard']}: {where}")
             lines.append(f"{'pos':>6} {'chunk':>14} {'offset':>12} {'nbytes':>10}")
             for row in shard["index"]:
-                where = ("empty", "") if row["empty"] else (row["offset"], row["nbytes"])
-                lines.append(f"{row['pos']:>6} {row['chunk'] or '(past edge)':>14} {where[0]:>12} {where[1]:>10}")
+                cells = ("empty", "") if row["empty"] else (row["offset"], row["nbytes"])
+                lines.append(f"{row['pos']:>6} {row['chunk'] or '(past edge)':>14} {cells[0]:>12} {cells[1]:>10}")
     return "\n".join(lines)
 
 

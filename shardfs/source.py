@@ -145,7 +145,8 @@ class Source:
                 with open(self.ca_bundle) as f:
                     ca_pem = f.read()
             except (OSError, UnicodeDecodeError) as e:
-                raise ValueError(f"ca_bundle {self.ca_bundle}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
+                why = getattr(e, "strerror", None) or e
+                raise ValueError(f"ca_bundle {self.ca_bundle}: cannot read it: {why}") from None
             if "-----BEGIN CERTIFICATE-----" not in ca_pem:
                 raise ValueError(f"ca_bundle {self.ca_bundle}: no PEM certificate in it")
         if self.insecure:

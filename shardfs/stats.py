@@ -142,6 +142,6 @@ def counted(kind: str, answers: tuple[type[BaseException], ...], bytes_in: Calla
                 self.stats.bytes_out += bytes_out(result)
             return result
 
-        return wrapper  # type: ignore[return-value]
+        return wrapper  # type: ignore[return-value]  # functools.wraps: fn's signature
 
     return wrap

@@ -60,7 +60,8 @@ class Status:
         if writeback is not None:
             doc.update(writeback.snapshot())
         else:
-            doc["pending"] = {"chunks": 0, "bytes": 0, "shards": 0, "arrays": {}, "journal_bytes": 0}
+            doc["pending"] = {"chunks": 0, "bytes": 0, "shards": 0, "arrays": {}, "journal_bytes": 0,
+                              "journal_error": None}
             doc["folds"] = {"done": 0, "failed": 0, "backing_off": [], "current": None}
         doc["pending"]["spill_bytes"] = ops.spilled_bytes()
         doc["errors_last_minute"] = ops.stats.errors_since(PROBLEM_WINDOW)

@@ -116,6 +116,10 @@ def format_text(doc: dict[str, Any]) -> str:
         lines.append(f"            {array or '/'}: {per['chunks']:,} chunks in {per['shards']:,} shards")
     problems = [f"  fold of {b['shard']} backing off ({b['failures']} failures, {b['chunks']} chunks kept): "
                 f"{b['reason']}; next try in {b['retry_in_s']:g} s" for b in folds["backing_off"]]
+    failed = pending.get("journal_error")
+    if failed:
+        problems.append(f"  write journal {failed['directory']}: {failed['reason']} ({failed['errno']}), "
+                        f"{failed['seconds_ago']:g} s ago: writes fail until there is room again")
     recent = doc.get("errors_last_minute") or {}
     if recent:
         problems.append("  errors in the last minute: " + ", ".join(

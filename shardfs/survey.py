@@ -13,7 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 
@@ -27,6 +27,8 @@ from shardfs.writeback import chunks_in_shard
 CONCURRENCY = 16  # index reads in flight at once
 WINDOW = 4 * CONCURRENCY  # shards submitted and not yet counted
 MAX_KEYS = 10_000_000  # keys an array's listing may hold
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -88,7 +90,7 @@ def survey(storage: Storage, layout: ArrayLayout, shards: list[tuple[tuple[int, 
 
 
 def _bounded(pool: concurrent.futures.Executor, shards: list[tuple[tuple[int, ...], str]],
-             fn: Callable[[str], object]) -> Iterator[tuple[tuple[int, ...], object]]:
+             fn: Callable[[str], T]) -> Iterator[tuple[tuple[int, ...], T]]:
     """``(coords, fn(key))`` for each shard, at most ``WINDOW`` submitted and not yet yielded."""
     pending: dict[concurrent.futures.Future, tuple[int, ...]] = {}
     todo = iter(shards)

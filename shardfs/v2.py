@@ -249,9 +249,10 @@ def describe_array(doc: dict[str, Any], ome: bool = True, image: bool = False, c
         raise Unpresentable("only the regular chunk grid is supported")
     dtype, vlen = view_dtype(meta.data_type)
     shape = tuple(meta.shape)
-    outer_chunks = tuple(meta.chunk_grid.chunk_shape)
+    outer_chunks = tuple(meta.chunk_grid.chunk_shape)  # type: ignore[attr-defined]  # zarr's one grid: regular
     enc = meta.chunk_key_encoding
-    keys = KeyScheme("v2" if isinstance(enc, V2ChunkKeyEncoding) else "default", enc.separator, len(shape), image)
+    keys = KeyScheme("v2" if isinstance(enc, V2ChunkKeyEncoding) else "default", enc.separator,  # type: ignore[attr-defined]  # both encodings have one
+                     len(shape), image)
     codecs = tuple(meta.codecs)
     before: tuple[Any, ...] = ()  # array→array codecs before the sharding codec
     if draft is not None:
@@ -436,7 +437,7 @@ def _chunk_format(codecs: tuple[Any, ...], dtype: np.dtype, ndim: int, nbytes: i
             raise Unpresentable(f"transpose order {tuple(chain[0].order)} has no v2 equivalent")
         order = "F" if ndim > 1 else "C"
         chain.pop(0)
-    filters = []
+    filters: list[Any] = []  # numcodecs configurations (the loop checks each)
     while chain and isinstance(chain[0], ArrayArrayCodec) and _numcodecs_config(chain[0]) is not None:
         if order == "F":  # the filter would see the transposed chunk, a v2 one the F-ordered one
             raise Unpresentable("numcodecs filters after a transpose have no v2 equivalent")

@@ -29,6 +29,7 @@ says which shards' changes are kept and why.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import time
@@ -235,8 +236,13 @@ class Writeback:
         backing_off = [{"shard": self.source.describe(d.target.key), "reason": d.reason, "failures": d.failures,
                         "chunks": len(d.chunks), "retry_in_s": round(max(0.0, d.retry_at - now), 1)}
                        for d in self._dirty.values() if d.failures]
+        failed = self.journal.failed
+        journal_error = None if failed is None else {
+            "errno": errno.errorcode.get(failed[0], str(failed[0])), "reason": failed[1],
+            "seconds_ago": round(now - failed[2], 1), "directory": self.journal.directory}
         return {"pending": {"chunks": sum(a["chunks"] for a in arrays.values()), "bytes": self._bytes,
-                            "shards": len(self._dirty), "arrays": arrays, "journal_bytes": self.journal.bytes},
+                            "shards": len(self._dirty), "arrays": arrays, "journal_bytes": self.journal.bytes,
+                            "journal_error": journal_error},
                 "folds": {"done": self.folds_done, "failed": self.folds_failed, "backing_off": backing_off,
                           "current": self.flushing}}
 

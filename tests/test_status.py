@@ -57,7 +57,7 @@ def test_reads_requests_and_errors_are_counted(tmp_path, mount):
     assert doc["store"]["latency_ms"]["p50"] is not None
     assert doc["cache"]["index"]["limit"] > 0 and doc["cache"]["range"] is None
     assert doc["pending"] == {"chunks": 0, "bytes": 0, "shards": 0, "arrays": {}, "journal_bytes": 0,
-                              "spill_bytes": 0}
+                              "journal_error": None, "spill_bytes": 0}
     assert doc["folds"] == {"done": 0, "failed": 0, "backing_off": [], "current": None}
     assert doc["rss_bytes"] > 10 << 20 and doc["open_files"] > 3
     # the socket: the daemon's own, mode 0600, in the state directory, not in the mount

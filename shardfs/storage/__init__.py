@@ -14,6 +14,7 @@ build the new shard, ``replace(key, data, if_version=V)``; on ``VersionMismatch`
 
 from __future__ import annotations
 
+import builtins
 import os
 from typing import Iterable, Iterator, NamedTuple, Protocol, Sequence
 
@@ -113,10 +114,10 @@ class Storage(Protocol):
         """Forget the remembered version of ``key``: a reader found it changed (``version``
         results are remembered for a short time; ``replace``/``delete`` forget them too)."""
 
-    def list(self, prefix: str) -> Iterator[list[Entry]]:
+    def list(self, prefix: str) -> Iterator[builtins.list[Entry]]:
         """The entries directly below ``prefix``, page by page (bounded memory); none if missing."""
 
-    def keys_below(self, prefix: str, most: int) -> list[str] | None:
+    def keys_below(self, prefix: str, most: int) -> builtins.list[str] | None:
         """Every key below ``prefix`` at any depth, relative to it, in key order; None if there
         are more than ``most`` (what is listed stops there)."""
 

@@ -23,8 +23,9 @@ import contextlib
 import logging
 import os
 import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 log = logging.getLogger("shardfs")
 QUIET = ("botocore", "boto3", "urllib3", "s3transfer")
@@ -80,7 +81,8 @@ def open_session(profile: str | None) -> Any:
     try:
         session.get_scoped_config()
     except ProfileNotFound:
-        raise AwsConfigError(f"AWS profile {profile_name(session)!r} not found (looked in {config_files(session)})") from None
+        raise AwsConfigError(f"AWS profile {profile_name(session)!r} not found "
+                             f"(looked in {config_files(session)})") from None
     return session
 
 

@@ -27,6 +27,7 @@ Hostile sources (contracts):
 
 from __future__ import annotations
 
+import builtins
 import ctypes
 import errno
 import fcntl
@@ -139,7 +140,7 @@ class LocalStorage:
         file or lies beyond a symlink out of the source."""
         found = self._versions.get(key)
         if found is not UNKNOWN:
-            return found  # type: ignore[return-value]
+            return found  # type: ignore[return-value]  # not UNKNOWN (checked)
         token = self._versions.token()
         try:
             found = self._stat(key, strict=False)
@@ -244,7 +245,7 @@ class LocalStorage:
     def list(self, prefix: str) -> Iterator[list[Entry]]:
         return self._listings.list(prefix, self._list)
 
-    def _list(self, prefix: str) -> Iterator[list[Entry]]:
+    def _list(self, prefix: str) -> Iterator[builtins.list[Entry]]:
         try:
             fd = self._open(prefix, os.O_RDONLY | os.O_DIRECTORY, strict=False)
         except (FileNotFoundError, NotADirectoryError):
@@ -262,7 +263,7 @@ class LocalStorage:
         finally:
             os.close(fd)
 
-    def keys_below(self, prefix: str, most: int) -> list[str] | None:
+    def keys_below(self, prefix: str, most: int) -> builtins.list[str] | None:
         """Every file below directory ``prefix`` at any depth, relative to it, in key order;
         None if there are more than ``most`` (symlinks are not followed)."""
         top = self.path(prefix)

@@ -59,6 +59,7 @@ conditional XML-API PUTs: see README).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import errno
 import logging
 import os
@@ -66,7 +67,7 @@ import re
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence, TypeAlias
 from urllib.parse import urlsplit
 
 import obstore
@@ -94,7 +95,7 @@ _STATUS = re.compile(r"status code: (\d{3})")
 _TLS = re.compile(r"InvalidCertificate\(\s*([A-Za-z]+)")  # rustls's verdict, in obstore's debug text
 _MISSING = (NotFoundError, FileNotFoundError)  # obstore raises either for a 404
 _ANSWERS = (*_MISSING, PreconditionError, AlreadyExistsError)  # errors that answer a request (not failures)
-Buffer = bytes | obstore.Bytes  # a GET's body: a copy, or obstore's own read-only buffer (``copy=False``)
+Buffer: TypeAlias = bytes | obstore.Bytes  # a GET's body: a copy, or obstore's own read-only buffer (``copy=False``)
 
 
 class StorageUnavailable(Exception):
@@ -181,6 +182,9 @@ class ObjectStorage:
             if region:
                 config["region"] = region
             config.update(access.s3_config())
+            if endpoint and access.addressing == "virtual":  # obstore wants the bucket in the endpoint then
+                ep = urlsplit(endpoint)
+                endpoint = ep._replace(netloc=f"{parts.netloc}.{ep.netloc}").geturl()
         if endpoint:
             config[_ENDPOINT_KEY[scheme]] = endpoint
         if anonymous:
@@ -259,7 +263,8 @@ class ObjectStorage:
         except Exception as e:
             raise self._error(e, key) from None
 
-    async def _get(self, key: str, rng: Range | None, etag: str | None, copy: bool = True) -> tuple[Buffer, Version]:
+    async def _get(self, key: str, rng: Range | None, etag: int | str | None, copy: bool = True
+                   ) -> tuple[Buffer, Version]:
         """One GET of ``rng`` (or all), If-Match ``etag``; a range past the end reads b"".
         ``copy=False``: the body as obstore received it (a read-only ``obstore.Bytes``, no copy)."""
         options: dict[str, Any] = {}
@@ -276,7 +281,7 @@ class ObjectStorage:
             return bytes(body) if copy else body, _version(result.meta)
         except Exception as e:
             if rng is not None and _status(e) == 416:  # starts at or past the end
-                return b"", None  # type: ignore[return-value]
+                return b"", None  # type: ignore[return-value]  # past the end: no version (callers check)
             raise self._error(e, key) from None
 
     async def aread(self, key: str, ranges: Sequence[Range], if_version: Version | None = None,
@@ -353,7 +358,7 @@ class ObjectStorage:
         elif if_version is ABSENT:
             mode = "create"
         else:
-            mode = {"e_tag": if_version.tag}  # type: ignore[union-attr]
+            mode = {"e_tag": if_version.tag}  # type: ignore[union-attr]  # a Version: None, ABSENT handled above
         try:
             with self.stats.request("PUT", _ANSWERS):
                 put = await obstore.put_async(self._store, key, body, mode=mode, use_multipart=False)
@@ -380,7 +385,7 @@ class ObjectStorage:
                 if now is not None:
                     raise VersionMismatch(self.describe(key))
                 return
-            if now is None or now.tag != if_version.tag:  # type: ignore[union-attr]
+            if now is None or now.tag != if_version.tag:  # type: ignore[union-attr]  # a Version: ABSENT handled above
                 raise VersionMismatch(self.describe(key))
         try:
             with self.stats.request("DELETE", _ANSWERS):
@@ -400,7 +405,7 @@ class ObjectStorage:
             token = self._versions.token()
             found = self.loop.run(self.aversion(key))
             self._versions.put(key, found, token)
-        return found  # type: ignore[return-value]
+        return found  # type: ignore[return-value]  # not UNKNOWN: asked just above
 
     def read(self, key: str, ranges: Sequence[Range], if_version: Version | None = None) -> list[bytes]:
         return self.loop.run(self.aread(key, ranges, if_version))
@@ -425,7 +430,7 @@ class ObjectStorage:
         """See ``Storage.list`` (remembered for ``list_ttl`` seconds, ``Listings``)."""
         return self._listings.list(prefix, self._list)
 
-    def _list(self, prefix: str) -> Iterator[list[Entry]]:
+    def _list(self, prefix: str) -> Iterator[builtins.list[Entry]]:
         """One listing from the store: pages of at most ``PAGE`` entries, files and sub-prefixes in
         key order (blocking; each page is fetched when the previous one was consumed)."""
         base = prefix.strip("/")
@@ -462,7 +467,7 @@ class ObjectStorage:
         if page:
             yield page
 
-    def keys_below(self, prefix: str, most: int) -> list[str] | None:
+    def keys_below(self, prefix: str, most: int) -> builtins.list[str] | None:
         """Every key below ``prefix`` at any depth, relative to it, in key order; None if there
         are more than ``most`` (the listing stops there: at most ``most // PAGE + 1`` requests).
         Blocking; not remembered (``list`` is)."""
@@ -490,7 +495,7 @@ class ObjectStorage:
         except Exception as e:
             raise self._error(e, key) from None
 
-    def _pages(self, pages: Iterator[list[dict]]) -> Iterator[list[dict]]:
+    def _pages(self, pages: Iterator[builtins.list[dict]]) -> Iterator[builtins.list[dict]]:
         """The pages of an obstore listing, each counted as one ``LIST`` request (a listing
         with no page made one too)."""
         first = True

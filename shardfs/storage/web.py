@@ -23,6 +23,7 @@ log at mount). ``replace`` and ``delete`` fail with EROFS: the mount is read-onl
 
 from __future__ import annotations
 
+import builtins
 import errno
 import itertools
 import json
@@ -40,7 +41,8 @@ from shardfs.storage import Entry, Version, _Absent
 from shardfs.storage.listings import Listings
 from shardfs.storage.loop import LoopThread
 from shardfs.storage.access import Access
-from shardfs.storage.objects import ObjectStorage, Retry, StorageUnavailable, _first_line, _status, _version, tls_failure
+from shardfs.storage.objects import (ObjectStorage, Retry, StorageUnavailable, _first_line, _status, _version,
+                                     tls_failure)
 from shardfs.storage.versions import Remembered
 from shardfs.stats import StoreStats
 
@@ -92,7 +94,7 @@ class WebStorage(ObjectStorage):
         listings are."""
         return self._listings.list(prefix.strip("/"), self._list)
 
-    def _list(self, prefix: str) -> Iterator[list[Entry]]:
+    def _list(self, prefix: str) -> Iterator[builtins.list[Entry]]:
         entries = self._entries(prefix)
         if entries:
             yield entries
@@ -104,7 +106,7 @@ class WebStorage(ObjectStorage):
         parent, _, name = key.rpartition("/")
         return any(e.name == name and e.is_dir for page in self.list(parent) for e in page)
 
-    def keys_below(self, prefix: str, most: int) -> list[str] | None:
+    def keys_below(self, prefix: str, most: int) -> builtins.list[str] | None:
         """Unknown without listing the whole key space: None (the view reads indexes as opened)."""
         return None
 
@@ -125,7 +127,7 @@ class WebStorage(ObjectStorage):
         self._docs[key] = (now + DOC_TTL, doc if isinstance(doc, dict) else None)
         return self._docs[key][1]
 
-    def _entries(self, prefix: str) -> list[Entry]:
+    def _entries(self, prefix: str) -> builtins.list[Entry]:
         parts = prefix.split("/") if prefix else []
         for cut in range(len(parts) + 1):  # from the root down: the first array owns the rest
             base = "/".join(parts[:cut])
@@ -135,20 +137,20 @@ class WebStorage(ObjectStorage):
             if doc.get("node_type") == "array":
                 level = self._key_level(base, doc, tuple(parts[cut:]))
                 return [Entry("zarr.json", False), *level] if cut == len(parts) else level
-        children = set(self._children(prefix, doc))  # type: ignore[arg-type]
+        children = set(self._children(prefix, doc))  # type: ignore[arg-type]  # the loop ran (cut 0) and returned on None
         for cut in range(len(parts)):  # consolidated metadata of the groups above names them too
             above = self._doc("/".join(parts[:cut]))
             children.update(consolidated_children(above or {}, "/".join(parts[cut:])))
         return [Entry("zarr.json", False), *(Entry(n, True) for n in sorted(children))]
 
-    def _children(self, prefix: str, doc: dict[str, Any]) -> list[str]:
+    def _children(self, prefix: str, doc: dict[str, Any]) -> builtins.list[str]:
         names = group_children(doc)
         attrs = doc.get("attributes") or {}
         if _multiscales(attrs) and "labels" not in names and self._doc(f"{prefix}/labels" if prefix else "labels"):
             names.append("labels")
         return names
 
-    def _key_level(self, path: str, doc: dict[str, Any], rel: tuple[str, ...]) -> list[Entry]:
+    def _key_level(self, path: str, doc: dict[str, Any], rel: tuple[str, ...]) -> builtins.list[Entry]:
         """The entries at ``rel`` in the chunk key space of the array at ``path``."""
         level = key_level(doc, rel)
         if level is None:
@@ -184,7 +186,8 @@ def group_children(doc: dict[str, Any]) -> list[str]:
         for dataset in multiscale.get("datasets") or ():
             if isinstance(dataset, dict) and isinstance(dataset.get("path"), str):
                 names.append(dataset["path"].split("/")[0])
-    ome = attrs.get("ome") if isinstance(attrs.get("ome"), dict) else attrs
+    inner = attrs.get("ome")
+    ome = inner if isinstance(inner, dict) else attrs
     labels = ome.get("labels")
     if isinstance(labels, list):
         names.extend(str(n).split("/")[0] for n in labels if isinstance(n, str))
@@ -202,7 +205,8 @@ def consolidated_children(doc: dict[str, Any], below: str) -> list[str]:
 
 
 def _multiscales(attrs: dict[str, Any]) -> list[dict[str, Any]]:
-    ome = attrs.get("ome") if isinstance(attrs.get("ome"), dict) else attrs
+    inner = attrs.get("ome")
+    ome = inner if isinstance(inner, dict) else attrs
     found = ome.get("multiscales")
     return [m for m in found if isinstance(m, dict)] if isinstance(found, list) else []
 
