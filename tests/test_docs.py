@@ -1,5 +1,6 @@
 """The documentation is kept honest: README.md, doc/*.md and tests/README.md.
 
+- README.md has at most 150 lines and starts with the two set-up commands;
 - doc/CONFIGURATION.md's option tables are what ``scripts/gen-config-doc`` writes from the
   option table in ``shardfs/options.py``, and name every ``-o`` option;
 - every message the command line prints (the literal text of each ``UsageError``, of the
@@ -31,6 +32,17 @@ TROUBLESHOOTING = REPO / "doc" / "TROUBLESHOOTING.md"
 CONFIGURATION = REPO / "doc" / "CONFIGURATION.md"
 SKIP = re.compile(r"<!-- docs-test: skip \((?P<reason>[^)]+(?:\([^)]*\)[^)]*)*)\) -->")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\s*$", re.M | re.S)
+
+
+# ------------------------------------------------------------------ README
+
+
+def test_readme_is_short_and_starts_with_the_two_setup_commands():
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 150
+    code = [line.strip() for line in lines if line.startswith("    ") and line.strip()]
+    assert code[:2] == ["./scripts/install && ./scripts/demo", "./scripts/install && ./scripts/test"]
+    assert lines.index("    " + code[1]) < 15
 
 
 # ------------------------------------------------------------------ CONFIGURATION

@@ -712,6 +712,12 @@ class Bench:
         row.status = "PASS" if tm < 1.0 and row.ratio <= 1.5 else "FAIL"
         return [row]
 
+    def fig_scale(self) -> list[Row]:
+        """The scale points (scale.py): 1M chunks locally, 100k shards in S3; only with ``--only``."""
+        from bench_lib import scale
+
+        return scale.figure(self)
+
     def fig_s3(self) -> list[Row]:
         """The object-storage rows (s3rows.py), against a SeaweedFS started and stopped here."""
         from bench_lib import s3rows
@@ -752,7 +758,7 @@ class Bench:
 
 # share of the remaining time budget each figure may use (roughly its cost at full size)
 WEIGHTS = {"read": 0.20, "cat": 0.18, "peers": 0.20, "large": 0.03, "listing": 0.15, "random": 0.04,
-           "write": 0.27, "dask": 0.10, "mount": 0.03, "s3": 0.25}
+           "write": 0.27, "dask": 0.10, "mount": 0.03, "s3": 0.25, "scale": 0.5}
 # cheap figures, and the slow S3 one, always get their repetitions
 FLOOR = {"peers": 90.0, "large": 25.0, "random": 20.0, "mount": 15.0, "s3": 90.0}
 S3_LABELS = ["S3: zarr 2.18 read via mount vs zarr 3 native", "S3, 10 ms each way: same",
@@ -786,7 +792,12 @@ FIGURES: list[tuple[str, str, list[str]]] = [
     ("dask", "fig_dask", ["dask 2 threads vs 1 thread, via mount", "  same on the real v2 copy"]),
     ("mount", "fig_mount", ["mount time, >100k chunks vs 1 shard"]),
     ("s3", "fig_s3", S3_LABELS),
+    ("scale", "fig_scale", ["scale: ls -l over 1M chunk files", "scale: find -type f over 1M chunk files",
+                            "scale: daemon peak RSS, 1M chunks", "scale: S3 mount time, 100k shards",
+                            "scale: S3 ls -l, 100k shards", "scale: S3 random chunk read",
+                            "scale: S3 daemon peak RSS, 100k shards"]),
 ]
+OPT_IN = {"scale"}  # figures run only when named in --only (they take minutes)
 
 
 def daemon_log_summary(logs: Path) -> list[str]:
@@ -830,13 +841,14 @@ def main(argv: list[str] | None = None) -> int:
             setup_error = f"setup: {e}"
             bench.log(f"setup failed: {e}\n{traceback.format_exc()}")
         for name, method, labels in FIGURES:
-            if only and name not in only:
+            if (only and name not in only) or (not only and name in OPT_IN):
                 continue
             t0 = time.perf_counter()
             if setup_error:
                 bench.rows += [Row(lb, status="ERROR", note=setup_error[:120]) for lb in labels]
                 continue
-            todo = [f[0] for f in FIGURES[[f[0] for f in FIGURES].index(name):] if not only or f[0] in only]
+            todo = [f[0] for f in FIGURES[[f[0] for f in FIGURES].index(name):]
+                    if f[0] in only or (not only and f[0] not in OPT_IN)]
             left = bench.budget - (time.perf_counter() - bench.t_start)
             bench.figure = name
             bench.allowance = max(max(0.0, left) * WEIGHTS[name] / sum(WEIGHTS[f] for f in todo),
