@@ -4,74 +4,26 @@ Each configuration route mounts the same source from the session's SeaweedFS (cr
 enforced) with a temporary ``HOME`` holding ``~/.aws/config`` and ``~/.aws/credentials`` and no
 ``AWS_*`` variable but the ones the route needs, and zarr 2.18 reads the array exactly. Each
 configuration mistake fails the mount with one line on stderr, status 1, nothing mounted.
-The routes that need an AWS service SeaweedFS does not offer (STS, SSO, instance metadata) are
-tested as far as botocore's resolution (``test_chain_*``: the credentials obstore is given).
+The routes that need an AWS service SeaweedFS does not offer (STS for assume-role and web identity,
+SSO, container credentials, instance metadata) get it from tests/awsfake.py, on loopback, handing
+out the server's keys. Fixtures and helpers: tests/awshome.py.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import stat
-import sys
-import textwrap
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
-
-import pytest
-
-from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY
-from conftest import read_native, read_zarr2, run_shardfs, wait_for
-from sources import Spec, build
-from shardfs.source import Source
+from awshome import (
+    LAB_KEYS,
+    credential_process,
+    reads_exactly,
+    runs,
+    sso_cache,
+    write_aws,
+)
+from bench_lib.seaweed import REGION, SECRET_KEY
+from conftest import read_native, read_zarr2, wait_for
 from test_s3_mount import closed_port, mount_fails
 
-S = Spec("s", (8, 10), (4, 5), (8, 10), "<i4", 0, ("zstd", 3), inner_crc=False,
-         index_location="end", index_crc=True, initial=((slice(0, 8), slice(0, 5)),),
-         write=(slice(0, 4), slice(0, 5)))
-
-
-@pytest.fixture
-def src(tmp_path, s3_upload):
-    """(local copy, S3Source): the array ``s`` uploaded to a fresh prefix."""
-    build(tmp_path / "src", [S])
-    return tmp_path / "src", s3_upload(tmp_path / "src")
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    """A clean AWS environment: ``HOME`` an empty temporary directory (``~/.aws`` in it), no
-    ``AWS_*`` variable, instance metadata off (nothing to wait for), state under tmp."""
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    h = tmp_path / "home"
-    (h / ".aws").mkdir(parents=True)
-    monkeypatch.setenv("HOME", str(h))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    return h
-
-
-def write_aws(home: Path, config: str = "", credentials: str = "") -> None:
-    (home / ".aws" / "config").write_text(textwrap.dedent(config))
-    (home / ".aws" / "credentials").write_text(textwrap.dedent(credentials))
-
-
-LAB_KEYS = f"""
-    [lab]
-    aws_access_key_id = {ACCESS_KEY}
-    aws_secret_access_key = {SECRET_KEY}
-"""
-
-
-def reads_exactly(mount, src, *opts: str, env: dict | None = None) -> Path:
-    local, s3src = src
-    mnt = mount(s3src.url, *opts, env=env)
-    assert (read_zarr2(mnt / "s") == read_native(local / "s")).all()
-    return mnt
+from shardfs.source import Source
 
 
 def test_profile_from_aws_profile(mount, src, home, monkeypatch):
@@ -164,43 +116,6 @@ def test_precedence(home, monkeypatch):
 
 # ------------------------------------------------------------------ credential_process
 
-PROCESS = """\
-#!{python}
-import datetime, json, os, sys
-here = os.path.dirname(os.path.abspath(__file__))
-with open(os.path.join(here, "count"), "a") as f:
-    f.write("x")
-if os.path.exists(os.path.join(here, "fail")):
-    print("starting the broker", file=sys.stderr)
-    print("the token broker is down", file=sys.stderr)
-    sys.exit(3)
-out = {{"Version": 1, "AccessKeyId": {key!r}, "SecretAccessKey": {secret!r}}}
-lifetime = {lifetime}
-if lifetime:
-    out["Expiration"] = (datetime.datetime.now(datetime.timezone.utc)
-                         + datetime.timedelta(seconds=lifetime)).isoformat()
-print(json.dumps(out))
-"""
-
-
-def credential_process(where: Path, lifetime: int = 0) -> Path:
-    """A credential_process script in ``where`` giving the server's keys (valid ``lifetime``
-    seconds, 0: no expiry); it counts its runs in ``where/count`` and fails while
-    ``where/fail`` exists (two lines on stderr, status 3)."""
-    where.mkdir(exist_ok=True)
-    script = where / "creds.py"
-    script.write_text(PROCESS.format(python=sys.executable, key=ACCESS_KEY, secret=SECRET_KEY, lifetime=lifetime))
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return script
-
-
-def runs(where: Path) -> int:
-    try:
-        return len((where / "count").read_text())
-    except FileNotFoundError:
-        return 0
-
-
 def test_credential_process(mount, src, home, tmp_path):
     script = credential_process(tmp_path / "proc")
     write_aws(home, f"[profile lab]\nregion = {REGION}\nendpoint_url = {src[1].server.endpoint}\n"
@@ -271,13 +186,7 @@ def test_expired_sso_token(src, home, mnt_dir):
         sso_region = {REGION}
         sso_start_url = https://corp.awsapps.com/start
         """)
-    cache = home / ".aws" / "sso" / "cache"
-    cache.mkdir(parents=True)
-    import hashlib
-
-    (cache / (hashlib.sha1(b"corp").hexdigest() + ".json")).write_text(json.dumps({
-        "startUrl": "https://corp.awsapps.com/start", "region": REGION, "accessToken": "expired-token",
-        "expiresAt": "2020-01-01T00:00:00Z"}))
+    sso_cache(home, "2020-01-01T00:00:00Z")
     want = ("shardfs: error: AWS profile 'sso': the SSO token has expired or is missing: "
             "run aws sso login --profile sso\n")
     assert mount_fails(src[1].url, mnt_dir, {}, "-o", "profile=sso") == [want, want]
@@ -299,3 +208,73 @@ def test_wrong_keys_in_profile_named(src, home, mnt_dir):
     want = (f"shardfs: error: {src[1].url}: access denied (check the credentials: the profile in the "
             "shared credentials file)\n")
     assert mount_fails(src[1].url, mnt_dir, {}, "-o", "profile=lab") == [want, want]
+
+
+# ------------------------------------------------------------------ routes through AWS credential services
+# (STS, SSO, container credentials, instance metadata: tests/awsfake.py hands out the server's keys)
+
+
+def test_assume_role(mount, src, home, fake):
+    """role_arn + source_profile: botocore calls STS AssumeRole with the source profile's keys."""
+    write_aws(home, f"""
+        [profile lab]
+        role_arn = arn:aws:iam::123456789012:role/reader
+        source_profile = base
+        region = {REGION}
+        services = here
+        [services here]
+        s3 =
+          endpoint_url = {src[1].server.endpoint}
+        sts =
+          endpoint_url = {fake.endpoint}
+        """, "[base]\naws_access_key_id = AKIDBASE\naws_secret_access_key = base-secret\n")
+    reads_exactly(mount, src, "-o", "profile=lab")
+    assert fake.calls["sts:AssumeRole"] == 2, "once to check the source, once in the daemon"
+
+
+def test_web_identity(mount, src, home, fake, monkeypatch, tmp_path):
+    """AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN (an EKS service account): STS AssumeRoleWithWebIdentity."""
+    (tmp_path / "token").write_text("eyJ-the-service-account-token")
+    write_aws(home, f"[default]\nregion = {REGION}\n")
+    monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(tmp_path / "token"))
+    monkeypatch.setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/reader")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", fake.endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", src[1].server.endpoint)
+    reads_exactly(mount, src)
+    assert fake.web_tokens == ["eyJ-the-service-account-token"] * 2
+
+
+def test_sso(mount, src, home, fake, monkeypatch):
+    """An SSO profile with a valid cached token (after `aws sso login`): SSO GetRoleCredentials."""
+    write_aws(home, f"""
+        [profile sso]
+        endpoint_url = {src[1].server.endpoint}
+        sso_session = corp
+        sso_account_id = 123456789012
+        sso_role_name = Reader
+        region = {REGION}
+        [sso-session corp]
+        sso_region = {REGION}
+        sso_start_url = https://corp.awsapps.com/start
+        """)
+    sso_cache(home, "2099-01-01T00:00:00Z")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SSO", fake.endpoint)
+    reads_exactly(mount, src, "-o", "profile=sso")
+    assert fake.calls["sso"] == 2
+
+
+def test_container_credentials(mount, src, home, fake, monkeypatch):
+    """AWS_CONTAINER_CREDENTIALS_FULL_URI (ECS tasks, EKS Pod Identity)."""
+    write_aws(home, f"[default]\nregion = {REGION}\nendpoint_url = {src[1].server.endpoint}\n")
+    monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", fake.endpoint + "/container")
+    reads_exactly(mount, src)
+    assert fake.calls["container"] == 2
+
+
+def test_instance_metadata(mount, src, home, fake, monkeypatch):
+    """An EC2 instance role, through IMDSv2 (AWS_EC2_METADATA_SERVICE_ENDPOINT points at the fake)."""
+    write_aws(home, f"[default]\nregion = {REGION}\nendpoint_url = {src[1].server.endpoint}\n")
+    monkeypatch.delenv("AWS_EC2_METADATA_DISABLED")
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", fake.endpoint + "/")
+    reads_exactly(mount, src)
+    assert fake.calls["imds"] == 2 and fake.calls["imds-token"] >= 2

@@ -10,8 +10,9 @@ from, for an "access denied" line. ``client_options``/``s3_config`` are its obst
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 ENV_HINT = "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
 

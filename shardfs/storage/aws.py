@@ -23,8 +23,9 @@ import contextlib
 import logging
 import os
 import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 log = logging.getLogger("shardfs")
 QUIET = ("botocore", "boto3", "urllib3", "s3transfer")

@@ -18,7 +18,14 @@ from typing import Any
 
 from obstore.auth.boto3 import Boto3CredentialProvider
 
-from shardfs.storage.aws import AwsConfigError, config_files, first_line, last_line, open_session, profile_name
+from shardfs.storage.aws import (
+    AwsConfigError,
+    config_files,
+    first_line,
+    last_line,
+    open_session,
+    profile_name,
+)
 
 log = logging.getLogger("shardfs")
 # Seconds between attempts to refresh credentials after a failed one (the old credentials are used
@@ -28,8 +35,13 @@ RETRY_AFTER = 5.0
 
 def _why(e: Exception, session: Any) -> str:
     """The one line for a failure to resolve credentials."""
-    from botocore.exceptions import (CredentialRetrievalError, NoCredentialsError, SSOError, TokenRetrievalError,
-                                     UnauthorizedSSOTokenError)
+    from botocore.exceptions import (
+        CredentialRetrievalError,
+        NoCredentialsError,
+        SSOError,
+        TokenRetrievalError,
+        UnauthorizedSSOTokenError,
+    )
 
     name = profile_name(session)
     if isinstance(e, (SSOError, UnauthorizedSSOTokenError)) or \
@@ -48,7 +60,7 @@ def _nothing_found(session: Any) -> str:
             "container and instance metadata); -o anonymous reads public data without them")
 
 
-def credentials(profile: str | None) -> "AwsCredentials":
+def credentials(profile: str | None) -> AwsCredentials:
     """The credential chain of ``profile`` resolved now (``AwsConfigError``, one line, if it
     yields nothing usable), as an obstore credential provider that keeps them fresh."""
     from botocore.exceptions import BotoCoreError
@@ -118,6 +130,6 @@ class AwsCredentials(Boto3CredentialProvider):
             # None for static credentials, which then never expire for obstore either.
             expiry = getattr(self.credentials, "_expiry_time", None)
             self._last = {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key,
-                          "token": frozen.token,  # obstore takes UTC only (botocore gives local time)
+                          "token": frozen.token or None,  # obstore takes UTC only (botocore gives local time)
                           "expires_at": expiry.astimezone(UTC) if expiry is not None else None}
             return self._last

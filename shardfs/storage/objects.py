@@ -182,6 +182,9 @@ class ObjectStorage:
             if region:
                 config["region"] = region
             config.update(access.s3_config())
+            if endpoint and access.addressing == "virtual":  # obstore wants the bucket in the endpoint then
+                ep = urlsplit(endpoint)
+                endpoint = ep._replace(netloc=f"{parts.netloc}.{ep.netloc}").geturl()
         if endpoint:
             config[_ENDPOINT_KEY[scheme]] = endpoint
         if anonymous:

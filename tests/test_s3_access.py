@@ -1,17 +1,20 @@
-"""s3:// over https with a private CA (issue 25): a TLS-terminating proxy (tests/tlsproxy.py, a CA
-made by openssl) in front of the session's SeaweedFS.
+"""How s3:// requests are made (issue 25): TLS with a private CA, requester pays, addressing.
 
-The CA is trusted through ``-o ca_bundle``, ``AWS_CA_BUNDLE`` or the profile's ``ca_bundle``: each
-mounts and zarr 2.18 reads exactly. Without it the mount fails with one line naming the TLS
-failure; ``-o insecure`` mounts and says so in the log at every mount.
+TLS: a TLS-terminating proxy (tests/tlsproxy.py, a CA made by openssl) in front of the session's
+SeaweedFS. The CA is trusted through ``-o ca_bundle``, ``AWS_CA_BUNDLE`` or the profile's
+``ca_bundle``: each mounts and zarr 2.18 reads exactly. Without it the mount fails with one line
+naming the TLS failure; ``-o insecure`` mounts and says so in the log at every mount.
+``-o requester_pays`` puts ``x-amz-request-payer: requester`` on every request (seen by a
+recording proxy); ``-o addressing`` picks path style (seen) or virtual hosts (the store's
+configuration: loopback has no per-bucket host names).
 """
 
 from __future__ import annotations
 
 import pytest
-
+from awshome import LAB_KEYS, reads_exactly, write_aws
+from bench_lib.delayproxy import DelayProxy
 from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY
-from test_aws_config import LAB_KEYS, home, reads_exactly, src, write_aws  # noqa: F401 (fixtures)
 from test_s3_mount import mount_fails
 from tlsproxy import TlsProxy, make_ca
 
@@ -79,3 +82,44 @@ def test_bad_ca_bundle_is_one_line(src, keys, tls, mnt_dir, tmp_path):
     want = f"shardfs: error: ca_bundle {tmp_path / 'none.pem'}: no such file\n"
     assert mount_fails(src[1].url, mnt_dir, {}, "-o", f"endpoint={tls.endpoint},ca_bundle={tmp_path / 'none.pem'}") \
         == [want, want]
+
+
+# ------------------------------------------------------------------ requester pays, addressing
+
+
+@pytest.fixture
+def recorded(s3):
+    """A recording proxy in front of the session's SeaweedFS."""
+    with DelayProxy(("127.0.0.1", s3.ports["s3.port"]), delay=0, record=True) as proxy:
+        yield proxy
+
+
+@pytest.mark.parametrize("pays", [True, False])
+def test_requester_pays_header_on_every_request(mount, src, keys, recorded, pays):
+    opts = f"endpoint=http://127.0.0.1:{recorded.port},addressing=path" + (",requester_pays" if pays else "")
+    reads_exactly(mount, src, "-o", opts)
+    seen = [r for r in recorded.log if src[1].prefix in r.path or src[1].prefix in r.query]
+    assert len(seen) >= 3
+    assert {r.headers.get("x-amz-request-payer") for r in seen} == ({"requester"} if pays else {None})
+    assert all(r.path.startswith(f"/{src[1].server.bucket}") for r in seen), "path style: /BUCKET/KEY"
+
+
+def test_virtual_addressing_puts_the_bucket_in_the_host():
+    """Not against a server (loopback has no per-bucket host names): the store obstore is given."""
+    from shardfs.storage.access import Access
+    from shardfs.storage.objects import ObjectStorage
+
+    st = ObjectStorage("s3://bkt/p", endpoint="https://store.example:9000", region=REGION,
+                       access=Access(addressing="virtual"))
+    try:
+        assert st._store.config["endpoint"] == "https://bkt.store.example:9000"
+        assert st._store.config["virtual_hosted_style_request"] == "true"
+    finally:
+        st.close()
+    st = ObjectStorage("s3://bkt/p", endpoint="https://store.example:9000", region=REGION,
+                       access=Access(addressing="path"))
+    try:
+        assert st._store.config["endpoint"] == "https://store.example:9000"
+        assert st._store.config["virtual_hosted_style_request"] == "false"
+    finally:
+        st.close()
