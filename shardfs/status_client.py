@@ -45,23 +45,23 @@ def status_of(mnt: str) -> dict[str, Any]:
     if not found:
         raise StatusError(f"{mnt}: daemon {pid} has no status socket in this user's state directory "
                           "(another user's mount, or a daemon older than shardfs status)")
-    try:
-        return fetch(found[0])
-    except (OSError, ValueError) as e:
-        raise StatusError(f"{mnt}: daemon {pid} did not answer: {getattr(e, 'strerror', None) or e}") from None
+    why: Exception | None = None
+    for path in found:  # (a killed daemon of the same pid number may have left one elsewhere)
+        try:
+            return fetch(path)
+        except (OSError, ValueError) as e:
+            why = e
+    raise StatusError(f"{mnt}: daemon {pid} did not answer: {getattr(why, 'strerror', None) or why}")
 
 
 def all_statuses() -> list[dict[str, Any]]:
     """The status of every live shardfs mount of this user (those with a socket that answers)."""
     out = []
     for mnt in sorted(mounts()):
-        pid = daemon_pid(mnt)
-        found = status_sockets(pid) if pid is not None else []
-        if found:
-            try:
-                out.append(fetch(found[0]))
-            except (OSError, ValueError):
-                continue  # it went away meanwhile
+        try:
+            out.append(status_of(mnt))
+        except StatusError:
+            continue  # another user's, or it went away meanwhile
     return out
 
 

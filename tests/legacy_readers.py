@@ -3,7 +3,7 @@
 - GDAL 3.6 (Debian ``gdal-bin python3-gdal``): ``legacy_io/gdal_io.py`` under the system
   ``/usr/bin/python3``, and the ``gdal_translate`` CLI;
 - libnetcdf 4.10 (PyPI ``netCDF4`` wheel in ``.venv``): ``legacy_io/netcdf_io.py`` in a process
-  of its own;
+  of its own; Debian's netCDF-C 4.9 (``ncdump``, ``netcdf-bin``): ``legacy_io/ncdump_io.py``;
 - zarr.js 0.6 (npm ``zarr``, installed in ``tests/js`` by scripts/install): ``js/zarrjs.mjs``.
 
 Each runs a list of jobs in one process and answers one dict per job (``{"error": ...}`` for
@@ -29,7 +29,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's python3-gdal installs osgeo for it alone
 JS_DIR = HERE / "js"
-CLIENTS = ("gdal", "netcdf", "zarrjs")
+CLIENTS = ("gdal", "netcdf", "ncdump", "zarrjs")
 
 
 def missing(client: str) -> str | None:
@@ -44,6 +44,8 @@ def missing(client: str) -> str | None:
         except ImportError:
             return "netCDF4 (PyPI) is not installed in this venv"
         return None
+    if client == "ncdump":
+        return None if shutil.which("ncdump") else "ncdump (Debian netcdf-bin) is not installed"
     if shutil.which("node") is None or not (JS_DIR / "node_modules" / "zarr").is_dir():
         return "zarr.js (npm zarr in tests/js: scripts/install) is not installed"
     return None
@@ -63,8 +65,8 @@ def run(client: str, jobs: list[dict], zstd: bool = False, timeout: float = 300)
     arg = json.dumps(jobs)
     if client == "gdal":
         cmd = [SYSTEM_PYTHON, str(HERE / "legacy_io" / "gdal_io.py"), arg]
-    elif client == "netcdf":
-        cmd = [sys.executable, str(HERE / "legacy_io" / "netcdf_io.py"), arg]
+    elif client in ("netcdf", "ncdump"):
+        cmd = [sys.executable, str(HERE / "legacy_io" / f"{client}_io.py"), arg]
     else:
         cmd = ["node", str(JS_DIR / "zarrjs.mjs"), *(["--zstd"] if zstd else []), arg]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False,

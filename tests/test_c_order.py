@@ -60,6 +60,8 @@ def test_c_order_serves_transposed_arrays_as_raw_c_order_chunks(src, mount):
         before, after = _zarray(plain, name), _zarray(c_mnt, name)
         assert before["order"] == "F"
         assert after == {**before, "order": "C", "compressor": None}
+        consolidated = json.loads((c_mnt / ".zmetadata").read_text())["metadata"]  # what GDAL reads
+        assert consolidated[f"{name}/.zarray"] == after
         expected = read_native(src / name)
         for key in ("0.0", "1.2", "3.2"):  # a full chunk and the two edge chunks (past the edges: fill)
             i, j = map(int, key.split("."))

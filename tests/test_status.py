@@ -15,13 +15,14 @@ import errno
 import json
 import os
 import stat
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from bench_lib.delayproxy import DelayProxy
-from conftest import run_shardfs, wait_for
+from conftest import SHARDFS, run_shardfs, wait_for
 from shardfs.status_client import status_of
 from shardfs.state import status_sockets
 from source_kinds import BucketSource, unique_prefix
@@ -73,6 +74,20 @@ def test_reads_requests_and_errors_are_counted(tmp_path, mount):
     assert text.stdout.endswith("\nproblems:\n  errors in the last minute: EPERM mkdir x1\n")
     umount(mount, mnt)
     assert status_sockets(pid) == []  # removed at exit
+
+
+def test_watch_shows_it_again(tmp_path, mount):
+    src = tmp_path / "src"
+    build(src, [H])
+    mnt = mount(src)
+    proc = subprocess.Popen([SHARDFS, "status", "--watch", "0.2", str(mnt)], stdout=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True)
+    try:
+        time.sleep(2.0)
+    finally:
+        proc.kill()  # our own child
+    out = proc.communicate()[0]
+    assert out.count(f"{mnt}  <-  {src}\n") >= 3, out
 
 
 def test_status_of_something_else_is_one_line(tmp_path):

@@ -226,11 +226,12 @@ class Bench:
 
     @contextmanager
     def mounted(self, src: Path | str, name: str, floor: bool = False, rw: bool = False, ro: bool = False,
-                options: str = "", peer: list[str] | None = None) -> Iterator[Mounted]:
+                options: str = "", peer: list[str] | None = None, package: str | None = None) -> Iterator[Mounted]:
         """A fresh mount of ``src`` (a directory, or an ``s3://`` URL) on ``WORK/mnt/NAME``, timed:
         ``shardfs mount`` (``-o ro`` with ``ro``, ``-o OPTIONS`` with ``options``),
         or with ``floor`` a ``floorfs.py`` child (the pyfuse3 floor; writable with ``rw``), or with
-        ``peer`` that foreground command with ``SRC MNT`` appended, as our child (bench_lib/peers.py).
+        ``peer`` that foreground command with ``SRC MNT`` appended, as our child (bench_lib/peers.py);
+        ``package``: a checkout whose ``shardfs`` the daemon imports (``--baseline``).
         Always unmounted afterwards, lazily if need be; raises BenchError when the clean unmount failed
         (after the body succeeded)."""
         mnt = self.work / "mnt" / name
@@ -240,7 +241,7 @@ class Bench:
         elif floor:
             m = self._mount_child([PY3, FLOORFS, *["--rw"] * rw, str(src), str(mnt)], mnt, name)
         else:
-            m = self._mount_shardfs(src, mnt, name, ro, options)
+            m = self._mount_shardfs(src, mnt, name, ro, options, package)
         self.active[mnt] = m
         try:
             yield m
@@ -252,14 +253,16 @@ class Bench:
             if err:
                 raise BenchError(err)
 
-    def _mount_shardfs(self, src: Path | str, mnt: Path, name: str, ro: bool, options: str) -> Mounted:
+    def _mount_shardfs(self, src: Path | str, mnt: Path, name: str, ro: bool, options: str,
+                       package: str | None = None) -> Mounted:
         """``shardfs mount [-o ro] [-o OPTIONS] SRC MNT`` (it returns once mounted; the daemon is found by
         mountpoint)."""
         t0 = time.perf_counter()
         try:
             r = subprocess.run([SHARDFS, "mount", *["-o", "ro"] * ro, *["-o", options] * bool(options),
                                 str(src), str(mnt), "--log-file", str(self.logs / f"{name}.log")],
-                               capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+                               capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                               env={**os.environ, "PYTHONPATH": package} if package else None)
         except subprocess.TimeoutExpired:
             self._force_unmount(mnt, None)
             raise BenchError("shardfs mount did not return within 60 s")
@@ -818,6 +821,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench-out", help="where bench.json and bench.png go (default bench-out)")
     p.add_argument("--only", default="", help="comma-separated figures: " + ",".join(f[0] for f in FIGURES))
     p.add_argument("--keep", action="store_true", help="keep the work directory (datasets, daemon logs)")
+    p.add_argument("--baseline", metavar="DIR", help="peers: also measure a shardfs side running the package in DIR "
+                   "(a checkout: its shardfs/ is imported), alternated with this one")
     args = p.parse_args(argv)
     only = [x for x in args.only.split(",") if x]
     unknown = set(only) - {f[0] for f in FIGURES}
