@@ -124,6 +124,12 @@ def test_inspect_array_counts_what_zarr_reads(tmp_path, source, mount):
         report = json.loads(r.stdout)
         assert _stored(report) == expected, target
         assert report["stored"]["compression_ratio"] > 0 and report["stored"]["corrupt"] == []
+    # a shard directory and a chunk file in the mount: the shard's report, as of the local file
+    local_shard = json.loads(run_shardfs("inspect", "--json", str(local / "raw" / "c" / "1" / "2")).stdout)
+    for path in (mnt / "raw" / "c" / "1" / "2", mnt / "raw" / "c" / "1" / "2" / "2.4"):
+        r = run_shardfs("inspect", "--json", str(path), env=env)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["shard"] == local_shard["shard"], path
     text = run_shardfs("inspect", *targets[1:], env=env)
     assert text.returncode == 0, text.stderr
     assert "stored     4 of 6 shards, 8 of 20 inner chunks (40.0%), " in text.stdout
