@@ -128,17 +128,26 @@ class Source:
                    addressing=addressing)
 
     def access(self) -> Any:
-        """How the store is reached (``shardfs.storage.access.Access``): for ``s3://`` without
-        ``-o anonymous``, the AWS credential chain resolved now (``AwsConfigError``, one line,
-        if it yields nothing usable: nothing is mounted); the CA bundle read (``ValueError``)."""
+        """How the store is reached (``shardfs.storage.access.Access``): without ``-o anonymous``,
+        the credentials resolved now, for ``s3://`` the AWS chain (``AwsConfigError``, one line,
+        if it yields nothing usable: nothing is mounted), for ``gs://``/``az://`` the vendors'
+        chains when their extras are installed (``shardfs.storage.cloudcredentials``); the CA
+        bundle read (``ValueError``)."""
         from shardfs.storage.access import Access
 
         credentials, hint = None, Access.hint
         if self.name.startswith(("s3://", "s3a://")) and not self.anonymous:
-            from shardfs.storage.awscredentials import credentials as resolve, hint as hint_of
+            from shardfs.storage.awscredentials import credentials as resolve
 
-            credentials = resolve(self.profile)
-            hint = hint_of(credentials.method)
+            credentials, hint = resolve(self.profile)
+        elif self.name.startswith("gs://") and not self.anonymous:
+            from shardfs.storage.cloudcredentials import google
+
+            credentials, hint = google()
+        elif self.name.startswith(("az://", "azure://", "abfs://", "abfss://")) and not self.anonymous:
+            from shardfs.storage.cloudcredentials import azure
+
+            credentials, hint = azure()
         ca_pem = None
         if self.ca_bundle is not None:
             try:

@@ -80,6 +80,7 @@ MESSAGE_SOURCES = [
     ("storage/objects.py", {"ValueError", "StorageUnavailable"}, {"check"}),
     ("storage/aws.py", {"AwsConfigError"}, set()),
     ("storage/awscredentials.py", {"AwsConfigError"}, {"_why", "_nothing_found"}),
+    ("storage/cloudcredentials.py", {"CloudConfigError"}, set()),
     ("status_client.py", {"StatusError"}, set()),
     ("gridmap.py", {"ValueError"}, set()),
     ("survey.py", {"ValueError"}, set()),

@@ -12,9 +12,11 @@ configuration: loopback has no per-bucket host names).
 from __future__ import annotations
 
 import pytest
-from awshome import LAB_KEYS, reads_exactly, write_aws
+from awshome import LAB_KEYS, S, reads_exactly, write_aws
 from bench_lib.delayproxy import DelayProxy
 from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY
+from conftest import read_native, read_zarr2
+from sources import build
 from test_s3_mount import mount_fails
 from tlsproxy import TlsProxy, make_ca
 
@@ -123,3 +125,22 @@ def test_virtual_addressing_puts_the_bucket_in_the_host():
         assert st._store.config["virtual_hosted_style_request"] == "false"
     finally:
         st.close()
+
+
+# ------------------------------------------------------------------ a web server over https
+
+
+def test_web_server_over_https_with_a_private_ca(tmp_path, web_server, certs, mount, mnt_dir):
+    """https://host/array through the TLS proxy in front of nginx: trusted with -o ca_bundle; not: one line."""
+    build(tmp_path / "www", [S])
+    server = web_server(tmp_path / "www")
+    proxy = TlsProxy(server.port, certs)
+    try:
+        url = f"{proxy.endpoint}/s"
+        mnt = mount(url, "-o", f"ca_bundle={certs.ca}")
+        assert (read_zarr2(mnt) == read_native(tmp_path / "www" / "s")).all()
+        want = (f"shardfs: error: {url}: TLS certificate verification failed (UnknownIssuer): trust the "
+                "server's CA with -o ca_bundle=FILE\n")
+        assert mount_fails(url, mnt_dir, {}) == [want, want]
+    finally:
+        proxy.close()

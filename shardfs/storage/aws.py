@@ -27,6 +27,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shardfs.storage.kept import quiet
+
 log = logging.getLogger("shardfs")
 QUIET = ("botocore", "boto3", "urllib3", "s3transfer")
 _ENVIRON_LOCK = threading.Lock()
@@ -45,12 +47,6 @@ class Settings:
     region: str | None
     addressing: str | None  # "path" or "virtual" (botocore's "auto": None)
     ca_bundle: str | None
-
-
-def quiet() -> None:
-    """Hold botocore's (and its HTTP stack's) loggers at ERROR, whatever the root level."""
-    for name in QUIET:
-        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 @contextlib.contextmanager
@@ -76,7 +72,7 @@ def open_session(profile: str | None) -> Any:
     import botocore.session
     from botocore.exceptions import ProfileNotFound
 
-    quiet()
+    quiet(*QUIET)
     session = botocore.session.Session(profile=profile)
     try:
         session.get_scoped_config()

@@ -4,15 +4,12 @@
 and config files, ``credential_process``, assume-role, SSO, web identity, container and instance
 metadata) once at mount: deferred providers (SSO, assume-role) are made to fetch, so an expired
 SSO token or a failing ``credential_process`` fails the mount with one line
-(``AwsConfigError``). What it returns, ``AwsCredentials``, is obstore's
-``Boto3CredentialProvider`` with each credential's real expiry and a failed refresh retried.
+(``AwsConfigError``). What it returns is obstore's ``Boto3CredentialProvider`` with each
+credential's real expiry (``AwsCredentials``), kept through failed refreshes (``Kept``).
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
 from datetime import UTC
 from typing import Any
 
@@ -26,11 +23,7 @@ from shardfs.storage.aws import (
     open_session,
     profile_name,
 )
-
-log = logging.getLogger("shardfs")
-# Seconds between attempts to refresh credentials after a failed one (the old credentials are used
-# meanwhile: the server, not the clock, decides when they stop working).
-RETRY_AFTER = 5.0
+from shardfs.storage.kept import Kept
 
 
 def _why(e: Exception, session: Any) -> str:
@@ -60,9 +53,10 @@ def _nothing_found(session: Any) -> str:
             "container and instance metadata); -o anonymous reads public data without them")
 
 
-def credentials(profile: str | None) -> AwsCredentials:
+def credentials(profile: str | None) -> tuple[Kept, str]:
     """The credential chain of ``profile`` resolved now (``AwsConfigError``, one line, if it
-    yields nothing usable), as an obstore credential provider that keeps them fresh."""
+    yields nothing usable), as an obstore credential provider that keeps them fresh, and where
+    they came from (for an "access denied" line)."""
     from botocore.exceptions import BotoCoreError
 
     session = open_session(profile)
@@ -70,14 +64,15 @@ def credentials(profile: str | None) -> AwsCredentials:
         found = session.get_credentials()
         if found is None:
             raise AwsConfigError(_nothing_found(session))
-        provider = AwsCredentials(session)
+        aws = AwsCredentials(session)
+        provider = Kept(aws, lambda e: _why(e, session), "AWS credentials")
         provider()  # deferred providers (SSO, assume-role) fetch here: their failure fails the mount
     except BotoCoreError as e:
         raise AwsConfigError(_why(e, session)) from None
     except OSError as e:  # a credential_process that cannot be started
         raise AwsConfigError(f"AWS profile {profile_name(session)!r}: "
                              f"cannot get credentials: {e.strerror or e}") from None
-    return provider
+    return provider, hint(aws.method)
 
 
 def hint(method: str | None) -> str:
@@ -95,41 +90,17 @@ class AwsCredentials(Boto3CredentialProvider):
     """obstore's ``Boto3CredentialProvider`` over one botocore session, giving obstore each
     credential's real expiry (botocore's, for temporary credentials; None for static keys) instead
     of a fixed 30 minutes. obstore asks again when less than 5 minutes are left; botocore then
-    refreshes (it does within 10 minutes of expiry). A refresh that fails is logged once (one
-    line, with the reason), the old credentials are kept, and it is retried every
-    ``RETRY_AFTER`` seconds; the next success is logged too. Thread-safe."""
+    refreshes (it does within 10 minutes of expiry)."""
 
     def __init__(self, session: Any) -> None:
         super().__init__(session)
-        self._session = session
         self.method: str | None = getattr(self.credentials, "method", None)
-        self._lock = threading.Lock()
-        self._last: dict[str, Any] | None = None
-        self._next_try = 0.0
-        self._failing = False
 
     def __call__(self) -> dict[str, Any]:
-        with self._lock:
-            if self._last is not None and time.monotonic() < self._next_try:
-                return self._last
-            try:
-                frozen = self.credentials.get_frozen_credentials()
-            except Exception as e:
-                if self._last is None:
-                    raise
-                self._next_try = time.monotonic() + RETRY_AFTER
-                if not self._failing:
-                    self._failing = True
-                    log.warning("AWS credentials: refresh failed (%s): retrying every %.0f s; the current "
-                                "ones expire at %s", _why(e, self._session), RETRY_AFTER, self._last["expires_at"])
-                return self._last
-            if self._failing:
-                self._failing = False
-                log.info("AWS credentials: refreshed again")
-            # botocore's RefreshableCredentials keep their expiry here (no public accessor):
-            # None for static credentials, which then never expire for obstore either.
-            expiry = getattr(self.credentials, "_expiry_time", None)
-            self._last = {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key,
-                          "token": frozen.token or None,  # obstore takes UTC only (botocore gives local time)
-                          "expires_at": expiry.astimezone(UTC) if expiry is not None else None}
-            return self._last
+        frozen = self.credentials.get_frozen_credentials()
+        # botocore's RefreshableCredentials keep their expiry here (no public accessor):
+        # None for static credentials, which then never expire for obstore either.
+        expiry = getattr(self.credentials, "_expiry_time", None)
+        return {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key,
+                "token": frozen.token or None,  # an empty token is none
+                "expires_at": expiry.astimezone(UTC) if expiry is not None else None}  # obstore takes UTC only

@@ -139,13 +139,13 @@ def _status(e: BaseException) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def tls_failure(e: BaseException) -> str | None:
+def tls_failure(e: BaseException, s3: bool = False) -> str | None:
     """The one-line reason if ``e`` is a failed verification of the server's TLS certificate."""
     verdict = _TLS.search(str(e))
     if verdict is None:
         return None
     return (f"TLS certificate verification failed ({verdict.group(1)}): trust the server's CA with "
-            "-o ca_bundle=FILE or AWS_CA_BUNDLE")
+            "-o ca_bundle=FILE" + (" or AWS_CA_BUNDLE" if s3 else ""))
 
 
 def _first_line(e: BaseException) -> str:
@@ -529,7 +529,7 @@ class ObjectStorage:
                 why = f"access denied (check the credentials: {self._access.hint})"
             elif status == 404:
                 why = "no such bucket"
-            elif status is None and (tls := tls_failure(e)):
+            elif status is None and (tls := tls_failure(e, self.scheme == "s3")):
                 why = tls
             elif status is None:
                 why = f"endpoint unreachable ({_first_line(e)})"
