@@ -22,6 +22,11 @@ class ChunkCache:
     def __init__(self, max_bytes: int = DEFAULT_BYTES) -> None:
         self._lru: SizedLRU[Extent, bytes] = SizedLRU(max_bytes, len)
 
+    @property
+    def lru(self) -> SizedLRU[Extent, bytes]:
+        """The LRU itself: its hits, misses, bytes used and limit (``shardfs status``)."""
+        return self._lru
+
     def get(self, ext: Extent) -> bytes | None:
         data = self._lru.get(ext)
         if data is not None:

@@ -1,4 +1,4 @@
-"""Command line: ``shardfs mount | umount | inspect``; daemonizing, signals, logging.
+"""Command line: ``shardfs mount | umount | inspect | status``; daemonizing, signals, logging.
 
 ``shardfs mount SRC MNT`` checks SRC and the ``-o`` options, starts the daemon
 (this same program with ``-f`` in a new session) and returns once the daemon
@@ -26,13 +26,15 @@ from typing import Any, Iterator
 
 from shardfs import __version__, options, state
 from shardfs.mounts import daemon_pid, fsname
+from shardfs.progress import FoldProgress
 from shardfs.source import Source, is_url
 
 log = logging.getLogger("shardfs")
-COMMANDS = ("mount", "umount", "inspect")
+COMMANDS = ("mount", "umount", "inspect", "status")
 BARE_FORM = ("`shardfs SRC MNT [-o OPT,...]` is `shardfs mount SRC MNT ...` "
              "(the form mount -t fuse.shardfs and /etc/fstab use).")
 UMOUNT_TIMEOUT = 60.0
+PROGRESS_MIN = 100  # shard indexes to read before inspect shows a progress bar
 
 
 class UsageError(Exception):
@@ -72,7 +74,7 @@ def _main(argv: list[str]) -> int:
         return 0
     if args.command is None:
         parser.print_usage(sys.stderr)
-        print("shardfs: error: a command is required (mount, umount, inspect)", file=sys.stderr)
+        print("shardfs: error: a command is required (mount, umount, inspect, status)", file=sys.stderr)
         return 2
     try:
         return args.run(args)
@@ -109,7 +111,19 @@ def _parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="show the codecs, shapes and index of an array or shard")
     i.add_argument("path", metavar="PATH", help="a shard file, a shard directory in a mount, or an array")
     i.add_argument("--json", action="store_true", help="print JSON for scripts")
+    i.add_argument("--slice", metavar="I,J,...",
+                   help="the 2-D slice of the shard grid the map shows: ':' for the two dimensions shown, an "
+                        "array index for each other one (default: the last two dimensions, index 0 of the others)")
+    i.add_argument("--map", metavar="FILE.png", help="also draw a heat map of the chunks stored per shard "
+                                                     "(needs matplotlib: pip install 'shardfs[map]')")
+    i.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
+                   help="for an object-store URL: endpoint=, region=, anonymous, timeout= (as for mount)")
     i.set_defaults(run=_cmd_inspect)
+    s = sub.add_parser("status", help="what a mount is doing: requests, store, caches, pending writes, folds")
+    s.add_argument("mnt", metavar="MNT", nargs="?", help="a mountpoint (default: every shardfs mount of this user)")
+    s.add_argument("--json", action="store_true", help="print JSON (an object with MNT, else a list of them)")
+    s.add_argument("--watch", type=float, metavar="S", help="show it again every S seconds until interrupted")
+    s.set_defaults(run=_cmd_status)
     u = sub.add_parser("umount", help="flush pending writes and unmount MNT")
     u.add_argument("mnt", metavar="MNT")
     u.add_argument("--timeout", type=float, default=UMOUNT_TIMEOUT, metavar="S",
@@ -147,7 +161,8 @@ def check_source(src: str, source: Source) -> dict[str, Any]:
         raise UsageError(f"{meta}: not Zarr v3 group or array metadata: {e}") from None
     except FileNotFoundError:
         v2 = any(os.path.exists(os.path.join(src, n)) for n in (".zarray", ".zgroup"))
-        raise UsageError(f"{src}: {'Zarr v2 data, not Zarr v3' if v2 else 'not a Zarr v3 group or array (no zarr.json)'}") from None
+        why = "Zarr v2 data, not Zarr v3" if v2 else "not a Zarr v3 group or array (no zarr.json)"
+        raise UsageError(f"{src}: {why}") from None
     except PermissionError:
         raise UsageError(f"{meta}: permission denied") from None
     except (OSError, ValueError) as e:
@@ -269,7 +284,7 @@ def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source
     own = opts.own
     if opts.ignored:
         log.debug("ignored mount options: %s", ",".join(opts.ignored))
-    read_only = args.read_only or opts.read_only
+    read_only = args.read_only or opts.read_only or source.web  # a web server takes no writes
     timeouts = Timeouts(float(own.get("entry_timeout", Timeouts.entry)),
                         float(own.get("attr_timeout", Timeouts.attr)))
     with contextlib.ExitStack() as cleanup:
@@ -328,6 +343,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     from shardfs.chunkcache import DEFAULT_BYTES, ChunkCache, parse_size
     from shardfs.fuse_ops import Operations
     from shardfs.reads import make_reads
+    from shardfs.status import Status
     from shardfs.view import View, v2
 
     own = opts.own
@@ -339,10 +355,10 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
         _report(args, f"error: -o {e}")
         return 1
     ome = args.ome and "no_ome_translation" not in own
-    view = View(storage, read_only=read_only, writeback=writeback, ome=ome,
+    view = View(storage, read_only=read_only, writeback=writeback, ome=ome, c_order="c_order" in own,
                 reads=make_reads(storage, cache=ranges, chunk_cache=cache))
     ops = Operations(view, timeouts, writeback, spill_dir=state.spill_dir(source.name, source.endpoint))
-    if writeback is not None:
+    if writeback is not None and ops.writer is not None:
         writeback.on_folded = ops.writer.folded
         if "shard_size" in own:
             ops.writer.shard_bytes = max(1, parse_size(own["shard_size"]))
@@ -364,9 +380,13 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     if libfuse:
         log.warning("libfuse: %s", libfuse)
     log.info("mounted %s on %s%s", source.name, mnt, " (read-only)" if read_only else "")
+    shown = {**own, **{o.partition("=")[0]: o.partition("=")[2] for o in opts.fuse}}
+    status = Status(ops, mnt, source.name, source.endpoint, read_only, shown,
+                    state.status_socket(source.name, source.endpoint, os.getpid()),
+                    float(own["stats_interval"]) if "stats_interval" in own else None)
     _report(args, "ok")
     try:
-        trio.run(_serve, ops, writeback)
+        trio.run(_serve, ops, writeback, status)
     finally:
         pyfuse3.close(unmount=True)
         log.info("unmounted %s", mnt)
@@ -406,8 +426,9 @@ def _stderr_captured() -> Iterator[list[str]]:
             said += [line.strip() for line in tmp.read().decode(errors="replace").splitlines() if line.strip()]
 
 
-async def _serve(ops: Any, writeback: Any) -> None:
-    """Run the FUSE loop; on SIGINT/SIGTERM fold pending writes into the shards and end it.
+async def _serve(ops: Any, writeback: Any, status: Any) -> None:
+    """Run the FUSE loop and answer ``shardfs status`` (``status``); on SIGINT/SIGTERM fold
+    pending writes into the shards and end it.
 
     Pending writes are also folded when the loop ends otherwise (``fusermount3 -u``).
     Changes that cannot be folded stay in the journal (``Writeback.flush`` says why).
@@ -432,6 +453,7 @@ async def _serve(ops: Any, writeback: Any) -> None:
                     return
 
         nursery.start_soon(on_signal)
+        nursery.start_soon(status.run)
         if writeback is not None:
             nursery.start_soon(writeback.run)
         await fuseloop.main()  # pyfuse3.main() with a cheaper read lock
@@ -473,20 +495,70 @@ def _report(args: argparse.Namespace, line: str) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    """Print what ``shardfs.report.inspect`` finds; draw ``--map``. Reading many shard indexes
+    shows a progress bar on a terminal's stderr."""
+    from shardfs.gridmap import parse_slice, save_png
     from shardfs.report import format_text, inspect
 
+    bars: list[Any] = []
+
+    def progress(total: int) -> Any:
+        if total < PROGRESS_MIN or not sys.stderr.isatty():
+            return None
+        from tqdm import tqdm
+
+        bars.append(tqdm(total=total, unit="shard", desc="reading shard indexes", file=sys.stderr, leave=False))
+        return bars[-1].update
+
     try:
-        report = inspect(args.path)
+        report = inspect(args.path, options.parse(args.options).own, progress=progress)
+        where = parse_slice(args.slice, report["shape"], report["shard_shape"]) if "stored" in report else None
     except (OSError, ValueError) as e:
-        raise UsageError(str(e)) from None
-    print(json.dumps(report, indent=2) if args.json else format_text(report))
+        raise UsageError(str(e).splitlines()[0]) from None
+    finally:
+        for bar in bars:
+            bar.close()
+    if args.map:
+        if where is None:
+            raise UsageError(f"--map: {args.path} is not an array that can be shown (inspect says why)")
+        try:
+            save_png(report, where, args.map)
+        except ImportError:
+            raise UsageError("--map needs matplotlib: pip install 'shardfs[map]'") from None
+        except OSError as e:
+            raise UsageError(f"{args.map}: cannot write: {e.strerror}") from None
+    print(json.dumps(report, indent=2) if args.json else format_text(report, where))
     return 0
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    """Print the status of one mount or of every mount of this user, once or every ``--watch`` s."""
+    from shardfs.status_client import StatusError, all_statuses, clear_screen, format_text, status_of
+
+    if args.watch is not None and not args.watch > 0:
+        raise UsageError(f"--watch {args.watch:g}: not a positive number of seconds")
+    clear = clear_screen() if args.watch and not args.json and sys.stdout.isatty() else ""
+    while True:
+        try:
+            docs: Any = status_of(args.mnt) if args.mnt else all_statuses()
+        except StatusError as e:
+            raise UsageError(str(e)) from None
+        if args.json:
+            print(json.dumps(docs, indent=2))
+        else:
+            shown = [docs] if args.mnt else docs
+            print(clear + ("\n\n".join(map(format_text, shown)) if shown else "no shardfs mounts of this user"))
+        if not args.watch:
+            return 0
+        sys.stdout.flush()
+        time.sleep(args.watch)
+
+
 def _cmd_umount(args: argparse.Namespace) -> int:
-    """SIGTERM the daemon (it folds pending writes, then unmounts); after ``--timeout`` seconds
-    SIGKILL it (the journal keeps every acknowledged change) and unmount lazily. Prints what
-    is left in the journal and why; status 1 if anything is."""
+    """SIGTERM the daemon (it folds pending writes, then unmounts), showing the folds' progress
+    when many chunks are pending (``FoldProgress``); after ``--timeout`` seconds SIGKILL it (the
+    journal keeps every acknowledged change) and unmount lazily. Prints what is left in the
+    journal and why; status 1 if anything is."""
     mnt = os.path.abspath(args.mnt)
     if not os.path.ismount(mnt):
         raise UsageError(f"{args.mnt}: not mounted")
@@ -497,10 +569,13 @@ def _cmd_umount(args: argparse.Namespace) -> int:
             raise UsageError(result.stderr.strip() or f"{args.mnt}: cannot unmount")
         return 0
     found = daemon_journal(pid)
+    sockets = state.status_sockets(pid)
+    progress = FoldProgress(args.mnt, sockets[0] if sockets else None)
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + args.timeout
     killed = False
     while _alive(pid) or os.path.ismount(mnt):
+        progress.poll()
         if time.monotonic() > deadline:
             print(f"shardfs: {args.mnt}: pending writes not folded within {args.timeout:g} s: "
                   f"stopping daemon {pid}", file=sys.stderr)
@@ -514,9 +589,10 @@ def _cmd_umount(args: argparse.Namespace) -> int:
             break
         time.sleep(0.05)
     lines = _kept_report(*found, pid, killed) if found is not None else []
+    progress.close(bool(lines) or killed)
     for line in lines:
         print(f"shardfs: {line}", file=sys.stderr)
-    if lines:
+    if lines and found is not None:
         print(f"shardfs: they are folded by the next mount of {found[0]}", file=sys.stderr)
     return 1 if lines or killed else 0
 

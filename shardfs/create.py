@@ -5,7 +5,10 @@ A ``.zarray`` written in a new directory becomes a sharded v3 array
 chunks, its inner chain is zarr-python's own translation of the v2 ``order``,
 dtype byte order, ``filters`` and ``compressor`` (``zarr.metadata.migrate_v3``),
 and the shard shape follows ``shard_counts``. ``_ARRAY_DIMENSIONS`` in the
-attributes become ``dimension_names``. A rewritten ``.zarray`` is compared with
+attributes become ``dimension_names``. An object array (``|O`` with a
+``vlen-utf8``/``vlen-bytes`` filter) becomes a v3 ``string``/``variable_length_bytes``
+array whose array→bytes codec is that filter. A ``fill_value`` of null is remembered
+(``shardfs.fill.remember_null_fill``). A rewritten ``.zarray`` is compared with
 the one shown (``rewrite_kind``): only a new shape is a change the mount applies.
 """
 
@@ -13,13 +16,15 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from typing import Any
 
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardfs.fill import XARRAY_FILL, encode_xarray_fill
+from shardfs.dtypes import VLEN_CODECS
+from shardfs.fill import XARRAY_FILL, encode_xarray_fill, remember_null_fill
 
 if TYPE_CHECKING:
     from zarr.core.metadata.v2 import ArrayV2Metadata
@@ -59,6 +64,9 @@ def _v2_metadata(zarray: Any) -> ArrayV2Metadata:
         dtype = zarray.get("dtype")
         if isinstance(dtype, str):  # "<u1" and "|u1" are one dtype; zarr 3 knows only the latter
             dtype = np.dtype(dtype).str
+        if dtype == "|O" and not isinstance(zarray.get("fill_value"), str):  # zarr 2 gives them 0
+            zarray = {**zarray, "fill_value": None}
+
         return ArrayV2Metadata.from_dict({**zarray, "dtype": dtype, "attributes": {}})
     except Exception as e:  # zarr raises many types for bad metadata
         raise Refused(f"invalid .zarray: {e}") from None
@@ -82,25 +90,33 @@ def array_doc(zarray: Any, attrs: dict[str, Any], shard_bytes: int = DEFAULT_SHA
     """
     from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
     from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.dtype import UInt8
     from zarr.core.metadata.v3 import ArrayV3Metadata
     from zarr.metadata.migrate_v3 import _convert_array_metadata
 
     v2meta = _v2_metadata(zarray)
-    if zarray.get("fill_value") is None:  # v3 needs one: the dtype's zero, as zarr 3 writes it
-        zero = False if np.dtype(v2meta.dtype.to_native_dtype()).kind == "b" else 0
-        v2meta = _v2_metadata({**zarray, "fill_value": zero})
+    vlen = getattr(v2meta.dtype, "object_codec_id", None)
+    if v2meta.fill_value is None:  # v3 needs one: the dtype's default, as zarr 3 writes it
+        v2meta = replace(v2meta, fill_value=_default_fill(v2meta))
     try:
-        unsharded = _convert_array_metadata(v2meta)
+        if vlen is None:
+            inner = list(_convert_array_metadata(v2meta).codecs)
+        else:  # zarr converts the other codecs of a stand-in byte array; the object codec is
+            # v3's array→bytes codec, not a filter
+            rest = tuple(f for f in v2meta.filters or () if f.codec_id != vlen) or None
+            stand_in = replace(v2meta, dtype=UInt8(), fill_value=0, filters=rest)
+            inner = [VLEN_CODECS[vlen]() if isinstance(c, BytesCodec) else c
+                     for c in _convert_array_metadata(stand_in).codecs]
     except Exception as e:  # no zarr.codecs.numcodecs codec for a filter or compressor
         raise Refused(f"no v3 codec for the .zarray codecs: {e}") from None
     shape, chunks = tuple(v2meta.shape), tuple(v2meta.chunks)
     itemsize = np.dtype(v2meta.dtype.to_native_dtype()).itemsize
     grid = tuple(math.ceil(s / c) for s, c in zip(shape, chunks))
     counts = shard_counts(math.prod(chunks) * itemsize, grid, shard_bytes)
-    sharding = ShardingCodec(chunk_shape=chunks, codecs=unsharded.codecs,
+    sharding = ShardingCodec(chunk_shape=chunks, codecs=inner,
                              index_codecs=[BytesCodec(endian="little"), Crc32cCodec()], index_location="end")
     separator = zarray.get("dimension_separator") or "."
-    encoding = {"name": "v2", "configuration": {"separator": "."}} if separator == "/" else \
+    encoding: dict[str, Any] = {"name": "v2", "configuration": {"separator": "."}} if separator == "/" else \
         {"name": "default", "configuration": {"separator": "/"}}
     attrs = dict(attrs)
     names = dimension_names(attrs, len(shape))
@@ -112,13 +128,22 @@ def array_doc(zarray: Any, attrs: dict[str, Any], shard_bytes: int = DEFAULT_SHA
         attrs.setdefault(XARRAY_FILL, mask)
     try:
         meta = ArrayV3Metadata(
-            shape=shape, data_type=unsharded.data_type,
+            shape=shape, data_type=v2meta.dtype,
             chunk_grid={"name": "regular", "configuration": {"chunk_shape": [c * n for c, n in zip(chunks, counts)]}},
-            chunk_key_encoding=encoding, fill_value=unsharded.fill_value, codecs=[sharding],
+            chunk_key_encoding=encoding, fill_value=v2meta.fill_value, codecs=[sharding],
             attributes=attrs, dimension_names=names, storage_transformers=None)
-        return json.loads(meta.to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes())
+        doc = json.loads(meta.to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes())
     except Exception as e:
         raise Refused(f"cannot make v3 metadata: {e}") from None
+    return remember_null_fill(doc) if zarray.get("fill_value") is None else doc
+
+
+def _default_fill(v2meta: ArrayV2Metadata) -> Any:
+    """The fill value zarr 3 gives a new array of ``v2meta``'s data type (zero, False, "")."""
+    try:
+        return v2meta.dtype.default_scalar()
+    except Exception:  # zarr 3.1's structured types have no default: zero bytes are one
+        return np.zeros((), dtype=v2meta.dtype.to_native_dtype())[()]
 
 
 def group_doc(zgroup: Any, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -149,14 +174,16 @@ def _normal(zarray: dict[str, Any]) -> dict[str, Any]:
 def rewrite_kind(new: Any, shown: dict[str, Any], fills: tuple[Any, ...]) -> str:
     """What a rewrite of ``.zarray`` to ``new`` asks, given the ``.zarray`` ``shown``:
     ``"same"``, ``"resize"`` (only the shape differs), or raises ``Refused`` saying what
-    else changed. ``fills`` are the fill values that count as unchanged (JSON); null always does."""
+    else changed. ``fills`` are the fill values that count as unchanged (JSON); null always does,
+    and so does any fill of an object array (shown as null: ``shardfs.fill.map_fill``)."""
+
     _v2_metadata(new)
     try:
         a, b = _normal(new), _normal(shown)
     except Exception as e:
         raise Refused(f"invalid .zarray: {e}") from None
     changed = [k for k in a if a[k] != b[k]]
-    if new.get("fill_value") is not None and new.get("fill_value") not in fills:
+    if new.get("fill_value") is not None and new.get("fill_value") not in fills and a["dtype"] != "|O":
         changed.append("fill_value")
     if changed:
         raise Refused(", ".join(changed) + " differ from the array's")

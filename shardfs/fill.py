@@ -9,8 +9,15 @@ it into NaN. The mapping (``map_fill``):
 - a decodable ``_FillValue`` attribute becomes the v2 ``fill_value`` and is
   dropped from ``.zattrs`` (xarray refuses to see it twice);
 - otherwise an array that xarray can open (it has dimension names, shown as
-  ``_ARRAY_DIMENSIONS``) gets ``fill_value: null``: no mask, as natively;
-- otherwise (no xarray reader) the v3 ``fill_value`` is kept.
+  ``_ARRAY_DIMENSIONS``) gets ``fill_value: null``: no mask, as natively; except a
+  NaN float fill, which stays "NaN": masking NaN as NaN changes no value, and GDAL
+  reads it as the nodata value, as on a v2 copy written by zarr 2.18;
+- otherwise (no xarray reader) the v3 ``fill_value`` is kept, but a variable-length
+  type's is null (zarr 2 cannot decode a bytes fill of an object array);
+- an array created through the mount from a ``.zarray`` with ``fill_value: null``
+  shows null again: ``zarr.json`` remembers it in an extension member that v3
+  readers skip (``{"shardfs": {"must_understand": false, "v2_fill_value": null}}``,
+  ``remember_null_fill``), so nothing is added to the attributes they show.
 
 When the v2 ``fill_value`` is not the v3 one, a v2 reader would fill an absent
 chunk with the wrong value (or, with null, leave it uninitialised: zarr 2.18
@@ -30,6 +37,7 @@ from typing import Any
 import numpy as np
 
 XARRAY_FILL = "_FillValue"
+EXTENSION = "shardfs"  # zarr.json member (must_understand: false) of what v3 cannot say
 _FLOAT_WORDS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
@@ -43,16 +51,30 @@ class FillMapping:
     serve_missing: bool
 
 
-def map_fill(attrs: dict[str, Any], v3_fill: Any, dtype: np.dtype, xarray_visible: bool) -> FillMapping:
+def map_fill(attrs: dict[str, Any], v3_fill: Any, dtype: np.dtype, xarray_visible: bool,
+             null: bool = False) -> FillMapping:
     """The v2 fill of an array of ``dtype`` whose v3 ``fill_value`` is ``v3_fill`` and whose
-    attributes are ``attrs`` (see the module docstring)."""
+    attributes are ``attrs`` (see the module docstring); ``null``: the array was created
+    from a ``.zarray`` whose ``fill_value`` was null."""
     mask = decode_xarray_fill(attrs[XARRAY_FILL], dtype) if XARRAY_FILL in attrs else None
     if mask is not None:
         shown = {k: v for k, v in attrs.items() if k != XARRAY_FILL}
         return FillMapping(encode_fill_value(mask, dtype), shown, not same_fill(mask, v3_fill, dtype))
-    if xarray_visible:
+    nan = dtype.kind == "f" and bool(np.isnan(v3_fill))
+    if null or dtype.hasobject or (xarray_visible and not nan):
         return FillMapping(None, attrs, True)
     return FillMapping(encode_fill_value(v3_fill, dtype), attrs, False)
+
+
+def remembered_null_fill(doc: dict[str, Any]) -> bool:
+    """True if the array ``zarr.json`` ``doc`` remembers a v2 ``fill_value`` of null."""
+    ext = doc.get(EXTENSION)
+    return isinstance(ext, dict) and "v2_fill_value" in ext and ext["v2_fill_value"] is None
+
+
+def remember_null_fill(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` (an array ``zarr.json``) remembering a v2 ``fill_value`` of null."""
+    return {**doc, EXTENSION: {"must_understand": False, "v2_fill_value": None}}
 
 
 def decode_xarray_fill(value: Any, dtype: np.dtype) -> Any | None:
@@ -122,7 +144,16 @@ def same_fill(a: Any, b: Any, dtype: np.dtype) -> bool:
 
 def encode_fill_value(value: Any, dtype: np.dtype) -> Any:
     """A fill value in v2 JSON: NaN/Infinity as strings, complex as ``[re, im]``,
-    datetimes as their int64 count (NaT is the smallest int64), as zarr 2 spells them."""
+    datetimes as their int64 count (NaT is the smallest int64), strings as JSON strings,
+    fixed-size bytes (and structured values) as base64 of their bytes, as zarr 2 spells them
+    (``|S n``: without trailing NULs, so an all-NUL fill is ``""``: netCDF-C takes the JSON
+    string itself as the fill, not its base64 decoding)."""
+    if dtype.kind == "U":
+        return str(value)
+    if dtype.kind == "S":
+        return base64.standard_b64encode(bytes(np.array(value, dtype=dtype)[()])).decode()
+    if dtype.kind == "V":
+        return base64.standard_b64encode(np.array(value, dtype=dtype).tobytes()).decode()
     if dtype.kind == "b":
         return bool(value)
     if dtype.kind in "iu":

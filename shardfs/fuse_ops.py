@@ -26,7 +26,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import pyfuse3
 import trio
@@ -36,6 +36,7 @@ from shardfs.inodes import KernelInodes, Pages
 from shardfs.listing import DirStream
 from shardfs.attrs import Attr
 from shardfs.nodetable import CHUNK_BASE
+from shardfs.stats import RequestStats
 from shardfs.view import ReadHandle, View
 from shardfs.writeback import Writeback
 from shardfs.writes import WriteHandle, Writer
@@ -48,6 +49,7 @@ NAME_MAX = 255  # bytes in one name (ENAMETOOLONG beyond), as on every local Lin
 # read-only open then asks the kernel for no FLUSH request at its close(); stock pyfuse3 has not
 # (each close of a read-only open then costs one FLUSH request, answered as a no-op).
 NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
+GUARDED: list[str] = []  # the handlers ``_guard`` wraps: the operations ``RequestStats`` counts
 
 
 def _name(name: bytes) -> str:
@@ -58,21 +60,30 @@ def _name(name: bytes) -> str:
 
 
 def _guard(fn: F) -> F:
+    """A handler that counts itself (``Operations.stats``) and never raises anything but
+    ``FUSEError`` (see the module docstring)."""
+    op = fn.__name__
+
     @functools.wraps(fn)
     async def wrapper(self: "Operations", *args: Any) -> Any:
+        self.stats.requests[op] += 1
         try:
             return await fn(self, *args)
-        except pyfuse3.FUSEError:
+        except pyfuse3.FUSEError as e:
+            self.stats.error(e.errno, op)
             raise
         except OSError as e:
             if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR) and e.strerror:
-                log.debug("%s%r: %s", fn.__name__, args[:2], e.strerror)
+                log.debug("%s%r: %s", op, args[:2], e.strerror)
+            self.stats.error(e.errno or errno.EIO, op)
             raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
         except Exception:
-            log.exception("internal error in %s%r", fn.__name__, args[:2])
+            log.exception("internal error in %s%r", op, args[:2])
+            self.stats.error(errno.EIO, op)
             raise pyfuse3.FUSEError(errno.EIO) from None
 
-    return wrapper  # type: ignore[return-value]
+    GUARDED.append(op)
+    return wrapper  # type: ignore[return-value]  # functools.wraps: fn's signature
 
 
 @dataclass
@@ -94,12 +105,18 @@ class Operations(pyfuse3.Operations):
         """``spill_dir``: where contents being written spill beyond memory (needed with ``writeback``)."""
         super().__init__()
         self.view = view
-        self.writer = None if writeback is None else Writer(view, writeback, self.invalidate, spill_dir)
+        if writeback is not None and spill_dir is None:
+            raise ValueError("a writable mount needs a spill_dir")
+        self.writer = None if writeback is None or spill_dir is None else Writer(view, writeback, self.invalidate,
+                                                                                   spill_dir)
         self.timeouts = timeouts or Timeouts()
         self._handles = Handles()
         self._kernel = KernelInodes()
         self._fill = True  # until the kernel says it cannot store pages (ENOSYS)
         self._uid, self._gid = os.getuid(), os.getgid()
+        self.stats = RequestStats()
+        for op in GUARDED:
+            self.stats.op(op)
 
     def _entry(self, attr: Attr, e: pyfuse3.EntryAttributes | None = None) -> pyfuse3.EntryAttributes:
         """``attr`` as pyfuse3 entry attributes (filled into ``e`` if given: readdir reuses one)."""
@@ -160,7 +177,9 @@ class Operations(pyfuse3.Operations):
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         """Entries from offset ``start_id`` on, until the kernel's buffer is full; offset 0
         lists afresh. The entries come a page at a time (``DirStream``)."""
-        stream = self._handles[fh].stream
+        handle = self._handles[fh]
+        assert isinstance(handle, DirHandle)  # the kernel sends READDIR with directory handles only
+        stream = handle.stream
         if start_id == 0:
             await stream.rewind()
         e = None
@@ -186,13 +205,15 @@ class Operations(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
             await self._attr(inode)
-            handle = await self._writable().open(inode, truncate=bool(flags & os.O_TRUNC))
+            written = await self._writable().open(inode, truncate=bool(flags & os.O_TRUNC))
             self._kernel.changed(inode)
-            return pyfuse3.FileInfo(fh=self._handles.add(handle), direct_io=False, keep_cache=False)
+            return pyfuse3.FileInfo(fh=self._handles.add(written), direct_io=False, keep_cache=False)
         handle = await self.view.open(inode)
         # The pages are the kernel inode's: a chunk's name that a rename made show another inode
         # (an alias, see NodeTable) has pages of its own, maybe being written in place right now.
         version = handle.attr._replace(ino=handle.ino)
+        if inode >= CHUNK_BASE:
+            self.stats.chunk_files += 1
         try:
             content = await self._content_to_fill(handle, version)
         except BaseException:
@@ -207,7 +228,7 @@ class Operations(pyfuse3.Operations):
             self._fill_pages(handle.ino, content)
         return fi
 
-    async def _content_to_fill(self, handle: ReadHandle, version: Attr) -> bytes | memoryview | None:
+    async def _content_to_fill(self, handle: ReadHandle, version: Attr) -> bytes | bytearray | memoryview | None:
         """The whole content of a small file being opened whose pages the kernel has never held
         (``Pages.NONE`` for ``version``: the attributes with the kernel's inode), to store into
         its page cache (``_fill_pages``); else None. The client's reads are then served by the
@@ -218,13 +239,14 @@ class Operations(pyfuse3.Operations):
         content = await self.view.read(handle, 0, size)
         return content if len(content) == size else None
 
-    def _fill_pages(self, ino: int, content: bytes | memoryview) -> None:
+    def _fill_pages(self, ino: int, content: bytes | bytearray | memoryview) -> None:
         """Store ``content`` (a view of a buffer the next read may reuse: no ``await`` since it
         was read) into the page cache of ``ino``, which holds none of it. Called before the open
         is answered, and without an ``await`` since ``opened`` said ``Pages.NONE``, so no client
         can be reading the file meanwhile (the kernel would hold its pages locked)."""
         try:
-            pyfuse3.notify_store(ino, 0, content)
+            pyfuse3.notify_store(ino, 0, content)  # type: ignore[arg-type]  # any buffer (stub: bytes); no copy
+            self.stats.read_bytes += len(content)
         except OSError as e:  # what was stored is still this version's: the pages are kept
             if e.errno == errno.ENOSYS:
                 self._fill = False
@@ -233,9 +255,14 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self._handles[fh]
+        data: bytes | bytearray | memoryview
         if isinstance(handle, WriteHandle):
-            return await self._writable().read(handle, off, size)
-        return await self.view.read(handle, off, size)
+            data = await self._writable().read(handle, off, size)
+        else:
+            assert isinstance(handle, ReadHandle)  # the kernel sends READ with file handles only
+            data = await self.view.read(handle, off, size)
+        self.stats.read_bytes += len(data)
+        return data  # type: ignore[return-value]  # pyfuse3 replies with any buffer
 
     @_guard
     async def release(self, fh: int) -> None:
@@ -254,6 +281,12 @@ class Operations(pyfuse3.Operations):
             setattr(out, name, getattr(st, name))
         return out
 
+    def spilled_bytes(self) -> int:
+        """Bytes held in spill files by open files and staging files (``shardfs status``)."""
+        buffers = {id(b): b for b in (h.data() for h in self._handles.writes()) if b is not None}
+        buffers.update((id(st.data), st.data) for st in self.view.nodes.staged.values())
+        return sum(b.size for b in buffers.values() if b.spilled)
+
     def _writable(self) -> "Writer":
         if self.writer is None:
             raise pyfuse3.FUSEError(errno.EROFS)
@@ -271,13 +304,14 @@ class Operations(pyfuse3.Operations):
         (so nothing is remembered for them: written chunks the kernel evicted before
         their fold would otherwise pile up here).
         """
-        targets = [alias for ino in inodes for alias in (ino, *self.view.nodes.aliases(ino)) if self._kernel.holds(alias)]
+        targets = [alias for ino in inodes for alias in (ino, *self.view.nodes.aliases(ino))
+                   if self._kernel.holds(alias)]
         for ino in targets:
             self._kernel.changed(ino)
         if targets:
             await trio.to_thread.run_sync(_invalidate_inodes, targets)
 
-    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, nlookup in inode_list:
             if self._kernel.forget(ino, nlookup):
                 self.view.nodes.forget(ino)
@@ -338,7 +372,7 @@ class Operations(pyfuse3.Operations):
                 await writer.truncate_closed(inode, attr.st_size)
             else:
                 await writer.truncate(handle, attr.st_size)
-        return await self.getattr(inode)
+        return await Operations.getattr.__wrapped__(self, inode)  # type: ignore[attr-defined]  # (one request)
 
     @_guard
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
@@ -371,7 +405,7 @@ class Operations(pyfuse3.Operations):
         log.error("unsupported operation on the mount (symlink or mknod)")
         raise pyfuse3.FUSEError(errno.EPERM)
 
-    symlink = mknod = _unsupported
+    symlink = mknod = _unsupported  # type: ignore[assignment]  # both always fail, whatever their arguments
 
     async def setxattr(self, *args: Any) -> None:
         """No extended attributes (nor ACLs): ENOTSUP, which ``cp -a`` and ``rsync -X`` expect
@@ -380,7 +414,7 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         raise pyfuse3.FUSEError(errno.ENOTSUP)
 
-    removexattr = setxattr
+    removexattr = setxattr  # type: ignore[assignment]  # both always fail, whatever their arguments
 
 
 def _invalidate_inodes(inodes: list[int]) -> None:

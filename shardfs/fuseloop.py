@@ -107,7 +107,7 @@ class Pending(trio.abc.Instrument):
 def trio_epoll() -> int:
     """The file descriptor of the running trio's epoll instance, or -1 if this trio keeps none
     where this module looks (then :class:`QueuedWait` never blocks in its own ``poll``)."""
-    runner = getattr(trio._core._run.GLOBAL_RUN_CONTEXT, "runner", None)  # type: ignore[attr-defined]
+    runner = getattr(trio._core._run.GLOBAL_RUN_CONTEXT, "runner", None)
     epoll = getattr(getattr(runner, "io_manager", None), "_epoll", None)
     return epoll.fileno() if isinstance(epoll, select.epoll) else -1
 
@@ -170,11 +170,11 @@ def _trio_for_pyfuse3(pending: Pending) -> types.ModuleType:
     ``lowlevel.wait_readable`` is that of a :class:`QueuedWait` with ``pending``."""
     shim = types.ModuleType(trio.__name__, trio.__doc__)
     shim.__dict__.update(trio.__dict__)
-    shim.Lock = ReadLock  # type: ignore[attr-defined]
+    shim.Lock = ReadLock  # type: ignore[attr-defined]  # a module object made at runtime
     lowlevel = types.ModuleType(trio.lowlevel.__name__, trio.lowlevel.__doc__)
     lowlevel.__dict__.update(trio.lowlevel.__dict__)
-    lowlevel.wait_readable = QueuedWait(pending).wait_readable  # type: ignore[attr-defined]
-    shim.lowlevel = lowlevel  # type: ignore[attr-defined]
+    lowlevel.wait_readable = QueuedWait(pending).wait_readable  # type: ignore[attr-defined]  # a module made at runtime
+    shim.lowlevel = lowlevel  # type: ignore[attr-defined]  # a module object made at runtime
     return shim
 
 
@@ -184,7 +184,7 @@ async def main() -> None:
     request."""
     pending = Pending()
     await pending.watch()
-    pyfuse3.trio = _trio_for_pyfuse3(pending)  # type: ignore[attr-defined]
+    pyfuse3.trio = _trio_for_pyfuse3(pending)  # type: ignore[attr-defined]  # pyfuse3's own trio, replaced on purpose
     try:
         await pyfuse3.main()
     finally:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Union
 
 from shardfs.listing import DirStream
 from shardfs.reads import ReadHandle
@@ -19,7 +18,7 @@ class DirHandle:
     stream: DirStream
 
 
-Handle = Union[ReadHandle, WriteHandle, DirHandle]
+Handle = ReadHandle | WriteHandle | DirHandle
 
 
 class Handles:
@@ -44,6 +43,10 @@ class Handles:
     def pop(self, fh: int) -> Handle | None:
         """Unregister ``fh`` (release); the handle, or None if there was none."""
         return self._open.pop(fh, None)
+
+    def writes(self) -> list[WriteHandle]:
+        """Every handle open for writing."""
+        return [h for h in self._open.values() if isinstance(h, WriteHandle)]
 
     def dirty_write(self, ino: int) -> WriteHandle | None:
         """A handle with uncommitted writes to ``ino``, if any (its size is what stat shows)."""

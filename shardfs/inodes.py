@@ -24,11 +24,52 @@ class Pages(enum.Enum):
     OTHER = "other"  # maybe pages of another version: the kernel must drop them
 
 
+class LookupCounts:
+    """How many lookups the kernel holds of each inode, compactly: the counts of 16 consecutive
+    inode numbers share one int (4 bits each), so a listing of 1M chunk files (consecutive
+    chunk inodes) costs about 7 bytes an inode instead of a dict entry's 70-80. A count of 15
+    or more lives in a dict of its own (its 4 bits say so)."""
+
+    def __init__(self) -> None:
+        self._packed: dict[int, int] = {}  # ino >> 4 -> 16 counts of 4 bits (15: see _big)
+        self._big: dict[int, int] = {}  # ino -> its count, when 15 or more
+
+    def add(self, ino: int) -> None:
+        """One more lookup of ``ino``."""
+        key, shift = ino >> 4, (ino & 15) << 2
+        packed = self._packed.get(key, 0)
+        nibble = (packed >> shift) & 15
+        if nibble == 15:
+            self._big[ino] += 1
+            return
+        if nibble == 14:
+            self._big[ino] = 15
+        self._packed[key] = packed + (1 << shift)
+
+    def drop(self, ino: int, n: int) -> int:
+        """``n`` lookups of ``ino`` fewer; the count left (0 when none: ``ino`` is not held)."""
+        key, shift = ino >> 4, (ino & 15) << 2
+        packed = self._packed.get(key, 0)
+        nibble = (packed >> shift) & 15
+        left = max(0, (self._big.pop(ino) if nibble == 15 else nibble) - n)
+        if left >= 15:
+            self._big[ino] = left
+        packed += (min(left, 15) - nibble) << shift
+        if packed:
+            self._packed[key] = packed
+        else:
+            self._packed.pop(key, None)
+        return left
+
+    def __contains__(self, ino: int) -> bool:
+        return bool((self._packed.get(ino >> 4, 0) >> ((ino & 15) << 2)) & 15)
+
+
 class KernelInodes:
     """Lookup counts and page-cache versions of the inodes the kernel knows."""
 
     def __init__(self) -> None:
-        self._lookups: dict[int, int] = {}  # inode -> lookups the kernel holds (until it forgets them)
+        self._lookups = LookupCounts()  # lookups the kernel holds of each inode (until it forgets them)
         # inode -> (size, mtime) of the version last opened for reading; None once opened for
         # writing or changed (pages of unknown content). An inode not here was never opened.
         self._cached: dict[int, tuple[int, int] | None] = {}
@@ -36,14 +77,12 @@ class KernelInodes:
 
     def looked_up(self, ino: int) -> None:
         """The kernel got an entry for ``ino`` (lookup, create, link, readdirplus): one more lookup."""
-        self._lookups[ino] = self._lookups.get(ino, 0) + 1
+        self._lookups.add(ino)
 
     def forget(self, ino: int, n: int) -> bool:
         """The kernel dropped ``n`` lookups of ``ino``; True if it holds none any more: then it
         evicted the inode with its pages, so the next open finds none (``Pages.NONE``)."""
-        left = self._lookups.pop(ino, 0) - n
-        if left > 0:
-            self._lookups[ino] = left
+        if self._lookups.drop(ino, n):
             return False
         self._cached.pop(ino, None)
         return True
@@ -55,7 +94,9 @@ class KernelInodes:
     def pages(self, attr: Attr) -> Pages:
         """What ``opened(attr)`` would say now, without remembering anything."""
         before = self._cached.get(attr.ino, Pages.NONE)
-        return Pages.NONE if before is Pages.NONE else Pages.SAME if before == (attr.size, attr.mtime_ns) else Pages.OTHER
+        if before is Pages.NONE:
+            return Pages.NONE
+        return Pages.SAME if before == (attr.size, attr.mtime_ns) else Pages.OTHER
 
     def opened(self, attr: Attr) -> Pages:
         """A file is being opened for reading at version ``attr``: what the kernel may have

@@ -178,6 +178,8 @@ class Journal:
         self._new_dirs: list[str] = []  # directories with entries created since the last sync
         self._sync_lock = trio.Lock()
         self._recovered: list[str] = []  # segments read by ``recover``
+        self.bytes = 0  # bytes in this mount's segments on disk (``shardfs status``)
+        self.failed: tuple[int, str, float] | None = None  # the last append's failure: errno, why, when
 
     # ----- appending ----------------------------------------------------------------------
 
@@ -185,16 +187,23 @@ class Journal:
         """Append one record; raises ``OSError`` if it could not be written whole."""
         record = encode_record(change)
         seg = self._current
-        if seg is None or seg.size >= self.segment_bytes:
-            seg = self._start_segment()
         try:
-            _write_all(seg.fd, seg.path, record)
-        except OSError:
-            seg.torn = True
-            self._close(seg)  # a torn record ends this segment
+            if seg is None or seg.size >= self.segment_bytes:
+                seg = self._start_segment()
+            assert seg.fd is not None  # the current segment is open
+            try:
+                _write_all(seg.fd, seg.path, record)
+            except OSError:
+                seg.torn = True
+                self._close(seg)  # a torn record ends this segment
+                raise
+        except OSError as e:
+            self.failed = (e.errno or errno.EIO, e.strerror or str(e), time.monotonic())
             raise
+        self.failed = None
         offset = seg.size
         seg.size += len(record)
+        self.bytes += len(record)
         seg.live += 1
         self._unsynced.add(seg.path)
         return Record(seg, offset)
@@ -228,6 +237,7 @@ class Journal:
             self._unsynced.discard(seg.path)
             try:
                 os.unlink(seg.path)
+                self.bytes -= seg.size
             except OSError as e:
                 log.error("%s: cannot delete a folded journal segment: %s", seg.path, e)
 
@@ -265,14 +275,15 @@ class Journal:
                 self._close(seg)
             return False
         seg.size += len(marker)
+        self.bytes += len(marker)
         return True
 
     def _mark_in_place(self, seg: _Segment, offsets: list[int]) -> None:
         """Release the records at ``offsets`` of a segment that takes no more markers (a write
         to it failed: a full disk) by overwriting their magic with ``RELEASED``: that needs no
         new space. Without it a replay would write their old values over newer ones folded
-        since, this mount's own included (the soak lost acknowledged writes that way after a
-        full journal disk and a SIGKILL). A failure is logged: the window of the module docstring."""
+        since, this mount's own acknowledged writes included (scripts/soak fills the journal's
+        disk, then SIGKILLs the daemon). A failure is logged: the window of the module docstring."""
         try:
             fd = os.open(seg.path, os.O_WRONLY | os.O_CLOEXEC)
             try:

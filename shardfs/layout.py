@@ -86,8 +86,9 @@ class KeyScheme:
             parts = parts[1:]
         elif self.ndim == 0:
             return () if key == "0" else None
-        coords = tuple(map(parse_coord, parts))
-        return coords if len(coords) == self.ndim and None not in coords else None
+        coords = [parse_coord(p) for p in parts]
+        found = tuple(c for c in coords if c is not None)
+        return found if len(found) == len(coords) == self.ndim else None
 
     @cached_property
     def view_separator(self) -> str:
@@ -234,7 +235,7 @@ class ArrayLayout:
             pos = pos * n + c
         return tuple(shard), pos
 
-    def chunks_at(self, shard: tuple[int, ...], positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def chunks_at(self, shard: tuple[int, ...] | np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Inverse of ``locate`` for many index positions of one shard (or of many: ``shard``
         an ``(n, ndim)`` array, the shard of each position).
 

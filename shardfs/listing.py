@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Iterator, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Iterator, NamedTuple, Protocol, cast
 
 import numpy as np
 import trio
@@ -39,7 +39,7 @@ from shardfs.index import EMPTY
 from shardfs.nodes import (ARRAY_DIRS, ArrayDirKey, ArrayNode, DirKey, GroupNode, InnerShardKey, KeyDirKey, MetaKey,
                            ShardDirKey)
 from shardfs.nodetable import CHUNK_BASE, SLOT_SHIFT, NodeTable
-from shardfs.storage import Storage, Version
+from shardfs.storage import Entry, Storage, Version
 from shardfs.threads import blocking
 
 if TYPE_CHECKING:
@@ -137,7 +137,8 @@ class Listing:
             out = []
             for name in self.tree.meta_names(node):
                 mino = self.tree.nodes.inode(MetaKey(node.path, name))
-                out.append((name, self.tree.file_attr(mino, len(await self.tree.meta_bytes(node, name)), node.meta_mtime_ns)))
+                size = len(await self.tree.meta_bytes(node, name))
+                out.append((name, self.tree.file_attr(mino, size, node.meta_mtime_ns)))
             if isinstance(node, GroupNode):
                 for name, is_dir in sorted(await blocking(list_entries, self.tree.source, node.path)):
                     child = join(node.path, name)
@@ -146,7 +147,8 @@ class Listing:
                 shown = {name for name, _ in out}
                 for name in self.tree.new_children(node.path):
                     if name not in shown:
-                        out.append((name, await self.tree.getattr(self.tree.nodes.inode(DirKey(join(node.path, name))))))
+                        ino = self.tree.nodes.inode(DirKey(join(node.path, name)))
+                        out.append((name, await self.tree.getattr(ino)))
                 yield out
                 return
             yield out
@@ -164,6 +166,7 @@ class Listing:
             async for page in self._array_pages(arr, key.rel, None):
                 yield page
         else:
+            assert isinstance(key, KeyDirKey)  # box_of took inner shard directories
             async for page in self._array_pages(arr, None, key.prefix):
                 yield page
 
@@ -177,7 +180,7 @@ class Listing:
             for pending in self.tree.pending_shard_keys(arr):  # shards not folded into the source yet
                 if not rel or pending.startswith(rel + "/"):
                     name, sep, _rest = pending[len(rel) + 1 if rel else 0:].partition("/")
-                    entries.add((name, bool(sep)))
+                    entries.add(Entry(name, bool(sep)))
             ordered = sorted(entries)
             del entries
             names = np.array([name for name, _ in ordered], dtype=str)  # about 4 bytes a character
@@ -185,14 +188,14 @@ class Listing:
             del ordered
             for at in range(0, len(names), PAGE):
                 out = []
-                page = [(name, is_dir, join(rel, name)) for name, is_dir in
+                rows = [(name, is_dir, join(rel, name)) for name, is_dir in
                         zip(names[at:at + PAGE].tolist(), dirs[at:at + PAGE].tolist())]
-                shards = {sub: layout.keys.parse(sub) for name, is_dir, sub in page if not is_dir}
+                shards = {sub: layout.keys.parse(sub) for name, is_dir, sub in rows if not is_dir}
                 # a shard directory's mtime is its shard's version's: asked for the page at once
                 # (those only a request tells come with their indexes, read INDEX_READS at a time)
                 unknown = await self.tree.shard_versions(arr, [c for c in shards.values() if c is not None])
                 await self._read_tables(arr, unknown)
-                for name, is_dir, sub in page:
+                for name, is_dir, sub in rows:
                     is_shard = shards.get(sub) is not None
                     if is_shard or (is_dir and layout.keys.is_prefix(sub)):
                         shown = name + ".shard" if is_shard and self.tree.shard_suffix(arr) else name
@@ -205,7 +208,7 @@ class Listing:
         if prefix is None:
             return
         found = await self.stored_shards(arr)
-        shards = np.array(found, dtype=np.int64).reshape(len(found), layout.ndim)  # 8 bytes a coordinate
+        stored = np.array(found, dtype=np.int64).reshape(len(found), layout.ndim)  # 8 bytes a coordinate
         del found
         fill = False
         if arr.info.serve_missing:
@@ -216,7 +219,7 @@ class Listing:
                 log.warning("%s: more than %d inner chunks: empty ones are served but not listed",
                             self.tree.source.describe(arr.path), LIST_FILL_MAX)
         if fill or layout.keys.view_separator == "/":
-            chunks = ChunkSet.concat([c async for c in self._shard_chunk_sets(arr, shards)], layout.ndim)
+            chunks = ChunkSet.concat([c async for c in self._shard_chunk_sets(arr, stored)], layout.ndim)
             if fill:
                 filled = self._with_fill_chunks(arr, chunks, len(await self.tree.fill_file(arr)))
                 if layout.keys.view_separator != "/":
@@ -224,14 +227,14 @@ class Listing:
                         yield list(zip(layout.names.keys(part.coords), self._chunk_attrs(arr, part)))
                     return
                 chunks = ChunkSet.concat(list(filled), layout.ndim)
-            entries = self._nested(arr, chunks, prefix)
+            nested = self._nested(arr, chunks, prefix)
             del chunks
-            for at in range(0, len(entries), PAGE):
-                yield entries[at:at + PAGE]
+            for at in range(0, len(nested), PAGE):
+                yield nested[at:at + PAGE]
             return
         held: list[ChunkSet] = []
         count = 0
-        async for chunks in self._shard_chunk_sets(arr, shards):
+        async for chunks in self._shard_chunk_sets(arr, stored):
             held.append(chunks)
             count += len(chunks.size)
             if count >= PAGE:
@@ -283,7 +286,8 @@ class Listing:
         for c, mtime in zip(map(tuple, (chunks.coords // np.array(layout.spans[level + 1])).tolist()),
                             chunks.mtime.tolist()):
             newest[c] = max(newest.get(c, 0), mtime)
-        return [(layout.names.key(child), self.tree.dir_attr(self.tree.nodes.inode(InnerShardKey(arr.path, level + 1, child)), mtime))
+        inode = self.tree.nodes.inode
+        return [(layout.names.key(child), self.tree.dir_attr(inode(InnerShardKey(arr.path, level + 1, child)), mtime))
                 for child, mtime in sorted(newest.items())]
 
     async def stored_shards(self, arr: ArrayNode, rel: str = "") -> list[tuple[int, ...]]:
@@ -381,7 +385,7 @@ class Listing:
                 owner, pos, nbytes, mtime = owner[order], pos[order], nbytes[order], mtime[order]
         at = np.array(shards, dtype=np.int64).reshape(len(shards), layout.ndim)[owner]
         coords, inside = layout.chunks_at(at, pos)
-        return ChunkSet(coords[inside], arr.info.chunk.file_size(nbytes[inside]), mtime[inside])
+        return ChunkSet(coords[inside], cast(np.ndarray, arr.info.chunk.file_size(nbytes[inside])), mtime[inside])
 
     def _with_fill_chunks(self, arr: ArrayNode, stored: ChunkSet, fill_size: int) -> Iterator[ChunkSet]:
         """Every in-bounds inner chunk in C order, ``PAGE`` at a time: ``stored`` ones as they

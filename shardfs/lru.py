@@ -20,6 +20,8 @@ class SizedLRU(Generic[K, V]):
         self.used = 0
         self._size = size
         self._items: OrderedDict[K, V] = OrderedDict()
+        self.hits = 0  # ``get`` calls that found their key (``shardfs status``)
+        self.misses = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -28,6 +30,9 @@ class SizedLRU(Generic[K, V]):
         item = self._items.get(key)
         if item is not None:
             self._items.move_to_end(key)
+            self.hits += 1
+        else:
+            self.misses += 1
         return item
 
     def put(self, key: K, item: V) -> None:

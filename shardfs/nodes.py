@@ -14,7 +14,7 @@ kinds never compare equal (``ShardDirKey("a", "c") != MetaKey("a", "c")``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from shardfs.nodetable import Staging
@@ -125,6 +125,6 @@ class StagingKey:
     staging: Staging
 
 
-ArrayDirKey = Union[ShardDirKey, KeyDirKey, InnerShardKey]
+ArrayDirKey = ShardDirKey | KeyDirKey | InnerShardKey
 ARRAY_DIRS = (ShardDirKey, KeyDirKey, InnerShardKey)  # directories below an array, for isinstance
-NodeKey = Union[DirKey, MetaKey, ShardDirKey, KeyDirKey, InnerShardKey, ChunkKey, StagingKey]
+NodeKey = DirKey | MetaKey | ShardDirKey | KeyDirKey | InnerShardKey | ChunkKey | StagingKey

@@ -35,15 +35,29 @@ OWN = (
                                  "(default 64M)"),
     Option("journal_dir", "DIR", "write journal here (default $XDG_STATE_HOME/shardfs/<id>/journal)"),
     Option("follow_symlinks", None, "read through symlinks that leave SRC (they are never written)"),
-    Option("endpoint", "URL", "object store: the server (default $AWS_ENDPOINT_URL, else the service's own)"),
-    Option("region", "R", "s3://: the bucket's region (default $AWS_REGION)"),
+    Option("endpoint", "URL", "object store: the server (default $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, the AWS "
+                              "profile's endpoint_url, else the service's own)"),
+    Option("region", "R", "s3://: the bucket's region "
+                          "(default $AWS_REGION, $AWS_DEFAULT_REGION, the profile's region)"),
+    Option("profile", "NAME", "s3://: the AWS profile of ~/.aws/config and ~/.aws/credentials (default $AWS_PROFILE, "
+                              "else default)"),
     Option("anonymous", None, "object store: unsigned requests (public data, no credentials)"),
+    Option("ca_bundle", "FILE", "object store: also trust the CAs in this PEM file (default $AWS_CA_BUNDLE, the "
+                                "profile's ca_bundle)"),
+    Option("insecure", None, "object store: do not verify TLS certificates (a warning at every mount)"),
+    Option("requester_pays", None, "s3://: requests are billed to the requester (requester-pays buckets)"),
+    Option("addressing", "STYLE", "s3://: path (https://host/bucket/key) or virtual (https://bucket.host/key) "
+                                  "(default the profile's s3 addressing_style, else path with an endpoint)"),
     Option("cache_size", "SIZE", "object store: memory for fetched object ranges (default 96M)"),
     Option("timeout", "S", "object store: seconds per request; a hung server fails a read after this (default 30)"),
     Option("cache_dir", "DIR", "object store: keep fetched ranges here across mounts, keyed by ETag "
                                "(at most 5G, least recently used out first)"),
     Option("debug", None, "log every request (as --debug)"),
+    Option("stats_interval", "S", "log a one-line summary of the counters every S seconds (default off; "
+                                  "shardfs status shows them)"),
     Option("no_ome_translation", None, "show OME-Zarr 0.5 attributes as stored (as --no-ome-translation)"),
+    Option("c_order", None, "serve arrays stored transposed (shown as \"order\": \"F\") as C-order chunks, "
+                            "transcoded: for netCDF-C, NCO and CDO, which ignore \"order\""),
 )
 _FLAG = "kernel mount flags, passed to libfuse"
 FUSE = (
@@ -103,16 +117,19 @@ def parse(groups: list[str]) -> Parsed:
 
 
 def _check_values(own: dict[str, str]) -> None:
-    for name in ("entry_timeout", "attr_timeout", "timeout"):
+    for name in ("entry_timeout", "attr_timeout", "timeout", "stats_interval"):
         if name in own:
+            positive = name in ("timeout", "stats_interval")
             try:
                 seconds = float(own[name])
-                ok = seconds > 0 if name == "timeout" else seconds >= 0
+                ok = seconds > 0 if positive else seconds >= 0
             except ValueError:
                 ok = False
             if not ok or not math.isfinite(seconds):
-                raise ValueError(f"-o {name}={own[name]}: not a " + ("positive " if name == "timeout" else "")
+                raise ValueError(f"-o {name}={own[name]}: not a " + ("positive " if positive else "")
                                  + "number of seconds")
+    if own.get("addressing", "path") not in ("path", "virtual"):
+        raise ValueError(f"-o addressing={own['addressing']}: not path or virtual")
     endpoint = own.get("endpoint")
     if endpoint is not None and not endpoint.startswith(("http://", "https://")):
         raise ValueError(f"-o endpoint={endpoint}: not an http:// or https:// URL")

@@ -104,7 +104,7 @@ class _Ranges:
     def __init__(self, ident: Ident) -> None:
         self.ident = ident
         self.starts: list[int] = []
-        self.data: dict[int, bytes] = {}
+        self.data: dict[int, bytes | memoryview] = {}
 
     def covering(self, start: int, stop: int) -> int | None:
         i = bisect_right(self.starts, start) - 1
@@ -119,13 +119,15 @@ class RangeCache:
     def __init__(self, max_bytes: int, disk_dir: str | None = None, disk_max_bytes: int | None = None) -> None:
         self.max_bytes = max_bytes
         self.used = 0  # bytes of the ranges in memory
+        self.hits = 0  # chunk reads served from here (counted by the reader: ``shardfs status``)
+        self.misses = 0
         self._lock = threading.Lock()
         self._objects: dict[str, _Ranges] = {}
         self._lru: OrderedDict[tuple[str, int], int] = OrderedDict()  # (where, start) -> length
         self.disk_dir: str | None = None
         self.disk_max_bytes = DEFAULT_DISK_BYTES if disk_max_bytes is None else disk_max_bytes
         self._written = 0  # bytes written to disk since the last scan started
-        self._queue: deque[tuple[str, Ident, int, bytes]] = deque()  # disk writes not done yet
+        self._queue: deque[tuple[str, Ident, int, bytes | memoryview]] = deque()  # disk writes not done yet
         self._queued = 0  # their bytes, the one being written included
         self._writer = False  # a writer thread is running
         self._changed = threading.Condition(self._lock)  # the queue or ``_queued`` changed
@@ -152,7 +154,7 @@ class RangeCache:
             at = obj.covering(start, stop) if obj is not None and obj.ident == ident else None
             if at is not None:
                 self._lru.move_to_end((where, at))
-                data = obj.data[at]  # type: ignore[union-attr]
+                data = obj.data[at]  # type: ignore[union-attr]  # ``at`` is None when ``obj`` is
                 return data if at == start and len(data) == stop - start else memoryview(data)[start - at: stop - at]
         if not disk or self.disk_dir is None:
             return None
@@ -206,7 +208,7 @@ class RangeCache:
 
     # ------------------------------------------------------------------ memory
 
-    def _memory_put(self, where: str, ident: Ident, start: int, data: bytes) -> None:
+    def _memory_put(self, where: str, ident: Ident, start: int, data: bytes | memoryview) -> None:
         """Keep ``data`` at ``start`` (caller holds the lock)."""
         obj = self._objects.get(where)
         if obj is not None and obj.ident != ident:
@@ -303,7 +305,8 @@ class RangeCache:
         fd = os.open(path, os.O_RDONLY)
         try:
             head = os.pread(fd, body, 0)
-            if head[:HEADER.size] != HEADER.pack(MAGIC, len(key), length) or head[HEADER.size: body - 4 * nblocks] != key:
+            if (head[:HEADER.size] != HEADER.pack(MAGIC, len(key), length)
+                    or head[HEADER.size: body - 4 * nblocks] != key):
                 problem = "not a cache file of this range"
             elif os.fstat(fd).st_size != body + length:
                 problem = "truncated"
@@ -349,7 +352,7 @@ class RangeCache:
                     self._queued -= len(data)
                     self._changed.notify_all()
 
-    def _disk_put(self, where: str, ident: Ident, start: int, data: bytes) -> None:
+    def _disk_put(self, where: str, ident: Ident, start: int, data: bytes | memoryview) -> None:
         root = self.disk_dir
         if root is None:
             return
@@ -386,7 +389,7 @@ class RangeCache:
         if due:
             self._start_trim()
 
-    def _write_atomic(self, path: str, parts: tuple[bytes, ...]) -> None:
+    def _write_atomic(self, path: str, parts: tuple[bytes | memoryview, ...]) -> None:
         directory, name = os.path.split(path)
         tmp = os.path.join(directory, f"{_TMP}{name}.{os.getpid()}.{threading.get_ident()}")
         try:

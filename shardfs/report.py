@@ -3,68 +3,120 @@
 from __future__ import annotations
 
 import json
-import os
-from typing import Any
+import math
+import posixpath
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from shardfs.index import EMPTY, CorruptIndex, IndexFormat
-from shardfs.metadata import BadMetadata, read_file
-from shardfs.mounts import source_of
+from shardfs.storage import UNKNOWN, Storage
+from shardfs.survey import stored_shards, survey as survey_shards
+from shardfs.targets import locate, shown_key
+from shardfs.view import _read_metadata as read_metadata
 from shardfs.layout import ArrayLayout, Unpresentable
 from shardfs.shardfile import CORRUPT, Indexes, NestedFormat, ShardFormat, decode, flat_table, outermost
 from shardfs.a2a import describe
+from shardfs.gridmap import char_map, parse_slice
 from shardfs.v2 import describe_array
 
 class _Hidden(Exception):
-    """A directory whose ``zarr.json`` is bad: the mount hides it (``args``: directory, reason)."""
+    """A directory whose ``zarr.json`` is bad: the mount hides it (``args``: its key, reason)."""
 
 
-def _array_dir(path: str) -> tuple[str, dict[str, Any]] | None:
-    """The nearest directory at or above ``path`` holding an array's ``zarr.json``, and that
-    document; ``_Hidden`` if a bad ``zarr.json`` comes first."""
-    current = path if os.path.isdir(path) else os.path.dirname(path)
+def _array_at(storage: Storage, key: str) -> tuple[str, dict[str, Any]] | None:
+    """The nearest key at or above ``key`` holding an array's ``zarr.json``, and that document;
+    ``_Hidden`` if a bad ``zarr.json`` comes first."""
+    current = key
     while True:
+        meta = posixpath.join(current, "zarr.json") if current else "zarr.json"
         try:
-            doc = read_file(os.path.join(current, "zarr.json"))
-        except (FileNotFoundError, NotADirectoryError):
+            doc, _ = read_metadata(storage, meta, UNKNOWN)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             doc = None
-        except (BadMetadata, OSError) as e:
-            raise _Hidden(current, str(e)) from None
+        except OSError as e:
+            raise _Hidden(current, f"zarr.json: {e.strerror or e}") from None
+        if isinstance(doc, str):
+            raise _Hidden(current, doc)
         if doc is not None and doc["node_type"] == "array":
             return current, doc
-        parent = os.path.dirname(current)
-        if parent == current:
+        if not current:
             return None
-        current = parent
+        current = posixpath.dirname(current)
 
 
-def inspect(path: str) -> dict[str, Any]:
-    """A description of the array or shard at ``path`` (source or mount path): the array's
-    summary and, for a shard (file or shard directory), its report under ``"shard"``.
+def inspect(path: str, own: dict[str, str] | None = None, survey: bool = True,
+            progress: Callable[[int], Callable[[int], None]] | None = None) -> dict[str, Any]:
+    """A description of the array or shard at ``path`` (a local path, a path in a mount, or an
+    object-store URL; ``own``: ``-o`` options for a URL): the array's summary, with ``survey``
+    its stored shards and chunks counted (``array_survey``), and for a shard (file or shard
+    directory) its report under ``"shard"``. ``progress(n)`` is called with the number of
+    shards to read and gives the callback told of each one read.
 
     Raises ``ValueError`` with a one-line reason if ``path`` is neither.
     """
-    src = source_of(path)
-    try:
-        found = _array_dir(src)
-    except _Hidden as e:
-        node, reason = e.args
-        return {"array": node, "codecs": None, "shape": None, "data_type": None, "presentable": False,
-                "reason": reason}
-    if found is None:
-        raise ValueError(f"{path}: not inside a Zarr v3 array")
-    array, doc = found
-    report, layout = array_summary(array, doc)
-    if layout is None or src == array or layout.index is None:
+    source, key, in_mount = locate(path, own or {})
+    with source.opened() as storage:
+        if in_mount:
+            key = shown_key(storage, key)
+        try:
+            found = _array_at(storage, key)
+        except _Hidden as e:
+            node, reason = e.args
+            return {"array": storage.describe(node), "codecs": None, "shape": None, "data_type": None,
+                    "presentable": False, "reason": reason}
+        if found is None:
+            raise ValueError(f"{path}: not inside a Zarr v3 array")
+        array, doc = found
+        report, layout = array_summary(storage.describe(array), doc)
+        if layout is None:
+            return report
+        if key == array:
+            if survey:
+                report["stored"] = array_survey(storage, array, layout, _itemsize(doc.get("data_type")), progress)
+            return report
+        if layout.index is None:
+            return report
+        rel = key[len(array) + 1:] if array else key
+        shard = layout.keys.parse(rel)
+        try:
+            data = storage.read_all(key)[0] if shard is not None else None
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            data = None
+        if data is None or shard is None:
+            raise ValueError(f"{path}: not a shard of {storage.describe(array)}")
+        report["shard"] = shard_report(layout, rel, shard, data)
         return report
-    rel = os.path.relpath(src, array)
-    shard = layout.keys.parse(rel.replace(os.sep, "/"))
-    if shard is None or not os.path.isfile(os.path.join(array, rel)):
-        raise ValueError(f"{path}: not a shard of {array}")
-    with open(os.path.join(array, rel), "rb") as f:
-        report["shard"] = shard_report(layout, rel, shard, f.read())
-    return report
+
+
+def array_survey(storage: Storage, array: str, layout: ArrayLayout, itemsize: int | None,
+                 progress: Callable[[int], Callable[[int], None]] | None = None) -> dict[str, Any]:
+    """Which shards and inner chunks of the array at ``array`` are stored (``survey.survey``),
+    as ``inspect`` reports it: the figures, and one row per stored or corrupt shard."""
+    shards = stored_shards(storage, array, layout)
+    found = survey_shards(storage, layout, shards, progress(len(shards)) if progress else None)
+    raw_chunk = itemsize * math.prod(layout.chunk_shape) if itemsize else None
+    rows = [{"coords": list(c), "chunks": n, "chunks_in_bounds": found.in_bounds(c), "bytes": found.sizes[c]}
+            for c, n in sorted(found.chunks.items())]
+    chunks = sum(found.chunks.values())
+    return {"shards_stored": len(found.chunks), "shards_total": found.shards_total, "chunks_stored": chunks,
+            "chunks_total": found.chunks_total, "bytes_stored": sum(found.sizes.values()),
+            "chunk_bytes": found.chunk_bytes,
+            "compression_ratio": round(chunks * raw_chunk / found.chunk_bytes, 3)
+            if raw_chunk and found.chunk_bytes else None,
+            "corrupt_shards": len(found.corrupt),
+            "corrupt": [{"coords": list(c), "reason": why} for c, why in sorted(found.corrupt.items())],
+            "shard_grid": list(found.shard_grid), "shards": rows}
+
+
+def _itemsize(data_type: Any) -> int | None:
+    """Bytes per element of a fixed-size v3 ``data_type`` named like a numpy type (None otherwise:
+    the compression ratio is then not given)."""
+    try:
+        dtype = np.dtype(data_type) if isinstance(data_type, str) else None
+    except TypeError:
+        return None
+    return dtype.itemsize if dtype is not None and dtype.kind in "biufcmM" else None
 
 
 def array_summary(array: str, doc: dict[str, Any]) -> tuple[dict[str, Any], ArrayLayout | None]:
@@ -101,6 +153,7 @@ def shard_report(layout: ArrayLayout, key: str, shard: tuple[int, ...], data: by
     index status, one row per index entry, nested inner shards and unused bytes. Each index
     is decoded once."""
     fmt = layout.index
+    assert fmt is not None  # the array of a shard is sharded
     entry: dict[str, Any] = {"key": key, "coords": list(shard), "size": len(data)}
 
     def read(offset: int, n: int) -> bytes:
@@ -126,7 +179,7 @@ def shard_report(layout: ArrayLayout, key: str, shard: tuple[int, ...], data: by
     return entry
 
 
-def _rows(table: np.ndarray, field: str, names: list[str | None]) -> list[dict[str, Any]]:
+def _rows(table: np.ndarray, field: str, names: Sequence[str | None]) -> list[dict[str, Any]]:
     """One row per entry of an index table: position, ``field`` (the entry's name), offset,
     nbytes, empty."""
     empty = int(EMPTY)
@@ -149,6 +202,7 @@ def _levels(layout: ArrayLayout) -> list[dict[str, Any]]:
     out = []
     fmt = layout.index
     for per in layout.spans[1:]:  # array space (a transpose before the sharding codec permutes the index's)
+        assert isinstance(fmt, NestedFormat)  # one nested level per span after the first
         out.append({"inner_shard_shape": [c * n for c, n in zip(layout.chunk_shape, per)],
                     "chunks_per_inner_shard": list(per), "crc32c_after": fmt.crc32c,
                     "index": _index(outermost(fmt.inner))})
@@ -161,6 +215,7 @@ def _inner_shards(layout: ArrayLayout, shard: tuple[int, ...], indexes: Indexes)
     table = indexes.table
     names = [layout.names.key(layout.inner_shard_at(shard, pos)) for pos in range(len(table))]
     rows = _rows(table, "inner_shard", names)
+    assert isinstance(layout.index, NestedFormat)  # the shard holds inner shards
     ok = _status(outermost(layout.index.inner))
     for row in rows:
         inner = indexes.inner.get(row["pos"])
@@ -180,8 +235,9 @@ def _unused(fmt: ShardFormat, indexes: Indexes, size: int) -> int:
     return unused
 
 
-def format_text(report: dict[str, Any]) -> str:
-    """A human-readable rendering of ``inspect``'s result."""
+def format_text(report: dict[str, Any], where: Any = None) -> str:
+    """A human-readable rendering of ``inspect``'s result; ``where``: the slice of the shard
+    grid its character map shows (``gridmap.Slice``; default: the last two dimensions)."""
     lines = [f"array      {report['array']}", f"shape      {report['shape']}  {report['data_type']}",
              f"codecs     {json.dumps(report['codecs'])}"]
     if not report["presentable"]:
@@ -205,6 +261,9 @@ def format_text(report: dict[str, Any]) -> str:
         lines.append(f"nested     inner shards {level['inner_shard_shape']} ({level['chunks_per_inner_shard']} "
                      f"chunks each{', crc32c after each' if level['crc32c_after'] else ''}); their index at "
                      f"{ix['location']}, {ix['endian']} endian, crc32c {ix['crc32c']}")
+    stored = report.get("stored")
+    if stored is not None:
+        lines += _stored_lines(report, stored, where)
     shard = report.get("shard")
     if shard:
         lines.append(f"shard      {shard['key']}  {shard['size']} bytes  index {shard['index_status']}")
@@ -216,6 +275,20 @@ def format_text(report: dict[str, Any]) -> str:
                 lines.append(f"           inner shard {row['inner_shard']}: {where}")
             lines.append(f"{'pos':>6} {'chunk':>14} {'offset':>12} {'nbytes':>10}")
             for row in shard["index"]:
-                where = ("empty", "") if row["empty"] else (row["offset"], row["nbytes"])
-                lines.append(f"{row['pos']:>6} {row['chunk'] or '(past edge)':>14} {where[0]:>12} {where[1]:>10}")
+                cells = ("empty", "") if row["empty"] else (row["offset"], row["nbytes"])
+                lines.append(f"{row['pos']:>6} {row['chunk'] or '(past edge)':>14} {cells[0]:>12} {cells[1]:>10}")
     return "\n".join(lines)
+
+
+def _stored_lines(report: dict[str, Any], stored: dict[str, Any], where: Any) -> list[str]:
+    """The survey's figures, then its character map, then the corrupt shards."""
+    ratio = stored["compression_ratio"]
+    lines = [f"stored     {stored['shards_stored']:,} of {stored['shards_total']:,} shards, "
+             f"{stored['chunks_stored']:,} of {stored['chunks_total']:,} inner chunks "
+             f"({100 * stored['chunks_stored'] / max(1, stored['chunks_total']):.1f}%), "
+             f"{stored['bytes_stored']:,} bytes" + (f", compression ratio {ratio:g}" if ratio else ""),
+             f"corrupt    {stored['corrupt_shards']} shards"]
+    lines += [f"           {row['coords']}: {row['reason']}" for row in stored["corrupt"]]
+    if where is None:
+        where = parse_slice(None, report["shape"], report["shard_shape"])
+    return lines + char_map(report, where)

@@ -19,7 +19,7 @@ import numpy as np
 from shardfs.index import EMPTY, CorruptIndex, IndexFormat
 from shardfs.lru import SizedLRU
 from shardfs.shardfile import CORRUPT, ShardFormat, assemble, outermost, read_table
-from shardfs.storage import ABSENT, Range, Storage, Version, VersionMismatch
+from shardfs.storage import ABSENT, Range, Storage, Version, VersionMismatch, _Absent
 
 log = logging.getLogger("shardfs")
 INDEX_TRIES = 3  # reads of an index that find the shard replaced under them before EIO
@@ -30,6 +30,8 @@ _EMPTY, _CORRUPT = int(EMPTY), int(CORRUPT)
 
 class CorruptShard(Exception):
     """A shard cannot be used; ``str()`` names the reason (the caller names the file)."""
+
+    version: Version | None = None  # the shard's version found corrupt (the index cache keeps it)
 
 
 class CorruptChunk(ValueError):
@@ -54,10 +56,10 @@ class IndexCache(SizedLRU[tuple[str, Version], "np.ndarray | CorruptShard"]):
         super().__init__(max_bytes, lambda item: item.nbytes if isinstance(item, np.ndarray) else 64)
         self._latest: dict[str, Version] = {}
 
-    def get(self, key: str, version: Version) -> np.ndarray | CorruptShard | None:  # type: ignore[override]
+    def get(self, key: str, version: Version) -> np.ndarray | CorruptShard | None:  # type: ignore[override]  # key and version apart
         return super().get((key, version))
 
-    def put(self, key: str, version: Version, item: np.ndarray | CorruptShard) -> None:  # type: ignore[override]
+    def put(self, key: str, version: Version, item: np.ndarray | CorruptShard) -> None:  # type: ignore[override]  # (base: one tuple)
         super().put((key, version), item)
         if len(self._latest) >= 65536:
             self._latest.clear()
@@ -94,6 +96,7 @@ def read_index_sync(source: Storage, key: str, fmt: ShardFormat) -> tuple[Versio
             return version, _table(source, key, fmt, version, start, head)
         except VersionMismatch:
             source.changed(key)
+            source.stats.retries += 1
             continue
     raise OSError(errno.EIO, f"changed during {INDEX_TRIES} reads of its index", source.describe(key))
 
@@ -107,12 +110,12 @@ def read_indexes_sync(source: Storage, keys: list[str], fmt: ShardFormat
     heads: dict[int, tuple[bytes, Version]] = {}  # position in ``out`` -> its index's bytes, read
 
     def decode() -> None:
-        tables = fmt.decode_many([head for head, _ in heads.values()],  # type: ignore[union-attr]
+        tables = fmt.decode_many([head for head, _ in heads.values()],  # type: ignore[union-attr]  # flat: see below
                                  [version.size for _, version in heads.values()])
         for (at, (_, version)), table in zip(heads.items(), tables):
             if isinstance(table, CorruptIndex):
                 err = CorruptShard(str(table))
-                err.version = version  # type: ignore[attr-defined]
+                err.version = version
                 out[at] = err
             else:
                 out[at] = version, table
@@ -192,7 +195,7 @@ def _decode_levels(source: Storage, key: str, fmt: ShardFormat, version: Version
         except CorruptIndex as e:
             if not missing:
                 err = CorruptShard(str(e))
-                err.version = version  # type: ignore[attr-defined]
+                err.version = version
                 raise err from None
         if not missing:
             return table, problems
@@ -234,6 +237,7 @@ def rewrite_sync(source: Storage, key: str, fmt: ShardFormat | None,
             return _rewrite_once(source, key, fmt, changes)
         except VersionMismatch:
             log.debug("%s: changed by another writer while folding; reading it again", source.describe(key))
+            source.stats.retries += 1
             time.sleep(random.uniform(0, 0.002 * (attempt + 1)))
     raise OSError(f"the shard changed under {RACES} rewrites in a row")
 
@@ -247,6 +251,7 @@ def _rewrite_once(source: Storage, key: str, fmt: ShardFormat | None,
             return None
         return source.replace(key, [data])
     chunks: dict[int, bytes | memoryview] = {}
+    version: Version | _Absent
     try:
         old, version = source.read_all(key)
     except FileNotFoundError:
@@ -260,9 +265,9 @@ def _rewrite_once(source: Storage, key: str, fmt: ShardFormat | None,
         if problems:
             raise CorruptShard(f"{len(problems)} corrupt inner shards: {next(iter(problems.values()))}")
         view = memoryview(old)
-        for pos in np.flatnonzero(table[:, 0] != EMPTY):
-            start, n = int(table[pos, 0]), int(table[pos, 1])
-            chunks[int(pos)] = view[start: start + n]
+        for stored in np.flatnonzero(table[:, 0] != EMPTY):
+            start, n = int(table[stored, 0]), int(table[stored, 1])
+            chunks[int(stored)] = view[start: start + n]
     for pos, data in changes.items():
         if data is None:
             chunks.pop(pos, None)

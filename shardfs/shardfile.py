@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Callable, Union
+from typing import Callable
 
 import crc32c
 import numpy as np
@@ -52,7 +52,7 @@ class NestedFormat:
         return self.outer.n_chunks * self.inner.n_chunks
 
 
-ShardFormat = Union[IndexFormat, NestedFormat]
+ShardFormat = IndexFormat | NestedFormat
 
 
 @functools.lru_cache(maxsize=64)

@@ -65,6 +65,7 @@ class SpillBuffer:
             fd, name = tempfile.mkstemp(dir=self.spill_dir, prefix="spill-")
             os.unlink(name)
         try:
+            assert self._mem is not None  # not spilled yet
             view = memoryview(self._mem)
             pos = 0
             while pos < len(view):

@@ -17,6 +17,7 @@ Earlier versions kept the journal in the source, ``SRC/.shardfs/journal``;
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import re
@@ -66,6 +67,16 @@ def journal_dir(source: str, override: str | None = None, endpoint: str | None =
 def spill_dir(source: str, endpoint: str | None = None) -> str:
     """Where contents being written spill beyond memory (unlinked files: see ``shardfs.spill``)."""
     return os.path.join(state_dir(source, endpoint), "spill")
+
+
+def status_socket(source: str, endpoint: str | None, pid: int) -> str:
+    """The unix socket daemon ``pid`` of ``source`` answers ``shardfs status`` on."""
+    return os.path.join(state_dir(source, endpoint), f"status-{pid}.sock")
+
+
+def status_sockets(pid: int) -> list[str]:
+    """The status sockets of daemon ``pid`` in this user's state directories (at most one)."""
+    return glob.glob(os.path.join(glob.escape(state_home()), "*", f"status-{pid}.sock"))
 
 
 def log_file(source: str, endpoint: str | None = None) -> str:

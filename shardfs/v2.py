@@ -38,7 +38,8 @@ from zarr.core.metadata.v3 import ArrayV3Metadata
 
 from shardfs.a2a import Filters, index_order, split_sharding
 from shardfs.draft import draft_index
-from shardfs.fill import map_fill
+from shardfs.dtypes import MAX_VLEN_CHUNK, view_dtype, vlen_codec_id
+from shardfs.fill import map_fill, remembered_null_fill
 from shardfs.index import IndexFormat
 from shardfs.layout import ArrayLayout, KeyScheme, Unpresentable, permuted, unpermuted
 from shardfs.shard import CorruptChunk
@@ -96,10 +97,20 @@ class ChunkFormat:
     order: str
     compressor: dict[str, Any] | None
     crc32c: bool
-    nbytes: int  # decoded size of one inner chunk
+    nbytes: int  # decoded size of one inner chunk (elements x itemsize; for "|O", elements x 8)
     shape: tuple[int, ...] = ()
     transcoder: Transcoder | None = None
     filters: tuple[dict[str, Any], ...] | None = None  # v2 filters (numcodecs configurations)
+
+    @property
+    def items(self) -> int:
+        """Elements in one inner chunk."""
+        return self.nbytes // self.dtype.itemsize
+
+    @property
+    def variable(self) -> bool:
+        """True for a variable-length type (``|O``): its chunks have no fixed decoded size."""
+        return self.dtype.hasobject
 
     @property
     def decodes(self) -> bool:
@@ -125,7 +136,10 @@ class ChunkFormat:
         above the worst-case expansion of every v2 compressor shown: deflate's stored
         blocks plus the gzip wrapper (zlib's ``deflateBound`` is ``n + n/8 + n/64 + 23``),
         zstd's ``ZSTD_compressBound`` (``n + n/256 + 64``) and blosc's 16-byte header.
+        A variable-length chunk has no such size: its bound is ``MAX_VLEN_CHUNK``.
         """
+        if self.variable:
+            return MAX_VLEN_CHUNK
         n = self.nbytes
         return n if self.compressor is None else n + n // 8 + n // 64 + 4096
 
@@ -159,7 +173,8 @@ class ChunkFormat:
     def check(self, data: bytes) -> str | None:
         """Why ``data`` is not exactly one inner chunk in this format (None if it is).
 
-        Decodes with the v2 compressor and filters (numcodecs), as a v2 reader would.
+        Decodes with the v2 compressor and filters (numcodecs), as a v2 reader would; a
+        variable-length chunk must decode to one element per element of an inner chunk.
         """
         buf: Any = data
         for config in ([self.compressor] if self.compressor else []) + list(reversed(self.filters or ())):
@@ -167,6 +182,9 @@ class ChunkFormat:
                 buf = numcodecs.get_codec(dict(config)).decode(buf)
             except Exception as e:
                 return f"does not decode with {config['id']}: {e}"
+        if self.variable:
+            count = np.asarray(buf).size
+            return None if count == self.items else f"decodes to {count} elements; one inner chunk has {self.items}"
         raw_size = ensure_contiguous_ndarray(buf).nbytes
         if raw_size != self.nbytes:
             return f"decodes to {raw_size} bytes; one inner chunk is {self.nbytes} bytes"
@@ -174,7 +192,7 @@ class ChunkFormat:
 
     def constant_file(self, value: Any) -> bytes:
         """The chunk file of an inner chunk whose every element is ``value`` (a fill chunk)."""
-        buf: Any = np.full(self.nbytes // self.dtype.itemsize, value, dtype=self.dtype)
+        buf: Any = np.full(self.items, value, dtype=self.dtype)
         for config in list(self.filters or ()) + ([self.compressor] if self.compressor else []):
             buf = numcodecs.get_codec(dict(config)).encode(buf)
         return bytes(ensure_contiguous_ndarray(buf))
@@ -210,14 +228,16 @@ class ArrayInfo:
         return self.chunk.constant_file(self.fill)
 
 
-def describe_array(doc: dict[str, Any], ome: bool = True, image: bool = False) -> ArrayInfo:
+def describe_array(doc: dict[str, Any], ome: bool = True, image: bool = False, c_order: bool = False) -> ArrayInfo:
     """Present a parsed v3 array ``zarr.json`` as a v2 array; raises ``Unpresentable``.
 
     Handles the ``sharding_indexed`` codec (nested too: the view shows the
     innermost chunks) and the draft sharding storage transformer. ``ome``:
     translate OME-Zarr 0.5 attributes to 0.4; ``image``: the array is a level
     of an OME-Zarr image or label (its group has ``multiscales``), so its v2
-    keys use "/" (``KeyScheme.view_separator``).
+    keys use "/" (``KeyScheme.view_separator``); ``c_order`` (``-o c_order``): inner chunks
+    stored transposed, which v2 spells ``"order": "F"``, are transcoded to C order instead,
+    for readers that ignore ``order`` (netCDF-C).
     """
     shape_doc = doc.get("shape")
     draft = draft_index(doc.get("storage_transformers"), len(shape_doc) if isinstance(shape_doc, list) else 0)
@@ -227,16 +247,12 @@ def describe_array(doc: dict[str, Any], ome: bool = True, image: bool = False) -
         raise Unpresentable(f"invalid array metadata: {e}") from e
     if meta.chunk_grid.__class__.__name__ != "RegularChunkGrid":
         raise Unpresentable("only the regular chunk grid is supported")
-    try:
-        dtype = np.dtype(meta.data_type.to_native_dtype())
-    except Exception as e:
-        raise Unpresentable(f"data type {doc.get('data_type')!r} has no v2 equivalent") from e
-    if dtype.kind not in "biufcmM":
-        raise Unpresentable(f"data type {doc.get('data_type')!r} is not supported")
+    dtype, vlen = view_dtype(meta.data_type)
     shape = tuple(meta.shape)
-    outer_chunks = tuple(meta.chunk_grid.chunk_shape)
+    outer_chunks = tuple(meta.chunk_grid.chunk_shape)  # type: ignore[attr-defined]  # zarr's one grid: regular
     enc = meta.chunk_key_encoding
-    keys = KeyScheme("v2" if isinstance(enc, V2ChunkKeyEncoding) else "default", enc.separator, len(shape), image)
+    keys = KeyScheme("v2" if isinstance(enc, V2ChunkKeyEncoding) else "default", enc.separator,  # type: ignore[attr-defined]  # both encodings have one
+                     len(shape), image)
     codecs = tuple(meta.codecs)
     before: tuple[Any, ...] = ()  # array→array codecs before the sharding codec
     if draft is not None:
@@ -251,17 +267,17 @@ def describe_array(doc: dict[str, Any], ome: bool = True, image: bool = False) -
     else:
         layout = ArrayLayout(shape, outer_chunks, outer_chunks, None, keys)
         inner = codecs
-    chunk = _presented(before, inner, meta, layout)
+    chunk = _presented(before, inner, meta, layout, vlen, c_order)
     attrs = ome_04(dict(meta.attributes)) if ome else dict(meta.attributes)
     names = meta.dimension_names if meta.dimension_names is not None or shape else ()  # xarray: 0-D has dims ()
     if names is not None and all(isinstance(n, str) for n in names):
         attrs.setdefault("_ARRAY_DIMENSIONS", list(names))
-    fill = map_fill(attrs, meta.fill_value, dtype, "_ARRAY_DIMENSIONS" in attrs)
+    fill = map_fill(attrs, meta.fill_value, dtype, "_ARRAY_DIMENSIONS" in attrs, remembered_null_fill(doc))
     zarray = {
         "zarr_format": 2,
         "shape": list(shape),
         "chunks": list(layout.chunk_shape),
-        "dtype": chunk.dtype.str,
+        "dtype": chunk.dtype.descr if chunk.dtype.fields else chunk.dtype.str,  # structured: v2's list
         "compressor": chunk.compressor,
         "fill_value": fill.fill_value,
         "order": chunk.order,
@@ -348,14 +364,22 @@ def _sharded_layout(sharding: ShardingCodec, order: tuple[int, ...] | None, shap
 
 
 def _presented(before: tuple[Any, ...], inner: tuple[Any, ...], meta: ArrayV3Metadata,
-               layout: ArrayLayout) -> ChunkFormat:
+               layout: ArrayLayout, vlen: str | None, c_order: bool = False) -> ChunkFormat:
     """How an inner chunk coded by ``before`` (array→array codecs before the sharding codec)
-    and then ``inner`` is shown: with its v2 spelling if it has one, else transcoded.
+    and then ``inner`` is shown: with its v2 spelling if it has one (unless that spelling is
+    ``"order": "F"`` and ``c_order`` is set), else transcoded.
 
     With codecs ``before`` it is always transcoded, and ``Unpresentable`` unless
     an empty inner chunk decodes to the fill value (``Filters.check_empty_chunk``).
+    A variable-length type (object codec ``vlen``) is never transcoded: its chunks
+    have no raw form, so a chain without a v2 spelling is ``Unpresentable`` (and an F-order
+    one stays F order under ``c_order``).
     """
     spec = _chunk_spec(meta, layout.chunk_shape)
+    if vlen is not None:
+        if before:
+            raise Unpresentable(f"codecs before the sharding codec of a {vlen} array have no v2 equivalent")
+        return _chunk_format(inner, np.dtype(object), layout.ndim, math.prod(layout.chunk_shape) * 8, vlen)
     if before:
         try:
             filters = Filters.over(before, spec)
@@ -365,10 +389,13 @@ def _presented(before: tuple[Any, ...], inner: tuple[Any, ...], meta: ArrayV3Met
         return _transcoded(inner, spec, filters)
     dtype = np.dtype(meta.data_type.to_native_dtype())
     try:
-        return _chunk_format(inner, dtype, layout.ndim, math.prod(layout.chunk_shape) * dtype.itemsize)
+        chunk = _chunk_format(inner, dtype, layout.ndim, math.prod(layout.chunk_shape) * dtype.itemsize)
     except Unpresentable as e:
         log.info("array: transcoding inner chunks (%s)", e)
         return _transcoded(inner, spec)
+    if c_order and chunk.order == "F":
+        return _transcoded(inner, spec)
+    return chunk
 
 
 def _index_format(sharding: ShardingCodec, shard_shape: tuple[int, ...]) -> IndexFormat:
@@ -394,8 +421,12 @@ def _endian(codec: BytesCodec) -> str | None:
     return None if codec.endian is None else str(getattr(codec.endian, "value", codec.endian))
 
 
-def _chunk_format(codecs: tuple[Any, ...], dtype: np.dtype, ndim: int, nbytes: int) -> ChunkFormat:
-    """Map an inner codec chain to its v2 spelling; ``Unpresentable`` if it has none."""
+def _chunk_format(codecs: tuple[Any, ...], dtype: np.dtype, ndim: int, nbytes: int,
+                  vlen: str | None = None) -> ChunkFormat:
+    """Map an inner codec chain to its v2 spelling; ``Unpresentable`` if it has none.
+
+    ``vlen``: the object codec of a variable-length type, whose array→bytes codec becomes
+    the last v2 filter (numcodecs writes the bytes zarr's ``vlen-*`` codecs store)."""
     chain = list(codecs)
     crc = bool(chain) and isinstance(chain[-1], Crc32cCodec)
     if crc:
@@ -406,17 +437,24 @@ def _chunk_format(codecs: tuple[Any, ...], dtype: np.dtype, ndim: int, nbytes: i
             raise Unpresentable(f"transpose order {tuple(chain[0].order)} has no v2 equivalent")
         order = "F" if ndim > 1 else "C"
         chain.pop(0)
-    filters = []
+    filters: list[Any] = []  # numcodecs configurations (the loop checks each)
     while chain and isinstance(chain[0], ArrayArrayCodec) and _numcodecs_config(chain[0]) is not None:
         if order == "F":  # the filter would see the transposed chunk, a v2 one the F-ordered one
             raise Unpresentable("numcodecs filters after a transpose have no v2 equivalent")
         filters.append(_numcodecs_config(chain.pop(0)))
-    if not chain or not isinstance(chain[0], BytesCodec):
-        raise Unpresentable(f"inner codecs {codecs} have no v2 equivalent")
-    endian = _endian(chain.pop(0))
-    if filters and endian == "big":  # the filters' own dtypes say their byte order, not the bytes codec
-        raise Unpresentable("numcodecs filters before big-endian bytes have no v2 equivalent")
-    v2dtype = dtype.newbyteorder(">" if endian == "big" else "<") if dtype.itemsize > 1 else dtype
+    if vlen is not None:
+        if not chain or vlen_codec_id(chain[0]) != vlen:
+            raise Unpresentable(f"inner codecs {codecs} of a {vlen} array have no v2 equivalent")
+        chain.pop(0)
+        filters.append({"id": vlen})
+        v2dtype = dtype
+    else:
+        if not chain or not isinstance(chain[0], BytesCodec):
+            raise Unpresentable(f"inner codecs {codecs} have no v2 equivalent")
+        endian = _endian(chain.pop(0))
+        if filters and endian == "big":  # the filters' own dtypes say their byte order, not the bytes codec
+            raise Unpresentable("numcodecs filters before big-endian bytes have no v2 equivalent")
+        v2dtype = dtype.newbyteorder(">" if endian == "big" else "<") if dtype.itemsize > 1 else dtype
     if len(chain) > 1:
         raise Unpresentable(f"inner codecs {codecs} have no v2 equivalent")
     compressor = _compressor(chain[0]) if chain else None

@@ -87,7 +87,7 @@ def _read_metadata(source: Storage, key: str, known: Version | _Unknown) -> tupl
     is too large already), in a worker thread."""
     reason = metadata.too_large(known.size) if isinstance(known, Version) else None
     if reason:
-        return reason, known  # type: ignore[return-value]
+        return reason, known  # type: ignore[return-value]  # a Version: too_large found a reason
     data, version = source.read_versioned(key, Range(0, metadata.METADATA_MAX + 1))
     try:
         reason = metadata.too_large(version.size)
@@ -115,10 +115,12 @@ class View:
     are read through ``reads`` (default ``make_reads(source, chunk_cache=chunk_cache)``)."""
 
     def __init__(self, source: Storage, read_only: bool = True, writeback: Writeback | None = None,
-                 ome: bool = True, chunk_cache: ChunkCache | None = None, reads: Reads | None = None) -> None:
+                 ome: bool = True, chunk_cache: ChunkCache | None = None, reads: Reads | None = None,
+                 c_order: bool = False) -> None:
         self.source = source
         self.reads = reads if reads is not None else make_reads(source, chunk_cache=chunk_cache)
         self.ome = ome
+        self.c_order = c_order  # -o c_order (shardfs.v2.describe_array)
         self.read_only = read_only
         self.writeback = writeback
         self.mount_ns = time.time_ns()
@@ -145,8 +147,8 @@ class View:
 
     async def version(self, key: str, ask: bool = True) -> Version | None | _Unknown:
         """``source.version`` (inline when it is answered at once, ``Storage.version_now``, else
-        in a worker thread; ``UNKNOWN`` then if not ``ask``); a key that exists but is unusable (not a regular file, behind a
-        symlink out of the source) raises its errno, logged once per key and reason."""
+        in a worker thread; ``UNKNOWN`` then if not ``ask``); a key that exists but is unusable (not a
+        regular file, behind a symlink out of the source) raises its errno, logged once per key and reason."""
         try:
             return await self._current(key, ask)
         except Unusable as e:
@@ -201,6 +203,7 @@ class View:
                 raise fail(errno.EIO) from None  # this request alone fails
             doc = f"zarr.json is unreadable: {e.strerror or e}"
             version = version if isinstance(version, Version) else Version(0, 0, self.mount_ns)
+        assert isinstance(version, Version)  # read above, or made for an unreadable file
         if isinstance(doc, str):
             return self._store_array(path, version, None, doc)
         try:
@@ -212,7 +215,7 @@ class View:
                 return node
             parent = await self.node(path.rpartition("/")[0]) if path else None
             image = isinstance(parent, GroupNode) and parent.image
-            info = v2().describe_array(doc, self.ome, image)
+            info = v2().describe_array(doc, self.ome, image, self.c_order)
             if image and info.layout.keys.view_separator != "/":
                 log.warning("%s: OME-Zarr array with v2 \"/\" chunk keys: its v2 keys keep \".\" (the source's "
                             "directories of shards take the \"/\" names)", self.source.describe(key))
@@ -294,19 +297,20 @@ class View:
             if version is None:
                 return None
             if layout.index is None:
-                return version, np.array([[0, version.size]], dtype=np.uint64)  # type: ignore[union-attr]
+                return version, np.array([[0, version.size]], dtype=np.uint64)  # type: ignore[union-attr, return-value]  # asked: a Version
             if version is not UNKNOWN:
-                cached = self.index_cache.get(key, version)  # type: ignore[arg-type]
+                cached = self.index_cache.get(key, version)  # type: ignore[arg-type]  # not UNKNOWN (checked)
                 if cached is not None:
                     if isinstance(cached, CorruptShard):
                         raise fail(errno.EIO)
-                    return version, cached  # type: ignore[return-value]
+                    return version, cached  # type: ignore[return-value]  # not UNKNOWN (checked)
             if with_next and self.index_cache.latest(key) is None:
                 with_next = False  # once: what that read did not cache is read alone below
                 await self._read_with_next(arr, shard)
             else:
                 break
         self._index_reads[key] = reading = trio.Event()
+        result: tuple[Version, np.ndarray] | None | CorruptShard | Unusable
         try:
             try:
                 result = await blocking(shard_mod.read_index_sync, self.source, key, layout.index)
@@ -383,7 +387,7 @@ class View:
         version; an unusable one logged once per reason, then raised as its errno)."""
         if isinstance(result, CorruptShard):
             log.error("%s: corrupt shard: %s", self.source.describe(key), result)
-            self.index_cache.put(key, result.version, result)  # type: ignore[attr-defined]
+            self.index_cache.put(key, result.version, result)
             raise fail(errno.EIO)
         if isinstance(result, Unusable):
             self._log_unusable(key, result)
@@ -453,7 +457,7 @@ class View:
             stored, mtime_ns = len(where.data), where.mtime_ns
         else:
             stored, mtime_ns = where.nbytes, where.version.mtime_ns
-        return self.chunk_attr(arr, self.nodes.chunk_ino(arr, coords), arr.info.chunk.file_size(stored), mtime_ns)
+        return self.chunk_attr(arr, self.nodes.chunk_ino(arr, coords), int(arr.info.chunk.file_size(stored)), mtime_ns)
 
     # ----- name resolution ----------------------------------------------------------------
 
@@ -569,7 +573,8 @@ class View:
         if not (arr.info.serve_missing and arr.info.layout.in_grid(coords)):
             raise fail(errno.ENOENT)
         # an empty chunk served as the fill chunk, unchanged since the array's metadata was
-        return self.chunk_attr(arr, self.nodes.chunk_ino(arr, coords), len(await self.fill_file(arr)), arr.version.mtime_ns)
+        size = len(await self.fill_file(arr))
+        return self.chunk_attr(arr, self.nodes.chunk_ino(arr, coords), size, arr.version.mtime_ns)
 
     async def fill_file(self, arr: ArrayNode) -> bytes:
         """The chunk file of an empty inner chunk of ``arr`` (encoded once per array)."""
@@ -665,7 +670,7 @@ class View:
                         version = None if found is None else found[0]
                     except OSError:  # corrupt (logged once): the version that read remembered
                         version = await self.version(src)
-                if version is not None:
+                if isinstance(version, Version):  # (asked: not UNKNOWN)
                     return self.dir_attr(ino, version.mtime_ns)
                 if key.rel in self.pending_shard_keys(arr) or (arr.path, key.rel) in self.made:
                     return self.dir_attr(ino, self.mount_ns)
@@ -728,6 +733,7 @@ class View:
             raise fail(errno.EISDIR)
         arr, coords = key.arr, key.coords
         resolved = self._resolved.pop(ino, None)
+        ext: Extent | Pending | None
         for _ in range(OPEN_TRIES):
             if resolved is not None and self._unchanged(arr, coords, resolved[0]):
                 ext, attr = resolved
@@ -752,6 +758,7 @@ class View:
             if self.reads.prefetches:
                 self._note_shard(arr, coords, ext)
             return handle
+        assert isinstance(ext, Extent)  # only an open of a stored chunk tries again
         log.error("%s: changed during %d opens of chunk %s", self.source.describe(ext.key), OPEN_TRIES,
                   arr.info.layout.names.key(coords))
         raise fail(errno.EIO, "shard keeps changing")

@@ -29,6 +29,7 @@ says which shards' changes are kept and why.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import time
@@ -113,6 +114,9 @@ class Writeback:
         self._wake = trio.Event()
         self._flushing = False
         self._stranded: dict[str, tuple[int, str]] = {}  # replayed changes of arrays unreadable now
+        self.folds_done = 0  # shard rewrites that succeeded / failed (``shardfs status``)
+        self.folds_failed = 0
+        self.flushing: str | None = None  # the shard ``flush`` is folding
         self.journal = Journal(journal_dir)
 
     # ----- reading pending state ----------------------------------------------------------
@@ -186,6 +190,7 @@ class Writeback:
             # A record replaced before this fold must go too, or a replay would resurrect it.
             # One replaced during the rewrite is in ``superseded`` now: the next fold releases it.
             del dirty.superseded[: len(superseded)]
+            self.folds_done += 1
             for pos, p in snapshot.items():
                 if dirty.chunks.get(pos) is p:
                     dirty.drop(pos)
@@ -204,6 +209,7 @@ class Writeback:
             return True
 
     def _failed(self, dirty: _Dirty, reason: str) -> None:
+        self.folds_failed += 1
         dirty.failures += 1
         dirty.reason = reason
         delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (dirty.failures - 1))
@@ -217,6 +223,28 @@ class Writeback:
                   again, delay, kept_line(dirty.target.key, len(dirty.chunks), reason))
         dirty.logged_at, dirty.unlogged = now, 0
         self.note_kept()
+
+    def snapshot(self) -> dict[str, object]:
+        """What ``shardfs status`` shows of the pending changes and folds (see ``shardfs.status``)."""
+        now = time.monotonic()
+        arrays: dict[str, dict[str, int]] = {}
+        for (array, _), dirty in self._dirty.items():
+            per = arrays.setdefault(array, {"chunks": 0, "bytes": 0, "shards": 0})
+            per["chunks"] += len(dirty.chunks)
+            per["bytes"] += sum(len(p.data or b"") for p in dirty.chunks.values())
+            per["shards"] += 1
+        backing_off = [{"shard": self.source.describe(d.target.key), "reason": d.reason, "failures": d.failures,
+                        "chunks": len(d.chunks), "retry_in_s": round(max(0.0, d.retry_at - now), 1)}
+                       for d in self._dirty.values() if d.failures]
+        failed = self.journal.failed
+        journal_error = None if failed is None else {
+            "errno": errno.errorcode.get(failed[0], str(failed[0])), "reason": failed[1],
+            "seconds_ago": round(now - failed[2], 1), "directory": self.journal.directory}
+        return {"pending": {"chunks": sum(a["chunks"] for a in arrays.values()), "bytes": self._bytes,
+                            "shards": len(self._dirty), "arrays": arrays, "journal_bytes": self.journal.bytes,
+                            "journal_error": journal_error},
+                "folds": {"done": self.folds_done, "failed": self.folds_failed, "backing_off": backing_off,
+                          "current": self.flushing}}
 
     def kept(self) -> dict[str, tuple[int, str]]:
         """Shards whose changes could not be folded: ``{key: (pending changes, reason)}``;
@@ -289,11 +317,14 @@ class Writeback:
             self.note_kept()
             while todo := [shard for shard in self._dirty if shard not in failed]:
                 for shard in todo:
+                    dirty = self._dirty.get(shard)
+                    self.flushing = self.source.describe(dirty.target.key) if dirty is not None else None
                     if not await self.fold(shard):
                         failed.add(shard)
                     self.note_kept()
         finally:
             self._flushing = False
+            self.flushing = None
         kept = self.kept()
         for key, (n, reason) in sorted(kept.items()):
             log.error("%s", kept_line(key, n, reason))

@@ -34,11 +34,13 @@ import numpy as np
 import trio
 
 from shardfs import shard as shard_mod
-from shardfs.create import DEFAULT_SHARD_BYTES, XARRAY_FILL, Refused, array_doc, dimension_names, group_doc, rewrite_kind
+from shardfs.create import (DEFAULT_SHARD_BYTES, XARRAY_FILL, Refused, array_doc, dimension_names, group_doc,
+                            rewrite_kind)
 from shardfs.shard import CorruptChunk
 from shardfs.storage import ABSENT, VersionMismatch
 from shardfs.layout import ArrayLayout, parse_coord
-from shardfs.nodes import ArrayNode, ChunkKey, DirKey, GroupNode, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey, StagingKey
+from shardfs.nodes import (ArrayNode, ChunkKey, DirKey, GroupNode, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey,
+                           StagingKey)
 from shardfs.spill import SPILL_THRESHOLD, SpillBuffer
 from shardfs.storage import Unusable
 from shardfs.attrs import Attr, fail
@@ -231,7 +233,8 @@ class Writer:
                     and self._is_new_dir(st.parent):
                 handle.dirty = False
                 await self.create_node(st.parent, st.name, await self._metadata_bytes(st.data, st.name))
-                await self._became_meta(st.parent, st.name, self.view.nodes.node_key(st.parent).path, st.name)
+                parent_path = self.view.nodes.node_key(st.parent).path  # type: ignore[union-attr]  # a directory
+                await self._became_meta(st.parent, st.name, parent_path, st.name)
 
     async def fsync(self, handle: WriteHandle | None) -> None:
         """Commit and make every committed chunk durable (journal fsync)."""
@@ -271,7 +274,8 @@ class Writer:
             raise fail(errno.EINVAL, str(e)) from None
         except OSError as e:
             log.error("%s: cannot journal the write: %s", name, e)
-            raise fail(errno.EIO) from None
+            # a full disk or quota is the writer's to know (and fix); anything else is EIO
+            raise fail(e.errno if e.errno in (errno.ENOSPC, errno.EDQUOT) else errno.EIO) from None
         if data is not None and arr.path in self.view.created:  # its key directories now resolve
             self.view.made_keys.update((arr.path, coords[:k]) for k in range(1, len(coords)))
         await self.invalidate([self.view.nodes.chunk_ino(arr, coords)])
@@ -376,7 +380,7 @@ class Writer:
         """A ``.zarray`` or ``.zgroup`` written in a new directory: make the v3 array or group,
         with the attributes of a ``.zattrs`` written there before; then commit the files
         written there before it whose names are chunk keys."""
-        path = self.view.nodes.node_key(parent).path
+        path = self.view.nodes.node_key(parent).path  # type: ignore[union-attr]  # a new directory's key
         where = self.view.source.describe(path) + "/" + name
         attrs_file = self.view.nodes.staged.get((parent, ".zattrs"))
         try:
@@ -393,7 +397,7 @@ class Writer:
                 doc = group_doc(meta, attrs)
             else:
                 doc = array_doc(meta, attrs, self.shard_bytes)
-                shown = json.loads(v2().describe_array(doc, self.view.ome).zarray)
+                shown = json.loads(v2().describe_array(doc, self.view.ome, c_order=self.view.c_order).zarray)
                 rewrite_kind(meta, shown, (shown.get("fill_value"), doc.get("fill_value")))
         except (Refused, ValueError) as e:  # Unpresentable is a ValueError
             log.error("%s: cannot create: %s", where, e)
@@ -571,7 +575,8 @@ class Writer:
     async def _delete_array(self, node: ArrayNode) -> None:
         """Delete an array from the source: its pending chunks, shards and ``zarr.json``."""
         if node.info is None:
-            log.error("%s: the array is not shown as v2 (%s); not deleted", self.view.source.describe(node.path), node.error)
+            log.error("%s: the array is not shown as v2 (%s); not deleted", self.view.source.describe(node.path),
+                      node.error)
             raise fail(errno.EPERM)
         await self.writeback.discard(node.path)
         keys = [self.view.shard_key(node, shard) for shard in await self.view.listing.stored_shards(node)]

@@ -47,7 +47,7 @@ atexit.register(shutil.rmtree, STATE_HOME, ignore_errors=True)
 
 # Object-store servers: ``s3`` (SeaweedFS, tests/s3server.py), ``azure`` (Azurite, tests/azserver.py);
 # ``source`` (tests/source_kinds.py): a test over a local directory and over an s3:// bucket.
-pytest_plugins = ["s3server", "azserver", "source_kinds"]
+pytest_plugins = ["s3server", "azserver", "source_kinds", "webserver", "awshome"]
 
 
 # --------------------------------------------------------------------------- hypothesis

@@ -66,3 +66,129 @@ def test_inspect_unpresentable_array_and_bad_path(tmp_path):
     assert report["presentable"] is False and report["reason"]
     bad = run_shardfs("inspect", str(tmp_path))
     assert bad.returncode == 1 and "not inside a Zarr v3 array" in bad.stderr
+
+
+# ------------------------------------------------------------------ which chunks exist (issue 26)
+
+
+def _expected(src, name: str = "raw") -> dict:
+    """What ``inspect`` must count, from zarr-python 3 reading the source: an inner chunk is
+    stored iff it holds a value other than the fill (zarr writes no empty inner chunk)."""
+    import zarr
+
+    arr = zarr.open_array(str(src / name), mode="r")
+    data = arr[...]
+    chunks, shards = arr.chunks, arr.shards
+    per = [s // c for s, c in zip(shards, chunks)]
+    counts: dict[tuple, int] = {}
+    for idx in np.ndindex(*(-(-n // c) for n, c in zip(arr.shape, chunks))):
+        region = tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, chunks))
+        if np.any(data[region] != arr.fill_value):
+            shard = tuple(i // p for i, p in zip(idx, per))
+            counts[shard] = counts.get(shard, 0) + 1
+    files = [p for p in (src / name / "c").rglob("*") if p.is_file()]
+    return {"shards_stored": len(counts), "shards_total": arr._nshards, "chunks_stored": sum(counts.values()),
+            "chunks_total": arr.nchunks, "bytes_stored": sum(p.stat().st_size for p in files),
+            "corrupt_shards": 0, "per_shard": counts, "nshards_initialized": arr._nshards_initialized}
+
+
+def _stored(report: dict) -> dict:
+    st = report["stored"]
+    out = {k: st[k] for k in ("shards_stored", "shards_total", "chunks_stored", "chunks_total", "bytes_stored",
+                              "corrupt_shards")}
+    out["per_shard"] = {tuple(r["coords"]): r["chunks"] for r in st["shards"]}
+    return out
+
+
+def _make_sparse(src):
+    arr = _make(src)  # shards (0, 0): 1 chunk; (1, 2): 2 chunks (an edge shard)
+    arr[20:40, 0:20] = 7  # shard (1, 0): all 4 chunks
+    arr[0:10, 20:30] = 3  # shard (0, 1): 1 chunk
+    return arr
+
+
+def test_inspect_array_counts_what_zarr_reads(tmp_path, source, mount):
+    local = tmp_path / "src"
+    _make_sparse(local)
+    expected = _expected(local)
+    assert expected["shards_stored"] == expected["nshards_initialized"] == 4
+    del expected["nshards_initialized"]
+    src = source(local)
+    mnt = src.mount(mount)
+    env = {**os.environ, **(src.env or {})}
+    targets = [str(mnt / "raw")] + ([str(local / "raw")] if src.kind == "local" else
+                                     [f"{src.url}/raw", "-o", f"endpoint={src.endpoint}"])
+    for target in (targets[:1], targets[1:]):
+        r = run_shardfs("inspect", "--json", *target, env=env)
+        assert r.returncode == 0, r.stderr
+        report = json.loads(r.stdout)
+        assert _stored(report) == expected, target
+        assert report["stored"]["compression_ratio"] > 0 and report["stored"]["corrupt"] == []
+    # a shard directory and a chunk file in the mount: the shard's report, as of the local file
+    local_shard = json.loads(run_shardfs("inspect", "--json", str(local / "raw" / "c" / "1" / "2")).stdout)
+    for path in (mnt / "raw" / "c" / "1" / "2", mnt / "raw" / "c" / "1" / "2" / "2.4"):
+        r = run_shardfs("inspect", "--json", str(path), env=env)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["shard"] == local_shard["shard"], path
+    text = run_shardfs("inspect", *targets[1:], env=env)
+    assert text.returncode == 0, text.stderr
+    assert "stored     4 of 6 shards, 8 of 20 inner chunks (40.0%), " in text.stdout
+    # the map: shard rows 0 and 1 (array rows 0 and 20), columns: 1/4, 1/4, none / all, none, 2 of 2
+    assert text.stdout.splitlines()[-2:] == ["         0 ░░·", "        20 █·█"], text.stdout
+
+
+def test_inspect_map_png(tmp_path):
+    from PIL import Image
+
+    src = tmp_path / "src"
+    _make_sparse(src)
+    png = tmp_path / "map.png"
+    r = run_shardfs("inspect", str(src / "raw"), "--map", str(png))
+    assert r.returncode == 0, r.stderr
+    with Image.open(png) as im:
+        assert im.size == (800, 600)
+        colours = im.convert("RGB").getcolors(maxcolors=1 << 16)
+    assert colours is not None and len(colours) > 20  # axes, labels, the shards in several shades, the bar
+    assert sorted(colours)[-1][0] < 800 * 600 * 0.8  # not one colour (blank)
+
+
+def test_inspect_counts_corrupt_shards_and_slices(tmp_path):
+    src = tmp_path / "src"
+    _make_sparse(src)
+    shard_file = src / "raw" / "c" / "1" / "0"
+    raw = bytearray(shard_file.read_bytes())
+    raw[-1] ^= 0xFF
+    shard_file.write_bytes(bytes(raw))
+    report = json.loads(run_shardfs("inspect", "--json", str(src / "raw")).stdout)["stored"]
+    assert (report["shards_stored"], report["chunks_stored"], report["corrupt_shards"]) == (3, 4, 1)
+    (corrupt,) = report["corrupt"]
+    assert corrupt["coords"] == [1, 0] and corrupt["reason"].startswith("corrupt: index checksum mismatch")
+    text = run_shardfs("inspect", str(src / "raw"), "--slice", "25,:").stdout
+    assert text.splitlines()[-1] == "         0 X·█"  # one row: the shards holding array row 25
+    assert "corrupt    1 shards" in text
+    bad = run_shardfs("inspect", str(src / "raw"), "--slice", "99,:")
+    assert bad.returncode == 1 and "--slice 99,:: index 99 is outside dimension 0 (size 40)" in bad.stderr
+
+
+def test_inspect_on_object_storage_says_what_it_says_locally(tmp_path, s3, request):
+    from source_kinds import BucketSource, unique_prefix
+
+    local = tmp_path / "src"
+    _make(local)
+    (local / "bad").mkdir()
+    meta = json.loads((local / "raw" / "zarr.json").read_text())
+    meta["codecs"][0]["configuration"]["chunk_shape"] = [3, 10]  # does not divide the shard
+    (local / "bad" / "zarr.json").write_text(json.dumps(meta))
+    src = BucketSource(local, s3, unique_prefix(request))
+    env = {**os.environ, **src.env, "AWS_ENDPOINT_URL": src.endpoint}
+    for rel in ("raw/c/1/2", "bad"):
+        here = json.loads(run_shardfs("inspect", "--json", str(local / rel)).stdout)
+        r = run_shardfs("inspect", "--json", f"{src.url}/{rel}", env=env)
+        assert r.returncode == 0, r.stderr
+        there = json.loads(r.stdout)
+        assert there["array"] == f"{src.url}/{rel.split('/')[0]}"
+        here.pop("array"), there.pop("array")
+        assert there == here, rel
+    assert "v2 view    not shown: " in run_shardfs("inspect", f"{src.url}/bad", env=env).stdout
+    r = run_shardfs("inspect", f"{src.url}/nothing", env=env)
+    assert r.returncode == 1 and "not inside a Zarr v3 array" in r.stderr

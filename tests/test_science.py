@@ -286,13 +286,15 @@ def test_current_xarray_zarr3_v2_equals_native(xr_mnt, xr_src, name, mask_and_sc
     native = _open_xarray(xr_src / name, zarr_format=3, mask_and_scale=mask_and_scale)
     got = _open_xarray(xr_mnt / name, zarr_format=2, mask_and_scale=mask_and_scale)
     assert got.attrs == native.attrs
-    _assert_same_variables(_variables(got), _variables(native), f"xarray {name} mask_and_scale={mask_and_scale}")
+    _assert_same_variables(_variables(got), _raw_nan_fills(_variables(native), xr_mnt / name, mask_and_scale),
+                           f"xarray {name} mask_and_scale={mask_and_scale}")
 
 
 @pytest.mark.parametrize("mask_and_scale", [True, False], ids=["masked", "raw"])
 @pytest.mark.parametrize("name", DATASETS)
 def test_xarray_2025_on_zarr2_equals_native(xr_mnt, xr_src, name, mask_and_scale):
-    native = _variables(_open_xarray(xr_src / name, zarr_format=3, mask_and_scale=mask_and_scale))
+    native = _raw_nan_fills(_variables(_open_xarray(xr_src / name, zarr_format=3, mask_and_scale=mask_and_scale)),
+                            xr_mnt / name, mask_and_scale)
     got = zarr2(
         """
         import warnings
@@ -312,7 +314,21 @@ def test_xarray_2025_on_zarr2_equals_native(xr_mnt, xr_src, name, mask_and_scale
                            f"xarray 2025.6.1 on zarr 2.18: {name} mask_and_scale={mask_and_scale}")
 
 
+def _raw_nan_fills(variables: dict, root: Path, mask_and_scale: bool) -> dict:
+    """``variables`` as xarray reads them from a v2 view undecoded: a float array whose v2
+    ``fill_value`` is NaN (no ``_FillValue`` natively) shows ``_FillValue: nan`` in its
+    attributes then (decoded, it is the mask, which changes no value)."""
+    if mask_and_scale:
+        return variables
+    out = dict(variables)
+    for k, (dtype, dims, attrs, values) in variables.items():
+        if "_FillValue" not in attrs and _zarray(root, k).get("fill_value") == "NaN":
+            out[k] = (dtype, dims, {**attrs, "_FillValue": np.nan}, values)
+    return out
+
+
 def _zarray(mnt: Path, path: str) -> dict:
+
     return json.loads((mnt / path / ".zarray").read_text())
 
 
@@ -321,10 +337,12 @@ def test_fill_value_is_the_xarray_mask(xr_mnt, xr_src):
     assert json.loads((xr_src / "byxr/temp/zarr.json").read_text())["attributes"]["_FillValue"] == "AAAAAAAA+H8="
     assert _zarray(xr_mnt, "byxr/temp")["fill_value"] == "NaN"
     assert json.loads((xr_mnt / "byxr/temp/.zattrs").read_text()) == {"_ARRAY_DIMENSIONS": ["time", "x"], "units": "K"}
-    # No mask: null (the v3 fill_value is not a mask).
-    for p in ("byxr/x", "byxr/flag", "byxr/count", "byxr/zero", "byzarr/x", "byzarr/ok", "byzarr/v", "byzarr/t",
+    # No mask: null (the v3 fill_value is not a mask), but NaN stays NaN (it masks no value).
+    for p in ("byxr/x", "byxr/flag", "byxr/count", "byxr/zero", "byzarr/x", "byzarr/ok", "byzarr/t",
               "byzarr/n", "byzarr/s"):
         assert _zarray(xr_mnt, p)["fill_value"] is None, p
+    assert _zarray(xr_mnt, "byzarr/v")["fill_value"] == "NaN"
+
     assert _zarray(xr_mnt, "byzarr/t")["dtype"] == "<M8[ns]"
 
 
@@ -356,8 +374,9 @@ def test_every_chunk_listed_at_the_root_only_stored_ones_in_shards(xr_mnt, xr_sr
     raw = numcodecs.get_codec(zarray["compressor"]).decode(fill)
     assert np.frombuffer(raw, dtype="<u2").tolist() == [0] * 6
     assert os.stat(root / "2.0").st_size == len(fill)
-    # byzarr/v: only the first row of chunks holds data; every in-bounds chunk is listed.
-    assert _chunk_names(xr_mnt / "byzarr/v") == {f"{i}.{j}" for i in range(3) for j in range(2)}
+    # byzarr/v: only the first row of chunks holds data; its fill NaN is the v2 fill (it masks
+    # no value), so only stored chunks are listed: an absent one reads as NaN in every client.
+    assert _chunk_names(xr_mnt / "byzarr/v") == {"0.0", "0.1"}
     assert os.listdir(xr_mnt / "byzarr/v/c/0/0") == ["0.0", "0.1"]
     # 0-D: the single chunk "0" is served though not stored.
     assert not (xr_src / "byzarr/s/c").exists()
@@ -391,7 +410,8 @@ def test_copy_out_reads_back_equal(xr_mnt, xr_src, tmp_path, tool):
 
 def test_partial_writes_into_empty_chunks_keep_the_fill(xr_src, mount, tmp_path):
     """A writer that updates part of an empty chunk of a fill-null array reads the served fill
-    chunk first: the rest of the chunk stays the v3 fill (NaN), not zeros or garbage."""
+    chunk first: the rest of the chunk stays the v3 fill, not garbage; in a NaN-filled array
+    (NaN is its v2 fill) the rest stays NaN."""
     from writers import umount
 
     src = tmp_path / "src"
@@ -400,7 +420,7 @@ def test_partial_writes_into_empty_chunks_keep_the_fill(xr_src, mount, tmp_path)
     got = zarr2(
         """
         a = zarr.open(path + '/v', mode='r+')
-        assert a.fill_value is None
+        assert np.isnan(a.fill_value)
         a[4, 0] = 42.0
         result = zarr.open(path + '/v', mode='r')[...]
         """,
@@ -410,6 +430,7 @@ def test_partial_writes_into_empty_chunks_keep_the_fill(xr_src, mount, tmp_path)
     expected[0] = np.arange(6)
     expected[4, 0] = 42.0
     assert_same_array(got, expected, "zarr 2.18 read through the mount after the write")
+
     # rm of an empty chunk (served as the fill chunk) succeeds and changes nothing
     fill = (mnt / "byzarr/n/2.0").read_bytes()
     os.unlink(mnt / "byzarr/n/2.0")
@@ -426,6 +447,24 @@ def test_partial_writes_into_empty_chunks_keep_the_fill(xr_src, mount, tmp_path)
     n = read_native(src / "byzarr/n")
     assert n[4].tolist() == [1, 2, 3] and n[:4].tolist() == [[0, 7, 0], [0, 0, 0], [0, 0, 9], [0, 0, 0]]
     assert_same_array(read_native(src / "byzarr/v"), expected, "zarr 3 read of the source after the write")
+    # a fill-null array: the partial write reads the served fill chunk of the empty chunk first
+    shutil.rmtree(src)
+    shutil.copytree(xr_src, src)
+    mnt = mount(src)
+    got = zarr2(
+        """
+        n = zarr.open(path, mode='r+')
+        assert n.fill_value is None
+        n[4, 1] = 3
+        result = zarr.open(path, mode='r')[...]
+        """,
+        path=str(mnt / "byzarr/n"),
+    )
+    n = np.array([[0, 7, 0], [0, 0, 0], [0, 0, 9], [0, 0, 0], [0, 3, 0]], dtype="uint16")
+    assert_same_array(got, n, "zarr 2.18 read of the fill-null array after the write")
+    umount(mount, mnt)
+    assert_same_array(read_native(src / "byzarr/n"), n, "zarr 3 read of the source after the write")
+
 
 
 def test_group_becoming_an_image_switches_its_arrays_to_slash(mount, tmp_path):

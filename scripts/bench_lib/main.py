@@ -226,11 +226,12 @@ class Bench:
 
     @contextmanager
     def mounted(self, src: Path | str, name: str, floor: bool = False, rw: bool = False, ro: bool = False,
-                options: str = "", peer: list[str] | None = None) -> Iterator[Mounted]:
+                options: str = "", peer: list[str] | None = None, package: str | None = None) -> Iterator[Mounted]:
         """A fresh mount of ``src`` (a directory, or an ``s3://`` URL) on ``WORK/mnt/NAME``, timed:
         ``shardfs mount`` (``-o ro`` with ``ro``, ``-o OPTIONS`` with ``options``),
         or with ``floor`` a ``floorfs.py`` child (the pyfuse3 floor; writable with ``rw``), or with
-        ``peer`` that foreground command with ``SRC MNT`` appended, as our child (bench_lib/peers.py).
+        ``peer`` that foreground command with ``SRC MNT`` appended, as our child (bench_lib/peers.py);
+        ``package``: a checkout whose ``shardfs`` the daemon imports (``--baseline``).
         Always unmounted afterwards, lazily if need be; raises BenchError when the clean unmount failed
         (after the body succeeded)."""
         mnt = self.work / "mnt" / name
@@ -240,7 +241,7 @@ class Bench:
         elif floor:
             m = self._mount_child([PY3, FLOORFS, *["--rw"] * rw, str(src), str(mnt)], mnt, name)
         else:
-            m = self._mount_shardfs(src, mnt, name, ro, options)
+            m = self._mount_shardfs(src, mnt, name, ro, options, package)
         self.active[mnt] = m
         try:
             yield m
@@ -252,14 +253,16 @@ class Bench:
             if err:
                 raise BenchError(err)
 
-    def _mount_shardfs(self, src: Path | str, mnt: Path, name: str, ro: bool, options: str) -> Mounted:
+    def _mount_shardfs(self, src: Path | str, mnt: Path, name: str, ro: bool, options: str,
+                       package: str | None = None) -> Mounted:
         """``shardfs mount [-o ro] [-o OPTIONS] SRC MNT`` (it returns once mounted; the daemon is found by
         mountpoint)."""
         t0 = time.perf_counter()
         try:
             r = subprocess.run([SHARDFS, "mount", *["-o", "ro"] * ro, *["-o", options] * bool(options),
                                 str(src), str(mnt), "--log-file", str(self.logs / f"{name}.log")],
-                               capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+                               capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                               env={**os.environ, "PYTHONPATH": package} if package else None)
         except subprocess.TimeoutExpired:
             self._force_unmount(mnt, None)
             raise BenchError("shardfs mount did not return within 60 s")
@@ -712,6 +715,12 @@ class Bench:
         row.status = "PASS" if tm < 1.0 and row.ratio <= 1.5 else "FAIL"
         return [row]
 
+    def fig_scale(self) -> list[Row]:
+        """The scale points (scale.py): 1M chunks locally, 100k shards in S3; only with ``--only``."""
+        from bench_lib import scale
+
+        return scale.figure(self)
+
     def fig_s3(self) -> list[Row]:
         """The object-storage rows (s3rows.py), against a SeaweedFS started and stopped here."""
         from bench_lib import s3rows
@@ -752,7 +761,7 @@ class Bench:
 
 # share of the remaining time budget each figure may use (roughly its cost at full size)
 WEIGHTS = {"read": 0.20, "cat": 0.18, "peers": 0.20, "large": 0.03, "listing": 0.15, "random": 0.04,
-           "write": 0.27, "dask": 0.10, "mount": 0.03, "s3": 0.25}
+           "write": 0.27, "dask": 0.10, "mount": 0.03, "s3": 0.25, "scale": 0.5}
 # cheap figures, and the slow S3 one, always get their repetitions
 FLOOR = {"peers": 90.0, "large": 25.0, "random": 20.0, "mount": 15.0, "s3": 90.0}
 S3_LABELS = ["S3: zarr 2.18 read via mount vs zarr 3 native", "S3, 10 ms each way: same",
@@ -786,7 +795,12 @@ FIGURES: list[tuple[str, str, list[str]]] = [
     ("dask", "fig_dask", ["dask 2 threads vs 1 thread, via mount", "  same on the real v2 copy"]),
     ("mount", "fig_mount", ["mount time, >100k chunks vs 1 shard"]),
     ("s3", "fig_s3", S3_LABELS),
+    ("scale", "fig_scale", ["scale: ls -l over 1M chunk files", "scale: find -type f over 1M chunk files",
+                            "scale: daemon peak RSS, 1M chunks", "scale: S3 mount time, 100k shards",
+                            "scale: S3 ls -l, 100k shards", "scale: S3 random chunk read",
+                            "scale: S3 daemon peak RSS, 100k shards"]),
 ]
+OPT_IN = {"scale"}  # figures run only when named in --only (they take minutes)
 
 
 def daemon_log_summary(logs: Path) -> list[str]:
@@ -807,6 +821,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench-out", help="where bench.json and bench.png go (default bench-out)")
     p.add_argument("--only", default="", help="comma-separated figures: " + ",".join(f[0] for f in FIGURES))
     p.add_argument("--keep", action="store_true", help="keep the work directory (datasets, daemon logs)")
+    p.add_argument("--baseline", metavar="DIR", help="peers: also measure a shardfs side running the package in DIR "
+                   "(a checkout: its shardfs/ is imported), alternated with this one")
     args = p.parse_args(argv)
     only = [x for x in args.only.split(",") if x]
     unknown = set(only) - {f[0] for f in FIGURES}
@@ -830,13 +846,14 @@ def main(argv: list[str] | None = None) -> int:
             setup_error = f"setup: {e}"
             bench.log(f"setup failed: {e}\n{traceback.format_exc()}")
         for name, method, labels in FIGURES:
-            if only and name not in only:
+            if (only and name not in only) or (not only and name in OPT_IN):
                 continue
             t0 = time.perf_counter()
             if setup_error:
                 bench.rows += [Row(lb, status="ERROR", note=setup_error[:120]) for lb in labels]
                 continue
-            todo = [f[0] for f in FIGURES[[f[0] for f in FIGURES].index(name):] if not only or f[0] in only]
+            todo = [f[0] for f in FIGURES[[f[0] for f in FIGURES].index(name):]
+                    if f[0] in only or (not only and f[0] not in OPT_IN)]
             left = bench.budget - (time.perf_counter() - bench.t_start)
             bench.figure = name
             bench.allowance = max(max(0.0, left) * WEIGHTS[name] / sum(WEIGHTS[f] for f in todo),

@@ -129,6 +129,8 @@ class Peers:
         for p in missing:
             bench.problems.append(f"peers: {p} not installed, skipped")
         self.sides = [s for s in SIDES if s not in missing and not (bench.smoke and s == "shardfs-ro")]
+        if bench.args.baseline:  # the same figures with another checkout's package (``--baseline``)
+            self.sides.insert(1, "shardfs-base")
         self.zip = bench.work / "peers" / "vol.zip"
         self.zip.parent.mkdir(exist_ok=True)
         build_zip(bench.copy / "vol", self.zip, "vol")
@@ -147,7 +149,7 @@ class Peers:
             ctx = b.mounted(self.zip, f"{side}-{name}", peer=self.commands[side])
         else:
             ctx = b.mounted(b.copy if side == "floorfs" else b.big, f"peers-{side}-{name}", floor=side == "floorfs",
-                            ro=side == "shardfs-ro")
+                            ro=side == "shardfs-ro", package=b.args.baseline if side == "shardfs-base" else None)
         with ctx as m:
             b.drop_caches()
             yield m.mnt, m.pid
@@ -238,6 +240,9 @@ class Peers:
                     row.note = self.values(v, ("shardfs", peer)) + (f"; {extra}" if extra else "")
                 rows.append(row)
             out += rows
+        if "shardfs-base" in v and "shardfs" in v and v["shardfs-base"] > 0:
+            out.append(b.ratio_row("  same, shardfs vs shardfs-base (--baseline)", unit, v["shardfs"],
+                                   v["shardfs-base"], None))
         return out
 
 

@@ -204,4 +204,4 @@ def make_reads(source: Storage, cache: RangeCache | None = None, chunk_cache: Ch
         return LocalReads(source, chunk_cache)
     from shardfs.reads.objects import ObjectReads
 
-    return ObjectReads(source, chunk_cache, cache)  # type: ignore[arg-type]
+    return ObjectReads(source, chunk_cache, cache)  # type: ignore[arg-type]  # not local: an ObjectStorage

@@ -70,7 +70,7 @@ class LocalReads(Reads):
     async def _stored(self, ext: Extent, ahead: bool) -> bytes:
         fd = await self._opened(ext, ahead)
         try:
-            return await blocking(os.pread, fd, ext.nbytes, ext.offset)
+            return await blocking(self._pread, fd, ext.nbytes, ext.offset)
         finally:
             self._files.give(fd)
 
@@ -80,7 +80,15 @@ class LocalReads(Reads):
             return b""
         data = self._reader.pread(handle.fd, size, handle.offset + offset)
         if data is None:
-            data = await blocking(os.pread, handle.fd, size, handle.offset + offset)
+            return await blocking(self._pread, handle.fd, size, handle.offset + offset)
+        self.source.stats.count("READ", None, size)  # from the page cache: not timed
+        return data
+
+    def _pread(self, fd: int, size: int, offset: int) -> bytes:
+        """``os.pread``, counted as a timed shard read (blocking)."""
+        with self.source.stats.request("READ") as timed:
+            data = os.pread(fd, size, offset)
+            timed.bytes_in = len(data)
         return data
 
     def release(self, handle: ReadHandle) -> None:

@@ -68,7 +68,9 @@ class ObjectReads(Reads):
         if data is None and self.cache.disk_dir is not None:
             data = await blocking(self.cache.get, where, ext.version, ext.offset, ext.nbytes)
         if data is not None:
+            self.cache.hits += 1
             return data
+        self.cache.misses += 1
         if ahead and shard not in self._fetching:
             done = self._fetching[shard] = trio.Event()
             try:

@@ -14,8 +14,11 @@ build the new shard, ``replace(key, data, if_version=V)``; on ``VersionMismatch`
 
 from __future__ import annotations
 
+import builtins
 import os
 from typing import Iterable, Iterator, NamedTuple, Protocol, Sequence
+
+from shardfs.stats import StoreStats
 
 
 class Version(NamedTuple):
@@ -76,6 +79,8 @@ class Entry(NamedTuple):
 class Storage(Protocol):
     """A source of keys: a local directory or an object-store prefix."""
 
+    stats: StoreStats  # the requests it made (``shardfs status``)
+
     def describe(self, key: str) -> str:
         """A human-readable location of ``key`` for log lines (a path, or ``s3://bucket/key``)."""
 
@@ -109,8 +114,12 @@ class Storage(Protocol):
         """Forget the remembered version of ``key``: a reader found it changed (``version``
         results are remembered for a short time; ``replace``/``delete`` forget them too)."""
 
-    def list(self, prefix: str) -> Iterator[list[Entry]]:
+    def list(self, prefix: str) -> Iterator[builtins.list[Entry]]:
         """The entries directly below ``prefix``, page by page (bounded memory); none if missing."""
+
+    def keys_below(self, prefix: str, most: int) -> builtins.list[str] | None:
+        """Every key below ``prefix`` at any depth, relative to it, in key order; None if there
+        are more than ``most`` (what is listed stops there)."""
 
     def is_dir(self, key: str) -> bool:
         """True if ``key`` is a directory (locally) or a prefix holding objects: it may be listed."""

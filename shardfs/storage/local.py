@@ -27,6 +27,7 @@ Hostile sources (contracts):
 
 from __future__ import annotations
 
+import builtins
 import ctypes
 import errno
 import fcntl
@@ -40,10 +41,12 @@ from typing import Iterable, Iterator, Sequence
 from shardfs.storage import UNKNOWN, Entry, Range, Unusable, Version, VersionMismatch, _Absent
 from shardfs.storage.listings import Listings
 from shardfs.storage.versions import Remembered
+from shardfs.stats import StoreStats, counted
 
 LOCK_SUFFIX = ".__lock"  # tensorstore's file kvstore: the lock file of key K is K + ".__lock"
 LOCK_WAIT = 2.0  # seconds a write waits for another writer's lock before it fails
 LIST_PAGE = 1000  # entries per page of a listing (as an S3 page)
+_ANSWERS = (FileNotFoundError, NotADirectoryError, VersionMismatch)  # not failures (``StoreStats``)
 
 _SYS_OPENAT2 = 437  # the same number on every Linux architecture
 _RESOLVE_BENEATH = 0x08
@@ -79,6 +82,7 @@ class LocalStorage:
         self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._versions = Remembered(stat_ttl)
         self._listings = Listings(list_ttl)
+        self.stats = StoreStats()  # shard file reads and replaces (chunk reads: ``shardfs.reads.local``)
 
     # ----- names --------------------------------------------------------------------------
 
@@ -136,7 +140,7 @@ class LocalStorage:
         file or lies beyond a symlink out of the source."""
         found = self._versions.get(key)
         if found is not UNKNOWN:
-            return found  # type: ignore[return-value]
+            return found  # type: ignore[return-value]  # not UNKNOWN (checked)
         token = self._versions.token()
         try:
             found = self._stat(key, strict=False)
@@ -197,6 +201,7 @@ class LocalStorage:
             raise
         return fd, version
 
+    @counted("READ", _ANSWERS, bytes_in=lambda out: sum(map(len, out)))
     def read(self, key: str, ranges: Sequence[Range], if_version: Version | None = None) -> list[bytes]:
         fd, version = self.open(key)
         try:
@@ -210,6 +215,7 @@ class LocalStorage:
         finally:
             os.close(fd)
 
+    @counted("READ", _ANSWERS, bytes_in=lambda out: len(out[0]))
     def read_versioned(self, key: str, rng: Range) -> tuple[bytes, Version]:
         token = self._versions.token()
         try:
@@ -224,6 +230,7 @@ class LocalStorage:
         finally:
             os.close(fd)
 
+    @counted("READ", _ANSWERS, bytes_in=lambda out: len(out[0]))
     def read_all(self, key: str) -> tuple[bytes, Version]:
         """The whole content of ``key`` and its version; ``FileNotFoundError`` if missing."""
         fd, version = self.open(key)
@@ -238,7 +245,7 @@ class LocalStorage:
     def list(self, prefix: str) -> Iterator[list[Entry]]:
         return self._listings.list(prefix, self._list)
 
-    def _list(self, prefix: str) -> Iterator[list[Entry]]:
+    def _list(self, prefix: str) -> Iterator[builtins.list[Entry]]:
         try:
             fd = self._open(prefix, os.O_RDONLY | os.O_DIRECTORY, strict=False)
         except (FileNotFoundError, NotADirectoryError):
@@ -256,6 +263,19 @@ class LocalStorage:
         finally:
             os.close(fd)
 
+    def keys_below(self, prefix: str, most: int) -> builtins.list[str] | None:
+        """Every file below directory ``prefix`` at any depth, relative to it, in key order;
+        None if there are more than ``most`` (symlinks are not followed)."""
+        top = self.path(prefix)
+        keys: list[str] = []
+        for dirpath, dirs, files in os.walk(top):
+            dirs.sort()
+            rel = os.path.relpath(dirpath, top)
+            keys.extend(name if rel == "." else f"{rel}/{name}" for name in files)
+            if len(keys) > most:
+                return None
+        return sorted(keys)
+
     def statvfs(self) -> os.statvfs_result:
         return os.statvfs(self._root_fd)
 
@@ -267,6 +287,7 @@ class LocalStorage:
         except NotADirectoryError:
             raise Unusable(errno.EIO, "a file is where a directory should be", self.path(key)) from None
 
+    @counted("REPLACE", _ANSWERS, bytes_out=lambda version: version.size)
     def replace(self, key: str, data: Iterable[bytes | memoryview],
                 if_version: Version | _Absent | None = None) -> Version:
         parent, name = _split(key)
@@ -293,6 +314,7 @@ class LocalStorage:
             os.close(dfd)
         return Version(new.st_ino, new.st_size, new.st_mtime_ns)
 
+    @counted("DELETE", _ANSWERS)
     def delete(self, key: str, if_version: Version | _Absent | None = None) -> None:
         """Remove ``key``, then its emptied parent directories; durable in the directory that
         survives (the grandparent, when the parent went too)."""

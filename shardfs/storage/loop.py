@@ -39,7 +39,7 @@ class _Loop(asyncio.SelectorEventLoop):
         # asyncio's own guards: no self-pipe once closed (fileno() is then -1: EBADF, ignored;
         # the GIL, held throughout, keeps another thread from closing it in between), a full
         # pipe (EAGAIN: the loop is being woken already) ignored.
-        csock = self._csock  # type: ignore[attr-defined]
+        csock = self._csock  # type: ignore[attr-defined]  # asyncio's private self-pipe
         if csock is not None:
             _write(csock.fileno(), b"\0", 1)
 

@@ -59,13 +59,15 @@ conditional XML-API PUTs: see README).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import errno
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence, TypeAlias
 from urllib.parse import urlsplit
 
 import obstore
@@ -74,7 +76,9 @@ from obstore.exceptions import (AlreadyExistsError, NotFoundError, PermissionDen
                                 UnauthenticatedError)
 
 from shardfs.source import DEFAULT_TIMEOUT, env_endpoint
+from shardfs.stats import StoreStats
 from shardfs.storage import ABSENT, UNKNOWN, Entry, Range, Version, VersionMismatch, _Absent, _Unknown
+from shardfs.storage.access import Access
 from shardfs.storage.listings import Listings
 from shardfs.storage.versions import Remembered
 from shardfs.storage.loop import LoopThread
@@ -88,8 +92,10 @@ _ENDPOINT_KEY = {"s3": "endpoint", "gs": "base_url", "az": "endpoint"}
 STATFS_BYTES = 1 << 60  # the size statvfs reports (see ``ObjectStorage.statvfs``)
 STATFS_BLOCK = 1 << 20
 _STATUS = re.compile(r"status code: (\d{3})")
+_TLS = re.compile(r"InvalidCertificate\(\s*([A-Za-z]+)")  # rustls's verdict, in obstore's debug text
 _MISSING = (NotFoundError, FileNotFoundError)  # obstore raises either for a 404
-Buffer = bytes | obstore.Bytes  # a GET's body: a copy, or obstore's own read-only buffer (``copy=False``)
+_ANSWERS = (*_MISSING, PreconditionError, AlreadyExistsError)  # errors that answer a request (not failures)
+Buffer: TypeAlias = bytes | obstore.Bytes  # a GET's body: a copy, or obstore's own read-only buffer (``copy=False``)
 
 
 class StorageUnavailable(Exception):
@@ -133,6 +139,15 @@ def _status(e: BaseException) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def tls_failure(e: BaseException, s3: bool = False) -> str | None:
+    """The one-line reason if ``e`` is a failed verification of the server's TLS certificate."""
+    verdict = _TLS.search(str(e))
+    if verdict is None:
+        return None
+    return (f"TLS certificate verification failed ({verdict.group(1)}): trust the server's CA with "
+            "-o ca_bundle=FILE" + (" or AWS_CA_BUNDLE" if s3 else ""))
+
+
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
@@ -151,7 +166,7 @@ class ObjectStorage:
 
     def __init__(self, url: str, *, endpoint: str | None = None, region: str | None = None,
                  anonymous: bool = False, retry: Retry = Retry(), loop: LoopThread | None = None,
-                 stat_ttl: float = 1.0, list_ttl: float = 0.0):
+                 stat_ttl: float = 1.0, list_ttl: float = 0.0, access: Access = Access()):
         parts = urlsplit(url)
         scheme = _SCHEMES.get(parts.scheme)
         if scheme is None or not parts.netloc:
@@ -166,18 +181,23 @@ class ObjectStorage:
             region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
             if region:
                 config["region"] = region
+            config.update(access.s3_config())
+            if endpoint and access.addressing == "virtual":  # obstore wants the bucket in the endpoint then
+                ep = urlsplit(endpoint)
+                endpoint = ep._replace(netloc=f"{parts.netloc}.{ep.netloc}").geturl()
         if endpoint:
             config[_ENDPOINT_KEY[scheme]] = endpoint
         if anonymous:
             config["skip_signature"] = True
-        self._url, self._config = url, config
-        self._client = {"allow_http": bool(endpoint and endpoint.startswith("http://"))}
+        self._url, self._config, self._access = url, config, access
+        self._client = {"allow_http": bool(endpoint and endpoint.startswith("http://")), **access.client_options()}
         self._retry = retry
         self._store = self._build(retry)
         self._own_loop = loop is None
         self.loop = loop or LoopThread(name="objects")
         self._versions = Remembered(stat_ttl)
         self._listings = Listings(list_ttl)
+        self.stats = StoreStats()
 
     def _build(self, retry: Retry):
         client = {**self._client, "timeout": timedelta(seconds=retry.request_timeout),
@@ -185,7 +205,9 @@ class ObjectStorage:
         retry_config = {"max_retries": retry.max_retries, "retry_timeout": timedelta(seconds=retry.retry_timeout),
                         "backoff": {"init_backoff": timedelta(seconds=retry.init_backoff),
                                     "max_backoff": timedelta(seconds=retry.max_backoff), "base": 2}}
-        return from_url(self._url, config=self._config or None, client_options=client, retry_config=retry_config)
+        provider = None if "skip_signature" in self._config else self._access.credentials
+        return from_url(self._url, config=self._config or None, client_options=client, retry_config=retry_config,
+                        credential_provider=provider)
 
     def close(self) -> None:
         """Stop the loop thread if this storage started it."""
@@ -234,27 +256,32 @@ class ObjectStorage:
         if not key or key.endswith("/"):
             return None
         try:
-            return _version(await obstore.head_async(self._store, key))
+            with self.stats.request("HEAD", _ANSWERS):
+                return _version(await obstore.head_async(self._store, key))
         except _MISSING:
             return None
         except Exception as e:
             raise self._error(e, key) from None
 
-    async def _get(self, key: str, rng: Range | None, etag: str | None, copy: bool = True) -> tuple[Buffer, Version]:
+    async def _get(self, key: str, rng: Range | None, etag: int | str | None, copy: bool = True
+                   ) -> tuple[Buffer, Version]:
         """One GET of ``rng`` (or all), If-Match ``etag``; a range past the end reads b"".
         ``copy=False``: the body as obstore received it (a read-only ``obstore.Bytes``, no copy)."""
         options: dict[str, Any] = {}
         if rng is not None:
             options["range"] = {"suffix": -rng.offset} if rng.offset < 0 else (rng.offset, rng.offset + rng.nbytes)
-        if etag is not None:
+        if etag:  # a web server may send no ETag (""): nothing to match
             options["if_match"] = etag
+
         try:
-            result = await obstore.get_async(self._store, key, options=options)
-            body = await result.bytes_async()
+            with self.stats.request("GET", _ANSWERS) as counted:
+                result = await obstore.get_async(self._store, key, options=options)
+                body = await result.bytes_async()
+                counted.bytes_in = len(body)
             return bytes(body) if copy else body, _version(result.meta)
         except Exception as e:
             if rng is not None and _status(e) == 416:  # starts at or past the end
-                return b"", None  # type: ignore[return-value]
+                return b"", None  # type: ignore[return-value]  # past the end: no version (callers check)
             raise self._error(e, key) from None
 
     async def aread(self, key: str, ranges: Sequence[Range], if_version: Version | None = None,
@@ -284,6 +311,7 @@ class ObjectStorage:
             except VersionMismatch:
                 if if_version is not None:
                     raise
+                self.stats.retries += 1
                 continue  # replaced between our GETs: read again
             for i, (data, _) in zip(todo, results):
                 fetched[i] = data
@@ -330,9 +358,11 @@ class ObjectStorage:
         elif if_version is ABSENT:
             mode = "create"
         else:
-            mode = {"e_tag": if_version.tag}  # type: ignore[union-attr]
+            mode = {"e_tag": if_version.tag}  # type: ignore[union-attr]  # a Version: None, ABSENT handled above
         try:
-            put = await obstore.put_async(self._store, key, body, mode=mode, use_multipart=False)
+            with self.stats.request("PUT", _ANSWERS):
+                put = await obstore.put_async(self._store, key, body, mode=mode, use_multipart=False)
+            self.stats.bytes_out += len(body)
         except Exception as e:
             if isinstance(e, _MISSING) and isinstance(if_version, Version):
                 # If-Match on a key that vanished: S3 answers 412 (obstore's PreconditionError),
@@ -355,10 +385,11 @@ class ObjectStorage:
                 if now is not None:
                     raise VersionMismatch(self.describe(key))
                 return
-            if now is None or now.tag != if_version.tag:  # type: ignore[union-attr]
+            if now is None or now.tag != if_version.tag:  # type: ignore[union-attr]  # a Version: ABSENT handled above
                 raise VersionMismatch(self.describe(key))
         try:
-            await obstore.delete_async(self._store, key)
+            with self.stats.request("DELETE", _ANSWERS):
+                await obstore.delete_async(self._store, key)
         except _MISSING:
             pass
         except Exception as e:
@@ -374,7 +405,7 @@ class ObjectStorage:
             token = self._versions.token()
             found = self.loop.run(self.aversion(key))
             self._versions.put(key, found, token)
-        return found  # type: ignore[return-value]
+        return found  # type: ignore[return-value]  # not UNKNOWN: asked just above
 
     def read(self, key: str, ranges: Sequence[Range], if_version: Version | None = None) -> list[bytes]:
         return self.loop.run(self.aread(key, ranges, if_version))
@@ -399,7 +430,7 @@ class ObjectStorage:
         """See ``Storage.list`` (remembered for ``list_ttl`` seconds, ``Listings``)."""
         return self._listings.list(prefix, self._list)
 
-    def _list(self, prefix: str) -> Iterator[list[Entry]]:
+    def _list(self, prefix: str) -> Iterator[builtins.list[Entry]]:
         """One listing from the store: pages of at most ``PAGE`` entries, files and sub-prefixes in
         key order (blocking; each page is fetched when the previous one was consumed)."""
         base = prefix.strip("/")
@@ -410,7 +441,7 @@ class ObjectStorage:
             skip_to = None
             try:
                 token = self._versions.token()
-                for chunk in obstore.list(self._store, base or None, offset=offset, chunk_size=PAGE):
+                for chunk in self._pages(obstore.list(self._store, base or None, offset=offset, chunk_size=PAGE)):
                     for meta in chunk:
                         if offset is not None and meta["path"] <= offset:
                             continue  # a store that ignores the offset (Azurite 3.35) lists from the start
@@ -436,7 +467,7 @@ class ObjectStorage:
         if page:
             yield page
 
-    def keys_below(self, prefix: str, most: int) -> list[str] | None:
+    def keys_below(self, prefix: str, most: int) -> builtins.list[str] | None:
         """Every key below ``prefix`` at any depth, relative to it, in key order; None if there
         are more than ``most`` (the listing stops there: at most ``most // PAGE + 1`` requests).
         Blocking; not remembered (``list`` is)."""
@@ -444,7 +475,7 @@ class ObjectStorage:
         head = len(base) + 1 if base else 0
         keys: list[str] = []
         try:
-            for chunk in obstore.list(self._store, base or None, chunk_size=PAGE):
+            for chunk in self._pages(obstore.list(self._store, base or None, chunk_size=PAGE)):
                 keys.extend(meta["path"][head:] for meta in chunk)
                 if len(keys) > most:
                     return None
@@ -460,9 +491,28 @@ class ObjectStorage:
             return known
         base = key.strip("/")
         try:
-            return any(chunk for chunk in obstore.list(self._store, base or None, chunk_size=1))
+            return any(chunk for chunk in self._pages(obstore.list(self._store, base or None, chunk_size=1)))
         except Exception as e:
             raise self._error(e, key) from None
+
+    def _pages(self, pages: Iterator[builtins.list[dict]]) -> Iterator[builtins.list[dict]]:
+        """The pages of an obstore listing, each counted as one ``LIST`` request (a listing
+        with no page made one too)."""
+        first = True
+        while True:
+            started = time.monotonic()
+            try:
+                page = next(pages, None)
+            except Exception as e:
+                self.stats.count("LIST", time.monotonic() - started)
+                self.stats.failures += not isinstance(e, _ANSWERS)
+                raise
+            if page is not None or first:
+                self.stats.count("LIST", time.monotonic() - started)
+            if page is None:
+                return
+            first = False
+            yield page
 
     # ------------------------------------------------------------------ mount-time check
 
@@ -476,9 +526,11 @@ class ObjectStorage:
         except Exception as e:
             status = _status(e)
             if isinstance(e, (PermissionDeniedError, UnauthenticatedError)) or status in (401, 403):
-                why = "access denied (check the credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
+                why = f"access denied (check the credentials: {self._access.hint})"
             elif status == 404:
                 why = "no such bucket"
+            elif status is None and (tls := tls_failure(e, self.scheme == "s3")):
+                why = tls
             elif status is None:
                 why = f"endpoint unreachable ({_first_line(e)})"
             else:

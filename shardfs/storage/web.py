@@ -1,0 +1,241 @@
+"""A plain web server (``http(s)://host/path/data.zarr``) behind ``Storage``, read-only.
+
+Many public Zarr datasets are served by web servers that answer ranged GETs and nothing
+else: no listing, no writes. ``WebStorage`` reads them with obstore's ``HTTPStore`` and
+the request code of ``ObjectStorage`` (ranged and suffix GETs, If-Match on the ETag,
+retries, counters), and makes up the listings the view needs from what the data says:
+
+- a group lists ``zarr.json`` and the children its metadata names: the members of
+  consolidated metadata (``consolidated_metadata.metadata`` in its ``zarr.json``), the
+  levels of an OME-Zarr image (``multiscales[*].datasets[*].path``, 0.4 or 0.5 spelling),
+  the images of a labels group (``labels``) and, for an image, its ``labels`` group when
+  one answers. Any other child is found by name (a lookup GETs its ``zarr.json``): ``ls``
+  does not show it, ``cd`` and ``open`` work.
+- an array lists ``zarr.json`` and its chunk key space level by level (``c``, ``c/0``...),
+  computed from its shape, chunk grid and key encoding: every position of the shard grid.
+  Which shards exist comes from their GETs (the view reads a listed shard's index; 404:
+  absent), so a listing costs no request of its own.
+
+Versions are the server's ETag (or Last-Modified) and size, as for objects; a server that
+sends neither makes every key look unchanged for the life of the mount (said once in the
+log at mount). ``replace`` and ``delete`` fail with EROFS: the mount is read-only.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import itertools
+import json
+import logging
+import math
+import time
+from datetime import timedelta
+from typing import Any, Iterable, Iterator
+
+import obstore
+from obstore.exceptions import NotFoundError
+from obstore.store import HTTPStore
+
+from shardfs.storage import Entry, Version, _Absent
+from shardfs.storage.listings import Listings
+from shardfs.storage.loop import LoopThread
+from shardfs.storage.access import Access
+from shardfs.storage.objects import (ObjectStorage, Retry, StorageUnavailable, _first_line, _status, _version,
+                                     tls_failure)
+from shardfs.storage.versions import Remembered
+from shardfs.stats import StoreStats
+
+log = logging.getLogger("shardfs")
+DOC_TTL = 1.0  # seconds a zarr.json read for a listing is remembered
+DOCS_KEPT = 1024  # zarr.json documents remembered at most (all forgotten past it)
+
+
+class WebStorage(ObjectStorage):
+    """``Storage`` over ``http(s)://host/path`` (thread-safe; read-only)."""
+
+    def __init__(self, url: str, *, retry: Retry = Retry(), loop: LoopThread | None = None,
+                 stat_ttl: float = 1.0, list_ttl: float = 0.0, access: Access = Access()):
+        self.url = url.rstrip("/")
+        self.scheme = "http"
+        self._url, self._config = self.url, {}
+        self._access = access  # TLS trust only: a web server takes no credentials
+        self._client = {"allow_http": self.url.startswith("http://"), **access.client_options()}
+        self._retry = retry
+        self._store = self._build(retry)
+        self._own_loop = loop is None
+        self.loop = loop or LoopThread(name="web")
+        self._versions = Remembered(stat_ttl)
+        self._listings = Listings(list_ttl)
+        self._docs: dict[str, tuple[float, dict[str, Any] | None]] = {}
+        self.stats = StoreStats()
+
+    def _build(self, retry: Retry) -> HTTPStore:
+        client = {**self._client, "timeout": timedelta(seconds=retry.request_timeout),
+                  "connect_timeout": timedelta(seconds=retry.connect_timeout)}
+        retry_config = {"max_retries": retry.max_retries, "retry_timeout": timedelta(seconds=retry.retry_timeout),
+                        "backoff": {"init_backoff": timedelta(seconds=retry.init_backoff),
+                                    "max_backoff": timedelta(seconds=retry.max_backoff), "base": 2}}
+        return HTTPStore.from_url(self.url, client_options=client, retry_config=retry_config)
+
+    # ------------------------------------------------------------------ no writes
+
+    def replace(self, key: str, data: Iterable[bytes | memoryview],
+                if_version: Version | _Absent | None = None) -> Version:
+        raise OSError(errno.EROFS, "a web server is read-only", self.describe(key))
+
+    def delete(self, key: str, if_version: Version | _Absent | None = None) -> None:
+        raise OSError(errno.EROFS, "a web server is read-only", self.describe(key))
+
+    # ------------------------------------------------------------------ listings made up
+
+    def list(self, prefix: str) -> Iterator[list[Entry]]:
+        """See ``Storage.list``: made up from the metadata (module docstring), remembered as
+        listings are."""
+        return self._listings.list(prefix.strip("/"), self._list)
+
+    def _list(self, prefix: str) -> Iterator[builtins.list[Entry]]:
+        entries = self._entries(prefix)
+        if entries:
+            yield entries
+
+    def is_dir(self, key: str) -> bool:
+        key = key.strip("/")
+        if not key:
+            return True
+        parent, _, name = key.rpartition("/")
+        return any(e.name == name and e.is_dir for page in self.list(parent) for e in page)
+
+    def keys_below(self, prefix: str, most: int) -> builtins.list[str] | None:
+        """Unknown without listing the whole key space: None (the view reads indexes as opened)."""
+        return None
+
+    def _doc(self, key: str) -> dict[str, Any] | None:
+        """The parsed ``zarr.json`` at ``key`` (a prefix), or None if there is none or it is bad;
+        remembered for ``DOC_TTL`` seconds (listing a deep prefix asks for every one above it)."""
+        now = time.monotonic()
+        kept = self._docs.get(key)
+        if kept is not None and kept[0] > now:
+            return kept[1]
+        try:
+            data, _ = self.read_all(f"{key}/zarr.json" if key else "zarr.json")
+            doc = json.loads(data)
+        except (FileNotFoundError, ValueError):
+            doc = None
+        if len(self._docs) >= DOCS_KEPT:
+            self._docs.clear()
+        self._docs[key] = (now + DOC_TTL, doc if isinstance(doc, dict) else None)
+        return self._docs[key][1]
+
+    def _entries(self, prefix: str) -> builtins.list[Entry]:
+        parts = prefix.split("/") if prefix else []
+        for cut in range(len(parts) + 1):  # from the root down: the first array owns the rest
+            base = "/".join(parts[:cut])
+            doc = self._doc(base)
+            if doc is None:
+                return []
+            if doc.get("node_type") == "array":
+                level = self._key_level(base, doc, tuple(parts[cut:]))
+                return [Entry("zarr.json", False), *level] if cut == len(parts) else level
+        children = set(self._children(prefix, doc))  # type: ignore[arg-type]  # the loop ran (cut 0) and returned on None
+        for cut in range(len(parts)):  # consolidated metadata of the groups above names them too
+            above = self._doc("/".join(parts[:cut]))
+            children.update(consolidated_children(above or {}, "/".join(parts[cut:])))
+        return [Entry("zarr.json", False), *(Entry(n, True) for n in sorted(children))]
+
+    def _children(self, prefix: str, doc: dict[str, Any]) -> builtins.list[str]:
+        names = group_children(doc)
+        attrs = doc.get("attributes") or {}
+        if _multiscales(attrs) and "labels" not in names and self._doc(f"{prefix}/labels" if prefix else "labels"):
+            names.append("labels")
+        return names
+
+    def _key_level(self, path: str, doc: dict[str, Any], rel: tuple[str, ...]) -> builtins.list[Entry]:
+        """The entries at ``rel`` in the chunk key space of the array at ``path``."""
+        level = key_level(doc, rel)
+        if level is None:
+            return []
+        names, leaf = level
+        return [Entry(n, not leaf) for n in names]
+
+    # ------------------------------------------------------------------ mount-time check
+
+    def check(self) -> None:
+        """Raise ``StorageUnavailable`` (one line) unless the server answers for ``zarr.json``
+        (a missing one is for the caller to explain); warn once if it sends no version."""
+        quick = self._build(Retry(max_retries=1, retry_timeout=5, request_timeout=5.0, connect_timeout=3.0))
+        try:
+            version: Version | None = _version(obstore.head(quick, "zarr.json"))
+        except (NotFoundError, FileNotFoundError):
+            version = None
+        except Exception as e:  # obstore raises many types
+            status = _status(e)
+            why = f"HTTP {status}" if status else tls_failure(e) or f"server unreachable ({_first_line(e)})"
+            raise StorageUnavailable(f"{self.url}: {why}") from None
+        if version is not None and not version.tag and not version.mtime_ns:
+            log.warning("%s: the server sends neither ETag nor Last-Modified: the source is treated as "
+                        "immutable (changes on the server are not seen while mounted)", self.url)
+
+
+def group_children(doc: dict[str, Any]) -> list[str]:
+    """The direct children a group's ``zarr.json`` names: members of inline consolidated
+    metadata, OME-Zarr multiscale levels, and the images of an OME labels group."""
+    names = consolidated_children(doc, "")
+    attrs = doc.get("attributes") or {}
+    for multiscale in _multiscales(attrs):
+        for dataset in multiscale.get("datasets") or ():
+            if isinstance(dataset, dict) and isinstance(dataset.get("path"), str):
+                names.append(dataset["path"].split("/")[0])
+    inner = attrs.get("ome")
+    ome = inner if isinstance(inner, dict) else attrs
+    labels = ome.get("labels")
+    if isinstance(labels, list):
+        names.extend(str(n).split("/")[0] for n in labels if isinstance(n, str))
+    return [n for n in names if n and n not in (".", "..")]
+
+
+def consolidated_children(doc: dict[str, Any], below: str) -> list[str]:
+    """The children of the group at relative path ``below`` (``""``: the group itself) that the
+    inline consolidated metadata of group ``zarr.json`` ``doc`` names."""
+    consolidated = doc.get("consolidated_metadata")
+    if not isinstance(consolidated, dict) or not isinstance(consolidated.get("metadata"), dict):
+        return []
+    head = below + "/" if below else ""
+    return [str(k)[len(head):].split("/")[0] for k in consolidated["metadata"] if str(k).startswith(head)]
+
+
+def _multiscales(attrs: dict[str, Any]) -> list[dict[str, Any]]:
+    inner = attrs.get("ome")
+    ome = inner if isinstance(inner, dict) else attrs
+    found = ome.get("multiscales")
+    return [m for m in found if isinstance(m, dict)] if isinstance(found, list) else []
+
+
+def key_level(doc: dict[str, Any], rel: tuple[str, ...]) -> tuple[list[str], bool] | None:
+    """``(names, leaf)`` at ``rel`` in the chunk key space of an array ``zarr.json``: the
+    names one level below (``leaf``: they are shard keys, not directories), or None if
+    ``rel`` is not a prefix of a key. Regular grids and both key encodings only."""
+    try:
+        shape = [int(s) for s in doc["shape"]]
+        chunks = [int(c) for c in doc["chunk_grid"]["configuration"]["chunk_shape"]]
+        encoding = doc.get("chunk_key_encoding") or {"name": "default"}
+        kind = encoding.get("name", "default")
+        sep = (encoding.get("configuration") or {}).get("separator", "/" if kind == "default" else ".")
+    except (KeyError, TypeError, ValueError):
+        return None
+    grid = [math.ceil(s / c) if c > 0 else 0 for s, c in zip(shape, chunks)]
+    lead = ["c"] if kind == "default" else []
+    if sep != "/":  # every key is one name at the array root
+        if rel:
+            return None
+        if not grid:
+            return (["c"] if kind == "default" else ["0"]), True
+        return [sep.join([*lead, *map(str, idx)]) for idx in itertools.product(*map(range, grid))], True
+    levels = [["c"]] * len(lead) + [[str(i) for i in range(g)] for g in grid]
+    if not grid and kind != "default":
+        levels = [["0"]]
+    depth = len(rel)
+    if depth >= len(levels) or any(r not in levels[i] for i, r in enumerate(rel)):
+        return None
+    return levels[depth], depth == len(levels) - 1
+

@@ -1,0 +1,280 @@
+"""s3:// configured the way the AWS CLI is: profiles, shared files, credential_process (issue 25).
+
+Each configuration route mounts the same source from the session's SeaweedFS (credentials
+enforced) with a temporary ``HOME`` holding ``~/.aws/config`` and ``~/.aws/credentials`` and no
+``AWS_*`` variable but the ones the route needs, and zarr 2.18 reads the array exactly. Each
+configuration mistake fails the mount with one line on stderr, status 1, nothing mounted.
+The routes that need an AWS service SeaweedFS does not offer (STS for assume-role and web identity,
+SSO, container credentials, instance metadata) get it from tests/awsfake.py, on loopback, handing
+out the server's keys. Fixtures and helpers: tests/awshome.py.
+"""
+
+from __future__ import annotations
+
+from awshome import (
+    LAB_KEYS,
+    credential_process,
+    reads_exactly,
+    runs,
+    sso_cache,
+    write_aws,
+)
+from bench_lib.seaweed import REGION, SECRET_KEY
+from conftest import read_native, read_zarr2, wait_for
+from test_s3_mount import closed_port, mount_fails
+
+from shardfs.source import Source
+
+
+def test_profile_from_aws_profile(mount, src, home, monkeypatch):
+    """AWS_PROFILE names a profile of ~/.aws/credentials; region and endpoint_url come from ~/.aws/config."""
+    write_aws(home, f"[profile lab]\nregion = {REGION}\nendpoint_url = {src[1].server.endpoint}\n", LAB_KEYS)
+    monkeypatch.setenv("AWS_PROFILE", "lab")
+    reads_exactly(mount, src)
+
+
+def test_profile_option_overrides_aws_profile(mount, src, home, monkeypatch):
+    """-o profile=NAME wins over AWS_PROFILE (which names a profile without keys)."""
+    write_aws(home, f"[profile lab]\nregion = {REGION}\nendpoint_url = {src[1].server.endpoint}\n"
+                    "[profile other]\nregion = eu-west-1\n", LAB_KEYS)
+    monkeypatch.setenv("AWS_PROFILE", "other")
+    reads_exactly(mount, src, "-o", "profile=lab")
+
+
+def test_default_profile_and_files_elsewhere(mount, src, home, monkeypatch, tmp_path):
+    """The [default] profile of AWS_SHARED_CREDENTIALS_FILE and AWS_CONFIG_FILE (not ~/.aws)."""
+    elsewhere = tmp_path / "etc"
+    elsewhere.mkdir()
+    (elsewhere / "conf").write_text(f"[default]\nregion = {REGION}\nendpoint_url = {src[1].server.endpoint}\n")
+    (elsewhere / "creds").write_text(LAB_KEYS.replace("[lab]", "[default]"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(elsewhere / "conf"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(elsewhere / "creds"))
+    reads_exactly(mount, src)
+
+
+def test_services_section_endpoint(mount, src, home):
+    """The profile's `services` section gives the S3 endpoint (and wins over its endpoint_url)."""
+    write_aws(home, f"""
+        [profile lab]
+        region = {REGION}
+        endpoint_url = http://127.0.0.1:{closed_port()}
+        services = store
+        [services store]
+        s3 =
+          endpoint_url = {src[1].server.endpoint}
+        """, LAB_KEYS)
+    reads_exactly(mount, src, "-o", "profile=lab")
+
+
+def test_endpoint_option_overrides_profile(mount, src, home):
+    """-o endpoint wins over the profile's endpoint_url (a closed port here)."""
+    write_aws(home, f"[profile lab]\nregion = {REGION}\nendpoint_url = http://127.0.0.1:{closed_port()}\n", LAB_KEYS)
+    reads_exactly(mount, src, "-o", f"profile=lab,endpoint={src[1].server.endpoint}")
+
+
+def test_environment_keys(mount, src, home, monkeypatch):
+    """The AWS_* variables alone (no file)."""
+    for name, value in src[1].env.items():
+        monkeypatch.setenv(name, value)
+    reads_exactly(mount, src)
+
+
+def test_precedence(home, monkeypatch):
+    """What the parse keeps, option > AWS_ENDPOINT_URL_S3 > AWS_ENDPOINT_URL > services > profile."""
+    write_aws(home, """
+        [profile p]
+        region = eu-west-1
+        endpoint_url = http://profile:1
+        s3 =
+          addressing_style = virtual
+        [profile q]
+        endpoint_url = http://profile:1
+        services = svc
+        [services svc]
+        s3 =
+          endpoint_url = http://services:1
+        """)
+    url = "s3://b/p"
+    got = Source.parse(url, {"profile": "p"})
+    assert (got.endpoint, got.region, got.addressing) == ("http://profile:1", "eu-west-1", "virtual")
+    assert Source.parse(url, {"profile": "q"}).endpoint == "http://services:1"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://env:1")
+    assert Source.parse(url, {"profile": "q"}).endpoint == "http://env:1"
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://env-s3:1")
+    assert Source.parse(url, {"profile": "q"}).endpoint == "http://env-s3:1"
+    assert Source.parse(url, {"profile": "q", "endpoint": "http://opt:1"}).endpoint == "http://opt:1"
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "ap-south-1")
+    assert Source.parse(url, {"profile": "p"}).region == "ap-south-1"
+    monkeypatch.setenv("AWS_REGION", "us-west-2")
+    assert Source.parse(url, {"profile": "p"}).region == "us-west-2"
+    assert Source.parse(url, {"profile": "p", "region": "sa-east-1"}).region == "sa-east-1"
+    assert Source.parse(url, {"profile": "p", "addressing": "path"}).addressing == "path"
+    monkeypatch.setenv("AWS_PROFILE", "p")
+    assert Source.parse(url, {}).region == "us-west-2" and Source.parse(url, {}).addressing == "virtual"
+    assert Source.parse(url, {"profile": "q"}).addressing is None
+
+
+# ------------------------------------------------------------------ credential_process
+
+def test_credential_process(mount, src, home, tmp_path):
+    script = credential_process(tmp_path / "proc")
+    write_aws(home, f"[profile lab]\nregion = {REGION}\nendpoint_url = {src[1].server.endpoint}\n"
+                    f"credential_process = {script}\n")
+    reads_exactly(mount, src, "-o", "profile=lab")
+    assert runs(tmp_path / "proc") == 2, "once to check the source, once in the daemon"
+
+
+def test_credential_process_refreshed_before_expiry(mount, src, home, tmp_path):
+    """Credentials valid 5 min + 4 s: obstore asks again when 5 min are left, botocore runs the
+    process again. A failing refresh is logged once and the old credentials keep working; the
+    next good one is logged too."""
+    where = tmp_path / "proc"
+    script = credential_process(where, lifetime=304)
+    write_aws(home, f"[profile lab]\nregion = {REGION}\nendpoint_url = {src[1].server.endpoint}\n"
+                    f"credential_process = {script}\n")
+    mnt = reads_exactly(mount, src, "-o", "profile=lab,attr_timeout=0,entry_timeout=0")
+    local = read_native(src[0] / "s")
+    started = runs(where)
+
+    def read_again() -> bool:
+        assert (read_zarr2(mnt / "s") == local).all()
+        return True
+
+    wait_for(lambda: read_again() and runs(where) > started, 30, "a refresh through credential_process")
+    (where / "fail").touch()
+    failed_from = runs(where)
+    wait_for(lambda: read_again() and runs(where) >= failed_from + 2, 40, "two failed refreshes")
+    log = mount.info(mnt).log_text()
+    failures = [line for line in log.splitlines() if "refresh failed" in line]
+    assert len(failures) == 1, failures
+    assert "credential_process failed: the token broker is down" in failures[0]
+    (where / "fail").unlink()
+    wait_for(lambda: read_again() and "AWS credentials: refreshed again" in mount.info(mnt).log_text(), 30,
+             "the refresh after the failure")
+
+
+# ------------------------------------------------------------------ mistakes: one line, nothing mounted
+
+
+def test_unknown_profile(src, home, mnt_dir):
+    write_aws(home, "[profile lab]\nregion = us-east-1\n")
+    cfg = home / ".aws"
+    want = (f"shardfs: error: AWS profile 'nope' not found (looked in {cfg / 'config'} and "
+            f"{cfg / 'credentials'})\n")
+    assert mount_fails(src[1].url, mnt_dir, {}, "-o", "profile=nope") == [want, want]
+    assert mount_fails(src[1].url, mnt_dir, {"AWS_PROFILE": "nope"}) == [want, want]
+
+
+def test_failing_credential_process(src, home, mnt_dir, tmp_path):
+    script = credential_process(tmp_path / "proc")
+    (tmp_path / "proc" / "fail").touch()
+    write_aws(home, f"[profile lab]\nendpoint_url = {src[1].server.endpoint}\ncredential_process = {script}\n")
+    want = "shardfs: error: AWS profile 'lab': credential_process failed: the token broker is down\n"
+    assert mount_fails(src[1].url, mnt_dir, {}, "-o", "profile=lab") == [want, want]
+
+
+def test_expired_sso_token(src, home, mnt_dir):
+    """An SSO profile whose token cache holds nothing valid (never logged in, or expired)."""
+    write_aws(home, f"""
+        [profile sso]
+        endpoint_url = {src[1].server.endpoint}
+        sso_session = corp
+        sso_account_id = 123456789012
+        sso_role_name = Reader
+        region = {REGION}
+        [sso-session corp]
+        sso_region = {REGION}
+        sso_start_url = https://corp.awsapps.com/start
+        """)
+    sso_cache(home, "2020-01-01T00:00:00Z")
+    want = ("shardfs: error: AWS profile 'sso': the SSO token has expired or is missing: "
+            "run aws sso login --profile sso\n")
+    assert mount_fails(src[1].url, mnt_dir, {}, "-o", "profile=sso") == [want, want]
+
+
+def test_no_credentials(src, home, mnt_dir):
+    write_aws(home, f"[default]\nendpoint_url = {src[1].server.endpoint}\n")
+    cfg = home / ".aws"
+    want = ("shardfs: error: no AWS credentials found (looked in: the environment "
+            f"AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, profile 'default' in {cfg / 'config'} and "
+            f"{cfg / 'credentials'}, web identity AWS_WEB_IDENTITY_TOKEN_FILE, container and instance "
+            "metadata); -o anonymous reads public data without them\n")
+    assert mount_fails(src[1].url, mnt_dir, {}) == [want, want]
+
+
+def test_wrong_keys_in_profile_named(src, home, mnt_dir):
+    write_aws(home, f"[profile lab]\nendpoint_url = {src[1].server.endpoint}\n",
+              LAB_KEYS.replace(SECRET_KEY, "not-the-secret"))
+    want = (f"shardfs: error: {src[1].url}: access denied (check the credentials: the profile in the "
+            "shared credentials file)\n")
+    assert mount_fails(src[1].url, mnt_dir, {}, "-o", "profile=lab") == [want, want]
+
+
+# ------------------------------------------------------------------ routes through AWS credential services
+# (STS, SSO, container credentials, instance metadata: tests/awsfake.py hands out the server's keys)
+
+
+def test_assume_role(mount, src, home, fake):
+    """role_arn + source_profile: botocore calls STS AssumeRole with the source profile's keys."""
+    write_aws(home, f"""
+        [profile lab]
+        role_arn = arn:aws:iam::123456789012:role/reader
+        source_profile = base
+        region = {REGION}
+        services = here
+        [services here]
+        s3 =
+          endpoint_url = {src[1].server.endpoint}
+        sts =
+          endpoint_url = {fake.endpoint}
+        """, "[base]\naws_access_key_id = AKIDBASE\naws_secret_access_key = base-secret\n")
+    reads_exactly(mount, src, "-o", "profile=lab")
+    assert fake.calls["sts:AssumeRole"] == 2, "once to check the source, once in the daemon"
+
+
+def test_web_identity(mount, src, home, fake, monkeypatch, tmp_path):
+    """AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN (an EKS service account): STS AssumeRoleWithWebIdentity."""
+    (tmp_path / "token").write_text("eyJ-the-service-account-token")
+    write_aws(home, f"[default]\nregion = {REGION}\n")
+    monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(tmp_path / "token"))
+    monkeypatch.setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/reader")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", fake.endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", src[1].server.endpoint)
+    reads_exactly(mount, src)
+    assert fake.web_tokens == ["eyJ-the-service-account-token"] * 2
+
+
+def test_sso(mount, src, home, fake, monkeypatch):
+    """An SSO profile with a valid cached token (after `aws sso login`): SSO GetRoleCredentials."""
+    write_aws(home, f"""
+        [profile sso]
+        endpoint_url = {src[1].server.endpoint}
+        sso_session = corp
+        sso_account_id = 123456789012
+        sso_role_name = Reader
+        region = {REGION}
+        [sso-session corp]
+        sso_region = {REGION}
+        sso_start_url = https://corp.awsapps.com/start
+        """)
+    sso_cache(home, "2099-01-01T00:00:00Z")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SSO", fake.endpoint)
+    reads_exactly(mount, src, "-o", "profile=sso")
+    assert fake.calls["sso"] == 2
+
+
+def test_container_credentials(mount, src, home, fake, monkeypatch):
+    """AWS_CONTAINER_CREDENTIALS_FULL_URI (ECS tasks, EKS Pod Identity)."""
+    write_aws(home, f"[default]\nregion = {REGION}\nendpoint_url = {src[1].server.endpoint}\n")
+    monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", fake.endpoint + "/container")
+    reads_exactly(mount, src)
+    assert fake.calls["container"] == 2
+
+
+def test_instance_metadata(mount, src, home, fake, monkeypatch):
+    """An EC2 instance role, through IMDSv2 (AWS_EC2_METADATA_SERVICE_ENDPOINT points at the fake)."""
+    write_aws(home, f"[default]\nregion = {REGION}\nendpoint_url = {src[1].server.endpoint}\n")
+    monkeypatch.delenv("AWS_EC2_METADATA_DISABLED")
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", fake.endpoint + "/")
+    reads_exactly(mount, src)
+    assert fake.calls["imds"] == 2 and fake.calls["imds-token"] >= 2

@@ -1,0 +1,146 @@
+"""How s3:// requests are made (issue 25): TLS with a private CA, requester pays, addressing.
+
+TLS: a TLS-terminating proxy (tests/tlsproxy.py, a CA made by openssl) in front of the session's
+SeaweedFS. The CA is trusted through ``-o ca_bundle``, ``AWS_CA_BUNDLE`` or the profile's
+``ca_bundle``: each mounts and zarr 2.18 reads exactly. Without it the mount fails with one line
+naming the TLS failure; ``-o insecure`` mounts and says so in the log at every mount.
+``-o requester_pays`` puts ``x-amz-request-payer: requester`` on every request (seen by a
+recording proxy); ``-o addressing`` picks path style (seen) or virtual hosts (the store's
+configuration: loopback has no per-bucket host names).
+"""
+
+from __future__ import annotations
+
+import pytest
+from awshome import LAB_KEYS, S, reads_exactly, write_aws
+from bench_lib.delayproxy import DelayProxy
+from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY
+from conftest import read_native, read_zarr2
+from sources import build
+from test_s3_mount import mount_fails
+from tlsproxy import TlsProxy, make_ca
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_ca(tmp_path_factory.mktemp("ca"))
+
+
+@pytest.fixture
+def tls(s3, certs):
+    """The https endpoint in front of the session's SeaweedFS."""
+    proxy = TlsProxy(int(s3.endpoint.rsplit(":", 1)[1]), certs)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+@pytest.fixture
+def keys(monkeypatch, home):
+    """The server's keys and region in the environment; no endpoint (each test gives its own)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.setenv("AWS_REGION", REGION)
+    return home
+
+
+def test_ca_bundle_option(mount, src, keys, tls, certs):
+    reads_exactly(mount, src, "-o", f"endpoint={tls.endpoint},ca_bundle={certs.ca}")
+
+
+def test_aws_ca_bundle_variable(mount, src, keys, tls, certs, monkeypatch):
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(certs.ca))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", tls.endpoint)
+    reads_exactly(mount, src)
+
+
+def test_profile_ca_bundle(mount, src, home, tls, certs):
+    write_aws(home, f"[profile lab]\nregion = {REGION}\nendpoint_url = {tls.endpoint}\nca_bundle = {certs.ca}\n",
+              LAB_KEYS)
+    reads_exactly(mount, src, "-o", "profile=lab")
+
+
+def test_untrusted_ca_is_one_line(src, keys, tls, mnt_dir):
+    want = (f"shardfs: error: {src[1].url}: TLS certificate verification failed (UnknownIssuer): trust the "
+            "server's CA with -o ca_bundle=FILE or AWS_CA_BUNDLE\n")
+    assert mount_fails(src[1].url, mnt_dir, {}, "-o", f"endpoint={tls.endpoint}") == [want, want]
+    assert tls.handshakes_failed >= 2
+
+
+def test_insecure_mounts_and_warns_at_every_mount(mount, src, keys, tls):
+    warning = "TLS certificates are not verified (-o insecure)"
+    for _ in range(2):
+        mnt = reads_exactly(mount, src, "-o", f"endpoint={tls.endpoint},insecure")
+        log = mount.info(mnt).log_text()
+        assert sum(warning in line and "WARNING" in line for line in log.splitlines()) == 1, log
+
+
+def test_bad_ca_bundle_is_one_line(src, keys, tls, mnt_dir, tmp_path):
+    (tmp_path / "not.pem").write_text("hello\n")
+    want = f"shardfs: error: ca_bundle {tmp_path / 'not.pem'}: no PEM certificate in it\n"
+    assert mount_fails(src[1].url, mnt_dir, {}, "-o", f"endpoint={tls.endpoint},ca_bundle={tmp_path / 'not.pem'}") \
+        == [want, want]
+    want = f"shardfs: error: ca_bundle {tmp_path / 'none.pem'}: no such file\n"
+    assert mount_fails(src[1].url, mnt_dir, {}, "-o", f"endpoint={tls.endpoint},ca_bundle={tmp_path / 'none.pem'}") \
+        == [want, want]
+
+
+# ------------------------------------------------------------------ requester pays, addressing
+
+
+@pytest.fixture
+def recorded(s3):
+    """A recording proxy in front of the session's SeaweedFS."""
+    with DelayProxy(("127.0.0.1", s3.ports["s3.port"]), delay=0, record=True) as proxy:
+        yield proxy
+
+
+@pytest.mark.parametrize("pays", [True, False])
+def test_requester_pays_header_on_every_request(mount, src, keys, recorded, pays):
+    opts = f"endpoint=http://127.0.0.1:{recorded.port},addressing=path" + (",requester_pays" if pays else "")
+    reads_exactly(mount, src, "-o", opts)
+    seen = [r for r in recorded.log if src[1].prefix in r.path or src[1].prefix in r.query]
+    assert len(seen) >= 3
+    assert {r.headers.get("x-amz-request-payer") for r in seen} == ({"requester"} if pays else {None})
+    assert all(r.path.startswith(f"/{src[1].server.bucket}") for r in seen), "path style: /BUCKET/KEY"
+
+
+def test_virtual_addressing_puts_the_bucket_in_the_host():
+    """Not against a server (loopback has no per-bucket host names): the store obstore is given."""
+    from shardfs.storage.access import Access
+    from shardfs.storage.objects import ObjectStorage
+
+    st = ObjectStorage("s3://bkt/p", endpoint="https://store.example:9000", region=REGION,
+                       access=Access(addressing="virtual"))
+    try:
+        assert st._store.config["endpoint"] == "https://bkt.store.example:9000"
+        assert st._store.config["virtual_hosted_style_request"] == "true"
+    finally:
+        st.close()
+    st = ObjectStorage("s3://bkt/p", endpoint="https://store.example:9000", region=REGION,
+                       access=Access(addressing="path"))
+    try:
+        assert st._store.config["endpoint"] == "https://store.example:9000"
+        assert st._store.config["virtual_hosted_style_request"] == "false"
+    finally:
+        st.close()
+
+
+# ------------------------------------------------------------------ a web server over https
+
+
+def test_web_server_over_https_with_a_private_ca(tmp_path, web_server, certs, mount, mnt_dir):
+    """https://host/array through the TLS proxy in front of nginx: trusted with -o ca_bundle; not: one line."""
+    build(tmp_path / "www", [S])
+    server = web_server(tmp_path / "www")
+    proxy = TlsProxy(server.port, certs)
+    try:
+        url = f"{proxy.endpoint}/s"
+        mnt = mount(url, "-o", f"ca_bundle={certs.ca}")
+        assert (read_zarr2(mnt) == read_native(tmp_path / "www" / "s")).all()
+        want = (f"shardfs: error: {url}: TLS certificate verification failed (UnknownIssuer): trust the "
+                "server's CA with -o ca_bundle=FILE\n")
+        assert mount_fails(url, mnt_dir, {}) == [want, want]
+    finally:
+        proxy.close()

@@ -1,0 +1,187 @@
+"""``shardfs status``: each counter against what the test did, through real mounts.
+
+The daemon answers over a 0600 unix socket in its state directory (never an entry of the
+mount); ``--json`` gives the document, the plain form one screen per mount. Counters checked:
+chunk files opened and bytes read; requests and errors by operation; chunks pending, folds
+done, store replaces; a shard that cannot be folded (a FIFO) backing off by name; the GETs,
+HEADs and LISTs of an ``s3://`` mount against what a recording proxy saw; ``-o
+stats_interval`` logging a summary line.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import json
+import os
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from bench_lib.delayproxy import DelayProxy
+from conftest import SHARDFS, run_shardfs, wait_for
+from shardfs.status_client import status_of
+from shardfs.state import status_sockets
+from source_kinds import BucketSource, unique_prefix
+from sources import build
+from test_hostile import H, chunk_bytes, errno_of, read_bytes, write_file
+from writers import umount
+
+
+def status_json(mnt: Path | None = None) -> dict | list:
+    r = run_shardfs("status", "--json", *([str(mnt)] if mnt else []))
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_reads_requests_and_errors_are_counted(tmp_path, mount):
+    src = tmp_path / "src"
+    build(src, [H])
+    mnt = mount(src)
+    pid = mount.info(mnt).proc.pid
+    names = ["0.0", "0.1", "1.0", "3.3", "2.1"]
+    sizes = [len(read_bytes(mnt / "h" / n)) for n in names]
+    assert errno_of(os.stat, mnt / "h" / "9.9") == errno.ENOENT  # beyond the edge
+    assert errno_of(os.mkdir, mnt / "h" / "c" / "0" / "0" / "x") == errno.EPERM  # no directories in a shard
+    doc = status_json(mnt)
+    assert doc["mountpoint"] == str(mnt) and doc["source"] == str(src) and doc["pid"] == pid
+    assert doc["read_only"] is False and doc["uptime_s"] >= 0 and doc["options"] == {}
+    assert doc["reads"] == {"chunk_files": len(names), "bytes": sum(sizes)}
+    assert doc["requests"]["open"] == len(names)
+    assert doc["requests"]["release"] == len(names)
+    assert doc["errors"]["ENOENT"]["lookup"] >= 1 and doc["errors"]["EPERM"] == {"mkdir": 1}
+    assert doc["errors_last_minute"] == {"EPERM": {"mkdir": 1}}  # ENOENT is an answer, not a problem
+    assert doc["store"]["requests"]["READ"] >= 1 and doc["store"]["failures"] == 0
+    assert doc["store"]["latency_ms"]["p50"] is not None
+    assert doc["cache"]["index"]["limit"] > 0 and doc["cache"]["range"] is None
+    assert doc["pending"] == {"chunks": 0, "bytes": 0, "shards": 0, "arrays": {}, "journal_bytes": 0,
+                              "journal_error": None, "spill_bytes": 0}
+    assert doc["folds"] == {"done": 0, "failed": 0, "backing_off": [], "current": None}
+    assert doc["rss_bytes"] > 10 << 20 and doc["open_files"] > 3
+    # the socket: the daemon's own, mode 0600, in the state directory, not in the mount
+    (sock,) = status_sockets(pid)
+    assert stat.S_ISSOCK(os.stat(sock).st_mode) and stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+    assert not any("status" in name for name in os.listdir(mnt))
+    # without MNT: a list holding this mount; the plain form: one screen
+    assert [d["mountpoint"] for d in status_json()] == [str(mnt)]
+    text = run_shardfs("status", str(mnt))
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith(f"{mnt}  <-  {src}\n")
+    assert f"  reads     {len(names)} chunk files opened" in text.stdout
+    assert text.stdout.endswith("\nproblems:\n  errors in the last minute: EPERM mkdir x1\n")
+    umount(mount, mnt)
+    assert status_sockets(pid) == []  # removed at exit
+
+
+def test_watch_shows_it_again(tmp_path, mount):
+    src = tmp_path / "src"
+    build(src, [H])
+    mnt = mount(src)
+    proc = subprocess.Popen([SHARDFS, "status", "--watch", "0.2", str(mnt)], stdout=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True)
+    try:
+        time.sleep(2.0)
+    finally:
+        proc.kill()  # our own child
+    out = proc.communicate()[0]
+    assert out.count(f"{mnt}  <-  {src}\n") >= 3, out
+
+
+def test_status_of_something_else_is_one_line(tmp_path):
+    r = run_shardfs("status", str(tmp_path))
+    assert (r.returncode, r.stderr) == (1, f"shardfs: error: {tmp_path}: not a shardfs mount\n")
+    r = run_shardfs("status", "--watch", "0", str(tmp_path))
+    assert r.returncode == 1 and "--watch 0: not a positive number of seconds" in r.stderr
+
+
+def test_written_chunks_are_pending_then_folded(tmp_path, mount):
+    src = tmp_path / "src"
+    build(src, [H])
+    mnt = mount(src)
+    written = [(0, 1), (1, 0), (3, 2)]  # shards (0, 0) and (1, 1): incomplete, folded once idle
+    for k, idx in enumerate(written):
+        write_file(mnt / "h" / H.chunk_name(idx), chunk_bytes(k)[1])
+    wait_for(lambda: status_of(str(mnt))["folds"]["done"] >= 2, 20, "the writes folded")
+    doc = status_of(str(mnt))
+    assert doc["pending"]["chunks"] == 0 and doc["pending"]["shards"] == 0 and doc["pending"]["arrays"] == {}
+    assert doc["folds"]["failed"] == 0 and doc["folds"]["backing_off"] == []
+    assert doc["store"]["requests"]["REPLACE"] == doc["folds"]["done"] == 2
+    assert doc["store"]["bytes_out"] == sum(os.stat(H.shard_file(src, s)).st_size for s in ((0, 0), (1, 1)))
+    assert doc["requests"]["flush"] >= len(written) and doc["errors"] == {}
+    umount(mount, mnt)
+
+
+def test_a_fifo_shard_is_one_backing_off_entry(tmp_path, mount):
+    src = tmp_path / "src"
+    build(src, [H])
+    mnt = mount(src)
+    write_file(mnt / "h" / H.chunk_name((0, 1)), chunk_bytes(1)[1])
+    fifo = H.shard_file(src, (0, 0))
+    os.rename(fifo, tmp_path / "shard00")  # well within the idle time before the fold
+    os.mkfifo(fifo)
+    wait_for(lambda: status_of(str(mnt))["folds"]["failed"] >= 1, 20, "the fold failed")
+    doc = status_of(str(mnt))
+    (entry,) = doc["folds"]["backing_off"]
+    assert entry["shard"] == str(fifo) and entry["reason"] == "not a regular file (a FIFO)"
+    assert entry["chunks"] == 1 and entry["failures"] >= 1 and 0 <= entry["retry_in_s"] <= 300
+    assert doc["pending"]["chunks"] == 1 and doc["pending"]["shards"] == 1
+    assert doc["pending"]["arrays"] == {"h": {"chunks": 1, "bytes": len(chunk_bytes(1)[1]), "shards": 1}}
+    assert doc["pending"]["journal_bytes"] > len(chunk_bytes(1)[1])
+    text = run_shardfs("status", str(mnt)).stdout
+    assert f"problems:\n  fold of {fifo} backing off (" in text and "not a regular file (a FIFO)" in text
+    os.unlink(fifo)
+    os.rename(tmp_path / "shard00", fifo)
+    wait_for(lambda: status_of(str(mnt))["pending"]["chunks"] == 0, 20, "the kept change folded")
+    assert status_of(str(mnt))["folds"]["backing_off"] == []
+    umount(mount, mnt)
+
+
+def test_stats_interval_logs_a_summary_line(tmp_path, mount):
+    src = tmp_path / "src"
+    build(src, [H])
+    mnt = mount(src, "-o", "stats_interval=0.3")
+    read_bytes(mnt / "h" / "0.0")
+    m = mount.info(mnt)
+    wait_for(lambda: "1 chunk files" in m.log_text(), 10, "a stats line")
+    line = next(ln for ln in m.log_text().splitlines() if "stats: " in ln and "1 chunk files" in ln)
+    assert "pending 0 chunks in 0 shards; folds 0 done, 0 failed, 0 backing off; rss " in line
+    r = run_shardfs("mount", str(src), str(tmp_path / "m2"), "-o", "stats_interval=0")
+    assert r.returncode == 1 and "-o stats_interval=0: not a positive number of seconds" in r.stderr
+
+
+def test_s3_store_requests_are_what_the_server_saw(s3, tmp_path, mount, request):
+    build(tmp_path / "src", [H])
+    with DelayProxy(("127.0.0.1", s3.ports["s3.port"]), delay=0, record=True) as proxy:
+        src = BucketSource(tmp_path / "src", s3, unique_prefix(request), endpoint=f"http://127.0.0.1:{proxy.port}")
+        mnt = src.mount(mount)
+        time.sleep(0.3)  # anything the mount started is done
+        before = status_of(str(mnt))["store"]
+        proxy.log.clear()
+        for name in ("0.0", "0.1", "2.3", "3.3"):
+            read_bytes(mnt / "h" / name)
+        write_file(mnt / "h" / H.chunk_name((1, 1)), chunk_bytes(1)[1])
+        wait_for(lambda: status_of(str(mnt))["folds"]["done"] == 1, 20, "the write folded")
+        time.sleep(0.3)
+        after = status_of(str(mnt))["store"]
+        seen = collections.Counter(r.method for r in proxy.log)
+    counted = collections.Counter(after["requests"]) - collections.Counter(before["requests"])
+    assert seen["GET"] >= 2 and seen["PUT"] == 1
+    assert counted == seen, (counted, seen)
+    assert after["bytes_out"] - before["bytes_out"] == s3_size(src, H.shard_key((0, 0)))
+    assert after["failures"] == before["failures"] == 0
+    assert status_of(str(mnt))["cache"]["range"]["hits"] + status_of(str(mnt))["cache"]["range"]["misses"] >= 4
+
+
+def s3_size(src: BucketSource, key: str) -> int:
+    import obstore
+
+    return obstore.head(src.objects.store(), key)["size"]
+
+
+@pytest.fixture(autouse=True)
+def _no_user_state(monkeypatch):
+    """Status sockets are looked up in the suite's XDG_STATE_HOME (conftest), never the user's."""
+    assert os.environ.get("XDG_STATE_HOME", "").startswith("/")

@@ -1,0 +1,127 @@
+"""``shardfs umount`` with many pending chunks shows the folds' progress (issue 26, item 3).
+
+Through a real mount: chunks kept pending by a lock on their shard (tensorstore's
+``.__lock``) until ``umount`` starts; its stderr (not a terminal) has a line when the folds
+start and one when they are done. ``FoldProgress`` itself against a fake daemon: plain periodic
+lines (rate, ETA, the shard being folded), and a tqdm bar on a terminal.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import SHARDFS, is_mounted
+from shardfs import progress
+from sources import Spec, build
+from test_hostile import _LOCKER, chunk_bytes, write_file
+
+s = slice
+# one shard of 20x20 inner chunks: 150 written chunks leave it incomplete (folded only when idle)
+P = Spec("p", (40, 40), (2, 2), (40, 40), "<i4", 0, ("zstd", 1), inner_crc=False, index_location="end",
+         index_crc=True, initial=((s(0, 2), s(0, 2)),), write=(s(0, 40), s(0, 40)))
+WRITTEN = [(i, j) for i in range(1, 20) for j in range(20)][:150]
+
+
+def test_umount_shows_fold_progress(tmp_path, mount):
+    src = tmp_path / "src"
+    exp = build(src, [P])
+    lock = Path(str(P.shard_file(src, (0, 0))) + ".__lock")
+    locker = subprocess.Popen([sys.executable, "-c", _LOCKER, str(lock)], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        assert locker.stdout.readline() == "locked\n"
+        mnt = mount(src)
+        for k, idx in enumerate(WRITTEN):
+            block, data = chunk_bytes(k, P)
+            write_file(mnt / "p" / P.chunk_name(idx), data)
+            exp["p"][P.chunk_region(idx)] = block
+        umount = subprocess.Popen([SHARDFS, "umount", str(mnt)], stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                  text=True)
+        first = umount.stderr.readline()
+        locker.kill()  # the folds may go on
+        rest = umount.stderr.read().splitlines()
+        assert umount.wait(timeout=120) == 0, rest
+    finally:
+        locker.kill()
+        locker.wait()
+    assert first == f"shardfs: {mnt}: folding {len(WRITTEN)} pending chunks into 1 shards\n"
+    assert rest[-1].startswith(f"shardfs: {mnt}: folded {len(WRITTEN)} chunks into 1 shards in "), rest
+    assert all(line.startswith(f"shardfs: {mnt}: folded 0 of {len(WRITTEN)} chunks") for line in rest[:-1]), rest
+    assert not is_mounted(mnt)
+    import zarr
+
+    np.testing.assert_array_equal(zarr.open_array(str(src / "p"), mode="r")[...], exp["p"])
+
+
+class FakeDaemon:
+    """A status socket answering documents whose pending chunks go down by ``step`` per answer."""
+
+    def __init__(self, path: str, chunks: int, shards: int, step: int) -> None:
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(path)
+        self.sock.listen(8)
+        self.left, self.shards, self.total, self.step = chunks, shards, chunks, step
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            done = 1 - self.left / self.total
+            doc = {"pending": {"chunks": self.left, "shards": self.shards - round(done * self.shards)},
+                   "folds": {"current": "s3://b/a/c/1"}}
+            conn.sendall(json.dumps(doc).encode())
+            conn.close()
+            self.left = max(0, self.left - self.step)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_fold_progress_lines_and_bar(tmp_path, monkeypatch, tty):
+    monkeypatch.setattr(progress, "EVERY", 0.0)
+    monkeypatch.setattr(progress, "POLL", 0.0)
+    daemon = FakeDaemon(str(tmp_path / "s.sock"), 1000, 10, 100)
+    out = Terminal() if tty else io.StringIO()
+    shown = progress.FoldProgress("/mnt/x", str(tmp_path / "s.sock"), out)
+    for _ in range(4):
+        shown.poll()
+    shown.close(False)
+    daemon.sock.close()
+    text = out.getvalue()
+    if tty:  # tqdm's bar: chunks of the total, shards, the shard being folded
+        assert "folding into 10 shards" in text and "/1000" in text and "s3://b/a/c/1" in text, text
+        assert "chunk/s" in text or "s/chunk" in text or "it/s" in text or "?chunk" in text, text
+        return
+    lines = text.splitlines()
+    assert lines[0] == "shardfs: /mnt/x: folding 1,000 pending chunks into 10 shards"
+    assert lines[1].startswith("shardfs: /mnt/x: folded 100 of 1,000 chunks (1 of 10 shards), ")
+    assert "chunks/s, about " in lines[1] and lines[1].endswith("s left; folding s3://b/a/c/1")
+    assert lines[-1].startswith("shardfs: /mnt/x: folded 1,000 chunks into 10 shards in ")
+    assert len(lines) == 6
+
+
+def test_few_pending_chunks_show_nothing(tmp_path):
+    daemon = FakeDaemon(str(tmp_path / "s.sock"), progress.MIN_CHUNKS - 1, 1, 10)
+    out = io.StringIO()
+    shown = progress.FoldProgress("/mnt/x", str(tmp_path / "s.sock"), out)
+    shown.poll()
+    shown.close(False)
+    daemon.sock.close()
+    assert out.getvalue() == ""
+    assert os.path.exists(tmp_path / "s.sock")
