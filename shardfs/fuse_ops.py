@@ -261,6 +261,9 @@ class Operations(pyfuse3.Operations):
         else:
             assert isinstance(handle, ReadHandle)  # the kernel sends READ with file handles only
             data = await self.view.read(handle, off, size)
+            # The reply lands in the kernel's pages of the inode: if another version was opened
+            # since this handle's, they now hold an old version's bytes; the next open drops them.
+            self._kernel.served(handle.attr._replace(ino=handle.ino))
         self.stats.read_bytes += len(data)
         return data  # type: ignore[return-value]  # pyfuse3 replies with any buffer
 

@@ -109,6 +109,16 @@ class KernelInodes:
         self._cached[attr.ino] = (attr.size, attr.mtime_ns)
         return pages
 
+    def served(self, attr: Attr) -> None:
+        """Bytes of version ``attr`` are being read into the kernel's pages of ``attr.ino`` (a
+        READ of a handle opened at that version). If another version was opened since, those
+        pages now hold an old version's bytes (the kernel dropped its pages at that open, before
+        this reply): the next open must not keep them (found by scripts/soak: readers saw the
+        previous value of a chunk for seconds after an in-place write was acknowledged)."""
+        before = self._cached.get(attr.ino, Pages.NONE)
+        if before is not Pages.NONE and before != (attr.size, attr.mtime_ns):
+            self._cached[attr.ino] = None
+
     def changed(self, ino: int) -> None:
         """The content of ``ino`` changed, or may change (it is open for writing): the next
         open for reading must not keep its cached pages."""
