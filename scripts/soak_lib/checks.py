@@ -100,6 +100,8 @@ class Ledger:
         """Count a failed operation as clean, raced (module docstring) or unclean."""
         if not op.err or op.err in CLEAN or self.faults.overlapping(op.start, op.end):
             return
+        if rec.get("how") == "rm" and op.err == "ENOENT":  # the chunk was empty already
+            return
         if op.kind == "read" and self._racing(rec["a"], op.start, op.end):
             self.raced[rec["lib"]] += 1
             return

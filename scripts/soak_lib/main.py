@@ -104,12 +104,12 @@ class Run:
         if self.kind == "local":
             return str(src), [], {}
         from bench_lib.seaweed import SeaweedS3, upload
-        from faultproxy import FaultProxy
+        from faultproxy import ProxyProcess
 
         self.server = SeaweedS3(self.out / "s3").start()
         stack.callback(self.server.stop)
         self.objects = upload(self.server, src, f"soak-{self.seed}")
-        self.proxy = FaultProxy(("127.0.0.1", self.server.ports["s3.port"]), stall=3 * TIMEOUT)
+        self.proxy = ProxyProcess(("127.0.0.1", self.server.ports["s3.port"]), stall=3 * TIMEOUT)
         self.proxy.start()
         stack.callback(self.proxy.close)
         env = {k: v for k, v in self.server.env.items() if k != "AWS_ENDPOINT_URL"}
