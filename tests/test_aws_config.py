@@ -16,7 +16,7 @@ from awshome import (
     credential_process,
     reads_exactly,
     runs,
-    sso_cache,
+    sso_profile,
     write_aws,
 )
 from bench_lib.seaweed import REGION, SECRET_KEY
@@ -175,18 +175,7 @@ def test_failing_credential_process(src, home, mnt_dir, tmp_path):
 
 def test_expired_sso_token(src, home, mnt_dir):
     """An SSO profile whose token cache holds nothing valid (never logged in, or expired)."""
-    write_aws(home, f"""
-        [profile sso]
-        endpoint_url = {src[1].server.endpoint}
-        sso_session = corp
-        sso_account_id = 123456789012
-        sso_role_name = Reader
-        region = {REGION}
-        [sso-session corp]
-        sso_region = {REGION}
-        sso_start_url = https://corp.awsapps.com/start
-        """)
-    sso_cache(home, "2020-01-01T00:00:00Z")
+    sso_profile(home, src[1].server.endpoint, "2020-01-01T00:00:00Z")
     want = ("shardfs: error: AWS profile 'sso': the SSO token has expired or is missing: "
             "run aws sso login --profile sso\n")
     assert mount_fails(src[1].url, mnt_dir, {}, "-o", "profile=sso") == [want, want]
@@ -246,18 +235,7 @@ def test_web_identity(mount, src, home, fake, monkeypatch, tmp_path):
 
 def test_sso(mount, src, home, fake, monkeypatch):
     """An SSO profile with a valid cached token (after `aws sso login`): SSO GetRoleCredentials."""
-    write_aws(home, f"""
-        [profile sso]
-        endpoint_url = {src[1].server.endpoint}
-        sso_session = corp
-        sso_account_id = 123456789012
-        sso_role_name = Reader
-        region = {REGION}
-        [sso-session corp]
-        sso_region = {REGION}
-        sso_start_url = https://corp.awsapps.com/start
-        """)
-    sso_cache(home, "2099-01-01T00:00:00Z")
+    sso_profile(home, src[1].server.endpoint, "2099-01-01T00:00:00Z")
     monkeypatch.setenv("AWS_ENDPOINT_URL_SSO", fake.endpoint)
     reads_exactly(mount, src, "-o", "profile=sso")
     assert fake.calls["sso"] == 2
