@@ -533,11 +533,11 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     """Print the status of one mount or of every mount of this user, once or every ``--watch`` s."""
-    from shardfs.status_client import StatusError, all_statuses, format_text, status_of
+    from shardfs.status_client import StatusError, all_statuses, clear_screen, format_text, status_of
 
     if args.watch is not None and not args.watch > 0:
         raise UsageError(f"--watch {args.watch:g}: not a positive number of seconds")
-    clear = _clear_screen() if args.watch and not args.json and sys.stdout.isatty() else ""
+    clear = clear_screen() if args.watch and not args.json and sys.stdout.isatty() else ""
     while True:
         try:
             docs: Any = status_of(args.mnt) if args.mnt else all_statuses()
@@ -552,17 +552,6 @@ def _cmd_status(args: argparse.Namespace) -> int:
             return 0
         sys.stdout.flush()
         time.sleep(args.watch)
-
-
-def _clear_screen() -> str:
-    """The terminal's clear-screen sequence (terminfo), or "" if it has none."""
-    import curses
-
-    try:
-        curses.setupterm()
-        return (curses.tigetstr("clear") or b"").decode()
-    except curses.error:
-        return ""
 
 
 def _cmd_umount(args: argparse.Namespace) -> int:

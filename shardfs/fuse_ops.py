@@ -209,28 +209,32 @@ class Operations(pyfuse3.Operations):
             self._kernel.changed(inode)
             return pyfuse3.FileInfo(fh=self._handles.add(written), direct_io=False, keep_cache=False)
         handle = await self.view.open(inode)
+        # The pages are the kernel inode's: a chunk's name that a rename made show another inode
+        # (an alias, see NodeTable) has pages of its own, maybe being written in place right now.
+        version = handle.attr._replace(ino=handle.ino)
         if inode >= CHUNK_BASE:
             self.stats.chunk_files += 1
         try:
-            content = await self._content_to_fill(handle)
+            content = await self._content_to_fill(handle, version)
         except BaseException:
             self.view.release(handle)
             raise
         fi = pyfuse3.FileInfo(fh=self._handles.add(handle))
         if NOFLUSH:  # nothing to commit at its close(): see flush
             fi.noflush = True
-        pages = self._kernel.opened(handle.attr)
+        pages = self._kernel.opened(version)
         fi.keep_cache = pages is not Pages.OTHER
         if pages is Pages.NONE and content is not None:
             self._fill_pages(handle.ino, content)
         return fi
 
-    async def _content_to_fill(self, handle: ReadHandle) -> bytes | bytearray | memoryview | None:
+    async def _content_to_fill(self, handle: ReadHandle, version: Attr) -> bytes | bytearray | memoryview | None:
         """The whole content of a small file being opened whose pages the kernel has never held
-        (``Pages.NONE``), to store into its page cache (``_fill_pages``); else None. The
-        client's reads are then served by the kernel, without a READ request each."""
+        (``Pages.NONE`` for ``version``: the attributes with the kernel's inode), to store into
+        its page cache (``_fill_pages``); else None. The client's reads are then served by the
+        kernel, without a READ request each."""
         size = handle.attr.size
-        if not (self._fill and 0 < size <= FILL_MAX and self._kernel.pages(handle.attr) is Pages.NONE):
+        if not (self._fill and 0 < size <= FILL_MAX and self._kernel.pages(version) is Pages.NONE):
             return None
         content = await self.view.read(handle, 0, size)
         return content if len(content) == size else None

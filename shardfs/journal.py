@@ -29,10 +29,13 @@ Contracts:
   of a segment that stays appends a fold marker naming them to that segment (opened
   again if it is no longer the current one). The marker is a buffered write (it
   survives a SIGKILL, not a power loss unless a later ``sync`` covered its segment).
+  A segment a write failed on (a full disk) takes no more markers: its records are
+  then released in place, their magic overwritten with ``RELEASED`` (no new space
+  needed), and ``recover`` skips them too.
   Window: a crash between a shard's replace and its marker (or a marker that could
-  not be written: logged, and that segment gets no more markers) leaves those
-  records unmarked, and the next mount replays them as before markers existed,
-  writing their chunks' folded values again over whatever came since.
+  not be written either way: logged) leaves those records unmarked, and the next
+  mount replays them as before markers existed, writing their chunks' folded values
+  again over whatever came since.
 - ``recover`` reads what an earlier daemon left: segments in name order,
   records in file order, each segment up to its first incomplete or damaged
   record (never acknowledged: the append did not return), without the records a
@@ -72,6 +75,7 @@ from shardfs.storage.local import fsync_dir
 log = logging.getLogger("shardfs")
 
 MAGIC = b"SFJ1"
+RELEASED = b"SFJ0"  # the magic of a record released in place (when no fold marker could be appended)
 HEADER = struct.Struct("<4sIQI")  # magic, meta length, data length, crc32c over meta + data
 SEGMENT_BYTES = 64 << 20  # a segment is rotated once it is this long
 SEGMENT_NAME = re.compile(r"\d{20}\.seg")
@@ -126,8 +130,11 @@ def decode_records(buf: bytes) -> tuple[list[Change], int]:
         magic, meta_len, data_len, crc = HEADER.unpack_from(buf, end)
         start = end + HEADER.size
         stop = start + meta_len + data_len
-        if magic != MAGIC or stop > len(buf) or crc32c.crc32c(view[start:stop]) != crc:
+        if magic not in (MAGIC, RELEASED) or stop > len(buf) or crc32c.crc32c(view[start:stop]) != crc:
             break
+        if magic == RELEASED:
+            end = stop
+            continue
         try:
             meta = json.loads(bytes(view[start: start + meta_len]))
             if meta.get("kind") == "folded":
@@ -246,12 +253,12 @@ class Journal:
         for seg, offsets in by_segment.items():
             if seg.live == 0:
                 self._close(seg)
-            elif not seg.torn:
-                self._mark_folded(seg, offsets)
+            elif seg.torn or not self._mark_folded(seg, offsets):
+                self._mark_in_place(seg, offsets)
 
-    def _mark_folded(self, seg: _Segment, offsets: list[int]) -> None:
-        """Append a fold marker naming ``offsets`` to ``seg``; a failure is logged (the window
-        of the module docstring) and ends markers in ``seg``."""
+    def _mark_folded(self, seg: _Segment, offsets: list[int]) -> bool:
+        """Append a fold marker naming ``offsets`` to ``seg``; False if it could not be written
+        (that ends markers in ``seg``: a torn marker ends its segment)."""
         marker = encode_marker(offsets)
         fd = seg.fd
         try:
@@ -262,15 +269,32 @@ class Journal:
             finally:
                 if seg.fd is None:
                     os.close(fd)
-        except OSError as e:
-            log.error("%s: cannot mark %d folded records: a replay would write them again: %s",
-                      seg.path, len(offsets), e)
+        except OSError:
             seg.torn = True
             if seg is self._current:
                 self._close(seg)
-            return
+            return False
         seg.size += len(marker)
         self.bytes += len(marker)
+        return True
+
+    def _mark_in_place(self, seg: _Segment, offsets: list[int]) -> None:
+        """Release the records at ``offsets`` of a segment that takes no more markers (a write
+        to it failed: a full disk) by overwriting their magic with ``RELEASED``: that needs no
+        new space. Without it a replay would write their old values over newer ones folded
+        since, this mount's own acknowledged writes included (scripts/soak fills the journal's
+        disk, then SIGKILLs the daemon). A failure is logged: the window of the module docstring."""
+        try:
+            fd = os.open(seg.path, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                for offset in offsets:
+                    if os.pwrite(fd, RELEASED, offset) != len(RELEASED):
+                        raise OSError(errno.EIO, "short write")
+            finally:
+                os.close(fd)
+        except OSError as e:
+            log.error("%s: cannot mark %d folded records: a replay would write them again: %s",
+                      seg.path, len(offsets), e)
 
     # ----- durability ---------------------------------------------------------------------
 

@@ -105,7 +105,14 @@ class Status:
         return trio.socket.from_stdlib_socket(sock)
 
     async def _answer(self, stream: trio.SocketStream) -> None:
-        data = (json.dumps(self.snapshot()) + "\n").encode()
+        """Send the document; a failure to make it is logged, never raised (it would end the
+        mount's nursery, and the mount with it)."""
+        try:
+            data = (json.dumps(self.snapshot()) + "\n").encode()
+        except Exception:
+            log.exception("shardfs status: cannot make the status document")
+            await stream.aclose()
+            return
         with trio.move_on_after(SEND_TIMEOUT):
             try:
                 await stream.send_all(data)
@@ -116,7 +123,12 @@ class Status:
     async def _log_every(self, seconds: float) -> None:
         while True:
             await trio.sleep(seconds)
-            log.info("stats: %s", summary(self.snapshot()))
+            try:
+                line = summary(self.snapshot())
+            except Exception:
+                log.exception("shardfs status: cannot make the status document")
+                return
+            log.info("stats: %s", line)
 
 
 def summary(doc: dict[str, Any]) -> str:

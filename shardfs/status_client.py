@@ -126,3 +126,14 @@ def format_text(doc: dict[str, Any]) -> str:
             f"{name} {op} x{n}" for name, by_op in recent.items() for op, n in by_op.items()))
     lines += ["problems:", *problems] if problems else ["no problems"]
     return "\n".join(lines)
+
+
+def clear_screen() -> str:
+    """The terminal's clear-screen sequence (terminfo: ``--watch`` redraws), or "" if it has none."""
+    import curses
+
+    try:
+        curses.setupterm()
+        return (curses.tigetstr("clear") or b"").decode()
+    except curses.error:
+        return ""

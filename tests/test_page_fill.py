@@ -137,3 +137,30 @@ def test_no_fill_of_a_file_opened_for_writing_before(src, mount):
     finally:
         os.close(fd)
 
+
+
+def test_a_renamed_onto_chunk_open_for_writing_keeps_no_pages_at_a_read_open(src, mount):
+    """A rename onto a chunk key makes its name show the temporary file's inode (an alias): the
+    page-cache bookkeeping of an open is the kernel inode's, not the chunk's. So while the name
+    is open for writing in place, a read open keeps none of the writer's uncommitted pages (the
+    reader reads the committed bytes) and never stores pages into it: a store while the writer
+    held a page locked deadlocked the daemon (found by scripts/soak: SIGKILL could not end it)."""
+    root, data = src
+    mnt = mount(root)
+    path = mnt / "x" / "0.1"
+    assert path.read_bytes() == data[:64, 64:].tobytes()
+    committed = (data[:64, 64:] + 1).astype("<u2").tobytes()
+    tmp = mnt / "x" / "0.1.tmp.partial"
+    tmp.write_bytes(committed)
+    os.rename(tmp, path)
+    w = os.open(path, os.O_RDWR | os.O_TRUNC)
+    try:
+        assert os.write(w, (data[:64, 64:] + 2).astype("<u2").tobytes()) == FILE
+        r = os.open(path, os.O_RDONLY)
+        try:
+            assert resident(r, FILE) == 0
+            assert os.pread(r, FILE, 0) == committed
+        finally:
+            os.close(r)
+    finally:
+        os.close(w)

@@ -1,0 +1,195 @@
+"""The judge: ingests the workers' op logs into the model and checks every read, during the run
+and after it, and the source itself at the end.
+
+``Ledger.poll()`` reads the new complete lines of every worker log (``worker.py``'s format):
+write ``begin``/``end`` lines go to the ``Model``; every finished operation goes to ``ops``
+(kind, start, end, error) for the metrics; a failed operation's error is *clean* when it is
+EIO, ENOSPC or EAGAIN, or when it overlaps a fault window (a killed daemon's ENOTCONN, a
+stopped server); a failed read is *raced* when a write of the same array that no filesystem
+makes atomic for readers (in place, ``cp``, ``rm``: ``RACY``) was in flight meanwhile; any other
+failure is *unclean*. ``Ledger.validate(before)`` checks the reads that
+ended before ``before`` (call it with a lag: a write that began before a read ended must have
+logged its ``begin``): in each chunk a read must have seen one token, allowed by the model
+(``Model.allowed`` on the mount that writes that chunk, ``Model.plausible`` on the others);
+a fill (0) the model forbids, read while a fault was on, is counted as *masked* (the client
+turned an error into the fill value: zarr 2.18 reads a chunk whose ``stat`` fails as missing),
+anything else is *forbidden*. ``final_check(read_array)`` reads every array in the source
+natively at the end: each chunk must hold one token of ``Model.final_allowed``; an older
+token or the fill is *lost*, anything else *forbidden*. Every failure is kept with the ops that
+explain it (the writes of that chunk), for the report.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from faults import Injector
+from grid import Grid, owner, tokens_by_chunk
+from model import Model
+
+CLEAN = frozenset({"EIO", "ENOSPC", "EAGAIN"})
+# Writes a reader may see half done on any POSIX filesystem: in place and cp (open with O_TRUNC,
+# then write: the kernel shows the truncated file at once), rm (zarr 2.18 stats, then opens).
+RACY = frozenset({"inplace", "cp", "rm"})
+
+
+@dataclass
+class Op:
+    kind: str  # read, write, structure
+    start: float
+    end: float
+    err: str | None
+    worker: str
+
+
+@dataclass
+class Ledger:
+    model: Model
+    grids: dict[str, Grid]
+    mounts: int
+    faults: Injector
+    ops: list[Op] = field(default_factory=list)
+    forbidden: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    unclean: list[str] = field(default_factory=list)
+    masked: collections.Counter = field(default_factory=collections.Counter)
+    raced: collections.Counter = field(default_factory=collections.Counter)
+    reads_checked: int = 0
+    chunks_checked: int = 0
+    _offsets: dict[Path, int] = field(default_factory=dict)
+    _reads: list[dict[str, Any]] = field(default_factory=list)
+
+    def poll(self, logs: list[Path]) -> None:
+        """Ingest the new complete lines of every log."""
+        for path in logs:
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self._offsets.get(path, 0))
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            end = data.rfind(b"\n") + 1
+            self._offsets[path] = self._offsets.get(path, 0) + end
+            for line in data[:end].splitlines():
+                self._ingest(json.loads(line), path.stem)
+
+    def _ingest(self, rec: dict[str, Any], worker: str) -> None:
+        kind = rec["k"]
+        if kind == "wb":
+            self.model.begin(rec["a"], tuple(rec["c"]), rec["tok"], rec["t0"], rec["how"], worker, rec["op"])
+            return
+        if kind == "we":
+            self.model.finish(rec["a"], rec["op"], worker, rec["t1"], rec["ok"])
+        elif kind == "r":
+            self._reads.append({**rec, "w": worker})
+        elif kind == "s" and rec.get("bad"):
+            self.forbidden.extend(f"{worker}: {b}" for b in rec["bad"])
+        op = Op({"r": "read", "we": "write", "s": "structure"}[kind], rec["t0"], rec["t1"], rec.get("err"), worker)
+        self.ops.append(op)
+        if kind != "r":
+            self._judge_error(op, rec)
+
+    def _judge_error(self, op: Op, rec: dict[str, Any]) -> None:
+        """Count a failed operation as clean, raced (module docstring) or unclean."""
+        if not op.err or op.err in CLEAN or self.faults.overlapping(op.start, op.end):
+            return
+        if op.kind == "read" and self._racing(rec["a"], op.start, op.end):
+            self.raced[rec["lib"]] += 1
+            return
+        self.unclean.append(f"{op.worker}: {op.kind} {_describe(rec)} failed in [{op.start:.3f}, {op.end:.3f}]: {op.err}")
+
+    def _racing(self, array: str, t0: float, t1: float) -> bool:
+        """A write of ``array`` that is not atomic for readers was in flight during [t0, t1]."""
+        return any(w.how in RACY and w.start < t1 and (w.end is None or w.end > t0)
+                   for w in self.model.writes_of(array))
+
+    def validate(self, before: float) -> None:
+        """Check the reads that ended before ``before`` (module docstring)."""
+        keep = []
+        for rec in self._reads:
+            if rec["t1"] >= before:
+                keep.append(rec)
+            elif "c" in rec:
+                self._check_read(rec)
+            else:
+                self._judge_error(Op("read", rec["t0"], rec["t1"], rec["err"], rec["w"]), rec)
+        self._reads = keep
+
+    def _check_read(self, rec: dict[str, Any]) -> None:
+        self.reads_checked += 1
+        name, t0, t1 = rec["a"], rec["t0"], rec["t1"]
+        ndim = len(self.grids[name].shape)
+        for entry in rec["c"]:
+            self.chunks_checked += 1
+            chunk, values = tuple(entry[:ndim]), entry[ndim:]
+            token = _token(values)
+            if token is None:
+                self.forbidden.append(f"{rec['w']} ({rec['lib']}, mount {rec['m']}): {name} chunk {chunk} torn or "
+                                      f"foreign: values {values[:6]} read in [{t0:.3f}, {t1:.3f}]\n"
+                                      + self.history(name, chunk, t1))
+                continue
+            strict = owner(name, chunk, self.mounts) == rec["m"]
+            ok = (self.model.allowed(name, chunk, token, t0, t1) if strict
+                  else self.model.plausible(name, chunk, token, t1))
+            if ok:
+                continue
+            if token == 0 and self.faults.overlapping(t0, t1):
+                self.masked[rec["lib"]] += 1
+                continue
+            self.forbidden.append(f"{rec['w']} ({rec['lib']}, mount {rec['m']}): {name} chunk {chunk} held "
+                                  f"{token}, which the model forbids in [{t0:.3f}, {t1:.3f}]\n" + self.history(name, chunk, t1))
+
+    def final_check(self, read_array: Callable[[str], np.ndarray]) -> None:
+        """Every chunk of every array in the source against ``Model.final_allowed`` (module docstring)."""
+        for name, grid in self.grids.items():
+            try:
+                values = read_array(name)
+            except Exception as e:  # a torn shard: the native reader refuses it
+                self.forbidden.append(f"final: {name} unreadable natively: {type(e).__name__}: {e}")
+                continue
+            region = tuple(slice(0, s) for s in grid.shape)
+            for entry in tokens_by_chunk(grid, region, np.asarray(values)):
+                chunk, seen = tuple(entry[:grid_ndim(grid)]), entry[grid_ndim(grid):]
+                self.chunks_checked += 1
+                allowed = self.model.final_allowed(name, chunk)
+                token = _token(seen)
+                if token in allowed:
+                    continue
+                what = f"final: {name} chunk {chunk} holds {seen[:6]}, allowed {sorted(allowed)}\n" + self.history(name, chunk)
+                known = token is not None and (token == 0 or any(
+                    w.token == token for w in self.model.writes() if w.array == name and w.chunk == chunk))
+                (self.lost if known else self.forbidden).append(what)
+
+    def history(self, name: str, chunk: tuple[int, ...], at: float = math.inf, before: int = 8, after: int = 3) -> str:
+        """The op log of one chunk around time ``at``: its last ``before`` writes that began
+        before it and the ``after`` next ones, to replay a failure."""
+        writes = sorted((w for w in self.model.writes() if w.array == name and w.chunk == chunk), key=lambda w: w.start)
+        i = sum(w.start < at for w in writes)
+        return "\n".join(f"    {w.start:12.3f} .. {'?' if w.end is None else f'{w.end:.3f}':>12} token {w.token:>9} "
+                         f"{w.how:11} {'ok' if w.ok else 'not acknowledged'} {w.worker}"
+                         for w in writes[max(0, i - before): i + after])
+
+
+def grid_ndim(grid: Grid) -> int:
+    return len(grid.shape)
+
+
+def _token(values: list[Any]) -> int | None:
+    """The one token a chunk held, or None if it held several or a non-integer."""
+    if len(values) != 1:
+        return None
+    v = values[0]
+    if isinstance(v, float) and (not math.isfinite(v) or v != int(v)):
+        return None
+    return int(v)
+
+
+def _describe(rec: dict[str, Any]) -> str:
+    return " ".join(str(rec[k]) for k in ("a", "op") if k in rec)

@@ -1,0 +1,189 @@
+"""shardfs daemons the soak starts, signals and stops by PID (never by name).
+
+``Daemon(name, src, mnt, options, env, log_dir)``: ``start()`` runs ``shardfs mount SRC MNT -f
+--log-file LOG -o ...`` in its own session and returns once MNT is a mountpoint (``Wedged`` if
+not within ``MOUNT_TIMEOUT``, ``RuntimeError`` if the daemon exited first); ``kill()`` is the
+crash (SIGKILL, then ``fusermount3 -u -z``); ``umount(timeout)`` is ``shardfs umount --timeout``
+and returns (exit status, seconds, the daemon's exit status); ``close()`` (for ``finally``
+blocks) lazily unmounts and SIGKILLs the daemon if it is still there. ``stats()`` reads the
+daemon's /proc entries: RSS, open fds, threads, bytes of its spill files (unlinked files it
+holds open under ``spill/``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SHARDFS = str(Path(sys.executable).parent / "shardfs")
+MOUNT_TIMEOUT = 60.0
+KILL_TIMEOUT = 30.0
+
+
+class Wedged(Exception):
+    """Something did not finish within its timeout."""
+
+
+def is_mounted(mnt: str | Path) -> bool:
+    """``mnt`` is in the mount table (also a dead FUSE mount whose stat fails)."""
+    target = os.path.realpath(mnt)
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == target for line in f)
+
+
+def abort_connection(mnt: str | Path) -> None:
+    """Abort the FUSE connection of mount ``mnt`` (/sys/fs/fuse/connections/N/abort): every
+    request in flight fails and a daemon blocked in the kernel on it is released."""
+    target = os.path.realpath(mnt)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if fields[4] == target:
+                minor = fields[2].split(":")[1]
+                try:
+                    Path(f"/sys/fs/fuse/connections/{minor}/abort").write_text("1")
+                except OSError:
+                    pass
+
+
+def immutable(path: Path, on: bool) -> None:
+    """``chattr +i`` / ``-i`` (best effort: some filesystems have no such flag)."""
+    subprocess.run(["chattr", "+i" if on else "-i", str(path)], capture_output=True)
+
+
+def lazy_unmount(mnt: str | Path) -> None:
+    if is_mounted(mnt):
+        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True, timeout=60)
+
+
+class Daemon:
+    """One mount of the soak (see the module docstring)."""
+
+    def __init__(self, name: str, src: str, mnt: Path, options: list[str], env: dict[str, str], log_dir: Path):
+        self.name, self.src, self.mnt, self.options, self.env = name, src, Path(mnt), options, env
+        self.log = log_dir / f"daemon-{name}.log"
+        self.out = log_dir / f"daemon-{name}.out"
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+        self.mnt.mkdir(parents=True, exist_ok=True)
+        immutable(self.mnt, True)  # while unmounted (a restart), no client can write into the bare directory
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def start(self) -> float:
+        """Mount; the seconds it took to be live."""
+        t0 = time.monotonic()
+        cmd = [SHARDFS, "mount", self.src, str(self.mnt), "-f", "--log-file", str(self.log)]
+        for opt in self.options:
+            cmd += ["-o", opt]
+        with open(self.out, "ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env={**os.environ, **self.env}, start_new_session=True)
+        self.starts += 1
+        while not os.path.ismount(self.mnt):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon {self.name} exited with {self.proc.returncode} before the mount was live:\n"
+                                   + self.tail())
+            if time.monotonic() - t0 > MOUNT_TIMEOUT:
+                raise Wedged(f"daemon {self.name}: not live {MOUNT_TIMEOUT:g} s after start")
+            time.sleep(0.05)
+        return time.monotonic() - t0
+
+    def kill(self) -> None:
+        """SIGKILL the daemon (a crash), reap it, and lazily unmount its dead mount. A daemon
+        that SIGKILL cannot end within ``KILL_TIMEOUT`` (blocked in the kernel on its own mount)
+        has its FUSE connection aborted, then ``Wedged`` is raised."""
+        wedged = False
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGKILL)
+            try:
+                self.proc.wait(timeout=KILL_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                wedged = True
+                abort_connection(self.mnt)
+                self.proc.wait(timeout=60)
+        lazy_unmount(self.mnt)
+        if wedged:
+            raise Wedged(f"daemon {self.name}: SIGKILL did not end it within {KILL_TIMEOUT:g} s "
+                         "(blocked in the kernel); its FUSE connection was aborted")
+
+    def umount(self, timeout: float) -> tuple[int, float, int | None]:
+        """``shardfs umount MNT --timeout T``: (its status, seconds, the daemon's status or None if it
+        was still running ``timeout`` + 30 s later)."""
+        t0 = time.monotonic()
+        try:
+            r = subprocess.run([SHARDFS, "umount", str(self.mnt), "--timeout", str(timeout)], capture_output=True,
+                               text=True, timeout=timeout + 30, env={**os.environ, **self.env})
+            status = r.returncode
+            if status:
+                print(f"soak: shardfs umount {self.mnt}: status {status}: {r.stderr.strip()[-2000:]}", flush=True)
+        except subprocess.TimeoutExpired:
+            status = -1
+        try:
+            rc = self.proc.wait(timeout=30) if self.proc is not None else 0
+        except subprocess.TimeoutExpired:
+            rc = None
+        return status, time.monotonic() - t0, rc
+
+    def close(self) -> None:
+        """For ``finally``: unmount, and end the daemon if it is still there (by PID; a daemon
+        blocked in the kernel has its FUSE connection aborted first); the mountpoint becomes an
+        ordinary directory again."""
+        if self.proc is not None and self.proc.poll() is None and self._stuck():
+            abort_connection(self.mnt)
+        lazy_unmount(self.mnt)
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                try:
+                    self.proc.wait(timeout=KILL_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    abort_connection(self.mnt)
+                    self.proc.wait(timeout=60)
+        if not is_mounted(self.mnt):
+            immutable(self.mnt, False)
+
+    def _stuck(self) -> bool:
+        """The daemon's main thread is blocked writing to /dev/fuse (in the kernel)."""
+        try:
+            return "fuse_dev" in Path(f"/proc/{self.proc.pid}/stack").read_text()
+        except OSError:
+            return False
+
+    def tail(self, n: int = 4000) -> str:
+        text = ""
+        for p in (self.log, self.out):
+            try:
+                text += p.read_text(errors="replace")[-n:]
+            except FileNotFoundError:
+                pass
+        return text
+
+    def stats(self) -> dict[str, float]:
+        """RSS (MiB), open fds, threads and spill bytes of the running daemon ({} if it is not)."""
+        pid = self.pid
+        if pid is None:
+            return {}
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            return {}
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        spill = 0
+        for fd in fds:
+            try:
+                if "/spill/" in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                    spill += os.stat(f"/proc/{pid}/fd/{fd}").st_size
+            except OSError:
+                pass
+        return {"rss_mib": int(fields["VmRSS"].split()[0]) / 1024, "fds": len(fds),
+                "threads": int(fields["Threads"]), "spill_bytes": spill}

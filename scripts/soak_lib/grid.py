@@ -1,0 +1,91 @@
+"""Chunk arithmetic and v2 chunk bytes, for the worker processes (numpy + numcodecs only).
+
+``Grid(meta)`` is built from an array's v2 ``.zarray`` (as a dict): ``chunks_of(region)`` lists
+the inner chunks a region touches with the part of the region each covers, ``key(chunk)`` is
+the chunk's v2 key (with the array's ``dimension_separator``), ``encode(token)`` is the bytes a
+v2 writer would store for a chunk filled with ``token`` (filters, then compressor, in the
+array's memory order), ``chunk_region(chunk)`` is the chunk's box clipped to the array.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterator
+
+import numcodecs
+import numpy as np
+
+Region = tuple[slice, ...]
+
+
+class Grid:
+    """The v2 chunk grid of one array (see the module docstring)."""
+
+    def __init__(self, meta: dict[str, Any]):
+        self.shape = tuple(meta["shape"])
+        self.chunks = tuple(meta["chunks"])
+        self.dtype = np.dtype(meta["dtype"])
+        self.order = meta.get("order", "C")
+        self.sep = meta.get("dimension_separator") or "."
+        self.filters = [numcodecs.get_codec(f) for f in meta.get("filters") or []]
+        self.compressor = numcodecs.get_codec(meta["compressor"]) if meta.get("compressor") else None
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        return tuple(-(-s // c) for s, c in zip(self.shape, self.chunks))
+
+    def all_chunks(self) -> list[tuple[int, ...]]:
+        return list(itertools.product(*(range(n) for n in self.grid)))
+
+    def key(self, chunk: tuple[int, ...]) -> str:
+        return self.sep.join(map(str, chunk))
+
+    def chunk_region(self, chunk: tuple[int, ...]) -> Region:
+        return tuple(slice(i * c, min((i + 1) * c, s)) for i, c, s in zip(chunk, self.chunks, self.shape))
+
+    def chunks_of(self, region: Region) -> Iterator[tuple[tuple[int, ...], Region]]:
+        """Each chunk touched by ``region`` with its part, relative to the region's origin."""
+        ranges = [range(r.start // c, -(-r.stop // c)) for r, c in zip(region, self.chunks)]
+        for chunk in itertools.product(*ranges):
+            box = self.chunk_region(chunk)
+            yield chunk, tuple(slice(max(b.start, r.start) - r.start, min(b.stop, r.stop) - r.start)
+                               for b, r in zip(box, region))
+
+    def encode(self, token: int) -> bytes:
+        data = np.full(self.chunks, token, dtype=self.dtype)
+        buf: Any = np.ascontiguousarray(data) if self.order == "C" else np.asfortranarray(data)
+        buf = buf.tobytes(order=self.order)
+        for f in self.filters:
+            buf = f.encode(buf)
+        if self.compressor is not None:
+            buf = self.compressor.encode(buf)
+        return bytes(buf)
+
+
+def tokens_by_chunk(grid: Grid, region: Region, values: np.ndarray) -> list[list[Any]]:
+    """``[[*chunk, *sorted distinct values]]`` for every chunk ``values`` (read at ``region``) touches."""
+    out = []
+    for chunk, part in grid.chunks_of(region):
+        distinct = np.unique(values[part])
+        out.append([*chunk, *(v.item() for v in distinct)])
+    return out
+
+
+def owner(array: str, chunk: tuple[int, ...], mounts: int) -> int:
+    """Which mount's writers write ``chunk`` of ``array`` (the others' readers only check it loosely)."""
+    return (sum(chunk) + sum(map(ord, array))) % mounts
+
+
+def pick_region(rng: Any, grid: Grid, shard: tuple[int, ...]) -> Region:
+    """A region to read: a whole shard (30%), one inner chunk (20%) or a random box (50%)."""
+    roll = rng.random()
+    if roll < 0.3:
+        idx = [rng.randrange(-(-s // h)) for s, h in zip(grid.shape, shard)]
+        return tuple(slice(i * h, min((i + 1) * h, s)) for i, h, s in zip(idx, shard, grid.shape))
+    if roll < 0.5:
+        return grid.chunk_region(rng.choice(grid.all_chunks()))
+    box = []
+    for s in grid.shape:
+        a = rng.randrange(s)
+        box.append(slice(a, rng.randrange(a + 1, s + 1)))
+    return tuple(box)

@@ -1,0 +1,91 @@
+"""The soak's summary: a table per source, the failures with what replays them, the last line.
+
+``Result`` holds one source's figures; ``table(results)`` is the summary table (markdown, also
+written to ``summary.md``); ``failures(result, seed)`` prints each failure with the seed and the
+op log of the chunk concerned; ``last_line(results, seed)`` is
+``soak: N operations, F faults, lost L, forbidden R, wedged W (seed S)``.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Result:
+    source: str
+    minutes: float
+    operations: int = 0
+    reads: int = 0
+    writes: int = 0
+    acknowledged: int = 0
+    structure: int = 0
+    chunks_checked: int = 0
+    faults: collections.Counter = field(default_factory=collections.Counter)
+    errors: collections.Counter = field(default_factory=collections.Counter)
+    masked: collections.Counter = field(default_factory=collections.Counter)
+    raced: collections.Counter = field(default_factory=collections.Counter)
+    lost: list[str] = field(default_factory=list)
+    forbidden: list[str] = field(default_factory=list)
+    unclean: list[str] = field(default_factory=list)
+    wedged: list[str] = field(default_factory=list)
+    flat: list[str] = field(default_factory=list)
+    umount_seconds: list[float] = field(default_factory=list)
+    hazard_mount: float | None = None  # share of values lost through the mount (zarr 2.18)
+    hazard_native: float | None = None  # natively with zarr-python 3
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def forbidden_count(self) -> int:
+        return len(self.forbidden) + len(self.unclean)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def table(results: list[Result]) -> str:
+    rows = [
+        ("minutes", lambda r: f"{r.minutes:g}"),
+        ("operations", lambda r: f"{r.operations:,}"),
+        ("reads / chunk values checked", lambda r: f"{r.reads:,} / {r.chunks_checked:,}"),
+        ("writes (acknowledged)", lambda r: f"{r.writes:,} ({r.acknowledged:,})"),
+        ("structure changes", lambda r: f"{r.structure:,}"),
+        ("faults", lambda r: f"{sum(r.faults.values())}: " + ", ".join(f"{k} {v}" for k, v in sorted(r.faults.items()))),
+        ("client errors", lambda r: ", ".join(f"{k} {v}" for k, v in r.errors.most_common()) or "none"),
+        ("fill read during a fault (client masked an error)", lambda r: ", ".join(f"{k} {v}" for k, v in sorted(r.masked.items())) or "0"),
+        ("read failed beside an in-place write, cp or rm (POSIX race)",
+         lambda r: ", ".join(f"{k} {v}" for k, v in sorted(r.raced.items())) or "0"),
+        ("lost", lambda r: str(len(r.lost))),
+        ("forbidden (of which unclean errors)", lambda r: f"{r.forbidden_count} ({len(r.unclean)})"),
+        ("wedged", lambda r: str(len(r.wedged))),
+        ("umount (s)", lambda r: ", ".join(f"{s:.1f}" for s in r.umount_seconds)),
+        ("flat (RSS, fds, threads, journal, spill)", lambda r: "yes" if not r.flat else "; ".join(r.flat)),
+        ("#3682: values lost, dask lock=False through the mount (zarr 2.18)", lambda r: _pct(r.hazard_mount)),
+        ("#3682: values lost, same write natively (zarr-python 3)", lambda r: _pct(r.hazard_native)),
+    ]
+    head = "| | " + " | ".join(r.source for r in results) + " |"
+    sep = "|---|" + "---|" * len(results)
+    body = [f"| {name} | " + " | ".join(fn(r) for r in results) + " |" for name, fn in rows]
+    return "\n".join([head, sep, *body])
+
+
+def failures(result: Result, seed: int, limit: int = 20) -> str:
+    out = []
+    for what, items in (("LOST", result.lost), ("FORBIDDEN", result.forbidden), ("UNCLEAN ERROR", result.unclean),
+                        ("WEDGED", result.wedged)):
+        for item in items[:limit]:
+            out.append(f"soak [{result.source}, seed {seed}] {what}: {item}")
+        if len(items) > limit:
+            out.append(f"soak [{result.source}, seed {seed}] ... {len(items) - limit} more {what} (see the op logs)")
+    return "\n".join(out)
+
+
+def last_line(results: list[Result], seed: int) -> str:
+    n = sum(r.operations for r in results)
+    f = sum(sum(r.faults.values()) for r in results)
+    lost = sum(len(r.lost) for r in results)
+    forbidden = sum(r.forbidden_count for r in results)
+    wedged = sum(len(r.wedged) for r in results)
+    return f"soak: {n} operations, {f} faults, lost {lost}, forbidden {forbidden}, wedged {wedged} (seed {seed})"
