@@ -5,7 +5,7 @@ instance metadata off, a short state directory); ``src``: an array uploaded to t
 SeaweedFS, with its local copy; ``fake``: tests/awsfake.py's STS, SSO, container and instance
 metadata services. Helpers: ``write_aws`` (the shared files), ``reads_exactly`` (mount and compare
 with zarr 2.18), ``credential_process`` (a script giving the server's keys, counting its runs,
-failing on demand), ``sso_cache`` (the token `aws sso login` leaves).
+failing on demand), ``sso_profile`` (an SSO profile and the token `aws sso login` leaves).
 """
 
 from __future__ import annotations
@@ -114,8 +114,20 @@ def runs(where: Path) -> int:
         return 0
 
 
-def sso_cache(home: Path, expires_at: str) -> None:
-    """The token `aws sso login` leaves for sso-session ``corp``, expiring at ``expires_at``."""
+def sso_profile(home: Path, endpoint: str, expires_at: str) -> None:
+    """Profile ``sso`` of sso-session ``corp`` (S3 at ``endpoint``), and the token `aws sso login`
+    left for it, expiring at ``expires_at``."""
+    write_aws(home, f"""
+        [profile sso]
+        endpoint_url = {endpoint}
+        sso_session = corp
+        sso_account_id = 123456789012
+        sso_role_name = Reader
+        region = {REGION}
+        [sso-session corp]
+        sso_region = {REGION}
+        sso_start_url = https://corp.awsapps.com/start
+        """)
     cache = home / ".aws" / "sso" / "cache"
     cache.mkdir(parents=True, exist_ok=True)
     (cache / (hashlib.sha1(b"corp").hexdigest() + ".json")).write_text(json.dumps({

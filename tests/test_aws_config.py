@@ -11,17 +11,22 @@ out the server's keys. Fixtures and helpers: tests/awshome.py.
 
 from __future__ import annotations
 
+import os
+
+import obstore
+
 from awshome import (
     LAB_KEYS,
+    S,
     credential_process,
     reads_exactly,
     runs,
-    sso_cache,
+    sso_profile,
     write_aws,
 )
 from bench_lib.seaweed import REGION, SECRET_KEY
-from conftest import read_native, read_zarr2, wait_for
-from test_s3_mount import closed_port, mount_fails
+from conftest import read_native, read_zarr2, run_shardfs, wait_for
+from test_s3_mount import closed_port, mount_fails, write_chunk
 
 from shardfs.source import Source
 
@@ -175,18 +180,7 @@ def test_failing_credential_process(src, home, mnt_dir, tmp_path):
 
 def test_expired_sso_token(src, home, mnt_dir):
     """An SSO profile whose token cache holds nothing valid (never logged in, or expired)."""
-    write_aws(home, f"""
-        [profile sso]
-        endpoint_url = {src[1].server.endpoint}
-        sso_session = corp
-        sso_account_id = 123456789012
-        sso_role_name = Reader
-        region = {REGION}
-        [sso-session corp]
-        sso_region = {REGION}
-        sso_start_url = https://corp.awsapps.com/start
-        """)
-    sso_cache(home, "2020-01-01T00:00:00Z")
+    sso_profile(home, src[1].server.endpoint, "2020-01-01T00:00:00Z")
     want = ("shardfs: error: AWS profile 'sso': the SSO token has expired or is missing: "
             "run aws sso login --profile sso\n")
     assert mount_fails(src[1].url, mnt_dir, {}, "-o", "profile=sso") == [want, want]
@@ -246,18 +240,7 @@ def test_web_identity(mount, src, home, fake, monkeypatch, tmp_path):
 
 def test_sso(mount, src, home, fake, monkeypatch):
     """An SSO profile with a valid cached token (after `aws sso login`): SSO GetRoleCredentials."""
-    write_aws(home, f"""
-        [profile sso]
-        endpoint_url = {src[1].server.endpoint}
-        sso_session = corp
-        sso_account_id = 123456789012
-        sso_role_name = Reader
-        region = {REGION}
-        [sso-session corp]
-        sso_region = {REGION}
-        sso_start_url = https://corp.awsapps.com/start
-        """)
-    sso_cache(home, "2099-01-01T00:00:00Z")
+    sso_profile(home, src[1].server.endpoint, "2099-01-01T00:00:00Z")
     monkeypatch.setenv("AWS_ENDPOINT_URL_SSO", fake.endpoint)
     reads_exactly(mount, src, "-o", "profile=sso")
     assert fake.calls["sso"] == 2
@@ -278,3 +261,19 @@ def test_instance_metadata(mount, src, home, fake, monkeypatch):
     monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", fake.endpoint + "/")
     reads_exactly(mount, src)
     assert fake.calls["imds"] == 2 and fake.calls["imds-token"] >= 2
+
+
+def test_umount_finds_the_journal_by_the_daemons_profile(mount, src, home):
+    """``shardfs umount`` finds a daemon's journal by its URL and the endpoint its profile gives,
+    read through the daemon's environment (the umount here runs with another HOME): a change
+    that could not be folded (the shard turned to garbage) is named, status 1."""
+    write_aws(home, f"[profile lab]\nregion = {REGION}\nendpoint_url = {src[1].server.endpoint}\n", LAB_KEYS)
+    mnt = mount(src[1].url, "-o", "profile=lab")
+    write_chunk(mnt, S, (0, 0), 21, read_native(src[0] / "s"))
+    obstore.put(src[1].store(), "s/c/0/0", b"garbage")
+    r = run_shardfs("umount", str(mnt), env={**os.environ, "HOME": str(home / "elsewhere")}, timeout=120)
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("shardfs: 1 change to s/c/0/0 kept in the journal: "), lines
+    assert lines[1:] == [f"shardfs: they are folded by the next mount of {src[1].url}"], lines
+    mount.info(mnt).proc.wait(timeout=30)

@@ -106,23 +106,18 @@ def test_requester_pays_header_on_every_request(mount, src, keys, recorded, pays
     assert all(r.path.startswith(f"/{src[1].server.bucket}") for r in seen), "path style: /BUCKET/KEY"
 
 
-def test_virtual_addressing_puts_the_bucket_in_the_host():
+@pytest.mark.parametrize(("addressing", "endpoint"), [("virtual", "https://bkt.store.example:9000"),
+                                                      ("path", "https://store.example:9000")])
+def test_virtual_addressing_puts_the_bucket_in_the_host(addressing, endpoint):
     """Not against a server (loopback has no per-bucket host names): the store obstore is given."""
     from shardfs.storage.access import Access
     from shardfs.storage.objects import ObjectStorage
 
     st = ObjectStorage("s3://bkt/p", endpoint="https://store.example:9000", region=REGION,
-                       access=Access(addressing="virtual"))
+                       access=Access(addressing=addressing))
     try:
-        assert st._store.config["endpoint"] == "https://bkt.store.example:9000"
-        assert st._store.config["virtual_hosted_style_request"] == "true"
-    finally:
-        st.close()
-    st = ObjectStorage("s3://bkt/p", endpoint="https://store.example:9000", region=REGION,
-                       access=Access(addressing="path"))
-    try:
-        assert st._store.config["endpoint"] == "https://store.example:9000"
-        assert st._store.config["virtual_hosted_style_request"] == "false"
+        assert st._store.config["endpoint"] == endpoint
+        assert st._store.config["virtual_hosted_style_request"] == str(addressing == "virtual").lower()
     finally:
         st.close()
 
