@@ -6,7 +6,8 @@ write ``begin``/``end`` lines go to the ``Model``; every finished operation goes
 (kind, start, end, error) for the metrics; a failed operation's error is *clean* when it is
 EIO, ENOSPC or EAGAIN, or when it overlaps a fault window (a killed daemon's ENOTCONN, a
 stopped server); a failed read is *raced* when a write of the same array that no filesystem
-makes atomic for readers (in place, ``cp``, ``rm``: ``RACY``) was in flight meanwhile, or an ENOENT
+makes atomic for readers (in place, ``cp``, ``rm``: ``RACY``) was in flight meanwhile (also a
+fill read while such a write of that very chunk was: its ``O_TRUNC`` emptied it), or an ENOENT
 follows an ``rm`` of that array by less than the entry timeout; a read that failed to decode
 on one mount while the other mount had written that array in the attribute timeout before is
 counted *cross-mount* (the kernel of the reading mount may still hold a chunk's old size: see
@@ -120,9 +121,11 @@ class Ledger:
 
     def _removed(self, array: str, t1: float) -> bool:
         """A chunk of ``array`` was removed (``rm``, either mount) within ``ATTR_TIMEOUT`` before
-        ``t1``: zarr 2.18 stats a chunk, then opens it; a mount learns of another mount's
-        removal when that one folds, and the kernel keeps the name for the entry timeout."""
-        return any(w.how == "rm" and w.start < t1 and (w.end is None or w.end > t1 - ATTR_TIMEOUT)
+        ``t1`` (any time before, when a killed daemon's replay ended within it): zarr 2.18 stats
+        a chunk, then opens it; a mount learns of another mount's removal when that one folds,
+        and the kernel keeps the name for the entry timeout."""
+        replayed = any(w.kind == "kill" and t1 - ATTR_TIMEOUT < w.end < t1 for w in self.faults.windows)
+        return any(w.how == "rm" and w.start < t1 and (replayed or w.end is None or w.end > t1 - ATTR_TIMEOUT)
                    for w in self.model.writes_of(array))
 
     def _other_mount_wrote(self, array: str, mount: int, t1: float) -> bool:
@@ -130,10 +133,11 @@ class Ledger:
         return any(w.worker.endswith(f"-m{1 - mount}") and w.how != "initial" and w.start < t1
                    and (w.end is None or w.end > t1 - ATTR_TIMEOUT) for w in self.model.writes_of(array))
 
-    def _racing(self, array: str, t0: float, t1: float) -> bool:
-        """A write of ``array`` that is not atomic for readers was in flight during [t0, t1]."""
+    def _racing(self, array: str, t0: float, t1: float, chunk: tuple[int, ...] | None = None) -> bool:
+        """A write of ``array`` (of ``chunk`` if given) that is not atomic for readers was in
+        flight during [t0, t1]."""
         return any(w.how in RACY and w.start < t1 and (w.end is None or w.end > t0)
-                   for w in self.model.writes_of(array))
+                   and (chunk is None or w.chunk == chunk) for w in self.model.writes_of(array))
 
     def validate(self, before: float) -> None:
         """Check the reads that ended before ``before`` (module docstring)."""
@@ -167,6 +171,9 @@ class Ledger:
                 continue
             if token == 0 and self.faults.overlapping(t0, t1):
                 self.masked[rec["lib"]] += 1
+                continue
+            if token == 0 and self._racing(name, t0, t1, chunk):  # truncated by O_TRUNC: read as empty
+                self.raced[rec["lib"]] += 1
                 continue
             self.forbidden.append(f"{rec['w']} ({rec['lib']}, mount {rec['m']}): {name} chunk {chunk} held "
                                   f"{token}, which the model forbids in [{t0:.3f}, {t1:.3f}]\n" + self.history(name, chunk, t1))
