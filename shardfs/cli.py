@@ -543,14 +543,17 @@ def _cmd_status(args: argparse.Namespace) -> int:
             docs: Any = status_of(args.mnt) if args.mnt else all_statuses()
         except StatusError as e:
             raise UsageError(str(e)) from None
-        if args.json:
-            print(json.dumps(docs, indent=2))
-        else:
-            shown = [docs] if args.mnt else docs
-            print(clear + ("\n\n".join(map(format_text, shown)) if shown else "no shardfs mounts of this user"))
+        shown = [docs] if args.mnt else docs
+        try:
+            if args.json:
+                print(json.dumps(docs, indent=2))
+            else:
+                print(clear + ("\n\n".join(map(format_text, shown)) if shown else "no shardfs mounts of this user"))
+            sys.stdout.flush()
+        except BrokenPipeError:  # ``| head``
+            return 0
         if not args.watch:
             return 0
-        sys.stdout.flush()
         time.sleep(args.watch)
 
 

@@ -102,7 +102,8 @@ def format_text(doc: dict[str, Any]) -> str:
     lines = [f"{doc['mountpoint']}  <-  {doc['source']}",
              f"  pid {doc['pid']}, up {_uptime(doc['uptime_s'])}, {'read-only' if doc['read_only'] else 'read-write'}"
              f", RSS {_size(doc['rss_bytes'])}, {doc['open_files']} open files",
-             f"  requests  {n_requests:,} ({_counts(doc['requests'])}); {n_errors:,} errors",
+             f"  requests  {n_requests:,}" + (f" ({_counts(doc['requests'])})" if n_requests else "")
+             + f"; {n_errors:,} errors",
              f"  reads     {reads['chunk_files']:,} chunk files opened, {_size(reads['bytes'])} read",
              f"  store     {_counts(store['requests']) or 'no requests'}; {_size(store['bytes_in'])} in, "
              f"{_size(store['bytes_out'])} out; latency p50 {lat['p50']} ms, p99 {lat['p99']} ms; "

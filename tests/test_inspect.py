@@ -192,3 +192,41 @@ def test_inspect_on_object_storage_says_what_it_says_locally(tmp_path, s3, reque
     assert "v2 view    not shown: " in run_shardfs("inspect", f"{src.url}/bad", env=env).stdout
     r = run_shardfs("inspect", f"{src.url}/nothing", env=env)
     assert r.returncode == 1 and "not inside a Zarr v3 array" in r.stderr
+
+
+def test_inspect_of_many_shards_shows_progress_on_a_terminal(tmp_path):
+    import pty
+    import subprocess
+
+    import zarr
+
+    from conftest import SHARDFS
+
+    arr = zarr.create_array(str(tmp_path / "many"), shape=(12, 20), chunks=(1, 1), shards=(1, 2), dtype="uint8",
+                            fill_value=0)
+    arr[:] = 1  # 120 shards
+    master, slave = pty.openpty()
+    import fcntl
+    import struct
+    import termios
+
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal's size
+    proc = subprocess.Popen([SHARDFS, "inspect", str(tmp_path / "many")], stdout=subprocess.PIPE, stderr=slave,
+                            stdin=subprocess.DEVNULL, text=True)
+    os.close(slave)
+    out = proc.communicate(timeout=60)[0]
+    seen = b""
+    while True:
+        try:
+            data = os.read(master, 1 << 16)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        seen += data
+    os.close(master)
+    assert proc.returncode == 0
+    assert b"reading shard indexes" in seen and b"/120" in seen, seen
+    assert "stored     120 of 120 shards, 240 of 240 inner chunks" in out
+    quiet = run_shardfs("inspect", str(tmp_path / "many"))  # stderr not a terminal: no progress
+    assert quiet.returncode == 0 and quiet.stderr == ""
