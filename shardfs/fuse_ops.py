@@ -224,7 +224,8 @@ class Operations(pyfuse3.Operations):
             fi.noflush = True
         pages = self._kernel.opened(version)
         fi.keep_cache = pages is not Pages.OTHER
-        if pages is Pages.NONE and content is not None:
+        fi.direct_io = self._kernel.reading(version)  # an older version's reads may refill the pages
+        if pages is Pages.NONE and content is not None and not fi.direct_io:
             self._fill_pages(handle.ino, content)
         return fi
 
@@ -261,6 +262,9 @@ class Operations(pyfuse3.Operations):
         else:
             assert isinstance(handle, ReadHandle)  # the kernel sends READ with file handles only
             data = await self.view.read(handle, off, size)
+            # The reply lands in the kernel's pages of the inode: if another version was opened
+            # since this handle's, they now hold an old version's bytes; the next open drops them.
+            self._kernel.served(handle.attr._replace(ino=handle.ino))
         self.stats.read_bytes += len(data)
         return data  # type: ignore[return-value]  # pyfuse3 replies with any buffer
 
@@ -268,6 +272,7 @@ class Operations(pyfuse3.Operations):
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh)
         if isinstance(handle, ReadHandle):
+            self._kernel.unread(handle.attr._replace(ino=handle.ino))
             self.view.release(handle)
         elif isinstance(handle, WriteHandle) and self.writer is not None:
             self.writer.release(handle)

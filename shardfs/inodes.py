@@ -74,6 +74,7 @@ class KernelInodes:
         # writing or changed (pages of unknown content). An inode not here was never opened.
         self._cached: dict[int, tuple[int, int] | None] = {}
         self._generations: dict[int, int] = {}  # inode -> directories removed under its number
+        self._readers: dict[int, dict[tuple[int, int], int]] = {}  # inode -> open read handles by version
 
     def looked_up(self, ino: int) -> None:
         """The kernel got an entry for ``ino`` (lookup, create, link, readdirplus): one more lookup."""
@@ -108,6 +109,37 @@ class KernelInodes:
         pages = self.pages(attr)
         self._cached[attr.ino] = (attr.size, attr.mtime_ns)
         return pages
+
+    def reading(self, attr: Attr) -> bool:
+        """A file is opened for reading at version ``attr`` (``unread`` it at its release). True
+        if a handle of another version of it is open: the kernel's pages may get that version's
+        bytes from its reads at any time, so this handle must bypass them (direct I/O)."""
+        versions = self._readers.setdefault(attr.ino, {})
+        key = (attr.size, attr.mtime_ns)
+        mixed = any(v != key for v in versions)
+        versions[key] = versions.get(key, 0) + 1
+        return mixed
+
+    def unread(self, attr: Attr) -> None:
+        """A handle that ``reading(attr)`` counted was released."""
+        versions = self._readers.get(attr.ino, {})
+        key = (attr.size, attr.mtime_ns)
+        if versions.get(key, 0) <= 1:
+            versions.pop(key, None)
+            if not versions:
+                self._readers.pop(attr.ino, None)
+        else:
+            versions[key] -= 1
+
+    def served(self, attr: Attr) -> None:
+        """Bytes of version ``attr`` are being read into the kernel's pages of ``attr.ino`` (a
+        READ of a handle opened at that version). If another version was opened since, those
+        pages now hold an old version's bytes (the kernel dropped its pages at that open, before
+        this reply): the next open must not keep them (found by scripts/soak: readers saw the
+        previous value of a chunk for seconds after an in-place write was acknowledged)."""
+        before = self._cached.get(attr.ino, Pages.NONE)
+        if before is not Pages.NONE and before != (attr.size, attr.mtime_ns):
+            self._cached[attr.ino] = None
 
     def changed(self, ino: int) -> None:
         """The content of ``ino`` changed, or may change (it is open for writing): the next

@@ -164,3 +164,54 @@ def test_a_renamed_onto_chunk_open_for_writing_keeps_no_pages_at_a_read_open(src
             os.close(r)
     finally:
         os.close(w)
+
+
+def test_a_read_through_a_handle_of_an_older_version_is_not_kept_for_the_next_open(src, mount):
+    """A handle opened before an in-place write still reads the version it opened; its READ reply
+    lands in the kernel's pages of the file after the open of the new version dropped them. The
+    next open must drop them again, or every reader sees the old value until the next change
+    (found by scripts/soak: the previous value of a chunk, read for seconds after an in-place
+    write was acknowledged)."""
+    root, data = src
+    mnt = mount(root)
+    path = mnt / "x" / "0.1"
+    old = data[:64, 64:].tobytes()
+    new = (data[:64, 64:] + 5).astype("<u2").tobytes()
+    assert path.read_bytes() == old  # its pages are in the kernel
+    h = os.open(path, os.O_RDONLY)  # the same version: pages kept, nothing read yet
+    try:
+        with open(path, "r+b") as f:  # an in-place write, committed at close
+            f.write(new)
+        h2 = os.open(path, os.O_RDONLY)  # the new version: the kernel drops the pages
+        try:
+            assert os.pread(h, FILE, 0) == old  # the old handle refills them with its version
+        finally:
+            os.close(h2)
+    finally:
+        os.close(h)
+    assert path.read_bytes() == new
+
+
+def test_an_open_beside_a_handle_of_an_older_version_bypasses_the_pages(src, mount):
+    """While a handle of an older version is open, its reads may refill the kernel's pages with
+    that version at any time, also between a new open and its first read: the new handle reads
+    with direct I/O, never those pages (found by scripts/soak: a read right after an
+    acknowledged in-place write returned the previous value)."""
+    root, data = src
+    mnt = mount(root)
+    path = mnt / "x" / "0.1"
+    old = data[:64, 64:].tobytes()
+    new = (data[:64, 64:] + 5).astype("<u2").tobytes()
+    assert path.read_bytes() == old
+    h = os.open(path, os.O_RDONLY)
+    try:
+        with open(path, "r+b") as f:
+            f.write(new)
+        h2 = os.open(path, os.O_RDONLY)
+        try:
+            assert os.pread(h, FILE, 0) == old
+            assert os.pread(h2, FILE, 0) == new
+        finally:
+            os.close(h2)
+    finally:
+        os.close(h)

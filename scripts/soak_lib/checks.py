@@ -6,8 +6,12 @@ write ``begin``/``end`` lines go to the ``Model``; every finished operation goes
 (kind, start, end, error) for the metrics; a failed operation's error is *clean* when it is
 EIO, ENOSPC or EAGAIN, or when it overlaps a fault window (a killed daemon's ENOTCONN, a
 stopped server); a failed read is *raced* when a write of the same array that no filesystem
-makes atomic for readers (in place, ``cp``, ``rm``: ``RACY``) was in flight meanwhile; any other
-failure is *unclean*. ``Ledger.validate(before)`` checks the reads that
+makes atomic for readers (in place, ``cp``, ``rm``: ``RACY``) was in flight meanwhile (also a
+fill read while such a write of that very chunk was: its ``O_TRUNC`` emptied it), or an ENOENT
+follows an ``rm`` of that array by less than the entry timeout; a read that failed to decode
+on one mount while the other mount had written that array in the attribute timeout before is
+counted *cross-mount* (the kernel of the reading mount may still hold a chunk's old size: see
+the report); any other failure is *unclean*. ``Ledger.validate(before)`` checks the reads that
 ended before ``before`` (call it with a lag: a write that began before a read ended must have
 logged its ``begin``): in each chunk a read must have seen one token, allowed by the model
 (``Model.allowed`` on the mount that writes that chunk, ``Model.plausible`` on the others);
@@ -38,6 +42,7 @@ CLEAN = frozenset({"EIO", "ENOSPC", "EAGAIN"})
 # Writes a reader may see half done on any POSIX filesystem: in place and cp (open with O_TRUNC,
 # then write: the kernel shows the truncated file at once), rm (zarr 2.18 stats, then opens).
 RACY = frozenset({"inplace", "cp", "rm"})
+ATTR_TIMEOUT = 10.0  # the mounts' -o attr_timeout/entry_timeout default
 
 
 @dataclass
@@ -61,6 +66,7 @@ class Ledger:
     unclean: list[str] = field(default_factory=list)
     masked: collections.Counter = field(default_factory=collections.Counter)
     raced: collections.Counter = field(default_factory=collections.Counter)
+    cross_mount: collections.Counter = field(default_factory=collections.Counter)
     reads_checked: int = 0
     chunks_checked: int = 0
     _offsets: dict[Path, int] = field(default_factory=dict)
@@ -100,15 +106,38 @@ class Ledger:
         """Count a failed operation as clean, raced (module docstring) or unclean."""
         if not op.err or op.err in CLEAN or self.faults.overlapping(op.start, op.end):
             return
+        if rec.get("how") == "rm" and op.err == "ENOENT":  # the chunk was empty already
+            return
         if op.kind == "read" and self._racing(rec["a"], op.start, op.end):
             self.raced[rec["lib"]] += 1
             return
+        if op.kind == "read" and op.err == "ENOENT" and self._removed(rec["a"], op.end):
+            self.raced[rec["lib"]] += 1
+            return
+        if op.kind == "read" and op.err.startswith("X:") and self._other_mount_wrote(rec["a"], rec["m"], op.end):
+            self.cross_mount[rec["lib"]] += 1
+            return
         self.unclean.append(f"{op.worker}: {op.kind} {_describe(rec)} failed in [{op.start:.3f}, {op.end:.3f}]: {op.err}")
 
-    def _racing(self, array: str, t0: float, t1: float) -> bool:
-        """A write of ``array`` that is not atomic for readers was in flight during [t0, t1]."""
-        return any(w.how in RACY and w.start < t1 and (w.end is None or w.end > t0)
+    def _removed(self, array: str, t1: float) -> bool:
+        """A chunk of ``array`` was removed (``rm``, either mount) within ``ATTR_TIMEOUT`` before
+        ``t1`` (any time before, when a killed daemon's replay ended within it): zarr 2.18 stats
+        a chunk, then opens it; a mount learns of another mount's removal when that one folds,
+        and the kernel keeps the name for the entry timeout."""
+        replayed = any(w.kind == "kill" and t1 - ATTR_TIMEOUT < w.end < t1 for w in self.faults.windows)
+        return any(w.how == "rm" and w.start < t1 and (replayed or w.end is None or w.end > t1 - ATTR_TIMEOUT)
                    for w in self.model.writes_of(array))
+
+    def _other_mount_wrote(self, array: str, mount: int, t1: float) -> bool:
+        """A mount other than ``mount`` wrote ``array`` within ``ATTR_TIMEOUT`` before ``t1``."""
+        return any(w.worker.endswith(f"-m{1 - mount}") and w.how != "initial" and w.start < t1
+                   and (w.end is None or w.end > t1 - ATTR_TIMEOUT) for w in self.model.writes_of(array))
+
+    def _racing(self, array: str, t0: float, t1: float, chunk: tuple[int, ...] | None = None) -> bool:
+        """A write of ``array`` (of ``chunk`` if given) that is not atomic for readers was in
+        flight during [t0, t1]."""
+        return any(w.how in RACY and w.start < t1 and (w.end is None or w.end > t0)
+                   and (chunk is None or w.chunk == chunk) for w in self.model.writes_of(array))
 
     def validate(self, before: float) -> None:
         """Check the reads that ended before ``before`` (module docstring)."""
@@ -142,6 +171,9 @@ class Ledger:
                 continue
             if token == 0 and self.faults.overlapping(t0, t1):
                 self.masked[rec["lib"]] += 1
+                continue
+            if token == 0 and self._racing(name, t0, t1, chunk):  # truncated by O_TRUNC: read as empty
+                self.raced[rec["lib"]] += 1
                 continue
             self.forbidden.append(f"{rec['w']} ({rec['lib']}, mount {rec['m']}): {name} chunk {chunk} held "
                                   f"{token}, which the model forbids in [{t0:.3f}, {t1:.3f}]\n" + self.history(name, chunk, t1))

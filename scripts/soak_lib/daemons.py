@@ -167,6 +167,17 @@ class Daemon:
                 pass
         return text
 
+    def status(self) -> dict:
+        """``shardfs status MNT --json`` of the daemon ({} if it does not answer within 10 s)."""
+        import json
+
+        try:
+            r = subprocess.run([SHARDFS, "status", str(self.mnt), "--json"], capture_output=True, text=True,
+                               timeout=10, env={**os.environ, **self.env})
+            return json.loads(r.stdout) if r.returncode == 0 else {}
+        except (subprocess.TimeoutExpired, ValueError):
+            return {}
+
     def stats(self) -> dict[str, float]:
         """RSS (MiB), open fds, threads and spill bytes of the running daemon ({} if it is not)."""
         pid = self.pid

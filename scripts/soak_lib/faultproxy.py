@@ -12,13 +12,19 @@ starts are dropped, so clients must reconnect into it):
   ``-o timeout``), then the connection is reset.
 
 ``injected`` counts the requests that got each fault. Binds 127.0.0.1 only.
+
+``ProxyProcess(upstream, stall)`` runs a ``FaultProxy`` in a process of its own (the soak's
+controller is busy parsing op logs: a proxy thread in it starves and clients time out), with
+the same ``port``, ``set_fault`` and ``close``; the kind travels through shared memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import multiprocessing
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -85,3 +91,44 @@ class FaultProxy(DelayProxy):
         if kind == "stall":
             await asyncio.sleep(self.stall)
         cwriter.transport.abort()
+
+
+def _serve(upstream: tuple[str, int], stall: float, kind: "multiprocessing.sharedctypes.Synchronized",
+           port: "multiprocessing.sharedctypes.Synchronized") -> None:
+    proxy = FaultProxy(upstream, stall)
+    proxy.start()
+    port.value = proxy.port
+    current = 0
+    while True:
+        if kind.value != current:
+            current = kind.value
+            proxy.set_fault(None if current == 0 else KINDS[current - 1])
+        time.sleep(0.02)
+
+
+class ProxyProcess:
+    """A ``FaultProxy`` in its own process (module docstring)."""
+
+    def __init__(self, upstream: tuple[str, int], stall: float):
+        ctx = multiprocessing.get_context("spawn")
+        self._kind = ctx.Value("i", 0)
+        self._port = ctx.Value("i", 0)
+        self._proc = ctx.Process(target=_serve, args=(upstream, stall, self._kind, self._port), daemon=True)
+        self.port = 0
+
+    def start(self) -> None:
+        self._proc.start()
+        deadline = time.monotonic() + 30
+        while not self._port.value:
+            if time.monotonic() > deadline or not self._proc.is_alive():
+                raise RuntimeError("the fault proxy did not start")
+            time.sleep(0.05)
+        self.port = self._port.value
+
+    def set_fault(self, kind: str | None) -> None:
+        self._kind.value = 0 if kind is None else KINDS.index(kind) + 1
+
+    def close(self) -> None:
+        if self._proc.is_alive():
+            self._proc.kill()
+        self._proc.join(30)

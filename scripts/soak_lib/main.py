@@ -104,12 +104,12 @@ class Run:
         if self.kind == "local":
             return str(src), [], {}
         from bench_lib.seaweed import SeaweedS3, upload
-        from faultproxy import FaultProxy
+        from faultproxy import ProxyProcess
 
         self.server = SeaweedS3(self.out / "s3").start()
         stack.callback(self.server.stop)
         self.objects = upload(self.server, src, f"soak-{self.seed}")
-        self.proxy = FaultProxy(("127.0.0.1", self.server.ports["s3.port"]), stall=3 * TIMEOUT)
+        self.proxy = ProxyProcess(("127.0.0.1", self.server.ports["s3.port"]), stall=3 * TIMEOUT)
         self.proxy.start()
         stack.callback(self.proxy.close)
         env = {k: v for k, v in self.server.env.items() if k != "AWS_ENDPOINT_URL"}
@@ -295,13 +295,13 @@ class Run:
         r.chunks_checked = ledger.chunks_checked
         r.faults = collections.Counter(w.kind for w in injector.windows)
         r.errors = collections.Counter("other" if o.err.startswith("X:") else o.err for o in ledger.ops if o.err)
-        r.masked, r.raced = ledger.masked, ledger.raced
+        r.masked, r.raced, r.cross_mount = ledger.masked, ledger.raced, ledger.cross_mount
         r.lost, r.forbidden, r.unclean = ledger.lost, ledger.forbidden, r.unclean + ledger.unclean
         names = [d.name for d in self.daemons]
         rows = metrics.minutes(ledger.ops, sampler.samples, t0, [w.start for w in injector.windows], names)
         metrics.write_csv(rows, self.out / "minutes.csv")
         metrics.plot(rows, names, self.out / "soak.png", f"shardfs soak, {self.kind} source, seed {self.seed}")
-        r.flat = metrics.flatness(rows, names)
+        r.flat = metrics.flatness(rows[: max(1, int(self.minutes))], names)  # the wind-down minute is not load
         (self.out / "windows.json").write_text(json.dumps([w.__dict__ for w in injector.windows], indent=1))
 
 

@@ -4,7 +4,8 @@
 its journal directory and the faults injected so far. ``minutes(ops, samples, t0, faults)``
 folds the operations (``checks.Op``) and samples into one row per minute: operations, errors by
 errno, p50/p99 latency of reads and writes (ms), each daemon's RSS (MiB), fds, threads, spill and
-journal bytes (the last sample of the minute), faults injected. ``write_csv`` and ``plot``
+journal bytes, pending chunks and folds done/failed (``shardfs status``; the last sample of the
+minute), faults injected. ``write_csv`` and ``plot``
 write them; ``flatness(rows)`` compares the mean of the last quarter with the second quarter
 for RSS, fds, threads and journal/spill bytes (within 10%, or within a small absolute slack
 for small values) and returns the failures (each one line).
@@ -25,6 +26,7 @@ from checks import Op
 from daemons import Daemon
 
 FLAT = {"rss_mib": 16.0, "fds": 8, "threads": 4, "journal_bytes": 1 << 20, "spill_bytes": 1 << 20}
+STATUS = ("pending_chunks", "folds_done", "folds_failed")  # from ``shardfs status --json`` (counters per daemon run)
 TOLERANCE = 0.10
 
 
@@ -58,6 +60,11 @@ class Sampler:
             values = d.stats()
             if values:
                 values["journal_bytes"] = dir_bytes(self.journals[d.name])
+                status = d.status()
+                if status:
+                    values["pending_chunks"] = status["pending"]["chunks"]
+                    values["folds_done"] = status["folds"]["done"]
+                    values["folds_failed"] = status["folds"]["failed"]
                 self.samples.append(Sample(now, d.name, values))
 
 
@@ -82,8 +89,8 @@ def minutes(ops: list[Op], samples: list[Sample], t0: float, fault_starts: list[
             row[f"{kind}_p50_ms"], row[f"{kind}_p99_ms"] = _pct(lat, 50), _pct(lat, 99)
         for d in daemons:
             last = [s for s in samples if s.daemon == d and lo <= s.t < hi]
-            for key in FLAT:
-                row[f"{d}_{key}"] = round(last[-1].values[key], 1) if last else ""
+            for key in (*FLAT, *STATUS):
+                row[f"{d}_{key}"] = round(last[-1].values[key], 1) if last and key in last[-1].values else ""
         row["faults"] = len([t for t in fault_starts if lo <= t < hi])
         rows.append(row)
     return rows
@@ -111,7 +118,8 @@ def plot(rows: list[dict[str, Any]], daemons: list[str], path: Path, title: str)
               ("latency p50 / p99 (ms)", ["read_p50_ms", "read_p99_ms", "write_p50_ms", "write_p99_ms"]),
               ("daemon RSS (MiB)", [f"{d}_rss_mib" for d in daemons]),
               ("fds / threads", [f"{d}_{k}" for d in daemons for k in ("fds", "threads")]),
-              ("journal / spill bytes", [f"{d}_{k}" for d in daemons for k in ("journal_bytes", "spill_bytes")])]
+              ("journal / spill bytes", [f"{d}_{k}" for d in daemons for k in ("journal_bytes", "spill_bytes")]),
+              ("pending chunks, folds", [f"{d}_{k}" for d in daemons for k in STATUS])]
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.4 * len(panels)), sharex=True)
     for ax, (label, keys) in zip(axes, panels):
         for key in keys:

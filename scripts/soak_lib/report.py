@@ -26,6 +26,7 @@ class Result:
     errors: collections.Counter = field(default_factory=collections.Counter)
     masked: collections.Counter = field(default_factory=collections.Counter)
     raced: collections.Counter = field(default_factory=collections.Counter)
+    cross_mount: collections.Counter = field(default_factory=collections.Counter)
     lost: list[str] = field(default_factory=list)
     forbidden: list[str] = field(default_factory=list)
     unclean: list[str] = field(default_factory=list)
@@ -57,6 +58,8 @@ def table(results: list[Result]) -> str:
         ("fill read during a fault (client masked an error)", lambda r: ", ".join(f"{k} {v}" for k, v in sorted(r.masked.items())) or "0"),
         ("read failed beside an in-place write, cp or rm (POSIX race)",
          lambda r: ", ".join(f"{k} {v}" for k, v in sorted(r.raced.items())) or "0"),
+        ("read failed to decode on one mount within 10 s of the other mount's write (stale size)",
+         lambda r: ", ".join(f"{k} {v}" for k, v in sorted(r.cross_mount.items())) or "0"),
         ("lost", lambda r: str(len(r.lost))),
         ("forbidden (of which unclean errors)", lambda r: f"{r.forbidden_count} ({len(r.unclean)})"),
         ("wedged", lambda r: str(len(r.wedged))),

@@ -110,7 +110,8 @@ def run_writer(worker: Any) -> None:
             op = {"a": name, "op": worker.seq}
             worker.log({"k": "wb", **op, "c": list(chunk), "tok": token, "how": how, "t0": time.monotonic()})
             t0, t1, _, err = worker.timed(lambda: fn(chunk, token))
-            worker.log({"k": "we", **op, "t0": t0, "t1": t1, "ok": err is None, **({"err": err} if err else {})})
+            worker.log({"k": "we", **op, "how": how, "t0": t0, "t1": t1, "ok": err is None,
+                        **({"err": err} if err else {})})
             time.sleep(worker.rng.uniform(0, cfg.get("pause", 0.2)))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
