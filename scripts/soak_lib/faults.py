@@ -29,6 +29,9 @@ from daemons import Daemon, Wedged
 LOCAL_KINDS = ("kill", "journal-full")
 S3_KINDS = ("kill", "journal-full", "s3-restart", "503", "500", "reset", "stall")
 SETTLE = 2.0  # seconds after a fault ends during which its effects still count as the fault's
+# SeaweedFS answers 404 for objects whose volume has not reported to its master again for a few
+# seconds after a restart (a real S3 never does): the mount then rightly says ENOENT.
+SETTLE_AFTER = {"s3-restart": 10.0}
 
 
 @dataclass
@@ -132,7 +135,8 @@ class Injector:
             except (Wedged, RuntimeError, OSError) as e:
                 self.errors.append(f"{ev.kind} at {ev.at} s: {e}")
             finally:
-                self.windows.append(Window(ev.kind, ev.target, start, time.monotonic() + SETTLE))
+                self.windows.append(Window(ev.kind, ev.target, start,
+                                           time.monotonic() + SETTLE_AFTER.get(ev.kind, SETTLE)))
                 self.current = None
 
     def apply(self, ev: Fault, stop: threading.Event) -> None:
