@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 SHARDFS = str(Path(sys.executable).parent / "shardfs")
 ZARR2_PYTHON = os.environ.get("SHARDFS_ZARR2_PYTHON") or str(REPO / ".venv-zarr2" / "bin" / "python")
-MOUNT_TIMEOUT = 15.0
+MOUNT_TIMEOUT = 30.0  # a loaded 2-core machine: an s3:// mount imports botocore twice
 # Every daemon the suite starts keeps its state (write journal, log) under this temporary
 # XDG_STATE_HOME, never in the user's ~/.local/state; removed at exit.
 STATE_HOME = tempfile.mkdtemp(prefix="shardfs-state-")

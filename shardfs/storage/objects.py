@@ -199,12 +199,17 @@ class ObjectStorage:
         self._listings = Listings(list_ttl)
         self.stats = StoreStats()
 
-    def _build(self, retry: Retry):
+    def _build(self, retry: Retry) -> Any:
+        """The obstore store of this source, with ``retry``'s bounds on each request."""
         client = {**self._client, "timeout": timedelta(seconds=retry.request_timeout),
                   "connect_timeout": timedelta(seconds=retry.connect_timeout)}
         retry_config = {"max_retries": retry.max_retries, "retry_timeout": timedelta(seconds=retry.retry_timeout),
                         "backoff": {"init_backoff": timedelta(seconds=retry.init_backoff),
                                     "max_backoff": timedelta(seconds=retry.max_backoff), "base": 2}}
+        return self._open(client, retry_config)
+
+    def _open(self, client: dict[str, Any], retry_config: dict[str, Any]) -> Any:
+        """The obstore store for these client options and retry configuration."""
         provider = None if "skip_signature" in self._config else self._access.credentials
         return from_url(self._url, config=self._config or None, client_options=client, retry_config=retry_config,
                         credential_provider=provider)

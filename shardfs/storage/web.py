@@ -30,7 +30,6 @@ import json
 import logging
 import math
 import time
-from datetime import timedelta
 from typing import Any, Iterable, Iterator
 
 import obstore
@@ -70,12 +69,7 @@ class WebStorage(ObjectStorage):
         self._docs: dict[str, tuple[float, dict[str, Any] | None]] = {}
         self.stats = StoreStats()
 
-    def _build(self, retry: Retry) -> HTTPStore:
-        client = {**self._client, "timeout": timedelta(seconds=retry.request_timeout),
-                  "connect_timeout": timedelta(seconds=retry.connect_timeout)}
-        retry_config = {"max_retries": retry.max_retries, "retry_timeout": timedelta(seconds=retry.retry_timeout),
-                        "backoff": {"init_backoff": timedelta(seconds=retry.init_backoff),
-                                    "max_backoff": timedelta(seconds=retry.max_backoff), "base": 2}}
+    def _open(self, client: dict[str, Any], retry_config: dict[str, Any]) -> HTTPStore:
         return HTTPStore.from_url(self.url, client_options=client, retry_config=retry_config)
 
     # ------------------------------------------------------------------ no writes

@@ -18,12 +18,11 @@ of results, one per job, ``{"error": "..."}`` for a job GDAL refused:
 from __future__ import annotations
 
 import base64
-import json
 import os
-import sys
 
 import numpy as np
 from osgeo import gdal, gdal_array
+from jobs import run  # tests/legacy_io/jobs.py, beside this script
 
 gdal.UseExceptions()
 
@@ -76,15 +75,5 @@ def _create(job: dict) -> dict:
     return {"ok": True}
 
 
-def main() -> None:
-    results = []
-    for job in json.loads(sys.argv[1]):
-        try:
-            results.append({"read": _read, "create": _create}[job["op"]](job))
-        except Exception as e:  # noqa: BLE001 - report what GDAL refused, job by job
-            results.append({"error": f"{type(e).__name__}: {e}"})
-    print(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main()
+    run({"read": _read, "create": _create})
