@@ -191,10 +191,15 @@ class ObjectStorage:
             config["skip_signature"] = True
         self._url, self._config, self._access = url, config, access
         self._client = {"allow_http": bool(endpoint and endpoint.startswith("http://")), **access.client_options()}
+        self._connect(retry, loop, "objects", stat_ttl, list_ttl)
+
+    def _connect(self, retry: Retry, loop: LoopThread | None, name: str, stat_ttl: float, list_ttl: float) -> None:
+        """Open the store (``_build``), the request loop (``loop``, or a thread ``name`` of its own),
+        the remembered versions and listings and the counters: the end of every ``__init__``."""
         self._retry = retry
         self._store = self._build(retry)
         self._own_loop = loop is None
-        self.loop = loop or LoopThread(name="objects")
+        self.loop = loop or LoopThread(name=name)
         self._versions = Remembered(stat_ttl)
         self._listings = Listings(list_ttl)
         self.stats = StoreStats()

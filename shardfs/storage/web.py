@@ -37,13 +37,10 @@ from obstore.exceptions import NotFoundError
 from obstore.store import HTTPStore
 
 from shardfs.storage import Entry, Version, _Absent
-from shardfs.storage.listings import Listings
 from shardfs.storage.loop import LoopThread
 from shardfs.storage.access import Access
 from shardfs.storage.objects import (ObjectStorage, Retry, StorageUnavailable, _first_line, _status, _version,
                                      tls_failure)
-from shardfs.storage.versions import Remembered
-from shardfs.stats import StoreStats
 
 log = logging.getLogger("shardfs")
 DOC_TTL = 1.0  # seconds a zarr.json read for a listing is remembered
@@ -60,14 +57,8 @@ class WebStorage(ObjectStorage):
         self._url, self._config = self.url, {}
         self._access = access  # TLS trust only: a web server takes no credentials
         self._client = {"allow_http": self.url.startswith("http://"), **access.client_options()}
-        self._retry = retry
-        self._store = self._build(retry)
-        self._own_loop = loop is None
-        self.loop = loop or LoopThread(name="web")
-        self._versions = Remembered(stat_ttl)
-        self._listings = Listings(list_ttl)
         self._docs: dict[str, tuple[float, dict[str, Any] | None]] = {}
-        self.stats = StoreStats()
+        self._connect(retry, loop, "web", stat_ttl, list_ttl)
 
     def _open(self, client: dict[str, Any], retry_config: dict[str, Any]) -> HTTPStore:
         return HTTPStore.from_url(self.url, client_options=client, retry_config=retry_config)
