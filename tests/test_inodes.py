@@ -1,4 +1,4 @@
-"""Lookup counts of the inodes the kernel holds (``shardfs.inodes.LookupCounts``), in-process
+"""Lookup counts of the inodes the kernel holds (``shardfs.kernel.inodes.LookupCounts``), in-process
 against a dict as the model (hypothesis): counts of neighbouring inodes share an int, counts of
 15 and more live apart; every ``add``/``drop`` sequence must answer as the dict does."""
 
@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import budget
-from shardfs.inodes import LookupCounts
-from shardfs.nodetable import CHUNK_BASE
+from shardfs.kernel.inodes import LookupCounts
+from shardfs.tree.nodetable import CHUNK_BASE
 
 # a few pages of neighbours (chunk inodes and small ones), so that counts share their ints
 INOS = st.sampled_from([1, 2, 15, 16, 17, CHUNK_BASE, CHUNK_BASE + 1, CHUNK_BASE + 15, CHUNK_BASE + 16,

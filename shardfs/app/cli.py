@@ -24,10 +24,12 @@ import tempfile
 import time
 from typing import Any, Iterator
 
-from shardfs import __version__, options, state
-from shardfs.mounts import daemon_pid, fsname
-from shardfs.progress import FoldProgress
-from shardfs.source import Source, is_url
+from shardfs import __version__
+from shardfs.app import options, state
+from shardfs.app.mounts import daemon_pid, fsname
+from shardfs.app.progress import FoldProgress
+from shardfs.storage.source import Source
+from shardfs.storage.urls import is_url
 
 log = logging.getLogger("shardfs")
 COMMANDS = ("mount", "umount", "inspect", "status")
@@ -152,7 +154,7 @@ def check_source(src: str, source: Source) -> dict[str, Any]:
         raise UsageError(f"{src}: no such file or directory")
     if not os.path.isdir(src):
         raise UsageError(f"{src}: not a directory")
-    from shardfs.metadata import BadMetadata, read_file
+    from shardfs.tree.metadata import BadMetadata, read_file
 
     meta = os.path.join(src, "zarr.json")
     try:
@@ -173,7 +175,7 @@ def check_source(src: str, source: Source) -> dict[str, Any]:
 def _check_url(source: Source) -> dict[str, Any]:
     """``check_source`` for an object store: the bucket and prefix answer (``ObjectStorage.check``:
     credentials, bucket, prefix, endpoint) and hold a Zarr v3 ``zarr.json``."""
-    from shardfs.metadata import BadMetadata, parse
+    from shardfs.tree.metadata import BadMetadata, parse
     from shardfs.storage.objects import StorageUnavailable
 
     try:
@@ -273,7 +275,7 @@ def _setup_logging(args: argparse.Namespace) -> None:
 
 def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source) -> int:
     """Serve the mount in this process until unmounted or signalled."""
-    from shardfs.fuse_ops import Timeouts
+    from shardfs.kernel.fuse_ops import Timeouts
 
     args.debug = args.debug or "debug" in opts.own
     try:
@@ -306,8 +308,8 @@ def _writeback(source: Source, storage: Any, journal_dir: str | None, cleanup: c
     """The mount's ``Writeback``, journalling into a directory of its own under the source's
     journal root (removed at exit if empty), after replaying into the shards what killed
     daemons left there and what an earlier version left in ``SRC/.shardfs/journal``."""
-    from shardfs import journal
-    from shardfs.writeback import Writeback
+    from shardfs.writes import journal
+    from shardfs.writes.writeback import Writeback
 
     root = state.journal_dir(source.name, journal_dir, source.endpoint)
     try:
@@ -333,18 +335,18 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
                      writeback: Any, timeouts: Any) -> int:
     """Mount and serve until unmounted or signalled; 1 if the mount failed (reported).
 
-    zarr-python (``shardfs.view.v2``: 0.15-0.3 s of CPU, more once its files have left the
+    zarr-python (``shardfs.tree.view.v2``: 0.15-0.3 s of CPU, more once its files have left the
     page cache) is imported before the mount goes live: the first lookup of any node needs
     it, and a client reading right after ``shardfs mount`` returned would wait for it
     (measured: 0.36 s of a cold ``cat`` of 3072 chunk files; the mount takes 0.1 s longer)."""
     import pyfuse3
     import trio
 
-    from shardfs.chunkcache import DEFAULT_BYTES, ChunkCache, parse_size
-    from shardfs.fuse_ops import Operations
-    from shardfs.reads import make_reads
-    from shardfs.status import Status
-    from shardfs.view import View, v2
+    from shardfs.reads.chunkcache import DEFAULT_BYTES, ChunkCache, parse_size
+    from shardfs.kernel.fuse_ops import Operations
+    from shardfs.reads.factory import make_reads
+    from shardfs.app.status import Status
+    from shardfs.tree.view import View, v2
 
     own = opts.own
     read_only = writeback is None
@@ -400,8 +402,8 @@ def _range_cache(source: Source, own: dict[str, str]) -> Any:
     directory. ``ValueError`` (one line) if ``cache_dir`` cannot be used."""
     if not source.url:
         return None
-    from shardfs.chunkcache import parse_size
-    from shardfs.rangecache import RangeCache
+    from shardfs.reads.chunkcache import parse_size
+    from shardfs.reads.rangecache import RangeCache
     from shardfs.reads.objects import DEFAULT_CACHE_BYTES
 
     size = parse_size(own["cache_size"]) if "cache_size" in own else DEFAULT_CACHE_BYTES
@@ -436,7 +438,7 @@ async def _serve(ops: Any, writeback: Any, status: Any) -> None:
     import pyfuse3
     import trio
 
-    from shardfs import fuseloop
+    from shardfs.kernel import fuseloop
 
     flushed = False
     async with trio.open_nursery() as nursery:
@@ -467,10 +469,10 @@ def _replay_target(source: Any, array_path: str, shard: tuple[int, ...]) -> Any:
     """Resolve a journalled shard to its rewrite target from the array's current metadata: None
     if the array is gone or its metadata is bad; ``Unusable`` if its ``zarr.json`` is there but
     cannot be read now (not a regular file, behind a symlink out of the source)."""
-    from shardfs.metadata import BadMetadata, parse
+    from shardfs.tree.metadata import BadMetadata, parse
     from shardfs.storage import Unusable
-    from shardfs.v2 import describe_array
-    from shardfs.writes import shard_target
+    from shardfs.format.v2 import describe_array
+    from shardfs.tree.writer import shard_target
 
     try:
         data, _version = source.read_all(f"{array_path}/zarr.json" if array_path else "zarr.json")
@@ -495,10 +497,10 @@ def _report(args: argparse.Namespace, line: str) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    """Print what ``shardfs.report.inspect`` finds; draw ``--map``. Reading many shard indexes
+    """Print what ``shardfs.app.report.inspect`` finds; draw ``--map``. Reading many shard indexes
     shows a progress bar on a terminal's stderr."""
-    from shardfs.gridmap import parse_slice, save_png
-    from shardfs.report import format_text, inspect
+    from shardfs.format.gridmap import parse_slice, save_png
+    from shardfs.app.report import format_text, inspect
 
     bars: list[Any] = []
 
@@ -533,7 +535,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     """Print the status of one mount or of every mount of this user, once or every ``--watch`` s."""
-    from shardfs.status_client import StatusError, all_statuses, clear_screen, format_text, status_of
+    from shardfs.app.status_client import StatusError, all_statuses, clear_screen, format_text, status_of
 
     if args.watch is not None and not args.watch > 0:
         raise UsageError(f"--watch {args.watch:g}: not a positive number of seconds")
@@ -610,7 +612,7 @@ def _kept_report(src: str, root: str, pid: int, killed: bool) -> list[str]:
     """One line per shard whose changes are still in the journal of daemon ``pid`` (under the
     journal root ``root``): how many, and why: the daemon's note (updated as ``flush`` goes),
     or, if a killed daemon left none, its records counted (those marked folded left out)."""
-    from shardfs.journal import kept_line, read_kept
+    from shardfs.writes.journal import kept_line, read_kept
     from shardfs.storage.local import LocalStorage
 
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 
-from shardfs.source import is_url
+from shardfs.storage.urls import is_url
 
 FSTYPE = "fuse.shardfs"
 

@@ -135,7 +135,7 @@ def _check_values(own: dict[str, str]) -> None:
         raise ValueError(f"-o endpoint={endpoint}: not an http:// or https:// URL")
     for name in ("chunk_cache", "shard_size", "cache_size"):
         if name in own:
-            from shardfs.chunkcache import parse_size
+            from shardfs.reads.chunkcache import parse_size
 
             try:
                 parse_size(own[name])

@@ -1,5 +1,5 @@
 """Progress of the folds a daemon makes before it unmounts (``shardfs umount``), read from its
-status socket (``shardfs.status``) while it flushes.
+status socket (``shardfs.app.status``) while it flushes.
 
 Shown only when at least ``MIN_CHUNKS`` chunks are pending at the start: on a terminal a tqdm
 bar on stderr (chunks and shards folded of those pending, rate, ETA, the shard being folded);
@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from shardfs.status_client import fetch
+from shardfs.app.status_client import fetch
 
 MIN_CHUNKS = 100  # pending chunks from which umount shows progress
 EVERY = 2.0  # seconds between plain progress lines

@@ -9,16 +9,16 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from shardfs.index import EMPTY, CorruptIndex, IndexFormat
+from shardfs.format.index import EMPTY, CorruptIndex, IndexFormat
 from shardfs.storage import UNKNOWN, Storage
-from shardfs.survey import stored_shards, survey as survey_shards
-from shardfs.targets import locate, shown_key
-from shardfs.view import _read_metadata as read_metadata
-from shardfs.layout import ArrayLayout, Unpresentable
-from shardfs.shardfile import CORRUPT, Indexes, NestedFormat, ShardFormat, decode, flat_table, outermost
-from shardfs.a2a import describe
-from shardfs.gridmap import char_map, parse_slice
-from shardfs.v2 import describe_array
+from shardfs.app.survey import stored_shards, survey as survey_shards
+from shardfs.app.targets import locate, shown_key
+from shardfs.tree.view import _read_metadata as read_metadata
+from shardfs.format.layout import ArrayLayout, Unpresentable
+from shardfs.format.shardfile import CORRUPT, Indexes, NestedFormat, ShardFormat, decode, flat_table, outermost
+from shardfs.format.a2a import describe
+from shardfs.format.gridmap import char_map, parse_slice
+from shardfs.format.v2 import describe_array
 
 class _Hidden(Exception):
     """A directory whose ``zarr.json`` is bad: the mount hides it (``args``: its key, reason)."""

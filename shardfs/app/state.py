@@ -5,7 +5,7 @@ defaults to ``~/.local/state``; a relative value is ignored, as the XDG spec
 says). ``<id>`` is readable and unique per source: the source's last path
 component plus 12 hex digits of the SHA-256 of its canonical name (the real
 path of a local directory; for a URL, the normalized URL and the endpoint it
-is reached through, ``shardfs.source``), so the next mount of the same source
+is reached through, ``shardfs.storage.source``), so the next mount of the same source
 finds the same directory. It holds the write journal (``journal/``, unless
 ``-o journal_dir=DIR`` puts it elsewhere), the spill files of large writes
 (``spill/``, unlinked as soon as they are created) and the daemon's log file
@@ -22,7 +22,7 @@ import hashlib
 import os
 import re
 
-from shardfs.source import is_url, normalize_url
+from shardfs.storage.urls import is_url, normalize_url
 
 LEGACY_DIR = ".shardfs"
 LEGACY_JOURNAL = f"{LEGACY_DIR}/journal"
@@ -65,7 +65,7 @@ def journal_dir(source: str, override: str | None = None, endpoint: str | None =
 
 
 def spill_dir(source: str, endpoint: str | None = None) -> str:
-    """Where contents being written spill beyond memory (unlinked files: see ``shardfs.spill``)."""
+    """Where contents being written spill beyond memory (unlinked files: see ``shardfs.writes.spill``)."""
     return os.path.join(state_dir(source, endpoint), "spill")
 
 

@@ -1,12 +1,12 @@
 """The daemon's side of ``shardfs status``: its counters as one JSON document, served over a
 unix socket in the source's state directory, and logged as one line every ``-o stats_interval``.
 
-The socket is ``<state dir>/status-<pid>.sock`` (``shardfs.state.status_socket``), mode 0600
+The socket is ``<state dir>/status-<pid>.sock`` (``shardfs.app.state.status_socket``), mode 0600
 (made under a umask of 0177, in a directory of mode 0700): only the user who mounted reads it.
 It is never an entry of the mounted tree, so no client of the mount sees it. A connection gets
 the document (``Status.snapshot``) and is closed; nothing is read from it, so a client cannot
 make the daemon do anything else. Building the document runs on the trio thread and reads the
-counters the layers keep (``shardfs.stats``, the caches, the writeback): no request waits for it.
+counters the layers keep (``shardfs.storage.stats``, the caches, the writeback): no request waits for it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 if TYPE_CHECKING:
-    from shardfs.fuse_ops import Operations
+    from shardfs.kernel.fuse_ops import Operations
 
 log = logging.getLogger("shardfs")
 SEND_TIMEOUT = 5.0  # a client that does not read its document is dropped after this

@@ -1,7 +1,7 @@
 """The client's side of ``shardfs status``: find the live mounts, ask their daemons, show it.
 
 A mount's daemon is found from the kernel's mount table and the daemons' command lines
-(``shardfs.mounts``), its socket in this user's state directories (``shardfs.state``): mounts
+(``shardfs.app.mounts``), its socket in this user's state directories (``shardfs.app.state``): mounts
 of other users have none there, so without a mountpoint only this user's mounts are shown.
 """
 
@@ -12,8 +12,8 @@ import os
 import socket
 from typing import Any
 
-from shardfs.mounts import daemon_pid, mounts
-from shardfs.state import status_sockets
+from shardfs.app.mounts import daemon_pid, mounts
+from shardfs.app.state import status_sockets
 
 TIMEOUT = 5.0  # seconds to wait for a daemon's answer
 

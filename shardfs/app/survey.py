@@ -17,12 +17,12 @@ from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 
-from shardfs import shard as shard_mod
-from shardfs.index import EMPTY
-from shardfs.layout import ArrayLayout
-from shardfs.shardfile import CORRUPT
+from shardfs.shards import shard as shard_mod
+from shardfs.format.index import EMPTY
+from shardfs.format.layout import ArrayLayout
+from shardfs.format.shardfile import CORRUPT
 from shardfs.storage import Storage
-from shardfs.writeback import chunks_in_shard
+from shardfs.writes.writeback import chunks_in_shard
 
 CONCURRENCY = 16  # index reads in flight at once
 WINDOW = 4 * CONCURRENCY  # shards submitted and not yet counted

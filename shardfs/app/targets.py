@@ -16,8 +16,9 @@ import os
 import posixpath
 from typing import Mapping
 
-from shardfs.mounts import mounts
-from shardfs.source import Source, is_url, normalize_url
+from shardfs.app.mounts import mounts
+from shardfs.storage.source import Source
+from shardfs.storage.urls import is_url, normalize_url
 from shardfs.storage import Storage, Unusable
 
 
@@ -42,7 +43,7 @@ def _mounted(mnt: str, src: str, own: Mapping[str, str]) -> Source:
     """The source of the mount at ``mnt`` (``src``: its device name), as its daemon reaches it."""
     if not is_url(src):
         return Source(src, False)
-    from shardfs.status_client import StatusError, status_of
+    from shardfs.app.status_client import StatusError, status_of
 
     source = Source.parse(src, own)
     try:

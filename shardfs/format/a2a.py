@@ -22,7 +22,7 @@ from zarr.core.array_spec import ArraySpec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync as zarr_sync
 
-from shardfs.layout import Unpresentable, composed
+from shardfs.format.layout import Unpresentable, composed
 
 ELEMENTWISE = (AsType, BitRound, FixedScaleOffset, Quantize)
 

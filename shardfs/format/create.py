@@ -8,7 +8,7 @@ and the shard shape follows ``shard_counts``. ``_ARRAY_DIMENSIONS`` in the
 attributes become ``dimension_names``. An object array (``|O`` with a
 ``vlen-utf8``/``vlen-bytes`` filter) becomes a v3 ``string``/``variable_length_bytes``
 array whose array→bytes codec is that filter. A ``fill_value`` of null is remembered
-(``shardfs.fill.remember_null_fill``). A rewritten ``.zarray`` is compared with
+(``shardfs.format.fill.remember_null_fill``). A rewritten ``.zarray`` is compared with
 the one shown (``rewrite_kind``): only a new shape is a change the mount applies.
 """
 
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardfs.dtypes import VLEN_CODECS
-from shardfs.fill import XARRAY_FILL, encode_xarray_fill, remember_null_fill
+from shardfs.format.dtypes import VLEN_CODECS
+from shardfs.format.fill import XARRAY_FILL, encode_xarray_fill, remember_null_fill
 
 if TYPE_CHECKING:
     from zarr.core.metadata.v2 import ArrayV2Metadata
@@ -175,7 +175,7 @@ def rewrite_kind(new: Any, shown: dict[str, Any], fills: tuple[Any, ...]) -> str
     """What a rewrite of ``.zarray`` to ``new`` asks, given the ``.zarray`` ``shown``:
     ``"same"``, ``"resize"`` (only the shape differs), or raises ``Refused`` saying what
     else changed. ``fills`` are the fill values that count as unchanged (JSON); null always does,
-    and so does any fill of an object array (shown as null: ``shardfs.fill.map_fill``)."""
+    and so does any fill of an object array (shown as null: ``shardfs.format.fill.map_fill``)."""
 
     _v2_metadata(new)
     try:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardfs.index import IndexFormat
-from shardfs.layout import Unpresentable
+from shardfs.format.index import IndexFormat
+from shardfs.format.layout import Unpresentable
 
 URIS = frozenset({"https://purl.org/zarr/spec/storage_transformers/sharding/1.0",
                   "http://purl.org/zarr/spec/storage_transformers/sharding/1.0"})

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from zarr.codecs.vlen_utf8 import VLenBytesCodec, VLenUTF8Codec
 
-from shardfs.layout import Unpresentable
+from shardfs.format.layout import Unpresentable
 
 VLEN_CODECS: dict[str, type] = {"vlen-utf8": VLenUTF8Codec, "vlen-bytes": VLenBytesCodec}
 MAX_VLEN_CHUNK = 256 << 20  # the largest chunk file of a variable-length type (EFBIG past it)

@@ -20,7 +20,7 @@ from functools import cached_property
 
 import numpy as np
 
-from shardfs.shardfile import NestedFormat, ShardFormat
+from shardfs.format.shardfile import NestedFormat, ShardFormat
 
 MAX_CHUNKS = 1 << 40  # inner chunks in an array's grid; bounds the inode space
 

@@ -18,7 +18,7 @@ from typing import Callable
 import crc32c
 import numpy as np
 
-from shardfs.index import EMPTY, MAX_INDEX_ENTRIES, CorruptIndex, IndexFormat, empty_table, morton_order
+from shardfs.format.index import EMPTY, MAX_INDEX_ENTRIES, CorruptIndex, IndexFormat, empty_table, morton_order
 
 # A flat-table row (EMPTY, CORRUPT) marks a chunk whose inner shard is unusable.
 CORRUPT = np.uint64(2**64 - 2)

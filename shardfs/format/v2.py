@@ -36,17 +36,20 @@ from zarr.core.codec_pipeline import BatchedCodecPipeline
 from zarr.core.sync import sync as zarr_sync
 from zarr.core.metadata.v3 import ArrayV3Metadata
 
-from shardfs.a2a import Filters, index_order, split_sharding
-from shardfs.draft import draft_index
-from shardfs.dtypes import MAX_VLEN_CHUNK, view_dtype, vlen_codec_id
-from shardfs.fill import map_fill, remembered_null_fill
-from shardfs.index import IndexFormat
-from shardfs.layout import ArrayLayout, KeyScheme, Unpresentable, permuted, unpermuted
-from shardfs.shard import CorruptChunk
-from shardfs.shardfile import NestedFormat, ShardFormat
+from shardfs.format.a2a import Filters, index_order, split_sharding
+from shardfs.format.draft import draft_index
+from shardfs.format.dtypes import MAX_VLEN_CHUNK, view_dtype, vlen_codec_id
+from shardfs.format.fill import map_fill, remembered_null_fill
+from shardfs.format.index import IndexFormat
+from shardfs.format.layout import ArrayLayout, KeyScheme, Unpresentable, permuted, unpermuted
+from shardfs.format.shardfile import NestedFormat, ShardFormat
 
 log = logging.getLogger("shardfs")
 _BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+
+
+class CorruptChunk(ValueError):
+    """Inner-chunk bytes that do not decode, or refuse to encode (the message says why)."""
 
 
 @dataclass(frozen=True)
@@ -212,7 +215,7 @@ class ChunkFormat:
 class ArrayInfo:
     """Everything the view needs to present one v3 array.
 
-    ``serve_missing``: the v2 ``fill_value`` is not the v3 fill (see ``shardfs.fill``), so
+    ``serve_missing``: the v2 ``fill_value`` is not the v3 fill (see ``shardfs.format.fill``), so
     an empty in-bounds inner chunk is served as ``fill_file()`` instead of being absent.
     """
 

@@ -31,15 +31,15 @@ from typing import Any, Awaitable, Callable, Sequence, TypeVar
 import pyfuse3
 import trio
 
-from shardfs.handles import DirHandle, Handles
-from shardfs.inodes import KernelInodes, Pages
-from shardfs.listing import DirStream
-from shardfs.attrs import Attr
-from shardfs.nodetable import CHUNK_BASE
-from shardfs.stats import RequestStats
-from shardfs.view import ReadHandle, View
-from shardfs.writeback import Writeback
-from shardfs.writes import WriteHandle, Writer
+from shardfs.kernel.handles import DirHandle, Handles
+from shardfs.kernel.inodes import KernelInodes, Pages
+from shardfs.tree.listing import DirStream
+from shardfs.reads.attrs import Attr
+from shardfs.tree.nodetable import CHUNK_BASE
+from shardfs.storage.stats import RequestStats
+from shardfs.tree.view import ReadHandle, View
+from shardfs.writes.writeback import Writeback
+from shardfs.tree.writer import WriteHandle, Writer
 
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])

@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from shardfs.listing import DirStream
+from shardfs.tree.listing import DirStream
 from shardfs.reads import ReadHandle
-from shardfs.writes import WriteHandle
+from shardfs.tree.writer import WriteHandle
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """What the kernel holds of the mount's inodes, as far as the daemon must track it.
 
 The inode numbers, the node each one shows and the aliases of committed staging
-files belong to ``shardfs.nodetable.NodeTable`` (``node_key``, ``aliases``, ``forget``).
+files belong to ``shardfs.tree.nodetable.NodeTable`` (``node_key``, ``aliases``, ``forget``).
 This module keeps the kernel's side of the table: how many lookups of each inode
 it holds (an inode it does not hold has nothing cached, so needs no invalidation,
 and once it holds none the view may free it), the version of each file whose
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 
-from shardfs.attrs import Attr
+from shardfs.reads.attrs import Attr
 
 
 class Pages(enum.Enum):

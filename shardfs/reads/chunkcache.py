@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 
-from shardfs.lru import SizedLRU
-from shardfs.shard import Extent
+from shardfs.storage.lru import SizedLRU
+from shardfs.shards.shard import Extent
 
 DEFAULT_BYTES = 64 << 20
 log = logging.getLogger("shardfs")

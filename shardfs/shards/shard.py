@@ -16,9 +16,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shardfs.index import EMPTY, CorruptIndex, IndexFormat
-from shardfs.lru import SizedLRU
-from shardfs.shardfile import CORRUPT, ShardFormat, assemble, outermost, read_table
+from shardfs.format.index import EMPTY, CorruptIndex, IndexFormat
+from shardfs.storage.lru import SizedLRU
+from shardfs.format.shardfile import CORRUPT, ShardFormat, assemble, outermost, read_table
 from shardfs.storage import ABSENT, Range, Storage, Version, VersionMismatch, _Absent
 
 log = logging.getLogger("shardfs")
@@ -32,10 +32,6 @@ class CorruptShard(Exception):
     """A shard cannot be used; ``str()`` names the reason (the caller names the file)."""
 
     version: Version | None = None  # the shard's version found corrupt (the index cache keeps it)
-
-
-class CorruptChunk(ValueError):
-    """Inner-chunk bytes that do not decode, or refuse to encode (the message says why)."""
 
 
 class Extent(NamedTuple):

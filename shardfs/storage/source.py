@@ -14,7 +14,7 @@ endpoint: ``-o endpoint``, ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, the pr
 region: ``-o region``, ``AWS_REGION``, ``AWS_DEFAULT_REGION``, the profile's ``region``;
 CA bundle: ``-o ca_bundle``, ``AWS_CA_BUNDLE``, the profile's ``ca_bundle``;
 profile: ``-o profile``, ``AWS_PROFILE``, ``default``.
-``(name, endpoint)`` identifies the source: the state directory (``shardfs.state``) is keyed on
+``(name, endpoint)`` identifies the source: the state directory (``shardfs.app.state``) is keyed on
 it, so the next mount of the same URL through the same server finds its journal.
 
 This module imports no client library: ``parse`` imports botocore for ``s3://`` only,
@@ -26,51 +26,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
+from shardfs.storage.urls import DEFAULT_TIMEOUT, is_url, is_web, normalize_url
+
 log = logging.getLogger("shardfs")
-_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://([^/]*)(.*)$")
 LOCAL_ONLY = ("follow_symlinks",)
 URL_ONLY = ("endpoint", "region", "anonymous", "cache_size", "cache_dir", "timeout", "profile", "ca_bundle", "insecure",
             "requester_pays", "addressing")
 OBJECT_STORE_ONLY = ("endpoint", "region", "anonymous")  # not for a web server (http(s)://)
 S3_ONLY = ("region", "profile", "requester_pays", "addressing")
-WEB_SCHEMES = ("http", "https")
-# Seconds one object-store request may take, connecting and the whole answer included (``-o
-# timeout``): obstore's own default, under which a whole shard (up to 64 MiB, one GET or one PUT)
-# still passes at about 2.2 MB/s. s3fs waits 120 s for a stalled transfer, mountpoint-s3 has no
-# request timeout at all; a hung server costs a read this long before EIO (see ``Retry.for_timeout``).
-DEFAULT_TIMEOUT = 30.0
-
-
-def is_url(src: str) -> bool:
-    """True if ``src`` is ``scheme://...`` (an object store), not a path."""
-    return _URL.match(src) is not None
-
-
-def normalize_url(url: str) -> str:
-    """``url`` with its scheme in lower case and its path without empty segments or a final "/"."""
-    m = _URL.match(url)
-    if m is None:
-        raise ValueError(f"{url}: not a URL")
-    scheme, host, path = m.groups()
-    parts = [p for p in path.split("/") if p]
-    return f"{scheme.lower()}://{host}" + "".join("/" + p for p in parts)
-
-
-def is_web(url: str) -> bool:
-    """True if ``url`` names a plain web server (``http://``, ``https://``)."""
-    return url.split("://", 1)[0].lower() in WEB_SCHEMES
-
-
-def env_endpoint(url: str, environ: Mapping[str, str] = os.environ) -> str | None:
-    """The endpoint an ``s3://`` URL reaches without ``-o endpoint``: ``AWS_ENDPOINT_URL``
-    (or ``AWS_ENDPOINT``); None for other schemes and for the service's default."""
-    if normalize_url(url).split("://", 1)[0] not in ("s3", "s3a"):
-        return None
-    return environ.get("AWS_ENDPOINT_URL") or environ.get("AWS_ENDPOINT") or None
 
 
 @dataclass(frozen=True)

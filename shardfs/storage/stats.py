@@ -1,4 +1,4 @@
-"""Counters a mount keeps while it runs, for ``shardfs status`` (``shardfs.status``).
+"""Counters a mount keeps while it runs, for ``shardfs status`` (``shardfs.app.status``).
 
 Counting costs a plain integer increment where the event happens: no lock, no syscall (the
 only clock read is ``time.monotonic``, a vDSO call, around store requests). Counters are

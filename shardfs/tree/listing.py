@@ -21,7 +21,7 @@ each), never the whole grid. Listings with a key directory per coordinate
 (``dimension_separator`` "/") are computed whole, then produced a page at a time.
 
 Everything else it needs comes from the view, seen through the ``Tree`` protocol (this
-module does not import ``shardfs.view``). Runs on the trio thread; source listings go
+module does not import ``shardfs.tree.view``). Runs on the trio thread; source listings go
 to worker threads.
 """
 
@@ -34,17 +34,17 @@ from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Iterator, 
 import numpy as np
 import trio
 
-from shardfs.attrs import Attr, fail, join, list_entries
-from shardfs.index import EMPTY
-from shardfs.nodes import (ARRAY_DIRS, ArrayDirKey, ArrayNode, DirKey, GroupNode, InnerShardKey, KeyDirKey, MetaKey,
-                           ShardDirKey)
-from shardfs.nodetable import CHUNK_BASE, SLOT_SHIFT, NodeTable
+from shardfs.reads.attrs import Attr, fail, join, list_entries
+from shardfs.format.index import EMPTY
+from shardfs.tree.nodes import (ARRAY_DIRS, ArrayDirKey, ArrayNode, DirKey, GroupNode, InnerShardKey, KeyDirKey,
+                                MetaKey, ShardDirKey)
+from shardfs.tree.nodetable import CHUNK_BASE, SLOT_SHIFT, NodeTable
 from shardfs.storage import Entry, Storage, Version
-from shardfs.threads import blocking
+from shardfs.storage.threads import blocking
 
 if TYPE_CHECKING:
     from shardfs.reads import Reads
-    from shardfs.writeback import Writeback
+    from shardfs.writes.writeback import Writeback
 
 log = logging.getLogger("shardfs")
 
@@ -73,7 +73,7 @@ class ChunkSet(NamedTuple):
 
 
 class Tree(Protocol):
-    """What a listing needs of the view (``shardfs.view.View``)."""
+    """What a listing needs of the view (``shardfs.tree.view.View``)."""
 
     source: Storage
     writeback: Writeback | None

@@ -1,7 +1,7 @@
 """The kinds of node the mount shows, one small key class each, and the presented
 groups and arrays (``GroupNode``, ``ArrayNode``) those keys point into.
 
-A node key names one node of the view; ``shardfs.nodetable.NodeTable`` maps inode
+A node key names one node of the view; ``shardfs.tree.nodetable.NodeTable`` maps inode
 numbers to keys and back (``NodeTable.node_key``). Directory and metadata keys are hashable values: the
 same key always gets the same inode. Chunk and staging keys are computed from
 the inode (chunk inodes encode the array's slot and the chunk's position) and
@@ -13,13 +13,14 @@ kinds never compare equal (``ShardDirKey("a", "c") != MetaKey("a", "c")``).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shardfs.nodetable import Staging
     from shardfs.storage import Version
-    from shardfs.v2 import ArrayInfo
+    from shardfs.format.v2 import ArrayInfo
+    from shardfs.writes.spill import SpillBuffer
 
 
 @dataclass
@@ -128,3 +129,21 @@ class StagingKey:
 ArrayDirKey = ShardDirKey | KeyDirKey | InnerShardKey
 ARRAY_DIRS = (ShardDirKey, KeyDirKey, InnerShardKey)  # directories below an array, for isinstance
 NodeKey = DirKey | MetaKey | ShardDirKey | KeyDirKey | InnerShardKey | ChunkKey | StagingKey
+
+
+@dataclass
+class Staging:
+    """A file with a name that is not a chunk key (a writer's temporary), held by the daemon
+    (in memory while small, then in a spill file: ``shardfs.writes.spill``).
+
+    ``committed`` is set when it was renamed onto a chunk or metadata file: its inode then
+    shows that node (the node key), so the kernel's dentry for the new name stays valid
+    without an entry invalidation.
+    """
+
+    ino: int
+    data: SpillBuffer
+    parent: int = 0  # where it is listed: directory inode and name
+    name: str = ""
+    mtime_ns: int = field(default_factory=time.time_ns)
+    committed: NodeKey | None = None

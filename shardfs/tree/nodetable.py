@@ -1,4 +1,4 @@
-"""The node-key table: which node key (``shardfs.nodes``) each inode number shows, and back.
+"""The node-key table: which node key (``shardfs.tree.nodes``) each inode number shows, and back.
 
 Contract: directory, metadata and key-directory keys get an inode on first use
 (``inode``) and keep it for the mount's life (``rebind`` moves one to a new key);
@@ -14,34 +14,14 @@ from __future__ import annotations
 
 import errno
 import itertools
-import time
-from dataclasses import dataclass, field
 
-from shardfs.attrs import fail
-from shardfs.nodes import ArrayNode, ChunkKey, DirKey, NodeKey, StagingKey
-from shardfs.spill import SpillBuffer
+from shardfs.reads.attrs import fail
+from shardfs.tree.nodes import ArrayNode, ChunkKey, DirKey, NodeKey, Staging, StagingKey
+from shardfs.writes.spill import SpillBuffer
 
 ROOT_INODE = 1
 CHUNK_BASE = 1 << 62
 SLOT_SHIFT = 40
-
-
-@dataclass
-class Staging:
-    """A file with a name that is not a chunk key (a writer's temporary), held by the daemon
-    (in memory while small, then in a spill file: ``shardfs.spill``).
-
-    ``committed`` is set when it was renamed onto a chunk or metadata file: its inode then
-    shows that node (the node key), so the kernel's dentry for the new name stays valid
-    without an entry invalidation.
-    """
-
-    ino: int
-    data: SpillBuffer
-    parent: int = 0  # where it is listed: directory inode and name
-    name: str = ""
-    mtime_ns: int = field(default_factory=time.time_ns)
-    committed: NodeKey | None = None
 
 
 class NodeTable:

@@ -1,10 +1,10 @@
 """The virtual tree the mount shows: names, node kinds and what ``stat`` shows of them.
 
-Which inode number shows which node (and staging files) is ``shardfs.nodetable``
+Which inode number shows which node (and staging files) is ``shardfs.tree.nodetable``
 (``View.nodes``); what the kernel holds of these inodes (lookup counts, cached pages)
-is ``shardfs.inodes``.
+is ``shardfs.kernel.inodes``.
 
-Node kinds are the key classes of ``shardfs.nodes`` (group and array directories,
+Node kinds are the key classes of ``shardfs.tree.nodes`` (group and array directories,
 metadata files, shard and key directories, inner shards, chunk files, staging
 files). A chunk file's inode is computed from the array's slot and the chunk's
 C-order position, so a million chunk files cost no memory.
@@ -31,23 +31,25 @@ from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 import numpy as np
 import trio
 
-from shardfs import metadata
-from shardfs import shard as shard_mod
-from shardfs.chunkcache import ChunkCache
-from shardfs.layout import Unpresentable, c_coords, c_linear, parse_coord
-from shardfs.attrs import Attr, fail, join, list_entries
-from shardfs.listing import ChunkSet, Listing
-from shardfs.nodetable import NodeTable
-from shardfs.nodes import (ARRAY_DIRS, ArrayDirKey, ArrayNode, ChunkKey, DirKey, GroupNode, InnerShardKey, KeyDirKey,
-                           MetaKey, ShardDirKey, StagingKey)
-from shardfs.reads import ReadHandle, Reads, make_reads
-from shardfs.shard import CorruptChunk, CorruptShard, Extent, IndexCache
+from shardfs.tree import metadata
+from shardfs.shards import shard as shard_mod
+from shardfs.reads.chunkcache import ChunkCache
+from shardfs.format.layout import Unpresentable, c_coords, c_linear, parse_coord
+from shardfs.reads.attrs import Attr, fail, join, list_entries
+from shardfs.tree.listing import ChunkSet, Listing
+from shardfs.tree.nodetable import NodeTable
+from shardfs.tree.nodes import (ARRAY_DIRS, ArrayDirKey, ArrayNode, ChunkKey, DirKey, GroupNode, InnerShardKey,
+                                KeyDirKey, MetaKey, ShardDirKey, StagingKey)
+from shardfs.reads import ReadHandle, Reads
+from shardfs.reads.factory import make_reads
+from shardfs.format.v2 import CorruptChunk
+from shardfs.shards.shard import CorruptShard, Extent, IndexCache
 from shardfs.storage import UNKNOWN, Range, Storage, Unusable, Version, VersionMismatch, _Unknown
-from shardfs.threads import blocking
-from shardfs.writeback import Pending, Writeback
+from shardfs.storage.threads import blocking
+from shardfs.writes.writeback import Pending, Writeback
 
 if TYPE_CHECKING:
-    from shardfs.v2 import ArrayInfo
+    from shardfs.format.v2 import ArrayInfo
 
 log = logging.getLogger("shardfs")
 
@@ -73,16 +75,16 @@ class _Visit(NamedTuple):
 
 
 def v2() -> Any:
-    """``shardfs.v2``, imported on first use: it brings in zarr (a quarter of a second), which
+    """``shardfs.format.v2``, imported on first use: it brings in zarr (a quarter of a second), which
     nothing needs before the first metadata is read. The daemon (``cli``) imports it before
     it goes live."""
-    from shardfs import v2 as module
+    from shardfs.format import v2 as module
 
     return module
 
 
 def _read_metadata(source: Storage, key: str, known: Version | _Unknown) -> tuple[dict[str, Any] | str, Version]:
-    """The parsed zarr.json at ``key``, or why it is bad (``shardfs.metadata``), and the version
+    """The parsed zarr.json at ``key``, or why it is bad (``shardfs.tree.metadata``), and the version
     read: one request of at most ``METADATA_MAX`` + 1 bytes (none if ``known``, its version,
     is too large already), in a worker thread."""
     reason = metadata.too_large(known.size) if isinstance(known, Version) else None
@@ -120,7 +122,7 @@ class View:
         self.source = source
         self.reads = reads if reads is not None else make_reads(source, chunk_cache=chunk_cache)
         self.ome = ome
-        self.c_order = c_order  # -o c_order (shardfs.v2.describe_array)
+        self.c_order = c_order  # -o c_order (shardfs.format.v2.describe_array)
         self.read_only = read_only
         self.writeback = writeback
         self.mount_ns = time.time_ns()
@@ -175,7 +177,7 @@ class View:
         """The group or array at ``path`` (re-read when its zarr.json changes), or None if
         ``path`` has no zarr.json (or only one behind a symlink out of the source).
 
-        A bad zarr.json (``shardfs.metadata``), and an array that cannot be shown as v2,
+        A bad zarr.json (``shardfs.tree.metadata``), and an array that cannot be shown as v2,
         give an ``ArrayNode`` without ``info``: a directory without metadata or entries,
         whose ``error`` (also logged once per version of the file) says why.
         """

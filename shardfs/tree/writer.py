@@ -7,7 +7,7 @@ hands them to the ``Writeback`` (journal + pending), and invalidates the
 kernel's caches of every inode whose content changed. Errors are
 ``OSError``s raised by the committing call, with one log line naming the file.
 
-Structure (``shardfs.create``): ``mkdir`` makes new directories (in memory) and
+Structure (``shardfs.format.create``): ``mkdir`` makes new directories (in memory) and
 key directories; a ``.zarray``/``.zgroup`` committed in a new directory creates
 the v3 node; metadata rewrites update ``zarr.json`` (attributes, a resize);
 unlinks of metadata files hide them and ``rmdir`` of an emptied array or group
@@ -33,20 +33,20 @@ from typing import Any, Awaitable, Callable
 import numpy as np
 import trio
 
-from shardfs import shard as shard_mod
-from shardfs.create import (DEFAULT_SHARD_BYTES, XARRAY_FILL, Refused, array_doc, dimension_names, group_doc,
-                            rewrite_kind)
-from shardfs.shard import CorruptChunk
+from shardfs.shards import shard as shard_mod
+from shardfs.format.create import (DEFAULT_SHARD_BYTES, XARRAY_FILL, Refused, array_doc, dimension_names, group_doc,
+                                   rewrite_kind)
+from shardfs.format.v2 import CorruptChunk
 from shardfs.storage import ABSENT, VersionMismatch
-from shardfs.layout import ArrayLayout, parse_coord
-from shardfs.nodes import (ArrayNode, ChunkKey, DirKey, GroupNode, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey,
-                           StagingKey)
-from shardfs.spill import SPILL_THRESHOLD, SpillBuffer
+from shardfs.format.layout import ArrayLayout, parse_coord
+from shardfs.tree.nodes import (ArrayNode, ChunkKey, DirKey, GroupNode, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey,
+                                StagingKey)
+from shardfs.writes.spill import SPILL_THRESHOLD, SpillBuffer
 from shardfs.storage import Unusable
-from shardfs.attrs import Attr, fail
-from shardfs.nodetable import Staging
-from shardfs.view import View, blocking, v2
-from shardfs.writeback import ShardTarget, Writeback, chunks_in_shard
+from shardfs.reads.attrs import Attr, fail
+from shardfs.tree.nodes import Staging
+from shardfs.tree.view import View, blocking, v2
+from shardfs.writes.writeback import ShardTarget, Writeback, chunks_in_shard
 
 log = logging.getLogger("shardfs")
 Invalidate = Callable[[list[int]], Awaitable[None]]

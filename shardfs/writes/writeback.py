@@ -1,8 +1,8 @@
 """Pending chunk changes of a mount, and folding them into shard rewrites.
 
 A commit validates/encodes the chunk (``prepare``), appends it to the journal
-(``shardfs.journal``: a record in the journal directory, by default in the
-source's state directory outside the source (``shardfs.state``), which survives a
+(``shardfs.writes.journal``: a record in the journal directory, by default in the
+source's state directory outside the source (``shardfs.app.state``), which survives a
 SIGKILL of the daemon; ``sync`` makes it durable for power loss) and keeps it
 in memory so reads see it at once. A background task folds each shard's
 pending chunks into one atomic rewrite of the shard when the shard is
@@ -13,7 +13,7 @@ it or with a newer value of its chunk, and the next mount replays whatever is
 left, so every acknowledged chunk reaches its shard exactly as committed.
 Released records are marked folded in the journal, so the replay skips them and never
 writes an old value over one another writer stored since (but for a fold the crash
-interrupted between the shard's replace and the marker: ``shardfs.journal``).
+interrupted between the shard's replace and the marker: ``shardfs.writes.journal``).
 
 Folds are version-checked (``shard.rewrite_sync``): a shard changed by another
 writer is read again and the pending chunks applied on top. A fold that fails
@@ -38,9 +38,9 @@ from typing import Awaitable, Callable, Iterator
 
 import trio
 
-from shardfs import shard as shard_mod
-from shardfs.journal import Change, Journal, Record, kept_line
-from shardfs.shardfile import ShardFormat
+from shardfs.shards import shard as shard_mod
+from shardfs.writes.journal import Change, Journal, Record, kept_line
+from shardfs.format.shardfile import ShardFormat
 from shardfs.storage import Storage, Version
 
 log = logging.getLogger("shardfs")
@@ -225,7 +225,7 @@ class Writeback:
         self.note_kept()
 
     def snapshot(self) -> dict[str, object]:
-        """What ``shardfs status`` shows of the pending changes and folds (see ``shardfs.status``)."""
+        """What ``shardfs status`` shows of the pending changes and folds (see ``shardfs.app.status``)."""
         now = time.monotonic()
         arrays: dict[str, dict[str, int]] = {}
         for (array, _), dirty in self._dirty.items():
