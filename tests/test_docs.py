@@ -70,20 +70,21 @@ def test_every_option_is_in_the_configuration_tables():
 # (module, calls whose literal text is a message the command line prints, functions all of
 # whose string literals are such messages)
 MESSAGE_SOURCES = [
-    ("cli.py", {"UsageError", "_report", "print"}, set()),
-    ("options.py", {"ValueError"}, set()),
-    ("source.py", {"ValueError"}, set()),
-    ("rangecache.py", {"ValueError"}, set()),
-    ("report.py", {"ValueError"}, set()),
-    ("status_client.py", {"StatusError"}, set()),
-    ("journal.py", set(), {"kept_line"}),
+    ("app/cli.py", {"UsageError", "_report", "print"}, set()),
+    ("app/options.py", {"ValueError"}, set()),
+    ("storage/source.py", {"ValueError"}, set()),
+    ("storage/urls.py", {"ValueError"}, set()),
+    ("reads/rangecache.py", {"ValueError"}, set()),
+    ("app/report.py", {"ValueError"}, set()),
+    ("app/status_client.py", {"StatusError"}, set()),
+    ("writes/journal.py", set(), {"kept_line"}),
     ("storage/objects.py", {"ValueError", "StorageUnavailable"}, {"check"}),
     ("storage/aws.py", {"AwsConfigError"}, set()),
     ("storage/awscredentials.py", {"AwsConfigError"}, {"_why", "_nothing_found"}),
     ("storage/cloudcredentials.py", {"CloudConfigError"}, set()),
-    ("status_client.py", {"StatusError"}, set()),
-    ("gridmap.py", {"ValueError"}, set()),
-    ("survey.py", {"ValueError"}, set()),
+    ("app/status_client.py", {"StatusError"}, set()),
+    ("format/gridmap.py", {"ValueError"}, set()),
+    ("app/survey.py", {"ValueError"}, set()),
 ]
 
 
