@@ -243,7 +243,7 @@ def test_a_scattered_read_reads_every_index_of_its_array_ahead_once_then_a_chunk
     async def scattered() -> tuple[bytes, bytes, list]:
         first = await chunk_bytes(view, "5.6", None, "a")
         with trio.fail_after(5):
-            while any(view.index_cache.latest(key) is None for key in shards):
+            while any(view.indexes.index_cache.latest(key) is None for key in shards):
                 await trio.sleep(0.01)
         before = len(proxy.log)
         second = await chunk_bytes(view, "1.5", None, "a")
@@ -285,7 +285,7 @@ def test_no_index_is_read_ahead_when_the_arrays_indexes_would_not_fit_a_quarter_
     """With an index cache of 12 tables, a quarter holds 3: the array's 4 shards are listed
     (one LIST) and no other index is read."""
     view, proxy, requests, want, _ = counted
-    view.index_cache = IndexCache(max_bytes=12 * 16 * CPS * CPS)  # 16 bytes per chunk in a table
+    view.indexes.index_cache = IndexCache(max_bytes=12 * 16 * CPS * CPS)  # 16 bytes per chunk in a table
 
     async def scattered() -> bytes:
         data = await chunk_bytes(view, "5.6", None, "a")
@@ -446,7 +446,7 @@ def test_a_sweep_in_c_order_has_the_next_layer_of_shards_fetched_in_turn_before_
         async def sweep(names: list[str]) -> dict[str, bytes]:
             got = {name: await chunk_bytes(view, name, None, "v") for name in names}
             with trio.fail_after(10):
-                while view._index_reads:
+                while view.indexes._index_reads:
                     await trio.sleep(0.01)
             return got
 
@@ -491,7 +491,7 @@ def test_a_walk_fetches_at_most_prefetch_max_shards_ahead_however_wide_a_plane(o
         async def sweep() -> list[bytes]:
             got = [await chunk_bytes(view, f"0.{j}", None, "w") for j in range(5)]
             with trio.fail_after(10):
-                while view._index_reads:
+                while view.indexes._index_reads:
                     await trio.sleep(0.01)
             return got
 

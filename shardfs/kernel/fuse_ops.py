@@ -34,7 +34,7 @@ import trio
 from shardfs.kernel.handles import DirHandle, Handles
 from shardfs.kernel.inodes import KernelInodes, Pages
 from shardfs.tree.listing import DirStream
-from shardfs.reads.attrs import Attr
+from shardfs.storage.attrs import Attr
 from shardfs.tree.nodetable import CHUNK_BASE
 from shardfs.storage.stats import RequestStats
 from shardfs.tree.view import ReadHandle, View

@@ -34,7 +34,7 @@ from shardfs.storage.objects import Buffer, ObjectStorage
 from shardfs.storage.threads import blocking
 
 if TYPE_CHECKING:
-    from shardfs.reads.attrs import Attr
+    from shardfs.storage.attrs import Attr
 
 DEFAULT_CACHE_BYTES = 96 << 20  # with the daemon's ~90 MiB, RSS stays under 200 MiB
 

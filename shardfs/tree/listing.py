@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Iterator, 
 import numpy as np
 import trio
 
-from shardfs.reads.attrs import Attr, fail, join, list_entries
+from shardfs.storage.attrs import Attr, fail, join, list_entries
 from shardfs.format.index import EMPTY
 from shardfs.tree.nodes import (ARRAY_DIRS, ArrayDirKey, ArrayNode, DirKey, GroupNode, InnerShardKey, KeyDirKey,
                                 MetaKey, ShardDirKey)
+from shardfs.shards.indexes import ShardIndexes
 from shardfs.tree.nodetable import CHUNK_BASE, SLOT_SHIFT, NodeTable
 from shardfs.storage import Entry, Storage, Version
 from shardfs.storage.threads import blocking
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shardfs")
 
-INDEX_READS = 32  # shard indexes read at once (``read_indexes``, one shard per call)
 INDEX_BATCH = 256  # shards whose indexes a listing reads ahead of the entries it produces
 PAGE = 1024  # entries a listing makes at a time
 Entries = list[tuple[str, Attr]]
@@ -94,17 +94,16 @@ class Tree(Protocol):
     async def box_chunks(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> ChunkSet: ...
     def pending_shard_keys(self, arr: ArrayNode) -> set[str]: ...
     def shard_suffix(self, arr: ArrayNode) -> bool: ...
-    async def shard_table(self, arr: ArrayNode, shard: tuple[int, ...]) -> tuple[Version, np.ndarray] | None: ...
-    async def read_tables(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None: ...
-    async def shard_versions(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> list[tuple[int, ...]]: ...
     async def fill_file(self, arr: ArrayNode) -> bytes: ...
 
 
 class Listing:
-    """The listings of one view's directories (``tree``)."""
+    """The listings of one view's directories (``tree``), their shards' indexes read through
+    ``indexes``."""
 
-    def __init__(self, tree: Tree) -> None:
+    def __init__(self, tree: Tree, indexes: ShardIndexes) -> None:
         self.tree = tree
+        self.indexes = indexes
 
     async def listdir(self, ino: int) -> Entries:
         """All entries of a directory with their attributes (every page of ``pages``)."""
@@ -192,8 +191,8 @@ class Listing:
                         zip(names[at:at + PAGE].tolist(), dirs[at:at + PAGE].tolist())]
                 shards = {sub: layout.keys.parse(sub) for name, is_dir, sub in rows if not is_dir}
                 # a shard directory's mtime is its shard's version's: asked for the page at once
-                # (those only a request tells come with their indexes, read INDEX_READS at a time)
-                unknown = await self.tree.shard_versions(arr, [c for c in shards.values() if c is not None])
+                # (those only a request tells come with their indexes, read ``INDEX_READS`` at a time)
+                unknown = await self.indexes.shard_versions(arr, [c for c in shards.values() if c is not None])
                 await self._read_tables(arr, unknown)
                 for name, is_dir, sub in rows:
                     is_shard = shards.get(sub) is not None
@@ -310,7 +309,7 @@ class Listing:
         """``read_indexes`` of ``shards`` for a listing: split among the source's ``index_calls``
         worker thread calls at once (``Reads.index_calls``: one for a local source)."""
         calls = self.tree.reads.index_calls
-        await self.read_indexes(arr, shards, calls, per_call=max(1, -(-len(shards) // calls)))
+        await self.indexes.read_indexes(arr, shards, calls, per_call=max(1, -(-len(shards) // calls)))
 
     async def _tables_ahead(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None:
         """``_read_tables`` in the background (a listing may be abandoned meanwhile: at most one
@@ -319,29 +318,6 @@ class Listing:
             await self._read_tables(arr, shards)
         except Exception as e:  # noqa: BLE001 - a background read never ends the daemon
             log.debug("%s: indexes not read ahead: %r", self.tree.source.describe(arr.path), e)
-
-    async def read_indexes(self, arr: ArrayNode, shards: list[tuple[int, ...]], at_once: int = INDEX_READS,
-                           per_call: int = 1) -> None:
-        """Read the indexes of ``shards`` that are not cached, ``at_once`` calls at a time (a
-        listing needs them all; over an object store each is a round trip): with ``per_call``
-        1 each through ``shard_table``, else ``per_call`` never-read ones in one worker thread
-        call (``read_tables``: a thread hop per shard costs more than reading a small local
-        shard's index). Errors are left for the caller's own ``shard_table`` to meet."""
-        limiter = trio.CapacityLimiter(at_once)
-
-        async def one(group: list[tuple[int, ...]]) -> None:
-            async with limiter:
-                try:
-                    if per_call == 1:
-                        await self.tree.shard_table(arr, group[0])
-                    else:
-                        await self.tree.read_tables(arr, group)
-                except OSError:
-                    pass
-
-        async with trio.open_nursery() as nursery:
-            for at in range(0, len(shards), per_call):
-                nursery.start_soon(one, shards[at:at + per_call])
 
     async def shard_chunks(self, arr: ArrayNode, shard: tuple[int, ...]) -> ChunkSet:
         """The stored (or pending) inner chunks of one shard, sorted by index position;
@@ -355,7 +331,7 @@ class Listing:
         found: list[tuple[int, tuple[Version, np.ndarray]]] = []
         for i, shard in enumerate(shards):
             try:
-                table = await self.tree.shard_table(arr, shard)
+                table = await self.indexes.shard_table(arr, shard)
             except OSError:
                 table = None
             if table is not None:

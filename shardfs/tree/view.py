@@ -22,28 +22,27 @@ import errno
 import functools
 import json
 import logging
-import math
 import stat
 import time
-from collections import deque
-from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
-import trio
 
 from shardfs.tree import metadata
 from shardfs.shards import shard as shard_mod
 from shardfs.reads.chunkcache import ChunkCache
-from shardfs.format.layout import Unpresentable, c_coords, c_linear, parse_coord
-from shardfs.reads.attrs import Attr, fail, join, list_entries
+from shardfs.format.layout import Unpresentable, parse_coord
+from shardfs.storage.attrs import Attr, fail, join, list_entries
 from shardfs.tree.listing import ChunkSet, Listing
 from shardfs.tree.nodetable import NodeTable
 from shardfs.tree.nodes import (ARRAY_DIRS, ArrayDirKey, ArrayNode, ChunkKey, DirKey, GroupNode, InnerShardKey,
                                 KeyDirKey, MetaKey, ShardDirKey, StagingKey)
 from shardfs.reads import ReadHandle, Reads
 from shardfs.reads.factory import make_reads
+from shardfs.reads.prefetch import Prefetch
 from shardfs.format.v2 import CorruptChunk
-from shardfs.shards.shard import CorruptShard, Extent, IndexCache
+from shardfs.shards.indexes import ShardIndexes
+from shardfs.shards.shard import CorruptShard, Extent
 from shardfs.storage import UNKNOWN, Range, Storage, Unusable, Version, VersionMismatch, _Unknown
 from shardfs.storage.threads import blocking
 from shardfs.writes.writeback import Pending, Writeback
@@ -54,24 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("shardfs")
 
 OPEN_TRIES = 3  # opens of a chunk that find its shard replaced since its index was read, before EIO
-PREFETCH_SHARDS = 6  # shards after a swept one fetched whole ahead, at least (objects; see ``_prefetch_after``)
-PREFETCH_AT_ONCE = 6  # of those in flight at once; the others wait their turn, in the order asked
-PREFETCH_MAX = 32  # shards after a swept one fetched ahead, at most (a sweep of a small region wastes no more)
-INDEXES_AHEAD_MAX = 4096  # arrays with more stored shards never have their indexes read ahead
-INDEXES_AHEAD_AT_ONCE = 8  # of those in flight at once (more slow the opens meanwhile: measured)
-INDEXES_AHEAD_OTHER_KEYS = 16  # keys below an array besides its shards (zarr.json...) listed for that
-INDEXES_PER_READ_BYTES = 1 << 20  # tables read in one call for a lookup (``Reads.indexes_per_read``), at most
 RESOLVED_KEPT = 256  # chunk lookups remembered for the opens that follow them
-SHARD_KEYS_KEPT = 4096  # shard keys remembered per array (formatting one costs more than a lookup)
-
-
-class _Visit(NamedTuple):
-    """The shard of an array opened last (``View._note_shard``)."""
-
-    at: int  # its position in the shard grid, C order
-    from_before: bool  # the shard opened before it was the one just before it
-    asked: bool  # the shards after it were asked for during this visit
-    ext: Extent  # a chunk opened in it this visit (the shard's version and size)
 
 
 def v2() -> Any:
@@ -100,18 +82,6 @@ def _read_metadata(source: Storage, key: str, known: Version | _Unknown) -> tupl
         return str(e), version
 
 
-def _versions_now(source: Storage, keys: list[str]) -> list[Version | None | _Unknown]:
-    """``source.version_now`` of each of ``keys`` (None for one that is unusable: its getattr
-    meets the error again, remembered)."""
-    out: list[Version | None | _Unknown] = []
-    for key in keys:
-        try:
-            out.append(source.version_now(key))
-        except OSError:
-            out.append(None)
-    return out
-
-
 class View:
     """The mount's tree over one source (a directory or an object-store prefix); chunk files
     are read through ``reads`` (default ``make_reads(source, chunk_cache=chunk_cache)``)."""
@@ -130,18 +100,15 @@ class View:
         self._slots: list[ArrayNode] = []
         self._groups: dict[str, GroupNode] = {}
         self.nodes = NodeTable(self._slots)  # inode numbers <-> node keys, staging files
-        self.listing = Listing(self)  # directory listings and the stored chunks they show
         # Structure made through the mount that the source does not hold (yet):
         self.new_dirs: set[str] = set()  # directories made by mkdir, until a .zarray/.zgroup lands
         self.made: set[tuple[str, str]] = set()  # (array, rel): key directories made by mkdir
         self.hidden: set[tuple[str, str]] = set()  # (node, name): metadata files unlinked (rm -r)
         self.created: set[str] = set()  # arrays created through the mount (see _key_dir_shown)
         self.made_keys: set[tuple[str, tuple[int, ...]]] = set()  # (array, prefix): key dirs made there
-        self.index_cache = IndexCache()
-        self._index_reads: dict[str, trio.Event] = {}  # shard key -> its index being read
-        self._ahead: deque[tuple[ArrayNode, str]] = deque()  # shards to fetch ahead of a sweep, in turn
-        self._prefetching = 0  # shards being fetched ahead of a sweep
-        self._last_shard: dict[str, _Visit] = {}  # array path -> its shard opened last (``_note_shard``)
+        self.indexes = ShardIndexes(source, self.reads.indexes_per_read, self.version, self._log_unusable)
+        self.listing = Listing(self, self.indexes)  # directory listings and the stored chunks they show
+        self.prefetch = Prefetch(source, self.reads, self.indexes)  # object sources: read-ahead
         self._resolved: dict[int, tuple[Extent, Attr]] = {}  # chunk inode -> as last looked up (see open)
         self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
         self._file_mode = 0o444 if read_only else 0o644
@@ -266,144 +233,12 @@ class View:
     def array(self, path: str) -> ArrayNode | None:
         return self.arrays.get(path)
 
-    def shard_key(self, arr: ArrayNode, shard: tuple[int, ...]) -> str:
-        """The source key of ``shard`` of ``arr`` (remembered: every lookup and open asks it)."""
-        key = arr.shard_keys.get(shard)
-        if key is None:
-            if len(arr.shard_keys) >= SHARD_KEYS_KEPT:
-                arr.shard_keys.clear()
-            key = arr.shard_keys[shard] = join(arr.path, arr.info.layout.keys.key(shard))
-        return key
-
-    async def shard_table(self, arr: ArrayNode, shard: tuple[int, ...], key: str = ""
-                          ) -> tuple[Version, np.ndarray] | None:
-        """The index of a stored shard (cached by version), None if the shard does not exist;
-        ``key``: its ``shard_key``, if the caller has it.
-
-        A shard whose index was read before is checked against its current version (a stat;
-        for objects a HEAD at most once per ``stat_ttl``); one never read, or found changed, is
-        read in one request that also gives its version (once: concurrent callers wait for
-        that read). A corrupt shard raises EIO and is logged once per version. A shard never
-        read is first read together with the next shards in C order (``_read_with_next``).
-        """
-        key = key or self.shard_key(arr, shard)
-        layout = arr.info.layout
-        with_next = self.reads.indexes_per_read > 1
-        while True:
-            asked = self.index_cache.latest(key) is not None or layout.index is None
-            version = UNKNOWN if key in self._index_reads else await self.version(key, ask=asked)
-            reading = self._index_reads.get(key)  # (also one begun while the version was asked)
-            if reading is not None:  # its index being read, or the shard fetched whole ahead: that
-                await reading.wait()  # read also tells its version
-                continue
-            if version is None:
-                return None
-            if layout.index is None:
-                return version, np.array([[0, version.size]], dtype=np.uint64)  # type: ignore[union-attr, return-value]  # asked: a Version
-            if version is not UNKNOWN:
-                cached = self.index_cache.get(key, version)  # type: ignore[arg-type]  # not UNKNOWN (checked)
-                if cached is not None:
-                    if isinstance(cached, CorruptShard):
-                        raise fail(errno.EIO)
-                    return version, cached  # type: ignore[return-value]  # not UNKNOWN (checked)
-            if with_next and self.index_cache.latest(key) is None:
-                with_next = False  # once: what that read did not cache is read alone below
-                await self._read_with_next(arr, shard)
-            else:
-                break
-        self._index_reads[key] = reading = trio.Event()
-        result: tuple[Version, np.ndarray] | None | CorruptShard | Unusable
-        try:
-            try:
-                result = await blocking(shard_mod.read_index_sync, self.source, key, layout.index)
-            except (CorruptShard, Unusable) as e:
-                result = e
-            return self._index_read(key, result)
-        finally:
-            del self._index_reads[key]
-            reading.set()
-
-    async def _read_with_next(self, arr: ArrayNode, shard: tuple[int, ...]) -> None:
-        """Read the index of never-read ``shard`` together with those of the shards after it in
-        C order of the shard grid that were never read and are not being read, up to
-        ``Reads.indexes_per_read`` shards in all (as far as their tables stay within
-        ``INDEXES_PER_READ_BYTES``), in one worker thread call (``read_tables``): a client
-        looking up or opening chunk files one at a time needs them next, and a thread hop per
-        index costs more than reading a small one. Only the tables read are cached: a shard
-        found corrupt, unusable or unreadable is left for its own ``shard_table`` to read
-        (and log), so the client sees no error before it asks for that shard."""
-        layout = arr.info.layout
-        grid = layout.shard_grid
-        most = min(self.reads.indexes_per_read, INDEXES_PER_READ_BYTES // (16 * math.prod(layout.chunks_per_shard)))
-        at = c_linear(shard, grid)
-        shards = [shard]
-        for nxt in range(at + 1, min(at + most, math.prod(grid))):
-            coords = c_coords(nxt, grid)
-            key = self.shard_key(arr, coords)
-            if self.index_cache.latest(key) is None and key not in self._index_reads:
-                shards.append(coords)
-        await self.read_tables(arr, shards, failures=False)
-
-    async def read_tables(self, arr: ArrayNode, shards: list[tuple[int, ...]], failures: bool = True) -> None:
-        """Read the indexes of those of ``shards`` never read and not being read, in one worker
-        thread call (``read_indexes_sync``: one thread hop, and no version asked first, for many
-        small shards), and cache them as ``shard_table`` does (a corrupt or unusable shard is
-        logged; with ``failures`` False neither cached nor logged); other errors are left for
-        ``shard_table`` to meet again. Returns when those being read by others were read too."""
-        layout = arr.info.layout
-        if layout.index is None:
-            return
-        keys = [key for key in dict.fromkeys(self.shard_key(arr, shard) for shard in shards)
-                if self.index_cache.latest(key) is None]
-        elsewhere = {id(event): event for event in map(self._index_reads.get, keys) if event is not None}
-        keys = [key for key in keys if key not in self._index_reads]
-        reading = trio.Event()
-        for key in keys:
-            self._index_reads[key] = reading
-        try:
-            results = await blocking(shard_mod.read_indexes_sync, self.source, keys, layout.index) if keys else []
-            for key, result in zip(keys, results):
-                if isinstance(result, tuple) or (failures and isinstance(result, (CorruptShard, Unusable))):
-                    try:
-                        self._index_read(key, result)
-                    except OSError:
-                        pass
-        finally:
-            for key in keys:
-                del self._index_reads[key]
-            reading.set()
-        for event in elsewhere.values():  # read by others: wait for them too
-            await event.wait()
-
-    async def shard_versions(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
-        """Ask the versions of ``shards`` the source answers at once (``version_now``: a local
-        stat each, remembered for the getattrs that follow) in one worker thread call; those
-        only a request would tell (objects not remembered) are returned."""
-        keys = [self.shard_key(arr, shard) for shard in shards]
-        found = await blocking(_versions_now, self.source, keys)
-        return [shard for shard, version in zip(shards, found) if version is UNKNOWN]
-
-    def _index_read(self, key: str, result: tuple[Version, np.ndarray] | None | CorruptShard | Unusable
-                    ) -> tuple[Version, np.ndarray] | None:
-        """What a read of ``key``'s index found, cached (a corrupt shard too, logged once per
-        version; an unusable one logged once per reason, then raised as its errno)."""
-        if isinstance(result, CorruptShard):
-            log.error("%s: corrupt shard: %s", self.source.describe(key), result)
-            self.index_cache.put(key, result.version, result)
-            raise fail(errno.EIO)
-        if isinstance(result, Unusable):
-            self._log_unusable(key, result)
-            raise fail(result.errno, result.strerror)
-        if result is not None:
-            self.index_cache.put(key, *result)
-        return result
-
     async def extent(self, arr: ArrayNode, coords: tuple[int, ...]) -> Extent | Pending | None:
         """Where inner chunk ``coords`` is: pending in the writeback, stored in a shard, or
         None if it is empty or outside the grid. Object sources: a cold chunk of the shard
-        after a swept one fetches it whole with the shards after it (``_walk_on``); another
+        after a swept one fetches it whole with the shards after it (``Prefetch.walk_on``); another
         cold chunk other than its shard's first starts reading the array's indexes ahead
-        (``_indexes_ahead``)."""
+        (``Prefetch.indexes_ahead``)."""
         layout = arr.info.layout
         if not layout.in_grid(coords):
             return None
@@ -411,12 +246,12 @@ class View:
         pending = self.writeback.pending((arr.path, shard), pos) if self.writeback else None
         if pending is not None:
             return pending if pending.data is not None else None
-        if self.reads.prefetches and arr.path in self._last_shard:
-            self._walk_on(arr, shard)
+        if self.reads.prefetches and self.prefetch.walking(arr):
+            self.prefetch.walk_on(arr, shard)
         if pos and not arr.indexes_ahead and self.reads.prefetches:
-            self._indexes_ahead(arr, shard)
-        key = self.shard_key(arr, shard)
-        found = await self.shard_table(arr, shard, key)
+            self.prefetch.indexes_ahead(arr, shard)
+        key = self.indexes.shard_key(arr, shard)
+        found = await self.indexes.shard_table(arr, shard, key)
         if found is None:
             return None
         version, table = found
@@ -668,7 +503,7 @@ class View:
                 version = await self.version(src, ask=False)
                 if version is UNKNOWN:  # only a request would tell: read it with the index (needed next)
                     try:
-                        found = await self.shard_table(arr, shard)
+                        found = await self.indexes.shard_table(arr, shard)
                         version = None if found is None else found[0]
                     except OSError:  # corrupt (logged once): the version that read remembered
                         version = await self.version(src)
@@ -755,150 +590,15 @@ class View:
                 handle = await self.reads.open(ino, attr, ext, decode, first)
             except VersionMismatch:  # replaced since its version was remembered: look again
                 self.source.changed(ext.key)
-                self.index_cache.forget(ext.key)
+                self.indexes.index_cache.forget(ext.key)
                 continue
             if self.reads.prefetches:
-                self._note_shard(arr, coords, ext)
+                self.prefetch.note_shard(arr, coords, ext)
             return handle
         assert isinstance(ext, Extent)  # only an open of a stored chunk tries again
         log.error("%s: changed during %d opens of chunk %s", self.source.describe(ext.key), OPEN_TRIES,
                   arr.info.layout.names.key(coords))
         raise fail(errno.EIO, "shard keeps changing")
-
-    def _note_shard(self, arr: ArrayNode, coords: tuple[int, ...], ext: Extent) -> None:
-        """A chunk of ``arr`` at ``ext`` was opened: when the client sweeps its shard
-        (``ReadAhead.swept``: 3 of its chunks among the last opens, so a client reading two
-        chunks of each of a few shards is no walk) and came to it from the shard just before it
-        in C order of the shard grid
-        (the order a sweep of the chunk grid in C order reaches shards, also when its rows cross
-        several), it walks the array: fetch the shards after it ahead (``_prefetch_after``),
-        once per visit of the shard until all of them were (a sweep whose rows cross several
-        shards visits each many times: a visit after that costs no look at the shards after).
-        The shard last opened is remembered for ``_walk_on``."""
-        layout = arr.info.layout
-        at = c_linear(layout.locate(coords)[0], layout.shard_grid)
-        last = self._last_shard.get(arr.path)
-        if last is None or last.at != at:
-            if len(self._last_shard) >= SHARD_KEYS_KEPT:
-                self._last_shard.clear()
-            last = self._last_shard[arr.path] = _Visit(at, last is not None and last.at == at - 1, False, ext)
-        if last.from_before and not last.asked and at not in arr.covered and self.reads.ahead.swept(ext):
-            self._last_shard[arr.path] = _Visit(at, True, True, ext)
-            self._prefetch_after(arr, at, ext.version.size)
-
-    def _walk_on(self, arr: ArrayNode, shard: tuple[int, ...]) -> None:
-        """A chunk of ``shard`` is looked up or opened (object sources). If it is ``_cold``
-        (its index never read, or its bytes evicted since), and the shard opened last in
-        ``arr`` is the one before it in C order and was swept (``ReadAhead.swept``), the client
-        walks on from that one: zarr 2.18 reading the array row by row crosses from the first shard to the second
-        this way. Then fetch this shard whole in one GET (which also tells its index) together
-        with the shards after it (``_prefetch_after``), instead of reading its index first,
-        then the rest of it, and only then the shards after it."""
-        last = self._last_shard[arr.path]
-        at = c_linear(shard, arr.info.layout.shard_grid)
-        if last.at != at - 1 or not self._cold(self.shard_key(arr, shard)) or not self.reads.ahead.swept(last.ext):
-            return
-        # a shard read before and evicted since: what ``arr.covered`` says was fetched ahead
-        # of the sweep may be gone too (a sweep again of an array larger than the cache)
-        arr.covered.clear()
-        self._prefetch_after(arr, at - 1, last.ext.version.size)
-
-    def _cold(self, key: str) -> bool:
-        """Whether fetching the shard at ``key`` whole ahead saves its opens a request: it is
-        not being read, and its index was never read or its bytes are no longer kept
-        (``Reads.kept``)."""
-        if key in self._index_reads:
-            return False
-        version = self.index_cache.latest(key)
-        return version is None or not self.reads.kept(key, version)
-
-    def _prefetch_after(self, arr: ArrayNode, at: int, size: int) -> None:
-        """Fetch the shards after the one at ``at`` (linear, C order) in the background, each
-        whole in one GET (with a disk cache: their indexes alone, which tell the ETag the
-        cached chunks are under), those that are ``_cold``:
-        as many as a plane of chunks crosses (``prod(shard_grid[1:])``, at least
-        ``PREFETCH_SHARDS``), since a sweep in C order of the chunk grid comes back to the
-        shards of one plane until it has read them all, then enters the next plane's, which are
-        then fetched already; but no more than ``PREFETCH_MAX`` (what a sweep of a small region
-        may fetch for nothing) nor than ``Reads.room_ahead`` shards of ``size``.
-        ``PREFETCH_AT_ONCE`` are fetched at once, the others wait their turn in C order (the
-        order the sweep needs them). Their index is cached from the bytes fetched; an open
-        meanwhile waits for the fetch as for an index read. The shards after ``at`` count as
-        asked for (``arr.covered``) from then on."""
-        grid = arr.info.layout.shard_grid
-        if len(arr.covered) >= SHARD_KEYS_KEPT:
-            arr.covered.clear()
-        arr.covered.add(at)
-        lead = min(max(PREFETCH_SHARDS, math.prod(grid[1:])), PREFETCH_MAX, self.reads.room_ahead(size))
-        for nxt in range(at + 1, min(at + 1 + lead, math.prod(grid))):
-            key = self.shard_key(arr, c_coords(nxt, grid))
-            if not self._cold(key):
-                continue
-            self._index_reads[key] = trio.Event()
-            self._ahead.append((arr, key))
-        self._next_prefetch()
-
-    def _next_prefetch(self) -> None:
-        """Start fetching the shards asked for by ``_prefetch_after`` in turn, up to
-        ``PREFETCH_AT_ONCE`` at once."""
-        while self._ahead and self._prefetching < PREFETCH_AT_ONCE:
-            arr, key = self._ahead.popleft()
-            try:
-                trio.lowlevel.spawn_system_task(self._prefetch, arr, key)
-            except RuntimeError:  # the trio run is ending: not fetched
-                self._index_reads.pop(key).set()
-                continue
-            self._prefetching += 1
-
-    async def _prefetch(self, arr: ArrayNode, key: str) -> None:
-        """Fetch the shard at ``key`` whole and cache its index (see ``_prefetch_after``); a
-        failure is left for the opens' own reads to meet (logged at debug level)."""
-        fmt = arr.info.layout.index
-        try:
-            fetched = await self.reads.fetch_whole(key)
-            if fetched is not None:
-                data, version = fetched
-                self.index_cache.put(key, version, shard_mod.table_of_whole(self.source, key, fmt, version, data))
-            else:
-                found = await blocking(shard_mod.read_index_sync, self.source, key, fmt)
-                if found is not None:
-                    self.index_cache.put(key, *found)
-        except Exception as e:  # noqa: BLE001 - a background fetch never ends the daemon
-            log.debug("%s: not fetched ahead: %r", self.source.describe(key), e)
-        finally:
-            self._prefetching -= 1
-            self._index_reads.pop(key).set()
-            self._next_prefetch()
-
-    def _indexes_ahead(self, arr: ArrayNode, shard: tuple[int, ...]) -> None:
-        """A chunk of ``shard`` other than its first is looked up (object sources): if the
-        shard's index is neither cached nor being read, the client reads scattered chunks (a
-        sweep in C order comes to a shard at its first chunk, which fetches the shard whole),
-        each cold one costing two round trips (its index, then its bytes). So read the indexes
-        of all the array's stored shards ahead, in the background, once per array version
-        (``_read_indexes_ahead``): the scattered reads that follow cost one round trip."""
-        key = self.shard_key(arr, shard)
-        if self.index_cache.latest(key) is not None or key in self._index_reads or arr.info.layout.index is None:
-            return
-        arr.indexes_ahead = True
-        trio.lowlevel.spawn_system_task(self._read_indexes_ahead, arr)
-
-    async def _read_indexes_ahead(self, arr: ArrayNode) -> None:
-        """Read the indexes of the stored shards of ``arr``, ``INDEXES_AHEAD_AT_ONCE`` at a time
-        (``Listing.read_indexes``: through ``shard_table``, sharing a read in flight with the
-        opens that need it), if a listing of at most ``INDEXES_AHEAD_MAX`` keys names them and
-        their tables fit a quarter of the index cache; a failure is left for the opens' own
-        reads (logged at debug level)."""
-        layout = arr.info.layout
-        table_bytes = 16 * int(np.prod(layout.chunks_per_shard))  # (offset, nbytes) uint64 per inner chunk
-        most = min(INDEXES_AHEAD_MAX, self.index_cache.max_bytes // 4 // table_bytes)
-        try:
-            keys = await self.reads.keys_below(arr.path, most + INDEXES_AHEAD_OTHER_KEYS)
-            shards = [c for c in map(layout.keys.parse, keys or ()) if c is not None and layout.shard_in_grid(c)]
-            if keys is not None and len(shards) <= most:
-                await self.listing.read_indexes(arr, shards, INDEXES_AHEAD_AT_ONCE)
-        except Exception as e:  # noqa: BLE001 - a background read never ends the daemon
-            log.debug("%s: indexes not read ahead: %r", self.source.describe(arr.path), e)
 
     def _unchanged(self, arr: ArrayNode, coords: tuple[int, ...], ext: Extent) -> bool:
         """True if ``extent(arr, coords)`` would still be ``ext`` (found by a lookup): its shard

@@ -43,7 +43,7 @@ from shardfs.tree.nodes import (ArrayNode, ChunkKey, DirKey, GroupNode, InnerSha
                                 StagingKey)
 from shardfs.writes.spill import SPILL_THRESHOLD, SpillBuffer
 from shardfs.storage import Unusable
-from shardfs.reads.attrs import Attr, fail
+from shardfs.storage.attrs import Attr, fail
 from shardfs.tree.nodes import Staging
 from shardfs.tree.view import View, blocking, v2
 from shardfs.writes.writeback import ShardTarget, Writeback, chunks_in_shard
@@ -258,11 +258,11 @@ class Writer:
         layout = arr.info.layout
         shard, pos = layout.locate(coords)
         try:
-            self.view.source.check_write(self.view.shard_key(arr, shard))  # a non-regular file, a way out
+            self.view.source.check_write(self.view.indexes.shard_key(arr, shard))  # a non-regular file, a way out
         except Unusable as e:
             log.error("%s: write refused: %s", name, e.strerror)
             raise fail(e.errno) from None
-        found = await self.view.shard_table(arr, shard)  # refuses (EIO) to write into a corrupt shard
+        found = await self.view.indexes.shard_table(arr, shard)  # refuses (EIO) to write into a corrupt shard
         if found is not None and shard_mod.has_corrupt(found[1]):
             log.error("%s: write refused: the shard holds a corrupt inner shard", name)
             raise fail(errno.EIO)
@@ -579,7 +579,7 @@ class Writer:
                       node.error)
             raise fail(errno.EPERM)
         await self.writeback.discard(node.path)
-        keys = [self.view.shard_key(node, shard) for shard in await self.view.listing.stored_shards(node)]
+        keys = [self.view.indexes.shard_key(node, shard) for shard in await self.view.listing.stored_shards(node)]
         await blocking(_remove_all, self.view.source, keys + [_json(node.path, "zarr.json")])
         log.info("%s: array deleted", self.view.source.describe(node.path))
 
