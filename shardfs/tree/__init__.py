@@ -5,9 +5,10 @@
 - ``metadata``: a node's ``zarr.json`` read and parsed defensively;
 - ``listing``: directory listings, paged;
 - ``view``: the ``View`` facade: hierarchy, name resolution, attributes, opens and reads;
-- ``writer``: the ``Writer``: commits of chunk files, staging files, structure changes.
+- ``writer``: the ``Writer``: commits of chunk files, staging files, structure changes;
+- ``made``: ``Made``, the structure made through the mount (new directories, unlinked metadata)...
 
 Imports ``reads``, ``writes``, ``shards``, ``storage`` and ``format``.
 """
 
-__all__ = ["listing", "metadata", "nodes", "nodetable", "view", "writer"]
+__all__ = ["listing", "made", "metadata", "nodes", "nodetable", "view", "writer"]

@@ -39,6 +39,7 @@ from shardfs.format.index import EMPTY
 from shardfs.tree.nodes import (ARRAY_DIRS, ArrayDirKey, ArrayNode, DirKey, GroupNode, InnerShardKey, KeyDirKey,
                                 MetaKey, ShardDirKey)
 from shardfs.shards.indexes import ShardIndexes
+from shardfs.tree.made import Made
 from shardfs.tree.nodetable import CHUNK_BASE, SLOT_SHIFT, NodeTable
 from shardfs.storage import Entry, Storage, Version
 from shardfs.storage.threads import blocking
@@ -79,11 +80,10 @@ class Tree(Protocol):
     writeback: Writeback | None
     nodes: NodeTable
     reads: Reads
-    new_dirs: set[str]
+    made: Made
     arrays: dict[str, ArrayNode]
 
     async def node(self, path: str) -> ArrayNode | GroupNode | None: ...
-    def new_children(self, path: str) -> list[str]: ...
     def meta_names(self, node: ArrayNode | GroupNode) -> tuple[str, ...]: ...
     async def meta_bytes(self, node: ArrayNode | GroupNode, name: str) -> bytes: ...
     def file_attr(self, ino: int, size: int, mtime_ns: int) -> Attr: ...
@@ -128,10 +128,10 @@ class Listing:
         if isinstance(key, DirKey):
             node = await self.tree.node(key.path)
             if node is None:
-                if key.path not in self.tree.new_dirs:
+                if not self.tree.made.is_new_dir(key.path):
                     raise fail(errno.ENOENT)
                 yield [(name, await self.tree.getattr(self.tree.nodes.inode(DirKey(join(key.path, name)))))
-                       for name in self.tree.new_children(key.path)]
+                       for name in self.tree.made.new_children(key.path)]
                 return
             out = []
             for name in self.tree.meta_names(node):
@@ -144,7 +144,7 @@ class Listing:
                     if is_dir and not name.startswith(".") and await self.tree.node(child) is not None:
                         out.append((name, await self.tree.getattr(self.tree.nodes.inode(DirKey(child)))))
                 shown = {name for name, _ in out}
-                for name in self.tree.new_children(node.path):
+                for name in self.tree.made.new_children(node.path):
                     if name not in shown:
                         ino = self.tree.nodes.inode(DirKey(join(node.path, name)))
                         out.append((name, await self.tree.getattr(ino)))

@@ -34,6 +34,7 @@ from shardfs.reads.chunkcache import ChunkCache
 from shardfs.format.layout import Unpresentable, parse_coord
 from shardfs.storage.attrs import Attr, fail, join, list_entries
 from shardfs.tree.listing import ChunkSet, Listing
+from shardfs.tree.made import Made
 from shardfs.tree.nodetable import NodeTable
 from shardfs.tree.nodes import (ARRAY_DIRS, ArrayDirKey, ArrayNode, ChunkKey, DirKey, GroupNode, InnerShardKey,
                                 KeyDirKey, MetaKey, ShardDirKey, StagingKey)
@@ -100,12 +101,7 @@ class View:
         self._slots: list[ArrayNode] = []
         self._groups: dict[str, GroupNode] = {}
         self.nodes = NodeTable(self._slots)  # inode numbers <-> node keys, staging files
-        # Structure made through the mount that the source does not hold (yet):
-        self.new_dirs: set[str] = set()  # directories made by mkdir, until a .zarray/.zgroup lands
-        self.made: set[tuple[str, str]] = set()  # (array, rel): key directories made by mkdir
-        self.hidden: set[tuple[str, str]] = set()  # (node, name): metadata files unlinked (rm -r)
-        self.created: set[str] = set()  # arrays created through the mount (see _key_dir_shown)
-        self.made_keys: set[tuple[str, tuple[int, ...]]] = set()  # (array, prefix): key dirs made there
+        self.made = Made()  # structure made through the mount that the source does not hold (yet)
         self.indexes = ShardIndexes(source, self.reads.indexes_per_read, self.version, self._log_unusable)
         self.listing = Listing(self, self.indexes)  # directory listings and the stored chunks they show
         self.prefetch = Prefetch(source, self.reads, self.indexes)  # object sources: read-ahead
@@ -307,7 +303,7 @@ class View:
             node = await self.node(key.path)
             if node is None or isinstance(node, GroupNode):  # (an array's entries are no paths of their own)
                 child = join(key.path, name)
-                if child in self.new_dirs:
+                if self.made.is_new_dir(child):
                     return await self.getattr(self.nodes.inode(DirKey(child)))
                 if node is None:
                     raise fail(errno.ENOENT)
@@ -369,7 +365,7 @@ class View:
             i = parse_coord(name)
             prefix = key.prefix if isinstance(key, KeyDirKey) else ()
             if i is not None and len(prefix) + 1 < layout.ndim and i < layout.chunk_grid[len(prefix)] \
-                    and self._key_dir_shown(arr, prefix + (i,)):
+                    and self.made.key_dir_shown(arr.path, prefix + (i,)):
                 return await self.getattr(self.nodes.inode(KeyDirKey(arr.path, prefix + (i,))))
         rel = key.rel if isinstance(key, ShardDirKey) else "" if isinstance(key, DirKey) else None
         if rel is not None and layout.index is not None:
@@ -378,14 +374,6 @@ class View:
             if sub is not None and (layout.keys.is_prefix(sub) or layout.keys.parse(sub) is not None):
                 return await self.getattr(self.nodes.inode(ShardDirKey(arr.path, sub)))
         raise fail(errno.ENOENT)
-
-    def _key_dir_shown(self, arr: ArrayNode, prefix: tuple[int, ...]) -> bool:
-        """Whether key directory ``prefix`` (dimension_separator "/") resolves. Every prefix in
-        the grid does, except in arrays created through this mount, where one resolves once
-        made (``mkdir``) or once a chunk below it was written (all of such an array's chunks
-        were): ``cp -r`` makes them after the .zarray, and the kernel answers its mkdir with
-        EEXIST if the lookup succeeds."""
-        return arr.path not in self.created or (arr.path, prefix) in self.made_keys
 
     def _source_name(self, arr: ArrayNode, name: str) -> str | None:
         """Source entry name for view entry ``name`` (1-D v2 keys carry a ``.shard`` suffix)."""
@@ -442,11 +430,7 @@ class View:
             names: tuple[str, ...] = (".zgroup", ".zattrs", ".zmetadata")
         else:
             names = (".zarray", ".zattrs") if node.info is not None else ()
-        return tuple(n for n in names if (node.path, n) not in self.hidden) if self.hidden else names
-
-    def new_children(self, path: str) -> list[str]:
-        """Names of the directories made by mkdir directly below ``path``."""
-        return sorted(d.rpartition("/")[2] for d in self.new_dirs if d.rpartition("/")[0] == path and d)
+        return self.made.shown(node.path, names)
 
     async def meta_bytes(self, node: ArrayNode | GroupNode, name: str) -> bytes:
         """Content of a v2 metadata file; ``.zmetadata`` is consolidated on demand."""
@@ -489,7 +473,7 @@ class View:
         if isinstance(key, DirKey):
             node = await self.node(key.path)
             if node is None:
-                if key.path in self.new_dirs:
+                if self.made.is_new_dir(key.path):
                     return self.dir_attr(ino, self.mount_ns)
                 raise fail(errno.ENOENT)
             return self.dir_attr(ino, node.version.mtime_ns)
@@ -509,10 +493,10 @@ class View:
                         version = await self.version(src)
                 if isinstance(version, Version):  # (asked: not UNKNOWN)
                     return self.dir_attr(ino, version.mtime_ns)
-                if key.rel in self.pending_shard_keys(arr) or (arr.path, key.rel) in self.made:
+                if key.rel in self.pending_shard_keys(arr) or self.made.shard_dir_made(arr.path, key.rel):
                     return self.dir_attr(ino, self.mount_ns)
                 raise fail(errno.ENOENT)
-            if (not await blocking(self.source.is_dir, src) and (arr.path, key.rel) not in self.made
+            if (not await blocking(self.source.is_dir, src) and not self.made.shard_dir_made(arr.path, key.rel)
                     and not any(k.startswith(key.rel + "/") for k in self.pending_shard_keys(arr))):
                 raise fail(errno.ENOENT)
             return self.dir_attr(ino, arr.version.mtime_ns)

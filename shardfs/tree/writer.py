@@ -276,8 +276,8 @@ class Writer:
             log.error("%s: cannot journal the write: %s", name, e)
             # a full disk or quota is the writer's to know (and fix); anything else is EIO
             raise fail(e.errno if e.errno in (errno.ENOSPC, errno.EDQUOT) else errno.EIO) from None
-        if data is not None and arr.path in self.view.created:  # its key directories now resolve
-            self.view.made_keys.update((arr.path, coords[:k]) for k in range(1, len(coords)))
+        if data is not None:  # in an array created here, its key directories now resolve
+            self.view.made.chunk_written(arr.path, coords)
         await self.invalidate([self.view.nodes.chunk_ino(arr, coords)])
 
     async def commit_metadata(self, node: ArrayNode | GroupNode, name: str, data: bytes) -> None:
@@ -300,7 +300,7 @@ class Writer:
                 fills = (shown.get("fill_value"), (await self._doc(node.path)).get("fill_value"))
                 change = rewrite_kind(new, shown, fills)
             except Refused as e:
-                if (node.path, ".zarray") in self.view.hidden:  # unlinked before: a new array there
+                if self.view.made.is_hidden(node.path, ".zarray"):  # unlinked before: a new array there
                     await self._replace_array(node, data)
                     return
                 log.error("%s: write refused: %s", where, e)
@@ -327,7 +327,7 @@ class Writer:
         elif name == ".zmetadata" and not isinstance(new, dict):
             log.error("%s: write refused: not consolidated metadata", where)
             raise fail(errno.EINVAL)
-        self.view.hidden.discard((node.path, name))
+        self.view.made.unhide(node.path, name)
         ino = self.view.nodes.allocated(MetaKey(node.path, name))
         await self.invalidate([ino] if ino else [])
 
@@ -335,8 +335,7 @@ class Writer:
         """A different ``.zarray`` written where the array's was unlinked (``rm .zarray``, then
         a new one): the old array is deleted and a new one made from it (no attributes)."""
         await self._delete_array(node)
-        self.view.hidden = {h for h in self.view.hidden if h[0] != node.path}
-        self.view.new_dirs.add(node.path)
+        self.view.made.replaced(node.path)
         dir_ino = self.view.nodes.inode(DirKey(node.path))
         await self.create_node(dir_ino, ".zarray", zarray)
         await self.invalidate([self.view.nodes.inode(MetaKey(node.path, ".zarray"))])
@@ -403,15 +402,13 @@ class Writer:
             log.error("%s: cannot create: %s", where, e)
             raise fail(errno.EPERM) from None
         await self._write_doc(path, doc, new=True)
-        self.view.new_dirs.discard(path)
-        if name == ".zarray":
-            self.view.created.add(path)
+        self.view.made.created(path, array=name == ".zarray")
         if attrs_file is not None:
             await self._became_meta(parent, ".zattrs", path, ".zattrs")
         else:  # shown once written: copy tools create it exclusively (O_EXCL) after .zarray
-            self.view.hidden.add((path, ".zattrs"))
+            self.view.made.hide(path, ".zattrs")
         if name == ".zgroup":
-            self.view.hidden.add((path, ".zmetadata"))
+            self.view.made.hide(path, ".zmetadata")
         log.info("%s: created a v3 %s", self.view.source.describe(path), "group" if name == ".zgroup" else "array")
         dirs = [parent] + (await self._adopt_dirs(path) if name == ".zarray" else [])
         for (p, n), st in sorted(self.view.nodes.staged.items()):
@@ -429,18 +426,18 @@ class Writer:
         if not isinstance(arr, ArrayNode) or arr.info is None:
             return []
         layout, inos = arr.info.layout, []
-        for made in sorted(d for d in self.view.new_dirs if d.startswith(path + "/")):
+        for made in self.view.made.new_dirs_below(path):
             rel = made[len(path) + 1:]
             coords = tuple(map(parse_coord, rel.split("/")))
             if layout.keys.view_separator == "/" and len(coords) < layout.ndim and None not in coords:
                 new: Any = KeyDirKey(path, coords)
-                self.view.made_keys.add((path, coords))
+                self.view.made.mkdir_key_dir(path, coords)
             elif layout.index is not None and (layout.keys.is_prefix(rel) or layout.keys.parse(rel) is not None):
                 new = ShardDirKey(path, rel)
-                self.view.made.add((path, rel))
+                self.view.made.mkdir_shard_dir(path, rel)
             else:
                 continue
-            self.view.new_dirs.discard(made)
+            self.view.made.adopted(made)
             ino = self.view.nodes.rebind(DirKey(made), new)
             if ino is not None:
                 inos.append(ino)
@@ -455,7 +452,7 @@ class Writer:
 
     def _is_new_dir(self, ino: int) -> bool:
         key = self.view.nodes.node_key(ino)
-        return isinstance(key, DirKey) and key.path in self.view.new_dirs
+        return isinstance(key, DirKey) and self.view.made.is_new_dir(key.path)
 
     # ----- names --------------------------------------------------------------------------
 
@@ -532,7 +529,7 @@ class Writer:
             await self.view.lookup(parent, name)  # ENOENT if there is nothing
             dir_key, node = await self.view.dir_node(parent)
             if isinstance(dir_key, DirKey) and node is not None and name in self.view.meta_names(node):
-                self.view.hidden.add((node.path, name))
+                self.view.made.hide(node.path, name)
                 return
             log.error("unlink of %s: only chunk, metadata and temporary files can be removed", name)
             raise fail(errno.EPERM)
@@ -553,9 +550,9 @@ class Writer:
         if await self._lists_anything(attr.ino):
             raise fail(errno.ENOTEMPTY)
         if isinstance(key, ShardDirKey):
-            self.view.made.discard((key.path, key.rel))
+            self.view.made.rmdir_shard_dir(key.path, key.rel)
         if isinstance(key, KeyDirKey):
-            self.view.made_keys.discard((key.path, key.prefix))
+            self.view.made.rmdir_key_dir(key.path, key.prefix)
         if not isinstance(key, DirKey):
             return attr.ino
         path = key.path
@@ -567,9 +564,7 @@ class Writer:
                 raise fail(errno.EBUSY)
             await blocking(_remove_all, self.view.source, [_json(path, "zarr.json")])
             log.info("%s: group deleted", self.view.source.describe(path))
-        self.view.new_dirs.discard(path)
-        self.view.created.discard(path)
-        self.view.hidden = {h for h in self.view.hidden if h[0] != path}
+        self.view.made.deleted(path)
         return attr.ino
 
     async def _delete_array(self, node: ArrayNode) -> None:
@@ -593,7 +588,7 @@ class Writer:
         if isinstance(key, DirKey) and not name.startswith(".") and \
                 (isinstance(node, GroupNode) or self._is_new_dir(parent)):
             path = f"{key.path}/{name}" if key.path else name
-            self.view.new_dirs.add(path)
+            self.view.made.mkdir(path)
             return await self.view.getattr(self.view.nodes.inode(DirKey(path)))
         if isinstance(node, ArrayNode) and node.info is not None and isinstance(key, (DirKey, KeyDirKey)) \
                 and node.info.layout.keys.view_separator == "/":
@@ -601,13 +596,13 @@ class Writer:
             prefix = None if i is None else (key.prefix if isinstance(key, KeyDirKey) else ()) + (i,)
             if prefix is not None and len(prefix) < node.info.layout.ndim and node.info.layout.in_grid(
                     prefix + (0,) * (node.info.layout.ndim - len(prefix))):
-                self.view.made_keys.add((node.path, prefix))
+                self.view.made.mkdir_key_dir(node.path, prefix)
                 return await self.view.getattr(self.view.nodes.inode(KeyDirKey(node.path, prefix)))
         if isinstance(node, ArrayNode) and node.info is not None and isinstance(key, (DirKey, ShardDirKey)):
             rel = f"{key.rel}/{name}" if isinstance(key, ShardDirKey) else name
             keys = node.info.layout.keys
             if node.info.layout.index is not None and (keys.is_prefix(rel) or keys.parse(rel) is not None):
-                self.view.made.add((node.path, rel))
+                self.view.made.mkdir_shard_dir(node.path, rel)
                 return await self.view.getattr(self.view.nodes.inode(ShardDirKey(node.path, rel)))
         log.error("mkdir %s: only groups, arrays and key directories can be made", name)
         raise fail(errno.EPERM)
