@@ -6,9 +6,10 @@
 - ``listing``: directory listings, paged;
 - ``view``: the ``View`` facade: hierarchy, name resolution, attributes, opens and reads;
 - ``writer``: the ``Writer``: commits of chunk files, staging files, structure changes;
-- ``made``: ``Made``, the structure made through the mount (new directories, unlinked metadata)...
+- ``made``: ``Made``, the structure made through the mount (new directories, unlinked metadata);
+- ``chunks``: ``Chunks``, stored chunks merged with pending ones (extents, shards, chunk sets).
 
 Imports ``reads``, ``writes``, ``shards``, ``storage`` and ``format``.
 """
 
-__all__ = ["listing", "made", "metadata", "nodes", "nodetable", "view", "writer"]
+__all__ = ["chunks", "listing", "made", "metadata", "nodes", "nodetable", "view", "writer"]

@@ -26,14 +26,13 @@ import stat
 import time
 from typing import TYPE_CHECKING, Any, Iterable
 
-import numpy as np
 
 from shardfs.tree import metadata
-from shardfs.shards import shard as shard_mod
 from shardfs.reads.chunkcache import ChunkCache
 from shardfs.format.layout import Unpresentable, parse_coord
 from shardfs.storage.attrs import Attr, fail, join, list_entries
-from shardfs.tree.listing import ChunkSet, Listing
+from shardfs.tree.chunks import Chunks
+from shardfs.tree.listing import Listing
 from shardfs.tree.made import Made
 from shardfs.tree.nodetable import NodeTable
 from shardfs.tree.nodes import (ARRAY_DIRS, ArrayDirKey, ArrayNode, ChunkKey, DirKey, GroupNode, InnerShardKey,
@@ -43,7 +42,7 @@ from shardfs.reads.factory import make_reads
 from shardfs.reads.prefetch import Prefetch
 from shardfs.format.v2 import CorruptChunk
 from shardfs.shards.indexes import ShardIndexes
-from shardfs.shards.shard import CorruptShard, Extent
+from shardfs.shards.shard import Extent
 from shardfs.storage import UNKNOWN, Range, Storage, Unusable, Version, VersionMismatch, _Unknown
 from shardfs.storage.threads import blocking
 from shardfs.writes.writeback import Pending, Writeback
@@ -103,8 +102,9 @@ class View:
         self.nodes = NodeTable(self._slots)  # inode numbers <-> node keys, staging files
         self.made = Made()  # structure made through the mount that the source does not hold (yet)
         self.indexes = ShardIndexes(source, self.reads.indexes_per_read, self.version, self._log_unusable)
-        self.listing = Listing(self, self.indexes)  # directory listings and the stored chunks they show
         self.prefetch = Prefetch(source, self.reads, self.indexes)  # object sources: read-ahead
+        self.chunks = Chunks(source, writeback, self.indexes, self.reads, self.prefetch)  # stored and pending
+        self.listing = Listing(self, self.indexes, self.chunks)  # directory listings
         self._resolved: dict[int, tuple[Extent, Attr]] = {}  # chunk inode -> as last looked up (see open)
         self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
         self._file_mode = 0o444 if read_only else 0o644
@@ -228,33 +228,6 @@ class View:
 
     def array(self, path: str) -> ArrayNode | None:
         return self.arrays.get(path)
-
-    async def extent(self, arr: ArrayNode, coords: tuple[int, ...]) -> Extent | Pending | None:
-        """Where inner chunk ``coords`` is: pending in the writeback, stored in a shard, or
-        None if it is empty or outside the grid. Object sources: a cold chunk of the shard
-        after a swept one fetches it whole with the shards after it (``Prefetch.walk_on``); another
-        cold chunk other than its shard's first starts reading the array's indexes ahead
-        (``Prefetch.indexes_ahead``)."""
-        layout = arr.info.layout
-        if not layout.in_grid(coords):
-            return None
-        shard, pos = layout.locate(coords)
-        pending = self.writeback.pending((arr.path, shard), pos) if self.writeback else None
-        if pending is not None:
-            return pending if pending.data is not None else None
-        if self.reads.prefetches and self.prefetch.walking(arr):
-            self.prefetch.walk_on(arr, shard)
-        if pos and not arr.indexes_ahead and self.reads.prefetches:
-            self.prefetch.indexes_ahead(arr, shard)
-        key = self.indexes.shard_key(arr, shard)
-        found = await self.indexes.shard_table(arr, shard, key)
-        if found is None:
-            return None
-        version, table = found
-        try:
-            return shard_mod.extent(key, version, table, pos)
-        except CorruptShard:  # its inner shard; logged when the shard's table was read
-            raise fail(errno.EIO) from None
 
     def chunk_attrs(self, arr: ArrayNode, inos: Iterable[int], sizes: Iterable[int], mtimes: Iterable[int]
                     ) -> list[Attr]:
@@ -387,7 +360,7 @@ class View:
         return keys.kind == "v2" and keys.ndim <= 1
 
     async def _chunk_entry(self, arr: ArrayNode, coords: tuple[int, ...]) -> Attr:
-        ext = await self.extent(arr, coords)
+        ext = await self.chunks.extent(arr, coords)
         if ext is not None:
             attr = self._chunk_attr(arr, coords, ext)
             if isinstance(ext, Extent):  # for the open that usually follows
@@ -409,17 +382,9 @@ class View:
 
     # ----- shard and inner shard directories --------------------------------------------------
 
-    async def box_chunks(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> ChunkSet:
-        """The stored chunks of shard ``box`` (level 0) or of a nested inner shard (level >= 1)."""
-        layout = arr.info.layout
-        chunks = await self.listing.shard_chunks(arr, layout.box(layout.box_origin(box, level), 0))
-        if level == 0:
-            return chunks
-        return chunks.where(np.all(chunks.coords // np.array(layout.spans[level]) == np.array(box), axis=1))
-
     async def _box_attr(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> Attr:
         """An inner shard directory exists while it holds chunks; its mtime is their newest."""
-        chunks = await self.box_chunks(arr, level, box)
+        chunks = await self.chunks.box_chunks(arr, level, box)
         if not len(chunks.mtime):
             raise fail(errno.ENOENT)
         return self.dir_attr(self.nodes.inode(InnerShardKey(arr.path, level, box)), int(chunks.mtime.max()))
@@ -493,24 +458,16 @@ class View:
                         version = await self.version(src)
                 if isinstance(version, Version):  # (asked: not UNKNOWN)
                     return self.dir_attr(ino, version.mtime_ns)
-                if key.rel in self.pending_shard_keys(arr) or self.made.shard_dir_made(arr.path, key.rel):
+                if key.rel in self.chunks.pending_shard_keys(arr) or self.made.shard_dir_made(arr.path, key.rel):
                     return self.dir_attr(ino, self.mount_ns)
                 raise fail(errno.ENOENT)
             if (not await blocking(self.source.is_dir, src) and not self.made.shard_dir_made(arr.path, key.rel)
-                    and not any(k.startswith(key.rel + "/") for k in self.pending_shard_keys(arr))):
+                    and not any(k.startswith(key.rel + "/") for k in self.chunks.pending_shard_keys(arr))):
                 raise fail(errno.ENOENT)
             return self.dir_attr(ino, arr.version.mtime_ns)
         if isinstance(key, InnerShardKey):
             return await self._box_attr(arr, key.level, key.box)
         return self.dir_attr(ino, arr.version.mtime_ns)  # KeyDirKey
-
-    def pending_shard_keys(self, arr: ArrayNode) -> set[str]:
-        """Keys (below the array) of the shards with pending chunks: their directories exist
-        before the first fold creates them in the source."""
-        if self.writeback is None:
-            return set()
-        return {arr.info.layout.keys.key(shard) for shard in self.writeback.dirty_shards(arr.path)
-                if any(p.data is not None for p in self.writeback.pending_in((arr.path, shard)).values())}
 
     def dir_attr(self, ino: int, mtime_ns: int) -> Attr:
         return Attr(ino, stat.S_IFDIR | self._dir_mode, 0, mtime_ns, 2)
@@ -556,10 +513,10 @@ class View:
         resolved = self._resolved.pop(ino, None)
         ext: Extent | Pending | None
         for _ in range(OPEN_TRIES):
-            if resolved is not None and self._unchanged(arr, coords, resolved[0]):
+            if resolved is not None and self.chunks.unchanged(arr, coords, resolved[0]):
                 ext, attr = resolved
             else:
-                ext = await self.extent(arr, coords)
+                ext = await self.chunks.extent(arr, coords)
                 attr = None
             resolved = None
             if ext is None:
@@ -583,20 +540,6 @@ class View:
         log.error("%s: changed during %d opens of chunk %s", self.source.describe(ext.key), OPEN_TRIES,
                   arr.info.layout.names.key(coords))
         raise fail(errno.EIO, "shard keeps changing")
-
-    def _unchanged(self, arr: ArrayNode, coords: tuple[int, ...], ext: Extent) -> bool:
-        """True if ``extent(arr, coords)`` would still be ``ext`` (found by a lookup): its shard
-        is still at that version when asked inline (so its index is the same) and no write is
-        pending for the chunk. Cheaper than asking ``extent`` again."""
-        try:
-            if self.source.version_now(ext.key) != ext.version:
-                return False
-        except OSError:  # unusable now: ``extent`` says so
-            return False
-        if self.writeback is None:
-            return True
-        shard, pos = arr.info.layout.locate(coords)
-        return self.writeback.pending((arr.path, shard), pos) is None
 
     def _decode(self, arr: ArrayNode, coords: tuple[int, ...], stored: bytes, key: str = "") -> bytes:
         """A chunk file's bytes from its stored form (checksum/transcoding); EIO if corrupt

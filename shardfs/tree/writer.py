@@ -366,8 +366,8 @@ class Writer:
         if len(shape) != layout.ndim:
             raise fail(errno.EPERM)
         grid = np.array([math.ceil(s / c) for s, c in zip(shape, layout.chunk_shape)], dtype=np.int64)
-        for shard in await self.view.listing.stored_shards(arr):
-            chunks = await self.view.listing.shard_chunks(arr, shard)
+        for shard in await self.view.chunks.stored_shards(arr):
+            chunks = await self.view.chunks.shard_chunks(arr, shard)
             for coords in chunks.coords[np.any(chunks.coords >= grid, axis=1)].tolist():
                 await self.commit(arr, tuple(coords), None)
         doc = await self._doc(arr.path)
@@ -533,7 +533,7 @@ class Writer:
                 return
             log.error("unlink of %s: only chunk, metadata and temporary files can be removed", name)
             raise fail(errno.EPERM)
-        if await self.view.extent(*target) is None:
+        if await self.view.chunks.extent(*target) is None:
             if target[0].info.serve_missing:
                 return  # an empty chunk served as the fill chunk: it stays one
             raise fail(errno.ENOENT)
@@ -574,7 +574,7 @@ class Writer:
                       node.error)
             raise fail(errno.EPERM)
         await self.writeback.discard(node.path)
-        keys = [self.view.indexes.shard_key(node, shard) for shard in await self.view.listing.stored_shards(node)]
+        keys = [self.view.indexes.shard_key(node, shard) for shard in await self.view.chunks.stored_shards(node)]
         await blocking(_remove_all, self.view.source, keys + [_json(node.path, "zarr.json")])
         log.info("%s: array deleted", self.view.source.describe(node.path))
 
@@ -614,7 +614,7 @@ class Writer:
             if (ino, name) in self.view.nodes.staged:
                 return True
             target = await self.view.chunk_at_name(ino, name)
-            if target is not None and target[0].info.serve_missing and await self.view.extent(*target) is None:
+            if target is not None and target[0].info.serve_missing and await self.view.chunks.extent(*target) is None:
                 continue
             if isinstance(self.view.nodes.node_key(attr.ino), KeyDirKey) and not await self._lists_anything(attr.ino):
                 continue
