@@ -125,6 +125,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     import trio
 
     from shardfs.reads.chunkcache import DEFAULT_BYTES, ChunkCache, parse_size
+    from shardfs.format.create import DEFAULT_SHARD_BYTES
     from shardfs.kernel.fuse_ops import Operations
     from shardfs.reads.factory import make_reads
     from shardfs.app.status import Status
@@ -141,11 +142,11 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     ome = args.ome and "no_ome_translation" not in own
     view = View(storage, read_only=read_only, writeback=writeback, ome=ome, c_order="c_order" in own,
                 reads=make_reads(storage, cache=ranges, chunk_cache=cache))
-    ops = Operations(view, timeouts, writeback, spill_dir=state.spill_dir(source.name, source.endpoint))
+    shard_bytes = max(1, parse_size(own["shard_size"])) if "shard_size" in own else DEFAULT_SHARD_BYTES
+    ops = Operations(view, timeouts, writeback, spill_dir=state.spill_dir(source.name, source.endpoint),
+                     shard_bytes=shard_bytes)
     if writeback is not None and ops.writer is not None:
         writeback.on_folded = ops.writer.folded
-        if "shard_size" in own:
-            ops.writer.shard_bytes = max(1, parse_size(own["shard_size"]))
     v2()  # before going live (see above)
     fuse_opts = set(pyfuse3.default_options) | {fsname(source.name), "subtype=shardfs"} | set(opts.fuse)
     if read_only:

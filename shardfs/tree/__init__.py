@@ -5,11 +5,12 @@
 - ``metadata``: a node's ``zarr.json`` read and parsed defensively;
 - ``listing``: directory listings, paged;
 - ``view``: the ``View`` facade: hierarchy, name resolution, attributes, opens and reads;
-- ``writer``: the ``Writer``: commits of chunk files, staging files, structure changes;
+- ``writer``: the ``Writer``: commits of chunk files, staging files, rename/link/unlink;
+- ``structure``: ``Structure``: nodes made from ``.zarray``/``.zgroup``, metadata rewrites, mkdir, rmdir;
 - ``made``: ``Made``, the structure made through the mount (new directories, unlinked metadata);
 - ``chunks``: ``Chunks``, stored chunks merged with pending ones (extents, shards, chunk sets).
 
 Imports ``reads``, ``writes``, ``shards``, ``storage`` and ``format``.
 """
 
-__all__ = ["chunks", "listing", "made", "metadata", "nodes", "nodetable", "view", "writer"]
+__all__ = ["chunks", "listing", "made", "metadata", "nodes", "nodetable", "structure", "view", "writer"]
