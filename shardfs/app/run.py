@@ -129,7 +129,8 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     from shardfs.kernel.fuse_ops import Operations
     from shardfs.reads.factory import make_reads
     from shardfs.app.status import Status
-    from shardfs.tree.view import View, v2
+    from shardfs.tree.hierarchy import v2
+    from shardfs.tree.view import View
 
     own = opts.own
     read_only = writeback is None

@@ -26,7 +26,8 @@ from shardfs.storage.attrs import Attr, fail
 from shardfs.storage.threads import blocking
 from shardfs.tree.nodes import (ArrayNode, ChunkKey, DirKey, GroupNode, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey,
                                 Staging)
-from shardfs.tree.view import View, v2
+from shardfs.tree.hierarchy import v2
+from shardfs.tree.view import View
 from shardfs.writes.spill import SpillBuffer
 from shardfs.writes.writeback import Writeback
 
