@@ -367,11 +367,11 @@ def daemon_journal(pid: int) -> tuple[str, str] | None:
             environ = dict(v.decode(errors="surrogateescape").partition("=")[::2] for v in f.read().split(b"\0") if v)
         cwd = os.readlink(f"/proc/{pid}/cwd")
         args = _parser().parse_args(argv[argv.index("mount"):])
-        own = options.parse(args.options).own
-        source = Source.parse(args.src if is_url(args.src) else os.path.join(cwd, args.src), own, environ)
+        parsed = options.parse(args.options)
+        source = Source.parse(args.src if is_url(args.src) else os.path.join(cwd, args.src), parsed.own, environ)
     except (OSError, ValueError, SystemExit):
         return None
-    override = own.get("journal_dir")
+    override = options.config(parsed).writes.journal_dir
     root = state.journal_dir(source.name, os.path.join(cwd, override) if override else None, source.endpoint)
     return source.name, root
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import logging.handlers
 import os
@@ -23,6 +24,7 @@ from shardfs.app import options, state
 from shardfs.app.mounts import fsname
 from shardfs.app.replay import open_writeback
 from shardfs.app.usage import UsageError
+from shardfs.config import Config, ReadConfig
 from shardfs.storage.source import Source
 
 log = logging.getLogger("shardfs")
@@ -86,36 +88,38 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     """Serve the mount in this process until unmounted or signalled."""
     from shardfs.kernel.fuse_ops import Timeouts
 
-    args.debug = args.debug or "debug" in opts.own
+    cfg = options.config(opts)
+    args.debug = args.debug or cfg.debug
     try:
         _setup_logging(args)
     except OSError as e:
         _report(args, f"error: {args.log_file}: cannot open the log file: {e.strerror}")
         return 1
-    own = opts.own
     if opts.ignored:
         log.debug("ignored mount options: %s", ",".join(opts.ignored))
-    read_only = args.read_only or opts.read_only or source.web  # a web server takes no writes
-    timeouts = Timeouts(float(own.get("entry_timeout", Timeouts.entry)),
-                        float(own.get("attr_timeout", Timeouts.attr)))
+    read_only = args.read_only or cfg.read_only or source.web  # a web server takes no writes
+    cfg = dataclasses.replace(cfg, read_only=read_only, debug=args.debug,
+                              tree=dataclasses.replace(cfg.tree, ome=args.ome and cfg.tree.ome))
+    timeouts = Timeouts(cfg.kernel.entry_timeout, cfg.kernel.attr_timeout)
     with contextlib.ExitStack() as cleanup:
         storage = cleanup.enter_context(source.opened(version_ttl=timeouts.attr, list_ttl=timeouts.entry))
         writeback = None
         if not read_only:
             try:
-                writeback = open_writeback(source, storage, own.get("journal_dir"), cleanup)
+                writeback = open_writeback(source, storage, cfg.writes.journal_dir, cleanup)
             except UsageError as e:
                 _report(args, f"error: {e}")
                 return 1
             except Exception as e:
                 _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
                 return 1
-        return _mount_and_serve(args, mnt, opts, source, storage, writeback, timeouts)
+        return _mount_and_serve(args, mnt, opts, cfg, source, storage, writeback, timeouts)
 
 
-def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source, storage: Any,
-                     writeback: Any, timeouts: Any) -> int:
-    """Mount and serve until unmounted or signalled; 1 if the mount failed (reported).
+def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, cfg: Config, source: Source,
+                     storage: Any, writeback: Any, timeouts: Any) -> int:
+    """Mount and serve until unmounted or signalled; 1 if the mount failed (reported). Each
+    layer gets its slice of ``cfg``.
 
     zarr-python (``shardfs.tree.view.v2``: 0.15-0.3 s of CPU, more once its files have left the
     page cache) is imported before the mount goes live: the first lookup of any node needs
@@ -124,28 +128,24 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     import pyfuse3
     import trio
 
-    from shardfs.reads.chunkcache import DEFAULT_BYTES, ChunkCache, parse_size
-    from shardfs.format.create import DEFAULT_SHARD_BYTES
+    from shardfs.reads.chunkcache import ChunkCache
     from shardfs.kernel.fuse_ops import Operations
     from shardfs.reads.factory import make_reads
     from shardfs.app.status import Status
     from shardfs.tree.hierarchy import v2
     from shardfs.tree.view import View
 
-    own = opts.own
     read_only = writeback is None
-    cache = ChunkCache(parse_size(own["chunk_cache"]) if "chunk_cache" in own else DEFAULT_BYTES)
+    cache = ChunkCache(cfg.reads.chunk_cache)
     try:
-        ranges = _range_cache(source, own)
+        ranges = _range_cache(source, cfg.reads)
     except ValueError as e:
         _report(args, f"error: -o {e}")
         return 1
-    ome = args.ome and "no_ome_translation" not in own
-    view = View(storage, read_only=read_only, writeback=writeback, ome=ome, c_order="c_order" in own,
+    view = View(storage, read_only=read_only, writeback=writeback, ome=cfg.tree.ome, c_order=cfg.tree.c_order,
                 reads=make_reads(storage, cache=ranges, chunk_cache=cache))
-    shard_bytes = max(1, parse_size(own["shard_size"])) if "shard_size" in own else DEFAULT_SHARD_BYTES
     ops = Operations(view, timeouts, writeback, spill_dir=state.spill_dir(source.name, source.endpoint),
-                     shard_bytes=shard_bytes)
+                     shard_bytes=cfg.writes.shard_size)
     if writeback is not None and ops.writer is not None:
         writeback.on_folded = ops.writer.folded
     v2()  # before going live (see above)
@@ -166,10 +166,10 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     if libfuse:
         log.warning("libfuse: %s", libfuse)
     log.info("mounted %s on %s%s", source.name, mnt, " (read-only)" if read_only else "")
-    shown = {**own, **{o.partition("=")[0]: o.partition("=")[2] for o in opts.fuse}}
+    shown = {**opts.own, **{o.partition("=")[0]: o.partition("=")[2] for o in opts.fuse}}
     status = Status(ops, mnt, source.name, source.endpoint, read_only, shown,
                     state.status_socket(source.name, source.endpoint, os.getpid()),
-                    float(own["stats_interval"]) if "stats_interval" in own else None)
+                    cfg.stats_interval)
     _report(args, "ok")
     try:
         trio.run(_serve, ops, writeback, status)
@@ -181,17 +181,14 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, s
     return 0
 
 
-def _range_cache(source: Source, own: dict[str, str]) -> Any:
+def _range_cache(source: Source, reads: ReadConfig) -> Any:
     """An object store's cache of fetched ranges (``-o cache_size``, ``-o cache_dir``); None for a
     directory. ``ValueError`` (one line) if ``cache_dir`` cannot be used."""
     if not source.url:
         return None
-    from shardfs.reads.chunkcache import parse_size
     from shardfs.reads.rangecache import RangeCache
-    from shardfs.reads.objects import DEFAULT_CACHE_BYTES
 
-    size = parse_size(own["cache_size"]) if "cache_size" in own else DEFAULT_CACHE_BYTES
-    return RangeCache(size, own.get("cache_dir"))
+    return RangeCache(reads.cache_size, reads.cache_dir)
 
 
 @contextlib.contextmanager

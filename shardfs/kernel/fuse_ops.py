@@ -31,6 +31,7 @@ from typing import Any, Awaitable, Callable, Sequence, TypeVar
 import pyfuse3
 import trio
 
+from shardfs.config import KernelConfig
 from shardfs.format.create import DEFAULT_SHARD_BYTES
 from shardfs.kernel.handles import DirHandle, Handles
 from shardfs.kernel.inodes import KernelInodes, Pages
@@ -91,8 +92,8 @@ def _guard(fn: F) -> F:
 class Timeouts:
     """Kernel cache lifetimes (seconds) for entries and attributes."""
 
-    entry: float = 10.0
-    attr: float = 10.0
+    entry: float = KernelConfig.entry_timeout
+    attr: float = KernelConfig.attr_timeout
 
 
 class Operations(pyfuse3.Operations):
