@@ -45,6 +45,11 @@ class Option:
             return None
         return size_text(value) if self.value == "SIZE" else f"{value:g}" if isinstance(value, float) else str(value)
 
+    @property
+    def described(self) -> str:
+        """The help text with the ``Config`` default, as ``--help`` shows it."""
+        return f"{self.help} (default {self.default})" if self.default is not None else self.help
+
 
 def _get(obj: Any, path: str) -> Any:
     for part in path.split("."):
@@ -209,12 +214,7 @@ def help_text() -> str:
     ignored = ", ".join(sorted(IGNORED)) + ", x-*, comment=*, helper=*"
     return "\n".join(
         ["mount options (-o OPT[,OPT...]):"]
-        + [line(f"{o.name}={o.value}" if o.value else o.name, _with_default(o)) for o in OWN + FUSE if o.help != _FLAG]
+        + [line(f"{o.name}={o.value}" if o.value else o.name, o.described) for o in OWN + FUSE if o.help != _FLAG]
         + ["  " + flags, line("", _FLAG + " (mount.fuse3 adds dev,suid as root)"),
            "ignored (fstab and mount(8) options that mean nothing to shardfs):"]
         + textwrap.wrap(ignored, 78, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False))
-
-
-def _with_default(opt: Option) -> str:
-    """The help text of ``opt`` with its ``Config`` default, as ``--help`` shows it."""
-    return f"{opt.help} (default {opt.default})" if opt.default is not None else opt.help
