@@ -56,5 +56,5 @@ def run_reader(worker: Any) -> None:
         if err is None:
             rec["c"] = tokens_by_chunk(grid, region, np.asarray(values))
         else:
-            rec["err"] = err
+            rec["err"], rec["msg"] = err, worker.detail
         worker.log(rec)
