@@ -61,5 +61,5 @@ def run_reader(worker: Any) -> None:
         if err is None:
             rec["c"] = tokens_by_chunk(grid, region, np.asarray(values))
         else:
-            rec["err"] = err
+            rec["err"], rec["why"] = err, worker.last_error
         worker.log(rec)

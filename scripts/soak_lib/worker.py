@@ -44,6 +44,7 @@ class Worker:
         self._hb = os.open(config["heartbeat"], os.O_RDWR)
         self._slot = 8 * config["index"]
         self.seq = 0
+        self.last_error = ""  # the message of the last failure ``timed`` caught
 
     def running(self) -> bool:
         return time.monotonic() < self.deadline
@@ -62,6 +63,7 @@ class Worker:
             result, err = fn(), None
         except Exception as e:  # any client failure is data for the controller, never fatal
             result, err = None, error_name(e)
+            self.last_error = f"{type(e).__name__}: {e}"[:300]  # for the op log (the file it names)
         t1 = time.monotonic()
         self.beat(0.0)
         if err is not None:
