@@ -11,7 +11,8 @@ fill read while such a write of that very chunk was: its ``O_TRUNC`` emptied it)
 follows an ``rm`` of that array by less than the entry timeout; a read that failed to decode
 on one mount while the other mount had written that array in the attribute timeout before is
 counted *cross-mount* (the kernel of the reading mount may still hold a chunk's old size: see
-the report); any other failure is *unclean*. ``Ledger.validate(before)`` checks the reads that
+the report), and so is an ENOENT naming a chunk the other mount writes and removed before
+(``_removed_by_other_mount``); any other failure is *unclean*. ``Ledger.validate(before)`` checks the reads that
 ended before ``before`` (call it with a lag: a write that began before a read ended must have
 logged its ``begin``): in each chunk a read must have seen one token, allowed by the model
 (``Model.allowed`` on the mount that writes that chunk, ``Model.plausible`` on the others);
@@ -114,10 +115,14 @@ class Ledger:
         if op.kind == "read" and op.err == "ENOENT" and self._removed(rec["a"], op.end):
             self.raced[rec["lib"]] += 1
             return
+        if op.kind == "read" and op.err == "ENOENT" and self._removed_by_other_mount(rec):
+            self.cross_mount[rec["lib"]] += 1
+            return
         if op.kind == "read" and op.err.startswith("X:") and self._other_mount_wrote(rec["a"], rec["m"], op.end):
             self.cross_mount[rec["lib"]] += 1
             return
-        self.unclean.append(f"{op.worker}: {op.kind} {_describe(rec)} failed in [{op.start:.3f}, {op.end:.3f}]: {op.err}")
+        self.unclean.append(f"{op.worker}: {op.kind} {_describe(rec)} failed in [{op.start:.3f}, {op.end:.3f}]: {op.err}"
+                            + (f" ({rec['msg']})" if rec.get("msg") else ""))
 
     def _removed(self, array: str, t1: float) -> bool:
         """A chunk of ``array`` was removed (``rm``, either mount) within ``ATTR_TIMEOUT`` before
@@ -127,6 +132,20 @@ class Ledger:
         replayed = any(w.kind == "kill" and t1 - ATTR_TIMEOUT < w.end < t1 for w in self.faults.windows)
         return any(w.how == "rm" and w.start < t1 and (replayed or w.end is None or w.end > t1 - ATTR_TIMEOUT)
                    for w in self.model.writes_of(array))
+
+    def _removed_by_other_mount(self, rec: dict[str, Any]) -> bool:
+        """The chunk an ENOENT read names (its file name, in the error) is written by the other
+        mount, which removed it before the read ended. A mount sees another one's removal when
+        that one folds it, which under load or faults may be long after the ``rm`` (folds wait
+        for an idle mount or a full budget, and back off while the store fails: 12-38 s measured
+        after a stall), and the reading kernel keeps the name it looked up before for the
+        attribute timeout after that: ``stat`` finds the file, ``open`` does not. Not bounded
+        in time, like ``Model.plausible`` for the values that mount reads."""
+        name, t1 = rec["a"], rec["t1"]
+        chunk = self.grids[name].chunk_named(rec.get("msg", ""), name)
+        if chunk is None or owner(name, chunk, self.mounts) == rec["m"]:
+            return False
+        return any(w.how == "rm" and w.chunk == chunk and w.start < t1 for w in self.model.writes_of(name))
 
     def _other_mount_wrote(self, array: str, mount: int, t1: float) -> bool:
         """A mount other than ``mount`` wrote ``array`` within ``ATTR_TIMEOUT`` before ``t1``."""

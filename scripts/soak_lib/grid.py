@@ -2,7 +2,8 @@
 
 ``Grid(meta)`` is built from an array's v2 ``.zarray`` (as a dict): ``chunks_of(region)`` lists
 the inner chunks a region touches with the part of the region each covers, ``key(chunk)`` is
-the chunk's v2 key (with the array's ``dimension_separator``), ``encode(token)`` is the bytes a
+the chunk's v2 key (with the array's ``dimension_separator``; ``chunk_named`` reads it back out of
+an error message), ``encode(token)`` is the bytes a
 v2 writer would store for a chunk filled with ``token`` (filters, then compressor, in the
 array's memory order), ``chunk_region(chunk)`` is the chunk's box clipped to the array.
 """
@@ -10,6 +11,7 @@ array's memory order), ``chunk_region(chunk)`` is the chunk's box clipped to the
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Any, Iterator
 
 import numcodecs
@@ -39,6 +41,14 @@ class Grid:
 
     def key(self, chunk: tuple[int, ...]) -> str:
         return self.sep.join(map(str, chunk))
+
+    def chunk_named(self, text: str, array: str) -> tuple[int, ...] | None:
+        """The chunk whose file ``.../ARRAY/KEY`` an error message names, if it names one."""
+        m = re.search(rf"/{re.escape(array)}/([0-9]+(?:{re.escape(self.sep)}[0-9]+)*)(?![0-9.])", text)
+        if m is None:
+            return None
+        chunk = tuple(int(i) for i in m.group(1).split(self.sep))
+        return chunk if len(chunk) == len(self.shape) else None
 
     def chunk_region(self, chunk: tuple[int, ...]) -> Region:
         return tuple(slice(i * c, min((i + 1) * c, s)) for i, c, s in zip(chunk, self.chunks, self.shape))

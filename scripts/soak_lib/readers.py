@@ -19,14 +19,9 @@ from grid import Grid, Region, pick_region, tokens_by_chunk
 
 
 def _zarr2(path: str, region: Region) -> np.ndarray:
-    """Into zeros: zarr 2.18 decodes a chunk file read empty (an in-place write's ``O_TRUNC`` in
-    flight) with gzip to nothing, without an error, leaving its part of the output as it was, and
-    ``np.empty`` may hand out the memory of the previous read (another chunk's values)."""
     import zarr
 
-    z = zarr.open_array(path, mode="r")
-    shape = tuple(len(range(*r.indices(n))) for r, n in zip(region, z.shape))
-    return z.get_basic_selection(region, out=np.zeros(shape, dtype=z.dtype))
+    return zarr.open_array(path, mode="r")[region]
 
 
 def _zarr3(path: str, region: Region) -> np.ndarray:
@@ -61,5 +56,5 @@ def run_reader(worker: Any) -> None:
         if err is None:
             rec["c"] = tokens_by_chunk(grid, region, np.asarray(values))
         else:
-            rec["err"], rec["why"] = err, worker.last_error
+            rec["err"], rec["msg"] = err, worker.detail
         worker.log(rec)

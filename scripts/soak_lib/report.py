@@ -58,7 +58,7 @@ def table(results: list[Result]) -> str:
         ("fill read during a fault (client masked an error)", lambda r: ", ".join(f"{k} {v}" for k, v in sorted(r.masked.items())) or "0"),
         ("read failed beside an in-place write, cp or rm (POSIX race)",
          lambda r: ", ".join(f"{k} {v}" for k, v in sorted(r.raced.items())) or "0"),
-        ("read failed to decode on one mount within 10 s of the other mount's write (stale size)",
+        ("read failed on one mount after the other mount's write (stale size) or rm (stale name)",
          lambda r: ", ".join(f"{k} {v}" for k, v in sorted(r.cross_mount.items())) or "0"),
         ("lost", lambda r: str(len(r.lost))),
         ("forbidden (of which unclean errors)", lambda r: f"{r.forbidden_count} ({len(r.unclean)})"),

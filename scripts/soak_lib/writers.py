@@ -111,7 +111,7 @@ def run_writer(worker: Any) -> None:
             worker.log({"k": "wb", **op, "c": list(chunk), "tok": token, "how": how, "t0": time.monotonic()})
             t0, t1, _, err = worker.timed(lambda: fn(chunk, token))
             worker.log({"k": "we", **op, "how": how, "t0": t0, "t1": t1, "ok": err is None,
-                        **({"err": err} if err else {})})
+                        **({"err": err, "msg": worker.detail} if err else {})})
             time.sleep(worker.rng.uniform(0, cfg.get("pause", 0.2)))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -169,4 +169,4 @@ def run_structure(worker: Any) -> None:
             what = "rm -r"
         t0, t1, _, err = worker.timed(op)
         worker.log({"k": "s", "op": what, "t0": t0, "t1": t1, "ok": err is None,
-                    **({"err": err} if err else {}), **({"bad": bad} if bad else {})})
+                    **({"err": err, "msg": worker.detail} if err else {}), **({"bad": bad} if bad else {})})
