@@ -19,9 +19,14 @@ from grid import Grid, Region, pick_region, tokens_by_chunk
 
 
 def _zarr2(path: str, region: Region) -> np.ndarray:
+    """Into zeros: zarr 2.18 decodes a chunk file read empty (an in-place write's ``O_TRUNC`` in
+    flight) with gzip to nothing, without an error, leaving its part of the output as it was, and
+    ``np.empty`` may hand out the memory of the previous read (another chunk's values)."""
     import zarr
 
-    return zarr.open_array(path, mode="r")[region]
+    z = zarr.open_array(path, mode="r")
+    shape = tuple(len(range(*r.indices(n))) for r, n in zip(region, z.shape))
+    return z.get_basic_selection(region, out=np.zeros(shape, dtype=z.dtype))
 
 
 def _zarr3(path: str, region: Region) -> np.ndarray:
