@@ -102,8 +102,10 @@ def tokens_by_chunk(grid: Grid, region: Region, values: np.ndarray) -> list[list
 
 def token_of(value: Any) -> int | str:
     """The token a string value stands for (``Grid.value``'s inverse; ``""`` and None, a v2
-    reader's fill, are 0); anything else is returned as a string, which no check allows."""
-    if value is None or value == "":
+    reader's fill, are 0, and so is the 0 of the zeros zarr 2.18 reads into, where it left a
+    chunk's part as it was: ``readers._zarr2``); anything else is returned as a string, which no
+    check allows."""
+    if value is None or value == "" or (type(value) is int and value == 0):
         return 0
     m = re.fullmatch(rf"{STRING_MARK}([0-9]+)", value) if isinstance(value, str) else None
     return int(m.group(1)) if m else f"not a token: {value!r}"[:80]
