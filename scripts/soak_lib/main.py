@@ -300,6 +300,7 @@ class Run:
         names = [d.name for d in self.daemons]
         rows = metrics.minutes(ledger.ops, sampler.samples, t0, [w.start for w in injector.windows], names)
         metrics.write_csv(rows, self.out / "minutes.csv")
+        metrics.write_samples(sampler.samples, t0, self.out / "samples.jsonl")
         metrics.plot(rows, names, self.out / "soak.png", f"shardfs soak, {self.kind} source, seed {self.seed}")
         r.flat = metrics.flatness(rows[: max(1, int(self.minutes))], names)  # the wind-down minute is not load
         (self.out / "windows.json").write_text(json.dumps([w.__dict__ for w in injector.windows], indent=1))
