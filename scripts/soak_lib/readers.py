@@ -50,7 +50,8 @@ def run_reader(worker: Any) -> None:
     cfg = worker.config
     read = READERS[cfg["lib"]]
     arrays = {name: (Grid(a["zarray"]), tuple(a["shard"])) for name, a in cfg["arrays"].items()}
-    names = sorted(arrays)
+    # tensorstore's zarr driver has no v2 vlen-utf8 (|O): it reads the other arrays only
+    names = sorted(n for n in arrays if not (cfg["lib"] == "tensorstore" and arrays[n][0].strings))
     while worker.running():
         name = worker.rng.choice(names)
         grid, shard = arrays[name]
