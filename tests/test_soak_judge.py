@@ -125,12 +125,13 @@ def test_the_encoded_string_chunk_decodes_to_its_value():
     assert decoded.tolist() == ["ß5"] * 16
 
 
-def rows(threads: list[float], seconds: int = 600) -> list[dict]:
-    """Per-minute rows from one sample every 5 s; ``threads`` gives each sample's value."""
+def rows(threads: list[float], seconds: int = 600, start: int = 0) -> list[dict]:
+    """Per-minute rows from one sample every 5 s; ``threads`` gives each sample's value; the
+    clients run from second ``start`` on."""
     samples = [metrics.Sample(float(t), "A", {"rss_mib": 80.0, "fds": 15, "sockets": 20, "threads": threads[i],
                                                "journal_bytes": 1000, "spill_bytes": 0})
                for i, t in enumerate(range(0, seconds, 5))]
-    ops = [Op("read", float(t), t + 0.1, None, "w") for t in range(seconds)]
+    ops = [Op("read", float(t), t + 0.1, None, "w") for t in range(start, seconds)]
     return metrics.minutes(ops, samples, 0.0, [], ["A"])
 
 
@@ -142,3 +143,13 @@ def test_a_pool_that_swings_is_flat_and_a_leak_is_not():
     leaking = [20 + i // 4 for i in range(120)]  # one more thread every 20 s, never given back
     (failure,) = metrics.flatness(rows(leaking), ["A"])
     assert failure.startswith("A threads (lowest per minute): last quarter")
+
+
+def test_flatness_starts_once_the_clients_run():
+    """The clients start 130 s into an 8-minute run (a loaded machine): the idle daemon's 5
+    threads until then, in the second quarter, are no steady state to compare with."""
+    rng = random.Random(4)
+    threads = [5] * 26 + [rng.choice([28, 34, 54]) for _ in range(70)]
+    minutes = rows(threads, seconds=480, start=130)
+    assert [r["A_threads"] for r in minutes[:4]] == [5.0, 5.0, 5.0, 28.0]  # minute 3: the clients start in it
+    assert metrics.flatness(minutes, ["A"]) == []
