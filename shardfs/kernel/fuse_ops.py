@@ -216,6 +216,10 @@ class Operations(pyfuse3.Operations):
             self.stats.chunk_files += 1
         try:
             content = await self._content_to_fill(handle, version)
+            if self._kernel.pages(version) is Pages.OTHER:
+                mark = self._kernel.dropping(handle.ino)
+                await trio.to_thread.run_sync(_invalidate_inodes, [handle.ino])
+                self._kernel.dropped(version, mark)
         except BaseException:
             self.view.release(handle)
             raise
@@ -333,6 +337,7 @@ class Operations(pyfuse3.Operations):
         handle = self._handles[fh]
         if not isinstance(handle, WriteHandle):
             raise pyfuse3.FUSEError(errno.EBADF)
+        self._kernel.changed(handle.ino)  # its pages now hold bytes no version has (see ``KernelInodes.dropped``)
         return await self._writable().write(handle, off, buf)
 
     @_guard
