@@ -1,6 +1,7 @@
-"""Lookup counts of the inodes the kernel holds (``shardfs.kernel.inodes.LookupCounts``), in-process
-against a dict as the model (hypothesis): counts of neighbouring inodes share an int, counts of
-15 and more live apart; every ``add``/``drop`` sequence must answer as the dict does."""
+"""What the daemon tracks of the kernel's inodes (``shardfs.kernel.inodes``), in-process: the lookup
+counts (``LookupCounts``) against a dict as the model (hypothesis): counts of neighbouring
+inodes share an int, counts of 15 and more live apart; every ``add``/``drop`` sequence must
+answer as the dict does. And when an open may keep the kernel's pages (``KernelInodes``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import budget
-from shardfs.kernel.inodes import LookupCounts
+from shardfs.storage.attrs import Attr
+from shardfs.kernel.inodes import KernelInodes, LookupCounts, Pages
 from shardfs.tree.nodetable import CHUNK_BASE
 
 # a few pages of neighbours (chunk inodes and small ones), so that counts share their ints
@@ -47,3 +49,35 @@ def test_a_million_consecutive_inodes_cost_little():
     tracemalloc.stop()
     assert used < 12 << 20, used  # a dict of 1M inodes: about 75 MiB
     assert all(counts.drop(ino, 1) == 0 for ino in inos[:1000])
+
+
+V1, V2 = Attr(CHUNK_BASE, 0o100644, 100, 1), Attr(CHUNK_BASE, 0o100644, 100, 2)
+
+
+def test_an_open_that_drops_other_pages_vouches_for_none_until_the_daemon_dropped_them():
+    """An open answered without ``keep_cache`` (``Pages.OTHER``) drops the kernel's pages only once
+    the opening process runs on, after the reply; an open of the same version answered before
+    that must not keep them (found by scripts/soak: the previous value of a chunk read for
+    milliseconds after its in-place write was acknowledged). Once the daemon dropped them itself
+    (``dropping``/``dropped``), with no other version read or write meanwhile, they are kept."""
+    k = KernelInodes()
+    k.looked_up(V1.ino)
+    assert k.opened(V1) is Pages.NONE
+    assert k.opened(V1) is Pages.SAME
+    k.changed(V1.ino)  # an in-place write committed
+    assert k.opened(V2) is Pages.OTHER
+    assert k.opened(V2) is Pages.OTHER, "the first opener may not have dropped the pages yet"
+    mark = k.dropping(V2.ino)
+    k.dropped(V2, mark)
+    assert k.opened(V2) is Pages.SAME
+
+
+def test_pages_dropped_while_another_version_was_read_or_written_are_not_vouched_for():
+    k = KernelInodes()
+    k.looked_up(V1.ino)
+    k.opened(V1)
+    for interfere in (lambda: k.served(V1), lambda: k.changed(V1.ino)):
+        mark = k.dropping(V2.ino)
+        interfere()  # an old handle's READ reply, or a write, landed in the pages meanwhile
+        k.dropped(V2, mark)
+        assert k.opened(V2) is Pages.OTHER

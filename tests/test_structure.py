@@ -362,6 +362,57 @@ def test_resize_drops_chunks_past_the_edge_including_pending(tmp_path, mount):
     assert_clean(src)
 
 
+def test_resize_after_resize_drops_the_kernels_chunk_entries_of_every_layout(tmp_path, mount, source):
+    """The kernel keeps a chunk file's dentry and attributes (the entry and attribute timeouts)
+    across resizes, each of which gives the array a new layout (and chunk inodes): a shrink
+    that empties the chunk must drop those of the older layouts too, else zarr 2.18's resize,
+    which removes every chunk it still sees outside the new shape, fails with ENOENT (the
+    soak's scratch arrays did), and ``stat`` shows a file that ``open`` says is not there.
+    Four arrays: on the old code at least one failed in each of 4 runs (timing: the fold)."""
+    build(tmp_path / "src", [RAW])
+    src = source(tmp_path / "src")
+    mnt = src.mount(mount)
+    res = zarr2("""
+        import itertools, os
+
+        def looked_at(p):  # stat and open every chunk name (as zarr 2.18 reads): the kernel keeps them
+            out = {}
+            for i, j in itertools.product(range(6), range(6)):
+                name = '%d.%d' % (i, j)
+                try:
+                    with open(p + '/' + name, 'rb') as f:
+                        opened = len(f.read()) > 0
+                except FileNotFoundError:
+                    opened = False
+                out[name] = [os.path.isfile(p + '/' + name), opened]
+            return out
+
+        data = np.arange(40 * 30, dtype='i4').reshape(40, 30) + 1
+        failed, seen = [], {}
+        for n in range(4):
+            p = root + '/s%d' % n
+            z = zarr.open_array(p, mode='w', shape=(40, 30), chunks=(10, 10), dtype='i4', fill_value=0)
+            z[...] = data
+            looked_at(p)
+            z.resize(50, 30)             # grow: a new layout, nothing emptied
+            looked_at(p)
+            try:
+                z.resize(10, 30)         # shrink: rows 1..3 emptied, then removed by zarr 2.18
+            except OSError as e:
+                failed.append('s%d: %r' % (n, e))
+            seen['s%d' % n] = {k: v for k, v in looked_at(p).items() if v != [False, False]}
+        result = {'failed': failed, 'seen': seen, 'data': zarr.open_array(root + '/s3', mode='r')[...]}
+        """, root=str(mnt))
+    assert res["failed"] == []
+    assert res["seen"] == {f"s{n}": {"0.0": [True, True], "0.1": [True, True], "0.2": [True, True]} for n in range(4)}
+    want = np.arange(40 * 30, dtype="<i4").reshape(40, 30)[:10] + 1
+    np.testing.assert_array_equal(res["data"], want)
+    assert errors(mount, mnt) == []
+    umount(mount, mnt)
+    for n in range(4):
+        src.assert_equals(f"s{n}", want)
+
+
 def test_unlinked_zarray_rewritten_with_other_metadata_makes_a_new_array(tmp_path, mount):
     src = tmp_path / "src"
     build(src, [RAW])

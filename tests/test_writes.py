@@ -673,3 +673,27 @@ def test_chunk_by_chunk_write_is_not_quadratic(tmp_path, mount):
     assert ratio <= 2.5, f"daemon wrote {ratio:.2f}x the final shard bytes (target <= 2.5x)"
     assert_source_equals(src, "amp", data)
     assert_clean(src)
+
+
+def test_a_renamed_onto_chunk_emptied_under_its_other_name_is_created_again_by_an_in_place_write(tmp_path, mount):
+    """A rename onto a chunk leaves its name showing the temporary's inode in the kernel (an
+    alias). Once the chunk is emptied through its other name (the shard directory entry), a
+    ``stat`` of the first name says ENOENT and an ``open(O_CREAT)`` of it creates the chunk
+    again, as for the chunk's own inode (found by scripts/soak: an in-place write right after
+    an ``rm`` of that chunk failed with ENOENT)."""
+    src = tmp_path / "src"
+    build(src, [Z2])
+    mnt = mount(src)
+    arr = mnt / "z2"
+    b1, b2 = (Z2.values(Z2.chunk, seed_of("alias", k)) for k in (1, 2))
+    tmp = arr / "1.1.89abcdef.partial"
+    tmp.write_bytes(Z2.encode(b1))
+    os.rename(tmp, arr / "1.1")
+    assert os.stat(arr / "1.1").st_size == len(Z2.encode(b1))
+    os.unlink(arr / "c" / "0" / "0" / "1.1")
+    with pytest.raises(FileNotFoundError):
+        os.stat(arr / "1.1")
+    with open(arr / "1.1", "wb") as f:
+        f.write(Z2.encode(b2))
+    assert (arr / "1.1").read_bytes() == Z2.encode(b2)
+    assert (arr / "c" / "0" / "0" / "1.1").read_bytes() == Z2.encode(b2)

@@ -5,13 +5,15 @@ and after it, and the source itself at the end.
 write ``begin``/``end`` lines go to the ``Model``; every finished operation goes to ``ops``
 (kind, start, end, error) for the metrics; a failed operation's error is *clean* when it is
 EIO, ENOSPC or EAGAIN, or when it overlaps a fault window (a killed daemon's ENOTCONN, a
-stopped server); a failed read is *raced* when a write of the same array that no filesystem
+stopped server); a write that failed with ENOENT while an ``rm`` of its chunk was in flight
+is *raced* (zarr 2.18 reads an edge chunk before writing part of it); a failed read is *raced* when a write of the same array that no filesystem
 makes atomic for readers (in place, ``cp``, ``rm``: ``RACY``) was in flight meanwhile (also a
 fill read while such a write of that very chunk was: its ``O_TRUNC`` emptied it), or an ENOENT
 follows an ``rm`` of that array by less than the entry timeout; a read that failed to decode
 on one mount while the other mount had written that array in the attribute timeout before is
 counted *cross-mount* (the kernel of the reading mount may still hold a chunk's old size: see
-the report); any other failure is *unclean*. ``Ledger.validate(before)`` checks the reads that
+the report), and so is an ENOENT naming a chunk the other mount writes and removed before
+(``_removed_by_other_mount``); any other failure is *unclean*. ``Ledger.validate(before)`` checks the reads that
 ended before ``before`` (call it with a lag: a write that began before a read ended must have
 logged its ``begin``): in each chunk a read must have seen one token, allowed by the model
 (``Model.allowed`` on the mount that writes that chunk, ``Model.plausible`` on the others);
@@ -92,7 +94,7 @@ class Ledger:
             self.model.begin(rec["a"], tuple(rec["c"]), rec["tok"], rec["t0"], rec["how"], worker, rec["op"])
             return
         if kind == "we":
-            self.model.finish(rec["a"], rec["op"], worker, rec["t1"], rec["ok"])
+            rec = {**rec, "c": self.model.finish(rec["a"], rec["op"], worker, rec["t1"], rec["ok"]).chunk}
         elif kind == "r":
             self._reads.append({**rec, "w": worker})
         elif kind == "s" and rec.get("bad"):
@@ -108,16 +110,25 @@ class Ledger:
             return
         if rec.get("how") == "rm" and op.err == "ENOENT":  # the chunk was empty already
             return
+        if op.kind == "write" and op.err == "ENOENT" and self._racing(rec["a"], op.start, op.end, rec["c"], {"rm"}):
+            # zarr 2.18 writing part of a chunk (an edge chunk) reads it first: stat, then open,
+            # and the other writer of this mount removed it in between
+            self.raced[f"{rec['how']} write"] += 1
+            return
         if op.kind == "read" and self._racing(rec["a"], op.start, op.end):
             self.raced[rec["lib"]] += 1
             return
         if op.kind == "read" and op.err == "ENOENT" and self._removed(rec["a"], op.end):
             self.raced[rec["lib"]] += 1
             return
+        if op.kind == "read" and op.err == "ENOENT" and self._removed_by_other_mount(rec):
+            self.cross_mount[rec["lib"]] += 1
+            return
         if op.kind == "read" and op.err.startswith("X:") and self._other_mount_wrote(rec["a"], rec["m"], op.end):
             self.cross_mount[rec["lib"]] += 1
             return
-        self.unclean.append(f"{op.worker}: {op.kind} {_describe(rec)} failed in [{op.start:.3f}, {op.end:.3f}]: {op.err}")
+        self.unclean.append(f"{op.worker}: {op.kind} {_describe(rec)} failed in [{op.start:.3f}, {op.end:.3f}]: {op.err}"
+                            + (f" ({rec['msg']})" if rec.get("msg") else ""))
 
     def _removed(self, array: str, t1: float) -> bool:
         """A chunk of ``array`` was removed (``rm``, either mount) within ``ATTR_TIMEOUT`` before
@@ -128,15 +139,30 @@ class Ledger:
         return any(w.how == "rm" and w.start < t1 and (replayed or w.end is None or w.end > t1 - ATTR_TIMEOUT)
                    for w in self.model.writes_of(array))
 
+    def _removed_by_other_mount(self, rec: dict[str, Any]) -> bool:
+        """The chunk an ENOENT read names (its file name, in the error) is written by the other
+        mount, which removed it before the read ended. A mount sees another one's removal when
+        that one folds it, which under load or faults may be long after the ``rm`` (folds wait
+        for an idle mount or a full budget, and back off while the store fails: 12-38 s measured
+        after a stall), and the reading kernel keeps the name it looked up before for the
+        attribute timeout after that: ``stat`` finds the file, ``open`` does not. Not bounded
+        in time, like ``Model.plausible`` for the values that mount reads."""
+        name, t1 = rec["a"], rec["t1"]
+        chunk = self.grids[name].chunk_named(rec.get("msg", ""), name)
+        if chunk is None or owner(name, chunk, self.mounts) == rec["m"]:
+            return False
+        return any(w.how == "rm" and w.chunk == chunk and w.start < t1 for w in self.model.writes_of(name))
+
     def _other_mount_wrote(self, array: str, mount: int, t1: float) -> bool:
         """A mount other than ``mount`` wrote ``array`` within ``ATTR_TIMEOUT`` before ``t1``."""
         return any(w.worker.endswith(f"-m{1 - mount}") and w.how != "initial" and w.start < t1
                    and (w.end is None or w.end > t1 - ATTR_TIMEOUT) for w in self.model.writes_of(array))
 
-    def _racing(self, array: str, t0: float, t1: float, chunk: tuple[int, ...] | None = None) -> bool:
-        """A write of ``array`` (of ``chunk`` if given) that is not atomic for readers was in
-        flight during [t0, t1]."""
-        return any(w.how in RACY and w.start < t1 and (w.end is None or w.end > t0)
+    def _racing(self, array: str, t0: float, t1: float, chunk: tuple[int, ...] | None = None,
+                racy: frozenset[str] | set[str] = RACY) -> bool:
+        """A write of ``array`` (of ``chunk`` if given) that is not atomic for readers (of a kind
+        in ``racy``) was in flight during [t0, t1]."""
+        return any(w.how in racy and w.start < t1 and (w.end is None or w.end > t0)
                    and (chunk is None or w.chunk == chunk) for w in self.model.writes_of(array))
 
     def validate(self, before: float) -> None:
@@ -218,6 +244,8 @@ def _token(values: list[Any]) -> int | None:
     if len(values) != 1:
         return None
     v = values[0]
+    if isinstance(v, str):  # a string that is no token (grid.token_of)
+        return None
     if isinstance(v, float) and (not math.isfinite(v) or v != int(v)):
         return None
     return int(v)

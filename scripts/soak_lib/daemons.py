@@ -6,8 +6,8 @@ not within ``MOUNT_TIMEOUT``, ``RuntimeError`` if the daemon exited first); ``ki
 crash (SIGKILL, then ``fusermount3 -u -z``); ``umount(timeout)`` is ``shardfs umount --timeout``
 and returns (exit status, seconds, the daemon's exit status); ``close()`` (for ``finally``
 blocks) lazily unmounts and SIGKILLs the daemon if it is still there. ``stats()`` reads the
-daemon's /proc entries: RSS, open fds, threads, bytes of its spill files (unlinked files it
-holds open under ``spill/``).
+daemon's /proc entries: RSS, open fds apart from sockets, sockets, threads, bytes of its spill
+files (unlinked files it holds open under ``spill/``).
 """
 
 from __future__ import annotations
@@ -179,7 +179,8 @@ class Daemon:
             return {}
 
     def stats(self) -> dict[str, float]:
-        """RSS (MiB), open fds, threads and spill bytes of the running daemon ({} if it is not)."""
+        """RSS (MiB), open fds (files, pipes, /dev/fuse), sockets (the object store client's
+        connections, a pool), threads and spill bytes of the running daemon ({} if it is not)."""
         pid = self.pid
         if pid is None:
             return {}
@@ -189,12 +190,14 @@ class Daemon:
         except OSError:
             return {}
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        spill = 0
+        spill = sockets = 0
         for fd in fds:
             try:
-                if "/spill/" in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                sockets += target.startswith("socket:")
+                if "/spill/" in target:
                     spill += os.stat(f"/proc/{pid}/fd/{fd}").st_size
             except OSError:
                 pass
-        return {"rss_mib": int(fields["VmRSS"].split()[0]) / 1024, "fds": len(fds),
+        return {"rss_mib": int(fields["VmRSS"].split()[0]) / 1024, "fds": len(fds) - sockets, "sockets": sockets,
                 "threads": int(fields["Threads"]), "spill_bytes": spill}

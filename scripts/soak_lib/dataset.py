@@ -1,5 +1,5 @@
 """The soak's source: a v3 group of sharded arrays (several dtypes, codecs, shard shapes, nested
-sharding, edge shards), built with zarr-python 3 through tests/sources.py's builders.
+sharding, edge shards, strings), built with zarr-python 3 through tests/sources.py's builders.
 
 ``build(root, rng, model)`` writes ``root`` (the group, ``scratch/`` for structure changes,
 every array of ``ARRAYS`` with about half its inner chunks set to an initial token, recorded in
@@ -34,10 +34,14 @@ class ArraySpec:
     codecs: tuple[dict[str, Any], ...]
 
     def doc(self) -> dict[str, Any]:
-        return S.array_doc(self.shape, self.dtype, self.shard, list(self.codecs))
+        return S.array_doc(self.shape, self.dtype, self.shard, list(self.codecs),
+                           fill="" if self.dtype == "string" else 0)
 
     def grid(self) -> Grid:
-        return Grid({"shape": list(self.shape), "chunks": list(self.chunk), "dtype": self.dtype})
+        """Its v2 chunk grid (a ``string`` array is ``|O`` with the ``vlen-utf8`` filter in v2)."""
+        strings = self.dtype == "string"
+        return Grid({"shape": list(self.shape), "chunks": list(self.chunk), "dtype": "|O" if strings else self.dtype,
+                     "filters": [{"id": "vlen-utf8"}] if strings else None})
 
 
 ARRAYS = (
@@ -53,6 +57,8 @@ ARRAYS = (
     # transpose (v2 order F) + blosc
     ArraySpec("i64bl", (24, 24), "int64", (12, 12), (6, 6),
               (S.sharding((6, 6), [S.transpose((1, 0)), S.LE, S.blosc("lz4", 5, "shuffle", 8)]),)),
+    # strings (v2: |O with the vlen-utf8 filter), chunk files of varying sizes, edge shards
+    ArraySpec("strvl", (22, 20), "string", (8, 10), (4, 5), (S.sharding((4, 5), [{"name": "vlen-utf8"}, S.ZSTD]),)),
 )
 # The zarr-python #3682 pattern: dask chunks = inner chunks (16x16) of 128x128 shards.
 HAZARD = ArraySpec("hazard", (256, 256), "float32", (128, 128), (16, 16), (S.sharding((16, 16), [S.LE, S.ZSTD]),))
@@ -69,7 +75,7 @@ def build(root: Path, rng: random.Random, model: Model) -> dict[str, ArraySpec]:
         for chunk in grid.all_chunks():
             if rng.random() < 0.5:
                 token += 1
-                regions.append((grid.chunk_region(chunk), token))
+                regions.append((grid.chunk_region(chunk), grid.value(token)))
                 model.initial(spec.name, chunk, token)
             else:
                 model.initial(spec.name, chunk, 0)

@@ -2,20 +2,24 @@
 
 ``Grid(meta)`` is built from an array's v2 ``.zarray`` (as a dict): ``chunks_of(region)`` lists
 the inner chunks a region touches with the part of the region each covers, ``key(chunk)`` is
-the chunk's v2 key (with the array's ``dimension_separator``), ``encode(token)`` is the bytes a
+the chunk's v2 key (with the array's ``dimension_separator``; ``chunk_named`` reads it back out of
+an error message), ``encode(token)`` is the bytes a
 v2 writer would store for a chunk filled with ``token`` (filters, then compressor, in the
-array's memory order), ``chunk_region(chunk)`` is the chunk's box clipped to the array.
+array's memory order; a string array's values are ``value(token)``, read back by ``token_of``),
+``chunk_region(chunk)`` is the chunk's box clipped to the array.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Any, Iterator
 
 import numcodecs
 import numpy as np
 
 Region = tuple[slice, ...]
+STRING_MARK = "ß"  # a string chunk's value is this and its token (Grid.value)
 
 
 class Grid:
@@ -40,6 +44,14 @@ class Grid:
     def key(self, chunk: tuple[int, ...]) -> str:
         return self.sep.join(map(str, chunk))
 
+    def chunk_named(self, text: str, array: str) -> tuple[int, ...] | None:
+        """The chunk whose file ``.../ARRAY/KEY`` an error message names, if it names one."""
+        m = re.search(rf"/{re.escape(array)}/([0-9]+(?:{re.escape(self.sep)}[0-9]+)*)(?![0-9.])", text)
+        if m is None:
+            return None
+        chunk = tuple(int(i) for i in m.group(1).split(self.sep))
+        return chunk if len(chunk) == len(self.shape) else None
+
     def chunk_region(self, chunk: tuple[int, ...]) -> Region:
         return tuple(slice(i * c, min((i + 1) * c, s)) for i, c, s in zip(chunk, self.chunks, self.shape))
 
@@ -51,10 +63,23 @@ class Grid:
             yield chunk, tuple(slice(max(b.start, r.start) - r.start, min(b.stop, r.stop) - r.start)
                                for b, r in zip(box, region))
 
+    @property
+    def strings(self) -> bool:
+        """A string array (``|O`` with the ``vlen-utf8`` filter): its values are ``value(token)``."""
+        return self.dtype == object
+
+    def value(self, token: int) -> Any:
+        """What a chunk filled with ``token`` holds: the token, or for strings ``"ß<token>"``
+        (non-ASCII, a length that varies; the fill, token 0, is ``""``)."""
+        if not self.strings:
+            return token
+        return f"{STRING_MARK}{token}" if token else ""
+
     def encode(self, token: int) -> bytes:
-        data = np.full(self.chunks, token, dtype=self.dtype)
+        data = np.full(self.chunks, self.value(token), dtype=self.dtype)
         buf: Any = np.ascontiguousarray(data) if self.order == "C" else np.asfortranarray(data)
-        buf = buf.tobytes(order=self.order)
+        if not self.strings:  # an object array goes to its vlen filter as it is
+            buf = buf.tobytes(order=self.order)
         for f in self.filters:
             buf = f.encode(buf)
         if self.compressor is not None:
@@ -63,12 +88,27 @@ class Grid:
 
 
 def tokens_by_chunk(grid: Grid, region: Region, values: np.ndarray) -> list[list[Any]]:
-    """``[[*chunk, *sorted distinct values]]`` for every chunk ``values`` (read at ``region``) touches."""
+    """``[[*chunk, *sorted distinct values]]`` for every chunk ``values`` (read at ``region``) touches
+    (strings as their tokens: ``token_of``)."""
     out = []
     for chunk, part in grid.chunks_of(region):
-        distinct = np.unique(values[part])
-        out.append([*chunk, *(v.item() for v in distinct)])
+        if grid.strings:
+            distinct = sorted({token_of(v) for v in values[part].ravel().tolist()}, key=repr)
+        else:
+            distinct = [v.item() for v in np.unique(values[part])]
+        out.append([*chunk, *distinct])
     return out
+
+
+def token_of(value: Any) -> int | str:
+    """The token a string value stands for (``Grid.value``'s inverse; ``""`` and None, a v2
+    reader's fill, are 0, and so is the 0 of the zeros zarr 2.18 reads into, where it left a
+    chunk's part as it was: ``readers._zarr2``); anything else is returned as a string, which no
+    check allows."""
+    if value is None or value == "" or (type(value) is int and value == 0):
+        return 0
+    m = re.fullmatch(rf"{STRING_MARK}([0-9]+)", value) if isinstance(value, str) else None
+    return int(m.group(1)) if m else f"not a token: {value!r}"[:80]
 
 
 def owner(array: str, chunk: tuple[int, ...], mounts: int) -> int:

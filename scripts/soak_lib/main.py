@@ -2,8 +2,9 @@
 
     scripts/soak [--minutes N] [--source local|s3|both] [--seed S] [--out DIR]
 
-Per source: build the arrays (``dataset``), start two daemons on the same source (A with its
-journal on a small tmpfs, B with a state directory of its own: another host), the S3 server and
+``both`` runs the two sources side by side (``--one-at-a-time``: one after the other). Per
+source: build the arrays (``dataset``), start two daemons on the same source (A with its journal
+on a small tmpfs, B with a state directory of its own: another host), the S3 server and
 the ``FaultProxy`` in front of it for ``s3``; run 16 readers (zarr 2.18, zarr 3 v2-mode,
 tensorstore), 4 writers (two per mount, overlapping on a hot set), one structure worker, and
 the seeded fault schedule for N minutes; check reads as they age (``checks.Ledger``); then the
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable
@@ -73,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="only these fault kinds (default: all the source allows: " + ", ".join(S3_KINDS) + ")")
     ap.add_argument("--mounts", type=int, choices=(1, 2), default=2,
                     help="daemons on the source (default 2: the second one is another host, its own state)")
+    ap.add_argument("--one-at-a-time", action="store_true",
+                    help="with --source both, run the sources one after the other (default: side by side)")
     ap.add_argument("--fault-every", type=float, default=FAULT_EVERY, metavar="S",
                     help=f"seconds between faults on average (default {FAULT_EVERY:g})")
     return ap.parse_args(argv)
@@ -300,6 +304,7 @@ class Run:
         names = [d.name for d in self.daemons]
         rows = metrics.minutes(ledger.ops, sampler.samples, t0, [w.start for w in injector.windows], names)
         metrics.write_csv(rows, self.out / "minutes.csv")
+        metrics.write_samples(sampler.samples, t0, self.out / "samples.jsonl")
         metrics.plot(rows, names, self.out / "soak.png", f"shardfs soak, {self.kind} source, seed {self.seed}")
         r.flat = metrics.flatness(rows[: max(1, int(self.minutes))], names)  # the wind-down minute is not load
         (self.out / "windows.json").write_text(json.dumps([w.__dict__ for w in injector.windows], indent=1))
@@ -310,10 +315,13 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     kinds = ("local", "s3") if args.source == "both" else (args.source,)
     args.out.mkdir(parents=True, exist_ok=True)
-    results = []
-    for kind in kinds:
-        faults = tuple(args.faults.split(",")) if args.faults is not None else None
-        results.append(Run(kind, args.minutes, seed, args.out / kind, faults, args.fault_every, args.mounts).run())
+    faults = tuple(args.faults.split(",")) if args.faults is not None else None
+    runs = [Run(kind, args.minutes, seed, args.out / kind, faults, args.fault_every, args.mounts) for kind in kinds]
+    if args.one_at_a_time:
+        results = [run.run() for run in runs]
+    else:  # side by side: each run's processes, server and mounts are its own
+        with ThreadPoolExecutor(len(runs)) as pool:
+            results = list(pool.map(Run.run, runs))
     summary = report.table(results)
     (args.out / "summary.md").write_text(summary + "\n")
     print(summary)

@@ -83,12 +83,13 @@ class Model:
         """A write is about to start (``op``: the worker's sequence number, unique per worker)."""
         self._add(Write(array, chunk, token, start, None, False, how, worker), key=(array, op, worker))
 
-    def finish(self, array: str, op: int, worker: str, end: float, ok: bool) -> None:
+    def finish(self, array: str, op: int, worker: str, end: float, ok: bool) -> Write:
         """The write ``op`` of ``worker`` returned (``ok``: success, the write is acknowledged)."""
         w = self._pending.pop((array, op, worker))
         w.end, w.ok = end, ok
         if ok:
             self._history(array, w.chunk).acknowledge(w)
+        return w
 
     def _add(self, w: Write, key: tuple[str, int, str] | None) -> None:
         self._history(w.array, w.chunk).writes.append(w)

@@ -11,7 +11,8 @@ Contract: every operation is logged as one JSON line, flushed at once (a write a
 ``begin`` line *before* it starts, so the controller knows every write in flight); while an
 operation runs, the worker's heartbeat slot holds its start time (0 when idle), so the controller
 can name one that hangs. An operation's failure never ends the worker (it pauses ``ERROR_PAUSE``): it is logged with
-``err`` = the errno's name (``EIO``...) when the error carries one, else ``X:<type>: <message>``.
+``err`` = the errno's name (``EIO``...) when the error carries one, else ``X:<type>: <message>``,
+and ``msg`` = the exception in one line (``Worker.detail``: which file, for the report).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Worker:
         self._hb = os.open(config["heartbeat"], os.O_RDWR)
         self._slot = 8 * config["index"]
         self.seq = 0
+        self.detail = ""  # the last failed operation's exception, one line (its file name, for the report)
 
     def running(self) -> bool:
         return time.monotonic() < self.deadline
@@ -58,10 +60,12 @@ class Worker:
         """Run ``fn`` under the heartbeat: (start, end, result or None, error name or None)."""
         t0 = time.monotonic()
         self.beat(t0)
+        self.detail = ""
         try:
             result, err = fn(), None
         except Exception as e:  # any client failure is data for the controller, never fatal
             result, err = None, error_name(e)
+            self.detail = f"{type(e).__name__}: {e}"[:300]
         t1 = time.monotonic()
         self.beat(0.0)
         if err is not None:

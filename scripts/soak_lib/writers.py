@@ -10,6 +10,7 @@ for zarr/tensorstore, ``cp``'s exit status 0, ``unlink()`` for ``rm``: token 0; 
 Methods: ``zarr2`` / ``zarr3`` / ``tensorstore`` (the library writes the chunk's region), ``rename``
 (``<key>.<uuid>.partial`` then ``rename``, as zarr does), ``inplace`` (``open(O_TRUNC)``, write,
 close), ``cp`` (coreutils from a file outside the mount), ``rm`` (unlink: the chunk becomes fill).
+A string array's chunks hold ``Grid.value(token)``; tensorstore (no v2 ``vlen-utf8``) does not write them.
 
 ``run_structure(worker)``: every few seconds one of: create a scratch array with zarr 2.18 and
 write it, resize one, consolidate the root, ``rm -r`` one; each logged as
@@ -50,12 +51,12 @@ class _Writes:
     def zarr2(self, chunk: tuple[int, ...], token: int) -> None:
         import zarr
 
-        zarr.open_array(self.path, mode="r+")[self.grid.chunk_region(chunk)] = token
+        zarr.open_array(self.path, mode="r+")[self.grid.chunk_region(chunk)] = self.grid.value(token)
 
     def zarr3(self, chunk: tuple[int, ...], token: int) -> None:
         import zarr
 
-        zarr.open_array(self.path, mode="r+", zarr_format=2)[self.grid.chunk_region(chunk)] = token
+        zarr.open_array(self.path, mode="r+", zarr_format=2)[self.grid.chunk_region(chunk)] = self.grid.value(token)
 
     def tensorstore(self, chunk: tuple[int, ...], token: int) -> None:
         import tensorstore as ts
@@ -103,7 +104,8 @@ def run_writer(worker: Any) -> None:
             worker.seq += 1
             name = worker.rng.choice(names)
             chunk = worker.rng.choice(hot[name] if worker.rng.random() < 0.5 else mine[name])
-            how = "rm" if worker.rng.random() < RM_RATE else worker.rng.choice(methods)
+            how = "rm" if worker.rng.random() < RM_RATE else worker.rng.choice(
+                [m for m in methods if m != "tensorstore"] if grids[name].strings else methods)
             token = 0 if how == "rm" else cfg["index"] * TOKEN_STRIDE + worker.seq
             writes = _Writes(f"{cfg['mount']}/{name}", grids[name], tmp)
             fn: Callable[[tuple[int, ...], int], None] = getattr(writes, how)
@@ -111,7 +113,7 @@ def run_writer(worker: Any) -> None:
             worker.log({"k": "wb", **op, "c": list(chunk), "tok": token, "how": how, "t0": time.monotonic()})
             t0, t1, _, err = worker.timed(lambda: fn(chunk, token))
             worker.log({"k": "we", **op, "how": how, "t0": t0, "t1": t1, "ok": err is None,
-                        **({"err": err} if err else {})})
+                        **({"err": err, "msg": worker.detail} if err else {})})
             time.sleep(worker.rng.uniform(0, cfg.get("pause", 0.2)))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -169,4 +171,4 @@ def run_structure(worker: Any) -> None:
             what = "rm -r"
         t0, t1, _, err = worker.timed(op)
         worker.log({"k": "s", "op": what, "t0": t0, "t1": t1, "ok": err is None,
-                    **({"err": err} if err else {}), **({"bad": bad} if bad else {})})
+                    **({"err": err, "msg": worker.detail} if err else {}), **({"bad": bad} if bad else {})})

@@ -37,6 +37,7 @@ from shardfs.kernel.handles import DirHandle, Handles
 from shardfs.kernel.inodes import KernelInodes, Pages
 from shardfs.tree.listing import DirStream
 from shardfs.storage.attrs import Attr
+from shardfs.tree.nodes import ChunkKey
 from shardfs.tree.nodetable import CHUNK_BASE
 from shardfs.storage.stats import RequestStats
 from shardfs.tree.view import ReadHandle, View
@@ -158,7 +159,8 @@ class Operations(pyfuse3.Operations):
         return self._entry(await self._attr(inode))
 
     async def _attr(self, inode: int) -> Attr:
-        """``view.getattr``, except that a chunk file that no longer exists is ESTALE, not ENOENT.
+        """``view.getattr``, except that a chunk file that no longer exists (``_shows_chunk``) is
+        ESTALE, not ENOENT.
 
         The kernel may still hold its name (from a ``create`` whose commit was refused, or
         from the other name of a chunk emptied through one of its two names). ESTALE makes
@@ -168,9 +170,19 @@ class Operations(pyfuse3.Operations):
         try:
             return await self.view.getattr(inode)
         except FileNotFoundError:
-            if inode >= CHUNK_BASE:
+            if self._shows_chunk(inode):
                 raise pyfuse3.FUSEError(errno.ESTALE) from None
             raise
+
+    def _shows_chunk(self, inode: int) -> bool:
+        """True if ``inode`` shows a chunk file: a chunk's own, or a temporary renamed onto a
+        chunk (an alias, the inode its name shows in the kernel until it forgets it: found by
+        scripts/soak, an in-place write after an ``rm`` under the chunk's other name failed
+        with ENOENT)."""
+        try:
+            return isinstance(self.view.nodes.node_key(inode), ChunkKey)
+        except OSError:
+            return False
 
     @_guard
     async def opendir(self, inode: int, ctx: Any) -> int:
@@ -220,6 +232,10 @@ class Operations(pyfuse3.Operations):
             self.stats.chunk_files += 1
         try:
             content = await self._content_to_fill(handle, version)
+            if self._kernel.pages(version) is Pages.OTHER:
+                mark = self._kernel.dropping(handle.ino)
+                await trio.to_thread.run_sync(_invalidate_inodes, [handle.ino])
+                self._kernel.dropped(version, mark)
         except BaseException:
             self.view.release(handle)
             raise
@@ -337,6 +353,7 @@ class Operations(pyfuse3.Operations):
         handle = self._handles[fh]
         if not isinstance(handle, WriteHandle):
             raise pyfuse3.FUSEError(errno.EBADF)
+        self._kernel.changed(handle.ino)  # its pages now hold bytes no version has (see ``KernelInodes.dropped``)
         return await self._writable().write(handle, off, buf)
 
     @_guard

@@ -71,8 +71,9 @@ class KernelInodes:
     def __init__(self) -> None:
         self._lookups = LookupCounts()  # lookups the kernel holds of each inode (until it forgets them)
         # inode -> (size, mtime) of the version last opened for reading; None once opened for
-        # writing or changed (pages of unknown content). An inode not here was never opened.
-        self._cached: dict[int, tuple[int, int] | None] = {}
+        # writing or changed (pages of unknown content); a ``dropping`` mark while the daemon
+        # drops its pages. An inode not here was never opened.
+        self._cached: dict[int, tuple[int, int] | object | None] = {}
         self._generations: dict[int, int] = {}  # inode -> directories removed under its number
         self._readers: dict[int, dict[tuple[int, int], int]] = {}  # inode -> open read handles by version
 
@@ -102,13 +103,32 @@ class KernelInodes:
     def opened(self, attr: Attr) -> Pages:
         """A file is being opened for reading at version ``attr``: what the kernel may have
         cached of it (it keeps the cache unless ``Pages.OTHER``). Remembers the version for
-        the next open.
+        the next open, but not after ``Pages.OTHER``: the kernel drops the pages of an open
+        without ``keep_cache`` only once the opening process runs on after the reply, and
+        other opens may be answered before that (found by scripts/soak: readers saw the
+        previous value of a chunk for milliseconds after its in-place write was
+        acknowledged). The daemon drops them itself first (``dropping``/``dropped``).
 
         Pages of an inode only come from files opened on it (or from the daemon filling them
         at such an open), so an inode never opened before has none."""
         pages = self.pages(attr)
-        self._cached[attr.ino] = (attr.size, attr.mtime_ns)
+        self._cached[attr.ino] = None if pages is Pages.OTHER else (attr.size, attr.mtime_ns)
         return pages
+
+    def dropping(self, ino: int) -> object:
+        """The daemon is about to drop the kernel's pages of ``ino`` (``invalidate_inode``); the
+        mark to give ``dropped`` once it did."""
+        mark = object()
+        self._cached[ino] = mark
+        return mark
+
+    def dropped(self, attr: Attr, mark: object) -> None:
+        """The pages of ``attr.ino`` were dropped since ``dropping`` gave ``mark``. Unless a
+        change or a read of another version (``changed``, ``served``) came meanwhile, the
+        kernel now holds no pages but those of version ``attr``'s reads: the next open of
+        that version keeps them (``Pages.SAME``)."""
+        if self._cached.get(attr.ino) is mark:
+            self._cached[attr.ino] = (attr.size, attr.mtime_ns)
 
     def reading(self, attr: Attr) -> bool:
         """A file is opened for reading at version ``attr`` (``unread`` it at its release). True

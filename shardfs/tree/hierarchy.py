@@ -167,9 +167,12 @@ class Hierarchy:
         # geometry's chunks instead of other chunks of the new one.
         same = old is not None and (old.info.layout if old.info else None) == (info.layout if info else None)
         slot = old.slot if same else len(self.slots)
-        arr = ArrayNode(path, slot, version, info, error, image=image, parent_mtime_ns=parent_mtime_ns)
+        lineage = old.lineage if old is not None else []
+        arr = ArrayNode(path, slot, version, info, error, image=image, parent_mtime_ns=parent_mtime_ns,
+                        lineage=lineage)
         if not same:
             self.slots.append(arr)
+            lineage.append(slot)
         else:
             self.slots[slot] = arr
         self.arrays[path] = arr

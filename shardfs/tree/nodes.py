@@ -44,6 +44,9 @@ class ArrayNode:
     shard_keys: dict[tuple[int, ...], str] = field(default_factory=dict)  # see ShardIndexes.shard_key
     indexes_ahead: bool = False  # its shards' indexes were read ahead (see shardfs.reads.prefetch)
     covered: set[int] = field(default_factory=set)  # shards (C order) with the next fetched ahead (reads.prefetch)
+    # Every slot the array at this path has had (one per layout: a resize gets a new slot), shared
+    # by all its generations: the kernel may still hold chunk inodes of the older ones (NodeTable.aliases).
+    lineage: list[int] = field(default_factory=list)
 
     @property
     def meta_mtime_ns(self) -> int:

@@ -79,8 +79,22 @@ class NodeTable:
             self._aliases.setdefault(self.inode(committed), set()).add(st.ino)
 
     def aliases(self, ino: int) -> set[int]:
-        """Staging inodes that were committed onto node ``ino`` and show it."""
-        return self._aliases.get(ino, set())
+        """The other inodes that show node ``ino``: staging inodes committed onto it, and for a
+        chunk the inodes of the same chunk in the array's earlier layouts (``ArrayNode.lineage``:
+        the kernel keeps a dentry, and the attributes of its inode, for the entry and attribute
+        timeouts after a resize gave the array a new slot; a change of the chunk must drop
+        those too), with their staging inodes."""
+        found = set(self._aliases.get(ino, ()))
+        if ino >= CHUNK_BASE:
+            key = self.node_key(ino)
+            assert isinstance(key, ChunkKey)
+            for slot in key.arr.lineage:
+                arr = self._slots[slot]
+                if slot != key.arr.slot and arr.info is not None and arr.info.layout.in_grid(key.coords):
+                    other = self.chunk_ino(arr, key.coords)
+                    found.add(other)
+                    found.update(self._aliases.get(other, ()))
+        return found
 
     def forget(self, ino: int) -> None:
         """The kernel dropped inode ``ino``: free it if it is a committed staging file."""

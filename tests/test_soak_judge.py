@@ -1,0 +1,155 @@
+"""The soak's judge (scripts/soak_lib, doc/BENCHMARKING.md "Soak") without mounts: which client
+failures it counts apart, how it reads string chunks, and how it tells a pool from a leak.
+
+Each case feeds the ``Ledger`` op-log records as the workers write them and asserts where the
+failure went (unclean, raced, cross-mount), or feeds ``metrics`` samples and asserts the
+flatness verdict.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "soak_lib"))
+
+import metrics  # noqa: E402
+from checks import Ledger, Op  # noqa: E402
+from grid import Grid, owner, token_of, tokens_by_chunk  # noqa: E402
+from model import Model  # noqa: E402
+
+ZARRAY = {"shape": [8, 8], "chunks": [4, 4], "dtype": "<i4", "compressor": None}
+STRINGS = {"shape": [6, 4], "chunks": [4, 4], "dtype": "|O", "filters": [{"id": "vlen-utf8"}],
+           "compressor": {"id": "zstd", "level": 1}, "fill_value": None}
+
+
+class NoFaults:
+    windows: list = []
+    current = None
+
+    def overlapping(self, t0: float, t1: float) -> list:
+        return []
+
+
+def ledger(name: str = "a", meta: dict = ZARRAY) -> Ledger:
+    grid = Grid(meta)
+    model = Model()
+    for chunk in grid.all_chunks():
+        model.initial(name, chunk, 0)
+    return Ledger(model, {name: grid}, 2, NoFaults())
+
+
+def chunk_of_mount(name: str, m: int) -> tuple[int, ...]:
+    return next(c for c in Grid(ZARRAY).all_chunks() if owner(name, c, 2) == m)
+
+
+def write(led: Ledger, worker: str, op: int, chunk, how: str, t0: float, t1: float, err: str | None = None):
+    led._ingest({"k": "wb", "a": "a", "c": list(chunk), "tok": 0 if how == "rm" else 1000 + op, "how": how,
+                 "op": op, "t0": t0}, worker)
+    led._ingest({"k": "we", "a": "a", "op": op, "how": how, "t0": t0, "t1": t1, "ok": err is None,
+                 **({"err": err, "msg": f"FileNotFoundError: '/mnt-A/a/{'.'.join(map(str, chunk))}'"} if err else {})},
+                worker)
+
+
+def failed_read(led: Ledger, m: int, chunk, t0: float) -> None:
+    key = ".".join(map(str, chunk))
+    led._ingest({"k": "r", "a": "a", "m": m, "lib": "zarr2", "t0": t0, "t1": t0 + 0.01, "err": "ENOENT",
+                 "msg": f"FileNotFoundError: [Errno 2] No such file or directory: '/soak/mnt-{'AB'[m]}/a/{key}'"},
+                "01-reader-zarr2")
+    led.validate(float("inf"))
+
+
+@pytest.mark.parametrize("late, raced, cross", [(5.0, 1, 0), (40.0, 0, 1)])
+def test_enoent_of_a_chunk_the_other_mount_removed_is_its_stale_name(late, raced, cross):
+    """Within the entry timeout of the rm it is the POSIX race; however late after it, on the
+    mount that does not write the chunk, its stale name (the fold that shows the rm to this
+    mount may come much later)."""
+    led = ledger()
+    theirs = chunk_of_mount("a", 0)
+    write(led, "17-writer-zarr2-m0", 1, theirs, "rm", 100.0, 100.01)
+    failed_read(led, 1, theirs, 100.0 + late)
+    assert (led.unclean, sum(led.raced.values()), sum(led.cross_mount.values())) == ([], raced, cross)
+
+
+def test_enoent_on_the_mount_that_writes_the_chunk_stays_unclean():
+    led = ledger()
+    ours = chunk_of_mount("a", 1)
+    write(led, "19-writer-zarr2-m1", 1, ours, "rm", 100.0, 100.01)
+    failed_read(led, 1, ours, 140.0)  # long after its own rm: its kernel dropped the name at the unlink
+    assert len(led.unclean) == 1 and "ENOENT" in led.unclean[0] and not led.cross_mount
+
+
+def test_enoent_of_a_chunk_never_removed_stays_unclean():
+    led = ledger()
+    theirs = chunk_of_mount("a", 0)
+    write(led, "17-writer-zarr2-m0", 1, theirs, "inplace", 100.0, 100.01)
+    failed_read(led, 1, theirs, 105.0)
+    assert len(led.unclean) == 1 and not led.cross_mount
+
+
+def test_a_write_that_fails_with_enoent_beside_an_rm_of_its_chunk_is_a_race():
+    led = ledger()
+    chunk = chunk_of_mount("a", 0)
+    write(led, "18-writer-main-m0", 1, chunk, "rm", 100.0, 100.2)
+    write(led, "17-writer-zarr2-m0", 1, chunk, "zarr2", 100.1, 100.3, err="ENOENT")
+    write(led, "17-writer-zarr2-m0", 2, chunk, "zarr2", 101.0, 101.1, err="ENOENT")  # no rm in flight
+    assert dict(led.raced) == {"zarr2 write": 1}
+    assert len(led.unclean) == 1 and "101.000" in led.unclean[0]
+
+
+def test_string_chunks_read_as_their_tokens():
+    grid = Grid(STRINGS)
+    assert grid.strings and grid.value(0) == "" and grid.value(17) == "ß17"
+    values = np.full((6, 4), grid.value(17), dtype=object)
+    values[4:, :2] = None  # a v2 reader's fill of a missing chunk
+    values[5, 3] = "ß1"
+    assert tokens_by_chunk(grid, (slice(0, 6), slice(0, 4)), values) == [[0, 0, 17], [1, 0, 0, 1, 17]]
+    assert [token_of(v) for v in ("", None, 0, "ß42", "garbage")] == [0, 0, 0, 42, "not a token: 'garbage'"]
+    led = ledger("s", STRINGS)
+    led._ingest({"k": "r", "a": "s", "m": 0, "lib": "zarr2", "t0": 1.0, "t1": 1.1,
+                 "c": [[1, 0, 0, 1, 17]]}, "01-reader-zarr2")  # torn: several tokens
+    led._ingest({"k": "r", "a": "s", "m": 0, "lib": "zarr2", "t0": 1.0, "t1": 1.1,
+                 "c": [[0, 0, "not a token: 'garbage'"]]}, "01-reader-zarr2")
+    led.validate(float("inf"))
+    assert len(led.forbidden) == 2 and all("torn or foreign" in f for f in led.forbidden)
+
+
+def test_the_encoded_string_chunk_decodes_to_its_value():
+    grid = Grid(STRINGS)
+    raw = grid.encode(5)
+    decoded = grid.filters[0].decode(grid.compressor.decode(raw))
+    assert decoded.tolist() == ["ß5"] * 16
+
+
+def rows(threads: list[float], seconds: int = 600, start: int = 0) -> list[dict]:
+    """Per-minute rows from one sample every 5 s; ``threads`` gives each sample's value; the
+    clients run from second ``start`` on."""
+    samples = [metrics.Sample(float(t), "A", {"rss_mib": 80.0, "fds": 15, "sockets": 20, "threads": threads[i],
+                                               "journal_bytes": 1000, "spill_bytes": 0})
+               for i, t in enumerate(range(0, seconds, 5))]
+    ops = [Op("read", float(t), t + 0.1, None, "w") for t in range(start, seconds)]
+    return metrics.minutes(ops, samples, 0.0, [], ["A"])
+
+
+def test_a_pool_that_swings_is_flat_and_a_leak_is_not():
+    rng = random.Random(3)
+    swinging = [rng.choice([20, 25, 52]) for _ in range(120)]  # a fault fills the pool now and then
+    swinging[-30:] = [52 if i % 4 else 20 for i in range(30)]  # more faults in the last quarter
+    assert metrics.flatness(rows(swinging), ["A"]) == []
+    leaking = [20 + i // 4 for i in range(120)]  # one more thread every 20 s, never given back
+    (failure,) = metrics.flatness(rows(leaking), ["A"])
+    assert failure.startswith("A threads (lowest per minute): last quarter")
+
+
+def test_flatness_starts_once_the_clients_run():
+    """The clients start 130 s into an 8-minute run (a loaded machine): the idle daemon's 5
+    threads until then, in the second quarter, are no steady state to compare with."""
+    rng = random.Random(4)
+    threads = [5] * 26 + [rng.choice([28, 34, 54]) for _ in range(70)]
+    minutes = rows(threads, seconds=480, start=130)
+    assert [r["A_threads"] for r in minutes[:4]] == [5.0, 5.0, 5.0, 28.0]  # minute 3: the clients start in it
+    assert metrics.flatness(minutes, ["A"]) == []
