@@ -153,3 +153,22 @@ def test_flatness_starts_once_the_clients_run():
     minutes = rows(threads, seconds=480, start=130)
     assert [r["A_threads"] for r in minutes[:4]] == [5.0, 5.0, 5.0, 28.0]  # minute 3: the clients start in it
     assert metrics.flatness(minutes, ["A"]) == []
+
+
+class OneFault(NoFaults):
+    """A fault window over [10, 20]."""
+
+    def overlapping(self, t0: float, t1: float) -> list:
+        return ["stall"] if t0 < 20 and t1 > 10 else []
+
+
+@pytest.mark.parametrize("t0, masked", [(12.0, True), (30.0, False)])
+def test_a_structure_read_back_that_differs_during_a_fault_is_masked(t0, masked):
+    """zarr 2.18 takes a chunk it cannot ``stat`` (EIO while the store stalls) for a missing one,
+    so a resize's read-back during a fault shows fill where values were kept: masked, not
+    forbidden (the 35-min seed-12 S3 run, a stall over the resize); outside a fault it is forbidden."""
+    led = ledger()
+    led.faults = OneFault()
+    led._ingest({"k": "s", "op": "resize", "t0": t0, "t1": t0 + 5, "ok": True,
+                 "bad": ["scratch/s1: resize to (36, 44) changed the values kept"]}, "21-structure-zarr2-m0")
+    assert (sum(led.masked.values()), len(led.forbidden)) == ((1, 0) if masked else (0, 1))

@@ -19,7 +19,8 @@ logged its ``begin``): in each chunk a read must have seen one token, allowed by
 (``Model.allowed`` on the mount that writes that chunk, ``Model.plausible`` on the others);
 a fill (0) the model forbids, read while a fault was on, is counted as *masked* (the client
 turned an error into the fill value: zarr 2.18 reads a chunk whose ``stat`` fails as missing),
-anything else is *forbidden*. ``final_check(read_array)`` reads every array in the source
+and so is a structure change's read-back that differs while a fault was on; anything else is
+*forbidden*. ``final_check(read_array)`` reads every array in the source
 natively at the end: each chunk must hold one token of ``Model.final_allowed``; an older
 token or the fill is *lost*, anything else *forbidden*. Every failure is kept with the ops that
 explain it (the writes of that chunk), for the report.
@@ -98,7 +99,10 @@ class Ledger:
         elif kind == "r":
             self._reads.append({**rec, "w": worker})
         elif kind == "s" and rec.get("bad"):
-            self.forbidden.extend(f"{worker}: {b}" for b in rec["bad"])
+            if self.faults.overlapping(rec["t0"], rec["t1"]):  # zarr 2.18 reads a chunk it cannot stat as fill
+                self.masked["zarr2 structure read-back"] += len(rec["bad"])
+            else:
+                self.forbidden.extend(f"{worker}: {b}" for b in rec["bad"])
         op = Op({"r": "read", "we": "write", "s": "structure"}[kind], rec["t0"], rec["t1"], rec.get("err"), worker)
         self.ops.append(op)
         if kind != "r":
