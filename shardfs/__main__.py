@@ -1,7 +1,7 @@
-"""``python -m shardfs``: the ``shardfs`` command line (``shardfs.cli``)."""
+"""``python -m shardfs``: the ``shardfs`` command line (``shardfs.app.cli``)."""
 
 import sys
 
-from shardfs.cli import main
+from shardfs.app.cli import main
 
 sys.exit(main())

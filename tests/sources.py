@@ -37,8 +37,8 @@ import numcodecs
 import numpy as np
 
 from conftest import read_native, read_ts3_native
-from shardfs.journal import segments_under
-from shardfs.state import LEGACY_DIR, journal_dir
+from shardfs.writes.journal import segments_under
+from shardfs.app.state import LEGACY_DIR, journal_dir
 
 NAN, INF = float("nan"), float("inf")
 EMPTY = 2**64 - 1  # an index entry's offset and length for an empty inner chunk

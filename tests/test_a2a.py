@@ -43,7 +43,7 @@ from sources import (
     sharding,
     write_v3,
 )
-from shardfs.layout import ArrayLayout, KeyScheme, permuted, unpermuted
+from shardfs.format.layout import ArrayLayout, KeyScheme, permuted, unpermuted
 from writers import WRITERS, cache_stats as stats, umount
 
 

@@ -28,7 +28,7 @@ from bench_lib.seaweed import REGION, SECRET_KEY
 from conftest import read_native, read_zarr2, run_shardfs, wait_for
 from test_s3_mount import closed_port, mount_fails, write_chunk
 
-from shardfs.source import Source
+from shardfs.storage.source import Source
 
 
 def test_profile_from_aws_profile(mount, src, home, monkeypatch):

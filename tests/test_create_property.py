@@ -1,4 +1,4 @@
-"""Property test of ``shardfs.create`` against zarr-python 3 as the oracle (no mount).
+"""Property test of ``shardfs.format.create`` against zarr-python 3 as the oracle (no mount).
 
 For random v2 array metadata (dtype and byte order, order C/F, compressor,
 filters, fill value), the v3 array that ``array_doc`` makes must:
@@ -25,10 +25,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardfs import shard as shard_mod
-from shardfs.create import array_doc, rewrite_kind, shard_counts
+from shardfs.shards import shard as shard_mod
+from shardfs.format.create import array_doc, rewrite_kind, shard_counts
 from shardfs.storage.local import LocalStorage
-from shardfs.v2 import describe_array
+from shardfs.format.v2 import describe_array
 
 DTYPES = ["<i2", ">i4", "<u1", "|b1", "<f4", ">f8", "<u8"]
 COMPRESSORS = [None, {"id": "zstd", "level": 1}, {"id": "gzip", "level": 2}, {"id": "zlib", "level": 1},

@@ -2,7 +2,7 @@
 
 - README.md has at most 150 lines and starts with the two set-up commands;
 - doc/CONFIGURATION.md's option tables are what ``scripts/gen-config-doc`` writes from the
-  option table in ``shardfs/options.py``, and name every ``-o`` option;
+  option table in ``shardfs/app/options.py``, and name every ``-o`` option;
 - every message the command line prints (the literal text of each ``UsageError``, of the
   ``ValueError`` an option or URL check raises, of the mount-time object-store check, of
   what ``shardfs umount`` prints) is in doc/TROUBLESHOOTING.md;
@@ -56,7 +56,7 @@ def test_configuration_page_is_what_the_generator_writes():
 
 
 def test_every_option_is_in_the_configuration_tables():
-    from shardfs import options
+    from shardfs.app import options
 
     rows = re.findall(r"^\| `([a-z_]+)(?:=[A-Z]+)?` \|", CONFIGURATION.read_text(), re.M)
     assert sorted(rows) == sorted(o.name for o in options.OWN + options.FUSE)
@@ -70,20 +70,21 @@ def test_every_option_is_in_the_configuration_tables():
 # (module, calls whose literal text is a message the command line prints, functions all of
 # whose string literals are such messages)
 MESSAGE_SOURCES = [
-    ("cli.py", {"UsageError", "_report", "print"}, set()),
-    ("options.py", {"ValueError"}, set()),
-    ("source.py", {"ValueError"}, set()),
-    ("rangecache.py", {"ValueError"}, set()),
-    ("report.py", {"ValueError"}, set()),
-    ("status_client.py", {"StatusError"}, set()),
-    ("journal.py", set(), {"kept_line"}),
+    ("app/cli.py", {"UsageError", "_report", "print"}, set()),
+    ("app/options.py", {"ValueError"}, set()),
+    ("storage/source.py", {"ValueError"}, set()),
+    ("storage/urls.py", {"ValueError"}, set()),
+    ("reads/rangecache.py", {"ValueError"}, set()),
+    ("app/report.py", {"ValueError"}, set()),
+    ("app/status_client.py", {"StatusError"}, set()),
+    ("writes/journal.py", set(), {"kept_line"}),
     ("storage/objects.py", {"ValueError", "StorageUnavailable"}, {"check"}),
     ("storage/aws.py", {"AwsConfigError"}, set()),
     ("storage/awscredentials.py", {"AwsConfigError"}, {"_why", "_nothing_found"}),
     ("storage/cloudcredentials.py", {"CloudConfigError"}, set()),
-    ("status_client.py", {"StatusError"}, set()),
-    ("gridmap.py", {"ValueError"}, set()),
-    ("survey.py", {"ValueError"}, set()),
+    ("app/status_client.py", {"StatusError"}, set()),
+    ("format/gridmap.py", {"ValueError"}, set()),
+    ("app/survey.py", {"ValueError"}, set()),
 ]
 
 
@@ -230,6 +231,6 @@ def test_shell_block_runs(where, block, tmp_path):
     if "shardfs --version" in block:
         assert re.search(r"^shardfs \d+\.\d+", r.stdout, re.M)
     if "shardfs --help" in block:
-        from shardfs import options
+        from shardfs.app import options
 
         assert all(o.name in r.stdout for o in options.OWN)

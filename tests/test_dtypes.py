@@ -363,9 +363,9 @@ def test_the_mapping_of_every_type(tmp_path):
     import zarr
     from zarr.codecs import BytesCodec
 
-    from shardfs.dtypes import MAX_VLEN_CHUNK
+    from shardfs.format.dtypes import MAX_VLEN_CHUNK
 
-    from shardfs.v2 import describe_array
+    from shardfs.format.v2 import describe_array
 
     cases = {"string": (str, "|O", [{"id": "vlen-utf8"}], None),
              "variable_length_bytes": ("variable_length_bytes", "|O", [{"id": "vlen-bytes"}], None),

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import run_shardfs
-from shardfs.status_client import status_of
+from shardfs.app.status_client import status_of
 from sources import Spec, build
 from test_hostile import chunk_bytes, errno_of, write_file
 from writers import umount

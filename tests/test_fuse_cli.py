@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from conftest import daemon_pids, lazy_unmount, read_zarr2, run_shardfs
-from shardfs import options, state
+from shardfs.app import options, state
 from sources import Spec, build
 from writers import write_zarr2
 

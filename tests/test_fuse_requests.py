@@ -24,7 +24,7 @@ import pyfuse3
 from conftest import read_zarr2, traced_daemon
 from sources import Spec, assert_read_equals, build
 
-from shardfs import fuse_ops
+from shardfs.kernel import fuse_ops
 
 STRACE = shutil.which("strace")
 s = slice

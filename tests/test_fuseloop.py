@@ -1,4 +1,4 @@
-"""pyfuse3's request loop with ``shardfs.fuseloop.ReadLock`` (its read lock without checkpoint or
+"""pyfuse3's request loop with ``shardfs.kernel.fuseloop.ReadLock`` (its read lock without checkpoint or
 hand-over) and ``QueuedWait`` (its wait for the next request, without a checkpoint while one is
 queued or, with ``Pending``, while trio has nothing else to do, at most ``STREAK`` times in a
 row): their contracts under trio, and, through real mounts,
@@ -22,7 +22,7 @@ import trio
 import trio.testing
 
 from conftest import is_mounted
-from shardfs.fuseloop import STREAK, Pending, QueuedWait, ReadLock, trio_epoll
+from shardfs.kernel.fuseloop import STREAK, Pending, QueuedWait, ReadLock, trio_epoll
 from source_kinds import BucketSource
 from sources import build
 from test_s3_faults import F, IN_FLIGHT, Outcome, chunk_path, expected_chunk, own_s3  # noqa: F401 (fixture)

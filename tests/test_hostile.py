@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from conftest import is_mounted, run_shardfs, wait_for
-from shardfs.journal import segments_under
+from shardfs.writes.journal import segments_under
 from sources import Spec, assert_source_equals, build, journal_entries, leftovers
 from writers import umount
 

@@ -1,4 +1,4 @@
-"""Property tests of shardfs.index.IndexFormat against shards written by zarr-python 3.
+"""Property tests of shardfs.format.index.IndexFormat against shards written by zarr-python 3.
 
 Each example writes a random small sharded array (random shapes, inner chain,
 index location/endianness/checksum, random empty inner chunks), then decodes
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from conftest import budget
 from sources import BE, CRC, LE, ArrayCase, gzip, stored_chunks, write_case
-from shardfs.index import EMPTY, CorruptIndex, IndexFormat
+from shardfs.format.index import EMPTY, CorruptIndex, IndexFormat
 
 CHAINS = {
     "bytes_le": (LE,),

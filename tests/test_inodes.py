@@ -1,4 +1,4 @@
-"""What the daemon tracks of the kernel's inodes (``shardfs.inodes``), in-process: the lookup
+"""What the daemon tracks of the kernel's inodes (``shardfs.kernel.inodes``), in-process: the lookup
 counts (``LookupCounts``) against a dict as the model (hypothesis): counts of neighbouring
 inodes share an int, counts of 15 and more live apart; every ``add``/``drop`` sequence must
 answer as the dict does. And when an open may keep the kernel's pages (``KernelInodes``)."""
@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import budget
-from shardfs.attrs import Attr
-from shardfs.inodes import KernelInodes, LookupCounts, Pages
-from shardfs.nodetable import CHUNK_BASE
+from shardfs.reads.attrs import Attr
+from shardfs.kernel.inodes import KernelInodes, LookupCounts, Pages
+from shardfs.tree.nodetable import CHUNK_BASE
 
 # a few pages of neighbours (chunk inodes and small ones), so that counts share their ints
 INOS = st.sampled_from([1, 2, 15, 16, 17, CHUNK_BASE, CHUNK_BASE + 1, CHUNK_BASE + 15, CHUNK_BASE + 16,

@@ -1,4 +1,4 @@
-"""The write journal (shardfs/journal.py): record format, segment lifecycle, recovery.
+"""The write journal (shardfs/writes/journal.py): record format, segment lifecycle, recovery.
 
 Property tests (hypothesis) check the record format against torn and damaged
 tails; unit tests drive one ``Journal`` in a temporary directory; the last
@@ -25,8 +25,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import budget, lazy_unmount, read_native, read_tensorstore, run_shardfs, wait_for
-from shardfs import journal as journal_mod
-from shardfs.journal import HEADER, Change, Journal, JournalError, decode_records, encode_record
+from shardfs.writes import journal as journal_mod
+from shardfs.writes.journal import HEADER, Change, Journal, JournalError, decode_records, encode_record
 from sources import Spec, assert_source_equals, build, journal_bytes, journal_entries, journal_path, leftovers
 from writers import umount
 

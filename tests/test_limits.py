@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardfs.state import spill_dir
+from shardfs.app.state import spill_dir
 from writers import umount
 from sources import Spec, assert_source_equals, build
 

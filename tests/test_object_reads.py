@@ -27,9 +27,9 @@ from bench_lib.delayproxy import DelayProxy
 from sources import CASES, LE, ZSTD, nested_codecs, random_data, sharding, write_group, write_v3
 from shardfs.storage.local import LocalStorage
 from shardfs.storage.objects import ObjectStorage, Retry
-from shardfs.nodetable import ROOT_INODE
-from shardfs.shard import IndexCache
-from shardfs.view import View
+from shardfs.tree.nodetable import ROOT_INODE
+from shardfs.shards.shard import IndexCache
+from shardfs.tree.view import View
 
 
 def upload(root: Path, st: ObjectStorage) -> None:
@@ -406,7 +406,7 @@ def test_a_sweep_in_c_order_has_the_next_layer_of_shards_fetched_in_turn_before_
     shard whole in one GET, and nothing of the third. The fetches start in C order, the order
     the sweep needs them, ``PREFETCH_AT_ONCE`` at once (never more). In all, the
     first shard costs its index and one GET If-Match, every other shard one GET."""
-    from shardfs import view as view_mod
+    from shardfs.tree import view as view_mod
 
     root = tmp_path / "src"
     write_group(root)
@@ -473,7 +473,7 @@ def test_a_walk_fetches_at_most_prefetch_max_shards_ahead_however_wide_a_plane(o
     than ``PREFETCH_MAX``. A sweep of shard 0's chunks, then the first chunk of shard 1 (a
     walk: ``_walk_on``), fetches shard 1 and the ``PREFETCH_MAX`` - 1 shards after it, each
     whole in one GET, and no other: a sweep of a small region fetches no more for nothing."""
-    from shardfs import view as view_mod
+    from shardfs.tree import view as view_mod
 
     root = tmp_path / "src"
     write_group(root)

@@ -1,4 +1,4 @@
-"""shardfs.rangecache: ranges of object versions in memory and in a disk cache directory.
+"""shardfs.reads.rangecache: ranges of object versions in memory and in a disk cache directory.
 
 Real temporary directories throughout; the disk-failure tests mount a small or read-only
 tmpfs (root only, as the FUSE tests are run here). Through a mount: ``-o cache_dir`` over
@@ -29,7 +29,7 @@ from bench_lib.delayproxy import DelayProxy, Request
 from conftest import REPO, budget, read_zarr2, run_shardfs
 from source_kinds import BucketSource, unique_prefix
 from sources import Spec, assert_read_equals, build
-from shardfs.rangecache import BLOCK, TAG_NAME, RangeCache
+from shardfs.reads.rangecache import BLOCK, TAG_NAME, RangeCache
 from shardfs.storage import Version
 
 WHERE = "s3://bucket/prefix/raw/c/0/0"
@@ -242,7 +242,7 @@ def test_ranges_persist_across_caches_and_processes(tmp_path):
     assert second.get(WHERE, V1, 899_990, 11) is None
     assert second.get(WHERE, V2, 2000, 10) is None
     out = run_python(f"""
-from shardfs.rangecache import RangeCache
+from shardfs.reads.rangecache import RangeCache
 from shardfs.storage import Version
 cache = RangeCache(0, {str(root)!r})
 print(cache.get({WHERE!r}, Version(*{tuple(V1)!r}), 500_000, 16).hex())
@@ -417,7 +417,7 @@ def test_two_processes_share_a_cache_dir(tmp_path):
     RangeCache(0, str(root))
     code = f"""
 import logging, random, sys
-from shardfs.rangecache import RangeCache
+from shardfs.reads.rangecache import RangeCache
 from shardfs.storage import Version
 logging.basicConfig(level=logging.WARNING)
 cache = RangeCache(0, {str(root)!r}, 3_000_000)

@@ -20,8 +20,8 @@ import pytest
 
 from bench_lib.delayproxy import DelayProxy
 from conftest import wait_for
-from shardfs import state
-from shardfs.journal import segments_under
+from shardfs.app import state
+from shardfs.writes.journal import segments_under
 from sources import Spec, build
 from test_s3_mount import write_chunk
 

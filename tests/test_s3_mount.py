@@ -27,10 +27,10 @@ from azserver import CONTAINER as AZ_CONTAINER
 from bench_lib.delayproxy import DelayProxy
 from bench_lib.seaweed import SeaweedS3, upload
 from conftest import daemon_pids, lazy_unmount, read_zarr2, run_shardfs, wait_for, zarr2
-from shardfs import state
-from shardfs.journal import segments_under
-from shardfs.mounts import mounts
-from shardfs.shard import rewrite_sync
+from shardfs.app import state
+from shardfs.writes.journal import segments_under
+from shardfs.app.mounts import mounts
+from shardfs.shards.shard import rewrite_sync
 from shardfs.storage import ABSENT
 from shardfs.storage.objects import ObjectStorage
 from sources import Spec, build
@@ -149,7 +149,7 @@ def test_state_dir_is_keyed_on_the_normalized_url_and_endpoint(monkeypatch):
     assert state.source_id("s3://bucket/pre/fiX") != same[0], "keys are case-sensitive"
     assert state.journal_dir(url, endpoint="http://127.0.0.1:1") == os.path.join(state.state_home(), a, "journal")
 
-    from shardfs.source import Source
+    from shardfs.storage.source import Source
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
     assert Source.parse(url + "/", {}).endpoint == "http://127.0.0.1:1"
@@ -184,9 +184,9 @@ class Hooked(ObjectStorage):
 
 def shard_of_s(storage) -> tuple[str, object]:
     """The key and index format of ``s``'s only shard."""
-    from shardfs.metadata import parse
-    from shardfs.v2 import describe_array
-    from shardfs.writes import shard_target
+    from shardfs.tree.metadata import parse
+    from shardfs.format.v2 import describe_array
+    from shardfs.tree.writer import shard_target
 
     target = shard_target("s", describe_array(parse(storage.read_all("s/zarr.json")[0])).layout, (0, 0))
     if isinstance(storage, Hooked):

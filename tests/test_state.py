@@ -1,4 +1,4 @@
-"""The state directory (shardfs/state.py): the write journal lives outside the source.
+"""The state directory (shardfs/app/state.py): the write journal lives outside the source.
 
 A mount of SRC journals into a directory of its own under ``$XDG_STATE_HOME/shardfs/<id>/journal``
 (the suite sets XDG_STATE_HOME to a temporary directory, see conftest) or under
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from conftest import STATE_HOME, lazy_unmount, read_zarr2
-from shardfs import state
-from shardfs.journal import DAEMON_DIR, Change, Journal, segments_under
+from shardfs.app import state
+from shardfs.writes.journal import DAEMON_DIR, Change, Journal, segments_under
 from sources import Spec, assert_source_equals, build, journal_entries, journal_path, leftovers
 from writers import umount
 
@@ -188,7 +188,7 @@ def test_a_second_mount_of_the_source_leaves_the_first_ones_journal_alone(tmp_pa
 
 
 def test_claim_hands_over_only_unlocked_journals(tmp_path):
-    from shardfs import journal
+    from shardfs.writes import journal
 
     root = tmp_path / "state" / "j"
     live = journal.claim(str(root))

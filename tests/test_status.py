@@ -23,8 +23,8 @@ import pytest
 
 from bench_lib.delayproxy import DelayProxy
 from conftest import SHARDFS, run_shardfs, wait_for
-from shardfs.status_client import status_of
-from shardfs.state import status_sockets
+from shardfs.app.status_client import status_of
+from shardfs.app.state import status_sockets
 from source_kinds import BucketSource, unique_prefix
 from sources import build
 from test_hostile import H, chunk_bytes, errno_of, read_bytes, write_file

@@ -397,9 +397,9 @@ def test_a_nested_shard_replaced_between_its_index_and_its_inner_indexes_is_read
     import numcodecs
     import numpy as np
 
-    from shardfs import shard as shard_mod
-    from shardfs.metadata import parse
-    from shardfs.v2 import describe_array
+    from shardfs.shards import shard as shard_mod
+    from shardfs.tree.metadata import parse
+    from shardfs.format.v2 import describe_array
     from sources import LE, ZSTD, nested_codecs, write_v3
 
     def shard_bytes(name: str, data: np.ndarray) -> tuple[bytes, dict]:

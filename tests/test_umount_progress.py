@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from conftest import SHARDFS, is_mounted
-from shardfs import progress
+from shardfs.app import progress
 from sources import Spec, build
 from test_hostile import _LOCKER, chunk_bytes, write_file
 

@@ -14,7 +14,7 @@ Contract: SRC is one directory tree on one filesystem (inode numbers must be uni
 nothing but floorfs itself changes while mounted. MNT counts as ready once it is a mount
 point. SIGTERM or SIGINT, or ``fusermount3 -u MNT``, unmounts it and ends the process with
 status 0.
-Imports only the standard library, pyfuse3, trio and ``shardfs.fuseloop`` (itself only those):
+Imports only the standard library, pyfuse3, trio and ``shardfs.kernel.fuseloop`` (itself only those):
 it runs pyfuse3's request loop as shardfs does (``fuseloop.main``, a cheaper read lock), so the
 floor is the floor of shardfs's own loop.
 """
@@ -33,7 +33,7 @@ import pyfuse3
 import trio
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo
-from shardfs import fuseloop  # noqa: E402
+from shardfs.kernel import fuseloop  # noqa: E402
 
 TIMEOUT = 10.0  # entry and attribute timeouts, seconds (shardfs' defaults)
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])

@@ -46,9 +46,9 @@ sys.modules.setdefault("bench_lib.main", sys.modules[__name__])  # one module wh
 from bench_lib import datasets as ds  # noqa: E402
 from bench_lib import peers  # noqa: E402
 from bench_lib import report  # noqa: E402
-from shardfs.mounts import daemon_pid  # noqa: E402
-from shardfs.journal import segments_under  # noqa: E402
-from shardfs.state import journal_dir  # noqa: E402
+from shardfs.app.mounts import daemon_pid  # noqa: E402
+from shardfs.writes.journal import segments_under  # noqa: E402
+from shardfs.app.state import journal_dir  # noqa: E402
 
 PY3 = str(REPO / ".venv" / "bin" / "python")
 PY2 = os.environ.get("SHARDFS_ZARR2_PYTHON") or str(REPO / ".venv-zarr2" / "bin" / "python")

@@ -222,7 +222,7 @@ class Run:
 
     def _state_journal(self, url: str, options: list[str], state_home: Path) -> Path:
         """Daemon B's journal directory (the state directory under its own XDG_STATE_HOME)."""
-        from shardfs.state import source_id
+        from shardfs.app.state import source_id
 
         endpoint = next((o.split("=", 1)[1] for o in options if o.startswith("endpoint=")), None)
         return state_home / "shardfs" / source_id(url, endpoint) / "journal"

@@ -3,7 +3,7 @@
 ``View`` resolves a chunk file to an ``Extent`` (a byte range of one version of one shard) and
 asks ``Reads.open`` for a handle; ``read`` and ``release`` serve every read handle, also those
 the view makes itself for metadata and staging files (``data``/``buffer``). One implementation
-per kind of source, chosen once by ``make_reads`` (the only code above ``shardfs.storage`` that
+per kind of source, chosen once by ``shardfs.reads.factory.make_reads`` (the only code above ``shardfs.storage`` that
 knows the kinds):
 
 - ``shardfs.reads.local.LocalReads``: a descriptor per open chunk, ``pread`` into a reused buffer
@@ -23,16 +23,16 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from shardfs.chunkcache import ChunkCache
-from shardfs.shard import Extent
-from shardfs.spill import SpillBuffer
-from shardfs.storage import Storage, Version
-from shardfs.threads import blocking
+from shardfs.reads.chunkcache import ChunkCache
+from shardfs.shards.shard import Extent
+from shardfs.writes.spill import SpillBuffer
+from shardfs.storage import Version
+from shardfs.storage.threads import blocking
 
 if TYPE_CHECKING:
-    from shardfs.rangecache import RangeCache
-    from shardfs.attrs import Attr
+    from shardfs.reads.attrs import Attr
 
+__all__ = ["ReadAhead", "ReadHandle", "Reads"]
 READ_AHEAD_AFTER = 3  # opens of chunks of one shard among the last READ_AHEAD_WINDOW opens
 READ_AHEAD_WINDOW = 16  # before the rest of that shard is read ahead
 READ_AHEAD_MAX = 64 << 20  # larger shards are never read ahead
@@ -188,20 +188,3 @@ class Reads:
     async def _read_stored(self, handle: ReadHandle, offset: int, size: int) -> bytes | bytearray | memoryview:
         """A read of a handle made by ``_stored_handle`` that holds no bytes."""
         raise NotImplementedError
-
-
-def make_reads(source: Storage, cache: RangeCache | None = None, chunk_cache: ChunkCache | None = None) -> Reads:
-    """The read path for ``source`` (the one place above ``shardfs.storage`` that tells the kinds
-    of source apart); ``cache``: where an object store's fetched ranges are kept (default:
-    ``RangeCache(shardfs.reads.objects.DEFAULT_CACHE_BYTES)``, memory only); ``chunk_cache``:
-    decoded chunks (default: ``ChunkCache()``)."""
-    from shardfs.storage.local import LocalStorage
-
-    chunk_cache = chunk_cache if chunk_cache is not None else ChunkCache()
-    if isinstance(source, LocalStorage):
-        from shardfs.reads.local import LocalReads
-
-        return LocalReads(source, chunk_cache)
-    from shardfs.reads.objects import ObjectReads
-
-    return ObjectReads(source, chunk_cache, cache)  # type: ignore[arg-type]  # not local: an ObjectStorage

@@ -14,15 +14,15 @@ import os
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from shardfs.chunkcache import ChunkCache
+from shardfs.reads.chunkcache import ChunkCache
 from shardfs.reads import ReadAhead, ReadHandle, Reads
-from shardfs.shard import Extent
+from shardfs.shards.shard import Extent
 from shardfs.storage import Version, VersionMismatch
 from shardfs.storage.local import LocalStorage
-from shardfs.threads import blocking
+from shardfs.storage.threads import blocking
 
 if TYPE_CHECKING:
-    from shardfs.attrs import Attr
+    from shardfs.reads.attrs import Attr
 
 
 class LocalReads(Reads):

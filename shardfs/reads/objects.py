@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from shardfs.chunkcache import ChunkCache
-from shardfs.rangecache import RangeCache
+from shardfs.reads.chunkcache import ChunkCache
+from shardfs.reads.rangecache import RangeCache
 from shardfs.reads import ReadAhead, ReadHandle, Reads
-from shardfs.shard import Extent
+from shardfs.shards.shard import Extent
 from shardfs.storage import Range, Version, VersionMismatch
 from shardfs.storage.objects import Buffer, ObjectStorage
-from shardfs.threads import blocking
+from shardfs.storage.threads import blocking
 
 if TYPE_CHECKING:
-    from shardfs.attrs import Attr
+    from shardfs.reads.attrs import Attr
 
 DEFAULT_CACHE_BYTES = 96 << 20  # with the daemon's ~90 MiB, RSS stays under 200 MiB
 

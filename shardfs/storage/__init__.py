@@ -18,7 +18,9 @@ import builtins
 import os
 from typing import Iterable, Iterator, NamedTuple, Protocol, Sequence
 
-from shardfs.stats import StoreStats
+from shardfs.storage.stats import StoreStats
+
+__all__ = ["ABSENT", "UNKNOWN", "Entry", "Range", "Storage", "Unusable", "Version", "VersionMismatch"]
 
 
 class Version(NamedTuple):

@@ -41,7 +41,7 @@ from typing import Iterable, Iterator, Sequence
 from shardfs.storage import UNKNOWN, Entry, Range, Unusable, Version, VersionMismatch, _Absent
 from shardfs.storage.listings import Listings
 from shardfs.storage.versions import Remembered
-from shardfs.stats import StoreStats, counted
+from shardfs.storage.stats import StoreStats, counted
 
 LOCK_SUFFIX = ".__lock"  # tensorstore's file kvstore: the lock file of key K is K + ".__lock"
 LOCK_WAIT = 2.0  # seconds a write waits for another writer's lock before it fails

@@ -75,8 +75,8 @@ from obstore.store import from_url
 from obstore.exceptions import (AlreadyExistsError, NotFoundError, PermissionDeniedError, PreconditionError,
                                 UnauthenticatedError)
 
-from shardfs.source import DEFAULT_TIMEOUT, env_endpoint
-from shardfs.stats import StoreStats
+from shardfs.storage.urls import DEFAULT_TIMEOUT, env_endpoint
+from shardfs.storage.stats import StoreStats
 from shardfs.storage import ABSENT, UNKNOWN, Entry, Range, Version, VersionMismatch, _Absent, _Unknown
 from shardfs.storage.access import Access
 from shardfs.storage.listings import Listings

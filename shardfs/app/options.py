@@ -1,0 +1,158 @@
+"""``-o`` mount options: the ones shardfs takes, the ones it passes to libfuse, the ones it ignores.
+
+Every ``-o`` option is one of:
+- shardfs's own (``OWN``), with its value checked here;
+- a libfuse 3 option (``FUSE``), passed on: libfuse 3.14 accepts exactly these
+  (measured with ``pyfuse3.init``); ``mount.fuse3`` adds ``dev,suid`` (root) or
+  ``nosuid,nodev`` (``user``) and ``rw``/``ro`` to what fstab says;
+- an fstab/mount(8) option that means nothing to a FUSE daemon (``IGNORED``,
+  ``x-*``, ``comment=``, ``helper=``), or a generic mount flag libfuse rejects
+  (``relatime``, ``lazytime``, ...) and mount(8) passes on anyway: ignored.
+Anything else is an error naming the option: nothing is mounted.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    value: str | None  # the value's placeholder; None for a flag
+    help: str
+
+
+OWN = (
+    Option("ro", None, "read-only: every write fails with EROFS (as --read-only)"),
+    Option("rw", None, "writable, the default (of ro and rw the last one wins)"),
+    Option("entry_timeout", "S", "seconds the kernel caches names (default 10)"),
+    Option("attr_timeout", "S", "seconds the kernel caches attributes (default 10)"),
+    Option("chunk_cache", "SIZE", "memory for decoded chunk files, e.g. 256M (default 64M, 0 = off)"),
+    Option("shard_size", "SIZE", "uncompressed size of a shard of an array created through the mount "
+                                 "(default 64M)"),
+    Option("journal_dir", "DIR", "write journal here (default $XDG_STATE_HOME/shardfs/<id>/journal)"),
+    Option("follow_symlinks", None, "read through symlinks that leave SRC (they are never written)"),
+    Option("endpoint", "URL", "object store: the server (default $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, the AWS "
+                              "profile's endpoint_url, else the service's own)"),
+    Option("region", "R", "s3://: the bucket's region "
+                          "(default $AWS_REGION, $AWS_DEFAULT_REGION, the profile's region)"),
+    Option("profile", "NAME", "s3://: the AWS profile of ~/.aws/config and ~/.aws/credentials (default $AWS_PROFILE, "
+                              "else default)"),
+    Option("anonymous", None, "object store: unsigned requests (public data, no credentials)"),
+    Option("ca_bundle", "FILE", "object store: also trust the CAs in this PEM file (default $AWS_CA_BUNDLE, the "
+                                "profile's ca_bundle)"),
+    Option("insecure", None, "object store: do not verify TLS certificates (a warning at every mount)"),
+    Option("requester_pays", None, "s3://: requests are billed to the requester (requester-pays buckets)"),
+    Option("addressing", "STYLE", "s3://: path (https://host/bucket/key) or virtual (https://bucket.host/key) "
+                                  "(default the profile's s3 addressing_style, else path with an endpoint)"),
+    Option("cache_size", "SIZE", "object store: memory for fetched object ranges (default 96M)"),
+    Option("timeout", "S", "object store: seconds per request; a hung server fails a read after this (default 30)"),
+    Option("cache_dir", "DIR", "object store: keep fetched ranges here across mounts, keyed by ETag "
+                               "(at most 5G, least recently used out first)"),
+    Option("debug", None, "log every request (as --debug)"),
+    Option("stats_interval", "S", "log a one-line summary of the counters every S seconds (default off; "
+                                  "shardfs status shows them)"),
+    Option("no_ome_translation", None, "show OME-Zarr 0.5 attributes as stored (as --no-ome-translation)"),
+    Option("c_order", None, "serve arrays stored transposed (shown as \"order\": \"F\") as C-order chunks, "
+                            "transcoded: for netCDF-C, NCO and CDO, which ignore \"order\""),
+)
+_FLAG = "kernel mount flags, passed to libfuse"
+FUSE = (
+    Option("allow_other", None, "let other users use the mount (non-root: user_allow_other in /etc/fuse.conf)"),
+    Option("allow_root", None, "let root use the mount too"),
+    Option("default_permissions", None, "the kernel checks the files' mode bits"),
+    Option("auto_unmount", None, "unmount when the daemon dies (through fusermount3)"),
+    Option("max_read", "N", "largest read request in bytes"),
+    *(Option(name, None, _FLAG) for name in
+      ("dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "sync", "async", "dirsync")),
+)
+IGNORED = frozenset({
+    "defaults", "_netdev", "nofail", "auto", "noauto", "user", "users", "nouser", "owner", "group",
+    "relatime", "norelatime", "nodiratime", "diratime", "strictatime", "nostrictatime", "lazytime",
+    "nolazytime", "iversion", "noiversion", "mand", "nomand", "symfollow", "nosymfollow", "silent", "loud",
+})
+IGNORED_PREFIXES = ("x-", "X-", "comment=", "helper=")
+_BY_NAME = {o.name: o for o in OWN + FUSE}
+
+
+@dataclass
+class Parsed:
+    own: dict[str, str] = field(default_factory=dict)  # name -> value ("" for a flag)
+    fuse: list[str] = field(default_factory=list)  # passed to libfuse as given
+    ignored: list[str] = field(default_factory=list)
+
+    @property
+    def read_only(self) -> bool:
+        return "ro" in self.own
+
+
+def parse(groups: list[str]) -> Parsed:
+    """Sort the values of every ``-o`` (comma-separated lists); ``ValueError`` names a bad one."""
+    out = Parsed()
+    for group in groups:
+        for opt in filter(None, group.split(",")):
+            name, eq, value = opt.partition("=")
+            if name in IGNORED or opt.startswith(IGNORED_PREFIXES):
+                out.ignored.append(opt)
+                continue
+            spec = _BY_NAME.get(name)
+            if spec is None:
+                raise ValueError(f"-o {opt}: unknown option (shardfs --help lists them)")
+            if spec.value is None and eq:
+                raise ValueError(f"-o {opt}: {name} takes no value")
+            if spec.value is not None and not value:
+                raise ValueError(f"-o {opt}: {name} needs a value ({name}={spec.value})")
+            if spec in FUSE:
+                out.fuse.append(opt)
+            elif name in ("ro", "rw"):
+                out.own.pop("rw" if name == "ro" else "ro", None)
+                out.own[name] = ""
+            else:
+                out.own[name] = value
+    _check_values(out.own)
+    return out
+
+
+def _check_values(own: dict[str, str]) -> None:
+    for name in ("entry_timeout", "attr_timeout", "timeout", "stats_interval"):
+        if name in own:
+            positive = name in ("timeout", "stats_interval")
+            try:
+                seconds = float(own[name])
+                ok = seconds > 0 if positive else seconds >= 0
+            except ValueError:
+                ok = False
+            if not ok or not math.isfinite(seconds):
+                raise ValueError(f"-o {name}={own[name]}: not a " + ("positive " if positive else "")
+                                 + "number of seconds")
+    if own.get("addressing", "path") not in ("path", "virtual"):
+        raise ValueError(f"-o addressing={own['addressing']}: not path or virtual")
+    endpoint = own.get("endpoint")
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        raise ValueError(f"-o endpoint={endpoint}: not an http:// or https:// URL")
+    for name in ("chunk_cache", "shard_size", "cache_size"):
+        if name in own:
+            from shardfs.reads.chunkcache import parse_size
+
+            try:
+                parse_size(own[name])
+            except ValueError:
+                raise ValueError(f"-o {name}={own[name]}: not a size (e.g. 64M)") from None
+
+
+def help_text() -> str:
+    """The ``-o`` options for ``--help``: one line each."""
+    def line(name: str, text: str) -> str:
+        return f"  {name:22} {text}"
+
+    flags = ",".join(o.name for o in FUSE if o.help == _FLAG)
+    ignored = ", ".join(sorted(IGNORED)) + ", x-*, comment=*, helper=*"
+    return "\n".join(
+        ["mount options (-o OPT[,OPT...]):"]
+        + [line(f"{o.name}={o.value}" if o.value else o.name, o.help) for o in OWN + FUSE if o.help != _FLAG]
+        + ["  " + flags, line("", _FLAG + " (mount.fuse3 adds dev,suid as root)"),
+           "ignored (fstab and mount(8) options that mean nothing to shardfs):"]
+        + textwrap.wrap(ignored, 78, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False))

@@ -1,0 +1,103 @@
+"""Where a mount keeps what is not Zarr data: its state directory outside the source.
+
+A source's state directory is ``$XDG_STATE_HOME/shardfs/<id>`` (XDG_STATE_HOME
+defaults to ``~/.local/state``; a relative value is ignored, as the XDG spec
+says). ``<id>`` is readable and unique per source: the source's last path
+component plus 12 hex digits of the SHA-256 of its canonical name (the real
+path of a local directory; for a URL, the normalized URL and the endpoint it
+is reached through, ``shardfs.storage.source``), so the next mount of the same source
+finds the same directory. It holds the write journal (``journal/``, unless
+``-o journal_dir=DIR`` puts it elsewhere), the spill files of large writes
+(``spill/``, unlinked as soon as they are created) and the daemon's log file
+when there is no syslog (``log``).
+
+Earlier versions kept the journal in the source, ``SRC/.shardfs/journal``;
+``LEGACY_JOURNAL`` names it so a mount can replay and remove it.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import re
+
+from shardfs.storage.urls import is_url, normalize_url
+
+LEGACY_DIR = ".shardfs"
+LEGACY_JOURNAL = f"{LEGACY_DIR}/journal"
+
+
+def canonical(source: str, endpoint: str | None = None) -> str:
+    """The name that identifies ``source``: the real path of a directory; a URL normalized,
+    followed by `` at ENDPOINT`` when it is reached through an explicit endpoint."""
+    if not is_url(source):
+        return os.path.realpath(source)
+    url = normalize_url(source)
+    return f"{url} at {endpoint.rstrip('/')}" if endpoint else url
+
+
+def source_id(source: str, endpoint: str | None = None) -> str:
+    """``<name>-<hash>``: a readable, file-name-safe key, unique per canonical source."""
+    name = canonical(source)
+    digest = hashlib.sha256(canonical(source, endpoint).encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", name.rsplit("/", 1)[-1] or name.split("://", 1)[-1])
+    base = base.strip("._")[:40] or "root"
+    return f"{base}-{digest}"
+
+
+def state_home() -> str:
+    """``$XDG_STATE_HOME/shardfs`` (``~/.local/state/shardfs`` when unset or relative)."""
+    home = os.environ.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(home):
+        home = os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(home, "shardfs")
+
+
+def state_dir(source: str, endpoint: str | None = None) -> str:
+    """The state directory of ``source`` (reached through ``endpoint``; not created here)."""
+    return os.path.join(state_home(), source_id(source, endpoint))
+
+
+def journal_dir(source: str, override: str | None = None, endpoint: str | None = None) -> str:
+    """The write journal of ``source``: ``override`` (``-o journal_dir``) or ``<state dir>/journal``."""
+    return os.path.abspath(override) if override else os.path.join(state_dir(source, endpoint), "journal")
+
+
+def spill_dir(source: str, endpoint: str | None = None) -> str:
+    """Where contents being written spill beyond memory (unlinked files: see ``shardfs.writes.spill``)."""
+    return os.path.join(state_dir(source, endpoint), "spill")
+
+
+def status_socket(source: str, endpoint: str | None, pid: int) -> str:
+    """The unix socket daemon ``pid`` of ``source`` answers ``shardfs status`` on."""
+    return os.path.join(state_dir(source, endpoint), f"status-{pid}.sock")
+
+
+def status_sockets(pid: int) -> list[str]:
+    """The status sockets of daemon ``pid`` in this user's state directories (at most one)."""
+    return glob.glob(os.path.join(glob.escape(state_home()), "*", f"status-{pid}.sock"))
+
+
+def log_file(source: str, endpoint: str | None = None) -> str:
+    """The daemon's log file when it runs in the background and there is no syslog."""
+    return os.path.join(state_dir(source, endpoint), "log")
+
+
+def legacy_journal(source: str) -> str | None:
+    """``SRC/.shardfs/journal`` of a local source if an earlier version left it there, else None."""
+    if is_url(source):
+        return None
+    path = os.path.join(source, LEGACY_JOURNAL)
+    return path if os.path.isdir(path) else None
+
+
+def remove_legacy(source: str) -> None:
+    """Remove the emptied ``SRC/.shardfs/journal`` and then ``SRC/.shardfs`` if nothing else is in it."""
+    for rel in (LEGACY_JOURNAL, LEGACY_DIR):
+        try:
+            os.rmdir(os.path.join(source, rel))
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return  # not empty: something that is not ours

@@ -1,0 +1,173 @@
+"""The daemon's side of ``shardfs status``: its counters as one JSON document, served over a
+unix socket in the source's state directory, and logged as one line every ``-o stats_interval``.
+
+The socket is ``<state dir>/status-<pid>.sock`` (``shardfs.app.state.status_socket``), mode 0600
+(made under a umask of 0177, in a directory of mode 0700): only the user who mounted reads it.
+It is never an entry of the mounted tree, so no client of the mount sees it. A connection gets
+the document (``Status.snapshot``) and is closed; nothing is read from it, so a client cannot
+make the daemon do anything else. Building the document runs on the trio thread and reads the
+counters the layers keep (``shardfs.storage.stats``, the caches, the writeback): no request waits for it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+if TYPE_CHECKING:
+    from shardfs.kernel.fuse_ops import Operations
+
+log = logging.getLogger("shardfs")
+SEND_TIMEOUT = 5.0  # a client that does not read its document is dropped after this
+PROBLEM_WINDOW = 60.0  # errors of the last this many seconds are problems
+
+
+class Status:
+    """What one mount shows to ``shardfs status``: the mount's identity and ``ops``' counters."""
+
+    def __init__(self, ops: Operations, mountpoint: str, source: str, endpoint: str | None, read_only: bool,
+                 options: dict[str, str], socket_path: str | None, interval: float | None = None) -> None:
+        """``endpoint``: an object store's endpoint in effect (None: the service's default, or a
+        directory); ``shardfs inspect`` of a path in the mount reaches the store through it."""
+        self.ops = ops
+        self.mountpoint, self.source, self.read_only, self.options = mountpoint, source, read_only, options
+        self.endpoint = endpoint
+        self.socket_path = socket_path
+        self.interval = interval
+        self.started = time.monotonic()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The status document (``doc/`` lists its fields); counts since the mount began."""
+        ops = self.ops
+        view = ops.view
+        doc: dict[str, Any] = {
+            "mountpoint": self.mountpoint, "source": self.source, "endpoint": self.endpoint, "pid": os.getpid(),
+            "uptime_s": round(time.monotonic() - self.started, 1), "read_only": self.read_only,
+            "options": dict(self.options)}
+        doc.update(ops.stats.snapshot())
+        doc["store"] = view.source.stats.snapshot()
+        chunk_cache = view.reads.chunk_cache.lru
+        range_cache = getattr(view.reads, "cache", None)
+        doc["cache"] = {"index": _cache(view.index_cache), "chunk": _cache(chunk_cache),
+                        "range": _cache(range_cache) if range_cache is not None else None}
+        writeback = view.writeback
+        if writeback is not None:
+            doc.update(writeback.snapshot())
+        else:
+            doc["pending"] = {"chunks": 0, "bytes": 0, "shards": 0, "arrays": {}, "journal_bytes": 0,
+                              "journal_error": None}
+            doc["folds"] = {"done": 0, "failed": 0, "backing_off": [], "current": None}
+        doc["pending"]["spill_bytes"] = ops.spilled_bytes()
+        doc["errors_last_minute"] = ops.stats.errors_since(PROBLEM_WINDOW)
+        doc["rss_bytes"], doc["open_files"] = _process()
+        return doc
+
+    async def run(self) -> None:
+        """Serve the socket (if it can be made) and log the summary every ``interval`` seconds,
+        until cancelled; the socket is removed at the end."""
+        async with trio.open_nursery() as nursery:
+            if self.interval:
+                nursery.start_soon(self._log_every, self.interval)
+            listener = self._listen()
+            if listener is None:
+                return
+            try:
+                await trio.serve_listeners(self._answer, [trio.SocketListener(listener)])
+            finally:
+                _unlink(self.socket_path)
+
+    def _listen(self) -> trio.socket.SocketType | None:
+        """The listening socket at ``socket_path``; None (logged) if it cannot be made."""
+        path = self.socket_path
+        if path is None:
+            return None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            _unlink(path)  # left by a killed daemon of the same pid number
+            old = os.umask(0o177)
+            try:
+                sock.bind(path)
+            finally:
+                os.umask(old)
+            os.chmod(path, 0o600)
+            sock.listen(16)
+        except OSError as e:
+            sock.close()
+            log.warning("shardfs status unavailable: cannot make the socket %s: %s", path, e.strerror or e)
+            return None
+        return trio.socket.from_stdlib_socket(sock)
+
+    async def _answer(self, stream: trio.SocketStream) -> None:
+        """Send the document; a failure to make it is logged, never raised (it would end the
+        mount's nursery, and the mount with it)."""
+        try:
+            data = (json.dumps(self.snapshot()) + "\n").encode()
+        except Exception:
+            log.exception("shardfs status: cannot make the status document")
+            await stream.aclose()
+            return
+        with trio.move_on_after(SEND_TIMEOUT):
+            try:
+                await stream.send_all(data)
+            except trio.BrokenResourceError:
+                pass
+        await stream.aclose()
+
+    async def _log_every(self, seconds: float) -> None:
+        while True:
+            await trio.sleep(seconds)
+            try:
+                line = summary(self.snapshot())
+            except Exception:
+                log.exception("shardfs status: cannot make the status document")
+                return
+            log.info("stats: %s", line)
+
+
+def summary(doc: dict[str, Any]) -> str:
+    """One line: what ``-o stats_interval`` logs."""
+    store = doc["store"]
+    lat = store["latency_ms"]
+    pending, folds = doc["pending"], doc["folds"]
+    errors = sum(n for by_op in doc["errors"].values() for n in by_op.values())
+    return (f"{sum(doc['requests'].values())} requests ({errors} errors), {doc['reads']['chunk_files']} chunk files "
+            f"{doc['reads']['bytes']} bytes read; store {sum(store['requests'].values())} requests "
+            f"({store['failures']} failed, p50 {lat['p50']} ms, p99 {lat['p99']} ms); pending {pending['chunks']} "
+            f"chunks in {pending['shards']} shards; folds {folds['done']} done, {folds['failed']} failed, "
+            f"{len(folds['backing_off'])} backing off; rss {doc['rss_bytes']} bytes, {doc['open_files']} open files")
+
+
+def _cache(cache: Any) -> dict[str, int]:
+    return {"hits": cache.hits, "misses": cache.misses, "bytes": cache.used, "limit": cache.max_bytes}
+
+
+def _process() -> tuple[int, int]:
+    """This process's resident memory (bytes) and open file descriptors."""
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        rss = 0
+    try:
+        files = len(os.listdir("/proc/self/fd")) - 1  # the listing's own descriptor
+    except OSError:
+        files = 0
+    return rss, files
+
+
+def _unlink(path: str | None) -> None:
+    if path is not None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("%s: cannot remove: %s", path, e.strerror)
+

@@ -1,0 +1,140 @@
+"""The client's side of ``shardfs status``: find the live mounts, ask their daemons, show it.
+
+A mount's daemon is found from the kernel's mount table and the daemons' command lines
+(``shardfs.app.mounts``), its socket in this user's state directories (``shardfs.app.state``): mounts
+of other users have none there, so without a mountpoint only this user's mounts are shown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Any
+
+from shardfs.app.mounts import daemon_pid, mounts
+from shardfs.app.state import status_sockets
+
+TIMEOUT = 5.0  # seconds to wait for a daemon's answer
+
+
+class StatusError(Exception):
+    """A mount's status cannot be had; ``str()`` is one line saying why."""
+
+
+def fetch(path: str) -> dict[str, Any]:
+    """The status document the daemon listening at socket ``path`` sends."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(TIMEOUT)
+        sock.connect(path)
+        parts = []
+        while chunk := sock.recv(1 << 16):
+            parts.append(chunk)
+    return json.loads(b"".join(parts))
+
+
+def status_of(mnt: str) -> dict[str, Any]:
+    """The status of the shardfs mount at ``mnt``; ``StatusError`` if there is none to ask."""
+    mnt = os.path.abspath(mnt)
+    if mnt not in mounts():
+        raise StatusError(f"{mnt}: not a shardfs mount")
+    pid = daemon_pid(mnt)
+    if pid is None:
+        raise StatusError(f"{mnt}: no shardfs daemon of this user serves it")
+    found = status_sockets(pid)
+    if not found:
+        raise StatusError(f"{mnt}: daemon {pid} has no status socket in this user's state directory "
+                          "(another user's mount, or a daemon older than shardfs status)")
+    why: Exception | None = None
+    for path in found:  # (a killed daemon of the same pid number may have left one elsewhere)
+        try:
+            return fetch(path)
+        except (OSError, ValueError) as e:
+            why = e
+    raise StatusError(f"{mnt}: daemon {pid} did not answer: {getattr(why, 'strerror', None) or why}")
+
+
+def all_statuses() -> list[dict[str, Any]]:
+    """The status of every live shardfs mount of this user (those with a socket that answers)."""
+    out = []
+    for mnt in sorted(mounts()):
+        try:
+            out.append(status_of(mnt))
+        except StatusError:
+            continue  # another user's, or it went away meanwhile
+    return out
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _uptime(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def _counts(counts: dict[str, int], most: int = 6) -> str:
+    top = sorted(counts.items(), key=lambda item: -item[1])
+    shown = ", ".join(f"{k} {v:,}" for k, v in top[:most])
+    return shown + (", ..." if len(top) > most else "")
+
+
+def _hit_rate(c: dict[str, int] | None) -> str:
+    if c is None:
+        return "-"
+    asked = c["hits"] + c["misses"]
+    rate = f"{100 * c['hits'] / asked:.0f}% of {asked:,}" if asked else "unused"
+    return f"{rate}, {_size(c['bytes'])}/{_size(c['limit'])}"
+
+
+def format_text(doc: dict[str, Any]) -> str:
+    """One screen for one mount: a header, the figures that matter, then the problems."""
+    store, reads, pending, folds = doc["store"], doc["reads"], doc["pending"], doc["folds"]
+    lat = store["latency_ms"]
+    n_requests = sum(doc["requests"].values())
+    n_errors = sum(n for by_op in doc["errors"].values() for n in by_op.values())
+    lines = [f"{doc['mountpoint']}  <-  {doc['source']}",
+             f"  pid {doc['pid']}, up {_uptime(doc['uptime_s'])}, {'read-only' if doc['read_only'] else 'read-write'}"
+             f", RSS {_size(doc['rss_bytes'])}, {doc['open_files']} open files",
+             f"  requests  {n_requests:,}" + (f" ({_counts(doc['requests'])})" if n_requests else "")
+             + f"; {n_errors:,} errors",
+             f"  reads     {reads['chunk_files']:,} chunk files opened, {_size(reads['bytes'])} read",
+             f"  store     {_counts(store['requests']) or 'no requests'}; {_size(store['bytes_in'])} in, "
+             f"{_size(store['bytes_out'])} out; latency p50 {lat['p50']} ms, p99 {lat['p99']} ms; "
+             f"{store['retries']} retries, {store['failures']} failures",
+             f"  caches    index {_hit_rate(doc['cache']['index'])}; chunk {_hit_rate(doc['cache']['chunk'])}"
+             + (f"; range {_hit_rate(doc['cache']['range'])}" if doc["cache"]["range"] else ""),
+             f"  pending   {pending['chunks']:,} chunks ({_size(pending['bytes'])}) in {pending['shards']:,} shards; "
+             f"journal {_size(pending['journal_bytes'])}, spill {_size(pending['spill_bytes'])}",
+             f"  folds     {folds['done']:,} done, {folds['failed']:,} failed, {len(folds['backing_off'])} backing off"]
+    for array, per in sorted(pending["arrays"].items()):
+        lines.append(f"            {array or '/'}: {per['chunks']:,} chunks in {per['shards']:,} shards")
+    problems = [f"  fold of {b['shard']} backing off ({b['failures']} failures, {b['chunks']} chunks kept): "
+                f"{b['reason']}; next try in {b['retry_in_s']:g} s" for b in folds["backing_off"]]
+    failed = pending.get("journal_error")
+    if failed:
+        problems.append(f"  write journal {failed['directory']}: {failed['reason']} ({failed['errno']}), "
+                        f"{failed['seconds_ago']:g} s ago: writes fail until there is room again")
+    recent = doc.get("errors_last_minute") or {}
+    if recent:
+        problems.append("  errors in the last minute: " + ", ".join(
+            f"{name} {op} x{n}" for name, by_op in recent.items() for op, n in by_op.items()))
+    lines += ["problems:", *problems] if problems else ["no problems"]
+    return "\n".join(lines)
+
+
+def clear_screen() -> str:
+    """The terminal's clear-screen sequence (terminfo: ``--watch`` redraws), or "" if it has none."""
+    import curses
+
+    try:
+        curses.setupterm()
+        return (curses.tigetstr("clear") or b"").decode()
+    except curses.error:
+        return ""

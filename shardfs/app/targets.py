@@ -1,0 +1,77 @@
+"""What a path given to ``shardfs inspect`` names: a source and a key in it.
+
+- ``s3://BUCKET/KEY`` (any object-store URL): the bucket, and KEY in it (``-o`` options and the
+  AWS variables as for ``shardfs mount``);
+- a path inside a shardfs mount: the mount's source (for an object store, reached as its daemon
+  reaches it: the endpoint from ``shardfs status``) and the source key the path shows (a shard
+  directory is its shard; a chunk file or an inner-shard directory the nearest key above it
+  that exists: its shard, or the array);
+- any other path: the local filesystem, the path as the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import posixpath
+from typing import Mapping
+
+from shardfs.app.mounts import mounts
+from shardfs.storage.source import Source
+from shardfs.storage.urls import is_url, normalize_url
+from shardfs.storage import Storage, Unusable
+
+
+def locate(path: str, own: Mapping[str, str]) -> tuple[Source, str, bool]:
+    """``(source, key, in_mount)`` for ``path`` (see the module docstring); ``own``: ``-o``
+    options for a URL. ``ValueError`` (one line) for an unusable URL or option."""
+    if is_url(path):
+        url = normalize_url(path)
+        scheme, rest = url.split("://", 1)
+        bucket, _, key = rest.partition("/")
+        return Source.parse(f"{scheme}://{bucket}", own), key, False
+    path = os.path.abspath(path)
+    for mnt, src in sorted(mounts().items(), key=lambda item: -len(item[0])):
+        if path == mnt or path.startswith(mnt.rstrip("/") + "/"):
+            rel = os.path.relpath(path, mnt)
+            key = "" if rel == "." else rel.replace(os.sep, "/")
+            return _mounted(mnt, src, own), key, True
+    return Source("/", False), path.lstrip("/"), False
+
+
+def _mounted(mnt: str, src: str, own: Mapping[str, str]) -> Source:
+    """The source of the mount at ``mnt`` (``src``: its device name), as its daemon reaches it."""
+    if not is_url(src):
+        return Source(src, False)
+    from shardfs.app.status_client import StatusError, status_of
+
+    source = Source.parse(src, own)
+    try:
+        doc = status_of(mnt)
+    except StatusError:
+        return source
+    opts = doc.get("options", {})
+    return dataclasses.replace(source, endpoint=doc.get("endpoint") or source.endpoint,
+                               region=opts.get("region") or source.region,
+                               anonymous=source.anonymous or "anonymous" in opts)
+
+
+def shown_key(storage: Storage, key: str) -> str:
+    """The nearest key at or above ``key`` (a path of the view) that the source holds: a shard
+    directory of the view is its shard, a chunk file its shard or array (``<key>.shard`` is a
+    1-D array's shard ``<key>``)."""
+    while key:
+        if _exists(storage, key):
+            return key
+        unsuffixed = key.removesuffix(".shard")
+        if unsuffixed != key and _exists(storage, unsuffixed):
+            return unsuffixed
+        key = posixpath.dirname(key)
+    return key
+
+
+def _exists(storage: Storage, key: str) -> bool:
+    try:
+        return storage.version(key) is not None or storage.is_dir(key)
+    except Unusable:
+        return True  # there, if unusable: inspect says why

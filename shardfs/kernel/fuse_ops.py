@@ -1,0 +1,448 @@
+"""pyfuse3 adapter: each FUSE request becomes a call on the ``View`` (names, attributes,
+reads) or the ``Writer`` (writes), and its result a pyfuse3 reply.
+
+What the adapter itself keeps is what talking to the kernel needs: the open handles
+(``handles.Handles``), the lookups and cached pages the kernel holds
+(``inodes.KernelInodes``, which decide what ``invalidate`` must drop, whether an
+open keeps the page cache, and when the daemon may fill it at an open), and the
+entry/attribute timeouts.
+
+Any exception other than ``pyfuse3.FUSEError`` escaping a handler would end
+``pyfuse3.main`` and kill the mount, so every handler goes through ``_guard``:
+``OSError`` becomes its errno, anything else is logged and becomes EIO.
+
+Extended attributes are not implemented on purpose: pyfuse3 answers ENOSYS,
+after which the kernel stops asking. Otherwise ``ls -l`` sends two getxattr
+requests per file (``security.selinux``, ``system.posix_acl_access``), which
+triples its cost.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import itertools
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
+
+import pyfuse3
+import trio
+
+from shardfs.kernel.handles import DirHandle, Handles
+from shardfs.kernel.inodes import KernelInodes, Pages
+from shardfs.tree.listing import DirStream
+from shardfs.reads.attrs import Attr
+from shardfs.tree.nodes import ChunkKey
+from shardfs.tree.nodetable import CHUNK_BASE
+from shardfs.storage.stats import RequestStats
+from shardfs.tree.view import ReadHandle, View
+from shardfs.writes.writeback import Writeback
+from shardfs.tree.writer import WriteHandle, Writer
+
+log = logging.getLogger("shardfs")
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+FILL_MAX = 1 << 20  # files up to this size are stored into the page cache when opened (see _fill_pages)
+NAME_MAX = 255  # bytes in one name (ENAMETOOLONG beyond), as on every local Linux filesystem
+# pyfuse3 built with scripts/pyfuse3-noflush.patch (scripts/install) has FileInfo.noflush: a
+# read-only open then asks the kernel for no FLUSH request at its close(); stock pyfuse3 has not
+# (each close of a read-only open then costs one FLUSH request, answered as a no-op).
+NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
+GUARDED: list[str] = []  # the handlers ``_guard`` wraps: the operations ``RequestStats`` counts
+
+
+def _name(name: bytes) -> str:
+    """A name from the kernel as ``str``; ENAMETOOLONG if it is longer than ``NAME_MAX`` bytes."""
+    if len(name) > NAME_MAX:
+        raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
+    return os.fsdecode(name)
+
+
+def _guard(fn: F) -> F:
+    """A handler that counts itself (``Operations.stats``) and never raises anything but
+    ``FUSEError`` (see the module docstring)."""
+    op = fn.__name__
+
+    @functools.wraps(fn)
+    async def wrapper(self: "Operations", *args: Any) -> Any:
+        self.stats.requests[op] += 1
+        try:
+            return await fn(self, *args)
+        except pyfuse3.FUSEError as e:
+            self.stats.error(e.errno, op)
+            raise
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR) and e.strerror:
+                log.debug("%s%r: %s", op, args[:2], e.strerror)
+            self.stats.error(e.errno or errno.EIO, op)
+            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
+        except Exception:
+            log.exception("internal error in %s%r", op, args[:2])
+            self.stats.error(errno.EIO, op)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    GUARDED.append(op)
+    return wrapper  # type: ignore[return-value]  # functools.wraps: fn's signature
+
+
+@dataclass
+class Timeouts:
+    """Kernel cache lifetimes (seconds) for entries and attributes."""
+
+    entry: float = 10.0
+    attr: float = 10.0
+
+
+class Operations(pyfuse3.Operations):
+    """The FUSE request handlers of a shardfs mount."""
+
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+
+    def __init__(self, view: View, timeouts: Timeouts | None = None,
+                 writeback: Writeback | None = None, spill_dir: str | None = None) -> None:
+        """``spill_dir``: where contents being written spill beyond memory (needed with ``writeback``)."""
+        super().__init__()
+        self.view = view
+        if writeback is not None and spill_dir is None:
+            raise ValueError("a writable mount needs a spill_dir")
+        self.writer = None if writeback is None or spill_dir is None else Writer(view, writeback, self.invalidate,
+                                                                                   spill_dir)
+        self.timeouts = timeouts or Timeouts()
+        self._handles = Handles()
+        self._kernel = KernelInodes()
+        self._fill = True  # until the kernel says it cannot store pages (ENOSYS)
+        self._uid, self._gid = os.getuid(), os.getgid()
+        self.stats = RequestStats()
+        for op in GUARDED:
+            self.stats.op(op)
+
+    def _entry(self, attr: Attr, e: pyfuse3.EntryAttributes | None = None) -> pyfuse3.EntryAttributes:
+        """``attr`` as pyfuse3 entry attributes (filled into ``e`` if given: readdir reuses one)."""
+        if e is None:
+            e = pyfuse3.EntryAttributes()
+            e.st_blksize = 65536
+            e.st_uid, e.st_gid = self._uid, self._gid
+            e.entry_timeout = self.timeouts.entry
+            e.attr_timeout = self.timeouts.attr
+        e.st_ino = attr.ino
+        e.generation = self._kernel.generation(attr.ino)
+        e.st_mode = attr.mode
+        e.st_nlink = attr.nlink
+        e.st_size = attr.size
+        e.st_blocks = (attr.size + 511) // 512
+        e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = attr.mtime_ns
+        return e
+
+    def _looked_up(self, attr: Attr) -> pyfuse3.EntryAttributes:
+        """An entry reply (lookup, create, link): the kernel now holds one more lookup of the inode."""
+        self._kernel.looked_up(attr.ino)
+        return self._entry(attr)
+
+    @_guard
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        return self._looked_up(await self.view.lookup(parent_inode, _name(name)))
+
+    @_guard
+    async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        handle = self._handles.dirty_write(inode)
+        if handle is not None and handle.chunk is not None:
+            return self._entry(self.view.chunk_attr(handle.chunk[0], inode, handle.data().size, time.time_ns()))
+        if handle is not None and handle.meta is not None:
+            return self._entry(self.view.file_attr(inode, handle.data().size, time.time_ns()))
+        return self._entry(await self._attr(inode))
+
+    async def _attr(self, inode: int) -> Attr:
+        """``view.getattr``, except that a chunk file that no longer exists (``_shows_chunk``) is
+        ESTALE, not ENOENT.
+
+        The kernel may still hold its name (from a ``create`` whose commit was refused, or
+        from the other name of a chunk emptied through one of its two names). ESTALE makes
+        it look the name up again (``LOOKUP_REVAL``) and drop it, so ``stat`` says ENOENT and
+        ``open(O_CREAT)`` creates the file; ENOENT would fail both until the entry expires.
+        """
+        try:
+            return await self.view.getattr(inode)
+        except FileNotFoundError:
+            if self._shows_chunk(inode):
+                raise pyfuse3.FUSEError(errno.ESTALE) from None
+            raise
+
+    def _shows_chunk(self, inode: int) -> bool:
+        """True if ``inode`` shows a chunk file: a chunk's own, or a temporary renamed onto a
+        chunk (an alias, the inode its name shows in the kernel until it forgets it: found by
+        scripts/soak, an in-place write after an ``rm`` under the chunk's other name failed
+        with ENOENT)."""
+        try:
+            return isinstance(self.view.nodes.node_key(inode), ChunkKey)
+        except OSError:
+            return False
+
+    @_guard
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        await self.view.getattr(inode)
+        return self._handles.add(DirHandle(inode, DirStream(self.view.listing, inode)))
+
+    @_guard
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        """Entries from offset ``start_id`` on, until the kernel's buffer is full; offset 0
+        lists afresh. The entries come a page at a time (``DirStream``)."""
+        handle = self._handles[fh]
+        assert isinstance(handle, DirHandle)  # the kernel sends READDIR with directory handles only
+        stream = handle.stream
+        if start_id == 0:
+            await stream.rewind()
+        e = None
+        offset = start_id
+        while True:
+            page, i = await stream.at(offset)
+            if not page:
+                return
+            for name, attr in itertools.islice(page, i, None):
+                e = self._entry(attr, e)
+                if not pyfuse3.readdir_reply(token, os.fsencode(name), e, offset + 1):
+                    return
+                self._kernel.looked_up(attr.ino)
+                offset += 1
+
+    @_guard
+    async def releasedir(self, fh: int) -> None:
+        handle = self._handles.pop(fh)
+        if isinstance(handle, DirHandle):
+            await handle.stream.aclose()
+
+    @_guard
+    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+            await self._attr(inode)
+            written = await self._writable().open(inode, truncate=bool(flags & os.O_TRUNC))
+            self._kernel.changed(inode)
+            return pyfuse3.FileInfo(fh=self._handles.add(written), direct_io=False, keep_cache=False)
+        handle = await self.view.open(inode)
+        # The pages are the kernel inode's: a chunk's name that a rename made show another inode
+        # (an alias, see NodeTable) has pages of its own, maybe being written in place right now.
+        version = handle.attr._replace(ino=handle.ino)
+        if inode >= CHUNK_BASE:
+            self.stats.chunk_files += 1
+        try:
+            content = await self._content_to_fill(handle, version)
+            if self._kernel.pages(version) is Pages.OTHER:
+                mark = self._kernel.dropping(handle.ino)
+                await trio.to_thread.run_sync(_invalidate_inodes, [handle.ino])
+                self._kernel.dropped(version, mark)
+        except BaseException:
+            self.view.release(handle)
+            raise
+        fi = pyfuse3.FileInfo(fh=self._handles.add(handle))
+        if NOFLUSH:  # nothing to commit at its close(): see flush
+            fi.noflush = True
+        pages = self._kernel.opened(version)
+        fi.keep_cache = pages is not Pages.OTHER
+        fi.direct_io = self._kernel.reading(version)  # an older version's reads may refill the pages
+        if pages is Pages.NONE and content is not None and not fi.direct_io:
+            self._fill_pages(handle.ino, content)
+        return fi
+
+    async def _content_to_fill(self, handle: ReadHandle, version: Attr) -> bytes | bytearray | memoryview | None:
+        """The whole content of a small file being opened whose pages the kernel has never held
+        (``Pages.NONE`` for ``version``: the attributes with the kernel's inode), to store into
+        its page cache (``_fill_pages``); else None. The client's reads are then served by the
+        kernel, without a READ request each."""
+        size = handle.attr.size
+        if not (self._fill and 0 < size <= FILL_MAX and self._kernel.pages(version) is Pages.NONE):
+            return None
+        content = await self.view.read(handle, 0, size)
+        return content if len(content) == size else None
+
+    def _fill_pages(self, ino: int, content: bytes | bytearray | memoryview) -> None:
+        """Store ``content`` (a view of a buffer the next read may reuse: no ``await`` since it
+        was read) into the page cache of ``ino``, which holds none of it. Called before the open
+        is answered, and without an ``await`` since ``opened`` said ``Pages.NONE``, so no client
+        can be reading the file meanwhile (the kernel would hold its pages locked)."""
+        try:
+            pyfuse3.notify_store(ino, 0, content)  # type: ignore[arg-type]  # any buffer (stub: bytes); no copy
+            self.stats.read_bytes += len(content)
+        except OSError as e:  # what was stored is still this version's: the pages are kept
+            if e.errno == errno.ENOSYS:
+                self._fill = False
+            log.debug("filling the page cache of inode %d: %s", ino, e.strerror)
+
+    @_guard
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        handle = self._handles[fh]
+        data: bytes | bytearray | memoryview
+        if isinstance(handle, WriteHandle):
+            data = await self._writable().read(handle, off, size)
+        else:
+            assert isinstance(handle, ReadHandle)  # the kernel sends READ with file handles only
+            data = await self.view.read(handle, off, size)
+            # The reply lands in the kernel's pages of the inode: if another version was opened
+            # since this handle's, they now hold an old version's bytes; the next open drops them.
+            self._kernel.served(handle.attr._replace(ino=handle.ino))
+        self.stats.read_bytes += len(data)
+        return data  # type: ignore[return-value]  # pyfuse3 replies with any buffer
+
+    @_guard
+    async def release(self, fh: int) -> None:
+        handle = self._handles.pop(fh)
+        if isinstance(handle, ReadHandle):
+            self._kernel.unread(handle.attr._replace(ino=handle.ino))
+            self.view.release(handle)
+        elif isinstance(handle, WriteHandle) and self.writer is not None:
+            self.writer.release(handle)
+
+    @_guard
+    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+        st = self.view.source.statvfs()
+        out = pyfuse3.StatvfsData()
+        for name in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_favail",
+                     "f_namemax"):
+            setattr(out, name, getattr(st, name))
+        return out
+
+    def spilled_bytes(self) -> int:
+        """Bytes held in spill files by open files and staging files (``shardfs status``)."""
+        buffers = {id(b): b for b in (h.data() for h in self._handles.writes()) if b is not None}
+        buffers.update((id(st.data), st.data) for st in self.view.nodes.staged.values())
+        return sum(b.size for b in buffers.values() if b.spilled)
+
+    def _writable(self) -> "Writer":
+        if self.writer is None:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        return self.writer
+
+    async def invalidate(self, inodes: list[int]) -> None:
+        """Drop the kernel's cached pages and attributes of ``inodes`` (and of their aliases).
+
+        Dentries are never invalidated: a reverse entry invalidation waits for the
+        directory's lock, which a client's rename holds while it waits for this
+        daemon, and if the daemon is killed in that window the mount wedges.
+        Names therefore never change the inode they show (see ``NodeTable.drop_staging``).
+        Inodes the kernel does not hold (never looked up, or forgotten) are skipped:
+        it has nothing cached for them, and their next open finds no pages to keep
+        (so nothing is remembered for them: written chunks the kernel evicted before
+        their fold would otherwise pile up here).
+        """
+        targets = [alias for ino in inodes for alias in (ino, *self.view.nodes.aliases(ino))
+                   if self._kernel.holds(alias)]
+        for ino in targets:
+            self._kernel.changed(ino)
+        if targets:
+            await trio.to_thread.run_sync(_invalidate_inodes, targets)
+
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        for ino, nlookup in inode_list:
+            if self._kernel.forget(ino, nlookup):
+                self.view.nodes.forget(ino)
+
+    @_guard
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
+                     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        attr, handle = await self._writable().create(parent_inode, _name(name))
+        self._kernel.changed(attr.ino)
+        return pyfuse3.FileInfo(fh=self._handles.add(handle)), self._looked_up(attr)
+
+    @_guard
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        handle = self._handles[fh]
+        if not isinstance(handle, WriteHandle):
+            raise pyfuse3.FUSEError(errno.EBADF)
+        self._kernel.changed(handle.ino)  # its pages now hold bytes no version has (see ``KernelInodes.dropped``)
+        return await self._writable().write(handle, off, buf)
+
+    @_guard
+    async def flush(self, fh: int) -> None:
+        """Commit a written chunk file (its errors reach close()).
+
+        Files opened for reading have nothing to commit: their opens set ``noflush``
+        (``NOFLUSH``), so the kernel sends no FLUSH at their close(). A read-only mount
+        answers ENOSYS, after which the kernel stops sending FLUSH altogether (with a
+        stock pyfuse3, the first close() still sends one).
+        """
+        if self.writer is None:
+            raise pyfuse3.FUSEError(errno.ENOSYS)
+        handle = self._handles.get(fh)
+        if isinstance(handle, WriteHandle):
+            await self._writable().flush(handle)
+
+    @_guard
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        handle = self._handles.get(fh)
+        if self.writer is not None:
+            await self.writer.fsync(handle if isinstance(handle, WriteHandle) else None)
+
+    @_guard
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        if self.writer is not None:
+            await self.writer.fsync(None)
+
+    @_guard
+    async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
+                      fh: int | None, ctx: Any) -> pyfuse3.EntryAttributes:
+        # Mode, owner and times are accepted and not kept (the mount shows fixed ones):
+        # rsync -a and cp -a set them on every file and directory they create.
+        if fields.update_mode or fields.update_uid or fields.update_gid:
+            self._writable()
+        if fields.update_size:
+            writer = self._writable()
+            handle = self._handles.get(fh) if fh is not None else None
+            if not isinstance(handle, WriteHandle):
+                handle = self._handles.dirty_write(inode)
+            if handle is None:
+                await writer.truncate_closed(inode, attr.st_size)
+            else:
+                await writer.truncate(handle, attr.st_size)
+        return await Operations.getattr.__wrapped__(self, inode)  # type: ignore[attr-defined]  # (one request)
+
+    @_guard
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
+                     name_new: bytes, flags: int, ctx: Any) -> None:
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        await self._writable().rename(parent_inode_old, _name(name_old), parent_inode_new,
+                                      _name(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE))
+
+    @_guard
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any
+                   ) -> pyfuse3.EntryAttributes:
+        return self._looked_up(await self._writable().link(inode, new_parent_inode, _name(new_name)))
+
+    @_guard
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        await self._writable().unlink(parent_inode, os.fsdecode(name))
+
+    @_guard
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        self._kernel.removed_dir(await self._writable().rmdir(parent_inode, os.fsdecode(name)))
+
+    @_guard
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        return self._looked_up(await self._writable().mkdir(parent_inode, _name(name)))
+
+    async def _unsupported(self, *args: Any) -> None:
+        if self.writer is None:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        log.error("unsupported operation on the mount (symlink or mknod)")
+        raise pyfuse3.FUSEError(errno.EPERM)
+
+    symlink = mknod = _unsupported  # type: ignore[assignment]  # both always fail, whatever their arguments
+
+    async def setxattr(self, *args: Any) -> None:
+        """No extended attributes (nor ACLs): ENOTSUP, which ``cp -a`` and ``rsync -X`` expect
+        from such a filesystem (they fall back to the mode, or skip)."""
+        if self.writer is None:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        raise pyfuse3.FUSEError(errno.ENOTSUP)
+
+    removexattr = setxattr  # type: ignore[assignment]  # both always fail, whatever their arguments
+
+
+def _invalidate_inodes(inodes: list[int]) -> None:
+    """``pyfuse3.invalidate_inode`` each; blocks while a client holds a page of one locked."""
+    for ino in inodes:
+        try:
+            pyfuse3.invalidate_inode(ino)
+        except OSError:
+            pass  # the kernel does not know this inode

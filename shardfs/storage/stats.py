@@ -1,0 +1,147 @@
+"""Counters a mount keeps while it runs, for ``shardfs status`` (``shardfs.app.status``).
+
+Counting costs a plain integer increment where the event happens: no lock, no syscall (the
+only clock read is ``time.monotonic``, a vDSO call, around store requests). Counters are
+written from the trio thread and, for store requests, from the object store's loop thread
+and worker threads: on CPython an in-place add of a ``dict`` item or an attribute runs no
+Python code between its read and its write, and the interpreter only switches threads at
+calls and backward jumps, so no increment is lost without a lock.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import time
+from collections import deque
+from types import TracebackType
+from typing import Any, Callable, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+LATENCY_SAMPLES = 1024  # store requests whose latencies the percentiles are taken over (the last ones)
+RECENT_ERRORS = 256  # errors remembered with their time (``RequestStats.recent``)
+ROUTINE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ENOSYS, errno.ENODATA, errno.ESTALE})
+
+
+def errno_name(code: int) -> str:
+    """``ENOSPC`` for 28; ``E<n>`` for a number without a name."""
+    return errno.errorcode.get(code, f"E{code}")
+
+
+class RequestStats:
+    """FUSE requests by operation, their errors by (errno, operation), chunk files opened for
+    reading and bytes read, since the mount began (kept by ``fuse_ops.Operations``)."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, int] = {}
+        self.errors: dict[tuple[int, str], int] = {}
+        self.chunk_files = 0
+        self.read_bytes = 0
+        # (monotonic time, errno, operation) of the last errors other than ``ROUTINE`` ones (a
+        # lookup of a missing name is an answer, not a problem): what status shows as problems
+        self.recent: deque[tuple[float, int, str]] = deque(maxlen=RECENT_ERRORS)
+
+    def op(self, name: str) -> None:
+        """Make ``name`` a known operation (so the per-request increment needs no default)."""
+        self.requests.setdefault(name, 0)
+
+    def error(self, code: int, op: str) -> None:
+        key = (code, op)
+        self.errors[key] = self.errors.get(key, 0) + 1
+        if code not in ROUTINE:
+            self.recent.append((time.monotonic(), code, op))
+
+    def snapshot(self) -> dict[str, Any]:
+        errors: dict[str, dict[str, int]] = {}
+        for (code, op), n in sorted(self.errors.items()):
+            errors.setdefault(errno_name(code), {})[op] = n
+        return {"requests": {op: n for op, n in sorted(self.requests.items()) if n},
+                "errors": errors, "reads": {"chunk_files": self.chunk_files, "bytes": self.read_bytes}}
+
+    def errors_since(self, seconds: float) -> dict[str, dict[str, int]]:
+        """Errors (not ``ROUTINE``) of the last ``seconds``: ``{errno name: {operation: n}}``."""
+        since = time.monotonic() - seconds
+        out: dict[str, dict[str, int]] = {}
+        for at, code, op in list(self.recent):
+            if at >= since:
+                by_op = out.setdefault(errno_name(code), {})
+                by_op[op] = by_op.get(op, 0) + 1
+        return out
+
+
+class StoreStats:
+    """Requests a ``Storage`` made, by kind (``GET``, ``PUT``, ``HEAD``, ``LIST``, ``DELETE`` for
+    an object store; ``READ``, ``REPLACE``, ``DELETE`` of shard files locally), bytes received
+    and sent, requests shardfs repeated (``retries``: a read or fold that found the object
+    changed under it), requests that failed (an error, not an answer such as "missing" or
+    "changed"), and the latency of the last ``LATENCY_SAMPLES``."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, int] = {}
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.retries = 0
+        self.failures = 0
+        self.latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
+
+    def count(self, kind: str, seconds: float | None = None, bytes_in: int = 0) -> None:
+        """One request of ``kind`` (taking ``seconds``, if timed) that received ``bytes_in``."""
+        self.requests[kind] = self.requests.get(kind, 0) + 1
+        self.bytes_in += bytes_in
+        if seconds is not None:
+            self.latencies.append(seconds)
+
+    def request(self, kind: str, answers: tuple[type[BaseException], ...] = ()) -> "_Timed":
+        """``with stats.request("GET") as r: ...; r.bytes_in = n``: counts one timed request;
+        an exception other than ``answers`` counts as a failure."""
+        return _Timed(self, kind, answers)
+
+    def snapshot(self) -> dict[str, Any]:
+        lat = sorted(self.latencies)
+
+        def pct(p: float) -> float | None:
+            return round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 3) if lat else None
+
+        return {"requests": dict(sorted(self.requests.items())), "bytes_in": self.bytes_in,
+                "bytes_out": self.bytes_out, "retries": self.retries, "failures": self.failures,
+                "latency_ms": {"p50": pct(0.5), "p99": pct(0.99), "samples": len(lat)}}
+
+
+class _Timed:
+    """One store request being timed (``StoreStats.request``)."""
+
+    __slots__ = ("stats", "kind", "answers", "started", "bytes_in")
+
+    def __init__(self, stats: StoreStats, kind: str, answers: tuple[type[BaseException], ...]) -> None:
+        self.stats, self.kind, self.answers = stats, kind, answers
+        self.bytes_in = 0
+
+    def __enter__(self) -> "_Timed":
+        self.started = time.monotonic()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.stats.count(self.kind, time.monotonic() - self.started, self.bytes_in)
+        if isinstance(e, Exception) and not isinstance(e, self.answers):  # not a cancellation
+            self.stats.failures += 1
+
+
+def counted(kind: str, answers: tuple[type[BaseException], ...], bytes_in: Callable[[Any], int] | None = None,
+            bytes_out: Callable[[Any], int] | None = None) -> Callable[[F], F]:
+    """A blocking method of an object with a ``stats: StoreStats``, counted as one timed
+    request of ``kind`` (``StoreStats.request``); ``bytes_in``/``bytes_out`` of its result."""
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with self.stats.request(kind, answers) as timed:
+                result = fn(self, *args, **kwargs)
+                if bytes_in is not None:
+                    timed.bytes_in = bytes_in(result)
+            if bytes_out is not None:
+                self.stats.bytes_out += bytes_out(result)
+            return result
+
+        return wrapper  # type: ignore[return-value]  # functools.wraps: fn's signature
+
+    return wrap

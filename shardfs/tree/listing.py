@@ -1,0 +1,469 @@
+"""Directory listings (readdirplus) and the stored inner chunks they show.
+
+Contract: ``Listing.pages`` produces every entry of a directory with the attributes
+``stat`` would show for it (``Tree.getattr``, ``Tree.chunk_attrs``): the metadata files,
+child groups and arrays, and directories made by mkdir of a group; the chunk files
+(and, with dimension_separator "/", key directories) of an array, with the empty chunks
+it serves when it has at most ``LIST_FILL_MAX`` of them; the shards and key prefixes of
+a source directory; the inner shards or chunks of a (nested) shard directory; then the
+staging files of the directory. ``stored_shards`` and ``shard_chunks`` say which shards
+and inner chunks are stored or pending (written through the mount, not folded yet).
+
+Memory: entries are made a page (at most ``PAGE``) at a time, as a reader consumes them
+(``DirStream``: one per open directory, keeping its offsets stable). An array's chunk files
+come at most a page of chunks at a time from their cached indexes (read ``INDEX_BATCH``
+shards ahead, many to a worker thread call, ``Reads.index_calls`` calls at once; the next
+batch's while the reader takes this one's), so listing an array holds its shard coordinates
+and at most a page of chunks (at least one shard's), never every chunk file's name and
+attributes at once; when it serves
+empty inner chunks it also holds the stored chunks' positions, sizes and mtimes (24 bytes
+each), never the whole grid. Listings with a key directory per coordinate
+(``dimension_separator`` "/") are computed whole, then produced a page at a time.
+
+Everything else it needs comes from the view, seen through the ``Tree`` protocol (this
+module does not import ``shardfs.tree.view``). Runs on the trio thread; source listings go
+to worker threads.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Iterator, NamedTuple, Protocol, cast
+
+import numpy as np
+import trio
+
+from shardfs.reads.attrs import Attr, fail, join, list_entries
+from shardfs.format.index import EMPTY
+from shardfs.tree.nodes import (ARRAY_DIRS, ArrayDirKey, ArrayNode, DirKey, GroupNode, InnerShardKey, KeyDirKey,
+                                MetaKey, ShardDirKey)
+from shardfs.tree.nodetable import CHUNK_BASE, SLOT_SHIFT, NodeTable
+from shardfs.storage import Entry, Storage, Version
+from shardfs.storage.threads import blocking
+
+if TYPE_CHECKING:
+    from shardfs.reads import Reads
+    from shardfs.writes.writeback import Writeback
+
+log = logging.getLogger("shardfs")
+
+INDEX_READS = 32  # shard indexes read at once (``read_indexes``, one shard per call)
+INDEX_BATCH = 256  # shards whose indexes a listing reads ahead of the entries it produces
+PAGE = 1024  # entries a listing makes at a time
+Entries = list[tuple[str, Attr]]
+LIST_FILL_MAX = 1 << 22  # arrays with more inner chunks do not list the empty ones they serve
+
+
+class ChunkSet(NamedTuple):
+    """Stored inner chunks, column-wise: global coordinates ``(n, ndim)``, file sizes, mtimes."""
+
+    coords: np.ndarray
+    size: np.ndarray
+    mtime: np.ndarray
+
+    def where(self, mask: np.ndarray | slice) -> "ChunkSet":
+        return ChunkSet(self.coords[mask], self.size[mask], self.mtime[mask])
+
+    @staticmethod
+    def concat(sets: list["ChunkSet"], ndim: int) -> "ChunkSet":
+        if not sets:
+            return ChunkSet(np.empty((0, ndim), np.int64), np.empty(0, np.int64), np.empty(0, np.int64))
+        return ChunkSet(*(np.concatenate(cols) for cols in zip(*sets)))
+
+
+class Tree(Protocol):
+    """What a listing needs of the view (``shardfs.tree.view.View``)."""
+
+    source: Storage
+    writeback: Writeback | None
+    nodes: NodeTable
+    reads: Reads
+    new_dirs: set[str]
+    arrays: dict[str, ArrayNode]
+
+    async def node(self, path: str) -> ArrayNode | GroupNode | None: ...
+    def new_children(self, path: str) -> list[str]: ...
+    def meta_names(self, node: ArrayNode | GroupNode) -> tuple[str, ...]: ...
+    async def meta_bytes(self, node: ArrayNode | GroupNode, name: str) -> bytes: ...
+    def file_attr(self, ino: int, size: int, mtime_ns: int) -> Attr: ...
+    def chunk_attrs(self, arr: ArrayNode, inos: Any, sizes: Any, mtimes: Any) -> list[Attr]: ...
+    def dir_attr(self, ino: int, mtime_ns: int) -> Attr: ...
+    async def getattr(self, ino: int) -> Attr: ...
+    def box_of(self, arr: ArrayNode, key: DirKey | ArrayDirKey) -> tuple[int, tuple[int, ...]] | None: ...
+    async def box_chunks(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> ChunkSet: ...
+    def pending_shard_keys(self, arr: ArrayNode) -> set[str]: ...
+    def shard_suffix(self, arr: ArrayNode) -> bool: ...
+    async def shard_table(self, arr: ArrayNode, shard: tuple[int, ...]) -> tuple[Version, np.ndarray] | None: ...
+    async def read_tables(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None: ...
+    async def shard_versions(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> list[tuple[int, ...]]: ...
+    async def fill_file(self, arr: ArrayNode) -> bytes: ...
+
+
+class Listing:
+    """The listings of one view's directories (``tree``)."""
+
+    def __init__(self, tree: Tree) -> None:
+        self.tree = tree
+
+    async def listdir(self, ino: int) -> Entries:
+        """All entries of a directory with their attributes (every page of ``pages``)."""
+        return [entry async for page in self.pages(ino) for entry in page]
+
+    async def pages(self, ino: int) -> AsyncGenerator[Entries, None]:
+        """The entries of a directory with their attributes (for readdirplus), in pages of 1 to
+        ``PAGE`` entries, each made when the previous one was consumed (errors, e.g. ENOENT,
+        come with the first page). A group's children, a shard directory's entries and the
+        staging files are each made in one go (a group has few; a shard has at most its
+        chunks-per-shard)."""
+        async for made in self._pages(ino):
+            for at in range(0, len(made), PAGE):
+                yield made[at:at + PAGE]
+        staged = [(name, await self.tree.getattr(st.ino))
+                  for (parent, name), st in sorted(self.tree.nodes.staged.items()) if parent == ino]
+        for at in range(0, len(staged), PAGE):
+            yield staged[at:at + PAGE]
+
+    async def _pages(self, ino: int) -> AsyncIterator[Entries]:
+        key = self.tree.nodes.node_key(ino)
+        if isinstance(key, DirKey):
+            node = await self.tree.node(key.path)
+            if node is None:
+                if key.path not in self.tree.new_dirs:
+                    raise fail(errno.ENOENT)
+                yield [(name, await self.tree.getattr(self.tree.nodes.inode(DirKey(join(key.path, name)))))
+                       for name in self.tree.new_children(key.path)]
+                return
+            out = []
+            for name in self.tree.meta_names(node):
+                mino = self.tree.nodes.inode(MetaKey(node.path, name))
+                size = len(await self.tree.meta_bytes(node, name))
+                out.append((name, self.tree.file_attr(mino, size, node.meta_mtime_ns)))
+            if isinstance(node, GroupNode):
+                for name, is_dir in sorted(await blocking(list_entries, self.tree.source, node.path)):
+                    child = join(node.path, name)
+                    if is_dir and not name.startswith(".") and await self.tree.node(child) is not None:
+                        out.append((name, await self.tree.getattr(self.tree.nodes.inode(DirKey(child)))))
+                shown = {name for name, _ in out}
+                for name in self.tree.new_children(node.path):
+                    if name not in shown:
+                        ino = self.tree.nodes.inode(DirKey(join(node.path, name)))
+                        out.append((name, await self.tree.getattr(ino)))
+                yield out
+                return
+            yield out
+            if node.info is not None:  # chunk files only: shard directories are one lookup away
+                async for page in self._array_pages(node, None, ()):
+                    yield page
+            return
+        if not isinstance(key, ARRAY_DIRS):
+            raise fail(errno.ENOTDIR)
+        arr = self.tree.arrays[key.path]
+        box = self.tree.box_of(arr, key)
+        if box is not None:  # at most one shard's chunks
+            yield await self._list_box(arr, *box)
+        elif isinstance(key, ShardDirKey):  # a key prefix directory of the source
+            async for page in self._array_pages(arr, key.rel, None):
+                yield page
+        else:
+            assert isinstance(key, KeyDirKey)  # box_of took inner shard directories
+            async for page in self._array_pages(arr, None, key.prefix):
+                yield page
+
+    async def _array_pages(self, arr: ArrayNode, rel: str | None, prefix: tuple[int, ...] | None
+                           ) -> AsyncIterator[Entries]:
+        """An array directory: the shards and key prefixes of source directory ``rel``, or the
+        chunk files (or key directories) below key ``prefix``."""
+        layout = arr.info.layout
+        if rel is not None and layout.index is not None:
+            entries = set(await blocking(list_entries, self.tree.source, join(arr.path, rel)))
+            for pending in self.tree.pending_shard_keys(arr):  # shards not folded into the source yet
+                if not rel or pending.startswith(rel + "/"):
+                    name, sep, _rest = pending[len(rel) + 1 if rel else 0:].partition("/")
+                    entries.add(Entry(name, bool(sep)))
+            ordered = sorted(entries)
+            del entries
+            names = np.array([name for name, _ in ordered], dtype=str)  # about 4 bytes a character
+            dirs = np.array([is_dir for _, is_dir in ordered], dtype=bool)
+            del ordered
+            for at in range(0, len(names), PAGE):
+                out = []
+                rows = [(name, is_dir, join(rel, name)) for name, is_dir in
+                        zip(names[at:at + PAGE].tolist(), dirs[at:at + PAGE].tolist())]
+                shards = {sub: layout.keys.parse(sub) for name, is_dir, sub in rows if not is_dir}
+                # a shard directory's mtime is its shard's version's: asked for the page at once
+                # (those only a request tells come with their indexes, read INDEX_READS at a time)
+                unknown = await self.tree.shard_versions(arr, [c for c in shards.values() if c is not None])
+                await self._read_tables(arr, unknown)
+                for name, is_dir, sub in rows:
+                    is_shard = shards.get(sub) is not None
+                    if is_shard or (is_dir and layout.keys.is_prefix(sub)):
+                        shown = name + ".shard" if is_shard and self.tree.shard_suffix(arr) else name
+                        ino = self.tree.nodes.inode(ShardDirKey(arr.path, sub))
+                        try:
+                            out.append((shown, await self.tree.getattr(ino)))
+                        except OSError:
+                            pass
+                yield out
+        if prefix is None:
+            return
+        found = await self.stored_shards(arr)
+        stored = np.array(found, dtype=np.int64).reshape(len(found), layout.ndim)  # 8 bytes a coordinate
+        del found
+        fill = False
+        if arr.info.serve_missing:
+            if int(np.prod(layout.chunk_grid, dtype=object)) <= LIST_FILL_MAX:
+                fill = True
+            elif not arr.fill_unlisted:
+                arr.fill_unlisted = True
+                log.warning("%s: more than %d inner chunks: empty ones are served but not listed",
+                            self.tree.source.describe(arr.path), LIST_FILL_MAX)
+        if fill or layout.keys.view_separator == "/":
+            chunks = ChunkSet.concat([c async for c in self._shard_chunk_sets(arr, stored)], layout.ndim)
+            if fill:
+                filled = self._with_fill_chunks(arr, chunks, len(await self.tree.fill_file(arr)))
+                if layout.keys.view_separator != "/":
+                    for part in filled:
+                        yield list(zip(layout.names.keys(part.coords), self._chunk_attrs(arr, part)))
+                    return
+                chunks = ChunkSet.concat(list(filled), layout.ndim)
+            nested = self._nested(arr, chunks, prefix)
+            del chunks
+            for at in range(0, len(nested), PAGE):
+                yield nested[at:at + PAGE]
+            return
+        held: list[ChunkSet] = []
+        count = 0
+        async for chunks in self._shard_chunk_sets(arr, stored):
+            held.append(chunks)
+            count += len(chunks.size)
+            if count >= PAGE:
+                async for page in self._chunk_pages(arr, ChunkSet.concat(held, layout.ndim)):
+                    yield page
+                held, count = [], 0
+        async for page in self._chunk_pages(arr, ChunkSet.concat(held, layout.ndim)):
+            yield page
+
+    async def _chunk_pages(self, arr: ArrayNode, chunks: ChunkSet) -> AsyncIterator[Entries]:
+        """The chunk files of ``chunks`` (v2 keys as names), at most ``PAGE`` at a time."""
+        for at in range(0, len(chunks.size), PAGE):
+            part = chunks.where(slice(at, at + PAGE))
+            yield list(zip(arr.info.layout.names.keys(part.coords), self._chunk_attrs(arr, part)))
+
+    def _nested(self, arr: ArrayNode, chunks: ChunkSet, prefix: tuple[int, ...]) -> Entries:
+        """With dimension_separator "/": the entries of key directory ``prefix`` (the chunk files
+        named by their last coordinate, or the key directories of the next one)."""
+        layout = arr.info.layout
+        depth = len(prefix)
+        chunks = chunks.where(np.all(chunks.coords[:, :depth] == np.array(prefix, dtype=np.int64), axis=1))
+        if depth + 1 == layout.ndim:
+            return list(zip(map(str, chunks.coords[:, depth].tolist()), self._chunk_attrs(arr, chunks)))
+        return [(str(i), self.tree.dir_attr(self.tree.nodes.inode(KeyDirKey(arr.path, prefix + (i,))),
+                                            arr.version.mtime_ns))
+                for i in sorted(set(chunks.coords[:, depth].tolist()))]
+
+    async def _shard_chunk_sets(self, arr: ArrayNode, shards: np.ndarray) -> AsyncIterator[ChunkSet]:
+        """``shards_chunks`` of ``shards`` (coordinates, one row each), as many shards at a time
+        as hold at most ``PAGE`` inner chunks (at least one), their indexes read ``INDEX_BATCH``
+        shards ahead."""
+        group = max(1, PAGE // int(np.prod(arr.info.layout.chunks_per_shard, dtype=np.int64)))
+        for at in range(0, len(shards), INDEX_BATCH):
+            batch = [tuple(row) for row in shards[at:at + INDEX_BATCH].tolist()]
+            await self._read_tables(arr, batch)
+            if at + INDEX_BATCH < len(shards):  # the next batch's, while the reader takes this one's
+                ahead = [tuple(row) for row in shards[at + INDEX_BATCH:at + 2 * INDEX_BATCH].tolist()]
+                trio.lowlevel.spawn_system_task(self._tables_ahead, arr, ahead)
+            for first in range(0, len(batch), group):
+                yield await self.shards_chunks(arr, batch[first:first + group])
+
+    async def _list_box(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> list[tuple[str, Attr]]:
+        """A shard or inner shard directory: its inner shards, or at the innermost level its chunks."""
+        layout = arr.info.layout
+        chunks = await self.tree.box_chunks(arr, level, box)
+        if level == layout.depth:
+            return list(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
+        newest: dict[tuple[int, ...], int] = {}
+        for c, mtime in zip(map(tuple, (chunks.coords // np.array(layout.spans[level + 1])).tolist()),
+                            chunks.mtime.tolist()):
+            newest[c] = max(newest.get(c, 0), mtime)
+        inode = self.tree.nodes.inode
+        return [(layout.names.key(child), self.tree.dir_attr(inode(InnerShardKey(arr.path, level + 1, child)), mtime))
+                for child, mtime in sorted(newest.items())]
+
+    async def stored_shards(self, arr: ArrayNode, rel: str = "") -> list[tuple[int, ...]]:
+        """Coordinates of the stored shards at or below source directory ``rel`` of the array."""
+        keys = arr.info.layout.keys
+        out = []
+        for name, is_dir in await blocking(list_entries, self.tree.source, join(arr.path, rel)):
+            sub = join(rel, name)
+            if is_dir and keys.is_prefix(sub):
+                out.extend(await self.stored_shards(arr, sub))
+            elif not is_dir:
+                coords = keys.parse(sub)
+                if coords is not None and arr.info.layout.shard_in_grid(coords):
+                    out.append(coords)
+        if not rel and self.tree.writeback is not None:
+            out = sorted(set(out) | set(self.tree.writeback.dirty_shards(arr.path)))
+        return out
+
+    async def _read_tables(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None:
+        """``read_indexes`` of ``shards`` for a listing: split among the source's ``index_calls``
+        worker thread calls at once (``Reads.index_calls``: one for a local source)."""
+        calls = self.tree.reads.index_calls
+        await self.read_indexes(arr, shards, calls, per_call=max(1, -(-len(shards) // calls)))
+
+    async def _tables_ahead(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None:
+        """``_read_tables`` in the background (a listing may be abandoned meanwhile: at most one
+        batch is read for nothing); a failure is left for the listing's own reads."""
+        try:
+            await self._read_tables(arr, shards)
+        except Exception as e:  # noqa: BLE001 - a background read never ends the daemon
+            log.debug("%s: indexes not read ahead: %r", self.tree.source.describe(arr.path), e)
+
+    async def read_indexes(self, arr: ArrayNode, shards: list[tuple[int, ...]], at_once: int = INDEX_READS,
+                           per_call: int = 1) -> None:
+        """Read the indexes of ``shards`` that are not cached, ``at_once`` calls at a time (a
+        listing needs them all; over an object store each is a round trip): with ``per_call``
+        1 each through ``shard_table``, else ``per_call`` never-read ones in one worker thread
+        call (``read_tables``: a thread hop per shard costs more than reading a small local
+        shard's index). Errors are left for the caller's own ``shard_table`` to meet."""
+        limiter = trio.CapacityLimiter(at_once)
+
+        async def one(group: list[tuple[int, ...]]) -> None:
+            async with limiter:
+                try:
+                    if per_call == 1:
+                        await self.tree.shard_table(arr, group[0])
+                    else:
+                        await self.tree.read_tables(arr, group)
+                except OSError:
+                    pass
+
+        async with trio.open_nursery() as nursery:
+            for at in range(0, len(shards), per_call):
+                nursery.start_soon(one, shards[at:at + per_call])
+
+    async def shard_chunks(self, arr: ArrayNode, shard: tuple[int, ...]) -> ChunkSet:
+        """The stored (or pending) inner chunks of one shard, sorted by index position;
+        none if the shard is corrupt."""
+        return await self.shards_chunks(arr, [shard])
+
+    async def shards_chunks(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> ChunkSet:
+        """``shard_chunks`` of each of ``shards`` in turn, made column-wise for all of them at
+        once (a listing of many small shards costs numpy calls per batch, not per shard)."""
+        layout = arr.info.layout
+        found: list[tuple[int, tuple[Version, np.ndarray]]] = []
+        for i, shard in enumerate(shards):
+            try:
+                table = await self.tree.shard_table(arr, shard)
+            except OSError:
+                table = None
+            if table is not None:
+                found.append((i, table))
+        if found:
+            tables = np.stack([table for _, (_, table) in found])  # (shards, rows, 2)
+            which, pos = np.nonzero(tables[:, :, 0] != EMPTY)
+            nbytes = tables[which, pos, 1].astype(np.int64)
+            mtime = np.array([version.mtime_ns for _, (version, _) in found], dtype=np.int64)[which]
+            owner = np.array([i for i, _ in found], dtype=np.int64)[which]
+            del tables
+        else:
+            owner, pos, nbytes, mtime = (np.empty(0, np.int64) for _ in range(4))
+        if self.tree.writeback is not None:
+            patched = False
+            for i, shard in enumerate(shards):
+                pending = self.tree.writeback.pending_in((arr.path, shard))
+                if pending:
+                    keep = ~((owner == i) & np.isin(pos, np.fromiter(pending, np.int64, len(pending))))
+                    live = sorted((i, p, len(x.data), x.mtime_ns) for p, x in pending.items() if x.data is not None)
+                    extra = np.array(live, dtype=np.int64).reshape(-1, 4)
+                    owner, pos, nbytes, mtime = (np.concatenate([col[keep], extra[:, j]])
+                                                 for j, col in enumerate((owner, pos, nbytes, mtime)))
+                    patched = True
+            if patched:
+                order = np.lexsort((pos, owner))
+                owner, pos, nbytes, mtime = owner[order], pos[order], nbytes[order], mtime[order]
+        at = np.array(shards, dtype=np.int64).reshape(len(shards), layout.ndim)[owner]
+        coords, inside = layout.chunks_at(at, pos)
+        return ChunkSet(coords[inside], cast(np.ndarray, arr.info.chunk.file_size(nbytes[inside])), mtime[inside])
+
+    def _with_fill_chunks(self, arr: ArrayNode, stored: ChunkSet, fill_size: int) -> Iterator[ChunkSet]:
+        """Every in-bounds inner chunk in C order, ``PAGE`` at a time: ``stored`` ones as they
+        are, the others as fill chunks (``fill_size`` bytes, the array metadata's mtime)."""
+        grid = arr.info.layout.chunk_grid
+        total = int(np.prod(grid, dtype=np.int64))
+        linear = self._linear(arr, stored.coords)
+        order = np.argsort(linear, kind="stable")
+        linear, size, mtime = linear[order], stored.size[order], stored.mtime[order]
+        for at in range(0, total, PAGE):
+            ids = np.arange(at, min(total, at + PAGE), dtype=np.int64)
+            coords = (np.stack(np.unravel_index(ids, grid), axis=1).astype(np.int64) if grid
+                      else np.zeros((len(ids), 0), np.int64))
+            page = ChunkSet(coords, np.full(len(ids), fill_size, np.int64),
+                            np.full(len(ids), arr.version.mtime_ns, np.int64))
+            lo, hi = np.searchsorted(linear, [at, at + len(ids)])
+            page.size[linear[lo:hi] - at], page.mtime[linear[lo:hi] - at] = size[lo:hi], mtime[lo:hi]
+            yield page
+
+    @staticmethod
+    def _linear(arr: ArrayNode, coords: np.ndarray) -> np.ndarray:
+        """The C-order positions in the array's chunk grid of ``coords``."""
+        layout = arr.info.layout
+        if not layout.ndim:
+            return np.zeros(len(coords), np.int64)
+        return np.ravel_multi_index(tuple(coords.T), layout.chunk_grid).astype(np.int64)
+
+    def _chunk_attrs(self, arr: ArrayNode, chunks: ChunkSet) -> list[Attr]:
+        """The attributes of every chunk file of ``chunks`` (``_chunk_attr`` column-wise)."""
+        base = CHUNK_BASE + (arr.slot << SLOT_SHIFT)
+        return self.tree.chunk_attrs(arr, (self._linear(arr, chunks.coords) + base).tolist(), chunks.size.tolist(),
+                                     chunks.mtime.tolist())
+
+
+class DirStream:
+    """One open directory's entries as readdir asks for them (``Listing.pages``, consumed as
+    the reader goes): entry ``i`` has offset ``i``, and the kernel resumes at the offset after
+    the last entry it took. Only the current page is kept; ``rewind`` (readdir at offset 0)
+    lists afresh, and an offset before the current page lists again from the start and skips
+    to it (``seekdir`` back; a listing that failed is resumed the same way)."""
+
+    def __init__(self, listing: Listing, ino: int) -> None:
+        self._listing, self._ino = listing, ino
+        self._pages: AsyncGenerator[Entries, None] | None = None
+        self._base = 0  # the offset of the first entry of ``_page``
+        self._page: Entries = []
+        self._lock = trio.Lock()  # one reader of the listing at a time
+
+    async def at(self, offset: int) -> tuple[Entries, int]:
+        """The page holding the entry at ``offset`` and its index in that page (an empty page:
+        the listing ended before ``offset``)."""
+        async with self._lock:
+            if self._pages is None or offset < self._base:
+                await self._close()
+                self._pages = self._listing.pages(self._ino)
+            while offset >= self._base + len(self._page):
+                try:
+                    page = await self._pages.__anext__()
+                except StopAsyncIteration:
+                    return [], 0
+                except BaseException:  # the listing failed (and ended): the next call starts it again
+                    self._pages, self._base, self._page = None, 0, []
+                    raise
+                self._base += len(self._page)
+                self._page = page
+            return self._page, offset - self._base
+
+    async def rewind(self) -> None:
+        """The next ``at`` lists the directory afresh."""
+        async with self._lock:
+            await self._close()
+
+    async def aclose(self) -> None:
+        """Stop the listing (the directory is released)."""
+        await self.rewind()
+
+    async def _close(self) -> None:
+        pages, self._pages, self._base, self._page = self._pages, None, 0, []
+        if pages is not None:
+            await pages.aclose()
+

@@ -1,0 +1,132 @@
+"""The node-key table: which node key (``shardfs.tree.nodes``) each inode number shows, and back.
+
+Contract: directory, metadata and key-directory keys get an inode on first use
+(``inode``) and keep it for the mount's life (``rebind`` moves one to a new key);
+chunk inodes are computed, never stored: ``CHUNK_BASE`` + the array's slot
+(``slots``, owned by the view and shared here by reference) << ``SLOT_SHIFT`` + the
+chunk's C-order position. Staging files (a writer's temporaries, ``Staging``) get
+an inode each; one committed onto a node shows that node's key and is an alias of
+its inode until the kernel forgets it (``forget``). Unknown inodes are ENOENT.
+Runs on the trio thread; no I/O.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+
+from shardfs.reads.attrs import fail
+from shardfs.tree.nodes import ArrayNode, ChunkKey, DirKey, NodeKey, Staging, StagingKey
+from shardfs.writes.spill import SpillBuffer
+
+ROOT_INODE = 1
+CHUNK_BASE = 1 << 62
+SLOT_SHIFT = 40
+
+
+class NodeTable:
+    """Inode numbers <-> node keys for one mount; ``slots``: the arrays by slot."""
+
+    def __init__(self, slots: list[ArrayNode]) -> None:
+        self._slots = slots
+        self._keys: dict[int, NodeKey] = {ROOT_INODE: DirKey("")}
+        self._inos: dict[NodeKey, int] = {DirKey(""): ROOT_INODE}
+        self.staged: dict[tuple[int, str], Staging] = {}  # (directory inode, name) -> staging file
+        self._tmp: dict[int, Staging] = {}
+        self._aliases: dict[int, set[int]] = {}
+        self._next_ino = itertools.count(ROOT_INODE + 1)
+
+    def _ino(self, key: NodeKey) -> int:
+        ino = self._inos.get(key)
+        if ino is None:
+            ino = next(self._next_ino)
+            self._keys[ino] = key
+            self._inos[key] = ino
+        return ino
+
+    def node_key(self, ino: int) -> NodeKey:
+        """The node inode ``ino`` shows; ENOENT if it is unknown."""
+        if ino >= CHUNK_BASE:
+            slot, linear = divmod(ino - CHUNK_BASE, 1 << SLOT_SHIFT)
+            if slot >= len(self._slots):
+                raise fail(errno.ENOENT)
+            arr = self._slots[slot]
+            return ChunkKey(arr, arr.info.layout.coords(linear))
+        st = self._tmp.get(ino)
+        if st is not None:
+            return st.committed or StagingKey(st)
+        try:
+            return self._keys[ino]
+        except KeyError:
+            raise fail(errno.ENOENT) from None
+
+    def new_staging(self, parent: int, name: str, data: SpillBuffer) -> Staging:
+        """Create staging file ``name`` in directory ``parent`` holding ``data`` (empty)."""
+        st = Staging(next(self._next_ino), data, parent, name)
+        self._tmp[st.ino] = st
+        self.staged[(parent, name)] = st
+        return st
+
+    def drop_staging(self, parent: int, name: str, committed: NodeKey | None) -> None:
+        """Remove a staging file's name; its inode shows node key ``committed`` from now on
+        (an alias of that node's inode until the kernel forgets it), if given."""
+        st = self.staged.pop((parent, name))
+        st.data.clear()  # gives a spill file's space back
+        if committed is None:
+            self._tmp.pop(st.ino, None)
+        else:
+            st.committed = committed
+            self._aliases.setdefault(self.inode(committed), set()).add(st.ino)
+
+    def aliases(self, ino: int) -> set[int]:
+        """The other inodes that show node ``ino``: staging inodes committed onto it, and for a
+        chunk the inodes of the same chunk in the array's earlier layouts (``ArrayNode.lineage``:
+        the kernel keeps a dentry, and the attributes of its inode, for the entry and attribute
+        timeouts after a resize gave the array a new slot; a change of the chunk must drop
+        those too), with their staging inodes."""
+        found = set(self._aliases.get(ino, ()))
+        if ino >= CHUNK_BASE:
+            key = self.node_key(ino)
+            assert isinstance(key, ChunkKey)
+            for slot in key.arr.lineage:
+                arr = self._slots[slot]
+                if slot != key.arr.slot and arr.info is not None and arr.info.layout.in_grid(key.coords):
+                    other = self.chunk_ino(arr, key.coords)
+                    found.add(other)
+                    found.update(self._aliases.get(other, ()))
+        return found
+
+    def forget(self, ino: int) -> None:
+        """The kernel dropped inode ``ino``: free it if it is a committed staging file."""
+        st = self._tmp.get(ino)
+        if st is not None and st.committed is not None:
+            del self._tmp[ino]
+            target = self.inode(st.committed)
+            self._aliases[target].discard(ino)
+            if not self._aliases[target]:
+                del self._aliases[target]
+
+    def inode(self, key: NodeKey) -> int:
+        """The inode that shows node ``key`` (allocated on first use); the inverse of ``node_key``."""
+        return self.chunk_ino(key.arr, key.coords) if isinstance(key, ChunkKey) else self._ino(key)
+
+    def rebind(self, old: NodeKey, new: NodeKey) -> int | None:
+        """Make the inode of ``old`` show ``new`` (a directory made before its array existed
+        becomes one of its key directories); its inode, or None if ``old`` had none or
+        ``new`` has one already."""
+        ino = self._inos.get(old)
+        if ino is None or new in self._inos:
+            return None
+        del self._inos[old]
+        self._keys[ino] = new
+        self._inos[new] = ino
+        return ino
+
+    def allocated(self, key: NodeKey) -> int | None:
+        """The inode of a node key if the kernel may know it, else None."""
+        return self._inos.get(key)
+
+    @staticmethod
+    def chunk_ino(arr: ArrayNode, coords: tuple[int, ...]) -> int:
+        """The inode of inner chunk ``coords`` of ``arr`` (computed, never stored)."""
+        return CHUNK_BASE + (arr.slot << SLOT_SHIFT) + arr.info.layout.linear(coords)

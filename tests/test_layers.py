@@ -1,0 +1,135 @@
+"""The package's layering (doc/ARCHITECTURE.md): data flows down only, no import cycles.
+
+Every module's imports are read with ``ast``, including function-level imports and those under
+``if TYPE_CHECKING:``, so a cycle cannot hide behind a lazy import. A room may import its own
+modules and the rooms below it, never one above; the module graph has no cycle. No mount: this
+runs in milliseconds.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "shardfs"
+# Top to bottom; a room imports only itself and rooms after it.
+ROOMS = ["app", "kernel", "tree", "reads", "writes", "shards", "storage", "format"]
+TOP = {"shardfs": len(ROOMS), "shardfs.__main__": -1}  # __version__ (imported by all) / the entry point
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its ``__init__``)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = modules()
+
+
+def imports(name: str, path: Path) -> set[str]:
+    """The package modules ``name`` imports anywhere in its text (also inside functions and
+    ``if TYPE_CHECKING:``), with the package ``__init__`` an import from outside it runs."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        for target in targets:
+            if target.split(".")[0] != "shardfs":
+                continue
+            while target not in MODULES:  # an attribute of a module: the module
+                target = target.rpartition(".")[0]
+            found.add(target)
+            parent = target.rpartition(".")[0]
+            if parent and parent != "shardfs" and not name.startswith(parent):
+                found.add(parent)  # importing shardfs.x.y runs shardfs/x/__init__.py first
+    found.discard(name)
+    return found
+
+
+GRAPH = {name: imports(name, path) for name, path in MODULES.items()}
+
+
+def room(name: str) -> int:
+    """The rank of ``name``'s room: 0 the top (``app``)."""
+    if name in TOP:
+        return TOP[name]
+    return ROOMS.index(name.split(".")[1])
+
+
+def test_every_module_is_in_a_room():
+    loose = [n for n in MODULES if n not in TOP and (n.count(".") < 1 or n.split(".")[1] not in ROOMS)]
+    assert loose == []
+    assert sorted({n.split(".")[1] for n in MODULES if n not in TOP}) == sorted(ROOMS)
+
+
+def test_no_upward_import():
+    upward = sorted(f"{name} -> {dep}" for name, deps in GRAPH.items() for dep in deps if room(dep) < room(name))
+    assert upward == []
+
+
+def test_no_import_cycle():
+    """Depth-first search for a back edge; the first cycle found is shown whole."""
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        state[name] = 1
+        stack.append(name)
+        for dep in sorted(GRAPH[name]):
+            if state.get(dep) == 1:
+                return stack[stack.index(dep):] + [dep]
+            if dep not in state and (cycle := visit(dep)):
+                return cycle
+        stack.pop()
+        state[name] = 2
+        return None
+
+    cycles = [c for name in sorted(GRAPH) if name not in state and (c := visit(name))]
+    assert cycles == []
+
+
+@pytest.mark.parametrize("name", ROOMS)
+def test_every_room_names_its_public_face(name):
+    """Each room's ``__init__`` states its job and lists its public names in ``__all__``,
+    each a module of the room or a name the ``__init__`` defines or imports."""
+    init = PACKAGE / name / "__init__.py"
+    tree = ast.parse(init.read_text())
+    assert ast.get_docstring(tree)
+    public = [node for node in tree.body if isinstance(node, ast.Assign)
+              and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)]
+    assert len(public) == 1
+    names = ast.literal_eval(public[0].value)
+    defined = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+               if isinstance(t, ast.Name)}
+    defined |= {node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))}
+    defined |= {a.asname or a.name for node in tree.body if isinstance(node, ast.ImportFrom) for a in node.names}
+    missing = [n for n in names if n not in defined and not (PACKAGE / name / f"{n}.py").exists()]
+    assert names and missing == []
+
+
+def test_the_layer_check_sees_lazy_and_type_checking_imports(tmp_path):
+    """The parser counts an import inside a function and one under ``TYPE_CHECKING``."""
+    lazy = [n for n, p in MODULES.items() if re.search(r"^    +from shardfs\.", p.read_text(), re.M)]
+    assert lazy, "no function-level import left to check the parser on"
+    text = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from shardfs.tree.view import View\n" \
+           "def f():\n    from shardfs.app import cli\n"
+    probe = tmp_path / "probe.py"
+    probe.write_text(text)
+    assert imports("shardfs.format.probe", probe) == {"shardfs.tree.view", "shardfs.tree", "shardfs.app.cli",
+                                                      "shardfs.app"}
