@@ -32,6 +32,7 @@ from conftest import (
     run_shardfs,
     zarr2,
 )
+from inproc import InProcess
 from sources import create_array
 
 # ------------------------------------------------------------------ source writers
@@ -366,12 +367,13 @@ def test_ome_05_is_shown_as_ome_04(mnt, src):
         assert_same_array(res[level], read_native(src / "img" / level), f"zarr 2.18 read of OME level {level}")
 
 
-def test_no_ome_translation_shows_attributes_unchanged(mount, src):
-    mnt = mount(src, "--no-ome-translation")
-    attrs = json.loads((mnt / "img" / ".zattrs").read_text())
-    assert attrs == OME_05
-    assert "multiscales" not in attrs
-    assert json.loads((mnt / ".zmetadata").read_text())["metadata"]["img/.zattrs"] == OME_05
+def test_no_ome_translation_shows_attributes_unchanged(src):
+    """In-process (``tests/inproc.py``): the view of ``--no-ome-translation``."""
+    with InProcess(src, ome=False) as fs:
+        attrs = json.loads((fs / "img" / ".zattrs").read_text())
+        assert attrs == OME_05
+        assert "multiscales" not in attrs
+        assert json.loads((fs / ".zmetadata").read_text())["metadata"]["img/.zattrs"] == OME_05
 
 
 # ------------------------------------------------------------------ transcoding

@@ -24,7 +24,6 @@ import functools
 import itertools
 import logging
 import os
-import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
@@ -148,11 +147,8 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
         handle = self._handles.dirty_write(inode)
-        if handle is not None and handle.chunk is not None:
-            return self._entry(self.view.chunk_attr(handle.chunk[0], inode, handle.data().size, time.time_ns()))
-        if handle is not None and handle.meta is not None:
-            return self._entry(self.view.file_attr(inode, handle.data().size, time.time_ns()))
-        return self._entry(await self._attr(inode))
+        attr = None if handle is None or self.writer is None else self.writer.dirty_attr(handle)
+        return self._entry(attr if attr is not None else await self._attr(inode))
 
     async def _attr(self, inode: int) -> Attr:
         """``view.getattr``, except that a chunk file that no longer exists (``_shows_chunk``) is
