@@ -5,8 +5,8 @@ and after it, and the source itself at the end.
 write ``begin``/``end`` lines go to the ``Model``; every finished operation goes to ``ops``
 (kind, start, end, error) for the metrics; a failed operation's error is *clean* when it is
 EIO, ENOSPC or EAGAIN, or when it overlaps a fault window (a killed daemon's ENOTCONN, a
-stopped server); a write that failed with ENOENT while an ``rm`` of its chunk was in flight
-is *raced* (zarr 2.18 reads an edge chunk before writing part of it); a failed read is *raced* when a write of the same array that no filesystem
+stopped server); a library write that failed with ENOENT while an ``rm`` of its chunk was in
+flight is *raced* (zarr 2.18 reads an edge chunk before writing part of it); a failed read is *raced* when a write of the same array that no filesystem
 makes atomic for readers (in place, ``cp``, ``rm``: ``RACY``) was in flight meanwhile (also a
 fill read while such a write of that very chunk was: its ``O_TRUNC`` emptied it), or an ENOENT
 follows an ``rm`` of that array by less than the entry timeout; a read that failed to decode
@@ -45,6 +45,7 @@ CLEAN = frozenset({"EIO", "ENOSPC", "EAGAIN"})
 # Writes a reader may see half done on any POSIX filesystem: in place and cp (open with O_TRUNC,
 # then write: the kernel shows the truncated file at once), rm (zarr 2.18 stats, then opens).
 RACY = frozenset({"inplace", "cp", "rm"})
+LIBRARIES = frozenset({"zarr2", "zarr3", "tensorstore"})  # writes through a client library
 ATTR_TIMEOUT = 10.0  # the mounts' -o attr_timeout/entry_timeout default
 
 
@@ -114,9 +115,11 @@ class Ledger:
             return
         if rec.get("how") == "rm" and op.err == "ENOENT":  # the chunk was empty already
             return
-        if op.kind == "write" and op.err == "ENOENT" and self._racing(rec["a"], op.start, op.end, rec["c"], {"rm"}):
+        if (op.kind == "write" and op.err == "ENOENT" and rec["how"] in LIBRARIES
+                and self._racing(rec["a"], op.start, op.end, rec["c"], {"rm"})):
             # zarr 2.18 writing part of a chunk (an edge chunk) reads it first: stat, then open,
-            # and the other writer of this mount removed it in between
+            # and the other writer of this mount removed it in between (an open with O_CREAT,
+            # in place or cp, has no such excuse: it creates the file if it is gone)
             self.raced[f"{rec['how']} write"] += 1
             return
         if op.kind == "read" and self._racing(rec["a"], op.start, op.end):
