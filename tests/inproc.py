@@ -1,32 +1,142 @@
-"""The mount's filesystem driven in-process, without the kernel: the ``View`` that
-``shardfs.kernel.fuse_ops`` calls, reached by path as the kernel reaches it (a ``lookup`` per
-name from the root inode), for tests that only check semantics (names, attributes,
-listings, metadata mapping, fill rules): no daemon, no ``/dev/fuse``, milliseconds a test.
+"""The mount's filesystem driven in-process, without the kernel: the ``View`` and the
+``Writer`` that ``shardfs.kernel.fuse_ops`` calls, reached by path as the kernel reaches them
+(a ``lookup`` per name from the root inode), for tests that only check semantics (names,
+attributes, listings, metadata mapping, fill rules, commit validation): no daemon, no
+``/dev/fuse``, milliseconds a call.
 
-``InProcess(root) / "raw" / ".zarray"`` is an ``InPath``: ``read_bytes``, ``read_text``,
-``stat`` (``st_mode``, ``st_size``, ``st_nlink``, ``st_ino``, ``st_mtime_ns``), ``iterdir``
-names and ``exists``, raising the ``OSError`` (errno) the adapter would answer with.
-Each call is one ``trio.run`` over one ``View`` (read-only, like ``View``'s default).
+``InProcess(SRC)`` builds what the daemon's composition root builds for a local source: the
+storage (``Source.opened``), the view with its reads and, unless ``read_only``, the
+write-back journalling into a directory of its own under the source's journal root, and the
+``Writer`` spilling into the source's spill directory (the suite's ``XDG_STATE_HOME``).
+Every call runs on one trio loop of its own (in a thread), which also runs the write-back's
+idle folds, as the daemon's one ``trio.run`` does; ``close`` (or leaving a ``with`` block)
+folds what is pending into the shards, as an unmount does.
+
+``fs / "raw" / ".zarray"`` is an ``InPath`` with the ``pathlib`` calls tests use: ``stat``,
+``exists``, ``is_dir``, ``is_file``, ``iterdir`` (names, in listing order), ``entries`` (names
+with the attributes the listing gives), ``read_bytes``/``read_text``,
+``write_bytes``/``write_text``, ``open`` (an ``InFile``: ``read``, ``write``, ``stat`` as
+``fstat``, ``close`` as the kernel's FLUSH and RELEASE), ``mkdir``, ``unlink``, ``rmdir``,
+``replace``, ``truncate``; ``files`` and ``copy_to`` give its files' bytes to clients. Each
+raises the ``OSError`` (errno) the adapter answers with; any other exception (which the
+adapter would log and answer EIO) fails the test. What needs the kernel (page cache, entry
+and attribute caches, FLUSH at ``close(2)``, ENAMETOOLONG, the errno a client sees) is
+tested on real mounts.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
-from pathlib import PurePosixPath
-from typing import Any
+import stat
+import threading
+from pathlib import Path, PurePosixPath
+from typing import Any, Awaitable, Callable, TypeVar
 
 import trio
 
-from shardfs.storage.local import LocalStorage
+from shardfs.app import state
+from shardfs.kernel.fuse_ops import Timeouts
+from shardfs.storage.attrs import Attr
+from shardfs.reads.chunkcache import DEFAULT_BYTES, ChunkCache
+from shardfs.reads.factory import make_reads
+from shardfs.storage.source import Source
 from shardfs.tree.nodetable import ROOT_INODE
-from shardfs.tree.view import View
+from shardfs.tree.view import ReadHandle, View
+from shardfs.tree.writer import WriteHandle, Writer
+from shardfs.writes import journal
+from shardfs.writes.writeback import Writeback
+
+T = TypeVar("T")
+
+
+def stat_result(attr: Attr) -> os.stat_result:
+    """``attr`` as ``os.stat`` shows it through a mount (the daemon's uid and gid)."""
+    sec = attr.mtime_ns // 10**9
+    return os.stat_result((attr.mode, attr.ino, 0, attr.nlink, os.getuid(), os.getgid(), attr.size,
+                           sec, sec, sec, attr.mtime_ns, attr.mtime_ns, attr.mtime_ns))
 
 
 class InProcess:
-    """One source directory's tree, as a mount of it shows it (``**kw``: ``View``'s options)."""
+    """One source directory's tree as a mount of it shows it.
 
-    def __init__(self, root: str | os.PathLike[str], **kw: Any) -> None:
-        self.view = View(LocalStorage(os.fspath(root)), **kw)
+    ``read_only``: no ``Writer`` (every write is EROFS, as on a read-only mount);
+    ``shard_bytes``: ``-o shard_size`` for arrays created here; ``list_ttl``: how long
+    listings of the source are kept (a mount's entry timeout); ``**view``: ``View``'s
+    options (``ome``, ``c_order``)."""
+
+    def __init__(self, root: str | os.PathLike[str], read_only: bool = True, shard_bytes: int | None = None,
+                 list_ttl: float = Timeouts.entry, **view: Any) -> None:
+        self.root = Path(root)
+        self.invalidated: list[int] = []  # inodes whose cached pages and attributes the kernel is told to drop
+        self._cleanup = contextlib.ExitStack()
+        source = Source.parse(os.fspath(root), {})
+        self.source = self._cleanup.enter_context(source.opened(version_ttl=Timeouts.attr, list_ttl=list_ttl))
+        self.writeback: Writeback | None = None
+        self.writer: Writer | None = None
+        if not read_only:  # the journal and spill files where the daemon keeps them (the suite's XDG_STATE_HOME)
+            claim = journal.claim(state.journal_dir(source.name, None, source.endpoint))
+            self._cleanup.callback(claim.release)
+            self.writeback = Writeback(self.source, claim.directory)
+        self.view = View(self.source, read_only=read_only, writeback=self.writeback,
+                         reads=make_reads(self.source, chunk_cache=ChunkCache(DEFAULT_BYTES)), **view)
+        if self.writeback is not None:
+            more = {} if shard_bytes is None else {"shard_bytes": shard_bytes}
+            self.writer = Writer(self.view, self.writeback, self._invalidate,
+                                 state.spill_dir(source.name, source.endpoint), **more)
+            self.writeback.on_folded = self.writer.folded
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    # ----- the loop -----------------------------------------------------------------------
+
+    def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``await fn(*args)`` on this tree's trio loop (started at the first call): its
+        result, or its exception."""
+        if self._token is None:
+            started = threading.Event()
+            self._thread = threading.Thread(target=trio.run, args=(self._serve, started), daemon=True,
+                                            name="inproc-trio")
+            self._thread.start()
+            started.wait()
+        return trio.from_thread.run(fn, *args, trio_token=self._token)
+
+    async def _serve(self, started: threading.Event) -> None:
+        """The loop's main task: the write-back's folds (``Writeback.run``) until ``close``."""
+        self._token, self._stop = trio.lowlevel.current_trio_token(), trio.Event()
+        async with trio.open_nursery() as nursery:
+            if self.writeback is not None:
+                nursery.start_soon(self.writeback.run)
+            started.set()
+            await self._stop.wait()
+            nursery.cancel_scope.cancel()
+
+    def fold(self) -> None:
+        """Fold every pending chunk into its shard now (what an unmount does)."""
+        if self.writeback is not None:
+            self.run(self.writeback.flush)
+
+    def close(self) -> None:
+        """Fold what is pending, end the loop, release the journal (removed when empty)."""
+        try:
+            self.fold()
+        finally:
+            if self._token is not None:
+                assert self._stop is not None and self._thread is not None
+                trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+                self._thread.join()
+                self._token = None
+            self._cleanup.close()
+
+    def __enter__(self) -> InProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----- paths --------------------------------------------------------------------------
 
     def __truediv__(self, rel: str | os.PathLike[str]) -> InPath:
         return InPath(self, PurePosixPath(rel))
@@ -38,9 +148,18 @@ class InProcess:
             ino = (await self.view.lookup(ino, name)).ino
         return ino
 
+    def writable(self) -> Writer:
+        """The ``Writer``; EROFS on a read-only tree (as the adapter answers)."""
+        if self.writer is None:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return self.writer
+
+    async def _invalidate(self, inodes: list[int]) -> None:
+        self.invalidated += inodes
+
 
 class InPath:
-    """A path below an ``InProcess`` tree."""
+    """A path below an ``InProcess`` tree (``pathlib``-like; see the module docstring)."""
 
     def __init__(self, fs: InProcess, rel: PurePosixPath) -> None:
         self.fs, self.rel = fs, rel
@@ -55,13 +174,20 @@ class InPath:
     def name(self) -> str:
         return self.rel.name
 
-    def stat(self) -> os.stat_result:
-        async def run() -> os.stat_result:
-            attr = await self.fs.view.getattr(await self.fs.ino(self.rel))
-            return os.stat_result((attr.mode, attr.ino, 0, attr.nlink, 0, 0, attr.size, attr.mtime_ns // 10**9,
-                                   attr.mtime_ns // 10**9, attr.mtime_ns // 10**9))
+    def _call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``fn(parent inode, name, *args)`` on the loop (a call naming an entry of a directory)."""
+        async def run() -> T:
+            return await fn(await self.fs.ino(self.rel.parent), self.rel.name, *args)
 
-        return trio.run(run)
+        return self.fs.run(run)
+
+    # ----- reading ------------------------------------------------------------------------
+
+    def stat(self) -> os.stat_result:
+        async def run() -> Attr:
+            return await self.fs.view.getattr(await self.fs.ino(self.rel))
+
+        return stat_result(self.fs.run(run))
 
     def exists(self) -> bool:
         try:
@@ -70,27 +196,187 @@ class InPath:
             return False
         return True
 
-    def read_bytes(self) -> bytes:
-        async def run() -> bytes:
-            handle = await self.fs.view.open(await self.fs.ino(self.rel))
-            try:
-                out = bytearray()
-                while True:
-                    data = await self.fs.view.read(handle, len(out), 1 << 20)
-                    if not data:
-                        return bytes(out)
-                    out += data
-            finally:
-                self.fs.view.release(handle)
+    def is_dir(self) -> bool:
+        return self.exists() and stat.S_ISDIR(self.stat().st_mode)
 
-        return trio.run(run)
+    def is_file(self) -> bool:
+        return self.exists() and stat.S_ISREG(self.stat().st_mode)
+
+    def iterdir(self) -> list[str]:
+        """The names of the directory's entries, in listing order (``os.listdir``)."""
+        return [name for name, _ in self.entries()]
+
+    def entries(self) -> list[tuple[str, os.stat_result]]:
+        """The directory's entries with the attributes its listing gives (``readdir``)."""
+        async def run() -> list[tuple[str, Attr]]:
+            return list(await self.fs.view.listing.listdir(await self.fs.ino(self.rel)))
+
+        return [(name, stat_result(attr)) for name, attr in self.fs.run(run)]
+
+    def files(self) -> dict[str, bytes]:
+        """``{path: content}`` of every file below this directory (paths relative to it;
+        directories as ``path/`` with ``b""``), as a client walks it (list, open, read)."""
+        out: dict[str, bytes] = {}
+        for name, st in self.entries():
+            if stat.S_ISDIR(st.st_mode):
+                out[name + "/"] = b""
+                out.update({f"{name}/{key}": data for key, data in (self / name).files().items()})
+            else:
+                out[name] = (self / name).read_bytes()
+        return out
+
+    def copy_to(self, dest: str | os.PathLike[str]) -> Path:
+        """``cp -r`` of this directory into ``dest`` (made): a real directory of the bytes the
+        mount shows, for clients to read without the kernel."""
+        dest = Path(dest)
+        dest.mkdir(parents=True, exist_ok=True)
+        for key, data in self.files().items():
+            if key.endswith("/"):
+                (dest / key).mkdir(parents=True, exist_ok=True)
+            else:
+                (dest / key).write_bytes(data)
+        return dest
+
+    def read_bytes(self) -> bytes:
+        with self.open("rb") as f:
+            return f.read()
 
     def read_text(self) -> str:
         return self.read_bytes().decode()
 
-    def iterdir(self) -> list[str]:
-        """The names of the directory's entries, in listing order (``os.listdir``)."""
-        async def run() -> list[str]:
-            return [name for name, _ in await self.fs.view.listing.listdir(await self.fs.ino(self.rel))]
+    def open(self, mode: str = "rb") -> InFile:
+        """``open(2)`` as the adapter answers it: ``rb`` reads; ``wb`` creates or truncates;
+        ``r+b`` writes in place."""
+        if mode not in ("rb", "wb", "r+b"):
+            raise ValueError(f"mode {mode!r}: rb, wb or r+b")
+        return InFile(self.fs, self.fs.run(self._open, mode))
 
-        return trio.run(run)
+    async def _open(self, mode: str) -> ReadHandle | WriteHandle:
+        view = self.fs.view
+        if mode == "rb":
+            return await view.open(await self.fs.ino(self.rel))
+        writer = self.fs.writable()
+        parent = await self.fs.ino(self.rel.parent)
+        try:
+            ino = (await view.lookup(parent, self.rel.name)).ino
+        except FileNotFoundError:
+            if mode != "wb":
+                raise
+            return (await writer.create(parent, self.rel.name))[1]
+        await view.getattr(ino)
+        return await writer.open(ino, truncate=mode == "wb")
+
+    # ----- writing ------------------------------------------------------------------------
+
+    def write_bytes(self, data: bytes) -> int:
+        with self.open("wb") as f:
+            return f.write(data)
+
+    def write_text(self, text: str) -> int:
+        return self.write_bytes(text.encode())
+
+    def mkdir(self) -> None:
+        self._call(self.fs.writable().structure.mkdir)
+
+    def unlink(self) -> None:
+        self._call(self.fs.writable().unlink)
+
+    def rmdir(self) -> None:
+        self._call(self.fs.writable().structure.rmdir)
+
+    def replace(self, target: InPath) -> InPath:
+        """``rename(2)`` onto ``target`` (replacing it)."""
+        async def run() -> None:
+            await self.fs.writable().rename(await self.fs.ino(self.rel.parent), self.rel.name,
+                                            await self.fs.ino(target.rel.parent), target.rel.name, False)
+
+        self.fs.run(run)
+        return target
+
+    def truncate(self, size: int) -> None:
+        """``truncate(2)`` by path (no handle open)."""
+        async def run() -> None:
+            await self.fs.writable().truncate_closed(await self.fs.ino(self.rel), size)
+
+        self.fs.run(run)
+
+
+class InFile:
+    """An open file (a ``View`` read handle or a ``Writer`` write handle), read and written
+    at its position as a client does."""
+
+    def __init__(self, fs: InProcess, handle: ReadHandle | WriteHandle) -> None:
+        self.fs, self.handle, self.pos, self.closed = fs, handle, 0, False
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (all the rest if negative) from the position on."""
+        async def run() -> bytes:
+            out = bytearray()
+            while size < 0 or len(out) < size:
+                want = 1 << 20 if size < 0 else min(1 << 20, size - len(out))
+                if isinstance(self.handle, WriteHandle):
+                    data: Any = await self.fs.writable().read(self.handle, self.pos, want)
+                else:
+                    data = await self.fs.view.read(self.handle, self.pos, want)
+                if not data:
+                    break
+                out += data
+                self.pos += len(data)
+            return bytes(out)
+
+        return self.fs.run(run)
+
+    def write(self, data: bytes) -> int:
+        """``data`` written at the position (EBADF on a file opened for reading)."""
+        if not isinstance(self.handle, WriteHandle):
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        handle = self.handle
+
+        async def run() -> int:
+            n = await self.fs.writable().write(handle, self.pos, bytes(data))
+            self.pos += n
+            return n
+
+        return self.fs.run(run)
+
+    def truncate(self, size: int) -> None:
+        """``ftruncate`` (EBADF on a file opened for reading)."""
+        if not isinstance(self.handle, WriteHandle):
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        self.fs.run(self.fs.writable().truncate, self.handle, size)
+
+    def stat(self) -> os.stat_result:
+        """``fstat``: a file with writes not yet committed shows their size (``Writer.dirty_attr``)."""
+        async def run() -> Attr:
+            if isinstance(self.handle, WriteHandle):
+                attr = self.fs.writable().dirty_attr(self.handle)
+                if attr is not None:
+                    return attr
+            return await self.fs.view.getattr(self.handle.ino)
+
+        return stat_result(self.fs.run(run))
+
+    def close(self) -> None:
+        """The kernel's FLUSH (a written file is committed: its error is raised here), then RELEASE."""
+        if self.closed:
+            return
+        self.closed = True
+        handle = self.handle
+
+        async def run() -> None:
+            if isinstance(handle, WriteHandle):
+                writer = self.fs.writable()
+                try:
+                    await writer.flush(handle)
+                finally:
+                    writer.release(handle)
+            else:
+                self.fs.view.release(handle)
+
+        self.fs.run(run)
+
+    def __enter__(self) -> InFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -14,7 +14,9 @@ xarray's string coordinates and variables round-trip between xarray 2025.6 (zarr
 through the mount and current xarray on the v3 source (``assert_identical``), both ways.
 The fill rules: NaN stays the v2 ``fill_value`` of a float array with dimension names; a
 ``.zarray`` written with ``fill_value: null`` shows null after a remount, with nothing added
-to the attributes that v3 readers see.
+to the attributes that v3 readers see. What only checks the view (the NaN fill, an unknown
+type hidden, a string chunk file refused) runs in-process (``tests/inproc.py``), its clients
+reading a copy of the files shown.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import logging
 import warnings
 from pathlib import Path
 
@@ -31,6 +34,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import budget, run_shardfs, zarr2
+from inproc import InProcess
 
 # numpy's unicode and zarr's fixed_length_utf32 strip trailing NULs; elsewhere NUL is kept
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)) | st.sampled_from(["\x00", "😀", "𝔘"]),
@@ -286,7 +290,8 @@ def test_xarray_string_coordinates_round_trip(tmp_path, mount):
 
 # --------------------------------------------------------------------------- fill rules
 
-def test_nan_stays_the_fill_of_float_arrays_with_dimension_names(tmp_path, mount):
+def test_nan_stays_the_fill_of_float_arrays_with_dimension_names(tmp_path):
+    """In-process (``tests/inproc.py``); xarray reads a copy of the files shown."""
     import xarray as xr
     import zarr
 
@@ -300,10 +305,11 @@ def test_nan_stays_the_fill_of_float_arrays_with_dimension_names(tmp_path, mount
         i = g.create_array("i", shape=(6,), chunks=(2,), shards=(4,), dtype="i2", fill_value=0,
                            dimension_names=["x"])
         i[:2] = [3, 0]
-    mnt = mount(src)
-    assert json.loads((mnt / "f" / ".zarray").read_text())["fill_value"] == "NaN"
-    assert json.loads((mnt / "i" / ".zarray").read_text())["fill_value"] is None  # 0 would mask zeros
-    assert sorted(p.name for p in (mnt / "f").iterdir()) == [".zarray", ".zattrs", "0"]  # absent: NaN
+    with InProcess(src) as fs:
+        assert json.loads((fs / "f" / ".zarray").read_text())["fill_value"] == "NaN"
+        assert json.loads((fs / "i" / ".zarray").read_text())["fill_value"] is None  # 0 would mask zeros
+        assert sorted((fs / "f").iterdir()) == [".zarray", ".zattrs", "0"]  # absent: NaN
+        mnt = (fs / "").copy_to(tmp_path / "shown")  # what the mount shows, for xarray
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         xr.testing.assert_identical(xr.open_zarr(mnt, zarr_format=2, consolidated=False).load(),
@@ -338,7 +344,8 @@ def test_null_fill_value_survives_a_remount(tmp_path, mount):
     np.testing.assert_array_equal(got, want)  # every in-bounds chunk served: no uninitialised memory
 
 
-def test_unknown_data_type_is_hidden_with_its_reason(tmp_path, mount):
+def test_unknown_data_type_is_hidden_with_its_reason(tmp_path, caplog):
+    """In-process (``tests/inproc.py``); ``inspect`` of the source."""
     src = tmp_path / "src"
     (src / "odd").mkdir(parents=True)
     (src / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
@@ -347,9 +354,10 @@ def test_unknown_data_type_is_hidden_with_its_reason(tmp_path, mount):
            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
            "fill_value": 0, "codecs": [{"name": "bytes"}], "attributes": {}}
     (src / "odd" / "zarr.json").write_text(json.dumps(doc))
-    mnt = mount(src)
-    assert sorted(p.name for p in (mnt / "odd").iterdir()) == []
-    log = mount.info(mnt).output()
+    caplog.set_level(logging.INFO, logger="shardfs")
+    with InProcess(src, read_only=False) as fs:
+        assert (fs / "odd").iterdir() == []
+    log = caplog.text
     assert len([line for line in log.splitlines() if "odd" in line and "float8_e4m3fn" in line]) == 1, log[-3000:]
     out = run_shardfs("inspect", str(src / "odd")).stdout
     assert "not shown: invalid array metadata: No Zarr data type found that matches 'float8_e4m3fn'" in out
@@ -386,9 +394,9 @@ def test_the_mapping_of_every_type(tmp_path):
         assert info.serve_missing == (v2 == "|O"), name
 
 
-def test_a_string_chunk_file_with_the_wrong_element_count_is_refused(tmp_path, mount):
+def test_a_string_chunk_file_with_the_wrong_element_count_is_refused(tmp_path):
+    """In-process (``tests/inproc.py``); zarr 3 (v2 mode) reads a copy of the files shown."""
     import errno
-    import os
 
     import numcodecs
     import zarr
@@ -398,15 +406,16 @@ def test_a_string_chunk_file_with_the_wrong_element_count_is_refused(tmp_path, m
         warnings.simplefilter("ignore")
         a = zarr.create_array(str(src), shape=(4,), chunks=(2,), shards=(4,), dtype=str, compressors=None)
         a[:] = np.array(["a", "b", "c", "d"], dtype=object)
-    mnt = mount(src)
-    good = numcodecs.VLenUTF8().encode(np.array(["x", "😀"], dtype=object))
-    assert (mnt / "0").read_bytes() == numcodecs.VLenUTF8().encode(np.array(["a", "b"], dtype=object))
-    fd = os.open(mnt / "1", os.O_WRONLY | os.O_TRUNC)
-    os.write(fd, numcodecs.VLenUTF8().encode(np.array(["x", "y", "z"], dtype=object)))
-    with pytest.raises(OSError) as e:
-        os.close(fd)
-    assert e.value.errno == errno.EINVAL
-    (mnt / "1").write_bytes(good)
+    with InProcess(src, read_only=False) as fs:
+        good = numcodecs.VLenUTF8().encode(np.array(["x", "😀"], dtype=object))
+        assert (fs / "0").read_bytes() == numcodecs.VLenUTF8().encode(np.array(["a", "b"], dtype=object))
+        f = (fs / "1").open("wb")  # O_WRONLY | O_TRUNC
+        f.write(numcodecs.VLenUTF8().encode(np.array(["x", "y", "z"], dtype=object)))
+        with pytest.raises(OSError) as e:
+            f.close()
+        assert e.value.errno == errno.EINVAL
+        (fs / "1").write_bytes(good)
+        mnt = (fs / "").copy_to(tmp_path / "shown")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert zarr.open_array(str(mnt), mode="r", zarr_format=2)[...].tolist() == ["a", "b", "x", "😀"]

@@ -81,3 +81,19 @@ def test_pages_dropped_while_another_version_was_read_or_written_are_not_vouched
         interfere()  # an old handle's READ reply, or a write, landed in the pages meanwhile
         k.dropped(V2, mark)
         assert k.opened(V2) is Pages.OTHER
+
+
+def test_an_open_learns_whether_its_file_changed_while_it_ran():
+    """An open whose file changed while it resolved its version may hold the older version
+    while the kernel takes the new one's size (it cuts or pads what the handle reads: torn
+    chunks, found by scripts/soak through a name renamed onto during the open); ``unwatch``
+    says so, also with another open of the same file running beside it."""
+    k = KernelInodes()
+    seen = k.watch(V1.ino)
+    assert k.unwatch(V1.ino, seen) is False
+    first = k.watch(V1.ino)
+    k.changed(V1.ino)
+    second = k.watch(V1.ino)
+    assert k.unwatch(V1.ino, second) is False
+    assert k.unwatch(V1.ino, first) is True
+    assert k.unwatch(V1.ino, k.watch(V1.ino)) is False, "a finished open's changes are forgotten"

@@ -4,7 +4,8 @@ Writers may send anything: 1 GiB into a chunk file or a temporary, a 100 GiB
 truncate, names longer than 255 bytes. The daemon's peak RSS (VmHWM from
 /proc/PID/status) stays under 400 MiB, temporaries beyond 8 MiB live in
 unlinked spill files that ``rm`` releases, chunk files refuse to grow past the
-largest valid encoded chunk (EFBIG), and errnos are the POSIX ones.
+largest valid encoded chunk (EFBIG), and errnos are the POSIX ones. The EFBIG bound
+itself is checked in-process (``tests/inproc.py``), the rest through real mounts.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 from shardfs.app.state import spill_dir
+from inproc import InProcess
 from writers import umount
 from sources import Spec, assert_source_equals, build
 
@@ -156,27 +158,29 @@ def test_truncating_a_temporary_to_100g_allocates_nothing(mounted):
     umount(mount, mnt)
 
 
-def test_truncating_a_chunk_file_past_its_bound_is_efbig(mounted):
-    src, mnt, daemon, expected, mount = mounted
-    chunk = mnt / "small" / "0.0"
-    before = chunk.read_bytes()
-    for size in (SMALL_BOUND + 1, 100 << 30):
+def test_truncating_a_chunk_file_past_its_bound_is_efbig(tmp_path):
+    """In-process (``tests/inproc.py``): ``truncate(2)`` by path and ``ftruncate`` of a handle."""
+    src = tmp_path / "src"
+    expected = build(src, [SMALL])
+    with InProcess(src, read_only=False) as fs:
+        chunk = fs / "small" / "0.0"
+        before = chunk.read_bytes()
+        for size in (SMALL_BOUND + 1, 100 << 30):
+            with pytest.raises(OSError) as e:
+                chunk.truncate(size)
+            assert e.value.errno == errno.EFBIG
+            with chunk.open("r+b") as f, pytest.raises(OSError) as e:
+                f.truncate(size)
+            assert e.value.errno == errno.EFBIG
         with pytest.raises(OSError) as e:
-            os.truncate(chunk, size)
-        assert e.value.errno == errno.EFBIG
-        with open(chunk, "r+b") as f, pytest.raises(OSError) as e:
-            f.truncate(size)
-        assert e.value.errno == errno.EFBIG
-    with pytest.raises(OSError) as e:
-        os.truncate(chunk, 3)  # by path, within the bound: rewrite the file instead
-    assert e.value.errno == errno.EPERM
-    with open(chunk, "r+b") as f:
+            chunk.truncate(3)  # by path, within the bound: rewrite the file instead
+        assert e.value.errno == errno.EPERM
+        f = chunk.open("r+b")
         f.truncate(SMALL_BOUND)  # allowed while open (refused at close: not one chunk)
         with pytest.raises(OSError) as e:
             f.close()
         assert e.value.errno == errno.EINVAL
-    assert chunk.read_bytes() == before
-    umount(mount, mnt)
+        assert chunk.read_bytes() == before
     assert_source_equals(src, "small", expected["small"])
 
 

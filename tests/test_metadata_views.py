@@ -1,8 +1,8 @@
 """Metadata views of the mount: consolidated metadata, OME-Zarr 0.5 -> 0.4,
 transcoded inner chains, and metadata writes.
 
-Through a real mount, except what only checks the metadata mapping (consolidated metadata),
-which runs in-process on the same source (``tests/inproc.py``).
+Through a real mount, except what only checks the metadata mapping (consolidated metadata,
+attributes as stored), which runs in-process on the same source (``tests/inproc.py``).
 Sources are written with zarr-python 3;
 the oracles are zarr-python 3 reading the v3 source natively, and the v2
 clients (zarr 2.18, zarr 3 with ``zarr_format=2``, tensorstore's ``zarr``
@@ -19,6 +19,7 @@ import signal
 import time
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -145,9 +146,10 @@ def mnt(module_mount, src) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tree(src) -> InProcess:
+def tree(src) -> Iterator[InProcess]:
     """The source as the mount shows it, in-process (no kernel)."""
-    return InProcess(src)
+    with InProcess(src) as fs:
+        yield fs
 
 
 def native_arrays(root: Path) -> dict[str, np.ndarray]:
@@ -376,12 +378,13 @@ def test_ome_05_is_shown_as_ome_04(mnt, src):
         assert_same_array(res[level], read_native(src / "img" / level), f"zarr 2.18 read of OME level {level}")
 
 
-def test_no_ome_translation_shows_attributes_unchanged(mount, src):
-    mnt = mount(src, "--no-ome-translation")
-    attrs = json.loads((mnt / "img" / ".zattrs").read_text())
-    assert attrs == OME_05
-    assert "multiscales" not in attrs
-    assert json.loads((mnt / ".zmetadata").read_text())["metadata"]["img/.zattrs"] == OME_05
+def test_no_ome_translation_shows_attributes_unchanged(src):
+    """In-process (``tests/inproc.py``): the view of ``--no-ome-translation``."""
+    with InProcess(src, ome=False) as fs:
+        attrs = json.loads((fs / "img" / ".zattrs").read_text())
+        assert attrs == OME_05
+        assert "multiscales" not in attrs
+        assert json.loads((fs / ".zmetadata").read_text())["metadata"]["img/.zattrs"] == OME_05
 
 
 # ------------------------------------------------------------------ transcoding

@@ -4,7 +4,8 @@ The v2 view shows the innermost chunks; a shard directory holds its inner
 shards as directories (named by their index in the inner-shard grid of the
 whole array, joined with "."), each holding its innermost chunk files.
 Sources are written by zarr-python 3 and tensorstore's ``zarr3`` driver; the
-oracle is zarr-python 3's native read.
+oracle is zarr-python 3's native read. An array the view cannot show is checked in-process
+(``tests/inproc.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from conftest import (
     read_zarr3_v2,
     run_shardfs,
 )
+from inproc import InProcess
 from sources import (
     BE,
     CRC,
@@ -286,14 +288,15 @@ def test_inspect_nested_shard(mnt, src):
     assert text.returncode == 0 and "nested" in text.stdout and "inner shard" in text.stdout, text.stdout
 
 
-def test_nested_sharding_with_other_codecs_around_is_explained(mount, tmp_path):
+def test_nested_sharding_with_other_codecs_around_is_explained(tmp_path):
+    """In-process (``tests/inproc.py``); ``inspect`` of the source."""
     root = tmp_path / "src"
     data = random_data((4, 4), "int32", 9)
     codecs = [sharding((4, 4), [sharding((2, 2), [LE]), GZIP])]
     root.mkdir()
     (root / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
     write_v3(root / "a", data, (4, 4), codecs)
-    mnt = mount(root)
-    assert os.listdir(mnt / "a") == []
+    with InProcess(root) as fs:
+        assert (fs / "a").iterdir() == []
     out = run_shardfs("inspect", str(root / "a"))
     assert "nested sharding codec" in out.stdout, out.stdout

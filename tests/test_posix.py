@@ -13,6 +13,7 @@ import os
 import stat
 import subprocess
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -29,9 +30,10 @@ def view(matrix, module_mount):
 
 
 @pytest.fixture(scope="module")
-def tree(matrix) -> InProcess:
+def tree(matrix) -> Iterator[InProcess]:
     """The source as the mount shows it, in-process (no kernel)."""
-    return InProcess(matrix.root)
+    with InProcess(matrix.root) as fs:
+        yield fs
 
 
 def run(*cmd, check=True) -> subprocess.CompletedProcess:

@@ -8,23 +8,27 @@
   and attributes as current xarray reading the v3 source natively;
 - copies out (``cp -r``) read back equal, and shard directories list only stored chunks.
 
-Every read goes through a real mount.
+Every read goes through a real mount, except what only checks the view (the metadata
+mapping, the chunk files listed and served), in-process (``tests/inproc.py``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
 import time
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
 
 from conftest import assert_same_array, read_native, read_tensorstore, read_zarr2_many, read_zarr3_v2, zarr2
+from inproc import InPath, InProcess
 from sources import create_array
 
 # ------------------------------------------------------------------ OME-Zarr 0.5 image
@@ -99,14 +103,21 @@ def ome_mnt(module_mount, ome_src) -> Path:
     return module_mount(ome_src)
 
 
-def test_ome_arrays_use_slash_keys_and_others_dot(ome_mnt):
+@pytest.fixture(scope="module")
+def ome_tree(ome_src) -> Iterator[InProcess]:
+    """The OME source as the mount shows it, in-process (``tests/inproc.py``)."""
+    with InProcess(ome_src) as fs:
+        yield fs
+
+
+def test_ome_arrays_use_slash_keys_and_others_dot(ome_tree):
     for p in IMAGE_ARRAYS + LABEL_ARRAYS:
-        assert json.loads((ome_mnt / p / ".zarray").read_text())["dimension_separator"] == "/", p
-    assert json.loads((ome_mnt / "plain" / ".zarray").read_text())["dimension_separator"] == "."
+        assert json.loads((ome_tree / p / ".zarray").read_text())["dimension_separator"] == "/", p
+    assert json.loads((ome_tree / "plain" / ".zarray").read_text())["dimension_separator"] == "."
     # The key the OME-Zarr 0.4 store asks for exists; the "."-joined one does not.
-    assert (ome_mnt / "img/0/1/2/3").is_file()
-    assert not (ome_mnt / "img/0/1.2.3").exists()
-    assert (ome_mnt / "plain/1.1").is_file()
+    assert (ome_tree / "img/0/1/2/3").is_file()
+    assert not (ome_tree / "img/0/1.2.3").exists()
+    assert (ome_tree / "plain/1.1").is_file()
 
 
 def test_ome_arrays_in_every_key_encoding(ome_mnt, ome_src, module_mount):
@@ -142,12 +153,12 @@ def test_ome_arrays_in_every_key_encoding(ome_mnt, ome_src, module_mount):
     assert f"{ome_src / 'v2slash/0/zarr.json'}: OME-Zarr array" in log
 
 
-def test_ome_attributes_are_ome_04(ome_mnt):
-    img = json.loads((ome_mnt / "img/.zattrs").read_text())
+def test_ome_attributes_are_ome_04(ome_tree):
+    img = json.loads((ome_tree / "img/.zattrs").read_text())
     assert img == {"multiscales": [{**m, "version": "0.4"} for m in IMAGE_ATTRS["ome"]["multiscales"]],
                    "omero": OMERO}
-    assert json.loads((ome_mnt / "img/labels/.zattrs").read_text()) == {"labels": ["cells"]}
-    cells = json.loads((ome_mnt / "img/labels/cells/.zattrs").read_text())
+    assert json.loads((ome_tree / "img/labels/.zattrs").read_text()) == {"labels": ["cells"]}
+    cells = json.loads((ome_tree / "img/labels/cells/.zattrs").read_text())
     assert cells == {"multiscales": [{**m, "version": "0.4"} for m in CELLS_ATTRS["ome"]["multiscales"]],
                      "image-label": {**IMAGE_LABEL, "version": "0.4"}}
 
@@ -187,11 +198,12 @@ def test_ome_arrays_read_exactly_by_v2_clients(ome_mnt, ome_src):
         assert_same_array(read_tensorstore(ome_mnt / p), native, f"tensorstore read of {p}")
 
 
-def test_no_ome_translation_option_keeps_attributes_and_slash_keys(mount, ome_src):
-    mnt = mount(ome_src, "-o", "no_ome_translation")
-    assert json.loads((mnt / "img/.zattrs").read_text()) == IMAGE_ATTRS
-    assert json.loads((mnt / "img/labels/cells/.zattrs").read_text()) == CELLS_ATTRS
-    assert json.loads((mnt / "img/0/.zarray").read_text())["dimension_separator"] == "/"
+def test_no_ome_translation_option_keeps_attributes_and_slash_keys(ome_src):
+    """In-process (``tests/inproc.py``): the view of ``-o no_ome_translation``."""
+    with InProcess(ome_src, ome=False) as fs:
+        assert json.loads((fs / "img/.zattrs").read_text()) == IMAGE_ATTRS
+        assert json.loads((fs / "img/labels/cells/.zattrs").read_text()) == CELLS_ATTRS
+        assert json.loads((fs / "img/0/.zarray").read_text())["dimension_separator"] == "/"
 
 
 # ------------------------------------------------------------------ xarray
@@ -252,6 +264,13 @@ def xr_src(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def xr_mnt(module_mount, xr_src) -> Path:
     return module_mount(xr_src)
+
+
+@pytest.fixture(scope="module")
+def xr_tree(xr_src) -> Iterator[InProcess]:
+    """The xarray source as the mount shows it, in-process (``tests/inproc.py``)."""
+    with InProcess(xr_src) as fs:
+        yield fs
 
 
 def _open_xarray(path: Path, **kw):
@@ -327,23 +346,23 @@ def _raw_nan_fills(variables: dict, root: Path, mask_and_scale: bool) -> dict:
     return out
 
 
-def _zarray(mnt: Path, path: str) -> dict:
+def _zarray(mnt: Path | InPath, path: str) -> dict:
 
     return json.loads((mnt / path / ".zarray").read_text())
 
 
-def test_fill_value_is_the_xarray_mask(xr_mnt, xr_src):
+def test_fill_value_is_the_xarray_mask(xr_tree, xr_src):
     # xarray's _FillValue attribute (base64 for floats) becomes fill_value and leaves .zattrs.
     assert json.loads((xr_src / "byxr/temp/zarr.json").read_text())["attributes"]["_FillValue"] == "AAAAAAAA+H8="
-    assert _zarray(xr_mnt, "byxr/temp")["fill_value"] == "NaN"
-    assert json.loads((xr_mnt / "byxr/temp/.zattrs").read_text()) == {"_ARRAY_DIMENSIONS": ["time", "x"], "units": "K"}
+    assert _zarray(xr_tree, "byxr/temp")["fill_value"] == "NaN"
+    assert json.loads((xr_tree / "byxr/temp/.zattrs").read_text()) == {"_ARRAY_DIMENSIONS": ["time", "x"], "units": "K"}
     # No mask: null (the v3 fill_value is not a mask), but NaN stays NaN (it masks no value).
     for p in ("byxr/x", "byxr/flag", "byxr/count", "byxr/zero", "byzarr/x", "byzarr/ok", "byzarr/t",
               "byzarr/n", "byzarr/s"):
-        assert _zarray(xr_mnt, p)["fill_value"] is None, p
-    assert _zarray(xr_mnt, "byzarr/v")["fill_value"] == "NaN"
+        assert _zarray(xr_tree, p)["fill_value"] is None, p
+    assert _zarray(xr_tree, "byzarr/v")["fill_value"] == "NaN"
 
-    assert _zarray(xr_mnt, "byzarr/t")["dtype"] == "<M8[ns]"
+    assert _zarray(xr_tree, "byzarr/t")["dtype"] == "<M8[ns]"
 
 
 def test_zarr_clients_read_fill_null_arrays_exactly(xr_mnt, xr_src):
@@ -357,40 +376,41 @@ def test_zarr_clients_read_fill_null_arrays_exactly(xr_mnt, xr_src):
             assert_same_array(read_tensorstore(xr_mnt / p), native, f"tensorstore read of {p}")
 
 
-def _chunk_names(directory: Path) -> set[str]:
-    return {n for n in os.listdir(directory) if n[0].isdigit()}
+def _chunk_names(directory: InPath) -> set[str]:
+    return {n for n in directory.iterdir() if n[0].isdigit()}
 
 
-def test_every_chunk_listed_at_the_root_only_stored_ones_in_shards(xr_mnt, xr_src):
+def test_every_chunk_listed_at_the_root_only_stored_ones_in_shards(xr_tree, xr_src):
     # byzarr/n: shape (5, 3), chunks (2, 3), shards (4, 3): chunks 0.0 and 1.0 hold data, 2.0 is empty.
-    root = xr_mnt / "byzarr/n"
+    root = xr_tree / "byzarr/n"
     assert _chunk_names(root) == {"0.0", "1.0", "2.0"}
-    assert os.listdir(root / "c/0/0") == ["0.0", "1.0"]
+    assert (root / "c/0/0").iterdir() == ["0.0", "1.0"]
     assert not (root / "c/1/0").exists()
     fill = (root / "2.0").read_bytes()
     import numcodecs
 
-    zarray = _zarray(xr_mnt, "byzarr/n")
+    zarray = _zarray(xr_tree, "byzarr/n")
     raw = numcodecs.get_codec(zarray["compressor"]).decode(fill)
     assert np.frombuffer(raw, dtype="<u2").tolist() == [0] * 6
-    assert os.stat(root / "2.0").st_size == len(fill)
+    assert (root / "2.0").stat().st_size == len(fill)
     # byzarr/v: only the first row of chunks holds data; its fill NaN is the v2 fill (it masks
     # no value), so only stored chunks are listed: an absent one reads as NaN in every client.
-    assert _chunk_names(xr_mnt / "byzarr/v") == {"0.0", "0.1"}
-    assert os.listdir(xr_mnt / "byzarr/v/c/0/0") == ["0.0", "0.1"]
+    assert _chunk_names(xr_tree / "byzarr/v") == {"0.0", "0.1"}
+    assert (xr_tree / "byzarr/v/c/0/0").iterdir() == ["0.0", "0.1"]
     # 0-D: the single chunk "0" is served though not stored.
     assert not (xr_src / "byzarr/s/c").exists()
-    assert _chunk_names(xr_mnt / "byzarr/s") == {"0"}
+    assert _chunk_names(xr_tree / "byzarr/s") == {"0"}
 
 
-def test_huge_array_lists_stored_chunks_and_serves_the_rest(xr_mnt, module_mount):
-    root = xr_mnt / "big/huge"
-    assert _chunk_names(root) == {"0.1"}
-    assert (root / "0.1").read_bytes() == b"\x05"
-    assert (root / "2048.2048").read_bytes() == b"\x00"
-    assert os.listdir(root / "c/0/0") == ["0.1"]
-    log = module_mount.info(xr_mnt).log_text()
-    assert log.count("inner chunks: empty ones are served but not listed") == 1
+def test_huge_array_lists_stored_chunks_and_serves_the_rest(xr_src, caplog):
+    caplog.set_level(logging.INFO, logger="shardfs")
+    with InProcess(xr_src) as fs:
+        root = fs / "big/huge"
+        assert _chunk_names(root) == {"0.1"}
+        assert (root / "0.1").read_bytes() == b"\x05"
+        assert (root / "2048.2048").read_bytes() == b"\x00"
+        assert (root / "c/0/0").iterdir() == ["0.1"]
+    assert caplog.text.count("inner chunks: empty ones are served but not listed") == 1
 
 
 @pytest.mark.parametrize("tool", ["cp", "rsync"])

@@ -4,13 +4,14 @@ Creating arrays and groups (zarr 2.18, zarr 3 in v2 mode, xarray when installed)
 resizing, consolidating, deleting (``mode="w"``, ``rm -r``), and shell tools
 copying arrays in (``rsync -a``, ``cp -a``, ``cp -r``) and out (each chunk once).
 Every test compares with zarr-python 3 reading the v3 source natively after
-``shardfs umount``.
+``shardfs umount`` (or, in-process with ``tests/inproc.py``, after the tree is closed).
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 
 from conftest import read_native, zarr2
+from inproc import InProcess
 from writers import umount
 from sources import Spec, build, leftovers
 
@@ -413,20 +415,22 @@ def test_resize_after_resize_drops_the_kernels_chunk_entries_of_every_layout(tmp
         src.assert_equals(f"s{n}", want)
 
 
-def test_unlinked_zarray_rewritten_with_other_metadata_makes_a_new_array(tmp_path, mount):
+def test_unlinked_zarray_rewritten_with_other_metadata_makes_a_new_array(tmp_path, caplog):
+    """In-process (``tests/inproc.py``); zarr 2.18 reads a copy of the files shown."""
     src = tmp_path / "src"
     build(src, [RAW])
-    mnt = mount(src)
-    zarray = json.loads((mnt / "raw" / ".zarray").read_text())
-    os.unlink(mnt / "raw" / ".zarray")
-    assert not (mnt / "raw" / ".zarray").exists()
-    (mnt / "raw" / ".zarray").write_text(json.dumps({**zarray, "shape": [3], "chunks": [2], "dtype": "<i2",
-                                                      "compressor": None, "fill_value": 4}))
-    assert os.listdir(mnt / "raw") == [".zarray"]  # the old chunks are gone with the old array
-    (mnt / "raw" / "1").write_bytes(np.array([7, 8], "<i2").tobytes())
-    assert zarr2("result = zarr.open(p, mode='r')[...]", p=str(mnt / "raw")).tolist() == [4, 4, 7]
-    assert errors(mount, mnt) == []
-    umount(mount, mnt)
+    caplog.set_level(logging.INFO, logger="shardfs")
+    with InProcess(src, read_only=False) as fs:
+        zarray = json.loads((fs / "raw" / ".zarray").read_text())
+        (fs / "raw" / ".zarray").unlink()
+        assert not (fs / "raw" / ".zarray").exists()
+        (fs / "raw" / ".zarray").write_text(json.dumps({**zarray, "shape": [3], "chunks": [2], "dtype": "<i2",
+                                                        "compressor": None, "fill_value": 4}))
+        assert (fs / "raw").iterdir() == [".zarray"]  # the old chunks are gone with the old array
+        (fs / "raw" / "1").write_bytes(np.array([7, 8], "<i2").tobytes())
+        shown = (fs / "raw").copy_to(tmp_path / "shown")
+    assert zarr2("result = zarr.open(p, mode='r')[...]", p=str(shown)).tolist() == [4, 4, 7]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert read_native(src / "raw").tolist() == [4, 4, 7]
     assert_clean(src)
 

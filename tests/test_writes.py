@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import json
+import logging
 import os
 import re
 import signal
@@ -26,6 +27,7 @@ import numpy as np
 import pytest
 
 from conftest import ZARR2_PYTHON, lazy_unmount, read_tensorstore, zarr2
+from inproc import InProcess
 from source_kinds import Source
 from writers import WRITERS, region_json, umount
 from sources import (
@@ -71,13 +73,6 @@ def cat(path) -> bytes:
     r = subprocess.run(["cat", str(path)], capture_output=True, timeout=30)
     assert r.returncode == 0, f"cat {path}: {r.stderr.decode()}"
     return r.stdout
-
-
-def assert_cp_einval(source: Path, target: Path) -> None:
-    """``cp source target`` fails, and with EINVAL (coreutils prints strerror)."""
-    r = run("cp", source, target, ok=False)
-    assert r.returncode == 1, f"cp {source.name} onto {target}: exit {r.returncode}"
-    assert r.stderr.decode().rstrip().endswith(os.strerror(errno.EINVAL)), r.stderr
 
 
 def run(*cmd, ok=True) -> subprocess.CompletedProcess:
@@ -435,60 +430,66 @@ def test_concurrent_writers_to_one_shard_lose_nothing(tmp_path, mount):
 # --------------------------------------------------------------------------- 6. invalid bytes
 
 
-def test_invalid_chunk_bytes_are_refused(tmp_path, mount):
+def test_invalid_chunk_bytes_are_refused(tmp_path, caplog):
+    """In-process (``tests/inproc.py``: the commit itself; that ``close(2)`` reports the
+    error is limits::refused_commit_shows_the_previous_size_at_once): each write as ``cp``,
+    a Python ``open``/``close`` and a temporary renamed onto a chunk make it."""
     import numcodecs
 
     src = tmp_path / "src"
     exp = build(src, [Z2, C2])
     before = {p: p.read_bytes() for p in (Z2.shard_file(src, (0, 0)), C2.shard_file(src, (0, 0)))}
-    mnt = mount(src)
-    arr = mnt / "z2"
-    old = {n: cat(arr / n) for n in ("0.0", "0.1", "1.0", "1.1")}
-    junk = tmp_path / "junk"
-    junk.write_bytes(b"this is not a zstd frame")
-    short = tmp_path / "short"  # a valid zstd frame that decodes to the wrong size
-    short.write_bytes(numcodecs.Zstd(level=1).encode(b"\0" * 12))
-    n_err = len(error_lines(mount, mnt))
+    junk = b"this is not a zstd frame"
+    short = numcodecs.Zstd(level=1).encode(b"\0" * 12)  # a valid zstd frame that decodes to the wrong size
+    caplog.set_level(logging.INFO, logger="shardfs")
+    with InProcess(src, read_only=False) as fs:
+        arr = fs / "z2"
+        old = {n: (arr / n).read_bytes() for n in ("0.0", "0.1", "1.0", "1.1")}
+        n_err = 0
 
-    def expect_one_error(chunk: str, what: str) -> None:
-        nonlocal n_err
-        lines = error_lines(mount, mnt)
-        new = lines[n_err:]
-        n_err = len(lines)
-        assert len(new) == 1, f"{what}: expected one ERROR log line, got {new}"
-        assert f"z2/{chunk}" in new[0] or f"c2/{chunk}" in new[0], f"{what}: ERROR line does not name {chunk}: {new[0]}"
+        def expect_one_error(chunk: str, what: str) -> None:
+            nonlocal n_err
+            lines = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+            new = lines[n_err:]
+            n_err = len(lines)
+            assert len(new) == 1, f"{what}: expected one ERROR log line, got {new}"
+            assert f"z2/{chunk}" in new[0] or f"c2/{chunk}" in new[0], \
+                f"{what}: ERROR line does not name {chunk}: {new[0]}"
 
-    assert_cp_einval(junk, arr / "0.0")
-    expect_one_error("0.0", "cp garbage")
+        def assert_einval(target, data: bytes, what: str) -> None:
+            with pytest.raises(OSError) as e:
+                target.write_bytes(data)  # open(O_TRUNC), write, close (FLUSH: the commit)
+            assert e.value.errno == errno.EINVAL, f"{what}: {e.value}"
 
-    assert_cp_einval(short, arr / "c" / "0" / "0" / "1.1")
-    expect_one_error("1.1", "cp wrong-size frame")
+        assert_einval(arr / "0.0", junk, "cp garbage")
+        expect_one_error("0.0", "cp garbage")
 
-    f = open(arr / "0.1", "wb")
-    f.write(b"junk")
-    with pytest.raises(OSError) as e:
-        f.close()
-    assert e.value.errno == errno.EINVAL, f"close() of a garbage chunk: {e.value}"
-    expect_one_error("0.1", "python write+close")
+        assert_einval(arr / "c" / "0" / "0" / "1.1", short, "cp wrong-size frame")
+        expect_one_error("1.1", "cp wrong-size frame")
 
-    tmp = arr / "1.0.deadbeef.partial"
-    tmp.write_bytes(b"junk junk junk")
-    with pytest.raises(OSError) as e:
-        os.replace(tmp, arr / "1.0")
-    assert e.value.errno == errno.EINVAL, f"rename of a garbage temp onto a chunk: {e.value}"
-    expect_one_error("1.0", "rename garbage")
-    assert tmp.exists(), "the temp file vanished after its rename was refused"
-    os.unlink(tmp)
+        f = (arr / "0.1").open("wb")
+        f.write(b"junk")
+        with pytest.raises(OSError) as e:
+            f.close()
+        assert e.value.errno == errno.EINVAL, f"close() of a garbage chunk: {e.value}"
+        expect_one_error("0.1", "python write+close")
 
-    # crc32c chain: garbage is refused too (not wrapped in a fresh checksum)
-    assert_cp_einval(junk, mnt / "c2" / "0.0")
-    expect_one_error("0.0", "cp garbage (c2)")
+        tmp = arr / "1.0.deadbeef.partial"
+        tmp.write_bytes(b"junk junk junk")
+        with pytest.raises(OSError) as e:
+            tmp.replace(arr / "1.0")
+        assert e.value.errno == errno.EINVAL, f"rename of a garbage temp onto a chunk: {e.value}"
+        expect_one_error("1.0", "rename garbage")
+        assert tmp.exists(), "the temp file vanished after its rename was refused"
+        tmp.unlink()
 
-    for n, data in old.items():
-        assert cat(arr / n) == data, f"z2/{n} changed after a refused write"
-    time.sleep(1.5)  # past the idle fold time: nothing may have been scheduled
-    umount(mount, mnt)
-    for p, data in before.items():
+        # crc32c chain: garbage is refused too (not wrapped in a fresh checksum)
+        assert_einval(fs / "c2" / "0.0", junk, "cp garbage (c2)")
+        expect_one_error("0.0", "cp garbage (c2)")
+
+        for n, data in old.items():
+            assert (arr / n).read_bytes() == data, f"z2/{n} changed after a refused write"
+    for p, data in before.items():  # closed: what was pending is folded (as at an unmount)
         assert p.read_bytes() == data, f"{p} changed after refused writes"
     assert_source_equals(src, "z2", exp["z2"])
     assert_source_equals(src, "c2", exp["c2"])

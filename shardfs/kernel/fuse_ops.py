@@ -24,7 +24,6 @@ import functools
 import itertools
 import logging
 import os
-import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
@@ -46,6 +45,7 @@ from shardfs.tree.writer import WriteHandle, Writer
 
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+OPEN_TRIES = 3  # opens of a file that keeps changing meanwhile, before the last is read with direct I/O
 FILL_MAX = 1 << 20  # files up to this size are stored into the page cache when opened (see _fill_pages)
 NAME_MAX = 255  # bytes in one name (ENAMETOOLONG beyond), as on every local Linux filesystem
 # pyfuse3 built with scripts/pyfuse3-noflush.patch (scripts/install) has FileInfo.noflush: a
@@ -152,11 +152,8 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
         handle = self._handles.dirty_write(inode)
-        if handle is not None and handle.chunk is not None:
-            return self._entry(self.view.chunk_attr(handle.chunk[0], inode, handle.data().size, time.time_ns()))
-        if handle is not None and handle.meta is not None:
-            return self._entry(self.view.file_attr(inode, handle.data().size, time.time_ns()))
-        return self._entry(await self._attr(inode))
+        attr = None if handle is None or self.writer is None else self.writer.dirty_attr(handle)
+        return self._entry(attr if attr is not None else await self._attr(inode))
 
     async def _attr(self, inode: int) -> Attr:
         """``view.getattr``, except that a chunk file that no longer exists (``_shows_chunk``) is
@@ -224,30 +221,48 @@ class Operations(pyfuse3.Operations):
             written = await self._writable().open(inode, truncate=bool(flags & os.O_TRUNC))
             self._kernel.changed(inode)
             return pyfuse3.FileInfo(fh=self._handles.add(written), direct_io=False, keep_cache=False)
-        handle = await self.view.open(inode)
-        # The pages are the kernel inode's: a chunk's name that a rename made show another inode
-        # (an alias, see NodeTable) has pages of its own, maybe being written in place right now.
-        version = handle.attr._replace(ino=handle.ino)
         if inode >= CHUNK_BASE:
             self.stats.chunk_files += 1
-        try:
-            content = await self._content_to_fill(handle, version)
-            if self._kernel.pages(version) is Pages.OTHER:
-                mark = self._kernel.dropping(handle.ino)
-                await trio.to_thread.run_sync(_invalidate_inodes, [handle.ino])
-                self._kernel.dropped(version, mark)
-        except BaseException:
+        for attempt in range(OPEN_TRIES):
+            handle, version, content, stale = await self._open_read(inode)
+            if not stale or attempt == OPEN_TRIES - 1:
+                break
             self.view.release(handle)
-            raise
         fi = pyfuse3.FileInfo(fh=self._handles.add(handle))
         if NOFLUSH:  # nothing to commit at its close(): see flush
             fi.noflush = True
         pages = self._kernel.opened(version)
         fi.keep_cache = pages is not Pages.OTHER
-        fi.direct_io = self._kernel.reading(version)  # an older version's reads may refill the pages
+        # direct I/O: an older version's reads may refill the pages; or the file changed during
+        # the open (``stale``), and the kernel must not cut this version's bytes to the new size
+        fi.direct_io = self._kernel.reading(version) or stale
         if pages is Pages.NONE and content is not None and not fi.direct_io:
             self._fill_pages(handle.ino, content)
         return fi
+
+    async def _open_read(self, inode: int) -> tuple[ReadHandle, Attr, bytes | bytearray | memoryview | None, bool]:
+        """``view.open(inode)`` with what ``open`` answers from: the handle, its version (the
+        attributes with the kernel's inode), the content to fill the pages with (or None), and
+        whether the file changed while this ran (``KernelInodes.unwatch``). The kernel's pages
+        of another version are dropped first (``KernelInodes.dropping``)."""
+        seen = self._kernel.watch(inode)
+        try:
+            handle = await self.view.open(inode)
+            # The pages are the kernel inode's: a chunk's name that a rename made show another inode
+            # (an alias, see NodeTable) has pages of its own, maybe being written in place right now.
+            version = handle.attr._replace(ino=handle.ino)
+            try:
+                content = await self._content_to_fill(handle, version)
+                if self._kernel.pages(version) is Pages.OTHER:
+                    mark = self._kernel.dropping(handle.ino)
+                    await trio.to_thread.run_sync(_invalidate_inodes, [handle.ino])
+                    self._kernel.dropped(version, mark)
+            except BaseException:
+                self.view.release(handle)
+                raise
+        finally:
+            stale = self._kernel.unwatch(inode, seen)
+        return handle, version, content, stale
 
     async def _content_to_fill(self, handle: ReadHandle, version: Attr) -> bytes | bytearray | memoryview | None:
         """The whole content of a small file being opened whose pages the kernel has never held

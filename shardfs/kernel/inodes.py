@@ -76,6 +76,7 @@ class KernelInodes:
         self._cached: dict[int, tuple[int, int] | object | None] = {}
         self._generations: dict[int, int] = {}  # inode -> directories removed under its number
         self._readers: dict[int, dict[tuple[int, int], int]] = {}  # inode -> open read handles by version
+        self._watched: dict[int, list[int]] = {}  # inode being opened -> [opens watching it, changes seen]
 
     def looked_up(self, ino: int) -> None:
         """The kernel got an entry for ``ino`` (lookup, create, link, readdirplus): one more lookup."""
@@ -165,6 +166,26 @@ class KernelInodes:
         """The content of ``ino`` changed, or may change (it is open for writing): the next
         open for reading must not keep its cached pages."""
         self._cached[ino] = None
+        watched = self._watched.get(ino)
+        if watched is not None:
+            watched[1] += 1
+
+    def watch(self, ino: int) -> int:
+        """An open for reading of ``ino`` begins; give what it returns to ``unwatch``."""
+        watched = self._watched.setdefault(ino, [0, 0])
+        watched[0] += 1
+        return watched[1]
+
+    def unwatch(self, ino: int, seen: int) -> bool:
+        """The open that ``watch(ino)`` returned ``seen`` to is about to be answered: True if
+        ``ino`` changed meanwhile. Its handle may then hold the older version while the kernel
+        takes the new one's size, cutting or padding what it reads (found by scripts/soak:
+        torn chunks read through a name renamed onto during the open)."""
+        watched = self._watched[ino]
+        watched[0] -= 1
+        if not watched[0]:
+            del self._watched[ino]
+        return watched[1] != seen
 
     def generation(self, ino: int) -> int:
         """The generation every entry of ``ino`` carries (0 until ``removed_dir(ino)``)."""

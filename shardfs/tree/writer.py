@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -149,6 +150,18 @@ class Writer:
         """The last descriptor of ``handle`` closed: a chunk file's buffer (spill file) goes."""
         if handle.buf is not None:
             handle.buf.clear()
+
+    def dirty_attr(self, handle: WriteHandle) -> Attr | None:
+        """What ``stat`` shows of a chunk or metadata file with writes not yet committed through
+        ``handle``: the size written so far, modified now; None for a handle without such
+        writes or for a staging file (the view's ``getattr`` answers for those)."""
+        if not handle.dirty:
+            return None
+        if handle.chunk is not None:
+            return self.view.chunk_attr(handle.chunk[0], handle.ino, handle.data().size, time.time_ns())
+        if handle.meta is not None:
+            return self.view.file_attr(handle.ino, handle.data().size, time.time_ns())
+        return None
 
     # ----- data ---------------------------------------------------------------------------
 
