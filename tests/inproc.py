@@ -38,7 +38,7 @@ import trio
 
 from shardfs.app import state
 from shardfs.kernel.fuse_ops import Timeouts
-from shardfs.reads.attrs import Attr
+from shardfs.storage.attrs import Attr
 from shardfs.reads.chunkcache import DEFAULT_BYTES, ChunkCache
 from shardfs.reads.factory import make_reads
 from shardfs.storage.source import Source
@@ -276,13 +276,13 @@ class InPath:
         return self.write_bytes(text.encode())
 
     def mkdir(self) -> None:
-        self._call(self.fs.writable().mkdir)
+        self._call(self.fs.writable().structure.mkdir)
 
     def unlink(self) -> None:
         self._call(self.fs.writable().unlink)
 
     def rmdir(self) -> None:
-        self._call(self.fs.writable().rmdir)
+        self._call(self.fs.writable().structure.rmdir)
 
     def replace(self, target: InPath) -> InPath:
         """``rename(2)`` onto ``target`` (replacing it)."""

@@ -70,7 +70,9 @@ def test_every_option_is_in_the_configuration_tables():
 # (module, calls whose literal text is a message the command line prints, functions all of
 # whose string literals are such messages)
 MESSAGE_SOURCES = [
-    ("app/cli.py", {"UsageError", "_report", "print"}, set()),
+    ("app/cli.py", {"UsageError", "print"}, set()),
+    ("app/run.py", {"UsageError", "_report"}, set()),
+    ("app/replay.py", {"UsageError"}, set()),
     ("app/options.py", {"ValueError"}, set()),
     ("storage/source.py", {"ValueError"}, set()),
     ("storage/urls.py", {"ValueError"}, set()),

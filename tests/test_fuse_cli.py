@@ -286,7 +286,7 @@ def test_help_lists_every_option(argv):
     for o in options.OWN + options.FUSE:
         if o.name not in flags:
             name = f"{o.name}={o.value}" if o.value else o.name
-            assert f"  {name:22} {o.help}" in lines, f"-o {name} not in --help"
+            assert f"  {name:22} {o.described}" in lines, f"-o {name} not in --help"
     ignored = " ".join(lines[lines.index("ignored (fstab and mount(8) options that mean nothing to shardfs):"):])
     for name in sorted(options.IGNORED) + ["x-*", "comment=*"]:
         assert f" {name}," in ignored or ignored.endswith(f" {name}"), f"ignored option {name} not in --help"

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import budget
-from shardfs.reads.attrs import Attr
+from shardfs.storage.attrs import Attr
 from shardfs.kernel.inodes import KernelInodes, LookupCounts, Pages
 from shardfs.tree.nodetable import CHUNK_BASE
 

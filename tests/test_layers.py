@@ -17,7 +17,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "shardfs"
 # Top to bottom; a room imports only itself and rooms after it.
 ROOMS = ["app", "kernel", "tree", "reads", "writes", "shards", "storage", "format"]
-TOP = {"shardfs": len(ROOMS), "shardfs.__main__": -1}  # __version__ (imported by all) / the entry point
+# Below every room: __version__ and the typed configuration (imported by all); above: the entry point.
+TOP = {"shardfs": len(ROOMS), "shardfs.config": len(ROOMS), "shardfs.__main__": -1}
 
 
 def modules() -> dict[str, Path]:

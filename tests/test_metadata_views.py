@@ -1,7 +1,9 @@
 """Metadata views of the mount: consolidated metadata, OME-Zarr 0.5 -> 0.4,
 transcoded inner chains, and metadata writes.
 
-Everything goes through a real mount. Sources are written with zarr-python 3;
+Through a real mount, except what only checks the metadata mapping (consolidated metadata,
+attributes as stored), which runs in-process on the same source (``tests/inproc.py``).
+Sources are written with zarr-python 3;
 the oracles are zarr-python 3 reading the v3 source natively, and the v2
 clients (zarr 2.18, zarr 3 with ``zarr_format=2``, tensorstore's ``zarr``
 driver, xarray) reading the mount.
@@ -17,6 +19,7 @@ import signal
 import time
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -142,6 +145,13 @@ def mnt(module_mount, src) -> Path:
     return module_mount(src)
 
 
+@pytest.fixture(scope="module")
+def tree(src) -> Iterator[InProcess]:
+    """The source as the mount shows it, in-process (no kernel)."""
+    with InProcess(src) as fs:
+        yield fs
+
+
 def native_arrays(root: Path) -> dict[str, np.ndarray]:
     return {p: read_native(root / p) for p in HIERARCHY}
 
@@ -153,8 +163,9 @@ def zjson(path: Path) -> dict:
 # ------------------------------------------------------------------ consolidated metadata
 
 
-def test_zmetadata_matches_the_individual_files(mnt, src):
-    """Each group's .zmetadata holds exactly the v2 metadata files below it, as served."""
+def test_zmetadata_matches_the_individual_files(tree):
+    """In-process: each group's .zmetadata holds exactly the v2 metadata files below it, as served."""
+    mnt = tree
     for group in ("", "g1", "g1/g2"):
         gdir = mnt / group
         doc = json.loads((gdir / ".zmetadata").read_text())

@@ -243,7 +243,7 @@ def test_a_scattered_read_reads_every_index_of_its_array_ahead_once_then_a_chunk
     async def scattered() -> tuple[bytes, bytes, list]:
         first = await chunk_bytes(view, "5.6", None, "a")
         with trio.fail_after(5):
-            while any(view.index_cache.latest(key) is None for key in shards):
+            while any(view.indexes.index_cache.latest(key) is None for key in shards):
                 await trio.sleep(0.01)
         before = len(proxy.log)
         second = await chunk_bytes(view, "1.5", None, "a")
@@ -285,7 +285,7 @@ def test_no_index_is_read_ahead_when_the_arrays_indexes_would_not_fit_a_quarter_
     """With an index cache of 12 tables, a quarter holds 3: the array's 4 shards are listed
     (one LIST) and no other index is read."""
     view, proxy, requests, want, _ = counted
-    view.index_cache = IndexCache(max_bytes=12 * 16 * CPS * CPS)  # 16 bytes per chunk in a table
+    view.indexes.index_cache = IndexCache(max_bytes=12 * 16 * CPS * CPS)  # 16 bytes per chunk in a table
 
     async def scattered() -> bytes:
         data = await chunk_bytes(view, "5.6", None, "a")
@@ -376,17 +376,17 @@ def test_a_sweep_crossing_shards_row_by_row_looks_at_the_shards_after_one_once(c
     """zarr 2.18's order: rows of chunks, each crossing both shards of a row of shards, so each
     shard is visited 4 times. The shards after one are looked at (``_prefetch_after``) once per
     shard the sweep walks on to, not at every visit: after shard 0 when the sweep walks on to
-    shard 1 (``_walk_on``: shards 1 to 3 fetched ahead), after 1, after 2 and after 3 (nothing
+    shard 1 (``Prefetch.walk_on``: shards 1 to 3 fetched ahead), after 1, after 2 and after 3 (nothing
     left after them)."""
     view, proxy, requests, want, src = counted
     looked: list[int] = []
-    prefetch_after = view._prefetch_after
+    prefetch_after = view.prefetch._prefetch_after
 
     def recording(arr, at: int, size: int) -> bool:
         looked.append(at)
         return prefetch_after(arr, at, size)
 
-    view._prefetch_after = recording
+    view.prefetch._prefetch_after = recording
     rows = [f"{i}.{j}" for i in range(2 * CPS) for j in range(2 * CPS)]
 
     async def read() -> dict[str, bytes]:
@@ -406,7 +406,7 @@ def test_a_sweep_in_c_order_has_the_next_layer_of_shards_fetched_in_turn_before_
     shard whole in one GET, and nothing of the third. The fetches start in C order, the order
     the sweep needs them, ``PREFETCH_AT_ONCE`` at once (never more). In all, the
     first shard costs its index and one GET If-Match, every other shard one GET."""
-    from shardfs.tree import view as view_mod
+    from shardfs.reads import prefetch
 
     root = tmp_path / "src"
     write_group(root)
@@ -446,7 +446,7 @@ def test_a_sweep_in_c_order_has_the_next_layer_of_shards_fetched_in_turn_before_
         async def sweep(names: list[str]) -> dict[str, bytes]:
             got = {name: await chunk_bytes(view, name, None, "v") for name in names}
             with trio.fail_after(10):
-                while view._index_reads:
+                while view.indexes._index_reads:
                     await trio.sleep(0.01)
             return got
 
@@ -461,7 +461,7 @@ def test_a_sweep_in_c_order_has_the_next_layer_of_shards_fetched_in_turn_before_
         [whole] * 17 + [[]] * 9, after_first
     assert requests() == after_first[:18] + [whole] * 9
     assert sorted(started) == keys[1:]  # each once
-    at_once = view_mod.PREFETCH_AT_ONCE
+    at_once = prefetch.PREFETCH_AT_ONCE
     # in turn: trio starts tasks spawned together in any order, so each fetch starts among the
     # PREFETCH_AT_ONCE next in C order
     assert all(abs(started.index(key) - i) < at_once for i, key in enumerate(keys[1:])), started
@@ -473,7 +473,7 @@ def test_a_walk_fetches_at_most_prefetch_max_shards_ahead_however_wide_a_plane(o
     than ``PREFETCH_MAX``. A sweep of shard 0's chunks, then the first chunk of shard 1 (a
     walk: ``_walk_on``), fetches shard 1 and the ``PREFETCH_MAX`` - 1 shards after it, each
     whole in one GET, and no other: a sweep of a small region fetches no more for nothing."""
-    from shardfs.tree import view as view_mod
+    from shardfs.reads import prefetch
 
     root = tmp_path / "src"
     write_group(root)
@@ -491,7 +491,7 @@ def test_a_walk_fetches_at_most_prefetch_max_shards_ahead_however_wide_a_plane(o
         async def sweep() -> list[bytes]:
             got = [await chunk_bytes(view, f"0.{j}", None, "w") for j in range(5)]
             with trio.fail_after(10):
-                while view._index_reads:
+                while view.indexes._index_reads:
                     await trio.sleep(0.01)
             return got
 
@@ -500,7 +500,7 @@ def test_a_walk_fetches_at_most_prefetch_max_shards_ahead_however_wide_a_plane(o
     local = View(LocalStorage(str(root)))
     assert got == [trio.run(chunk_bytes, local, f"0.{j}", None, "w") for j in range(5)]
     fetched = [key for key in keys if any(r.path == f"/{objects_env.bucket}/{prefix}/{key}" for r in proxy.log)]
-    assert fetched == keys[:1 + view_mod.PREFETCH_MAX]
-    for key in keys[1:1 + view_mod.PREFETCH_MAX]:
+    assert fetched == keys[:1 + prefetch.PREFETCH_MAX]
+    for key in keys[1:1 + prefetch.PREFETCH_MAX]:
         assert [(r.method, r.headers.get("range")) for r in proxy.log
                 if r.path == f"/{objects_env.bucket}/{prefix}/{key}"] == [("GET", None)], key

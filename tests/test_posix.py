@@ -1,4 +1,5 @@
-"""POSIX view of the mount with the real tools: ls, find, stat, cat, cp.
+"""POSIX view of the mount with the real tools: ls, find, stat, cat, cp; what only checks
+semantics (the metadata shown) runs in-process on the same source (``tests/inproc.py``).
 
 Expected names are computed from the data written (sources.stored_chunks),
 never from the daemon.
@@ -12,10 +13,12 @@ import os
 import stat
 import subprocess
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from conftest import case_params
+from inproc import InProcess
 from sources import CASES, CASES_BY_ID, empty_in_bounds_chunks, stored_chunks, stored_inner_bytes
 
 SHARDED = [c for c in CASES if c.sharded]
@@ -24,6 +27,13 @@ SHARDED = [c for c in CASES if c.sharded]
 @pytest.fixture(scope="module")
 def view(matrix, module_mount):
     return module_mount(matrix.root)
+
+
+@pytest.fixture(scope="module")
+def tree(matrix) -> Iterator[InProcess]:
+    """The source as the mount shows it, in-process (no kernel)."""
+    with InProcess(matrix.root) as fs:
+        yield fs
 
 
 def run(*cmd, check=True) -> subprocess.CompletedProcess:
@@ -66,9 +76,10 @@ def find_tree(path: Path) -> tuple[set[str], set[str]]:
     return files, dirs
 
 
-def assert_enoent(path: Path) -> None:
+def assert_enoent(path) -> None:
+    """``stat`` of ``path`` (a mount's ``Path`` or an in-process ``InPath``) fails with ENOENT."""
     with pytest.raises(OSError) as e:
-        os.stat(path)
+        path.stat()
     assert e.value.errno == errno.ENOENT, f"{path}: {e.value}"
 
 
@@ -114,17 +125,25 @@ def test_unsharded_array_root_files(view, matrix):
     assert files == {".zarray", ".zattrs"} | {case.chunk_file(i) for i in stored}
 
 
-def test_zarr_json_never_shown(view):
-    out = run("find", str(view), "-name", "zarr.json").stdout.decode()
-    assert out == ""
+def test_zarr_json_never_shown(tree):
+    """In-process: no directory lists a ``zarr.json`` and none resolves."""
+    def names_below(path) -> list[str]:
+        out = []
+        for name in path.iterdir():
+            out.append(name)
+            if stat.S_ISDIR((path / name).stat().st_mode):
+                out += names_below(path / name)
+        return out
+
+    assert "zarr.json" not in names_below(tree / "")
     for rel in ["", "grp", "grp/sub", "raw", "grp/sub/deep"]:
-        assert_enoent(view / rel / "zarr.json")
-    root = set(run("ls", "-A1", str(view)).stdout.decode().split())
+        assert_enoent(tree / rel / "zarr.json")
+    root = set((tree / "").iterdir())
     assert {".zgroup", ".zattrs", "raw", "grp"} <= root
     assert "zarr.json" not in root
-    assert json.loads((view / ".zgroup").read_text()) == {"zarr_format": 2}
-    assert json.loads((view / "grp" / "sub" / ".zattrs").read_text()) == {"level": 2, "name": "sub"}
-    assert set(os.listdir(view / "grp")) >= {".zgroup", ".zattrs", "sub", "empty"}
+    assert json.loads((tree / ".zgroup").read_text()) == {"zarr_format": 2}
+    assert json.loads((tree / "grp" / "sub" / ".zattrs").read_text()) == {"level": 2, "name": "sub"}
+    assert set((tree / "grp").iterdir()) >= {".zgroup", ".zattrs", "sub", "empty"}
 
 
 # ------------------------------------------------------------------ the design doc's example
@@ -230,9 +249,11 @@ def test_shard_dirs_are_directories_and_chunk_files_have_two_links(view):
 
 
 @pytest.mark.parametrize("case", case_params(CASES))
-def test_zarray_metadata(case, view):
+def test_zarray_metadata(case, tree):
+    """In-process: the ``.zarray`` and ``.zattrs`` of each case."""
+    view = tree
     raw = (view / case.relpath / ".zarray").read_bytes()
-    assert os.stat(view / case.relpath / ".zarray").st_size == len(raw)
+    assert (view / case.relpath / ".zarray").stat().st_size == len(raw)
     meta = json.loads(raw)
     assert meta["zarr_format"] == 2
     assert meta["shape"] == list(case.shape)
@@ -248,5 +269,5 @@ def test_zarray_metadata(case, view):
         assert case.expect_compressor(comp), comp
     else:
         assert comp == case.expect_compressor
-    assert "zarr.json" not in os.listdir(view / case.relpath)
+    assert "zarr.json" not in (view / case.relpath).iterdir()
     assert json.loads((view / case.relpath / ".zattrs").read_text()) == case.attrs

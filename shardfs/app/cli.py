@@ -1,8 +1,8 @@
-"""Command line: ``shardfs mount | umount | inspect | status``; daemonizing, signals, logging.
+"""Command line: ``shardfs mount | umount | inspect | status`` (argparse) and each command.
 
-``shardfs mount SRC MNT`` checks SRC and the ``-o`` options, starts the daemon
-(this same program with ``-f`` in a new session) and returns once the daemon
-reports, over a pipe, that the mount is live or why it failed (libfuse's own
+``shardfs mount SRC MNT`` checks SRC and the ``-o`` options, then starts the daemon
+(``shardfs.app.run``: this same program with ``-f`` in a new session) and returns once the
+daemon reports, over a pipe, that the mount is live or why it failed (libfuse's own
 words included). ``shardfs SRC MNT [-o ...]`` is the same: the form
 ``mount -t fuse.shardfs`` (through mount.fuse3) and fstab use.
 """
@@ -12,22 +12,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import functools
 import json
 import logging
-import logging.handlers
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from typing import Any, Iterator
+from typing import Any
 
 from shardfs import __version__
 from shardfs.app import options, state
-from shardfs.app.mounts import daemon_pid, fsname
+from shardfs.app.mounts import daemon_pid
 from shardfs.app.progress import FoldProgress
+from shardfs.app.run import run_daemon, spawn_daemon
+from shardfs.app.usage import UsageError
 from shardfs.storage.source import Source
 from shardfs.storage.urls import is_url
 
@@ -37,10 +36,6 @@ BARE_FORM = ("`shardfs SRC MNT [-o OPT,...]` is `shardfs mount SRC MNT ...` "
              "(the form mount -t fuse.shardfs and /etc/fstab use).")
 UMOUNT_TIMEOUT = 60.0
 PROGRESS_MIN = 100  # shard indexes to read before inspect shows a progress bar
-
-
-class UsageError(Exception):
-    """A problem with the user's input, reported as one line."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,285 +210,8 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     if os.path.ismount(mnt):
         raise UsageError(f"{args.mnt}: already a mountpoint")
     if args.foreground:
-        return _run_daemon(args, mnt, opts, source)
-    return _spawn_daemon(args, source)
-
-
-def _spawn_daemon(args: argparse.Namespace, source: Source) -> int:
-    """Start the daemon in its own session and wait for it to report.
-
-    The daemon logs to ``--log-file``, else to syslog, else (no ``/dev/log``, as in
-    many containers) to ``log`` in the source's state directory, which is said
-    on stderr once the mount is live (a failure is one line: its reason)."""
-    fallback = not args.log_file and not os.path.exists("/dev/log")
-    if fallback:
-        args.log_file = state.log_file(source.name, source.endpoint)
-        try:
-            os.makedirs(os.path.dirname(args.log_file), mode=0o700, exist_ok=True)
-        except OSError as e:
-            raise UsageError(f"{os.path.dirname(args.log_file)}: cannot create the state directory: "
-                             f"{e.strerror}") from None
-    r, w = os.pipe()
-    # -P: the working directory is not put on the daemon's sys.path (a ``trio.py`` there
-    # must not replace a module the daemon imports).
-    argv = [sys.executable, "-P", "-m", "shardfs", "mount", source.name, os.path.abspath(args.mnt),
-            "-f", "--ready-fd", str(w)]
-    for opt in args.options:
-        argv += ["-o", opt]
-    argv += ["--read-only"] * args.read_only + ["--debug"] * args.debug + ["--no-ome-translation"] * (not args.ome)
-    argv += ["--log-file", os.path.abspath(args.log_file)] if args.log_file else []
-    with open(os.devnull, "r+b") as null:
-        proc = subprocess.Popen(argv, stdin=null, stdout=null, stderr=null, pass_fds=(w,),
-                                start_new_session=True)
-    os.close(w)
-    with os.fdopen(r, "rb") as pipe:
-        report = pipe.readline().decode().strip()
-    if report == "ok":
-        if fallback:
-            print(f"shardfs: no syslog (/dev/log): the daemon logs to {args.log_file}", file=sys.stderr)
-        return 0
-    proc.wait()
-    raise UsageError(report.removeprefix("error: ") or f"daemon exited with status {proc.returncode}")
-
-
-def _setup_logging(args: argparse.Namespace) -> None:
-    if args.log_file:
-        handler: logging.Handler = logging.FileHandler(args.log_file)
-    elif args.ready_fd is None:
-        handler = logging.StreamHandler(sys.stderr)
-    elif os.path.exists("/dev/log"):
-        handler = logging.handlers.SysLogHandler(address="/dev/log")
-    else:
-        handler = logging.NullHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s shardfs[%(process)d] %(levelname)s %(message)s"))
-    root = logging.getLogger()
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG if args.debug else logging.INFO)
-    if not args.debug:
-        logging.getLogger("pyfuse3").setLevel(logging.WARNING)
-
-
-def _run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source) -> int:
-    """Serve the mount in this process until unmounted or signalled."""
-    from shardfs.kernel.fuse_ops import Timeouts
-
-    args.debug = args.debug or "debug" in opts.own
-    try:
-        _setup_logging(args)
-    except OSError as e:
-        _report(args, f"error: {args.log_file}: cannot open the log file: {e.strerror}")
-        return 1
-    own = opts.own
-    if opts.ignored:
-        log.debug("ignored mount options: %s", ",".join(opts.ignored))
-    read_only = args.read_only or opts.read_only or source.web  # a web server takes no writes
-    timeouts = Timeouts(float(own.get("entry_timeout", Timeouts.entry)),
-                        float(own.get("attr_timeout", Timeouts.attr)))
-    with contextlib.ExitStack() as cleanup:
-        storage = cleanup.enter_context(source.opened(version_ttl=timeouts.attr, list_ttl=timeouts.entry))
-        writeback = None
-        if not read_only:
-            try:
-                writeback = _writeback(source, storage, own.get("journal_dir"), cleanup)
-            except UsageError as e:
-                _report(args, f"error: {e}")
-                return 1
-            except Exception as e:
-                _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
-                return 1
-        return _mount_and_serve(args, mnt, opts, source, storage, writeback, timeouts)
-
-
-def _writeback(source: Source, storage: Any, journal_dir: str | None, cleanup: contextlib.ExitStack) -> Any:
-    """The mount's ``Writeback``, journalling into a directory of its own under the source's
-    journal root (removed at exit if empty), after replaying into the shards what killed
-    daemons left there and what an earlier version left in ``SRC/.shardfs/journal``."""
-    from shardfs.writes import journal
-    from shardfs.writes.writeback import Writeback
-
-    root = state.journal_dir(source.name, journal_dir, source.endpoint)
-    try:
-        claim = journal.claim(root)
-    except OSError as e:
-        raise UsageError(f"{root}: cannot create the write journal: {e.strerror} "
-                         "(-o journal_dir=DIR puts it elsewhere)") from None
-    cleanup.callback(claim.release)
-    writeback = Writeback(storage, claim.directory)
-    legacy = state.legacy_journal(source.name)
-    replayed = writeback.replay_sync(functools.partial(_replay_target, storage),
-                                     older=((legacy,) if legacy else ()) + tuple(claim.orphans))
-    claim.drop_orphans()
-    if legacy:
-        state.remove_legacy(source.name)
-        log.info("moved the write journal out of the source: %s replayed and removed", legacy)
-    if replayed:
-        log.info("replayed %d journalled chunk changes into their shards", replayed)
-    return writeback
-
-
-def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source, storage: Any,
-                     writeback: Any, timeouts: Any) -> int:
-    """Mount and serve until unmounted or signalled; 1 if the mount failed (reported).
-
-    zarr-python (``shardfs.tree.view.v2``: 0.15-0.3 s of CPU, more once its files have left the
-    page cache) is imported before the mount goes live: the first lookup of any node needs
-    it, and a client reading right after ``shardfs mount`` returned would wait for it
-    (measured: 0.36 s of a cold ``cat`` of 3072 chunk files; the mount takes 0.1 s longer)."""
-    import pyfuse3
-    import trio
-
-    from shardfs.reads.chunkcache import DEFAULT_BYTES, ChunkCache, parse_size
-    from shardfs.kernel.fuse_ops import Operations
-    from shardfs.reads.factory import make_reads
-    from shardfs.app.status import Status
-    from shardfs.tree.view import View, v2
-
-    own = opts.own
-    read_only = writeback is None
-    cache = ChunkCache(parse_size(own["chunk_cache"]) if "chunk_cache" in own else DEFAULT_BYTES)
-    try:
-        ranges = _range_cache(source, own)
-    except ValueError as e:
-        _report(args, f"error: -o {e}")
-        return 1
-    ome = args.ome and "no_ome_translation" not in own
-    view = View(storage, read_only=read_only, writeback=writeback, ome=ome, c_order="c_order" in own,
-                reads=make_reads(storage, cache=ranges, chunk_cache=cache))
-    ops = Operations(view, timeouts, writeback, spill_dir=state.spill_dir(source.name, source.endpoint))
-    if writeback is not None and ops.writer is not None:
-        writeback.on_folded = ops.writer.folded
-        if "shard_size" in own:
-            ops.writer.shard_bytes = max(1, parse_size(own["shard_size"]))
-    v2()  # before going live (see above)
-    fuse_opts = set(pyfuse3.default_options) | {fsname(source.name), "subtype=shardfs"} | set(opts.fuse)
-    if read_only:
-        fuse_opts.add("ro")
-    with _stderr_captured() as said:
-        try:
-            pyfuse3.init(ops, mnt, fuse_opts)
-        except RuntimeError as e:
-            failed: RuntimeError | None = e
-        else:
-            failed = None
-    libfuse = "; ".join(said)
-    if failed is not None:
-        _report(args, f"error: {mnt}: cannot mount: {libfuse + f' ({failed})' if libfuse else failed}")
-        return 1
-    if libfuse:
-        log.warning("libfuse: %s", libfuse)
-    log.info("mounted %s on %s%s", source.name, mnt, " (read-only)" if read_only else "")
-    shown = {**own, **{o.partition("=")[0]: o.partition("=")[2] for o in opts.fuse}}
-    status = Status(ops, mnt, source.name, source.endpoint, read_only, shown,
-                    state.status_socket(source.name, source.endpoint, os.getpid()),
-                    float(own["stats_interval"]) if "stats_interval" in own else None)
-    _report(args, "ok")
-    try:
-        trio.run(_serve, ops, writeback, status)
-    finally:
-        pyfuse3.close(unmount=True)
-        log.info("unmounted %s", mnt)
-        if ranges is not None:
-            ranges.flush()  # the disk cache gets the ranges fetched last
-    return 0
-
-
-def _range_cache(source: Source, own: dict[str, str]) -> Any:
-    """An object store's cache of fetched ranges (``-o cache_size``, ``-o cache_dir``); None for a
-    directory. ``ValueError`` (one line) if ``cache_dir`` cannot be used."""
-    if not source.url:
-        return None
-    from shardfs.reads.chunkcache import parse_size
-    from shardfs.reads.rangecache import RangeCache
-    from shardfs.reads.objects import DEFAULT_CACHE_BYTES
-
-    size = parse_size(own["cache_size"]) if "cache_size" in own else DEFAULT_CACHE_BYTES
-    return RangeCache(size, own.get("cache_dir"))
-
-
-@contextlib.contextmanager
-def _stderr_captured() -> Iterator[list[str]]:
-    """Collect what is written to file descriptor 2 meanwhile (libfuse and fusermount3 print
-    their reasons there) into the yielded list, one stripped line each, at exit."""
-    said: list[str] = []
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as tmp:
-        sys.stderr.flush()
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield said
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            said += [line.strip() for line in tmp.read().decode(errors="replace").splitlines() if line.strip()]
-
-
-async def _serve(ops: Any, writeback: Any, status: Any) -> None:
-    """Run the FUSE loop and answer ``shardfs status`` (``status``); on SIGINT/SIGTERM fold
-    pending writes into the shards and end it.
-
-    Pending writes are also folded when the loop ends otherwise (``fusermount3 -u``).
-    Changes that cannot be folded stay in the journal (``Writeback.flush`` says why).
-    """
-    import pyfuse3
-    import trio
-
-    from shardfs.kernel import fuseloop
-
-    flushed = False
-    async with trio.open_nursery() as nursery:
-
-        async def on_signal() -> None:
-            nonlocal flushed
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for sig in signals:
-                    log.info("signal %d: flushing and unmounting", sig)
-                    if writeback is not None:
-                        await writeback.flush()
-                        flushed = True
-                    pyfuse3.terminate()
-                    return
-
-        nursery.start_soon(on_signal)
-        nursery.start_soon(status.run)
-        if writeback is not None:
-            nursery.start_soon(writeback.run)
-        await fuseloop.main()  # pyfuse3.main() with a cheaper read lock
-        nursery.cancel_scope.cancel()
-    if writeback is not None and not flushed:
-        writeback.on_folded = None  # the kernel connection is gone: nothing to invalidate
-        await writeback.flush()
-
-
-def _replay_target(source: Any, array_path: str, shard: tuple[int, ...]) -> Any:
-    """Resolve a journalled shard to its rewrite target from the array's current metadata: None
-    if the array is gone or its metadata is bad; ``Unusable`` if its ``zarr.json`` is there but
-    cannot be read now (not a regular file, behind a symlink out of the source)."""
-    from shardfs.tree.metadata import BadMetadata, parse
-    from shardfs.storage import Unusable
-    from shardfs.format.v2 import describe_array
-    from shardfs.tree.writer import shard_target
-
-    try:
-        data, _version = source.read_all(f"{array_path}/zarr.json" if array_path else "zarr.json")
-        doc = parse(data)
-        return shard_target(array_path, describe_array(doc).layout, shard)
-    except Unusable:
-        raise
-    except (OSError, ValueError, BadMetadata):
-        return None
-
-
-def _report(args: argparse.Namespace, line: str) -> None:
-    if args.ready_fd is None:
-        if line != "ok":
-            print(f"shardfs: {line}", file=sys.stderr)
-        return
-    try:
-        os.write(args.ready_fd, (line + "\n").encode())
-        os.close(args.ready_fd)
-    except OSError:
-        pass
+        return run_daemon(args, mnt, opts, source)
+    return spawn_daemon(args, source)
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -612,6 +330,7 @@ def _kept_report(src: str, root: str, pid: int, killed: bool) -> list[str]:
     """One line per shard whose changes are still in the journal of daemon ``pid`` (under the
     journal root ``root``): how many, and why: the daemon's note (updated as ``flush`` goes),
     or, if a killed daemon left none, its records counted (those marked folded left out)."""
+    from shardfs.app.replay import replay_target
     from shardfs.writes.journal import kept_line, read_kept
     from shardfs.storage.local import LocalStorage
 
@@ -628,7 +347,7 @@ def _kept_report(src: str, root: str, pid: int, killed: bool) -> list[str]:
     lines = []
     for (array, shard), positions in sorted(pending.items()):
         try:
-            target = None if storage is None else _replay_target(storage, array, shard)
+            target = None if storage is None else replay_target(storage, array, shard)
         except OSError:
             target = None
         key = target.key if target is not None else f"{array} shard {shard}"
@@ -648,11 +367,11 @@ def daemon_journal(pid: int) -> tuple[str, str] | None:
             environ = dict(v.decode(errors="surrogateescape").partition("=")[::2] for v in f.read().split(b"\0") if v)
         cwd = os.readlink(f"/proc/{pid}/cwd")
         args = _parser().parse_args(argv[argv.index("mount"):])
-        own = options.parse(args.options).own
-        source = Source.parse(args.src if is_url(args.src) else os.path.join(cwd, args.src), own, environ)
+        parsed = options.parse(args.options)
+        source = Source.parse(args.src if is_url(args.src) else os.path.join(cwd, args.src), parsed.own, environ)
     except (OSError, ValueError, SystemExit):
         return None
-    override = own.get("journal_dir")
+    override = options.config(parsed).writes.journal_dir
     root = state.journal_dir(source.name, os.path.join(cwd, override) if override else None, source.endpoint)
     return source.name, root
 

@@ -9,13 +9,22 @@ Every ``-o`` option is one of:
   ``x-*``, ``comment=``, ``helper=``), or a generic mount flag libfuse rejects
   (``relatime``, ``lazytime``, ...) and mount(8) passes on anyway: ignored.
 Anything else is an error naming the option: nothing is mounted.
+
+Each of shardfs's own options names the field of the typed ``shardfs.config.Config`` it sets
+(``Option.field``), whose default is the option's default (shown by ``--help`` and
+``doc/CONFIGURATION.md``); ``config`` builds the ``Config`` of the options given. The
+options of one kind of source (a directory, a URL) are typed by ``shardfs.storage.source``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import textwrap
 from dataclasses import dataclass, field
+from typing import Any
+
+from shardfs.config import Config, parse_size, size_text
 
 
 @dataclass(frozen=True)
@@ -23,17 +32,41 @@ class Option:
     name: str
     value: str | None  # the value's placeholder; None for a flag
     help: str
+    field: str = ""  # the ``Config`` field it sets ("reads.chunk_cache"; "!tree.ome": a flag that clears it)
+
+    @property
+    def default(self) -> str | None:
+        """The default as ``-o`` spells it, from ``Config`` (None: a flag, no field, or a default
+        the help text says, e.g. a path of the state directory)."""
+        if not self.field or self.value is None:
+            return None
+        value = _get(Config(), self.field)
+        if value is None:
+            return None
+        return size_text(value) if self.value == "SIZE" else f"{value:g}" if isinstance(value, float) else str(value)
+
+    @property
+    def described(self) -> str:
+        """The help text with the ``Config`` default, as ``--help`` shows it."""
+        return f"{self.help} (default {self.default})" if self.default is not None else self.help
+
+
+def _get(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 OWN = (
-    Option("ro", None, "read-only: every write fails with EROFS (as --read-only)"),
+    Option("ro", None, "read-only: every write fails with EROFS (as --read-only)", "read_only"),
     Option("rw", None, "writable, the default (of ro and rw the last one wins)"),
-    Option("entry_timeout", "S", "seconds the kernel caches names (default 10)"),
-    Option("attr_timeout", "S", "seconds the kernel caches attributes (default 10)"),
-    Option("chunk_cache", "SIZE", "memory for decoded chunk files, e.g. 256M (default 64M, 0 = off)"),
-    Option("shard_size", "SIZE", "uncompressed size of a shard of an array created through the mount "
-                                 "(default 64M)"),
-    Option("journal_dir", "DIR", "write journal here (default $XDG_STATE_HOME/shardfs/<id>/journal)"),
+    Option("entry_timeout", "S", "seconds the kernel caches names", "kernel.entry_timeout"),
+    Option("attr_timeout", "S", "seconds the kernel caches attributes", "kernel.attr_timeout"),
+    Option("chunk_cache", "SIZE", "memory for decoded chunk files, e.g. 256M; 0 = off", "reads.chunk_cache"),
+    Option("shard_size", "SIZE", "uncompressed size of a shard of an array created through the mount",
+           "writes.shard_size"),
+    Option("journal_dir", "DIR", "write journal here (default $XDG_STATE_HOME/shardfs/<id>/journal)",
+           "writes.journal_dir"),
     Option("follow_symlinks", None, "read through symlinks that leave SRC (they are never written)"),
     Option("endpoint", "URL", "object store: the server (default $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, the AWS "
                               "profile's endpoint_url, else the service's own)"),
@@ -48,16 +81,18 @@ OWN = (
     Option("requester_pays", None, "s3://: requests are billed to the requester (requester-pays buckets)"),
     Option("addressing", "STYLE", "s3://: path (https://host/bucket/key) or virtual (https://bucket.host/key) "
                                   "(default the profile's s3 addressing_style, else path with an endpoint)"),
-    Option("cache_size", "SIZE", "object store: memory for fetched object ranges (default 96M)"),
-    Option("timeout", "S", "object store: seconds per request; a hung server fails a read after this (default 30)"),
+    Option("cache_size", "SIZE", "object store: memory for fetched object ranges", "reads.cache_size"),
+    Option("timeout", "S", "object store: seconds per request; a hung server fails a read after this",
+           "storage.timeout"),
     Option("cache_dir", "DIR", "object store: keep fetched ranges here across mounts, keyed by ETag "
-                               "(at most 5G, least recently used out first)"),
-    Option("debug", None, "log every request (as --debug)"),
+                               "(at most 5G, least recently used out first)", "reads.cache_dir"),
+    Option("debug", None, "log every request (as --debug)", "debug"),
     Option("stats_interval", "S", "log a one-line summary of the counters every S seconds (default off; "
-                                  "shardfs status shows them)"),
-    Option("no_ome_translation", None, "show OME-Zarr 0.5 attributes as stored (as --no-ome-translation)"),
+                                  "shardfs status shows them)", "stats_interval"),
+    Option("no_ome_translation", None, "show OME-Zarr 0.5 attributes as stored (as --no-ome-translation)",
+           "!tree.ome"),
     Option("c_order", None, "serve arrays stored transposed (shown as \"order\": \"F\") as C-order chunks, "
-                            "transcoded: for netCDF-C, NCO and CDO, which ignore \"order\""),
+                            "transcoded: for netCDF-C, NCO and CDO, which ignore \"order\"", "tree.c_order"),
 )
 _FLAG = "kernel mount flags, passed to libfuse"
 FUSE = (
@@ -135,12 +170,39 @@ def _check_values(own: dict[str, str]) -> None:
         raise ValueError(f"-o endpoint={endpoint}: not an http:// or https:// URL")
     for name in ("chunk_cache", "shard_size", "cache_size"):
         if name in own:
-            from shardfs.reads.chunkcache import parse_size
-
             try:
                 parse_size(own[name])
             except ValueError:
                 raise ValueError(f"-o {name}={own[name]}: not a size (e.g. 64M)") from None
+
+
+def config(parsed: Parsed) -> Config:
+    """The ``Config`` the ``-o`` options of ``parsed`` (checked by ``parse``) give: each sets its
+    ``Option.field`` (seconds as a number, sizes in bytes, a flag True, ``!`` a flag False),
+    every other field keeps its default."""
+    values: dict[str, Any] = {}
+    for name, text in parsed.own.items():
+        opt = _BY_NAME[name]
+        if not opt.field:
+            continue
+        value: Any = True if opt.value is None else text
+        if opt.value == "S":
+            value = float(text)
+        elif opt.value == "SIZE":
+            value = parse_size(text)
+        values[opt.field.lstrip("!")] = not value if opt.field.startswith("!") else value
+    if "writes.shard_size" in values:
+        values["writes.shard_size"] = max(1, values["writes.shard_size"])
+    return _with(Config(), values)
+
+
+def _with(obj: Any, values: dict[str, Any]) -> Any:
+    """``obj`` (a frozen dataclass) with the dotted fields of ``values`` replaced."""
+    own = {k: v for k, v in values.items() if "." not in k}
+    for part in {k.partition(".")[0] for k in values if "." in k}:
+        inner = {k.partition(".")[2]: v for k, v in values.items() if k.startswith(part + ".")}
+        own[part] = _with(getattr(obj, part), inner)
+    return dataclasses.replace(obj, **own)
 
 
 def help_text() -> str:
@@ -152,7 +214,7 @@ def help_text() -> str:
     ignored = ", ".join(sorted(IGNORED)) + ", x-*, comment=*, helper=*"
     return "\n".join(
         ["mount options (-o OPT[,OPT...]):"]
-        + [line(f"{o.name}={o.value}" if o.value else o.name, o.help) for o in OWN + FUSE if o.help != _FLAG]
+        + [line(f"{o.name}={o.value}" if o.value else o.name, o.described) for o in OWN + FUSE if o.help != _FLAG]
         + ["  " + flags, line("", _FLAG + " (mount.fuse3 adds dev,suid as root)"),
            "ignored (fstab and mount(8) options that mean nothing to shardfs):"]
         + textwrap.wrap(ignored, 78, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False))

@@ -13,7 +13,7 @@ from shardfs.format.index import EMPTY, CorruptIndex, IndexFormat
 from shardfs.storage import UNKNOWN, Storage
 from shardfs.app.survey import stored_shards, survey as survey_shards
 from shardfs.app.targets import locate, shown_key
-from shardfs.tree.view import _read_metadata as read_metadata
+from shardfs.tree.hierarchy import read_metadata
 from shardfs.format.layout import ArrayLayout, Unpresentable
 from shardfs.format.shardfile import CORRUPT, Indexes, NestedFormat, ShardFormat, decode, flat_table, outermost
 from shardfs.format.a2a import describe

@@ -54,7 +54,7 @@ class Status:
         doc["store"] = view.source.stats.snapshot()
         chunk_cache = view.reads.chunk_cache.lru
         range_cache = getattr(view.reads, "cache", None)
-        doc["cache"] = {"index": _cache(view.index_cache), "chunk": _cache(chunk_cache),
+        doc["cache"] = {"index": _cache(view.indexes.index_cache), "chunk": _cache(chunk_cache),
                         "range": _cache(range_cache) if range_cache is not None else None}
         writeback = view.writeback
         if writeback is not None:

@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from shardfs.config import WriteConfig
 from shardfs.format.dtypes import VLEN_CODECS
 from shardfs.format.fill import XARRAY_FILL, encode_xarray_fill, remember_null_fill
 
 if TYPE_CHECKING:
     from zarr.core.metadata.v2 import ArrayV2Metadata
 
-DEFAULT_SHARD_BYTES = 64 << 20  # uncompressed bytes of one shard of a new array (-o shard_size)
+DEFAULT_SHARD_BYTES = WriteConfig.shard_size  # uncompressed bytes of one shard of a new array (-o shard_size)
 
 
 class Refused(ValueError):

@@ -30,10 +30,12 @@ from typing import Any, Awaitable, Callable, Sequence, TypeVar
 import pyfuse3
 import trio
 
+from shardfs.config import KernelConfig
+from shardfs.format.create import DEFAULT_SHARD_BYTES
 from shardfs.kernel.handles import DirHandle, Handles
 from shardfs.kernel.inodes import KernelInodes, Pages
 from shardfs.tree.listing import DirStream
-from shardfs.reads.attrs import Attr
+from shardfs.storage.attrs import Attr
 from shardfs.tree.nodes import ChunkKey
 from shardfs.tree.nodetable import CHUNK_BASE
 from shardfs.storage.stats import RequestStats
@@ -91,8 +93,8 @@ def _guard(fn: F) -> F:
 class Timeouts:
     """Kernel cache lifetimes (seconds) for entries and attributes."""
 
-    entry: float = 10.0
-    attr: float = 10.0
+    entry: float = KernelConfig.entry_timeout
+    attr: float = KernelConfig.attr_timeout
 
 
 class Operations(pyfuse3.Operations):
@@ -102,14 +104,16 @@ class Operations(pyfuse3.Operations):
     enable_writeback_cache = False
 
     def __init__(self, view: View, timeouts: Timeouts | None = None,
-                 writeback: Writeback | None = None, spill_dir: str | None = None) -> None:
-        """``spill_dir``: where contents being written spill beyond memory (needed with ``writeback``)."""
+                 writeback: Writeback | None = None, spill_dir: str | None = None,
+                 shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+        """``spill_dir``: where contents being written spill beyond memory (needed with ``writeback``);
+        ``shard_bytes``: the shard size of arrays created through the mount (``-o shard_size``)."""
         super().__init__()
         self.view = view
         if writeback is not None and spill_dir is None:
             raise ValueError("a writable mount needs a spill_dir")
         self.writer = None if writeback is None or spill_dir is None else Writer(view, writeback, self.invalidate,
-                                                                                   spill_dir)
+                                                                                   spill_dir, shard_bytes=shard_bytes)
         self.timeouts = timeouts or Timeouts()
         self._handles = Handles()
         self._kernel = KernelInodes()
@@ -430,11 +434,11 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        self._kernel.removed_dir(await self._writable().rmdir(parent_inode, os.fsdecode(name)))
+        self._kernel.removed_dir(await self._writable().structure.rmdir(parent_inode, os.fsdecode(name)))
 
     @_guard
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
-        return self._looked_up(await self._writable().mkdir(parent_inode, _name(name)))
+        return self._looked_up(await self._writable().structure.mkdir(parent_inode, _name(name)))
 
     async def _unsupported(self, *args: Any) -> None:
         if self.writer is None:

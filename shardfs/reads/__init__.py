@@ -30,7 +30,7 @@ from shardfs.storage import Version
 from shardfs.storage.threads import blocking
 
 if TYPE_CHECKING:
-    from shardfs.reads.attrs import Attr
+    from shardfs.storage.attrs import Attr
 
 __all__ = ["ReadAhead", "ReadHandle", "Reads"]
 READ_AHEAD_AFTER = 3  # opens of chunks of one shard among the last READ_AHEAD_WINDOW opens
@@ -120,7 +120,7 @@ class Reads:
     # scattered read the indexes of its array's shards (``keys_below``)
     index_calls = 32  # worker thread calls a listing reads shard indexes in at once (each index a round trip)
     indexes_per_read = 1  # a never-read index that a lookup or open needs is read with those of the shards
-    # after it, this many in all, in one worker thread call (``View.shard_table``)
+    # after it, this many in all, in one worker thread call (``ShardIndexes.shard_table``)
 
     def __init__(self, chunk_cache: ChunkCache, ahead: ReadAhead) -> None:
         self.chunk_cache = chunk_cache

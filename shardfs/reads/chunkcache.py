@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 
+from shardfs.config import ReadConfig
 from shardfs.storage.lru import SizedLRU
 from shardfs.shards.shard import Extent
 
-DEFAULT_BYTES = 64 << 20
+DEFAULT_BYTES = ReadConfig.chunk_cache  # -o chunk_cache
 log = logging.getLogger("shardfs")
 
 
@@ -40,13 +41,3 @@ class ChunkCache:
         if len(data) <= self._lru.max_bytes:
             self._lru.put(ext, data)
 
-
-def parse_size(text: str) -> int:
-    """``"64M"`` -> bytes (suffixes K, M, G, powers of 1024); ``ValueError`` if malformed."""
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    number, unit = (text[:-1], text[-1]) if text[-1:] in units and text[-1:] else (text, "")
-    value = int(number) * units[unit]
-    if value < 0:
-        raise ValueError(f"negative size {text!r}")
-    return value

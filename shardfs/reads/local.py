@@ -22,14 +22,14 @@ from shardfs.storage.local import LocalStorage
 from shardfs.storage.threads import blocking
 
 if TYPE_CHECKING:
-    from shardfs.reads.attrs import Attr
+    from shardfs.storage.attrs import Attr
 
 
 class LocalReads(Reads):
     """``Reads`` over a ``LocalStorage``."""
 
     index_calls = 1  # a small shard's index costs less to read than threads running at once cost in GIL handoffs
-    indexes_per_read = 8  # a thread hop costs more than reading a small shard's index (see View.shard_table)
+    indexes_per_read = 8  # a thread hop costs more than reading a small shard's index (see ShardIndexes.shard_table)
 
     def __init__(self, source: LocalStorage, chunk_cache: ChunkCache) -> None:
         super().__init__(chunk_cache, ReadAhead())

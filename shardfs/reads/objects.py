@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from shardfs.config import ReadConfig
 from shardfs.reads.chunkcache import ChunkCache
 from shardfs.reads.rangecache import RangeCache
 from shardfs.reads import ReadAhead, ReadHandle, Reads
@@ -34,9 +35,9 @@ from shardfs.storage.objects import Buffer, ObjectStorage
 from shardfs.storage.threads import blocking
 
 if TYPE_CHECKING:
-    from shardfs.reads.attrs import Attr
+    from shardfs.storage.attrs import Attr
 
-DEFAULT_CACHE_BYTES = 96 << 20  # with the daemon's ~90 MiB, RSS stays under 200 MiB
+DEFAULT_CACHE_BYTES = ReadConfig.cache_size  # -o cache_size
 
 
 class ObjectReads(Reads):

@@ -11,13 +11,11 @@ import os
 import re
 from typing import Mapping
 
+from shardfs.config import StorageConfig
+
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://([^/]*)(.*)$")
 WEB_SCHEMES = ("http", "https")
-# Seconds one object-store request may take, connecting and the whole answer included (``-o
-# timeout``): obstore's own default, under which a whole shard (up to 64 MiB, one GET or one PUT)
-# still passes at about 2.2 MB/s. s3fs waits 120 s for a stalled transfer, mountpoint-s3 has no
-# request timeout at all; a hung server costs a read this long before EIO (see ``Retry.for_timeout``).
-DEFAULT_TIMEOUT = 30.0
+DEFAULT_TIMEOUT = StorageConfig.timeout  # seconds one object-store request may take (-o timeout)
 
 
 def is_url(src: str) -> bool:

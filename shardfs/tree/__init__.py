@@ -2,12 +2,17 @@
 
 - ``nodes``: the node kinds (keys) and the presented groups and arrays;
 - ``nodetable``: inode numbers <-> node keys;
-- ``metadata``: a node's ``zarr.json`` read and parsed defensively;
+- ``metadata``: a node's ``zarr.json`` parsed defensively;
+- ``hierarchy``: ``Hierarchy``, the groups and arrays read from their ``zarr.json`` and described as v2;
 - ``listing``: directory listings, paged;
-- ``view``: the ``View`` facade: hierarchy, name resolution, attributes, opens and reads;
-- ``writer``: the ``Writer``: commits of chunk files, staging files, structure changes.
+- ``view``: the ``View`` facade the kernel adapter calls: name resolution, attributes, metadata
+  files, opens and reads;
+- ``writer``: the ``Writer``: commits of chunk files, staging files, rename/link/unlink;
+- ``structure``: ``Structure``: nodes made from ``.zarray``/``.zgroup``, metadata rewrites, mkdir, rmdir;
+- ``made``: ``Made``, the structure made through the mount (new directories, unlinked metadata);
+- ``chunks``: ``Chunks``, stored chunks merged with pending ones (extents, shards, chunk sets).
 
 Imports ``reads``, ``writes``, ``shards``, ``storage`` and ``format``.
 """
 
-__all__ = ["listing", "metadata", "nodes", "nodetable", "view", "writer"]
+__all__ = ["chunks", "hierarchy", "listing", "made", "metadata", "nodes", "nodetable", "structure", "view", "writer"]

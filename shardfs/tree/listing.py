@@ -1,4 +1,4 @@
-"""Directory listings (readdirplus) and the stored inner chunks they show.
+"""Directory listings (readdirplus), a page at a time.
 
 Contract: ``Listing.pages`` produces every entry of a directory with the attributes
 ``stat`` would show for it (``Tree.getattr``, ``Tree.chunk_attrs``): the metadata files,
@@ -6,8 +6,8 @@ child groups and arrays, and directories made by mkdir of a group; the chunk fil
 (and, with dimension_separator "/", key directories) of an array, with the empty chunks
 it serves when it has at most ``LIST_FILL_MAX`` of them; the shards and key prefixes of
 a source directory; the inner shards or chunks of a (nested) shard directory; then the
-staging files of the directory. ``stored_shards`` and ``shard_chunks`` say which shards
-and inner chunks are stored or pending (written through the mount, not folded yet).
+staging files of the directory. Which shards and inner chunks are stored or pending
+(written through the mount, not folded yet) is ``shardfs.tree.chunks.Chunks``'s to say.
 
 Memory: entries are made a page (at most ``PAGE``) at a time, as a reader consumes them
 (``DirStream``: one per open directory, keeping its offsets stable). An array's chunk files
@@ -29,17 +29,19 @@ from __future__ import annotations
 
 import errno
 import logging
-from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Iterator, NamedTuple, Protocol, cast
+from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Iterator, Protocol
 
 import numpy as np
 import trio
 
-from shardfs.reads.attrs import Attr, fail, join, list_entries
-from shardfs.format.index import EMPTY
+from shardfs.storage.attrs import Attr, fail, join, list_entries
 from shardfs.tree.nodes import (ARRAY_DIRS, ArrayDirKey, ArrayNode, DirKey, GroupNode, InnerShardKey, KeyDirKey,
                                 MetaKey, ShardDirKey)
+from shardfs.shards.indexes import ShardIndexes
+from shardfs.tree.chunks import ChunkSet, Chunks
+from shardfs.tree.made import Made
 from shardfs.tree.nodetable import CHUNK_BASE, SLOT_SHIFT, NodeTable
-from shardfs.storage import Entry, Storage, Version
+from shardfs.storage import Entry, Storage
 from shardfs.storage.threads import blocking
 
 if TYPE_CHECKING:
@@ -48,28 +50,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shardfs")
 
-INDEX_READS = 32  # shard indexes read at once (``read_indexes``, one shard per call)
 INDEX_BATCH = 256  # shards whose indexes a listing reads ahead of the entries it produces
 PAGE = 1024  # entries a listing makes at a time
 Entries = list[tuple[str, Attr]]
 LIST_FILL_MAX = 1 << 22  # arrays with more inner chunks do not list the empty ones they serve
-
-
-class ChunkSet(NamedTuple):
-    """Stored inner chunks, column-wise: global coordinates ``(n, ndim)``, file sizes, mtimes."""
-
-    coords: np.ndarray
-    size: np.ndarray
-    mtime: np.ndarray
-
-    def where(self, mask: np.ndarray | slice) -> "ChunkSet":
-        return ChunkSet(self.coords[mask], self.size[mask], self.mtime[mask])
-
-    @staticmethod
-    def concat(sets: list["ChunkSet"], ndim: int) -> "ChunkSet":
-        if not sets:
-            return ChunkSet(np.empty((0, ndim), np.int64), np.empty(0, np.int64), np.empty(0, np.int64))
-        return ChunkSet(*(np.concatenate(cols) for cols in zip(*sets)))
 
 
 class Tree(Protocol):
@@ -79,11 +63,10 @@ class Tree(Protocol):
     writeback: Writeback | None
     nodes: NodeTable
     reads: Reads
-    new_dirs: set[str]
+    made: Made
     arrays: dict[str, ArrayNode]
 
     async def node(self, path: str) -> ArrayNode | GroupNode | None: ...
-    def new_children(self, path: str) -> list[str]: ...
     def meta_names(self, node: ArrayNode | GroupNode) -> tuple[str, ...]: ...
     async def meta_bytes(self, node: ArrayNode | GroupNode, name: str) -> bytes: ...
     def file_attr(self, ino: int, size: int, mtime_ns: int) -> Attr: ...
@@ -91,20 +74,18 @@ class Tree(Protocol):
     def dir_attr(self, ino: int, mtime_ns: int) -> Attr: ...
     async def getattr(self, ino: int) -> Attr: ...
     def box_of(self, arr: ArrayNode, key: DirKey | ArrayDirKey) -> tuple[int, tuple[int, ...]] | None: ...
-    async def box_chunks(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> ChunkSet: ...
-    def pending_shard_keys(self, arr: ArrayNode) -> set[str]: ...
     def shard_suffix(self, arr: ArrayNode) -> bool: ...
-    async def shard_table(self, arr: ArrayNode, shard: tuple[int, ...]) -> tuple[Version, np.ndarray] | None: ...
-    async def read_tables(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None: ...
-    async def shard_versions(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> list[tuple[int, ...]]: ...
     async def fill_file(self, arr: ArrayNode) -> bytes: ...
 
 
 class Listing:
-    """The listings of one view's directories (``tree``)."""
+    """The listings of one view's directories (``tree``), their shards' indexes read through
+    ``indexes``."""
 
-    def __init__(self, tree: Tree) -> None:
+    def __init__(self, tree: Tree, indexes: ShardIndexes, chunks: Chunks) -> None:
         self.tree = tree
+        self.indexes = indexes
+        self.chunks = chunks
 
     async def listdir(self, ino: int) -> Entries:
         """All entries of a directory with their attributes (every page of ``pages``)."""
@@ -129,10 +110,10 @@ class Listing:
         if isinstance(key, DirKey):
             node = await self.tree.node(key.path)
             if node is None:
-                if key.path not in self.tree.new_dirs:
+                if not self.tree.made.is_new_dir(key.path):
                     raise fail(errno.ENOENT)
                 yield [(name, await self.tree.getattr(self.tree.nodes.inode(DirKey(join(key.path, name)))))
-                       for name in self.tree.new_children(key.path)]
+                       for name in self.tree.made.new_children(key.path)]
                 return
             out = []
             for name in self.tree.meta_names(node):
@@ -145,7 +126,7 @@ class Listing:
                     if is_dir and not name.startswith(".") and await self.tree.node(child) is not None:
                         out.append((name, await self.tree.getattr(self.tree.nodes.inode(DirKey(child)))))
                 shown = {name for name, _ in out}
-                for name in self.tree.new_children(node.path):
+                for name in self.tree.made.new_children(node.path):
                     if name not in shown:
                         ino = self.tree.nodes.inode(DirKey(join(node.path, name)))
                         out.append((name, await self.tree.getattr(ino)))
@@ -177,7 +158,7 @@ class Listing:
         layout = arr.info.layout
         if rel is not None and layout.index is not None:
             entries = set(await blocking(list_entries, self.tree.source, join(arr.path, rel)))
-            for pending in self.tree.pending_shard_keys(arr):  # shards not folded into the source yet
+            for pending in self.chunks.pending_shard_keys(arr):  # shards not folded into the source yet
                 if not rel or pending.startswith(rel + "/"):
                     name, sep, _rest = pending[len(rel) + 1 if rel else 0:].partition("/")
                     entries.add(Entry(name, bool(sep)))
@@ -192,8 +173,8 @@ class Listing:
                         zip(names[at:at + PAGE].tolist(), dirs[at:at + PAGE].tolist())]
                 shards = {sub: layout.keys.parse(sub) for name, is_dir, sub in rows if not is_dir}
                 # a shard directory's mtime is its shard's version's: asked for the page at once
-                # (those only a request tells come with their indexes, read INDEX_READS at a time)
-                unknown = await self.tree.shard_versions(arr, [c for c in shards.values() if c is not None])
+                # (those only a request tells come with their indexes, read ``INDEX_READS`` at a time)
+                unknown = await self.indexes.shard_versions(arr, [c for c in shards.values() if c is not None])
                 await self._read_tables(arr, unknown)
                 for name, is_dir, sub in rows:
                     is_shard = shards.get(sub) is not None
@@ -207,7 +188,7 @@ class Listing:
                 yield out
         if prefix is None:
             return
-        found = await self.stored_shards(arr)
+        found = await self.chunks.stored_shards(arr)
         stored = np.array(found, dtype=np.int64).reshape(len(found), layout.ndim)  # 8 bytes a coordinate
         del found
         fill = False
@@ -274,12 +255,12 @@ class Listing:
                 ahead = [tuple(row) for row in shards[at + INDEX_BATCH:at + 2 * INDEX_BATCH].tolist()]
                 trio.lowlevel.spawn_system_task(self._tables_ahead, arr, ahead)
             for first in range(0, len(batch), group):
-                yield await self.shards_chunks(arr, batch[first:first + group])
+                yield await self.chunks.shards_chunks(arr, batch[first:first + group])
 
     async def _list_box(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> list[tuple[str, Attr]]:
         """A shard or inner shard directory: its inner shards, or at the innermost level its chunks."""
         layout = arr.info.layout
-        chunks = await self.tree.box_chunks(arr, level, box)
+        chunks = await self.chunks.box_chunks(arr, level, box)
         if level == layout.depth:
             return list(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
         newest: dict[tuple[int, ...], int] = {}
@@ -290,27 +271,11 @@ class Listing:
         return [(layout.names.key(child), self.tree.dir_attr(inode(InnerShardKey(arr.path, level + 1, child)), mtime))
                 for child, mtime in sorted(newest.items())]
 
-    async def stored_shards(self, arr: ArrayNode, rel: str = "") -> list[tuple[int, ...]]:
-        """Coordinates of the stored shards at or below source directory ``rel`` of the array."""
-        keys = arr.info.layout.keys
-        out = []
-        for name, is_dir in await blocking(list_entries, self.tree.source, join(arr.path, rel)):
-            sub = join(rel, name)
-            if is_dir and keys.is_prefix(sub):
-                out.extend(await self.stored_shards(arr, sub))
-            elif not is_dir:
-                coords = keys.parse(sub)
-                if coords is not None and arr.info.layout.shard_in_grid(coords):
-                    out.append(coords)
-        if not rel and self.tree.writeback is not None:
-            out = sorted(set(out) | set(self.tree.writeback.dirty_shards(arr.path)))
-        return out
-
     async def _read_tables(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None:
         """``read_indexes`` of ``shards`` for a listing: split among the source's ``index_calls``
         worker thread calls at once (``Reads.index_calls``: one for a local source)."""
         calls = self.tree.reads.index_calls
-        await self.read_indexes(arr, shards, calls, per_call=max(1, -(-len(shards) // calls)))
+        await self.indexes.read_indexes(arr, shards, calls, per_call=max(1, -(-len(shards) // calls)))
 
     async def _tables_ahead(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None:
         """``_read_tables`` in the background (a listing may be abandoned meanwhile: at most one
@@ -319,73 +284,6 @@ class Listing:
             await self._read_tables(arr, shards)
         except Exception as e:  # noqa: BLE001 - a background read never ends the daemon
             log.debug("%s: indexes not read ahead: %r", self.tree.source.describe(arr.path), e)
-
-    async def read_indexes(self, arr: ArrayNode, shards: list[tuple[int, ...]], at_once: int = INDEX_READS,
-                           per_call: int = 1) -> None:
-        """Read the indexes of ``shards`` that are not cached, ``at_once`` calls at a time (a
-        listing needs them all; over an object store each is a round trip): with ``per_call``
-        1 each through ``shard_table``, else ``per_call`` never-read ones in one worker thread
-        call (``read_tables``: a thread hop per shard costs more than reading a small local
-        shard's index). Errors are left for the caller's own ``shard_table`` to meet."""
-        limiter = trio.CapacityLimiter(at_once)
-
-        async def one(group: list[tuple[int, ...]]) -> None:
-            async with limiter:
-                try:
-                    if per_call == 1:
-                        await self.tree.shard_table(arr, group[0])
-                    else:
-                        await self.tree.read_tables(arr, group)
-                except OSError:
-                    pass
-
-        async with trio.open_nursery() as nursery:
-            for at in range(0, len(shards), per_call):
-                nursery.start_soon(one, shards[at:at + per_call])
-
-    async def shard_chunks(self, arr: ArrayNode, shard: tuple[int, ...]) -> ChunkSet:
-        """The stored (or pending) inner chunks of one shard, sorted by index position;
-        none if the shard is corrupt."""
-        return await self.shards_chunks(arr, [shard])
-
-    async def shards_chunks(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> ChunkSet:
-        """``shard_chunks`` of each of ``shards`` in turn, made column-wise for all of them at
-        once (a listing of many small shards costs numpy calls per batch, not per shard)."""
-        layout = arr.info.layout
-        found: list[tuple[int, tuple[Version, np.ndarray]]] = []
-        for i, shard in enumerate(shards):
-            try:
-                table = await self.tree.shard_table(arr, shard)
-            except OSError:
-                table = None
-            if table is not None:
-                found.append((i, table))
-        if found:
-            tables = np.stack([table for _, (_, table) in found])  # (shards, rows, 2)
-            which, pos = np.nonzero(tables[:, :, 0] != EMPTY)
-            nbytes = tables[which, pos, 1].astype(np.int64)
-            mtime = np.array([version.mtime_ns for _, (version, _) in found], dtype=np.int64)[which]
-            owner = np.array([i for i, _ in found], dtype=np.int64)[which]
-            del tables
-        else:
-            owner, pos, nbytes, mtime = (np.empty(0, np.int64) for _ in range(4))
-        if self.tree.writeback is not None:
-            patched = False
-            for i, shard in enumerate(shards):
-                pending = self.tree.writeback.pending_in((arr.path, shard))
-                if pending:
-                    keep = ~((owner == i) & np.isin(pos, np.fromiter(pending, np.int64, len(pending))))
-                    live = sorted((i, p, len(x.data), x.mtime_ns) for p, x in pending.items() if x.data is not None)
-                    extra = np.array(live, dtype=np.int64).reshape(-1, 4)
-                    owner, pos, nbytes, mtime = (np.concatenate([col[keep], extra[:, j]])
-                                                 for j, col in enumerate((owner, pos, nbytes, mtime)))
-                    patched = True
-            if patched:
-                order = np.lexsort((pos, owner))
-                owner, pos, nbytes, mtime = owner[order], pos[order], nbytes[order], mtime[order]
-        at = np.array(shards, dtype=np.int64).reshape(len(shards), layout.ndim)[owner]
-        coords, inside = layout.chunks_at(at, pos)
-        return ChunkSet(coords[inside], cast(np.ndarray, arr.info.chunk.file_size(nbytes[inside])), mtime[inside])
 
     def _with_fill_chunks(self, arr: ArrayNode, stored: ChunkSet, fill_size: int) -> Iterator[ChunkSet]:
         """Every in-bounds inner chunk in C order, ``PAGE`` at a time: ``stored`` ones as they

@@ -41,9 +41,9 @@ class ArrayNode:
     fill_unlisted: bool = False
     image: bool = False  # a level of an OME-Zarr image or label (described with "/" keys)
     parent_mtime_ns: int = 0  # of the image group's metadata, which ``.zarray`` depends on
-    shard_keys: dict[tuple[int, ...], str] = field(default_factory=dict)  # see View.shard_key
-    indexes_ahead: bool = False  # its shards' indexes were read ahead (see View.extent)
-    covered: set[int] = field(default_factory=set)  # shards (C order) with the next fetched ahead (see View)
+    shard_keys: dict[tuple[int, ...], str] = field(default_factory=dict)  # see ShardIndexes.shard_key
+    indexes_ahead: bool = False  # its shards' indexes were read ahead (see shardfs.reads.prefetch)
+    covered: set[int] = field(default_factory=set)  # shards (C order) with the next fetched ahead (reads.prefetch)
     # Every slot the array at this path has had (one per layout: a resize gets a new slot), shared
     # by all its generations: the kernel may still hold chunk inodes of the older ones (NodeTable.aliases).
     lineage: list[int] = field(default_factory=list)

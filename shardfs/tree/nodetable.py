@@ -15,7 +15,7 @@ from __future__ import annotations
 import errno
 import itertools
 
-from shardfs.reads.attrs import fail
+from shardfs.storage.attrs import fail
 from shardfs.tree.nodes import ArrayNode, ChunkKey, DirKey, NodeKey, Staging, StagingKey
 from shardfs.writes.spill import SpillBuffer
 

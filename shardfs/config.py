@@ -1,0 +1,84 @@
+"""The mount's configuration, typed: one frozen slice per layer, each ``-o`` value's default
+defined once, here.
+
+``shardfs.app.options`` names every ``-o`` option and the field of ``Config`` it sets
+(``Option.field``); ``options.config`` builds a ``Config`` from the options given, the others
+keeping the defaults below, which are also what ``--help`` and ``doc/CONFIGURATION.md`` show.
+The composition root (``shardfs.app.run``) hands each layer its slice: ``kernel`` to the
+pyfuse3 adapter, ``reads`` to the caches of the read path, ``tree`` to the view, ``writes``
+to the writer and the journal, ``storage`` to the source. Where a source takes an option
+(a directory or a URL) is ``shardfs.storage.source``'s to say.
+
+Imports nothing of shardfs: every room may import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    entry_timeout: float = 10.0  # seconds the kernel caches names
+    attr_timeout: float = 10.0  # seconds the kernel caches attributes
+
+
+@dataclass(frozen=True)
+class ReadConfig:
+    chunk_cache: int = 64 << 20  # bytes of decoded chunk files kept (0: none)
+    cache_size: int = 96 << 20  # bytes of fetched object ranges in memory; with the daemon's ~90 MiB, RSS < 200 MiB
+    cache_dir: str | None = None  # where fetched ranges are kept across mounts (None: memory only)
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    ome: bool = True  # OME-Zarr 0.5 attributes translated for v2 readers
+    c_order: bool = False  # arrays stored transposed served as C-order chunks
+
+
+@dataclass(frozen=True)
+class WriteConfig:
+    shard_size: int = 64 << 20  # uncompressed bytes of one shard of an array created through the mount
+    journal_dir: str | None = None  # None: the source's state directory
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    # Seconds one object-store request may take, connecting and the whole answer included: obstore's
+    # own default, under which a whole shard (up to 64 MiB, one GET or one PUT) still passes at about
+    # 2.2 MB/s. s3fs waits 120 s for a stalled transfer, mountpoint-s3 has no request timeout at
+    # all; a hung server costs a read this long before EIO (see ``Retry.for_timeout``).
+    timeout: float = 30.0
+
+
+@dataclass(frozen=True)
+class Config:
+    """What one mount runs with."""
+
+    read_only: bool = False
+    debug: bool = False  # log every request
+    stats_interval: float | None = None  # seconds between logged summaries of the counters (None: none)
+    kernel: KernelConfig = field(default_factory=KernelConfig)
+    reads: ReadConfig = field(default_factory=ReadConfig)
+    tree: TreeConfig = field(default_factory=TreeConfig)
+    writes: WriteConfig = field(default_factory=WriteConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+
+
+def parse_size(text: str) -> int:
+    """``"64M"`` -> bytes (suffixes K, M, G, powers of 1024); ``ValueError`` if malformed."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    number, unit = (text[:-1], text[-1]) if text[-1:] in units and text[-1:] else (text, "")
+    value = int(number) * units[unit]
+    if value < 0:
+        raise ValueError(f"negative size {text!r}")
+    return value
+
+
+def size_text(size: int) -> str:
+    """``64 << 20`` -> ``"64M"``: a size as ``parse_size`` reads it, in the largest whole unit."""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if size and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)

@@ -1,0 +1,189 @@
+"""The hierarchy the mount shows: groups and arrays read from their ``zarr.json`` (re-read when
+it changes), described as v2, with a slot each in the chunk-inode space.
+
+``Hierarchy.node(path)`` is the group or array at ``path`` (None if there is none); a bad
+``zarr.json`` or an array that cannot be shown as v2 gives an ``ArrayNode`` without ``info``,
+whose ``error`` says why (logged once per version of the file). ``version`` asks a key's
+version as every lookup does: inline when the source answers at once, else in a worker
+thread; an unusable key raises its errno, logged once per key and reason. Runs on the trio
+thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from typing import TYPE_CHECKING, Any
+
+from shardfs.format.layout import Unpresentable
+from shardfs.storage import UNKNOWN, Range, Storage, Unusable, Version, _Unknown
+from shardfs.storage.attrs import fail, join
+from shardfs.storage.threads import blocking
+from shardfs.tree import metadata
+from shardfs.tree.nodes import ArrayNode, GroupNode
+
+if TYPE_CHECKING:
+    from shardfs.format.v2 import ArrayInfo
+
+log = logging.getLogger("shardfs")
+
+
+def v2() -> Any:
+    """``shardfs.format.v2``, imported on first use: it brings in zarr (a quarter of a second), which
+    nothing needs before the first metadata is read. The daemon (``cli``) imports it before
+    it goes live."""
+    from shardfs.format import v2 as module
+
+    return module
+
+
+def read_metadata(source: Storage, key: str, known: Version | _Unknown) -> tuple[dict[str, Any] | str, Version]:
+    """The parsed zarr.json at ``key``, or why it is bad (``shardfs.tree.metadata``), and the version
+    read: one request of at most ``METADATA_MAX`` + 1 bytes (none if ``known``, its version,
+    is too large already), in a worker thread."""
+    reason = metadata.too_large(known.size) if isinstance(known, Version) else None
+    if reason:
+        return reason, known  # type: ignore[return-value]  # a Version: too_large found a reason
+    data, version = source.read_versioned(key, Range(0, metadata.METADATA_MAX + 1))
+    try:
+        reason = metadata.too_large(version.size)
+        if reason:
+            raise metadata.BadMetadata(reason)
+        return metadata.parse(data), version
+    except metadata.BadMetadata as e:
+        return str(e), version
+
+
+class Hierarchy:
+    """The groups and arrays of one mount over ``source`` (``ome``: OME-Zarr translation;
+    ``c_order``: ``-o c_order``; ``mount_ns``: the mount's time, for nodes without a version).
+    ``slots``: the arrays by slot, shared with the node table."""
+
+    def __init__(self, source: Storage, ome: bool, c_order: bool, mount_ns: int) -> None:
+        self.source = source
+        self.ome = ome
+        self.c_order = c_order
+        self.mount_ns = mount_ns
+        self.arrays: dict[str, ArrayNode] = {}
+        self.slots: list[ArrayNode] = []
+        self._groups: dict[str, GroupNode] = {}
+        self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
+
+    async def version(self, key: str, ask: bool = True) -> Version | None | _Unknown:
+        """``source.version`` (inline when it is answered at once, ``Storage.version_now``, else
+        in a worker thread; ``UNKNOWN`` then if not ``ask``); a key that exists but is unusable (not a
+        regular file, behind a symlink out of the source) raises its errno, logged once per key and reason."""
+        try:
+            return await self._current(key, ask)
+        except Unusable as e:
+            self.log_unusable(key, e)
+            raise fail(e.errno, e.strerror) from None
+
+    async def _current(self, key: str, ask: bool = True) -> Version | None | _Unknown:
+        """``source.version``: inline when it is answered at once, else in a worker thread (or
+        ``UNKNOWN`` if not ``ask``)."""
+        found = self.source.version_now(key)
+        return await blocking(self.source.version, key) if found is UNKNOWN and ask else found
+
+    def log_unusable(self, key: str, e: Unusable) -> None:
+        """Log why ``key`` is not read, once per key and reason."""
+        if (key, e.strerror) not in self._unusable:
+            if len(self._unusable) >= 4096:
+                self._unusable.clear()
+            self._unusable.add((key, e.strerror))
+            log.error("%s: not read: %s", self.source.describe(key), e.strerror)
+
+    async def node(self, path: str) -> ArrayNode | GroupNode | None:
+        """The group or array at ``path`` (re-read when its zarr.json changes), or None if
+        ``path`` has no zarr.json (or only one behind a symlink out of the source).
+
+        A bad zarr.json (``shardfs.tree.metadata``), and an array that cannot be shown as v2,
+        give an ``ArrayNode`` without ``info``: a directory without metadata or entries,
+        whose ``error`` (also logged once per version of the file) says why.
+        """
+        key = join(path, "zarr.json")
+        arr, group = self.arrays.get(path), self._groups.get(path)
+        version: Version | None | _Unknown = UNKNOWN
+        try:  # a node seen before is checked (a stat, a HEAD); a new one is read in one request
+            version = await self._current(key, ask=arr is not None or group is not None)
+            if version is None:
+                return None
+            if arr is not None and arr.version == version and arr.image == self._in_image(path):
+                return arr
+            if group is not None and group.version == version:
+                return group
+            doc, version = await blocking(read_metadata, self.source, key, version)
+        except Unusable as e:  # never read from: not a regular file (opened non-blocking), or out of SRC
+            if e.errno == errno.EIO:  # not a regular file: a node without metadata, saying why
+                return self._store_array(path, Version(0, 0, self.mount_ns), None, f"zarr.json: {e.strerror}")
+            self.log_unusable(key, e)  # behind a symlink out of the source: as if absent
+            return None
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as e:
+            if e.errno == errno.EIO:  # a failed read (a store that did not answer, logged there):
+                raise fail(errno.EIO) from None  # this request alone fails
+            doc = f"zarr.json is unreadable: {e.strerror or e}"
+            version = version if isinstance(version, Version) else Version(0, 0, self.mount_ns)
+        assert isinstance(version, Version)  # read above, or made for an unreadable file
+        if isinstance(doc, str):
+            return self._store_array(path, version, None, doc)
+        try:
+            if doc["node_type"] == "group":
+                zgroup, zattrs = v2().group_files(doc, self.ome)
+                attrs = doc.get("attributes")
+                node = GroupNode(path, version, zgroup, zattrs, isinstance(attrs, dict) and v2().is_ome_image(attrs))
+                self._groups[path] = node
+                return node
+            parent = await self.node(path.rpartition("/")[0]) if path else None
+            image = isinstance(parent, GroupNode) and parent.image
+            info = v2().describe_array(doc, self.ome, image, self.c_order)
+            if image and info.layout.keys.view_separator != "/":
+                log.warning("%s: OME-Zarr array with v2 \"/\" chunk keys: its v2 keys keep \".\" (the source's "
+                            "directories of shards take the \"/\" names)", self.source.describe(key))
+            return self._store_array(path, version, info, None, image,
+                                     parent.version.mtime_ns if image else 0)
+        except (metadata.BadMetadata, Unpresentable) as e:
+            return self._store_array(path, version, None, str(e))
+        except OSError as e:  # the parent group's metadata (a failed read: this request alone fails)
+            if e.errno == errno.EIO:
+                raise fail(errno.EIO) from None
+            return self._store_array(path, version, None, f"zarr.json is unreadable: {e.strerror or e}")
+        except Exception as e:  # zarr's metadata classes raise many types for bad documents
+            return self._store_array(path, version, None, f"invalid metadata: {e!r}")
+
+    def _store_array(self, path: str, version: Version, info: ArrayInfo | None, error: str | None,
+                     image: bool | None = None, parent_mtime_ns: int = 0) -> ArrayNode:
+        """Remember the array (or hidden node) at ``path``; a hidden node's reason is logged
+        when it is new or changed. ``image``: in an OME-Zarr image group (None: as last read)."""
+        image = self._in_image(path) if image is None else image
+        old = self.arrays.get(path)
+        if error is not None and old is not None and (old.version, old.error, old.image) == (version, error, image):
+            return old
+        if error is not None:
+            log.error("%s: not shown as v2: %s", self.source.describe(path), error)
+        # A new layout (a resize, or an array deleted and made again) gets a new slot: the
+        # kernel may still hold dentries of the old chunk inodes, which keep naming the old
+        # geometry's chunks instead of other chunks of the new one.
+        same = old is not None and (old.info.layout if old.info else None) == (info.layout if info else None)
+        slot = old.slot if same else len(self.slots)
+        lineage = old.lineage if old is not None else []
+        arr = ArrayNode(path, slot, version, info, error, image=image, parent_mtime_ns=parent_mtime_ns,
+                        lineage=lineage)
+        if not same:
+            self.slots.append(arr)
+            lineage.append(slot)
+        else:
+            self.slots[slot] = arr
+        self.arrays[path] = arr
+        return arr
+
+    def _in_image(self, path: str) -> bool:
+        """True if the array at ``path`` is in an OME-Zarr image or label group, as last read
+        (no I/O: the group is re-read whenever it is looked at, and its arrays follow)."""
+        parent = self._groups.get(path.rpartition("/")[0]) if path else None
+        return parent is not None and parent.image
+
+    def array(self, path: str) -> ArrayNode | None:
+        """The array at ``path`` as last read (no I/O), None if none was."""
+        return self.arrays.get(path)
