@@ -174,3 +174,16 @@ def test_a_structure_read_back_that_differs_during_a_fault_is_masked(t0, masked)
     led._ingest({"k": "s", "op": "resize", "t0": t0, "t1": t0 + 5, "ok": True,
                  "bad": ["scratch/s1: resize to (36, 44) changed the values kept"]}, "21-structure-zarr2-m0")
     assert (sum(led.masked.values()), len(led.forbidden)) == ((1, 0) if masked else (0, 1))
+
+
+@pytest.mark.parametrize("other, raced", [("rename", True), (None, False)])
+def test_a_cp_s_eexist_beside_another_write_of_its_chunk_is_a_race(other, raced):
+    """cp creates a destination its ``stat`` found missing with ``O_EXCL``: another writer that
+    made the chunk in between (after an rm) gives EEXIST, as on any filesystem (the 32-min
+    seed-13 S3 run); with no other write of that chunk it stays unclean."""
+    led = ledger()
+    chunk = chunk_of_mount("a", 0)
+    if other:
+        write(led, "18-writer-main-m0", 1, chunk, other, 100.0, 100.05)
+    write(led, "17-writer-zarr2-m0", 2, chunk, "cp", 100.01, 100.04, err="EEXIST")
+    assert (sum(led.raced.values()), len(led.unclean)) == ((1, 0) if raced else (0, 1))

@@ -122,6 +122,12 @@ class Ledger:
             # in place or cp, has no such excuse: it creates the file if it is gone)
             self.raced[f"{rec['how']} write"] += 1
             return
+        if (op.kind == "write" and op.err == "EEXIST" and rec["how"] == "cp"
+                and self._racing(rec["a"], op.start, op.end, rec["c"], set(LIBRARIES) | {"rename", "inplace"})):
+            # cp creates a file its stat found missing with O_EXCL: another writer of the chunk
+            # made it in between (an rm had emptied it), as on any filesystem
+            self.raced["cp write"] += 1
+            return
         if op.kind == "read" and self._racing(rec["a"], op.start, op.end):
             self.raced[rec["lib"]] += 1
             return
