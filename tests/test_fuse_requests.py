@@ -66,8 +66,10 @@ def stop(mount, mnt: Path) -> None:
 
 
 def test_the_installed_pyfuse3_can_ask_for_no_flush():
-    """scripts/install builds pyfuse3 with FileInfo.noflush; a stock build would cost a FLUSH per close."""
+    """scripts/install builds pyfuse3 with FileInfo.noflush (a stock build would cost a FLUSH per
+    close) and Operations.enable_parallel_dirops (a stock build looks names up one at a time)."""
     assert pyfuse3.FileInfo(noflush=True).noflush
+    assert pyfuse3.Operations.enable_parallel_dirops is False
     assert fuse_ops.NOFLUSH
 
 

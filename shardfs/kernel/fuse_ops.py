@@ -48,9 +48,9 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 OPEN_TRIES = 3  # opens of a file that keeps changing meanwhile, before the last is read with direct I/O
 FILL_MAX = 1 << 20  # files up to this size are stored into the page cache when opened (see _fill_pages)
 NAME_MAX = 255  # bytes in one name (ENAMETOOLONG beyond), as on every local Linux filesystem
-# pyfuse3 built with scripts/pyfuse3-noflush.patch (scripts/install) has FileInfo.noflush: a
-# read-only open then asks the kernel for no FLUSH request at its close(); stock pyfuse3 has not
-# (each close of a read-only open then costs one FLUSH request, answered as a no-op).
+# pyfuse3 built by scripts/pyfuse3 (run by scripts/install) has FileInfo.noflush: a read-only
+# open then asks the kernel for no FLUSH request at its close(); stock pyfuse3 has not (each
+# close of a read-only open then costs one FLUSH request, answered as a no-op).
 NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
 GUARDED: list[str] = []  # the handlers ``_guard`` wraps: the operations ``RequestStats`` counts
 
@@ -102,6 +102,9 @@ class Operations(pyfuse3.Operations):
 
     supports_dot_lookup = False
     enable_writeback_cache = False
+    # The kernel then looks names up in one directory concurrently (an array's chunk files all
+    # share one): with the pyfuse3 scripts/install builds; stock pyfuse3 ignores it.
+    enable_parallel_dirops = True
 
     def __init__(self, view: View, timeouts: Timeouts | None = None,
                  writeback: Writeback | None = None, spill_dir: str | None = None,
