@@ -283,3 +283,44 @@ def test_a_replaced_shard_shows_after_attr_timeout_and_is_never_mixed(s3, tmp_pa
             before = (idx[0] - 4 * (shard[0] - moved_from[0]), idx[1] - 4 * (shard[1] - moved_from[1]))
             assert_chunk(sp, expected, before, read_files([path])[0])
         assert [r.method for r in requests_for(src, proxy, key)].count("GET") >= 1
+
+
+def connections_to(pid: int, port: int) -> int:
+    """The TCP connections process ``pid`` holds to 127.0.0.1:``port`` (from /proc: its socket
+    inodes matched with the established entries of /proc/net/tcp)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    with open(f"/proc/{pid}/net/tcp") as f:
+        rows = [line.split() for line in f.readlines()[1:]]
+    return sum(1 for r in rows if r[2] == f"0100007F:{port:04X}" and r[3] == "01" and r[9] in inodes)
+
+
+def test_idle_connections_to_the_store_are_closed(s3, tmp_path, mount, request):
+    """A burst of concurrent reads (16 shards, one chunk of each, the store 0.4 s a round trip
+    away) opens many connections to the store; one left idle is closed after ``POOL_IDLE``
+    seconds (10), by the pool's sweep every ``POOL_IDLE`` seconds: within twice that."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import daemon_pids
+    from shardfs.storage.objects import POOL_IDLE
+
+    sp = Spec("idle", (64 * 4, 64 * 4), (32, 32), (64, 64), "<i4", 0, ("zstd", 1), inner_crc=False,
+              index_location="end", index_crc=True, initial=((s(0, 256), s(0, 256)),), write=(s(0, 1), s(0, 1)))
+    build(tmp_path / "src", [sp])
+    with DelayProxy(("127.0.0.1", s3.ports["s3.port"]), delay=0.2) as proxy:
+        src = BucketSource(tmp_path / "src", s3, unique_prefix(request), endpoint=f"http://127.0.0.1:{proxy.port}")
+        mnt = src.mount(mount)
+        (pid,) = daemon_pids(mnt)
+        # in the shard directories: the kernel looks names up one at a time per directory
+        files = [mnt / sp.name / "c" / str(i) / str(j) / sp.chunk_name((2 * i, 2 * j)) for i in range(4) for j in range(4)]
+        with ThreadPoolExecutor(len(files)) as pool:
+            list(pool.map(lambda p: Path(p).read_bytes(), files))
+        assert connections_to(pid, proxy.port) > 4
+        time.sleep(2 * POOL_IDLE + 3)
+        assert connections_to(pid, proxy.port) == 0
