@@ -195,6 +195,7 @@ async def _serve(mount: Composed, status: Any) -> None:
     from shardfs.kernel import fuseloop
 
     writeback, writer = mount.writeback, mount.writer
+    # Given to run/flush, not to Writeback(): it is built (and replays the journal) before the View and Writer.
     folded = writer.folded if writer is not None else None
     flushed = False
     async with trio.open_nursery() as nursery:

@@ -285,10 +285,8 @@ class Writeback:
     async def run(self, on_folded: OnFolded | None = None) -> None:
         """Background task: fold shards as they become due, forever, up to ``FOLDS_AT_ONCE``
         at a time, so a slow fold (a shard locked by another writer) holds up no other shard;
-        ``on_folded`` as for ``fold``.
-
-        ``on_folded`` is given here, not to the constructor: it needs the view and the kernel
-        adapter, built after the ``Writeback`` (which replays the journal before the mount)."""
+        ``on_folded`` as for ``fold``: given here, not to the constructor, which runs (and replays
+        the journal) before the view and the kernel adapter that ``on_folded`` needs exist."""
         limiter = trio.CapacityLimiter(FOLDS_AT_ONCE)
         folding: set[ShardId] = set()
 
