@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from conftest import budget
 from shardfs.storage.attrs import Attr
 from shardfs.kernel.inodes import KernelInodes, LookupCounts, Pages
+from shardfs.kernel.pins import Pins
 from shardfs.tree.nodetable import CHUNK_BASE
 
 # a few pages of neighbours (chunk inodes and small ones), so that counts share their ints
@@ -97,3 +98,33 @@ def test_an_open_learns_whether_its_file_changed_while_it_ran():
     assert k.unwatch(V1.ino, second) is False
     assert k.unwatch(V1.ino, first) is True
     assert k.unwatch(V1.ino, k.watch(V1.ino)) is False, "a finished open's changes are forgotten"
+
+
+def test_files_open_through_the_pages_hold_their_inodes_size():
+    """``Pins``: while a file reading through the page cache is open on an inode, a getattr of
+    it answers that file's version if the chunk's size changed, an open of it at the new size
+    is refused, and a name of the chunk shows another inode (made once, then kept until the
+    kernel forgets it); a version of the same size (a fold: only the mtime) changes nothing,
+    nor does an inode being rewritten in place (``forfeit``), nor the last file's release."""
+    p = Pins()
+    assert not p, "nothing pinned, no alias shown: a listing skips it"
+    old, moved, new = V1, V1._replace(mtime_ns=V1.mtime_ns + 1), V1._replace(size=V1.size + 7, mtime_ns=9)
+    p.pin(1, old)
+    p.pin(2, old)
+    assert (p.frozen(V1.ino, moved), p.refused(V1.ino, moved), p.shown(moved)) == (moved, False, V1.ino)
+    assert (p.frozen(V1.ino, new), p.refused(V1.ino, new), p.shown(new)) == (old, True, None)
+    p.showing(V1.ino, 77)
+    assert p.shown(new) == 77 and p.shown(old) == 77
+    p.unpin(1)
+    assert p.frozen(V1.ino, new) == old, "one file still open"
+    p.unpin(2)
+    assert (p.frozen(V1.ino, new), p.refused(V1.ino, new), p.shown(new)) == (new, False, 77)
+    p.forgot(V1.ino, 76)
+    assert p.shown(new) == 77, "another alias forgotten"
+    p.forgot(V1.ino, 77)
+    assert p.shown(new) == V1.ino
+    p.pin(3, old)
+    p.forfeit(V1.ino)
+    assert (p.frozen(V1.ino, new), p.refused(V1.ino, new), p.shown(new)) == (new, False, V1.ino)
+    p.unpin(3)  # released after its inode was forfeited: nothing left to unpin
+    assert p.frozen(V1.ino, new) == new and not p

@@ -13,12 +13,13 @@ import json
 import mmap
 import os
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from sources import LE, sharding, write_v3
+from sources import LE, gzip, sharding, write_v3
 
 SHAPE, CHUNK, SHARD = (128, 128), (64, 64), (128, 128)  # chunk files of 8 KiB: two pages each
 FILE = CHUNK[0] * CHUNK[1] * 2
@@ -268,3 +269,38 @@ def test_no_read_begun_after_an_in_place_write_was_acknowledged_sees_the_older_v
     reads, stale = sum(r[0] for r in results), sum(r[1] for r in results)
     assert value > 50 and reads > 200, (value, reads)
     assert stale == 0, f"{stale} of {reads} reads saw a value older than the last acknowledged write ({value} writes)"
+
+
+def test_a_handle_opened_before_a_rename_onto_its_chunk_reads_its_version_whole(tmp_path, mount):
+    """A file opened before a temporary file was renamed onto its chunk (as zarr writes) reads
+    the version it opened, whole, and ``fstat`` gives that version's size, as on a local
+    filesystem, where the old descriptor keeps the replaced inode; the chunk's names, also the
+    one the kernel still resolves to that inode, open the new version. The kernel caps a
+    file's reads at its inode's size (or pads them to it), and that inode was the chunk's,
+    sized anew by the next lookup, listing or getattr: the old handle read its bytes cut to the
+    new version's size (found by scripts/soak: torn chunks decoded by zarr). Two renames: the
+    second one's lookup of its target name sized the chunk's inode too."""
+    root = tmp_path / "src"
+    root.mkdir()
+    (root / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+    data = np.random.default_rng(5).integers(0, 1 << 16, CHUNK, dtype="<u2")  # incompressible: 8 KiB+
+    write_v3(root / "z", data, CHUNK, [sharding(CHUNK, [LE, gzip(1)])])
+    mnt = mount(root)
+    path, other = mnt / "z" / "0.0", mnt / "z" / "c" / "0" / "0" / "0.0"
+    old = path.read_bytes()
+    assert other.stat().st_ino == path.stat().st_ino  # the kernel resolves both names to one inode
+    h = os.open(path, os.O_RDONLY)
+    try:
+        for value in (1, 2):
+            new = zlib.compress(np.full(CHUNK, value, "<u2").tobytes(), wbits=31)  # gzip: a few dozen bytes
+            tmp = mnt / "z" / f"0.0.{value}.partial"
+            tmp.write_bytes(new)
+            os.rename(tmp, path)
+            assert "0.0" in os.listdir(mnt / "z")  # a listing (READDIRPLUS) gives the kernel sizes too
+            assert os.fstat(h).st_size == len(old), value
+            assert os.pread(h, len(old) + 1, 0) == old, value
+            assert path.read_bytes() == new and path.stat().st_size == len(new), value
+            with open(other, "rb") as f:
+                assert (os.fstat(f.fileno()).st_size, f.read()) == (len(new), new), value
+    finally:
+        os.close(h)

@@ -259,7 +259,8 @@ class Bench:
         mountpoint)."""
         t0 = time.perf_counter()
         try:
-            r = subprocess.run([SHARDFS, "mount", *["-o", "ro"] * ro, *["-o", options] * bool(options),
+            # another checkout's package may name another entry point: ``python -m shardfs`` runs its own
+            r = subprocess.run([*([PY3, "-m", "shardfs"] if package else [SHARDFS]), "mount", *["-o", "ro"] * ro, *["-o", options] * bool(options),
                                 str(src), str(mnt), "--log-file", str(self.logs / f"{name}.log")],
                                capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
                                env={**os.environ, "PYTHONPATH": package} if package else None)
@@ -821,7 +822,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench-out", help="where bench.json and bench.png go (default bench-out)")
     p.add_argument("--only", default="", help="comma-separated figures: " + ",".join(f[0] for f in FIGURES))
     p.add_argument("--keep", action="store_true", help="keep the work directory (datasets, daemon logs)")
-    p.add_argument("--baseline", metavar="DIR", help="peers: also measure a shardfs side running the package in DIR "
+    p.add_argument("--baseline", metavar="DIR", help="peers, s3: also measure a shardfs side running the package in DIR "
                    "(a checkout: its shardfs/ is imported), alternated with this one")
     args = p.parse_args(argv)
     only = [x for x in args.only.split(",") if x]

@@ -141,13 +141,14 @@ class _S3Rows:
     def _url(self, prefix: str) -> str:
         return f"s3://{BUCKET}/{prefix}"
 
-    def whole_mount(self, port: int, name: str) -> dict:
+    def whole_mount(self, port: int, name: str, package: str | None = None) -> dict:
         """zarr 2.18 reading vol through a fresh mount (``peers.zarr_readers``, one reader: its
         seconds are those of ``zarr_read``, from opening the array); also the daemon's CPU
         seconds during the read, from when the client has imported zarr (as the peers figure
-        measures it: the daemon's own import of zarr-python at its start is not the read's)."""
+        measures it: the daemon's own import of zarr-python at its start is not the read's).
+        ``package``: a checkout whose ``shardfs`` the daemon imports (``--baseline``)."""
         b = self.b
-        with b.mounted(self._url("big"), name, options=self._opts(port)) as m:
+        with b.mounted(self._url("big"), name, options=self._opts(port), package=package) as m:
             b.drop_caches()
             seconds, cpu = zarr_readers(b, PY2, CLIENTS, m.mnt / "vol", 1, m.pid)
         return {"seconds": seconds, "daemon_cpu": cpu}
@@ -200,9 +201,16 @@ class _S3Rows:
                 "random_mount": lambda rep: self.random_mount(slow, rep),
                 "random_native": lambda rep: self.random_native(slow, rep),
             })
+        base = b.args.baseline
+        if base:  # the mount sides again with another checkout's package (``--baseline``)
+            sides["mount_base"] = lambda rep: self.whole_mount(direct, "s3-read-base", base)
+            if not self.smoke:
+                sides["mount_delay_base"] = lambda rep: self.whole_mount(slow.port, "s3-read-delay-base", base)
+                sides["random_mount_base"] = lambda rep: self.random_mount(slow, rep, base)
         t: dict[str, list[float]] = {k: [] for k in sides}
         cpu: dict[str, list[float]] = {k: [] for k in sides if k.startswith("mount")}
-        through_slow = ("mount_delay", "native_delay", "random_mount", "random_native")
+        through_slow = ("mount_delay", "native_delay", "random_mount", "random_native", "mount_delay_base",
+                        "random_mount_base")
         requests: dict[str, list[dict[str, int]]] = {k: [] for k in sides if k in through_slow}
         sums: dict[int, dict[str, int]] = {}
         for rep in b.repeat():
@@ -232,17 +240,26 @@ class _S3Rows:
                 out.append(f"requests: mount {_kinds(last[mount])}, zarr 3 {_kinds(last[native])}")
             return "; ".join(out)
 
+        def against_base(side: str) -> None:
+            if f"{side}_base" in m:
+                rows.append(b.ratio_row("  same, shardfs vs shardfs-base (--baseline)", "s", m[side],
+                                        m[f"{side}_base"], None))
+                rows[-1].note = f"shardfs-base {note(f'{side}_base')}"
+
         rows = [b.ratio_row(f"S3: zarr 2.18 read {mb:.0f} MiB via mount vs zarr 3 native", "s",
                             m["mount"], m["native"], 1.6)]
         rows[-1].note = note("mount")
+        against_base("mount")
         if self.smoke:
             return rows
         rows.append(b.ratio_row(f"S3, {DELAY * 1e3:g} ms each way: same", "s",
                                 m["mount_delay"], m["native_delay"], 1.6))
         rows[-1].note = note("mount_delay", "native_delay")
+        against_base("mount_delay")
         rows.append(b.ratio_row(f"S3, {DELAY * 1e3:g} ms each way: {RANDOM} random single-chunk reads, one "
                                 "process, mount vs zarr 3 native", "s", m["random_mount"], m["random_native"], 0.6))
         rows[-1].note = note("random_mount", "random_native")
+        against_base("random_mount")
         rows.append(b.ratio_row("S3: zarr 2.18 read via mount vs zarr 2.18 on a v2 copy (FSStore, s3fs)", "s",
                                 m["mount"], m["s3fs"], 0.3))
         rows.append(b.ratio_row("S3: zarr 2.18 read via S3 mount vs via a mount of a local copy of the shards", "s",
@@ -258,9 +275,10 @@ class _S3Rows:
         path.write_text("".join(" ".join(map(str, c)) + "\n" for c in coords))
         return path
 
-    def random_mount(self, slow: DelayProxy, rep: int) -> dict:
+    def random_mount(self, slow: DelayProxy, rep: int, package: str | None = None) -> dict:
         b = self.b
-        with b.mounted(self._url("big"), "s3-random", options=self._opts(slow.port)) as m:
+        name = "s3-random-base" if package else "s3-random"
+        with b.mounted(self._url("big"), name, options=self._opts(slow.port), package=package) as m:
             b.drop_caches()
             return b.client(PY2, "zarr_chunks", m.mnt / "vol", self._random_list(rep))
 

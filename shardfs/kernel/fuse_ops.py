@@ -34,6 +34,7 @@ from shardfs.config import KernelConfig
 from shardfs.format.create import DEFAULT_SHARD_BYTES
 from shardfs.kernel.handles import DirHandle, Handles
 from shardfs.kernel.inodes import KernelInodes, Pages
+from shardfs.kernel.pins import Pins
 from shardfs.tree.listing import DirStream
 from shardfs.storage.attrs import Attr
 from shardfs.tree.nodes import ChunkKey
@@ -117,6 +118,7 @@ class Operations(pyfuse3.Operations):
         self.timeouts = timeouts or Timeouts()
         self._handles = Handles()
         self._kernel = KernelInodes()
+        self._pins = Pins()  # versions that files open through the page cache hold their inode's size at
         self._fill = True  # until the kernel says it cannot store pages (ENOSYS)
         self._uid, self._gid = os.getuid(), os.getgid()
         self.stats = RequestStats()
@@ -142,8 +144,20 @@ class Operations(pyfuse3.Operations):
 
     def _looked_up(self, attr: Attr) -> pyfuse3.EntryAttributes:
         """An entry reply (lookup, create, link): the kernel now holds one more lookup of the inode."""
+        attr = self._shown(attr)
         self._kernel.looked_up(attr.ino)
         return self._entry(attr)
+
+    def _shown(self, attr: Attr) -> Attr:
+        """``attr`` with the inode an entry of it gives the kernel: a chunk file's own, or an
+        alias while files opened on another size of it hold that one (``Pins.shown``)."""
+        if attr.ino < CHUNK_BASE:
+            return attr
+        ino = self._pins.shown(attr)
+        if ino is None:
+            ino = self.view.nodes.new_alias(attr.ino)
+            self._pins.showing(attr.ino, ino)
+        return attr if ino == attr.ino else attr._replace(ino=ino)
 
     @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
@@ -153,7 +167,16 @@ class Operations(pyfuse3.Operations):
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
         handle = self._handles.dirty_write(inode)
         attr = None if handle is None or self.writer is None else self.writer.dirty_attr(handle)
-        return self._entry(attr if attr is not None else await self._attr(inode))
+        if attr is not None:
+            return self._entry(attr)
+        attr = await self._attr(inode)
+        if attr.ino != inode and self.view.nodes.is_new_alias(inode):
+            attr = attr._replace(ino=inode)  # as its lookup said (pyfuse3 gives an entry's inode as its number)
+        shown = self._pins.frozen(inode, attr)
+        e = self._entry(shown)
+        if shown is not attr:  # asked again as soon as the files holding the older size are closed
+            e.attr_timeout = 0
+        return e
 
     async def _attr(self, inode: int) -> Attr:
         """``view.getattr``, except that a chunk file that no longer exists (``_shows_chunk``) is
@@ -201,7 +224,10 @@ class Operations(pyfuse3.Operations):
             page, i = await stream.at(offset)
             if not page:
                 return
+            pinned = bool(self._pins)
             for name, attr in itertools.islice(page, i, None):
+                if pinned and attr.ino >= CHUNK_BASE:
+                    attr = self._shown(attr)
                 e = self._entry(attr, e)
                 if not pyfuse3.readdir_reply(token, os.fsencode(name), e, offset + 1):
                     return
@@ -220,6 +246,7 @@ class Operations(pyfuse3.Operations):
             await self._attr(inode)
             written = await self._writable().open(inode, truncate=bool(flags & os.O_TRUNC))
             self._kernel.changed(inode)
+            self._pins.forfeit(inode)  # rewritten in place: its readers may read it torn, as on any filesystem
             return pyfuse3.FileInfo(fh=self._handles.add(written), direct_io=False, keep_cache=False)
         if inode >= CHUNK_BASE:
             self.stats.chunk_files += 1
@@ -228,6 +255,9 @@ class Operations(pyfuse3.Operations):
             if not stale or attempt == OPEN_TRIES - 1:
                 break
             self.view.release(handle)
+        if self._pins.refused(inode, version):  # the kernel looks the name up again (another inode)
+            self.view.release(handle)
+            raise pyfuse3.FUSEError(errno.ESTALE)
         fi = pyfuse3.FileInfo(fh=self._handles.add(handle))
         if NOFLUSH:  # nothing to commit at its close(): see flush
             fi.noflush = True
@@ -236,6 +266,8 @@ class Operations(pyfuse3.Operations):
         # direct I/O: an older version's reads may refill the pages; or the file changed during
         # the open (``stale``), and the kernel must not cut this version's bytes to the new size
         fi.direct_io = self._kernel.reading(version) or stale
+        if not fi.direct_io and handle.attr.ino >= CHUNK_BASE:  # (a chunk file's own inode)
+            self._pins.pin(fi.fh, version)
         if pages is Pages.NONE and content is not None and not fi.direct_io:
             self._fill_pages(handle.ino, content)
         return fi
@@ -308,6 +340,7 @@ class Operations(pyfuse3.Operations):
         handle = self._handles.pop(fh)
         if isinstance(handle, ReadHandle):
             self._kernel.unread(handle.attr._replace(ino=handle.ino))
+            self._pins.unpin(fh)
             self.view.release(handle)
         elif isinstance(handle, WriteHandle) and self.writer is not None:
             self.writer.release(handle)
@@ -354,7 +387,9 @@ class Operations(pyfuse3.Operations):
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, nlookup in inode_list:
             if self._kernel.forget(ino, nlookup):
-                self.view.nodes.forget(ino)
+                chunk = self.view.nodes.forget(ino)
+                if chunk is not None:
+                    self._pins.forgot(chunk, ino)
 
     @_guard
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
@@ -409,6 +444,7 @@ class Operations(pyfuse3.Operations):
             handle = self._handles.get(fh) if fh is not None else None
             if not isinstance(handle, WriteHandle):
                 handle = self._handles.dirty_write(inode)
+            self._pins.forfeit(inode)
             if handle is None:
                 await writer.truncate_closed(inode, attr.st_size)
             else:

@@ -6,7 +6,7 @@ chunk inodes are computed, never stored: ``CHUNK_BASE`` + the array's slot
 (``slots``, owned by the view and shared here by reference) << ``SLOT_SHIFT`` + the
 chunk's C-order position. Staging files (a writer's temporaries, ``Staging``) get
 an inode each; one committed onto a node shows that node's key and is an alias of
-its inode until the kernel forgets it (``forget``). Unknown inodes are ENOENT.
+its inode until the kernel forgets it (``forget``), as is a ``new_alias``. Unknown inodes are ENOENT.
 Runs on the trio thread; no I/O.
 """
 
@@ -96,15 +96,34 @@ class NodeTable:
                     found.update(self._aliases.get(other, ()))
         return found
 
-    def forget(self, ino: int) -> None:
-        """The kernel dropped inode ``ino``: free it if it is a committed staging file."""
+    def new_alias(self, ino: int) -> int:
+        """A new inode showing the node of ``ino``: an alias of it until the kernel forgets it
+        (a chunk's names show one while files opened on an older size hold ``ino``: see
+        ``shardfs.kernel.pins``)."""
+        alias = next(self._next_ino)
+        self._keys[alias] = self.node_key(ino)
+        self._aliases.setdefault(ino, set()).add(alias)
+        return alias
+
+    def is_new_alias(self, ino: int) -> bool:
+        """True if ``new_alias`` made ``ino`` (it shows its own number, unlike a staging alias)."""
+        return isinstance(self._keys.get(ino), ChunkKey)  # chunks' own inodes are computed, never here
+
+    def forget(self, ino: int) -> int | None:
+        """The kernel dropped inode ``ino``: free it if it is a committed staging file or a
+        ``new_alias``; the inode it was an alias of, or None."""
         st = self._tmp.get(ino)
         if st is not None and st.committed is not None:
             del self._tmp[ino]
             target = self.inode(st.committed)
-            self._aliases[target].discard(ino)
-            if not self._aliases[target]:
-                del self._aliases[target]
+        elif self.is_new_alias(ino):
+            target = self.inode(self._keys.pop(ino))
+        else:
+            return None
+        self._aliases[target].discard(ino)
+        if not self._aliases[target]:
+            del self._aliases[target]
+        return target
 
     def inode(self, key: NodeKey) -> int:
         """The inode that shows node ``key`` (allocated on first use); the inverse of ``node_key``."""
