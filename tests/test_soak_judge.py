@@ -176,11 +176,12 @@ def test_a_structure_read_back_that_differs_during_a_fault_is_masked(t0, masked)
     assert (sum(led.masked.values()), len(led.forbidden)) == ((1, 0) if masked else (0, 1))
 
 
-@pytest.mark.parametrize("other, raced", [("rename", True), (None, False)])
+@pytest.mark.parametrize("other, raced", [("rename", True), ("cp", True), (None, False)])
 def test_a_cp_s_eexist_beside_another_write_of_its_chunk_is_a_race(other, raced):
     """cp creates a destination its ``stat`` found missing with ``O_EXCL``: another writer that
     made the chunk in between (after an rm) gives EEXIST, as on any filesystem (the 32-min
-    seed-13 S3 run); with no other write of that chunk it stays unclean."""
+    seed-13 S3 run; another cp of the same chunk in the 60-min seed-22 one); with no other
+    write of that chunk it stays unclean."""
     led = ledger()
     chunk = chunk_of_mount("a", 0)
     if other:

@@ -123,9 +123,10 @@ class Ledger:
             self.raced[f"{rec['how']} write"] += 1
             return
         if (op.kind == "write" and op.err == "EEXIST" and rec["how"] == "cp"
-                and self._racing(rec["a"], op.start, op.end, rec["c"], set(LIBRARIES) | {"rename", "inplace"})):
+                and self._racing(rec["a"], op.start, op.end, rec["c"], set(LIBRARIES) | {"rename", "inplace", "cp"},
+                                 other_than=op.worker)):
             # cp creates a file its stat found missing with O_EXCL: another writer of the chunk
-            # made it in between (an rm had emptied it), as on any filesystem
+            # (another cp too) made it in between (an rm had emptied it), as on any filesystem
             self.raced["cp write"] += 1
             return
         if op.kind == "read" and self._racing(rec["a"], op.start, op.end):
@@ -172,10 +173,10 @@ class Ledger:
                    and (w.end is None or w.end > t1 - ATTR_TIMEOUT) for w in self.model.writes_of(array))
 
     def _racing(self, array: str, t0: float, t1: float, chunk: tuple[int, ...] | None = None,
-                racy: frozenset[str] | set[str] = RACY) -> bool:
+                racy: frozenset[str] | set[str] = RACY, other_than: str = "") -> bool:
         """A write of ``array`` (of ``chunk`` if given) that is not atomic for readers (of a kind
-        in ``racy``) was in flight during [t0, t1]."""
-        return any(w.how in racy and w.start < t1 and (w.end is None or w.end > t0)
+        in ``racy``), by a worker other than ``other_than``, was in flight during [t0, t1]."""
+        return any(w.how in racy and w.start < t1 and (w.end is None or w.end > t0) and w.worker != other_than
                    and (chunk is None or w.chunk == chunk) for w in self.model.writes_of(array))
 
     def validate(self, before: float) -> None:
