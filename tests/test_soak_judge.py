@@ -99,6 +99,7 @@ def test_a_library_write_that_fails_with_enoent_beside_an_rm_of_its_chunk_is_a_r
     write(led, "17-writer-zarr2-m0", 2, chunk, "zarr2", 101.0, 101.1, err="ENOENT")  # no rm in flight
     write(led, "18-writer-main-m0", 2, chunk, "rm", 102.0, 102.2)
     write(led, "17-writer-zarr2-m0", 3, chunk, "inplace", 102.1, 102.3, err="ENOENT")  # O_CREAT: no excuse
+    led.validate(103.0)
     assert dict(led.raced) == {"zarr2 write": 1}
     assert [u.split(" failed in ")[1][:9] for u in led.unclean] == ["[101.000,", "[102.100,"]
 
@@ -184,7 +185,8 @@ def test_a_cp_s_eexist_beside_another_write_of_its_chunk_is_a_race(other, raced)
     write of that chunk it stays unclean."""
     led = ledger()
     chunk = chunk_of_mount("a", 0)
-    if other:
-        write(led, "18-writer-main-m0", 1, chunk, other, 100.0, 100.05)
     write(led, "17-writer-zarr2-m0", 2, chunk, "cp", 100.01, 100.04, err="EEXIST")
+    if other:  # its log read after the failure's: the failure is judged once both are in
+        write(led, "18-writer-main-m0", 1, chunk, other, 100.0, 100.05)
+    led.validate(101.0)
     assert (sum(led.raced.values()), len(led.unclean)) == ((1, 0) if raced else (0, 1))
