@@ -6,8 +6,8 @@ defined once, here.
 keeping the defaults below, which are also what ``--help`` and ``doc/CONFIGURATION.md`` show.
 The composition root (``shardfs.app.run``) hands each layer its slice: ``kernel`` to the
 pyfuse3 adapter, ``reads`` to the caches of the read path, ``tree`` to the view, ``writes``
-to the writer and the journal, ``storage`` to the source. Where a source takes an option
-(a directory or a URL) is ``shardfs.storage.source``'s to say.
+to the writer and the journal, ``storage`` to the source (``Source.parse``). Where a source
+takes an option (a directory or a URL) is ``shardfs.storage.source``'s to say.
 
 Imports nothing of shardfs: every room may import it.
 """
@@ -44,6 +44,20 @@ class WriteConfig:
 
 @dataclass(frozen=True)
 class StorageConfig:
+    """How the source is reached. ``None`` for ``endpoint``, ``region``, ``profile``, ``ca_bundle``
+    and ``addressing``: what the environment and, for ``s3://``, the AWS configuration say
+    (``shardfs.storage.source``). Which kind of source takes which option is
+    ``shardfs.storage.source``'s to say."""
+
+    follow_symlinks: bool = False  # a directory: read through symlinks that leave it
+    endpoint: str | None = None  # an object store's server
+    region: str | None = None  # s3://: the bucket's region
+    profile: str | None = None  # s3://: the AWS profile
+    anonymous: bool = False  # unsigned requests
+    ca_bundle: str | None = None  # a PEM file of CAs to trust besides the system's
+    insecure: bool = False  # TLS certificates not verified
+    requester_pays: bool = False  # s3://: requests billed to the requester
+    addressing: str | None = None  # s3://: "path" | "virtual"
     # Seconds one object-store request may take, connecting and the whole answer included: obstore's
     # own default, under which a whole shard (up to 64 MiB, one GET or one PUT) still passes at about
     # 2.2 MB/s. s3fs waits 120 s for a stalled transfer, mountpoint-s3 has no request timeout at

@@ -4,10 +4,11 @@
 attributes, listings, metadata mapping, fill rules, commit validation): no daemon, no
 ``/dev/fuse``, milliseconds a call.
 
-``InProcess(SRC)`` builds what the daemon's composition root builds for a local source: the
-storage (``Source.opened``), the view with its reads and, unless ``read_only``, the
-write-back journalling into a directory of its own under the source's journal root, and the
-``Writer`` spilling into the source's spill directory (the suite's ``XDG_STATE_HOME``).
+``InProcess(SRC)`` is built by the daemon's composition root (``shardfs.app.compose``) for a
+local source, from a ``Config`` of its arguments: the storage, the view with its reads and,
+unless ``read_only``, the write-back (after replaying the journal) journalling into a
+directory of its own under the source's journal root, and the ``Writer`` spilling into the
+source's spill directory (the suite's ``XDG_STATE_HOME``).
 Every call runs on one trio loop of its own (in a thread), which also runs the write-back's
 idle folds, as the daemon's one ``trio.run`` does; ``close`` (or leaving a ``with`` block)
 folds what is pending into the shards, as an unmount does.
@@ -36,17 +37,13 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 import trio
 
-from shardfs.app import state
-from shardfs.kernel.fuse_ops import Timeouts
+from shardfs.app.compose import compose
+from shardfs.config import Config, KernelConfig, TreeConfig, WriteConfig
 from shardfs.storage.attrs import Attr
-from shardfs.reads.chunkcache import DEFAULT_BYTES, ChunkCache
-from shardfs.reads.factory import make_reads
 from shardfs.storage.source import Source
 from shardfs.tree.nodetable import ROOT_INODE
-from shardfs.tree.view import ReadHandle, View
+from shardfs.tree.view import ReadHandle
 from shardfs.tree.writer import WriteHandle, Writer
-from shardfs.writes import journal
-from shardfs.writes.writeback import Writeback
 
 T = TypeVar("T")
 
@@ -66,26 +63,18 @@ class InProcess:
     listings of the source are kept (a mount's entry timeout); ``**view``: ``View``'s
     options (``ome``, ``c_order``)."""
 
-    def __init__(self, root: str | os.PathLike[str], read_only: bool = True, shard_bytes: int | None = None,
-                 list_ttl: float = Timeouts.entry, **view: Any) -> None:
+    def __init__(self, root: str | os.PathLike[str], read_only: bool = True, shard_bytes: int = WriteConfig.shard_size,
+                 list_ttl: float = KernelConfig.entry_timeout, **view: Any) -> None:
         self.root = Path(root)
-        self.invalidated: list[int] = []  # inodes whose cached pages and attributes the kernel is told to drop
+        cfg = Config(read_only=read_only, kernel=KernelConfig(entry_timeout=list_ttl), tree=TreeConfig(**view),
+                     writes=WriteConfig(shard_size=shard_bytes))
         self._cleanup = contextlib.ExitStack()
-        source = Source.parse(os.fspath(root), {})
-        self.source = self._cleanup.enter_context(source.opened(version_ttl=Timeouts.attr, list_ttl=list_ttl))
-        self.writeback: Writeback | None = None
-        self.writer: Writer | None = None
-        if not read_only:  # the journal and spill files where the daemon keeps them (the suite's XDG_STATE_HOME)
-            claim = journal.claim(state.journal_dir(source.name, None, source.endpoint))
-            self._cleanup.callback(claim.release)
-            self.writeback = Writeback(self.source, claim.directory)
-        self.view = View(self.source, read_only=read_only, writeback=self.writeback,
-                         reads=make_reads(self.source, chunk_cache=ChunkCache(DEFAULT_BYTES)), **view)
-        if self.writeback is not None:
-            more = {} if shard_bytes is None else {"shard_bytes": shard_bytes}
-            self.writer = Writer(self.view, self.writeback, self._invalidate,
-                                 state.spill_dir(source.name, source.endpoint), **more)
-            self.writeback.on_folded = self.writer.folded
+        try:
+            mount = compose(cfg, Source.parse(os.fspath(root)), self._cleanup)
+        except BaseException:
+            self._cleanup.close()
+            raise
+        self.source, self.view, self.writeback, self.writer = mount.storage, mount.view, mount.writeback, mount.writer
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -108,7 +97,7 @@ class InProcess:
         self._token, self._stop = trio.lowlevel.current_trio_token(), trio.Event()
         async with trio.open_nursery() as nursery:
             if self.writeback is not None:
-                nursery.start_soon(self.writeback.run)
+                nursery.start_soon(self.writeback.run, self.writer.folded if self.writer else None)
             started.set()
             await self._stop.wait()
             nursery.cancel_scope.cancel()
@@ -116,7 +105,7 @@ class InProcess:
     def fold(self) -> None:
         """Fold every pending chunk into its shard now (what an unmount does)."""
         if self.writeback is not None:
-            self.run(self.writeback.flush)
+            self.run(self.writeback.flush, self.writer.folded if self.writer else None)
 
     def close(self) -> None:
         """Fold what is pending, end the loop, release the journal (removed when empty)."""
@@ -153,9 +142,6 @@ class InProcess:
         if self.writer is None:
             raise OSError(errno.EROFS, os.strerror(errno.EROFS))
         return self.writer
-
-    async def _invalidate(self, inodes: list[int]) -> None:
-        self.invalidated += inodes
 
 
 class InPath:

@@ -28,7 +28,13 @@ from bench_lib.seaweed import REGION, SECRET_KEY
 from conftest import read_native, read_zarr2, run_shardfs, wait_for
 from test_s3_mount import closed_port, mount_fails, write_chunk
 
+from shardfs.app import options
 from shardfs.storage.source import Source
+
+
+def source(url: str, opts: str = "") -> Source:
+    """The source ``shardfs mount URL MNT -o OPTS`` mounts."""
+    return options.source(url, options.parse([opts]))
 
 
 def test_profile_from_aws_profile(mount, src, home, monkeypatch):
@@ -100,23 +106,23 @@ def test_precedence(home, monkeypatch):
           endpoint_url = http://services:1
         """)
     url = "s3://b/p"
-    got = Source.parse(url, {"profile": "p"})
+    got = source(url, "profile=p")
     assert (got.endpoint, got.region, got.addressing) == ("http://profile:1", "eu-west-1", "virtual")
-    assert Source.parse(url, {"profile": "q"}).endpoint == "http://services:1"
+    assert source(url, "profile=q").endpoint == "http://services:1"
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://env:1")
-    assert Source.parse(url, {"profile": "q"}).endpoint == "http://env:1"
+    assert source(url, "profile=q").endpoint == "http://env:1"
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://env-s3:1")
-    assert Source.parse(url, {"profile": "q"}).endpoint == "http://env-s3:1"
-    assert Source.parse(url, {"profile": "q", "endpoint": "http://opt:1"}).endpoint == "http://opt:1"
+    assert source(url, "profile=q").endpoint == "http://env-s3:1"
+    assert source(url, "profile=q,endpoint=http://opt:1").endpoint == "http://opt:1"
     monkeypatch.setenv("AWS_DEFAULT_REGION", "ap-south-1")
-    assert Source.parse(url, {"profile": "p"}).region == "ap-south-1"
+    assert source(url, "profile=p").region == "ap-south-1"
     monkeypatch.setenv("AWS_REGION", "us-west-2")
-    assert Source.parse(url, {"profile": "p"}).region == "us-west-2"
-    assert Source.parse(url, {"profile": "p", "region": "sa-east-1"}).region == "sa-east-1"
-    assert Source.parse(url, {"profile": "p", "addressing": "path"}).addressing == "path"
+    assert source(url, "profile=p").region == "us-west-2"
+    assert source(url, "profile=p,region=sa-east-1").region == "sa-east-1"
+    assert source(url, "profile=p,addressing=path").addressing == "path"
     monkeypatch.setenv("AWS_PROFILE", "p")
-    assert Source.parse(url, {}).region == "us-west-2" and Source.parse(url, {}).addressing == "virtual"
-    assert Source.parse(url, {"profile": "q"}).addressing is None
+    assert source(url).region == "us-west-2" and source(url).addressing == "virtual"
+    assert source(url, "profile=q").addressing is None
 
 
 # ------------------------------------------------------------------ credential_process

@@ -6,17 +6,21 @@ mount right (the read matrix of tests/test_legacy_readers.py runs it over every 
 ``test_read[netcdf-float32_F]`` and ``[netcdf-int32_F]``). Here: what the option changes in the
 view (``.zarray``, the chunk bytes, nothing for other arrays), that zarr 2.18 reads and writes
 the same values through it, and that creating an F-order array through such a mount is refused
-(its chunks could not be written as the writer encodes them).
+(its chunks could not be written as the writer encodes them). What the view shows and what it
+refuses is checked in-process (``tests/inproc.py``: the filesystem the kernel adapter calls,
+built as the daemon builds it from ``-o c_order``), zarr 2.18 through a mount.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
 
 import numpy as np
 import pytest
 from conftest import read_native, run_shardfs, zarr2
+from inproc import InProcess
 from sources import (
     CRC,
     LE,
@@ -54,8 +58,13 @@ def _zarray(mnt, name) -> dict:
     return json.loads((mnt / name / ".zarray").read_text())
 
 
-def test_c_order_serves_transposed_arrays_as_raw_c_order_chunks(src, mount):
-    plain, c_mnt = mount(src), mount(src, "-o", "c_order")
+def test_c_order_serves_transposed_arrays_as_raw_c_order_chunks(src):
+    """In-process: the view without the option and with it."""
+    with InProcess(src) as plain_fs, InProcess(src, c_order=True) as c_fs:
+        _serves_raw_c_order_chunks(src, plain_fs / "", c_fs / "")
+
+
+def _serves_raw_c_order_chunks(src, plain, c_mnt) -> None:
     for name in ("f_raw", "f_zstd_crc"):
         before, after = _zarray(plain, name), _zarray(c_mnt, name)
         assert before["order"] == "F"
@@ -95,18 +104,20 @@ def test_zarr2_reads_and_writes_through_c_order(src, mount):
         assert [c["name"] for c in stored] == [c["name"] for c in codecs]  # still stored transposed
 
 
-def test_creating_an_f_order_array_through_c_order_is_refused(src, mount):
+def test_creating_an_f_order_array_through_c_order_is_refused(src, caplog):
     """The view of the new array would be C order: a v2 writer's F-order chunks would land
-    transposed, so its .zarray is refused (EPERM) and the log says why."""
-    c_mnt = mount(src, "-o", "c_order")
-    zarray = {"zarr_format": 2, "shape": [4, 6], "chunks": [2, 3], "dtype": "<i4", "compressor": None,
-              "fill_value": 0, "order": "F", "filters": None, "dimension_separator": "."}
-    (c_mnt / "new").mkdir()
-    with pytest.raises(OSError) as e:
-        (c_mnt / "new" / ".zarray").write_text(json.dumps(zarray))
-    assert e.value.errno == errno.EPERM
-    assert not (src / "new" / "zarr.json").exists()
-    log = mount.info(c_mnt).log_text()
-    assert "new/.zarray: cannot create: order differ from the array's" in log
-    (c_mnt / "new" / ".zarray").write_text(json.dumps({**zarray, "order": "C"}))  # C order: created
-    assert _zarray(c_mnt, "new")["order"] == "C"
+    transposed, so its .zarray is refused (EPERM) and the log says why. In-process (the
+    commit at the kernel's FLUSH, which ``close`` of the written file sends)."""
+    caplog.set_level(logging.INFO, logger="shardfs")
+    with InProcess(src, read_only=False, c_order=True) as fs:
+        c_mnt = fs / ""
+        zarray = {"zarr_format": 2, "shape": [4, 6], "chunks": [2, 3], "dtype": "<i4", "compressor": None,
+                  "fill_value": 0, "order": "F", "filters": None, "dimension_separator": "."}
+        (c_mnt / "new").mkdir()
+        with pytest.raises(OSError) as e:
+            (c_mnt / "new" / ".zarray").write_text(json.dumps(zarray))
+        assert e.value.errno == errno.EPERM
+        assert not (src / "new" / "zarr.json").exists()
+        assert "new/.zarray: cannot create: order differ from the array's" in caplog.text
+        (c_mnt / "new" / ".zarray").write_text(json.dumps({**zarray, "order": "C"}))  # C order: created
+        assert _zarray(c_mnt, "new")["order"] == "C"

@@ -12,14 +12,16 @@ from shardfs.config import Config, KernelConfig, ReadConfig, StorageConfig, Tree
 from shardfs.storage import source
 
 
-def test_every_own_option_sets_a_config_field_or_is_the_sources():
-    """An option has a ``Config`` field, or is one kind of source's (typed by ``Source``), or is
-    ``rw`` (which clears ``ro``)."""
+def test_every_own_option_sets_a_config_field():
+    """An option has a ``Config`` field, but ``rw`` (which clears ``ro``); the options that one
+    kind of source takes alone are in the ``storage`` slice, or the object-store caches'."""
     for opt in options.OWN:
         if opt.field:
             options._get(Config(), opt.field.lstrip("!"))  # the field exists
         else:
-            assert opt.name == "rw" or opt.name in source.LOCAL_ONLY + source.URL_ONLY, opt.name
+            assert opt.name == "rw", opt.name
+    for name in source.LOCAL_ONLY + source.URL_ONLY:
+        assert options._BY_NAME[name].field in (f"storage.{name}", f"reads.{name}"), name
 
 
 def test_no_option_given_is_the_default_config():
@@ -36,6 +38,19 @@ def test_each_option_sets_its_field():
         tree=TreeConfig(ome=False, c_order=True),
         writes=WriteConfig(shard_size=1, journal_dir="/j"),  # a shard size is at least one byte
         storage=StorageConfig(timeout=5.0))
+
+
+def test_the_source_takes_the_storage_slice(tmp_path):
+    pem = tmp_path / "ca.pem"
+    pem.write_text("-----BEGIN CERTIFICATE-----")
+    parsed = options.parse([f"endpoint=http://e:1,anonymous,timeout=5,insecure,ca_bundle={pem}"])
+    assert options.config(parsed).storage == StorageConfig(endpoint="http://e:1", anonymous=True, timeout=5.0,
+                                                           insecure=True, ca_bundle=str(pem))
+    got = options.source("gs://b/p", parsed)
+    assert (got.endpoint, got.anonymous, got.timeout, got.insecure, got.ca_bundle) == \
+        ("http://e:1", True, 5.0, True, str(pem))
+    assert options.source(str(tmp_path), options.parse(["follow_symlinks"])).follow_symlinks is True
+    assert options.source(str(tmp_path), options.parse([])).follow_symlinks is False
 
 
 def test_ro_then_rw_is_writable():

@@ -1,4 +1,9 @@
-"""Corrupt shards, absurd metadata, bad sources and the command line."""
+"""Corrupt shards, absurd metadata, bad sources and the command line.
+
+What corrupt shards and chunks show (EIO on their chunk files alone, one log line each) is
+checked in-process (``tests/inproc.py``: the filesystem the kernel adapter calls, no mount;
+clients read a copy of the files shown); the rest through real mounts and the command line.
+"""
 
 from __future__ import annotations
 
@@ -10,24 +15,32 @@ import stat
 import time
 from pathlib import Path
 
+import logging
+
 import crc32c
 import numpy as np
 import pytest
 
 from conftest import daemon_pids, read_native, read_zarr2, read_zarr3_v2, run_shardfs
+from inproc import InPath, InProcess
 from sources import CRC, LE, ArrayCase, read_index, write_case, write_group
 
 # ------------------------------------------------------------------ helpers
 
 
-def read_errno(path: Path) -> int | None:
+def read_errno(path: InPath) -> int | None:
     """errno of reading ``path`` (None if it reads fine)."""
     try:
-        with open(path, "rb") as f:
-            f.read()
+        path.read_bytes()
     except OSError as e:
         return e.errno
     return None
+
+
+def log_lines(caplog) -> list[str]:
+    """What the daemon would have logged (``--debug``, as the suite mounts), one line a record
+    (``shardfs LEVEL message``, as in its log file)."""
+    return [f"shardfs {r.levelname} {r.getMessage()}" for r in caplog.records if r.name.startswith("shardfs")]
 
 
 
@@ -79,8 +92,20 @@ def corrupt_src(tmp_path):
     return src
 
 
-def test_corrupt_shards_give_eio_and_one_log_line(mount, corrupt_src):
-    mnt = mount(corrupt_src)
+def test_corrupt_shards_give_eio_and_one_log_line(corrupt_src, caplog, tmp_path):
+    """In-process; zarr 3 (v2 mode) and zarr 2.18 read a copy of the intact array shown."""
+    caplog.set_level(logging.DEBUG, logger="shardfs")
+    with InProcess(corrupt_src) as fs:
+        _corrupt_shards_give_eio(fs / "", corrupt_src, tmp_path)
+    lines = log_lines(caplog)
+    reasons = {"c/0/1": r"checksum|crc", "c/1/0": r"short|truncat|small", "c/1/1": r"outside|past|beyond|offset"}
+    for key, reason in reasons.items():
+        hits = [ln for ln in lines if f"bad/{key}" in ln and re.search(reason, ln, re.I)]
+        assert len(hits) == 1, \
+            f"want one log line naming bad/{key} with reason /{reason}/, got {len(hits)}:\n" + "\n".join(lines[-40:])
+
+
+def _corrupt_shards_give_eio(mnt: InPath, corrupt_src: Path, tmp_path: Path) -> None:
     bad = mnt / "bad"
     affected = {"c/0/1": local_chunks((0, 1)), "c/1/0": local_chunks((1, 0)), "c/1/1": [(2, 2)]}
     for key, chunks in affected.items():
@@ -89,23 +114,16 @@ def test_corrupt_shards_give_eio_and_one_log_line(mount, corrupt_src):
             assert read_errno(bad / name) == errno.EIO, f"bad/{name} (shard {key})"
             assert read_errno(bad / key / name) == errno.EIO, f"bad/{key}/{name}"
         # the corrupt shard's directory is listed empty (its chunks are unknown)
-        assert os.listdir(bad / key) == [], key
+        assert (bad / key).iterdir() == [], key
 
     # The intact shard of the same array, and another array, still read correctly.
     for i in local_chunks((0, 0)):
         want = bytes(np.arange(1, 65, dtype="<u2").reshape(8, 8)[i[0] * 2:i[0] * 2 + 2, i[1] * 2:i[1] * 2 + 2])
         assert (bad / f"{i[0]}.{i[1]}").read_bytes() == want
         assert (bad / "c/0/0" / f"{i[0]}.{i[1]}").read_bytes() == want
-    np.testing.assert_array_equal(read_zarr3_v2(mnt / "good"), read_native(corrupt_src / "good"))
-    np.testing.assert_array_equal(read_zarr2(mnt / "good"), read_native(corrupt_src / "good"))
-
-    info = mount.info(mnt)
-    assert info.alive() and os.path.ismount(mnt)
-    lines = info.log_text().splitlines()
-    reasons = {"c/0/1": r"checksum|crc", "c/1/0": r"short|truncat|small", "c/1/1": r"outside|past|beyond|offset"}
-    for key, reason in reasons.items():
-        hits = [ln for ln in lines if f"bad/{key}" in ln and re.search(reason, ln, re.I)]
-        assert len(hits) == 1, f"want one log line naming bad/{key} with reason /{reason}/, got {len(hits)}:\n" + "\n".join(lines[-40:])
+    good = (mnt / "good").copy_to(tmp_path / "shown" / "good")
+    np.testing.assert_array_equal(read_zarr3_v2(good), read_native(corrupt_src / "good"))
+    np.testing.assert_array_equal(read_zarr2(good), read_native(corrupt_src / "good"))
 
 
 def test_absurd_metadata_is_refused(mount, tmp_path):
@@ -284,9 +302,10 @@ CRC = ArrayCase("crc", shape=(4, 4), chunk=(2, 2), shard=(4, 4), dtype="uint16",
                 inner=(LE, CRC), empty_frac=0.0)
 
 
-def test_inner_crc32c_mismatch_gives_eio_and_one_log_line(mount, tmp_path):
+def test_inner_crc32c_mismatch_gives_eio_and_one_log_line(tmp_path, caplog):
     """A stored inner chunk whose trailing crc32c does not match its bytes: EIO on that chunk
-    file only (both names), one log line naming the shard and the chunk; the others read."""
+    file only (both names), one log line naming the shard and the chunk; the others read.
+    In-process."""
     src = tmp_path / "src"
     write_group(src, {})
     data = np.arange(1, 17, dtype="uint16").reshape(4, 4)
@@ -298,15 +317,15 @@ def test_inner_crc32c_mismatch_gives_eio_and_one_log_line(mount, tmp_path):
     blob[off] ^= 0x01  # one data bit of chunk (1, 0): its stored crc32c no longer matches
     shard.write_bytes(bytes(blob))
 
-    mnt = mount(src)
-    assert read_errno(mnt / "crc" / "1.0") == errno.EIO
-    info = mount.info(mnt)
-    lines = [ln for ln in info.log_text().splitlines() if "crc/c/0/0" in ln and "1.0" in ln]
-    assert len(lines) == 1, lines
-    assert " ERROR " in lines[0] and "crc32c" in lines[0], lines[0]
-    for i in ((0, 0), (0, 1), (1, 1)):
-        want = data[i[0] * 2:i[0] * 2 + 2, i[1] * 2:i[1] * 2 + 2].astype("<u2").tobytes()
-        assert (mnt / "crc" / f"{i[0]}.{i[1]}").read_bytes() == want, i
-        assert (mnt / "crc" / "c/0/0" / f"{i[0]}.{i[1]}").read_bytes() == want, i
-    assert read_errno(mnt / "crc" / "c/0/0" / "1.0") == errno.EIO
-    assert info.alive() and os.path.ismount(mnt)
+    caplog.set_level(logging.DEBUG, logger="shardfs")
+    with InProcess(src) as fs:
+        mnt = fs / ""
+        assert read_errno(mnt / "crc" / "1.0") == errno.EIO
+        lines = [ln for ln in log_lines(caplog) if "crc/c/0/0" in ln and "1.0" in ln]
+        assert len(lines) == 1, lines
+        assert " ERROR " in lines[0] and "crc32c" in lines[0], lines[0]
+        for i in ((0, 0), (0, 1), (1, 1)):
+            want = data[i[0] * 2:i[0] * 2 + 2, i[1] * 2:i[1] * 2 + 2].astype("<u2").tobytes()
+            assert (mnt / "crc" / f"{i[0]}.{i[1]}").read_bytes() == want, i
+            assert (mnt / "crc" / "c/0/0" / f"{i[0]}.{i[1]}").read_bytes() == want, i
+        assert read_errno(mnt / "crc" / "c/0/0" / "1.0") == errno.EIO

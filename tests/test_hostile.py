@@ -1,4 +1,5 @@
-"""Hostile sources and concurrent writers, through real mounts.
+"""Hostile sources and concurrent writers, through real mounts (what symlinks out of SRC show
+and refuse: in-process, ``tests/inproc.py``).
 
 - Non-regular files where shards should be (FIFO, directory, socket) are never opened:
   reads give EIO with one log line, writes are refused; a shard that turns into one
@@ -25,10 +26,13 @@ import threading
 import time
 from pathlib import Path
 
+import logging
+
 import numpy as np
 import pytest
 
 from conftest import is_mounted, run_shardfs, wait_for
+from inproc import InProcess
 from shardfs.writes.journal import segments_under
 from sources import Spec, assert_source_equals, build, journal_entries, leftovers
 from writers import umount
@@ -256,25 +260,30 @@ def escaping_source(tmp_path):
     return src, out, exp
 
 
-def test_symlinks_out_of_the_source_are_neither_read_nor_written(tmp_path, mount):
+def test_symlinks_out_of_the_source_are_neither_read_nor_written(tmp_path, caplog):
+    """In-process (the refused writes: at the kernel's FLUSH, which ``close`` sends)."""
     src, out, exp = escaping_source(tmp_path)
     before = tree_digest(out), Path("/etc/passwd").read_bytes(), os.stat("/etc/passwd").st_mtime_ns
-    mnt = mount(src)
-    assert sorted(os.listdir(mnt)) == [".zattrs", ".zgroup", ".zmetadata", "h"]
-    assert errno_of(os.stat, mnt / "o") == errno.ENOENT
-    assert errno_of(write_file, mnt / "o" / "0.0", b"x") == errno.ENOENT
-    assert len(lines(mount, mnt, f"{src / 'o/zarr.json'}: not read: a symlink leads out of the source")) == 1
-    for chunk in ("0.2", "1.3"):  # shard (0,1) -> /etc/passwd
-        assert errno_of(read_bytes, mnt / "h" / chunk) == errno.EACCES
-    assert len(lines(mount, mnt, f"{src / 'h/c/0/1'}: not read: a symlink leads out of the source "
-                                 "(to /etc/passwd)")) == 1
-    assert errno_of(read_bytes, mnt / "h" / "2.0") == errno.EACCES  # shard (1,0) behind h/c/1
-    assert errno_of(write_file, mnt / "h" / "0.2", chunk_bytes(1)[1]) == errno.EACCES
-    write_file(mnt / "h" / "tmp.partial", chunk_bytes(2)[1])
-    assert errno_of(os.rename, mnt / "h" / "tmp.partial", mnt / "h" / "3.3") == errno.EACCES
-    os.unlink(mnt / "h" / "tmp.partial")
-    np.testing.assert_array_equal(H.decode(read_bytes(mnt / "h" / "0.0")), exp["h"][H.chunk_region((0, 0))])
-    umount(mount, mnt)
+    caplog.set_level(logging.DEBUG, logger="shardfs")
+
+    def logged(needle: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "shardfs" and needle in r.getMessage()]
+
+    with InProcess(src, read_only=False) as fs:
+        mnt = fs / ""
+        assert sorted(mnt.iterdir()) == [".zattrs", ".zgroup", ".zmetadata", "h"]
+        assert errno_of((mnt / "o").stat) == errno.ENOENT
+        assert errno_of((mnt / "o" / "0.0").write_bytes, b"x") == errno.ENOENT
+        assert len(logged(f"{src / 'o/zarr.json'}: not read: a symlink leads out of the source")) == 1
+        for chunk in ("0.2", "1.3"):  # shard (0,1) -> /etc/passwd
+            assert errno_of((mnt / "h" / chunk).read_bytes) == errno.EACCES
+        assert len(logged(f"{src / 'h/c/0/1'}: not read: a symlink leads out of the source (to /etc/passwd)")) == 1
+        assert errno_of((mnt / "h" / "2.0").read_bytes) == errno.EACCES  # shard (1,0) behind h/c/1
+        assert errno_of((mnt / "h" / "0.2").write_bytes, chunk_bytes(1)[1]) == errno.EACCES
+        (mnt / "h" / "tmp.partial").write_bytes(chunk_bytes(2)[1])
+        assert errno_of((mnt / "h" / "tmp.partial").replace, mnt / "h" / "3.3") == errno.EACCES
+        (mnt / "h" / "tmp.partial").unlink()
+        np.testing.assert_array_equal(H.decode((mnt / "h" / "0.0").read_bytes()), exp["h"][H.chunk_region((0, 0))])
     assert (tree_digest(out), Path("/etc/passwd").read_bytes(), os.stat("/etc/passwd").st_mtime_ns) == before
     assert H.shard_file(src, (0, 1)).is_symlink() and (src / "h" / "c" / "1").is_symlink()
 

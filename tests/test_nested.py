@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import itertools
 import json
+import logging
 import math
 import os
 from pathlib import Path
@@ -188,7 +189,8 @@ def outer_index(raw: bytes, n: int) -> np.ndarray:
     return np.frombuffer(raw[-(16 * n + 4): -4], dtype="<u8").reshape(n, 2)
 
 
-def test_corrupt_inner_shard_gives_eio_on_its_chunks_only(mount, src, tmp_path):
+def test_corrupt_inner_shard_gives_eio_on_its_chunks_only(src, tmp_path, caplog):
+    """In-process (the refused write: at the kernel's FLUSH, which ``close`` sends)."""
     own = copy_array(src / "zs", tmp_path / "src")
     shard = own / "zs" / "c" / "0" / "0"
     raw = bytearray(shard.read_bytes())
@@ -196,23 +198,25 @@ def test_corrupt_inner_shard_gives_eio_on_its_chunks_only(mount, src, tmp_path):
     raw[offset + nbytes - 4 - 8] ^= 0xFF  # inside the inner shard's index, before its crc32c
     shard.write_bytes(bytes(raw))
 
-    mnt = mount(own)
-    for c in ["0.1", "1.0", "1.1"]:  # the stored chunks of inner shard 0.0
+    caplog.set_level(logging.DEBUG, logger="shardfs")
+    with InProcess(own, read_only=False) as fs:
+        mnt = fs / ""
+        for c in ["0.1", "1.0", "1.1"]:  # the stored chunks of inner shard 0.0
+            with pytest.raises(OSError) as e:
+                (mnt / "zs" / c).read_bytes()
+            assert e.value.errno == errno.EIO, c
+        data, *_rest = ARRAYS["zs"]
+        other = np.frombuffer(numcodecs.Zstd().decode((mnt / "zs" / "2.2").read_bytes()), "<i4").reshape(2, 2)
+        np.testing.assert_array_equal(other, data[4:6, 4:6], "a chunk of another inner shard of that shard")
+        # the corrupt inner shard 0.0 is not listed; its three sound neighbours are
+        assert sorted((mnt / "zs" / "c" / "0" / "0").iterdir()) == ["0.1", "1.0", "1.1"]
+        lines = [r.getMessage() for r in caplog.records if r.name == "shardfs" and r.levelno == logging.ERROR]
+        assert len(lines) == 1, lines
+        assert str(shard) in lines[0] and "inner shard" in lines[0] and "checksum" in lines[0], lines[0]
+        # writes into that shard are refused rather than dropping the corrupt inner shard's chunks
         with pytest.raises(OSError) as e:
-            (mnt / "zs" / c).read_bytes()
-        assert e.value.errno == errno.EIO, c
-    data, *_rest = ARRAYS["zs"]
-    other = np.frombuffer(numcodecs.Zstd().decode((mnt / "zs" / "2.2").read_bytes()), "<i4").reshape(2, 2)
-    np.testing.assert_array_equal(other, data[4:6, 4:6], "a chunk of another inner shard of that shard")
-    # the corrupt inner shard 0.0 is not listed; its three sound neighbours are
-    assert sorted(os.listdir(mnt / "zs" / "c" / "0" / "0")) == ["0.1", "1.0", "1.1"]
-    lines = [ln for ln in mount.info(mnt).log_text().splitlines() if " ERROR " in ln]
-    assert len(lines) == 1, lines
-    assert str(shard) in lines[0] and "inner shard" in lines[0] and "checksum" in lines[0], lines[0]
-    # writes into that shard are refused rather than dropping the corrupt inner shard's chunks
-    with pytest.raises(OSError) as e:
-        (mnt / "zs" / "2.2").write_bytes((mnt / "zs" / "2.3").read_bytes())
-    assert e.value.errno == errno.EIO
+            (mnt / "zs" / "2.2").write_bytes((mnt / "zs" / "2.3").read_bytes())
+        assert e.value.errno == errno.EIO
 
 
 @pytest.mark.parametrize("name,writer", [("zs", "zarr2"), ("gz3", "zarr3"), ("tr", "zarr2"),

@@ -149,12 +149,12 @@ def test_state_dir_is_keyed_on_the_normalized_url_and_endpoint(monkeypatch):
     assert state.source_id("s3://bucket/pre/fiX") != same[0], "keys are case-sensitive"
     assert state.journal_dir(url, endpoint="http://127.0.0.1:1") == os.path.join(state.state_home(), a, "journal")
 
-    from shardfs.storage.source import Source
+    from shardfs.app import options
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
-    assert Source.parse(url + "/", {}).endpoint == "http://127.0.0.1:1"
-    assert Source.parse(url, {"endpoint": "http://127.0.0.1:2"}).endpoint == "http://127.0.0.1:2"
-    assert Source.parse("gs://bucket/p", {}).endpoint is None, "AWS_ENDPOINT_URL is for s3:// only"
+    assert options.source(url + "/", options.parse([])).endpoint == "http://127.0.0.1:1"
+    assert options.source(url, options.parse(["endpoint=http://127.0.0.1:2"])).endpoint == "http://127.0.0.1:2"
+    assert options.source("gs://bucket/p", options.parse([])).endpoint is None, "AWS_ENDPOINT_URL is for s3:// only"
 
 
 # --------------------------------------------------------------------------- folds over objects

@@ -99,6 +99,7 @@ def test_a_library_write_that_fails_with_enoent_beside_an_rm_of_its_chunk_is_a_r
     write(led, "17-writer-zarr2-m0", 2, chunk, "zarr2", 101.0, 101.1, err="ENOENT")  # no rm in flight
     write(led, "18-writer-main-m0", 2, chunk, "rm", 102.0, 102.2)
     write(led, "17-writer-zarr2-m0", 3, chunk, "inplace", 102.1, 102.3, err="ENOENT")  # O_CREAT: no excuse
+    led.validate(103.0)
     assert dict(led.raced) == {"zarr2 write": 1}
     assert [u.split(" failed in ")[1][:9] for u in led.unclean] == ["[101.000,", "[102.100,"]
 
@@ -176,14 +177,16 @@ def test_a_structure_read_back_that_differs_during_a_fault_is_masked(t0, masked)
     assert (sum(led.masked.values()), len(led.forbidden)) == ((1, 0) if masked else (0, 1))
 
 
-@pytest.mark.parametrize("other, raced", [("rename", True), (None, False)])
+@pytest.mark.parametrize("other, raced", [("rename", True), ("cp", True), (None, False)])
 def test_a_cp_s_eexist_beside_another_write_of_its_chunk_is_a_race(other, raced):
     """cp creates a destination its ``stat`` found missing with ``O_EXCL``: another writer that
     made the chunk in between (after an rm) gives EEXIST, as on any filesystem (the 32-min
-    seed-13 S3 run); with no other write of that chunk it stays unclean."""
+    seed-13 S3 run; another cp of the same chunk in the 60-min seed-22 one); with no other
+    write of that chunk it stays unclean."""
     led = ledger()
     chunk = chunk_of_mount("a", 0)
-    if other:
-        write(led, "18-writer-main-m0", 1, chunk, other, 100.0, 100.05)
     write(led, "17-writer-zarr2-m0", 2, chunk, "cp", 100.01, 100.04, err="EEXIST")
+    if other:  # its log read after the failure's: the failure is judged once both are in
+        write(led, "18-writer-main-m0", 1, chunk, other, 100.0, 100.05)
+    led.validate(101.0)
     assert (sum(led.raced.values()), len(led.unclean)) == ((1, 0) if raced else (0, 1))

@@ -13,9 +13,9 @@ follows an ``rm`` of that array by less than the entry timeout; a read that fail
 on one mount while the other mount had written that array in the attribute timeout before is
 counted *cross-mount* (the kernel of the reading mount may still hold a chunk's old size: see
 the report), and so is an ENOENT naming a chunk the other mount writes and removed before
-(``_removed_by_other_mount``); any other failure is *unclean*. ``Ledger.validate(before)`` checks the reads that
-ended before ``before`` (call it with a lag: a write that began before a read ended must have
-logged its ``begin``): in each chunk a read must have seen one token, allowed by the model
+(``_removed_by_other_mount``); any other failure is *unclean*. ``Ledger.validate(before)`` checks the reads, and judges the failed
+writes, that ended before ``before`` (call it with a lag: a write that began before a read or a
+failed write ended must have logged its ``begin``, in whichever worker's log is read first): in each chunk a read must have seen one token, allowed by the model
 (``Model.allowed`` on the mount that writes that chunk, ``Model.plausible`` on the others);
 a fill (0) the model forbids, read while a fault was on, is counted as *masked* (the client
 turned an error into the fill value: zarr 2.18 reads a chunk whose ``stat`` fails as missing),
@@ -75,6 +75,7 @@ class Ledger:
     chunks_checked: int = 0
     _offsets: dict[Path, int] = field(default_factory=dict)
     _reads: list[dict[str, Any]] = field(default_factory=list)
+    _failed: list[tuple[Op, dict[str, Any]]] = field(default_factory=list)  # failed writes, judged by validate
 
     def poll(self, logs: list[Path]) -> None:
         """Ingest the new complete lines of every log."""
@@ -106,8 +107,8 @@ class Ledger:
                 self.forbidden.extend(f"{worker}: {b}" for b in rec["bad"])
         op = Op({"r": "read", "we": "write", "s": "structure"}[kind], rec["t0"], rec["t1"], rec.get("err"), worker)
         self.ops.append(op)
-        if kind != "r":
-            self._judge_error(op, rec)
+        if kind != "r" and rec.get("err"):
+            self._failed.append((op, rec))
 
     def _judge_error(self, op: Op, rec: dict[str, Any]) -> None:
         """Count a failed operation as clean, raced (module docstring) or unclean."""
@@ -123,9 +124,10 @@ class Ledger:
             self.raced[f"{rec['how']} write"] += 1
             return
         if (op.kind == "write" and op.err == "EEXIST" and rec["how"] == "cp"
-                and self._racing(rec["a"], op.start, op.end, rec["c"], set(LIBRARIES) | {"rename", "inplace"})):
+                and self._racing(rec["a"], op.start, op.end, rec["c"], set(LIBRARIES) | {"rename", "inplace", "cp"},
+                                 other_than=op.worker)):
             # cp creates a file its stat found missing with O_EXCL: another writer of the chunk
-            # made it in between (an rm had emptied it), as on any filesystem
+            # (another cp too) made it in between (an rm had emptied it), as on any filesystem
             self.raced["cp write"] += 1
             return
         if op.kind == "read" and self._racing(rec["a"], op.start, op.end):
@@ -172,14 +174,21 @@ class Ledger:
                    and (w.end is None or w.end > t1 - ATTR_TIMEOUT) for w in self.model.writes_of(array))
 
     def _racing(self, array: str, t0: float, t1: float, chunk: tuple[int, ...] | None = None,
-                racy: frozenset[str] | set[str] = RACY) -> bool:
+                racy: frozenset[str] | set[str] = RACY, other_than: str = "") -> bool:
         """A write of ``array`` (of ``chunk`` if given) that is not atomic for readers (of a kind
-        in ``racy``) was in flight during [t0, t1]."""
-        return any(w.how in racy and w.start < t1 and (w.end is None or w.end > t0)
+        in ``racy``), by a worker other than ``other_than``, was in flight during [t0, t1]."""
+        return any(w.how in racy and w.start < t1 and (w.end is None or w.end > t0) and w.worker != other_than
                    and (chunk is None or w.chunk == chunk) for w in self.model.writes_of(array))
 
     def validate(self, before: float) -> None:
-        """Check the reads that ended before ``before`` (module docstring)."""
+        """Check the reads and judge the failed writes that ended before ``before`` (module docstring)."""
+        failed = []
+        for op, rec in self._failed:
+            if op.end >= before:
+                failed.append((op, rec))
+            else:
+                self._judge_error(op, rec)
+        self._failed = failed
         keep = []
         for rec in self._reads:
             if rec["t1"] >= before:

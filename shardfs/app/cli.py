@@ -197,7 +197,7 @@ def _check_url(source: Source) -> dict[str, Any]:
 def _cmd_mount(args: argparse.Namespace) -> int:
     try:
         opts = options.parse(args.options)
-        source = Source.parse(args.src, opts.own)
+        source = options.source(args.src, opts)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.ready_fd is None or not source.url:  # a daemon we spawned: its parent checked the store
@@ -231,7 +231,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         return bars[-1].update
 
     try:
-        report = inspect(args.path, options.parse(args.options).own, progress=progress)
+        report = inspect(args.path, options.parse(args.options), progress=progress)
         where = parse_slice(args.slice, report["shape"], report["shard_shape"]) if "stored" in report else None
     except (OSError, ValueError) as e:
         raise UsageError(str(e).splitlines()[0]) from None
@@ -368,7 +368,7 @@ def daemon_journal(pid: int) -> tuple[str, str] | None:
         cwd = os.readlink(f"/proc/{pid}/cwd")
         args = _parser().parse_args(argv[argv.index("mount"):])
         parsed = options.parse(args.options)
-        source = Source.parse(args.src if is_url(args.src) else os.path.join(cwd, args.src), parsed.own, environ)
+        source = options.source(args.src if is_url(args.src) else os.path.join(cwd, args.src), parsed, environ)
     except (OSError, ValueError, SystemExit):
         return None
     override = options.config(parsed).writes.journal_dir

@@ -12,19 +12,22 @@ Anything else is an error naming the option: nothing is mounted.
 
 Each of shardfs's own options names the field of the typed ``shardfs.config.Config`` it sets
 (``Option.field``), whose default is the option's default (shown by ``--help`` and
-``doc/CONFIGURATION.md``); ``config`` builds the ``Config`` of the options given. The
-options of one kind of source (a directory, a URL) are typed by ``shardfs.storage.source``.
+``doc/CONFIGURATION.md``); ``config`` builds the ``Config`` of the options given, and
+``source`` the ``Source`` it names from the ``storage`` slice (``shardfs.storage.source``
+says which kind of source takes which option).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import textwrap
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from shardfs.config import Config, parse_size, size_text
+from shardfs.storage.source import Source
 
 
 @dataclass(frozen=True)
@@ -67,20 +70,24 @@ OWN = (
            "writes.shard_size"),
     Option("journal_dir", "DIR", "write journal here (default $XDG_STATE_HOME/shardfs/<id>/journal)",
            "writes.journal_dir"),
-    Option("follow_symlinks", None, "read through symlinks that leave SRC (they are never written)"),
+    Option("follow_symlinks", None, "read through symlinks that leave SRC (they are never written)",
+           "storage.follow_symlinks"),
     Option("endpoint", "URL", "object store: the server (default $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, the AWS "
-                              "profile's endpoint_url, else the service's own)"),
+                              "profile's endpoint_url, else the service's own)", "storage.endpoint"),
     Option("region", "R", "s3://: the bucket's region "
-                          "(default $AWS_REGION, $AWS_DEFAULT_REGION, the profile's region)"),
+                          "(default $AWS_REGION, $AWS_DEFAULT_REGION, the profile's region)", "storage.region"),
     Option("profile", "NAME", "s3://: the AWS profile of ~/.aws/config and ~/.aws/credentials (default $AWS_PROFILE, "
-                              "else default)"),
-    Option("anonymous", None, "object store: unsigned requests (public data, no credentials)"),
+                              "else default)", "storage.profile"),
+    Option("anonymous", None, "object store: unsigned requests (public data, no credentials)", "storage.anonymous"),
     Option("ca_bundle", "FILE", "object store: also trust the CAs in this PEM file (default $AWS_CA_BUNDLE, the "
-                                "profile's ca_bundle)"),
-    Option("insecure", None, "object store: do not verify TLS certificates (a warning at every mount)"),
-    Option("requester_pays", None, "s3://: requests are billed to the requester (requester-pays buckets)"),
+                                "profile's ca_bundle)", "storage.ca_bundle"),
+    Option("insecure", None, "object store: do not verify TLS certificates (a warning at every mount)",
+           "storage.insecure"),
+    Option("requester_pays", None, "s3://: requests are billed to the requester (requester-pays buckets)",
+           "storage.requester_pays"),
     Option("addressing", "STYLE", "s3://: path (https://host/bucket/key) or virtual (https://bucket.host/key) "
-                                  "(default the profile's s3 addressing_style, else path with an endpoint)"),
+                                  "(default the profile's s3 addressing_style, else path with an endpoint)",
+           "storage.addressing"),
     Option("cache_size", "SIZE", "object store: memory for fetched object ranges", "reads.cache_size"),
     Option("timeout", "S", "object store: seconds per request; a hung server fails a read after this",
            "storage.timeout"),
@@ -194,6 +201,12 @@ def config(parsed: Parsed) -> Config:
     if "writes.shard_size" in values:
         values["writes.shard_size"] = max(1, values["writes.shard_size"])
     return _with(Config(), values)
+
+
+def source(src: str, parsed: Parsed, environ: Mapping[str, str] = os.environ) -> Source:
+    """The ``Source`` that ``src`` names, with the ``storage`` slice of ``config(parsed)``;
+    ``ValueError`` (one line) for an option given that this kind of source does not take."""
+    return Source.parse(src, config(parsed).storage, parsed.own.keys(), environ)
 
 
 def _with(obj: Any, values: dict[str, Any]) -> Any:

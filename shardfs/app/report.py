@@ -12,6 +12,7 @@ import numpy as np
 from shardfs.format.index import EMPTY, CorruptIndex, IndexFormat
 from shardfs.storage import UNKNOWN, Storage
 from shardfs.app.survey import stored_shards, survey as survey_shards
+from shardfs.app.options import Parsed
 from shardfs.app.targets import locate, shown_key
 from shardfs.tree.hierarchy import read_metadata
 from shardfs.format.layout import ArrayLayout, Unpresentable
@@ -45,17 +46,17 @@ def _array_at(storage: Storage, key: str) -> tuple[str, dict[str, Any]] | None:
         current = posixpath.dirname(current)
 
 
-def inspect(path: str, own: dict[str, str] | None = None, survey: bool = True,
+def inspect(path: str, opts: Parsed | None = None, survey: bool = True,
             progress: Callable[[int], Callable[[int], None]] | None = None) -> dict[str, Any]:
     """A description of the array or shard at ``path`` (a local path, a path in a mount, or an
-    object-store URL; ``own``: ``-o`` options for a URL): the array's summary, with ``survey``
+    object-store URL; ``opts``: the ``-o`` options, for a URL): the array's summary, with ``survey``
     its stored shards and chunks counted (``array_survey``), and for a shard (file or shard
     directory) its report under ``"shard"``. ``progress(n)`` is called with the number of
     shards to read and gives the callback told of each one read.
 
     Raises ``ValueError`` with a one-line reason if ``path`` is neither.
     """
-    source, key, in_mount = locate(path, own or {})
+    source, key, in_mount = locate(path, opts or Parsed())
     with source.opened() as storage:
         if in_mount:
             key = shown_key(storage, key)

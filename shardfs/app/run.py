@@ -1,6 +1,6 @@
-"""Running a mount: the daemon started in its own session, its logging, the composition root
-(storage, reads, ``View``, ``Writeback``, pyfuse3 ``Operations``, status socket, built and
-handed to each other in ``_mount_and_serve``), the FUSE loop and its signals.
+"""Running a mount: the daemon started in its own session, its logging, the mount's layers
+built by the composition root (``shardfs.app.compose``), the mount going live with its status
+socket, the FUSE loop and its signals.
 
 The daemon reports to the ``shardfs mount`` that started it over a pipe (``--ready-fd``):
 ``ok`` once the mount is live, else ``error: `` and one line saying why.
@@ -18,14 +18,16 @@ import signal
 import subprocess
 import sys
 import tempfile
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from shardfs.app import options, state
 from shardfs.app.mounts import fsname
-from shardfs.app.replay import open_writeback
 from shardfs.app.usage import UsageError
-from shardfs.config import Config, ReadConfig
+from shardfs.config import Config
 from shardfs.storage.source import Source
+
+if TYPE_CHECKING:
+    from shardfs.app.compose import Composed
 
 log = logging.getLogger("shardfs")
 
@@ -86,7 +88,7 @@ def _setup_logging(args: argparse.Namespace) -> None:
 
 def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source) -> int:
     """Serve the mount in this process until unmounted or signalled."""
-    from shardfs.kernel.fuse_ops import Timeouts
+    from shardfs.app.compose import ReplayFailed, compose
 
     cfg = options.config(opts)
     args.debug = args.debug or cfg.debug
@@ -100,26 +102,21 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     read_only = args.read_only or cfg.read_only or source.web  # a web server takes no writes
     cfg = dataclasses.replace(cfg, read_only=read_only, debug=args.debug,
                               tree=dataclasses.replace(cfg.tree, ome=args.ome and cfg.tree.ome))
-    timeouts = Timeouts(cfg.kernel.entry_timeout, cfg.kernel.attr_timeout)
     with contextlib.ExitStack() as cleanup:
-        storage = cleanup.enter_context(source.opened(version_ttl=timeouts.attr, list_ttl=timeouts.entry))
-        writeback = None
-        if not read_only:
-            try:
-                writeback = open_writeback(source, storage, cfg.writes.journal_dir, cleanup)
-            except UsageError as e:
-                _report(args, f"error: {e}")
-                return 1
-            except Exception as e:
-                _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
-                return 1
-        return _mount_and_serve(args, mnt, opts, cfg, source, storage, writeback, timeouts)
+        try:
+            mount = compose(cfg, source, cleanup)
+        except UsageError as e:
+            _report(args, f"error: {e}")
+            return 1
+        except ReplayFailed as e:
+            _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
+            return 1
+        return _mount_and_serve(args, mnt, opts, cfg, mount)
 
 
-def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, cfg: Config, source: Source,
-                     storage: Any, writeback: Any, timeouts: Any) -> int:
-    """Mount and serve until unmounted or signalled; 1 if the mount failed (reported). Each
-    layer gets its slice of ``cfg``.
+def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, cfg: Config, mount: Composed) -> int:
+    """Mount ``mount`` (built by ``compose``) and serve it until unmounted or signalled; 1 if the
+    mount failed (reported).
 
     zarr-python (``shardfs.tree.view.v2``: 0.15-0.3 s of CPU, more once its files have left the
     page cache) is imported before the mount goes live: the first lookup of any node needs
@@ -128,33 +125,17 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
     import pyfuse3
     import trio
 
-    from shardfs.reads.chunkcache import ChunkCache
-    from shardfs.kernel.fuse_ops import Operations
-    from shardfs.reads.factory import make_reads
     from shardfs.app.status import Status
     from shardfs.tree.hierarchy import v2
-    from shardfs.tree.view import View
 
-    read_only = writeback is None
-    cache = ChunkCache(cfg.reads.chunk_cache)
-    try:
-        ranges = _range_cache(source, cfg.reads)
-    except ValueError as e:
-        _report(args, f"error: -o {e}")
-        return 1
-    view = View(storage, read_only=read_only, writeback=writeback, ome=cfg.tree.ome, c_order=cfg.tree.c_order,
-                reads=make_reads(storage, cache=ranges, chunk_cache=cache))
-    ops = Operations(view, timeouts, writeback, spill_dir=state.spill_dir(source.name, source.endpoint),
-                     shard_bytes=cfg.writes.shard_size)
-    if writeback is not None and ops.writer is not None:
-        writeback.on_folded = ops.writer.folded
+    source, read_only = mount.source, mount.writeback is None
     v2()  # before going live (see above)
     fuse_opts = set(pyfuse3.default_options) | {fsname(source.name), "subtype=shardfs"} | set(opts.fuse)
     if read_only:
         fuse_opts.add("ro")
     with _stderr_captured() as said:
         try:
-            pyfuse3.init(ops, mnt, fuse_opts)
+            pyfuse3.init(mount.ops, mnt, fuse_opts)
         except RuntimeError as e:
             failed: RuntimeError | None = e
         else:
@@ -167,28 +148,18 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
         log.warning("libfuse: %s", libfuse)
     log.info("mounted %s on %s%s", source.name, mnt, " (read-only)" if read_only else "")
     shown = {**opts.own, **{o.partition("=")[0]: o.partition("=")[2] for o in opts.fuse}}
-    status = Status(ops, mnt, source.name, source.endpoint, read_only, shown,
+    status = Status(mount.ops, mnt, source.name, source.endpoint, read_only, shown,
                     state.status_socket(source.name, source.endpoint, os.getpid()),
                     cfg.stats_interval)
     _report(args, "ok")
     try:
-        trio.run(_serve, ops, writeback, status)
+        trio.run(_serve, mount, status)
     finally:
         pyfuse3.close(unmount=True)
         log.info("unmounted %s", mnt)
-        if ranges is not None:
-            ranges.flush()  # the disk cache gets the ranges fetched last
+        if mount.ranges is not None:
+            mount.ranges.flush()  # the disk cache gets the ranges fetched last
     return 0
-
-
-def _range_cache(source: Source, reads: ReadConfig) -> Any:
-    """An object store's cache of fetched ranges (``-o cache_size``, ``-o cache_dir``); None for a
-    directory. ``ValueError`` (one line) if ``cache_dir`` cannot be used."""
-    if not source.url:
-        return None
-    from shardfs.reads.rangecache import RangeCache
-
-    return RangeCache(reads.cache_size, reads.cache_dir)
 
 
 @contextlib.contextmanager
@@ -209,18 +180,23 @@ def _stderr_captured() -> Iterator[list[str]]:
             said += [line.strip() for line in tmp.read().decode(errors="replace").splitlines() if line.strip()]
 
 
-async def _serve(ops: Any, writeback: Any, status: Any) -> None:
+async def _serve(mount: Composed, status: Any) -> None:
     """Run the FUSE loop and answer ``shardfs status`` (``status``); on SIGINT/SIGTERM fold
     pending writes into the shards and end it.
 
     Pending writes are also folded when the loop ends otherwise (``fusermount3 -u``).
     Changes that cannot be folded stay in the journal (``Writeback.flush`` says why).
+    While the mount is live, the kernel's cached attributes of folded chunk files are
+    dropped (``Writer.folded``).
     """
     import pyfuse3
     import trio
 
     from shardfs.kernel import fuseloop
 
+    writeback, writer = mount.writeback, mount.writer
+    # Given to run/flush, not to Writeback(): it is built (and replays the journal) before the View and Writer.
+    folded = writer.folded if writer is not None else None
     flushed = False
     async with trio.open_nursery() as nursery:
 
@@ -230,7 +206,7 @@ async def _serve(ops: Any, writeback: Any, status: Any) -> None:
                 async for sig in signals:
                     log.info("signal %d: flushing and unmounting", sig)
                     if writeback is not None:
-                        await writeback.flush()
+                        await writeback.flush(folded)
                         flushed = True
                     pyfuse3.terminate()
                     return
@@ -238,12 +214,11 @@ async def _serve(ops: Any, writeback: Any, status: Any) -> None:
         nursery.start_soon(on_signal)
         nursery.start_soon(status.run)
         if writeback is not None:
-            nursery.start_soon(writeback.run)
+            nursery.start_soon(writeback.run, folded)
         await fuseloop.main()  # pyfuse3.main() with a cheaper read lock
         nursery.cancel_scope.cancel()
     if writeback is not None and not flushed:
-        writeback.on_folded = None  # the kernel connection is gone: nothing to invalidate
-        await writeback.flush()
+        await writeback.flush()  # the kernel connection is gone: no cached attributes to drop
 
 
 def _report(args: argparse.Namespace, line: str) -> None:

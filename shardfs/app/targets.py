@@ -14,46 +14,47 @@ from __future__ import annotations
 import dataclasses
 import os
 import posixpath
-from typing import Mapping
 
+from shardfs.app import options
 from shardfs.app.mounts import mounts
+from shardfs.app.options import Parsed
 from shardfs.storage.source import Source
 from shardfs.storage.urls import is_url, normalize_url
 from shardfs.storage import Storage, Unusable
 
 
-def locate(path: str, own: Mapping[str, str]) -> tuple[Source, str, bool]:
-    """``(source, key, in_mount)`` for ``path`` (see the module docstring); ``own``: ``-o``
+def locate(path: str, opts: Parsed) -> tuple[Source, str, bool]:
+    """``(source, key, in_mount)`` for ``path`` (see the module docstring); ``opts``: the ``-o``
     options for a URL. ``ValueError`` (one line) for an unusable URL or option."""
     if is_url(path):
         url = normalize_url(path)
         scheme, rest = url.split("://", 1)
         bucket, _, key = rest.partition("/")
-        return Source.parse(f"{scheme}://{bucket}", own), key, False
+        return options.source(f"{scheme}://{bucket}", opts), key, False
     path = os.path.abspath(path)
     for mnt, src in sorted(mounts().items(), key=lambda item: -len(item[0])):
         if path == mnt or path.startswith(mnt.rstrip("/") + "/"):
             rel = os.path.relpath(path, mnt)
             key = "" if rel == "." else rel.replace(os.sep, "/")
-            return _mounted(mnt, src, own), key, True
+            return _mounted(mnt, src, opts), key, True
     return Source("/", False), path.lstrip("/"), False
 
 
-def _mounted(mnt: str, src: str, own: Mapping[str, str]) -> Source:
+def _mounted(mnt: str, src: str, opts: Parsed) -> Source:
     """The source of the mount at ``mnt`` (``src``: its device name), as its daemon reaches it."""
     if not is_url(src):
         return Source(src, False)
     from shardfs.app.status_client import StatusError, status_of
 
-    source = Source.parse(src, own)
+    source = options.source(src, opts)
     try:
         doc = status_of(mnt)
     except StatusError:
         return source
-    opts = doc.get("options", {})
+    its = doc.get("options", {})  # the daemon's own -o options
     return dataclasses.replace(source, endpoint=doc.get("endpoint") or source.endpoint,
-                               region=opts.get("region") or source.region,
-                               anonymous=source.anonymous or "anonymous" in opts)
+                               region=its.get("region") or source.region,
+                               anonymous=source.anonymous or "anonymous" in its)
 
 
 def shown_key(storage: Storage, key: str) -> str:

@@ -86,7 +86,7 @@ class Prefetch:
         once per visit of the shard until all of them were (a sweep whose rows cross several
         shards visits each many times: a visit after that costs no look at the shards after).
         The shard last opened is remembered for ``walk_on``."""
-        layout = arr.info.layout
+        layout = arr.shown.layout
         at = c_linear(layout.locate(coords)[0], layout.shard_grid)
         last = self._last_shard.get(arr.path)
         if last is None or last.at != at:
@@ -106,7 +106,7 @@ class Prefetch:
         with the shards after it (``_prefetch_after``), instead of reading its index first,
         then the rest of it, and only then the shards after it."""
         last = self._last_shard[arr.path]
-        at = c_linear(shard, arr.info.layout.shard_grid)
+        at = c_linear(shard, arr.shown.layout.shard_grid)
         if last.at != at - 1 or not self._cold(self.indexes.shard_key(arr, shard)) \
                 or not self.reads.ahead.swept(last.ext):
             return
@@ -137,7 +137,7 @@ class Prefetch:
         order the sweep needs them). Their index is cached from the bytes fetched; an open
         meanwhile waits for the fetch as for an index read. The shards after ``at`` count as
         asked for (``arr.covered``) from then on."""
-        grid = arr.info.layout.shard_grid
+        grid = arr.shown.layout.shard_grid
         if len(arr.covered) >= SHARD_KEYS_KEPT:
             arr.covered.clear()
         arr.covered.add(at)
@@ -165,8 +165,9 @@ class Prefetch:
     async def _prefetch(self, arr: Swept, key: str) -> None:
         """Fetch the shard at ``key`` whole and cache its index (see ``_prefetch_after``); a
         failure is left for the opens' own reads to meet (logged at debug level)."""
-        fmt = arr.info.layout.index
+        fmt = arr.shown.layout.index
         try:
+            assert fmt is not None  # only the shards of a sharded array are fetched ahead
             fetched = await self.reads.fetch_whole(key)
             if fetched is not None:
                 data, version = fetched
@@ -190,7 +191,7 @@ class Prefetch:
         of all the array's stored shards ahead, in the background, once per array version
         (``_read_indexes_ahead``): the scattered reads that follow cost one round trip."""
         key = self.indexes.shard_key(arr, shard)
-        if self.index_cache.latest(key) is not None or self.indexes.reading(key) or arr.info.layout.index is None:
+        if self.index_cache.latest(key) is not None or self.indexes.reading(key) or arr.shown.layout.index is None:
             return
         arr.indexes_ahead = True
         trio.lowlevel.spawn_system_task(self._read_indexes_ahead, arr)
@@ -201,7 +202,7 @@ class Prefetch:
         opens that need it), if a listing of at most ``INDEXES_AHEAD_MAX`` keys names them and
         their tables fit a quarter of the index cache; a failure is left for the opens' own
         reads (logged at debug level)."""
-        layout = arr.info.layout
+        layout = arr.shown.layout
         table_bytes = 16 * int(np.prod(layout.chunks_per_shard))  # (offset, nbytes) uint64 per inner chunk
         most = min(INDEXES_AHEAD_MAX, self.index_cache.max_bytes // 4 // table_bytes)
         try:

@@ -35,13 +35,13 @@ SHARD_KEYS_KEPT = 4096  # shard keys remembered per array (formatting one costs 
 
 
 class Sharded(Protocol):
-    """What the index service needs of an array: where it is, its layout (``info``, of an
-    array shown as v2), the shard keys remembered for it."""
+    """What the index service needs of an array: where it is, its layout (``shown``: its
+    ``ArrayInfo``, of an array shown as v2), the shard keys remembered for it."""
 
     @property
     def path(self) -> str: ...
     @property
-    def info(self) -> ArrayInfo | None: ...
+    def shown(self) -> ArrayInfo: ...
     @property
     def shard_keys(self) -> dict[tuple[int, ...], str]: ...
 
@@ -93,7 +93,7 @@ class ShardIndexes:
         if key is None:
             if len(arr.shard_keys) >= SHARD_KEYS_KEPT:
                 arr.shard_keys.clear()
-            key = arr.shard_keys[shard] = join(arr.path, arr.info.layout.keys.key(shard))
+            key = arr.shard_keys[shard] = join(arr.path, arr.shown.layout.keys.key(shard))
         return key
 
     async def shard_table(self, arr: Sharded, shard: tuple[int, ...], key: str = ""
@@ -108,7 +108,7 @@ class ShardIndexes:
         read is first read together with the next shards in C order (``_read_with_next``).
         """
         key = key or self.shard_key(arr, shard)
-        layout = arr.info.layout
+        layout = arr.shown.layout
         with_next = self.per_read > 1
         while True:
             asked = self.index_cache.latest(key) is not None or layout.index is None
@@ -153,7 +153,7 @@ class ShardIndexes:
         index costs more than reading a small one. Only the tables read are cached: a shard
         found corrupt, unusable or unreadable is left for its own ``shard_table`` to read
         (and log), so the client sees no error before it asks for that shard."""
-        layout = arr.info.layout
+        layout = arr.shown.layout
         grid = layout.shard_grid
         most = min(self.per_read, INDEXES_PER_READ_BYTES // (16 * math.prod(layout.chunks_per_shard)))
         at = c_linear(shard, grid)
@@ -171,7 +171,7 @@ class ShardIndexes:
         small shards), and cache them as ``shard_table`` does (a corrupt or unusable shard is
         logged; with ``failures`` False neither cached nor logged); other errors are left for
         ``shard_table`` to meet again. Returns when those being read by others were read too."""
-        layout = arr.info.layout
+        layout = arr.shown.layout
         if layout.index is None:
             return
         keys = [key for key in dict.fromkeys(self.shard_key(arr, shard) for shard in shards)
@@ -210,7 +210,8 @@ class ShardIndexes:
         version; an unusable one logged once per reason, then raised as its errno)."""
         if isinstance(result, CorruptShard):
             log.error("%s: corrupt shard: %s", self.source.describe(key), result)
-            self.index_cache.put(key, result.version, result)
+            if result.version is not None:  # set by every index read
+                self.index_cache.put(key, result.version, result)
             raise fail(errno.EIO)
         if isinstance(result, Unusable):
             self._log_unusable(key, result)

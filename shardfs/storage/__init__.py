@@ -63,6 +63,9 @@ class Unusable(OSError):
     device...), or reached through a symlink that leaves the source. ``errno`` is what a
     client gets (EIO, or EACCES for a way out of the source); ``strerror`` says why."""
 
+    errno: int  # always given, as is ``strerror``
+    strerror: str
+
 
 class Range(NamedTuple):
     """``nbytes`` bytes at ``offset``; a negative ``offset`` counts from the end (a suffix range)."""

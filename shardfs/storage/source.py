@@ -1,9 +1,10 @@
 """What a ``SRC`` argument names: a local directory or an object-store URL, and its options.
 
-``Source.parse(src, own)`` sorts the ``-o`` options that belong to one kind of source
-(``follow_symlinks`` for a directory; ``URL_ONLY`` for a URL, of which a plain web server,
-``http(s)://``, refuses ``OBJECT_STORE_ONLY``; ``S3_ONLY`` for ``s3://`` alone) and refuses the
-ones given to the other kind (``ValueError``, one line). A URL is normalized (scheme in lower
+``Source.parse(src, storage, given)`` takes the options typed by the configuration's ``storage``
+slice (``shardfs.config.StorageConfig``) and refuses the ``-o`` options ``given`` (their names)
+that belong to another kind of source (``ValueError``, one line): ``follow_symlinks`` is a
+directory's; ``URL_ONLY`` a URL's, of which a plain web server, ``http(s)://``, refuses
+``OBJECT_STORE_ONLY``; ``S3_ONLY`` for ``s3://`` alone. A URL is normalized (scheme in lower
 case, no empty path segments, no trailing "/").
 
 For ``s3://`` the AWS configuration is read as the AWS CLI reads it (``shardfs.storage.aws``:
@@ -27,8 +28,9 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Collection, Iterator, Mapping
 
+from shardfs.config import StorageConfig
 from shardfs.storage.urls import DEFAULT_TIMEOUT, is_url, is_web, normalize_url
 
 log = logging.getLogger("shardfs")
@@ -58,40 +60,41 @@ class Source:
     addressing: str | None = None  # "path" | "virtual"
 
     @classmethod
-    def parse(cls, src: str, own: Mapping[str, str], environ: Mapping[str, str] = os.environ) -> "Source":
-        """The source named by ``src`` with the ``-o`` options ``own``; ``ValueError`` (one line)
-        for an option that does not apply to this kind of source."""
+    def parse(cls, src: str, storage: StorageConfig = StorageConfig(), given: Collection[str] = (),
+              environ: Mapping[str, str] = os.environ) -> "Source":
+        """The source named by ``src`` with the options of ``storage``; ``ValueError`` (one line)
+        for an option of ``given`` (the names of the ``-o`` options given) that does not apply
+        to this kind of source."""
         url = is_url(src)
-        wrong = [n for n in (LOCAL_ONLY if url else URL_ONLY) if n in own]
+        wrong = [n for n in (LOCAL_ONLY if url else URL_ONLY) if n in given]
         if wrong:
             raise ValueError(f"-o {wrong[0]}: applies to a local directory, not to an object-store URL" if url
                              else f"-o {wrong[0]}: applies to an object-store URL (s3://...), not to a local directory")
         if not url:
-            return cls(os.path.abspath(src), False, follow_symlinks="follow_symlinks" in own)
+            return cls(os.path.abspath(src), False, follow_symlinks=storage.follow_symlinks)
         name = normalize_url(src)
-        web = [n for n in OBJECT_STORE_ONLY if n in own] if is_web(name) else []
+        web = [n for n in OBJECT_STORE_ONLY if n in given] if is_web(name) else []
         if web:
             raise ValueError(f"-o {web[0]}: applies to an object store (s3://...), not to a web server")
         s3 = name.startswith(("s3://", "s3a://"))
-        wrong = [n for n in S3_ONLY if n in own and not s3]
+        wrong = [n for n in S3_ONLY if n in given and not s3]
         if wrong:
             raise ValueError(f"-o {wrong[0]}: applies to s3:// URLs only")
-        endpoint, region = own.get("endpoint"), own.get("region") or None
-        addressing, ca_bundle = own.get("addressing"), own.get("ca_bundle")
+        endpoint, region = storage.endpoint, storage.region
+        addressing, ca_bundle = storage.addressing, storage.ca_bundle
         if s3:  # the AWS configuration as the AWS CLI reads it; the options override it
             from shardfs.storage.aws import settings
 
-            aws = settings(own.get("profile"), environ)
+            aws = settings(storage.profile, environ)
             endpoint = endpoint or aws.endpoint or environ.get("AWS_ENDPOINT") or None
             region = region or environ.get("AWS_REGION") or aws.region
             addressing = addressing or aws.addressing
             ca_bundle = ca_bundle or aws.ca_bundle
         if ca_bundle is not None and not os.path.isfile(ca_bundle):
             raise ValueError(f"ca_bundle {ca_bundle}: no such file")
-        return cls(name, True, endpoint=endpoint, region=region, anonymous="anonymous" in own,
-                   timeout=float(own.get("timeout", DEFAULT_TIMEOUT)), profile=own.get("profile"),
-                   ca_bundle=ca_bundle, insecure="insecure" in own, requester_pays="requester_pays" in own,
-                   addressing=addressing)
+        return cls(name, True, endpoint=endpoint, region=region, anonymous=storage.anonymous,
+                   timeout=storage.timeout, profile=storage.profile, ca_bundle=ca_bundle, insecure=storage.insecure,
+                   requester_pays=storage.requester_pays, addressing=addressing)
 
     def access(self) -> Any:
         """How the store is reached (``shardfs.storage.access.Access``): without ``-o anonymous``,

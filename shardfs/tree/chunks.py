@@ -64,7 +64,7 @@ class Chunks:
         after a swept one fetches it whole with the shards after it (``Prefetch.walk_on``); another
         cold chunk other than its shard's first starts reading the array's indexes ahead
         (``Prefetch.indexes_ahead``)."""
-        layout = arr.info.layout
+        layout = arr.shown.layout
         if not layout.in_grid(coords):
             return None
         shard, pos = layout.locate(coords)
@@ -96,7 +96,7 @@ class Chunks:
             return False
         if self.writeback is None:
             return True
-        shard, pos = arr.info.layout.locate(coords)
+        shard, pos = arr.shown.layout.locate(coords)
         return self.writeback.pending((arr.path, shard), pos) is None
 
     def pending_shard_keys(self, arr: ArrayNode) -> set[str]:
@@ -104,12 +104,12 @@ class Chunks:
         before the first fold creates them in the source."""
         if self.writeback is None:
             return set()
-        return {arr.info.layout.keys.key(shard) for shard in self.writeback.dirty_shards(arr.path)
+        return {arr.shown.layout.keys.key(shard) for shard in self.writeback.dirty_shards(arr.path)
                 if any(p.data is not None for p in self.writeback.pending_in((arr.path, shard)).values())}
 
     async def stored_shards(self, arr: ArrayNode, rel: str = "") -> list[tuple[int, ...]]:
         """Coordinates of the stored shards at or below source directory ``rel`` of the array."""
-        keys = arr.info.layout.keys
+        keys = arr.shown.layout.keys
         out = []
         for name, is_dir in await blocking(list_entries, self.source, join(arr.path, rel)):
             sub = join(rel, name)
@@ -117,7 +117,7 @@ class Chunks:
                 out.extend(await self.stored_shards(arr, sub))
             elif not is_dir:
                 coords = keys.parse(sub)
-                if coords is not None and arr.info.layout.shard_in_grid(coords):
+                if coords is not None and arr.shown.layout.shard_in_grid(coords):
                     out.append(coords)
         if not rel and self.writeback is not None:
             out = sorted(set(out) | set(self.writeback.dirty_shards(arr.path)))
@@ -131,7 +131,7 @@ class Chunks:
     async def shards_chunks(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> ChunkSet:
         """``shard_chunks`` of each of ``shards`` in turn, made column-wise for all of them at
         once (a listing of many small shards costs numpy calls per batch, not per shard)."""
-        layout = arr.info.layout
+        layout = arr.shown.layout
         found: list[tuple[int, tuple[Version, np.ndarray]]] = []
         for i, shard in enumerate(shards):
             try:
@@ -165,11 +165,11 @@ class Chunks:
                 owner, pos, nbytes, mtime = owner[order], pos[order], nbytes[order], mtime[order]
         at = np.array(shards, dtype=np.int64).reshape(len(shards), layout.ndim)[owner]
         coords, inside = layout.chunks_at(at, pos)
-        return ChunkSet(coords[inside], cast(np.ndarray, arr.info.chunk.file_size(nbytes[inside])), mtime[inside])
+        return ChunkSet(coords[inside], cast(np.ndarray, arr.shown.chunk.file_size(nbytes[inside])), mtime[inside])
 
     async def box_chunks(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> ChunkSet:
         """The stored chunks of shard ``box`` (level 0) or of a nested inner shard (level >= 1)."""
-        layout = arr.info.layout
+        layout = arr.shown.layout
         chunks = await self.shard_chunks(arr, layout.box(layout.box_origin(box, level), 0))
         if level == 0:
             return chunks

@@ -142,7 +142,7 @@ class Hierarchy:
                 log.warning("%s: OME-Zarr array with v2 \"/\" chunk keys: its v2 keys keep \".\" (the source's "
                             "directories of shards take the \"/\" names)", self.source.describe(key))
             return self._store_array(path, version, info, None, image,
-                                     parent.version.mtime_ns if image else 0)
+                                     parent.version.mtime_ns if isinstance(parent, GroupNode) and image else 0)
         except (metadata.BadMetadata, Unpresentable) as e:
             return self._store_array(path, version, None, str(e))
         except OSError as e:  # the parent group's metadata (a failed read: this request alone fails)
@@ -166,7 +166,7 @@ class Hierarchy:
         # kernel may still hold dentries of the old chunk inodes, which keep naming the old
         # geometry's chunks instead of other chunks of the new one.
         same = old is not None and (old.info.layout if old.info else None) == (info.layout if info else None)
-        slot = old.slot if same else len(self.slots)
+        slot = old.slot if old is not None and same else len(self.slots)
         lineage = old.lineage if old is not None else []
         arr = ArrayNode(path, slot, version, info, error, image=image, parent_mtime_ns=parent_mtime_ns,
                         lineage=lineage)

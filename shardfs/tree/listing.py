@@ -155,7 +155,7 @@ class Listing:
                            ) -> AsyncIterator[Entries]:
         """An array directory: the shards and key prefixes of source directory ``rel``, or the
         chunk files (or key directories) below key ``prefix``."""
-        layout = arr.info.layout
+        layout = arr.shown.layout
         if rel is not None and layout.index is not None:
             entries = set(await blocking(list_entries, self.tree.source, join(arr.path, rel)))
             for pending in self.chunks.pending_shard_keys(arr):  # shards not folded into the source yet
@@ -192,7 +192,7 @@ class Listing:
         stored = np.array(found, dtype=np.int64).reshape(len(found), layout.ndim)  # 8 bytes a coordinate
         del found
         fill = False
-        if arr.info.serve_missing:
+        if arr.shown.serve_missing:
             if int(np.prod(layout.chunk_grid, dtype=object)) <= LIST_FILL_MAX:
                 fill = True
             elif not arr.fill_unlisted:
@@ -229,12 +229,12 @@ class Listing:
         """The chunk files of ``chunks`` (v2 keys as names), at most ``PAGE`` at a time."""
         for at in range(0, len(chunks.size), PAGE):
             part = chunks.where(slice(at, at + PAGE))
-            yield list(zip(arr.info.layout.names.keys(part.coords), self._chunk_attrs(arr, part)))
+            yield list(zip(arr.shown.layout.names.keys(part.coords), self._chunk_attrs(arr, part)))
 
     def _nested(self, arr: ArrayNode, chunks: ChunkSet, prefix: tuple[int, ...]) -> Entries:
         """With dimension_separator "/": the entries of key directory ``prefix`` (the chunk files
         named by their last coordinate, or the key directories of the next one)."""
-        layout = arr.info.layout
+        layout = arr.shown.layout
         depth = len(prefix)
         chunks = chunks.where(np.all(chunks.coords[:, :depth] == np.array(prefix, dtype=np.int64), axis=1))
         if depth + 1 == layout.ndim:
@@ -247,7 +247,7 @@ class Listing:
         """``shards_chunks`` of ``shards`` (coordinates, one row each), as many shards at a time
         as hold at most ``PAGE`` inner chunks (at least one), their indexes read ``INDEX_BATCH``
         shards ahead."""
-        group = max(1, PAGE // int(np.prod(arr.info.layout.chunks_per_shard, dtype=np.int64)))
+        group = max(1, PAGE // int(np.prod(arr.shown.layout.chunks_per_shard, dtype=np.int64)))
         for at in range(0, len(shards), INDEX_BATCH):
             batch = [tuple(row) for row in shards[at:at + INDEX_BATCH].tolist()]
             await self._read_tables(arr, batch)
@@ -259,7 +259,7 @@ class Listing:
 
     async def _list_box(self, arr: ArrayNode, level: int, box: tuple[int, ...]) -> list[tuple[str, Attr]]:
         """A shard or inner shard directory: its inner shards, or at the innermost level its chunks."""
-        layout = arr.info.layout
+        layout = arr.shown.layout
         chunks = await self.chunks.box_chunks(arr, level, box)
         if level == layout.depth:
             return list(zip(layout.names.keys(chunks.coords), self._chunk_attrs(arr, chunks)))
@@ -288,7 +288,7 @@ class Listing:
     def _with_fill_chunks(self, arr: ArrayNode, stored: ChunkSet, fill_size: int) -> Iterator[ChunkSet]:
         """Every in-bounds inner chunk in C order, ``PAGE`` at a time: ``stored`` ones as they
         are, the others as fill chunks (``fill_size`` bytes, the array metadata's mtime)."""
-        grid = arr.info.layout.chunk_grid
+        grid = arr.shown.layout.chunk_grid
         total = int(np.prod(grid, dtype=np.int64))
         linear = self._linear(arr, stored.coords)
         order = np.argsort(linear, kind="stable")
@@ -306,7 +306,7 @@ class Listing:
     @staticmethod
     def _linear(arr: ArrayNode, coords: np.ndarray) -> np.ndarray:
         """The C-order positions in the array's chunk grid of ``coords``."""
-        layout = arr.info.layout
+        layout = arr.shown.layout
         if not layout.ndim:
             return np.zeros(len(coords), np.int64)
         return np.ravel_multi_index(tuple(coords.T), layout.chunk_grid).astype(np.int64)

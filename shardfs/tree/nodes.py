@@ -53,6 +53,16 @@ class ArrayNode:
         """``st_mtime`` of ``.zarray``/``.zattrs``: changes when what they show may change."""
         return max(self.version.mtime_ns, self.parent_mtime_ns)
 
+    @property
+    def shown(self) -> ArrayInfo:
+        """``info`` of an array shown as v2. Only arrays that resolved to chunk files, shard
+        directories or ``.zarray`` reach the code that asks (a name of an array that cannot be
+        shown resolves to nothing but its ``.zattrs``), so None here is a bug: ``RuntimeError``,
+        which the adapter logs and answers with EIO."""
+        if self.info is None:
+            raise RuntimeError(f"{self.path}: not shown as v2 ({self.error})")
+        return self.info
+
 
 @dataclass
 class GroupNode:

@@ -51,7 +51,7 @@ class NodeTable:
             if slot >= len(self._slots):
                 raise fail(errno.ENOENT)
             arr = self._slots[slot]
-            return ChunkKey(arr, arr.info.layout.coords(linear))
+            return ChunkKey(arr, arr.shown.layout.coords(linear))
         st = self._tmp.get(ino)
         if st is not None:
             return st.committed or StagingKey(st)
@@ -148,4 +148,4 @@ class NodeTable:
     @staticmethod
     def chunk_ino(arr: ArrayNode, coords: tuple[int, ...]) -> int:
         """The inode of inner chunk ``coords`` of ``arr`` (computed, never stored)."""
-        return CHUNK_BASE + (arr.slot << SLOT_SHIFT) + arr.info.layout.linear(coords)
+        return CHUNK_BASE + (arr.slot << SLOT_SHIFT) + arr.shown.layout.linear(coords)

@@ -138,7 +138,7 @@ class Structure:
         """Give ``arr`` a new shape: inner chunks (stored or pending) outside the new chunk
         grid are emptied first (journalled like any delete; shards left empty are removed),
         then ``zarr.json`` gets the shape."""
-        layout = arr.info.layout
+        layout = arr.shown.layout
         if len(shape) != layout.ndim:
             raise fail(errno.EPERM)
         grid = np.array([math.ceil(s / c) for s, c in zip(shape, layout.chunk_shape)], dtype=np.int64)
@@ -204,8 +204,9 @@ class Structure:
         layout, inos = arr.info.layout, []
         for made in self.view.made.new_dirs_below(path):
             rel = made[len(path) + 1:]
-            coords = tuple(map(parse_coord, rel.split("/")))
-            if layout.keys.view_separator == "/" and len(coords) < layout.ndim and None not in coords:
+            parsed = tuple(map(parse_coord, rel.split("/")))
+            coords = tuple(c for c in parsed if c is not None)
+            if layout.keys.view_separator == "/" and len(parsed) < layout.ndim and len(coords) == len(parsed):
                 new: Any = KeyDirKey(path, coords)
                 self.view.made.mkdir_key_dir(path, coords)
             elif layout.index is not None and (layout.keys.is_prefix(rel) or layout.keys.parse(rel) is not None):
@@ -305,7 +306,7 @@ class Structure:
             if (ino, name) in self.view.nodes.staged:
                 return True
             target = await self.view.chunk_at_name(ino, name)
-            if target is not None and target[0].info.serve_missing and await self.view.chunks.extent(*target) is None:
+            if target is not None and target[0].shown.serve_missing and await self.view.chunks.extent(*target) is None:
                 continue
             if isinstance(self.view.nodes.node_key(attr.ino), KeyDirKey) and not await self._lists_anything(attr.ino):
                 continue

@@ -114,7 +114,7 @@ class View:
 
     def _chunk_kind(self, arr: ArrayNode) -> tuple[int, int]:
         """``(st_mode, st_nlink)`` of the chunk files of ``arr`` (see ``chunk_attrs``)."""
-        return stat.S_IFREG | self._file_mode, 1 if arr.info.layout.index is None else 2
+        return stat.S_IFREG | self._file_mode, 1 if arr.shown.layout.index is None else 2
 
     def file_attr(self, ino: int, size: int, mtime_ns: int) -> Attr:
         """What ``stat`` shows for a metadata or staging file: a regular file with the mount's
@@ -129,10 +129,10 @@ class View:
     def _chunk_attr(self, arr: ArrayNode, coords: tuple[int, ...], where: Extent | Pending) -> Attr:
         """The attributes of a stored or pending inner chunk's file."""
         if isinstance(where, Pending):
-            stored, mtime_ns = len(where.data), where.mtime_ns
+            stored, mtime_ns = len(where.data or b""), where.mtime_ns  # ``extent`` gives pending chunks with data
         else:
             stored, mtime_ns = where.nbytes, where.version.mtime_ns
-        return self.chunk_attr(arr, self.nodes.chunk_ino(arr, coords), int(arr.info.chunk.file_size(stored)), mtime_ns)
+        return self.chunk_attr(arr, self.nodes.chunk_ino(arr, coords), int(arr.shown.chunk.file_size(stored)), mtime_ns)
 
     # ----- name resolution ----------------------------------------------------------------
 
@@ -172,14 +172,14 @@ class View:
         """``(level, box)`` if ``key`` is a shard directory (level 0) or an inner shard (level >= 1)."""
         if isinstance(key, InnerShardKey):
             return key.level, key.box
-        shard = arr.info.layout.keys.parse(key.rel) if isinstance(key, ShardDirKey) else None
+        shard = arr.shown.layout.keys.parse(key.rel) if isinstance(key, ShardDirKey) else None
         return None if shard is None else (0, shard)
 
     def _chunk_named(self, arr: ArrayNode, key: DirKey | ArrayDirKey, name: str) -> tuple[int, ...] | None:
         """The inner chunk whose file is entry ``name`` of directory ``key`` of array ``arr``, if
         ``name`` spells one (in the grid or not, stored or not): the one place that says which
         directories hold which chunk names."""
-        layout = arr.info.layout
+        layout = arr.shown.layout
         box = self.box_of(arr, key)
         if box is not None:  # a shard or inner shard directory: the innermost level holds chunks
             coords = layout.names.parse(name) if box[0] == layout.depth else None
@@ -195,7 +195,7 @@ class View:
     async def _lookup_dir(self, arr: ArrayNode, key: DirKey | ArrayDirKey, name: str) -> Attr:
         """Entry ``name`` of directory ``key`` of array ``arr`` that is not a chunk file: a key
         directory, a shard or key prefix directory of the source, or an inner shard."""
-        layout = arr.info.layout
+        layout = arr.shown.layout
         box = self.box_of(arr, key)
         if box is not None:
             level, outer = box
@@ -225,7 +225,7 @@ class View:
 
     @staticmethod
     def shard_suffix(arr: ArrayNode) -> bool:
-        keys = arr.info.layout.keys
+        keys = arr.shown.layout.keys
         return keys.kind == "v2" and keys.ndim <= 1
 
     async def _chunk_entry(self, arr: ArrayNode, coords: tuple[int, ...]) -> Attr:
@@ -237,7 +237,7 @@ class View:
                     self._resolved.clear()
                 self._resolved[attr.ino] = (ext, attr)
             return attr
-        if not (arr.info.serve_missing and arr.info.layout.in_grid(coords)):
+        if not (arr.shown.serve_missing and arr.shown.layout.in_grid(coords)):
             raise fail(errno.ENOENT)
         # an empty chunk served as the fill chunk, unchanged since the array's metadata was
         size = len(await self.fill_file(arr))
@@ -246,7 +246,7 @@ class View:
     async def fill_file(self, arr: ArrayNode) -> bytes:
         """The chunk file of an empty inner chunk of ``arr`` (encoded once per array)."""
         if arr.fill_file is None:
-            arr.fill_file = await blocking(arr.info.fill_file)
+            arr.fill_file = await blocking(arr.shown.fill_file)
         return arr.fill_file
 
     # ----- shard and inner shard directories --------------------------------------------------
@@ -274,7 +274,7 @@ class View:
             return v2().to_json({"zarr_consolidated_format": 1, "metadata": found})
         if isinstance(node, GroupNode):
             return node.zgroup if name == ".zgroup" else node.zattrs
-        return node.info.zarray if name == ".zarray" else node.info.zattrs
+        return node.shown.zarray if name == ".zarray" else node.shown.zattrs
 
     async def _meta_file(self, ino: int, key: MetaKey) -> tuple[Attr, bytes]:
         """The attributes and content of a metadata file, built once (``.zmetadata`` walks the
@@ -316,7 +316,7 @@ class View:
         arr = self.arrays[key.path]
         if isinstance(key, ShardDirKey):
             src = join(arr.path, key.rel)
-            shard = arr.info.layout.keys.parse(key.rel)
+            shard = arr.shown.layout.keys.parse(key.rel)
             if shard is not None:
                 version = await self.version(src, ask=False)
                 if version is UNKNOWN:  # only a request would tell: read it with the index (needed next)
@@ -353,7 +353,7 @@ class View:
         else:
             return None
         coords = self._chunk_named(arr, key, name)
-        return (arr, coords) if coords is not None and arr.info.layout.in_grid(coords) else None
+        return (arr, coords) if coords is not None and arr.shown.layout.in_grid(coords) else None
 
     async def dir_node(self, ino: int) -> tuple[DirKey | ArrayDirKey, ArrayNode | GroupNode | None]:
         """``(key, node)`` of a directory inode: its key and the group/array it shows or belongs to."""
@@ -371,6 +371,7 @@ class View:
         empty chunk (``Reads.open``). A shard replaced between its index read and the open is
         looked up again, ``OPEN_TRIES`` times, then EIO (logged)."""
         key = self.nodes.node_key(ino)
+        attr: Attr | None
         if isinstance(key, MetaKey):
             attr, data = await self._meta_file(ino, key)
             return ReadHandle(ino, attr, data=data)
@@ -394,8 +395,8 @@ class View:
             attr = attr or self._chunk_attr(arr, coords, ext)
             if isinstance(ext, Pending):
                 return ReadHandle(ino, attr, data=await blocking(self._decode, arr, coords, ext.data))
-            decode = functools.partial(self._decode, arr, coords, key=ext.key) if arr.info.chunk.decodes else None
-            first = self.reads.prefetches and not any(c % n for c, n in zip(coords, arr.info.layout.chunks_per_shard))
+            decode = functools.partial(self._decode, arr, coords, key=ext.key) if arr.shown.chunk.decodes else None
+            first = self.reads.prefetches and not any(c % n for c, n in zip(coords, arr.shown.layout.chunks_per_shard))
             try:
                 handle = await self.reads.open(ino, attr, ext, decode, first)
             except VersionMismatch:  # replaced since its version was remembered: look again
@@ -407,17 +408,17 @@ class View:
             return handle
         assert isinstance(ext, Extent)  # only an open of a stored chunk tries again
         log.error("%s: changed during %d opens of chunk %s", self.source.describe(ext.key), OPEN_TRIES,
-                  arr.info.layout.names.key(coords))
+                  arr.shown.layout.names.key(coords))
         raise fail(errno.EIO, "shard keeps changing")
 
     def _decode(self, arr: ArrayNode, coords: tuple[int, ...], stored: bytes, key: str = "") -> bytes:
         """A chunk file's bytes from its stored form (checksum/transcoding); EIO if corrupt
         (logged). Blocking."""
         try:
-            return arr.info.chunk.to_file(stored)
+            return arr.shown.chunk.to_file(stored)
         except CorruptChunk as e:
             where = self.source.describe(key or arr.path)
-            log.error("%s: corrupt chunk %s: %s", where, arr.info.layout.names.key(coords), e)
+            log.error("%s: corrupt chunk %s: %s", where, arr.shown.layout.names.key(coords), e)
             raise fail(errno.EIO) from None
 
     async def read(self, handle: ReadHandle, offset: int, size: int) -> bytes | bytearray | memoryview:

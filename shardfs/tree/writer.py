@@ -72,7 +72,13 @@ class WriteHandle:
     dirty: bool = False
 
     def data(self) -> SpillBuffer:
-        return self.staging.data if self.staging is not None else self.buf
+        """The content: the staging file's, else the buffer (loaded by ``Writer._load`` or made by a
+        truncating open: every write, and ``dirty``, come after one of them)."""
+        if self.staging is not None:
+            return self.staging.data
+        if self.buf is None:
+            raise RuntimeError(f"inode {self.ino}: written before its content was loaded")
+        return self.buf
 
 
 async def _run(buf: SpillBuffer, end: int, fn: Callable[..., Any], *args: Any) -> Any:
@@ -171,10 +177,10 @@ class Writer:
             self.check_chunk_size(*handle.chunk, size, what)
 
     def check_chunk_size(self, arr: ArrayNode, coords: tuple[int, ...], size: int, what: str) -> None:
-        limit = arr.info.chunk.max_file_size
+        limit = arr.shown.chunk.max_file_size
         if size > limit:
             log.error("%s/%s: %s refused: %d bytes is more than any valid chunk (at most %d bytes)",
-                      self.view.source.describe(arr.path), arr.info.layout.names.key(coords), what, size, limit)
+                      self.view.source.describe(arr.path), arr.shown.layout.names.key(coords), what, size, limit)
             raise fail(errno.EFBIG)
 
     async def read(self, handle: WriteHandle, offset: int, size: int) -> bytes:
@@ -217,7 +223,8 @@ class Writer:
             return
         if handle.chunk is not None:
             handle.dirty = False  # a refused write is reported (and logged) once
-            data = await _run(handle.buf, 0, handle.buf.getvalue)
+            buf = handle.data()
+            data = await _run(buf, 0, buf.getvalue)
             try:
                 await self.commit(*handle.chunk, data)
             except OSError:
@@ -228,10 +235,11 @@ class Writer:
             node = await self.view.node(handle.meta[0])
             if node is None:
                 raise fail(errno.ENOENT)
-            data = await self._metadata_bytes(handle.buf, handle.meta[1])
+            data = await self._metadata_bytes(handle.data(), handle.meta[1])
             await self.structure.commit_metadata(node, handle.meta[1], data)
         else:
             st = handle.staging
+            assert st is not None  # a handle writes a chunk, a metadata or a staging file
             if st.name in CREATES and self.view.nodes.staged.get((st.parent, st.name)) is st \
                     and self.structure.is_new_dir(st.parent):
                 handle.dirty = False
@@ -257,8 +265,8 @@ class Writer:
 
     async def commit(self, arr: ArrayNode, coords: tuple[int, ...], data: bytes | None) -> None:
         """Make ``data`` the content of inner chunk ``coords`` (None: empty it)."""
-        name = self.view.source.describe(arr.path) + "/" + arr.info.layout.names.key(coords)
-        layout = arr.info.layout
+        name = self.view.source.describe(arr.path) + "/" + arr.shown.layout.names.key(coords)
+        layout = arr.shown.layout
         shard, pos = layout.locate(coords)
         try:
             self.view.source.check_write(self.view.indexes.shard_key(arr, shard))  # a non-regular file, a way out
@@ -270,8 +278,8 @@ class Writer:
             log.error("%s: write refused: the shard holds a corrupt inner shard", name)
             raise fail(errno.EIO)
         try:
-            await self.writeback.commit((arr.path, shard), shard_target(arr.path, arr.info.layout, shard), pos,
-                                        data, prepare=arr.info.chunk.prepare)
+            await self.writeback.commit((arr.path, shard), shard_target(arr.path, arr.shown.layout, shard), pos,
+                                        data, prepare=arr.shown.chunk.prepare)
         except CorruptChunk as e:
             log.error("%s: write refused: %s", name, e)
             raise fail(errno.EINVAL, str(e)) from None
@@ -364,7 +372,7 @@ class Writer:
             log.error("unlink of %s: only chunk, metadata and temporary files can be removed", name)
             raise fail(errno.EPERM)
         if await self.view.chunks.extent(*target) is None:
-            if target[0].info.serve_missing:
+            if target[0].shown.serve_missing:
                 return  # an empty chunk served as the fill chunk: it stays one
             raise fail(errno.ENOENT)
         await self.commit(*target, None)

@@ -45,6 +45,8 @@ from shardfs.storage import Storage, Version
 
 log = logging.getLogger("shardfs")
 ShardId = tuple[str, tuple[int, ...]]  # (array path, shard coords)
+# Told of a fold: the shard, the positions of the chunks folded, the shard's new version.
+OnFolded = Callable[[ShardId, list[int], "Version | None"], Awaitable[None]]
 # ``prepare`` runs on the trio thread up to this input size: a worker-thread trip
 # costs ~0.5 ms, more than validating a small chunk (~0.2 ms for 64 KiB of zstd).
 INLINE_PREPARE_BYTES = 256 << 10
@@ -101,13 +103,10 @@ class _Dirty:
 class Writeback:
     """Pending chunk changes of one mount and the journal that makes them durable."""
 
-    def __init__(self, source: Storage, journal_dir: str, idle: float = 1.0, budget: int = 256 << 20,
-                 on_folded: Callable[[ShardId, list[int], Version | None], Awaitable[None]] | None = None
-                 ) -> None:
+    def __init__(self, source: Storage, journal_dir: str, idle: float = 1.0, budget: int = 256 << 20) -> None:
         self.source = source
         self.idle = idle
         self.budget = budget
-        self.on_folded = on_folded
         self._dirty: dict[ShardId, _Dirty] = {}
         self._bytes = 0
         self._last_write = 0.0
@@ -169,9 +168,10 @@ class Writeback:
 
     # ----- folding ------------------------------------------------------------------------
 
-    async def fold(self, shard: ShardId) -> bool:
-        """Rewrite one shard with its pending chunks; False if that failed: they stay
-        pending, and the shard is retried after a backoff (logged at most every ``LOG_EVERY`` s)."""
+    async def fold(self, shard: ShardId, on_folded: OnFolded | None = None) -> bool:
+        """Rewrite one shard with its pending chunks, then ``await on_folded(shard, positions,
+        version)``; False if that failed: they stay pending, and the shard is retried after a
+        backoff (logged at most every ``LOG_EVERY`` s)."""
         dirty = self._dirty.get(shard)
         if dirty is None:
             return True
@@ -204,8 +204,8 @@ class Writeback:
                 log.info("%s: folded after %d failed attempts", self.source.describe(dirty.target.key), dirty.failures)
                 dirty.failures, dirty.reason, dirty.unlogged, dirty.logged_at = 0, "", 0, -math.inf
                 self.note_kept()
-            if self.on_folded is not None:
-                await self.on_folded(shard, list(snapshot), version)
+            if on_folded is not None:
+                await on_folded(shard, list(snapshot), version)
             return True
 
     def _failed(self, dirty: _Dirty, reason: str) -> None:
@@ -282,16 +282,18 @@ class Writeback:
             if now >= dirty.retry_at and (everything or dirty.stored >= dirty.target.n_in_grid):
                 yield shard
 
-    async def run(self) -> None:
+    async def run(self, on_folded: OnFolded | None = None) -> None:
         """Background task: fold shards as they become due, forever, up to ``FOLDS_AT_ONCE``
-        at a time, so a slow fold (a shard locked by another writer) holds up no other shard."""
+        at a time, so a slow fold (a shard locked by another writer) holds up no other shard;
+        ``on_folded`` as for ``fold``: given here, not to the constructor, which runs (and replays
+        the journal) before the view and the kernel adapter that ``on_folded`` needs exist."""
         limiter = trio.CapacityLimiter(FOLDS_AT_ONCE)
         folding: set[ShardId] = set()
 
         async def fold_one(shard: ShardId) -> None:
             try:
                 async with limiter:
-                    await self.fold(shard)
+                    await self.fold(shard, on_folded)
             finally:
                 folding.discard(shard)
 
@@ -308,9 +310,10 @@ class Writeback:
                         folding.add(shard)
                         nursery.start_soon(fold_one, shard)
 
-    async def flush(self) -> dict[str, tuple[int, str]]:
+    async def flush(self, on_folded: OnFolded | None = None) -> dict[str, tuple[int, str]]:
         """Fold every pending change into its shard (unmount, SIGTERM), trying each failing
-        shard once more; returns (and notes in the journal) the shards left: ``kept()``."""
+        shard once more (``on_folded`` as for ``fold``); returns (and notes in the journal) the
+        shards left: ``kept()``."""
         failed: set[ShardId] = set()
         self._flushing = True  # the note names every shard still pending, should the daemon be killed
         try:
@@ -319,7 +322,7 @@ class Writeback:
                 for shard in todo:
                     dirty = self._dirty.get(shard)
                     self.flushing = self.source.describe(dirty.target.key) if dirty is not None else None
-                    if not await self.fold(shard):
+                    if not await self.fold(shard, on_folded):
                         failed.add(shard)
                     self.note_kept()
         finally:
