@@ -72,3 +72,25 @@ def test_file_opened_after_the_replacement_reads_the_new_chunk(versions, mount):
         assert np.array_equal(got, a[8:, 8:]), "neither the old nor the new chunk"
         assert time.monotonic() < deadline, "the new chunk is not shown 3 s after the shard was replaced"
         time.sleep(0.1)
+
+
+def test_a_file_opened_before_its_shard_was_replaced_keeps_its_size(versions, mount):
+    """A file opened before its shard was replaced behind the mount's back, by a version of
+    another size, still reads its chunk whole and ``fstat`` gives its size once the mount
+    shows the new chunk (the kernel would cut or pad its reads to the size a getattr or
+    lookup answers); the name opens and ``stat``s the new one (another inode)."""
+    src, other, a, b = versions
+    mnt = mount(src, "-o", "attr_timeout=0", "-o", "entry_timeout=0")
+    (shard,) = shard_files(src)
+    (new,) = shard_files(other)
+    path = mnt / "x" / "1.1"
+    with open(path, "rb", buffering=0) as f:
+        old = os.pread(f.fileno(), 1 << 16, 0)
+        os.replace(new, shard)
+        deadline = time.monotonic() + 3  # the daemon remembers a shard's stat() for up to 1 s
+        while (got := path.read_bytes()) == old:
+            assert time.monotonic() < deadline, "the new chunk is not shown 3 s after the shard was replaced"
+            time.sleep(0.1)
+        assert np.array_equal(decoded(got), b[8:, 8:]) and path.stat().st_size == len(got) != len(old)
+        assert os.fstat(f.fileno()).st_size == len(old)
+        assert f.read() == old and np.array_equal(decoded(old), a[8:, 8:])
