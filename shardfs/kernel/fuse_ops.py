@@ -154,7 +154,7 @@ class Operations(pyfuse3.Operations):
     def _shown(self, attr: Attr) -> Attr:
         """``attr`` with the inode an entry of it gives the kernel: a chunk file's own, or an
         alias while files opened on another size of it hold that one (``Pins.shown``)."""
-        if attr.ino < CHUNK_BASE:
+        if attr.ino < CHUNK_BASE or not self._pins:  # (every lookup: nothing pinned, nothing to look up)
             return attr
         ino = self._pins.shown(attr)
         if ino is None:
@@ -229,7 +229,7 @@ class Operations(pyfuse3.Operations):
                 return
             pinned = bool(self._pins)
             for name, attr in itertools.islice(page, i, None):
-                if pinned and attr.ino >= CHUNK_BASE:
+                if pinned:
                     attr = self._shown(attr)
                 e = self._entry(attr, e)
                 if not pyfuse3.readdir_reply(token, os.fsencode(name), e, offset + 1):
