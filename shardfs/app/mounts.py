@@ -63,7 +63,8 @@ def source_of(path: str) -> str:
 
 def daemon_pid(mnt: str) -> int | None:
     """The process serving mountpoint ``mnt``: a ``shardfs mount ... MNT -f`` process whose
-    command line names ``mnt`` (relative paths resolved against its working directory)."""
+    command line names ``mnt`` (relative paths resolved against its working directory); of a
+    supervised mount, the supervisor (its workers' command lines have ``--worker``)."""
     mnt = os.path.abspath(mnt)
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -74,7 +75,7 @@ def daemon_pid(mnt: str) -> int | None:
             cwd = os.readlink(f"/proc/{entry}/cwd")
         except OSError:
             continue
-        if "mount" not in argv or not {"-f", "--foreground"} & set(argv):
+        if "mount" not in argv or not {"-f", "--foreground"} & set(argv) or "--worker" in argv:
             continue
         if not any("shardfs" in a for a in argv[: argv.index("mount")]):
             continue

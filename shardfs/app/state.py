@@ -79,6 +79,12 @@ def status_sockets(pid: int) -> list[str]:
     return glob.glob(os.path.join(glob.escape(state_home()), "*", f"status-{pid}.sock"))
 
 
+def ledger_file(source: str, endpoint: str | None, pid: int) -> str:
+    """Where the workers of supervisor ``pid`` note the numbers they give the kernel
+    (``shardfs.tree.ledger``); the supervisor removes it when the mount ends."""
+    return os.path.join(state_dir(source, endpoint), f"kernel-{pid}.ledger")
+
+
 def log_file(source: str, endpoint: str | None = None) -> str:
     """The daemon's log file when it runs in the background and there is no syslog."""
     return os.path.join(state_dir(source, endpoint), "log")

@@ -32,9 +32,13 @@ class Status:
     """What one mount shows to ``shardfs status``: the mount's identity and ``ops``' counters."""
 
     def __init__(self, ops: Operations, mountpoint: str, source: str, endpoint: str | None, read_only: bool,
-                 options: dict[str, str], socket_path: str | None, interval: float | None = None) -> None:
+                 options: dict[str, str], socket_path: str | None, interval: float | None = None,
+                 supervision: dict[str, Any] | None = None) -> None:
         """``endpoint``: an object store's endpoint in effect (None: the service's default, or a
-        directory); ``shardfs inspect`` of a path in the mount reaches the store through it."""
+        directory); ``shardfs inspect`` of a path in the mount reaches the store through it.
+        ``supervision``: a supervised worker's ``supervisor_pid``, ``worker_pid``,
+        ``worker_started`` (epoch seconds), ``restarts``, ``takeovers``, ``last_reason``."""
+        self.supervision = supervision
         self.ops = ops
         self.mountpoint, self.source, self.read_only, self.options = mountpoint, source, read_only, options
         self.endpoint = endpoint
@@ -50,6 +54,12 @@ class Status:
             "mountpoint": self.mountpoint, "source": self.source, "endpoint": self.endpoint, "pid": os.getpid(),
             "uptime_s": round(time.monotonic() - self.started, 1), "read_only": self.read_only,
             "options": dict(self.options)}
+        if self.supervision is not None:
+            sup = self.supervision
+            doc["pid"] = sup["supervisor_pid"]
+            doc["worker"] = {"pid": sup["worker_pid"], "started": sup["worker_started"],
+                             "restarts": sup["restarts"], "takeovers": sup["takeovers"],
+                             "last_reason": sup["last_reason"]}
         doc.update(ops.stats.snapshot())
         doc["store"] = view.source.stats.snapshot()
         chunk_cache = view.reads.chunk_cache.lru
