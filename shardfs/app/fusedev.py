@@ -46,7 +46,7 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
 class MountError(Exception):
-    """The mount could not be made (one line: why)."""
+    """The mount could not be made (one line: why, in libfuse's or fusermount3's words)."""
 
 
 def mount(mnt: str, fsname: str, options: list[str], read_only: bool) -> tuple[int, socket.socket | None]:
@@ -74,19 +74,32 @@ def _mount_root(mnt: str, fsname: str, options: list[str], read_only: bool) -> i
     try:
         st = os.stat(mnt)
     except OSError as e:
-        raise MountError(f"{mnt}: {e.strerror}") from None
-    fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+        raise MountError(f"fuse: failed to access mountpoint {mnt}: {e.strerror}") from None
+    fd = _open_dev()
     head = f"fd={fd},rootmode={stat.S_IFMT(st.st_mode):o},user_id={os.getuid()},group_id={os.getgid()}"
     args = ",".join([head, *dict.fromkeys(data)]).encode()
     if _libc.mount(fsname.encode(), mnt.encode(), b"fuse.shardfs", ctypes.c_ulong(flags), args) != 0:
         err = ctypes.get_errno()
         os.close(fd)
-        raise MountError(f"{mnt}: mount failed: {os.strerror(err)}")
+        raise MountError(f"fuse: mount failed: {os.strerror(err)}")
     return fd
+
+
+def check() -> None:
+    """``MountError`` (libfuse's words) if this process may not open ``/dev/fuse``."""
+    os.close(_open_dev())
+
+
+def _open_dev() -> int:
+    try:
+        return os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+    except OSError as e:
+        raise MountError(f"fuse: failed to open /dev/fuse: {e.strerror}") from None
 
 
 def _mount_fusermount(mnt: str, fsname: str, options: list[str], read_only: bool
                       ) -> tuple[int, socket.socket | None]:
+    check()  # as libfuse: a user who may not open it gets no mount through fusermount3
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     escaped = fsname.replace("\\", "\\\\").replace(",", "\\,")
     opts = ",".join(["ro" if read_only else "rw", "nosuid", "nodev", f"fsname={escaped}", "subtype=shardfs",
@@ -98,7 +111,7 @@ def _mount_fusermount(mnt: str, fsname: str, options: list[str], read_only: bool
                               text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
         ours.close()
-        raise MountError(f"{mnt}: fusermount3 failed: {e}") from None
+        raise MountError(f"fusermount3 failed: {e}") from None
     finally:
         theirs.close()
     try:
@@ -108,7 +121,7 @@ def _mount_fusermount(mnt: str, fsname: str, options: list[str], read_only: bool
         fds = []
     if not fds:
         ours.close()
-        raise MountError(f"{mnt}: mount failed: " + (proc.stderr.strip().splitlines() or ["fusermount3 failed"])[-1])
+        raise MountError((proc.stderr.strip().splitlines() or ["fusermount3 failed"])[-1])
     ours.settimeout(None)
     os.set_inheritable(fds[0], False)
     if "auto_unmount" in options:

@@ -138,11 +138,7 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     ledger = None
     if args.connection is not None:
         args.ledger = state.ledger_file(source.name, source.endpoint, os.getppid())
-        try:
-            ledger = Ledger(args.ledger)
-        except OSError as e:
-            _report(args, f"error: {args.ledger}: cannot open: {e.strerror}")
-            return 1
+        ledger = Ledger(args.ledger)  # opened once the mount is made (``_mount_and_serve``)
     with contextlib.ExitStack() as cleanup:
         try:
             mount = compose(cfg, source, cleanup, ledger)
@@ -160,19 +156,14 @@ def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_on
     from shardfs.app.supervisor import Supervisor
 
     ledger = state.ledger_file(source.name, source.endpoint, os.getpid())
-    try:
-        os.makedirs(os.path.dirname(ledger), mode=0o700, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(ledger)  # left by a killed supervisor of the same pid number
-    except OSError as e:
-        _report(args, f"error: {os.path.dirname(ledger)}: cannot create the state directory: {e.strerror}")
-        return 1
+    with contextlib.suppress(OSError):
+        os.unlink(ledger)  # left by a killed supervisor of the same pid number
     sup = Supervisor(_daemon_argv(args, source.name), mnt, fsname(source.name).removeprefix("fsname="),
                      ["default_permissions", *opts.fuse], read_only, lambda line: _report(args, line))
     try:
         return sup.run()
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             os.unlink(ledger)
 
 
@@ -198,6 +189,11 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
     conn = args.connection
     if conn is not None:
         conn.connect()  # the supervisor mounts (if nothing is mounted yet) and gives the connection
+        try:
+            mount.view.nodes.ledger.start()
+        except OSError as e:
+            _report(args, f"error: {args.ledger}: cannot create: {e.strerror}")
+            return 1
         _test_hang(mount, conn)
     with _stderr_captured() as said:
         try:

@@ -87,6 +87,7 @@ class Supervisor:
         self.resend = True  # the kernel has FUSE_NOTIFY_RESEND (probed at the mount)
         self.counters = Counters()
         self.stopping = False
+        self.exit_code = 0  # 1: the first worker failed, or a crash loop ended the mount
         self.oom_before = _protect_from_oom()
 
     def run(self) -> int:
@@ -95,7 +96,13 @@ class Supervisor:
         signal.set_wakeup_fd(wake_w)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
             signal.signal(sig, lambda *_: None)
-        worker: Worker | None = self._spawn()
+        try:
+            fusedev.check()
+            worker: Worker | None = self._spawn()
+        except (fusedev.MountError, OSError) as e:
+            self._failed(f"{self.mnt}: cannot mount: {e} (fuse_session_mount failed)"
+                         if isinstance(e, fusedev.MountError) else f"cannot start a worker: {e}")
+            return self.exit_code
         try:
             while worker is not None:
                 ready = select.select([wake_r, worker.ctl.fileno()], [], [], 1.0)[0]
@@ -110,7 +117,7 @@ class Supervisor:
                 os.close(self.fd)
             if self.watch is not None:
                 self.watch.close()
-        return 0 if self.report is None or not self.counters.last_reason else 1
+        return self.exit_code
 
     def _signals(self, wake_r: int, worker: Worker) -> None:
         try:
@@ -152,17 +159,15 @@ class Supervisor:
             if self.report is not None:
                 self.report("ok")
                 self.report = None
-                log.info("mounted %s on %s%s (supervisor %d, worker %d)", self.fsname, self.mnt,
-                         " (read-only)" if self.read_only else "", os.getpid(), worker.proc.pid)
-            else:
-                log.info("worker %d serves %s", worker.proc.pid, self.mnt)
+                log.info("mounted %s on %s%s", self.fsname, self.mnt, " (read-only)" if self.read_only else "")
+            log.info("worker %d serves %s", worker.proc.pid, self.mnt)
 
     def _give_connection(self, worker: Worker) -> None:
         if self.fd < 0:
             try:
                 self.fd, self.watch = fusedev.mount(self.mnt, self.fsname, self.fuse_opts, self.read_only)
             except fusedev.MountError as e:
-                self._failed(str(e).replace(": mount failed: ", ": cannot mount: ", 1))
+                self._failed(f"{self.mnt}: cannot mount: {e} (fuse_session_mount failed)")  # words as unsupervised
                 worker.proc.kill()
                 return
             # a probe (nothing is read yet): without it a worker's death must fail what it had read
@@ -188,6 +193,7 @@ class Supervisor:
             self.report(f"error: {why}")
             self.report = None
             self.stopping = True
+            self.exit_code = 1
         else:
             log.error("worker failed: %s", why)
 
@@ -200,7 +206,8 @@ class Supervisor:
                 fusedev.unmount(self.mnt)
             if status != 0 and self.report is not None:
                 self._failed(f"daemon exited with status {status}")
-            log.info("unmounted %s", self.mnt)
+            if self.fd >= 0:
+                log.info("unmounted %s", self.mnt)
             return None
         c = self.counters
         c.last_reason = f"signal {-status}" if status < 0 else f"exit status {status}"
@@ -212,6 +219,7 @@ class Supervisor:
             log.error("%s: the worker died %d times within %g s (last: %s): unmounting", self.mnt, len(c.deaths),
                       CRASH_WINDOW, c.last_reason)
             fusedev.unmount(self.mnt)
+            self.exit_code = 1
             return None
         c.restarts += 1
         log.warning("worker %d ended (%s): starting another on the same connection", worker.proc.pid,

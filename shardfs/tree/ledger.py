@@ -31,15 +31,32 @@ class Ledger:
 
     def __init__(self, path: str | None = None) -> None:
         self.path = path
-        self._fd = -1 if path is None else os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        self.size = 0 if path is None else os.fstat(self._fd).st_size
+        self._fd = -1
+        self._early: list[bytes] | None = None if path is None else []  # noted before ``start``
+        self.size = 0
+
+    def start(self) -> None:
+        """Open the file (creating its directory, mode 0700), with what was noted before;
+        ``OSError`` if it cannot be made."""
+        if self.path is None or self._early is None:
+            return
+        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self.size = os.fstat(self._fd).st_size
+        early, self._early = self._early, None
+        for line in early:
+            self._write(line)
 
     def note(self, *record: Any) -> None:
-        """Append one record (nothing without a path)."""
+        """Append one record (nothing without a path; kept in memory until ``start``)."""
         if self._fd >= 0:
-            line = json.dumps(record, separators=(",", ":")).encode() + b"\n"
-            os.write(self._fd, line)
-            self.size += len(line)
+            self._write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+        elif self._early is not None:
+            self._early.append(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+
+    def _write(self, line: bytes) -> None:
+        os.write(self._fd, line)
+        self.size += len(line)
 
     @property
     def full(self) -> bool:
