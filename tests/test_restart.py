@@ -61,8 +61,9 @@ def src(tmp_path) -> Path:
 
     root = tmp_path / "src"
     g = zarr.open_group(str(root), mode="w")
-    a = g.create_array("a", shape=SHAPE, chunks=CHUNKS, shards=SHARDS, dtype="<i4", fill_value=0)
-    a[...] = EXPECTED
+    for name in ("a", "b"):
+        a = g.create_array(name, shape=SHAPE, chunks=CHUNKS, shards=SHARDS, dtype="<i4", fill_value=0)
+        a[...] = EXPECTED
     return root
 
 
@@ -129,14 +130,16 @@ def test_sigkill_of_the_worker_under_concurrent_zarr2_readers(mount, src, tmp_pa
 def test_inodes_and_open_handles_keep_their_meaning(mount, src):
     mnt = mount(src)
     m = mount.info(mnt)
-    names = ["a", "a/.zarray", "a/.zattrs", "a/3.5", ".zgroup"]
+    names = ["b/0.0", "a", "a/.zarray", "a/.zattrs", "a/3.5", ".zgroup"]  # b: slot 0, a: slot 1
     before = {n: os.stat(mnt / n).st_ino for n in names}
+    names.reverse()  # a first: a worker that numbered anew would give it slot 0
     f = open(mnt / "a" / "2.7", "rb")
     head = f.read(5)
     d = os.open(mnt / "a", os.O_RDONLY | os.O_DIRECTORY)
     listing = sorted(os.listdir(mnt / "a"))
     kill_worker(m, mnt)
     assert {n: os.stat(mnt / n).st_ino for n in names} == before
+    assert before["a/3.5"] != os.stat(mnt / "b" / "3.5").st_ino
     assert f.read() == (mnt / "a" / "2.7").read_bytes()[5:]  # the handle opened before the kill
     f.close()
     assert head == (mnt / "a" / "2.7").read_bytes()[:5]
@@ -150,7 +153,7 @@ def test_a_request_the_dead_worker_read_is_sent_again(mount, src):
     mnt = mount(src, env={"SHARDFS_TEST_HANG": "a"})
     m = mount.info(mnt)
     result: list = []
-    t = threading.Thread(target=lambda: result.append(os.stat(mnt / "a")))
+    t = threading.Thread(target=lambda: result.append(os.stat(mnt / "a")), daemon=True)
     t.start()
     time.sleep(1.0)
     assert t.is_alive() and not result  # the worker read the lookup and did not answer
@@ -175,7 +178,7 @@ def test_without_resend_what_the_dead_worker_read_fails_at_once(mount, src):
         except OSError as e:
             result.append(e.errno)
 
-    t = threading.Thread(target=stat)
+    t = threading.Thread(target=stat, daemon=True)
     t.start()
     time.sleep(1.0)
     assert t.is_alive()
