@@ -210,7 +210,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.mnt}: cannot create mountpoint: {e.strerror}") from None
     if os.path.ismount(mnt):
         raise UsageError(f"{args.mnt}: already a mountpoint: unmount it first (shardfs umount {args.mnt})")
-    _check_empty(args.mnt, mnt, "nonempty" in opts.own)
+    _check_empty(args.mnt, mnt, options.config(opts).nonempty)
     if args.foreground:
         return run_daemon(args, mnt, opts, source)
     return spawn_daemon(args, source)
