@@ -16,11 +16,15 @@ from shardfs.storage.urls import is_url
 FSTYPE = "fuse.shardfs"
 
 
+def device(src: str) -> str:
+    """What the mount table shows as the mount's source: directory ``src`` (made absolute) or
+    an object-store URL as given."""
+    return src if is_url(src) else os.path.abspath(src)
+
+
 def fsname(src: str) -> str:
-    """The ``fsname=`` mount option naming the source: directory ``src`` (made absolute) or
-    an object-store URL as given (libfuse unescapes it)."""
-    name = src if is_url(src) else os.path.abspath(src)
-    return "fsname=" + name.replace("\\", "\\\\").replace(",", "\\,")
+    """The ``fsname=`` mount option naming the source (``device``; libfuse unescapes it)."""
+    return "fsname=" + device(src).replace("\\", "\\\\").replace(",", "\\,")
 
 
 def _unescape(field: str) -> str:

@@ -28,7 +28,7 @@ import tempfile
 from typing import TYPE_CHECKING, Any, Iterator
 
 from shardfs.app import options, state
-from shardfs.app.mounts import fsname
+from shardfs.app.mounts import device, fsname
 from shardfs.app.usage import UsageError
 from shardfs.config import Config
 from shardfs.storage.source import Source
@@ -158,7 +158,7 @@ def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_on
     ledger = state.ledger_file(source.name, source.endpoint, os.getpid())
     with contextlib.suppress(OSError):
         os.unlink(ledger)  # left by a killed supervisor of the same pid number
-    sup = Supervisor(_daemon_argv(args, source.name), mnt, fsname(source.name).removeprefix("fsname="),
+    sup = Supervisor(_daemon_argv(args, source.name), mnt, device(source.name),
                      ["default_permissions", *opts.fuse], read_only, lambda line: _report(args, line))
     try:
         return sup.run()
