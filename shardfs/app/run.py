@@ -141,7 +141,8 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
         try:
             exporter.start()
         except OSError as e:
-            _report(args, f"error: -o metrics={cfg.metrics}: cannot listen: {e.strerror or e}")
+            option = f"-o metrics={cfg.metrics}"
+            _report(args, f"error: {option}: cannot listen: {e.strerror or e}")
             return 1
     fuse_opts = set(pyfuse3.default_options) | {fsname(source.name), "subtype=shardfs"} | set(opts.fuse)
     if read_only:
