@@ -7,6 +7,7 @@ directory) and from the daemons' command lines.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 
@@ -81,4 +82,18 @@ def daemon_pid(mnt: str) -> int | None:
         rest = argv[argv.index("mount") + 1:]
         if any(os.path.normpath(os.path.join(cwd, a)) == mnt for a in rest if a and not a.startswith("-")):
             return int(entry)
+    return None
+
+
+def dead_source(mnt: str) -> str | None:
+    """The source of ``mnt`` if it is a shardfs mount whose daemon is gone (the kernel answers
+    every request ENOTCONN, "Transport endpoint is not connected"), else None (a live mount,
+    another file system, or nothing mounted there)."""
+    src = mounts().get(os.path.abspath(mnt))
+    if src is None:
+        return None
+    try:
+        os.stat(mnt)
+    except OSError as e:
+        return src if e.errno == errno.ENOTCONN else None
     return None

@@ -12,7 +12,7 @@ import os
 import socket
 from typing import Any
 
-from shardfs.app.mounts import daemon_pid, mounts
+from shardfs.app.mounts import daemon_pid, dead_source, mounts
 from shardfs.app.state import status_sockets
 
 TIMEOUT = 5.0  # seconds to wait for a daemon's answer
@@ -38,6 +38,9 @@ def status_of(mnt: str) -> dict[str, Any]:
     mnt = os.path.abspath(mnt)
     if mnt not in mounts():
         raise StatusError(f"{mnt}: not a shardfs mount")
+    dead = dead_doc(mnt)
+    if dead is not None:
+        return dead
     pid = daemon_pid(mnt)
     if pid is None:
         raise StatusError(f"{mnt}: no shardfs daemon of this user serves it")
@@ -54,8 +57,16 @@ def status_of(mnt: str) -> dict[str, Any]:
     raise StatusError(f"{mnt}: daemon {pid} did not answer: {getattr(why, 'strerror', None) or why}")
 
 
+def dead_doc(mnt: str) -> dict[str, Any] | None:
+    """The status of ``mnt`` if it is a dead shardfs mount (its daemon gone: ENOTCONN):
+    ``{"mountpoint", "source", "dead": true}``; else None."""
+    src = dead_source(mnt)
+    return None if src is None else {"mountpoint": mnt, "source": src, "dead": True}
+
+
 def all_statuses() -> list[dict[str, Any]]:
-    """The status of every live shardfs mount of this user (those with a socket that answers)."""
+    """The status of every live shardfs mount of this user (those with a socket that answers),
+    and of every dead one (``dead_doc``)."""
     out = []
     for mnt in sorted(mounts()):
         try:
@@ -95,6 +106,10 @@ def _hit_rate(c: dict[str, int] | None) -> str:
 
 def format_text(doc: dict[str, Any]) -> str:
     """One screen for one mount: a header, the figures that matter, then the problems."""
+    if doc.get("dead"):
+        return (f"{doc['mountpoint']}  <-  {doc['source']}\n  dead: its daemon is gone (Transport endpoint is not "
+                f"connected); shardfs umount {doc['mountpoint']} detaches it, the next mount of the source "
+                "folds its pending writes")
     store, reads, pending, folds = doc["store"], doc["reads"], doc["pending"], doc["folds"]
     lat = store["latency_ms"]
     n_requests = sum(doc["requests"].values())
