@@ -27,6 +27,7 @@ from shardfs.app.mounts import daemon_pid
 from shardfs.app.progress import FoldProgress
 from shardfs.app.run import run_daemon, spawn_daemon
 from shardfs.app.usage import UsageError
+from shardfs.format.printable import printable, printable_doc
 from shardfs.storage.source import Source
 from shardfs.storage.urls import is_url
 
@@ -76,7 +77,7 @@ def _main(argv: list[str]) -> int:
     try:
         return args.run(args)
     except UsageError as e:
-        print(f"shardfs: error: {e}", file=sys.stderr)
+        print(f"shardfs: error: {printable(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -247,7 +248,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
             raise UsageError("--map needs matplotlib: pip install 'shardfs[map]'") from None
         except OSError as e:
             raise UsageError(f"{args.map}: cannot write: {e.strerror}") from None
-    print(json.dumps(report, indent=2) if args.json else format_text(report, where))
+    print(json.dumps(report, indent=2) if args.json else format_text(printable_doc(report), where))
     return 0
 
 
@@ -268,7 +269,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(docs, indent=2))
             else:
-                print(clear + ("\n\n".join(map(format_text, shown)) if shown else "no shardfs mounts of this user"))
+                texts = [format_text(printable_doc(doc)) for doc in shown]
+                print(clear + ("\n\n".join(texts) if shown else "no shardfs mounts of this user"))
             sys.stdout.flush()
         except BrokenPipeError:  # ``| head``
             return 0
@@ -314,9 +316,9 @@ def _cmd_umount(args: argparse.Namespace) -> int:
     lines = _kept_report(*found, pid, killed) if found is not None else []
     progress.close(bool(lines) or killed)
     for line in lines:
-        print(f"shardfs: {line}", file=sys.stderr)
+        print(f"shardfs: {printable(line)}", file=sys.stderr)
     if lines and found is not None:
-        print(f"shardfs: they are folded by the next mount of {found[0]}", file=sys.stderr)
+        print(f"shardfs: they are folded by the next mount of {printable(found[0])}", file=sys.stderr)
     return 1 if lines or killed else 0
 
 
