@@ -281,3 +281,136 @@ def test_a_cache_dir_another_user_made_is_refused_and_own_files_are_private(tmp_
     os.chown(entry, other_user.uid, other_user.gid)
     assert RangeCache(0, str(own)).get("s3://b/k", v, 0, 8) is None
     assert not os.path.exists(entry)
+
+
+# --------------------------------------------------------------------------- the right daemon
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # one the other user may run
+IMPOSTOR = "import sys, time; time.sleep(120)"
+FORGER = """
+import json, os, socket, sys, time
+path, doc = sys.argv[1], sys.argv[2]
+s = socket.socket(socket.AF_UNIX)
+s.bind(path)
+os.chmod(path, 0o777)
+s.listen(4)
+while True:
+    c, _ = s.accept()
+    c.sendall(doc.encode() + b"\\n")
+    c.close()
+"""
+
+
+@pytest.fixture
+def other_processes():
+    """Start processes (``start(user, argv)``) ended by PID at the end of the test."""
+    procs: list[subprocess.Popen] = []
+
+    def start(user: User, *argv: str) -> subprocess.Popen:
+        cmd = ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--", *argv]
+        procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL, start_new_session=True))
+        return procs[-1]
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=10)
+
+
+def test_umount_never_signals_an_impostor(tmp_path, other_user, other_processes, mount):
+    """Finding 7: another user's process started as ``shardfs mount SRC MNT -f`` (before the real
+    daemon, so first in /proc) gets no signal; the real daemon folds and unmounts."""
+    src = tmp_path / "src"
+    exp = build(src, [S])["s"]
+    base = tmp_path / "m"
+    base.mkdir()
+    mnt = base / "mnt"
+    mnt.mkdir()
+    impostor = other_processes(other_user, SYSTEM_PYTHON, "-c", IMPOSTOR, "shardfs", "mount", str(src), str(mnt), "-f")
+    from conftest import Mount
+
+    real = Mount(src, mnt, base / "daemon.log", (), False)
+    mount._mounts.append(real)
+    real.wait_live()
+    value = S.values(S.chunk, 4)
+    (mnt / "s" / "0.0").write_bytes(S.encode(value))
+    r = run_shardfs("umount", str(mnt), "--timeout", "20")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert real.proc.wait(timeout=10) == 0
+    assert impostor.poll() is None, "the impostor was signalled"
+    exp[S.chunk_region((0, 0))] = value
+    assert_source_equals(src, "s", exp)
+
+
+def test_status_never_shows_a_forged_document(tmp_path, shared, other_user, other_processes, mount):
+    """Finding 2: a status socket another user serves in a state directory they made, named for
+    the real daemon's pid: ``shardfs status`` never shows its document."""
+    src = tmp_path / "src"
+    build(src, [S])
+    mnt = mount(src, "--read-only")
+    pid = mount.info(mnt).pid
+    home = shared / "st"
+    sdir = home / "shardfs" / state.source_id(str(src))
+    other_user.sh(f"mkdir -p '{sdir}' && chmod -R 755 '{home}'")
+    forged = {"mountpoint": str(mnt), "source": "FORGED", "pid": pid}
+    import json
+
+    other_processes(other_user, SYSTEM_PYTHON, "-c", FORGER, str(sdir / f"status-{pid}.sock"), json.dumps(forged))
+    wait_for(lambda: (sdir / f"status-{pid}.sock").exists(), 10, "the forged socket")
+    env = {**os.environ, "XDG_STATE_HOME": str(home)}
+    r = run_shardfs("status", str(mnt), "--json", env=env)
+    assert "FORGED" not in r.stdout
+    assert (r.returncode, r.stderr) == (1, f"shardfs: error: {mnt}: no shardfs daemon of this user answers for it "
+                                           "(another user's mount, a dead one, or one that could not make its "
+                                           "status socket: its log says why)\n")
+    r = run_shardfs("status", "--json", env=env)
+    assert (r.returncode, r.stdout) == (0, "[]\n")
+
+
+# --------------------------------------------------------------------------- output
+
+EVIL = "evil\x1b]0;pwned\x07\nFORGED 2026 shardfs[1] ERROR x"
+EVIL_SHOWN = "evil\\x1b]0;pwned\\x07\\nFORGED 2026 shardfs[1] ERROR x"
+
+
+def no_control(text: str) -> bool:
+    return not any(ord(c) < 32 and c != "\n" or 0x7f <= ord(c) <= 0x9f for c in text)
+
+
+def test_names_from_the_source_never_forge_log_lines(tmp_path, mount):
+    """Finding 6: a group named with an escape sequence and a newline, whose ``zarr.json`` is bad:
+    its warning is one log line, the name escaped."""
+    src = tmp_path / "src"
+    build(src, [S])
+    (src / EVIL).mkdir()
+    (src / EVIL / "zarr.json").write_text("{not json")
+    mnt = mount(src, "--read-only")
+    assert os.listdir(mnt / EVIL) == [], "a bad zarr.json hides its node"
+    log = mount.info(mnt).log_text()
+    assert EVIL_SHOWN in log, log[-3000:]
+    assert no_control(log) and not any(line.startswith("FORGED") for line in log.splitlines())
+
+
+def test_inspect_status_and_errors_escape_what_they_print(tmp_path, mount):
+    """Finding 6: ``inspect`` of an array whose ``data_type`` holds escapes, ``status`` of a source
+    whose name does, and an error line naming such a path print them escaped."""
+    src = tmp_path / EVIL
+    build(src, [S])
+    meta = src / "s" / "zarr.json"
+    import json
+
+    doc = json.loads(meta.read_text())
+    doc["data_type"] = "int32\x1b[2J\nFORGED"
+    meta.write_text(json.dumps(doc))
+    r = run_shardfs("inspect", str(src / "s"))
+    assert r.returncode == 0 and no_control(r.stdout + r.stderr), r.stdout
+    assert "int32\\x1b[2J\\nFORGED" in r.stdout and "\nFORGED" not in r.stdout
+    mnt = mount(src, "--read-only")
+    r = run_shardfs("status", str(mnt))
+    assert r.returncode == 0 and no_control(r.stdout), r.stdout
+    assert r.stdout.splitlines()[0] == f"{mnt}  <-  {tmp_path}/{EVIL_SHOWN}"
+    r = run_shardfs("inspect", str(tmp_path / EVIL / "missing"))
+    assert r.returncode == 1 and no_control(r.stderr) and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"shardfs: error: {tmp_path}/evil\\x1b]0;pwned\\x07"), r.stderr

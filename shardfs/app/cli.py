@@ -23,7 +23,7 @@ from typing import Any
 
 from shardfs import __version__
 from shardfs.app import options, state
-from shardfs.app.mounts import daemon_pid
+from shardfs.app.mounts import daemon_of
 from shardfs.app.progress import FoldProgress
 from shardfs.app.run import run_daemon, spawn_daemon
 from shardfs.app.usage import UsageError
@@ -287,15 +287,15 @@ def _cmd_umount(args: argparse.Namespace) -> int:
     mnt = os.path.abspath(args.mnt)
     if not os.path.ismount(mnt):
         raise UsageError(f"{args.mnt}: not mounted")
-    pid = daemon_pid(mnt)
-    if pid is None:
+    daemon = daemon_of(mnt)
+    if daemon is None:
         result = subprocess.run(["fusermount3", "-u", mnt], capture_output=True, text=True)
         if result.returncode:
             raise UsageError(result.stderr.strip() or f"{args.mnt}: cannot unmount")
         return 0
+    pid = daemon.pid
     found = daemon_journal(pid)
-    sockets = state.status_sockets(pid)
-    progress = FoldProgress(args.mnt, sockets[0] if sockets else None)
+    progress = FoldProgress(args.mnt, daemon.socket)
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + args.timeout
     killed = False

@@ -82,9 +82,18 @@ def status_socket(source: str, endpoint: str | None, pid: int) -> str:
     return os.path.join(state_dir(source, endpoint), f"status-{pid}.sock")
 
 
-def status_sockets(pid: int) -> list[str]:
-    """The status sockets of daemon ``pid`` in this user's state directories (at most one)."""
-    return glob.glob(os.path.join(glob.escape(state_home()), "*", f"status-{pid}.sock"))
+def status_sockets() -> list[str]:
+    """The status sockets in this user's own state directories: the state home and each
+    directory holding one must pass ``private``'s check (nothing another user could have
+    made or replaced); none if the state home does not."""
+    home, found = state_home(), []
+    for path in sorted(glob.glob(os.path.join(glob.escape(home), "*", "status-*.sock"))):
+        try:
+            os.close(private.open_dir(os.path.dirname(path), home, create=False))
+        except (private.Refused, OSError):
+            continue
+        found.append(path)
+    return found
 
 
 def log_file(source: str, endpoint: str | None = None) -> str:
