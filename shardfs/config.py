@@ -72,6 +72,7 @@ class Config:
     read_only: bool = False
     debug: bool = False  # log every request
     stats_interval: float | None = None  # seconds between logged summaries of the counters (None: none)
+    nonempty: bool = False  # mount over a mountpoint that holds files (else refused)
     kernel: KernelConfig = field(default_factory=KernelConfig)
     reads: ReadConfig = field(default_factory=ReadConfig)
     tree: TreeConfig = field(default_factory=TreeConfig)

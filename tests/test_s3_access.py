@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from awshome import LAB_KEYS, S, reads_exactly, write_aws
 from bench_lib.delayproxy import DelayProxy
-from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY
+from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, upload
 from conftest import read_native, read_zarr2
 from sources import build
 from test_s3_mount import mount_fails
@@ -139,3 +139,34 @@ def test_web_server_over_https_with_a_private_ca(tmp_path, web_server, certs, mo
         assert mount_fails(url, mnt_dir, {}) == [want, want]
     finally:
         proxy.close()
+
+
+# ------------------------------------------------------------------ anonymous access (issue 34)
+
+
+@pytest.fixture(scope="module")
+def public(tmp_path_factory):
+    """A SeaweedFS of its own whose bucket unsigned requests may list and read (stopped by PID)."""
+    server = SeaweedS3(tmp_path_factory.mktemp("public"), anonymous_read=True).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("how", ["AWS_SKIP_SIGNATURE", "option"])
+def test_public_bucket_reads_without_credentials(mount, home, public, tmp_path, mnt_dir, monkeypatch, how):
+    """No credentials anywhere: the mount fails with the line naming ``-o anonymous``; with it, or
+    with ``AWS_SKIP_SIGNATURE=true`` (obstore's own variable), zarr 2.18 reads the public bucket."""
+    build(tmp_path / "pub", [S])
+    up = upload(public, tmp_path / "pub")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", public.endpoint)
+    monkeypatch.setenv("AWS_REGION", REGION)
+    for said in mount_fails(up.url, mnt_dir, {}, "-o", "ro"):
+        assert said.startswith("shardfs: error: no AWS credentials found (") and \
+            said.endswith("; -o anonymous reads public data without them\n"), said
+    if how == "option":
+        reads_exactly(mount, (tmp_path / "pub", up), "-o", "ro,anonymous")
+    else:
+        monkeypatch.setenv("AWS_SKIP_SIGNATURE", "true")
+        reads_exactly(mount, (tmp_path / "pub", up), "-o", "ro")

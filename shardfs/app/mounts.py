@@ -124,3 +124,17 @@ def daemon_of(mnt: str) -> Daemon | None:
         if daemon.doc.get("mountpoint") == mnt:
             return daemon
     return None
+
+
+def dead_source(mnt: str) -> str | None:
+    """The source of ``mnt`` if it is a shardfs mount whose daemon is gone (the kernel answers
+    every request ENOTCONN, "Transport endpoint is not connected"), else None (a live mount,
+    another file system, or nothing mounted there)."""
+    src = mounts().get(os.path.abspath(mnt))
+    if src is None:
+        return None
+    try:
+        os.stat(mnt)
+    except OSError as e:
+        return src if e.errno == errno.ENOTCONN else None
+    return None

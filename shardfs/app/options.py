@@ -63,6 +63,8 @@ def _get(obj: Any, path: str) -> Any:
 OWN = (
     Option("ro", None, "read-only: every write fails with EROFS (as --read-only)", "read_only"),
     Option("rw", None, "writable, the default (of ro and rw the last one wins)"),
+    Option("nonempty", None, "mount over a non-empty MNT, hiding its files while mounted (without it: refused)",
+           "nonempty"),
     Option("entry_timeout", "S", "seconds the kernel caches names", "kernel.entry_timeout"),
     Option("attr_timeout", "S", "seconds the kernel caches attributes", "kernel.attr_timeout"),
     Option("chunk_cache", "SIZE", "memory for decoded chunk files, e.g. 256M; 0 = off", "reads.chunk_cache"),

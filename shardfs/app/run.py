@@ -38,8 +38,8 @@ def spawn_daemon(args: argparse.Namespace, source: Source) -> int:
     """Start the daemon in its own session and wait for it to report.
 
     The daemon logs to ``--log-file``, else to syslog, else (no ``/dev/log``, as in
-    many containers) to ``log`` in the source's state directory, which is said
-    on stderr once the mount is live (a failure is one line: its reason)."""
+    many containers) to ``log`` in the source's state directory (doc/TROUBLESHOOTING says so;
+    ``--debug`` also says it on stderr once the mount is live). A failure is one line: its reason."""
     fallback = not args.log_file and not os.path.exists("/dev/log")
     if fallback:
         args.log_file = state.log_file(source.name, source.endpoint)
@@ -66,7 +66,7 @@ def spawn_daemon(args: argparse.Namespace, source: Source) -> int:
     with os.fdopen(r, "rb") as pipe:
         report = pipe.readline().decode().strip()
     if report == "ok":
-        if fallback:
+        if fallback and args.debug:
             print(f"shardfs: no syslog (/dev/log): the daemon logs to {args.log_file}", file=sys.stderr)
         return 0
     proc.wait()

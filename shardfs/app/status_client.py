@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from shardfs.app.mounts import daemon_of, daemons, mounts
+from shardfs.app.mounts import daemon_of, daemons, dead_source, mounts
 
 
 class StatusError(Exception):
@@ -23,6 +23,9 @@ def status_of(mnt: str) -> dict[str, Any]:
     mnt = os.path.abspath(mnt)
     if mnt not in mounts():
         raise StatusError(f"{mnt}: not a shardfs mount")
+    dead = dead_doc(mnt)
+    if dead is not None:
+        return dead
     daemon = daemon_of(mnt)
     if daemon is None:
         raise StatusError(f"{mnt}: no shardfs daemon of this user answers for it (another user's mount, a dead "
@@ -30,10 +33,23 @@ def status_of(mnt: str) -> dict[str, Any]:
     return daemon.doc
 
 
+def dead_doc(mnt: str) -> dict[str, Any] | None:
+    """The status of ``mnt`` if it is a dead shardfs mount (its daemon gone: ENOTCONN):
+    ``{"mountpoint", "source", "dead": true}``; else None."""
+    src = dead_source(mnt)
+    return None if src is None else {"mountpoint": mnt, "source": src, "dead": True}
+
+
 def all_statuses() -> list[dict[str, Any]]:
-    """The status of every live shardfs mount of this user (those with a socket that answers)."""
+    """The status of every live shardfs mount of this user (those with a socket that answers),
+    and of every dead one (``dead_doc``)."""
     live = mounts()
-    return sorted((d.doc for d in daemons() if d.doc.get("mountpoint") in live), key=lambda doc: doc["mountpoint"])
+    docs = {d.doc["mountpoint"]: d.doc for d in daemons() if d.doc.get("mountpoint") in live}
+    for mnt in live:
+        dead = None if mnt in docs else dead_doc(mnt)
+        if dead is not None:
+            docs[mnt] = dead
+    return [docs[mnt] for mnt in sorted(docs)]
 
 
 def _size(n: float) -> str:
@@ -66,6 +82,10 @@ def _hit_rate(c: dict[str, int] | None) -> str:
 
 def format_text(doc: dict[str, Any]) -> str:
     """One screen for one mount: a header, the figures that matter, then the problems."""
+    if doc.get("dead"):
+        return (f"{doc['mountpoint']}  <-  {doc['source']}\n  dead: its daemon is gone (Transport endpoint is not "
+                f"connected); shardfs umount {doc['mountpoint']} detaches it, the next mount of the source "
+                "folds its pending writes")
     store, reads, pending, folds = doc["store"], doc["reads"], doc["pending"], doc["folds"]
     lat = store["latency_ms"]
     n_requests = sum(doc["requests"].values())

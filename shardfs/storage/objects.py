@@ -195,7 +195,7 @@ class ObjectStorage:
             config[_ENDPOINT_KEY[scheme]] = endpoint
         if anonymous:
             config["skip_signature"] = True
-        self._url, self._config, self._access = url, config, access
+        self._url, self._config, self._access, self._anonymous = url, config, access, anonymous
         self._client = {"allow_http": bool(endpoint and endpoint.startswith("http://")), **access.client_options()}
         self._connect(retry, loop, "objects", stat_ttl, list_ttl)
 
@@ -542,8 +542,11 @@ class ObjectStorage:
             found = any(chunk for chunk in obstore.list(quick, None, chunk_size=1))
         except Exception as e:
             status = _status(e)
-            if isinstance(e, (PermissionDeniedError, UnauthenticatedError)) or status in (401, 403):
-                why = f"access denied (check the credentials: {self._access.hint})"
+            denied = isinstance(e, (PermissionDeniedError, UnauthenticatedError)) or status in (401, 403)
+            if denied and self._anonymous:
+                why = "access denied to unsigned requests (-o anonymous): not a public bucket; give credentials"
+            elif denied:
+                why = f"access denied (check the credentials: {self._access.hint}; a public bucket: -o anonymous)"
             elif status == 404:
                 why = "no such bucket"
             elif status is None and (tls := tls_failure(e, self.scheme == "s3")):
