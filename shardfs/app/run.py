@@ -121,16 +121,23 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     read_only = args.read_only or cfg.read_only or source.web  # a web server takes no writes
     cfg = dataclasses.replace(cfg, read_only=read_only, debug=args.debug,
                               tree=dataclasses.replace(cfg.tree, ome=args.ome and cfg.tree.ome))
-    with contextlib.ExitStack() as cleanup:
-        try:
-            mount = compose(cfg, source, cleanup)
-        except UsageError as e:
-            _report(args, f"error: {e}")
-            return 1
-        except ReplayFailed as e:
-            _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
-            return 1
-        return _mount_and_serve(args, mnt, opts, cfg, mount)
+    try:
+        with contextlib.ExitStack() as cleanup:
+            try:
+                mount = compose(cfg, source, cleanup)
+            except UsageError as e:
+                _report(args, f"error: {e}")
+                return 1
+            except ReplayFailed as e:
+                _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
+                return 1
+            return _mount_and_serve(args, mnt, opts, cfg, mount)
+    except BaseException as e:  # whatever ends the daemon says why where its log is read
+        cause = e
+        while isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:  # trio's nurseries
+            cause = cause.exceptions[0]
+        log.critical("the daemon stops: %s: %s", type(cause).__name__, cause, exc_info=True)
+        raise
 
 
 def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, cfg: Config, mount: Composed) -> int:
@@ -231,9 +238,10 @@ async def _serve(mount: Composed, status: Any) -> None:
                     return
 
         nursery.start_soon(on_signal)
-        nursery.start_soon(status.run)
+        # a bug in a background task is logged and the task runs again (``Faults.keep``)
+        nursery.start_soon(mount.ops.faults.keep, "status", status.run)
         if writeback is not None:
-            nursery.start_soon(writeback.run, folded)
+            nursery.start_soon(mount.ops.faults.keep, "fold loop", writeback.run, folded)
         await fuseloop.main()  # pyfuse3.main() with a cheaper read lock
         nursery.cancel_scope.cancel()
     if writeback is not None and not flushed:

@@ -67,6 +67,7 @@ class Status:
                               "journal_error": None}
             doc["folds"] = {"done": 0, "failed": 0, "backing_off": [], "current": None}
         doc["pending"]["spill_bytes"] = ops.spilled_bytes()
+        doc["internal_errors"] = ops.faults.snapshot()
         doc["errors_last_minute"] = ops.stats.errors_since(PROBLEM_WINDOW)
         doc["rss_bytes"], doc["open_files"] = _process()
         return doc

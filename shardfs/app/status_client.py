@@ -112,6 +112,9 @@ def format_text(doc: dict[str, Any]) -> str:
     if failed:
         problems.append(f"  write journal {failed['directory']}: {failed['reason']} ({failed['errno']}), "
                         f"{failed['seconds_ago']:g} s ago: writes fail until there is room again")
+    bugs = doc.get("internal_errors") or {}
+    problems += [f"  internal error in {b['where']} x{b['count']}, last {b['seconds_ago']:g} s ago: {b['error']} "
+                 "(a bug: its traceback is in the log)" for b in bugs.get("by_place", ())]
     recent = doc.get("errors_last_minute") or {}
     if recent:
         problems.append("  errors in the last minute: " + ", ".join(
