@@ -21,6 +21,7 @@ import tempfile
 from typing import TYPE_CHECKING, Any, Iterator
 
 from shardfs.app import options, state
+from shardfs.app.metrics import Exporter, parse_address
 from shardfs.app.mounts import fsname
 from shardfs.app.usage import UsageError
 from shardfs.config import Config
@@ -156,6 +157,19 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
 
     source, read_only = mount.source, mount.writeback is None
     v2()  # before going live (see above)
+    shown = {**opts.own, **{o.partition("=")[0]: o.partition("=")[2] for o in opts.fuse}}
+    status = Status(mount.ops, mnt, source.name, source.endpoint, read_only, shown,
+                    state.status_socket(source.name, source.endpoint, os.getpid()),
+                    cfg.stats_interval)
+    exporter = None
+    if cfg.metrics is not None:  # bound before the mount goes live: a port in use fails the mount
+        exporter = Exporter(parse_address(cfg.metrics), status.snapshot)
+        try:
+            exporter.start()
+        except OSError as e:
+            option = f"-o metrics={cfg.metrics}"
+            _report(args, f"error: {option}: cannot listen: {e.strerror or e}")
+            return 1
     fuse_opts = set(pyfuse3.default_options) | {fsname(source.name), "subtype=shardfs"} | set(opts.fuse)
     if read_only:
         fuse_opts.add("ro")
@@ -168,19 +182,19 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
             failed = None
     libfuse = "; ".join(said)
     if failed is not None:
+        if exporter is not None:
+            exporter.stop()
         _report(args, f"error: {mnt}: cannot mount: {libfuse + f' ({failed})' if libfuse else failed}")
         return 1
     if libfuse:
         log.warning("libfuse: %s", libfuse)
     log.info("mounted %s on %s%s", source.name, mnt, " (read-only)" if read_only else "")
-    shown = {**opts.own, **{o.partition("=")[0]: o.partition("=")[2] for o in opts.fuse}}
-    status = Status(mount.ops, mnt, source.name, source.endpoint, read_only, shown,
-                    state.status_socket(source.name, source.endpoint, os.getpid()),
-                    cfg.stats_interval)
     _report(args, "ok")
     try:
-        trio.run(_serve, mount, status)
+        trio.run(_serve, mount, status, exporter)
     finally:
+        if exporter is not None:
+            exporter.stop()
         pyfuse3.close(unmount=True)
         log.info("unmounted %s", mnt)
         if mount.ranges is not None:
@@ -206,9 +220,10 @@ def _stderr_captured() -> Iterator[list[str]]:
             said += [line.strip() for line in tmp.read().decode(errors="replace").splitlines() if line.strip()]
 
 
-async def _serve(mount: Composed, status: Any) -> None:
-    """Run the FUSE loop and answer ``shardfs status`` (``status``); on SIGINT/SIGTERM fold
-    pending writes into the shards and end it.
+async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None) -> None:
+    """Run the FUSE loop and answer ``shardfs status`` (``status``) and ``-o metrics``
+    (``exporter``, which reads the status on this loop); on SIGINT/SIGTERM fold pending writes
+    into the shards and end it.
 
     Pending writes are also folded when the loop ends otherwise (``fusermount3 -u``).
     Changes that cannot be folded stay in the journal (``Writeback.flush`` says why).
@@ -221,6 +236,8 @@ async def _serve(mount: Composed, status: Any) -> None:
     from shardfs.kernel import fuseloop
 
     writeback, writer = mount.writeback, mount.writer
+    if exporter is not None:
+        exporter.serving(trio.lowlevel.current_trio_token())
     # Given to run/flush, not to Writeback(): it is built (and replays the journal) before the View and Writer.
     folded = writer.folded if writer is not None else None
     flushed = False
