@@ -25,6 +25,8 @@ from shardfs.app.metrics import Exporter, parse_address
 from shardfs.app.mounts import fsname
 from shardfs.app.usage import UsageError
 from shardfs.config import Config
+from shardfs.format.printable import printable
+from shardfs.storage import private
 from shardfs.storage.source import Source
 
 if TYPE_CHECKING:
@@ -43,7 +45,9 @@ def spawn_daemon(args: argparse.Namespace, source: Source) -> int:
     if fallback:
         args.log_file = state.log_file(source.name, source.endpoint)
         try:
-            os.makedirs(os.path.dirname(args.log_file), mode=0o700, exist_ok=True)
+            state.private_dir(os.path.dirname(args.log_file))
+        except private.Refused as e:
+            raise UsageError(str(e)) from None
         except OSError as e:
             raise UsageError(f"{os.path.dirname(args.log_file)}: cannot create the state directory: "
                              f"{e.strerror}") from None
@@ -71,20 +75,32 @@ def spawn_daemon(args: argparse.Namespace, source: Source) -> int:
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
+    """Log to ``--log-file`` (a file of this user's own, never through a symlink: ``private``
+    raises ``Refused``), else stderr (``-f``), else syslog."""
     if args.log_file:
-        handler: logging.Handler = logging.FileHandler(args.log_file)
+        fd = private.open_path(args.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        handler: logging.Handler = logging.StreamHandler(open(fd, "a", encoding="utf-8", errors="backslashreplace"))
     elif args.ready_fd is None:
         handler = logging.StreamHandler(sys.stderr)
     elif os.path.exists("/dev/log"):
         handler = logging.handlers.SysLogHandler(address="/dev/log")
     else:
         handler = logging.NullHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s shardfs[%(process)d] %(levelname)s %(message)s"))
+    handler.setFormatter(_Printable("%(asctime)s shardfs[%(process)d] %(levelname)s %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if args.debug else logging.INFO)
     if not args.debug:
         logging.getLogger("pyfuse3").setLevel(logging.WARNING)
+
+
+class _Printable(logging.Formatter):
+    """Each record's message made ``printable``: names and text from the source (or a client)
+    never forge a line or send a terminal escape (a traceback below it is shardfs's own)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable(record.message)
+        return super().formatMessage(record)
 
 
 def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source) -> int:
@@ -95,6 +111,9 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     args.debug = args.debug or cfg.debug
     try:
         _setup_logging(args)
+    except private.Refused as e:
+        _report(args, f"error: {e}")
+        return 1
     except OSError as e:
         _report(args, f"error: {args.log_file}: cannot open the log file: {e.strerror}")
         return 1
@@ -249,10 +268,10 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None)
 def _report(args: argparse.Namespace, line: str) -> None:
     if args.ready_fd is None:
         if line != "ok":
-            print(f"shardfs: {line}", file=sys.stderr)
+            print(f"shardfs: {printable(line)}", file=sys.stderr)
         return
     try:
-        os.write(args.ready_fd, (line + "\n").encode())
+        os.write(args.ready_fd, (printable(line) + "\n").encode(errors="backslashreplace"))
         os.close(args.ready_fd)
     except OSError:
         pass
