@@ -28,9 +28,12 @@ import tempfile
 from typing import TYPE_CHECKING, Any, Iterator
 
 from shardfs.app import options, state
+from shardfs.app.metrics import Exporter, parse_address
 from shardfs.app.mounts import device, fsname
 from shardfs.app.usage import UsageError
 from shardfs.config import Config
+from shardfs.format.printable import printable
+from shardfs.storage import private
 from shardfs.storage.source import Source
 
 if TYPE_CHECKING:
@@ -49,7 +52,9 @@ def spawn_daemon(args: argparse.Namespace, source: Source) -> int:
     if fallback:
         args.log_file = state.log_file(source.name, source.endpoint)
         try:
-            os.makedirs(os.path.dirname(args.log_file), mode=0o700, exist_ok=True)
+            state.private_dir(os.path.dirname(args.log_file))
+        except private.Refused as e:
+            raise UsageError(str(e)) from None
         except OSError as e:
             raise UsageError(f"{os.path.dirname(args.log_file)}: cannot create the state directory: "
                              f"{e.strerror}") from None
@@ -93,20 +98,32 @@ def supervised() -> bool:
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
+    """Log to ``--log-file`` (a file of this user's own, never through a symlink: ``private``
+    raises ``Refused``), else stderr (``-f``), else syslog."""
     if args.log_file:
-        handler: logging.Handler = logging.FileHandler(args.log_file)
+        fd = private.open_path(args.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        handler: logging.Handler = logging.StreamHandler(open(fd, "a", encoding="utf-8", errors="backslashreplace"))
     elif args.ready_fd is None:
         handler = logging.StreamHandler(sys.stderr)
     elif os.path.exists("/dev/log"):
         handler = logging.handlers.SysLogHandler(address="/dev/log")
     else:
         handler = logging.NullHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s shardfs[%(process)d] %(levelname)s %(message)s"))
+    handler.setFormatter(_Printable("%(asctime)s shardfs[%(process)d] %(levelname)s %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if args.debug else logging.INFO)
     if not args.debug:
         logging.getLogger("pyfuse3").setLevel(logging.WARNING)
+
+
+class _Printable(logging.Formatter):
+    """Each record's message made ``printable``: names and text from the source (or a client)
+    never forge a line or send a terminal escape (a traceback below it is shardfs's own)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable(record.message)
+        return super().formatMessage(record)
 
 
 def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source) -> int:
@@ -122,6 +139,9 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     args.debug = args.debug or cfg.debug
     try:
         _setup_logging(args)
+    except private.Refused as e:
+        _report(args, f"error: {e}")
+        return 1
     except OSError as e:
         _report(args, f"error: {args.log_file}: cannot open the log file: {e.strerror}")
         return 1
@@ -139,16 +159,23 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     if args.connection is not None:
         args.ledger = state.ledger_file(source.name, source.endpoint, os.getppid())
         ledger = Ledger(args.ledger)  # opened once the mount is made (``_mount_and_serve``)
-    with contextlib.ExitStack() as cleanup:
-        try:
-            mount = compose(cfg, source, cleanup, ledger)
-        except UsageError as e:
-            _report(args, f"error: {e}")
-            return 1
-        except ReplayFailed as e:
-            _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
-            return 1
-        return _mount_and_serve(args, mnt, opts, cfg, mount)
+    try:
+        with contextlib.ExitStack() as cleanup:
+            try:
+                mount = compose(cfg, source, cleanup, ledger)
+            except UsageError as e:
+                _report(args, f"error: {e}")
+                return 1
+            except ReplayFailed as e:
+                _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
+                return 1
+            return _mount_and_serve(args, mnt, opts, cfg, mount)
+    except BaseException as e:  # whatever ends the daemon says why where its log is read
+        cause = e
+        while isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:  # trio's nurseries
+            cause = cause.exceptions[0]
+        log.critical("the daemon stops: %s: %s", type(cause).__name__, cause, exc_info=True)
+        raise
 
 
 def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_only: bool, source: Source) -> int:
@@ -159,7 +186,8 @@ def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_on
     with contextlib.suppress(OSError):
         os.unlink(ledger)  # left by a killed supervisor of the same pid number
     sup = Supervisor(_daemon_argv(args, source.name), mnt, device(source.name),
-                     ["default_permissions", *opts.fuse], read_only, lambda line: _report(args, line))
+                     ["default_permissions", *opts.fuse], read_only, lambda line: _report(args, line),
+                     state.status_socket(source.name, source.endpoint, os.getpid()))
     try:
         return sup.run()
     finally:
@@ -183,6 +211,19 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
 
     source, read_only = mount.source, mount.writeback is None
     v2()  # before going live (see above)
+    shown = {**opts.own, **{o.partition("=")[0]: o.partition("=")[2] for o in opts.fuse}}
+    status = Status(mount.ops, mnt, source.name, source.endpoint, read_only, shown,
+                    state.status_socket(source.name, source.endpoint, os.getpid()),
+                    cfg.stats_interval)
+    exporter = None
+    if cfg.metrics is not None:  # bound before the mount goes live: a port in use fails the mount
+        exporter = Exporter(parse_address(cfg.metrics), status.snapshot)
+        try:
+            exporter.start()
+        except OSError as e:
+            option = f"-o metrics={cfg.metrics}"
+            _report(args, f"error: {option}: cannot listen: {e.strerror or e}")
+            return 1
     fuse_opts = set(pyfuse3.default_options) | {fsname(source.name), "subtype=shardfs"} | set(opts.fuse)
     if read_only:
         fuse_opts.add("ro")
@@ -190,9 +231,10 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
     if conn is not None:
         conn.connect()  # the supervisor mounts (if nothing is mounted yet) and gives the connection
         try:
+            state.private_dir(os.path.dirname(args.ledger))
             mount.view.nodes.ledger.start()
-        except OSError as e:
-            _report(args, f"error: {args.ledger}: cannot create: {e.strerror}")
+        except (OSError, private.Refused) as e:
+            _report(args, f"error: {args.ledger}: cannot create: {getattr(e, 'strerror', None) or e}")
             return 1
         _test_hang(mount, conn)
     with _stderr_captured() as said:
@@ -207,22 +249,23 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
             failed = None
     libfuse = "; ".join(said)
     if failed is not None:
+        if exporter is not None:
+            exporter.stop()
         _report(args, f"error: {mnt}: cannot mount: {libfuse + f' ({failed})' if libfuse else failed}")
         return 1
     if libfuse:
         log.warning("libfuse: %s", libfuse)
     if conn is None:
         log.info("mounted %s on %s%s", source.name, mnt, " (read-only)" if read_only else "")
-    shown = {**opts.own, **{o.partition("=")[0]: o.partition("=")[2] for o in opts.fuse}}
-    pid = os.getpid() if conn is None else conn.status["supervisor_pid"]
-    status = Status(mount.ops, mnt, source.name, source.endpoint, read_only, shown,
-                    state.status_socket(source.name, source.endpoint, pid), cfg.stats_interval,
-                    None if conn is None else {**conn.status, "worker_pid": os.getpid(),
+    else:
+        status.supervised(conn.status_socket, {**conn.status, "worker_pid": os.getpid(),
                                                "worker_started": conn.started})
     _report(args, "ok")
     try:
-        trio.run(_serve, mount, status, conn, getattr(args, "ledger", None))
+        trio.run(_serve, mount, status, exporter, conn, getattr(args, "ledger", None))
     finally:
+        if exporter is not None:
+            exporter.stop()
         pyfuse3.close(unmount=conn is None)
         log.info("unmounted %s" if conn is None else "worker %d ends", mnt if conn is None else os.getpid())
         if mount.ranges is not None:
@@ -266,11 +309,13 @@ def _stderr_captured() -> Iterator[list[str]]:
             said += [line.strip() for line in tmp.read().decode(errors="replace").splitlines() if line.strip()]
 
 
-async def _serve(mount: Composed, status: Any, conn: Any = None, ledger: str | None = None) -> None:
-    """Run the FUSE loop and answer ``shardfs status`` (``status``); on SIGINT/SIGTERM fold
-    pending writes into the shards and end it. A supervisor's worker (``conn``) that replaces a
-    dead one first takes over what the dead one gave the kernel (the ledger at ``ledger``) and
-    has the kernel send again the requests the dead one had read (``fusedev.resend``).
+async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None, conn: Any = None,
+                 ledger: str | None = None) -> None:
+    """Run the FUSE loop and answer ``shardfs status`` (``status``) and ``-o metrics``
+    (``exporter``, which reads the status on this loop); on SIGINT/SIGTERM fold pending writes
+    into the shards and end it. A supervisor's worker (``conn``) that replaces a dead one first
+    takes over what the dead one gave the kernel (the ledger at ``ledger``) and has the kernel
+    send again the requests the dead one had read (``fusedev.resend``).
 
     Pending writes are also folded when the loop ends otherwise (``fusermount3 -u``).
     Changes that cannot be folded stay in the journal (``Writeback.flush`` says why).
@@ -285,6 +330,8 @@ async def _serve(mount: Composed, status: Any, conn: Any = None, ledger: str | N
     from shardfs.tree.ledger import Ledger
 
     writeback, writer = mount.writeback, mount.writer
+    if exporter is not None:
+        exporter.serving(trio.lowlevel.current_trio_token())
     # Given to run/flush, not to Writeback(): it is built (and replays the journal) before the View and Writer.
     folded = writer.folded if writer is not None else None
     flushed = False
@@ -308,9 +355,10 @@ async def _serve(mount: Composed, status: Any, conn: Any = None, ledger: str | N
                 if conn.resend:
                     fusedev.resend(conn.fd)  # what the dead worker had read comes again
             conn.serving()
-        nursery.start_soon(status.run)
+        # a bug in a background task is logged and the task runs again (``Faults.keep``)
+        nursery.start_soon(mount.ops.faults.keep, "status", status.run)
         if writeback is not None:
-            nursery.start_soon(writeback.run, folded)
+            nursery.start_soon(mount.ops.faults.keep, "fold loop", writeback.run, folded)
         await fuseloop.main()  # pyfuse3.main() with a cheaper read lock
         nursery.cancel_scope.cancel()
     if writeback is not None and not flushed:
@@ -325,10 +373,10 @@ def _report(args: argparse.Namespace, line: str) -> None:
         return
     if args.ready_fd is None:
         if line != "ok":
-            print(f"shardfs: {line}", file=sys.stderr)
+            print(f"shardfs: {printable(line)}", file=sys.stderr)
         return
     try:
-        os.write(args.ready_fd, (line + "\n").encode())
+        os.write(args.ready_fd, (printable(line) + "\n").encode(errors="backslashreplace"))
         os.close(args.ready_fd)
     except OSError:
         pass

@@ -29,6 +29,7 @@ its worker gets SIGKILL (``PR_SET_PDEATHSIG``) and the connection ends as before
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -42,7 +43,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from shardfs.app import fusedev
+from shardfs.app import fusedev, state
+from shardfs.storage import private
 
 log = logging.getLogger("shardfs")
 CRASH_LOOP = 5  # worker deaths ...
@@ -74,11 +76,15 @@ class Supervisor:
 
     ``argv``: the worker's command line, without ``--worker FD``; ``fsname``: the mount's
     source as the mount table shows it; ``fuse_opts``: the libfuse options (``allow_other``,
-    ...); ``report``: called once with ``ok`` or ``error: ...`` (the ``--ready-fd`` protocol)."""
+    ...); ``report``: called once with ``ok`` or ``error: ...`` (the ``--ready-fd`` protocol);
+    ``status_path``: the status socket, which this process makes and listens on (so the kernel
+    names it as the mount's daemon: ``shardfs.app.mounts.daemon_of``) and each worker serves."""
 
     def __init__(self, argv: list[str], mnt: str, fsname: str, fuse_opts: list[str], read_only: bool,
-                 report: Callable[[str], None]) -> None:
+                 report: Callable[[str], None], status_path: str | None = None) -> None:
         self.argv, self.mnt, self.fsname = argv, mnt, fsname
+        self.status_path = status_path  # ``shardfs status``: made here, served by each worker
+        self.status: socket.socket | None = None
         self.fuse_opts, self.read_only = fuse_opts, read_only
         self.report: Callable[[str], None] | None = report
         self.fd = -1
@@ -98,6 +104,7 @@ class Supervisor:
             signal.signal(sig, lambda *_: None)
         try:
             fusedev.check()
+            self._listen()
             worker: Worker | None = self._spawn()
         except (fusedev.MountError, OSError) as e:
             self._failed(f"{self.mnt}: cannot mount: {e} (fuse_session_mount failed)"
@@ -115,9 +122,22 @@ class Supervisor:
         finally:
             if self.fd >= 0:
                 os.close(self.fd)
+            if self.status is not None and self.status_path is not None:
+                self.status.close()
+                with contextlib.suppress(OSError):
+                    os.unlink(self.status_path)
             if self.watch is not None:
                 self.watch.close()
         return self.exit_code
+
+    def _listen(self) -> None:
+        if self.status_path is None:
+            return
+        try:
+            self.status = state.status_listener(self.status_path)
+        except (OSError, private.Refused) as e:
+            log.warning("shardfs status unavailable: cannot make the socket %s: %s", self.status_path,
+                        getattr(e, "strerror", None) or e)
 
     def _signals(self, wake_r: int, worker: Worker) -> None:
         try:
@@ -182,7 +202,8 @@ class Supervisor:
                "resend": self.resend, "status": status}
         fd = self.fd if self.resend else fusedev.clone(self.fd)
         try:
-            socket.send_fds(worker.ctl, [json.dumps(msg).encode()], [fd])
+            socket.send_fds(worker.ctl, [json.dumps(msg).encode()],
+                            [fd] + ([self.status.fileno()] if self.status is not None else []))
         finally:
             if fd != self.fd:
                 os.close(fd)
@@ -256,6 +277,7 @@ class Connection:
         self.init: bytes | None = None
         self.resend = False
         self.status: dict[str, Any] = {}
+        self.status_socket: socket.socket | None = None  # the supervisor's, for ``shardfs status``
         self.started = time.time()
         _die_with_parent()
         before = os.environ.pop("SHARDFS_OOM_SCORE_ADJ", None)
@@ -275,10 +297,13 @@ class Connection:
     def connect(self) -> None:
         """Say the worker is ready and receive the connection (blocks until the mount exists)."""
         self._send({"ready": True})
-        data, fds, _flags, _addr = socket.recv_fds(self.ctl, 1 << 16, 1)
+        data, fds, _flags, _addr = socket.recv_fds(self.ctl, 1 << 16, 2)
         if not fds:
             sys.exit(1)  # the supervisor could not mount: it reported why
         self.fd = fds[0]
+        if len(fds) > 1:
+            os.set_inheritable(fds[1], False)
+            self.status_socket = socket.socket(fileno=fds[1])
         msg = json.loads(data)
         self.init = base64.b64decode(msg["init"]) if msg["init"] is not None else None
         self.resend = bool(msg["resend"])
