@@ -36,6 +36,8 @@ from hypothesis import HealthCheck, Phase, settings
 REPO = Path(__file__).resolve().parent.parent
 # The benchmark's helpers the tests use too (bench_lib.delayproxy: delaying and counting TCP proxy).
 sys.path.insert(0, str(REPO / "scripts"))
+# testkit (what tests and tools share), after the shardfs that PYTHONPATH names (scripts/mutants)
+sys.path.append(str(REPO))
 SHARDFS = str(Path(sys.executable).parent / "shardfs")
 ZARR2_PYTHON = os.environ.get("SHARDFS_ZARR2_PYTHON") or str(REPO / ".venv-zarr2" / "bin" / "python")
 MOUNT_TIMEOUT = 30.0  # a loaded 2-core machine: an s3:// mount imports botocore twice

@@ -237,7 +237,7 @@ def test_with_nothing_else_to_run_queued_wait_blocks_in_its_own_poll_without_tri
     events, io_waits, took = _idle_run(None)
     assert events == ["sent", "readable"]
     assert io_waits == 0
-    assert 0.25 <= took < 5
+    assert 0.25 <= took < 30
 
 
 def test_a_task_already_scheduled_runs_before_queued_wait_blocks():
@@ -295,7 +295,7 @@ def test_concurrent_readers_get_exact_bytes_and_the_daemon_ends_at_the_unmount(t
     """Four threads open/read/close every chunk file 20 times at once through a writable mount
     (requests queue up, so the loop answers runs of them without trio's scheduler): every read
     gives the bytes of the first one; then ``fusermount3 -u`` (not lazy) unmounts and the daemon
-    exits within 5 s."""
+    exits (a hang: not within 30 s)."""
     build(tmp_path / "src", [F])
     mnt = mount(tmp_path / "src")
     arr = mnt / F.name
@@ -320,7 +320,7 @@ def test_concurrent_readers_get_exact_bytes_and_the_daemon_ends_at_the_unmount(t
     assert bad == []
     proc = mount.info(mnt).proc
     subprocess.run(["fusermount3", "-u", str(mnt)], check=True, timeout=30)
-    proc.wait(timeout=5)
+    proc.wait(timeout=30)
     assert proc.returncode == 0
     assert not is_mounted(mnt)
 
@@ -345,7 +345,9 @@ def test_requests_are_served_while_a_handler_waits_for_a_hung_object_store(own_s
         assert sorted(os.listdir(arr)) == listing
         served = time.monotonic() - t0
         assert cold.thread.is_alive(), f"the cold read ended early: {cold.error!r}"
-        assert served < 2.0, f"requests beside the hung read took {served:.2f} s"
+        # a loop blocked by the hung read answers only when it fails (-o timeout=10), so the
+        # cold read would have ended: the bound catches that hang, not a latency
+        assert served < 8.0, f"requests beside the hung read took {served:.2f} s"
     finally:
         os.kill(own_s3.proc.pid, signal.SIGCONT)
     cold.join()

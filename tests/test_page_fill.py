@@ -221,16 +221,18 @@ def test_an_open_beside_a_handle_of_an_older_version_bypasses_the_pages(src, mou
         os.close(h)
 
 
-def _reread(path: str, acked, stop, out) -> None:
-    """A reader process: read ``path`` whole again and again; a read that began after the write
-    of value ``acked`` was acknowledged must not show an older value (an empty file is the
-    writer's ``O_TRUNC`` in flight, as on any filesystem)."""
+def _reread(path: str, acked, stop, out, total) -> None:
+    """A reader process: read ``path`` whole again and again (counted in ``total`` too); a read
+    that began after the write of value ``acked`` was acknowledged must not show an older value
+    (an empty file is the writer's ``O_TRUNC`` in flight, as on any filesystem)."""
     stale = reads = 0
     while not stop.value:
         before = acked.value
         with open(path, "rb") as f:
             got = f.read()
         reads += 1
+        with total.get_lock():
+            total.value += 1
         if got and int.from_bytes(got[:2], "little") < before:
             stale += 1
     out.put((reads, stale))
@@ -248,14 +250,15 @@ def test_no_read_begun_after_an_in_place_write_was_acknowledged_sees_the_older_v
     mnt = mount(root)
     path = str(mnt / "x" / "0.0")
     ctx = mp.get_context("fork")
-    acked, stop, out = ctx.Value("q", 0), ctx.Value("b", 0), ctx.Queue()
-    readers = [ctx.Process(target=_reread, args=(path, acked, stop, out)) for _ in range(4)]
+    acked, stop, out, total = ctx.Value("q", 0), ctx.Value("b", 0), ctx.Queue(), ctx.Value("q", 0)
+    readers = [ctx.Process(target=_reread, args=(path, acked, stop, out, total)) for _ in range(4)]
     for r in readers:
         r.start()
     try:
-        deadline = time.monotonic() + 4
+        # 4 s, and as long as it takes a loaded machine to make 50 writes and 200 reads (a hang: 120 s)
+        enough, deadline = time.monotonic() + 4, time.monotonic() + 120
         value = 0
-        while time.monotonic() < deadline:
+        while (time.monotonic() < enough or value <= 50 or total.value <= 200) and time.monotonic() < deadline:
             value += 1
             with open(path, "r+b") as f:
                 f.truncate(0)

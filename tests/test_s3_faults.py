@@ -34,9 +34,10 @@ F = Spec("f", (16, 16), (4, 4), (8, 8), "<i4", 0, ("zstd", 1), inner_crc=False, 
          index_crc=True, initial=((s(0, 16), s(0, 16)),), write=(s(0, 1), s(0, 1)))
 IN_FLIGHT = 0.2  # seconds for the reads to reach the frozen server
 # obstore gives up after max_retries more attempts, each after at most max_backoff (connection
-# refused fails at once); the rest is slack for a loaded machine.
+# refused fails at once); the rest is generous slack for a loaded machine (the bound catches a
+# read that never fails, not a latency).
 _R = Retry()
-EIO_WITHIN = _R.max_retries * _R.max_backoff + 5.0
+EIO_WITHIN = _R.max_retries * _R.max_backoff + 20.0
 # How long the daemon uses a version it saw (a HEAD, a GET, a listing) without asking again.
 STAT_TTL = inspect.signature(ObjectStorage).parameters["stat_ttl"].default  # a mount passes its attr_timeout instead
 
@@ -161,7 +162,8 @@ def test_a_hung_server_fails_a_read_with_eio_within_the_mount_timeout(own_s3, tm
     (obstore's own 30 s otherwise), with one log line naming its shard; what was read before is
     still served, and the daemon stays alive."""
     timeout = 1.0
-    bound = Retry.for_timeout(timeout).bound + 2.0  # slack for a loaded machine
+    # generous slack for a loaded machine, and well below obstore's own 30 s
+    bound = Retry.for_timeout(timeout).bound + 10.0
     expected = build(tmp_path / "src", [F])[F.name]
     mnt = BucketSource(tmp_path / "src", own_s3, "hung").mount(mount, "-o", f"timeout={timeout:g}")
     daemon = mount.info(mnt)

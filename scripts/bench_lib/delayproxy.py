@@ -20,7 +20,11 @@ body cannot be followed, so that connection's later requests count as ``UNPARSED
 ``snapshot()`` copies both, from any thread. ``DelayProxy(..., record=True)`` also keeps every
 request, in order, in ``proxy.log`` (``Request(method, path, query, headers)``: the kind as
 counted, the percent-decoded path, lower-cased header names), for the tests that count one key's
-requests and check their ranges and conditions.
+requests and check their ranges and conditions. ``proxy.peak_in_flight`` is the most requests
+that were awaiting their answer at once (sent by a client, no byte of the answer back from the
+upstream yet), over all connections, since the proxy started or ``reset_peak()``: how many
+requests a client had in flight together, whatever the machine's load (the tests check
+concurrency with it, not with the wall clock).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class _RequestParser:
         self.head = b""
         self.body = 0  # bytes of the current request's body still to skip
         self.lost = False
+        self.seen = 0  # requests parsed so far
 
     def feed(self, data: bytes) -> None:
         while data and not self.lost:
@@ -84,6 +89,7 @@ class _RequestParser:
         if method == "GET" and "/" not in target.path.strip("/"):
             method = "LIST"  # path-style bucket-level GET: ListObjects
         self.counts[method] += 1
+        self.seen += 1
         headers = {}
         for f in fields:
             name, _, value = f.partition(b":")
@@ -153,6 +159,8 @@ class DelayProxy:
         self._thread = threading.Thread(target=self._run, name="delayproxy", daemon=True)
         self.requests: collections.Counter[str] = collections.Counter()
         self.bytes_down = 0
+        self.in_flight = 0  # requests awaiting their answer now (changed on the proxy's thread only)
+        self.peak_in_flight = 0
 
     def __enter__(self) -> "DelayProxy":
         self.start()
@@ -175,8 +183,17 @@ class DelayProxy:
         """(requests by kind, bytes from upstream) counted so far."""
         return dict(self.requests), self.bytes_down
 
+    def reset_peak(self) -> None:
+        """Start ``peak_in_flight`` again from the requests in flight now."""
+        self.peak_in_flight = self.in_flight
+
     def _down(self, data: bytes) -> None:
         self.bytes_down += len(data)
+
+    def _awaiting(self, now: bool) -> None:
+        """A connection's request is sent (``now``) or its answer began to come back."""
+        self.in_flight += 1 if now else -1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -206,8 +223,26 @@ class DelayProxy:
         except OSError:
             cwriter.transport.abort()  # RST: the client sees the connection refused/reset
             return
-        up = asyncio.ensure_future(_pump(creader, uwriter, self.delay, _RequestParser(self.requests, self.log).feed))
-        down = asyncio.ensure_future(_pump(ureader, cwriter, self.delay, self._down))
+        parser = _RequestParser(self.requests, self.log)
+        awaiting = False  # a request of this connection is awaiting its answer (HTTP/1.1: one at a time)
+
+        def sent(data: bytes) -> None:
+            nonlocal awaiting
+            before = parser.seen
+            parser.feed(data)
+            if parser.seen != before and not awaiting:
+                awaiting = True
+                self._awaiting(True)
+
+        def answered(data: bytes) -> None:
+            nonlocal awaiting
+            self._down(data)
+            if data and awaiting:
+                awaiting = False
+                self._awaiting(False)
+
+        up = asyncio.ensure_future(_pump(creader, uwriter, self.delay, sent))
+        down = asyncio.ensure_future(_pump(ureader, cwriter, self.delay, answered))
         try:
             done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_EXCEPTION)
             if any(t.exception() for t in done):  # a reset on one side: drop the other
@@ -220,6 +255,8 @@ class DelayProxy:
             await asyncio.gather(up, down, return_exceptions=True)
             uwriter.close()
             cwriter.close()
+            if awaiting:  # never answered
+                self._awaiting(False)
 
 
 def main() -> None:

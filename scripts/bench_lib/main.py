@@ -41,9 +41,10 @@ from typing import Any, Iterator
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.append(str(REPO))  # testkit (after the shardfs the daemon's and --baseline's PYTHONPATH name)
 
 sys.modules.setdefault("bench_lib.main", sys.modules[__name__])  # one module when run as a script (s3rows imports it)
-from bench_lib import datasets as ds  # noqa: E402
+from testkit import datasets as ds  # noqa: E402
 from bench_lib import peers  # noqa: E402
 from bench_lib import report  # noqa: E402
 from shardfs.app.mounts import daemon_pid  # noqa: E402
@@ -379,6 +380,7 @@ class Bench:
     def setup(self) -> None:
         s = self.sizes
         self.big, self.meta, self.small = self.work / "big", self.work / "meta", self.work / "small"
+        self.shards = self.work / "shards"
         self.log(f"building datasets in {self.work}")
         data = ds.build_big(self.big, s)
         self.vol_sum = int(data.sum(dtype="uint64"))
@@ -391,6 +393,7 @@ class Bench:
         del data
         self.many_info = ds.build_many(self.meta, s)
         ds.build_small(self.small)
+        ds.build_tiny(self.shards, s.tiny_shards)
         self.log(f"  vol {s.vol_shape} ({self.vol_bytes / MiB:.0f} MiB), many: {self.many_info['stored']} "
                  f"stored chunks in {self.many_info['shards']} shards")
 
@@ -423,6 +426,14 @@ class Bench:
         self.many_files = n
         self.log(f"  real v2 copy of many: {n} chunk files cut from the shards, names and a sample checked "
                  "against the mount")
+        tiny = self.copy / "tiny"
+        tiny.mkdir()
+        for i in range(s.tiny_shards):
+            (tiny / str(i)).write_bytes(ds.tiny_value(i))
+        with self.mounted(self.shards, "setup-shards") as m:
+            names = sorted(e.name for e in os.scandir(m.mnt / "tiny") if e.is_file() and e.name[0] != ".")
+            if names != sorted(e.name for e in os.scandir(tiny)):
+                raise BenchError(f"shards/tiny: mount lists {len(names)} files, the copy has {s.tiny_shards}")
         (self.work / "vol.list").write_text("\n".join(self.vol_names) + "\n")
         (self.work / "large.list").write_text("\n".join(self.large_names) + "\n")
 
@@ -524,8 +535,9 @@ class Bench:
         return [self.abs_check(row, 1.0, ">=", "≥ 1 GB/s"), self.floor_row("same (time), mount vs", "s", tm, tf, tc)]
 
     def fig_listing(self) -> list[Row]:
-        """``find -type f`` and ``ls -l`` over the >100k chunk files of many, cold after mounting; daemon RSS."""
-        t = {"find_mount": [], "find_copy": [], "ls_mount": [], "ls_copy": []}
+        """``find -type f`` and ``ls -l`` over the >100k chunk files of many, cold after mounting; daemon RSS.
+        ``ls -l`` over the chunk files of tiny (a shard each), cold after mounting."""
+        t = {"find_mount": [], "find_copy": [], "ls_mount": [], "ls_copy": [], "tiny_mount": [], "tiny_copy": []}
         rss: list[int] = []
         counts: dict[str, int] = {}
         listing = self.work / "listing.out"
@@ -537,24 +549,27 @@ class Bench:
             return len(lines) if kind == "find" else sum(1 for ln in lines if ln.startswith("-"))
 
         for rep in self.repeat():
-            for kind, cmd in (("find", find), ("ls", ls)):
+            for kind, cmd in (("find", find), ("ls", ls), ("tiny", ls)):
+                src, name = (self.shards, "tiny") if kind == "tiny" else (self.meta, "many")
                 for side in rotate(["mount", "copy"], rep):
                     key = f"{kind}_{side}"
                     if side == "mount":
-                        with self.mounted(self.meta, "listing") as m:
+                        with self.mounted(src, "listing" if kind != "tiny" else "listing-tiny") as m:
                             self.drop_caches()
-                            t[key].append(self.shell(cmd, cwd=m.mnt / "many", out=listing))
-                            rss.append(proc_status(m.pid)["VmRSS"])
+                            t[key].append(self.shell(cmd, cwd=m.mnt / name, out=listing))
+                            if kind != "tiny":
+                                rss.append(proc_status(m.pid)["VmRSS"])
                     else:
                         self.drop_caches()
-                        t[key].append(self.shell(cmd, cwd=self.copy / "many", out=listing))
-                    counts[key] = count(kind)
+                        t[key].append(self.shell(cmd, cwd=self.copy / name, out=listing))
+                    counts[key] = count("find" if kind == "find" else "ls")
                     self.log(f"listing rep {rep + 1}: {key} {counts[key]} entries in {t[key][-1]:.2f} s")
         self.raw["listing"] = {"seconds": t, "counts": counts, "rss": rss}
         rows = []
-        for kind, label in (("find", "find -type f"), ("ls", "ls -l")):
+        for kind, label in (("find", "find -type f"), ("ls", "ls -l"), ("tiny", "ls -l")):
             n_m, n_c = counts[f"{kind}_mount"], counts[f"{kind}_copy"]
-            row = self.ratio_row(f"{label} over {n_c} chunk files, cold after mount", "entries/s",
+            what = f"{n_c} one-chunk shards" if kind == "tiny" else f"{n_c} chunk files"
+            row = self.ratio_row(f"{label} over {what}, cold after mount", "entries/s",
                                  n_m / median(t[f"{kind}_mount"]), n_c / median(t[f"{kind}_copy"]), None,
                                  ratio=median(t[f"{kind}_mount"]) / median(t[f"{kind}_copy"]))
             row = self.abs_check(row, 20000, ">=", "≥ 20k/s")
@@ -787,7 +802,7 @@ FIGURES: list[tuple[str, str, list[str]]] = [
     ("peers", "fig_peers", peers.FIGURE_LABELS),
     ("large", "fig_large", ["cat 4 MiB chunk files, source cached", "  floor: same, mount vs passthrough"]),
     ("listing", "fig_listing", ["find -type f over >100k chunk files", "ls -l over >100k chunk files",
-                                "daemon RSS after listing >100k chunks"]),
+                                "ls -l over 30k one-chunk shards", "daemon RSS after listing >100k chunks"]),
     ("random", "fig_random", ["random single-chunk read p50", "  floor: same, mount vs passthrough",
                               "random single-chunk read p99", "  floor: same, mount vs passthrough",
                               "open+read+close of one cached file", "  floor: same, mount vs passthrough"]),

@@ -9,7 +9,9 @@ entry/attribute timeouts.
 
 Any exception other than ``pyfuse3.FUSEError`` escaping a handler would end
 ``pyfuse3.main`` and kill the mount, so every handler goes through ``_guard``:
-``OSError`` becomes its errno, anything else is logged and becomes EIO.
+``OSError`` becomes its errno, anything else (a bug) becomes EIO and is recorded in
+``Operations.faults`` (logged with its traceback, once per place: ``shardfs.storage.faults``).
+``forget``, which has no reply, records its bugs the same way and answers nothing.
 
 Extended attributes are not implemented on purpose: pyfuse3 answers ENOSYS,
 after which the kernel stops asking. Otherwise ``ls -l`` sends two getxattr
@@ -37,6 +39,7 @@ from shardfs.kernel.inodes import KernelInodes, Pages
 from shardfs.kernel.pins import Pins
 from shardfs.tree.listing import DirStream
 from shardfs.storage.attrs import Attr
+from shardfs.storage.faults import Faults
 from shardfs.tree.nodes import ChunkKey
 from shardfs.tree.nodetable import CHUNK_BASE
 from shardfs.storage.stats import RequestStats
@@ -81,8 +84,8 @@ def _guard(fn: F) -> F:
                 log.debug("%s%r: %s", op, args[:2], e.strerror)
             self.stats.error(e.errno or errno.EIO, op)
             raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
-        except Exception:
-            log.exception("internal error in %s%r", op, args[:2])
+        except Exception as e:
+            self.faults.record(op, e, repr(args[:2]))
             self.stats.error(errno.EIO, op)
             raise pyfuse3.FUSEError(errno.EIO) from None
 
@@ -109,11 +112,14 @@ class Operations(pyfuse3.Operations):
 
     def __init__(self, view: View, timeouts: Timeouts | None = None,
                  writeback: Writeback | None = None, spill_dir: str | None = None,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+                 shard_bytes: int = DEFAULT_SHARD_BYTES, faults: Faults | None = None) -> None:
         """``spill_dir``: where contents being written spill beyond memory (needed with ``writeback``);
-        ``shard_bytes``: the shard size of arrays created through the mount (``-o shard_size``)."""
+        ``shard_bytes``: the shard size of arrays created through the mount (``-o shard_size``);
+        ``faults``: where the handlers' bugs are recorded (the mount's, shared with its
+        background tasks)."""
         super().__init__()
         self.view = view
+        self.faults = faults or Faults()
         if writeback is not None and spill_dir is None:
             raise ValueError("a writable mount needs a spill_dir")
         self.writer = None if writeback is None or spill_dir is None else Writer(view, writeback, self.invalidate,
@@ -388,11 +394,14 @@ class Operations(pyfuse3.Operations):
             await trio.to_thread.run_sync(_invalidate_inodes, targets)
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
-        for ino, nlookup in inode_list:
-            if self._kernel.forget(ino, nlookup):
-                chunk = self.view.nodes.forget(ino)
-                if chunk is not None:
-                    self._pins.forgot(chunk, ino)
+        try:
+            for ino, nlookup in inode_list:
+                if self._kernel.forget(ino, nlookup):
+                    chunk = self.view.nodes.forget(ino)
+                    if chunk is not None:
+                        self._pins.forgot(chunk, ino)
+        except Exception as e:  # noqa: BLE001 - FORGET has no reply: a bug is recorded, never raised
+            self.faults.record("forget", e)
 
     @_guard
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any

@@ -1,4 +1,5 @@
-"""The benchmark's own sharded Zarr v3 sources, written from scratch each run.
+"""The benchmark's own sharded Zarr v3 sources, written from scratch each run (the tests build
+``many`` and ``tiny`` too).
 
 - ``big/vol``    uint16 3-D, zstd, 32^3 inner chunks in 128^3 shards (the main array);
 - ``big/large``  uint16 3-D, uncompressed 4 MiB inner chunks (streaming throughput);
@@ -8,16 +9,20 @@
                  sharding binary format is simple), which is ~30x faster than
                  zarr-python's per-chunk codec pipeline; zarr 3 then checks one shard.
 - ``small/tiny`` one shard of one array (mount time baseline).
+- ``shards/tiny`` uint8 1-D, shards of one 4-byte chunk: 30k shard files (a listing's cost per
+                 shard, not per chunk). Written directly too.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import crc32c
 import numpy as np
 
 
@@ -33,14 +38,17 @@ class Sizes:
     many_shard: tuple[int, int]
     many_chunk: tuple[int, int]
     many_fill: float
+    tiny_shards: int
 
 
 FULL = Sizes(vol_shape=(512, 512, 384), vol_shard=(128, 128, 128), vol_chunk=(32, 32, 32),
              large_shape=(512, 512, 1024), large_shard=(256, 256, 256), large_chunk=(128, 128, 128),
-             many_shape=(1536, 1536), many_shard=(64, 64), many_chunk=(4, 4), many_fill=0.75)
+             many_shape=(1536, 1536), many_shard=(64, 64), many_chunk=(4, 4), many_fill=0.75,
+             tiny_shards=30_000)
 SMOKE = Sizes(vol_shape=(128, 128, 96), vol_shard=(64, 64, 64), vol_chunk=(32, 32, 32),
               large_shape=(128, 128, 128), large_shard=(128, 128, 128), large_chunk=(64, 64, 64),
-              many_shape=(128, 128), many_shard=(32, 32), many_chunk=(4, 4), many_fill=0.75)
+              many_shape=(128, 128), many_shard=(32, 32), many_chunk=(4, 4), many_fill=0.75,
+              tiny_shards=2_000)
 
 
 def vol_data(shape: tuple[int, ...], seed: int = 1) -> np.ndarray:
@@ -133,6 +141,39 @@ def build_small(root: Path) -> None:
     g = zarr.open_group(str(root), mode="w")
     a = g.create_array("tiny", shape=(8, 8), chunks=(4, 4), shards=(8, 8), dtype="uint8", compressors=None)
     a[...] = np.arange(64, dtype=np.uint8).reshape(8, 8) + 1
+
+
+def build_tiny(root: Path, n: int) -> None:
+    """``root`` = group with ``tiny``: shape (4n,) uint8, shards (4,) of one (4,) chunk; shard
+    ``i`` holds ``i % 255 + 1`` four times (``tiny_value``). zarr 3 writes the metadata and
+    reads the first two shards back; each shard file is its 4 bytes and the index with its
+    crc32c, as zarr 3 writes it."""
+    import zarr
+
+    g = zarr.open_group(str(root), mode="w")
+    arr = g.create_array("tiny", shape=(4 * n,), chunks=(4,), shards=(4,), dtype="uint8", compressors=None,
+                         fill_value=0)
+    index = np.array([[0, 4]], dtype="<u8").tobytes()
+    tail = index + np.array([crc32c.crc32c(index)], dtype="<u4").tobytes()
+    shards = root / "tiny" / "c"
+    shards.mkdir(parents=True)
+    fd = os.open(shards, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i in range(n):
+            f = os.open(str(i), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=fd)
+            try:
+                os.write(f, tiny_value(i) + tail)
+            finally:
+                os.close(f)
+    finally:
+        os.close(fd)
+    if arr[:8].tolist() != [1] * 4 + [2] * 4:
+        raise RuntimeError(f"{root}/tiny: zarr 3 reads {arr[:8].tolist()} from the first two shards")
+
+
+def tiny_value(i: int) -> bytes:
+    """The 4 bytes of chunk ``i`` of ``tiny`` (``build_tiny``): its v2 chunk file."""
+    return bytes([i % 255 + 1]) * 4
 
 
 def v2_copy_from_source(src_array: Path, mnt_array: Path, dst: Path, sizes: Sizes) -> int:
