@@ -298,6 +298,8 @@ class Writer:
         """Rename a staging file: onto a chunk key or metadata file (a commit), or to another name."""
         st = self.view.nodes.staged.get((p1, n1))
         if st is None:
+            if not await self.structure.exists(p1, n1):
+                raise fail(errno.ENOENT)
             log.error("rename of %s: only temporary files can be renamed", n1)
             raise fail(errno.EPERM)
         exists = await self.structure.exists(p2, n2)
