@@ -258,7 +258,7 @@ def test_bytes_only_the_dead_worker_held_fail_with_eio(mount, src):
         f.write(data)
     tmp = os.open(mnt / "a" / "tmp.bin", os.O_WRONLY | os.O_CREAT, 0o644)
     os.write(tmp, b"x" * 100)
-    dirty = os.open(mnt / "a" / "5.5", os.O_WRONLY | os.O_TRUNC)  # rewritten in place, not committed
+    dirty = os.open(mnt / "a" / "5.5", os.O_WRONLY)  # rewritten in place, not committed
     os.write(dirty, data[:10])
     clean = os.open(mnt / "a" / "4.4", os.O_WRONLY)
     kill_worker(m, mnt)
@@ -286,3 +286,23 @@ def test_a_resent_write_of_bytes_the_dead_worker_held_fails_with_eio(mount, src)
     assert e.value.errno == errno.EIO
     with pytest.raises(OSError):
         os.close(tmp)
+
+
+def test_a_crash_loop_ends_the_mount_with_one_log_line(mount, src, mnt_dir):
+    """5 worker deaths within 60 s: no sixth worker; the mount is detached, the supervisor
+    exits 1 with one log line saying why, and the source mounts again."""
+    mnt = mount(src)
+    m = mount.info(mnt)
+    for _ in range(4):
+        kill_worker(m, mnt)
+    os.kill(worker_of(m), signal.SIGKILL)
+    assert m.proc.wait(30) == 1
+    assert not os.path.ismount(mnt)
+    lines = [line for line in m.log_text().splitlines() if "times within" in line]
+    assert len(lines) == 1 and lines[0].endswith(
+        f"{mnt}: the worker died 5 times within 60 s (last: signal 9): unmounting"), lines
+    r = run_shardfs("umount", str(mnt))
+    assert r.returncode == 1 and r.stderr.strip() == f"shardfs: error: {mnt}: not mounted"
+    assert run_shardfs("mount", str(src), str(mnt_dir)).returncode == 0
+    assert (mnt_dir / "a" / ".zarray").exists()
+    assert run_shardfs("umount", str(mnt_dir)).returncode == 0
