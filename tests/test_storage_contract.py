@@ -27,7 +27,7 @@ from s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3
 from shardfs.storage import ABSENT, Entry, Range, Version, VersionMismatch
 from shardfs.storage.local import LocalStorage
 from shardfs.storage.objects import PAGE, ObjectStorage, Retry, StorageUnavailable
-from bench_lib.delayproxy import DelayProxy
+from testkit.delayproxy import DelayProxy
 
 KINDS = ["local", "objects", "azure"]
 
@@ -408,7 +408,8 @@ def test_a_nested_shard_replaced_between_its_index_and_its_inner_indexes_is_read
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             write_v3(tmp_path / name, data, (8, 8), nested_codecs((4, 4), (2, 2), [LE, ZSTD]))
-        return (tmp_path / name / "c" / "0" / "0").read_bytes(), json_mod.loads((tmp_path / name / "zarr.json").read_text())
+        return ((tmp_path / name / "c" / "0" / "0").read_bytes(),
+                json_mod.loads((tmp_path / name / "zarr.json").read_text()))
 
     old, doc = shard_bytes("old", np.arange(64, dtype="int32").reshape(8, 8) + 1)
     new_data = np.random.default_rng(7).integers(1, 1 << 30, size=(8, 8)).astype("int32")
