@@ -21,6 +21,10 @@ from dataclasses import dataclass, field
 class KernelConfig:
     entry_timeout: float = 10.0  # seconds the kernel caches names
     attr_timeout: float = 10.0  # seconds the kernel caches attributes
+    uid: int | None = None  # the owner every node shows (None: the mounting user)
+    gid: int | None = None  # the group every node shows (None: the mounting user's)
+    file_mode: int | None = None  # the permission bits of files (None: 0644, 0444 read-only)
+    dir_mode: int | None = None  # of directories (None: 0755, 0555 read-only)
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ class Config:
     read_only: bool = False
     debug: bool = False  # log every request
     stats_interval: float | None = None  # seconds between logged summaries of the counters (None: none)
+    nonempty: bool = False  # mount over a mountpoint that holds files (else refused)
+    metrics: str | None = None  # HOST:PORT (or PORT, on loopback) serving /metrics (None: not served)
     kernel: KernelConfig = field(default_factory=KernelConfig)
     reads: ReadConfig = field(default_factory=ReadConfig)
     tree: TreeConfig = field(default_factory=TreeConfig)

@@ -20,6 +20,7 @@ standard library (obstore when waiting for readiness).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -75,8 +76,11 @@ def _free_ports(n: int) -> list[int]:
 class SeaweedS3:
     """One ``weed mini`` process serving S3 at ``endpoint`` with data under ``base/data``."""
 
-    def __init__(self, base: Path, bucket: str = BUCKET):
+    def __init__(self, base: Path, bucket: str = BUCKET, anonymous_read: bool = False):
+        """``anonymous_read``: unsigned requests may also list and read ``bucket`` (a public
+        bucket: an ``anonymous`` identity in the ``-s3.config`` file, beside the admin's keys)."""
         self.base = Path(base)
+        self.anonymous_read = anonymous_read
         self.data = self.base / "data"
         self.data.mkdir(parents=True, exist_ok=True)
         self.log = self.base / "weed.log"
@@ -97,7 +101,18 @@ class SeaweedS3:
         return [WEED, "mini", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", *ports,
                 "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
                 "-master.telemetry=false", f"-filer.localSocket={self.data}/filer.sock",
-                f"-s3.localSocket={self.data}/s3.sock", f"-bucket={self.bucket}"]
+                f"-s3.localSocket={self.data}/s3.sock", f"-bucket={self.bucket}", *self._identities()]
+
+    def _identities(self) -> list[str]:
+        """The ``-s3.config`` flag of a server that lets unsigned requests read its bucket."""
+        if not self.anonymous_read:
+            return []
+        config = self.base / "s3.json"
+        config.write_text(json.dumps({"identities": [
+            {"name": "admin", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+             "actions": ["Admin", "Read", "List", "Tagging", "Write"]},
+            {"name": "anonymous", "actions": [f"Read:{self.bucket}", f"List:{self.bucket}"]}]}))
+        return [f"-s3.config={config}"]
 
     def start(self) -> "SeaweedS3":
         """Start (or restart after ``kill``) and wait until the bucket answers a signed listing."""

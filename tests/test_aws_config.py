@@ -206,7 +206,7 @@ def test_wrong_keys_in_profile_named(src, home, mnt_dir):
     write_aws(home, f"[profile lab]\nendpoint_url = {src[1].server.endpoint}\n",
               LAB_KEYS.replace(SECRET_KEY, "not-the-secret"))
     want = (f"shardfs: error: {src[1].url}: access denied (check the credentials: the profile in the "
-            "shared credentials file)\n")
+            "shared credentials file; a public bucket: -o anonymous)\n")
     assert mount_fails(src[1].url, mnt_dir, {}, "-o", "profile=lab") == [want, want]
 
 

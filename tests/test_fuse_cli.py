@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import daemon_pids, lazy_unmount, read_zarr2, run_shardfs
+from conftest import daemon_pids, lazy_unmount, read_zarr2, run_shardfs, serving_pid
 from shardfs.app import options, state
 from sources import Spec, build
 from writers import write_zarr2
@@ -247,7 +247,7 @@ def test_mount_returns_with_zarr_imported_before_any_request(src, mnt_dir):
     modules are already mapped into the daemon."""
     r = run_shardfs("mount", str(src), str(mnt_dir), env=env())
     assert r.returncode == 0, r.stderr
-    [pid] = daemon_pids(mnt_dir)
+    pid = serving_pid(mnt_dir)
     maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
     extensions = {Path(line.split()[-1]).parent.name for line in maps if line.endswith(".so")}
     assert "numcodecs" in extensions, sorted(extensions)
@@ -258,19 +258,22 @@ def test_mount_returns_with_zarr_imported_before_any_request(src, mnt_dir):
 # --------------------------------------------------------------------------- logs and help
 
 
-def test_background_daemon_log_location_is_printed(src, mnt_dir):
-    r = run_shardfs("mount", str(src), str(mnt_dir), "-o", "ro", env=env())
+@pytest.mark.parametrize("debug", [False, True])
+def test_background_daemon_log_location_is_printed_with_debug(src, mnt_dir, debug):
+    """Where the log goes without syslog is said once, with ``--debug`` (not on every mount)."""
+    r = run_shardfs("mount", str(src), str(mnt_dir), "-o", "ro", *["--debug"] * debug, env=env())
     assert r.returncode == 0, r.stderr
     logfile = Path(state.log_file(str(src)))
-    if SYSLOG:
+    if SYSLOG or not debug:
         assert r.stderr == ""
     else:
         assert r.stderr == f"shardfs: no syslog (/dev/log): the daemon logs to {logfile}\n"
+    if not SYSLOG:
         assert logfile.parent == Path(os.environ["XDG_STATE_HOME"]) / "shardfs" / state.source_id(str(src))
         assert stat.S_IMODE(logfile.parent.stat().st_mode) == 0o700
     assert run_shardfs("umount", str(mnt_dir), env=env()).returncode == 0
     wait_daemon_gone(mnt_dir)
-    if not SYSLOG:
+    if not SYSLOG and not debug:
         lines = logfile.read_text().splitlines()
         assert any(line.endswith(f"INFO mounted {src} on {mnt_dir} (read-only)") for line in lines), lines
         assert lines[-1].endswith(f"INFO unmounted {mnt_dir}"), lines

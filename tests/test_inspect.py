@@ -152,6 +152,59 @@ def test_inspect_map_png(tmp_path):
     assert sorted(colours)[-1][0] < 800 * 600 * 0.8  # not one colour (blank)
 
 
+def _pixel_of_shard(report: dict, row: int, col: int) -> tuple[float, float]:
+    """The PNG pixel (x, y from the top) at the middle of the part of shard (row, col) inside the
+    array, for the default slice of a 2-D array (``gridmap.AXES`` places the plot)."""
+    from shardfs.format.gridmap import AXES, SIZE
+
+    (rows, cols), (sr, sc) = report["shape"], report["shard_shape"]
+    x = (col * sc + min((col + 1) * sc, cols)) / 2 / cols
+    y = (row * sr + min((row + 1) * sr, rows)) / 2 / rows
+    left, bottom, width, height = AXES
+    return SIZE[0] * (left + x * width), SIZE[1] * (1 - bottom - height + y * height)
+
+
+def test_inspect_names_what_a_path_is_and_maps_a_shards_array_as_the_text_does(tmp_path, mount):
+    """A missing path is "no such file or directory"; a group names its arrays; ``--map`` of a
+    shard file (or of a chunk file in a mount) draws its array and says what it wrote; the PNG
+    colours each shard as the text map shades it (an edge shard whose in-bounds chunks are all
+    stored is "all stored" in both)."""
+    import matplotlib
+    from PIL import Image
+
+    src = tmp_path / "src"
+    _make_sparse(src)
+    zarr.open_group(str(src), mode="a").create_group("labels").create_array("seg", shape=(4,), chunks=(2,),
+                                                                            dtype="int8")
+    r = run_shardfs("inspect", str(src / "missing"))
+    assert (r.returncode, r.stderr) == (1, f"shardfs: error: {src / 'missing'}: no such file or directory\n")
+    r = run_shardfs("inspect", str(src))
+    assert (r.returncode, r.stderr) == (1, f"shardfs: error: {src}: a Zarr v3 group, not an array: it holds "
+                                           "labels/seg, raw (inspect one of them)\n")
+    png = tmp_path / "map.png"
+    r = run_shardfs("inspect", str(src / "raw" / "c" / "1" / "2"), "--map", str(png), "--json")
+    assert r.returncode == 0 and r.stderr == f"shardfs: wrote {png}, 800x600\n", r
+    report = json.loads(r.stdout)
+    assert report["shard"]["key"] == "c/1/2"
+    text = run_shardfs("inspect", str(src / "raw")).stdout.splitlines()[-2:]
+    assert text == ["         0 ░░·", "        20 █·█"]  # (1, 2) is an edge shard: 2 of 2 in-bounds chunks
+    viridis = matplotlib.colormaps["viridis"]
+    want = {"░": viridis(0.25), "█": viridis(1.0), "·": viridis(0.0)}
+    with Image.open(png) as im:
+        assert im.size == (800, 600)
+        rgb = im.convert("RGB")
+        for row, line in enumerate(text):
+            for col, char in enumerate(line.split()[1]):
+                got = rgb.getpixel(tuple(round(v) for v in _pixel_of_shard(report, row, col)))
+                assert all(abs(g - 255 * w) <= 2 for g, w in zip(got, want[char])), (row, col, char, got)
+
+    mnt = mount(src)
+    png.unlink()
+    r = run_shardfs("inspect", str(mnt / "raw" / "2.4"), "--map", str(png))
+    assert r.returncode == 0 and r.stderr == f"shardfs: wrote {png}, 800x600\n", r
+    assert "\n".join(text) + "\n" in r.stdout and png.stat().st_size > 0  # the array's map, then the shard
+
+
 def test_inspect_counts_corrupt_shards_and_slices(tmp_path):
     src = tmp_path / "src"
     _make_sparse(src)
@@ -191,7 +244,7 @@ def test_inspect_on_object_storage_says_what_it_says_locally(tmp_path, s3, reque
         assert there == here, rel
     assert "v2 view    not shown: " in run_shardfs("inspect", f"{src.url}/bad", env=env).stdout
     r = run_shardfs("inspect", f"{src.url}/nothing", env=env)
-    assert r.returncode == 1 and "not inside a Zarr v3 array" in r.stderr
+    assert r.returncode == 1 and r.stderr == f"shardfs: error: {src.url}/nothing: no such file or directory\n", r
 
 
 def test_inspect_of_many_shards_shows_progress_on_a_terminal(tmp_path):

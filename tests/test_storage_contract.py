@@ -190,7 +190,8 @@ def test_check_accepts_a_good_source_and_names_each_bad_one(aws_env, monkeypatch
     with pytest.raises(StorageUnavailable) as e:
         ObjectStorage(f"s3://{s3.bucket}/checked").check()
     assert str(e.value) == (f"s3://{s3.bucket}/checked: access denied "
-                            "(check the credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")
+                            "(check the credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; "
+                            "a public bucket: -o anonymous)")
     with pytest.raises(PermissionError) as pe:
         ObjectStorage(f"s3://{s3.bucket}/checked").read_all("zarr.json")
     assert pe.value.errno == errno.EACCES

@@ -23,10 +23,11 @@ from typing import Any
 
 from shardfs import __version__
 from shardfs.app import options, state
-from shardfs.app.mounts import daemon_pid
+from shardfs.app.mounts import daemon_of, dead_source
 from shardfs.app.progress import FoldProgress
 from shardfs.app.run import run_daemon, spawn_daemon
 from shardfs.app.usage import UsageError
+from shardfs.format.printable import printable, printable_doc
 from shardfs.storage.source import Source
 from shardfs.storage.urls import is_url
 
@@ -76,7 +77,7 @@ def _main(argv: list[str]) -> int:
     try:
         return args.run(args)
     except UsageError as e:
-        print(f"shardfs: error: {e}", file=sys.stderr)
+        print(f"shardfs: error: {printable(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -104,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--log-file", metavar="FILE",
                    help="log here (default: stderr with -f, else syslog, else a file in the state directory)")
     m.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
+    m.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # shardfs.app.supervisor
     m.set_defaults(run=_cmd_mount)
     i = sub.add_parser("inspect", help="show the codecs, shapes and index of an array or shard")
     i.add_argument("path", metavar="PATH", help="a shard file, a shard directory in a mount, or an array")
@@ -200,23 +202,58 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         source = options.source(args.src, opts)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.worker is not None:  # a supervisor's worker: the supervisor checked it all
+        return run_daemon(args, os.path.abspath(args.mnt), opts, source)
     if args.ready_fd is None or not source.url:  # a daemon we spawned: its parent checked the store
         check_source(args.src, source)
     mnt = os.path.abspath(args.mnt)
+    _detach_dead(args.mnt, mnt)
     try:
         os.makedirs(mnt, exist_ok=True)
     except OSError as e:
         raise UsageError(f"{args.mnt}: cannot create mountpoint: {e.strerror}") from None
     if os.path.ismount(mnt):
-        raise UsageError(f"{args.mnt}: already a mountpoint")
+        raise UsageError(f"{args.mnt}: already a mountpoint: unmount it first (shardfs umount {args.mnt})")
+    _check_empty(args.mnt, mnt, options.config(opts).nonempty)
     if args.foreground:
         return run_daemon(args, mnt, opts, source)
     return spawn_daemon(args, source)
 
 
+def _detach_dead(given: str, mnt: str) -> bool:
+    """Detach ``mnt`` (``fusermount3 -u -z``) if it is a shardfs mount whose daemon is gone,
+    saying so in one line on stderr; True if it was one. What its write journal holds is
+    folded by the next mount of its source, as after any crash. ``UsageError`` (what it is
+    and what to run) if it cannot be detached."""
+    src = dead_source(mnt)
+    if src is None:
+        return False
+    result = subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True, text=True)
+    if result.returncode:
+        raise UsageError(f"{given}: a dead shardfs mount of {src} (its daemon is gone) that this user cannot "
+                         f"detach: run shardfs umount {given} as the user who mounted it")
+    print(f"shardfs: {given}: detached a dead shardfs mount of {src} (its daemon was gone); "
+          "its pending writes, if any, are folded by the next mount of that source", file=sys.stderr)
+    return True
+
+
+def _check_empty(given: str, mnt: str, nonempty: bool) -> None:
+    """``UsageError`` if ``mnt`` holds entries and ``-o nonempty`` was not given: the mount would
+    hide them (libfuse 2's and s3fs's rule; libfuse 3 mounts over them without a word)."""
+    try:
+        with os.scandir(mnt) as entries:
+            occupied = next(entries, None) is not None
+    except OSError:
+        return  # libfuse says why it cannot mount there
+    if occupied and not nonempty:
+        raise UsageError(f"{given}: mountpoint is not empty (the mount would hide its files): "
+                         "empty it, or mount over it with -o nonempty")
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    """Print what ``shardfs.app.report.inspect`` finds; draw ``--map``. Reading many shard indexes
-    shows a progress bar on a terminal's stderr."""
+    """Print what ``shardfs.app.report.inspect`` finds; draw ``--map`` (of a shard's array, for a
+    shard) and say on stderr what it wrote. Reading many shard indexes shows a progress bar on a
+    terminal's stderr."""
     from shardfs.format.gridmap import parse_slice, save_png
     from shardfs.app.report import format_text, inspect
 
@@ -231,7 +268,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         return bars[-1].update
 
     try:
-        report = inspect(args.path, options.parse(args.options), progress=progress)
+        report = inspect(args.path, options.parse(args.options), progress=progress, whole=bool(args.map))
         where = parse_slice(args.slice, report["shape"], report["shard_shape"]) if "stored" in report else None
     except (OSError, ValueError) as e:
         raise UsageError(str(e).splitlines()[0]) from None
@@ -242,12 +279,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         if where is None:
             raise UsageError(f"--map: {args.path} is not an array that can be shown (inspect says why)")
         try:
-            save_png(report, where, args.map)
+            width, height = save_png(report, where, args.map)
         except ImportError:
             raise UsageError("--map needs matplotlib: pip install 'shardfs[map]'") from None
         except OSError as e:
             raise UsageError(f"{args.map}: cannot write: {e.strerror}") from None
-    print(json.dumps(report, indent=2) if args.json else format_text(report, where))
+    print(json.dumps(report, indent=2) if args.json else format_text(printable_doc(report), where))
+    if args.map:
+        print(f"shardfs: wrote {args.map}, {width}x{height}", file=sys.stderr)
     return 0
 
 
@@ -268,7 +307,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(docs, indent=2))
             else:
-                print(clear + ("\n\n".join(map(format_text, shown)) if shown else "no shardfs mounts of this user"))
+                texts = [format_text(printable_doc(doc)) for doc in shown]
+                print(clear + ("\n\n".join(texts) if shown else "no shardfs mounts of this user"))
             sys.stdout.flush()
         except BrokenPipeError:  # ``| head``
             return 0
@@ -281,19 +321,22 @@ def _cmd_umount(args: argparse.Namespace) -> int:
     """SIGTERM the daemon (it folds pending writes, then unmounts), showing the folds' progress
     when many chunks are pending (``FoldProgress``); after ``--timeout`` seconds SIGKILL it (the
     journal keeps every acknowledged change) and unmount lazily. Prints what is left in the
-    journal and why; status 1 if anything is."""
+    journal and why; status 1 if anything is. A dead mount (its daemon gone) is detached
+    (``_detach_dead``): status 0."""
     mnt = os.path.abspath(args.mnt)
+    if _detach_dead(args.mnt, mnt):
+        return 0
     if not os.path.ismount(mnt):
         raise UsageError(f"{args.mnt}: not mounted")
-    pid = daemon_pid(mnt)
-    if pid is None:
+    daemon = daemon_of(mnt)
+    if daemon is None:
         result = subprocess.run(["fusermount3", "-u", mnt], capture_output=True, text=True)
         if result.returncode:
             raise UsageError(result.stderr.strip() or f"{args.mnt}: cannot unmount")
         return 0
+    pid = daemon.pid
     found = daemon_journal(pid)
-    sockets = state.status_sockets(pid)
-    progress = FoldProgress(args.mnt, sockets[0] if sockets else None)
+    progress = FoldProgress(args.mnt, daemon.socket)
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + args.timeout
     killed = False
@@ -314,9 +357,9 @@ def _cmd_umount(args: argparse.Namespace) -> int:
     lines = _kept_report(*found, pid, killed) if found is not None else []
     progress.close(bool(lines) or killed)
     for line in lines:
-        print(f"shardfs: {line}", file=sys.stderr)
+        print(f"shardfs: {printable(line)}", file=sys.stderr)
     if lines and found is not None:
-        print(f"shardfs: they are folded by the next mount of {found[0]}", file=sys.stderr)
+        print(f"shardfs: they are folded by the next mount of {printable(found[0])}", file=sys.stderr)
     return 1 if lines or killed else 0
 
 

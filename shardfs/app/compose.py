@@ -26,8 +26,10 @@ from shardfs.kernel.fuse_ops import Operations, Timeouts
 from shardfs.reads.chunkcache import ChunkCache
 from shardfs.reads.factory import make_reads
 from shardfs.reads.rangecache import RangeCache
-from shardfs.storage import Storage
+from shardfs.storage import Storage, private
+from shardfs.storage.faults import Faults
 from shardfs.storage.source import Source
+from shardfs.tree.ledger import Ledger
 from shardfs.tree.view import View
 from shardfs.tree.writer import Writer
 from shardfs.writes.writeback import Writeback
@@ -54,17 +56,26 @@ class Composed:
         return self.ops.writer
 
 
-def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack) -> Composed:
+def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: Ledger | None = None) -> Composed:
     """Build a mount of ``source`` with ``cfg`` (``cfg.read_only``: no ``Writeback``, no
     ``Writer``); what must be closed (the storage, the journal's claim) goes on ``cleanup``.
     ``UsageError`` (one line) if the journal cannot be created or ``-o cache_dir`` cannot be
-    used; ``ReplayFailed`` if what killed daemons left in the journal cannot be replayed."""
+    used; ``ReplayFailed`` if what killed daemons left in the journal cannot be replayed.
+    ``ledger``: where a supervised worker notes the numbers it gives the kernel."""
     timeouts = Timeouts(cfg.kernel.entry_timeout, cfg.kernel.attr_timeout)
     storage = cleanup.enter_context(source.opened(version_ttl=timeouts.attr, list_ttl=timeouts.entry))
     writeback = None
+    faults = Faults()  # the mount's bugs, from requests and background tasks alike
+    spill = state.spill_dir(source.name, source.endpoint)
     if not cfg.read_only:
         try:
-            writeback = open_writeback(source, storage, cfg.writes.journal_dir, cleanup)
+            state.private_dir(spill)
+        except private.Refused as e:
+            raise UsageError(str(e)) from None
+        except OSError as e:
+            raise UsageError(f"{spill}: cannot create the spill directory: {e.strerror}") from None
+        try:
+            writeback = open_writeback(source, storage, cfg.writes.journal_dir, cleanup, faults)
         except UsageError:
             raise
         except Exception as e:
@@ -75,9 +86,9 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack) -> Compo
         raise UsageError(f"-o {e}") from None
     reads = make_reads(storage, cache=ranges, chunk_cache=ChunkCache(cfg.reads.chunk_cache))
     view = View(storage, read_only=writeback is None, writeback=writeback, ome=cfg.tree.ome,
-                c_order=cfg.tree.c_order, reads=reads)
-    ops = Operations(view, timeouts, writeback, spill_dir=state.spill_dir(source.name, source.endpoint),
-                     shard_bytes=cfg.writes.shard_size)
+                c_order=cfg.tree.c_order, reads=reads, ledger=ledger)
+    ops = Operations(view, timeouts, writeback, spill_dir=spill,
+                     shard_bytes=cfg.writes.shard_size, faults=faults, shown=cfg.kernel)
     return Composed(source, storage, writeback, ranges, view, ops)
 
 

@@ -26,6 +26,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from shardfs.app.metrics import parse_address
 from shardfs.config import Config, parse_size, size_text
 from shardfs.storage.source import Source
 
@@ -63,8 +64,17 @@ def _get(obj: Any, path: str) -> Any:
 OWN = (
     Option("ro", None, "read-only: every write fails with EROFS (as --read-only)", "read_only"),
     Option("rw", None, "writable, the default (of ro and rw the last one wins)"),
+    Option("nonempty", None, "mount over a non-empty MNT, hiding its files while mounted (without it: refused)",
+           "nonempty"),
     Option("entry_timeout", "S", "seconds the kernel caches names", "kernel.entry_timeout"),
     Option("attr_timeout", "S", "seconds the kernel caches attributes", "kernel.attr_timeout"),
+    Option("uid", "N", "the owner every node shows (default the mounting user); with allow_other the kernel "
+                       "checks it (doc/SECURITY.md)", "kernel.uid"),
+    Option("gid", "N", "the group every node shows (default the mounting user's)", "kernel.gid"),
+    Option("file_mode", "MODE", "the permission bits every file shows, octal (default 0644; 0444 read-only)",
+           "kernel.file_mode"),
+    Option("dir_mode", "MODE", "the permission bits every directory shows, octal (default 0755; 0555 read-only)",
+           "kernel.dir_mode"),
     Option("chunk_cache", "SIZE", "memory for decoded chunk files, e.g. 256M; 0 = off", "reads.chunk_cache"),
     Option("shard_size", "SIZE", "uncompressed size of a shard of an array created through the mount",
            "writes.shard_size"),
@@ -96,6 +106,8 @@ OWN = (
     Option("debug", None, "log every request (as --debug)", "debug"),
     Option("stats_interval", "S", "log a one-line summary of the counters every S seconds (default off; "
                                   "shardfs status shows them)", "stats_interval"),
+    Option("metrics", "HOST:PORT", "serve the counters of shardfs status at http://HOST:PORT/metrics in the "
+                                   "Prometheus text format (PORT alone: on 127.0.0.1)", "metrics"),
     Option("no_ome_translation", None, "show OME-Zarr 0.5 attributes as stored (as --no-ome-translation)",
            "!tree.ome"),
     Option("c_order", None, "serve arrays stored transposed (shown as \"order\": \"F\") as C-order chunks, "
@@ -170,11 +182,19 @@ def _check_values(own: dict[str, str]) -> None:
             if not ok or not math.isfinite(seconds):
                 raise ValueError(f"-o {name}={own[name]}: not a " + ("positive " if positive else "")
                                  + "number of seconds")
+    if "metrics" in own:
+        parse_address(own["metrics"])
     if own.get("addressing", "path") not in ("path", "virtual"):
         raise ValueError(f"-o addressing={own['addressing']}: not path or virtual")
     endpoint = own.get("endpoint")
     if endpoint is not None and not endpoint.startswith(("http://", "https://")):
         raise ValueError(f"-o endpoint={endpoint}: not an http:// or https:// URL")
+    for name in ("uid", "gid"):
+        if name in own and not (own[name].isdigit() and int(own[name]) < 2**32 - 1):
+            raise ValueError(f"-o {name}={own[name]}: not a number of a user or group")
+    for name in ("file_mode", "dir_mode"):
+        if name in own and not (own[name] and set(own[name]) <= set("01234567") and int(own[name], 8) <= 0o777):
+            raise ValueError(f"-o {name}={own[name]}: not octal permission bits (e.g. 0640)")
     for name in ("chunk_cache", "shard_size", "cache_size"):
         if name in own:
             try:
@@ -195,6 +215,10 @@ def config(parsed: Parsed) -> Config:
         value: Any = True if opt.value is None else text
         if opt.value == "S":
             value = float(text)
+        elif opt.value == "N":
+            value = int(text)
+        elif opt.value == "MODE":
+            value = int(text, 8)
         elif opt.value == "SIZE":
             value = parse_size(text)
         values[opt.field.lstrip("!")] = not value if opt.field.startswith("!") else value

@@ -11,26 +11,31 @@ from typing import Any
 
 from shardfs.app import state
 from shardfs.app.usage import UsageError
+from shardfs.storage import private
 from shardfs.storage.source import Source
 
 log = logging.getLogger("shardfs")
 
 
-def open_writeback(source: Source, storage: Any, journal_dir: str | None, cleanup: contextlib.ExitStack) -> Any:
+def open_writeback(source: Source, storage: Any, journal_dir: str | None, cleanup: contextlib.ExitStack,
+                   faults: Any = None) -> Any:
     """The mount's ``Writeback``, journalling into a directory of its own under the source's
     journal root (removed at exit if empty), after replaying into the shards what killed
-    daemons left there and what an earlier version left in ``SRC/.shardfs/journal``."""
+    daemons left there and what an earlier version left in ``SRC/.shardfs/journal``; bugs met
+    meanwhile are recorded in ``faults`` (``shardfs.storage.faults.Faults``)."""
     from shardfs.writes import journal
     from shardfs.writes.writeback import Writeback
 
     root = state.journal_dir(source.name, journal_dir, source.endpoint)
     try:
-        claim = journal.claim(root)
+        claim = journal.claim(root, state.private_top(root))
+    except private.Refused as e:
+        raise UsageError(str(e)) from None
     except OSError as e:
         raise UsageError(f"{root}: cannot create the write journal: {e.strerror} "
                          "(-o journal_dir=DIR puts it elsewhere)") from None
     cleanup.callback(claim.release)
-    writeback = Writeback(storage, claim.directory)
+    writeback = Writeback(storage, claim.directory, faults=faults)
     legacy = state.legacy_journal(source.name)
     replayed = writeback.replay_sync(functools.partial(replay_target, storage),
                                      older=((legacy,) if legacy else ()) + tuple(claim.orphans))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import posixpath
 from typing import Any, Callable, Sequence
 
@@ -13,13 +14,16 @@ from shardfs.format.index import EMPTY, CorruptIndex, IndexFormat
 from shardfs.storage import UNKNOWN, Storage
 from shardfs.app.survey import stored_shards, survey as survey_shards
 from shardfs.app.options import Parsed
-from shardfs.app.targets import locate, shown_key
+from shardfs.app.targets import exists, locate, shown_key
 from shardfs.tree.hierarchy import read_metadata
 from shardfs.format.layout import ArrayLayout, Unpresentable
 from shardfs.format.shardfile import CORRUPT, Indexes, NestedFormat, ShardFormat, decode, flat_table, outermost
 from shardfs.format.a2a import describe
 from shardfs.format.gridmap import char_map, parse_slice
 from shardfs.format.v2 import describe_array
+
+MAX_NAMED = 10  # arrays of a group named by inspect's line
+
 
 class _Hidden(Exception):
     """A directory whose ``zarr.json`` is bad: the mount hides it (``args``: its key, reason)."""
@@ -47,19 +51,23 @@ def _array_at(storage: Storage, key: str) -> tuple[str, dict[str, Any]] | None:
 
 
 def inspect(path: str, opts: Parsed | None = None, survey: bool = True,
-            progress: Callable[[int], Callable[[int], None]] | None = None) -> dict[str, Any]:
+            progress: Callable[[int], Callable[[int], None]] | None = None, whole: bool = False) -> dict[str, Any]:
     """A description of the array or shard at ``path`` (a local path, a path in a mount, or an
     object-store URL; ``opts``: the ``-o`` options, for a URL): the array's summary, with ``survey``
-    its stored shards and chunks counted (``array_survey``), and for a shard (file or shard
-    directory) its report under ``"shard"``. ``progress(n)`` is called with the number of
-    shards to read and gives the callback told of each one read.
+    its stored shards and chunks counted (``array_survey``; for a shard too with ``whole``: what
+    ``--map`` draws), and for a shard (file or shard directory) its report under ``"shard"``.
+    ``progress(n)`` is called with the number of shards to read and gives the callback told of
+    each one read.
 
-    Raises ``ValueError`` with a one-line reason if ``path`` is neither.
+    Raises ``ValueError`` with a one-line reason if ``path`` is neither: it does not exist, it is
+    a group (the arrays it holds named), or it is not inside an array.
     """
     source, key, in_mount = locate(path, opts or Parsed())
     with source.opened() as storage:
-        if in_mount:
+        if in_mount and os.path.lexists(path):  # the view's path: the mount answers
             key = shown_key(storage, key)
+        elif in_mount or key and not exists(storage, key):
+            raise ValueError(f"{path}: no such file or directory")
         try:
             found = _array_at(storage, key)
         except _Hidden as e:
@@ -67,14 +75,20 @@ def inspect(path: str, opts: Parsed | None = None, survey: bool = True,
             return {"array": storage.describe(node), "codecs": None, "shape": None, "data_type": None,
                     "presentable": False, "reason": reason}
         if found is None:
-            raise ValueError(f"{path}: not inside a Zarr v3 array")
+            arrays = group_arrays(storage, key)
+            if arrays is None:
+                raise ValueError(f"{path}: not inside a Zarr v3 array")
+            held = ", ".join(arrays[:MAX_NAMED]) + (f" and {len(arrays) - MAX_NAMED} more"
+                                                    if len(arrays) > MAX_NAMED else "")
+            raise ValueError(f"{path}: a Zarr v3 group, not an array: " + (
+                f"it holds {held} (inspect one of them)" if arrays else "it holds no arrays"))
         array, doc = found
         report, layout = array_summary(storage.describe(array), doc)
         if layout is None:
             return report
+        if survey and (key == array or whole):
+            report["stored"] = array_survey(storage, array, layout, _itemsize(doc.get("data_type")), progress)
         if key == array:
-            if survey:
-                report["stored"] = array_survey(storage, array, layout, _itemsize(doc.get("data_type")), progress)
             return report
         if layout.index is None:
             return report
@@ -88,6 +102,32 @@ def inspect(path: str, opts: Parsed | None = None, survey: bool = True,
             raise ValueError(f"{path}: not a shard of {storage.describe(array)}")
         report["shard"] = shard_report(layout, rel, shard, data)
         return report
+
+
+def group_arrays(storage: Storage, key: str) -> list[str] | None:
+    """The arrays of the group at ``key`` (at any depth below it, through its groups), their
+    paths relative to it, sorted; None if ``key`` holds no group's ``zarr.json``."""
+    if _node_type(storage, key) != "group":
+        return None
+    out = []
+    for page in storage.list(key):
+        for entry in page:
+            child = posixpath.join(key, entry.name) if key else entry.name
+            kind = _node_type(storage, child) if entry.is_dir else None
+            if kind == "array":
+                out.append(entry.name)
+            elif kind == "group":
+                out += [f"{entry.name}/{name}" for name in group_arrays(storage, child) or []]
+    return sorted(out)
+
+
+def _node_type(storage: Storage, key: str) -> str | None:
+    """``node_type`` of the Zarr v3 ``zarr.json`` at ``key`` ("array", "group"); None if none is usable."""
+    try:
+        doc, _ = read_metadata(storage, posixpath.join(key, "zarr.json") if key else "zarr.json", UNKNOWN)
+    except OSError:
+        return None
+    return doc.get("node_type") if isinstance(doc, dict) else None
 
 
 def array_survey(storage: Storage, array: str, layout: ArrayLayout, itemsize: int | None,

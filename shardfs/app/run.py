@@ -4,6 +4,13 @@ socket, the FUSE loop and its signals.
 
 The daemon reports to the ``shardfs mount`` that started it over a pipe (``--ready-fd``):
 ``ok`` once the mount is live, else ``error: `` and one line saying why.
+
+With a pyfuse3 that can take a connection over (``pyfuse3.takeover``: scripts/pyfuse3 builds
+it), the daemon is a supervisor (``shardfs.app.supervisor``) that mounts and keeps the
+connection, and serves it through a worker, this same command run with ``--worker FD``: the
+worker builds the layers, takes the connection, answers (or replays) the kernel's FUSE_INIT
+and serves; a worker replacing a dead one first takes over the numbers the dead one gave the
+kernel (``Operations.restore``) and has the kernel resend what it had read.
 """
 
 from __future__ import annotations
@@ -21,9 +28,12 @@ import tempfile
 from typing import TYPE_CHECKING, Any, Iterator
 
 from shardfs.app import options, state
-from shardfs.app.mounts import fsname
+from shardfs.app.metrics import Exporter, parse_address
+from shardfs.app.mounts import device, fsname
 from shardfs.app.usage import UsageError
 from shardfs.config import Config
+from shardfs.format.printable import printable
+from shardfs.storage import private
 from shardfs.storage.source import Source
 
 if TYPE_CHECKING:
@@ -36,25 +46,20 @@ def spawn_daemon(args: argparse.Namespace, source: Source) -> int:
     """Start the daemon in its own session and wait for it to report.
 
     The daemon logs to ``--log-file``, else to syslog, else (no ``/dev/log``, as in
-    many containers) to ``log`` in the source's state directory, which is said
-    on stderr once the mount is live (a failure is one line: its reason)."""
+    many containers) to ``log`` in the source's state directory (doc/TROUBLESHOOTING says so;
+    ``--debug`` also says it on stderr once the mount is live). A failure is one line: its reason."""
     fallback = not args.log_file and not os.path.exists("/dev/log")
     if fallback:
         args.log_file = state.log_file(source.name, source.endpoint)
         try:
-            os.makedirs(os.path.dirname(args.log_file), mode=0o700, exist_ok=True)
+            state.private_dir(os.path.dirname(args.log_file))
+        except private.Refused as e:
+            raise UsageError(str(e)) from None
         except OSError as e:
             raise UsageError(f"{os.path.dirname(args.log_file)}: cannot create the state directory: "
                              f"{e.strerror}") from None
     r, w = os.pipe()
-    # -P: the working directory is not put on the daemon's sys.path (a ``trio.py`` there
-    # must not replace a module the daemon imports).
-    argv = [sys.executable, "-P", "-m", "shardfs", "mount", source.name, os.path.abspath(args.mnt),
-            "-f", "--ready-fd", str(w)]
-    for opt in args.options:
-        argv += ["-o", opt]
-    argv += ["--read-only"] * args.read_only + ["--debug"] * args.debug + ["--no-ome-translation"] * (not args.ome)
-    argv += ["--log-file", os.path.abspath(args.log_file)] if args.log_file else []
+    argv = _daemon_argv(args, source.name) + ["--ready-fd", str(w)]
     with open(os.devnull, "r+b") as null:
         proc = subprocess.Popen(argv, stdin=null, stdout=null, stderr=null, pass_fds=(w,),
                                 start_new_session=True)
@@ -62,23 +67,49 @@ def spawn_daemon(args: argparse.Namespace, source: Source) -> int:
     with os.fdopen(r, "rb") as pipe:
         report = pipe.readline().decode().strip()
     if report == "ok":
-        if fallback:
+        if fallback and args.debug:
             print(f"shardfs: no syslog (/dev/log): the daemon logs to {args.log_file}", file=sys.stderr)
         return 0
     proc.wait()
     raise UsageError(report.removeprefix("error: ") or f"daemon exited with status {proc.returncode}")
 
 
+def _daemon_argv(args: argparse.Namespace, src: str) -> list[str]:
+    """``shardfs mount SRC MNT -f`` with the options of ``args``, for a daemon or a worker.
+    -P: the working directory is not put on the daemon's sys.path (a ``trio.py`` there must
+    not replace a module the daemon imports)."""
+    argv = [sys.executable, "-P", "-m", "shardfs", "mount", src, os.path.abspath(args.mnt), "-f"]
+    for opt in args.options:
+        argv += ["-o", opt]
+    argv += ["--read-only"] * args.read_only + ["--debug"] * args.debug + ["--no-ome-translation"] * (not args.ome)
+    argv += ["--log-file", os.path.abspath(args.log_file)] if args.log_file else []
+    return argv
+
+
+def supervised() -> bool:
+    """True if the installed pyfuse3 can take a connection over (``pyfuse3.takeover``, from
+    scripts/pyfuse3): then ``shardfs mount`` leaves a supervisor and a worker."""
+    import importlib.metadata
+
+    try:
+        return "takeover" in importlib.metadata.version("pyfuse3")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
 def _setup_logging(args: argparse.Namespace) -> None:
+    """Log to ``--log-file`` (a file of this user's own, never through a symlink: ``private``
+    raises ``Refused``), else stderr (``-f``), else syslog."""
     if args.log_file:
-        handler: logging.Handler = logging.FileHandler(args.log_file)
+        fd = private.open_path(args.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        handler: logging.Handler = logging.StreamHandler(open(fd, "a", encoding="utf-8", errors="backslashreplace"))
     elif args.ready_fd is None:
         handler = logging.StreamHandler(sys.stderr)
     elif os.path.exists("/dev/log"):
         handler = logging.handlers.SysLogHandler(address="/dev/log")
     else:
         handler = logging.NullHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s shardfs[%(process)d] %(levelname)s %(message)s"))
+    handler.setFormatter(_Printable("%(asctime)s shardfs[%(process)d] %(levelname)s %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if args.debug else logging.INFO)
@@ -86,32 +117,82 @@ def _setup_logging(args: argparse.Namespace) -> None:
         logging.getLogger("pyfuse3").setLevel(logging.WARNING)
 
 
-def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source) -> int:
-    """Serve the mount in this process until unmounted or signalled."""
-    from shardfs.app.compose import ReplayFailed, compose
+class _Printable(logging.Formatter):
+    """Each record's message made ``printable``: names and text from the source (or a client)
+    never forge a line or send a terminal escape (a traceback below it is shardfs's own)."""
 
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable(record.message)
+        return super().formatMessage(record)
+
+
+def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source) -> int:
+    """Serve the mount in this process until unmounted or signalled; with ``--worker``, as a
+    supervisor's worker; else, when ``supervised()``, be the supervisor of such workers."""
+    if args.worker is not None:
+        from shardfs.app.supervisor import Connection
+
+        args.connection = Connection(args.worker)
+    else:
+        args.connection = None
     cfg = options.config(opts)
     args.debug = args.debug or cfg.debug
     try:
         _setup_logging(args)
+    except private.Refused as e:
+        _report(args, f"error: {e}")
+        return 1
     except OSError as e:
         _report(args, f"error: {args.log_file}: cannot open the log file: {e.strerror}")
         return 1
     if opts.ignored:
         log.debug("ignored mount options: %s", ",".join(opts.ignored))
     read_only = args.read_only or cfg.read_only or source.web  # a web server takes no writes
+    if args.connection is None and supervised():
+        return _supervise(args, mnt, opts, read_only, source)
+    from shardfs.app.compose import ReplayFailed, compose
+    from shardfs.tree.ledger import Ledger
+
     cfg = dataclasses.replace(cfg, read_only=read_only, debug=args.debug,
                               tree=dataclasses.replace(cfg.tree, ome=args.ome and cfg.tree.ome))
-    with contextlib.ExitStack() as cleanup:
-        try:
-            mount = compose(cfg, source, cleanup)
-        except UsageError as e:
-            _report(args, f"error: {e}")
-            return 1
-        except ReplayFailed as e:
-            _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
-            return 1
-        return _mount_and_serve(args, mnt, opts, cfg, mount)
+    ledger = None
+    if args.connection is not None:
+        args.ledger = state.ledger_file(source.name, source.endpoint, os.getppid())
+        ledger = Ledger(args.ledger)  # opened once the mount is made (``_mount_and_serve``)
+    try:
+        with contextlib.ExitStack() as cleanup:
+            try:
+                mount = compose(cfg, source, cleanup, ledger)
+            except UsageError as e:
+                _report(args, f"error: {e}")
+                return 1
+            except ReplayFailed as e:
+                _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
+                return 1
+            return _mount_and_serve(args, mnt, opts, cfg, mount)
+    except BaseException as e:  # whatever ends the daemon says why where its log is read
+        cause = e
+        while isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:  # trio's nurseries
+            cause = cause.exceptions[0]
+        log.critical("the daemon stops: %s: %s", type(cause).__name__, cause, exc_info=True)
+        raise
+
+
+def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_only: bool, source: Source) -> int:
+    """Be the supervisor of ``mnt`` (``shardfs.app.supervisor``) until the mount ends."""
+    from shardfs.app.supervisor import Supervisor
+
+    ledger = state.ledger_file(source.name, source.endpoint, os.getpid())
+    with contextlib.suppress(OSError):
+        os.unlink(ledger)  # left by a killed supervisor of the same pid number
+    sup = Supervisor(_daemon_argv(args, source.name), mnt, device(source.name),
+                     ["default_permissions", *opts.fuse], read_only, lambda line: _report(args, line),
+                     state.status_socket(source.name, source.endpoint, os.getpid()))
+    try:
+        return sup.run()
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(ledger)
 
 
 def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, cfg: Config, mount: Composed) -> int:
@@ -130,36 +211,84 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
 
     source, read_only = mount.source, mount.writeback is None
     v2()  # before going live (see above)
-    fuse_opts = set(pyfuse3.default_options) | {fsname(source.name), "subtype=shardfs"} | set(opts.fuse)
-    if read_only:
-        fuse_opts.add("ro")
-    with _stderr_captured() as said:
-        try:
-            pyfuse3.init(mount.ops, mnt, fuse_opts)
-        except RuntimeError as e:
-            failed: RuntimeError | None = e
-        else:
-            failed = None
-    libfuse = "; ".join(said)
-    if failed is not None:
-        _report(args, f"error: {mnt}: cannot mount: {libfuse + f' ({failed})' if libfuse else failed}")
-        return 1
-    if libfuse:
-        log.warning("libfuse: %s", libfuse)
-    log.info("mounted %s on %s%s", source.name, mnt, " (read-only)" if read_only else "")
     shown = {**opts.own, **{o.partition("=")[0]: o.partition("=")[2] for o in opts.fuse}}
     status = Status(mount.ops, mnt, source.name, source.endpoint, read_only, shown,
                     state.status_socket(source.name, source.endpoint, os.getpid()),
                     cfg.stats_interval)
+    exporter = None
+    if cfg.metrics is not None:  # bound before the mount goes live: a port in use fails the mount
+        exporter = Exporter(parse_address(cfg.metrics), status.snapshot)
+        try:
+            exporter.start()
+        except OSError as e:
+            option = f"-o metrics={cfg.metrics}"
+            _report(args, f"error: {option}: cannot listen: {e.strerror or e}")
+            return 1
+    fuse_opts = set(pyfuse3.default_options) | {fsname(source.name), "subtype=shardfs"} | set(opts.fuse)
+    if read_only:
+        fuse_opts.add("ro")
+    conn = args.connection
+    if conn is not None:
+        conn.connect()  # the supervisor mounts (if nothing is mounted yet) and gives the connection
+        try:
+            state.private_dir(os.path.dirname(args.ledger))
+            mount.view.nodes.ledger.start()
+        except (OSError, private.Refused) as e:
+            _report(args, f"error: {args.ledger}: cannot create: {getattr(e, 'strerror', None) or e}")
+            return 1
+        _test_hang(mount, conn)
+    with _stderr_captured() as said:
+        try:
+            pyfuse3.init(mount.ops, mnt if conn is None else f"/dev/fd/{conn.fd}", fuse_opts)
+            if conn is not None:
+                takeover: Any = getattr(pyfuse3, "takeover")  # noqa: B009  # (not in stock pyfuse3: supervised())
+                conn.initialized(takeover(conn.init))
+        except (RuntimeError, OSError) as e:
+            failed: Exception | None = e
+        else:
+            failed = None
+    libfuse = "; ".join(said)
+    if failed is not None:
+        if exporter is not None:
+            exporter.stop()
+        _report(args, f"error: {mnt}: cannot mount: {libfuse + f' ({failed})' if libfuse else failed}")
+        return 1
+    if libfuse:
+        log.warning("libfuse: %s", libfuse)
+    if conn is None:
+        log.info("mounted %s on %s%s", source.name, mnt, " (read-only)" if read_only else "")
+    else:
+        status.supervised(conn.status_socket, {**conn.status, "worker_pid": os.getpid(),
+                                               "worker_started": conn.started})
     _report(args, "ok")
     try:
-        trio.run(_serve, mount, status)
+        trio.run(_serve, mount, status, exporter, conn, getattr(args, "ledger", None))
     finally:
-        pyfuse3.close(unmount=True)
-        log.info("unmounted %s", mnt)
+        if exporter is not None:
+            exporter.stop()
+        pyfuse3.close(unmount=conn is None)
+        log.info("unmounted %s" if conn is None else "worker %d ends", mnt if conn is None else os.getpid())
         if mount.ranges is not None:
             mount.ranges.flush()  # the disk cache gets the ranges fetched last
     return 0
+
+
+def _test_hang(mount: Composed, conn: Any) -> None:
+    """For the tests (``SHARDFS_TEST_HANG=NAME``): the first worker of a mount never answers a
+    lookup of NAME, so that a request is read and not answered when the worker is killed."""
+    name = os.environ.get("SHARDFS_TEST_HANG")
+    if not name or conn.init is not None:
+        return
+    import trio
+
+    lookup = mount.ops.lookup
+
+    async def hanging(parent_inode: int, name_: bytes, ctx: Any = None) -> Any:
+        if name_ == os.fsencode(name):
+            await trio.sleep_forever()
+        return await lookup(parent_inode, name_, ctx)
+
+    mount.ops.lookup = hanging  # type: ignore[method-assign,assignment]  # the test hook replaces the handler
 
 
 @contextlib.contextmanager
@@ -180,9 +309,13 @@ def _stderr_captured() -> Iterator[list[str]]:
             said += [line.strip() for line in tmp.read().decode(errors="replace").splitlines() if line.strip()]
 
 
-async def _serve(mount: Composed, status: Any) -> None:
-    """Run the FUSE loop and answer ``shardfs status`` (``status``); on SIGINT/SIGTERM fold
-    pending writes into the shards and end it.
+async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None, conn: Any = None,
+                 ledger: str | None = None) -> None:
+    """Run the FUSE loop and answer ``shardfs status`` (``status``) and ``-o metrics``
+    (``exporter``, which reads the status on this loop); on SIGINT/SIGTERM fold pending writes
+    into the shards and end it. A supervisor's worker (``conn``) that replaces a dead one first
+    takes over what the dead one gave the kernel (the ledger at ``ledger``) and has the kernel
+    send again the requests the dead one had read (``fusedev.resend``).
 
     Pending writes are also folded when the loop ends otherwise (``fusermount3 -u``).
     Changes that cannot be folded stay in the journal (``Writeback.flush`` says why).
@@ -192,9 +325,13 @@ async def _serve(mount: Composed, status: Any) -> None:
     import pyfuse3
     import trio
 
+    from shardfs.app import fusedev
     from shardfs.kernel import fuseloop
+    from shardfs.tree.ledger import Ledger
 
     writeback, writer = mount.writeback, mount.writer
+    if exporter is not None:
+        exporter.serving(trio.lowlevel.current_trio_token())
     # Given to run/flush, not to Writeback(): it is built (and replays the journal) before the View and Writer.
     folded = writer.folded if writer is not None else None
     flushed = False
@@ -212,9 +349,16 @@ async def _serve(mount: Composed, status: Any) -> None:
                     return
 
         nursery.start_soon(on_signal)
-        nursery.start_soon(status.run)
+        if conn is not None:
+            if conn.init is not None:  # another worker served the connection before
+                await mount.ops.restore(Ledger.load(ledger) if ledger else [])
+                if conn.resend:
+                    fusedev.resend(conn.fd)  # what the dead worker had read comes again
+            conn.serving()
+        # a bug in a background task is logged and the task runs again (``Faults.keep``)
+        nursery.start_soon(mount.ops.faults.keep, "status", status.run)
         if writeback is not None:
-            nursery.start_soon(writeback.run, folded)
+            nursery.start_soon(mount.ops.faults.keep, "fold loop", writeback.run, folded)
         await fuseloop.main()  # pyfuse3.main() with a cheaper read lock
         nursery.cancel_scope.cancel()
     if writeback is not None and not flushed:
@@ -222,12 +366,17 @@ async def _serve(mount: Composed, status: Any) -> None:
 
 
 def _report(args: argparse.Namespace, line: str) -> None:
+    conn = getattr(args, "connection", None)
+    if conn is not None:  # a worker: the supervisor reports
+        if line != "ok":
+            conn.error(line.removeprefix("error: "))
+        return
     if args.ready_fd is None:
         if line != "ok":
-            print(f"shardfs: {line}", file=sys.stderr)
+            print(f"shardfs: {printable(line)}", file=sys.stderr)
         return
     try:
-        os.write(args.ready_fd, (line + "\n").encode())
+        os.write(args.ready_fd, (printable(line) + "\n").encode(errors="backslashreplace"))
         os.close(args.ready_fd)
     except OSError:
         pass

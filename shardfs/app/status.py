@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from shardfs.app import state
+from shardfs.storage import private
+
 if TYPE_CHECKING:
     from shardfs.kernel.fuse_ops import Operations
 
@@ -35,12 +38,23 @@ class Status:
                  options: dict[str, str], socket_path: str | None, interval: float | None = None) -> None:
         """``endpoint``: an object store's endpoint in effect (None: the service's default, or a
         directory); ``shardfs inspect`` of a path in the mount reaches the store through it."""
+        self.supervision: dict[str, Any] | None = None
+        self._given: socket.socket | None = None  # the supervisor's listening socket
         self.ops = ops
         self.mountpoint, self.source, self.read_only, self.options = mountpoint, source, read_only, options
         self.endpoint = endpoint
         self.socket_path = socket_path
         self.interval = interval
         self.started = time.monotonic()
+
+    def supervised(self, listener: socket.socket | None, supervision: dict[str, Any]) -> None:
+        """This is a supervisor's worker: serve the supervisor's listening socket ``listener``
+        (None: it has none), which ``shardfs status`` and ``umount`` find as the supervisor's,
+        and show ``supervision``: ``supervisor_pid``, ``worker_pid``, ``worker_started`` (epoch
+        seconds), ``restarts``, ``takeovers``, ``last_reason``."""
+        self._given, self.supervision = listener, supervision
+        if listener is None:
+            self.socket_path = None
 
     def snapshot(self) -> dict[str, Any]:
         """The status document (``doc/`` lists its fields); counts since the mount began."""
@@ -50,6 +64,12 @@ class Status:
             "mountpoint": self.mountpoint, "source": self.source, "endpoint": self.endpoint, "pid": os.getpid(),
             "uptime_s": round(time.monotonic() - self.started, 1), "read_only": self.read_only,
             "options": dict(self.options)}
+        if self.supervision is not None:
+            sup = self.supervision
+            doc["pid"] = sup["supervisor_pid"]
+            doc["worker"] = {"pid": sup["worker_pid"], "started": sup["worker_started"],
+                             "restarts": sup["restarts"], "takeovers": sup["takeovers"],
+                             "last_reason": sup["last_reason"]}
         doc.update(ops.stats.snapshot())
         doc["store"] = view.source.stats.snapshot()
         chunk_cache = view.reads.chunk_cache.lru
@@ -64,6 +84,7 @@ class Status:
                               "journal_error": None}
             doc["folds"] = {"done": 0, "failed": 0, "backing_off": [], "current": None}
         doc["pending"]["spill_bytes"] = ops.spilled_bytes()
+        doc["internal_errors"] = ops.faults.snapshot()
         doc["errors_last_minute"] = ops.stats.errors_since(PROBLEM_WINDOW)
         doc["rss_bytes"], doc["open_files"] = _process()
         return doc
@@ -80,27 +101,22 @@ class Status:
             try:
                 await trio.serve_listeners(self._answer, [trio.SocketListener(listener)])
             finally:
-                _unlink(self.socket_path)
+                if self._given is None:  # (the supervisor's outlives this worker)
+                    _unlink(self.socket_path)
 
     def _listen(self) -> trio.socket.SocketType | None:
-        """The listening socket at ``socket_path``; None (logged) if it cannot be made."""
+        """The listening socket at ``socket_path`` (or the supervisor's, ``supervised``); None
+        (logged) if it cannot be made."""
+        if self._given is not None:
+            return trio.socket.from_stdlib_socket(self._given)
         path = self.socket_path
         if path is None:
             return None
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
-            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-            _unlink(path)  # left by a killed daemon of the same pid number
-            old = os.umask(0o177)
-            try:
-                sock.bind(path)
-            finally:
-                os.umask(old)
-            os.chmod(path, 0o600)
-            sock.listen(16)
-        except OSError as e:
-            sock.close()
-            log.warning("shardfs status unavailable: cannot make the socket %s: %s", path, e.strerror or e)
+            sock = state.status_listener(path)
+        except (OSError, private.Refused) as e:
+            log.warning("shardfs status unavailable: cannot make the socket %s: %s", path,
+                        getattr(e, "strerror", None) or e)
             return None
         return trio.socket.from_stdlib_socket(sock)
 

@@ -62,16 +62,17 @@ def shown_key(storage: Storage, key: str) -> str:
     directory of the view is its shard, a chunk file its shard or array (``<key>.shard`` is a
     1-D array's shard ``<key>``)."""
     while key:
-        if _exists(storage, key):
+        if exists(storage, key):
             return key
         unsuffixed = key.removesuffix(".shard")
-        if unsuffixed != key and _exists(storage, unsuffixed):
+        if unsuffixed != key and exists(storage, unsuffixed):
             return unsuffixed
         key = posixpath.dirname(key)
     return key
 
 
-def _exists(storage: Storage, key: str) -> bool:
+def exists(storage: Storage, key: str) -> bool:
+    """True if the source holds ``key`` (an object or file, or a prefix or directory)."""
     try:
         return storage.version(key) is not None or storage.is_dir(key)
     except Unusable:

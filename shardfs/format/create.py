@@ -168,7 +168,8 @@ def _normal(zarray: dict[str, Any]) -> dict[str, Any]:
         "compressor": codec(zarray.get("compressor")),
         "filters": None if filters is None else [codec(f) for f in filters],
         "order": zarray.get("order", "C") if len(zarray.get("shape", [])) > 1 else "C",
-        "dimension_separator": zarray.get("dimension_separator") or ".",
+        # a 0-d array has one chunk, "0", whatever its separator
+        "dimension_separator": (zarray.get("dimension_separator") or ".") if zarray.get("shape") else ".",
     }
 
 

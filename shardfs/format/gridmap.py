@@ -17,6 +17,10 @@ import numpy as np
 RAMP = "░▒▓█"  # (0, 1/4], (1/4, 1/2], (1/2, 3/4], (3/4, 1] of a shard's chunks stored
 NONE, CORRUPT = "·", "X"
 MAX_ROWS, MAX_COLS = 32, 64  # a larger slice is shown in blocks of shards
+SIZE, DPI = (800, 600), 100  # the PNG's pixels
+AXES = (0.1, 0.1, 0.7, 0.8)  # where the plot is in the PNG: left, bottom, width, height (fractions)
+COLOUR_BAR = (0.84, 0.1, 0.03, 0.8)
+CORRUPT_COLOUR = "red"
 
 
 @dataclass
@@ -98,35 +102,36 @@ def _shade(fraction: float) -> str:
     return RAMP[min(len(RAMP) - 1, math.ceil(fraction * len(RAMP)) - 1)]
 
 
-def save_png(report: dict[str, Any], where: Slice, path: str) -> None:
-    """A heat map of the chunks stored per shard of the slice, axes in array coordinates, with
-    a colour bar; ``ImportError`` without matplotlib (the ``map`` extra)."""
+def save_png(report: dict[str, Any], where: Slice, path: str) -> tuple[int, int]:
+    """A heat map of the slice, axes in array coordinates, with a colour bar; its width and
+    height in pixels. Each shard is coloured by what the character map shades it by (``fractions``:
+    of its inner chunks inside the array, the fraction stored; a shard past the edge is "all
+    stored" when every chunk inside is), a corrupt shard in ``CORRUPT_COLOUR``. The plot fills
+    ``AXES`` of the figure. ``ImportError`` without matplotlib (the ``map`` extra)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    stored = report["stored"]
-    counts = np.zeros_like(fractions(stored, where))
-    for row in stored["shards"]:
-        at = _cell(row["coords"], where)
-        if at is not None:
-            counts[at] = row["chunks"]
+    shown = fractions(report["stored"], where)
     shape, shard = report["shape"], report["shard_shape"]
     height = shape[where.rows] if where.rows is not None else shard[where.cols]
-    fig, ax = plt.subplots(figsize=(8, 6), dpi=100)
-    extent = (0, counts.shape[1] * shard[where.cols],
-              counts.shape[0] * (shard[where.rows] if where.rows is not None else shard[where.cols]), 0)
-    image = ax.imshow(counts, cmap="viridis", vmin=0, vmax=max(1, math.prod(report["chunks_per_shard"])),
-                      extent=extent, interpolation="nearest", aspect="auto")
+    fig = plt.figure(figsize=(SIZE[0] / DPI, SIZE[1] / DPI), dpi=DPI)
+    ax = fig.add_axes(AXES)
+    extent = (0, shown.shape[1] * shard[where.cols],
+              shown.shape[0] * (shard[where.rows] if where.rows is not None else shard[where.cols]), 0)
+    colours = matplotlib.colormaps["viridis"].with_extremes(under=CORRUPT_COLOUR)
+    image = ax.imshow(shown, cmap=colours, vmin=0, vmax=1, extent=extent, interpolation="nearest", aspect="auto")
     ax.set_xlim(0, shape[where.cols])
     ax.set_ylim(height, 0)
     ax.set_xlabel(f"dimension {where.cols} (array index)")
     ax.set_ylabel(f"dimension {where.rows} (array index)" if where.rows is not None else "")
-    ax.set_title(f"{report['array']} [{where.label}]: inner chunks stored per shard")
-    fig.colorbar(image, ax=ax, label="inner chunks stored")
-    fig.savefig(path)
+    ax.set_title(f"{report['array']} [{where.label}]", fontsize="small")
+    fig.colorbar(image, cax=fig.add_axes(COLOUR_BAR),
+                 label="fraction of the shard's inner chunks stored (red: corrupt)")
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
+    return SIZE
 
 
 def _cell(coords: list[int], where: Slice) -> tuple[int, int] | None:

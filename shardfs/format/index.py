@@ -137,6 +137,8 @@ def morton_order(chunks_per_shard: tuple[int, ...]) -> np.ndarray:
     This is the order zarr-python 3 writes inner chunks in; shardfs uses it for
     every shard it writes so layouts are reproducible.
     """
+    if not chunks_per_shard:  # a 0-d array: one chunk
+        return np.zeros(1, dtype=np.intp)
     grid = np.indices(chunks_per_shard).reshape(len(chunks_per_shard), -1).T
     bits = max(1, int(max(chunks_per_shard) - 1).bit_length())
     key = np.zeros(grid.shape[0], dtype=np.uint64)

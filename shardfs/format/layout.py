@@ -242,8 +242,11 @@ class ArrayLayout:
         Returns the global coordinates, an ``(n, ndim)`` int64 array, and a boolean
         mask of the rows that lie inside the array (edge shards hold chunks past it).
         """
-        index = np.unravel_index(np.asarray(positions, dtype=np.int64), self.index_grid)
-        local = np.stack(index, axis=-1).astype(np.int64).reshape(-1, self.ndim)
+        positions = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if self.ndim:
+            local = np.stack(np.unravel_index(positions, self.index_grid), axis=-1).astype(np.int64)
+        else:  # a 0-d array: its one chunk, at position 0, has no coordinates
+            local = np.zeros((len(positions), 0), dtype=np.int64)
         if self.order is not None:
             local = local[:, np.argsort(self.order)]
         origin = np.array(shard, dtype=np.int64) * np.array(self.chunks_per_shard, dtype=np.int64)

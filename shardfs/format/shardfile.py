@@ -64,6 +64,8 @@ def _order(chunks_per_shard: tuple[int, ...]) -> np.ndarray:
 def flat_positions(fmt: NestedFormat) -> np.ndarray:
     """``[outer pos, inner pos] -> flat pos``: where each inner shard's rows go in the flat table."""
     outer, inner = fmt.outer.chunks_per_shard, fmt.inner.chunks_per_shard
+    if not outer:  # a 0-d array: one inner shard of one chunk
+        return np.zeros((1, 1), dtype=np.int64)
     m = np.indices(outer).reshape(len(outer), -1, 1)  # inner-shard coords, outer C order
     r = np.indices(inner).reshape(len(inner), 1, -1)  # chunk coords in an inner shard, C order
     flat = np.zeros((m.shape[1], r.shape[2]), dtype=np.int64)

@@ -9,7 +9,9 @@ entry/attribute timeouts.
 
 Any exception other than ``pyfuse3.FUSEError`` escaping a handler would end
 ``pyfuse3.main`` and kill the mount, so every handler goes through ``_guard``:
-``OSError`` becomes its errno, anything else is logged and becomes EIO.
+``OSError`` becomes its errno, anything else (a bug) becomes EIO and is recorded in
+``Operations.faults`` (logged with its traceback, once per place: ``shardfs.storage.faults``).
+``forget``, which has no reply, records its bugs the same way and answers nothing.
 
 Extended attributes are not implemented on purpose: pyfuse3 answers ENOSYS,
 after which the kernel stops asking. Otherwise ``ls -l`` sends two getxattr
@@ -24,6 +26,7 @@ import functools
 import itertools
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
@@ -32,11 +35,13 @@ import trio
 
 from shardfs.config import KernelConfig
 from shardfs.format.create import DEFAULT_SHARD_BYTES
-from shardfs.kernel.handles import DirHandle, Handles
+from shardfs.kernel.callers import Callers
+from shardfs.kernel.handles import DirHandle, Handle, Handles, Lost
 from shardfs.kernel.inodes import KernelInodes, Pages
 from shardfs.kernel.pins import Pins
 from shardfs.tree.listing import DirStream
 from shardfs.storage.attrs import Attr
+from shardfs.storage.faults import Faults
 from shardfs.tree.nodes import ChunkKey
 from shardfs.tree.nodetable import CHUNK_BASE
 from shardfs.storage.stats import RequestStats
@@ -54,6 +59,22 @@ NAME_MAX = 255  # bytes in one name (ENAMETOOLONG beyond), as on every local Lin
 # close of a read-only open then costs one FLUSH request, answered as a no-op).
 NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
 GUARDED: list[str] = []  # the handlers ``_guard`` wraps: the operations ``RequestStats`` counts
+
+
+def _modes(shown: KernelConfig, read_only: bool) -> tuple[int, int] | None:
+    """(file, directory) permission bits of ``-o file_mode,dir_mode`` (writes bits cleared on a
+    read-only mount); None if neither is given (the view's own modes)."""
+    if shown.file_mode is None and shown.dir_mode is None:
+        return None
+    ro = 0o222 if read_only else 0
+    files = (0o444 if read_only else 0o644) if shown.file_mode is None else shown.file_mode
+    dirs = (0o555 if read_only else 0o755) if shown.dir_mode is None else shown.dir_mode
+    return files & ~ro, dirs & ~ro
+
+
+def _remode(mode: int, modes: tuple[int, int]) -> int:
+    """``mode`` with the permission bits of its kind from ``modes`` (files, directories)."""
+    return stat.S_IFMT(mode) | (modes[1] if stat.S_ISDIR(mode) else modes[0])
 
 
 def _name(name: bytes) -> str:
@@ -81,8 +102,8 @@ def _guard(fn: F) -> F:
                 log.debug("%s%r: %s", op, args[:2], e.strerror)
             self.stats.error(e.errno or errno.EIO, op)
             raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
-        except Exception:
-            log.exception("internal error in %s%r", op, args[:2])
+        except Exception as e:
+            self.faults.record(op, e, repr(args[:2]))
             self.stats.error(errno.EIO, op)
             raise pyfuse3.FUSEError(errno.EIO) from None
 
@@ -109,21 +130,30 @@ class Operations(pyfuse3.Operations):
 
     def __init__(self, view: View, timeouts: Timeouts | None = None,
                  writeback: Writeback | None = None, spill_dir: str | None = None,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+                 shard_bytes: int = DEFAULT_SHARD_BYTES, faults: Faults | None = None,
+                 shown: KernelConfig | None = None) -> None:
         """``spill_dir``: where contents being written spill beyond memory (needed with ``writeback``);
-        ``shard_bytes``: the shard size of arrays created through the mount (``-o shard_size``)."""
+        ``shown``: the owner, group and modes every node shows (``-o uid,gid,file_mode,dir_mode``);
+        ``shard_bytes``: the shard size of arrays created through the mount (``-o shard_size``);
+        ``faults``: where the handlers' bugs are recorded (the mount's, shared with its
+        background tasks)."""
         super().__init__()
         self.view = view
+        self.faults = faults or Faults()
         if writeback is not None and spill_dir is None:
             raise ValueError("a writable mount needs a spill_dir")
         self.writer = None if writeback is None or spill_dir is None else Writer(view, writeback, self.invalidate,
                                                                                    spill_dir, shard_bytes=shard_bytes)
         self.timeouts = timeouts or Timeouts()
-        self._handles = Handles()
+        self._handles = Handles(view.nodes.ledger)
         self._kernel = KernelInodes()
         self._pins = Pins()  # versions that files open through the page cache hold their inode's size at
         self._fill = True  # until the kernel says it cannot store pages (ENOSYS)
-        self._uid, self._gid = os.getuid(), os.getgid()
+        self._callers = Callers(os.getuid())
+        shown = shown or KernelConfig()
+        self._uid = os.getuid() if shown.uid is None else shown.uid
+        self._gid = os.getgid() if shown.gid is None else shown.gid
+        self._modes = _modes(shown, view.read_only)
         self.stats = RequestStats()
         for op in GUARDED:
             self.stats.op(op)
@@ -138,7 +168,7 @@ class Operations(pyfuse3.Operations):
             e.attr_timeout = self.timeouts.attr
         e.st_ino = attr.ino
         e.generation = self._kernel.generation(attr.ino)
-        e.st_mode = attr.mode
+        e.st_mode = attr.mode if self._modes is None else _remode(attr.mode, self._modes)
         e.st_nlink = attr.nlink
         e.st_size = attr.size
         e.st_blocks = (attr.size + 511) // 512
@@ -216,7 +246,7 @@ class Operations(pyfuse3.Operations):
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         """Entries from offset ``start_id`` on, until the kernel's buffer is full; offset 0
         lists afresh. The entries come a page at a time (``DirStream``)."""
-        handle = self._handles[fh]
+        handle = await self._live(fh)
         assert isinstance(handle, DirHandle)  # the kernel sends READDIR with directory handles only
         stream = handle.stream
         if start_id == 0:
@@ -247,10 +277,11 @@ class Operations(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
             await self._attr(inode)
-            written = await self._writable().open(inode, truncate=bool(flags & os.O_TRUNC))
+            written = await self._writable(ctx).open(inode, truncate=bool(flags & os.O_TRUNC))
             self._kernel.changed(inode)
             self._pins.forfeit(inode)  # rewritten in place: its readers may read it torn, as on any filesystem
-            return pyfuse3.FileInfo(fh=self._handles.add(written), direct_io=False, keep_cache=False)
+            return pyfuse3.FileInfo(fh=self._add_write(written), direct_io=False, keep_cache=False)
+        await self._callers.may_read(self.view, inode, ctx)
         if inode >= CHUNK_BASE:
             self.stats.chunk_files += 1
         for attempt in range(OPEN_TRIES):
@@ -325,7 +356,7 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        handle = self._handles[fh]
+        handle = await self._live(fh)
         data: bytes | bytearray | memoryview
         if isinstance(handle, WriteHandle):
             data = await self._writable().read(handle, off, size)
@@ -341,6 +372,9 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh)
+        ledger = self.view.nodes.ledger
+        if ledger.full:
+            ledger.rewrite([*self.view.hierarchy.records(), *self.view.nodes.records(), *self._handles.records()])
         if isinstance(handle, ReadHandle):
             self._kernel.unread(handle.attr._replace(ino=handle.ino))
             self._pins.unpin(fh)
@@ -357,13 +391,53 @@ class Operations(pyfuse3.Operations):
             setattr(out, name, getattr(st, name))
         return out
 
+    def _add_write(self, handle: WriteHandle) -> int:
+        """Register a handle open for writing; noted as holding bytes only this process keeps if
+        it does (a truncating open, a staging file)."""
+        fh = self._handles.add(handle)
+        if handle.dirty or handle.staging is not None:
+            self._handles.dirtied(fh)
+        return fh
+
+    async def _live(self, fh: int) -> Handle:
+        """Handle ``fh``; a ``Lost`` one (a dead worker opened it: ``restore``) is opened again
+        first, unless bytes written through it died with that worker: EIO, at every use."""
+        handle = self._handles[fh]
+        if not isinstance(handle, Lost):
+            return handle
+        new: Handle
+        if handle.kind == "d":
+            new = DirHandle(handle.ino, DirStream(self.view.listing, handle.ino))
+        elif handle.dirty:
+            log.error("file handle %d (inode %d): bytes written through it were lost with a worker: EIO", fh,
+                      handle.ino)
+            raise pyfuse3.FUSEError(errno.EIO)
+        else:
+            try:
+                new = await (self.view.open(handle.ino) if handle.kind == "r"
+                             else self._writable().open(handle.ino, truncate=False))
+            except OSError as e:  # its file is gone (a staging file lived in the dead worker's memory)
+                log.error("file handle %d (inode %d): cannot open it again: %s: EIO", fh, handle.ino, e.strerror)
+                raise pyfuse3.FUSEError(errno.EIO) from None
+        self._handles.reopened(fh, new)
+        return new
+
+    async def restore(self, records: list[list[Any]]) -> None:
+        """Take over the numbers a dead worker gave the kernel (its ledger's ``records``: see
+        ``shardfs.tree.ledger``): the arrays' slots, the inodes, the open handles."""
+        await self.view.hierarchy.restore(records)
+        self.view.nodes.restore(records)
+        self._handles.restore(records)
+
     def spilled_bytes(self) -> int:
         """Bytes held in spill files by open files and staging files (``shardfs status``)."""
         buffers = {id(b): b for b in (h.data() for h in self._handles.writes()) if b is not None}
         buffers.update((id(st.data), st.data) for st in self.view.nodes.staged.values())
         return sum(b.size for b in buffers.values() if b.spilled)
 
-    def _writable(self) -> "Writer":
+    def _writable(self, ctx: Any = None) -> "Writer":
+        """The writer; EROFS on a read-only mount, EACCES for another user (``Callers``)."""
+        self._callers.may_write(ctx)
         if self.writer is None:
             raise pyfuse3.FUSEError(errno.EROFS)
         return self.writer
@@ -388,26 +462,33 @@ class Operations(pyfuse3.Operations):
             await trio.to_thread.run_sync(_invalidate_inodes, targets)
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
-        for ino, nlookup in inode_list:
-            if self._kernel.forget(ino, nlookup):
-                chunk = self.view.nodes.forget(ino)
-                if chunk is not None:
-                    self._pins.forgot(chunk, ino)
+        try:
+            for ino, nlookup in inode_list:
+                if self._kernel.forget(ino, nlookup):
+                    chunk = self.view.nodes.forget(ino)
+                    if chunk is not None:
+                        self._pins.forgot(chunk, ino)
+        except Exception as e:  # noqa: BLE001 - FORGET has no reply: a bug is recorded, never raised
+            self.faults.record("forget", e)
 
     @_guard
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
                      ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        attr, handle = await self._writable().create(parent_inode, _name(name))
+        attr, handle = await self._writable(ctx).create(parent_inode, _name(name))
         self._kernel.changed(attr.ino)
-        return pyfuse3.FileInfo(fh=self._handles.add(handle)), self._looked_up(attr)
+        return pyfuse3.FileInfo(fh=self._add_write(handle)), self._looked_up(attr)
 
     @_guard
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        handle = self._handles[fh]
+        handle = await self._live(fh)
         if not isinstance(handle, WriteHandle):
             raise pyfuse3.FUSEError(errno.EBADF)
         self._kernel.changed(handle.ino)  # its pages now hold bytes no version has (see ``KernelInodes.dropped``)
-        return await self._writable().write(handle, off, buf)
+        was = handle.dirty
+        n = await self._writable().write(handle, off, buf)
+        if handle.dirty and not was:
+            self._handles.dirtied(fh)
+        return n
 
     @_guard
     async def flush(self, fh: int) -> None:
@@ -420,13 +501,13 @@ class Operations(pyfuse3.Operations):
         """
         if self.writer is None:
             raise pyfuse3.FUSEError(errno.ENOSYS)
-        handle = self._handles.get(fh)
+        handle = await self._live(fh) if self._handles.get(fh) is not None else None
         if isinstance(handle, WriteHandle):
             await self._writable().flush(handle)
 
     @_guard
     async def fsync(self, fh: int, datasync: bool) -> None:
-        handle = self._handles.get(fh)
+        handle = await self._live(fh) if self._handles.get(fh) is not None else None
         if self.writer is not None:
             await self.writer.fsync(handle if isinstance(handle, WriteHandle) else None)
 
@@ -441,10 +522,10 @@ class Operations(pyfuse3.Operations):
         # Mode, owner and times are accepted and not kept (the mount shows fixed ones):
         # rsync -a and cp -a set them on every file and directory they create.
         if fields.update_mode or fields.update_uid or fields.update_gid:
-            self._writable()
+            self._writable(ctx)
         if fields.update_size:
-            writer = self._writable()
-            handle = self._handles.get(fh) if fh is not None else None
+            writer = self._writable(ctx)
+            handle = await self._live(fh) if fh is not None and self._handles.get(fh) is not None else None
             if not isinstance(handle, WriteHandle):
                 handle = self._handles.dirty_write(inode)
             self._pins.forfeit(inode)
@@ -459,25 +540,25 @@ class Operations(pyfuse3.Operations):
                      name_new: bytes, flags: int, ctx: Any) -> None:
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise pyfuse3.FUSEError(errno.EINVAL)
-        await self._writable().rename(parent_inode_old, _name(name_old), parent_inode_new,
+        await self._writable(ctx).rename(parent_inode_old, _name(name_old), parent_inode_new,
                                       _name(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE))
 
     @_guard
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any
                    ) -> pyfuse3.EntryAttributes:
-        return self._looked_up(await self._writable().link(inode, new_parent_inode, _name(new_name)))
+        return self._looked_up(await self._writable(ctx).link(inode, new_parent_inode, _name(new_name)))
 
     @_guard
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        await self._writable().unlink(parent_inode, os.fsdecode(name))
+        await self._writable(ctx).unlink(parent_inode, os.fsdecode(name))
 
     @_guard
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        self._kernel.removed_dir(await self._writable().structure.rmdir(parent_inode, os.fsdecode(name)))
+        self._kernel.removed_dir(await self._writable(ctx).structure.rmdir(parent_inode, os.fsdecode(name)))
 
     @_guard
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
-        return self._looked_up(await self._writable().structure.mkdir(parent_inode, _name(name)))
+        return self._looked_up(await self._writable(ctx).structure.mkdir(parent_inode, _name(name)))
 
     async def _unsupported(self, *args: Any) -> None:
         if self.writer is None:

@@ -13,6 +13,7 @@ the ``-o`` options override it. Precedence, first wins:
 endpoint: ``-o endpoint``, ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, the profile's
 ``services`` section, the profile's ``endpoint_url``, the service's default;
 region: ``-o region``, ``AWS_REGION``, ``AWS_DEFAULT_REGION``, the profile's ``region``;
+unsigned requests: ``-o anonymous``, or ``AWS_SKIP_SIGNATURE`` true (obstore's and object_store's own variable);
 CA bundle: ``-o ca_bundle``, ``AWS_CA_BUNDLE``, the profile's ``ca_bundle``;
 profile: ``-o profile``, ``AWS_PROFILE``, ``default``.
 ``(name, endpoint)`` identifies the source: the state directory (``shardfs.app.state``) is keyed on
@@ -39,6 +40,7 @@ URL_ONLY = ("endpoint", "region", "anonymous", "cache_size", "cache_dir", "timeo
             "requester_pays", "addressing")
 OBJECT_STORE_ONLY = ("endpoint", "region", "anonymous")  # not for a web server (http(s)://)
 S3_ONLY = ("region", "profile", "requester_pays", "addressing")
+TRUE = ("true", "1", "yes", "on", "y")  # object_store's true values (of AWS_SKIP_SIGNATURE)
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,8 @@ class Source:
             ca_bundle = ca_bundle or aws.ca_bundle
         if ca_bundle is not None and not os.path.isfile(ca_bundle):
             raise ValueError(f"ca_bundle {ca_bundle}: no such file")
-        return cls(name, True, endpoint=endpoint, region=region, anonymous=storage.anonymous,
+        anonymous = storage.anonymous or (s3 and environ.get("AWS_SKIP_SIGNATURE", "").lower() in TRUE)
+        return cls(name, True, endpoint=endpoint, region=region, anonymous=anonymous,
                    timeout=storage.timeout, profile=storage.profile, ca_bundle=ca_bundle, insecure=storage.insecure,
                    requester_pays=storage.requester_pays, addressing=addressing)
 

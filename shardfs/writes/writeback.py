@@ -40,8 +40,10 @@ import trio
 
 from shardfs.shards import shard as shard_mod
 from shardfs.writes.journal import Change, Journal, Record, kept_line
+from shardfs.format.index import CorruptIndex
 from shardfs.format.shardfile import ShardFormat
 from shardfs.storage import Storage, Version
+from shardfs.storage.faults import Faults
 
 log = logging.getLogger("shardfs")
 ShardId = tuple[str, tuple[int, ...]]  # (array path, shard coords)
@@ -103,8 +105,11 @@ class _Dirty:
 class Writeback:
     """Pending chunk changes of one mount and the journal that makes them durable."""
 
-    def __init__(self, source: Storage, journal_dir: str, idle: float = 1.0, budget: int = 256 << 20) -> None:
+    def __init__(self, source: Storage, journal_dir: str, idle: float = 1.0, budget: int = 256 << 20,
+                 faults: Faults | None = None) -> None:
+        """``faults``: where bugs met while folding are recorded (the mount's)."""
         self.source = source
+        self.faults = faults or Faults()
         self.idle = idle
         self.budget = budget
         self._dirty: dict[ShardId, _Dirty] = {}
@@ -185,6 +190,7 @@ class Writeback:
                 version = await trio.to_thread.run_sync(
                     shard_mod.rewrite_sync, self.source, dirty.target.key, dirty.target.fmt, changes)
             except Exception as e:
+                self._bug("fold", e, dirty.target.key)
                 self._failed(dirty, failure_reason(e))
                 return False
             # A record replaced before this fold must go too, or a replay would resurrect it.
@@ -205,8 +211,17 @@ class Writeback:
                 dirty.failures, dirty.reason, dirty.unlogged, dirty.logged_at = 0, "", 0, -math.inf
                 self.note_kept()
             if on_folded is not None:
-                await on_folded(shard, list(snapshot), version)
+                try:
+                    await on_folded(shard, list(snapshot), version)
+                except Exception as e:  # noqa: BLE001 - the shard is folded: only caches stay stale
+                    self.faults.record("fold callback", e, f" of {self.source.describe(dirty.target.key)}")
             return True
+
+    def _bug(self, where: str, e: Exception, key: str) -> None:
+        """Record ``e`` in ``faults`` (logged with its traceback) unless it is one of the
+        failures a source may cause: ``OSError``, a corrupt shard or index."""
+        if not isinstance(e, (OSError, shard_mod.CorruptShard, CorruptIndex)):
+            self.faults.record(where, e, f" of {self.source.describe(key)}")
 
     def _failed(self, dirty: _Dirty, reason: str) -> None:
         self.folds_failed += 1
@@ -294,6 +309,11 @@ class Writeback:
             try:
                 async with limiter:
                     await self.fold(shard, on_folded)
+            except Exception as e:  # noqa: BLE001 - a bug in one fold never ends the others (nor the mount)
+                self.faults.record("fold task", e)
+                dirty = self._dirty.get(shard)
+                if dirty is not None:
+                    self._failed(dirty, failure_reason(e))
             finally:
                 folding.discard(shard)
 
@@ -343,7 +363,8 @@ class Writeback:
         ``older`` are journal directories written before this one (an earlier
         version's ``SRC/.shardfs/journal``): their records are applied first. ``resolve``
         gives the target of a shard (None if its array is gone; ``OSError`` if its metadata
-        cannot be read now: its changes are appended again, for a later mount). The last
+        cannot be read now, or any other exception, a bug, recorded in ``faults``: its changes are
+        appended again, for a later mount). The last
         record of a chunk wins. The changes of a shard that cannot be folded now are kept:
         appended again to this mount's journal and pending (served, retried with backoff).
         Returns the number of records read; raises ``JournalError`` if a journal directory
@@ -357,7 +378,8 @@ class Writeback:
         for (array, coords), chunks in by_shard.items():
             try:
                 target = resolve(array, coords)
-            except OSError as e:  # the array's metadata is there but cannot be read now
+            except Exception as e:  # the array's metadata is there but cannot be read now (or a bug)
+                self._bug("replay", e, array)
                 for pos, data in chunks.items():
                     self.journal.append(Change(array, coords, pos, data))  # live: a later mount replays it
                 name = f"{array} shard {list(coords)}"
@@ -370,6 +392,7 @@ class Writeback:
             try:
                 shard_mod.rewrite_sync(self.source, target.key, target.fmt, chunks)
             except Exception as e:
+                self._bug("replay", e, target.key)
                 for pos, data in chunks.items():
                     record = self.journal.append(Change(array, coords, pos, data))
                     self._record((array, coords), target, pos, Pending(record, data, time.time_ns()))
