@@ -73,6 +73,7 @@ class Config:
     debug: bool = False  # log every request
     stats_interval: float | None = None  # seconds between logged summaries of the counters (None: none)
     nonempty: bool = False  # mount over a mountpoint that holds files (else refused)
+    metrics: str | None = None  # HOST:PORT (or PORT, on loopback) serving /metrics (None: not served)
     kernel: KernelConfig = field(default_factory=KernelConfig)
     reads: ReadConfig = field(default_factory=ReadConfig)
     tree: TreeConfig = field(default_factory=TreeConfig)

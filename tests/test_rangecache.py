@@ -386,7 +386,7 @@ def test_a_cache_dir_that_cannot_be_created_fails_at_once(tmp_path):
 
 
 def test_a_read_only_cache_dir_degrades_to_memory(tmpfs, caplog):
-    root = tmpfs("ro,size=1m")
+    root = tmpfs("ro,size=1m,mode=0700")
     with caplog.at_level(logging.WARNING, logger="shardfs"):
         cache = RangeCache(1 << 20, str(root))
         cache.put(WHERE, V1, 0, CONTENT[V1][:1000])
@@ -397,7 +397,7 @@ def test_a_read_only_cache_dir_degrades_to_memory(tmpfs, caplog):
 
 
 def test_a_full_cache_dir_degrades_to_memory(tmpfs, caplog):
-    root = tmpfs("size=64k")
+    root = tmpfs("size=64k,mode=0700")
     cache = RangeCache(1 << 20, str(root), 1 << 30)
     with caplog.at_level(logging.WARNING, logger="shardfs"):
         cache.put(WHERE, V1, 0, CONTENT[V1][:10_000])

@@ -18,7 +18,7 @@ from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, upload
 from conftest import read_native, read_zarr2
 from sources import build
 from test_s3_mount import mount_fails
-from tlsproxy import TlsProxy, make_ca
+from tlsproxy import TlsProxy, make_ca, make_self_signed
 
 
 @pytest.fixture(scope="module")
@@ -170,3 +170,47 @@ def test_public_bucket_reads_without_credentials(mount, home, public, tmp_path, 
     else:
         monkeypatch.setenv("AWS_SKIP_SIGNATURE", "true")
         reads_exactly(mount, (tmp_path / "pub", up), "-o", "ro")
+
+
+# ------------------------------------------------------------------ a self-signed server certificate (issue 34)
+
+
+@pytest.mark.parametrize("how", ["option", "AWS_CA_BUNDLE"])
+def test_self_signed_ca_certificate_names_the_cause_and_the_fix_that_works(src, keys, s3, tmp_path, mnt_dir,
+                                                                          mount, monkeypatch, how):
+    """A server certificate made by ``openssl req -x509`` (CA:TRUE) and trusted through ``-o
+    ca_bundle`` or ``AWS_CA_BUNDLE``: OpenSSL (what the AWS CLI uses) verifies it; rustls, which
+    obstore uses and offers no other verifier, refuses a CA certificate as a server's own. The
+    mount fails with one line naming that cause and the fix; the fix it names (the same
+    certificate made with CA:FALSE) mounts, and zarr 2.18 reads exactly."""
+    import socket
+    import ssl
+
+    upstream = int(s3.endpoint.rsplit(":", 1)[1])
+    certs = make_self_signed(tmp_path / "ca-true", ca=True)
+    proxy = TlsProxy(upstream, certs)
+    try:
+        with socket.create_connection(("127.0.0.1", proxy.port)) as raw, \
+                ssl.create_default_context(cafile=str(certs.ca)).wrap_socket(raw, server_hostname="127.0.0.1"):
+            pass  # OpenSSL verifies it (as the AWS CLI does)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        if how == "AWS_CA_BUNDLE":
+            monkeypatch.setenv("AWS_CA_BUNDLE", str(certs.ca))
+        opts = ("-o", f"ca_bundle={certs.ca}") if how == "option" else ()
+        want = (f"shardfs: error: {src[1].url}: TLS certificate verification failed (CaUsedAsEndEntity): the "
+                "server's certificate is a CA certificate (basicConstraints CA:TRUE, as openssl req -x509 makes by "
+                "default), which rustls refuses as a server's own even when trusted: give the server a certificate "
+                "with CA:FALSE (openssl req -x509 -addext basicConstraints=critical,CA:FALSE ...) or one signed by "
+                "a CA, and trust that\n")
+        assert mount_fails(src[1].url, mnt_dir, {}, *opts) == [want, want]
+    finally:
+        proxy.close()
+    fixed = make_self_signed(tmp_path / "ca-false", ca=False)
+    proxy = TlsProxy(upstream, fixed)
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        if how == "AWS_CA_BUNDLE":
+            monkeypatch.setenv("AWS_CA_BUNDLE", str(fixed.ca))
+        reads_exactly(mount, src, *(("-o", f"ca_bundle={fixed.ca}") if how == "option" else ()))
+    finally:
+        proxy.close()

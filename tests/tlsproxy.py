@@ -2,7 +2,8 @@
 
 ``make_ca(directory)`` makes, with Debian's ``openssl``, a private CA (``ca.pem``) and a server
 certificate it signed for ``IP:127.0.0.1`` (``server.pem``/``server.key``), as an on-premises
-MinIO or SeaweedFS behind a company CA has. ``TlsProxy(upstream_port, certs)`` accepts TLS
+MinIO or SeaweedFS behind a company CA has; ``make_self_signed(directory, ca)`` a self-signed
+server certificate (``CA:TRUE`` as ``openssl req -x509`` makes it, or ``CA:FALSE``). ``TlsProxy(upstream_port, certs)`` accepts TLS
 connections on a free loopback port (``endpoint``: ``https://127.0.0.1:PORT``) and copies bytes
 both ways to ``127.0.0.1:upstream_port``, one thread pair per connection; ``close()`` stops it.
 The proxy changes no byte of the requests, so SigV4 signatures (over ``Host`` as sent) still verify.
@@ -42,6 +43,19 @@ def make_ca(directory: Path) -> Certs:
     openssl("x509", "-req", "-in", str(d / "server.csr"), "-CA", str(d / "ca.pem"), "-CAkey", str(d / "ca.key"),
             "-CAcreateserial", "-out", str(d / "server.pem"), "-days", "2", "-extfile", str(d / "ext"))
     return Certs(d / "ca.pem", d / "server.pem", d / "server.key")
+
+
+def make_self_signed(directory: Path, ca: bool) -> Certs:
+    """A self-signed certificate for ``IP:127.0.0.1`` made the usual way, ``openssl req -x509``
+    (which marks it ``basicConstraints`` ``CA:TRUE``), or with ``ca=False`` the fix the error
+    line names (``-addext basicConstraints=critical,CA:FALSE``); it is its own CA (``ca``)."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    extra = [] if ca else ["-addext", "basicConstraints=critical,CA:FALSE"]
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(d / "self.key"),
+                    "-out", str(d / "self.pem"), "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", *extra], check=True, capture_output=True, timeout=60)
+    return Certs(d / "self.pem", d / "self.pem", d / "self.key")
 
 
 class TlsProxy:

@@ -23,10 +23,11 @@ from typing import Any
 
 from shardfs import __version__
 from shardfs.app import options, state
-from shardfs.app.mounts import daemon_pid, dead_source
+from shardfs.app.mounts import daemon_of, dead_source
 from shardfs.app.progress import FoldProgress
 from shardfs.app.run import run_daemon, spawn_daemon
 from shardfs.app.usage import UsageError
+from shardfs.format.printable import printable, printable_doc
 from shardfs.storage.source import Source
 from shardfs.storage.urls import is_url
 
@@ -76,7 +77,7 @@ def _main(argv: list[str]) -> int:
     try:
         return args.run(args)
     except UsageError as e:
-        print(f"shardfs: error: {e}", file=sys.stderr)
+        print(f"shardfs: error: {printable(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -280,7 +281,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
             raise UsageError("--map needs matplotlib: pip install 'shardfs[map]'") from None
         except OSError as e:
             raise UsageError(f"{args.map}: cannot write: {e.strerror}") from None
-    print(json.dumps(report, indent=2) if args.json else format_text(report, where))
+    print(json.dumps(report, indent=2) if args.json else format_text(printable_doc(report), where))
     if args.map:
         print(f"shardfs: wrote {args.map}, {width}x{height}", file=sys.stderr)
     return 0
@@ -303,7 +304,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(docs, indent=2))
             else:
-                print(clear + ("\n\n".join(map(format_text, shown)) if shown else "no shardfs mounts of this user"))
+                texts = [format_text(printable_doc(doc)) for doc in shown]
+                print(clear + ("\n\n".join(texts) if shown else "no shardfs mounts of this user"))
             sys.stdout.flush()
         except BrokenPipeError:  # ``| head``
             return 0
@@ -323,15 +325,15 @@ def _cmd_umount(args: argparse.Namespace) -> int:
         return 0
     if not os.path.ismount(mnt):
         raise UsageError(f"{args.mnt}: not mounted")
-    pid = daemon_pid(mnt)
-    if pid is None:
+    daemon = daemon_of(mnt)
+    if daemon is None:
         result = subprocess.run(["fusermount3", "-u", mnt], capture_output=True, text=True)
         if result.returncode:
             raise UsageError(result.stderr.strip() or f"{args.mnt}: cannot unmount")
         return 0
+    pid = daemon.pid
     found = daemon_journal(pid)
-    sockets = state.status_sockets(pid)
-    progress = FoldProgress(args.mnt, sockets[0] if sockets else None)
+    progress = FoldProgress(args.mnt, daemon.socket)
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + args.timeout
     killed = False
@@ -352,9 +354,9 @@ def _cmd_umount(args: argparse.Namespace) -> int:
     lines = _kept_report(*found, pid, killed) if found is not None else []
     progress.close(bool(lines) or killed)
     for line in lines:
-        print(f"shardfs: {line}", file=sys.stderr)
+        print(f"shardfs: {printable(line)}", file=sys.stderr)
     if lines and found is not None:
-        print(f"shardfs: they are folded by the next mount of {found[0]}", file=sys.stderr)
+        print(f"shardfs: they are folded by the next mount of {printable(found[0])}", file=sys.stderr)
     return 1 if lines or killed else 0
 
 

@@ -26,7 +26,7 @@ from shardfs.kernel.fuse_ops import Operations, Timeouts
 from shardfs.reads.chunkcache import ChunkCache
 from shardfs.reads.factory import make_reads
 from shardfs.reads.rangecache import RangeCache
-from shardfs.storage import Storage
+from shardfs.storage import Storage, private
 from shardfs.storage.faults import Faults
 from shardfs.storage.source import Source
 from shardfs.tree.view import View
@@ -64,7 +64,14 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack) -> Compo
     storage = cleanup.enter_context(source.opened(version_ttl=timeouts.attr, list_ttl=timeouts.entry))
     writeback = None
     faults = Faults()  # the mount's bugs, from requests and background tasks alike
+    spill = state.spill_dir(source.name, source.endpoint)
     if not cfg.read_only:
+        try:
+            state.private_dir(spill)
+        except private.Refused as e:
+            raise UsageError(str(e)) from None
+        except OSError as e:
+            raise UsageError(f"{spill}: cannot create the spill directory: {e.strerror}") from None
         try:
             writeback = open_writeback(source, storage, cfg.writes.journal_dir, cleanup, faults)
         except UsageError:
@@ -78,7 +85,7 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack) -> Compo
     reads = make_reads(storage, cache=ranges, chunk_cache=ChunkCache(cfg.reads.chunk_cache))
     view = View(storage, read_only=writeback is None, writeback=writeback, ome=cfg.tree.ome,
                 c_order=cfg.tree.c_order, reads=reads)
-    ops = Operations(view, timeouts, writeback, spill_dir=state.spill_dir(source.name, source.endpoint),
+    ops = Operations(view, timeouts, writeback, spill_dir=spill,
                      shard_bytes=cfg.writes.shard_size, faults=faults)
     return Composed(source, storage, writeback, ranges, view, ops)
 

@@ -1,19 +1,29 @@
 """Live shardfs mounts: which source a mount shows, and which process serves it.
 
-shardfs answers no extended attributes (see ``fuse_ops``), so this is found
-from the kernel's mount table (the mount's ``fsname`` is its source
-directory) and from the daemons' command lines.
+shardfs answers no extended attributes (see ``fuse_ops``), so the source is found from the
+kernel's mount table (the mount's ``fsname`` is its source directory). The daemon serving a
+mount is found through its status socket (``daemon_of``): only the daemon holds the listening
+end, and the kernel names its process (``SO_PEERCRED``); a command line, which any process
+can copy, is never looked at (doc/SECURITY.md#daemon).
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any
 
+from shardfs.app import state
 from shardfs.storage.urls import is_url
 
 FSTYPE = "fuse.shardfs"
+ASK_TIMEOUT = 5.0  # seconds to wait for a daemon's status document
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 def fsname(src: str) -> str:
@@ -62,26 +72,57 @@ def source_of(path: str) -> str:
     return path
 
 
-def daemon_pid(mnt: str) -> int | None:
-    """The process serving mountpoint ``mnt``: a ``shardfs mount ... MNT -f`` process whose
-    command line names ``mnt`` (relative paths resolved against its working directory)."""
-    mnt = os.path.abspath(mnt)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
+@dataclass(frozen=True)
+class Daemon:
+    """A live daemon of this user: its pid, its status socket and the document it sent."""
+
+    pid: int
+    socket: str
+    doc: dict[str, Any]
+
+
+def ask(path: str, timeout: float = ASK_TIMEOUT) -> tuple[dict[str, Any], int]:
+    """The status document of the daemon listening at unix socket ``path`` and its pid, as the
+    kernel says (``SO_PEERCRED``: the process that listens, whatever it claims).
+    ``PermissionError`` if that process is not this user's; ``OSError``/``ValueError`` if it
+    does not answer, or not with a JSON object."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+        if uid != os.geteuid():
+            raise PermissionError(errno.EPERM, f"served by uid {uid}, not by this user", path)
+        parts = []
+        while chunk := sock.recv(1 << 16):
+            parts.append(chunk)
+    doc = json.loads(b"".join(parts))
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: not a status document")
+    return doc, pid
+
+
+def daemons() -> list[Daemon]:
+    """Every live daemon of this user that answers on a status socket in this user's own state
+    directories (``state.status_sockets``: checked as ``shardfs.storage.private`` says)."""
+    found = []
+    for path in state.status_sockets():
         try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = [a.decode(errors="surrogateescape") for a in f.read().split(b"\0")]
-            cwd = os.readlink(f"/proc/{entry}/cwd")
-        except OSError:
-            continue
-        if "mount" not in argv or not {"-f", "--foreground"} & set(argv):
-            continue
-        if not any("shardfs" in a for a in argv[: argv.index("mount")]):
-            continue
-        rest = argv[argv.index("mount") + 1:]
-        if any(os.path.normpath(os.path.join(cwd, a)) == mnt for a in rest if a and not a.startswith("-")):
-            return int(entry)
+            doc, pid = ask(path)
+        except (OSError, ValueError):
+            continue  # left by a killed daemon, or not one of this user's
+        found.append(Daemon(pid, path, doc))
+    return found
+
+
+def daemon_of(mnt: str) -> Daemon | None:
+    """The daemon serving mountpoint ``mnt``, proven by what only it holds: the listening end of
+    a status socket in this user's own state directory (its pid from the kernel, never from
+    a command line), whose document names ``mnt``. None if no daemon of this user answers
+    for it (another user's mount, a dead one, or one that could not make its socket)."""
+    mnt = os.path.abspath(mnt)
+    for daemon in daemons():
+        if daemon.doc.get("mountpoint") == mnt:
+            return daemon
     return None
 
 

@@ -26,6 +26,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from shardfs.app.metrics import parse_address
 from shardfs.config import Config, parse_size, size_text
 from shardfs.storage.source import Source
 
@@ -98,6 +99,8 @@ OWN = (
     Option("debug", None, "log every request (as --debug)", "debug"),
     Option("stats_interval", "S", "log a one-line summary of the counters every S seconds (default off; "
                                   "shardfs status shows them)", "stats_interval"),
+    Option("metrics", "HOST:PORT", "serve the counters of shardfs status at http://HOST:PORT/metrics in the "
+                                   "Prometheus text format (PORT alone: on 127.0.0.1)", "metrics"),
     Option("no_ome_translation", None, "show OME-Zarr 0.5 attributes as stored (as --no-ome-translation)",
            "!tree.ome"),
     Option("c_order", None, "serve arrays stored transposed (shown as \"order\": \"F\") as C-order chunks, "
@@ -172,6 +175,8 @@ def _check_values(own: dict[str, str]) -> None:
             if not ok or not math.isfinite(seconds):
                 raise ValueError(f"-o {name}={own[name]}: not a " + ("positive " if positive else "")
                                  + "number of seconds")
+    if "metrics" in own:
+        parse_address(own["metrics"])
     if own.get("addressing", "path") not in ("path", "virtual"):
         raise ValueError(f"-o addressing={own['addressing']}: not path or virtual")
     endpoint = own.get("endpoint")

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from shardfs.app.status_client import fetch
+from shardfs.app.mounts import ask
 
 MIN_CHUNKS = 100  # pending chunks from which umount shows progress
 EVERY = 2.0  # seconds between plain progress lines
@@ -47,7 +47,7 @@ class FoldProgress:
         if self.socket is None:
             return None
         try:
-            return fetch(self.socket)
+            return ask(self.socket)[0]
         except (OSError, ValueError):  # the daemon is done (or gone)
             return None
 

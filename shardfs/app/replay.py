@@ -11,6 +11,7 @@ from typing import Any
 
 from shardfs.app import state
 from shardfs.app.usage import UsageError
+from shardfs.storage import private
 from shardfs.storage.source import Source
 
 log = logging.getLogger("shardfs")
@@ -27,7 +28,9 @@ def open_writeback(source: Source, storage: Any, journal_dir: str | None, cleanu
 
     root = state.journal_dir(source.name, journal_dir, source.endpoint)
     try:
-        claim = journal.claim(root)
+        claim = journal.claim(root, state.private_top(root))
+    except private.Refused as e:
+        raise UsageError(str(e)) from None
     except OSError as e:
         raise UsageError(f"{root}: cannot create the write journal: {e.strerror} "
                          "(-o journal_dir=DIR puts it elsewhere)") from None

@@ -21,9 +21,12 @@ import tempfile
 from typing import TYPE_CHECKING, Any, Iterator
 
 from shardfs.app import options, state
+from shardfs.app.metrics import Exporter, parse_address
 from shardfs.app.mounts import fsname
 from shardfs.app.usage import UsageError
 from shardfs.config import Config
+from shardfs.format.printable import printable
+from shardfs.storage import private
 from shardfs.storage.source import Source
 
 if TYPE_CHECKING:
@@ -42,7 +45,9 @@ def spawn_daemon(args: argparse.Namespace, source: Source) -> int:
     if fallback:
         args.log_file = state.log_file(source.name, source.endpoint)
         try:
-            os.makedirs(os.path.dirname(args.log_file), mode=0o700, exist_ok=True)
+            state.private_dir(os.path.dirname(args.log_file))
+        except private.Refused as e:
+            raise UsageError(str(e)) from None
         except OSError as e:
             raise UsageError(f"{os.path.dirname(args.log_file)}: cannot create the state directory: "
                              f"{e.strerror}") from None
@@ -70,20 +75,32 @@ def spawn_daemon(args: argparse.Namespace, source: Source) -> int:
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
+    """Log to ``--log-file`` (a file of this user's own, never through a symlink: ``private``
+    raises ``Refused``), else stderr (``-f``), else syslog."""
     if args.log_file:
-        handler: logging.Handler = logging.FileHandler(args.log_file)
+        fd = private.open_path(args.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        handler: logging.Handler = logging.StreamHandler(open(fd, "a", encoding="utf-8", errors="backslashreplace"))
     elif args.ready_fd is None:
         handler = logging.StreamHandler(sys.stderr)
     elif os.path.exists("/dev/log"):
         handler = logging.handlers.SysLogHandler(address="/dev/log")
     else:
         handler = logging.NullHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s shardfs[%(process)d] %(levelname)s %(message)s"))
+    handler.setFormatter(_Printable("%(asctime)s shardfs[%(process)d] %(levelname)s %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if args.debug else logging.INFO)
     if not args.debug:
         logging.getLogger("pyfuse3").setLevel(logging.WARNING)
+
+
+class _Printable(logging.Formatter):
+    """Each record's message made ``printable``: names and text from the source (or a client)
+    never forge a line or send a terminal escape (a traceback below it is shardfs's own)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable(record.message)
+        return super().formatMessage(record)
 
 
 def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source) -> int:
@@ -94,6 +111,9 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     args.debug = args.debug or cfg.debug
     try:
         _setup_logging(args)
+    except private.Refused as e:
+        _report(args, f"error: {e}")
+        return 1
     except OSError as e:
         _report(args, f"error: {args.log_file}: cannot open the log file: {e.strerror}")
         return 1
@@ -137,6 +157,19 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
 
     source, read_only = mount.source, mount.writeback is None
     v2()  # before going live (see above)
+    shown = {**opts.own, **{o.partition("=")[0]: o.partition("=")[2] for o in opts.fuse}}
+    status = Status(mount.ops, mnt, source.name, source.endpoint, read_only, shown,
+                    state.status_socket(source.name, source.endpoint, os.getpid()),
+                    cfg.stats_interval)
+    exporter = None
+    if cfg.metrics is not None:  # bound before the mount goes live: a port in use fails the mount
+        exporter = Exporter(parse_address(cfg.metrics), status.snapshot)
+        try:
+            exporter.start()
+        except OSError as e:
+            option = f"-o metrics={cfg.metrics}"
+            _report(args, f"error: {option}: cannot listen: {e.strerror or e}")
+            return 1
     fuse_opts = set(pyfuse3.default_options) | {fsname(source.name), "subtype=shardfs"} | set(opts.fuse)
     if read_only:
         fuse_opts.add("ro")
@@ -149,19 +182,19 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
             failed = None
     libfuse = "; ".join(said)
     if failed is not None:
+        if exporter is not None:
+            exporter.stop()
         _report(args, f"error: {mnt}: cannot mount: {libfuse + f' ({failed})' if libfuse else failed}")
         return 1
     if libfuse:
         log.warning("libfuse: %s", libfuse)
     log.info("mounted %s on %s%s", source.name, mnt, " (read-only)" if read_only else "")
-    shown = {**opts.own, **{o.partition("=")[0]: o.partition("=")[2] for o in opts.fuse}}
-    status = Status(mount.ops, mnt, source.name, source.endpoint, read_only, shown,
-                    state.status_socket(source.name, source.endpoint, os.getpid()),
-                    cfg.stats_interval)
     _report(args, "ok")
     try:
-        trio.run(_serve, mount, status)
+        trio.run(_serve, mount, status, exporter)
     finally:
+        if exporter is not None:
+            exporter.stop()
         pyfuse3.close(unmount=True)
         log.info("unmounted %s", mnt)
         if mount.ranges is not None:
@@ -187,9 +220,10 @@ def _stderr_captured() -> Iterator[list[str]]:
             said += [line.strip() for line in tmp.read().decode(errors="replace").splitlines() if line.strip()]
 
 
-async def _serve(mount: Composed, status: Any) -> None:
-    """Run the FUSE loop and answer ``shardfs status`` (``status``); on SIGINT/SIGTERM fold
-    pending writes into the shards and end it.
+async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None) -> None:
+    """Run the FUSE loop and answer ``shardfs status`` (``status``) and ``-o metrics``
+    (``exporter``, which reads the status on this loop); on SIGINT/SIGTERM fold pending writes
+    into the shards and end it.
 
     Pending writes are also folded when the loop ends otherwise (``fusermount3 -u``).
     Changes that cannot be folded stay in the journal (``Writeback.flush`` says why).
@@ -202,6 +236,8 @@ async def _serve(mount: Composed, status: Any) -> None:
     from shardfs.kernel import fuseloop
 
     writeback, writer = mount.writeback, mount.writer
+    if exporter is not None:
+        exporter.serving(trio.lowlevel.current_trio_token())
     # Given to run/flush, not to Writeback(): it is built (and replays the journal) before the View and Writer.
     folded = writer.folded if writer is not None else None
     flushed = False
@@ -232,10 +268,10 @@ async def _serve(mount: Composed, status: Any) -> None:
 def _report(args: argparse.Namespace, line: str) -> None:
     if args.ready_fd is None:
         if line != "ok":
-            print(f"shardfs: {line}", file=sys.stderr)
+            print(f"shardfs: {printable(line)}", file=sys.stderr)
         return
     try:
-        os.write(args.ready_fd, (line + "\n").encode())
+        os.write(args.ready_fd, (printable(line) + "\n").encode(errors="backslashreplace"))
         os.close(args.ready_fd)
     except OSError:
         pass

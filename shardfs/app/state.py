@@ -11,19 +11,27 @@ finds the same directory. It holds the write journal (``journal/``, unless
 (``spill/``, unlinked as soon as they are created) and the daemon's log file
 when there is no syslog (``log``).
 
+Every directory shardfs keeps there is the mounting user's own (``private``: made 0700, an
+existing one owned by another user, writable by others or a symlink is refused, doc/SECURITY.md).
+
 Earlier versions kept the journal in the source, ``SRC/.shardfs/journal``;
-``LEGACY_JOURNAL`` names it so a mount can replay and remove it.
+``LEGACY_JOURNAL`` names it so a mount can replay and remove it: only when it passes the
+same check from SRC itself down (nobody else can have planted it or can swap it for a
+symlink meanwhile), else it is left alone (``legacy_journal``).
 """
 
 from __future__ import annotations
 
 import glob
 import hashlib
+import logging
 import os
 import re
 
+from shardfs.storage import private
 from shardfs.storage.urls import is_url, normalize_url
 
+log = logging.getLogger("shardfs")
 LEGACY_DIR = ".shardfs"
 LEGACY_JOURNAL = f"{LEGACY_DIR}/journal"
 
@@ -74,9 +82,18 @@ def status_socket(source: str, endpoint: str | None, pid: int) -> str:
     return os.path.join(state_dir(source, endpoint), f"status-{pid}.sock")
 
 
-def status_sockets(pid: int) -> list[str]:
-    """The status sockets of daemon ``pid`` in this user's state directories (at most one)."""
-    return glob.glob(os.path.join(glob.escape(state_home()), "*", f"status-{pid}.sock"))
+def status_sockets() -> list[str]:
+    """The status sockets in this user's own state directories: the state home and each
+    directory holding one must pass ``private``'s check (nothing another user could have
+    made or replaced); none if the state home does not."""
+    home, found = state_home(), []
+    for path in sorted(glob.glob(os.path.join(glob.escape(home), "*", "status-*.sock"))):
+        try:
+            os.close(private.open_dir(os.path.dirname(path), home, create=False))
+        except (private.Refused, OSError):
+            continue
+        found.append(path)
+    return found
 
 
 def log_file(source: str, endpoint: str | None = None) -> str:
@@ -84,12 +101,35 @@ def log_file(source: str, endpoint: str | None = None) -> str:
     return os.path.join(state_dir(source, endpoint), "log")
 
 
+def private_top(path: str) -> str:
+    """Where the check of directory ``path`` (state, journal, spill, socket, cache) starts
+    (``shardfs.storage.private.open_dir``): the state home when ``path`` lies below it, else
+    ``path`` itself (``-o journal_dir``, ``-o cache_dir``)."""
+    home, path = state_home(), os.path.abspath(path)
+    return home if path.startswith(home + "/") else path
+
+
+def private_dir(path: str) -> None:
+    """Make directory ``path`` this user's own, checked from ``private_top(path)`` down;
+    ``private.Refused`` (one line) names what is not."""
+    private.ensure(path, private_top(path))
+
+
 def legacy_journal(source: str) -> str | None:
-    """``SRC/.shardfs/journal`` of a local source if an earlier version left it there, else None."""
-    if is_url(source):
+    """``SRC/.shardfs/journal`` of a local source if an earlier version left it there and it is
+    this user's own (``private``, checked from SRC itself down), else None. One that is not
+    is logged and left alone: never replayed, never removed."""
+    if is_url(source) or not os.path.lexists(os.path.join(source, LEGACY_DIR)):
         return None
-    path = os.path.join(source, LEGACY_JOURNAL)
-    return path if os.path.isdir(path) else None
+    path = os.path.join(os.path.realpath(source), LEGACY_JOURNAL)
+    try:
+        os.close(private.open_dir(path, os.path.realpath(source), create=False))
+    except FileNotFoundError:
+        return None
+    except (private.Refused, OSError) as e:
+        log.warning("%s: not replayed: %s", path, e)
+        return None
+    return path
 
 
 def remove_legacy(source: str) -> None:

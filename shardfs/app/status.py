@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from shardfs.app import state
+from shardfs.storage import private
+
 if TYPE_CHECKING:
     from shardfs.kernel.fuse_ops import Operations
 
@@ -90,7 +93,7 @@ class Status:
             return None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
-            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            state.private_dir(os.path.dirname(path))
             _unlink(path)  # left by a killed daemon of the same pid number
             old = os.umask(0o177)
             try:
@@ -99,9 +102,10 @@ class Status:
                 os.umask(old)
             os.chmod(path, 0o600)
             sock.listen(16)
-        except OSError as e:
+        except (OSError, private.Refused) as e:
             sock.close()
-            log.warning("shardfs status unavailable: cannot make the socket %s: %s", path, e.strerror or e)
+            log.warning("shardfs status unavailable: cannot make the socket %s: %s", path,
+                        getattr(e, "strerror", None) or e)
             return None
         return trio.socket.from_stdlib_socket(sock)
 

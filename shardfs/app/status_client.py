@@ -1,36 +1,21 @@
 """The client's side of ``shardfs status``: find the live mounts, ask their daemons, show it.
 
-A mount's daemon is found from the kernel's mount table and the daemons' command lines
-(``shardfs.app.mounts``), its socket in this user's state directories (``shardfs.app.state``): mounts
-of other users have none there, so without a mountpoint only this user's mounts are shown.
+A mount is found in the kernel's mount table, its daemon through its status socket in this
+user's own state directories (``shardfs.app.mounts.daemon_of``: the kernel names the listening
+process, which must be this user's): mounts of other users have none there, so without a
+mountpoint only this user's mounts are shown.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 from typing import Any
 
-from shardfs.app.mounts import daemon_pid, dead_source, mounts
-from shardfs.app.state import status_sockets
-
-TIMEOUT = 5.0  # seconds to wait for a daemon's answer
+from shardfs.app.mounts import daemon_of, daemons, dead_source, mounts
 
 
 class StatusError(Exception):
     """A mount's status cannot be had; ``str()`` is one line saying why."""
-
-
-def fetch(path: str) -> dict[str, Any]:
-    """The status document the daemon listening at socket ``path`` sends."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(TIMEOUT)
-        sock.connect(path)
-        parts = []
-        while chunk := sock.recv(1 << 16):
-            parts.append(chunk)
-    return json.loads(b"".join(parts))
 
 
 def status_of(mnt: str) -> dict[str, Any]:
@@ -41,20 +26,11 @@ def status_of(mnt: str) -> dict[str, Any]:
     dead = dead_doc(mnt)
     if dead is not None:
         return dead
-    pid = daemon_pid(mnt)
-    if pid is None:
-        raise StatusError(f"{mnt}: no shardfs daemon of this user serves it")
-    found = status_sockets(pid)
-    if not found:
-        raise StatusError(f"{mnt}: daemon {pid} has no status socket in this user's state directory "
-                          "(another user's mount, or a daemon older than shardfs status)")
-    why: Exception | None = None
-    for path in found:  # (a killed daemon of the same pid number may have left one elsewhere)
-        try:
-            return fetch(path)
-        except (OSError, ValueError) as e:
-            why = e
-    raise StatusError(f"{mnt}: daemon {pid} did not answer: {getattr(why, 'strerror', None) or why}")
+    daemon = daemon_of(mnt)
+    if daemon is None:
+        raise StatusError(f"{mnt}: no shardfs daemon of this user answers for it (another user's mount, a dead "
+                          "one, or one that could not make its status socket: its log says why)")
+    return daemon.doc
 
 
 def dead_doc(mnt: str) -> dict[str, Any] | None:
@@ -67,13 +43,13 @@ def dead_doc(mnt: str) -> dict[str, Any] | None:
 def all_statuses() -> list[dict[str, Any]]:
     """The status of every live shardfs mount of this user (those with a socket that answers),
     and of every dead one (``dead_doc``)."""
-    out = []
-    for mnt in sorted(mounts()):
-        try:
-            out.append(status_of(mnt))
-        except StatusError:
-            continue  # another user's, or it went away meanwhile
-    return out
+    live = mounts()
+    docs = {d.doc["mountpoint"]: d.doc for d in daemons() if d.doc.get("mountpoint") in live}
+    for mnt in live:
+        dead = None if mnt in docs else dead_doc(mnt)
+        if dead is not None:
+            docs[mnt] = dead
+    return [docs[mnt] for mnt in sorted(docs)]
 
 
 def _size(n: float) -> str:

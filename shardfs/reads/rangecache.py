@@ -36,8 +36,12 @@ Contract:
   ``disk_max_bytes / 8`` written (again at its end if that much was written meanwhile), that
   removes the least recently used files (oldest mtime, so atime settings do not matter) until
   at most 7/8 of the bound remain: usage exceeds the bound only by what is written during a scan.
-- The directory is created if missing (``ValueError`` naming it if it cannot be, or if it is
-  a non-empty directory that is not a cache: it gets a ``CACHEDIR.TAG``, and files are only
+- The directory is this user's own (``shardfs.storage.private``: made 0700 if missing, refused
+  with ``ValueError`` naming it if another user owns it, others can write it or it is a
+  symlink); its buckets are made 0700 and its files 0600, and a file that is not this user's
+  own regular file is never served (removed, one log line). It is created if missing
+  (``ValueError`` naming it if it cannot be, or if it is a non-empty directory that is not a
+  cache: it gets a ``CACHEDIR.TAG``, and files are only
   ever removed from a tagged directory). Any other disk error (ENOSPC, EACCES, EROFS, EIO)
   turns the disk cache off with one log line: the cache goes on in memory alone; neither
   ``get`` nor ``put`` ever raises.
@@ -61,7 +65,7 @@ from collections import OrderedDict, deque
 
 import crc32c
 
-from shardfs.storage import Version
+from shardfs.storage import Version, private
 
 log = logging.getLogger("shardfs")
 
@@ -251,7 +255,9 @@ class RangeCache:
 
     def _open_disk(self, path: str) -> None:
         try:
-            os.makedirs(path, exist_ok=True)
+            private.ensure(path)
+        except private.Refused as e:
+            raise ValueError(f"cache_dir {e}") from None
         except OSError as e:
             raise ValueError(f"cache_dir {path}: cannot create it: {e.strerror or e}") from None
         self.disk_dir = path
@@ -302,7 +308,12 @@ class RangeCache:
         nblocks = -(-length // BLOCK)
         body = HEADER.size + len(key) + 4 * nblocks
         first, last = (start - offset) // BLOCK, -(-(stop - offset) // BLOCK)
-        fd = os.open(path, os.O_RDONLY)
+        try:
+            fd = private.open_file(None, path, os.O_RDONLY, path)
+        except private.Refused:
+            _unlink(path)
+            log.warning("range cache file %s: not this user's own: ignored and removed", path)
+            return None
         try:
             head = os.pread(fd, body, 0)
             if (head[:HEADER.size] != HEADER.pack(MAGIC, len(key), length)
@@ -318,7 +329,7 @@ class RangeCache:
                     try:
                         os.utime(fd)  # the eviction's recency
                     except OSError:
-                        pass  # another user's file: served all the same
+                        pass  # a read-only file system: served all the same
                     return offset + first * BLOCK, data
                 problem = "crc32c mismatch"
         finally:
@@ -360,7 +371,7 @@ class RangeCache:
         stop = start + len(data)
         inside, covered = [], False
         try:
-            os.makedirs(bucket, exist_ok=True)
+            os.makedirs(bucket, mode=private.DIR_MODE, exist_ok=True)
             for entry in _scandir(bucket):
                 if self._span(entry.name, obj_prefix) is None:
                     continue
@@ -393,7 +404,8 @@ class RangeCache:
         directory, name = os.path.split(path)
         tmp = os.path.join(directory, f"{_TMP}{name}.{os.getpid()}.{threading.get_ident()}")
         try:
-            with open(tmp, "wb") as f:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, private.FILE_MODE)
+            with open(fd, "wb") as f:
                 for part in parts:
                     f.write(part)
             os.rename(tmp, path)

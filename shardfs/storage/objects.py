@@ -98,7 +98,10 @@ _ENDPOINT_KEY = {"s3": "endpoint", "gs": "base_url", "az": "endpoint"}
 STATFS_BYTES = 1 << 60  # the size statvfs reports (see ``ObjectStorage.statvfs``)
 STATFS_BLOCK = 1 << 20
 _STATUS = re.compile(r"status code: (\d{3})")
-_TLS = re.compile(r"InvalidCertificate\(\s*([A-Za-z]+)")  # rustls's verdict, in obstore's debug text
+# rustls's verdict, in obstore's debug text: ``InvalidCertificate(UnknownIssuer)``, or for the
+# verdicts rustls-webpki names itself ``InvalidCertificate(Other(OtherError(CaUsedAsEndEntity)))``
+_TLS = re.compile(r"InvalidCertificate\(\s*(?:Other\(\s*OtherError\(\s*)?([A-Za-z]+)")
+CA_AS_SERVER = "CaUsedAsEndEntity"
 _MISSING = (NotFoundError, FileNotFoundError)  # obstore raises either for a 404
 _ANSWERS = (*_MISSING, PreconditionError, AlreadyExistsError)  # errors that answer a request (not failures)
 Buffer: TypeAlias = bytes | obstore.Bytes  # a GET's body: a copy, or obstore's own read-only buffer (``copy=False``)
@@ -146,10 +149,21 @@ def _status(e: BaseException) -> int | None:
 
 
 def tls_failure(e: BaseException, s3: bool = False) -> str | None:
-    """The one-line reason if ``e`` is a failed verification of the server's TLS certificate."""
+    """The one-line reason if ``e`` is a failed verification of the server's TLS certificate.
+
+    A server presenting a CA certificate as its own (a self-signed certificate made by
+    ``openssl req -x509``, which marks it ``CA:TRUE``) is refused by rustls, obstore's TLS
+    library, even when that certificate is trusted (OpenSSL, and so the AWS CLI, accept it);
+    obstore has no way to verify it otherwise, so the line names that cause and the fix."""
     verdict = _TLS.search(str(e))
     if verdict is None:
         return None
+    if verdict.group(1) == CA_AS_SERVER:
+        return (f"TLS certificate verification failed ({CA_AS_SERVER}): the server's certificate is a CA "
+                "certificate (basicConstraints CA:TRUE, as openssl req -x509 makes by default), which rustls "
+                "refuses as a server's own even when trusted: give the server a certificate with CA:FALSE "
+                "(openssl req -x509 -addext basicConstraints=critical,CA:FALSE ...) or one signed by a CA, "
+                "and trust that")
     return (f"TLS certificate verification failed ({verdict.group(1)}): trust the server's CA with "
             "-o ca_bundle=FILE" + (" or AWS_CA_BUNDLE" if s3 else ""))
 

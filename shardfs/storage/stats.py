@@ -10,8 +10,10 @@ calls and backward jumps, so no increment is lost without a lock.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import functools
+import itertools
 import time
 from collections import deque
 from types import TracebackType
@@ -19,6 +21,7 @@ from typing import Any, Callable, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+LATENCY_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)  # seconds
 LATENCY_SAMPLES = 1024  # store requests whose latencies the percentiles are taken over (the last ones)
 RECENT_ERRORS = 256  # errors remembered with their time (``RequestStats.recent``)
 ROUTINE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ENOSYS, errno.ENODATA, errno.ESTALE})
@@ -75,7 +78,8 @@ class StoreStats:
     an object store; ``READ``, ``REPLACE``, ``DELETE`` of shard files locally), bytes received
     and sent, requests shardfs repeated (``retries``: a read or fold that found the object
     changed under it), requests that failed (an error, not an answer such as "missing" or
-    "changed"), and the latency of the last ``LATENCY_SAMPLES``."""
+    "changed"), the latency of the last ``LATENCY_SAMPLES``, and every timed request's latency
+    counted in the buckets of ``LATENCY_BOUNDS`` (a histogram since the mount began)."""
 
     def __init__(self) -> None:
         self.requests: dict[str, int] = {}
@@ -84,6 +88,8 @@ class StoreStats:
         self.retries = 0
         self.failures = 0
         self.latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
+        self.buckets = [0] * (len(LATENCY_BOUNDS) + 1)  # requests of at most each bound (not cumulative), then more
+        self.latency_sum = 0.0
 
     def count(self, kind: str, seconds: float | None = None, bytes_in: int = 0) -> None:
         """One request of ``kind`` (taking ``seconds``, if timed) that received ``bytes_in``."""
@@ -91,6 +97,8 @@ class StoreStats:
         self.bytes_in += bytes_in
         if seconds is not None:
             self.latencies.append(seconds)
+            self.buckets[bisect.bisect_left(LATENCY_BOUNDS, seconds)] += 1
+            self.latency_sum += seconds
 
     def request(self, kind: str, answers: tuple[type[BaseException], ...] = ()) -> "_Timed":
         """``with stats.request("GET") as r: ...; r.bytes_in = n``: counts one timed request;
@@ -105,7 +113,9 @@ class StoreStats:
 
         return {"requests": dict(sorted(self.requests.items())), "bytes_in": self.bytes_in,
                 "bytes_out": self.bytes_out, "retries": self.retries, "failures": self.failures,
-                "latency_ms": {"p50": pct(0.5), "p99": pct(0.99), "samples": len(lat)}}
+                "latency_ms": {"p50": pct(0.5), "p99": pct(0.99), "samples": len(lat)},
+                "latency_s": {"le": list(LATENCY_BOUNDS), "counts": list(itertools.accumulate(self.buckets)),
+                              "sum": round(self.latency_sum, 6)}}
 
 
 class _Timed:

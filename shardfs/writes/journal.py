@@ -70,6 +70,7 @@ from typing import Iterable
 import crc32c
 import trio
 
+from shardfs.storage import private
 from shardfs.storage.local import fsync_dir
 
 log = logging.getLogger("shardfs")
@@ -221,7 +222,7 @@ class Journal:
             self._new_dirs += [os.path.dirname(m) for m in reversed(missing)]
         path = os.path.join(self.directory, f"{self._next:020d}.seg")
         self._next += 1
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         self._new_dirs.append(self.directory)
         self._current = _Segment(path, fd)
         return self._current
@@ -342,8 +343,7 @@ class Journal:
         changes = []
         for name in names:
             path = os.path.join(self.directory, name)
-            with open(path, "rb") as f:
-                buf = f.read()
+            buf = _read_own(path)
             found, end = decode_records(buf)
             if end < len(buf):
                 log.warning("%s: ignoring the last %d bytes (from offset %d): an incomplete or damaged "
@@ -374,8 +374,9 @@ class Journal:
             except FileNotFoundError:
                 pass
             return
-        os.makedirs(self.directory, exist_ok=True)
-        with open(path, "w") as f:  # small, rewritten whole; a torn note is only a worse message
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with open(fd, "w") as f:  # small, rewritten whole; a torn note is only a worse message
             json.dump(reasons, f, indent=1, sort_keys=True)
 
 
@@ -402,10 +403,20 @@ def read_kept(directory: str) -> tuple[dict[tuple[str, tuple[int, ...]], set[int
             except (OSError, ValueError, TypeError):
                 pass
         elif SEGMENT_NAME.fullmatch(name):
-            with open(path, "rb") as f:
-                for change in decode_records(f.read())[0]:
-                    pending.setdefault((change.array, change.shard), set()).add(change.pos)
+            for change in decode_records(_read_own(path))[0]:
+                pending.setdefault((change.array, change.shard), set()).add(change.pos)
     return pending, reasons
+
+
+def _read_own(path: str) -> bytes:
+    """The content of segment ``path``: a regular file of this user's own, opened without
+    following a symlink (``JournalError`` otherwise: never replayed)."""
+    try:
+        fd = private.open_file(None, path, os.O_RDONLY, path)
+    except private.Refused as e:
+        raise JournalError(str(e)) from None
+    with open(fd, "rb") as f:
+        return f.read()
 
 
 def _write_all(fd: int, path: str, data: bytes) -> None:
@@ -469,23 +480,21 @@ class Claim:
         self._locks.clear()
 
 
-def claim(root: str) -> Claim:
+def claim(root: str, top: str | None = None) -> Claim:
     """Create and lock a new journal directory for this daemon under ``root`` (made, mode
-    0700, durably); lock and return the directories of daemons that are gone. Raises
-    ``JournalError`` if ``root`` holds anything but daemon directories."""
+    0700, durably, this user's own from ``top`` down: ``shardfs.storage.private``, which
+    raises ``Refused``); lock and return the directories of daemons that are gone. Raises
+    ``JournalError`` if ``root`` holds anything but daemon directories of this user's."""
     created = []
     d = root
     while not os.path.isdir(d):
         created.append(d)
         d = os.path.dirname(d)
+    os.close(private.open_dir(root, top))
     for path in reversed(created):
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
         fsync_dir(os.path.dirname(path))
     names = sorted(os.listdir(root))
-    strange = [n for n in names if not (DAEMON_DIR.fullmatch(n) and os.path.isdir(os.path.join(root, n)))]
+    strange = [n for n in names if not (DAEMON_DIR.fullmatch(n) and _own_dir(os.path.join(root, n)))]
     if strange:
         raise JournalError(f"{root}: not journal directories: {', '.join(strange[:5])}"
                            f"{' ...' if len(strange) > 5 else ''}")
@@ -505,11 +514,19 @@ def claim(root: str) -> Claim:
     return Claim(own, orphans, locks)
 
 
+def _own_dir(path: str) -> bool:
+    """True if ``path`` is a directory (not a symlink) of this user's own (``private``)."""
+    try:
+        return private.problem(os.lstat(path)) is None
+    except FileNotFoundError:
+        return False
+
+
 def _lock(path: str) -> int | None:
     """An open fd of directory ``path`` holding its exclusive flock; None if a live daemon
     holds it or it is gone."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     try:

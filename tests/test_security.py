@@ -1,0 +1,416 @@
+"""Other local users (doc/SECURITY.md): what they plant is never used, what they may not read
+they cannot read through a mount, what they name cannot forge output.
+
+A session fixture makes an unprivileged local user (``other_user``: ``useradd``, removed at the
+end; reused if it exists) that plants state, journals, logs and caches in shared places (a
+sticky, world-writable directory standing in for ``/tmp``, a source whose top directory it may
+write) before the suite's user (root) mounts. Each test reproduces one finding of issue 36 and
+asserts the exact outcome: one line naming what is refused, and nothing planted used.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import lazy_unmount, read_zarr2, run_shardfs, wait_for
+from shardfs.app import state
+from shardfs.writes.journal import Change, Journal, encode_record
+from sources import Spec, assert_source_equals, build
+from writers import umount
+
+OTHER = "shardfs-other"
+HINT = "not used: it must be this user's own, not a symlink, writable by no one else"
+S = Spec("s", (8, 10), (4, 5), (8, 10), "<i4", 0, ("zstd", 3), inner_crc=False,
+         index_location="end", index_crc=True, initial=((slice(0, 8), slice(0, 10)),),
+         write=(slice(0, 4), slice(0, 5)))
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    uid: int
+    gid: int
+
+    def run(self, *argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+        """Run ``argv`` as this user (``setpriv``: no supplementary groups, its own uid and gid)."""
+        cmd = ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--", *argv]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=check, **kw)
+
+    def sh(self, script: str, check: bool = True) -> subprocess.CompletedProcess:
+        return self.run("/bin/sh", "-c", script, check=check)
+
+    def write(self, path: Path, data: bytes) -> None:
+        """As this user: make ``path``'s missing directories and write ``data`` to it."""
+        cmd = ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--", "/bin/sh", "-c",
+               'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", str(path)]
+        subprocess.run(cmd, input=data, capture_output=True, timeout=60, check=True)
+
+
+@pytest.fixture(scope="session")
+def other_user():
+    """An unprivileged local user (made with ``useradd`` unless it exists; removed at the end
+    if this fixture made it). Skips unless the suite runs as root."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a second user")
+    try:
+        entry = pwd.getpwnam(OTHER)
+        made = False
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER],
+                       check=True, capture_output=True)
+        entry = pwd.getpwnam(OTHER)
+        made = True
+    yield User(OTHER, entry.pw_uid, entry.pw_gid)
+    if made:
+        subprocess.run(["userdel", OTHER], capture_output=True)
+
+
+@pytest.fixture
+def shared():
+    """A directory every user may write, sticky like ``/tmp`` (removed at the end)."""
+    d = Path(tempfile.mkdtemp(prefix="shardfs-shared-"))
+    d.chmod(0o1777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def refused(path, why: str) -> str:
+    return f"{path}: {why}: {HINT}"
+
+
+def foreign(user: User) -> str:
+    return f"owned by uid {user.uid}, not by this user (uid 0)"
+
+
+def mount_fails(src: Path, mnt: Path, *extra: str, env: dict[str, str] | None = None) -> str:
+    """``shardfs mount SRC MNT ...`` that must fail: its stderr (exit status 1 asserted)."""
+    try:
+        r = run_shardfs("mount", str(src), str(mnt), *extra, env={**os.environ, **(env or {})})
+    finally:
+        lazy_unmount(mnt)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    return r.stderr
+
+
+SEGMENT = f"{0:020d}.seg"
+
+
+def plant_journal(user: User, journal_root: Path, value: np.ndarray) -> None:
+    """As ``user``: an orphan daemon journal under ``journal_root`` holding chunk (0, 0) = ``value``."""
+    user.write(journal_root / f"{1:020d}-1" / SEGMENT, encode_record(Change("s", (0, 0), 0, S.encode(value))))
+
+
+# --------------------------------------------------------------------------- journals
+
+
+def test_a_journal_planted_in_the_source_is_not_replayed(tmp_path, shared, other_user, mount):
+    """Finding 1: ``SRC/.shardfs/journal`` planted by a user who may write the source's top
+    directory is not replayed into the root-owned shard (one log line), and not removed."""
+    src = shared / "src"
+    exp = build(src, [S])["s"]
+    src.chmod(0o777)
+    other_user.write(src / ".shardfs" / "journal" / SEGMENT,
+                     encode_record(Change("s", (0, 0), 0, S.encode(S.values(S.chunk, 9)))))
+    mnt = mount(src)
+    log = mount.info(mnt).log_text()
+    journal = f"{src}/.shardfs/journal"
+    assert f"{journal}: not replayed: {refused(src, 'writable by its group or others (mode 0777)')}" in log, log
+    assert "replayed" not in log.replace(f"{journal}: not replayed", "")
+    np.testing.assert_array_equal(read_zarr2(mnt / "s"), exp)
+    umount(mount, mnt)
+    assert_source_equals(src, "s", exp)
+    assert os.listdir(src / ".shardfs" / "journal") == [SEGMENT]
+
+
+def test_a_legacy_journal_behind_a_symlink_deletes_nothing(tmp_path, mount):
+    """Finding 1: ``SRC/.shardfs`` a symlink: nothing it leads to is replayed or removed."""
+    src = tmp_path / "src"
+    exp = build(src, [S])["s"]
+    outside = tmp_path / "outside"
+    Journal(str(outside / "journal")).append(Change("s", (0, 0), 0, S.encode(S.values(S.chunk, 9))))
+    (src / ".shardfs").symlink_to(outside)
+    mnt = mount(src)
+    log = mount.info(mnt).log_text()
+    assert f"{src}/.shardfs/journal: not replayed: {refused(f'{src}/.shardfs', 'a symlink')}" in log, log
+    umount(mount, mnt)
+    assert_source_equals(src, "s", exp)
+    assert os.listdir(outside / "journal") == [SEGMENT]
+
+
+def test_a_state_dir_another_user_made_is_refused(tmp_path, shared, other_user):
+    """Finding 1: ``$XDG_STATE_HOME/shardfs/<id>`` made beforehand by another user (the id is
+    computable by anyone), holding an orphan journal: the writable mount is refused with one
+    line naming it; nothing is replayed."""
+    src = tmp_path / "src"
+    exp = build(src, [S])["s"]
+    home = shared / "state"
+    other_user.sh(f"mkdir -p '{home}/shardfs' && chmod 755 '{home}' '{home}/shardfs'")
+    ident = state.source_id(str(src))
+    plant_journal(other_user, home / "shardfs" / ident / "journal", S.values(S.chunk, 9))
+    err = mount_fails(src, tmp_path / "mnt", env={"XDG_STATE_HOME": str(home)})
+    uid = other_user.uid
+    assert err == f"shardfs: error: {refused(home / 'shardfs', f'owned by uid {uid}, not by this user (uid 0)')}\n"
+    assert_source_equals(src, "s", exp)
+
+
+def test_a_journal_dir_another_user_made_is_refused(tmp_path, shared, other_user):
+    """Finding 1: ``-o journal_dir=DIR`` made by another user, holding an orphan journal."""
+    src = tmp_path / "src"
+    exp = build(src, [S])["s"]
+    jdir = shared / "j"
+    plant_journal(other_user, jdir, S.values(S.chunk, 9))
+    err = mount_fails(src, tmp_path / "mnt", "-o", f"journal_dir={jdir}")
+    assert err == f"shardfs: error: {refused(jdir, f'owned by uid {other_user.uid}, not by this user (uid 0)')}\n"
+    assert_source_equals(src, "s", exp)
+
+
+def test_a_journal_dir_others_can_write_or_a_symlink_is_refused(tmp_path):
+    src = tmp_path / "src"
+    build(src, [S])
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o775)
+    err = mount_fails(src, tmp_path / "mnt", "-o", f"journal_dir={open_dir}")
+    assert err == f"shardfs: error: {refused(open_dir, 'writable by its group or others (mode 0775)')}\n"
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    err = mount_fails(src, tmp_path / "mnt", "-o", f"journal_dir={tmp_path / 'link'}")
+    assert err == f"shardfs: error: {refused(tmp_path / 'link', 'a symlink')}\n"
+    assert os.listdir(tmp_path / "elsewhere") == []
+
+
+def test_state_dirs_and_files_are_private(tmp_path, mount, shared):
+    """Every directory shardfs makes is 0700 and its files 0600 (journal segment, socket, log)."""
+    src = tmp_path / "src"
+    exp = build(src, [S])["s"]
+    home = shared / "home"  # a short path: a unix socket's is at most 107 bytes
+    mnt = mount(src, env={"XDG_STATE_HOME": str(home)})
+    (mnt / "s" / "0.0").write_bytes(S.encode(S.values(S.chunk, 5)))
+    sdir = home / "shardfs" / state.source_id(str(src))
+    wait_for(lambda: any(n.endswith(".sock") for n in os.listdir(sdir)), 10, "the status socket")
+    modes = {os.path.relpath(os.path.join(d, n), home): os.lstat(os.path.join(d, n)).st_mode & 0o777
+             for d, dirs, files in os.walk(home) for n in dirs + files}
+    assert {m for m in modes.values()} <= {0o700, 0o600}, modes
+    assert modes[os.path.relpath(sdir / "spill", home)] == 0o700
+    assert any(name.endswith(".sock") for name in modes), modes
+    umount(mount, mnt)
+    exp[S.chunk_region((0, 0))] = S.values(S.chunk, 5)
+    assert_source_equals(src, "s", exp)
+
+
+# --------------------------------------------------------------------------- logs
+
+
+def test_a_log_file_symlink_in_a_sticky_dir_is_refused(tmp_path, shared, other_user):
+    """Finding 2: ``--log-file`` in a sticky directory where another user planted a symlink to a
+    file only root may write: refused with one line; the file is untouched."""
+    src = tmp_path / "src"
+    build(src, [S])
+    secret = tmp_path / "root-only"
+    secret.write_text("root's\n")
+    secret.chmod(0o600)
+    other_user.sh(f"ln -s '{secret}' '{shared}/shardfs.log'")
+    err = mount_fails(src, tmp_path / "mnt", "--log-file", str(shared / "shardfs.log"), "--read-only")
+    assert err == f"shardfs: error: {refused(shared / 'shardfs.log', 'a symlink')}\n"
+    assert secret.read_text() == "root's\n"
+
+
+def test_a_log_file_another_user_made_is_refused(tmp_path, shared, other_user):
+    """Finding 2: a ``--log-file`` another user created beforehand (to read root's log)."""
+    src = tmp_path / "src"
+    build(src, [S])
+    other_user.sh(f"touch '{shared}/shardfs.log' && chmod 666 '{shared}/shardfs.log'")
+    err = mount_fails(src, tmp_path / "mnt", "--log-file", str(shared / "shardfs.log"), "--read-only")
+    assert err == f"shardfs: error: {refused(shared / 'shardfs.log', foreign(other_user))}\n"
+    assert (shared / "shardfs.log").read_text() == ""
+
+
+def test_the_state_log_symlink_is_refused(tmp_path, shared, other_user):
+    """Finding 2: no syslog, a state directory another user made with a ``log`` symlink to a
+    root-only file: the read-only mount is refused naming the state directory."""
+    if os.path.exists("/dev/log"):
+        pytest.skip("syslog present: the daemon does not log to the state directory")
+    src = tmp_path / "src"
+    build(src, [S])
+    secret = tmp_path / "root-only"
+    secret.write_text("root's\n")
+    secret.chmod(0o600)
+    home = shared / "state"
+    sdir = home / "shardfs" / state.source_id(str(src))
+    other_user.sh(f"mkdir -p '{sdir}' && chmod -R 755 '{home}' && ln -s '{secret}' '{sdir}/log'")
+    err = mount_fails(src, tmp_path / "mnt", "--read-only", env={"XDG_STATE_HOME": str(home)})
+    uid = other_user.uid
+    assert err == f"shardfs: error: {refused(home / 'shardfs', f'owned by uid {uid}, not by this user (uid 0)')}\n"
+    assert secret.read_text() == "root's\n"
+
+
+# --------------------------------------------------------------------------- caches
+
+
+def test_a_cache_dir_another_user_made_is_refused_and_own_files_are_private(tmp_path, shared, other_user):
+    """Finding 3: ``-o cache_dir`` another user made (with planted entries) is refused with one
+    line; the user's own is made 0700 with 0600 files; a file in it that is not the user's own
+    is never served (removed, one log line)."""
+    from shardfs.reads.rangecache import RangeCache
+    from shardfs.storage import Version
+
+    other_user.sh(f"mkdir '{shared}/cache'")
+    with pytest.raises(ValueError) as e:
+        RangeCache(1 << 20, str(shared / "cache"))
+    assert str(e.value) == f"cache_dir {refused(shared / 'cache', foreign(other_user))}"
+    own = tmp_path / "cache"
+    v = Version("etag", 8, 1)
+    cache = RangeCache(0, str(own))
+    cache.put("s3://b/k", v, 0, b"12345678")
+    cache.flush()
+    files = [os.path.join(d, n) for d, _, names in os.walk(own) for n in names]
+    dirs = [os.path.join(d, n) for d, names, _ in os.walk(own) for n in names]
+    assert (own.stat().st_mode & 0o777, {os.stat(d).st_mode & 0o777 for d in dirs}) == (0o700, {0o700})
+    assert {os.stat(f).st_mode & 0o777 for f in files} == {0o600}, files
+    assert RangeCache(0, str(own)).get("s3://b/k", v, 0, 8) == b"12345678"
+    entry = next(f for f in files if not f.endswith("CACHEDIR.TAG"))
+    os.chown(entry, other_user.uid, other_user.gid)
+    assert RangeCache(0, str(own)).get("s3://b/k", v, 0, 8) is None
+    assert not os.path.exists(entry)
+
+
+# --------------------------------------------------------------------------- the right daemon
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # one the other user may run
+IMPOSTOR = "import sys, time; time.sleep(120)"
+FORGER = """
+import json, os, socket, sys, time
+path, doc = sys.argv[1], sys.argv[2]
+s = socket.socket(socket.AF_UNIX)
+s.bind(path)
+os.chmod(path, 0o777)
+s.listen(4)
+while True:
+    c, _ = s.accept()
+    c.sendall(doc.encode() + b"\\n")
+    c.close()
+"""
+
+
+@pytest.fixture
+def other_processes():
+    """Start processes (``start(user, argv)``) ended by PID at the end of the test."""
+    procs: list[subprocess.Popen] = []
+
+    def start(user: User, *argv: str) -> subprocess.Popen:
+        cmd = ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--", *argv]
+        procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL, start_new_session=True))
+        return procs[-1]
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=10)
+
+
+def test_umount_never_signals_an_impostor(tmp_path, other_user, other_processes, mount):
+    """Finding 7: another user's process started as ``shardfs mount SRC MNT -f`` (before the real
+    daemon, so first in /proc) gets no signal; the real daemon folds and unmounts."""
+    src = tmp_path / "src"
+    exp = build(src, [S])["s"]
+    base = tmp_path / "m"
+    base.mkdir()
+    mnt = base / "mnt"
+    mnt.mkdir()
+    impostor = other_processes(other_user, SYSTEM_PYTHON, "-c", IMPOSTOR, "shardfs", "mount", str(src), str(mnt), "-f")
+    from conftest import Mount
+
+    real = Mount(src, mnt, base / "daemon.log", (), False)
+    mount._mounts.append(real)
+    real.wait_live()
+    value = S.values(S.chunk, 4)
+    (mnt / "s" / "0.0").write_bytes(S.encode(value))
+    r = run_shardfs("umount", str(mnt), "--timeout", "20")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert real.proc.wait(timeout=10) == 0
+    assert impostor.poll() is None, "the impostor was signalled"
+    exp[S.chunk_region((0, 0))] = value
+    assert_source_equals(src, "s", exp)
+
+
+def test_status_never_shows_a_forged_document(tmp_path, shared, other_user, other_processes, mount):
+    """Finding 2: a status socket another user serves in a state directory they made, named for
+    the real daemon's pid: ``shardfs status`` never shows its document."""
+    src = tmp_path / "src"
+    build(src, [S])
+    mnt = mount(src, "--read-only")
+    pid = mount.info(mnt).pid
+    home = shared / "st"
+    sdir = home / "shardfs" / state.source_id(str(src))
+    other_user.sh(f"mkdir -p '{sdir}' && chmod -R 755 '{home}'")
+    forged = {"mountpoint": str(mnt), "source": "FORGED", "pid": pid}
+    import json
+
+    other_processes(other_user, SYSTEM_PYTHON, "-c", FORGER, str(sdir / f"status-{pid}.sock"), json.dumps(forged))
+    wait_for(lambda: (sdir / f"status-{pid}.sock").exists(), 10, "the forged socket")
+    env = {**os.environ, "XDG_STATE_HOME": str(home)}
+    r = run_shardfs("status", str(mnt), "--json", env=env)
+    assert "FORGED" not in r.stdout
+    assert (r.returncode, r.stderr) == (1, f"shardfs: error: {mnt}: no shardfs daemon of this user answers for it "
+                                           "(another user's mount, a dead one, or one that could not make its "
+                                           "status socket: its log says why)\n")
+    r = run_shardfs("status", "--json", env=env)
+    assert (r.returncode, r.stdout) == (0, "[]\n")
+
+
+# --------------------------------------------------------------------------- output
+
+EVIL = "evil\x1b]0;pwned\x07\nFORGED 2026 shardfs[1] ERROR x"
+EVIL_SHOWN = "evil\\x1b]0;pwned\\x07\\nFORGED 2026 shardfs[1] ERROR x"
+
+
+def no_control(text: str) -> bool:
+    return not any(ord(c) < 32 and c != "\n" or 0x7f <= ord(c) <= 0x9f for c in text)
+
+
+def test_names_from_the_source_never_forge_log_lines(tmp_path, mount):
+    """Finding 6: a group named with an escape sequence and a newline, whose ``zarr.json`` is bad:
+    its warning is one log line, the name escaped."""
+    src = tmp_path / "src"
+    build(src, [S])
+    (src / EVIL).mkdir()
+    (src / EVIL / "zarr.json").write_text("{not json")
+    mnt = mount(src, "--read-only")
+    assert os.listdir(mnt / EVIL) == [], "a bad zarr.json hides its node"
+    log = mount.info(mnt).log_text()
+    assert EVIL_SHOWN in log, log[-3000:]
+    assert no_control(log) and not any(line.startswith("FORGED") for line in log.splitlines())
+
+
+def test_inspect_status_and_errors_escape_what_they_print(tmp_path, mount):
+    """Finding 6: ``inspect`` of an array whose ``data_type`` holds escapes, ``status`` of a source
+    whose name does, and an error line naming such a path print them escaped."""
+    src = tmp_path / EVIL
+    build(src, [S])
+    meta = src / "s" / "zarr.json"
+    import json
+
+    doc = json.loads(meta.read_text())
+    doc["data_type"] = "int32\x1b[2J\nFORGED"
+    meta.write_text(json.dumps(doc))
+    r = run_shardfs("inspect", str(src / "s"))
+    assert r.returncode == 0 and no_control(r.stdout + r.stderr), r.stdout
+    assert "int32\\x1b[2J\\nFORGED" in r.stdout and "\nFORGED" not in r.stdout
+    mnt = mount(src, "--read-only")
+    r = run_shardfs("status", str(mnt))
+    assert r.returncode == 0 and no_control(r.stdout), r.stdout
+    assert r.stdout.splitlines()[0] == f"{mnt}  <-  {tmp_path}/{EVIL_SHOWN}"
+    r = run_shardfs("inspect", str(tmp_path / EVIL / "missing"))
+    assert r.returncode == 1 and no_control(r.stderr) and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"shardfs: error: {tmp_path}/evil\\x1b]0;pwned\\x07"), r.stderr
