@@ -406,6 +406,18 @@ def daemon_pids(mnt: Path) -> list[int]:
     return pids
 
 
+def serving_pid(mnt: Path) -> int:
+    """The shardfs process that serves ``mnt``'s requests: of a supervised mount the worker
+    (``--worker`` on its command line), else the only daemon."""
+    pids = daemon_pids(mnt)
+    workers = [p for p in pids if b"--worker" in Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")]
+    if workers:
+        (pid,) = workers
+        return pid
+    (pid,) = pids
+    return pid
+
+
 @pytest.fixture
 def mnt_dir(tmp_path):
     """A mountpoint for tests that run the CLI themselves: unmounted and its daemons gone at

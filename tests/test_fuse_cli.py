@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import daemon_pids, lazy_unmount, read_zarr2, run_shardfs
+from conftest import daemon_pids, lazy_unmount, read_zarr2, run_shardfs, serving_pid
 from shardfs.app import options, state
 from sources import Spec, build
 from writers import write_zarr2
@@ -247,7 +247,7 @@ def test_mount_returns_with_zarr_imported_before_any_request(src, mnt_dir):
     modules are already mapped into the daemon."""
     r = run_shardfs("mount", str(src), str(mnt_dir), env=env())
     assert r.returncode == 0, r.stderr
-    [pid] = daemon_pids(mnt_dir)
+    pid = serving_pid(mnt_dir)
     maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
     extensions = {Path(line.split()[-1]).parent.name for line in maps if line.endswith(".so")}
     assert "numcodecs" in extensions, sorted(extensions)

@@ -337,14 +337,14 @@ def test_idle_connections_to_the_store_are_closed(s3, tmp_path, mount, request):
     seconds (10), by the pool's sweep every ``POOL_IDLE`` seconds (a generous time-out, not a latency)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from conftest import daemon_pids
+    from conftest import serving_pid
     from shardfs.storage.objects import POOL_IDLE
 
     sp = sixteen_shards(tmp_path)
     with DelayProxy(("127.0.0.1", s3.ports["s3.port"]), delay=0.2) as proxy:
         src = BucketSource(tmp_path / "src", s3, unique_prefix(request), endpoint=f"http://127.0.0.1:{proxy.port}")
         mnt = src.mount(mount)
-        (pid,) = daemon_pids(mnt)
+        pid = serving_pid(mnt)
         files = [mnt / sp.name / sp.chunk_name((2 * i, 2 * j)) for i in range(4) for j in range(4)]
         with ThreadPoolExecutor(len(files)) as pool:
             list(pool.map(lambda p: Path(p).read_bytes(), files))

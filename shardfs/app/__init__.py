@@ -6,6 +6,8 @@
   and the tests' in-process harness alike); ``run``: the daemon (started in its own session), its
   logging, the mount going live, the FUSE loop and its signals; ``replay``: the journal replayed
   at mount;
+- ``supervisor``, ``fusedev``: the supervisor that holds the mount and its kernel connection
+  while workers serve it, and the connection's kernel side (mount, RESEND, clone, unmount);
 - ``options``: the ``-o`` option table (``doc/CONFIGURATION.md`` is generated from it);
 - ``state``, ``mounts``: the per-source state directory and the live mounts;
 - ``status``, ``status_client``, ``progress``: the status socket, its client, umount progress;
@@ -13,4 +15,4 @@
 """
 
 __all__ = ["cli", "compose", "mounts", "options", "progress", "replay", "report", "run", "state", "status",
-           "status_client", "survey", "targets", "usage"]
+           "status_client", "supervisor", "fusedev", "survey", "targets", "usage"]

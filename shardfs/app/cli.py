@@ -105,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--log-file", metavar="FILE",
                    help="log here (default: stderr with -f, else syslog, else a file in the state directory)")
     m.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
+    m.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # shardfs.app.supervisor
     m.set_defaults(run=_cmd_mount)
     i = sub.add_parser("inspect", help="show the codecs, shapes and index of an array or shard")
     i.add_argument("path", metavar="PATH", help="a shard file, a shard directory in a mount, or an array")
@@ -201,6 +202,8 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         source = options.source(args.src, opts)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.worker is not None:  # a supervisor's worker: the supervisor checked it all
+        return run_daemon(args, os.path.abspath(args.mnt), opts, source)
     if args.ready_fd is None or not source.url:  # a daemon we spawned: its parent checked the store
         check_source(args.src, source)
     mnt = os.path.abspath(args.mnt)

@@ -29,6 +29,7 @@ from shardfs.reads.rangecache import RangeCache
 from shardfs.storage import Storage, private
 from shardfs.storage.faults import Faults
 from shardfs.storage.source import Source
+from shardfs.tree.ledger import Ledger
 from shardfs.tree.view import View
 from shardfs.tree.writer import Writer
 from shardfs.writes.writeback import Writeback
@@ -55,11 +56,12 @@ class Composed:
         return self.ops.writer
 
 
-def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack) -> Composed:
+def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: Ledger | None = None) -> Composed:
     """Build a mount of ``source`` with ``cfg`` (``cfg.read_only``: no ``Writeback``, no
     ``Writer``); what must be closed (the storage, the journal's claim) goes on ``cleanup``.
     ``UsageError`` (one line) if the journal cannot be created or ``-o cache_dir`` cannot be
-    used; ``ReplayFailed`` if what killed daemons left in the journal cannot be replayed."""
+    used; ``ReplayFailed`` if what killed daemons left in the journal cannot be replayed.
+    ``ledger``: where a supervised worker notes the numbers it gives the kernel."""
     timeouts = Timeouts(cfg.kernel.entry_timeout, cfg.kernel.attr_timeout)
     storage = cleanup.enter_context(source.opened(version_ttl=timeouts.attr, list_ttl=timeouts.entry))
     writeback = None
@@ -84,7 +86,7 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack) -> Compo
         raise UsageError(f"-o {e}") from None
     reads = make_reads(storage, cache=ranges, chunk_cache=ChunkCache(cfg.reads.chunk_cache))
     view = View(storage, read_only=writeback is None, writeback=writeback, ome=cfg.tree.ome,
-                c_order=cfg.tree.c_order, reads=reads)
+                c_order=cfg.tree.c_order, reads=reads, ledger=ledger)
     ops = Operations(view, timeouts, writeback, spill_dir=spill,
                      shard_bytes=cfg.writes.shard_size, faults=faults)
     return Composed(source, storage, writeback, ranges, view, ops)

@@ -26,11 +26,15 @@ ASK_TIMEOUT = 5.0  # seconds to wait for a daemon's status document
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
+def device(src: str) -> str:
+    """What the mount table shows as the mount's source: directory ``src`` (made absolute) or
+    an object-store URL as given."""
+    return src if is_url(src) else os.path.abspath(src)
+
+
 def fsname(src: str) -> str:
-    """The ``fsname=`` mount option naming the source: directory ``src`` (made absolute) or
-    an object-store URL as given (libfuse unescapes it)."""
-    name = src if is_url(src) else os.path.abspath(src)
-    return "fsname=" + name.replace("\\", "\\\\").replace(",", "\\,")
+    """The ``fsname=`` mount option naming the source (``device``; libfuse unescapes it)."""
+    return "fsname=" + device(src).replace("\\", "\\\\").replace(",", "\\,")
 
 
 def _unescape(field: str) -> str:

@@ -4,6 +4,13 @@ socket, the FUSE loop and its signals.
 
 The daemon reports to the ``shardfs mount`` that started it over a pipe (``--ready-fd``):
 ``ok`` once the mount is live, else ``error: `` and one line saying why.
+
+With a pyfuse3 that can take a connection over (``pyfuse3.takeover``: scripts/pyfuse3 builds
+it), the daemon is a supervisor (``shardfs.app.supervisor``) that mounts and keeps the
+connection, and serves it through a worker, this same command run with ``--worker FD``: the
+worker builds the layers, takes the connection, answers (or replays) the kernel's FUSE_INIT
+and serves; a worker replacing a dead one first takes over the numbers the dead one gave the
+kernel (``Operations.restore``) and has the kernel resend what it had read.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from shardfs.app import options, state
 from shardfs.app.metrics import Exporter, parse_address
-from shardfs.app.mounts import fsname
+from shardfs.app.mounts import device, fsname
 from shardfs.app.usage import UsageError
 from shardfs.config import Config
 from shardfs.format.printable import printable
@@ -52,14 +59,7 @@ def spawn_daemon(args: argparse.Namespace, source: Source) -> int:
             raise UsageError(f"{os.path.dirname(args.log_file)}: cannot create the state directory: "
                              f"{e.strerror}") from None
     r, w = os.pipe()
-    # -P: the working directory is not put on the daemon's sys.path (a ``trio.py`` there
-    # must not replace a module the daemon imports).
-    argv = [sys.executable, "-P", "-m", "shardfs", "mount", source.name, os.path.abspath(args.mnt),
-            "-f", "--ready-fd", str(w)]
-    for opt in args.options:
-        argv += ["-o", opt]
-    argv += ["--read-only"] * args.read_only + ["--debug"] * args.debug + ["--no-ome-translation"] * (not args.ome)
-    argv += ["--log-file", os.path.abspath(args.log_file)] if args.log_file else []
+    argv = _daemon_argv(args, source.name) + ["--ready-fd", str(w)]
     with open(os.devnull, "r+b") as null:
         proc = subprocess.Popen(argv, stdin=null, stdout=null, stderr=null, pass_fds=(w,),
                                 start_new_session=True)
@@ -72,6 +72,29 @@ def spawn_daemon(args: argparse.Namespace, source: Source) -> int:
         return 0
     proc.wait()
     raise UsageError(report.removeprefix("error: ") or f"daemon exited with status {proc.returncode}")
+
+
+def _daemon_argv(args: argparse.Namespace, src: str) -> list[str]:
+    """``shardfs mount SRC MNT -f`` with the options of ``args``, for a daemon or a worker.
+    -P: the working directory is not put on the daemon's sys.path (a ``trio.py`` there must
+    not replace a module the daemon imports)."""
+    argv = [sys.executable, "-P", "-m", "shardfs", "mount", src, os.path.abspath(args.mnt), "-f"]
+    for opt in args.options:
+        argv += ["-o", opt]
+    argv += ["--read-only"] * args.read_only + ["--debug"] * args.debug + ["--no-ome-translation"] * (not args.ome)
+    argv += ["--log-file", os.path.abspath(args.log_file)] if args.log_file else []
+    return argv
+
+
+def supervised() -> bool:
+    """True if the installed pyfuse3 can take a connection over (``pyfuse3.takeover``, from
+    scripts/pyfuse3): then ``shardfs mount`` leaves a supervisor and a worker."""
+    import importlib.metadata
+
+    try:
+        return "takeover" in importlib.metadata.version("pyfuse3")
+    except importlib.metadata.PackageNotFoundError:
+        return False
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
@@ -104,9 +127,14 @@ class _Printable(logging.Formatter):
 
 
 def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source) -> int:
-    """Serve the mount in this process until unmounted or signalled."""
-    from shardfs.app.compose import ReplayFailed, compose
+    """Serve the mount in this process until unmounted or signalled; with ``--worker``, as a
+    supervisor's worker; else, when ``supervised()``, be the supervisor of such workers."""
+    if args.worker is not None:
+        from shardfs.app.supervisor import Connection
 
+        args.connection = Connection(args.worker)
+    else:
+        args.connection = None
     cfg = options.config(opts)
     args.debug = args.debug or cfg.debug
     try:
@@ -120,12 +148,21 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     if opts.ignored:
         log.debug("ignored mount options: %s", ",".join(opts.ignored))
     read_only = args.read_only or cfg.read_only or source.web  # a web server takes no writes
+    if args.connection is None and supervised():
+        return _supervise(args, mnt, opts, read_only, source)
+    from shardfs.app.compose import ReplayFailed, compose
+    from shardfs.tree.ledger import Ledger
+
     cfg = dataclasses.replace(cfg, read_only=read_only, debug=args.debug,
                               tree=dataclasses.replace(cfg.tree, ome=args.ome and cfg.tree.ome))
+    ledger = None
+    if args.connection is not None:
+        args.ledger = state.ledger_file(source.name, source.endpoint, os.getppid())
+        ledger = Ledger(args.ledger)  # opened once the mount is made (``_mount_and_serve``)
     try:
         with contextlib.ExitStack() as cleanup:
             try:
-                mount = compose(cfg, source, cleanup)
+                mount = compose(cfg, source, cleanup, ledger)
             except UsageError as e:
                 _report(args, f"error: {e}")
                 return 1
@@ -139,6 +176,23 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
             cause = cause.exceptions[0]
         log.critical("the daemon stops: %s: %s", type(cause).__name__, cause, exc_info=True)
         raise
+
+
+def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_only: bool, source: Source) -> int:
+    """Be the supervisor of ``mnt`` (``shardfs.app.supervisor``) until the mount ends."""
+    from shardfs.app.supervisor import Supervisor
+
+    ledger = state.ledger_file(source.name, source.endpoint, os.getpid())
+    with contextlib.suppress(OSError):
+        os.unlink(ledger)  # left by a killed supervisor of the same pid number
+    sup = Supervisor(_daemon_argv(args, source.name), mnt, device(source.name),
+                     ["default_permissions", *opts.fuse], read_only, lambda line: _report(args, line),
+                     state.status_socket(source.name, source.endpoint, os.getpid()))
+    try:
+        return sup.run()
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(ledger)
 
 
 def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, cfg: Config, mount: Composed) -> int:
@@ -173,11 +227,24 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
     fuse_opts = set(pyfuse3.default_options) | {fsname(source.name), "subtype=shardfs"} | set(opts.fuse)
     if read_only:
         fuse_opts.add("ro")
+    conn = args.connection
+    if conn is not None:
+        conn.connect()  # the supervisor mounts (if nothing is mounted yet) and gives the connection
+        try:
+            state.private_dir(os.path.dirname(args.ledger))
+            mount.view.nodes.ledger.start()
+        except (OSError, private.Refused) as e:
+            _report(args, f"error: {args.ledger}: cannot create: {getattr(e, 'strerror', None) or e}")
+            return 1
+        _test_hang(mount, conn)
     with _stderr_captured() as said:
         try:
-            pyfuse3.init(mount.ops, mnt, fuse_opts)
-        except RuntimeError as e:
-            failed: RuntimeError | None = e
+            pyfuse3.init(mount.ops, mnt if conn is None else f"/dev/fd/{conn.fd}", fuse_opts)
+            if conn is not None:
+                takeover: Any = getattr(pyfuse3, "takeover")  # noqa: B009  # (not in stock pyfuse3: supervised())
+                conn.initialized(takeover(conn.init))
+        except (RuntimeError, OSError) as e:
+            failed: Exception | None = e
         else:
             failed = None
     libfuse = "; ".join(said)
@@ -188,18 +255,40 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
         return 1
     if libfuse:
         log.warning("libfuse: %s", libfuse)
-    log.info("mounted %s on %s%s", source.name, mnt, " (read-only)" if read_only else "")
+    if conn is None:
+        log.info("mounted %s on %s%s", source.name, mnt, " (read-only)" if read_only else "")
+    else:
+        status.supervised(conn.status_socket, {**conn.status, "worker_pid": os.getpid(),
+                                               "worker_started": conn.started})
     _report(args, "ok")
     try:
-        trio.run(_serve, mount, status, exporter)
+        trio.run(_serve, mount, status, exporter, conn, getattr(args, "ledger", None))
     finally:
         if exporter is not None:
             exporter.stop()
-        pyfuse3.close(unmount=True)
-        log.info("unmounted %s", mnt)
+        pyfuse3.close(unmount=conn is None)
+        log.info("unmounted %s" if conn is None else "worker %d ends", mnt if conn is None else os.getpid())
         if mount.ranges is not None:
             mount.ranges.flush()  # the disk cache gets the ranges fetched last
     return 0
+
+
+def _test_hang(mount: Composed, conn: Any) -> None:
+    """For the tests (``SHARDFS_TEST_HANG=NAME``): the first worker of a mount never answers a
+    lookup of NAME, so that a request is read and not answered when the worker is killed."""
+    name = os.environ.get("SHARDFS_TEST_HANG")
+    if not name or conn.init is not None:
+        return
+    import trio
+
+    lookup = mount.ops.lookup
+
+    async def hanging(parent_inode: int, name_: bytes, ctx: Any = None) -> Any:
+        if name_ == os.fsencode(name):
+            await trio.sleep_forever()
+        return await lookup(parent_inode, name_, ctx)
+
+    mount.ops.lookup = hanging  # type: ignore[method-assign,assignment]  # the test hook replaces the handler
 
 
 @contextlib.contextmanager
@@ -220,10 +309,13 @@ def _stderr_captured() -> Iterator[list[str]]:
             said += [line.strip() for line in tmp.read().decode(errors="replace").splitlines() if line.strip()]
 
 
-async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None) -> None:
+async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None, conn: Any = None,
+                 ledger: str | None = None) -> None:
     """Run the FUSE loop and answer ``shardfs status`` (``status``) and ``-o metrics``
     (``exporter``, which reads the status on this loop); on SIGINT/SIGTERM fold pending writes
-    into the shards and end it.
+    into the shards and end it. A supervisor's worker (``conn``) that replaces a dead one first
+    takes over what the dead one gave the kernel (the ledger at ``ledger``) and has the kernel
+    send again the requests the dead one had read (``fusedev.resend``).
 
     Pending writes are also folded when the loop ends otherwise (``fusermount3 -u``).
     Changes that cannot be folded stay in the journal (``Writeback.flush`` says why).
@@ -233,7 +325,9 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None)
     import pyfuse3
     import trio
 
+    from shardfs.app import fusedev
     from shardfs.kernel import fuseloop
+    from shardfs.tree.ledger import Ledger
 
     writeback, writer = mount.writeback, mount.writer
     if exporter is not None:
@@ -255,6 +349,12 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None)
                     return
 
         nursery.start_soon(on_signal)
+        if conn is not None:
+            if conn.init is not None:  # another worker served the connection before
+                await mount.ops.restore(Ledger.load(ledger) if ledger else [])
+                if conn.resend:
+                    fusedev.resend(conn.fd)  # what the dead worker had read comes again
+            conn.serving()
         # a bug in a background task is logged and the task runs again (``Faults.keep``)
         nursery.start_soon(mount.ops.faults.keep, "status", status.run)
         if writeback is not None:
@@ -266,6 +366,11 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None)
 
 
 def _report(args: argparse.Namespace, line: str) -> None:
+    conn = getattr(args, "connection", None)
+    if conn is not None:  # a worker: the supervisor reports
+        if line != "ok":
+            conn.error(line.removeprefix("error: "))
+        return
     if args.ready_fd is None:
         if line != "ok":
             print(f"shardfs: {printable(line)}", file=sys.stderr)

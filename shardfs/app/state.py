@@ -22,11 +22,13 @@ symlink meanwhile), else it is left alone (``legacy_journal``).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import logging
 import os
 import re
+import socket
 
 from shardfs.storage import private
 from shardfs.storage.urls import is_url, normalize_url
@@ -82,6 +84,28 @@ def status_socket(source: str, endpoint: str | None, pid: int) -> str:
     return os.path.join(state_dir(source, endpoint), f"status-{pid}.sock")
 
 
+def status_listener(path: str) -> socket.socket:
+    """A unix socket listening at ``path`` (mode 0600, in this user's own directory: ``private``;
+    one left there by a killed daemon of the same pid number is replaced); ``OSError`` or
+    ``private.Refused`` if it cannot be made."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        private_dir(os.path.dirname(path))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        old = os.umask(0o177)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        sock.listen(16)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def status_sockets() -> list[str]:
     """The status sockets in this user's own state directories: the state home and each
     directory holding one must pass ``private``'s check (nothing another user could have
@@ -94,6 +118,12 @@ def status_sockets() -> list[str]:
             continue
         found.append(path)
     return found
+
+
+def ledger_file(source: str, endpoint: str | None, pid: int) -> str:
+    """Where the workers of supervisor ``pid`` note the numbers they give the kernel
+    (``shardfs.tree.ledger``); the supervisor removes it when the mount ends."""
+    return os.path.join(state_dir(source, endpoint), f"kernel-{pid}.ledger")
 
 
 def log_file(source: str, endpoint: str | None = None) -> str:

@@ -38,12 +38,23 @@ class Status:
                  options: dict[str, str], socket_path: str | None, interval: float | None = None) -> None:
         """``endpoint``: an object store's endpoint in effect (None: the service's default, or a
         directory); ``shardfs inspect`` of a path in the mount reaches the store through it."""
+        self.supervision: dict[str, Any] | None = None
+        self._given: socket.socket | None = None  # the supervisor's listening socket
         self.ops = ops
         self.mountpoint, self.source, self.read_only, self.options = mountpoint, source, read_only, options
         self.endpoint = endpoint
         self.socket_path = socket_path
         self.interval = interval
         self.started = time.monotonic()
+
+    def supervised(self, listener: socket.socket | None, supervision: dict[str, Any]) -> None:
+        """This is a supervisor's worker: serve the supervisor's listening socket ``listener``
+        (None: it has none), which ``shardfs status`` and ``umount`` find as the supervisor's,
+        and show ``supervision``: ``supervisor_pid``, ``worker_pid``, ``worker_started`` (epoch
+        seconds), ``restarts``, ``takeovers``, ``last_reason``."""
+        self._given, self.supervision = listener, supervision
+        if listener is None:
+            self.socket_path = None
 
     def snapshot(self) -> dict[str, Any]:
         """The status document (``doc/`` lists its fields); counts since the mount began."""
@@ -53,6 +64,12 @@ class Status:
             "mountpoint": self.mountpoint, "source": self.source, "endpoint": self.endpoint, "pid": os.getpid(),
             "uptime_s": round(time.monotonic() - self.started, 1), "read_only": self.read_only,
             "options": dict(self.options)}
+        if self.supervision is not None:
+            sup = self.supervision
+            doc["pid"] = sup["supervisor_pid"]
+            doc["worker"] = {"pid": sup["worker_pid"], "started": sup["worker_started"],
+                             "restarts": sup["restarts"], "takeovers": sup["takeovers"],
+                             "last_reason": sup["last_reason"]}
         doc.update(ops.stats.snapshot())
         doc["store"] = view.source.stats.snapshot()
         chunk_cache = view.reads.chunk_cache.lru
@@ -84,26 +101,20 @@ class Status:
             try:
                 await trio.serve_listeners(self._answer, [trio.SocketListener(listener)])
             finally:
-                _unlink(self.socket_path)
+                if self._given is None:  # (the supervisor's outlives this worker)
+                    _unlink(self.socket_path)
 
     def _listen(self) -> trio.socket.SocketType | None:
-        """The listening socket at ``socket_path``; None (logged) if it cannot be made."""
+        """The listening socket at ``socket_path`` (or the supervisor's, ``supervised``); None
+        (logged) if it cannot be made."""
+        if self._given is not None:
+            return trio.socket.from_stdlib_socket(self._given)
         path = self.socket_path
         if path is None:
             return None
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
-            state.private_dir(os.path.dirname(path))
-            _unlink(path)  # left by a killed daemon of the same pid number
-            old = os.umask(0o177)
-            try:
-                sock.bind(path)
-            finally:
-                os.umask(old)
-            os.chmod(path, 0o600)
-            sock.listen(16)
+            sock = state.status_listener(path)
         except (OSError, private.Refused) as e:
-            sock.close()
             log.warning("shardfs status unavailable: cannot make the socket %s: %s", path,
                         getattr(e, "strerror", None) or e)
             return None

@@ -34,7 +34,7 @@ import trio
 
 from shardfs.config import KernelConfig
 from shardfs.format.create import DEFAULT_SHARD_BYTES
-from shardfs.kernel.handles import DirHandle, Handles
+from shardfs.kernel.handles import DirHandle, Handle, Handles, Lost
 from shardfs.kernel.inodes import KernelInodes, Pages
 from shardfs.kernel.pins import Pins
 from shardfs.tree.listing import DirStream
@@ -125,7 +125,7 @@ class Operations(pyfuse3.Operations):
         self.writer = None if writeback is None or spill_dir is None else Writer(view, writeback, self.invalidate,
                                                                                    spill_dir, shard_bytes=shard_bytes)
         self.timeouts = timeouts or Timeouts()
-        self._handles = Handles()
+        self._handles = Handles(view.nodes.ledger)
         self._kernel = KernelInodes()
         self._pins = Pins()  # versions that files open through the page cache hold their inode's size at
         self._fill = True  # until the kernel says it cannot store pages (ENOSYS)
@@ -222,7 +222,7 @@ class Operations(pyfuse3.Operations):
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         """Entries from offset ``start_id`` on, until the kernel's buffer is full; offset 0
         lists afresh. The entries come a page at a time (``DirStream``)."""
-        handle = self._handles[fh]
+        handle = await self._live(fh)
         assert isinstance(handle, DirHandle)  # the kernel sends READDIR with directory handles only
         stream = handle.stream
         if start_id == 0:
@@ -256,7 +256,7 @@ class Operations(pyfuse3.Operations):
             written = await self._writable().open(inode, truncate=bool(flags & os.O_TRUNC))
             self._kernel.changed(inode)
             self._pins.forfeit(inode)  # rewritten in place: its readers may read it torn, as on any filesystem
-            return pyfuse3.FileInfo(fh=self._handles.add(written), direct_io=False, keep_cache=False)
+            return pyfuse3.FileInfo(fh=self._add_write(written), direct_io=False, keep_cache=False)
         if inode >= CHUNK_BASE:
             self.stats.chunk_files += 1
         for attempt in range(OPEN_TRIES):
@@ -331,7 +331,7 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        handle = self._handles[fh]
+        handle = await self._live(fh)
         data: bytes | bytearray | memoryview
         if isinstance(handle, WriteHandle):
             data = await self._writable().read(handle, off, size)
@@ -347,6 +347,9 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh)
+        ledger = self.view.nodes.ledger
+        if ledger.full:
+            ledger.rewrite([*self.view.hierarchy.records(), *self.view.nodes.records(), *self._handles.records()])
         if isinstance(handle, ReadHandle):
             self._kernel.unread(handle.attr._replace(ino=handle.ino))
             self._pins.unpin(fh)
@@ -362,6 +365,44 @@ class Operations(pyfuse3.Operations):
                      "f_namemax"):
             setattr(out, name, getattr(st, name))
         return out
+
+    def _add_write(self, handle: WriteHandle) -> int:
+        """Register a handle open for writing; noted as holding bytes only this process keeps if
+        it does (a truncating open, a staging file)."""
+        fh = self._handles.add(handle)
+        if handle.dirty or handle.staging is not None:
+            self._handles.dirtied(fh)
+        return fh
+
+    async def _live(self, fh: int) -> Handle:
+        """Handle ``fh``; a ``Lost`` one (a dead worker opened it: ``restore``) is opened again
+        first, unless bytes written through it died with that worker: EIO, at every use."""
+        handle = self._handles[fh]
+        if not isinstance(handle, Lost):
+            return handle
+        new: Handle
+        if handle.kind == "d":
+            new = DirHandle(handle.ino, DirStream(self.view.listing, handle.ino))
+        elif handle.dirty:
+            log.error("file handle %d (inode %d): bytes written through it were lost with a worker: EIO", fh,
+                      handle.ino)
+            raise pyfuse3.FUSEError(errno.EIO)
+        else:
+            try:
+                new = await (self.view.open(handle.ino) if handle.kind == "r"
+                             else self._writable().open(handle.ino, truncate=False))
+            except OSError as e:  # its file is gone (a staging file lived in the dead worker's memory)
+                log.error("file handle %d (inode %d): cannot open it again: %s: EIO", fh, handle.ino, e.strerror)
+                raise pyfuse3.FUSEError(errno.EIO) from None
+        self._handles.reopened(fh, new)
+        return new
+
+    async def restore(self, records: list[list[Any]]) -> None:
+        """Take over the numbers a dead worker gave the kernel (its ledger's ``records``: see
+        ``shardfs.tree.ledger``): the arrays' slots, the inodes, the open handles."""
+        await self.view.hierarchy.restore(records)
+        self.view.nodes.restore(records)
+        self._handles.restore(records)
 
     def spilled_bytes(self) -> int:
         """Bytes held in spill files by open files and staging files (``shardfs status``)."""
@@ -408,15 +449,19 @@ class Operations(pyfuse3.Operations):
                      ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         attr, handle = await self._writable().create(parent_inode, _name(name))
         self._kernel.changed(attr.ino)
-        return pyfuse3.FileInfo(fh=self._handles.add(handle)), self._looked_up(attr)
+        return pyfuse3.FileInfo(fh=self._add_write(handle)), self._looked_up(attr)
 
     @_guard
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        handle = self._handles[fh]
+        handle = await self._live(fh)
         if not isinstance(handle, WriteHandle):
             raise pyfuse3.FUSEError(errno.EBADF)
         self._kernel.changed(handle.ino)  # its pages now hold bytes no version has (see ``KernelInodes.dropped``)
-        return await self._writable().write(handle, off, buf)
+        was = handle.dirty
+        n = await self._writable().write(handle, off, buf)
+        if handle.dirty and not was:
+            self._handles.dirtied(fh)
+        return n
 
     @_guard
     async def flush(self, fh: int) -> None:
@@ -429,13 +474,13 @@ class Operations(pyfuse3.Operations):
         """
         if self.writer is None:
             raise pyfuse3.FUSEError(errno.ENOSYS)
-        handle = self._handles.get(fh)
+        handle = await self._live(fh) if self._handles.get(fh) is not None else None
         if isinstance(handle, WriteHandle):
             await self._writable().flush(handle)
 
     @_guard
     async def fsync(self, fh: int, datasync: bool) -> None:
-        handle = self._handles.get(fh)
+        handle = await self._live(fh) if self._handles.get(fh) is not None else None
         if self.writer is not None:
             await self.writer.fsync(handle if isinstance(handle, WriteHandle) else None)
 
@@ -453,7 +498,7 @@ class Operations(pyfuse3.Operations):
             self._writable()
         if fields.update_size:
             writer = self._writable()
-            handle = self._handles.get(fh) if fh is not None else None
+            handle = await self._live(fh) if fh is not None and self._handles.get(fh) is not None else None
             if not isinstance(handle, WriteHandle):
                 handle = self._handles.dirty_write(inode)
             self._pins.forfeit(inode)

@@ -2,6 +2,7 @@
 
 - ``nodes``: the node kinds (keys) and the presented groups and arrays;
 - ``nodetable``: inode numbers <-> node keys;
+- ``ledger``: the numbers given to the kernel, appended as given out, for a worker replacing a dead one;
 - ``metadata``: a node's ``zarr.json`` parsed defensively;
 - ``hierarchy``: ``Hierarchy``, the groups and arrays read from their ``zarr.json`` and described as v2;
 - ``listing``: directory listings, paged;
@@ -15,4 +16,5 @@
 Imports ``reads``, ``writes``, ``shards``, ``storage`` and ``format``.
 """
 
-__all__ = ["chunks", "hierarchy", "listing", "made", "metadata", "nodes", "nodetable", "structure", "view", "writer"]
+__all__ = ["chunks", "hierarchy", "ledger", "listing", "made", "metadata", "nodes", "nodetable", "structure", "view",
+           "writer"]

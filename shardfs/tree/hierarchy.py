@@ -20,6 +20,7 @@ from shardfs.storage import UNKNOWN, Range, Storage, Unusable, Version, _Unknown
 from shardfs.storage.attrs import fail, join
 from shardfs.storage.threads import blocking
 from shardfs.tree import metadata
+from shardfs.tree.ledger import Ledger
 from shardfs.tree.nodes import ArrayNode, GroupNode
 
 if TYPE_CHECKING:
@@ -54,13 +55,18 @@ def read_metadata(source: Storage, key: str, known: Version | _Unknown) -> tuple
         return str(e), version
 
 
+GONE = "its array is gone since a worker gave this slot out"  # the error of a slot ``restore`` left empty
+
+
 class Hierarchy:
     """The groups and arrays of one mount over ``source`` (``ome``: OME-Zarr translation;
     ``c_order``: ``-o c_order``; ``mount_ns``: the mount's time, for nodes without a version).
     ``slots``: the arrays by slot, shared with the node table."""
 
-    def __init__(self, source: Storage, ome: bool, c_order: bool, mount_ns: int) -> None:
+    def __init__(self, source: Storage, ome: bool, c_order: bool, mount_ns: int, ledger: Ledger | None = None) -> None:
+        """``ledger``: where each new slot is noted (``shardfs.tree.ledger``)."""
         self.source = source
+        self.ledger = ledger or Ledger()
         self.ome = ome
         self.c_order = c_order
         self.mount_ns = mount_ns
@@ -173,10 +179,35 @@ class Hierarchy:
         if not same:
             self.slots.append(arr)
             lineage.append(slot)
+            self.ledger.note("a", slot, path)
         else:
             self.slots[slot] = arr
         self.arrays[path] = arr
         return arr
+
+    async def restore(self, records: list[list[Any]]) -> None:
+        """Give each array of ``records`` (a dead worker's ledger) the slot it had there, as it is
+        now (its chunk inodes then mean the same chunks), before anything else is read. Slots
+        that cannot have their array back (gone, another layout, an earlier layout of an array
+        that has a later slot) are left to a node without metadata: their chunks are EIO."""
+        last: dict[str, int] = {}
+        for rec in records:
+            if rec[0] == "a" and isinstance(rec[1], int) and isinstance(rec[2], str):
+                last[rec[2]] = rec[1]
+        for path, slot in sorted(last.items(), key=lambda item: item[1]):
+            while len(self.slots) < slot:
+                self.slots.append(ArrayNode("", len(self.slots), Version(0, 0, self.mount_ns), None, GONE))
+            if len(self.slots) == slot:
+                try:
+                    await self.node(path)
+                except OSError:
+                    pass
+        while len(self.slots) <= max(last.values(), default=-1):
+            self.slots.append(ArrayNode("", len(self.slots), Version(0, 0, self.mount_ns), None, GONE))
+
+    def records(self) -> list[list[Any]]:
+        """What ``restore`` needs, as ledger records (rewriting the ledger)."""
+        return [["a", arr.slot, arr.path] for arr in self.slots if arr.error != GONE]
 
     def _in_image(self, path: str) -> bool:
         """True if the array at ``path`` is in an OME-Zarr image or label group, as last read
@@ -197,6 +228,7 @@ class Hierarchy:
                 arr.covered.clear()
                 arr.indexes_ahead = False
                 self.arrays[moved_to] = arr
+                self.ledger.note("a", arr.slot, moved_to)
             if group is not None:
                 group.path = moved_to
                 self._groups[moved_to] = group

@@ -7,7 +7,9 @@ chunk inodes are computed, never stored: ``CHUNK_BASE`` + the array's slot
 chunk's C-order position. Staging files (a writer's temporaries, ``Staging``) get
 an inode each; one committed onto a node shows that node's key and is an alias of
 its inode until the kernel forgets it (``forget``), as is a ``new_alias``. Unknown inodes are ENOENT.
-Runs on the trio thread; no I/O.
+Every inode given out is noted in the ``Ledger`` (``shardfs.tree.ledger``), so that a worker
+serving the same kernel connection after this one died gives the same numbers the same
+meaning (``restore``). Runs on the trio thread; no I/O but the ledger's appends.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ import dataclasses
 import errno
 import itertools
 
+from typing import Any
+
 from shardfs.storage.attrs import fail
-from shardfs.tree.nodes import (ArrayNode, ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, NodeKey, ShardDirKey,
-                                Staging, StagingKey)
+from shardfs.tree.ledger import Ledger
+from shardfs.tree.nodes import (ArrayNode, ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, NodeKey,
+                                ShardDirKey, Staging, StagingKey)
 from shardfs.writes.spill import SpillBuffer
 
 ROOT_INODE = 1
@@ -29,8 +34,9 @@ SLOT_SHIFT = 40
 class NodeTable:
     """Inode numbers <-> node keys for one mount; ``slots``: the arrays by slot."""
 
-    def __init__(self, slots: list[ArrayNode]) -> None:
+    def __init__(self, slots: list[ArrayNode], ledger: Ledger | None = None) -> None:
         self._slots = slots
+        self.ledger = ledger or Ledger()
         self._keys: dict[int, NodeKey] = {ROOT_INODE: DirKey("")}
         self._inos: dict[NodeKey, int] = {DirKey(""): ROOT_INODE}
         self.staged: dict[tuple[int, str], Staging] = {}  # (directory inode, name) -> staging file
@@ -44,6 +50,7 @@ class NodeTable:
             ino = next(self._next_ino)
             self._keys[ino] = key
             self._inos[key] = ino
+            self.ledger.note("k", ino, *_encode(key))
         return ino
 
     def node_key(self, ino: int) -> NodeKey:
@@ -65,6 +72,7 @@ class NodeTable:
     def new_staging(self, parent: int, name: str, data: SpillBuffer) -> Staging:
         """Create staging file ``name`` in directory ``parent`` holding ``data`` (empty)."""
         st = Staging(next(self._next_ino), data, parent, name)
+        self.ledger.note("t", st.ino)
         self._tmp[st.ino] = st
         self.staged[(parent, name)] = st
         return st
@@ -104,6 +112,7 @@ class NodeTable:
         ``shardfs.kernel.pins``)."""
         alias = next(self._next_ino)
         self._keys[alias] = self.node_key(ino)
+        self.ledger.note("k", alias, *_encode(self._keys[alias]))
         self._aliases.setdefault(ino, set()).add(alias)
         return alias
 
@@ -141,6 +150,7 @@ class NodeTable:
         del self._inos[old]
         self._keys[ino] = new
         self._inos[new] = ino
+        self.ledger.note("k", ino, *_encode(new))
         return ino
 
     def moved(self, old: str, new: str) -> None:
@@ -159,6 +169,7 @@ class NodeTable:
                 self._keys[ino] = moved
                 if self._inos.pop(key, None) == ino:
                     self._inos[moved] = ino
+                self.ledger.note("k", ino, *_encode(moved))
         for st in self._tmp.values():  # staging files committed onto a metadata file there
             st.committed = renamed(st.committed) or st.committed
 
@@ -170,3 +181,68 @@ class NodeTable:
     def chunk_ino(arr: ArrayNode, coords: tuple[int, ...]) -> int:
         """The inode of inner chunk ``coords`` of ``arr`` (computed, never stored)."""
         return CHUNK_BASE + (arr.slot << SLOT_SHIFT) + arr.shown.layout.linear(coords)
+
+    def restore(self, records: list[list[Any]]) -> None:
+        """Give the inodes of ``records`` (a dead worker's ledger, its slots restored first) the
+        keys they had; staging files lived in its memory only: their inodes are unknown (ENOENT).
+        New inodes are numbered after every one it gave out. Records that make no sense now (an
+        array slot gone) are skipped."""
+        last = ROOT_INODE
+        for rec in records:
+            if rec[0] not in ("k", "t") or not isinstance(rec[1], int):
+                continue
+            last = max(last, rec[1])
+            try:
+                key = _decode(rec[2:], self._slots) if rec[0] == "k" else None
+            except (IndexError, TypeError, ValueError):
+                key = None
+            if key is None:
+                continue
+            old = self._keys.get(rec[1])
+            if old is not None and self._inos.get(old) == rec[1]:
+                del self._inos[old]
+            self._keys[rec[1]] = key
+            if not isinstance(key, ChunkKey):
+                self._inos[key] = rec[1]
+            else:
+                self._aliases.setdefault(self.inode(key), set()).add(rec[1])
+        self._next_ino = itertools.count(last + 1)
+
+    def records(self) -> list[list[Any]]:
+        """What ``restore`` needs, as ledger records (rewriting the ledger)."""
+        return [["k", ino, *_encode(key)] for ino, key in self._keys.items() if ino != ROOT_INODE]
+
+
+def _encode(key: NodeKey) -> list[Any]:
+    """A directory, metadata or chunk key as ledger fields (``_decode`` reads them back)."""
+    if isinstance(key, DirKey):
+        return ["d", key.path]
+    if isinstance(key, MetaKey):
+        return ["m", key.path, key.name]
+    if isinstance(key, ShardDirKey):
+        return ["s", key.path, key.rel]
+    if isinstance(key, KeyDirKey):
+        return ["p", key.path, list(key.prefix)]
+    if isinstance(key, InnerShardKey):
+        return ["i", key.path, key.level, list(key.box)]
+    if isinstance(key, ChunkKey):
+        return ["c", key.arr.slot, list(key.coords)]
+    raise TypeError(f"no ledger form for {key!r}")
+
+
+def _decode(fields: list[Any], slots: list[ArrayNode]) -> NodeKey | None:
+    """The key ``_encode`` wrote as ``fields``; None for a chunk of a slot not restored."""
+    kind = fields[0]
+    if kind == "d":
+        return DirKey(str(fields[1]))
+    if kind == "m":
+        return MetaKey(str(fields[1]), str(fields[2]))
+    if kind == "s":
+        return ShardDirKey(str(fields[1]), str(fields[2]))
+    if kind == "p":
+        return KeyDirKey(str(fields[1]), tuple(int(i) for i in fields[2]))
+    if kind == "i":
+        return InnerShardKey(str(fields[1]), int(fields[2]), tuple(int(i) for i in fields[3]))
+    if kind == "c" and int(fields[1]) < len(slots) and slots[int(fields[1])].info is not None:
+        return ChunkKey(slots[int(fields[1])], tuple(int(i) for i in fields[2]))
+    return None

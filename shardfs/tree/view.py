@@ -32,6 +32,7 @@ from shardfs.format.layout import parse_coord
 from shardfs.storage.attrs import Attr, fail, join, list_entries
 from shardfs.tree.chunks import Chunks
 from shardfs.tree.hierarchy import Hierarchy, v2
+from shardfs.tree.ledger import Ledger
 from shardfs.tree.listing import Listing
 from shardfs.tree.made import Made
 from shardfs.tree.nodetable import NodeTable
@@ -62,7 +63,8 @@ class View:
 
     def __init__(self, source: Storage, read_only: bool = True, writeback: Writeback | None = None,
                  ome: bool = True, chunk_cache: ChunkCache | None = None, reads: Reads | None = None,
-                 c_order: bool = False) -> None:
+                 c_order: bool = False, ledger: Ledger | None = None) -> None:
+        """``ledger``: where the numbers given to the kernel are noted (``shardfs.tree.ledger``)."""
         self.source = source
         self.reads = reads if reads is not None else make_reads(source, chunk_cache=chunk_cache)
         self.ome = ome
@@ -70,9 +72,10 @@ class View:
         self.read_only = read_only
         self.writeback = writeback
         self.mount_ns = time.time_ns()
-        self.hierarchy = Hierarchy(source, ome, c_order, self.mount_ns)  # groups and arrays
+        ledger = ledger or Ledger()
+        self.hierarchy = Hierarchy(source, ome, c_order, self.mount_ns, ledger)  # groups and arrays
         self.arrays = self.hierarchy.arrays  # (read only here)
-        self.nodes = NodeTable(self.hierarchy.slots)  # inode numbers <-> node keys, staging files
+        self.nodes = NodeTable(self.hierarchy.slots, ledger)  # inode numbers <-> node keys, staging files
         self.made = Made()  # structure made through the mount that the source does not hold (yet)
         self.indexes = ShardIndexes(source, self.reads.indexes_per_read, self.hierarchy.version,
                                     self.hierarchy.log_unusable)

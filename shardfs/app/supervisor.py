@@ -1,0 +1,329 @@
+"""The supervisor: the process ``shardfs mount`` leaves, which holds the mount and its FUSE
+connection while workers (its children) serve it, one at a time.
+
+It does no I/O on the source and imports nothing heavy (``shardfs.app.fusedev`` and the
+standard library), so it stays small, and it asks the OOM killer to spare it (``oom_score_adj``
+-1000, or as low as it may set; each worker sets its own back). The connection lives as long as
+it holds ``/dev/fuse``: while no worker serves it, requests wait in the kernel.
+
+A worker (``python -m shardfs mount ... --worker FD``, the package installed now) talks to it
+over a ``SOCK_SEQPACKET`` socket pair, one JSON message a packet:
+
+- worker: ``{"ready": true}`` once its layers are built (the journal replayed), or ``{"error":
+  "..."}`` (then it exits);
+- supervisor: the connection's descriptor (``SCM_RIGHTS``: the same open file) with ``{"init":
+  base64 or null, "status": {...}}`` (mounting first if nothing is mounted yet);
+- worker: ``{"init": base64}`` after it answered the kernel's FUSE_INIT (the first worker:
+  kept here, in memory, for every later worker to replay), then ``{"serving": true}`` once
+  its session is ready (a later worker has asked the kernel to resend what the dead one had
+  read: ``fusedev.resend``).
+
+A worker that dies of anything but a clean end (status 0: unmounted, or stopped by SIGTERM
+after folding) is replaced on the same connection: a fresh process, at once. After
+``CRASH_LOOP`` deaths within ``CRASH_WINDOW`` seconds the supervisor gives up: one log line,
+the mount is detached, and it exits 1. SIGTERM/SIGINT are passed to the worker (it folds pending
+writes and ends); the supervisor then unmounts and exits. If the supervisor itself is killed,
+its worker gets SIGKILL (``PR_SET_PDEATHSIG``) and the connection ends as before supervision.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from shardfs.app import fusedev, state
+from shardfs.storage import private
+
+log = logging.getLogger("shardfs")
+CRASH_LOOP = 5  # worker deaths ...
+CRASH_WINDOW = 60.0  # ... within this many seconds end the mount
+OOM_SCORE_ADJ = "/proc/self/oom_score_adj"
+
+
+@dataclass
+class Counters:
+    """What ``shardfs status`` shows of the supervision (sent to every worker)."""
+
+    pid: int = field(default_factory=os.getpid)
+    restarts: int = 0  # workers started after one died
+    takeovers: int = 0  # workers started by ``shardfs mount`` on the live mount
+    last_reason: str | None = None  # why the last worker ended ("signal 9", "exit status 1")
+    deaths: deque[float] = field(default_factory=deque)
+
+
+@dataclass
+class Worker:
+    proc: subprocess.Popen[bytes]
+    ctl: socket.socket
+    started: float = field(default_factory=time.time)
+    serving: bool = False
+
+
+class Supervisor:
+    """Mount ``mnt`` and keep one worker serving it (see the module docstring).
+
+    ``argv``: the worker's command line, without ``--worker FD``; ``fsname``: the mount's
+    source as the mount table shows it; ``fuse_opts``: the libfuse options (``allow_other``,
+    ...); ``report``: called once with ``ok`` or ``error: ...`` (the ``--ready-fd`` protocol);
+    ``status_path``: the status socket, which this process makes and listens on (so the kernel
+    names it as the mount's daemon: ``shardfs.app.mounts.daemon_of``) and each worker serves."""
+
+    def __init__(self, argv: list[str], mnt: str, fsname: str, fuse_opts: list[str], read_only: bool,
+                 report: Callable[[str], None], status_path: str | None = None) -> None:
+        self.argv, self.mnt, self.fsname = argv, mnt, fsname
+        self.status_path = status_path  # ``shardfs status``: made here, served by each worker
+        self.status: socket.socket | None = None
+        self.fuse_opts, self.read_only = fuse_opts, read_only
+        self.report: Callable[[str], None] | None = report
+        self.fd = -1
+        self.watch: socket.socket | None = None  # fusermount3's auto_unmount socket
+        self.init: bytes | None = None
+        self.resend = True  # the kernel has FUSE_NOTIFY_RESEND (probed at the mount)
+        self.counters = Counters()
+        self.stopping = False
+        self.exit_code = 0  # 1: the first worker failed, or a crash loop ended the mount
+        self.oom_before = _protect_from_oom()
+
+    def run(self) -> int:
+        """Serve until unmounted or signalled; the exit status."""
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
+            signal.signal(sig, lambda *_: None)
+        try:
+            fusedev.check()
+            self._listen()
+            worker: Worker | None = self._spawn()
+        except (fusedev.MountError, OSError) as e:
+            self._failed(f"{self.mnt}: cannot mount: {e} (fuse_session_mount failed)"
+                         if isinstance(e, fusedev.MountError) else f"cannot start a worker: {e}")
+            return self.exit_code
+        try:
+            while worker is not None:
+                ready = select.select([wake_r, worker.ctl.fileno()], [], [], 1.0)[0]
+                if wake_r in ready:
+                    self._signals(wake_r, worker)
+                if worker.ctl.fileno() in ready:
+                    self._message(worker)
+                if worker.proc.poll() is not None:
+                    worker = self._ended(worker)
+        finally:
+            if self.fd >= 0:
+                os.close(self.fd)
+            if self.status is not None and self.status_path is not None:
+                self.status.close()
+                with contextlib.suppress(OSError):
+                    os.unlink(self.status_path)
+            if self.watch is not None:
+                self.watch.close()
+        return self.exit_code
+
+    def _listen(self) -> None:
+        if self.status_path is None:
+            return
+        try:
+            self.status = state.status_listener(self.status_path)
+        except (OSError, private.Refused) as e:
+            log.warning("shardfs status unavailable: cannot make the socket %s: %s", self.status_path,
+                        getattr(e, "strerror", None) or e)
+
+    def _signals(self, wake_r: int, worker: Worker) -> None:
+        try:
+            sigs = os.read(wake_r, 64)
+        except BlockingIOError:
+            return
+        for sig in sigs:
+            if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                if sig != signal.SIGHUP:
+                    self.stopping = True
+                if worker.proc.poll() is None:
+                    worker.proc.send_signal(signal.SIGTERM if sig != signal.SIGHUP else signal.SIGHUP)
+
+    def _spawn(self) -> Worker:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {**os.environ, "SHARDFS_OOM_SCORE_ADJ": self.oom_before}
+        with open(os.devnull, "rb") as null:
+            proc = subprocess.Popen([*self.argv, "--worker", str(theirs.fileno())], stdin=null,
+                                    pass_fds=(theirs.fileno(),), env=env)
+        theirs.close()
+        return Worker(proc, ours)
+
+    def _message(self, worker: Worker) -> None:
+        try:
+            data = worker.ctl.recv(1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            return  # the worker is gone: its status says why
+        msg = json.loads(data)
+        if "error" in msg:
+            self._failed(str(msg["error"]))
+        elif msg.get("ready"):
+            self._give_connection(worker)
+        elif "init" in msg:
+            self.init = base64.b64decode(msg["init"])
+        elif msg.get("serving"):
+            worker.serving = True
+            if self.report is not None:
+                self.report("ok")
+                self.report = None
+                log.info("mounted %s on %s%s", self.fsname, self.mnt, " (read-only)" if self.read_only else "")
+            log.info("worker %d serves %s", worker.proc.pid, self.mnt)
+
+    def _give_connection(self, worker: Worker) -> None:
+        if self.fd < 0:
+            try:
+                self.fd, self.watch = fusedev.mount(self.mnt, self.fsname, self.fuse_opts, self.read_only)
+            except fusedev.MountError as e:
+                self._failed(f"{self.mnt}: cannot mount: {e} (fuse_session_mount failed)")  # words as unsupervised
+                worker.proc.kill()
+                return
+            # a probe (nothing is read yet): without it a worker's death must fail what it had read
+            self.resend = not os.environ.get("SHARDFS_NO_RESEND") and fusedev.resend(self.fd)
+            if not self.resend:
+                log.warning("%s: the kernel cannot send a request again (no FUSE_NOTIFY_RESEND, Linux < 6.9): "
+                            "the requests a dying worker had read will fail", self.mnt)
+        c = self.counters
+        status = {"supervisor_pid": c.pid, "restarts": c.restarts, "takeovers": c.takeovers,
+                  "last_reason": c.last_reason}
+        msg = {"init": base64.b64encode(self.init).decode() if self.init is not None else None,
+               "resend": self.resend, "status": status}
+        fd = self.fd if self.resend else fusedev.clone(self.fd)
+        try:
+            socket.send_fds(worker.ctl, [json.dumps(msg).encode()],
+                            [fd] + ([self.status.fileno()] if self.status is not None else []))
+        finally:
+            if fd != self.fd:
+                os.close(fd)
+
+    def _failed(self, why: str) -> None:
+        """The first worker could not start: report it (a later one: a death like any other)."""
+        if self.report is not None:
+            self.report(f"error: {why}")
+            self.report = None
+            self.stopping = True
+            self.exit_code = 1
+        else:
+            log.error("worker failed: %s", why)
+
+    def _ended(self, worker: Worker) -> Worker | None:
+        """``worker`` ended: the next one, or None when the mount is over."""
+        status = worker.proc.wait()
+        worker.ctl.close()
+        if status == 0 or self.stopping or self.fd < 0 or not fusedev.connected(self.fd):
+            if self.fd >= 0 and (self.stopping or status == 0):
+                fusedev.unmount(self.mnt)
+            if status != 0 and self.report is not None:
+                self._failed(f"daemon exited with status {status}")
+            if self.fd >= 0:
+                log.info("unmounted %s", self.mnt)
+            return None
+        c = self.counters
+        c.last_reason = f"signal {-status}" if status < 0 else f"exit status {status}"
+        now = time.monotonic()
+        c.deaths.append(now)
+        while c.deaths and c.deaths[0] < now - CRASH_WINDOW:
+            c.deaths.popleft()
+        if len(c.deaths) >= CRASH_LOOP:
+            log.error("%s: the worker died %d times within %g s (last: %s): unmounting", self.mnt, len(c.deaths),
+                      CRASH_WINDOW, c.last_reason)
+            fusedev.unmount(self.mnt)
+            self.exit_code = 1
+            return None
+        c.restarts += 1
+        log.warning("worker %d ended (%s): starting another on the same connection", worker.proc.pid,
+                    c.last_reason)
+        return self._spawn()
+
+
+def _protect_from_oom() -> str:
+    """Set this process's ``oom_score_adj`` to -1000 (or the lowest value allowed); the value
+    it had, for the workers to set back."""
+    try:
+        with open(OOM_SCORE_ADJ) as f:
+            before = f.read().strip()
+    except OSError:
+        return "0"
+    for value in ("-1000", before):
+        try:
+            with open(OOM_SCORE_ADJ, "w") as f:
+                f.write(value)
+            break
+        except OSError:
+            continue
+    return before
+
+
+class Connection:
+    """A worker's side of the protocol (see the module docstring): ``fd`` once ``connect``
+    returned, ``init`` (None for the first worker), ``status`` (the supervision's counters)."""
+
+    def __init__(self, ctl_fd: int) -> None:
+        self.ctl = socket.socket(fileno=ctl_fd)
+        os.set_inheritable(ctl_fd, False)
+        self.fd = -1
+        self.init: bytes | None = None
+        self.resend = False
+        self.status: dict[str, Any] = {}
+        self.status_socket: socket.socket | None = None  # the supervisor's, for ``shardfs status``
+        self.started = time.time()
+        _die_with_parent()
+        before = os.environ.pop("SHARDFS_OOM_SCORE_ADJ", None)
+        if before is not None:
+            try:
+                with open(OOM_SCORE_ADJ, "w") as f:
+                    f.write(before)
+            except OSError:
+                pass
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        self.ctl.send(json.dumps(msg).encode())
+
+    def error(self, why: str) -> None:
+        self._send({"error": why})
+
+    def connect(self) -> None:
+        """Say the worker is ready and receive the connection (blocks until the mount exists)."""
+        self._send({"ready": True})
+        data, fds, _flags, _addr = socket.recv_fds(self.ctl, 1 << 16, 2)
+        if not fds:
+            sys.exit(1)  # the supervisor could not mount: it reported why
+        self.fd = fds[0]
+        if len(fds) > 1:
+            os.set_inheritable(fds[1], False)
+            self.status_socket = socket.socket(fileno=fds[1])
+        msg = json.loads(data)
+        self.init = base64.b64decode(msg["init"]) if msg["init"] is not None else None
+        self.resend = bool(msg["resend"])
+        self.status = msg["status"]
+
+    def initialized(self, init: bytes) -> None:
+        """The first worker answered the kernel's FUSE_INIT, whose bytes were ``init``."""
+        if self.init is None:
+            self._send({"init": base64.b64encode(init).decode()})
+
+    def serving(self) -> None:
+        self._send({"serving": True})
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when its parent (the supervisor) dies."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,209 @@
+"""A supervised mount (``shardfs.app.supervisor``): a worker killed at any moment is replaced on
+the same kernel connection, and no client notices.
+
+Each test mounts for real; the worker is the supervisor's (the mount's pid) only child. Kills
+are SIGKILL by PID. Readers are zarr 2.18 processes (which take a failed ``stat`` of a chunk
+for a missing chunk and return its fill value): every value they read is checked.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ZARR2_PYTHON, run_shardfs, wait_for
+
+pytestmark = pytest.mark.skipif(
+    "takeover" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
+    reason="needs the pyfuse3 scripts/pyfuse3 builds (pyfuse3.takeover)")
+
+SHAPE, CHUNKS, SHARDS = (64, 64), (4, 4), (16, 16)
+EXPECTED = np.arange(1, SHAPE[0] * SHAPE[1] + 1, dtype="<i4").reshape(SHAPE)  # no 0: the fill value
+
+READER = textwrap.dedent(r"""
+    import json, os, random, sys, time
+    import numpy as np, zarr
+    path, stop, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    expected = np.arange(1, 64 * 64 + 1, dtype="<i4").reshape(64, 64)
+    rng = random.Random(seed)
+    counts = {"reads": 0, "wrong": 0, "fill": 0, "errors": []}
+    while not os.path.exists(stop):
+        r, c = rng.randrange(0, 64, 4), rng.randrange(0, 64, 4)
+        try:
+            z = zarr.open(path, mode="r")  # .zarray read again each time
+            got = z[r:r + 8, c:c + 8]
+        except Exception as e:
+            counts["errors"].append("%s: %s" % (type(e).__name__, e))
+            continue
+        counts["reads"] += 1
+        want = expected[r:r + 8, c:c + 8]
+        if not np.array_equal(got, want):
+            counts["wrong"] += 1
+            counts["fill"] += int((got == 0).sum())
+    print(json.dumps(counts))
+""")
+
+
+@pytest.fixture
+def src(tmp_path) -> Path:
+    import zarr
+
+    root = tmp_path / "src"
+    g = zarr.open_group(str(root), mode="w")
+    for name in ("a", "b"):
+        a = g.create_array(name, shape=SHAPE, chunks=CHUNKS, shards=SHARDS, dtype="<i4", fill_value=0)
+        a[...] = EXPECTED
+    return root
+
+
+def worker_of(m) -> int:
+    """The pid of the supervisor's worker (its only child)."""
+    children = Path(f"/proc/{m.pid}/task/{m.pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+def status(mnt: Path) -> dict:
+    r = run_shardfs("status", str(mnt), "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def kill_worker(m, mnt: Path) -> int:
+    """SIGKILL the worker; wait until another serves (its status answers); the new pid."""
+    old = worker_of(m)
+    os.kill(old, signal.SIGKILL)
+    found: list[int] = []
+
+    def served() -> bool:
+        try:
+            doc = status(mnt)
+        except AssertionError:
+            return False
+        found[:] = [doc["worker"]["pid"]]
+        return found[0] != old
+
+    wait_for(served, 30, "a new worker serving")
+    return found[0]
+
+
+def test_sigkill_of_the_worker_under_concurrent_zarr2_readers(mount, src, tmp_path):
+    mnt = mount(src)
+    m = mount.info(mnt)
+    stop = tmp_path / "stop"
+    readers = [subprocess.Popen([ZARR2_PYTHON, "-c", READER, str(mnt / "a"), str(stop), str(i)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
+    try:
+        time.sleep(1.0)
+        pids = {worker_of(m)}
+        for _ in range(3):
+            pids.add(kill_worker(m, mnt))
+            time.sleep(0.5)
+    finally:
+        stop.touch()
+        outs = [r.communicate(timeout=120) for r in readers]
+    counts = [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
+    assert all(c["reads"] > 0 for c in counts), counts
+    assert [c["errors"] for c in counts] == [[], [], []]
+    assert [(c["wrong"], c["fill"]) for c in counts] == [(0, 0)] * 3
+    assert len(pids) == 4
+    doc = status(mnt)
+    assert doc["pid"] == m.pid
+    assert doc["worker"]["pid"] == worker_of(m)
+    assert doc["worker"]["restarts"] == 3
+    assert doc["worker"]["last_reason"] == "signal 9"
+    assert doc["worker"]["started"] <= time.time()
+    assert m.log_text().count("ended (signal 9): starting another on the same connection") == 3
+
+
+def test_inodes_and_open_handles_keep_their_meaning(mount, src):
+    mnt = mount(src)
+    m = mount.info(mnt)
+    names = ["b/0.0", "a", "a/.zarray", "a/.zattrs", "a/3.5", ".zgroup"]  # b: slot 0, a: slot 1
+    before = {n: os.stat(mnt / n).st_ino for n in names}
+    names.reverse()  # a first: a worker that numbered anew would give it slot 0
+    f = open(mnt / "a" / "2.7", "rb")
+    head = f.read(5)
+    d = os.open(mnt / "a", os.O_RDONLY | os.O_DIRECTORY)
+    listing = sorted(os.listdir(mnt / "a"))
+    kill_worker(m, mnt)
+    assert {n: os.stat(mnt / n).st_ino for n in names} == before
+    assert before["a/3.5"] != os.stat(mnt / "b" / "3.5").st_ino
+    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # no pages: a READ request
+    assert f.read() == (mnt / "a" / "2.7").read_bytes()[5:]  # through the handle opened before the kill
+    f.close()
+    assert head == (mnt / "a" / "2.7").read_bytes()[:5]
+    with os.scandir(d) as entries:  # READDIR through the directory handle of the dead worker
+        assert sorted(e.name for e in entries) == listing
+    os.close(d)
+
+
+def test_a_request_the_dead_worker_read_is_sent_again(mount, src):
+    """The first worker never answers a lookup of ``a`` (a test hook): the ``stat`` waiting for
+    it is answered by the next worker, with what it should be."""
+    mnt = mount(src, env={"SHARDFS_TEST_HANG": "a"})
+    m = mount.info(mnt)
+    result: list = []
+    t = threading.Thread(target=lambda: result.append(os.stat(mnt / "a")), daemon=True)
+    t.start()
+    time.sleep(1.0)
+    assert t.is_alive() and not result  # the worker read the lookup and did not answer
+    kill_worker(m, mnt)
+    t.join(30)
+    assert not t.is_alive()
+    assert len(result) == 1 and result[0].st_ino == os.stat(mnt / "a").st_ino
+    assert result[0].st_mode & 0o170000 == 0o040000
+
+
+def test_without_resend_what_the_dead_worker_read_fails_at_once(mount, src):
+    """A kernel without FUSE_NOTIFY_RESEND (simulated): each worker gets a clone of the
+    connection, and its death fails (ECONNABORTED) what it had read: never a hang."""
+    mnt = mount(src, env={"SHARDFS_TEST_HANG": "a", "SHARDFS_NO_RESEND": "1"})
+    m = mount.info(mnt)
+    result: list = []
+
+    def stat() -> None:
+        try:
+            os.stat(mnt / "a")
+            result.append(0)
+        except OSError as e:
+            result.append(e.errno)
+
+    t = threading.Thread(target=stat, daemon=True)
+    t.start()
+    time.sleep(1.0)
+    assert t.is_alive()
+    os.kill(worker_of(m), signal.SIGKILL)
+    t.join(10)
+    assert not t.is_alive()
+    assert result == [errno.ECONNABORTED]
+    wait_for(lambda: (mnt / "a" / ".zarray").exists(), 30, "the next worker serving")
+    assert "no FUSE_NOTIFY_RESEND" in m.log_text()
+
+
+def test_killing_the_supervisor_ends_the_mount_and_its_worker(mount, src):
+    mnt = mount(src)
+    m = mount.info(mnt)
+    worker = worker_of(m)
+    os.kill(m.pid, signal.SIGKILL)
+    m.proc.wait(10)
+    wait_for(lambda: not Path(f"/proc/{worker}").exists() or
+             Path(f"/proc/{worker}/stat").read_text().split(") ", 1)[1][0] == "Z", 10, "the worker gone")
+    with pytest.raises(OSError) as e:
+        os.stat(mnt / "a")
+    assert e.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)  # (the connection ended)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
