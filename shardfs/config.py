@@ -21,6 +21,10 @@ from dataclasses import dataclass, field
 class KernelConfig:
     entry_timeout: float = 10.0  # seconds the kernel caches names
     attr_timeout: float = 10.0  # seconds the kernel caches attributes
+    uid: int | None = None  # the owner every node shows (None: the mounting user)
+    gid: int | None = None  # the group every node shows (None: the mounting user's)
+    file_mode: int | None = None  # the permission bits of files (None: 0644, 0444 read-only)
+    dir_mode: int | None = None  # of directories (None: 0755, 0555 read-only)
 
 
 @dataclass(frozen=True)

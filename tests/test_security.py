@@ -296,7 +296,10 @@ os.chmod(path, 0o777)
 s.listen(4)
 while True:
     c, _ = s.accept()
-    c.sendall(doc.encode() + b"\\n")
+    try:
+        c.sendall(doc.encode() + b"\\n")
+    except OSError:
+        pass
     c.close()
 """
 
@@ -369,6 +372,60 @@ def test_status_never_shows_a_forged_document(tmp_path, shared, other_user, othe
     assert (r.returncode, r.stdout) == (0, "[]\n")
 
 
+LISTENER = """
+import socket, sys
+s = socket.socket(fileno=int(sys.argv[2]))
+s.listen(4)
+while True:
+    c, _ = s.accept()
+    try:
+        c.sendall(sys.argv[1].encode() + b"\\n")
+    except OSError:
+        pass
+    c.close()
+"""
+
+
+def test_status_never_believes_a_socket_another_users_process_listens_on(tmp_path, other_user, mount):
+    """A socket in the user's own state directory on which another user's process listens (the
+    kernel's ``SO_PEERCRED`` names it) is never believed, whatever document it sends."""
+    import json
+    import socket
+
+    src = tmp_path / "src"
+    build(src, [S])
+    mnt = mount(src, "--read-only")
+    path = Path(state.state_dir(str(src))) / "status-0.sock"  # listed before the real one
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(path))
+    os.chmod(path, 0o777)
+    forged = json.dumps({"mountpoint": str(mnt), "source": "FORGED", "pid": 1})
+    cmd = ["setpriv", f"--reuid={other_user.uid}", f"--regid={other_user.gid}", "--clear-groups", "--",
+           SYSTEM_PYTHON, "-c", LISTENER, forged, str(sock.fileno())]
+    proc = subprocess.Popen(cmd, pass_fds=(sock.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        sock.close()
+        wait_for(lambda: _listening(path), 10, "the other user's listener")
+        r = run_shardfs("status", str(mnt), "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["source"] == str(src) and "FORGED" not in r.stdout
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        path.unlink()
+
+
+def _listening(path: Path) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(str(path))
+            return True
+        except OSError:
+            return False
+
+
 # --------------------------------------------------------------------------- output
 
 EVIL = "evil\x1b]0;pwned\x07\nFORGED 2026 shardfs[1] ERROR x"
@@ -414,3 +471,82 @@ def test_inspect_status_and_errors_escape_what_they_print(tmp_path, mount):
     r = run_shardfs("inspect", str(tmp_path / EVIL / "missing"))
     assert r.returncode == 1 and no_control(r.stderr) and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith(f"shardfs: error: {tmp_path}/evil\\x1b]0;pwned\\x07"), r.stderr
+
+
+# --------------------------------------------------------------------------- allow_other
+
+S2 = Spec("s", (8, 10), (4, 5), (4, 10), "<i4", 0, ("zstd", 3), inner_crc=False,
+          index_location="end", index_crc=True, initial=((slice(0, 8), slice(0, 10)),),
+          write=(slice(0, 4), slice(0, 5)))
+
+
+def mount_shared(mount, src: Path, base: Path, *extra: str) -> Path:
+    """A mount of ``src`` on ``base/mnt`` (a place other users can reach), torn down by ``mount``."""
+    from conftest import Mount
+
+    base.mkdir(mode=0o755)
+    (base / "mnt").mkdir()
+    m = Mount(src, base / "mnt", base / "daemon.log", extra, False)
+    mount._mounts.append(m)
+    m.wait_live()
+    return base / "mnt"
+
+
+def test_allow_other_never_reads_a_shard_for_a_user_the_source_refuses(shared, other_user, mount):
+    """Finding 4: under ``-o allow_other`` a chunk file of a 0600 shard is EACCES for another user
+    (and so is every write of theirs), even where the modes shown would let the kernel allow it
+    (``file_mode=0666``); a chunk of a 0644 shard reads the same bytes as for root."""
+    src = shared / "src"
+    build(src, [S2])
+    S2.shard_file(src, (0, 0)).chmod(0o600)
+    mnt = mount_shared(mount, src, shared / "m", "-o", "allow_other,file_mode=0666,dir_mode=0777")
+    assert mnt.joinpath("s", "0.0").read_bytes()  # the mounting user reads it
+    r = other_user.run("cat", str(mnt / "s" / "0.0"), check=False)
+    assert (r.returncode, r.stdout) == (1, "") and "Permission denied" in r.stderr, r
+    r = other_user.run("/bin/sh", "-c", f"od -An -tx1 '{mnt}/s/1.0' | tr -d ' \\n'", check=False)
+    assert r.stdout == (mnt / "s" / "1.0").read_bytes().hex(), r
+    r = other_user.sh(f"printf x > '{mnt}/s/1.0'", check=False)
+    assert r.returncode != 0 and "Permission denied" in r.stderr, r
+
+
+def test_follow_symlinks_never_reads_for_a_user_what_they_could_not(shared, other_user, mount):
+    """Finding 4: with ``follow_symlinks``, a user's symlink in a source they can write, to a file
+    only root may read, is EACCES for them through root's mount."""
+    src = shared / "src"
+    build(src, [S2])
+    secret = shared / "secret-shard"
+    shutil.copy(S2.shard_file(src, (1, 0)), secret)
+    secret.chmod(0o600)
+    S2.shard_file(src, (1, 0)).unlink()
+    S2.shard_file(src, (0, 0)).parent.parent.chmod(0o777)
+    S2.shard_file(src, (1, 0)).parent.chmod(0o777)
+    other_user.sh(f"ln -s '{secret}' '{S2.shard_file(src, (1, 0))}'")
+    mnt = mount_shared(mount, src, shared / "m", "-o", "allow_other,follow_symlinks", "--read-only")
+    assert (mnt / "s" / "1.0").read_bytes()  # root may read it
+    r = other_user.run("cat", str(mnt / "s" / "1.0"), check=False)
+    assert (r.returncode, r.stdout) == (1, "") and "Permission denied" in r.stderr, r
+
+
+def test_under_allow_other_the_kernel_checks_the_modes_shown(shared, other_user, mount):
+    """The mount runs with ``default_permissions``: ``-o file_mode=0600`` (an object store's way
+    to say who may read) keeps another user out of files the source would let them read."""
+    src = shared / "src"
+    build(src, [S2])
+    mnt = mount_shared(mount, src, shared / "m", "-o", "allow_other,file_mode=0600", "--read-only")
+    assert (mnt / "s" / "1.0").read_bytes()
+    r = other_user.run("cat", str(mnt / "s" / "1.0"), check=False)
+    assert (r.returncode, r.stdout) == (1, "") and "Permission denied" in r.stderr, r
+    assert other_user.run("ls", str(mnt / "s")).returncode == 0
+
+
+def test_uid_gid_and_modes_are_what_nodes_show(tmp_path, other_user, mount):
+    """``-o uid=,gid=,file_mode=,dir_mode=`` (mountpoint-s3's names): every node shows them."""
+    src = tmp_path / "src"
+    build(src, [S2])
+    mnt = mount(src, "-o", f"uid={other_user.uid},gid={other_user.gid},file_mode=0640,dir_mode=0750")
+    for path, mode in ((mnt, 0o40750), (mnt / "s", 0o40750), (mnt / "s" / "0.0", 0o100640),
+                       (mnt / "s" / ".zarray", 0o100640)):
+        st = os.stat(path)
+        assert (st.st_uid, st.st_gid, st.st_mode) == (other_user.uid, other_user.gid, mode), path
+    r = run_shardfs("mount", str(src), str(tmp_path / "m2"), "-o", "file_mode=999")
+    assert (r.returncode, r.stderr) == (1, "shardfs: error: -o file_mode=999: not octal permission bits (e.g. 0640)\n")

@@ -88,7 +88,7 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
     view = View(storage, read_only=writeback is None, writeback=writeback, ome=cfg.tree.ome,
                 c_order=cfg.tree.c_order, reads=reads, ledger=ledger)
     ops = Operations(view, timeouts, writeback, spill_dir=spill,
-                     shard_bytes=cfg.writes.shard_size, faults=faults)
+                     shard_bytes=cfg.writes.shard_size, faults=faults, shown=cfg.kernel)
     return Composed(source, storage, writeback, ranges, view, ops)
 
 

@@ -68,6 +68,13 @@ OWN = (
            "nonempty"),
     Option("entry_timeout", "S", "seconds the kernel caches names", "kernel.entry_timeout"),
     Option("attr_timeout", "S", "seconds the kernel caches attributes", "kernel.attr_timeout"),
+    Option("uid", "N", "the owner every node shows (default the mounting user); with allow_other the kernel "
+                       "checks it (doc/SECURITY.md)", "kernel.uid"),
+    Option("gid", "N", "the group every node shows (default the mounting user's)", "kernel.gid"),
+    Option("file_mode", "MODE", "the permission bits every file shows, octal (default 0644; 0444 read-only)",
+           "kernel.file_mode"),
+    Option("dir_mode", "MODE", "the permission bits every directory shows, octal (default 0755; 0555 read-only)",
+           "kernel.dir_mode"),
     Option("chunk_cache", "SIZE", "memory for decoded chunk files, e.g. 256M; 0 = off", "reads.chunk_cache"),
     Option("shard_size", "SIZE", "uncompressed size of a shard of an array created through the mount",
            "writes.shard_size"),
@@ -182,6 +189,12 @@ def _check_values(own: dict[str, str]) -> None:
     endpoint = own.get("endpoint")
     if endpoint is not None and not endpoint.startswith(("http://", "https://")):
         raise ValueError(f"-o endpoint={endpoint}: not an http:// or https:// URL")
+    for name in ("uid", "gid"):
+        if name in own and not (own[name].isdigit() and int(own[name]) < 2**32 - 1):
+            raise ValueError(f"-o {name}={own[name]}: not a number of a user or group")
+    for name in ("file_mode", "dir_mode"):
+        if name in own and not (own[name] and set(own[name]) <= set("01234567") and int(own[name], 8) <= 0o777):
+            raise ValueError(f"-o {name}={own[name]}: not octal permission bits (e.g. 0640)")
     for name in ("chunk_cache", "shard_size", "cache_size"):
         if name in own:
             try:
@@ -202,6 +215,10 @@ def config(parsed: Parsed) -> Config:
         value: Any = True if opt.value is None else text
         if opt.value == "S":
             value = float(text)
+        elif opt.value == "N":
+            value = int(text)
+        elif opt.value == "MODE":
+            value = int(text, 8)
         elif opt.value == "SIZE":
             value = parse_size(text)
         values[opt.field.lstrip("!")] = not value if opt.field.startswith("!") else value

@@ -26,6 +26,7 @@ import functools
 import itertools
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
@@ -34,6 +35,7 @@ import trio
 
 from shardfs.config import KernelConfig
 from shardfs.format.create import DEFAULT_SHARD_BYTES
+from shardfs.kernel.callers import Callers
 from shardfs.kernel.handles import DirHandle, Handle, Handles, Lost
 from shardfs.kernel.inodes import KernelInodes, Pages
 from shardfs.kernel.pins import Pins
@@ -57,6 +59,22 @@ NAME_MAX = 255  # bytes in one name (ENAMETOOLONG beyond), as on every local Lin
 # close of a read-only open then costs one FLUSH request, answered as a no-op).
 NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
 GUARDED: list[str] = []  # the handlers ``_guard`` wraps: the operations ``RequestStats`` counts
+
+
+def _modes(shown: KernelConfig, read_only: bool) -> tuple[int, int] | None:
+    """(file, directory) permission bits of ``-o file_mode,dir_mode`` (writes bits cleared on a
+    read-only mount); None if neither is given (the view's own modes)."""
+    if shown.file_mode is None and shown.dir_mode is None:
+        return None
+    ro = 0o222 if read_only else 0
+    files = (0o444 if read_only else 0o644) if shown.file_mode is None else shown.file_mode
+    dirs = (0o555 if read_only else 0o755) if shown.dir_mode is None else shown.dir_mode
+    return files & ~ro, dirs & ~ro
+
+
+def _remode(mode: int, modes: tuple[int, int]) -> int:
+    """``mode`` with the permission bits of its kind from ``modes`` (files, directories)."""
+    return stat.S_IFMT(mode) | (modes[1] if stat.S_ISDIR(mode) else modes[0])
 
 
 def _name(name: bytes) -> str:
@@ -112,8 +130,10 @@ class Operations(pyfuse3.Operations):
 
     def __init__(self, view: View, timeouts: Timeouts | None = None,
                  writeback: Writeback | None = None, spill_dir: str | None = None,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES, faults: Faults | None = None) -> None:
+                 shard_bytes: int = DEFAULT_SHARD_BYTES, faults: Faults | None = None,
+                 shown: KernelConfig | None = None) -> None:
         """``spill_dir``: where contents being written spill beyond memory (needed with ``writeback``);
+        ``shown``: the owner, group and modes every node shows (``-o uid,gid,file_mode,dir_mode``);
         ``shard_bytes``: the shard size of arrays created through the mount (``-o shard_size``);
         ``faults``: where the handlers' bugs are recorded (the mount's, shared with its
         background tasks)."""
@@ -129,7 +149,11 @@ class Operations(pyfuse3.Operations):
         self._kernel = KernelInodes()
         self._pins = Pins()  # versions that files open through the page cache hold their inode's size at
         self._fill = True  # until the kernel says it cannot store pages (ENOSYS)
-        self._uid, self._gid = os.getuid(), os.getgid()
+        self._callers = Callers(os.getuid())
+        shown = shown or KernelConfig()
+        self._uid = os.getuid() if shown.uid is None else shown.uid
+        self._gid = os.getgid() if shown.gid is None else shown.gid
+        self._modes = _modes(shown, view.read_only)
         self.stats = RequestStats()
         for op in GUARDED:
             self.stats.op(op)
@@ -144,7 +168,7 @@ class Operations(pyfuse3.Operations):
             e.attr_timeout = self.timeouts.attr
         e.st_ino = attr.ino
         e.generation = self._kernel.generation(attr.ino)
-        e.st_mode = attr.mode
+        e.st_mode = attr.mode if self._modes is None else _remode(attr.mode, self._modes)
         e.st_nlink = attr.nlink
         e.st_size = attr.size
         e.st_blocks = (attr.size + 511) // 512
@@ -253,10 +277,11 @@ class Operations(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
             await self._attr(inode)
-            written = await self._writable().open(inode, truncate=bool(flags & os.O_TRUNC))
+            written = await self._writable(ctx).open(inode, truncate=bool(flags & os.O_TRUNC))
             self._kernel.changed(inode)
             self._pins.forfeit(inode)  # rewritten in place: its readers may read it torn, as on any filesystem
             return pyfuse3.FileInfo(fh=self._add_write(written), direct_io=False, keep_cache=False)
+        await self._callers.may_read(self.view, inode, ctx)
         if inode >= CHUNK_BASE:
             self.stats.chunk_files += 1
         for attempt in range(OPEN_TRIES):
@@ -410,7 +435,9 @@ class Operations(pyfuse3.Operations):
         buffers.update((id(st.data), st.data) for st in self.view.nodes.staged.values())
         return sum(b.size for b in buffers.values() if b.spilled)
 
-    def _writable(self) -> "Writer":
+    def _writable(self, ctx: Any = None) -> "Writer":
+        """The writer; EROFS on a read-only mount, EACCES for another user (``Callers``)."""
+        self._callers.may_write(ctx)
         if self.writer is None:
             raise pyfuse3.FUSEError(errno.EROFS)
         return self.writer
@@ -447,7 +474,7 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
                      ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        attr, handle = await self._writable().create(parent_inode, _name(name))
+        attr, handle = await self._writable(ctx).create(parent_inode, _name(name))
         self._kernel.changed(attr.ino)
         return pyfuse3.FileInfo(fh=self._add_write(handle)), self._looked_up(attr)
 
@@ -495,9 +522,9 @@ class Operations(pyfuse3.Operations):
         # Mode, owner and times are accepted and not kept (the mount shows fixed ones):
         # rsync -a and cp -a set them on every file and directory they create.
         if fields.update_mode or fields.update_uid or fields.update_gid:
-            self._writable()
+            self._writable(ctx)
         if fields.update_size:
-            writer = self._writable()
+            writer = self._writable(ctx)
             handle = await self._live(fh) if fh is not None and self._handles.get(fh) is not None else None
             if not isinstance(handle, WriteHandle):
                 handle = self._handles.dirty_write(inode)
@@ -513,25 +540,25 @@ class Operations(pyfuse3.Operations):
                      name_new: bytes, flags: int, ctx: Any) -> None:
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise pyfuse3.FUSEError(errno.EINVAL)
-        await self._writable().rename(parent_inode_old, _name(name_old), parent_inode_new,
+        await self._writable(ctx).rename(parent_inode_old, _name(name_old), parent_inode_new,
                                       _name(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE))
 
     @_guard
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any
                    ) -> pyfuse3.EntryAttributes:
-        return self._looked_up(await self._writable().link(inode, new_parent_inode, _name(new_name)))
+        return self._looked_up(await self._writable(ctx).link(inode, new_parent_inode, _name(new_name)))
 
     @_guard
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        await self._writable().unlink(parent_inode, os.fsdecode(name))
+        await self._writable(ctx).unlink(parent_inode, os.fsdecode(name))
 
     @_guard
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        self._kernel.removed_dir(await self._writable().structure.rmdir(parent_inode, os.fsdecode(name)))
+        self._kernel.removed_dir(await self._writable(ctx).structure.rmdir(parent_inode, os.fsdecode(name)))
 
     @_guard
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
-        return self._looked_up(await self._writable().structure.mkdir(parent_inode, _name(name)))
+        return self._looked_up(await self._writable(ctx).structure.mkdir(parent_inode, _name(name)))
 
     async def _unsupported(self, *args: Any) -> None:
         if self.writer is None:

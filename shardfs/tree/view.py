@@ -375,6 +375,18 @@ class View:
             return key, self.arrays[key.path]
         raise fail(errno.ENOTDIR)
 
+    def source_key(self, ino: int) -> str | None:
+        """The source file a read of file ``ino`` reads from, whose permissions gate another
+        user's open (``shardfs.kernel.callers``): a chunk file's shard (stored or not), a metadata
+        file's ``zarr.json``; None for a file being made through the mount."""
+        key = self.nodes.node_key(ino)
+        if isinstance(key, MetaKey):
+            return join(key.path, "zarr.json")
+        if isinstance(key, ChunkKey):
+            layout = key.arr.shown.layout
+            return join(key.arr.path, layout.keys.key(layout.locate(key.coords)[0]))
+        return None
+
     # ----- reading ------------------------------------------------------------------------
 
     async def open(self, ino: int) -> ReadHandle:
