@@ -215,6 +215,24 @@ class Hierarchy:
         parent = self._groups.get(path.rpartition("/")[0]) if path else None
         return parent is not None and parent.image
 
+    def moved(self, old: str, new: str) -> None:
+        """The node at ``old`` and all below it were renamed to ``new``: they keep their slots
+        (the kernel's chunk inodes keep naming the same chunks) under their new paths."""
+        below = [p for p in {*self.arrays, *self._groups} if p == old or p.startswith(old + "/")]
+        for path in below:
+            moved_to = new + path[len(old):]
+            arr, group = self.arrays.pop(path, None), self._groups.pop(path, None)
+            if arr is not None:
+                arr.path = moved_to
+                arr.shard_keys.clear()
+                arr.covered.clear()
+                arr.indexes_ahead = False
+                self.arrays[moved_to] = arr
+                self.ledger.note("a", arr.slot, moved_to)
+            if group is not None:
+                group.path = moved_to
+                self._groups[moved_to] = group
+
     def array(self, path: str) -> ArrayNode | None:
         """The array at ``path`` as last read (no I/O), None if none was."""
         return self.arrays.get(path)

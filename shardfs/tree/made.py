@@ -109,6 +109,17 @@ class Made:
         self._hidden = {h for h in self._hidden if h[0] != path}
         self._new_dirs.add(path)
 
+    def moved(self, old: str, new: str) -> None:
+        """The directory at ``old`` and all below it were renamed to ``new``."""
+        def renamed(path: str) -> str:
+            return new + path[len(old):] if path == old or path.startswith(old + "/") else path
+
+        self._new_dirs = {renamed(p) for p in self._new_dirs}
+        self._created = {renamed(p) for p in self._created}
+        self._shard_dirs = {(renamed(p), r) for p, r in self._shard_dirs}
+        self._hidden = {(renamed(p), n) for p, n in self._hidden}
+        self._key_dirs = {(renamed(p), k) for p, k in self._key_dirs}
+
     def deleted(self, path: str) -> None:
         """The node (or new directory) at ``path`` was removed (``rmdir``)."""
         self._new_dirs.discard(path)
