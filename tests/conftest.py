@@ -34,9 +34,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 REPO = Path(__file__).resolve().parent.parent
-# The benchmark's helpers the tests use too (bench_lib.delayproxy: delaying and counting TCP proxy).
-sys.path.insert(0, str(REPO / "scripts"))
-# testkit (what tests and tools share), after the shardfs that PYTHONPATH names (scripts/mutants)
+# testkit (what the tests and scripts/ share: SeaweedFS, the proxies, source builders), after the
+# shardfs that PYTHONPATH names (scripts/mutants)
 sys.path.append(str(REPO))
 SHARDFS = str(Path(sys.executable).parent / "shardfs")
 ZARR2_PYTHON = os.environ.get("SHARDFS_ZARR2_PYTHON") or str(REPO / ".venv-zarr2" / "bin" / "python")
@@ -297,7 +296,7 @@ def zarr2(code: str, timeout: float = 300, **params):
         res = dict(meta["other"])
         with np.load(out + ".npz", allow_pickle=False) as z:
             for i, k in enumerate(meta["keys"]):
-                res[k] = z["a%d" % i]
+                res[k] = z[f"a{i}"]
         return res
 
 

@@ -119,7 +119,8 @@ class BucketSource(Source):
         return True
 
     def readers(self, name: str) -> dict[str, Callable[[], np.ndarray]]:
-        return {"zarr 3 ObjectStore": lambda: self._read_zarr3(name), "tensorstore zarr3 s3": lambda: self._read_ts3(name)}
+        return {"zarr 3 ObjectStore": lambda: self._read_zarr3(name),
+                "tensorstore zarr3 s3": lambda: self._read_ts3(name)}
 
     def _read_zarr3(self, name: str) -> np.ndarray:
         import zarr

@@ -17,7 +17,6 @@ import time
 from typing import Awaitable, Callable
 
 import numpy as np
-import pytest
 import trio
 import trio.testing
 

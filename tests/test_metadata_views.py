@@ -172,7 +172,8 @@ def test_zmetadata_matches_the_individual_files(tree):
         assert doc["zarr_consolidated_format"] == 1
         meta = doc["metadata"]
         below = [p[len(group) + 1:] if group else p for p in HIERARCHY if p.startswith(group)]
-        subgroups = [g[len(group) + 1:] if group else g for g in GROUP_ATTRS if g and g.startswith(group) and g != group]
+        subgroups = [g[len(group) + 1:] if group else g
+                     for g in GROUP_ATTRS if g and g.startswith(group) and g != group]
         if group == "":
             below += ["img/0", "img/1", *(f"tr/{n}" for n in TRANSCODED)]
             subgroups += ["img", "tr"]

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "soak_lib"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # the tool this file tests
 
-import metrics  # noqa: E402
-from checks import Ledger, Op  # noqa: E402
-from grid import Grid, owner, token_of, tokens_by_chunk  # noqa: E402
-from model import Model  # noqa: E402
+from soak_lib import metrics  # noqa: E402
+from soak_lib.checks import Ledger, Op  # noqa: E402
+from soak_lib.grid import Grid, owner, token_of, tokens_by_chunk  # noqa: E402
+from soak_lib.model import Model  # noqa: E402
 
 ZARRAY = {"shape": [8, 8], "chunks": [4, 4], "dtype": "<i4", "compressor": None}
 STRINGS = {"shape": [6, 4], "chunks": [4, 4], "dtype": "|O", "filters": [{"id": "vlen-utf8"}],

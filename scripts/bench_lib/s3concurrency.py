@@ -2,9 +2,9 @@
 
 Usage: ``.venv/bin/python scripts/bench_lib/s3concurrency.py [N] [DELAY_MS]`` (defaults: 200
 GETs, 100 ms each way, i.e. 200 ms per GET). Starts its own SeaweedFS (seaweed.py) with
-a DelayProxy in front (its own process, so it does not share the client's GIL), stores N small objects, then from one trio task per GET reads them all
-at once three ways, 3 rounds each (cold = fresh client, warm = same client again), and prints
-wall time and client CPU time per round:
+a DelayProxy in front (its own process, so it does not share the client's GIL), stores N small
+objects, then from one trio task per GET reads them all at once three ways, 3 rounds each
+(cold = fresh client, warm = same client again), and prints wall time and client CPU time per round:
 
 - ``trio.to_thread`` with trio's default limiter (40 threads): obstore's sync ``get``;
 - ``trio.to_thread`` with a limiter of N (N threads);
@@ -28,7 +28,7 @@ import obstore  # noqa: E402
 import trio  # noqa: E402
 from obstore.store import S3Store  # noqa: E402
 
-from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3  # noqa: E402
+from testkit.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3  # noqa: E402
 from shardfs.storage.loop import LoopThread  # noqa: E402
 
 

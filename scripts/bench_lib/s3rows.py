@@ -42,10 +42,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from bench_lib.delayproxy import DelayProxy, Request
-from bench_lib.main import CLIENTS, PY2, PY3, Bench, BenchError, Row, rotate
+from testkit.delayproxy import DelayProxy, Request
+from bench_lib.harness import CLIENTS, PY2, PY3, Bench, BenchError, Row, rotate
 from bench_lib.peers import zarr_readers
-from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY, S3Source, SeaweedS3, put_all, upload
+from testkit.seaweed import ACCESS_KEY, REGION, SECRET_KEY, S3Source, SeaweedS3, put_all, upload
 
 BUCKET = "shardfs-bench"
 DELAY = 0.010  # seconds each way per request (rows 2 and 3)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from grid import Grid, Region, pick_region, tokens_by_chunk
+from soak_lib.grid import Grid, Region, pick_region, tokens_by_chunk
 
 
 def _zarr2(path: str, region: Region) -> np.ndarray:

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from grid import Grid, owner
+from soak_lib.grid import Grid, owner
 
 TOKEN_STRIDE = 100_000
 LIB_METHODS = {"zarr2": ("zarr2", "rename", "inplace", "cp"),

@@ -145,6 +145,18 @@ class Made:
         self._new_dirs.add(path)
 
     @_noted
+    def moved(self, old: str, new: str) -> None:
+        """The directory at ``old`` and all below it were renamed to ``new``."""
+        def renamed(path: str) -> str:
+            return new + path[len(old):] if path == old or path.startswith(old + "/") else path
+
+        self._new_dirs = {renamed(p) for p in self._new_dirs}
+        self._created = {renamed(p) for p in self._created}
+        self._shard_dirs = {(renamed(p), r) for p, r in self._shard_dirs}
+        self._hidden = {(renamed(p), n) for p, n in self._hidden}
+        self._key_dirs = {(renamed(p), k) for p, k in self._key_dirs}
+
+    @_noted
     def deleted(self, path: str) -> None:
         """The node (or new directory) at ``path`` was removed (``rmdir``)."""
         self._new_dirs.discard(path)

@@ -358,6 +358,14 @@ class View:
         coords = self._chunk_named(arr, key, name)
         return (arr, coords) if coords is not None and arr.shown.layout.in_grid(coords) else None
 
+    def moved(self, old: str, new: str) -> None:
+        """Directory ``old`` was renamed to ``new`` (``Structure.move``): the hierarchy, the node
+        table and what was made through the mount follow it; chunk lookups remembered go."""
+        self.hierarchy.moved(old, new)
+        self.nodes.moved(old, new)
+        self.made.moved(old, new)
+        self._resolved.clear()
+
     async def dir_node(self, ino: int) -> tuple[DirKey | ArrayDirKey, ArrayNode | GroupNode | None]:
         """``(key, node)`` of a directory inode: its key and the group/array it shows or belongs to."""
         key = self.nodes.node_key(ino)

@@ -14,8 +14,8 @@ again (same directory, same ports) simulate a crash and a restart; ``stop()`` en
 ``S3Source``: its ``url``, the ``env`` a client or daemon needs, a zarr-python 3 ``zarr_store()``
 reading it natively, ``keys()``); ``put_all(store, items)`` PUTs many objects at once.
 
-Used by tests/s3server.py (the pytest fixture) and by scripts/bench; imports only the standard
-library (obstore when waiting for readiness).
+Used by tests/s3server.py (the pytest fixture), scripts/bench and scripts/soak; imports only the
+standard library (obstore when waiting for readiness).
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ class SeaweedS3:
                 return
             except Exception as e:  # not up yet: connection refused, 5xx, missing bucket
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"weed mini not ready after {START_TIMEOUT}s ({e}):\n{self.tail()}")
+                    raise RuntimeError(f"weed mini not ready after {START_TIMEOUT}s ({e}):\n{self.tail()}") from e
             time.sleep(0.1)
 
     def tail(self) -> str:
