@@ -137,7 +137,9 @@ def test_inodes_and_open_handles_keep_their_meaning(mount, src):
     head = f.read(5)
     d = os.open(mnt / "a", os.O_RDONLY | os.O_DIRECTORY)
     listing = sorted(os.listdir(mnt / "a"))
+    os.mkdir(mnt / "made")  # held by the worker (no array in it yet)
     kill_worker(m, mnt)
+    assert (mnt / "made").is_dir() and "made" in os.listdir(mnt)
     assert {n: os.stat(mnt / n).st_ino for n in names} == before
     assert before["a/3.5"] != os.stat(mnt / "b" / "3.5").st_ino
     os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # no pages: a READ request
@@ -207,3 +209,100 @@ def test_killing_the_supervisor_ends_the_mount_and_its_worker(mount, src):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# --------------------------------------------------------------------------- writes
+
+
+def chunk(mnt: Path, name: str) -> bytes:
+    return (mnt / "a" / name).read_bytes()
+
+
+@pytest.mark.parametrize("op", ["mkdir", "rmdir", "unlink", "rename"])
+def test_a_resent_request_gives_the_answer_of_its_first_execution(mount, src, op):
+    """The first worker does the request, then dies before answering (a test hook); the next
+    one gets it again (bit 63 of unique) and answers what the first would have: no EEXIST or
+    ENOENT from the first execution having happened."""
+    target = {"mkdir": "newdir", "rmdir": "gone", "unlink": "1.1", "rename": "tmp.bin"}[op]
+    mnt = mount(src, env={"SHARDFS_TEST_DIE_AFTER": f"{op}:{target}"})
+    m = mount.info(mnt)
+    if op == "rmdir":
+        os.mkdir(mnt / "gone")
+    moved = chunk(mnt, "3.3")
+    if op == "rename":  # zarr's way: a temporary file renamed onto the chunk
+        (mnt / "a" / "tmp.bin").write_bytes(moved)
+    {"mkdir": lambda: os.mkdir(mnt / "newdir"), "rmdir": lambda: os.rmdir(mnt / "gone"),
+     "unlink": lambda: os.unlink(mnt / "a" / "1.1"),
+     "rename": lambda: os.rename(mnt / "a" / "tmp.bin", mnt / "a" / "1.2")}[op]()
+    assert "ended (signal 9)" in m.log_text()
+    assert "a request sent again after a worker died was done by it" in m.log_text()
+    names = set(os.listdir(mnt)) | {f"a/{n}" for n in os.listdir(mnt / "a")}
+    if op == "mkdir":
+        assert (mnt / "newdir").is_dir() and "newdir" in names
+    elif op == "rmdir":
+        assert not (mnt / "gone").exists() and "gone" not in names
+    elif op == "unlink":
+        assert "a/1.1" not in names and not (mnt / "a" / "1.1").exists()
+    else:
+        assert "a/tmp.bin" not in names and chunk(mnt, "1.2") == moved
+
+
+def test_bytes_only_the_dead_worker_held_fail_with_eio(mount, src):
+    """A temporary file (held in the worker's memory) written and not committed: its next
+    write and its close fail with EIO; a file opened for writing with nothing written yet goes
+    on; what was committed (closed) before the death is there."""
+    mnt = mount(src)
+    m = mount.info(mnt)
+    data = chunk(mnt, "3.3")
+    with open(mnt / "a" / "2.2", "wb") as f:  # committed at close: in the journal
+        f.write(data)
+    tmp = os.open(mnt / "a" / "tmp.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(tmp, b"x" * 100)
+    dirty = os.open(mnt / "a" / "5.5", os.O_WRONLY)  # rewritten in place, not committed
+    os.write(dirty, data[:10])
+    clean = os.open(mnt / "a" / "4.4", os.O_WRONLY)
+    kill_worker(m, mnt)
+    for fd, rest in ((tmp, b"y" * 100), (dirty, data[10:])):
+        with pytest.raises(OSError) as e:
+            os.write(fd, rest)
+        assert e.value.errno == errno.EIO
+        with pytest.raises(OSError) as e:
+            os.close(fd)
+        assert e.value.errno == errno.EIO
+    assert chunk(mnt, "5.5") == (mnt / "b" / "5.5").read_bytes()  # as before: nothing half written
+    os.write(clean, data)
+    os.close(clean)
+    assert chunk(mnt, "2.2") == data and chunk(mnt, "4.4") == data
+    assert "bytes written through it were lost with a worker: EIO" in m.log_text()
+
+
+def test_a_resent_write_of_bytes_the_dead_worker_held_fails_with_eio(mount, src):
+    """The first worker applies a WRITE to a temporary file and dies before answering: the
+    re-sent WRITE fails with EIO (its bytes died with the worker), never silently."""
+    mnt = mount(src, env={"SHARDFS_TEST_DIE_AFTER": "write:*"})
+    tmp = os.open(mnt / "a" / "tmp.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+    with pytest.raises(OSError) as e:
+        os.write(tmp, b"x" * 100)
+    assert e.value.errno == errno.EIO
+    with pytest.raises(OSError):
+        os.close(tmp)
+
+
+def test_a_crash_loop_ends_the_mount_with_one_log_line(mount, src, mnt_dir):
+    """5 worker deaths within 60 s: no sixth worker; the mount is detached, the supervisor
+    exits 1 with one log line saying why, and the source mounts again."""
+    mnt = mount(src)
+    m = mount.info(mnt)
+    for _ in range(4):
+        kill_worker(m, mnt)
+    os.kill(worker_of(m), signal.SIGKILL)
+    assert m.proc.wait(30) == 1
+    assert not os.path.ismount(mnt)
+    lines = [line for line in m.log_text().splitlines() if "times within" in line]
+    assert len(lines) == 1 and lines[0].endswith(
+        f"{mnt}: the worker died 5 times within 60 s (last: signal 9): unmounting"), lines
+    r = run_shardfs("umount", str(mnt))
+    assert r.returncode == 1 and r.stderr.strip() == f"shardfs: error: {mnt}: not mounted"
+    assert run_shardfs("mount", str(src), str(mnt_dir)).returncode == 0
+    assert (mnt_dir / "a" / ".zarray").exists()
+    assert run_shardfs("umount", str(mnt_dir)).returncode == 0

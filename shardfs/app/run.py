@@ -236,7 +236,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
         except (OSError, private.Refused) as e:
             _report(args, f"error: {args.ledger}: cannot create: {getattr(e, 'strerror', None) or e}")
             return 1
-        _test_hang(mount, conn)
+        _test_hooks(mount, conn)
     with _stderr_captured() as said:
         try:
             pyfuse3.init(mount.ops, mnt if conn is None else f"/dev/fd/{conn.fd}", fuse_opts)
@@ -273,22 +273,36 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
     return 0
 
 
-def _test_hang(mount: Composed, conn: Any) -> None:
-    """For the tests (``SHARDFS_TEST_HANG=NAME``): the first worker of a mount never answers a
-    lookup of NAME, so that a request is read and not answered when the worker is killed."""
-    name = os.environ.get("SHARDFS_TEST_HANG")
-    if not name or conn.init is not None:
+def _test_hooks(mount: Composed, conn: Any) -> None:
+    """For the tests, in the first worker of a mount only: ``SHARDFS_TEST_HANG=NAME`` never
+    answers a lookup of NAME (a request read and not answered when the worker is killed);
+    ``SHARDFS_TEST_DIE_AFTER=OP:NAME`` kills the worker (SIGKILL) once it did request OP naming
+    NAME (``*``: any), before it answers (the kernel sends it again to the next worker)."""
+    hang, die = os.environ.get("SHARDFS_TEST_HANG"), os.environ.get("SHARDFS_TEST_DIE_AFTER")
+    if conn.init is not None:
         return
     import trio
 
-    lookup = mount.ops.lookup
+    if hang:
+        lookup = mount.ops.lookup
 
-    async def hanging(parent_inode: int, name_: bytes, ctx: Any = None) -> Any:
-        if name_ == os.fsencode(name):
-            await trio.sleep_forever()
-        return await lookup(parent_inode, name_, ctx)
+        async def hanging(parent_inode: int, name: bytes, ctx: Any = None) -> Any:
+            if name == os.fsencode(hang):
+                await trio.sleep_forever()
+            return await lookup(parent_inode, name, ctx)
 
-    mount.ops.lookup = hanging  # type: ignore[method-assign,assignment]  # the test hook replaces the handler
+        mount.ops.lookup = hanging  # type: ignore[method-assign]  # the test hook replaces the handler
+    if die:
+        op, _, name = die.partition(":")
+        handler = getattr(mount.ops, op)
+
+        async def dying(*args: Any) -> Any:
+            result = await handler(*args)
+            if name == "*" or os.fsencode(name) in args:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return result
+
+        setattr(mount.ops, op, dying)
 
 
 @contextlib.contextmanager

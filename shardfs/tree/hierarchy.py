@@ -190,10 +190,13 @@ class Hierarchy:
         now (its chunk inodes then mean the same chunks), before anything else is read. Slots
         that cannot have their array back (gone, another layout, an earlier layout of an array
         that has a later slot) are left to a node without metadata: their chunks are EIO."""
-        last: dict[str, int] = {}
+        by_slot: dict[int, str] = {}  # a slot's path as last noted (a move notes it again)
         for rec in records:
             if rec[0] == "a" and isinstance(rec[1], int) and isinstance(rec[2], str):
-                last[rec[2]] = rec[1]
+                by_slot[rec[1]] = rec[2]
+        last: dict[str, int] = {}  # a path's latest slot
+        for slot, path in by_slot.items():
+            last[path] = max(last.get(path, -1), slot)
         for path, slot in sorted(last.items(), key=lambda item: item[1]):
             while len(self.slots) < slot:
                 self.slots.append(ArrayNode("", len(self.slots), Version(0, 0, self.mount_ns), None, GONE))

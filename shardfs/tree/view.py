@@ -76,7 +76,7 @@ class View:
         self.hierarchy = Hierarchy(source, ome, c_order, self.mount_ns, ledger)  # groups and arrays
         self.arrays = self.hierarchy.arrays  # (read only here)
         self.nodes = NodeTable(self.hierarchy.slots, ledger)  # inode numbers <-> node keys, staging files
-        self.made = Made()  # structure made through the mount that the source does not hold (yet)
+        self.made = Made(ledger)  # structure made through the mount that the source does not hold (yet)
         self.indexes = ShardIndexes(source, self.reads.indexes_per_read, self.hierarchy.version,
                                     self.hierarchy.log_unusable)
         self.prefetch = Prefetch(source, self.reads, self.indexes)  # object sources: read-ahead
