@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from awsfake import AwsFake
-from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY
+from testkit.seaweed import ACCESS_KEY, REGION, SECRET_KEY
 from conftest import read_native, read_zarr2
 from sources import Spec, build
 

@@ -28,15 +28,15 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 REPO = Path(__file__).resolve().parent.parent
-# The benchmark's helpers the tests use too (bench_lib.delayproxy: delaying and counting TCP proxy).
-sys.path.insert(0, str(REPO / "scripts"))
-# testkit (what tests and tools share), after the shardfs that PYTHONPATH names (scripts/mutants)
+# testkit (what the tests and scripts/ share: SeaweedFS, the proxies, source builders), after the
+# shardfs that PYTHONPATH names (scripts/mutants)
 sys.path.append(str(REPO))
 SHARDFS = str(Path(sys.executable).parent / "shardfs")
 ZARR2_PYTHON = os.environ.get("SHARDFS_ZARR2_PYTHON") or str(REPO / ".venv-zarr2" / "bin" / "python")
@@ -60,8 +60,8 @@ pytest_plugins = ["s3server", "azserver", "source_kinds", "webserver", "awshome"
 # ``mutants`` (set by scripts/mutants): ``ci`` without shrinking, a failure is all it needs.
 HYPOTHESIS_PROFILE = os.environ.get("SHARDFS_HYPOTHESIS", "ci")
 THOROUGH_FACTOR = 10
-_COMMON = dict(deadline=None, print_blob=True,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+_COMMON: dict[str, Any] = dict(deadline=None, print_blob=True,
+                               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 settings.register_profile("ci", derandomize=True, database=None, **_COMMON)
 settings.register_profile("thorough", derandomize=False, **_COMMON)
 settings.register_profile("mutants", derandomize=True, database=None,
@@ -297,7 +297,7 @@ def zarr2(code: str, timeout: float = 300, **params):
         res = dict(meta["other"])
         with np.load(out + ".npz", allow_pickle=False) as z:
             for i, k in enumerate(meta["keys"]):
-                res[k] = z["a%d" % i]
+                res[k] = z[f"a{i}"]
         return res
 
 
@@ -326,7 +326,7 @@ def read_zarr2_many(paths) -> dict:
 def read_zarr3_v2(path) -> np.ndarray:
     import zarr
 
-    return zarr.open_array(str(path), mode="r", zarr_format=2)[...]
+    return np.asarray(zarr.open_array(str(path), mode="r", zarr_format=2)[...])
 
 
 def read_tensorstore(path) -> np.ndarray:
@@ -340,7 +340,7 @@ def read_tensorstore(path) -> np.ndarray:
 def read_native(src_path) -> np.ndarray:
     import zarr
 
-    return zarr.open_array(str(src_path), mode="r")[...]
+    return np.asarray(zarr.open_array(str(src_path), mode="r")[...])
 
 
 def read_ts3_native(src_path) -> np.ndarray:

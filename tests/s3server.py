@@ -1,8 +1,8 @@
 """The object-store fixtures: one real SeaweedFS S3 server for the test session, and uploads to it.
 
 The server itself (``SeaweedS3``: ``weed mini`` on loopback, every port explicit, credentials
-enforced, stopped by PID) and ``upload``/``S3Source`` live in scripts/bench_lib/seaweed.py, shared
-with scripts/bench; their names are re-exported here. Fixtures (registered in conftest.py):
+enforced, stopped by PID) and ``upload``/``S3Source`` live in testkit/seaweed.py, shared
+with scripts/bench and scripts/soak; their names are re-exported here. Fixtures (registered in conftest.py):
 ``s3`` (session-scoped) gives one running server; tests needing their own (to stop it) build a
 ``SeaweedS3`` under ``tmp_path`` and stop it in a ``finally``. ``s3_upload`` (function-scoped)
 copies a local source directory to a fresh prefix of that server's bucket: ``s3_upload(src) ->
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_lib.seaweed import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, S3Source, SeaweedS3, upload  # scripts/: conftest
+from testkit.seaweed import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, S3Source, SeaweedS3, upload
 
 __all__ = ["ACCESS_KEY", "BUCKET", "REGION", "SECRET_KEY", "S3Source", "SeaweedS3", "upload", "s3", "s3_upload"]
 

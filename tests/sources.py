@@ -4,7 +4,8 @@ One module for all builders:
 
 - codec JSON (``LE``, ``BE``, ``CRC``, ``gzip``, ``zstd``, ``blosc``, ``transpose``,
   ``sharding``, ``nested_codecs``, ``key_encoding``) and ``write_group`` / ``write_zarr3``
-  (metadata written as v3 JSON, data written by zarr-python 3);
+  (metadata written as v3 JSON, data written by zarr-python 3): testkit/v3.py, shared with
+  scripts/soak, named here too;
 - the read matrix (``ArrayCase``, ``CASES``, ``build_matrix``): small arrays covering every
   axis (index location/endianness/checksum, 1-D..4-D, edge and empty shards, dtypes and
   fill values, key encodings, inner chains, zarr-python 3 and tensorstore writers), with
@@ -39,101 +40,13 @@ import numpy as np
 from conftest import read_native, read_ts3_native
 from shardfs.writes.journal import segments_under
 from shardfs.app.state import LEGACY_DIR, journal_dir
+from testkit.v3 import (  # noqa: F401  (re-exported: the tests import them from here)
+    bytes_codec, gzip, zstd, blosc, transpose, LE, BE, CRC, GZIP, ZSTD, key_encoding, sharding, nested_codecs,
+    chunk_key, write_group, write_zarr3, array_doc,
+)
 
 NAN, INF = float("nan"), float("inf")
 EMPTY = 2**64 - 1  # an index entry's offset and length for an empty inner chunk
-
-# ------------------------------------------------------------------ v3 codec JSON
-
-
-def bytes_codec(endian: str | None = "little") -> dict:
-    return {"name": "bytes", "configuration": {"endian": endian}} if endian else {"name": "bytes"}
-
-
-def gzip(level: int) -> dict:
-    return {"name": "gzip", "configuration": {"level": level}}
-
-
-def zstd(level: int) -> dict:
-    return {"name": "zstd", "configuration": {"level": level, "checksum": False}}
-
-
-def blosc(cname: str, clevel: int, shuffle: str, typesize: int) -> dict:
-    return {"name": "blosc", "configuration": {"cname": cname, "clevel": clevel, "shuffle": shuffle,
-                                               "typesize": typesize, "blocksize": 0}}
-
-
-def transpose(order) -> dict:
-    return {"name": "transpose", "configuration": {"order": list(order)}}
-
-
-LE, BE = bytes_codec("little"), bytes_codec("big")
-CRC = {"name": "crc32c"}
-GZIP, ZSTD = gzip(3), zstd(1)
-
-
-def key_encoding(name: str, sep: str | None = None) -> dict:
-    return {"name": name, "configuration": {"separator": sep}} if sep else {"name": name}
-
-
-def sharding(chunk_shape, codecs, index_codecs=(LE, CRC), index_location="end") -> dict:
-    return {"name": "sharding_indexed", "configuration": {
-        "chunk_shape": list(chunk_shape), "codecs": list(codecs), "index_codecs": list(index_codecs),
-        "index_location": index_location}}
-
-
-def nested_codecs(inner_shard, chunk, innermost, crc_around=True, outer_index=(LE, CRC),
-                  inner_index=(LE, CRC), outer_location="end", inner_location="end") -> list[dict]:
-    """The ``codecs`` of an array whose shards hold inner shards of ``inner_shard`` elements."""
-    inner = sharding(chunk, innermost, inner_index, inner_location)
-    return [sharding(inner_shard, [inner, CRC] if crc_around else [inner], outer_index, outer_location)]
-
-
-def chunk_key(encoding: dict, coords) -> str:
-    """The key (path relative to the array) of chunk or shard ``coords`` under a v3
-    ``chunk_key_encoding``."""
-    conf = encoding.get("configuration") or {}
-    sep = conf.get("separator") or ("/" if encoding["name"] == "default" else ".")
-    if encoding["name"] == "default":
-        return sep.join(["c", *map(str, coords)])
-    return sep.join(map(str, coords)) if len(coords) else "0"
-
-
-# ------------------------------------------------------------------ writing
-
-
-def write_group(path: Path, attrs: dict | None = None) -> None:
-    """A v3 group ``zarr.json`` at ``path`` (created)."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group",
-                                                "attributes": attrs or {}}))
-
-
-def write_zarr3(path: Path, doc: dict, regions=()) -> None:
-    """A v3 array at ``path``: ``doc`` as its ``zarr.json``, then each ``(region, values)``
-    of ``regions`` written by zarr-python 3 in turn."""
-    import zarr
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "zarr.json").write_text(json.dumps(doc))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        arr = zarr.open_array(str(path), mode="r+")
-        for region, values in regions:
-            arr[region] = values
-
-
-def array_doc(shape, dtype: str, grid, codecs, fill=0, key_enc: dict | None = None, attrs=None) -> dict:
-    """A v3 array ``zarr.json`` with a regular chunk grid of ``grid``."""
-    return {
-        "zarr_format": 3, "node_type": "array", "shape": list(shape), "data_type": dtype,
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(grid)}},
-        "chunk_key_encoding": key_enc or key_encoding("default", "/"),
-        "fill_value": fill, "codecs": list(codecs), "attributes": dict(attrs or {}),
-    }
-
 
 def write_v3(path: Path, data: np.ndarray, chunk_shape, codecs: list[dict], fill=0,
              key_encoding: dict | None = None) -> None:
@@ -443,7 +356,7 @@ CASES: list[ArrayCase] = [
 CASES_BY_ID = {c.id: c for c in CASES}
 
 ROOT_ATTRS = {"title": "shardfs read matrix", "nested": {"a": [1, 2, 3], "b": None}}
-GROUP_ATTRS = {"grp": {"level": 1}, "grp/sub": {"level": 2, "name": "sub"}, "grp/empty": {}}
+GROUP_ATTRS: dict[str, dict[str, Any]] = {"grp": {"level": 1}, "grp/sub": {"level": 2, "name": "sub"}, "grp/empty": {}}
 
 
 def make_data(case: ArrayCase) -> np.ndarray:
@@ -472,6 +385,7 @@ def make_data(case: ArrayCase) -> np.ndarray:
     for idx in case.forced_empty:
         data[case.chunk_region(idx)] = fill
     for s in case.empty_shards:
+        assert case.shard is not None  # empty shards: a sharded case
         region = tuple(slice(i * n, (i + 1) * n) for i, n in zip(s, case.shard))
         data[region] = fill
     for idx in case.forced_stored:
@@ -490,7 +404,8 @@ def _not_fill(dt: np.dtype, fill):
 
 
 def _all_fill(block: np.ndarray, fill) -> bool:
-    return bool(np.array_equal(block, np.full(block.shape, fill, dtype=block.dtype), equal_nan=block.dtype.kind in "fc"))
+    return bool(np.array_equal(block, np.full(block.shape, fill, dtype=block.dtype),
+                               equal_nan=block.dtype.kind in "fc"))
 
 
 def stored_chunks(case: ArrayCase, data: np.ndarray) -> set[tuple[int, ...]]:

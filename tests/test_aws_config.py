@@ -24,7 +24,7 @@ from awshome import (
     sso_profile,
     write_aws,
 )
-from bench_lib.seaweed import REGION, SECRET_KEY
+from testkit.seaweed import REGION, SECRET_KEY
 from conftest import read_native, read_zarr2, run_shardfs, wait_for
 from test_s3_mount import closed_port, mount_fails, write_chunk
 

@@ -74,4 +74,5 @@ def test_chunk_cache_budget_option(src, mount):
     assert (s["decodes"], s["hits"]) == (2, 0), s
     assert "0 entries, 0 of 64 bytes" in mount.info(mnt).log_text()
     bad = run_shardfs("mount", str(src), str(src.parent / "m2"), "-o", "chunk_cache=lots")
-    assert bad.returncode == 1 and bad.stderr.strip() == "shardfs: error: -o chunk_cache=lots: not a size (e.g. 64M)", bad
+    assert bad.returncode == 1, bad
+    assert bad.stderr.strip() == "shardfs: error: -o chunk_cache=lots: not a size (e.g. 64M)", bad

@@ -1,4 +1,4 @@
-"""The bench's DelayProxy (scripts/bench_lib/delayproxy.py) counts the requests sent through it.
+"""The bench's DelayProxy (testkit/delayproxy.py) counts the requests sent through it.
 
 Real obstore requests against the session's SeaweedFS, through a proxy without delay: every kind
 of request is counted exactly once, a PUT's body (which holds text looking like a request) is
@@ -12,7 +12,7 @@ import uuid
 import obstore
 from obstore.store import S3Store
 
-from bench_lib.delayproxy import DelayProxy, Request
+from testkit.delayproxy import DelayProxy, Request
 from s3server import ACCESS_KEY, REGION, SECRET_KEY
 
 

@@ -22,10 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from conftest import REPO, ZARR2_PYTHON, is_mounted, lazy_unmount
+from conftest import REPO, is_mounted, lazy_unmount
 
 DOCS = [REPO / "README.md", *sorted((REPO / "doc").glob("*.md")), REPO / "tests" / "README.md"]
 TROUBLESHOOTING = REPO / "doc" / "TROUBLESHOOTING.md"
@@ -118,7 +117,7 @@ def cli_messages() -> dict[str, str]:
             for text in texts:
                 fragment = re.sub(r"^shardfs: (error: )?", "", text.strip()).lstrip(":").strip()
                 if len(fragment) >= 10 and not fragment.startswith("%"):
-                    found.setdefault(fragment, f"shardfs/{module}:{node.lineno}")
+                    found.setdefault(fragment, f"shardfs/{module}:{getattr(node, 'lineno', '?')}")
     return found
 
 
@@ -195,30 +194,33 @@ def test_every_skipped_block_says_why_and_most_blocks_run():
     assert len(ran) >= 3
 
 
-def make_example(root: Path) -> np.ndarray:
-    """The README's example: group ``shards/`` with ``raw`` (100,130,70), shards (64,64,64),
-    inner chunks (32,32,32), holding ``arange % 4096`` as in scripts/demo."""
-    import zarr
-    from zarr.codecs import ZstdCodec
-
-    group = zarr.open_group(root / "shards", mode="w")
-    raw = group.create_array("raw", shape=(100, 130, 70), chunks=(32, 32, 32), shards=(64, 64, 64),
-                             dtype="uint16", compressors=[ZstdCodec(level=3)])
-    data = (np.arange(raw.size, dtype=np.uint64) % 4096).astype("uint16").reshape(raw.shape)
-    raw[:] = data
-    return data
+def installed_commands(root: Path) -> Path:
+    """A directory holding what ``scripts/install`` links into /usr/local/bin, pointing into
+    this checkout (``shardfs-example``, ``shardfs-zarr2-python``): put first on PATH."""
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "shardfs-example").symlink_to(REPO / "scripts" / "example")
+    (bin_dir / "shardfs-zarr2-python").symlink_to(REPO / "scripts" / "zarr2-python")
+    return bin_dir
 
 
 @pytest.mark.parametrize("where,block", [(w, b) for w, b, reason in BLOCKS if reason is None],
                          ids=[w for w, _, reason in BLOCKS if reason is None])
 def test_shell_block_runs(where, block, tmp_path):
-    make_example(tmp_path)
-    (tmp_path / ".venv-zarr2").symlink_to(Path(ZARR2_PYTHON).parent.parent)
+    """Each block runs in an empty directory, as a newcomer would run it: the README's
+    Quickstart makes its own example (``shardfs-example``); the other pages' blocks find it in
+    ``shards/`` (made by the same script)."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    commands = installed_commands(tmp_path)
+    env = dict(os.environ, PATH=os.pathsep.join([str(commands), str(Path(sys.executable).parent), os.environ["PATH"]]))
+    if "shardfs-example" not in block:
+        subprocess.run([str(commands / "shardfs-example"), "shards"], cwd=cwd, env=env, check=True,
+                       capture_output=True, timeout=120)
     mnt = tmp_path / "view"
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     script = block.replace("/mnt/view", str(mnt))
     try:
-        r = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env,
+        r = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env,
                            capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
         mounted_after = is_mounted(mnt)
     finally:

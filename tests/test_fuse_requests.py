@@ -36,7 +36,7 @@ OPCODES = {1: "LOOKUP", 3: "GETATTR", 4: "SETATTR", 14: "OPEN", 15: "READ", 16: 
            38: "DESTROY", 39: "IOCTL", 42: "BATCH_FORGET", 44: "READDIRPLUS"}
 # A read of /dev/fuse as strace -y -xx -s 8 prints it: the path and the first 8 bytes in hex.
 DEV_FUSE = "".join(f"\\x{b:02x}" for b in b"/dev/fuse")
-FUSE_READ = re.compile(r'^read\(\d+<%s>, "((?:\\x[0-9a-f]{2}){8})"' % re.escape(DEV_FUSE))
+FUSE_READ = re.compile(r'^read\(\d+<' + re.escape(DEV_FUSE) + r'>, "((?:\\x[0-9a-f]{2}){8})"')
 
 
 def requests(trace: Path) -> Counter:

@@ -240,7 +240,7 @@ def test_umount_returns_in_bounded_time_when_a_shard_is_locked_forever(tmp_path,
 # --------------------------------------------------------------------------- symlinks out of SRC
 
 
-O = Spec("o", (8, 8), (4, 4), (8, 8), "<u2", 0, ("gzip", 1), inner_crc=False, index_location="start",
+OUT = Spec("o", (8, 8), (4, 4), (8, 8), "<u2", 0, ("gzip", 1), inner_crc=False, index_location="start",
          index_crc=False, initial=((s(0, 8), s(0, 8)),), write=(s(0, 8), s(0, 8)))
 
 
@@ -250,7 +250,7 @@ def escaping_source(tmp_path):
     symlink to an array outside."""
     src, out = tmp_path / "src", tmp_path / "outside"
     exp = build(src, [H])
-    exp.update(build(out, [O]))
+    exp.update(build(out, [OUT]))
     (src / "o").symlink_to(out / "o")
     shard01 = H.shard_file(src, (0, 1))
     shard01.unlink()
@@ -296,7 +296,7 @@ def test_follow_symlinks_reads_through_them_and_never_writes(tmp_path, mount):
     mnt = mount(src, "-o", "follow_symlinks")
     np.testing.assert_array_equal(read_zarr2(mnt / "o"), exp["o"])
     np.testing.assert_array_equal(H.decode(read_bytes(mnt / "h" / "2.0")), exp["h"][H.chunk_region((2, 0))])
-    assert errno_of(write_file, mnt / "o" / "0.0", O.encode(O.values(O.chunk, 5))) == errno.EACCES  # at close
+    assert errno_of(write_file, mnt / "o" / "0.0", OUT.encode(OUT.values(OUT.chunk, 5))) == errno.EACCES  # at close
     assert len(lines(mount, mnt, f"{src / 'o'}/0.0: write refused: a symlink leads out of the source")) == 1
     assert errno_of(write_file, mnt / "h" / "2.1", chunk_bytes(3)[1]) == errno.EACCES
     umount(mount, mnt)
@@ -312,7 +312,7 @@ def test_rewritten_shards_keep_owner_group_and_mode(tmp_path, mount):
     spec = Spec("h", (16, 16), (4, 4), (8, 8), "<i4", 0, ("zstd", 1), inner_crc=False, index_location="end",
                 index_crc=True, initial=((s(0, 8), s(0, 16)),), write=(s(0, 16), s(0, 16)))
     exp = build(src, [spec])
-    for dirpath, dirs, files in os.walk(src / "h"):
+    for dirpath, _dirs, files in os.walk(src / "h"):
         os.chown(dirpath, 1234, 1234)
         os.chmod(dirpath, 0o750)
         for f in files:
@@ -405,7 +405,7 @@ def test_two_mounts_of_one_source_writing_the_same_shards_lose_nothing(tmp_path,
     mnts = [mount(src, "-o", f"journal_dir={tmp_path / name}") for name in ("journal-a", "journal-b")]
     grid = T.inner_grid
     for r in range(ROUNDS + 2):
-        def writes(side: int) -> None:
+        def writes(side: int, r: int = r) -> None:
             for i, j in itertools.product(*map(range, grid)):
                 if j % 2 == side:
                     block = T.values(T.chunk, 10000 * r + 100 * i + j)

@@ -70,7 +70,7 @@ def decode_inner(case: ArrayCase, blob: bytes) -> np.ndarray:
     if "gzip" in names:
         blob = gzip_mod.decompress(blob)
     endian = ">" if case.inner[0]["configuration"]["endian"] == "big" else "<"
-    dt = np.dtype(case.dtype).newbyteorder(endian)
+    dt = np.dtype(case.dtype).newbyteorder(endian)  # type: ignore[arg-type]  # "<" or ">", from the case
     return np.frombuffer(blob, dtype=dt).reshape(case.chunk)
 
 
@@ -95,7 +95,7 @@ def test_decode_matches_what_zarr_wrote(case):
         seen = set()
         for s, f in shard_files(case, arr):
             local_grid = list(itertools.product(*map(range, case.chunks_per_shard)))
-            globals_ = [tuple(si * c + li for si, c, li in zip(s, case.chunks_per_shard, l)) for l in local_grid]
+            globals_ = [tuple(si * c + li for si, c, li in zip(s, case.chunks_per_shard, loc)) for loc in local_grid]
             if not f.exists():
                 assert not (set(globals_) & stored), f"shard {s} missing but has stored chunks"
                 continue
@@ -120,7 +120,7 @@ def test_decode_matches_what_zarr_wrote(case):
             # Entries do not overlap each other or the index.
             spans.append((off, off + length))
             spans.sort()
-            for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
+            for (_, a1), (b0, _) in zip(spans, spans[1:]):
                 assert a1 <= b0
         assert seen == stored
 

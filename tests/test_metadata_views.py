@@ -19,7 +19,7 @@ import signal
 import time
 import warnings
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
@@ -97,7 +97,7 @@ OME_05 = {
 }
 
 # Transcoded arrays: inner chains that v2 cannot spell.
-TRANSCODED = {
+TRANSCODED: dict[str, dict[str, Any]] = {
     # transpose (1,0,2) is not the reversed order: no "order" spelling in v2
     "tr_transpose": dict(filters=[{"name": "transpose", "configuration": {"order": [1, 0, 2]}}],
                          compressors=[]),
@@ -172,7 +172,8 @@ def test_zmetadata_matches_the_individual_files(tree):
         assert doc["zarr_consolidated_format"] == 1
         meta = doc["metadata"]
         below = [p[len(group) + 1:] if group else p for p in HIERARCHY if p.startswith(group)]
-        subgroups = [g[len(group) + 1:] if group else g for g in GROUP_ATTRS if g and g.startswith(group) and g != group]
+        subgroups = [g[len(group) + 1:] if group else g
+                     for g in GROUP_ATTRS if g and g.startswith(group) and g != group]
         if group == "":
             below += ["img/0", "img/1", *(f"tr/{n}" for n in TRANSCODED)]
             subgroups += ["img", "tr"]

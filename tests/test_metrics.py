@@ -126,3 +126,21 @@ def test_a_port_in_use_or_a_bad_address_fails_the_mount_with_one_line(tmp_path, 
     assert (r.returncode, r.stderr) == (1, "shardfs: error: -o metrics=localhost: not HOST:PORT "
                                            "(or PORT, on 127.0.0.1)\n")
     lazy_unmount(mnt_dir)
+
+
+def test_a_worker_restart_is_counted_and_the_port_served_again(tmp_path, mount):
+    """The supervisor's worker SIGKILLed: the next worker serves ``/metrics`` on the same port,
+    ``shardfs_restarts_total`` 1 (the status's ``worker.restarts``)."""
+    from test_restart import kill_worker
+
+    src = tmp_path / "src"
+    build(src, [H])
+    port = free_port()
+    mnt = mount(src, "-o", f"metrics={port}")
+    assert value(scrape(port), "restarts_total") == 0
+    kill_worker(mount.info(mnt), mnt)
+    wait_for(lambda: listening_on(port) == ["0100007F"], 20, "the new worker listening")
+    got = scrape(port)
+    assert value(got, "restarts_total") == 1 == status_of(str(mnt))["worker"]["restarts"]
+    assert len(read_bytes(mnt / "h" / "0.0")) > 0
+    assert value(scrape(port), "chunk_files_opened_total") == 1  # counted since the new worker started

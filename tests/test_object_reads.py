@@ -23,7 +23,7 @@ import trio
 
 from conftest import assert_same_array, case_params, read_native, read_zarr3_v2
 from s3server import SeaweedS3
-from bench_lib.delayproxy import DelayProxy
+from testkit.delayproxy import DelayProxy
 from sources import CASES, LE, ZSTD, nested_codecs, random_data, sharding, write_group, write_v3
 from shardfs.storage.local import LocalStorage
 from shardfs.storage.objects import ObjectStorage, Retry
@@ -227,7 +227,8 @@ def test_a_chunk_costs_one_ranged_get_if_match_after_one_suffix_get_of_its_index
     index = 16 * CPS * CPS + 4
     shard = (src / "a/c/1/1").read_bytes()
     offset, nbytes = np.frombuffer(shard[-index:-4], "<u8").reshape(CPS, CPS, 2)[1, 2].tolist()
-    assert requests("a/c/1/1") == [("GET", f"bytes=-{index}", False), ("GET", f"bytes={offset}-{offset + nbytes - 1}", True)]
+    assert requests("a/c/1/1") == [("GET", f"bytes=-{index}", False),
+                                   ("GET", f"bytes={offset}-{offset + nbytes - 1}", True)]
     for other in ("a/c/0/0", "a/c/0/1", "a/c/1/0"):  # their indexes, read ahead in the background
         assert requests(other) in ([], [("GET", f"bytes=-{index}", False)]), (other, requests(other))
 
@@ -316,7 +317,8 @@ def test_a_sweep_starting_inside_a_shard_fetches_the_rest_at_the_next_chunk_stor
         return {name: await chunk_bytes(view, name, None, "a") for name in sweep}
 
     assert trio.run(read) == {name: want("a", name) for name in sweep}
-    assert requests("a/c/0/1") == [("GET", f"bytes=-{index}", False), ("GET", f"bytes={offset}-{offset + nbytes - 1}", True),
+    assert requests("a/c/0/1") == [("GET", f"bytes=-{index}", False),
+                                   ("GET", f"bytes={offset}-{offset + nbytes - 1}", True),
                                    ("GET", f"bytes=0-{size - 1}", True)]
 
 
@@ -363,7 +365,8 @@ def test_listing_an_array_costs_its_listing_and_one_index_get_per_shard(counted)
         return [name for name, _ in await view.listing.listdir(arr.ino)]
 
     shown = trio.run(listing)
-    assert sorted(shown) == sorted([".zarray", ".zattrs"] + [n for i in range(2) for j in range(2) for n in names((i, j))])
+    assert sorted(shown) == sorted([".zarray", ".zattrs"]
+                                   + [n for i in range(2) for j in range(2) for n in names((i, j))])
     index = f"bytes=-{16 * CPS * CPS + 4}"
     for i in range(2):
         for j in range(2):

@@ -35,7 +35,7 @@ def shardfs(*argv: str):
 def expected(src: Path) -> np.ndarray:
     import zarr
 
-    return zarr.open_array(str(src / "s"), mode="r")[...]
+    return np.asarray(zarr.open_array(str(src / "s"), mode="r")[...])
 
 
 def enotconn(mnt: Path) -> bool:
@@ -103,3 +103,17 @@ def test_non_empty_mountpoint_is_refused_unless_nonempty(src, mnt_dir):
     assert shardfs("umount", str(mnt_dir)).returncode == 0
     wait_daemon_gone(mnt_dir)
     assert (mnt_dir / "kept.txt").read_text() == "mine"
+
+
+def test_status_says_rates_and_singulars(src, mount):
+    """``status`` labels cache hit rates as rates and counts in the singular when one."""
+    mnt = mount(src)
+    with open(mnt / "s" / "0.0", "rb") as f:
+        data = f.read()
+    r = shardfs("status", str(mnt))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert f"  reads     1 chunk file opened, {len(data)} B read" in lines, r.stdout
+    caches = next(line for line in lines if line.startswith("  caches    "))
+    assert caches.startswith("  caches    index hit rate ") and " lookup" in caches and " of 64.0 MiB" in caches, caches
+    assert "; chunk " in caches

@@ -2,7 +2,7 @@
 
 Real temporary directories throughout; the disk-failure tests mount a small or read-only
 tmpfs (root only, as the FUSE tests are run here). Through a mount: ``-o cache_dir`` over
-SeaweedFS, with the daemon's requests seen by a recording proxy (``bench_lib.delayproxy``).
+SeaweedFS, with the daemon's requests seen by a recording proxy (``testkit.delayproxy``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench_lib.delayproxy import DelayProxy, Request
+from testkit.delayproxy import DelayProxy, Request
 from conftest import REPO, budget, read_zarr2, run_shardfs
 from source_kinds import BucketSource, unique_prefix
 from sources import Spec, assert_read_equals, build
@@ -551,5 +551,6 @@ def test_a_cache_dir_that_cannot_be_created_fails_the_mount_in_one_line(tmp_path
     for form in ((), ("-f",)):
         r = run_shardfs("mount", uploaded.url, str(mnt_dir), *form, "-o", f"cache_dir={bad}",
                         env={**os.environ, **uploaded.env}, timeout=60)
-        assert (r.returncode, r.stderr) == (1, f"shardfs: error: -o cache_dir {bad}: cannot create it: Not a directory\n")
+        assert (r.returncode, r.stderr) == (
+            1, f"shardfs: error: -o cache_dir {bad}: cannot create it: Not a directory\n")
         assert not os.path.ismount(mnt_dir)

@@ -137,7 +137,9 @@ def test_inodes_and_open_handles_keep_their_meaning(mount, src):
     head = f.read(5)
     d = os.open(mnt / "a", os.O_RDONLY | os.O_DIRECTORY)
     listing = sorted(os.listdir(mnt / "a"))
+    os.mkdir(mnt / "made")  # held by the worker (no array in it yet)
     kill_worker(m, mnt)
+    assert (mnt / "made").is_dir() and "made" in os.listdir(mnt)
     assert {n: os.stat(mnt / n).st_ino for n in names} == before
     assert before["a/3.5"] != os.stat(mnt / "b" / "3.5").st_ino
     os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # no pages: a READ request
@@ -207,3 +209,146 @@ def test_killing_the_supervisor_ends_the_mount_and_its_worker(mount, src):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# --------------------------------------------------------------------------- writes
+
+
+def chunk(mnt: Path, name: str) -> bytes:
+    return (mnt / "a" / name).read_bytes()
+
+
+@pytest.mark.parametrize("op", ["mkdir", "rmdir", "unlink", "rename"])
+def test_a_resent_request_gives_the_answer_of_its_first_execution(mount, src, op):
+    """The first worker does the request, then dies before answering (a test hook); the next
+    one gets it again (bit 63 of unique) and answers what the first would have: no EEXIST or
+    ENOENT from the first execution having happened."""
+    target = {"mkdir": "newdir", "rmdir": "gone", "unlink": "1.1", "rename": "tmp.bin"}[op]
+    mnt = mount(src, env={"SHARDFS_TEST_DIE_AFTER": f"{op}:{target}"})
+    m = mount.info(mnt)
+    if op == "rmdir":
+        os.mkdir(mnt / "gone")
+    moved = chunk(mnt, "3.3")
+    if op == "rename":  # zarr's way: a temporary file renamed onto the chunk
+        (mnt / "a" / "tmp.bin").write_bytes(moved)
+    {"mkdir": lambda: os.mkdir(mnt / "newdir"), "rmdir": lambda: os.rmdir(mnt / "gone"),
+     "unlink": lambda: os.unlink(mnt / "a" / "1.1"),
+     "rename": lambda: os.rename(mnt / "a" / "tmp.bin", mnt / "a" / "1.2")}[op]()
+    assert "ended (signal 9)" in m.log_text()
+    assert "a request sent again after a worker died was done by it" in m.log_text()
+    names = set(os.listdir(mnt)) | {f"a/{n}" for n in os.listdir(mnt / "a")}
+    if op == "mkdir":
+        assert (mnt / "newdir").is_dir() and "newdir" in names
+    elif op == "rmdir":
+        assert not (mnt / "gone").exists() and "gone" not in names
+    elif op == "unlink":
+        assert "a/1.1" not in names and not (mnt / "a" / "1.1").exists()
+    else:
+        assert "a/tmp.bin" not in names and chunk(mnt, "1.2") == moved
+
+
+def test_bytes_only_the_dead_worker_held_fail_with_eio(mount, src):
+    """A temporary file (held in the worker's memory) written and not committed: its next
+    write and its close fail with EIO; a file opened for writing with nothing written yet goes
+    on; what was committed (closed) before the death is there."""
+    mnt = mount(src)
+    m = mount.info(mnt)
+    data = chunk(mnt, "3.3")
+    with open(mnt / "a" / "2.2", "wb") as f:  # committed at close: in the journal
+        f.write(data)
+    tmp = os.open(mnt / "a" / "tmp.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(tmp, b"x" * 100)
+    dirty = os.open(mnt / "a" / "5.5", os.O_WRONLY)  # rewritten in place, not committed
+    os.write(dirty, data[:10])
+    clean = os.open(mnt / "a" / "4.4", os.O_WRONLY)
+    kill_worker(m, mnt)
+    for fd, rest in ((tmp, b"y" * 100), (dirty, data[10:])):
+        with pytest.raises(OSError) as e:
+            os.write(fd, rest)
+        assert e.value.errno == errno.EIO
+        with pytest.raises(OSError) as e:
+            os.close(fd)
+        assert e.value.errno == errno.EIO
+    assert chunk(mnt, "5.5") == (mnt / "b" / "5.5").read_bytes()  # as before: nothing half written
+    os.write(clean, data)
+    os.close(clean)
+    assert chunk(mnt, "2.2") == data and chunk(mnt, "4.4") == data
+    assert "bytes written through it were lost with a worker: EIO" in m.log_text()
+
+
+def test_a_resent_write_of_bytes_the_dead_worker_held_fails_with_eio(mount, src):
+    """The first worker applies a WRITE to a temporary file and dies before answering: the
+    re-sent WRITE fails with EIO (its bytes died with the worker), never silently."""
+    mnt = mount(src, env={"SHARDFS_TEST_DIE_AFTER": "write:*"})
+    tmp = os.open(mnt / "a" / "tmp.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+    with pytest.raises(OSError) as e:
+        os.write(tmp, b"x" * 100)
+    assert e.value.errno == errno.EIO
+    with pytest.raises(OSError):
+        os.close(tmp)
+
+
+def test_a_crash_loop_ends_the_mount_with_one_log_line(mount, src, mnt_dir):
+    """5 worker deaths within 60 s: no sixth worker; the mount is detached, the supervisor
+    exits 1 with one log line saying why, and the source mounts again."""
+    mnt = mount(src)
+    m = mount.info(mnt)
+    for _ in range(4):
+        kill_worker(m, mnt)
+    os.kill(worker_of(m), signal.SIGKILL)
+    assert m.proc.wait(30) == 1
+    assert not os.path.ismount(mnt)
+    lines = [line for line in m.log_text().splitlines() if "times within" in line]
+    assert len(lines) == 1 and lines[0].endswith(
+        f"{mnt}: the worker died 5 times within 60 s (last: signal 9): unmounting"), lines
+    r = run_shardfs("umount", str(mnt))
+    assert r.returncode == 1 and r.stderr.strip() == f"shardfs: error: {mnt}: not mounted"
+    assert run_shardfs("mount", str(src), str(mnt_dir)).returncode == 0
+    assert (mnt_dir / "a" / ".zarray").exists()
+    assert run_shardfs("umount", str(mnt_dir)).returncode == 0
+
+
+# --------------------------------------------------------------------------- upgrades
+
+
+def test_mount_on_the_live_mount_hands_it_to_a_new_worker_under_load(mount, src, tmp_path):
+    """``shardfs mount SRC MNT -o ...`` on the live mount of SRC: a new worker (the package
+    installed now) with the new options serves the same connection, the old one having folded
+    and stopped; 3 zarr 2.18 readers see no error and no wrong value; twice."""
+    mnt = mount(src)
+    m = mount.info(mnt)
+    stop = tmp_path / "stop"
+    readers = [subprocess.Popen([ZARR2_PYTHON, "-c", READER, str(mnt / "a"), str(stop), str(i)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
+    try:
+        time.sleep(1.0)
+        old = worker_of(m)
+        for cache in ("32M", "16M"):
+            r = run_shardfs("mount", str(src), str(mnt), "-o", f"chunk_cache={cache}")
+            assert (r.returncode, r.stderr) == (0, ""), r.stderr
+            doc = status(mnt)
+            assert doc["options"] == {"chunk_cache": cache}
+            time.sleep(0.5)
+    finally:
+        stop.touch()
+        outs = [r.communicate(timeout=120) for r in readers]
+    counts = [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
+    assert all(c["reads"] > 0 for c in counts), counts
+    assert [c["errors"] for c in counts] == [[], [], []]
+    assert [(c["wrong"], c["fill"]) for c in counts] == [(0, 0)] * 3
+    assert doc["pid"] == m.pid and doc["worker"]["pid"] == worker_of(m) != old
+    assert (doc["worker"]["takeovers"], doc["worker"]["restarts"]) == (2, 0)
+    assert m.log_text().count("handed") == 2 and "ended (" not in m.log_text()
+
+
+@pytest.mark.parametrize("option", ["ro", "allow_other", "max_read=65536"])
+def test_an_option_fixed_at_connection_time_cannot_change_on_the_live_mount(mount, src, option):
+    mnt = mount(src)
+    m = mount.info(mnt)
+    old = worker_of(m)
+    r = run_shardfs("mount", str(src), str(mnt), "-o", option)
+    name = option.partition("=")[0]
+    assert (r.returncode, r.stderr) == (1, f"shardfs: error: {mnt}: -o {name} cannot change on a live mount "
+                                           f"(fixed when the kernel connection was made): unmount it first "
+                                           f"(shardfs umount {mnt})\n")
+    assert worker_of(m) == old and status(mnt)["worker"]["takeovers"] == 0

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 from awshome import LAB_KEYS, S, reads_exactly, write_aws
-from bench_lib.delayproxy import DelayProxy
-from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, upload
+from testkit.delayproxy import DelayProxy
+from testkit.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, upload
 from conftest import read_native, read_zarr2
 from sources import build
 from test_s3_mount import mount_fails

@@ -1,6 +1,6 @@
 """Listings of an object store (and a local directory) are remembered for the entry timeout.
 
-Seen on the wire through a recording proxy (``bench_lib.delayproxy.DelayProxy``, no delay)
+Seen on the wire through a recording proxy (``testkit.delayproxy.DelayProxy``, no delay)
 in front of SeaweedFS: a listing repeated within ``-o entry_timeout`` sends no LIST; a change
 made through the mount (a fold creating a shard, a new array, ``rm -r``) shows in the next
 listing at once; a change made in the bucket behind the mount's back shows once the entry
@@ -18,7 +18,7 @@ from urllib.parse import quote
 import obstore
 import pytest
 
-from bench_lib.delayproxy import DelayProxy
+from testkit.delayproxy import DelayProxy
 from conftest import wait_for
 from shardfs.app import state
 from shardfs.writes.journal import segments_under

@@ -24,8 +24,8 @@ import pytest
 import zarr
 
 from azserver import CONTAINER as AZ_CONTAINER
-from bench_lib.delayproxy import DelayProxy
-from bench_lib.seaweed import SeaweedS3, upload
+from testkit.delayproxy import DelayProxy
+from testkit.seaweed import SeaweedS3, upload
 from conftest import daemon_pids, lazy_unmount, read_zarr2, run_shardfs, wait_for, zarr2
 from shardfs.app import state
 from shardfs.writes.journal import segments_under
@@ -285,7 +285,7 @@ def bucket_w(tmp_path, s3_upload):
 
 def native(up, name: str) -> np.ndarray:
     """zarr-python 3 reading ``name`` from the bucket with its own ``ObjectStore``."""
-    return zarr.open_array(up.zarr_store(), path=name, mode="r")[...]
+    return np.asarray(zarr.open_array(up.zarr_store(), path=name, mode="r")[...])
 
 
 def journal_of(up) -> Path:
@@ -362,7 +362,8 @@ def test_two_daemons_writing_disjoint_chunks_of_the_same_shards_lose_nothing(buc
     cells = [(i, j) for i in range(4) for j in range(4)]
     mine = [[c for c in cells if (c[0] + c[1]) % 2 == k] for k in range(2)]  # each shard: 2 chunks each
     for round_ in range(3):
-        threads = [threading.Thread(target=lambda k=k: [write_chunk(mnts[k], W, c, 100 * round_ + 10 * k + n, exp)
+        threads = [threading.Thread(target=lambda k=k, round_=round_: [
+                       write_chunk(mnts[k], W, c, 100 * round_ + 10 * k + n, exp)
                                                         for n, c in enumerate(mine[k])]) for k in range(2)]
         for t in threads:
             t.start()
@@ -481,7 +482,6 @@ def test_bare_form_of_a_url_mounts_and_df_shows_the_url(bucket_w, mnt_dir):
     up, exp = bucket_w
     env = {**os.environ, **up.env}
     r = run_shardfs(up.url, str(mnt_dir), "-o", "ro,dev,suid", env=env)
-    log = state.log_file(up.url, endpoint=up.server.endpoint)  # in the URL's state directory
     assert (r.returncode, r.stderr) == (0, "")  # where the log goes is said with --debug only
     assert mounts()[str(mnt_dir)] == up.url
     st = os.statvfs(mnt_dir)

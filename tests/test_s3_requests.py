@@ -1,6 +1,6 @@
 """What reads through an ``s3://`` mount cost in HTTP requests (issue 13, "Reads").
 
-The daemon reaches SeaweedFS through a counting TCP proxy (``bench_lib.delayproxy.DelayProxy``
+The daemon reaches SeaweedFS through a counting TCP proxy (``testkit.delayproxy.DelayProxy``
 with ``record=True``, no delay), which sees every HTTP request; the counts below are those of
 one shard's key, with their ``Range`` and ``If-Match``. Promises: a shard's index costs one GET
 (a suffix GET when it is at the end, no HEAD before it); an inner chunk one ranged GET of its
@@ -24,7 +24,7 @@ import numpy as np
 import obstore
 import pytest
 
-from bench_lib.delayproxy import DelayProxy, Request
+from testkit.delayproxy import DelayProxy, Request
 from conftest import zarr2
 from source_kinds import BucketSource, unique_prefix
 from sources import Spec, build
@@ -58,6 +58,7 @@ def counted(request, s3, tmp_path, mount):
 
 def requests_for(src: BucketSource, proxy: DelayProxy, key: str) -> list[Request]:
     path = f"/{src.server.bucket}/{src.prefix}/{key}"
+    assert proxy.log is not None  # a recording proxy
     return [r for r in proxy.log if r.path == path]
 
 
@@ -129,7 +130,8 @@ def test_cold_chunk_read_costs_one_index_get_and_one_conditional_ranged_get(coun
     [data] = read_files([path])
     assert_chunk(sp, expected, idx, data)
     reqs = requests_for(src, proxy, key)
-    assert describe(reqs) == [("GET", index_range(sp), None), ("GET", chunk_range(src, sp, shard, idx), f'"{etag(src, key)}"')], (
+    assert describe(reqs) == [("GET", index_range(sp), None),
+                              ("GET", chunk_range(src, sp, shard, idx), f'"{etag(src, key)}"')], (
         "expected the index GET, then one GET of the chunk's bytes conditioned on the ETag the index was read at")
     others = [r for r in proxy.log if r.path.startswith(f"/{src.server.bucket}/{src.prefix}/{sp.name}/c/")
               and r not in reqs]  # their indexes, read ahead in the background: each at most once
@@ -182,7 +184,8 @@ def test_scattered_reads_read_every_index_ahead_once_then_a_chunk_costs_one_get(
     assert [r.path for r in proxy.log[before:]] == [f"/{src.server.bucket}/{src.prefix}/{key}"]
     for sh in shards:
         reqs = describe(requests_for(src, proxy, sp.shard_key(sh)))
-        assert reqs[:1] == [("GET", index_range(sp), None)] and len(reqs) == (2 if sh in ((1, 0), shard) else 1), (sh, reqs)
+        assert reqs[:1] == [("GET", index_range(sp), None)], (sh, reqs)
+        assert len(reqs) == (2 if sh in ((1, 0), shard) else 1), (sh, reqs)
     assert [r.method for r in proxy.log].count("LIST") == 1
 
 
@@ -220,7 +223,8 @@ def test_zarr2_whole_array_read_fetches_the_shards_after_the_first_ahead_in_one_
     first, *others = per_shard
     key = sp.shard_key(first)
     size = obstore.head(src.objects.store(), key)["size"]
-    assert per_shard[first] == [("GET", index_range(sp), None), ("GET", f"bytes=0-{size - 1}", f'"{etag(src, key)}"')], (
+    assert per_shard[first] == [("GET", index_range(sp), None),
+                                ("GET", f"bytes=0-{size - 1}", f'"{etag(src, key)}"')], (
         first, per_shard[first])
     for sh in others:
         assert per_shard[sh] == [("GET", None, None)], (sh, per_shard[sh])
@@ -267,7 +271,7 @@ def test_a_replaced_shard_shows_after_attr_timeout_and_is_never_mixed(s3, tmp_pa
         shard, moved_from = (1, 1), (0, 0)
         key = sp.shard_key(shard)
         picked = [chunk_files(mnt, sp, shard)[i] for i in (0, 5)]
-        for (path, idx), data in zip(picked, read_files([p for p, _ in picked])):
+        for (_, idx), data in zip(picked, read_files([p for p, _ in picked])):
             assert_chunk(sp, expected, idx, data)
         store = src.objects.store()
         obstore.put(store, key, bytes(obstore.get(store, sp.shard_key(moved_from)).bytes()))

@@ -240,8 +240,8 @@ def _xarray_datasets(root: Path) -> None:
     create_array(g, "v", v, (2, 3), (4, 6), np.nan, dimension_names=["x", "y"])
     create_array(g, "t", np.array(["2000-01-01", "NaT", "1970-01-01", "NaT", "2001-01-01"], dtype="M8[ns]"), (2,), (4,),
             np.datetime64("NaT"), dimension_names=["x"])
-    create_array(g, "n", np.array([[0, 7, 0], [0, 0, 0], [0, 0, 9], [0, 0, 0], [0, 0, 0]], dtype="uint16"), (2, 3), (4, 3),
-            0, dimension_names=["x", "z"], attributes={"long_name": "counts"})
+    create_array(g, "n", np.array([[0, 7, 0], [0, 0, 0], [0, 0, 9], [0, 0, 0], [0, 0, 0]], dtype="uint16"),
+                 (2, 3), (4, 3), 0, dimension_names=["x", "z"], attributes={"long_name": "counts"})
     create_array(g, "s", np.array(0, dtype="int32"), (), None, 0, dimension_names=[])  # 0-D, not stored
     big = zarr.open_group(str(root / "big"), mode="w", zarr_format=3)
     with warnings.catch_warnings():

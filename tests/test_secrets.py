@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from awshome import credential_process, reads_exactly, write_aws
-from bench_lib.seaweed import REGION, SECRET_KEY
+from testkit.seaweed import REGION, SECRET_KEY
 from conftest import run_shardfs
 
 

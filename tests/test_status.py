@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_lib.delayproxy import DelayProxy
+from testkit.delayproxy import DelayProxy
 from conftest import SHARDFS, run_shardfs, wait_for
 from shardfs.app.status_client import status_of
 from shardfs.app.state import status_sockets

@@ -27,7 +27,7 @@ from s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3
 from shardfs.storage import ABSENT, Entry, Range, Version, VersionMismatch
 from shardfs.storage.local import LocalStorage
 from shardfs.storage.objects import PAGE, ObjectStorage, Retry, StorageUnavailable
-from bench_lib.delayproxy import DelayProxy
+from testkit.delayproxy import DelayProxy
 
 KINDS = ["local", "objects", "azure"]
 
@@ -190,7 +190,8 @@ def test_check_accepts_a_good_source_and_names_each_bad_one(aws_env, monkeypatch
     with pytest.raises(StorageUnavailable) as e:
         ObjectStorage(f"s3://{s3.bucket}/checked").check()
     assert str(e.value) == (f"s3://{s3.bucket}/checked: access denied "
-                            "(check the credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; a public bucket: -o anonymous)")
+                            "(check the credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; "
+                            "a public bucket: -o anonymous)")
     with pytest.raises(PermissionError) as pe:
         ObjectStorage(f"s3://{s3.bucket}/checked").read_all("zarr.json")
     assert pe.value.errno == errno.EACCES
@@ -408,7 +409,8 @@ def test_a_nested_shard_replaced_between_its_index_and_its_inner_indexes_is_read
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             write_v3(tmp_path / name, data, (8, 8), nested_codecs((4, 4), (2, 2), [LE, ZSTD]))
-        return (tmp_path / name / "c" / "0" / "0").read_bytes(), json_mod.loads((tmp_path / name / "zarr.json").read_text())
+        return ((tmp_path / name / "c" / "0" / "0").read_bytes(),
+                json_mod.loads((tmp_path / name / "zarr.json").read_text()))
 
     old, doc = shard_bytes("old", np.arange(64, dtype="int32").reshape(8, 8) + 1)
     new_data = np.random.default_rng(7).integers(1, 1 << 30, size=(8, 8)).astype("int32")

@@ -145,7 +145,8 @@ def test_filters_and_numcodecs_compressors_become_v3_codecs(tmp_path, mount):
                              filters=[numcodecs.FixedScaleOffset(0, 10, '<f8', astype='<i4')],
                              compressor=numcodecs.LZ4())
         b[...] = np.array(floats)
-        result = {'delta': zarr.open(mnt + '/delta', mode='r')[...], 'scaled': zarr.open(mnt + '/scaled', mode='r')[...],
+        result = {'delta': zarr.open(mnt + '/delta', mode='r')[...],
+                  'scaled': zarr.open(mnt + '/scaled', mode='r')[...],
                   'filters': json.loads(open(mnt + '/delta/.zarray').read())['filters']}
         """, mnt=str(mnt), ints=ints.tolist(), floats=floats.tolist())
     np.testing.assert_array_equal(got["delta"], ints)
@@ -153,7 +154,8 @@ def test_filters_and_numcodecs_compressors_become_v3_codecs(tmp_path, mount):
     assert got["filters"] == [{"id": "delta", "dtype": "<i4", "astype": "<i4"}]
     assert errors(mount, mnt) == []
     umount(mount, mnt)
-    assert [c["name"] for c in sharding(zjson(src / "delta"))["codecs"]] == ["numcodecs.delta", "bytes", "numcodecs.zlib"]
+    assert [c["name"] for c in sharding(zjson(src / "delta"))["codecs"]] == [
+        "numcodecs.delta", "bytes", "numcodecs.zlib"]
     assert [c["name"] for c in sharding(zjson(src / "scaled"))["codecs"]] == \
         ["numcodecs.fixedscaleoffset", "bytes", "numcodecs.lz4"]
     np.testing.assert_array_equal(read_native(src / "delta"), ints)

@@ -3,8 +3,9 @@
 ``make_ca(directory)`` makes, with Debian's ``openssl``, a private CA (``ca.pem``) and a server
 certificate it signed for ``IP:127.0.0.1`` (``server.pem``/``server.key``), as an on-premises
 MinIO or SeaweedFS behind a company CA has; ``make_self_signed(directory, ca)`` a self-signed
-server certificate (``CA:TRUE`` as ``openssl req -x509`` makes it, or ``CA:FALSE``). ``TlsProxy(upstream_port, certs)`` accepts TLS
-connections on a free loopback port (``endpoint``: ``https://127.0.0.1:PORT``) and copies bytes
+server certificate (``CA:TRUE`` as ``openssl req -x509`` makes it, or ``CA:FALSE``).
+``TlsProxy(upstream_port, certs)`` accepts TLS connections on a free loopback port (``endpoint``:
+``https://127.0.0.1:PORT``) and copies bytes
 both ways to ``127.0.0.1:upstream_port``, one thread pair per connection; ``close()`` stops it.
 The proxy changes no byte of the requests, so SigV4 signatures (over ``Host`` as sent) still verify.
 """

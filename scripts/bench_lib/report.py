@@ -35,7 +35,8 @@ def table(rows: list[Any], smoke: bool = False) -> str:
         if smoke and status == "FAIL":
             status = "miss"  # smoke datasets are too small for the targets to mean anything
         body.append((r.figure, _fmt(r.mount, r.unit), _fmt(r.baseline, r.unit),
-                     "-" if r.ratio is None else f"{r.ratio:.2f}x", r.target, status + (f"  {r.note}" if r.note else "")))
+                     "-" if r.ratio is None else f"{r.ratio:.2f}x", r.target,
+                     status + (f"  {r.note}" if r.note else "")))
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(5)]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row[:5], widths)))
              + "  " + row[5] for row in [head, *body]]

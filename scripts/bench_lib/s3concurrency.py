@@ -2,9 +2,9 @@
 
 Usage: ``.venv/bin/python scripts/bench_lib/s3concurrency.py [N] [DELAY_MS]`` (defaults: 200
 GETs, 100 ms each way, i.e. 200 ms per GET). Starts its own SeaweedFS (seaweed.py) with
-a DelayProxy in front (its own process, so it does not share the client's GIL), stores N small objects, then from one trio task per GET reads them all
-at once three ways, 3 rounds each (cold = fresh client, warm = same client again), and prints
-wall time and client CPU time per round:
+a DelayProxy in front (its own process, so it does not share the client's GIL), stores N small
+objects, then from one trio task per GET reads them all at once three ways, 3 rounds each
+(cold = fresh client, warm = same client again), and prints wall time and client CPU time per round:
 
 - ``trio.to_thread`` with trio's default limiter (40 threads): obstore's sync ``get``;
 - ``trio.to_thread`` with a limiter of N (N threads);
@@ -14,6 +14,7 @@ wall time and client CPU time per round:
 
 from __future__ import annotations
 
+import functools
 import statistics
 import subprocess
 import sys
@@ -28,7 +29,7 @@ import obstore  # noqa: E402
 import trio  # noqa: E402
 from obstore.store import S3Store  # noqa: E402
 
-from bench_lib.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3  # noqa: E402
+from testkit.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3  # noqa: E402
 from shardfs.storage.loop import LoopThread  # noqa: E402
 
 
@@ -54,7 +55,7 @@ def main() -> None:
 
             async with trio.open_nursery() as nursery:
                 for i in range(n):
-                    nursery.start_soon(lambda i=i: trio.to_thread.run_sync(get, i, limiter=limiter))
+                    nursery.start_soon(functools.partial(trio.to_thread.run_sync, get, i, limiter=limiter))
 
         async def bridged(s: S3Store) -> None:
             async def get(i: int) -> bytes:
@@ -62,17 +63,18 @@ def main() -> None:
 
             async with trio.open_nursery() as nursery:
                 for i in range(n):
-                    nursery.start_soon(lambda i=i: loop.trio_run(get(i)))
+                    nursery.start_soon(loop.trio_run, get(i))
 
         ways = {
             "trio.to_thread, default limiter (40)": lambda s: threads(s, None),
             f"trio.to_thread, limiter {n}": lambda s: threads(s, trio.CapacityLimiter(n)),
             "asyncio loop thread bridged to trio": bridged,
         }
-        proxy = subprocess.Popen([sys.executable, str(HERE / "delayproxy.py"), "--delay-ms", str(delay * 1000),
+        proxy = subprocess.Popen([sys.executable, "-m", "testkit.delayproxy", "--delay-ms", str(delay * 1000),
                                   "--upstream", f"127.0.0.1:{server.ports['s3.port']}"],
-                                 stdout=subprocess.PIPE, text=True)
+                                 stdout=subprocess.PIPE, text=True, cwd=HERE.parent.parent)
         try:
+            assert proxy.stdout is not None
             port = int(proxy.stdout.readline().rsplit(":", 1)[1])
             results: dict[str, list[tuple[float, float, float]]] = {w: [] for w in ways}
             for _ in range(3):

@@ -25,9 +25,9 @@ from pathlib import Path
 import crc32c
 import numpy as np
 
-from bench_lib.main import Bench, Row, rotate
+from bench_lib.harness import Bench, Row, rotate
 from bench_lib.s3rows import _aws_env
-from bench_lib.seaweed import REGION, S3Source, SeaweedS3, put_all
+from testkit.seaweed import REGION, S3Source, SeaweedS3, put_all
 
 LOCAL_CHUNKS = 1 << 20  # 1024 x 1024
 S3_SHARDS = 100_000

@@ -6,16 +6,18 @@ write ``begin``/``end`` lines go to the ``Model``; every finished operation goes
 (kind, start, end, error) for the metrics; a failed operation's error is *clean* when it is
 EIO, ENOSPC or EAGAIN, or when it overlaps a fault window (a killed daemon's ENOTCONN, a
 stopped server); a library write that failed with ENOENT while an ``rm`` of its chunk was in
-flight is *raced* (zarr 2.18 reads an edge chunk before writing part of it); a failed read is *raced* when a write of the same array that no filesystem
-makes atomic for readers (in place, ``cp``, ``rm``: ``RACY``) was in flight meanwhile (also a
-fill read while such a write of that very chunk was: its ``O_TRUNC`` emptied it), or an ENOENT
-follows an ``rm`` of that array by less than the entry timeout; a read that failed to decode
+flight is *raced* (zarr 2.18 reads an edge chunk before writing part of it); a failed read is
+*raced* when a write of the same array that no filesystem makes atomic for readers (in place,
+``cp``, ``rm``: ``RACY``) was in flight meanwhile (also a fill read while such a write of that
+very chunk was: its ``O_TRUNC`` emptied it), or an ENOENT follows an ``rm`` of that array by less
+than the entry timeout; a read that failed to decode
 on one mount while the other mount had written that array in the attribute timeout before is
 counted *cross-mount* (the kernel of the reading mount may still hold a chunk's old size: see
 the report), and so is an ENOENT naming a chunk the other mount writes and removed before
-(``_removed_by_other_mount``); any other failure is *unclean*. ``Ledger.validate(before)`` checks the reads, and judges the failed
-writes, that ended before ``before`` (call it with a lag: a write that began before a read or a
-failed write ended must have logged its ``begin``, in whichever worker's log is read first): in each chunk a read must have seen one token, allowed by the model
+(``_removed_by_other_mount``); any other failure is *unclean*. ``Ledger.validate(before)`` checks
+the reads, and judges the failed writes, that ended before ``before`` (call it with a lag: a
+write that began before a read or a failed write ended must have logged its ``begin``, in
+whichever worker's log is read first): in each chunk a read must have seen one token, allowed by the model
 (``Model.allowed`` on the mount that writes that chunk, ``Model.plausible`` on the others);
 a fill (0) the model forbids, read while a fault was on, is counted as *masked* (the client
 turned an error into the fill value: zarr 2.18 reads a chunk whose ``stat`` fails as missing),
@@ -37,9 +39,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from faults import Injector
-from grid import Grid, owner, tokens_by_chunk
-from model import Model
+from soak_lib.faults import Injector
+from soak_lib.grid import Grid, owner, tokens_by_chunk
+from soak_lib.model import Model
 
 CLEAN = frozenset({"EIO", "ENOSPC", "EAGAIN"})
 # Writes a reader may see half done on any POSIX filesystem: in place and cp (open with O_TRUNC,
@@ -142,8 +144,8 @@ class Ledger:
         if op.kind == "read" and op.err.startswith("X:") and self._other_mount_wrote(rec["a"], rec["m"], op.end):
             self.cross_mount[rec["lib"]] += 1
             return
-        self.unclean.append(f"{op.worker}: {op.kind} {_describe(rec)} failed in [{op.start:.3f}, {op.end:.3f}]: {op.err}"
-                            + (f" ({rec['msg']})" if rec.get("msg") else ""))
+        self.unclean.append(f"{op.worker}: {op.kind} {_describe(rec)} failed in [{op.start:.3f}, {op.end:.3f}]: "
+                            f"{op.err}" + (f" ({rec['msg']})" if rec.get("msg") else ""))
 
     def _removed(self, array: str, t1: float) -> bool:
         """A chunk of ``array`` was removed (``rm``, either mount) within ``ATTR_TIMEOUT`` before
@@ -224,7 +226,8 @@ class Ledger:
                 self.raced[rec["lib"]] += 1
                 continue
             self.forbidden.append(f"{rec['w']} ({rec['lib']}, mount {rec['m']}): {name} chunk {chunk} held "
-                                  f"{token}, which the model forbids in [{t0:.3f}, {t1:.3f}]\n" + self.history(name, chunk, t1))
+                                  f"{token}, which the model forbids in [{t0:.3f}, {t1:.3f}]\n"
+                                  + self.history(name, chunk, t1))
 
     def final_check(self, read_array: Callable[[str], np.ndarray]) -> None:
         """Every chunk of every array in the source against ``Model.final_allowed`` (module docstring)."""
@@ -242,7 +245,8 @@ class Ledger:
                 token = _token(seen)
                 if token in allowed:
                     continue
-                what = f"final: {name} chunk {chunk} holds {seen[:6]}, allowed {sorted(allowed)}\n" + self.history(name, chunk)
+                what = (f"final: {name} chunk {chunk} holds {seen[:6]}, allowed {sorted(allowed)}\n"
+                        + self.history(name, chunk))
                 known = token is not None and (token == 0 or any(
                     w.token == token for w in self.model.writes() if w.array == name and w.chunk == chunk))
                 (self.lost if known else self.forbidden).append(what)

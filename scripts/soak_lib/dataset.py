@@ -1,5 +1,5 @@
 """The soak's source: a v3 group of sharded arrays (several dtypes, codecs, shard shapes, nested
-sharding, edge shards, strings), built with zarr-python 3 through tests/sources.py's builders.
+sharding, edge shards, strings), built with zarr-python 3 through testkit/v3.py's builders.
 
 ``build(root, rng, model)`` writes ``root`` (the group, ``scratch/`` for structure changes,
 every array of ``ARRAYS`` with about half its inner chunks set to an initial token, recorded in
@@ -10,18 +10,13 @@ Tokens 1..99999 are the initial ones (worker index 0; writers use ``index * 1000
 from __future__ import annotations
 
 import random
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))
-
-import sources as S  # noqa: E402  (tests/sources.py: codec JSON and v3 writers)
-
-from grid import Grid  # noqa: E402
-from model import Model  # noqa: E402
+from soak_lib.grid import Grid
+from soak_lib.model import Model
+from testkit import v3 as S  # codec JSON and v3 writers
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from daemons import Daemon, Wedged
+from soak_lib.daemons import Daemon, Wedged
 
 LOCAL_KINDS = ("kill", "journal-full")
 S3_KINDS = ("kill", "journal-full", "s3-restart", "503", "500", "reset", "stall")

@@ -35,22 +35,16 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(REPO / "scripts"))
+import numpy as np
 
-import numpy as np  # noqa: E402
+from soak_lib import dataset, hazard, metrics, report
+from soak_lib.checks import Ledger
+from soak_lib.daemons import Daemon, Wedged, immutable
+from soak_lib.faults import LOCAL_KINDS, S3_KINDS, Injector, JournalDisk, schedule
+from soak_lib.grid import Grid
+from soak_lib.model import Model
 
-import dataset  # noqa: E402
-import hazard  # noqa: E402
-import metrics  # noqa: E402
-import report  # noqa: E402
-from checks import Ledger  # noqa: E402
-from daemons import Daemon, Wedged, immutable  # noqa: E402
-from faults import LOCAL_KINDS, S3_KINDS, Injector, JournalDisk, schedule  # noqa: E402
-from grid import Grid  # noqa: E402
-from model import Model  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 MAIN_PYTHON = str(REPO / ".venv" / "bin" / "python")
 ZARR2_PYTHON = os.environ.get("SHARDFS_ZARR2_PYTHON") or str(REPO / ".venv-zarr2" / "bin" / "python")
@@ -107,8 +101,8 @@ class Run:
         """The URL to mount, its mount options and the daemons' environment."""
         if self.kind == "local":
             return str(src), [], {}
-        from bench_lib.seaweed import SeaweedS3, upload
-        from faultproxy import ProxyProcess
+        from testkit.seaweed import SeaweedS3, upload
+        from testkit.faultproxy import ProxyProcess
 
         self.server = SeaweedS3(self.out / "s3").start()
         stack.callback(self.server.stop)
@@ -128,7 +122,8 @@ class Run:
         cfg = self.out / "ops" / f"{name}.json"
         cfg.write_text(json.dumps(config))
         with open(self.out / "ops" / f"{name}.stderr", "wb") as err:
-            self.workers.append(subprocess.Popen([python, str(HERE / "worker.py"), str(cfg)], stdout=err,
+            # scripts/soak puts scripts/ on PYTHONPATH, which the worker inherits
+            self.workers.append(subprocess.Popen([python, "-m", "soak_lib.worker", str(cfg)], stdout=err,
                                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         return log
 
@@ -158,7 +153,7 @@ class Run:
         disk = JournalDisk(self.out / "journal-A")
         disk.mount()
         stack.callback(disk.unmount)
-        for i, name in enumerate("AB"[: self.mounts]):
+        for name in "AB"[: self.mounts]:
             state = self.out / f"state-{name}"
             opts = options + ([f"journal_dir={disk.path}"] if name == "A" else [])
             d = Daemon(name, url, self.out / f"mnt-{name}", opts, {**env, "XDG_STATE_HOME": str(state)}, self.out)
@@ -266,11 +261,11 @@ class Run:
         import zarr
 
         if self.kind == "local":
-            return lambda name: zarr.open_array(str(src / name), mode="r")[...]
+            return lambda name: np.asarray(zarr.open_array(str(src / name), mode="r")[...])
         if self.server.proc is None or self.server.proc.poll() is not None:
             self.server.start()
         store = self.objects.zarr_store()
-        return lambda name: zarr.open_array(store, path=name, mode="r")[...]
+        return lambda name: np.asarray(zarr.open_array(store, path=name, mode="r")[...])
 
     def _hazard_through_mount(self, mnt: str) -> None:
         errors = hazard.store_everywhere(f"{mnt}/{dataset.HAZARD.name}", ZARR2_PYTHON, "zarr2", HAZARD_PARTS,
@@ -283,11 +278,12 @@ class Run:
         dataset.S.write_group(native)
         dataset.write_empty(native, dataset.HAZARD)
         path = str(native / dataset.HAZARD.name)
-        errors = hazard.store_everywhere(path, MAIN_PYTHON, "zarr3", HAZARD_PARTS, HAZARD_THREADS, dict(os.environ), HANG)
+        errors = hazard.store_everywhere(path, MAIN_PYTHON, "zarr3", HAZARD_PARTS, HAZARD_THREADS, dict(os.environ),
+                                         HANG)
         self.result.notes += [f"#3682 native writer failed: {e}" for e in errors]
         import zarr
 
-        self.result.hazard_native = hazard.lost_fraction(zarr.open_array(path, mode="r")[...])
+        self.result.hazard_native = hazard.lost_fraction(np.asarray(zarr.open_array(path, mode="r")[...]))
 
     def _finish(self, ledger: Ledger, sampler: metrics.Sampler, injector: Injector, t0: float) -> None:
         r = self.result
@@ -337,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if bad else 0
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """``python -m soak_lib`` (scripts/soak)."""
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
     sys.exit(main())

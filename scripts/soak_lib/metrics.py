@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from checks import Op
-from daemons import Daemon
+from soak_lib.checks import Op
+from soak_lib.daemons import Daemon
 
 FLAT = {"rss_mib": 16.0, "fds": 8, "journal_bytes": 1 << 20, "spill_bytes": 1 << 20}
 # Pools that follow the load and the faults: the object store client's connections (reqwest

@@ -53,9 +53,11 @@ def table(results: list[Result]) -> str:
         ("reads / chunk values checked", lambda r: f"{r.reads:,} / {r.chunks_checked:,}"),
         ("writes (acknowledged)", lambda r: f"{r.writes:,} ({r.acknowledged:,})"),
         ("structure changes", lambda r: f"{r.structure:,}"),
-        ("faults", lambda r: f"{sum(r.faults.values())}: " + ", ".join(f"{k} {v}" for k, v in sorted(r.faults.items()))),
+        ("faults", lambda r: f"{sum(r.faults.values())}: "
+         + ", ".join(f"{k} {v}" for k, v in sorted(r.faults.items()))),
         ("client errors", lambda r: ", ".join(f"{k} {v}" for k, v in r.errors.most_common()) or "none"),
-        ("fill read during a fault (client masked an error)", lambda r: ", ".join(f"{k} {v}" for k, v in sorted(r.masked.items())) or "0"),
+        ("fill read during a fault (client masked an error)",
+         lambda r: ", ".join(f"{k} {v}" for k, v in sorted(r.masked.items())) or "0"),
         ("read failed beside an in-place write, cp or rm (POSIX race)",
          lambda r: ", ".join(f"{k} {v}" for k, v in sorted(r.raced.items())) or "0"),
         ("read failed on one mount after the other mount's write (stale size) or rm (stale name)",

@@ -1,4 +1,4 @@
-"""Entry point of one client process of the soak: ``python worker.py CONFIG.json``.
+"""Entry point of one client process of the soak: ``python -m soak_lib.worker CONFIG.json``.
 
 Run under zarr 2.18's venv (lib ``zarr2``) or the main venv (``zarr3``, ``tensorstore``, raw
 POSIX writers); imports numpy, numcodecs, the chosen library, and ``grid``/``readers``/``writers``
@@ -26,8 +26,6 @@ import struct
 import sys
 import time
 from typing import Any, Callable
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 ERROR_PAUSE = 0.2
@@ -81,7 +79,7 @@ def error_name(e: BaseException) -> str:
     """The errno name an exception (or one in its chain) carries, else ``X:<type>: <message>``."""
     seen: BaseException | None = e
     while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in errno.errorcode:
+        if isinstance(seen, OSError) and seen.errno is not None and seen.errno in errno.errorcode:
             return errno.errorcode[seen.errno]
         seen = seen.__cause__ or seen.__context__
     text = str(e)
@@ -99,11 +97,11 @@ def main() -> None:
         config = json.load(f)
     worker = Worker(config)
     if config["role"] == "reader":
-        from readers import run_reader as run
+        from soak_lib.readers import run_reader as run
     elif config["role"] == "writer":
-        from writers import run_writer as run
+        from soak_lib.writers import run_writer as run
     else:
-        from writers import run_structure as run
+        from soak_lib.writers import run_structure as run
     run(worker)
 
 

@@ -43,7 +43,7 @@ SERIES = {
     "folds_total": "folds done",
     "fold_failures_total": "folds that failed (retried later)",
     "folds_backing_off": "shards whose fold is backing off after failures",
-    "restarts_total": "times the daemon serving the mount was restarted",
+    "restarts_total": "workers started after one died (the supervisor keeps the mount)",
     "internal_errors_total": "bugs met (each answered EIO or backed off; the mount goes on)",
     "resident_memory_bytes": "the daemon's resident memory",
     "open_files": "the daemon's open file descriptors",
@@ -160,7 +160,7 @@ def families(doc: dict[str, Any]) -> Iterator[Any]:
     yield counter("folds_total", folds["done"])
     yield counter("fold_failures_total", folds["failed"])
     yield gauge("folds_backing_off", len(folds["backing_off"]))
-    yield counter("restarts_total", doc.get("restarts", 0))
+    yield counter("restarts_total", (doc.get("worker") or {}).get("restarts", 0))  # of a supervised mount
     yield counter("internal_errors_total", doc["internal_errors"]["total"])
     yield gauge("resident_memory_bytes", doc["rss_bytes"])
     yield gauge("open_files", doc["open_files"])

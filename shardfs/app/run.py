@@ -75,6 +75,19 @@ def spawn_daemon(args: argparse.Namespace, source: Source) -> int:
     raise UsageError(report.removeprefix("error: ") or f"daemon exited with status {proc.returncode}")
 
 
+def take_over(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source) -> bool:
+    """``shardfs mount`` on live mount ``mnt``: True once a supervised mount of the same source
+    was handed to a new worker with these options (``shardfs.app.handover``); False if ``mnt``
+    is not one (another source, an unsupervised daemon). ``UsageError`` says why not."""
+    from shardfs.app.handover import hand_over
+
+    read_only = args.read_only or options.config(opts).read_only or source.web
+    if not args.log_file and not os.path.exists("/dev/log"):
+        args.log_file = state.log_file(source.name, source.endpoint)  # where a spawned daemon logs
+    return hand_over(args.mnt, mnt, source, list(opts.fuse), read_only,
+                     _daemon_argv(args, source.name))
+
+
 def _daemon_argv(args: argparse.Namespace, src: str) -> list[str]:
     """``shardfs mount SRC MNT -f`` with the options of ``args``, for a daemon or a worker.
     -P: the working directory is not put on the daemon's sys.path (a ``trio.py`` there must
@@ -201,7 +214,8 @@ def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_on
         os.unlink(ledger)  # left by a killed supervisor of the same pid number
     sup = Supervisor(_daemon_argv(args, source.name), mnt, device(source.name),
                      ["default_permissions", *opts.fuse], read_only, lambda line: _report(args, line),
-                     state.status_socket(source.name, source.endpoint, os.getpid()))
+                     state.status_socket(source.name, source.endpoint, os.getpid()),
+                     state.takeover_file(source.name, source.endpoint, os.getpid()))
     try:
         return sup.run()
     finally:
@@ -250,7 +264,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
         except (OSError, private.Refused) as e:
             _report(args, f"error: {args.ledger}: cannot create: {getattr(e, 'strerror', None) or e}")
             return 1
-        _test_hang(mount, conn)
+        _test_hooks(mount, conn)
     with _stderr_captured() as said:
         try:
             pyfuse3.init(mount.ops, mnt if conn is None else f"/dev/fd/{conn.fd}", fuse_opts)
@@ -287,22 +301,36 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
     return 0
 
 
-def _test_hang(mount: Composed, conn: Any) -> None:
-    """For the tests (``SHARDFS_TEST_HANG=NAME``): the first worker of a mount never answers a
-    lookup of NAME, so that a request is read and not answered when the worker is killed."""
-    name = os.environ.get("SHARDFS_TEST_HANG")
-    if not name or conn.init is not None:
+def _test_hooks(mount: Composed, conn: Any) -> None:
+    """For the tests, in the first worker of a mount only: ``SHARDFS_TEST_HANG=NAME`` never
+    answers a lookup of NAME (a request read and not answered when the worker is killed);
+    ``SHARDFS_TEST_DIE_AFTER=OP:NAME`` kills the worker (SIGKILL) once it did request OP naming
+    NAME (``*``: any), before it answers (the kernel sends it again to the next worker)."""
+    hang, die = os.environ.get("SHARDFS_TEST_HANG"), os.environ.get("SHARDFS_TEST_DIE_AFTER")
+    if conn.init is not None:
         return
     import trio
 
-    lookup = mount.ops.lookup
+    if hang:
+        lookup = mount.ops.lookup
 
-    async def hanging(parent_inode: int, name_: bytes, ctx: Any = None) -> Any:
-        if name_ == os.fsencode(name):
-            await trio.sleep_forever()
-        return await lookup(parent_inode, name_, ctx)
+        async def hanging(parent_inode: int, name: bytes, ctx: Any = None) -> Any:
+            if name == os.fsencode(hang):
+                await trio.sleep_forever()
+            return await lookup(parent_inode, name, ctx)
 
-    mount.ops.lookup = hanging  # type: ignore[method-assign,assignment]  # the test hook replaces the handler
+        mount.ops.lookup = hanging  # type: ignore[method-assign]  # the test hook replaces the handler
+    if die:
+        op, _, name = die.partition(":")
+        handler = getattr(mount.ops, op)
+
+        async def dying(*args: Any) -> Any:
+            result = await handler(*args)
+            if name == "*" or os.fsencode(name) in args:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return result
+
+        setattr(mount.ops, op, dying)
 
 
 @contextlib.contextmanager
@@ -353,9 +381,10 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
 
         async def on_signal() -> None:
             nonlocal flushed
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for sig in signals:
-                    log.info("signal %d: flushing and unmounting", sig)
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
+                async for sig in signals:  # SIGUSR1: the supervisor hands the mount to a new worker
+                    log.info("signal %d: flushing and %s", sig,
+                             "handing over" if sig == signal.SIGUSR1 else "unmounting")
                     if writeback is not None:
                         await writeback.flush(folded)
                         flushed = True

@@ -72,12 +72,18 @@ def _counts(counts: dict[str, int], most: int = 6) -> str:
     return shown + (", ..." if len(top) > most else "")
 
 
+def _n(count: int, word: str, plural: str = "") -> str:
+    """``1 chunk``, ``2 chunks``, ``1,024 chunk files``: ``word``, or unless ``count`` is 1 its
+    plural (``plural``, else ``word`` + "s")."""
+    return f"{count:,} {word if count == 1 else plural or word + 's'}"
+
+
 def _hit_rate(c: dict[str, int] | None) -> str:
     if c is None:
         return "-"
     asked = c["hits"] + c["misses"]
-    rate = f"{100 * c['hits'] / asked:.0f}% of {asked:,}" if asked else "unused"
-    return f"{rate}, {_size(c['bytes'])}/{_size(c['limit'])}"
+    rate = f"hit rate {100 * c['hits'] / asked:.0f}% of {_n(asked, 'lookup')}" if asked else "unused"
+    return f"{rate}, {_size(c['bytes'])} of {_size(c['limit'])}"
 
 
 def format_text(doc: dict[str, Any]) -> str:
@@ -92,22 +98,24 @@ def format_text(doc: dict[str, Any]) -> str:
     n_errors = sum(n for by_op in doc["errors"].values() for n in by_op.values())
     lines = [f"{doc['mountpoint']}  <-  {doc['source']}",
              f"  pid {doc['pid']}, up {_uptime(doc['uptime_s'])}, {'read-only' if doc['read_only'] else 'read-write'}"
-             f", RSS {_size(doc['rss_bytes'])}, {doc['open_files']} open files",
+             f", RSS {_size(doc['rss_bytes'])}, {_n(doc['open_files'], 'open file')}",
              f"  requests  {n_requests:,}" + (f" ({_counts(doc['requests'])})" if n_requests else "")
-             + f"; {n_errors:,} errors",
-             f"  reads     {reads['chunk_files']:,} chunk files opened, {_size(reads['bytes'])} read",
+             + f"; {_n(n_errors, 'error')}",
+             f"  reads     {_n(reads['chunk_files'], 'chunk file')} opened, {_size(reads['bytes'])} read",
              f"  store     {_counts(store['requests']) or 'no requests'}; {_size(store['bytes_in'])} in, "
              f"{_size(store['bytes_out'])} out; latency p50 {lat['p50']} ms, p99 {lat['p99']} ms; "
-             f"{store['retries']} retries, {store['failures']} failures",
+             f"{_n(store['retries'], 'retry', 'retries')}, {_n(store['failures'], 'failure')}",
              f"  caches    index {_hit_rate(doc['cache']['index'])}; chunk {_hit_rate(doc['cache']['chunk'])}"
              + (f"; range {_hit_rate(doc['cache']['range'])}" if doc["cache"]["range"] else ""),
-             f"  pending   {pending['chunks']:,} chunks ({_size(pending['bytes'])}) in {pending['shards']:,} shards; "
+             f"  pending   {_n(pending['chunks'], 'chunk')} ({_size(pending['bytes'])}) in "
+             f"{_n(pending['shards'], 'shard')}; "
              f"journal {_size(pending['journal_bytes'])}, spill {_size(pending['spill_bytes'])}",
              f"  folds     {folds['done']:,} done, {folds['failed']:,} failed, {len(folds['backing_off'])} backing off"]
     for array, per in sorted(pending["arrays"].items()):
-        lines.append(f"            {array or '/'}: {per['chunks']:,} chunks in {per['shards']:,} shards")
-    problems = [f"  fold of {b['shard']} backing off ({b['failures']} failures, {b['chunks']} chunks kept): "
-                f"{b['reason']}; next try in {b['retry_in_s']:g} s" for b in folds["backing_off"]]
+        lines.append(f"            {array or '/'}: {_n(per['chunks'], 'chunk')} in {_n(per['shards'], 'shard')}")
+    problems = [f"  fold of {b['shard']} backing off ({_n(b['failures'], 'failure')}, "
+                f"{_n(b['chunks'], 'chunk')} kept): {b['reason']}; next try in {b['retry_in_s']:g} s"
+                for b in folds["backing_off"]]
     failed = pending.get("journal_error")
     if failed:
         problems.append(f"  write journal {failed['directory']}: {failed['reason']} ({failed['errno']}), "

@@ -374,7 +374,8 @@ class Operations(pyfuse3.Operations):
         handle = self._handles.pop(fh)
         ledger = self.view.nodes.ledger
         if ledger.full:
-            ledger.rewrite([*self.view.hierarchy.records(), *self.view.nodes.records(), *self._handles.records()])
+            ledger.rewrite([*self.view.hierarchy.records(), *self.view.nodes.records(), *self.view.made.records(),
+                            *self._handles.records()])
         if isinstance(handle, ReadHandle):
             self._kernel.unread(handle.attr._replace(ino=handle.ino))
             self._pins.unpin(fh)
@@ -427,11 +428,14 @@ class Operations(pyfuse3.Operations):
         ``shardfs.tree.ledger``): the arrays' slots, the inodes, the open handles."""
         await self.view.hierarchy.restore(records)
         self.view.nodes.restore(records)
+        self.view.made.restore(records)
         self._handles.restore(records)
 
     def spilled_bytes(self) -> int:
         """Bytes held in spill files by open files and staging files (``shardfs status``)."""
-        buffers = {id(b): b for b in (h.data() for h in self._handles.writes()) if b is not None}
+        # (a handle opened for writing has no content until its first write or read: skipped)
+        buffers = {id(b): b for b in (h.staging.data if h.staging is not None else h.buf
+                                      for h in self._handles.writes()) if b is not None}
         buffers.update((id(st.data), st.data) for st in self.view.nodes.staged.values())
         return sum(b.size for b in buffers.values() if b.spilled)
 
@@ -540,24 +544,41 @@ class Operations(pyfuse3.Operations):
                      name_new: bytes, flags: int, ctx: Any) -> None:
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise pyfuse3.FUSEError(errno.EINVAL)
-        await self._writable(ctx).rename(parent_inode_old, _name(name_old), parent_inode_new,
-                                      _name(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE))
+        await _once(ctx, self._writable(ctx).rename(parent_inode_old, _name(name_old), parent_inode_new,
+                                                 _name(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE)),
+                    (errno.ENOENT,), _done)
 
     @_guard
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any
                    ) -> pyfuse3.EntryAttributes:
+        # (its temporary file lived in the dead worker's memory: ENOENT)
+        return await _once(ctx, self._link(inode, new_parent_inode, new_name, ctx), (errno.EEXIST, errno.ENOENT),
+                           lambda: self._relookup(new_parent_inode, new_name))
+
+    async def _link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
         return self._looked_up(await self._writable(ctx).link(inode, new_parent_inode, _name(new_name)))
+
+    async def _relookup(self, parent_inode: int, name: bytes) -> pyfuse3.EntryAttributes:
+        """The entry of ``name``, which a re-sent request's first execution made."""
+        return await Operations.lookup.__wrapped__(self, parent_inode, name)  # type: ignore[attr-defined]  # (one request)
 
     @_guard
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        await self._writable(ctx).unlink(parent_inode, os.fsdecode(name))
+        await _once(ctx, self._writable(ctx).unlink(parent_inode, os.fsdecode(name)), (errno.ENOENT,), _done)
 
     @_guard
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        await _once(ctx, self._rmdir(parent_inode, name, ctx), (errno.ENOENT,), _done)
+
+    async def _rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         self._kernel.removed_dir(await self._writable(ctx).structure.rmdir(parent_inode, os.fsdecode(name)))
 
     @_guard
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        return await _once(ctx, self._mkdir(parent_inode, name, ctx), (errno.EEXIST,),
+                           lambda: self._relookup(parent_inode, name))
+
+    async def _mkdir(self, parent_inode: int, name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
         return self._looked_up(await self._writable(ctx).structure.mkdir(parent_inode, _name(name)))
 
     async def _unsupported(self, *args: Any) -> None:
@@ -576,6 +597,27 @@ class Operations(pyfuse3.Operations):
         raise pyfuse3.FUSEError(errno.ENOTSUP)
 
     removexattr = setxattr  # type: ignore[assignment]  # both always fail, whatever their arguments
+
+
+T = TypeVar("T")
+
+
+async def _once(ctx: Any, op: Awaitable[T], twice: tuple[int, ...], first: Callable[[], Awaitable[T]]) -> T:
+    """Await ``op``, the request's work; if it fails with an errno of ``twice`` (what doing it a
+    second time gives: EEXIST, ENOENT) and the kernel sent this request again (``ctx.resent``: a worker
+    that died had read it, and may have done it), the answer of its first execution instead
+    (``first()``), as if the worker had not died."""
+    try:
+        return await op
+    except OSError as e:
+        if e.errno not in twice or not getattr(ctx, "resent", False):
+            raise
+    log.info("a request sent again after a worker died was done by it: answered as it would have been")
+    return await first()
+
+
+async def _done() -> None:
+    """The answer of an unlink, rmdir or rename done before: success."""
 
 
 def _invalidate_inodes(inodes: list[int]) -> None:

@@ -140,6 +140,11 @@ class Storage(Protocol):
     def delete(self, key: str, if_version: Version | _Absent | None = None) -> None:
         """Remove ``key`` (missing is fine unless ``if_version`` is a Version)."""
 
+    def move(self, src: str, dst: str) -> None:
+        """Rename directory ``src`` (an array or group with all below it) to ``dst``, which must
+        not exist and whose parent does: one atomic rename, durable when it returns. An object
+        store cannot (``OSError`` EXDEV: ``mv`` then copies and deletes, as across filesystems)."""
+
     def statvfs(self) -> os.statvfs_result:
         """What ``statfs`` reports: the local filesystem's; a large constant for an object store."""
 

@@ -130,6 +130,12 @@ class Listings:
             for n in range(len(parts) + 1):
                 self._kept.drop("/".join(parts[:n]))
 
+    def clear(self) -> None:
+        """Drop every listing (a directory was renamed)."""
+        with self._lock:
+            self._changes += 1
+            self._kept = SizedLRU(self.max_bytes, lambda k: k.size)
+
     @property
     def used(self) -> int:
         """Bytes the kept listings cost (what ``max_bytes`` bounds)."""

@@ -314,6 +314,34 @@ class LocalStorage:
             os.close(dfd)
         return Version(new.st_ino, new.st_size, new.st_mtime_ns)
 
+    @counted("RENAME", _ANSWERS)
+    def move(self, src: str, dst: str) -> None:
+        """See ``Storage.move``: ``rename(2)`` below the root (never through a symlink: both
+        parents are opened beneath it), then both parents fsynced."""
+        (sp, sn), (dp, dn) = _split(src), _split(dst)
+        sfd, _ = self._open_dir(sp, create=False)
+        try:
+            dfd, _ = self._open_dir(dp, create=False)
+            try:
+                if not stat_mod.S_ISDIR(os.stat(sn, dir_fd=sfd, follow_symlinks=False).st_mode):
+                    raise Unusable(errno.EIO, "not a directory", self.path(src))
+                try:
+                    os.stat(dn, dir_fd=dfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    pass
+                else:
+                    raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), self.path(dst))
+                os.rename(sn, dn, src_dir_fd=sfd, dst_dir_fd=dfd)
+                self._versions.clear()
+                self._listings.clear()
+                os.fsync(dfd)
+                if sp != dp:
+                    os.fsync(sfd)
+            finally:
+                os.close(dfd)
+        finally:
+            os.close(sfd)
+
     @counted("DELETE", _ANSWERS)
     def delete(self, key: str, if_version: Version | _Absent | None = None) -> None:
         """Remove ``key``, then its emptied parent directories; durable in the directory that

@@ -457,6 +457,11 @@ class ObjectStorage:
     def check_write(self, key: str) -> None:
         """Nothing to refuse: a key of an object store is an object or nothing."""
 
+    def move(self, src: str, dst: str) -> None:
+        """See ``Storage.move``: an object store has no rename of a prefix (copying every object
+        would be neither atomic nor cheap), so always EXDEV."""
+        raise OSError(errno.EXDEV, "an object store cannot rename a prefix", self.describe(src))
+
     def list(self, prefix: str) -> Iterator[list[Entry]]:
         """See ``Storage.list`` (remembered for ``list_ttl`` seconds, ``Listings``)."""
         return self._listings.list(prefix, self._list)

@@ -54,3 +54,9 @@ class Remembered:
         with self._lock:
             self._changes += 1
             self._items.pop(key, None)
+
+    def clear(self) -> None:
+        """Forget every key (a directory was renamed: every key below it changed)."""
+        with self._lock:
+            self._changes += 1
+            self._items.clear()

@@ -190,10 +190,13 @@ class Hierarchy:
         now (its chunk inodes then mean the same chunks), before anything else is read. Slots
         that cannot have their array back (gone, another layout, an earlier layout of an array
         that has a later slot) are left to a node without metadata: their chunks are EIO."""
-        last: dict[str, int] = {}
+        by_slot: dict[int, str] = {}  # a slot's path as last noted (a move notes it again)
         for rec in records:
             if rec[0] == "a" and isinstance(rec[1], int) and isinstance(rec[2], str):
-                last[rec[2]] = rec[1]
+                by_slot[rec[1]] = rec[2]
+        last: dict[str, int] = {}  # a path's latest slot
+        for slot, path in by_slot.items():
+            last[path] = max(last.get(path, -1), slot)
         for path, slot in sorted(last.items(), key=lambda item: item[1]):
             while len(self.slots) < slot:
                 self.slots.append(ArrayNode("", len(self.slots), Version(0, 0, self.mount_ns), None, GONE))
@@ -214,6 +217,24 @@ class Hierarchy:
         (no I/O: the group is re-read whenever it is looked at, and its arrays follow)."""
         parent = self._groups.get(path.rpartition("/")[0]) if path else None
         return parent is not None and parent.image
+
+    def moved(self, old: str, new: str) -> None:
+        """The node at ``old`` and all below it were renamed to ``new``: they keep their slots
+        (the kernel's chunk inodes keep naming the same chunks) under their new paths."""
+        below = [p for p in {*self.arrays, *self._groups} if p == old or p.startswith(old + "/")]
+        for path in below:
+            moved_to = new + path[len(old):]
+            arr, group = self.arrays.pop(path, None), self._groups.pop(path, None)
+            if arr is not None:
+                arr.path = moved_to
+                arr.shard_keys.clear()
+                arr.covered.clear()
+                arr.indexes_ahead = False
+                self.arrays[moved_to] = arr
+                self.ledger.note("a", arr.slot, moved_to)
+            if group is not None:
+                group.path = moved_to
+                self._groups[moved_to] = group
 
     def array(self, path: str) -> ArrayNode | None:
         """The array at ``path`` as last read (no I/O), None if none was."""

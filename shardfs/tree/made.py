@@ -10,15 +10,39 @@ trio thread.
 - arrays created through the mount, whose key directories resolve only once made or once a
   chunk below them was written (``key_dir_shown``);
 - metadata files unlinked (``rm -r``), no longer shown.
+
+Each change is noted in the ``Ledger`` (``["M", method, *args]``), which a worker replacing a
+dead one replays (``restore``): what was made through the mount stays made.
 """
 
 from __future__ import annotations
+
+import functools
+from typing import Any, Callable, TypeVar
+
+from shardfs.tree.ledger import Ledger
+
+F = TypeVar("F", bound=Callable[..., None])
+CHANGES: list[str] = []  # the methods that change the state (``_noted``), which ``restore`` replays
+
+
+def _noted(fn: F) -> F:
+    """A change, noted in the ledger as it is made."""
+    CHANGES.append(fn.__name__)
+
+    @functools.wraps(fn)
+    def wrapper(self: "Made", *args: Any) -> None:
+        self.ledger.note("M", fn.__name__, *args)
+        fn(self, *args)
+
+    return wrapper  # type: ignore[return-value]  # functools.wraps: fn's signature
 
 
 class Made:
     """Directories made, arrays created and metadata files unlinked through one mount."""
 
-    def __init__(self) -> None:
+    def __init__(self, ledger: Ledger | None = None) -> None:
+        self.ledger = ledger or Ledger()
         self._new_dirs: set[str] = set()  # directories made by mkdir, until a .zarray/.zgroup lands
         self._shard_dirs: set[tuple[str, str]] = set()  # (array, rel): key directories made by mkdir
         self._hidden: set[tuple[str, str]] = set()  # (node, name): metadata files unlinked (rm -r)
@@ -61,56 +85,95 @@ class Made:
 
     # ----- changed by the writer ---------------------------------------------------------
 
+    @_noted
     def mkdir(self, path: str) -> None:
         """A directory made in a group (or in a directory made here)."""
         self._new_dirs.add(path)
 
+    @_noted
     def mkdir_shard_dir(self, path: str, rel: str) -> None:
         """Key directory ``rel`` (a shard's or a prefix of shard keys) made in array ``path``."""
         self._shard_dirs.add((path, rel))
 
+    @_noted
     def mkdir_key_dir(self, path: str, prefix: tuple[int, ...]) -> None:
         """Key directory ``prefix`` (dimension_separator "/") made in array ``path``."""
         self._key_dirs.add((path, prefix))
 
+    @_noted
     def rmdir_shard_dir(self, path: str, rel: str) -> None:
         self._shard_dirs.discard((path, rel))
 
+    @_noted
     def rmdir_key_dir(self, path: str, prefix: tuple[int, ...]) -> None:
         self._key_dirs.discard((path, prefix))
 
+    @_noted
     def adopted(self, made: str) -> None:
         """Directory ``made`` below a new array became one of its key directories."""
         self._new_dirs.discard(made)
 
+    @_noted
     def chunk_written(self, path: str, coords: tuple[int, ...]) -> None:
         """A chunk was written at ``coords`` of array ``path``: in an array created through the
         mount, the key directories above it now resolve."""
         if path in self._created:
             self._key_dirs.update((path, coords[:k]) for k in range(1, len(coords)))
 
+    @_noted
     def created(self, path: str, array: bool) -> None:
         """A ``.zarray`` (``array``) or ``.zgroup`` made new directory ``path`` a node."""
         self._new_dirs.discard(path)
         if array:
             self._created.add(path)
 
+    @_noted
     def hide(self, path: str, name: str) -> None:
         """Metadata file ``name`` of node ``path`` is not shown (unlinked, or not written yet)."""
         self._hidden.add((path, name))
 
+    @_noted
     def unhide(self, path: str, name: str) -> None:
         """Metadata file ``name`` of node ``path`` was written: shown again."""
         self._hidden.discard((path, name))
 
+    @_noted
     def replaced(self, path: str) -> None:
         """The array at ``path`` was deleted for a new one made from a new ``.zarray``: nothing
         of it is hidden, and its directory is a new one until that ``.zarray`` lands."""
         self._hidden = {h for h in self._hidden if h[0] != path}
         self._new_dirs.add(path)
 
+    @_noted
+    def moved(self, old: str, new: str) -> None:
+        """The directory at ``old`` and all below it were renamed to ``new``."""
+        def renamed(path: str) -> str:
+            return new + path[len(old):] if path == old or path.startswith(old + "/") else path
+
+        self._new_dirs = {renamed(p) for p in self._new_dirs}
+        self._created = {renamed(p) for p in self._created}
+        self._shard_dirs = {(renamed(p), r) for p, r in self._shard_dirs}
+        self._hidden = {(renamed(p), n) for p, n in self._hidden}
+        self._key_dirs = {(renamed(p), k) for p, k in self._key_dirs}
+
+    @_noted
     def deleted(self, path: str) -> None:
         """The node (or new directory) at ``path`` was removed (``rmdir``)."""
         self._new_dirs.discard(path)
         self._created.discard(path)
         self._hidden = {h for h in self._hidden if h[0] != path}
+
+    def restore(self, records: list[list[Any]]) -> None:
+        """Make again what a dead worker's ledger ``records`` say was made (lists back to tuples)."""
+        for rec in records:
+            if rec[0] == "M" and rec[1] in CHANGES:
+                args = [tuple(a) if isinstance(a, list) else a for a in rec[2:]]
+                getattr(Made, rec[1]).__wrapped__(self, *args)
+
+    def records(self) -> list[list[Any]]:
+        """What ``restore`` needs, as ledger records (rewriting the ledger)."""
+        return ([["M", "mkdir", d] for d in sorted(self._new_dirs)]
+                + [["M", "mkdir_shard_dir", *k] for k in sorted(self._shard_dirs)]
+                + [["M", "mkdir_key_dir", p, list(k)] for p, k in sorted(self._key_dirs)]
+                + [["M", "hide", *h] for h in sorted(self._hidden)]
+                + [["M", "created", c, True] for c in sorted(self._created)])

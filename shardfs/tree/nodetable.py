@@ -14,6 +14,7 @@ meaning (``restore``). Runs on the trio thread; no I/O but the ledger's appends.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import itertools
 
@@ -151,6 +152,26 @@ class NodeTable:
         self._inos[new] = ino
         self.ledger.note("k", ino, *_encode(new))
         return ino
+
+    def moved(self, old: str, new: str) -> None:
+        """The directory at ``old`` and all below it were renamed to ``new``: every directory and
+        metadata inode below it shows the same node at its new path (the kernel moved its
+        dentries with the directory)."""
+        def renamed(key: NodeKey | None) -> NodeKey | None:
+            if isinstance(key, (DirKey, MetaKey, ShardDirKey, KeyDirKey, InnerShardKey)) \
+                    and (key.path == old or key.path.startswith(old + "/")):
+                return dataclasses.replace(key, path=new + key.path[len(old):])
+            return None
+
+        for ino, key in list(self._keys.items()):
+            moved = renamed(key)
+            if moved is not None:
+                self._keys[ino] = moved
+                if self._inos.pop(key, None) == ino:
+                    self._inos[moved] = ino
+                self.ledger.note("k", ino, *_encode(moved))
+        for st in self._tmp.values():  # staging files committed onto a metadata file there
+            st.committed = renamed(st.committed) or st.committed
 
     def allocated(self, key: NodeKey) -> int | None:
         """The inode of a node key if the kernel may know it, else None."""

@@ -22,7 +22,7 @@ import numpy as np
 from shardfs.format.create import XARRAY_FILL, Refused, array_doc, dimension_names, group_doc, rewrite_kind
 from shardfs.format.layout import parse_coord
 from shardfs.storage import ABSENT, VersionMismatch
-from shardfs.storage.attrs import Attr, fail
+from shardfs.storage.attrs import Attr, fail, join
 from shardfs.storage.threads import blocking
 from shardfs.tree.nodes import (ArrayNode, ChunkKey, DirKey, GroupNode, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey,
                                 Staging)
@@ -178,7 +178,7 @@ class Structure:
             log.error("%s: cannot create: %s", where, e)
             raise fail(errno.EPERM) from None
         await self._write_doc(path, doc, new=True)
-        self.view.made.created(path, array=name == ".zarray")
+        self.view.made.created(path, name == ".zarray")  # positional: the ledger notes *args
         if attrs_file is not None:
             await self.became_meta(parent, ".zattrs", path, ".zattrs")
         else:  # shown once written: copy tools create it exclusively (O_EXCL) after .zarray
@@ -269,6 +269,49 @@ class Structure:
         keys = [self.view.indexes.shard_key(node, shard) for shard in await self.view.chunks.stored_shards(node)]
         await blocking(_remove_all, self.view.source, keys + [_json(node.path, "zarr.json")])
         log.info("%s: array deleted", self.view.source.describe(node.path))
+
+    async def move(self, p1: int, n1: str, p2: int, n2: str, noreplace: bool) -> None:
+        """``rename(2)`` of an array or group directory (``Group.move``, ``mv``) into a group:
+        its pending chunks are folded first (EBUSY if some cannot be), then the source renames
+        it at once (``Storage.move``: one atomic rename locally; EXDEV on an object store, so
+        ``mv`` copies and deletes), and the view follows with the same inodes. A directory
+        made here that is no node yet just moves. Anything else: EPERM and one log line.
+        The destination may only be absent or an empty directory made here."""
+        key = self.view.nodes.node_key((await self.view.lookup(p1, n1)).ino)
+        node = await self.view.node(key.path) if isinstance(key, DirKey) and key.path else None
+        new_dir = isinstance(key, DirKey) and self.view.made.is_new_dir(key.path)
+        dir_key, parent = await self.view.dir_node(p2)
+        if node is None and not new_dir or not isinstance(dir_key, DirKey) \
+                or not (isinstance(parent, GroupNode) or self.is_new_dir(p2)):
+            log.error("rename of %s: only temporary files, and arrays and groups into groups, can be renamed", n1)
+            raise fail(errno.EPERM)
+        old, new = key.path, join(dir_key.path, n2)  # type: ignore[union-attr]  # a DirKey: checked above
+        if new == old:
+            return
+        if new.startswith(old + "/"):
+            raise fail(errno.EINVAL)
+        if await self.exists(p2, n2):
+            if noreplace:
+                raise fail(errno.EEXIST)
+            target = self.view.nodes.node_key((await self.view.lookup(p2, n2)).ino)
+            if not (isinstance(target, DirKey) and self.view.made.is_new_dir(target.path)
+                    and not await self._lists_anything(self.view.nodes.inode(target))):
+                raise fail(errno.ENOTEMPTY)
+            self.view.made.deleted(new)
+        where = self.view.source.describe(old)
+        if node is not None:
+            if not await self.writeback.fold_below(old) or self.writeback.dirty_below(old):
+                log.error("%s: not moved: its pending changes could not be folded", where)
+                raise fail(errno.EBUSY)
+            try:  # inline, not in a thread: no commit to the old path can slip in between
+                self.view.source.move(old, new)
+            except OSError as e:
+                if e.errno != errno.EXDEV:
+                    log.error("%s: cannot move to %s: %s", where, new, e.strerror)
+                raise fail(e.errno or errno.EIO) from None
+            log.info("%s: moved to %s", where, self.view.source.describe(new))
+        self.view.moved(old, new)
+        await self.invalidate([p1, p2])
 
     async def mkdir(self, parent: int, name: str) -> Attr:
         """Make a directory: in a group (or a directory made here), a new directory that a

@@ -80,7 +80,7 @@ class View:
         self.hierarchy = Hierarchy(source, ome, c_order, self.mount_ns, ledger)  # groups and arrays
         self.arrays = self.hierarchy.arrays  # (read only here)
         self.nodes = NodeTable(self.hierarchy.slots, ledger)  # inode numbers <-> node keys, staging files
-        self.made = Made()  # structure made through the mount that the source does not hold (yet)
+        self.made = Made(ledger)  # structure made through the mount that the source does not hold (yet)
         self.indexes = ShardIndexes(source, self.reads.indexes_per_read, self.hierarchy.version,
                                     self.hierarchy.log_unusable)
         self.prefetch = Prefetch(source, self.reads, self.indexes)  # object sources: read-ahead
@@ -361,6 +361,14 @@ class View:
             return None
         coords = self._chunk_named(arr, key, name)
         return (arr, coords) if coords is not None and arr.shown.layout.in_grid(coords) else None
+
+    def moved(self, old: str, new: str) -> None:
+        """Directory ``old`` was renamed to ``new`` (``Structure.move``): the hierarchy, the node
+        table and what was made through the mount follow it; chunk lookups remembered go."""
+        self.hierarchy.moved(old, new)
+        self.nodes.moved(old, new)
+        self.made.moved(old, new)
+        self._resolved.clear()
 
     async def dir_node(self, ino: int) -> tuple[DirKey | ArrayDirKey, ArrayNode | GroupNode | None]:
         """``(key, node)`` of a directory inode: its key and the group/array it shows or belongs to."""

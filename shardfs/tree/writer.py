@@ -297,9 +297,9 @@ class Writer:
     async def rename(self, p1: int, n1: str, p2: int, n2: str, noreplace: bool) -> None:
         """Rename a staging file: onto a chunk key or metadata file (a commit), or to another name."""
         st = self.view.nodes.staged.get((p1, n1))
-        if st is None:
-            log.error("rename of %s: only temporary files can be renamed", n1)
-            raise fail(errno.EPERM)
+        if st is None:  # an array or group directory (``Structure.move``), or EPERM
+            await self.structure.move(p1, n1, p2, n2, noreplace)
+            return
         exists = await self.structure.exists(p2, n2)
         if noreplace and exists:
             raise fail(errno.EEXIST)

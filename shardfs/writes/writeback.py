@@ -275,6 +275,17 @@ class Writeback:
         except OSError as e:
             log.error("%s: cannot write the note of kept changes: %s", self.journal.directory, e)
 
+    def dirty_below(self, path: str) -> list[ShardId]:
+        """The shards with pending changes of the arrays at ``path`` or below it."""
+        return [s for s in self._dirty if s[0] == path or s[0].startswith(path + "/") or not path]
+
+    async def fold_below(self, path: str, on_folded: OnFolded | None = None) -> bool:
+        """Fold the pending changes of the arrays at ``path`` or below it (before they move),
+        each shard once; True if none is left pending."""
+        for shard in self.dirty_below(path):
+            await self.fold(shard, on_folded)
+        return not self.dirty_below(path)
+
     async def discard(self, array: str) -> None:
         """Forget every pending change of ``array`` (it is being deleted): waits for a fold
         in progress, then releases their journal records, so a replay does not bring them back."""

@@ -1,6 +1,6 @@
 """A fault-injecting TCP proxy in front of the S3 server: bursts of 503 SlowDown, 500, resets, stalls.
 
-``FaultProxy(upstream, stall)`` is a ``bench_lib.delayproxy.DelayProxy`` without delay whose
+``FaultProxy(upstream, stall)`` is a ``testkit.delayproxy.DelayProxy`` without delay whose
 ``set_fault(kind)`` switches what every *new* connection gets (connections open when a burst
 starts are dropped, so clients must reconnect into it):
 
@@ -23,13 +23,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import multiprocessing
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench_lib.delayproxy import DelayProxy  # noqa: E402
+from testkit.delayproxy import DelayProxy
 
 KINDS = ("503", "500", "reset", "stall")
 _ANSWERS = {
@@ -72,7 +68,7 @@ class FaultProxy(DelayProxy):
     async def _inject(self, kind: str, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
         try:
             await asyncio.wait_for(creader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             cwriter.transport.abort()
             return
         self.injected[kind] += 1

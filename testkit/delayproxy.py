@@ -1,6 +1,6 @@
 """A TCP proxy that delays every byte by a fixed time in each direction (this kernel has no netem).
 
-Usage: ``.venv/bin/python scripts/bench_lib/delayproxy.py --upstream HOST:PORT --delay-ms 10
+Usage: ``.venv/bin/python -m testkit.delayproxy --upstream HOST:PORT --delay-ms 10
 [--port P]`` (stays in the foreground; prints ``listening on 127.0.0.1:P`` once ready), or in
 process: ``with DelayProxy(("127.0.0.1", port), delay=0.01) as proxy: ... proxy.port``.
 

@@ -14,8 +14,8 @@ again (same directory, same ports) simulate a crash and a restart; ``stop()`` en
 ``S3Source``: its ``url``, the ``env`` a client or daemon needs, a zarr-python 3 ``zarr_store()``
 reading it natively, ``keys()``); ``put_all(store, items)`` PUTs many objects at once.
 
-Used by tests/s3server.py (the pytest fixture) and by scripts/bench; imports only the standard
-library (obstore when waiting for readiness).
+Used by tests/s3server.py (the pytest fixture), scripts/bench and scripts/soak; imports only the
+standard library (obstore when waiting for readiness).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 import uuid
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,11 +138,12 @@ class SeaweedS3:
                         client_options={"allow_http": True, "timeout": "2s"},
                         retry_config={"max_retries": 0})
         deadline = time.monotonic() + START_TIMEOUT
+        assert self.proc is not None
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"weed mini exited with {self.proc.returncode}:\n{self.tail()}")
             try:
-                first = next(iter(obstore.list(store, None, chunk_size=1)), [])
+                first: list[Any] = next(iter(obstore.list(store, None, chunk_size=1)), [])
                 if first:  # a restart: volumes serve data only once they reported to the master
                     try:
                         obstore.get(store, first[0]["path"], options={"range": (0, 1)}).bytes()
@@ -151,7 +153,7 @@ class SeaweedS3:
                 return
             except Exception as e:  # not up yet: connection refused, 5xx, missing bucket
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"weed mini not ready after {START_TIMEOUT}s ({e}):\n{self.tail()}")
+                    raise RuntimeError(f"weed mini not ready after {START_TIMEOUT}s ({e}):\n{self.tail()}") from e
             time.sleep(0.1)
 
     def tail(self) -> str:
