@@ -2,8 +2,8 @@
 
 Every module's imports are read with ``ast``, including function-level imports and those under
 ``if TYPE_CHECKING:``, so a cycle cannot hide behind a lazy import. A room may import its own
-modules and the rooms below it, never one above; the module graph has no cycle. No mount: this
-runs in milliseconds.
+modules and the rooms below it, never one above; the module graph has no cycle; a name starting
+with ``_`` is imported only inside its own room. No mount: this runs in milliseconds.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "shardfs"
 # Top to bottom; a room imports only itself and rooms after it.
-ROOMS = ["app", "kernel", "tree", "reads", "writes", "shards", "storage", "format"]
+ROOMS = ["app", "kernel", "tree", "reads", "writes", "shards", "storage", "format", "base"]
 # Below every room: __version__ and the typed configuration (imported by all); above: the entry point.
 TOP = {"shardfs": len(ROOMS), "shardfs.config": len(ROOMS), "shardfs.__main__": -1}
 
@@ -103,6 +103,19 @@ def test_no_import_cycle():
 
     cycles = [c for name in sorted(GRAPH) if name not in state and (c := visit(name))]
     assert cycles == []
+
+
+def test_no_room_imports_another_rooms_private_names():
+    """``from shardfs.<room>... import _name`` only inside that room: what crosses rooms is public."""
+    private = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("shardfs.") and not node.level:
+                theirs = node.module.split(".")[1] if node.module.count(".") else ""
+                mine = name.split(".")[1] if name not in TOP else ""
+                private += [f"{name} imports {node.module}.{a.name}" for a in node.names
+                            if a.name.startswith("_") and theirs != mine]
+    assert private == []
 
 
 @pytest.mark.parametrize("name", ROOMS)

@@ -40,11 +40,11 @@ from shardfs.kernel.handles import DirHandle, Handle, Handles, Lost
 from shardfs.kernel.inodes import KernelInodes, Pages
 from shardfs.kernel.pins import Pins
 from shardfs.tree.listing import DirStream
-from shardfs.storage.attrs import Attr
+from shardfs.base.attrs import Attr
 from shardfs.storage.faults import Faults
 from shardfs.tree.nodes import ChunkKey
 from shardfs.tree.nodetable import CHUNK_BASE
-from shardfs.storage.stats import RequestStats
+from shardfs.kernel.stats import RequestStats
 from shardfs.tree.view import ReadHandle, View
 from shardfs.writes.writeback import Writeback
 from shardfs.tree.writer import WriteHandle, Writer

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from shardfs.reads.chunkcache import ChunkCache
 from shardfs.format.layout import parse_coord
-from shardfs.storage.attrs import Attr, fail, join, list_entries
+from shardfs.base.attrs import Attr, fail
+from shardfs.storage.keys import join, list_entries
 from shardfs.tree.chunks import Chunks
 from shardfs.tree.hierarchy import Hierarchy, v2
 from shardfs.tree.ledger import Ledger
@@ -44,8 +45,8 @@ from shardfs.reads.prefetch import Prefetch
 from shardfs.format.v2 import CorruptChunk
 from shardfs.shards.indexes import ShardIndexes
 from shardfs.shards.shard import Extent
-from shardfs.storage import UNKNOWN, Storage, Version, VersionMismatch, _Unknown
-from shardfs.storage.threads import blocking
+from shardfs.storage import UNKNOWN, Storage, Version, VersionMismatch, Unknown
+from shardfs.base.threads import blocking
 from shardfs.writes.writeback import Pending, Writeback
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ class View:
 
     # ----- the hierarchy (``Hierarchy``) --------------------------------------------------
 
-    async def version(self, key: str, ask: bool = True) -> Version | None | _Unknown:
+    async def version(self, key: str, ask: bool = True) -> Version | None | Unknown:
         """``Hierarchy.version``."""
         return await self.hierarchy.version(key, ask)
 
