@@ -137,6 +137,17 @@ def test_every_room_names_its_public_face(name):
     assert names and missing == []
 
 
+def test_the_architecture_page_names_every_module_of_each_room():
+    """doc/ARCHITECTURE.md's package map has a row per room, listing each of its modules."""
+    page = (PACKAGE.parent / "doc" / "ARCHITECTURE.md").read_text()
+    row = re.compile(r"^\| `(\w+)/` \|.*\| (.*) \| \d+ \|$", re.M)
+    rows = {m[1]: set(re.findall(r"`(\w+)`", m[2])) for m in row.finditer(page)}
+    assert sorted(rows) == sorted(ROOMS)
+    unlisted = sorted(f"{room}/{p.stem}" for room in ROOMS for p in (PACKAGE / room).glob("*.py")
+                      if p.stem != "__init__" and p.stem not in rows[room])
+    assert unlisted == []
+
+
 def test_the_layer_check_sees_lazy_and_type_checking_imports(tmp_path):
     """The parser counts an import inside a function and one under ``TYPE_CHECKING``."""
     lazy = [n for n, p in MODULES.items() if re.search(r"^    +from shardfs\.", p.read_text(), re.M)]

@@ -27,7 +27,7 @@ from shardfs.reads.chunkcache import ChunkCache
 from shardfs.reads.factory import make_reads
 from shardfs.reads.rangecache import RangeCache
 from shardfs.storage import Storage, private
-from shardfs.storage.faults import Faults
+from shardfs.base.faults import Faults
 from shardfs.storage.source import Source
 from shardfs.tree.ledger import Ledger
 from shardfs.tree.view import View

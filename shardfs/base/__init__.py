@@ -6,7 +6,8 @@ job. It imports no other room of the package (only the standard library and trio
 - ``threads``: ``blocking``, a blocking call run off the trio thread;
 - ``lru``: ``SizedLRU``, a least-recently-used map bounded by the size of its values;
 - ``files``: ``fsync_dir`` (a rename or unlink made durable) and ``not_regular`` (why a
-  file is never opened for I/O, for log lines).
+  file is never opened for I/O, for log lines);
+- ``faults``: ``Faults``, the mount's internal errors (bugs) counted and logged, never fatal.
 """
 
-__all__ = ["attrs", "files", "lru", "threads"]
+__all__ = ["attrs", "faults", "files", "lru", "threads"]

@@ -10,7 +10,7 @@ kernel's slice of the configuration (``KernelConfig``: entry/attribute timeouts,
 Any exception other than ``pyfuse3.FUSEError`` escaping a handler would end
 ``pyfuse3.main`` and kill the mount, so every handler goes through ``_guard``:
 ``OSError`` becomes its errno, anything else (a bug) becomes EIO and is recorded in
-``Operations.faults`` (logged with its traceback, once per place: ``shardfs.storage.faults``).
+``Operations.faults`` (logged with its traceback, once per place: ``shardfs.base.faults``).
 ``forget``, which has no reply, records its bugs the same way and answers nothing.
 
 Extended attributes are not implemented on purpose: pyfuse3 answers ENOSYS,
@@ -40,7 +40,7 @@ from shardfs.kernel.inodes import KernelInodes, Pages
 from shardfs.kernel.pins import Pins
 from shardfs.tree.listing import DirStream
 from shardfs.base.attrs import Attr
-from shardfs.storage.faults import Faults
+from shardfs.base.faults import Faults
 from shardfs.tree.nodes import ChunkKey
 from shardfs.tree.nodetable import CHUNK_BASE
 from shardfs.tree.tries import Tries
