@@ -22,13 +22,14 @@ def open_writeback(source: Source, storage: Any, journal_dir: str | None, cleanu
     """The mount's ``Writeback``, journalling into a directory of its own under the source's
     journal root (removed at exit if empty), after replaying into the shards what killed
     daemons left there and what an earlier version left in ``SRC/.shardfs/journal``; bugs met
-    meanwhile are recorded in ``faults`` (``shardfs.storage.faults.Faults``)."""
+    meanwhile are recorded in ``faults`` (``shardfs.base.faults.Faults``)."""
     from shardfs.writes import journal
     from shardfs.writes.writeback import Writeback
 
     root = state.journal_dir(source.name, journal_dir, source.endpoint)
-    try:
-        claim = journal.claim(root, state.private_top(root))
+    top = state.private_top(root)
+    try:  # a -o journal_dir the user named may be sticky, as /tmp (doc/SECURITY.md#state)
+        claim = journal.claim(root, top, shared_top=journal_dir is not None and top == root)
     except private.Refused as e:
         raise UsageError(str(e)) from None
     except OSError as e:

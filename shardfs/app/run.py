@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import traceback
 from typing import TYPE_CHECKING, Any, Iterator
 
 from shardfs.app import options, state
@@ -74,6 +75,19 @@ def spawn_daemon(args: argparse.Namespace, source: Source) -> int:
     raise UsageError(report.removeprefix("error: ") or f"daemon exited with status {proc.returncode}")
 
 
+def take_over(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source) -> bool:
+    """``shardfs mount`` on live mount ``mnt``: True once a supervised mount of the same source
+    was handed to a new worker with these options (``shardfs.app.handover``); False if ``mnt``
+    is not one (another source, an unsupervised daemon). ``UsageError`` says why not."""
+    from shardfs.app.handover import hand_over
+
+    read_only = args.read_only or options.config(opts).read_only or source.web
+    if not args.log_file and not os.path.exists("/dev/log"):
+        args.log_file = state.log_file(source.name, source.endpoint)  # where a spawned daemon logs
+    return hand_over(args.mnt, mnt, source, list(opts.fuse), read_only,
+                     _daemon_argv(args, source.name))
+
+
 def _daemon_argv(args: argparse.Namespace, src: str) -> list[str]:
     """``shardfs mount SRC MNT -f`` with the options of ``args``, for a daemon or a worker.
     -P: the working directory is not put on the daemon's sys.path (a ``trio.py`` there must
@@ -119,11 +133,24 @@ def _setup_logging(args: argparse.Namespace) -> None:
 
 class _Printable(logging.Formatter):
     """Each record's message made ``printable``: names and text from the source (or a client)
-    never forge a line or send a terminal escape (a traceback below it is shardfs's own)."""
+    never forge a line or send a terminal escape. A traceback below it keeps its lines (the
+    frames are shardfs's own code); each exception's own text in it is made ``printable``."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = printable(record.message)
         return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        kept = ("Traceback (most recent call last):\n",
+                "\nThe above exception was the direct cause of the following exception:\n\n",
+                "\nDuring handling of the above exception, another exception occurred:\n\n")
+        parts = []
+        for part in traceback.TracebackException(ei[0], ei[1], ei[2]).format():
+            if part in kept or part.startswith('  File "'):
+                parts.append(part)
+            else:  # "Type: message": the message may hold what the source named
+                parts.append(printable(part.rstrip("\n")) + "\n")
+        return "".join(parts).rstrip("\n")
 
 
 def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source) -> int:
@@ -187,7 +214,8 @@ def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_on
         os.unlink(ledger)  # left by a killed supervisor of the same pid number
     sup = Supervisor(_daemon_argv(args, source.name), mnt, device(source.name),
                      ["default_permissions", *opts.fuse], read_only, lambda line: _report(args, line),
-                     state.status_socket(source.name, source.endpoint, os.getpid()))
+                     state.status_socket(source.name, source.endpoint, os.getpid()),
+                     state.takeover_file(source.name, source.endpoint, os.getpid()))
     try:
         return sup.run()
     finally:
@@ -353,9 +381,10 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
 
         async def on_signal() -> None:
             nonlocal flushed
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for sig in signals:
-                    log.info("signal %d: flushing and unmounting", sig)
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
+                async for sig in signals:  # SIGUSR1: the supervisor hands the mount to a new worker
+                    log.info("signal %d: flushing and %s", sig,
+                             "handing over" if sig == signal.SIGUSR1 else "unmounting")
                     if writeback is not None:
                         await writeback.flush(folded)
                         flushed = True
