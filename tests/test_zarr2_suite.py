@@ -48,8 +48,8 @@ DIFFERENT = {
 
 def run_suite(stores: Path, base: Path) -> dict[str, str]:
     """Run the four classes with their stores in ``stores``: ``{Class::test: outcome}``."""
-    tests = Path(subprocess.run([ZARR2_PYTHON, "-c", "import zarr.tests, os; print(os.path.dirname(zarr.tests.__file__))"],
-                                capture_output=True, text=True, check=True).stdout.strip())
+    where = "import zarr.tests, os; print(os.path.dirname(zarr.tests.__file__))"
+    tests = Path(subprocess.run([ZARR2_PYTHON, "-c", where], capture_output=True, text=True, check=True).stdout.strip())
     junit = base / "junit.xml"
     env = {**os.environ, "SHARDFS_ZARR2_STORES": str(stores),
            "PYTHONPATH": str(Path(__file__).parent), "PYTHONDONTWRITEBYTECODE": "1"}
@@ -79,7 +79,8 @@ def test_zarr2_suite_passes_through_the_mount_as_on_a_plain_directory(tmp_path, 
     through = run_suite(mnt, tmp_path / "m")
     lost = {name for name, outcome in control.items() if outcome == "passed" and through.get(name) != "passed"}
     listed = {f"{cls.partition('::')[2]}::{name}" for cls in CLASSES[:2] for name in DIFFERENT}
-    assert lost == listed, f"lost through the mount, not listed: {sorted(lost - listed)}; listed, passing: {sorted(listed - lost)}"
+    assert lost == listed, \
+        f"lost through the mount, not listed: {sorted(lost - listed)}; listed, passing: {sorted(listed - lost)}"
     log = mount.info(mnt).log_text()
     assert "internal error" not in log, log[-5000:]
     umount(mount, mnt)
