@@ -255,7 +255,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     """Print what ``shardfs.app.report.inspect`` finds; draw ``--map`` (of a shard's array, for a
     shard) and say on stderr what it wrote. Reading many shard indexes shows a progress bar on a
     terminal's stderr."""
-    from shardfs.format.gridmap import parse_slice, save_png
+    from shardfs.format.gridmap import SIZE, parse_slice, png
     from shardfs.app.report import format_text, inspect
 
     bars: list[Any] = []
@@ -280,11 +280,15 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         if where is None:
             raise UsageError(f"--map: {args.path} is not an array that can be shown (inspect says why)")
         try:
-            width, height = save_png(report, where, args.map)
+            picture = png(report, where)
         except ImportError:
             raise UsageError("--map needs matplotlib: pip install 'shardfs[map]'") from None
+        try:
+            with open(args.map, "wb") as f:
+                f.write(picture)
         except OSError as e:
             raise UsageError(f"{args.map}: cannot write: {e.strerror}") from None
+        width, height = SIZE
     print(json.dumps(report, indent=2) if args.json else format_text(printable_doc(report), where))
     if args.map:
         print(f"shardfs: wrote {args.map}, {width}x{height}", file=sys.stderr)
