@@ -431,6 +431,38 @@ def test_a_daemon_is_signalled_through_the_kernels_reference_never_its_pid_numbe
         shutil.rmtree(where, ignore_errors=True)
 
 
+def test_a_takeover_file_is_read_only_if_it_is_the_users_own(shared, other_user, monkeypatch):
+    """The supervisor runs the command line a handover leaves in the state directory
+    (``takeover-PID.json``): it reads one only from a state directory of the user's own, as a
+    regular file of theirs reached without a symlink; another user's file (or a symlink to
+    one) there is refused with one line. (A state directory another user made refuses the
+    mount itself, read-only too: the supervisor's worker keeps its ledger there.)"""
+    from shardfs.app.supervisor import _own_file
+    from shardfs.storage.private import Refused
+
+    home = shared / "st"
+    monkeypatch.setenv("XDG_STATE_HOME", str(home))
+    sdir = Path(state.state_dir("/some/source"))
+    state.private_dir(str(sdir))
+    theirs = shared / "theirs.json"
+    other_user.write(theirs, b'{"argv": ["/bin/sh", "-c", "touch /tmp/pwned"]}')
+    planted = sdir / "takeover-1.json"
+    shutil.copy(theirs, planted)
+    os.chown(planted, other_user.uid, other_user.gid)
+    with pytest.raises(Refused) as e:
+        _own_file(str(planted))
+    assert str(e.value) == refused(planted, foreign(other_user))
+    planted.unlink()
+    planted.symlink_to(theirs)
+    with pytest.raises(Refused) as e:
+        _own_file(str(planted))
+    assert str(e.value) == refused(planted, "a symlink")
+    planted.unlink()
+    planted.write_text('{"argv": ["shardfs"]}')
+    with open(_own_file(str(planted))) as f:
+        assert f.read() == '{"argv": ["shardfs"]}'
+
+
 def test_status_never_shows_a_forged_document(tmp_path, shared, other_user, other_processes, mount):
     """Finding 2: a status socket another user serves in a state directory they made, named for
     the real daemon's pid: ``shardfs status`` never shows its document."""
