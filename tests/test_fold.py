@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import serving_pid, traced_daemon
+from inproc import InProcess
 from sources import Spec, assert_source_equals, build, journal_entries, leftovers, write_zarr3
 from writers import WRITERS, umount
 
@@ -141,28 +142,28 @@ COMPLETE = Spec("full", (8, 8), (2, 2), (4, 4), "<i4", 0, ("zstd", 1), inner_crc
                 index_crc=True, initial=((s(0, 4), s(0, 4)),), write=(s(0, 4), s(0, 4)))
 
 
-def test_a_complete_shard_is_folded_while_writes_go_on(tmp_path, mount):
+def test_a_complete_shard_is_folded_while_writes_go_on(tmp_path):
     """Once every chunk of a shard is pending it is folded at once, without waiting for the
-    mount to be idle: here another shard is written to without pause the whole time."""
+    mount to be idle: here another shard is written to without pause the whole time.
+    In-process (``tests/inproc.py``: the write-back's folds run on the tree's loop)."""
     src = tmp_path / "src"
     expected = build(src, [COMPLETE])["full"]
     shard = COMPLETE.shard_file(src, (0, 0))
     before = shard.stat().st_ino
-    mnt = mount(src)
-    arr = mnt / "full"
-    for k, idx in enumerate(all_chunks_of(COMPLETE, (0, 0))):
-        values = COMPLETE.values(COMPLETE.chunk, 100 + k)
-        (arr / COMPLETE.chunk_name(idx)).write_bytes(COMPLETE.encode(values))
-        expected[COMPLETE.chunk_region(idx)] = values
-    other = COMPLETE.encode(COMPLETE.values(COMPLETE.chunk, 99))
-    deadline = time.monotonic() + 30  # a hang: waiting for an idle mount, it is never folded
-    while True:  # at least once: the complete shard may be folded before the first look
-        (arr / "3.3").write_bytes(other)  # shard (1, 1): never complete, and the mount never idle
-        if shard.stat().st_ino != before:
-            break
-        assert time.monotonic() < deadline, "the complete shard was not folded within 30 s of busy writing"
+    with InProcess(src, read_only=False) as fs:
+        arr = fs / "full"
+        for k, idx in enumerate(all_chunks_of(COMPLETE, (0, 0))):
+            values = COMPLETE.values(COMPLETE.chunk, 100 + k)
+            (arr / COMPLETE.chunk_name(idx)).write_bytes(COMPLETE.encode(values))
+            expected[COMPLETE.chunk_region(idx)] = values
+        other = COMPLETE.encode(COMPLETE.values(COMPLETE.chunk, 99))
+        deadline = time.monotonic() + 30  # a hang: waiting for an idle mount, it is never folded
+        while True:  # at least once: the complete shard may be folded before the first look
+            (arr / "3.3").write_bytes(other)  # shard (1, 1): never complete, and the mount never idle
+            if shard.stat().st_ino != before:
+                break
+            assert time.monotonic() < deadline, "the complete shard was not folded within 30 s of busy writing"
     expected[COMPLETE.chunk_region((3, 3))] = COMPLETE.decode(other)
-    umount(mount, mnt)
     assert_source_equals(src, "full", expected)
 
 
