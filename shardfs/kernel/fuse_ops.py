@@ -539,6 +539,7 @@ class Operations(pyfuse3.Operations):
         await _once(ctx, self._writable(ctx).rename(parent_inode_old, _name(name_old), parent_inode_new,
                                                  _name(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE)),
                     (errno.ENOENT,), _done)
+        self._handles.committed()  # a temporary renamed onto its chunk while open (tensorstore's way)
 
     @_guard
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any

@@ -63,6 +63,16 @@ class Handles:
         """Handle ``fh`` holds written bytes that only this process's memory keeps."""
         self._ledger.note("w", fh)
 
+    def committed(self) -> None:
+        """Staging files were committed (renamed onto a chunk or metadata file): the handles
+        still open on them hold no bytes only this process keeps (their next write is noted
+        again: ``dirtied``)."""
+        for fh, h in self._open.items():
+            if isinstance(h, WriteHandle) and h.staging is not None and h.staging.committed is not None \
+                    and not h.committed:
+                h.committed, h.dirty = True, False
+                self._ledger.note("c", fh)
+
     def reopened(self, fh: int, handle: Handle) -> None:
         """``handle`` replaces the ``Lost`` handle ``fh`` (opened again by the adapter)."""
         self._open[fh] = handle
@@ -77,8 +87,8 @@ class Handles:
                 self._open[rec[1]] = Lost(rec[2], rec[3])
             elif rec[0] == "x":
                 self._open.pop(rec[1], None)
-            elif rec[0] == "w" and isinstance(self._open.get(rec[1]), Lost):
-                self._open[rec[1]].dirty = True  # type: ignore[union-attr]  # a Lost one (checked)
+            elif rec[0] in ("w", "c") and isinstance(self._open.get(rec[1]), Lost):
+                self._open[rec[1]].dirty = rec[0] == "w"  # type: ignore[union-attr]  # a Lost one (checked)
         self._next = itertools.count(last + 1)
 
     def records(self) -> list[list[Any]]:

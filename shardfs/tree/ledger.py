@@ -10,13 +10,15 @@ each is appended here as one line when given out (``note``: one ``write`` to a f
 next worker reads them back (``load``) before it serves the connection.
 
 Records (JSON arrays; the first item says which): ``["a", slot, path]`` an array's slot,
-``["k", ino, kind, ...]`` a node key's inode (``NodeTable``), ``["t", ino]`` a staging file's
-inode, ``["u", ino, kind, ...]`` a staging file committed onto a node (renamed onto a chunk or
-metadata file: the kernel's dentry of that name holds its inode), ``["h", fh, ino, kind]`` a
-handle opened and ``["x", fh]`` released (``kernel.handles``), ``["w", fh]`` a handle open for
-writing got bytes that only the worker's memory held. When the file outgrows ``COMPACT_BYTES``
-its holder rewrites it with the records still in effect (``rewrite``). A ledger without a path
-keeps nothing (an unsupervised mount, the in-process tests).
+``["k", ino, kind, ...]`` a node key's inode (``NodeTable``), ``["t", ino, parent, name]`` a
+staging file's inode and name (again when renamed), ``["v", ino]`` removed, ``["u", ino, kind,
+...]`` committed onto a node (renamed onto a chunk or metadata file: the kernel's dentry of that
+name holds its inode), ``["h", fh, ino, kind]`` a handle opened and ``["x", fh]`` released
+(``kernel.handles``), ``["w", fh]`` a handle open for writing got bytes that only the worker's
+memory held, ``["c", fh]`` none any more (its staging file was committed). When the file
+outgrows ``COMPACT_BYTES`` its holder rewrites it with the records still in effect
+(``rewrite``). A ledger without a path keeps nothing (an unsupervised mount, the in-process
+tests).
 """
 
 from __future__ import annotations

@@ -106,6 +106,10 @@ class NodeTable:
         self.ledger.note("t", st.ino, p2, n2)
         self.forget_lost(p2, n2)
 
+    def is_lost(self, ino: int) -> bool:
+        """``ino`` is a dead worker's staging file whose bytes died with it (``lost``)."""
+        return bool(self._lost_inos) and ino in self._lost_inos
+
     def forget_lost(self, parent: int, name: str) -> bool:
         """Forget the lost staging file ``name`` of ``parent`` (removed, or replaced); True if
         there was one."""
