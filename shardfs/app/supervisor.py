@@ -120,7 +120,7 @@ class Supervisor:
             return self.exit_code
         try:
             while worker is not None:
-                ready = select.select([wake_r, worker.ctl.fileno()], [], [], 1.0)[0]
+                ready = select.select([wake_r, worker.ctl.fileno()], [], [])[0]  # SIGCHLD wakes it: no timer
                 if wake_r in ready:
                     self._signals(wake_r, worker)
                 if worker.ctl.fileno() in ready:

@@ -217,7 +217,8 @@ class View:
             i = parse_coord(name)
             prefix = key.prefix if isinstance(key, KeyDirKey) else ()
             if i is not None and len(prefix) + 1 < layout.ndim and i < layout.chunk_grid[len(prefix)] \
-                    and self.made.key_dir_shown(arr.path, prefix + (i,)):
+                    and (arr.shown.serve_missing or self.made.key_dir_shown(arr.path, prefix + (i,))):
+                # (an array whose every chunk is served lists every key directory: they resolve)
                 return await self.getattr(self.nodes.inode(KeyDirKey(arr.path, prefix + (i,))))
         rel = key.rel if isinstance(key, ShardDirKey) else "" if isinstance(key, DirKey) else None
         if rel is not None and layout.index is not None:
