@@ -151,6 +151,8 @@ class View:
         key = self.nodes.node_key(parent)
         if self.nodes.staged and (parent, name) in self.nodes.staged:
             return await self.getattr(self.nodes.staged[(parent, name)].ino)
+        if self.nodes.lost and (parent, name) in self.nodes.lost:  # a temporary whose bytes died with a worker
+            raise fail(errno.EIO)
         if isinstance(key, DirKey):
             node = await self.node(key.path)
             if node is None or isinstance(node, GroupNode):  # (an array's entries are no paths of their own)
