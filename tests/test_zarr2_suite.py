@@ -93,12 +93,12 @@ warnings.simplefilter('ignore')
 out = {}
 for root in roots:
     g = zarr.open_group(DirectoryStore(root + '/g'), mode='w')
-    g.attrs.update({'title': 'caf\u00e9', 'n': [1, 2.5, None], 'z': {'b': 1, 'a': True}})
+    g.attrs.update({'title': 'caf\u00e9', 'n': [1, 2.5, None], 'z': {'b': 1, 'a': True}, 'nan': float('nan')})
     g.create_dataset('plain', shape=(1050,), chunks=100, dtype='<i4', fill_value=0)[200:400] = np.arange(200, 400)
     g.create_dataset('nofill', shape=(20, 35), chunks=10, dtype='<f4')
     f = g.create_dataset('f1', shape=(10,), chunks=(4,), dtype='<f8', order='F', fill_value=np.nan)
     f[:] = np.arange(10) / 4
-    f.attrs['_ARRAY_DIMENSIONS'] = ['x']
+    f.attrs.update({'_ARRAY_DIMENSIONS': ['x'], 'valid_max': float('inf'), 'missing_value': float('nan')})
     g.create_dataset('f3', shape=(4, 5, 6), chunks=(2, 5, 3), dtype='>i2', order='F', fill_value=-1)[1] = 7
     g.create_dataset('b', shape=(3,), dtype=bool, fill_value=True, compressor=None)
     g.create_dataset('t', shape=(3,), dtype='M8[ns]', fill_value=np.datetime64('2020-01-01', 'ns'))
@@ -126,7 +126,8 @@ def metadata_files(root: Path) -> dict[str, bytes]:
 def test_metadata_written_by_zarr2_reads_back_byte_for_byte(tmp_path, mount):
     """``.zarray``, ``.zattrs`` and ``.zgroup`` written by zarr 2.18 (``DirectoryStore``, which
     writes no ``dimension_separator``, and ``NestedDirectoryStore``; order F of 1-d and 3-d
-    arrays, 0-d arrays, a zero-length dimension, fill values of every JSON spelling) read back
+    arrays, 0-d arrays, a zero-length dimension, fill values of every JSON spelling, NaN and
+    infinite attributes) read back
     through the mount as the bytes zarr 2.18 wrote in a plain directory, also after a remount;
     and arrays with a fill value hash (``hexdigest``: chunks and metadata) as there."""
     plain = tmp_path / "plain"

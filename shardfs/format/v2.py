@@ -388,8 +388,10 @@ def ome_04(attrs: dict[str, Any]) -> dict[str, Any]:
 
 def to_json(obj: Any) -> bytes:
     """A v2 metadata file, spelled as zarr 2 writes them (so a file written through the mount
-    reads back byte for byte): 4 spaces, sorted keys, ASCII, no newline at the end."""
-    return json.dumps(obj, indent=4, sort_keys=True, allow_nan=False).encode()
+    reads back byte for byte): 4 spaces, sorted keys, ASCII, no newline at the end, and a NaN
+    or infinite attribute as the JSON extension ``NaN``/``Infinity`` that zarr 2 and 3 write
+    and read (a ``.zarray``'s fill value is spelled as a string: ``encode_fill_value``)."""
+    return json.dumps(obj, indent=4, sort_keys=True).encode()
 
 
 def _shard_format(sharding: ShardingCodec, shard_shape: tuple[int, ...]
