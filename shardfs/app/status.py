@@ -87,6 +87,7 @@ class Status:
         doc["internal_errors"] = ops.faults.snapshot()
         doc["errors_last_minute"] = ops.stats.errors_since(PROBLEM_WINDOW)
         doc["rss_bytes"], doc["open_files"] = _process()
+        doc["open_handles"] = ops.open_handles()
         workers = self._workers()
         if workers:  # ``-o workers=N``: each worker, and the mount's memory is theirs together
             doc["workers"] = workers

@@ -491,6 +491,10 @@ class Operations(pyfuse3.Operations):
         self.view.made.restore(records)
         self._handles.restore(records)
 
+    def open_handles(self) -> int:
+        """Handles this process holds open (``shardfs status``: ``open_handles``)."""
+        return self._handles.held()
+
     def spilled_bytes(self) -> int:
         """Bytes held in spill files by open files and staging files (``shardfs status``)."""
         # (a handle opened for writing has no content until its first write or read: skipped)

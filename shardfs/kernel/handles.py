@@ -123,6 +123,10 @@ class Handles:
                 out.append(["w", fh])
         return out
 
+    def held(self) -> int:
+        """Handles open here (not the ``Lost`` ones: a dead or another worker opened those)."""
+        return sum(not isinstance(h, Lost) for h in self._open.values())
+
     def __getitem__(self, fh: int) -> Handle:
         return self._open[fh]
 
