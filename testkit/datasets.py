@@ -108,7 +108,7 @@ def build_many(root: Path, sizes: Sizes, seed: int = 2) -> dict:
     nbytes = math.prod(sizes.many_chunk)
     grid = tuple(s // c for s, c in zip(sizes.many_shape, sizes.many_shard))
     stored = 0
-    first_expected = None
+    first_expected: np.ndarray | None = None
     for si in range(grid[0]):
         for sj in range(grid[1]):
             present = rng.random(per_shard) < sizes.many_fill
@@ -129,8 +129,8 @@ def build_many(root: Path, sizes: Sizes, seed: int = 2) -> dict:
                 # inner chunk (ci, cj) of the shard holds rows ci*4.., cols cj*4..
                 first_expected = (full.reshape(cps + sizes.many_chunk).transpose(0, 2, 1, 3)
                                   .reshape(sizes.many_shard))
-    got = arr[: sizes.many_shard[0], : sizes.many_shard[1]]
-    if not np.array_equal(got, first_expected):
+    got = np.asarray(arr[: sizes.many_shard[0], : sizes.many_shard[1]])
+    if first_expected is None or not np.array_equal(got, first_expected):
         raise RuntimeError("hand-written shard of meta/many does not read back with zarr 3")
     return {"stored": stored, "shards": math.prod(grid), "slots": per_shard * math.prod(grid), "sep": sep}
 
@@ -167,8 +167,9 @@ def build_tiny(root: Path, n: int) -> None:
                 os.close(f)
     finally:
         os.close(fd)
-    if arr[:8].tolist() != [1] * 4 + [2] * 4:
-        raise RuntimeError(f"{root}/tiny: zarr 3 reads {arr[:8].tolist()} from the first two shards")
+    first = np.asarray(arr[:8]).tolist()
+    if first != [1] * 4 + [2] * 4:
+        raise RuntimeError(f"{root}/tiny: zarr 3 reads {first} from the first two shards")
 
 
 def tiny_value(i: int) -> bytes:

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 import uuid
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,11 +138,12 @@ class SeaweedS3:
                         client_options={"allow_http": True, "timeout": "2s"},
                         retry_config={"max_retries": 0})
         deadline = time.monotonic() + START_TIMEOUT
+        assert self.proc is not None
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"weed mini exited with {self.proc.returncode}:\n{self.tail()}")
             try:
-                first = next(iter(obstore.list(store, None, chunk_size=1)), [])
+                first: list[Any] = next(iter(obstore.list(store, None, chunk_size=1)), [])
                 if first:  # a restart: volumes serve data only once they reported to the master
                     try:
                         obstore.get(store, first[0]["path"], options={"range": (0, 1)}).bytes()

@@ -28,6 +28,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -59,8 +60,8 @@ pytest_plugins = ["s3server", "azserver", "source_kinds", "webserver", "awshome"
 # ``mutants`` (set by scripts/mutants): ``ci`` without shrinking, a failure is all it needs.
 HYPOTHESIS_PROFILE = os.environ.get("SHARDFS_HYPOTHESIS", "ci")
 THOROUGH_FACTOR = 10
-_COMMON = dict(deadline=None, print_blob=True,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+_COMMON: dict[str, Any] = dict(deadline=None, print_blob=True,
+                               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 settings.register_profile("ci", derandomize=True, database=None, **_COMMON)
 settings.register_profile("thorough", derandomize=False, **_COMMON)
 settings.register_profile("mutants", derandomize=True, database=None,
@@ -325,7 +326,7 @@ def read_zarr2_many(paths) -> dict:
 def read_zarr3_v2(path) -> np.ndarray:
     import zarr
 
-    return zarr.open_array(str(path), mode="r", zarr_format=2)[...]
+    return np.asarray(zarr.open_array(str(path), mode="r", zarr_format=2)[...])
 
 
 def read_tensorstore(path) -> np.ndarray:
@@ -339,7 +340,7 @@ def read_tensorstore(path) -> np.ndarray:
 def read_native(src_path) -> np.ndarray:
     import zarr
 
-    return zarr.open_array(str(src_path), mode="r")[...]
+    return np.asarray(zarr.open_array(str(src_path), mode="r")[...])
 
 
 def read_ts3_native(src_path) -> np.ndarray:

@@ -17,6 +17,7 @@ segments. ``local`` keeps the built directory untouched for an ``s3`` source: it
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import uuid
@@ -90,7 +91,7 @@ class LocalSource(Source):
         return (self.local / key).is_file()
 
     def readers(self, name: str) -> dict[str, Callable[[], np.ndarray]]:
-        return {f.__name__: (lambda f=f: f(self.local / name)) for f in (read_native, read_ts3_native)}
+        return {f.__name__: functools.partial(f, self.local / name) for f in (read_native, read_ts3_native)}
 
     def leftovers(self) -> list[str]:
         return leftovers(self.local)
@@ -125,7 +126,7 @@ class BucketSource(Source):
     def _read_zarr3(self, name: str) -> np.ndarray:
         import zarr
 
-        return zarr.open_array(self.objects.zarr_store(), path=name, mode="r")[...]
+        return np.asarray(zarr.open_array(self.objects.zarr_store(), path=name, mode="r")[...])
 
     def _read_ts3(self, name: str) -> np.ndarray:
         import tensorstore as ts

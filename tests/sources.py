@@ -356,7 +356,7 @@ CASES: list[ArrayCase] = [
 CASES_BY_ID = {c.id: c for c in CASES}
 
 ROOT_ATTRS = {"title": "shardfs read matrix", "nested": {"a": [1, 2, 3], "b": None}}
-GROUP_ATTRS = {"grp": {"level": 1}, "grp/sub": {"level": 2, "name": "sub"}, "grp/empty": {}}
+GROUP_ATTRS: dict[str, dict[str, Any]] = {"grp": {"level": 1}, "grp/sub": {"level": 2, "name": "sub"}, "grp/empty": {}}
 
 
 def make_data(case: ArrayCase) -> np.ndarray:
@@ -385,6 +385,7 @@ def make_data(case: ArrayCase) -> np.ndarray:
     for idx in case.forced_empty:
         data[case.chunk_region(idx)] = fill
     for s in case.empty_shards:
+        assert case.shard is not None  # empty shards: a sharded case
         region = tuple(slice(i * n, (i + 1) * n) for i, n in zip(s, case.shard))
         data[region] = fill
     for idx in case.forced_stored:

@@ -298,8 +298,8 @@ def test_read_only_option_refuses_writes(mount, tmp_path):
 
 # ------------------------------------------------------------------ corrupt inner chunks
 
-CRC = ArrayCase("crc", shape=(4, 4), chunk=(2, 2), shard=(4, 4), dtype="uint16", fill=0,
-                inner=(LE, CRC), empty_frac=0.0)
+CRC_CASE = ArrayCase("crc", shape=(4, 4), chunk=(2, 2), shard=(4, 4), dtype="uint16", fill=0,
+                     inner=(LE, CRC), empty_frac=0.0)
 
 
 def test_inner_crc32c_mismatch_gives_eio_and_one_log_line(tmp_path, caplog):
@@ -309,10 +309,10 @@ def test_inner_crc32c_mismatch_gives_eio_and_one_log_line(tmp_path, caplog):
     src = tmp_path / "src"
     write_group(src, {})
     data = np.arange(1, 17, dtype="uint16").reshape(4, 4)
-    write_case(CRC, src, data=data)
+    write_case(CRC_CASE, src, data=data)
     shard = src / "crc" / "c" / "0" / "0"
     blob = bytearray(shard.read_bytes())
-    off, n = (int(v) for v in read_index(CRC, bytes(blob))[1, 0])
+    off, n = (int(v) for v in read_index(CRC_CASE, bytes(blob))[1, 0])
     assert n == 2 * 2 * 2 + 4, n
     blob[off] ^= 0x01  # one data bit of chunk (1, 0): its stored crc32c no longer matches
     shard.write_bytes(bytes(blob))

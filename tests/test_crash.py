@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -176,7 +177,7 @@ def run_trial(trial: int, base: Path, templates: dict) -> dict:
         plan.append([str(target), temp, data.hex(), rng.uniform(0, 0.012)])
     (d / "plan.json").write_text(json.dumps(plan))
 
-    result = {"trial": trial, "variant": variant}
+    result: dict[str, Any] = {"trial": trial, "variant": variant}
     m1 = Mount(src, mnt, d / "daemon1.log", (), allow_traceback=False)
     m2 = None
     writer = None
@@ -188,6 +189,7 @@ def run_trial(trial: int, base: Path, templates: dict) -> dict:
         with open(d / "writer.stderr", "wb") as stderr:
             writer = subprocess.Popen([sys.executable, "-S", "-c", WRITER, str(d / "plan.json")],
                                       stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, text=True)
+        assert writer.stdout is not None
         assert writer.stdout.readline().strip() == "ready"
         # most kills land while the writer runs (~0.2 s), some after it, during folds
         delay = rng.uniform(0.02, 0.25) if rng.random() < 0.75 else rng.uniform(0.25, 1.6)

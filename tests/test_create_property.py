@@ -17,6 +17,7 @@ import itertools
 import json
 import math
 import warnings
+from typing import Any
 from pathlib import Path
 
 import numcodecs
@@ -65,7 +66,7 @@ def v2_decode(zarray: dict, data: bytes) -> np.ndarray:
 
 def v2_encode(zarray: dict, chunk: np.ndarray) -> bytes:
     """A chunk as zarr 2.18 encodes it."""
-    buf = np.asarray(chunk, dtype=zarray["dtype"], order=zarray["order"])
+    buf: Any = np.asarray(chunk, dtype=zarray["dtype"], order=zarray["order"])
     for f in zarray["filters"] or []:
         buf = numcodecs.get_codec(f).encode(buf)
     buf = np.ascontiguousarray(buf).reshape(-1, order="A") if isinstance(buf, np.ndarray) else buf

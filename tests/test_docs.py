@@ -117,7 +117,7 @@ def cli_messages() -> dict[str, str]:
             for text in texts:
                 fragment = re.sub(r"^shardfs: (error: )?", "", text.strip()).lstrip(":").strip()
                 if len(fragment) >= 10 and not fragment.startswith("%"):
-                    found.setdefault(fragment, f"shardfs/{module}:{node.lineno}")
+                    found.setdefault(fragment, f"shardfs/{module}:{getattr(node, 'lineno', '?')}")
     return found
 
 

@@ -169,7 +169,9 @@ def test_a_complete_shard_is_folded_while_writes_go_on(tmp_path, mount):
 def main_thread_wakeups(pid: int) -> int:
     """Voluntary context switches of the main thread of process ``pid`` so far."""
     status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
-    return int(re.search(r"^voluntary_ctxt_switches:\s*(\d+)", status, re.M).group(1))
+    found = re.search(r"^voluntary_ctxt_switches:\s*(\d+)", status, re.M)
+    assert found is not None, status
+    return int(found.group(1))
 
 
 def test_an_idle_daemon_sleeps_and_a_write_is_still_folded_once_idle(tmp_path, mount):

@@ -78,7 +78,7 @@ def wait_daemon_gone(mnt: Path) -> None:
 def expected(src: Path) -> np.ndarray:
     import zarr
 
-    return zarr.open_array(str(src / "s"), mode="r")[...]
+    return np.asarray(zarr.open_array(str(src / "s"), mode="r")[...])
 
 
 def check_read_only_and_readable(src: Path, mnt: Path) -> None:

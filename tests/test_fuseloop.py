@@ -185,7 +185,11 @@ def _idle_run(other: Callable[[list[str]], Awaitable[None]] | None, after: float
     seconds the wait took)."""
     a, b = socket.socketpair()
     events: list[str] = []
-    timer = threading.Timer(after, lambda: (events.append("sent"), b.send(b"x")))
+    def send() -> None:
+        events.append("sent")
+        b.send(b"x")
+
+    timer = threading.Timer(after, send)
     try:
 
         async def main() -> tuple[int, float]:

@@ -70,7 +70,7 @@ def decode_inner(case: ArrayCase, blob: bytes) -> np.ndarray:
     if "gzip" in names:
         blob = gzip_mod.decompress(blob)
     endian = ">" if case.inner[0]["configuration"]["endian"] == "big" else "<"
-    dt = np.dtype(case.dtype).newbyteorder(endian)
+    dt = np.dtype(case.dtype).newbyteorder(endian)  # type: ignore[arg-type]  # "<" or ">", from the case
     return np.frombuffer(blob, dtype=dt).reshape(case.chunk)
 
 

@@ -77,8 +77,9 @@ def _expected(src, name: str = "raw") -> dict:
     import zarr
 
     arr = zarr.open_array(str(src / name), mode="r")
-    data = arr[...]
+    data = np.asarray(arr[...])
     chunks, shards = arr.chunks, arr.shards
+    assert shards is not None
     per = [s // c for s, c in zip(shards, chunks)]
     counts: dict[tuple, int] = {}
     for idx in np.ndindex(*(-(-n // c) for n, c in zip(arr.shape, chunks))):

@@ -19,7 +19,7 @@ import signal
 import time
 import warnings
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
@@ -97,7 +97,7 @@ OME_05 = {
 }
 
 # Transcoded arrays: inner chains that v2 cannot spell.
-TRANSCODED = {
+TRANSCODED: dict[str, dict[str, Any]] = {
     # transpose (1,0,2) is not the reversed order: no "order" spelling in v2
     "tr_transpose": dict(filters=[{"name": "transpose", "configuration": {"order": [1, 0, 2]}}],
                          compressors=[]),

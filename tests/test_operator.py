@@ -35,7 +35,7 @@ def shardfs(*argv: str):
 def expected(src: Path) -> np.ndarray:
     import zarr
 
-    return zarr.open_array(str(src / "s"), mode="r")[...]
+    return np.asarray(zarr.open_array(str(src / "s"), mode="r")[...])
 
 
 def enotconn(mnt: Path) -> bool:

@@ -68,7 +68,9 @@ def expected_tree(case, data) -> tuple[set[str], set[str], set[str], set[str]]:
 
 def find_tree(path: Path) -> tuple[set[str], set[str]]:
     out = run("find", str(path), "-mindepth", "1", "-printf", r"%y %P\n").stdout.decode()
-    files, dirs, other = set(), set(), set()
+    files: set[str] = set()
+    dirs: set[str] = set()
+    other: set[str] = set()
     for line in out.splitlines():
         kind, rel = line.split(" ", 1)
         {"f": files, "d": dirs}.get(kind, other).add(rel)

@@ -306,3 +306,49 @@ def test_a_crash_loop_ends_the_mount_with_one_log_line(mount, src, mnt_dir):
     assert run_shardfs("mount", str(src), str(mnt_dir)).returncode == 0
     assert (mnt_dir / "a" / ".zarray").exists()
     assert run_shardfs("umount", str(mnt_dir)).returncode == 0
+
+
+# --------------------------------------------------------------------------- upgrades
+
+
+def test_mount_on_the_live_mount_hands_it_to_a_new_worker_under_load(mount, src, tmp_path):
+    """``shardfs mount SRC MNT -o ...`` on the live mount of SRC: a new worker (the package
+    installed now) with the new options serves the same connection, the old one having folded
+    and stopped; 3 zarr 2.18 readers see no error and no wrong value; twice."""
+    mnt = mount(src)
+    m = mount.info(mnt)
+    stop = tmp_path / "stop"
+    readers = [subprocess.Popen([ZARR2_PYTHON, "-c", READER, str(mnt / "a"), str(stop), str(i)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
+    try:
+        time.sleep(1.0)
+        old = worker_of(m)
+        for cache in ("32M", "16M"):
+            r = run_shardfs("mount", str(src), str(mnt), "-o", f"chunk_cache={cache}")
+            assert (r.returncode, r.stderr) == (0, ""), r.stderr
+            doc = status(mnt)
+            assert doc["options"] == {"chunk_cache": cache}
+            time.sleep(0.5)
+    finally:
+        stop.touch()
+        outs = [r.communicate(timeout=120) for r in readers]
+    counts = [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
+    assert all(c["reads"] > 0 for c in counts), counts
+    assert [c["errors"] for c in counts] == [[], [], []]
+    assert [(c["wrong"], c["fill"]) for c in counts] == [(0, 0)] * 3
+    assert doc["pid"] == m.pid and doc["worker"]["pid"] == worker_of(m) != old
+    assert (doc["worker"]["takeovers"], doc["worker"]["restarts"]) == (2, 0)
+    assert m.log_text().count("handed") == 2 and "ended (" not in m.log_text()
+
+
+@pytest.mark.parametrize("option", ["ro", "allow_other", "max_read=65536"])
+def test_an_option_fixed_at_connection_time_cannot_change_on_the_live_mount(mount, src, option):
+    mnt = mount(src)
+    m = mount.info(mnt)
+    old = worker_of(m)
+    r = run_shardfs("mount", str(src), str(mnt), "-o", option)
+    name = option.partition("=")[0]
+    assert (r.returncode, r.stderr) == (1, f"shardfs: error: {mnt}: -o {name} cannot change on a live mount "
+                                           f"(fixed when the kernel connection was made): unmount it first "
+                                           f"(shardfs umount {mnt})\n")
+    assert worker_of(m) == old and status(mnt)["worker"]["takeovers"] == 0

@@ -66,7 +66,10 @@ class Outcome:
     """A read run on a thread: ``data`` or ``error``, and how long it took."""
 
     def __init__(self, path: Path):
-        self.path, self.data, self.error, self.elapsed = path, None, None, None
+        self.path = path
+        self.data: bytes | None = None
+        self.error: OSError | None = None
+        self.elapsed: float | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 

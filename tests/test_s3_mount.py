@@ -285,7 +285,7 @@ def bucket_w(tmp_path, s3_upload):
 
 def native(up, name: str) -> np.ndarray:
     """zarr-python 3 reading ``name`` from the bucket with its own ``ObjectStore``."""
-    return zarr.open_array(up.zarr_store(), path=name, mode="r")[...]
+    return np.asarray(zarr.open_array(up.zarr_store(), path=name, mode="r")[...])
 
 
 def journal_of(up) -> Path:

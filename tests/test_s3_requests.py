@@ -58,6 +58,7 @@ def counted(request, s3, tmp_path, mount):
 
 def requests_for(src: BucketSource, proxy: DelayProxy, key: str) -> list[Request]:
     path = f"/{src.server.bucket}/{src.prefix}/{key}"
+    assert proxy.log is not None  # a recording proxy
     return [r for r in proxy.log if r.path == path]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import sys
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # the 
 
 from soak_lib import metrics  # noqa: E402
 from soak_lib.checks import Ledger, Op  # noqa: E402
+from soak_lib.faults import Injector  # noqa: E402
 from soak_lib.grid import Grid, owner, token_of, tokens_by_chunk  # noqa: E402
 from soak_lib.model import Model  # noqa: E402
 
@@ -40,7 +42,7 @@ def ledger(name: str = "a", meta: dict = ZARRAY) -> Ledger:
     model = Model()
     for chunk in grid.all_chunks():
         model.initial(name, chunk, 0)
-    return Ledger(model, {name: grid}, 2, NoFaults())
+    return Ledger(model, {name: grid}, 2, cast(Injector, NoFaults()))  # no fault ever on
 
 
 def chunk_of_mount(name: str, m: int) -> tuple[int, ...]:

@@ -25,7 +25,7 @@ import errno
 import os
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import AbstractSet, Callable
 
 import numcodecs
 import numpy as np
@@ -139,7 +139,7 @@ class MountVsDirectory(RuleBasedStateMachine):
     def arr(self) -> Path:
         return self.mnt / SPEC.name
 
-    def both(self, op: Callable[[Path], object], refused: set[int] = frozenset()) -> None:
+    def both(self, op: Callable[[Path], object], refused: AbstractSet[int] = frozenset()) -> None:
         """Run ``op`` on the mount, then (unless the mount refused it) on the reference."""
         got = outcome(op, self.arr)
         if got in refused:

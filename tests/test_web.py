@@ -48,7 +48,7 @@ def _source(root: Path) -> dict[str, np.ndarray]:
         e = extra.create_array("e", shape=(3,), chunks=(3,), dtype="i8")
         e[:] = written["extra/e"] = np.array([7, -1, 3])
     for name in written:  # completed by zarr 3 reading the files (fill of absent chunks)
-        written[name] = zarr.open_array(str(root / "data.zarr" / name), mode="r")[...]
+        written[name] = np.asarray(zarr.open_array(str(root / "data.zarr" / name), mode="r")[...])
     return written
 
 

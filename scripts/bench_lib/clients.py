@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+from typing import Any, Callable
 
 
 def _checksum(a) -> int:
@@ -38,7 +39,7 @@ def _open_array(path: str, endpoint: str | None):
         return zarr.open_array(path, mode="r")
     env = os.environ
     if zarr.__version__.startswith("2."):
-        store = zarr.storage.FSStore(path, mode="r", key=env["AWS_ACCESS_KEY_ID"],
+        store = zarr.storage.FSStore(path, mode="r", key=env["AWS_ACCESS_KEY_ID"],  # type: ignore[attr-defined]  # zarr 2.18 (.venv-zarr2)
                                      secret=env["AWS_SECRET_ACCESS_KEY"],
                                      client_kwargs={"endpoint_url": endpoint, "region_name": env["AWS_REGION"]})
         return zarr.open_array(store, mode="r")
@@ -183,9 +184,9 @@ def reopen(path: str, calls: str) -> dict:
     return {"seconds": time.perf_counter() - t0, "calls": n, "bytes": nbytes}
 
 
-COMMANDS = {"zarr_read": zarr_read, "zarr_read_part": zarr_read_part, "zarr_chunks": zarr_chunks,
-            "ts_read": ts_read, "zarr_write": zarr_write, "dask_read": dask_read, "random_reads": random_reads,
-            "reopen": reopen}
+COMMANDS: dict[str, Callable[..., dict[str, Any]]] = {
+    "zarr_read": zarr_read, "zarr_read_part": zarr_read_part, "zarr_chunks": zarr_chunks, "ts_read": ts_read,
+    "zarr_write": zarr_write, "dask_read": dask_read, "random_reads": random_reads, "reopen": reopen}
 
 
 def main() -> None:

@@ -49,7 +49,7 @@ def _oserror_to_fuse(fn: F) -> F:
         except OSError as e:
             raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper  # type: ignore[return-value]  # the same signature as fn, which functools.wraps cannot say
 
 
 class FloorOps(pyfuse3.Operations):

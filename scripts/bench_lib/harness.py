@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from shardfs.app.mounts import daemon_pid
+from shardfs.app.mounts import daemon_of
 from testkit import datasets as ds
 
 HERE = Path(__file__).resolve().parent
@@ -248,11 +248,11 @@ class Bench:
         if r.returncode:
             self._force_unmount(mnt, None)
             raise BenchError(f"shardfs mount failed: {r.stderr.strip()[:300]}")
-        pid = daemon_pid(str(mnt))
-        if pid is None:
+        daemon = daemon_of(str(mnt))
+        if daemon is None:
             self._force_unmount(mnt, None)
-            raise BenchError("mounted, but no daemon process found for the mountpoint")
-        return Mounted(mnt, pid, seconds)
+            raise BenchError("mounted, but no daemon answers for the mountpoint on its status socket")
+        return Mounted(mnt, daemon.pid, seconds)
 
     def _mount_child(self, cmd: list[str], mnt: Path, name: str, peer: bool = False) -> Mounted:
         """Start ``cmd`` (a filesystem serving MNT in the foreground: floorfs.py, or a peer) as our child
@@ -440,6 +440,7 @@ class Bench:
     @staticmethod
     def abs_check(row: Row, target: float, direction: str, text: str) -> Row:
         row.abs_target, row.abs_dir, row.target = target, direction, text
+        assert row.mount is not None
         ok = row.mount >= target if direction == ">=" else row.mount < target
         row.status = "PASS" if ok else "FAIL"
         return row

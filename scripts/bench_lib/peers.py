@@ -87,10 +87,12 @@ def zarr_readers(bench: Any, py2: str, clients: str, vol: Path, n: int, pid: int
              for k in range(n)]
     try:
         for p in procs:
+            assert p.stdout is not None and p.stdin is not None
             if p.stdout.readline().strip() != "ready":
                 raise PeerError(f"reader did not start: {p.communicate(timeout=10)[1].strip()[-300:]}")
         cpu0 = cpu_seconds(pid) if pid else None
         for p in procs:
+            assert p.stdin is not None
             p.stdin.write("go\n")
             p.stdin.flush()
         deadline = time.monotonic() + bench.op_timeout()
@@ -100,7 +102,7 @@ def zarr_readers(bench: Any, py2: str, clients: str, vol: Path, n: int, pid: int
             if p.returncode:
                 raise PeerError(f"reader exit {p.returncode}: {err.strip()[-300:]}")
             outs.append(json.loads(out.strip().splitlines()[-1]))
-        cpu = cpu_seconds(pid) - cpu0 if pid else None
+        cpu = cpu_seconds(pid) - cpu0 if pid and cpu0 is not None else None
     except subprocess.TimeoutExpired:
         raise PeerError(f"{n} zarr readers did not finish in time") from None
     finally:
@@ -183,7 +185,7 @@ class Peers:
                         b.drop_caches()
                         wall, cpu = self.zarr_readers(root / "vol", n, pid)
                         put(f"wall{n}", side, wall)
-                        put(f"cpu{n}", side, cpu / self.n_chunks * 1e6)
+                        put(f"cpu{n}", side, None if cpu is None else cpu / self.n_chunks * 1e6)
                 if not b.smoke:
                     with self.fresh(side, "cat") as (root, _):
                         put("cat1", side, b.shell(cat, cwd=root / "vol"))
@@ -219,7 +221,8 @@ class Peers:
         """``label``: shardfs vs ratarmount (target 1x), then (with ``second``) vs fuse-zip (target
         1.1x, not for CPU); the other sides' values in the first row's note. Then the same rows
         for ``shardfs-ro`` (if measured), without targets."""
-        b, out = self.b, []
+        b = self.b
+        out: list[Any] = []
         for side in ("shardfs", "shardfs-ro"):
             if side not in v:
                 continue

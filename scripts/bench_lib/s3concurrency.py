@@ -14,6 +14,7 @@ objects, then from one trio task per GET reads them all at once three ways, 3 ro
 
 from __future__ import annotations
 
+import functools
 import statistics
 import subprocess
 import sys
@@ -54,7 +55,7 @@ def main() -> None:
 
             async with trio.open_nursery() as nursery:
                 for i in range(n):
-                    nursery.start_soon(lambda i=i: trio.to_thread.run_sync(get, i, limiter=limiter))
+                    nursery.start_soon(functools.partial(trio.to_thread.run_sync, get, i, limiter=limiter))
 
         async def bridged(s: S3Store) -> None:
             async def get(i: int) -> bytes:
@@ -62,17 +63,18 @@ def main() -> None:
 
             async with trio.open_nursery() as nursery:
                 for i in range(n):
-                    nursery.start_soon(lambda i=i: loop.trio_run(get(i)))
+                    nursery.start_soon(loop.trio_run, get(i))
 
         ways = {
             "trio.to_thread, default limiter (40)": lambda s: threads(s, None),
             f"trio.to_thread, limiter {n}": lambda s: threads(s, trio.CapacityLimiter(n)),
             "asyncio loop thread bridged to trio": bridged,
         }
-        proxy = subprocess.Popen([sys.executable, str(HERE / "delayproxy.py"), "--delay-ms", str(delay * 1000),
+        proxy = subprocess.Popen([sys.executable, "-m", "testkit.delayproxy", "--delay-ms", str(delay * 1000),
                                   "--upstream", f"127.0.0.1:{server.ports['s3.port']}"],
-                                 stdout=subprocess.PIPE, text=True)
+                                 stdout=subprocess.PIPE, text=True, cwd=HERE.parent.parent)
         try:
+            assert proxy.stdout is not None
             port = int(proxy.stdout.readline().rsplit(":", 1)[1])
             results: dict[str, list[tuple[float, float, float]]] = {w: [] for w in ways}
             for _ in range(3):

@@ -303,6 +303,7 @@ class _S3Rows:
 
         @contextmanager
         def counting(what: str) -> Iterator[None]:
+            assert count.log is not None  # a recording proxy
             start = len(count.log)
             yield
             found[what] = _split(count.log[start:])
@@ -315,6 +316,7 @@ class _S3Rows:
             if res["bytes"] <= 0:
                 raise BenchError(f"request counts: {what}: read nothing")
 
+        assert count.log is not None  # a recording proxy
         start = len(count.log)
         with b.mounted(self._url("big"), "s3-count", options=self._opts(count.port)) as m:
             found["mount"] = _split(count.log[start:])
@@ -333,6 +335,7 @@ class _S3Rows:
         unparsed = count.snapshot()[0].get("UNPARSED", 0)
 
         def row(figure: str, what: str, per: int, target: float | None, baseline: str | None = None) -> Row:
+            value: float
             if what == "mount":  # every request
                 value, base = sum(map(_total, found[what].values())), None
             else:  # requests for shard keys; the others (metadata) in the note
@@ -382,7 +385,7 @@ class _S3Rows:
 
     def rss(self) -> Row:
         peaks = {k: v for k, v in self.b.max_rss.items() if k.startswith("s3-")}
-        worst = max(peaks, key=peaks.get)
+        worst = max(peaks, key=lambda k: peaks[k])
         r = Row("S3: daemon peak RSS (VmHWM), any S3 mount", "MiB", peaks[worst] / MiB)
         r = self.b.abs_check(r, 200, "<", "< 200 MiB")
         r.note = f"largest: {worst}"

@@ -101,6 +101,7 @@ class Daemon:
         has its FUSE connection aborted, then ``Wedged`` is raised."""
         wedged = False
         if self.pid is not None:
+            assert self.proc is not None
             os.kill(self.pid, signal.SIGKILL)
             try:
                 self.proc.wait(timeout=KILL_TIMEOUT)
@@ -153,6 +154,7 @@ class Daemon:
 
     def _stuck(self) -> bool:
         """The daemon's main thread is blocked writing to /dev/fuse (in the kernel)."""
+        assert self.proc is not None
         try:
             return "fuse_dev" in Path(f"/proc/{self.proc.pid}/stack").read_text()
         except OSError:

@@ -64,7 +64,7 @@ def _main() -> None:
             sources.append(data.blocks[idx])
             regions.append(tuple(slice(i * c, min((i + 1) * c, s)) for i, c, s in zip(idx, chunks, z.shape)))
     with dask.config.set(scheduler="threads", num_workers=threads):
-        da.store(sources, [z] * len(sources), regions=regions, lock=False)
+        da.store(sources, [z] * len(sources), regions=regions, lock=False)  # type: ignore[list-item]  # a zarr array is a dask store target
 
 
 if __name__ == "__main__":

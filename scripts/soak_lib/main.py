@@ -261,11 +261,11 @@ class Run:
         import zarr
 
         if self.kind == "local":
-            return lambda name: zarr.open_array(str(src / name), mode="r")[...]
+            return lambda name: np.asarray(zarr.open_array(str(src / name), mode="r")[...])
         if self.server.proc is None or self.server.proc.poll() is not None:
             self.server.start()
         store = self.objects.zarr_store()
-        return lambda name: zarr.open_array(store, path=name, mode="r")[...]
+        return lambda name: np.asarray(zarr.open_array(store, path=name, mode="r")[...])
 
     def _hazard_through_mount(self, mnt: str) -> None:
         errors = hazard.store_everywhere(f"{mnt}/{dataset.HAZARD.name}", ZARR2_PYTHON, "zarr2", HAZARD_PARTS,
@@ -283,7 +283,7 @@ class Run:
         self.result.notes += [f"#3682 native writer failed: {e}" for e in errors]
         import zarr
 
-        self.result.hazard_native = hazard.lost_fraction(zarr.open_array(path, mode="r")[...])
+        self.result.hazard_native = hazard.lost_fraction(np.asarray(zarr.open_array(path, mode="r")[...]))
 
     def _finish(self, ledger: Ledger, sampler: metrics.Sampler, injector: Injector, t0: float) -> None:
         r = self.result

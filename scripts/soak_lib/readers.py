@@ -26,13 +26,15 @@ def _zarr2(path: str, region: Region) -> np.ndarray:
 
     z = zarr.open_array(path, mode="r")
     shape = tuple(len(range(*r.indices(n))) for r, n in zip(region, z.shape))
-    return z.get_basic_selection(region, out=np.zeros(shape, dtype=z.dtype))
+    out = np.zeros(shape, dtype=z.dtype)
+    z.get_basic_selection(region, out=out)  # type: ignore[arg-type]  # zarr 2.18's API (.venv-zarr2)
+    return out
 
 
 def _zarr3(path: str, region: Region) -> np.ndarray:
     import zarr
 
-    return zarr.open_array(path, mode="r", zarr_format=2)[region]
+    return np.asarray(zarr.open_array(path, mode="r", zarr_format=2)[region])
 
 
 def _tensorstore(path: str, region: Region) -> np.ndarray:

@@ -79,7 +79,7 @@ def error_name(e: BaseException) -> str:
     """The errno name an exception (or one in its chain) carries, else ``X:<type>: <message>``."""
     seen: BaseException | None = e
     while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in errno.errorcode:
+        if isinstance(seen, OSError) and seen.errno is not None and seen.errno in errno.errorcode:
             return errno.errorcode[seen.errno]
         seen = seen.__cause__ or seen.__context__
     text = str(e)

@@ -8,6 +8,7 @@
   at mount;
 - ``supervisor``, ``fusedev``: the supervisor that holds the mount and its kernel connection
   while workers serve it, and the connection's kernel side (mount, RESEND, clone, unmount);
+  ``handover``: ``shardfs mount`` on a live mount, handed to a new worker;
 - ``options``: the ``-o`` option table (``doc/CONFIGURATION.md`` is generated from it);
 - ``state``, ``mounts``: the per-source state directory and the live mounts;
 - ``status``, ``status_client``, ``progress``: the status socket, its client, umount progress;
@@ -15,4 +16,4 @@
 """
 
 __all__ = ["cli", "compose", "mounts", "options", "progress", "replay", "report", "run", "state", "status",
-           "status_client", "supervisor", "fusedev", "survey", "targets", "usage"]
+           "status_client", "supervisor", "fusedev", "handover", "survey", "targets", "usage"]

@@ -25,7 +25,7 @@ from shardfs import __version__
 from shardfs.app import options, state
 from shardfs.app.mounts import daemon_of, dead_source
 from shardfs.app.progress import FoldProgress
-from shardfs.app.run import run_daemon, spawn_daemon
+from shardfs.app.run import run_daemon, spawn_daemon, take_over
 from shardfs.app.usage import UsageError
 from shardfs.format.printable import printable, printable_doc
 from shardfs.storage.source import Source
@@ -212,6 +212,8 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         os.makedirs(mnt, exist_ok=True)
     except OSError as e:
         raise UsageError(f"{args.mnt}: cannot create mountpoint: {e.strerror}") from None
+    if os.path.ismount(mnt) and take_over(args, mnt, opts, source):
+        return 0  # handed to a new worker (a supervised mount of the same source)
     if os.path.ismount(mnt):
         raise UsageError(f"{args.mnt}: already a mountpoint: unmount it first (shardfs umount {args.mnt})")
     _check_empty(args.mnt, mnt, options.config(opts).nonempty)

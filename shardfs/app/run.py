@@ -74,6 +74,19 @@ def spawn_daemon(args: argparse.Namespace, source: Source) -> int:
     raise UsageError(report.removeprefix("error: ") or f"daemon exited with status {proc.returncode}")
 
 
+def take_over(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source) -> bool:
+    """``shardfs mount`` on live mount ``mnt``: True once a supervised mount of the same source
+    was handed to a new worker with these options (``shardfs.app.handover``); False if ``mnt``
+    is not one (another source, an unsupervised daemon). ``UsageError`` says why not."""
+    from shardfs.app.handover import hand_over
+
+    read_only = args.read_only or options.config(opts).read_only or source.web
+    if not args.log_file and not os.path.exists("/dev/log"):
+        args.log_file = state.log_file(source.name, source.endpoint)  # where a spawned daemon logs
+    return hand_over(args.mnt, mnt, source, list(opts.fuse), read_only,
+                     _daemon_argv(args, source.name))
+
+
 def _daemon_argv(args: argparse.Namespace, src: str) -> list[str]:
     """``shardfs mount SRC MNT -f`` with the options of ``args``, for a daemon or a worker.
     -P: the working directory is not put on the daemon's sys.path (a ``trio.py`` there must
@@ -222,7 +235,8 @@ def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_on
         os.unlink(ledger)  # left by a killed supervisor of the same pid number
     sup = Supervisor(_daemon_argv(args, source.name), mnt, device(source.name),
                      ["default_permissions", *opts.fuse], read_only, lambda line: _report(args, line),
-                     state.status_socket(source.name, source.endpoint, os.getpid()), workers)
+                     state.status_socket(source.name, source.endpoint, os.getpid()),
+                     state.takeover_file(source.name, source.endpoint, os.getpid()), workers)
     try:
         return sup.run()
     finally:
@@ -390,9 +404,10 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
 
         async def on_signal() -> None:
             nonlocal flushed
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for sig in signals:
-                    log.info("signal %d: flushing and unmounting", sig)
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
+                async for sig in signals:  # SIGUSR1: the supervisor hands the mount to a new worker
+                    log.info("signal %d: flushing and %s", sig,
+                             "handing over" if sig == signal.SIGUSR1 else "unmounting")
                     if writeback is not None:
                         await writeback.flush(folded)
                         flushed = True

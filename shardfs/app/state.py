@@ -126,6 +126,12 @@ def ledger_file(source: str, endpoint: str | None, pid: int) -> str:
     return os.path.join(state_dir(source, endpoint), f"kernel-{pid}.ledger")
 
 
+def takeover_file(source: str, endpoint: str | None, pid: int) -> str:
+    """Where ``shardfs mount`` on a live mount leaves supervisor ``pid`` the command line of
+    the worker to hand the mount to (``shardfs.app.handover``)."""
+    return os.path.join(state_dir(source, endpoint), f"takeover-{pid}.json")
+
+
 def log_file(source: str, endpoint: str | None = None) -> str:
     """The daemon's log file when it runs in the background and there is no syslog."""
     return os.path.join(state_dir(source, endpoint), "log")

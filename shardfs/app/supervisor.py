@@ -28,6 +28,11 @@ over a ``SOCK_SEQPACKET`` socket pair, one JSON message a packet:
   its session is ready (a later worker has asked the kernel to resend what the dead one had
   read: ``fusedev.resend``).
 
+``shardfs mount`` on the live mount (``shardfs.app.handover``) leaves the next worker's command
+line and sends SIGUSR1: the worker folds what is pending and stops (SIGUSR1 to it), and a worker
+of that command line (the package installed now, the new options) takes the connection over
+as after a death, counted as a takeover.
+
 A worker that dies of anything but a clean end (status 0: unmounted, or stopped by SIGTERM
 after folding) is replaced on the same connection: a fresh process, at once. After
 ``CRASH_LOOP`` deaths within ``CRASH_WINDOW`` seconds the supervisor gives up: one log line,
@@ -94,8 +99,12 @@ class Supervisor:
     names it as the mount's daemon: ``shardfs.app.mounts.daemon_of``) and each worker serves."""
 
     def __init__(self, argv: list[str], mnt: str, fsname: str, fuse_opts: list[str], read_only: bool,
-                 report: Callable[[str], None], status_path: str | None = None, workers: int = 1) -> None:
+                 report: Callable[[str], None], status_path: str | None = None,
+                 takeover_path: str | None = None, workers: int = 1) -> None:
         self.argv, self.mnt, self.fsname = argv, mnt, fsname
+        self.takeover_path = takeover_path  # ``shardfs mount`` on the live mount: the next worker's argv
+        self.handing_over: list[str] | None = None  # that argv, while the workers fold and stop
+        self.handing: set[int] = set()  # the slots whose worker has not stopped for it yet
         self.status_path = status_path  # ``shardfs status``: made here, served by each worker
         self.status: socket.socket | None = None
         self.fuse_opts, self.read_only = fuse_opts, read_only
@@ -118,7 +127,7 @@ class Supervisor:
         """Serve until unmounted or signalled; the exit status."""
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(sig, lambda *_: None)
         try:
             fusedev.check()
@@ -199,19 +208,44 @@ class Supervisor:
         except BlockingIOError:
             return
         for sig in sigs:
-            if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            if sig == signal.SIGUSR1:
+                self._takeover()
+            elif sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 if sig != signal.SIGHUP:
                     self.stopping = True
                 for worker in self.workers.values():
                     if worker.proc.poll() is None:
                         worker.proc.send_signal(signal.SIGTERM if sig != signal.SIGHUP else signal.SIGHUP)
 
-    def _spawn(self, index: int) -> Worker:
+    def _takeover(self) -> None:
+        """``shardfs mount`` on the live mount left the next workers' command line
+        (``shardfs.app.handover``): each worker folds what is pending and stops (SIGUSR1), then
+        ``_ended`` starts that one in its slot (as many workers as before)."""
+        if self.takeover_path is None or self.stopping:
+            return
+        try:
+            with open(self.takeover_path) as f:
+                argv = json.load(f)["argv"]
+            os.unlink(self.takeover_path)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.error("%s: no takeover: %s", self.takeover_path, e)
+            return
+        if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+            log.error("%s: no takeover: not a command line", self.takeover_path)
+            return
+        self.handing_over = argv
+        self.handing = set(self.workers)
+        log.info("handing %s over to a new worker: %s", self.mnt, " ".join(argv))
+        for worker in self.workers.values():
+            if worker.proc.poll() is None:
+                worker.proc.send_signal(signal.SIGUSR1)
+
+    def _spawn(self, index: int, argv: list[str] | None = None) -> Worker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {**os.environ, "SHARDFS_OOM_SCORE_ADJ": self.oom_before,
                "SHARDFS_WORKER_SLOT": f"{index}/{self.count}"}
         with open(os.devnull, "rb") as null:
-            proc = subprocess.Popen([*self.argv, "--worker", str(theirs.fileno())], stdin=null,
+            proc = subprocess.Popen([*(argv or self.argv), "--worker", str(theirs.fileno())], stdin=null,
                                     pass_fds=(theirs.fileno(),), env=env)
         theirs.close()
         return Worker(proc, ours, index)
@@ -301,6 +335,17 @@ class Supervisor:
         status = worker.proc.wait()
         worker.ctl.close()
         del self.workers[worker.index]
+        if self.handing_over is not None and worker.index in self.handing and not self.stopping and self.fd >= 0 \
+                and fusedev.connected(self.fd):
+            self.handing.discard(worker.index)
+            if not self.handing:
+                self.argv, self.handing_over = self.handing_over, None
+            self.counters.takeovers += worker.index == 0
+            log.info("worker %d handed %s over (%s)", worker.proc.pid, self.mnt,
+                     "exit status 0" if status == 0 else f"status {status}")
+            self.workers[worker.index] = self._spawn(worker.index, self.handing_over or self.argv)
+            self.workers[worker.index].replaces = True
+            return
         if self.over or status == 0 or self.stopping or self.fd < 0 or not fusedev.connected(self.fd):
             if not self.over:
                 self.over = True

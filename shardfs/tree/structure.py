@@ -178,7 +178,7 @@ class Structure:
             log.error("%s: cannot create: %s", where, e)
             raise fail(errno.EPERM) from None
         await self._write_doc(path, doc, new=True)
-        self.view.made.created(path, array=name == ".zarray")
+        self.view.made.created(path, name == ".zarray")  # positional: the ledger notes *args
         if attrs_file is not None:
             await self.became_meta(parent, ".zattrs", path, ".zattrs")
         else:  # shown once written: copy tools create it exclusively (O_EXCL) after .zarray
