@@ -316,7 +316,7 @@ class Supervisor:
             socket.send_fds(worker.ctl, [json.dumps(msg).encode()],
                             [fd] + ([self.status.fileno()] if self.status is not None else []))
         finally:
-            if not self.resend:
+            if not self.resend and fd != self.fd:
                 os.close(fd)
 
     def _failed(self, why: str) -> None:
