@@ -352,3 +352,29 @@ def test_an_option_fixed_at_connection_time_cannot_change_on_the_live_mount(moun
                                            f"(fixed when the kernel connection was made): unmount it first "
                                            f"(shardfs umount {mnt})\n")
     assert worker_of(m) == old and status(mnt)["worker"]["takeovers"] == 0
+
+
+# --------------------------------------------------------------------------- found by the soak's worker kills
+
+
+@pytest.mark.parametrize("how", ["rename", "inplace", "cp"])
+def test_a_chunk_written_before_the_kill_reads_as_written_right_after(mount, src, how):
+    """A chunk written through the mount (in the journal, not yet folded) and looked up since:
+    right after a worker kill, before the kernel looks its name up again, the new worker
+    serves it as written (found by scripts/soak's worker kills: fill reads and ENOENT)."""
+    mnt = mount(src)
+    m = mount.info(mnt)
+    data = chunk(mnt, "3.3")
+    target = mnt / "a" / "1.1"
+    if how == "rename":
+        tmp = mnt / "a" / "1.1.partial"
+        tmp.write_bytes(data)
+        os.rename(tmp, target)
+    elif how == "inplace":
+        target.write_bytes(data)
+    else:
+        subprocess.run(["cp", str(mnt / "a" / "3.3"), str(target)], check=True)
+    assert target.read_bytes() == data and os.stat(target).st_size == len(data)
+    kill_worker(m, mnt)
+    assert os.stat(target).st_size == len(data)
+    assert target.read_bytes() == data

@@ -188,6 +188,34 @@ def test_a_journal_dir_others_can_write_or_a_symlink_is_refused(tmp_path):
     assert os.listdir(tmp_path / "elsewhere") == []
 
 
+def test_a_sticky_journal_dir_is_used_and_what_others_plant_in_it_is_not(tmp_path, shared, other_user, mount):
+    """``-o journal_dir=DIR`` may be a sticky directory others write, of this user's or root's
+    (a fresh tmpfs is 1777, as ``/tmp``): the journal is made in it 0700; an orphan journal
+    another user planted there refuses the mount, naming it; a sticky one of theirs is refused."""
+    src = tmp_path / "src"
+    exp = build(src, [S])["s"]
+    jdir = shared / "sticky"
+    jdir.mkdir()
+    jdir.chmod(0o1777)
+    plant_journal(other_user, jdir, S.values(S.chunk, 9))
+    err = mount_fails(src, tmp_path / "mnt", "-o", f"journal_dir={jdir}")
+    why = f"{jdir}: not journal directories: {1:020d}-1"
+    assert err == f"shardfs: error: {src}: cannot replay the write journal: {why}\n", err
+    assert_source_equals(src, "s", exp)
+    shutil.rmtree(jdir / f"{1:020d}-1")
+    mnt = mount(src, "-o", f"journal_dir={jdir}")
+    (mnt / "s" / "0.0").write_bytes(S.encode(S.values(S.chunk, 5)))
+    (own,) = os.listdir(jdir)
+    assert os.lstat(jdir / own).st_mode & 0o7777 == 0o700
+    umount(mount, mnt)
+    theirs = shared / "theirs"
+    theirs.mkdir()
+    theirs.chmod(0o1777)
+    os.chown(theirs, other_user.uid, other_user.gid)
+    err = mount_fails(src, tmp_path / "mnt", "-o", f"journal_dir={theirs}")
+    assert err == f"shardfs: error: {refused(theirs, foreign(other_user))}\n", err
+
+
 def test_state_dirs_and_files_are_private(tmp_path, mount, shared):
     """Every directory shardfs makes is 0700 and its files 0600 (journal segment, socket, log)."""
     src = tmp_path / "src"
@@ -450,6 +478,31 @@ def test_names_from_the_source_never_forge_log_lines(tmp_path, mount):
     assert no_control(log) and not any(line.startswith("FORGED") for line in log.splitlines())
 
 
+def test_a_traceback_in_the_log_escapes_the_exceptions_text():
+    """Finding 6: an internal error logged with its traceback (``log.exception``) whose
+    exception names something from the source: the frames keep their lines, the exception's
+    text is one escaped line."""
+    import logging
+
+    from shardfs.app.run import _Printable
+
+    try:
+        try:
+            raise KeyError("x")
+        except KeyError as e:
+            raise ValueError(f"cannot read {EVIL}") from e
+    except ValueError:
+        import sys
+
+        record = logging.LogRecord("shardfs", logging.ERROR, __file__, 1, "internal error", (), sys.exc_info())
+    text = _Printable("%(levelname)s %(message)s").format(record)
+    lines = text.splitlines()
+    assert lines[0] == "ERROR internal error" and lines[1] == "Traceback (most recent call last):", text
+    assert lines[-1] == f"ValueError: cannot read {EVIL_SHOWN}", text
+    assert "KeyError: 'x'" in lines and no_control(text), text
+    assert not any(line.startswith("FORGED") for line in lines), text
+
+
 def test_inspect_status_and_errors_escape_what_they_print(tmp_path, mount):
     """Finding 6: ``inspect`` of an array whose ``data_type`` holds escapes, ``status`` of a source
     whose name does, and an error line naming such a path print them escaped."""
@@ -550,3 +603,145 @@ def test_uid_gid_and_modes_are_what_nodes_show(tmp_path, other_user, mount):
         assert (st.st_uid, st.st_gid, st.st_mode) == (other_user.uid, other_user.gid, mode), path
     r = run_shardfs("mount", str(src), str(tmp_path / "m2"), "-o", "file_mode=999")
     assert (r.returncode, r.stderr) == (1, "shardfs: error: -o file_mode=999: not octal permission bits (e.g. 0640)\n")
+
+
+# --------------------------------------------------------------------------- bounds
+
+
+def worker_pid(mnt: Path) -> int:
+    """The process that serves ``mnt`` (the supervisor's worker; the daemon itself if none)."""
+    import json
+
+    doc = json.loads(run_shardfs("status", str(mnt), "--json").stdout)
+    return (doc.get("worker") or {}).get("pid") or doc["pid"]
+
+
+def peak_rss(pid: int) -> int:
+    """The peak resident memory of ``pid`` so far (``VmHWM``), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) << 10
+    raise AssertionError("no VmHWM")
+
+
+def transcoded(src: Path, compressor: str = "zstd") -> None:
+    """An unsharded array ``a`` whose chain v2 cannot express (served transcoded), 32 KiB chunks."""
+    from sources import LE, gzip, transpose, write_v3, zstd
+
+    write_v3(src / "a", np.arange(4 * 64 * 64, dtype="<i4").reshape(4, 64, 64), (2, 64, 64),
+             [transpose((1, 0, 2)), LE, zstd(3) if compressor.startswith("zstd") else gzip(1)])
+    (src / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group", "attributes": {}}')
+
+
+BOMB = 256 << 20  # bytes of zeros in the bomb: its stored form is a few KiB
+GZIP_BOMB = 40 << 20
+
+
+def bomb(kind: str) -> bytes:
+    """A frame of ``kind`` decoding to ``BOMB`` zero bytes: zstd saying its size in its header,
+    zstd from a stream (no size said: ``zstd`` reading a pipe); gzip: ``GZIP_BOMB``."""
+    import zlib
+
+    import numcodecs
+
+    if kind == "zstd":
+        return numcodecs.Zstd(level=1).encode(bytes(BOMB))
+    if kind == "gzip":  # deflate shrinks at most ~1032:1, and a stored chunk is at most ~41 KB here
+        c = zlib.compressobj(9, zlib.DEFLATED, 31)
+        return c.compress(bytes(GZIP_BOMB)) + c.flush()
+    if not shutil.which("zstd"):
+        pytest.skip("no zstd command (a frame without a content size)")
+    r = subprocess.run(["sh", "-c", f"head -c {BOMB} /dev/zero | zstd -1 -c"], capture_output=True, check=True)
+    assert r.stdout[4] >> 6 == 0 and not r.stdout[4] & 0x20, "no content size"
+    return r.stdout
+
+
+@pytest.mark.parametrize("kind", ["zstd", "zstd-streamed", "gzip"])
+def test_a_decompression_bomb_is_corrupt_and_never_decoded(tmp_path, mount, kind):
+    """Finding 5: an inner chunk of 32 KiB stored as a frame of a few KiB that decodes to 256 MiB
+    (gzip: 40 KB to 40 MiB) is corrupt (EIO, one log line) before it is decoded: the daemon's
+    peak RSS stays put."""
+    src = tmp_path / "src"
+    transcoded(src, kind)
+    (src / "a" / "c" / "0" / "0" / "0").write_bytes(bomb(kind))
+    mnt = mount(src, "--read-only")
+    good = (mnt / "a" / "1.0.0").read_bytes()
+    assert len(good) == 32768
+    pid = worker_pid(mnt)
+    before = peak_rss(pid)
+    with pytest.raises(OSError) as e:
+        (mnt / "a" / "0.0.0").read_bytes()
+    assert e.value.errno == 5
+    assert peak_rss(pid) - before < 32 << 20, (before, peak_rss(pid))
+    lines = [line for line in mount.info(mnt).log_text().splitlines() if "corrupt chunk" in line]
+    why = f"says it decodes to {BOMB} bytes, not 32768" if kind == "zstd" else "decodes to more than 32768 bytes"
+    assert len(lines) == 1 and lines[0].endswith(f"{src}/a/c/0/0/0: corrupt chunk 0.0.0: inner chunk {why}"), lines
+
+
+def test_a_stored_chunk_longer_than_a_chunk_can_be_is_never_read(tmp_path, mount):
+    """Finding 5: a sparse shard of 1 GiB whose index gives one inner chunk (with a crc32c, so
+    serving it reads it whole) all of it: corrupt before it is read (EIO, one log line), the
+    daemon's peak RSS stays put."""
+    import crc32c
+
+    spec = Spec("s", (8, 10), (4, 5), (8, 10), "<i4", 0, ("zstd", 3), inner_crc=True,
+                index_location="end", index_crc=True, initial=((slice(0, 8), slice(0, 10)),),
+                write=(slice(0, 4), slice(0, 5)))
+    src = tmp_path / "src"
+    build(src, [spec])
+    shard = spec.shard_file(src, (0, 0))
+    big = 1 << 30
+    index = np.full((4, 2), 2**64 - 1, dtype="<u8")
+    index[0] = (0, big - 68)
+    raw = index.tobytes()
+    with open(shard, "wb") as f:
+        f.truncate(big - 68)
+        f.seek(big - 68)
+        f.write(raw + crc32c.crc32c(raw).to_bytes(4, "little"))
+    mnt = mount(src, "--read-only")
+    assert os.stat(mnt / "s" / "0.0").st_size == big - 72
+    pid = worker_pid(mnt)
+    before = peak_rss(pid)
+    with pytest.raises(OSError) as e:
+        (mnt / "s" / "0.0").read_bytes()
+    assert e.value.errno == 5
+    assert peak_rss(pid) - before < 32 << 20, (before, peak_rss(pid))
+    lines = [line for line in mount.info(mnt).log_text().splitlines() if "corrupt chunk" in line]
+    assert len(lines) == 1 and lines[0].endswith(
+        f"{shard}: corrupt chunk 0.0: inner chunk of {big - 68} bytes stored, more than one inner chunk "
+        f"takes ({80 + 10 + 1 + 4096 + 4}): not read"), lines
+
+
+def test_max_chunk_bounds_what_is_decoded(tmp_path, mount):
+    """``-o max_chunk``: inner chunks larger than it are never decoded (EIO, one log line per array)."""
+    src = tmp_path / "src"
+    transcoded(src)
+    mnt = mount(src, "--read-only", "-o", "max_chunk=16K")
+    for name in ("0.0.0", "1.0.0"):
+        with pytest.raises(OSError) as e:
+            (mnt / "a" / name).read_bytes()
+        assert e.value.errno == 5
+    lines = [line for line in mount.info(mnt).log_text().splitlines() if "not decoded" in line]
+    assert len(lines) == 1 and lines[0].endswith(
+        f"{src}/a: inner chunks of 32768 bytes are larger than -o max_chunk=16384: not decoded (EIO)"), lines
+
+
+@pytest.mark.parametrize("encoding", ["default", "v2"])
+def test_a_huge_web_grid_lists_without_making_every_name(tmp_path, web_server, mount, encoding):
+    """Finding 5: a web source's array of shape 2^40 with chunks of 1: ``ls`` answers at once with
+    no chunk file (a grid that large is not listed; chunk files are found by name) and the
+    daemon's peak RSS stays under 200 MiB."""
+    import json
+
+    root = tmp_path / "www" / "data.zarr"
+    (root / "big").mkdir(parents=True)
+    (root / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group", "attributes": {}}')
+    doc = {"zarr_format": 3, "node_type": "array", "shape": [2**40], "data_type": "uint8",
+           "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [1]}},
+           "chunk_key_encoding": {"name": encoding}, "fill_value": 7,
+           "codecs": [{"name": "bytes"}], "attributes": {}}
+    (root / "big" / "zarr.json").write_text(json.dumps(doc))
+    server = web_server(tmp_path / "www")
+    mnt = mount(f"{server.url}/data.zarr")
+    assert sorted(os.listdir(mnt / "big")) == [".zarray", ".zattrs"]
+    assert peak_rss(worker_pid(mnt)) < 200 << 20

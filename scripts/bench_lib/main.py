@@ -350,6 +350,13 @@ class Figures(Bench):
 
         return workers.figure(self)
 
+    def fig_restart(self) -> list[Row]:
+        """SIGKILL of a supervised mount's worker to its successor and to the first request it
+        serves (restart.py)."""
+        from bench_lib import restart
+
+        return restart.figure(self)
+
     def fig_s3(self) -> list[Row]:
         """The object-storage rows (s3rows.py), against a SeaweedFS started and stopped here."""
         from bench_lib import s3rows
@@ -358,7 +365,7 @@ class Figures(Bench):
 
 
 WEIGHTS = {"read": 0.20, "cat": 0.18, "peers": 0.20, "large": 0.03, "listing": 0.15, "random": 0.04,
-           "write": 0.27, "dask": 0.10, "mount": 0.03, "s3": 0.25, "scale": 0.5, "workers": 0.5}
+           "write": 0.27, "dask": 0.10, "mount": 0.03, "restart": 0.04, "s3": 0.25, "scale": 0.5, "workers": 0.5}
 # cheap figures, and the slow S3 one, always get their repetitions
 FLOOR = {"peers": 90.0, "large": 25.0, "random": 20.0, "mount": 15.0, "s3": 90.0}
 S3_LABELS = ["S3: zarr 2.18 read via mount vs zarr 3 native", "S3, 10 ms each way: same",
@@ -392,6 +399,8 @@ FIGURES: list[tuple[str, str, list[str]]] = [
                             "  bytes written vs final size"]),
     ("dask", "fig_dask", ["dask 2 threads vs 1 thread, via mount", "  same on the real v2 copy"]),
     ("mount", "fig_mount", ["mount time, >100k chunks vs 1 shard"]),
+    ("restart", "fig_restart", ["restart: SIGKILL of the worker to its successor started, p50", "  same, p99",
+                                "restart: SIGKILL of the worker to the first request served, p50", "  same, p99"]),
     ("s3", "fig_s3", S3_LABELS),
     ("workers", "fig_workers", ["workers=1: 4 zarr 2.18 readers, read-only mount, time vs workers=1"]),
     ("scale", "fig_scale", ["scale: ls -l over 1M chunk files", "scale: find -type f over 1M chunk files",

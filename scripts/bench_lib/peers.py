@@ -40,6 +40,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from bench_lib.harness import process_tree
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 RATARMOUNT = REPO / ".venv-ratarmount" / "bin" / "ratarmount"
@@ -69,10 +71,14 @@ def build_zip(src: Path, dest: Path, arcdir: str) -> None:
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of process ``pid``, all its threads (those that ended too), in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(") ", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    """utime + stime of process ``pid`` and its descendants (a supervised mount's worker:
+    ``harness.process_tree``), all their threads (those that ended too), in seconds."""
+    total = 0
+    for p in process_tree(pid):
+        with open(f"/proc/{p}/stat") as f:
+            fields = f.read().rsplit(") ", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / CLK_TCK
 
 
 def zarr_readers(bench: Any, py2: str, clients: str, vol: Path, n: int, pid: int | None

@@ -25,7 +25,7 @@ from pathlib import Path
 import crc32c
 import numpy as np
 
-from bench_lib.harness import Bench, Row, rotate
+from bench_lib.harness import Bench, Row, proc_status, rotate
 from bench_lib.s3rows import _aws_env
 from testkit.seaweed import REGION, S3Source, SeaweedS3, put_all
 
@@ -108,10 +108,10 @@ def _local(bench: Bench) -> list[Row]:
 
 
 def _rss(pid: int) -> tuple[int, int]:
-    """The process's resident set now and at its peak (VmRSS, VmHWM), in bytes."""
-    with open(f"/proc/{pid}/status") as f:
-        fields = dict(line.split(":", 1) for line in f if ":" in line)
-    return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
+    """The daemon's resident set now and at its peak (VmRSS, VmHWM), in bytes (a supervised
+    mount: its supervisor and worker, ``harness.proc_status``)."""
+    st = proc_status(pid)
+    return st["VmRSS"], st["VmHWM"]
 
 
 def _rss_row(label: str, rss: int, peak: int, target_mib: int) -> Row:

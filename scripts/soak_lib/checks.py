@@ -4,17 +4,31 @@ and after it, and the source itself at the end.
 ``Ledger.poll()`` reads the new complete lines of every worker log (``worker.py``'s format):
 write ``begin``/``end`` lines go to the ``Model``; every finished operation goes to ``ops``
 (kind, start, end, error) for the metrics; a failed operation's error is *clean* when it is
-EIO, ENOSPC or EAGAIN, or when it overlaps a fault window (a killed daemon's ENOTCONN, a
-stopped server); a library write that failed with ENOENT while an ``rm`` of its chunk was in
-flight is *raced* (zarr 2.18 reads an edge chunk before writing part of it); a failed read is
-*raced* when a write of the same array that no filesystem makes atomic for readers (in place,
-``cp``, ``rm``: ``RACY``) was in flight meanwhile (also a fill read while such a write of that
-very chunk was: its ``O_TRUNC`` emptied it), or an ENOENT follows an ``rm`` of that array by less
-than the entry timeout; a read that failed to decode
-on one mount while the other mount had written that array in the attribute timeout before is
-counted *cross-mount* (the kernel of the reading mount may still hold a chunk's old size: see
-the report), and so is an ENOENT naming a chunk the other mount writes and removed before
-(``_removed_by_other_mount``); any other failure is *unclean*. ``Ledger.validate(before)`` checks
+EIO, ENOSPC or EAGAIN, or when it overlaps the window of a fault that may fail a client (a
+killed daemon's ENOTCONN, a stopped server: not a worker kill, which no client may notice).
+The rest must be excused by one rule, each counted in ``excused`` (the report shows how many
+each excused); a read is excused only by a write of a chunk inside its region (readers log
+every read's region, ``r``):
+
+- ``RACE``: a write no filesystem makes atomic for readers (in place, ``cp``, ``rm``: ``RACY``)
+  of a chunk in the region was in flight meanwhile (also a fill read while such a write of that
+  very chunk was: its ``O_TRUNC`` emptied it, ``FILL_RACE``);
+- ``REMOVED``: an ENOENT follows an ``rm`` of a chunk in the region by less than the entry
+  timeout (zarr 2.18 stats, then opens);
+- ``LIB_ENOENT``: a library write that failed with ENOENT while an ``rm`` of its chunk was in
+  flight (zarr 2.18 reads an edge chunk before writing part of it); ``CP_EEXIST``: a ``cp``
+  whose ``O_EXCL`` create met another write of its chunk;
+- ``STALE_SIZE``: a read that failed to decode on one mount while the other mount had written
+  a chunk in its region in the attribute timeout before (the kernel of the reading mount may
+  still hold a chunk's old size: see the report); ``STALE_NAME``: an ENOENT naming a chunk the
+  other mount writes and removed before (``_removed_by_other_mount``); both also counted
+  *cross-mount*.
+
+Any other failure is *unclean*. During a worker kill alone (``Injector.worker_kill``), what
+clients saw is counted in ``worker_kill``: fill reads and other values the model forbids
+(forbidden), failed reads and structure changes (unclean unless a rule above excuses them), and
+writes that failed with EIO: those whose bytes only the dead worker held, as promised
+(doc/SEMANTICS.md "Restarts and upgrades"), not unclean. ``Ledger.validate(before)`` checks
 the reads, and judges the failed writes, that ended before ``before`` (call it with a lag: a
 write that began before a read or a failed write ended must have logged its ``begin``, in
 whichever worker's log is read first): in each chunk a read must have seen one token, allowed by the model
@@ -39,7 +53,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from soak_lib.faults import Injector
+from soak_lib.faults import WORKER_KILL, Injector
 from soak_lib.grid import Grid, owner, tokens_by_chunk
 from soak_lib.model import Model
 
@@ -49,6 +63,14 @@ CLEAN = frozenset({"EIO", "ENOSPC", "EAGAIN"})
 RACY = frozenset({"inplace", "cp", "rm"})
 LIBRARIES = frozenset({"zarr2", "zarr3", "tensorstore"})  # writes through a client library
 ATTR_TIMEOUT = 10.0  # the mounts' -o attr_timeout/entry_timeout default
+# The rules that excuse a failure (module docstring), as the report names them.
+RACE = "read: in-place write, cp or rm of a chunk in its region in flight"
+FILL_RACE = "fill read: in-place write, cp or rm of that chunk in flight (O_TRUNC)"
+REMOVED = "read ENOENT: rm of a chunk in its region within the entry timeout"
+LIB_ENOENT = "library write ENOENT: rm of its chunk in flight"
+CP_EEXIST = "cp EEXIST: another write of its chunk in flight"
+STALE_NAME = "read ENOENT on one mount: the other mount removed that chunk (stale name)"
+STALE_SIZE = "read undecodable on one mount: the other mount wrote a chunk in its region (stale size)"
 
 
 @dataclass
@@ -73,6 +95,8 @@ class Ledger:
     masked: collections.Counter = field(default_factory=collections.Counter)
     raced: collections.Counter = field(default_factory=collections.Counter)
     cross_mount: collections.Counter = field(default_factory=collections.Counter)
+    excused: collections.Counter = field(default_factory=collections.Counter)  # failures by the rule excusing them
+    worker_kill: collections.Counter = field(default_factory=collections.Counter)  # what clients saw of them
     reads_checked: int = 0
     chunks_checked: int = 0
     _offsets: dict[Path, int] = field(default_factory=dict)
@@ -106,6 +130,8 @@ class Ledger:
             if self.faults.overlapping(rec["t0"], rec["t1"]):  # zarr 2.18 reads a chunk it cannot stat as fill
                 self.masked["zarr2 structure read-back"] += len(rec["bad"])
             else:
+                if self.faults.worker_kill(rec["t0"], rec["t1"]):
+                    self.worker_kill["structure read-backs that differ"] += len(rec["bad"])
                 self.forbidden.extend(f"{worker}: {b}" for b in rec["bad"])
         op = Op({"r": "read", "we": "write", "s": "structure"}[kind], rec["t0"], rec["t1"], rec.get("err"), worker)
         self.ops.append(op)
@@ -113,47 +139,71 @@ class Ledger:
             self._failed.append((op, rec))
 
     def _judge_error(self, op: Op, rec: dict[str, Any]) -> None:
-        """Count a failed operation as clean, raced (module docstring) or unclean."""
-        if not op.err or op.err in CLEAN or self.faults.overlapping(op.start, op.end):
+        """Count a failed operation as clean, excused by a rule, or unclean (module docstring)."""
+        if not op.err or self.faults.overlapping(op.start, op.end):
+            return
+        during_kill = self.faults.worker_kill(op.start, op.end)
+        if during_kill and op.kind != "read" and op.err == "EIO":  # bytes only the dead worker held
+            self.worker_kill[f"{op.kind}s failed with EIO (bytes lost with the worker)"] += 1
+            return
+        if op.err in CLEAN and not during_kill:
             return
         if rec.get("how") == "rm" and op.err == "ENOENT":  # the chunk was empty already
             return
         if (op.kind == "write" and op.err == "ENOENT" and rec["how"] in LIBRARIES
-                and self._racing(rec["a"], op.start, op.end, rec["c"], {"rm"})):
+                and self._racing(rec["a"], op.start, op.end, {rec["c"]}, {"rm"})):
             # zarr 2.18 writing part of a chunk (an edge chunk) reads it first: stat, then open,
             # and the other writer of this mount removed it in between (an open with O_CREAT,
             # in place or cp, has no such excuse: it creates the file if it is gone)
-            self.raced[f"{rec['how']} write"] += 1
+            self._excuse(LIB_ENOENT, self.raced, f"{rec['how']} write")
             return
         if (op.kind == "write" and op.err == "EEXIST" and rec["how"] == "cp"
-                and self._racing(rec["a"], op.start, op.end, rec["c"], set(LIBRARIES) | {"rename", "inplace", "cp"},
-                                 other_than=op.worker)):
+                and self._racing(rec["a"], op.start, op.end, {rec["c"]},
+                                 set(LIBRARIES) | {"rename", "inplace", "cp"}, other_than=op.worker)):
             # cp creates a file its stat found missing with O_EXCL: another writer of the chunk
             # (another cp too) made it in between (an rm had emptied it), as on any filesystem
-            self.raced["cp write"] += 1
+            self._excuse(CP_EEXIST, self.raced, "cp write")
             return
-        if op.kind == "read" and self._racing(rec["a"], op.start, op.end):
-            self.raced[rec["lib"]] += 1
-            return
-        if op.kind == "read" and op.err == "ENOENT" and self._removed(rec["a"], op.end):
-            self.raced[rec["lib"]] += 1
-            return
-        if op.kind == "read" and op.err == "ENOENT" and self._removed_by_other_mount(rec):
-            self.cross_mount[rec["lib"]] += 1
-            return
-        if op.kind == "read" and op.err.startswith("X:") and self._other_mount_wrote(rec["a"], rec["m"], op.end):
-            self.cross_mount[rec["lib"]] += 1
-            return
-        self.unclean.append(f"{op.worker}: {op.kind} {_describe(rec)} failed in [{op.start:.3f}, {op.end:.3f}]: "
-                            f"{op.err}" + (f" ({rec['msg']})" if rec.get("msg") else ""))
+        if op.kind == "read":
+            region = self._region_chunks(rec)
+            if self._racing(rec["a"], op.start, op.end, region):
+                self._excuse(RACE, self.raced, rec["lib"])
+                return
+            if op.err == "ENOENT" and self._removed(rec["a"], op.end, region):
+                self._excuse(REMOVED, self.raced, rec["lib"])
+                return
+            if op.err == "ENOENT" and self._removed_by_other_mount(rec):
+                self._excuse(STALE_NAME, self.cross_mount, rec["lib"])
+                return
+            if op.err.startswith("X:") and self._other_mount_wrote(rec["a"], rec["m"], op.end, region):
+                self._excuse(STALE_SIZE, self.cross_mount, rec["lib"])
+                return
+        if during_kill:
+            self.worker_kill[f"failed {op.kind}s"] += 1
+        self.unclean.append(f"{op.worker}: {op.kind} {_describe(rec)} failed in [{op.start:.3f}, {op.end:.3f}]"
+                            f"{' during a worker kill' if during_kill else ''}: {op.err}"
+                            + (f" ({rec['msg']})" if rec.get("msg") else ""))
 
-    def _removed(self, array: str, t1: float) -> bool:
-        """A chunk of ``array`` was removed (``rm``, either mount) within ``ATTR_TIMEOUT`` before
-        ``t1`` (any time before, when a killed daemon's replay ended within it): zarr 2.18 stats
-        a chunk, then opens it; a mount learns of another mount's removal when that one folds,
-        and the kernel keeps the name for the entry timeout."""
-        replayed = any(w.kind == "kill" and t1 - ATTR_TIMEOUT < w.end < t1 for w in self.faults.windows)
-        return any(w.how == "rm" and w.start < t1 and (replayed or w.end is None or w.end > t1 - ATTR_TIMEOUT)
+    def _excuse(self, rule: str, counter: collections.Counter, key: str) -> None:
+        self.excused[rule] += 1
+        counter[key] += 1
+
+    def _region_chunks(self, rec: dict[str, Any]) -> set[tuple[int, ...]]:
+        """The chunks a read's region (``r``) touches; none if it logged no region."""
+        if "r" not in rec or rec["a"] not in self.grids:
+            return set()
+        region = tuple(slice(a, b) for a, b in rec["r"])
+        return {chunk for chunk, _part in self.grids[rec["a"]].chunks_of(region)}
+
+    def _removed(self, array: str, t1: float, chunks: set[tuple[int, ...]]) -> bool:
+        """One of ``chunks`` of ``array`` was removed (``rm``, either mount) within ``ATTR_TIMEOUT``
+        before ``t1`` (any time before, when a replay by a restarted daemon or worker ended within
+        it): zarr 2.18 stats a chunk, then opens it; a mount learns of another mount's removal
+        when that one folds, and the kernel keeps the name for the entry timeout."""
+        replayed = any(w.kind in ("kill", WORKER_KILL) and t1 - ATTR_TIMEOUT < w.end < t1
+                       for w in self.faults.windows)
+        return any(w.how == "rm" and w.chunk in chunks and w.start < t1
+                   and (replayed or w.end is None or w.end > t1 - ATTR_TIMEOUT)
                    for w in self.model.writes_of(array))
 
     def _removed_by_other_mount(self, rec: dict[str, Any]) -> bool:
@@ -170,17 +220,19 @@ class Ledger:
             return False
         return any(w.how == "rm" and w.chunk == chunk and w.start < t1 for w in self.model.writes_of(name))
 
-    def _other_mount_wrote(self, array: str, mount: int, t1: float) -> bool:
-        """A mount other than ``mount`` wrote ``array`` within ``ATTR_TIMEOUT`` before ``t1``."""
-        return any(w.worker.endswith(f"-m{1 - mount}") and w.how != "initial" and w.start < t1
-                   and (w.end is None or w.end > t1 - ATTR_TIMEOUT) for w in self.model.writes_of(array))
+    def _other_mount_wrote(self, array: str, mount: int, t1: float, chunks: set[tuple[int, ...]]) -> bool:
+        """A mount other than ``mount`` wrote one of ``chunks`` of ``array`` within ``ATTR_TIMEOUT``
+        before ``t1``."""
+        return any(w.worker.endswith(f"-m{1 - mount}") and w.how != "initial" and w.chunk in chunks
+                   and w.start < t1 and (w.end is None or w.end > t1 - ATTR_TIMEOUT)
+                   for w in self.model.writes_of(array))
 
-    def _racing(self, array: str, t0: float, t1: float, chunk: tuple[int, ...] | None = None,
+    def _racing(self, array: str, t0: float, t1: float, chunks: set[tuple[int, ...]],
                 racy: frozenset[str] | set[str] = RACY, other_than: str = "") -> bool:
-        """A write of ``array`` (of ``chunk`` if given) that is not atomic for readers (of a kind
+        """A write of one of ``chunks`` of ``array`` that is not atomic for readers (of a kind
         in ``racy``), by a worker other than ``other_than``, was in flight during [t0, t1]."""
-        return any(w.how in racy and w.start < t1 and (w.end is None or w.end > t0) and w.worker != other_than
-                   and (chunk is None or w.chunk == chunk) for w in self.model.writes_of(array))
+        return any(w.how in racy and w.chunk in chunks and w.start < t1 and (w.end is None or w.end > t0)
+                   and w.worker != other_than for w in self.model.writes_of(array))
 
     def validate(self, before: float) -> None:
         """Check the reads and judge the failed writes that ended before ``before`` (module docstring)."""
@@ -222,9 +274,11 @@ class Ledger:
             if token == 0 and self.faults.overlapping(t0, t1):
                 self.masked[rec["lib"]] += 1
                 continue
-            if token == 0 and self._racing(name, t0, t1, chunk):  # truncated by O_TRUNC: read as empty
-                self.raced[rec["lib"]] += 1
+            if token == 0 and self._racing(name, t0, t1, {chunk}):  # truncated by O_TRUNC: read as empty
+                self._excuse(FILL_RACE, self.raced, rec["lib"])
                 continue
+            if self.faults.worker_kill(t0, t1):
+                self.worker_kill["fill reads" if token == 0 else "other values the model forbids"] += 1
             self.forbidden.append(f"{rec['w']} ({rec['lib']}, mount {rec['m']}): {name} chunk {chunk} held "
                                   f"{token}, which the model forbids in [{t0:.3f}, {t1:.3f}]\n"
                                   + self.history(name, chunk, t1))

@@ -3,10 +3,13 @@
 ``Daemon(name, src, mnt, options, env, log_dir)``: ``start()`` runs ``shardfs mount SRC MNT -f
 --log-file LOG -o ...`` in its own session and returns once MNT is a mountpoint (``Wedged`` if
 not within ``MOUNT_TIMEOUT``, ``RuntimeError`` if the daemon exited first); ``kill()`` is the
-crash (SIGKILL, then ``fusermount3 -u -z``); ``umount(timeout)`` is ``shardfs umount --timeout``
-and returns (exit status, seconds, the daemon's exit status); ``close()`` (for ``finally``
-blocks) lazily unmounts and SIGKILLs the daemon if it is still there. ``stats()`` reads the
-daemon's /proc entries: RSS, open fds apart from sockets, sockets, threads, bytes of its spill
+crash (SIGKILL of the supervisor, whose worker dies with it, then ``fusermount3 -u -z``);
+``kill_worker()`` is the crash of the worker alone (SIGKILL of the supervisor's child; the
+supervisor starts another on the same connection: no unmount, no remount);
+``umount(timeout)`` is ``shardfs umount --timeout`` and returns (exit status, seconds, the
+daemon's exit status); ``close()`` (for ``finally`` blocks) lazily unmounts and SIGKILLs the
+daemon if it is still there. ``stats()`` reads the /proc entries of the daemon (supervisor
+and worker): RSS, open fds apart from sockets, sockets, threads, bytes of its spill
 files (unlinked files it holds open under ``spill/``).
 """
 
@@ -114,6 +117,38 @@ class Daemon:
             raise Wedged(f"daemon {self.name}: SIGKILL did not end it within {KILL_TIMEOUT:g} s "
                          "(blocked in the kernel); its FUSE connection was aborted")
 
+    def worker_pid(self) -> int | None:
+        """The pid of the supervisor's worker (its one child), None if it has none now."""
+        pid = self.pid
+        if pid is None:
+            return None
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            return None
+        return int(children[0]) if len(children) == 1 else None
+
+    def kill_worker(self) -> int:
+        """SIGKILL the worker (a crash, an OOM kill) and wait until another one serves the mount
+        (``shardfs status`` names it); its pid. ``Wedged`` if none does within ``MOUNT_TIMEOUT``,
+        ``RuntimeError`` if the daemon has no worker (not supervised, or gone)."""
+        old = self.worker_pid()
+        if old is None:
+            raise RuntimeError(f"daemon {self.name}: no worker to kill (is the mount supervised?)")
+        os.kill(old, signal.SIGKILL)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < MOUNT_TIMEOUT:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"daemon {self.name}: the supervisor exited with {self.proc.returncode} "
+                                   "after its worker was killed:\n" + self.tail())
+            new = self.worker_pid()
+            if new is not None and new != old:
+                doc = self.status()
+                if (doc.get("worker") or {}).get("pid") == new:
+                    return new
+            time.sleep(0.05)
+        raise Wedged(f"daemon {self.name}: no new worker serves {MOUNT_TIMEOUT:g} s after its worker was killed")
+
     def umount(self, timeout: float) -> tuple[int, float, int | None]:
         """``shardfs umount MNT --timeout T``: (its status, seconds, the daemon's status or None if it
         was still running ``timeout`` + 30 s later)."""
@@ -182,24 +217,34 @@ class Daemon:
 
     def stats(self) -> dict[str, float]:
         """RSS (MiB), open fds (files, pipes, /dev/fuse), sockets (the object store client's
-        connections, a pool), threads and spill bytes of the running daemon ({} if it is not)."""
+        connections, a pool), threads and spill bytes of the running daemon, its supervisor and
+        worker together ({} if it is not running)."""
         pid = self.pid
         if pid is None:
             return {}
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            return {}
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        spill = sockets = 0
-        for fd in fds:
+        worker = self.worker_pid()
+        out = {"rss_mib": 0.0, "fds": 0, "sockets": 0, "threads": 0, "spill_bytes": 0}
+        for p in [pid] + ([worker] if worker is not None else []):
             try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                sockets += target.startswith("socket:")
-                if "/spill/" in target:
-                    spill += os.stat(f"/proc/{pid}/fd/{fd}").st_size
+                status = Path(f"/proc/{p}/status").read_text()
+                fds = os.listdir(f"/proc/{p}/fd")
             except OSError:
-                pass
-        return {"rss_mib": int(fields["VmRSS"].split()[0]) / 1024, "fds": len(fds) - sockets, "sockets": sockets,
-                "threads": int(fields["Threads"]), "spill_bytes": spill}
+                if p == pid:
+                    return {}
+                continue
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            spill = sockets = 0
+            for fd in fds:
+                try:
+                    target = os.readlink(f"/proc/{p}/fd/{fd}")
+                    sockets += target.startswith("socket:")
+                    if "/spill/" in target:
+                        spill += os.stat(f"/proc/{p}/fd/{fd}").st_size
+                except OSError:
+                    pass
+            out["rss_mib"] += int(fields["VmRSS"].split()[0]) / 1024
+            out["fds"] += len(fds) - sockets
+            out["sockets"] += sockets
+            out["threads"] += int(fields["Threads"])
+            out["spill_bytes"] += spill
+        return out

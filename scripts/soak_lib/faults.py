@@ -2,7 +2,10 @@
 
 ``schedule(rng, seconds, kinds, every)`` draws one event about every ``every`` seconds (uniformly
 jittered), never in the first or last 10% of the run, each ``Fault(at, kind, seconds, target)``.
-Kinds: ``kill`` (SIGKILL of daemon ``target``, lazy unmount, remount: the journal's replay),
+Kinds: ``kill`` (SIGKILL of daemon ``target``, the supervisor and its worker, lazy unmount,
+remount: the journal's replay), ``worker-kill`` (SIGKILL of daemon ``target``'s worker alone:
+its supervisor starts another on the same connection, and no client may notice: a window of
+this kind excuses nothing, ``EXCUSING``),
 ``s3-restart`` (the S3 server crashes, stays down ``seconds``, restarts), ``503`` / ``500`` /
 ``reset`` / ``stall`` (a burst of ``seconds`` from the ``FaultProxy``), ``journal-full`` (the tmpfs
 holding daemon A's journal is filled to the last byte for ``seconds``, then freed).
@@ -26,8 +29,9 @@ from typing import Any
 
 from soak_lib.daemons import Daemon, Wedged
 
-LOCAL_KINDS = ("kill", "journal-full")
-S3_KINDS = ("kill", "journal-full", "s3-restart", "503", "500", "reset", "stall")
+LOCAL_KINDS = ("kill", "worker-kill", "journal-full")
+S3_KINDS = ("kill", "worker-kill", "journal-full", "s3-restart", "503", "500", "reset", "stall")
+WORKER_KILL = "worker-kill"  # a fault no client may notice: its window excuses no failure
 SETTLE = 2.0  # seconds after a fault ends during which its effects still count as the fault's
 # SeaweedFS answers 404 for objects whose volume has not reported to its master again for a few
 # seconds after a restart (a real S3 never does): the mount then rightly says ENOENT.
@@ -55,7 +59,7 @@ def schedule(rng: random.Random, seconds: float, kinds: tuple[str, ...], every: 
     events, t = [], seconds * 0.1 + rng.uniform(0, every / 2)
     while t < seconds * 0.9:
         kind = rng.choice(kinds)
-        length = {"kill": 0.0, "stall": rng.uniform(8, 15)}.get(kind, rng.uniform(3, 10))
+        length = {"kill": 0.0, WORKER_KILL: 0.0, "stall": rng.uniform(8, 15)}.get(kind, rng.uniform(3, 10))
         events.append(Fault(round(t, 1), kind, round(length, 1), rng.randrange(daemons)))
         t += rng.uniform(every * 0.5, every * 1.5)
     return events
@@ -144,6 +148,8 @@ class Injector:
             d = self.daemons[ev.target % len(self.daemons)]
             d.kill()
             d.start()
+        elif ev.kind == WORKER_KILL:
+            self.daemons[ev.target % len(self.daemons)].kill_worker()
         elif ev.kind == "s3-restart":
             self.server.kill()
             stop.wait(ev.seconds)
@@ -162,6 +168,14 @@ class Injector:
             finally:
                 self.proxy.set_fault(None)
 
-    def overlapping(self, t0: float, t1: float) -> list[Window]:
+    def overlapping(self, t0: float, t1: float, excusing: bool = True) -> list[Window]:
+        """The fault windows that overlap [t0, t1]: with ``excusing``, only those whose fault
+        may make a client fail (not ``worker-kill``: its failures are the judge's to count)."""
         current = self.current
-        return [w for w in [*self.windows, *([current] if current else [])] if w.start < t1 and t0 < w.end]
+        return [w for w in [*self.windows, *([current] if current else [])]
+                if w.start < t1 and t0 < w.end and not (excusing and w.kind == WORKER_KILL)]
+
+    def worker_kill(self, t0: float, t1: float) -> bool:
+        """[t0, t1] overlaps a worker kill's window and no fault that excuses a failure."""
+        windows = self.overlapping(t0, t1, excusing=False)
+        return bool(windows) and all(w.kind == WORKER_KILL for w in windows)

@@ -296,6 +296,7 @@ class Run:
         r.faults = collections.Counter(w.kind for w in injector.windows)
         r.errors = collections.Counter("other" if o.err.startswith("X:") else o.err for o in ledger.ops if o.err)
         r.masked, r.raced, r.cross_mount = ledger.masked, ledger.raced, ledger.cross_mount
+        r.excused, r.worker_kill = ledger.excused, ledger.worker_kill
         r.lost, r.forbidden, r.unclean = ledger.lost, ledger.forbidden, r.unclean + ledger.unclean
         names = [d.name for d in self.daemons]
         rows = metrics.minutes(ledger.ops, sampler.samples, t0, [w.start for w in injector.windows], names)

@@ -3,7 +3,9 @@
 ``run_reader(worker)`` loops until the deadline: picks an array and a region (``grid.pick_region``),
 reads it with the worker's ``lib`` (``zarr2``: zarr-python 2.18; ``zarr3``: zarr-python 3 with
 ``zarr_format=2``; ``tensorstore``: its ``zarr`` driver with a fresh context, no cache) opening the
-array afresh for each read, and logs ``{"k": "r", "a", "m", "lib", "t0", "t1"}`` plus either
+array afresh for each read, and logs ``{"k": "r", "a", "m", "lib", "t0", "t1", "r"}`` (``r``: the
+region, ``[start, stop]`` per axis, logged for a failed read too: the judge excuses a failure
+only for a write of a chunk inside it) plus either
 ``c`` (``grid.tokens_by_chunk``: the distinct values in each chunk's part) or ``err``.
 The config gives ``mount`` (this reader's mountpoint), ``m`` (its index) and ``arrays``
 (name -> {"zarray": the v2 metadata, "shard": the shard shape in elements}).
@@ -60,7 +62,8 @@ def run_reader(worker: Any) -> None:
         region = pick_region(worker.rng, grid, shard)
         path = f"{cfg['mount']}/{name}"
         t0, t1, values, err = worker.timed(lambda: read(path, region))
-        rec: dict[str, Any] = {"k": "r", "a": name, "m": cfg["m"], "lib": cfg["lib"], "t0": t0, "t1": t1}
+        rec: dict[str, Any] = {"k": "r", "a": name, "m": cfg["m"], "lib": cfg["lib"], "t0": t0, "t1": t1,
+                               "r": [[r.start, r.stop] for r in region]}
         if err is None:
             rec["c"] = tokens_by_chunk(grid, region, np.asarray(values))
         else:

@@ -27,6 +27,8 @@ class Result:
     masked: collections.Counter = field(default_factory=collections.Counter)
     raced: collections.Counter = field(default_factory=collections.Counter)
     cross_mount: collections.Counter = field(default_factory=collections.Counter)
+    excused: collections.Counter = field(default_factory=collections.Counter)  # by rule (checks.py)
+    worker_kill: collections.Counter = field(default_factory=collections.Counter)  # seen during worker kills
     lost: list[str] = field(default_factory=list)
     forbidden: list[str] = field(default_factory=list)
     unclean: list[str] = field(default_factory=list)
@@ -62,6 +64,12 @@ def table(results: list[Result]) -> str:
          lambda r: ", ".join(f"{k} {v}" for k, v in sorted(r.raced.items())) or "0"),
         ("read failed on one mount after the other mount's write (stale size) or rm (stale name)",
          lambda r: ", ".join(f"{k} {v}" for k, v in sorted(r.cross_mount.items())) or "0"),
+        ("failures excused, by rule", lambda r: "; ".join(f"{k}: {v}" for k, v in r.excused.most_common()) or "0"),
+        ("during worker kills: fill reads, failed reads (other failures)",
+         lambda r: f"{r.worker_kill['fill reads']}, {r.worker_kill['failed reads']}"
+         + (" (" + ", ".join(f"{k} {v}" for k, v in sorted(r.worker_kill.items())
+                             if k not in ("fill reads", "failed reads")) + ")"
+            if set(r.worker_kill) - {"fill reads", "failed reads"} else "")),
         ("lost", lambda r: str(len(r.lost))),
         ("forbidden (of which unclean errors)", lambda r: f"{r.forbidden_count} ({len(r.unclean)})"),
         ("wedged", lambda r: str(len(r.wedged))),

@@ -234,7 +234,7 @@ def _detach_dead(given: str, mnt: str) -> bool:
     if result.returncode:
         raise UsageError(f"{given}: a dead shardfs mount of {src} (its daemon is gone) that this user cannot "
                          f"detach: run shardfs umount {given} as the user who mounted it")
-    print(f"shardfs: {given}: detached a dead shardfs mount of {src} (its daemon was gone); "
+    print(f"shardfs: {printable(given)}: detached a dead shardfs mount of {printable(src)} (its daemon was gone); "
           "its pending writes, if any, are folded by the next mount of that source", file=sys.stderr)
     return True
 

@@ -86,6 +86,7 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
         raise UsageError(f"-o {e}") from None
     reads = make_reads(storage, cache=ranges, chunk_cache=ChunkCache(cfg.reads.chunk_cache))
     view = View(storage, read_only=writeback is None, writeback=writeback, ome=cfg.tree.ome,
+                max_chunk=cfg.reads.max_chunk,
                 c_order=cfg.tree.c_order, reads=reads, ledger=ledger)
     ops = Operations(view, timeouts, writeback, spill_dir=spill,
                      shard_bytes=cfg.writes.shard_size, faults=faults, shown=cfg.kernel)

@@ -76,6 +76,8 @@ OWN = (
     Option("dir_mode", "MODE", "the permission bits every directory shows, octal (default 0755; 0555 read-only)",
            "kernel.dir_mode"),
     Option("chunk_cache", "SIZE", "memory for decoded chunk files, e.g. 256M; 0 = off", "reads.chunk_cache"),
+    Option("max_chunk", "SIZE", "largest inner chunk decoded for a chunk file of a transcoded array; a larger "
+                                "one is EIO with one log line (memory bound)", "reads.max_chunk"),
     Option("shard_size", "SIZE", "uncompressed size of a shard of an array created through the mount",
            "writes.shard_size"),
     Option("journal_dir", "DIR", "write journal here (default $XDG_STATE_HOME/shardfs/<id>/journal)",
@@ -200,7 +202,7 @@ def _check_values(own: dict[str, str]) -> None:
     for name in ("file_mode", "dir_mode"):
         if name in own and not (own[name] and set(own[name]) <= set("01234567") and int(own[name], 8) <= 0o777):
             raise ValueError(f"-o {name}={own[name]}: not octal permission bits (e.g. 0640)")
-    for name in ("chunk_cache", "shard_size", "cache_size"):
+    for name in ("chunk_cache", "shard_size", "cache_size", "max_chunk"):
         if name in own:
             try:
                 parse_size(own[name])

@@ -27,8 +27,9 @@ def open_writeback(source: Source, storage: Any, journal_dir: str | None, cleanu
     from shardfs.writes.writeback import Writeback
 
     root = state.journal_dir(source.name, journal_dir, source.endpoint)
-    try:
-        claim = journal.claim(root, state.private_top(root))
+    top = state.private_top(root)
+    try:  # a -o journal_dir the user named may be sticky, as /tmp (doc/SECURITY.md#state)
+        claim = journal.claim(root, top, shared_top=journal_dir is not None and top == root)
     except private.Refused as e:
         raise UsageError(str(e)) from None
     except OSError as e:

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import traceback
 from typing import TYPE_CHECKING, Any, Iterator
 
 from shardfs.app import options, state
@@ -132,11 +133,24 @@ def _setup_logging(args: argparse.Namespace) -> None:
 
 class _Printable(logging.Formatter):
     """Each record's message made ``printable``: names and text from the source (or a client)
-    never forge a line or send a terminal escape (a traceback below it is shardfs's own)."""
+    never forge a line or send a terminal escape. A traceback below it keeps its lines (the
+    frames are shardfs's own code); each exception's own text in it is made ``printable``."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = printable(record.message)
         return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        kept = ("Traceback (most recent call last):\n",
+                "\nThe above exception was the direct cause of the following exception:\n\n",
+                "\nDuring handling of the above exception, another exception occurred:\n\n")
+        parts = []
+        for part in traceback.TracebackException(ei[0], ei[1], ei[2]).format():
+            if part in kept or part.startswith('  File "'):
+                parts.append(part)
+            else:  # "Type: message": the message may hold what the source named
+                parts.append(printable(part.rstrip("\n")) + "\n")
+        return "".join(parts).rstrip("\n")
 
 
 def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source) -> int:

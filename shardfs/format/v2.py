@@ -9,6 +9,7 @@ is also how array→array codecs before the sharding codec (``a2a``) are shown.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -36,6 +37,7 @@ from zarr.core.codec_pipeline import BatchedCodecPipeline
 from zarr.core.sync import sync as zarr_sync
 from zarr.core.metadata.v3 import ArrayV3Metadata
 
+from shardfs.format import bombs
 from shardfs.format.a2a import Filters, index_order, split_sharding
 from shardfs.format.draft import draft_index
 from shardfs.format.dtypes import MAX_VLEN_CHUNK, view_dtype, vlen_codec_id
@@ -65,8 +67,46 @@ class Transcoder:
     spec: Any
     filters: Filters | None = None
 
+    @functools.cached_property
+    def outer(self) -> tuple[str | None, int, int]:
+        """``(kind, crc, limit)``: the outermost compressor of the chain as ``bombs`` names it
+        (None: none, or one ``bombs`` cannot size), the bytes of the ``crc32c`` checksums
+        after it, and the most it may decode to: one encoded inner chunk's raw bytes (with a
+        compressor's worst-case growth when another compressor lies below it)."""
+        outside = list(getattr(self.pipeline, "bytes_bytes_codecs", ()))
+        crc = 0
+        while outside and isinstance(outside[-1], Crc32cCodec):
+            outside.pop()
+            crc += 4
+        dtype = np.dtype(self.spec.dtype.to_native_dtype())
+        n = MAX_VLEN_CHUNK if dtype.hasobject else math.prod(self.spec.shape) * dtype.itemsize
+        limit = n if len(outside) <= 1 else n + n // 8 + n // 64 + 4096
+        if not outside:
+            return None, crc, limit
+        codec = outside[-1]
+        kind = ("zstd" if isinstance(codec, ZstdCodec) else "gzip" if isinstance(codec, GzipCodec)
+                else "blosc" if isinstance(codec, BloscCodec)
+                else "zlib" if getattr(codec, "codec_name", None) == "numcodecs.zlib" else None)
+        return kind, crc, limit
+
+    def check_size(self, stored: bytes) -> None:
+        """``CorruptChunk`` if the outermost compressor's frame in ``stored`` says, or turns out
+        while counting in bounded memory (``shardfs.format.bombs``), that it decodes to more
+        than one inner chunk: refused before anything is decoded."""
+        kind, crc, limit = self.outer
+        if kind is None:
+            return
+        frame = stored[:len(stored) - crc] if crc else stored
+        size = bombs.decoded_size(kind, frame, limit)
+        if size is not None and size > limit:
+            if bombs.said_size(kind, frame) is not None:
+                raise CorruptChunk(f"inner chunk says it decodes to {size} bytes, not {limit}")
+            raise CorruptChunk(f"inner chunk decodes to more than {limit} bytes")
+
     def decode(self, stored: bytes, dtype: np.dtype) -> bytes:
-        """The raw C-order bytes, as ``dtype``, of a stored inner chunk."""
+        """The raw C-order bytes, as ``dtype``, of a stored inner chunk (its size checked
+        first: ``check_size``)."""
+        self.check_size(stored)
         buf = default_buffer_prototype().buffer.from_bytes(stored)
         (out,) = zarr_sync(self.pipeline.decode([(buf, self.spec)]))
         if out is None:
@@ -146,8 +186,21 @@ class ChunkFormat:
         n = self.nbytes
         return n if self.compressor is None else n + n // 8 + n // 64 + 4096
 
+    @property
+    def max_stored(self) -> int:
+        """The most bytes a stored inner chunk may take when serving it decodes it (``decodes``):
+        one inner chunk grown by a compressor's worst case (see ``max_file_size``) and its
+        checksums. A longer one is corrupt and never read (an index may point at a sparse
+        terabyte)."""
+        if self.transcoder is not None:
+            kind, crc, limit = self.transcoder.outer
+            return limit + limit // 8 + limit // 64 + 4096 + crc
+        return self.max_file_size + (4 if self.crc32c else 0)
+
     def to_file(self, stored: bytes) -> bytes:
-        """The chunk file's bytes for a stored inner chunk; ``CorruptChunk`` if it does not decode."""
+        """The chunk file's bytes for a stored inner chunk; ``CorruptChunk`` if it does not decode,
+        or decodes (or says it decodes, or is found to while it is counted before decoding:
+        ``Transcoder.check_size``) to more than one inner chunk's bytes."""
         if self.transcoder is not None:
             try:
                 raw = self.transcoder.decode(stored, self.dtype)

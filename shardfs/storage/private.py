@@ -10,7 +10,11 @@ Contracts:
   group or other write bit), else ``Refused`` names it, as ssh refuses a ``~/.ssh`` others
   can write. Directories above ``top`` are the user's choice (their home, ``/tmp``): missing
   ones are made 0700, existing ones are not checked. So what shardfs keeps below ``top``
-  cannot have been planted, nor replaced by a symlink, by another user.
+  cannot have been planted, nor replaced by a symlink, by another user. With ``shared_top``
+  (a directory the user named for shardfs to make its own directories in: ``-o
+  journal_dir``), ``top`` itself may also be a sticky directory others can write, owned by
+  this user or root (a fresh tmpfs, ``/tmp``): as ssh and systemd use ``/tmp``, nobody else
+  can remove or rename what shardfs makes in it, and what it makes there is checked as above.
 - ``open_file(dir_fd, name, flags, path)`` (``open_path(path, flags)``) opens ``name`` in that directory with
   ``O_NOFOLLOW`` (created 0600); it must be a regular file owned by this user, else ``Refused``.
 - ``Refused`` is one line: the path and why.
@@ -50,9 +54,17 @@ def problem(st: os.stat_result, directory: bool = True) -> str | None:
     return None
 
 
-def open_dir(path: str, top: str | None = None, create: bool = True) -> int:
+def shared(st: os.stat_result) -> bool:
+    """True if ``st`` is a sticky directory (others may write it, but remove or rename only what
+    they own) of this user's or root's, and not a symlink."""
+    return (stat.S_ISDIR(st.st_mode) and bool(st.st_mode & stat.S_ISVTX)
+            and st.st_uid in (os.geteuid(), 0))
+
+
+def open_dir(path: str, top: str | None = None, create: bool = True, shared_top: bool = False) -> int:
     """A descriptor of directory ``path``, made and checked from ``top`` down (see the module
-    docstring); ``Refused`` or ``OSError`` (it cannot be made; with ``create`` False,
+    docstring; ``shared_top``: ``top`` may be a sticky directory others write, see ``shared``);
+    ``Refused`` or ``OSError`` (it cannot be made; with ``create`` False,
     ``FileNotFoundError`` if it is missing: nothing is made)."""
     path = os.path.abspath(path)
     top = os.path.abspath(top) if top else path
@@ -64,7 +76,7 @@ def open_dir(path: str, top: str | None = None, create: bool = True) -> int:
     fd = os.open(os.path.dirname(top), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     where = os.path.dirname(top)
     try:
-        for name in names:
+        for depth, name in enumerate(names):
             where = os.path.join(where, name)
             if create:
                 try:
@@ -80,8 +92,9 @@ def open_dir(path: str, top: str | None = None, create: bool = True) -> int:
                 raise
             os.close(fd)
             fd = child
-            why = problem(os.fstat(fd))
-            if why:
+            st = os.fstat(fd)
+            why = problem(st)
+            if why and not (shared_top and depth == 0 and shared(st)):
                 raise Refused(where, why)
     except BaseException:
         os.close(fd)

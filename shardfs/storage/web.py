@@ -12,7 +12,10 @@ retries, counters), and makes up the listings the view needs from what the data 
   one answers. Any other child is found by name (a lookup GETs its ``zarr.json``): ``ls``
   does not show it, ``cd`` and ``open`` work.
 - an array lists ``zarr.json`` and its chunk key space level by level (``c``, ``c/0``...),
-  computed from its shape, chunk grid and key encoding: every position of the shard grid.
+  computed from its shape, chunk grid and key encoding: every position of the shard grid,
+  made page by page as the listing is read, for grids of at most ``LISTED_MAX`` positions;
+  a larger grid lists none (its chunk files are found by name), so no listing of a huge
+  declared shape builds every name (or reads every shard's index).
   Which shards exist comes from their GETs (the view reads a listed shard's index; 404:
   absent), so a listing costs no request of its own.
 
@@ -45,6 +48,8 @@ from shardfs.storage.objects import (ObjectStorage, Retry, StorageUnavailable, _
 log = logging.getLogger("shardfs")
 DOC_TTL = 1.0  # seconds a zarr.json read for a listing is remembered
 DOCS_KEPT = 1024  # zarr.json documents remembered at most (all forgotten past it)
+LIST_PAGE = 1000  # entries per page of a made-up listing
+LISTED_MAX = 100_000  # shard positions of an array's key space listed at most (beyond: found by name)
 
 
 class WebStorage(ObjectStorage):
@@ -80,14 +85,23 @@ class WebStorage(ObjectStorage):
         return self._listings.list(prefix.strip("/"), self._list)
 
     def _list(self, prefix: str) -> Iterator[builtins.list[Entry]]:
-        entries = self._entries(prefix)
-        if entries:
-            yield entries
+        entries = iter(self._entries(prefix))
+        while page := builtins.list(itertools.islice(entries, LIST_PAGE)):
+            yield page
 
     def is_dir(self, key: str) -> bool:
+        """True if ``key`` is a group, an array or a prefix of an array's key space (computed,
+        never by listing a key space)."""
         key = key.strip("/")
         if not key:
             return True
+        parts = key.split("/")
+        for cut in range(len(parts)):  # an array above ``key``: its key space says
+            doc = self._doc("/".join(parts[:cut]))
+            if doc is None:
+                return False
+            if doc.get("node_type") == "array":
+                return key_level(doc, tuple(parts[cut:])) is not None
         parent, _, name = key.rpartition("/")
         return any(e.name == name and e.is_dir for page in self.list(parent) for e in page)
 
@@ -112,7 +126,7 @@ class WebStorage(ObjectStorage):
         self._docs[key] = (now + DOC_TTL, doc if isinstance(doc, dict) else None)
         return self._docs[key][1]
 
-    def _entries(self, prefix: str) -> builtins.list[Entry]:
+    def _entries(self, prefix: str) -> Iterable[Entry]:
         parts = prefix.split("/") if prefix else []
         for cut in range(len(parts) + 1):  # from the root down: the first array owns the rest
             base = "/".join(parts[:cut])
@@ -120,8 +134,12 @@ class WebStorage(ObjectStorage):
             if doc is None:
                 return []
             if doc.get("node_type") == "array":
-                level = self._key_level(base, doc, tuple(parts[cut:]))
-                return [Entry("zarr.json", False), *level] if cut == len(parts) else level
+                level = key_level(doc, tuple(parts[cut:]))
+                if level is None:
+                    return []
+                names, leaf = level
+                entries = (Entry(n, not leaf) for n in names)
+                return itertools.chain([Entry("zarr.json", False)], entries) if cut == len(parts) else entries
         children = set(self._children(prefix, doc))  # type: ignore[arg-type]  # the loop ran (cut 0) and returned on None
         for cut in range(len(parts)):  # consolidated metadata of the groups above names them too
             above = self._doc("/".join(parts[:cut]))
@@ -134,14 +152,6 @@ class WebStorage(ObjectStorage):
         if _multiscales(attrs) and "labels" not in names and self._doc(f"{prefix}/labels" if prefix else "labels"):
             names.append("labels")
         return names
-
-    def _key_level(self, path: str, doc: dict[str, Any], rel: tuple[str, ...]) -> builtins.list[Entry]:
-        """The entries at ``rel`` in the chunk key space of the array at ``path``."""
-        level = key_level(doc, rel)
-        if level is None:
-            return []
-        names, leaf = level
-        return [Entry(n, not leaf) for n in names]
 
     # ------------------------------------------------------------------ mount-time check
 
@@ -196,10 +206,12 @@ def _multiscales(attrs: dict[str, Any]) -> list[dict[str, Any]]:
     return [m for m in found if isinstance(m, dict)] if isinstance(found, list) else []
 
 
-def key_level(doc: dict[str, Any], rel: tuple[str, ...]) -> tuple[list[str], bool] | None:
+def key_level(doc: dict[str, Any], rel: tuple[str, ...]) -> tuple[Iterator[str], bool] | None:
     """``(names, leaf)`` at ``rel`` in the chunk key space of an array ``zarr.json``: the
-    names one level below (``leaf``: they are shard keys, not directories), or None if
-    ``rel`` is not a prefix of a key. Regular grids and both key encodings only."""
+    names one level below, made as they are consumed (``leaf``: they are shard keys, not
+    directories), or None if ``rel`` is not a prefix of a key. Regular grids and both key
+    encodings only. A key space of more than ``LISTED_MAX`` shard positions has no names
+    (``rel`` is still checked): its chunk files are found by name."""
     try:
         shape = [int(s) for s in doc["shape"]]
         chunks = [int(c) for c in doc["chunk_grid"]["configuration"]["chunk_shape"]]
@@ -209,18 +221,29 @@ def key_level(doc: dict[str, Any], rel: tuple[str, ...]) -> tuple[list[str], boo
     except (KeyError, TypeError, ValueError):
         return None
     grid = [math.ceil(s / c) if c > 0 else 0 for s, c in zip(shape, chunks)]
+    listed = math.prod(grid) <= LISTED_MAX
     lead = ["c"] if kind == "default" else []
     if sep != "/":  # every key is one name at the array root
         if rel:
             return None
         if not grid:
-            return (["c"] if kind == "default" else ["0"]), True
-        return [sep.join([*lead, *map(str, idx)]) for idx in itertools.product(*map(range, grid))], True
-    levels = [["c"]] * len(lead) + [[str(i) for i in range(g)] for g in grid]
+            return iter(["c"] if kind == "default" else ["0"]), True
+        if not listed:  # (product() would make a list of each range)
+            return iter(()), True
+        return (sep.join([*lead, *map(str, idx)]) for idx in itertools.product(*map(range, grid))), True
+    levels: list[str | int] = [*lead, *grid]  # a name, or the size of a dimension (names "0".."n-1")
     if not grid and kind != "default":
-        levels = [["0"]]
+        levels = ["0"]
     depth = len(rel)
-    if depth >= len(levels) or any(r not in levels[i] for i, r in enumerate(rel)):
+    if depth >= len(levels) or not all(_in_level(levels[i], r) for i, r in enumerate(rel)):
         return None
-    return levels[depth], depth == len(levels) - 1
+    level = levels[depth]
+    below: Iterator[str] = iter([level]) if isinstance(level, str) else map(str, range(level)) if listed else iter(())
+    return below, depth == len(levels) - 1
 
+
+def _in_level(level: str | int, name: str) -> bool:
+    """True if ``name`` is a name of key-space ``level`` (a name, or a dimension's size)."""
+    if isinstance(level, str):
+        return name == level
+    return name.isascii() and name.isdigit() and str(int(name)) == name and int(name) < level

@@ -11,10 +11,12 @@ next worker reads them back (``load``) before it serves the connection.
 
 Records (JSON arrays; the first item says which): ``["a", slot, path]`` an array's slot,
 ``["k", ino, kind, ...]`` a node key's inode (``NodeTable``), ``["t", ino]`` a staging file's
-inode, ``["h", fh, ino, kind]`` a handle opened and ``["x", fh]`` released (``kernel.handles``),
-``["w", fh]`` a handle open for writing got bytes that only the worker's memory held. When the
-file outgrows ``COMPACT_BYTES`` its holder rewrites it with the records still in effect
-(``rewrite``). A ledger without a path keeps nothing (an unsupervised mount, the in-process tests).
+inode, ``["u", ino, kind, ...]`` a staging file committed onto a node (renamed onto a chunk or
+metadata file: the kernel's dentry of that name holds its inode), ``["h", fh, ino, kind]`` a
+handle opened and ``["x", fh]`` released (``kernel.handles``), ``["w", fh]`` a handle open for
+writing got bytes that only the worker's memory held. When the file outgrows ``COMPACT_BYTES``
+its holder rewrites it with the records still in effect (``rewrite``). A ledger without a path
+keeps nothing (an unsupervised mount, the in-process tests).
 
 Shared by ``-o workers=N`` (``share``): every worker appends to the one file and follows what
 the others append (``catch_up``: the records since it last looked, given to each ``follower``).

@@ -44,6 +44,7 @@ class NodeTable:
         self.staged: dict[tuple[int, str], Staging] = {}  # (directory inode, name) -> staging file
         self._tmp: dict[int, Staging] = {}
         self._aliases: dict[int, set[int]] = {}
+        self._committed: set[int] = set()  # a dead worker's staging inodes committed onto a node (in ``_keys``)
         self._top = ROOT_INODE  # the highest inode number given out (by any worker)
         self.ledger.followers.append(self.follow)
 
@@ -97,6 +98,8 @@ class NodeTable:
         else:
             st.committed = committed
             self._aliases.setdefault(self.inode(committed), set()).add(st.ino)
+            # the kernel's dentry of the new name holds this inode: a successor must know it
+            self.ledger.note("u", st.ino, *_encode(committed))
 
     def aliases(self, ino: int) -> set[int]:
         """The other inodes that show node ``ino``: staging inodes committed onto it, and for a
@@ -137,6 +140,9 @@ class NodeTable:
         if st is not None and st.committed is not None:
             del self._tmp[ino]
             target = self.inode(st.committed)
+        elif ino in self._committed:
+            self._committed.discard(ino)
+            target = self.inode(self._keys.pop(ino))
         elif self.is_new_alias(ino):
             target = self.inode(self._keys.pop(ino))
         else:
@@ -179,9 +185,12 @@ class NodeTable:
                 self._keys[ino] = moved
                 if self._inos.pop(key, None) == ino:
                     self._inos[moved] = ino
-                self.ledger.note("k", ino, *_encode(moved))
+                self.ledger.note("u" if ino in self._committed else "k", ino, *_encode(moved))
         for st in self._tmp.values():  # staging files committed onto a metadata file there
-            st.committed = renamed(st.committed) or st.committed
+            moved = renamed(st.committed)
+            if moved is not None:
+                st.committed = moved
+                self.ledger.note("u", st.ino, *_encode(moved))
 
     def allocated(self, key: NodeKey) -> int | None:
         """The inode of a node key if the kernel may know it, else None."""
@@ -194,9 +203,11 @@ class NodeTable:
 
     def restore(self, records: list[list[Any]]) -> None:
         """Give the inodes of ``records`` (a dead worker's ledger, its slots restored first) the
-        keys they had; staging files lived in its memory only: their inodes are unknown (ENOENT).
-        New inodes are numbered after every one it gave out. Records that make no sense now (an
-        array slot gone) are skipped."""
+        keys they had; staging files lived in its memory only: their inodes are unknown (ENOENT),
+        but one committed onto a node (``["u", ino, ...]``: renamed onto a chunk or metadata
+        file, whose name the kernel's dentry now shows with that inode) shows that node again,
+        an alias of its inode. New inodes are numbered after every one it gave out. Records that
+        make no sense now (an array slot gone) are skipped."""
         self.follow(records)
 
     def follow(self, records: list[list[Any]]) -> None:
@@ -205,28 +216,37 @@ class NodeTable:
         a ``rebind``/``moved`` noted."""
         last = ROOT_INODE
         for rec in records:
-            if rec[0] not in ("k", "t") or not isinstance(rec[1], int):
+            if rec[0] not in ("k", "t", "u") or not isinstance(rec[1], int):
                 continue
-            last = max(last, rec[1])
+            ino = rec[1]
+            last = max(last, ino)
             try:
-                key = _decode(rec[2:], self._slots) if rec[0] == "k" else None
+                key = _decode(rec[2:], self._slots) if rec[0] in ("k", "u") else None
             except (IndexError, TypeError, ValueError):
                 key = None
             if key is None:
                 continue
-            old = self._keys.get(rec[1])
-            if old is not None and self._inos.get(old) == rec[1]:
+            old = self._keys.get(ino)
+            if old is not None and self._inos.get(old) == ino:
                 del self._inos[old]
-            self._keys[rec[1]] = key
-            if not isinstance(key, ChunkKey):
-                self._inos[key] = rec[1]
+            self._keys[ino] = key
+            if rec[0] == "u":  # an alias of the node's inode, never the inode that shows the node
+                self._committed.add(ino)
+                self._aliases.setdefault(self.inode(key), set()).add(ino)
+            elif not isinstance(key, ChunkKey):
+                self._inos[key] = ino
             else:
-                self._aliases.setdefault(self.inode(key), set()).add(rec[1])
+                self._aliases.setdefault(self.inode(key), set()).add(ino)
         self._top = max(self._top, last)
 
     def records(self) -> list[list[Any]]:
-        """What ``restore`` needs, as ledger records (rewriting the ledger)."""
-        return [["k", ino, *_encode(key)] for ino, key in self._keys.items() if ino != ROOT_INODE]
+        """What ``restore`` needs, as ledger records (rewriting the ledger): the keys, the
+        committed staging files, and the live staging files' inodes (never to be reused)."""
+        out = [["u" if ino in self._committed else "k", ino, *_encode(key)]
+               for ino, key in self._keys.items() if ino != ROOT_INODE]
+        for st in self._tmp.values():
+            out.append(["t", st.ino] if st.committed is None else ["u", st.ino, *_encode(st.committed)])
+        return out
 
 
 def _encode(key: NodeKey) -> list[Any]:

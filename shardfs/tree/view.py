@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from shardfs.reads.chunkcache import ChunkCache
 from shardfs.format.layout import parse_coord
+from shardfs.config import ReadConfig
 from shardfs.storage.attrs import Attr, fail, join, list_entries
 from shardfs.tree.chunks import Chunks
 from shardfs.tree.hierarchy import Hierarchy, v2
@@ -63,8 +64,9 @@ class View:
 
     def __init__(self, source: Storage, read_only: bool = True, writeback: Writeback | None = None,
                  ome: bool = True, chunk_cache: ChunkCache | None = None, reads: Reads | None = None,
-                 c_order: bool = False, ledger: Ledger | None = None) -> None:
-        """``ledger``: where the numbers given to the kernel are noted (``shardfs.tree.ledger``)."""
+                 c_order: bool = False, ledger: Ledger | None = None, max_chunk: int = ReadConfig.max_chunk) -> None:
+        """``ledger``: where the numbers given to the kernel are noted (``shardfs.tree.ledger``);
+        ``max_chunk``: the largest inner chunk decoded (``-o max_chunk``; see ``_decode``)."""
         self.source = source
         self.reads = reads if reads is not None else make_reads(source, chunk_cache=chunk_cache)
         self.ome = ome
@@ -72,6 +74,8 @@ class View:
         self.read_only = read_only
         self.writeback = writeback
         self.mount_ns = time.time_ns()
+        self.max_chunk = max_chunk
+        self._too_large: set[str] = set()  # arrays whose inner chunks were refused (logged once each)
         ledger = ledger or Ledger()
         self.hierarchy = Hierarchy(source, ome, c_order, self.mount_ns, ledger)  # groups and arrays
         self.arrays = self.hierarchy.arrays  # (read only here)
@@ -419,6 +423,8 @@ class View:
             if isinstance(ext, Pending):
                 return ReadHandle(ino, attr, data=await blocking(self._decode, arr, coords, ext.data))
             decode = functools.partial(self._decode, arr, coords, key=ext.key) if arr.shown.chunk.decodes else None
+            if decode is not None:
+                self._check_size(arr, coords, ext)
             first = self.reads.prefetches and not any(c % n for c, n in zip(coords, arr.shown.layout.chunks_per_shard))
             try:
                 handle = await self.reads.open(ino, attr, ext, decode, first)
@@ -434,9 +440,33 @@ class View:
                   arr.shown.layout.names.key(coords))
         raise fail(errno.EIO, "shard keeps changing")
 
+    def _check_size(self, arr: ArrayNode, coords: tuple[int, ...], ext: Extent) -> None:
+        """Before a stored inner chunk that serving decodes is read: EIO (logged) if it is longer
+        than one inner chunk can be stored (``ChunkFormat.max_stored``: corrupt, and reading it
+        would take that much memory), or if decoding it would pass ``max_chunk``."""
+        self._check_max_chunk(arr)
+        fmt = arr.shown.chunk
+        if ext.nbytes > fmt.max_stored:
+            log.error("%s: corrupt chunk %s: inner chunk of %d bytes stored, more than one inner chunk "
+                      "takes (%d): not read", self.source.describe(ext.key), arr.shown.layout.names.key(coords),
+                      ext.nbytes, fmt.max_stored)
+            raise fail(errno.EIO, "stored inner chunk too large")
+
+    def _check_max_chunk(self, arr: ArrayNode) -> None:
+        """EIO if transcoding a chunk of ``arr`` would make more than ``max_chunk`` bytes (logged
+        once per array: its inner chunks are too large to decode within the memory bound)."""
+        fmt = arr.shown.chunk
+        if fmt.transcoder is not None and fmt.nbytes > self.max_chunk:
+            if arr.path not in self._too_large:
+                self._too_large.add(arr.path)
+                log.error("%s: inner chunks of %d bytes are larger than -o max_chunk=%d: not decoded (EIO)",
+                          self.source.describe(arr.path), fmt.nbytes, self.max_chunk)
+            raise fail(errno.EIO, "inner chunk too large")
+
     def _decode(self, arr: ArrayNode, coords: tuple[int, ...], stored: bytes, key: str = "") -> bytes:
         """A chunk file's bytes from its stored form (checksum/transcoding); EIO if corrupt
-        (logged). Blocking."""
+        (logged), or if it is larger than ``max_chunk`` (``_check_max_chunk``). Blocking."""
+        self._check_max_chunk(arr)
         try:
             return arr.shown.chunk.to_file(stored)
         except CorruptChunk as e:

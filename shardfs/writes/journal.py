@@ -480,17 +480,18 @@ class Claim:
         self._locks.clear()
 
 
-def claim(root: str, top: str | None = None) -> Claim:
+def claim(root: str, top: str | None = None, shared_top: bool = False) -> Claim:
     """Create and lock a new journal directory for this daemon under ``root`` (made, mode
     0700, durably, this user's own from ``top`` down: ``shardfs.storage.private``, which
-    raises ``Refused``); lock and return the directories of daemons that are gone. Raises
+    raises ``Refused``; ``shared_top``: ``top`` may be a sticky directory others write);
+    lock and return the directories of daemons that are gone. Raises
     ``JournalError`` if ``root`` holds anything but daemon directories of this user's."""
     created = []
     d = root
     while not os.path.isdir(d):
         created.append(d)
         d = os.path.dirname(d)
-    os.close(private.open_dir(root, top))
+    os.close(private.open_dir(root, top, shared_top=shared_top))
     for path in reversed(created):
         fsync_dir(os.path.dirname(path))
     names = sorted(os.listdir(root))
