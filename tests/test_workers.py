@@ -173,6 +173,31 @@ def test_numbers_mean_the_same_in_every_worker(mount, src):
     zarr2_read_all(mnt)
 
 
+def test_numbers_given_at_once_by_two_workers_never_collide(mount, tmp_path):
+    """Both workers running, 8 threads look up the metadata files and chunks of 24 arrays at once
+    (each lookup a new number, given by whichever worker gets it): every name keeps one inode
+    whichever worker answers later, and no two names share one."""
+    import concurrent.futures
+
+    import zarr
+
+    root = tmp_path / "many"
+    g = zarr.open_group(str(root), mode="w")
+    for i in range(24):
+        a = g.create_array(f"x{i}", shape=(4, 4), chunks=(2, 2), shards=(4, 4), dtype="<i4", fill_value=0)
+        a[...] = i + 1
+    mnt = mount(root, "-o", "ro,workers=2," + NO_CACHE)
+    workers(mnt, 2)
+    names = [f"x{i}/{leaf}" for i in range(24) for leaf in (".zarray", ".zattrs", "0.0", "1.1")]
+    names += [f"x{i}" for i in range(24)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        first = dict(zip(names, pool.map(lambda n: os.stat(mnt / n).st_ino, names)))
+        for _ in range(3):
+            again = dict(zip(names, pool.map(lambda n: os.stat(mnt / n).st_ino, names)))
+            assert again == first
+    assert len(set(first.values())) == len(names)
+
+
 def test_a_forget_on_another_worker(mount, src):
     mnt = mount(src, "-o", "ro,workers=2")
     w0, w1 = workers(mnt, 2)
