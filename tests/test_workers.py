@@ -219,6 +219,34 @@ def test_a_forget_on_another_worker(mount, src):
     assert status(mnt)["internal_errors"]["total"] == 0
 
 
+def test_a_request_a_dead_worker_read_is_answered_by_another(mount, src):
+    """Slot 0's first worker never answers a lookup of ``.zattrs`` (a test hook): killed with that
+    request read, its slot's device file (kept by the supervisor) still holds the request, which
+    the kernel sends again (RESEND) to a live worker: the client's stat succeeds."""
+    import threading
+
+    mnt = mount(src, "-o", "ro,workers=2," + NO_CACHE, env={"SHARDFS_TEST_HANG": ".zattrs"})
+    w0, w1 = workers(mnt, 2)
+    got: list[object] = []
+    os.kill(w1, signal.SIGSTOP)
+    try:
+        def client() -> None:
+            try:
+                got.append(os.stat(mnt / "a" / ".zattrs").st_size)
+            except OSError as e:
+                got.append(e)
+
+        t = threading.Thread(target=client, daemon=True)
+        t.start()
+        time.sleep(1.0)
+        assert t.is_alive() and not got  # w0 read the lookup and does not answer it
+        os.kill(w0, signal.SIGKILL)
+    finally:
+        os.kill(w1, signal.SIGCONT)
+    t.join(30)
+    assert len(got) == 1 and isinstance(got[0], int) and got[0] > 0, got
+
+
 def test_a_worker_killed_under_load_costs_no_reader_anything(mount, src, tmp_path):
     """Three zarr 2.18 readers; each worker is SIGKILLed in turn: the dead one's requests and
     (FUSE_NOTIFY_RESEND resends every worker's) the live one's are answered again, twice for
