@@ -39,7 +39,7 @@ import trio
 
 from shardfs.app.compose import compose
 from shardfs.config import Config, KernelConfig, TreeConfig, WriteConfig
-from shardfs.storage.attrs import Attr
+from shardfs.base.attrs import Attr
 from shardfs.storage.source import Source
 from shardfs.tree.nodetable import ROOT_INODE
 from shardfs.tree.view import ReadHandle

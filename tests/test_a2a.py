@@ -14,6 +14,7 @@ import math
 import os
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -30,6 +31,7 @@ from conftest import (
     read_zarr3_v2,
     run_shardfs,
 )
+from inproc import InProcess
 from sources import (
     BE,
     CRC,
@@ -121,6 +123,13 @@ def mnt(module_mount, src) -> Path:
     return module_mount(src)
 
 
+@pytest.fixture(scope="module")
+def tree(src) -> Iterator[InProcess]:
+    """The source as the mount shows it, in-process (no kernel)."""
+    with InProcess(src) as fs:
+        yield fs
+
+
 # ------------------------------------------------------------------ geometry
 
 
@@ -155,9 +164,10 @@ def test_property_transposed_index_positions(case):
 # ------------------------------------------------------------------ reads
 
 
-def test_zarray_is_raw_array_space_chunks(mnt):
+def test_zarray_is_raw_array_space_chunks(tree):
+    """In-process."""
     for name, (data, _shard, _codecs, chunks) in ARRAYS.items():
-        zarray = json.loads((mnt / name / ".zarray").read_text())
+        zarray = json.loads((tree / name / ".zarray").read_text())
         assert zarray["chunks"] == list(chunks), name
         assert (zarray["compressor"], zarray["filters"], zarray["order"]) == (None, None, "C"), name
         assert np.dtype(zarray["dtype"]) == data.dtype.newbyteorder("<"), name
@@ -176,7 +186,8 @@ def test_reads_match_native_with_every_v2_client(mnt, src):
         assert_same_array(read_tensorstore(mnt / name), native, f"tensorstore read of {name}")
 
 
-def test_shard_directories_list_stored_chunks_in_array_space(mnt, src):
+def test_shard_directories_list_stored_chunks_in_array_space(tree):
+    """In-process."""
     data, shard, _codecs, chunks = ARRAYS["t3"]
     for shard_idx in np.ndindex(*(math.ceil(s / c) for s, c in zip(data.shape, shard))):
         expected = set()
@@ -185,7 +196,7 @@ def test_shard_directories_list_stored_chunks_in_array_space(mnt, src):
             region = tuple(slice(i * c, (i + 1) * c) for i, c in zip(coords, chunks))
             if data[region].size and np.any(data[region]):
                 expected.add(".".join(map(str, coords)))
-        listing = os.listdir(mnt / "t3" / "c" / Path(*map(str, shard_idx))) if expected else []
+        listing = (tree / "t3" / "c" / Path(*map(str, shard_idx))).iterdir() if expected else []
         assert set(listing) == expected, shard_idx
 
 

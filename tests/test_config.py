@@ -3,8 +3,6 @@ sets one field, each default is defined once. No mount: runs in milliseconds."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from shardfs.app import options
@@ -74,7 +72,6 @@ def test_the_layers_defaults_are_the_configs():
     """The constants the layers use when built without a configuration are the ``Config``
     defaults, not values of their own."""
     from shardfs.format.create import DEFAULT_SHARD_BYTES
-    from shardfs.kernel.fuse_ops import Timeouts
     from shardfs.reads.chunkcache import DEFAULT_BYTES
     from shardfs.reads.objects import DEFAULT_CACHE_BYTES
     from shardfs.storage.urls import DEFAULT_TIMEOUT
@@ -83,7 +80,6 @@ def test_the_layers_defaults_are_the_configs():
     assert (DEFAULT_BYTES, DEFAULT_CACHE_BYTES) == (config.reads.chunk_cache, config.reads.cache_size)
     assert DEFAULT_SHARD_BYTES == config.writes.shard_size
     assert DEFAULT_TIMEOUT == source.Source("x", True).timeout == config.storage.timeout
-    assert dataclasses.astuple(Timeouts()) == (config.kernel.entry_timeout, config.kernel.attr_timeout)
 
 
 def test_sizes_are_shown_as_parsed():

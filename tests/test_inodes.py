@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import budget
-from shardfs.storage.attrs import Attr
+from shardfs.base.attrs import Attr
 from shardfs.kernel.inodes import KernelInodes, LookupCounts, Pages
 from shardfs.kernel.pins import Pins
 from shardfs.tree.nodetable import CHUNK_BASE

@@ -2,8 +2,8 @@
 
 Every module's imports are read with ``ast``, including function-level imports and those under
 ``if TYPE_CHECKING:``, so a cycle cannot hide behind a lazy import. A room may import its own
-modules and the rooms below it, never one above; the module graph has no cycle. No mount: this
-runs in milliseconds.
+modules and the rooms below it, never one above; the module graph has no cycle; a name starting
+with ``_`` is imported only inside its own room. No mount: this runs in milliseconds.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "shardfs"
 # Top to bottom; a room imports only itself and rooms after it.
-ROOMS = ["app", "kernel", "tree", "reads", "writes", "shards", "storage", "format"]
+ROOMS = ["app", "kernel", "tree", "reads", "writes", "shards", "storage", "format", "base"]
 # Below every room: __version__ and the typed configuration (imported by all); above: the entry point.
 TOP = {"shardfs": len(ROOMS), "shardfs.config": len(ROOMS), "shardfs.__main__": -1}
 
@@ -105,6 +105,19 @@ def test_no_import_cycle():
     assert cycles == []
 
 
+def test_no_room_imports_another_rooms_private_names():
+    """``from shardfs.<room>... import _name`` only inside that room: what crosses rooms is public."""
+    private = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("shardfs.") and not node.level:
+                theirs = node.module.split(".")[1] if node.module.count(".") else ""
+                mine = name.split(".")[1] if name not in TOP else ""
+                private += [f"{name} imports {node.module}.{a.name}" for a in node.names
+                            if a.name.startswith("_") and theirs != mine]
+    assert private == []
+
+
 @pytest.mark.parametrize("name", ROOMS)
 def test_every_room_names_its_public_face(name):
     """Each room's ``__init__`` states its job and lists its public names in ``__all__``,
@@ -122,6 +135,17 @@ def test_every_room_names_its_public_face(name):
     defined |= {a.asname or a.name for node in tree.body if isinstance(node, ast.ImportFrom) for a in node.names}
     missing = [n for n in names if n not in defined and not (PACKAGE / name / f"{n}.py").exists()]
     assert names and missing == []
+
+
+def test_the_architecture_page_names_every_module_of_each_room():
+    """doc/ARCHITECTURE.md's package map has a row per room, listing each of its modules."""
+    page = (PACKAGE.parent / "doc" / "ARCHITECTURE.md").read_text()
+    row = re.compile(r"^\| `(\w+)/` \|.*\| (.*) \| \d+ \|$", re.M)
+    rows = {m[1]: set(re.findall(r"`(\w+)`", m[2])) for m in row.finditer(page)}
+    assert sorted(rows) == sorted(ROOMS)
+    unlisted = sorted(f"{room}/{p.stem}" for room in ROOMS for p in (PACKAGE / room).glob("*.py")
+                      if p.stem != "__init__" and p.stem not in rows[room])
+    assert unlisted == [], "name these modules (and their job) in doc/ARCHITECTURE.md's package map"
 
 
 def test_the_layer_check_sees_lazy_and_type_checking_imports(tmp_path):

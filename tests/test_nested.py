@@ -17,6 +17,7 @@ import logging
 import math
 import os
 from pathlib import Path
+from typing import Iterator
 
 import numcodecs
 import numpy as np
@@ -102,6 +103,13 @@ def mnt(module_mount, src) -> Path:
     return module_mount(src)
 
 
+@pytest.fixture(scope="module")
+def tree(src) -> Iterator[InProcess]:
+    """The source as the mount shows it, in-process (no kernel)."""
+    with InProcess(src) as fs:
+        yield fs
+
+
 NAMES = [*ARRAYS, TS_ARRAY]
 
 
@@ -117,9 +125,10 @@ def test_nested_arrays_read_like_native_with_every_v2_client(mnt, src):
 
 
 @pytest.mark.parametrize("name", list(ARRAYS))
-def test_zarray_shows_innermost_chunks(mnt, name):
+def test_zarray_shows_innermost_chunks(tree, name):
+    """In-process."""
     _data, _shard, _codecs, chunk, _inner, compressor = ARRAYS[name]
-    zarray = json.loads((mnt / name / ".zarray").read_text())
+    zarray = json.loads((tree / name / ".zarray").read_text())
     assert zarray["chunks"] == list(chunk)
     assert zarray["compressor"] == compressor
     assert zarray["filters"] is None
@@ -139,7 +148,9 @@ def name_of(idx) -> str:
     return ".".join(map(str, idx))
 
 
-def test_shard_dir_holds_inner_shard_dirs_of_chunk_files(mnt, src):
+def test_shard_dir_holds_inner_shard_dirs_of_chunk_files(tree):
+    """In-process."""
+    mnt = tree
     data, _shard, _codecs, chunk, inner, _comp = ARRAYS["zs"]
     stored = stored_chunks(data, chunk)
     per_inner = tuple(i // c for i, c in zip(inner, chunk))
@@ -150,12 +161,12 @@ def test_shard_dir_holds_inner_shard_dirs_of_chunk_files(mnt, src):
         if not boxes:  # shard 1.1 holds only the fill-only chunk 4.4: not stored
             assert not shard_dir.exists()
             continue
-        assert sorted(os.listdir(shard_dir)) == sorted(map(name_of, boxes)), shard_dir
+        assert sorted(shard_dir.iterdir()) == sorted(map(name_of, boxes)), shard_dir
         for box in boxes:
             d = shard_dir / name_of(box)
             assert d.is_dir()
             chunks = {c for c in in_shard if tuple(i // n for i, n in zip(c, per_inner)) == box}
-            assert sorted(os.listdir(d)) == sorted(map(name_of, chunks)), d
+            assert sorted(d.iterdir()) == sorted(map(name_of, chunks)), d
             for c in chunks:
                 inside, top = (d / name_of(c)).stat(), (mnt / "zs" / name_of(c)).stat()
                 assert (inside.st_ino, inside.st_size) == (top.st_ino, top.st_size), c
@@ -170,15 +181,17 @@ def test_shard_dir_holds_inner_shard_dirs_of_chunk_files(mnt, src):
         assert not (shard_dir / name_of(tuple(2 * s + 2 for s in shard))).exists()
 
 
-def test_three_levels_of_inner_shard_dirs(mnt):
+def test_three_levels_of_inner_shard_dirs(tree):
+    """In-process."""
+    mnt = tree
     data = ARRAYS["deep"][0]
     # shard 0 covers chunks 0..15; level-1 inner shards of 8 chunks; level-2 of 4 chunks
-    level1 = sorted(os.listdir(mnt / "deep" / "c" / "0"))
+    level1 = sorted((mnt / "deep" / "c" / "0").iterdir())
     assert level1 == ["0", "1"]
-    assert sorted(os.listdir(mnt / "deep" / "c" / "0" / "0")) == ["0", "1"]
-    assert sorted(os.listdir(mnt / "deep" / "c" / "0" / "1")) == ["3"], "chunks 8..11 are fill-only"
-    assert sorted(os.listdir(mnt / "deep" / "c" / "0" / "1" / "3")) == ["12", "13", "14", "15"]
-    assert sorted(os.listdir(mnt / "deep" / "c" / "1")) == ["2", "3"]
+    assert sorted((mnt / "deep" / "c" / "0" / "0").iterdir()) == ["0", "1"]
+    assert sorted((mnt / "deep" / "c" / "0" / "1").iterdir()) == ["3"], "chunks 8..11 are fill-only"
+    assert sorted((mnt / "deep" / "c" / "0" / "1" / "3").iterdir()) == ["12", "13", "14", "15"]
+    assert sorted((mnt / "deep" / "c" / "1").iterdir()) == ["2", "3"]
     leaf = mnt / "deep" / "c" / "1" / "3" / "6" / "24"
     assert leaf.stat().st_ino == (mnt / "deep" / "24").stat().st_ino
     assert np.frombuffer(numcodecs.Zstd().decode(leaf.read_bytes()), "u1").tolist() == data[48:50].tolist()

@@ -1,5 +1,6 @@
-"""POSIX view of the mount with the real tools: ls, find, stat, cat, cp; what only checks
-semantics (the metadata shown) runs in-process on the same source (``tests/inproc.py``).
+"""POSIX view of the mount with the real tools: find, stat, cat, cp; what only checks
+semantics (names, listings, inodes, sizes, bytes, modes, the metadata shown) runs in-process on
+the same source (``tests/inproc.py``).
 
 Expected names are computed from the data written (sources.stored_chunks),
 never from the daemon.
@@ -108,22 +109,23 @@ def test_find_lists_exactly_the_stored_chunks(case, view, matrix):
 
 
 @pytest.mark.parametrize("case", case_params(SHARDED))
-def test_ls_of_each_shard_dir(case, view, matrix):
+def test_ls_of_each_shard_dir(case, tree, matrix):
+    """In-process: each shard directory lists its stored chunks."""
     stored = stored_chunks(case, matrix.data[case.id])
     by_shard: dict[tuple, set[str]] = {}
     for i in stored:
         by_shard.setdefault(case.shard_of(i), set()).add(case.chunk_name(i))
     for s, names in by_shard.items():
-        out = run("ls", "-A1", str(view / case.relpath / case.shard_dir(s))).stdout.decode()
-        assert set(out.split()) == names, f"shard {s}"
+        assert set((tree / case.relpath / case.shard_dir(s)).iterdir()) == names, f"shard {s}"
 
 
-def test_unsharded_array_root_files(view, matrix):
+def test_unsharded_array_root_files(tree, matrix):
+    """In-process: an unsharded array's directory lists its metadata and stored chunk files."""
     case = CASES_BY_ID["u32_2d_unsharded_gzip"]
     stored = stored_chunks(case, matrix.data[case.id])
-    names = set(run("ls", "-A1", str(view / case.relpath)).stdout.decode().split())
+    names = set((tree / case.relpath).iterdir())
     assert "zarr.json" not in names
-    files = {n for n in names if (view / case.relpath / n).is_file()}
+    files = {n for n in names if (tree / case.relpath / n).is_file()}
     assert files == {".zarray", ".zattrs"} | {case.chunk_file(i) for i in stored}
 
 
@@ -151,9 +153,10 @@ def test_zarr_json_never_shown(tree):
 # ------------------------------------------------------------------ the design doc's example
 
 
-def test_raw_literal_paths(view, matrix):
-    raw = view / "raw"
-    a, b = os.stat(raw / "c/0/0/0/0.0.1"), os.stat(raw / "0.0.1")
+def test_raw_literal_paths(tree):
+    """In-process: the names of the design doc's example."""
+    raw = tree / "raw"
+    a, b = (raw / "c/0/0/0/0.0.1").stat(), (raw / "0.0.1").stat()
     assert a.st_ino == b.st_ino
     assert a.st_size == b.st_size > 0
     assert (raw / "c/0/0/0/0.0.1").read_bytes() == (raw / "0.0.1").read_bytes()
@@ -164,19 +167,20 @@ def test_raw_literal_paths(view, matrix):
     assert_enoent(raw / "5.0.0")  # beyond the array edge (inside shard c/2/0/0)
     assert_enoent(raw / "c/2/3/1/5.7.3")
     assert (raw / "c/2/3/1/4.6.3").is_file()
-    assert os.stat(raw / "c/2/3/1/4.6.3").st_ino == os.stat(raw / "4.6.3").st_ino
+    assert (raw / "c/2/3/1/4.6.3").stat().st_ino == (raw / "4.6.3").stat().st_ino
 
 
 # ------------------------------------------------------------------ stat / content
 
 
 @pytest.mark.parametrize("case", case_params(SHARDED))
-def test_same_inode_size_and_bytes(case, view, matrix):
-    arr = view / case.relpath
+def test_same_inode_size_and_bytes(case, tree, matrix):
+    """In-process: a chunk's two names are one inode, of the size and bytes served."""
+    arr = tree / case.relpath
     for i in sorted(stored_chunks(case, matrix.data[case.id])):
         root_f = arr / case.chunk_file(i)
         entry_f = arr / case.shard_dir(case.shard_of(i)) / case.chunk_name(i)
-        st_r, st_e = os.stat(root_f), os.stat(entry_f)
+        st_r, st_e = root_f.stat(), entry_f.stat()
         assert st_r.st_ino == st_e.st_ino, i
         content = root_f.read_bytes()
         assert st_r.st_size == st_e.st_size == len(content), i
@@ -204,6 +208,10 @@ def test_stat_and_cat_agree(case, view, matrix):
     # Same inode for the root file and the shard-dir entry.
     n = len(sample)
     assert [line.split()[0] for line in out[:n]] == [line.split()[0] for line in out[n:]]
+    # a chunk that is not stored: the errno a client sees
+    missing = (empty_in_bounds_chunks(case, matrix.data[case.id]) + case.beyond_edge_chunks())[0]
+    r = run("cat", str(arr / case.chunk_file(missing)), check=False)
+    assert r.returncode == 1 and r.stderr.decode().rstrip().endswith(os.strerror(errno.ENOENT)), r.stderr
 
 
 @pytest.mark.parametrize("case", case_params(SHARDED))
@@ -220,8 +228,9 @@ def test_cp_r_of_a_shard_dir(case, view, matrix, tmp_path):
 
 
 @pytest.mark.parametrize("case", case_params(SHARDED))
-def test_empty_and_beyond_edge_chunks_do_not_exist(case, view, matrix):
-    arr = view / case.relpath
+def test_empty_and_beyond_edge_chunks_do_not_exist(case, tree, matrix):
+    """In-process: fill-only and beyond-edge chunks resolve under neither name."""
+    arr = tree / case.relpath
     data = matrix.data[case.id]
     stored = stored_chunks(case, data)
     present_shards = {case.shard_of(i) for i in stored}
@@ -232,19 +241,18 @@ def test_empty_and_beyond_edge_chunks_do_not_exist(case, view, matrix):
         s = case.shard_of(i)
         if s in present_shards:
             assert_enoent(arr / case.shard_dir(s) / case.chunk_name(i))
-    r = run("cat", str(arr / case.chunk_file(missing[0])), check=False)
-    assert r.returncode == 1 and r.stderr.decode().rstrip().endswith(os.strerror(errno.ENOENT)), r.stderr
 
 
-def test_shard_dirs_are_directories_and_chunk_files_have_two_links(view):
-    """A writable mount: directories 0755, chunk files 0644 with two links (the array root
-    and the shard directory, same inode)."""
-    st = os.stat(view / "raw" / "c" / "0" / "0" / "0")
-    assert st.st_mode == stat.S_IFDIR | 0o755, oct(st.st_mode)
-    st = os.stat(view / "raw" / "0.0.1")
-    assert st.st_mode == stat.S_IFREG | 0o644, oct(st.st_mode)
-    assert st.st_nlink == 2
-    assert os.stat(view / "raw" / "c" / "0" / "0" / "0" / "0.0.1").st_ino == st.st_ino
+def test_shard_dirs_are_directories_and_chunk_files_have_two_links(matrix):
+    """In-process, writable (as a mount without ``-o ro``): directories 0755, chunk files 0644
+    with two links (the array root and the shard directory, same inode)."""
+    with InProcess(matrix.root, read_only=False) as view:
+        st = (view / "raw" / "c" / "0" / "0" / "0").stat()
+        assert st.st_mode == stat.S_IFDIR | 0o755, oct(st.st_mode)
+        st = (view / "raw" / "0.0.1").stat()
+        assert st.st_mode == stat.S_IFREG | 0o644, oct(st.st_mode)
+        assert st.st_nlink == 2
+        assert (view / "raw" / "c" / "0" / "0" / "0" / "0.0.1").stat().st_ino == st.st_ino
 
 
 # ------------------------------------------------------------------ .zarray

@@ -375,6 +375,94 @@ def test_umount_never_signals_an_impostor(tmp_path, other_user, other_processes,
     assert_source_equals(src, "s", exp)
 
 
+ENDING_LISTENER = """
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(8)
+if os.fork() == 0:  # the child keeps the listening socket; the listener itself ends
+    os.setsid()
+    print(os.getpid(), flush=True)
+    while True:
+        c, _ = s.accept()
+        c.sendall(b"{}")
+        c.close()
+"""
+
+
+def test_a_daemon_is_signalled_through_the_kernels_reference_never_its_pid_number(tmp_path):
+    """Finding 7: the process that listened on a status socket ended (a child keeps the socket)
+    and its pid number went to another process (``ns_last_pid``): ``pidfd_of``, which umount and
+    the handover signal through, refuses (ProcessLookupError) instead of naming the newcomer."""
+    import signal
+    import sys
+
+    from shardfs.app.mounts import Daemon, pidfd_of
+
+    where = Path(tempfile.mkdtemp(prefix="shardfs-peer-"))
+    path = str(where / "s.sock")
+    listener = subprocess.Popen([sys.executable, "-c", ENDING_LISTENER, path], stdout=subprocess.PIPE, text=True)
+    child = int(listener.stdout.readline())
+    impostor = None
+    try:
+        assert listener.wait(timeout=10) == 0
+        for _ in range(50):
+            try:
+                Path("/proc/sys/kernel/ns_last_pid").write_text(str(listener.pid - 1))
+            except OSError as e:
+                pytest.skip(f"cannot set ns_last_pid: {e}")
+            impostor = subprocess.Popen(["sleep", "60"])
+            if impostor.pid == listener.pid:
+                break
+            impostor.kill()
+            impostor.wait()
+            impostor = None
+        if impostor is None:
+            pytest.skip("the listener's pid number was not handed out again")
+        with pytest.raises(ProcessLookupError):
+            os.close(pidfd_of(Daemon(listener.pid, path, {})))
+        assert impostor.poll() is None
+    finally:
+        if impostor is not None:
+            impostor.kill()
+            impostor.wait()
+        os.kill(child, signal.SIGKILL)
+        listener.stdout.close()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def test_a_takeover_file_is_read_only_if_it_is_the_users_own(shared, other_user, monkeypatch):
+    """The supervisor runs the command line a handover leaves in the state directory
+    (``takeover-PID.json``): it reads one only from a state directory of the user's own, as a
+    regular file of theirs reached without a symlink; another user's file (or a symlink to
+    one) there is refused with one line. (A state directory another user made refuses the
+    mount itself, read-only too: the supervisor's worker keeps its ledger there.)"""
+    from shardfs.app.supervisor import _own_file
+    from shardfs.storage.private import Refused
+
+    home = shared / "st"
+    monkeypatch.setenv("XDG_STATE_HOME", str(home))
+    sdir = Path(state.state_dir("/some/source"))
+    state.private_dir(str(sdir))
+    theirs = shared / "theirs.json"
+    other_user.write(theirs, b'{"argv": ["/bin/sh", "-c", "touch /tmp/pwned"]}')
+    planted = sdir / "takeover-1.json"
+    shutil.copy(theirs, planted)
+    os.chown(planted, other_user.uid, other_user.gid)
+    with pytest.raises(Refused) as e:
+        _own_file(str(planted))
+    assert str(e.value) == refused(planted, foreign(other_user))
+    planted.unlink()
+    planted.symlink_to(theirs)
+    with pytest.raises(Refused) as e:
+        _own_file(str(planted))
+    assert str(e.value) == refused(planted, "a symlink")
+    planted.unlink()
+    planted.write_text('{"argv": ["shardfs"]}')
+    with open(_own_file(str(planted))) as f:
+        assert f.read() == '{"argv": ["shardfs"]}'
+
+
 def test_status_never_shows_a_forged_document(tmp_path, shared, other_user, other_processes, mount):
     """Finding 2: a status socket another user serves in a state directory they made, named for
     the real daemon's pid: ``shardfs status`` never shows its document."""

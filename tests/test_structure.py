@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 
 from conftest import read_native, zarr2
-from inproc import InProcess
+from inproc import InPath, InProcess
 from writers import umount
 from sources import Spec, build, leftovers
 
@@ -452,17 +453,33 @@ def test_consolidate_metadata_and_open_consolidated(tmp_path, mount):
     assert sorted(p.name for p in src.iterdir() if p.name != ".shardfs") == ["raw", "zarr.json"]
 
 
-def test_rm_r_deletes_arrays_and_groups_in_the_source(tmp_path, mount):
+def rm_r(path: InPath) -> None:
+    """``rm -r`` in-process: what is listed is removed, files first, then the directory."""
+    for name, st in path.entries():
+        if stat.S_ISDIR(st.st_mode):
+            rm_r(path / name)
+        else:
+            (path / name).unlink()
+    path.rmdir()
+
+
+def test_rm_r_deletes_arrays_and_groups_in_the_source(tmp_path, caplog):
+    """In-process (``tests/inproc.py``): ``rm -r`` as its calls (list, unlink, rmdir)."""
     src = tmp_path / "src"
     build(src, [RAW])
-    mnt = mount(src)
-    zarr2("g = zarr.open_group(mnt, mode='a'); g.create_group('grp').zeros('z', shape=(4,), chunks=(2,)); "
-          "g['grp/z'][...] = 1; result = np.zeros(0)", mnt=str(mnt))
-    run("rm", "-r", mnt / "raw")
-    run("rm", "-r", mnt / "grp")
-    assert sorted(os.listdir(mnt)) == [".zattrs", ".zgroup", ".zmetadata"]
-    assert errors(mount, mnt) == []
-    umount(mount, mnt)
+    caplog.set_level(logging.INFO, logger="shardfs")
+    with InProcess(src, read_only=False) as fs:
+        (fs / "grp").mkdir()
+        (fs / "grp" / ".zgroup").write_text('{"zarr_format": 2}')
+        (fs / "grp" / "z").mkdir()
+        (fs / "grp" / "z" / ".zarray").write_text(json.dumps(
+            {"zarr_format": 2, "shape": [4], "chunks": [2], "dtype": "<f8", "compressor": None, "fill_value": 0.0,
+             "filters": None, "order": "C"}))
+        (fs / "grp" / "z" / "0").write_bytes(np.ones(2).tobytes())
+        rm_r(fs / "raw")
+        rm_r(fs / "grp")
+        assert sorted((fs / "").iterdir()) == [".zattrs", ".zgroup", ".zmetadata"]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert sorted(p.name for p in src.iterdir() if p.name != ".shardfs") == ["zarr.json"]
     assert_clean(src)
 
@@ -497,15 +514,16 @@ def test_a_group_removed_while_held_open_and_made_again_is_a_new_directory(tmp_p
     assert_clean(src)
 
 
-def test_read_only_mount_refuses_structure_changes(tmp_path, mount):
+def test_read_only_mount_refuses_structure_changes(tmp_path):
+    """In-process (``tests/inproc.py``), read-only as ``-o ro``."""
     src = tmp_path / "src"
     build(src, [RAW])
-    mnt = mount(src, "-o", "ro")
-    for op in (lambda: os.mkdir(mnt / "x"), lambda: shutil.rmtree(mnt / "raw"),
-               lambda: (mnt / "raw" / ".zarray").write_text("{}")):
-        with pytest.raises(OSError) as e:
-            op()
-        assert e.value.errno == errno.EROFS
+    with InProcess(src) as mnt:
+        for op in (lambda: (mnt / "x").mkdir(), lambda: rm_r(mnt / "raw"),
+                   lambda: (mnt / "raw" / ".zarray").write_text("{}")):
+            with pytest.raises(OSError) as e:
+                op()
+            assert e.value.errno == errno.EROFS
     assert (src / "raw" / "zarr.json").is_file()
 
 
@@ -538,24 +556,25 @@ def test_shell_tools_copy_arrays_in(tool, tmp_path, mount):
     assert_clean(src)
 
 
-def test_mkdir_of_key_directories_in_an_array(tmp_path, mount):
-    """Writers make key directories before writing chunks into them (mkdir -p c/1/2)."""
+def test_mkdir_of_key_directories_in_an_array(tmp_path, caplog):
+    """In-process (``tests/inproc.py``): writers make key directories before writing chunks into
+    them (``mkdir -p c/0/2``: c and c/0 exist, c/0/2 is made)."""
     src = tmp_path / "src"
     exp = build(src, [RAW])["raw"]
-    mnt = mount(src)
-    arr = mnt / "raw"
-    with pytest.raises(FileExistsError):
-        os.mkdir(arr / "c")
-    os.makedirs(arr / "c" / "0" / "2")  # a shard that does not exist yet (c/0 does)
-    assert os.listdir(arr / "c" / "0" / "2") == []
-    block = np.full((4, 5), 77, "<i4")
-    (arr / "c" / "0" / "2" / "1.4").write_bytes(RAW.encode(block))
-    for bad in ("newdir", "c/x"):
-        with pytest.raises(PermissionError):
-            os.mkdir(arr / bad)
-    assert os.listdir(arr / "c" / "0" / "2") == ["1.4"]
-    assert len(errors(mount, mnt)) == 2
-    umount(mount, mnt)
+    caplog.set_level(logging.INFO, logger="shardfs")
+    with InProcess(src, read_only=False) as fs:
+        arr = fs / "raw"
+        with pytest.raises(FileExistsError):
+            (arr / "c").mkdir()
+        (arr / "c" / "0" / "2").mkdir()  # a shard that does not exist yet (c/0 does)
+        assert (arr / "c" / "0" / "2").iterdir() == []
+        block = np.full((4, 5), 77, "<i4")
+        (arr / "c" / "0" / "2" / "1.4").write_bytes(RAW.encode(block))
+        for bad in ("newdir", "c/x"):
+            with pytest.raises(PermissionError):
+                (arr / bad).mkdir()
+        assert (arr / "c" / "0" / "2").iterdir() == ["1.4"]
+    assert len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 2
     exp[4:8, 20:25] = 77
     np.testing.assert_array_equal(read_native(src / "raw"), exp)
     assert_clean(src)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -23,7 +22,7 @@ from typing import Any
 
 from shardfs import __version__
 from shardfs.app import options, state
-from shardfs.app.mounts import daemon_of, dead_source
+from shardfs.app.mounts import daemon_of, dead_source, pidfd_of, running
 from shardfs.app.progress import FoldProgress
 from shardfs.app.run import run_daemon, spawn_daemon, take_over
 from shardfs.app.usage import UsageError
@@ -256,7 +255,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     """Print what ``shardfs.app.report.inspect`` finds; draw ``--map`` (of a shard's array, for a
     shard) and say on stderr what it wrote. Reading many shard indexes shows a progress bar on a
     terminal's stderr."""
-    from shardfs.format.gridmap import parse_slice, save_png
+    from shardfs.format.gridmap import SIZE, parse_slice, png
     from shardfs.app.report import format_text, inspect
 
     bars: list[Any] = []
@@ -281,11 +280,15 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         if where is None:
             raise UsageError(f"--map: {args.path} is not an array that can be shown (inspect says why)")
         try:
-            width, height = save_png(report, where, args.map)
+            picture = png(report, where)
         except ImportError:
             raise UsageError("--map needs matplotlib: pip install 'shardfs[map]'") from None
+        try:
+            with open(args.map, "wb") as f:
+                f.write(picture)
         except OSError as e:
             raise UsageError(f"{args.map}: cannot write: {e.strerror}") from None
+        width, height = SIZE
     print(json.dumps(report, indent=2) if args.json else format_text(printable_doc(report), where))
     if args.map:
         print(f"shardfs: wrote {args.map}, {width}x{height}", file=sys.stderr)
@@ -338,24 +341,28 @@ def _cmd_umount(args: argparse.Namespace) -> int:
         return 0
     pid = daemon.pid
     found = daemon_journal(pid)
-    progress = FoldProgress(args.mnt, daemon.socket)
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + args.timeout
-    killed = False
-    while _alive(pid) or os.path.ismount(mnt):
-        progress.poll()
-        if time.monotonic() > deadline:
-            print(f"shardfs: {args.mnt}: pending writes not folded within {args.timeout:g} s: "
-                  f"stopping daemon {pid}", file=sys.stderr)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            killed = True
-            _wait_gone(pid, 10.0)
-            subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
-            break
-        time.sleep(0.05)
+    try:
+        pidfd = pidfd_of(daemon)
+    except OSError as e:
+        raise UsageError(f"{args.mnt}: its daemon cannot be reached: {e.strerror}") from None
+    with contextlib.closing(_Fd(pidfd)):
+        progress = FoldProgress(args.mnt, daemon.socket)
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+        deadline = time.monotonic() + args.timeout
+        killed = False
+        while running(pidfd) or os.path.ismount(mnt):
+            progress.poll()
+            if time.monotonic() > deadline:
+                print(f"shardfs: {args.mnt}: pending writes not folded within {args.timeout:g} s: "
+                      f"stopping daemon {pid}", file=sys.stderr)
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                killed = True
+                _wait_gone(pidfd, 10.0)
+                subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
+                break
+            time.sleep(0.05)
     lines = _kept_report(*found, pid, killed) if found is not None else []
     progress.close(bool(lines) or killed)
     for line in lines:
@@ -365,9 +372,16 @@ def _cmd_umount(args: argparse.Namespace) -> int:
     return 1 if lines or killed else 0
 
 
-def _wait_gone(pid: int, seconds: float) -> None:
+class _Fd(int):
+    """An fd closed by ``contextlib.closing``."""
+
+    def close(self) -> None:
+        os.close(self)
+
+
+def _wait_gone(pidfd: int, seconds: float) -> None:
     deadline = time.monotonic() + seconds
-    while _alive(pid) and time.monotonic() < deadline:
+    while running(pidfd) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
@@ -419,18 +433,6 @@ def daemon_journal(pid: int) -> tuple[str, str] | None:
     override = options.config(parsed).writes.journal_dir
     root = state.journal_dir(source.name, os.path.join(cwd, override) if override else None, source.endpoint)
     return source.name, root
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError as e:
-        return e.errno == errno.EPERM
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
 
 
 if __name__ == "__main__":

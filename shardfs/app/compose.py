@@ -22,12 +22,12 @@ from shardfs.app import state
 from shardfs.app.replay import open_writeback
 from shardfs.app.usage import UsageError
 from shardfs.config import Config, ReadConfig
-from shardfs.kernel.fuse_ops import Operations, Timeouts
+from shardfs.kernel.fuse_ops import Operations
 from shardfs.reads.chunkcache import ChunkCache
 from shardfs.reads.factory import make_reads
 from shardfs.reads.rangecache import RangeCache
 from shardfs.storage import Storage, private
-from shardfs.storage.faults import Faults
+from shardfs.base.faults import Faults
 from shardfs.storage.source import Source
 from shardfs.tree.ledger import Ledger
 from shardfs.tree.view import View
@@ -62,8 +62,8 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
     ``UsageError`` (one line) if the journal cannot be created or ``-o cache_dir`` cannot be
     used; ``ReplayFailed`` if what killed daemons left in the journal cannot be replayed.
     ``ledger``: where a supervised worker notes the numbers it gives the kernel."""
-    timeouts = Timeouts(cfg.kernel.entry_timeout, cfg.kernel.attr_timeout)
-    storage = cleanup.enter_context(source.opened(version_ttl=timeouts.attr, list_ttl=timeouts.entry))
+    storage = cleanup.enter_context(source.opened(version_ttl=cfg.kernel.attr_timeout,
+                                                  list_ttl=cfg.kernel.entry_timeout))
     writeback = None
     faults = Faults()  # the mount's bugs, from requests and background tasks alike
     spill = state.spill_dir(source.name, source.endpoint)
@@ -88,8 +88,7 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
     view = View(storage, read_only=writeback is None, writeback=writeback, ome=cfg.tree.ome,
                 max_chunk=cfg.reads.max_chunk,
                 c_order=cfg.tree.c_order, reads=reads, ledger=ledger)
-    ops = Operations(view, timeouts, writeback, spill_dir=spill,
-                     shard_bytes=cfg.writes.shard_size, faults=faults, shown=cfg.kernel)
+    ops = Operations(view, cfg.kernel, writeback, spill_dir=spill, shard_bytes=cfg.writes.shard_size, faults=faults)
     return Composed(source, storage, writeback, ranges, view, ops)
 
 

@@ -18,7 +18,7 @@ import signal
 import time
 
 from shardfs.app import fusedev, state
-from shardfs.app.mounts import daemon_of, device, mounts
+from shardfs.app.mounts import daemon_of, device, mounts, pidfd_of
 from shardfs.app.usage import UsageError
 from shardfs.storage.source import Source
 
@@ -49,7 +49,16 @@ def hand_over(given: str, mnt: str, source: Source, fuse_opts: list[str], read_o
         json.dump({"argv": argv}, f)
     os.replace(tmp, path)
     takeovers = doc["worker"]["takeovers"]
-    os.kill(daemon.pid, signal.SIGUSR1)
+    try:
+        pidfd = pidfd_of(daemon)
+    except OSError as e:
+        raise UsageError(f"{given}: its daemon cannot be reached: {e.strerror}") from None
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGUSR1)
+    except ProcessLookupError:
+        raise UsageError(f"{given}: its daemon ended") from None
+    finally:
+        os.close(pidfd)
     deadline = time.monotonic() + TAKEOVER_TIMEOUT
     while time.monotonic() < deadline:
         time.sleep(0.1)

@@ -4,7 +4,8 @@ shardfs answers no extended attributes (see ``fuse_ops``), so the source is foun
 kernel's mount table (the mount's ``fsname`` is its source directory). The daemon serving a
 mount is found through its status socket (``daemon_of``): only the daemon holds the listening
 end, and the kernel names its process (``SO_PEERCRED``); a command line, which any process
-can copy, is never looked at (doc/SECURITY.md#daemon).
+can copy, is never looked at (doc/SECURITY.md#daemon). It is signalled through a pidfd the
+kernel gives for the listener (``pidfd_of``), so never a process that took its pid number.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import errno
 import json
 import os
 import re
+import select
+import signal
 import socket
 import struct
 from dataclasses import dataclass
@@ -24,6 +27,7 @@ from shardfs.storage.urls import is_url
 FSTYPE = "fuse.shardfs"
 ASK_TIMEOUT = 5.0  # seconds to wait for a daemon's status document
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5: a pidfd of the process that listens
 
 
 def device(src: str) -> str:
@@ -103,6 +107,50 @@ def ask(path: str, timeout: float = ASK_TIMEOUT) -> tuple[dict[str, Any], int]:
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: not a status document")
     return doc, pid
+
+
+def pidfd_of(daemon: Daemon) -> int:
+    """A pidfd of the process listening on ``daemon.socket`` (its pid ``daemon.pid``, this
+    user's): a signal sent through it reaches that process or fails (``ProcessLookupError``),
+    never one that got its pid number after it ended. The kernel's own reference to the
+    listener (``SO_PEERPIDFD``, Linux 6.5); on older kernels ``pidfd_open`` of the peer's pid,
+    checked to be this user's. ``ProcessLookupError`` if the listener is gone (its socket held
+    by another process), ``PermissionError`` if the listener is not ``daemon.pid`` of this
+    user's any more, ``OSError`` if the socket does not answer. The caller closes the fd."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
+        sock.settimeout(ASK_TIMEOUT)
+        sock.connect(daemon.socket)
+        pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+        if uid != os.geteuid() or pid != daemon.pid:
+            raise PermissionError(errno.EPERM, f"served by pid {pid} of uid {uid}, not daemon {daemon.pid}",
+                                  daemon.socket)
+        try:
+            fd = sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+        except OSError as e:
+            if e.errno not in (errno.ESRCH, errno.ENOPROTOOPT, errno.EINVAL):
+                raise
+            fd = -1 if e.errno == errno.ESRCH else _pidfd_open_own(pid, daemon.socket)
+    try:
+        signal.pidfd_send_signal(fd, 0)  # the listener ended (its socket lives on in a child)?
+    except (ProcessLookupError, OSError) as e:
+        if fd >= 0:
+            os.close(fd)
+        raise ProcessLookupError(errno.ESRCH, f"daemon {pid} is gone ({e.strerror})", daemon.socket) from None
+    return fd
+
+
+def _pidfd_open_own(pid: int, path: str) -> int:
+    """``pidfd_open(pid)`` of a process of this user's (kernels before 6.5)."""
+    fd = os.pidfd_open(pid)
+    if os.stat(f"/proc/{pid}").st_uid != os.geteuid():
+        os.close(fd)
+        raise PermissionError(errno.EPERM, f"pid {pid} is not this user's", path)
+    return fd
+
+
+def running(pidfd: int) -> bool:
+    """True while the process of ``pidfd`` has not ended (a pidfd is readable once it has)."""
+    return not select.select([pidfd], [], [], 0)[0]
 
 
 def daemons() -> list[Daemon]:

@@ -22,7 +22,7 @@ def open_writeback(source: Source, storage: Any, journal_dir: str | None, cleanu
     """The mount's ``Writeback``, journalling into a directory of its own under the source's
     journal root (removed at exit if empty), after replaying into the shards what killed
     daemons left there and what an earlier version left in ``SRC/.shardfs/journal``; bugs met
-    meanwhile are recorded in ``faults`` (``shardfs.storage.faults.Faults``)."""
+    meanwhile are recorded in ``faults`` (``shardfs.base.faults.Faults``)."""
     from shardfs.writes import journal
     from shardfs.writes.writeback import Writeback
 

@@ -220,14 +220,16 @@ class Supervisor:
     def _takeover(self) -> None:
         """``shardfs mount`` on the live mount left the next workers' command line
         (``shardfs.app.handover``): each worker folds what is pending and stops (SIGUSR1), then
-        ``_ended`` starts that one in its slot (as many workers as before)."""
+        ``_ended`` starts that one in its slot (as many workers as before). Only a file of this
+        user's own, in a state directory of this user's own, is read (``_own_file``): a command
+        line is run from it."""
         if self.takeover_path is None or self.stopping:
             return
         try:
-            with open(self.takeover_path) as f:
+            with open(_own_file(self.takeover_path)) as f:
                 argv = json.load(f)["argv"]
             os.unlink(self.takeover_path)
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, private.Refused) as e:
             log.error("%s: no takeover: %s", self.takeover_path, e)
             return
         if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
@@ -468,3 +470,15 @@ def _die_with_parent() -> None:
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() == 1:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _own_file(path: str) -> int:
+    """An fd of ``path``, read only if its directory passes ``private``'s check (this user's,
+    written by no one else, reached without a symlink from the state home down) and it is a
+    regular file of this user's, not a symlink; ``private.Refused`` (or ``OSError``) otherwise."""
+    where = os.path.dirname(path)
+    dfd = private.open_dir(where, state.private_top(where), create=False)
+    try:
+        return private.open_file(dfd, os.path.basename(path), os.O_RDONLY, path)
+    finally:
+        os.close(dfd)

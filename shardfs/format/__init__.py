@@ -1,7 +1,7 @@
 """The format room: Zarr v3 sharded data and its Zarr v2 view, as pure functions (no I/O).
 
 Data flows down only: ``app`` -> ``kernel`` -> ``tree`` -> ``reads`` -> ``writes`` -> ``shards``
--> ``storage`` -> ``format``; this room imports none of the others.
+-> ``storage`` -> ``format`` -> ``base``; this room imports none of the others.
 
 - ``index``: shard index formats (checksummed tables of offset/length pairs) and their codecs;
 - ``shardfile``: where a shard's index sits and how nested shards nest (``ShardFormat``);

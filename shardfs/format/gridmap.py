@@ -3,11 +3,13 @@
 Both show a 2-D slice of the shard grid (a 1-D array: one row): ``--slice`` names, per array
 dimension, either ``:`` (shown; one or two of them, the last two by default) or an array index
 (the shards holding it). Each shard is shaded by the fraction of its inner chunks inside the array
-that are stored (``inspect``'s ``stored.shards`` rows); a corrupt shard is marked.
+that are stored (``inspect``'s ``stored.shards`` rows); a corrupt shard is marked. Both are made
+in memory: ``shardfs inspect --map`` writes the PNG's bytes.
 """
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -102,12 +104,13 @@ def _shade(fraction: float) -> str:
     return RAMP[min(len(RAMP) - 1, math.ceil(fraction * len(RAMP)) - 1)]
 
 
-def save_png(report: dict[str, Any], where: Slice, path: str) -> tuple[int, int]:
-    """A heat map of the slice, axes in array coordinates, with a colour bar; its width and
-    height in pixels. Each shard is coloured by what the character map shades it by (``fractions``:
-    of its inner chunks inside the array, the fraction stored; a shard past the edge is "all
-    stored" when every chunk inside is), a corrupt shard in ``CORRUPT_COLOUR``. The plot fills
-    ``AXES`` of the figure. ``ImportError`` without matplotlib (the ``map`` extra)."""
+def png(report: dict[str, Any], where: Slice) -> bytes:
+    """A heat map of the slice, axes in array coordinates, with a colour bar: the bytes of a PNG
+    of ``SIZE`` pixels (the caller writes them: this room does no I/O). Each shard is coloured by
+    what the character map shades it by (``fractions``: of its inner chunks inside the array, the
+    fraction stored; a shard past the edge is "all stored" when every chunk inside is), a corrupt
+    shard in ``CORRUPT_COLOUR``. The plot fills ``AXES`` of the figure. ``ImportError`` without
+    matplotlib (the ``map`` extra)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -129,9 +132,10 @@ def save_png(report: dict[str, Any], where: Slice, path: str) -> tuple[int, int]
     ax.set_title(f"{report['array']} [{where.label}]", fontsize="small")
     fig.colorbar(image, cax=fig.add_axes(COLOUR_BAR),
                  label="fraction of the shard's inner chunks stored (red: corrupt)")
-    fig.savefig(path, dpi=DPI)
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=DPI)
     plt.close(fig)
-    return SIZE
+    return out.getvalue()
 
 
 def _cell(coords: list[int], where: Slice) -> tuple[int, int] | None:

@@ -5,12 +5,12 @@ What the adapter itself keeps is what talking to the kernel needs: the open hand
 (``handles.Handles``), the lookups and cached pages the kernel holds
 (``inodes.KernelInodes``, which decide what ``invalidate`` must drop, whether an
 open keeps the page cache, and when the daemon may fill it at an open), and the
-entry/attribute timeouts.
+kernel's slice of the configuration (``KernelConfig``: entry/attribute timeouts, what nodes show).
 
 Any exception other than ``pyfuse3.FUSEError`` escaping a handler would end
 ``pyfuse3.main`` and kill the mount, so every handler goes through ``_guard``:
 ``OSError`` becomes its errno, anything else (a bug) becomes EIO and is recorded in
-``Operations.faults`` (logged with its traceback, once per place: ``shardfs.storage.faults``).
+``Operations.faults`` (logged with its traceback, once per place: ``shardfs.base.faults``).
 ``forget``, which has no reply, records its bugs the same way and answers nothing.
 
 With ``-o workers=N`` (read-only mounts; ``shardfs.tree.ledger``: a shared ledger) any worker
@@ -34,7 +34,6 @@ import itertools
 import logging
 import os
 import stat
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import pyfuse3
@@ -47,11 +46,12 @@ from shardfs.kernel.handles import DirHandle, Handle, Handles, Lost
 from shardfs.kernel.inodes import KernelInodes, Pages
 from shardfs.kernel.pins import Pins
 from shardfs.tree.listing import DirStream
-from shardfs.storage.attrs import Attr
-from shardfs.storage.faults import Faults
+from shardfs.base.attrs import Attr
+from shardfs.base.faults import Faults
 from shardfs.tree.nodes import ChunkKey
 from shardfs.tree.nodetable import CHUNK_BASE
-from shardfs.storage.stats import RequestStats
+from shardfs.tree.tries import Tries
+from shardfs.kernel.stats import RequestStats
 from shardfs.tree.view import ReadHandle, View
 from shardfs.writes.writeback import Writeback
 from shardfs.tree.writer import WriteHandle, Writer
@@ -59,7 +59,6 @@ from shardfs.tree.writer import WriteHandle, Writer
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 FOLLOW_S = 0.5  # seconds between looks at what other workers appended to a shared ledger
-OPEN_TRIES = 3  # opens of a file that keeps changing meanwhile, before the last is read with direct I/O
 FILL_MAX = 1 << 20  # files up to this size are stored into the page cache when opened (see _fill_pages)
 NAME_MAX = 255  # bytes in one name (ENAMETOOLONG beyond), as on every local Linux filesystem
 # pyfuse3 built by scripts/pyfuse3 (run by scripts/install) has FileInfo.noflush: a read-only
@@ -124,14 +123,6 @@ def _guard(fn: F) -> F:
     return wrapper  # type: ignore[return-value]  # functools.wraps: fn's signature
 
 
-@dataclass
-class Timeouts:
-    """Kernel cache lifetimes (seconds) for entries and attributes."""
-
-    entry: float = KernelConfig.entry_timeout
-    attr: float = KernelConfig.attr_timeout
-
-
 class Operations(pyfuse3.Operations):
     """The FUSE request handlers of a shardfs mount."""
 
@@ -141,12 +132,12 @@ class Operations(pyfuse3.Operations):
     # share one): with the pyfuse3 scripts/install builds; stock pyfuse3 ignores it.
     enable_parallel_dirops = True
 
-    def __init__(self, view: View, timeouts: Timeouts | None = None,
+    def __init__(self, view: View, kernel: KernelConfig | None = None,
                  writeback: Writeback | None = None, spill_dir: str | None = None,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES, faults: Faults | None = None,
-                 shown: KernelConfig | None = None) -> None:
-        """``spill_dir``: where contents being written spill beyond memory (needed with ``writeback``);
-        ``shown``: the owner, group and modes every node shows (``-o uid,gid,file_mode,dir_mode``);
+                 shard_bytes: int = DEFAULT_SHARD_BYTES, faults: Faults | None = None) -> None:
+        """``kernel``: the entry and attribute timeouts, and the owner, group and modes every node
+        shows (``-o entry_timeout,attr_timeout,uid,gid,file_mode,dir_mode``);
+        ``spill_dir``: where contents being written spill beyond memory (needed with ``writeback``);
         ``shard_bytes``: the shard size of arrays created through the mount (``-o shard_size``);
         ``faults``: where the handlers' bugs are recorded (the mount's, shared with its
         background tasks)."""
@@ -157,17 +148,16 @@ class Operations(pyfuse3.Operations):
             raise ValueError("a writable mount needs a spill_dir")
         self.writer = None if writeback is None or spill_dir is None else Writer(view, writeback, self.invalidate,
                                                                                    spill_dir, shard_bytes=shard_bytes)
-        self.timeouts = timeouts or Timeouts()
+        self.kernel = kernel = kernel or KernelConfig()
         self._handles = Handles(view.nodes.ledger)
         view.nodes.ledger.followers.append(self._follow_handles)
         self._kernel = KernelInodes()
         self._pins = Pins()  # versions that files open through the page cache hold their inode's size at
         self._fill = True  # until the kernel says it cannot store pages (ENOSYS)
         self._callers = Callers(os.getuid())
-        shown = shown or KernelConfig()
-        self._uid = os.getuid() if shown.uid is None else shown.uid
-        self._gid = os.getgid() if shown.gid is None else shown.gid
-        self._modes = _modes(shown, view.read_only)
+        self._uid = os.getuid() if kernel.uid is None else kernel.uid
+        self._gid = os.getgid() if kernel.gid is None else kernel.gid
+        self._modes = _modes(kernel, view.read_only)
         self.stats = RequestStats()
         for op in GUARDED:
             self.stats.op(op)
@@ -178,8 +168,8 @@ class Operations(pyfuse3.Operations):
             e = pyfuse3.EntryAttributes()
             e.st_blksize = 65536
             e.st_uid, e.st_gid = self._uid, self._gid
-            e.entry_timeout = self.timeouts.entry
-            e.attr_timeout = self.timeouts.attr
+            e.entry_timeout = self.kernel.entry_timeout
+            e.attr_timeout = self.kernel.attr_timeout
         e.st_ino = attr.ino
         e.generation = self._kernel.generation(attr.ino)
         e.st_mode = attr.mode if self._modes is None else _remode(attr.mode, self._modes)
@@ -298,9 +288,10 @@ class Operations(pyfuse3.Operations):
         await self._callers.may_read(self.view, inode, ctx)
         if inode >= CHUNK_BASE:
             self.stats.chunk_files += 1
-        for attempt in range(OPEN_TRIES):
-            handle, version, content, stale = await self._open_read(inode)
-            if not stale or attempt == OPEN_TRIES - 1:
+        tries = Tries()  # the open's one retry policy, shared with the view's (``tree.tries``)
+        while True:
+            handle, version, content, stale = await self._open_read(inode, tries)
+            if not stale or tries.spent:
                 break
             self.view.release(handle)
         if self._pins.refused(inode, version):  # the kernel looks the name up again (another inode)
@@ -320,14 +311,15 @@ class Operations(pyfuse3.Operations):
             self._fill_pages(handle.ino, content)
         return fi
 
-    async def _open_read(self, inode: int) -> tuple[ReadHandle, Attr, bytes | bytearray | memoryview | None, bool]:
-        """``view.open(inode)`` with what ``open`` answers from: the handle, its version (the
+    async def _open_read(self, inode: int,
+                         tries: Tries) -> tuple[ReadHandle, Attr, bytes | bytearray | memoryview | None, bool]:
+        """``view.open(inode, tries)`` with what ``open`` answers from: the handle, its version (the
         attributes with the kernel's inode), the content to fill the pages with (or None), and
         whether the file changed while this ran (``KernelInodes.unwatch``). The kernel's pages
         of another version are dropped first (``KernelInodes.dropping``)."""
         seen = self._kernel.watch(inode)
         try:
-            handle = await self.view.open(inode)
+            handle = await self.view.open(inode, tries)
             # The pages are the kernel inode's: a chunk's name that a rename made show another inode
             # (an alias, see NodeTable) has pages of its own, maybe being written in place right now.
             version = handle.attr._replace(ino=handle.ino)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 
-from shardfs.storage.attrs import Attr
+from shardfs.base.attrs import Attr
 
 
 class Pages(enum.Enum):

@@ -27,7 +27,7 @@ a reader of a file rewritten in place may read it torn). Runs on the trio thread
 
 from __future__ import annotations
 
-from shardfs.storage.attrs import Attr
+from shardfs.base.attrs import Attr
 
 
 class Pins:

@@ -27,10 +27,10 @@ from shardfs.reads.chunkcache import ChunkCache
 from shardfs.shards.shard import Extent
 from shardfs.writes.spill import SpillBuffer
 from shardfs.storage import Version
-from shardfs.storage.threads import blocking
+from shardfs.base.threads import blocking
 
 if TYPE_CHECKING:
-    from shardfs.storage.attrs import Attr
+    from shardfs.base.attrs import Attr
 
 __all__ = ["ReadAhead", "ReadHandle", "Reads"]
 READ_AHEAD_AFTER = 3  # opens of chunks of one shard among the last READ_AHEAD_WINDOW opens

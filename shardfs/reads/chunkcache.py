@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from shardfs.config import ReadConfig
-from shardfs.storage.lru import SizedLRU
+from shardfs.base.lru import SizedLRU
 from shardfs.shards.shard import Extent
 
 DEFAULT_BYTES = ReadConfig.chunk_cache  # -o chunk_cache

@@ -19,10 +19,10 @@ from shardfs.reads import ReadAhead, ReadHandle, Reads
 from shardfs.shards.shard import Extent
 from shardfs.storage import Version, VersionMismatch
 from shardfs.storage.local import LocalStorage
-from shardfs.storage.threads import blocking
+from shardfs.base.threads import blocking
 
 if TYPE_CHECKING:
-    from shardfs.storage.attrs import Attr
+    from shardfs.base.attrs import Attr
 
 
 class LocalReads(Reads):

@@ -32,10 +32,10 @@ from shardfs.reads import ReadAhead, ReadHandle, Reads
 from shardfs.shards.shard import Extent
 from shardfs.storage import Range, Version, VersionMismatch
 from shardfs.storage.objects import Buffer, ObjectStorage
-from shardfs.storage.threads import blocking
+from shardfs.base.threads import blocking
 
 if TYPE_CHECKING:
-    from shardfs.storage.attrs import Attr
+    from shardfs.base.attrs import Attr
 
 DEFAULT_CACHE_BYTES = ReadConfig.cache_size  # -o cache_size
 

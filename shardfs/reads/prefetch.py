@@ -24,7 +24,7 @@ from shardfs.shards import shard as shard_mod
 from shardfs.shards.indexes import SHARD_KEYS_KEPT, Sharded, ShardIndexes
 from shardfs.shards.shard import Extent, IndexCache
 from shardfs.storage import Storage
-from shardfs.storage.threads import blocking
+from shardfs.base.threads import blocking
 
 if TYPE_CHECKING:
     from shardfs.reads import Reads

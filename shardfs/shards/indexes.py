@@ -18,11 +18,12 @@ import numpy as np
 import trio
 
 from shardfs.format.layout import c_coords, c_linear
-from shardfs.storage.attrs import fail, join
+from shardfs.base.attrs import fail
+from shardfs.storage.keys import join
 from shardfs.shards import shard as shard_mod
 from shardfs.shards.shard import CorruptShard, IndexCache
-from shardfs.storage import UNKNOWN, Storage, Unusable, Version, _Unknown
-from shardfs.storage.threads import blocking
+from shardfs.storage import UNKNOWN, Storage, Unusable, Version, Unknown
+from shardfs.base.threads import blocking
 
 if TYPE_CHECKING:
     from shardfs.format.v2 import ArrayInfo
@@ -46,10 +47,10 @@ class Sharded(Protocol):
     def shard_keys(self) -> dict[tuple[int, ...], str]: ...
 
 
-def _versions_now(source: Storage, keys: list[str]) -> list[Version | None | _Unknown]:
+def _versions_now(source: Storage, keys: list[str]) -> list[Version | None | Unknown]:
     """``source.version_now`` of each of ``keys`` (None for one that is unusable: its getattr
     meets the error again, remembered)."""
-    out: list[Version | None | _Unknown] = []
+    out: list[Version | None | Unknown] = []
     for key in keys:
         try:
             out.append(source.version_now(key))
@@ -65,7 +66,7 @@ class ShardIndexes:
     ``log_unusable(key, e)``: log once why ``key`` is not read."""
 
     def __init__(self, source: Storage, per_read: int,
-                 version: Callable[..., Awaitable[Version | None | _Unknown]],
+                 version: Callable[..., Awaitable[Version | None | Unknown]],
                  log_unusable: Callable[[str, Unusable], None]) -> None:
         self.source = source
         self.per_read = per_read

@@ -17,9 +17,9 @@ from typing import NamedTuple
 import numpy as np
 
 from shardfs.format.index import EMPTY, CorruptIndex, IndexFormat
-from shardfs.storage.lru import SizedLRU
+from shardfs.base.lru import SizedLRU
 from shardfs.format.shardfile import CORRUPT, ShardFormat, assemble, outermost, read_table
-from shardfs.storage import ABSENT, Range, Storage, Version, VersionMismatch, _Absent
+from shardfs.storage import ABSENT, Range, Storage, Version, VersionMismatch, Absent
 
 log = logging.getLogger("shardfs")
 INDEX_TRIES = 3  # reads of an index that find the shard replaced under them before EIO
@@ -247,7 +247,7 @@ def _rewrite_once(source: Storage, key: str, fmt: ShardFormat | None,
             return None
         return source.replace(key, [data])
     chunks: dict[int, bytes | memoryview] = {}
-    version: Version | _Absent
+    version: Version | Absent
     try:
         old, version = source.read_all(key)
     except FileNotFoundError:

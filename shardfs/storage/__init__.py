@@ -20,7 +20,8 @@ from typing import Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 from shardfs.storage.stats import StoreStats
 
-__all__ = ["ABSENT", "UNKNOWN", "Entry", "Range", "Storage", "Unusable", "Version", "VersionMismatch"]
+__all__ = ["ABSENT", "UNKNOWN", "Absent", "Entry", "Range", "Storage", "Unknown", "Unusable", "Version",
+           "VersionMismatch"]
 
 
 class Version(NamedTuple):
@@ -34,24 +35,24 @@ class Version(NamedTuple):
     mtime_ns: int
 
 
-class _Absent:
+class Absent:
     """The ``if_version`` that means "only if the key does not exist" (If-None-Match: *)."""
 
     def __repr__(self) -> str:
         return "ABSENT"
 
 
-ABSENT = _Absent()
+ABSENT = Absent()
 
 
-class _Unknown:
+class Unknown:
     """What ``Storage.version_now`` answers when only a request would tell."""
 
     def __repr__(self) -> str:
         return "UNKNOWN"
 
 
-UNKNOWN = _Unknown()
+UNKNOWN = Unknown()
 
 
 class VersionMismatch(Exception):
@@ -94,7 +95,7 @@ class Storage(Protocol):
         is not a regular object that may be read. Remembered for a short time (a stat or a
         HEAD per call would cost every lookup): changes made elsewhere show within it."""
 
-    def version_now(self, key: str) -> Version | None | _Unknown:
+    def version_now(self, key: str) -> Version | None | Unknown:
         """``version`` if it is answered at once (a version remembered and still fresh; locally a
         stat, answered from the kernel's inode cache in microseconds), else ``UNKNOWN`` (only a
         request would tell): callers on the trio thread ask this inline, ``version`` in a thread."""
@@ -130,14 +131,14 @@ class Storage(Protocol):
         """True if ``key`` is a directory (locally) or a prefix holding objects: it may be listed."""
 
     def replace(self, key: str, data: Iterable[bytes | memoryview],
-                if_version: Version | _Absent | None = None) -> Version:
+                if_version: Version | Absent | None = None) -> Version:
         """Atomically make ``data`` the content of ``key`` (readers see the old or the new object).
 
         ``if_version``: only if the key is still at that version (``ABSENT``: still missing);
         else ``VersionMismatch`` and nothing changed. Durable when it returns.
         """
 
-    def delete(self, key: str, if_version: Version | _Absent | None = None) -> None:
+    def delete(self, key: str, if_version: Version | Absent | None = None) -> None:
         """Remove ``key`` (missing is fine unless ``if_version`` is a Version)."""
 
     def move(self, src: str, dst: str) -> None:

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from shardfs.storage.lru import SizedLRU
+from shardfs.base.lru import SizedLRU
 from shardfs.storage import Entry
 
 DEFAULT_BYTES = 32 << 20  # all listings kept at once

@@ -38,7 +38,8 @@ import time
 from contextlib import contextmanager
 from typing import Iterable, Iterator, Sequence
 
-from shardfs.storage import UNKNOWN, Entry, Range, Unusable, Version, VersionMismatch, _Absent
+from shardfs.storage import UNKNOWN, Entry, Range, Unusable, Version, VersionMismatch, Absent
+from shardfs.base.files import not_regular
 from shardfs.storage.listings import Listings
 from shardfs.storage.versions import Remembered
 from shardfs.storage.stats import StoreStats, counted
@@ -56,14 +57,6 @@ _WRITE_LOCK = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
-_KINDS = {stat_mod.S_IFDIR: "a directory", stat_mod.S_IFIFO: "a FIFO", stat_mod.S_IFSOCK: "a socket",
-          stat_mod.S_IFCHR: "a character device", stat_mod.S_IFBLK: "a block device",
-          stat_mod.S_IFLNK: "a symlink"}
-
-
-def not_regular(mode: int) -> str:
-    """Why a file of ``mode`` (not a regular file) is never opened for I/O, for log lines."""
-    return f"not a regular file ({_KINDS.get(stat_mod.S_IFMT(mode), 'unknown type')})"
 
 
 class LocalStorage:
@@ -289,7 +282,7 @@ class LocalStorage:
 
     @counted("REPLACE", _ANSWERS, bytes_out=lambda version: version.size)
     def replace(self, key: str, data: Iterable[bytes | memoryview],
-                if_version: Version | _Absent | None = None) -> Version:
+                if_version: Version | Absent | None = None) -> Version:
         parent, name = _split(key)
         dfd, owner = self._open_dir(parent, create=True)
         try:
@@ -343,7 +336,7 @@ class LocalStorage:
             os.close(sfd)
 
     @counted("DELETE", _ANSWERS)
-    def delete(self, key: str, if_version: Version | _Absent | None = None) -> None:
+    def delete(self, key: str, if_version: Version | Absent | None = None) -> None:
         """Remove ``key``, then its emptied parent directories; durable in the directory that
         survives (the grandparent, when the parent went too)."""
         parent, name = _split(key)
@@ -387,14 +380,14 @@ class LocalStorage:
         finally:
             os.close(fd)
 
-    def _under_lock(self, dfd: int, key: str, if_version: Version | _Absent | None) -> os.stat_result | None:
+    def _under_lock(self, dfd: int, key: str, if_version: Version | Absent | None) -> os.stat_result | None:
         """Check ``if_version`` against the key (the lock is held); the key's stat, None if missing.
 
         On a mismatch (or an unusable key) the lock file is unlinked and the error raised."""
         name = _split(key)[1]
         try:
             version = self._stat(key, strict=True)
-            if if_version is not None and version != (None if isinstance(if_version, _Absent) else if_version):
+            if if_version is not None and version != (None if isinstance(if_version, Absent) else if_version):
                 raise VersionMismatch(f"{self.path(key)}: at {version}, not {if_version}")
             return None if version is None else os.stat(name, dir_fd=dfd)
         except BaseException:
@@ -487,15 +480,3 @@ def _own(fd: int, like: os.stat_result, mode: int | None) -> None:
         except PermissionError:
             pass
     os.fchmod(fd, stat_mod.S_IMODE(like.st_mode) if mode is None else mode)
-
-
-def fsync_dir(path: str) -> None:
-    """fsync a directory so a rename or unlink in it is durable (missing is fine)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

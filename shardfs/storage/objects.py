@@ -82,7 +82,7 @@ from obstore.exceptions import (AlreadyExistsError, NotFoundError, PermissionDen
 
 from shardfs.storage.urls import DEFAULT_TIMEOUT, env_endpoint
 from shardfs.storage.stats import StoreStats
-from shardfs.storage import ABSENT, UNKNOWN, Entry, Range, Version, VersionMismatch, _Absent, _Unknown
+from shardfs.storage import ABSENT, UNKNOWN, Entry, Range, Version, VersionMismatch, Absent, Unknown
 from shardfs.storage.access import Access
 from shardfs.storage.listings import Listings
 from shardfs.storage.versions import Remembered
@@ -257,7 +257,7 @@ class ObjectStorage:
 
     # ------------------------------------------------------------------ remembered versions
 
-    def version_now(self, key: str) -> Version | None | _Unknown:
+    def version_now(self, key: str) -> Version | None | Unknown:
         return self._versions.get(key)
 
     def changed(self, key: str) -> None:
@@ -381,7 +381,7 @@ class ObjectStorage:
         return data, version
 
     async def areplace(self, key: str, data: Iterable[bytes | memoryview],
-                       if_version: Version | _Absent | None = None) -> Version:
+                       if_version: Version | Absent | None = None) -> Version:
         """See ``Storage.replace``."""
         body = b"".join(data)
         if if_version is None:
@@ -408,7 +408,7 @@ class ObjectStorage:
             return now
         return Version(etag, len(body), 0)  # already replaced by another writer
 
-    async def adelete(self, key: str, if_version: Version | _Absent | None = None) -> None:
+    async def adelete(self, key: str, if_version: Version | Absent | None = None) -> None:
         """See ``Storage.delete`` (conditional: HEAD check then DELETE, see the module docstring)."""
         if if_version is not None:
             now = await self.aversion(key)
@@ -448,10 +448,10 @@ class ObjectStorage:
         return self.loop.run(self.aread_all(key))
 
     def replace(self, key: str, data: Iterable[bytes | memoryview],
-                if_version: Version | _Absent | None = None) -> Version:
+                if_version: Version | Absent | None = None) -> Version:
         return self.loop.run(self.areplace(key, data, if_version))
 
-    def delete(self, key: str, if_version: Version | _Absent | None = None) -> None:
+    def delete(self, key: str, if_version: Version | Absent | None = None) -> None:
         self.loop.run(self.adelete(key, if_version))
 
     def check_write(self, key: str) -> None:

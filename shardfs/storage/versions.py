@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
-from shardfs.storage import UNKNOWN, Unusable, Version, _Unknown
+from shardfs.storage import UNKNOWN, Unusable, Version, Unknown
 
 MAX_KEYS = 65536  # remembered versions before all are dropped at once (cheap, and rare)
 
@@ -26,7 +26,7 @@ class Remembered:
         self._lock = threading.Lock()
         self._changes = 0
 
-    def get(self, key: str) -> Version | None | _Unknown:
+    def get(self, key: str) -> Version | None | Unknown:
         """What was remembered for ``key`` within the last ``ttl`` seconds, else ``UNKNOWN``;
         an ``Unusable`` remembered is raised (a fresh copy: raising mutates it)."""
         hit = self._items.get(key)

@@ -39,7 +39,7 @@ import obstore
 from obstore.exceptions import NotFoundError
 from obstore.store import HTTPStore
 
-from shardfs.storage import Entry, Version, _Absent
+from shardfs.storage import Entry, Version, Absent
 from shardfs.storage.loop import LoopThread
 from shardfs.storage.access import Access
 from shardfs.storage.objects import (ObjectStorage, Retry, StorageUnavailable, _first_line, _status, _version,
@@ -71,10 +71,10 @@ class WebStorage(ObjectStorage):
     # ------------------------------------------------------------------ no writes
 
     def replace(self, key: str, data: Iterable[bytes | memoryview],
-                if_version: Version | _Absent | None = None) -> Version:
+                if_version: Version | Absent | None = None) -> Version:
         raise OSError(errno.EROFS, "a web server is read-only", self.describe(key))
 
-    def delete(self, key: str, if_version: Version | _Absent | None = None) -> None:
+    def delete(self, key: str, if_version: Version | Absent | None = None) -> None:
         raise OSError(errno.EROFS, "a web server is read-only", self.describe(key))
 
     # ------------------------------------------------------------------ listings made up

@@ -11,10 +11,11 @@
 - ``writer``: the ``Writer``: commits of chunk files, staging files, rename/link/unlink;
 - ``structure``: ``Structure``: nodes made from ``.zarray``/``.zgroup``, metadata rewrites, mkdir, rmdir;
 - ``made``: ``Made``, the structure made through the mount (new directories, unlinked metadata);
-- ``chunks``: ``Chunks``, stored chunks merged with pending ones (extents, shards, chunk sets).
+- ``chunks``: ``Chunks``, stored chunks merged with pending ones (extents, shards, chunk sets);
+- ``tries``: ``Tries``, the one retry policy of an open (shared by the view and the kernel adapter).
 
 Imports ``reads``, ``writes``, ``shards``, ``storage`` and ``format``.
 """
 
-__all__ = ["chunks", "hierarchy", "ledger", "listing", "made", "metadata", "nodes", "nodetable", "structure", "view",
-           "writer"]
+__all__ = ["chunks", "hierarchy", "ledger", "listing", "made", "metadata", "nodes", "nodetable", "structure", "tries",
+           "view", "writer"]

@@ -21,8 +21,9 @@ from shardfs.shards import shard as shard_mod
 from shardfs.shards.indexes import ShardIndexes
 from shardfs.shards.shard import CorruptShard, Extent
 from shardfs.storage import Storage, Version
-from shardfs.storage.attrs import fail, join, list_entries
-from shardfs.storage.threads import blocking
+from shardfs.base.attrs import fail
+from shardfs.storage.keys import join, list_entries
+from shardfs.base.threads import blocking
 from shardfs.tree.nodes import ArrayNode
 from shardfs.writes.writeback import Pending, Writeback
 

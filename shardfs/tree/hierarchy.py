@@ -17,9 +17,10 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from shardfs.format.layout import Unpresentable
-from shardfs.storage import UNKNOWN, Range, Storage, Unusable, Version, _Unknown
-from shardfs.storage.attrs import fail, join
-from shardfs.storage.threads import blocking
+from shardfs.storage import UNKNOWN, Range, Storage, Unusable, Version, Unknown
+from shardfs.base.attrs import fail
+from shardfs.storage.keys import join
+from shardfs.base.threads import blocking
 from shardfs.tree import metadata
 from shardfs.tree.ledger import Ledger
 from shardfs.tree.nodes import ArrayNode, GroupNode
@@ -39,7 +40,7 @@ def v2() -> Any:
     return module
 
 
-def read_metadata(source: Storage, key: str, known: Version | _Unknown) -> tuple[dict[str, Any] | str, Version]:
+def read_metadata(source: Storage, key: str, known: Version | Unknown) -> tuple[dict[str, Any] | str, Version]:
     """The parsed zarr.json at ``key``, or why it is bad (``shardfs.tree.metadata``), and the version
     read: one request of at most ``METADATA_MAX`` + 1 bytes (none if ``known``, its version,
     is too large already), in a worker thread."""
@@ -88,7 +89,7 @@ class Hierarchy:
         self._unbound: dict[int, str] = {}
         self.ledger.followers.append(self.follow)
 
-    async def version(self, key: str, ask: bool = True) -> Version | None | _Unknown:
+    async def version(self, key: str, ask: bool = True) -> Version | None | Unknown:
         """``source.version`` (inline when it is answered at once, ``Storage.version_now``, else
         in a worker thread; ``UNKNOWN`` then if not ``ask``); a key that exists but is unusable (not a
         regular file, behind a symlink out of the source) raises its errno, logged once per key and reason."""
@@ -98,7 +99,7 @@ class Hierarchy:
             self.log_unusable(key, e)
             raise fail(e.errno, e.strerror) from None
 
-    async def _current(self, key: str, ask: bool = True) -> Version | None | _Unknown:
+    async def _current(self, key: str, ask: bool = True) -> Version | None | Unknown:
         """``source.version``: inline when it is answered at once, else in a worker thread (or
         ``UNKNOWN`` if not ``ask``)."""
         found = self.source.version_now(key)
@@ -122,7 +123,7 @@ class Hierarchy:
         """
         key = join(path, "zarr.json")
         arr, group = self.arrays.get(path), self._groups.get(path)
-        version: Version | None | _Unknown = UNKNOWN
+        version: Version | None | Unknown = UNKNOWN
         try:  # a node seen before is checked (a stat, a HEAD); a new one is read in one request
             version = await self._current(key, ask=arr is not None or group is not None)
             if version is None:

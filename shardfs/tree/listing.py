@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Iterator, 
 import numpy as np
 import trio
 
-from shardfs.storage.attrs import Attr, fail, join, list_entries
+from shardfs.base.attrs import Attr, fail
+from shardfs.storage.keys import join, list_entries
 from shardfs.tree.nodes import (ARRAY_DIRS, ArrayDirKey, ArrayNode, DirKey, GroupNode, InnerShardKey, KeyDirKey,
                                 MetaKey, ShardDirKey)
 from shardfs.shards.indexes import ShardIndexes
@@ -42,7 +43,7 @@ from shardfs.tree.chunks import ChunkSet, Chunks
 from shardfs.tree.made import Made
 from shardfs.tree.nodetable import CHUNK_BASE, SLOT_SHIFT, NodeTable
 from shardfs.storage import Entry, Storage
-from shardfs.storage.threads import blocking
+from shardfs.base.threads import blocking
 
 if TYPE_CHECKING:
     from shardfs.reads import Reads

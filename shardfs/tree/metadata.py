@@ -18,7 +18,7 @@ import stat
 from itertools import accumulate
 from typing import Any
 
-from shardfs.storage import local
+from shardfs.base import files
 
 METADATA_MAX = 16 << 20
 MAX_DEPTH = 100
@@ -33,7 +33,7 @@ class BadMetadata(Exception):
 
 def not_regular(mode: int) -> str | None:
     """Why a file of ``mode`` cannot be a ``zarr.json`` (None if it is a regular file)."""
-    return None if stat.S_ISREG(mode) else f"zarr.json: {local.not_regular(mode)}"
+    return None if stat.S_ISREG(mode) else f"zarr.json: {files.not_regular(mode)}"
 
 
 def too_large(size: int) -> str | None:

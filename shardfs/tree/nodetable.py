@@ -22,7 +22,7 @@ import errno
 
 from typing import Any
 
-from shardfs.storage.attrs import fail
+from shardfs.base.attrs import fail
 from shardfs.tree.ledger import Ledger
 from shardfs.tree.nodes import (ArrayNode, ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, NodeKey,
                                 ShardDirKey, Staging, StagingKey)

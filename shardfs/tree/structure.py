@@ -22,8 +22,9 @@ import numpy as np
 from shardfs.format.create import XARRAY_FILL, Refused, array_doc, dimension_names, group_doc, rewrite_kind
 from shardfs.format.layout import parse_coord
 from shardfs.storage import ABSENT, VersionMismatch
-from shardfs.storage.attrs import Attr, fail, join
-from shardfs.storage.threads import blocking
+from shardfs.base.attrs import Attr, fail
+from shardfs.storage.keys import join
+from shardfs.base.threads import blocking
 from shardfs.tree.nodes import (ArrayNode, ChunkKey, DirKey, GroupNode, InnerShardKey, KeyDirKey, MetaKey, ShardDirKey,
                                 Staging)
 from shardfs.tree.hierarchy import v2

@@ -29,13 +29,15 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from shardfs.reads.chunkcache import ChunkCache
 from shardfs.format.layout import parse_coord
+from shardfs.base.attrs import Attr, fail
 from shardfs.config import ReadConfig
-from shardfs.storage.attrs import Attr, fail, join, list_entries
+from shardfs.storage.keys import join, list_entries
 from shardfs.tree.chunks import Chunks
 from shardfs.tree.hierarchy import Hierarchy, v2
 from shardfs.tree.ledger import Ledger
 from shardfs.tree.listing import Listing
 from shardfs.tree.made import Made
+from shardfs.tree.tries import Tries
 from shardfs.tree.nodetable import NodeTable
 from shardfs.tree.nodes import (ARRAY_DIRS, ArrayDirKey, ArrayNode, ChunkKey, DirKey, GroupNode, InnerShardKey,
                                 KeyDirKey, MetaKey, ShardDirKey, StagingKey)
@@ -45,8 +47,8 @@ from shardfs.reads.prefetch import Prefetch
 from shardfs.format.v2 import CorruptChunk
 from shardfs.shards.indexes import ShardIndexes
 from shardfs.shards.shard import Extent
-from shardfs.storage import UNKNOWN, Storage, Version, VersionMismatch, _Unknown
-from shardfs.storage.threads import blocking
+from shardfs.storage import UNKNOWN, Storage, Version, VersionMismatch, Unknown
+from shardfs.base.threads import blocking
 from shardfs.writes.writeback import Pending, Writeback
 
 if TYPE_CHECKING:
@@ -54,7 +56,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shardfs")
 
-OPEN_TRIES = 3  # opens of a chunk that find its shard replaced since its index was read, before EIO
 RESOLVED_KEPT = 256  # chunk lookups remembered for the opens that follow them
 
 
@@ -92,7 +93,7 @@ class View:
 
     # ----- the hierarchy (``Hierarchy``) --------------------------------------------------
 
-    async def version(self, key: str, ask: bool = True) -> Version | None | _Unknown:
+    async def version(self, key: str, ask: bool = True) -> Version | None | Unknown:
         """``Hierarchy.version``."""
         return await self.hierarchy.version(key, ask)
 
@@ -393,10 +394,11 @@ class View:
 
     # ----- reading ------------------------------------------------------------------------
 
-    async def open(self, ino: int) -> ReadHandle:
+    async def open(self, ino: int, tries: Tries | None = None) -> ReadHandle:
         """Open a file for reading: metadata bytes, a staging file, or a stored, pending or
         empty chunk (``Reads.open``). A shard replaced between its index read and the open is
-        looked up again, ``OPEN_TRIES`` times, then EIO (logged)."""
+        looked up again while ``tries`` (``tree.tries``: shared with the kernel adapter's) has
+        one left, then EIO (logged)."""
         key = self.nodes.node_key(ino)
         attr: Attr | None
         if isinstance(key, MetaKey):
@@ -408,8 +410,9 @@ class View:
             raise fail(errno.EISDIR)
         arr, coords = key.arr, key.coords
         resolved = self._resolved.pop(ino, None)
-        ext: Extent | Pending | None
-        for _ in range(OPEN_TRIES):
+        ext: Extent | Pending | None = None
+        tries = tries or Tries()
+        while tries.take():
             if resolved is not None and self.chunks.unchanged(arr, coords, resolved[0]):
                 ext, attr = resolved
             else:
@@ -435,8 +438,8 @@ class View:
             if self.reads.prefetches:
                 self.prefetch.note_shard(arr, coords, ext)
             return handle
-        assert isinstance(ext, Extent)  # only an open of a stored chunk tries again
-        log.error("%s: changed during %d opens of chunk %s", self.source.describe(ext.key), OPEN_TRIES,
+        assert isinstance(ext, Extent)  # only an open of a stored chunk tries again (and one try is left to it)
+        log.error("%s: changed during %d opens of chunk %s", self.source.describe(ext.key), tries.total,
                   arr.shown.layout.names.key(coords))
         raise fail(errno.EIO, "shard keeps changing")
 

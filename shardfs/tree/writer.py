@@ -38,7 +38,7 @@ from shardfs.format.layout import ArrayLayout
 from shardfs.tree.nodes import ArrayNode, ChunkKey, DirKey, GroupNode, MetaKey, Staging, StagingKey
 from shardfs.writes.spill import SPILL_THRESHOLD, SpillBuffer
 from shardfs.storage import Unusable
-from shardfs.storage.attrs import Attr, fail
+from shardfs.base.attrs import Attr, fail
 from shardfs.tree.structure import Invalidate, Structure
 from shardfs.tree.view import View
 from shardfs.writes.writeback import ShardTarget, Writeback, chunks_in_shard

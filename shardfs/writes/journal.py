@@ -71,7 +71,7 @@ import crc32c
 import trio
 
 from shardfs.storage import private
-from shardfs.storage.local import fsync_dir
+from shardfs.base.files import fsync_dir
 
 log = logging.getLogger("shardfs")
 

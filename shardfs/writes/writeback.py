@@ -43,7 +43,7 @@ from shardfs.writes.journal import Change, Journal, Record, kept_line
 from shardfs.format.index import CorruptIndex
 from shardfs.format.shardfile import ShardFormat
 from shardfs.storage import Storage, Version
-from shardfs.storage.faults import Faults
+from shardfs.base.faults import Faults
 
 log = logging.getLogger("shardfs")
 ShardId = tuple[str, tuple[int, ...]]  # (array path, shard coords)

@@ -1,0 +1,13 @@
+"""The base room: small things any room may use, none of them storage and none a layer's own
+job. It imports no other room of the package (only the standard library and trio).
+
+- ``attrs``: ``Attr`` (what ``stat`` shows for a node) and ``fail`` (the ``OSError`` a FUSE
+  handler answers with);
+- ``threads``: ``blocking``, a blocking call run off the trio thread;
+- ``lru``: ``SizedLRU``, a least-recently-used map bounded by the size of its values;
+- ``files``: ``fsync_dir`` (a rename or unlink made durable) and ``not_regular`` (why a
+  file is never opened for I/O, for log lines);
+- ``faults``: ``Faults``, the mount's internal errors (bugs) counted and logged, never fatal.
+"""
+
+__all__ = ["attrs", "faults", "files", "lru", "threads"]

@@ -1,0 +1,59 @@
+"""The FUSE requests a mount answered, for ``shardfs status`` (``shardfs.app.status``): counted
+by ``fuse_ops.Operations`` as ``shardfs.storage.stats`` counts store requests (a plain integer
+increment where the event happens; see there why no lock is needed)."""
+
+from __future__ import annotations
+
+import errno
+import time
+from collections import deque
+from typing import Any
+
+RECENT_ERRORS = 256  # errors remembered with their time (``RequestStats.recent``)
+ROUTINE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ENOSYS, errno.ENODATA, errno.ESTALE})
+
+
+def errno_name(code: int) -> str:
+    """``ENOSPC`` for 28; ``E<n>`` for a number without a name."""
+    return errno.errorcode.get(code, f"E{code}")
+
+
+class RequestStats:
+    """FUSE requests by operation, their errors by (errno, operation), chunk files opened for
+    reading and bytes read, since the mount began (kept by ``fuse_ops.Operations``)."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, int] = {}
+        self.errors: dict[tuple[int, str], int] = {}
+        self.chunk_files = 0
+        self.read_bytes = 0
+        # (monotonic time, errno, operation) of the last errors other than ``ROUTINE`` ones (a
+        # lookup of a missing name is an answer, not a problem): what status shows as problems
+        self.recent: deque[tuple[float, int, str]] = deque(maxlen=RECENT_ERRORS)
+
+    def op(self, name: str) -> None:
+        """Make ``name`` a known operation (so the per-request increment needs no default)."""
+        self.requests.setdefault(name, 0)
+
+    def error(self, code: int, op: str) -> None:
+        key = (code, op)
+        self.errors[key] = self.errors.get(key, 0) + 1
+        if code not in ROUTINE:
+            self.recent.append((time.monotonic(), code, op))
+
+    def snapshot(self) -> dict[str, Any]:
+        errors: dict[str, dict[str, int]] = {}
+        for (code, op), n in sorted(self.errors.items()):
+            errors.setdefault(errno_name(code), {})[op] = n
+        return {"requests": {op: n for op, n in sorted(self.requests.items()) if n},
+                "errors": errors, "reads": {"chunk_files": self.chunk_files, "bytes": self.read_bytes}}
+
+    def errors_since(self, seconds: float) -> dict[str, dict[str, int]]:
+        """Errors (not ``ROUTINE``) of the last ``seconds``: ``{errno name: {operation: n}}``."""
+        since = time.monotonic() - seconds
+        out: dict[str, dict[str, int]] = {}
+        for at, code, op in list(self.recent):
+            if at >= since:
+                by_op = out.setdefault(errno_name(code), {})
+                by_op[op] = by_op.get(op, 0) + 1
+        return out
