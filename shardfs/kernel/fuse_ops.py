@@ -102,10 +102,13 @@ def _guard(fn: F) -> F:
         try:
             try:
                 return await fn(self, *args)
-            except Exception:
-                if not self.shared or not await self.follow():
+            except Exception as e:
+                # another worker gave out a number it names (``follow``); a slot another request
+                # of this worker was binding meanwhile fails as no OSError/FUSEError (its array unread)
+                if not self.shared or not (await self.follow()
+                                           or not isinstance(e, (OSError, pyfuse3.FUSEError))):
                     raise
-            return await fn(self, *args)  # another worker gave out a number it names (``follow``)
+            return await fn(self, *args)
         except pyfuse3.FUSEError as e:
             self.stats.error(e.errno, op)
             raise

@@ -258,12 +258,12 @@ class Hierarchy:
         """Read the arrays of the slots other workers gave out and this one has not bound (their
         chunk inodes then mean the same chunks here); True if one was bound."""
         bound = False
-        for slot, path in list(self._unbound.items()):
-            self._unbound.pop(slot, None)
+        for slot, path in list(self._unbound.items()):  # (left there while read: a request meanwhile reads it too)
             try:
                 await self.node(path)
             except OSError:
                 pass
+            self._unbound.pop(slot, None)
             bound = bound or self.slots[slot].error != GONE
         return bound
 
