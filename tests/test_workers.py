@@ -188,10 +188,13 @@ def test_numbers_given_at_once_by_two_workers_never_collide(mount, tmp_path):
         a[...] = i + 1
     mnt = mount(root, "-o", "ro,workers=2," + NO_CACHE)
     workers(mnt, 2)
+    dirs = [f"x{i}" for i in range(24)]
     names = [f"x{i}/{leaf}" for i in range(24) for leaf in (".zarray", ".zattrs", "0.0", "1.1")]
-    names += [f"x{i}" for i in range(24)]
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        first = dict(zip(names, pool.map(lambda n: os.stat(mnt / n).st_ino, names)))
+    first = {n: os.stat(mnt / n).st_ino for n in dirs}  # (the arrays' slots given out first)
+    time.sleep(1.5)  # (both workers followed them)
+    names += dirs
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:  # metadata inodes given out at once by both
+        first.update(zip(names, pool.map(lambda n: os.stat(mnt / n).st_ino, names)))
         for _ in range(3):
             again = dict(zip(names, pool.map(lambda n: os.stat(mnt / n).st_ino, names)))
             assert again == first

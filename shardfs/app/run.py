@@ -214,13 +214,19 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
             except ReplayFailed as e:
                 _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
                 return 1
-            return _mount_and_serve(args, mnt, opts, cfg, mount)
+            code = _mount_and_serve(args, mnt, opts, cfg, mount)
     except BaseException as e:  # whatever ends the daemon says why where its log is read
         cause = e
         while isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:  # trio's nurseries
             cause = cause.exceptions[0]
         log.critical("the daemon stops: %s: %s", type(cause).__name__, cause, exc_info=True)
         raise
+    if ledger is not None and ledger.shared:
+        # one of N workers, its mount's layers closed: no interpreter teardown (zarr, numpy: seconds
+        # on a loaded machine), which the supervisor would wait for before it ends the mount
+        logging.shutdown()
+        os._exit(code)
+    return code
 
 
 def workers_refused(read_only: bool) -> str | None:
