@@ -18,7 +18,7 @@ folds what is pending into the shards, as an unmount does.
 with the attributes the listing gives), ``read_bytes``/``read_text``,
 ``write_bytes``/``write_text``, ``open`` (an ``InFile``: ``read``, ``write``, ``stat`` as
 ``fstat``, ``close`` as the kernel's FLUSH and RELEASE), ``mkdir``, ``unlink``, ``rmdir``,
-``replace``, ``truncate``; ``files`` and ``copy_to`` give its files' bytes to clients. Each
+``replace``, ``hardlink_to``, ``truncate``; ``files`` and ``copy_to`` give its files' bytes to clients. Each
 raises the ``OSError`` (errno) the adapter answers with; any other exception (which the
 adapter would log and answer EIO) fails the test. What needs the kernel (page cache, entry
 and attribute caches, FLUSH at ``close(2)``, ENAMETOOLONG, the errno a client sees) is
@@ -50,9 +50,10 @@ T = TypeVar("T")
 
 def stat_result(attr: Attr) -> os.stat_result:
     """``attr`` as ``os.stat`` shows it through a mount (the daemon's uid and gid)."""
-    sec = attr.mtime_ns // 10**9
+    sec, ns = attr.mtime_ns // 10**9, attr.mtime_ns
     return os.stat_result((attr.mode, attr.ino, 0, attr.nlink, os.getuid(), os.getgid(), attr.size,
-                           sec, sec, sec, attr.mtime_ns, attr.mtime_ns, attr.mtime_ns))
+                           sec, sec, sec, ns / 10**9, ns / 10**9, ns / 10**9),
+                          {"st_atime_ns": ns, "st_mtime_ns": ns, "st_ctime_ns": ns})
 
 
 class InProcess:
@@ -278,6 +279,14 @@ class InPath:
 
         self.fs.run(run)
         return target
+
+    def hardlink_to(self, target: InPath) -> None:
+        """``link(2)``: this path made a new name of ``target``'s file (as ``pathlib``)."""
+        async def run() -> None:
+            await self.fs.writable().link(await self.fs.ino(target.rel), await self.fs.ino(self.rel.parent),
+                                          self.rel.name)
+
+        self.fs.run(run)
 
     def truncate(self, size: int) -> None:
         """``truncate(2)`` by path (no handle open)."""

@@ -36,7 +36,7 @@ OPCODES = {1: "LOOKUP", 3: "GETATTR", 4: "SETATTR", 14: "OPEN", 15: "READ", 16: 
            38: "DESTROY", 39: "IOCTL", 42: "BATCH_FORGET", 44: "READDIRPLUS"}
 # A read of /dev/fuse as strace -y -xx -s 8 prints it: the path and the first 8 bytes in hex.
 DEV_FUSE = "".join(f"\\x{b:02x}" for b in b"/dev/fuse")
-FUSE_READ = re.compile(r'^read\(\d+<' + re.escape(DEV_FUSE) + r'>, "((?:\\x[0-9a-f]{2}){8})"')
+FUSE_READ = re.compile(r'^(?:\d+ +)?read\(\d+<' + re.escape(DEV_FUSE) + r'>, "((?:\\x[0-9a-f]{2}){8})"')
 
 
 def requests(trace: Path) -> Counter:
@@ -52,9 +52,9 @@ def requests(trace: Path) -> Counter:
 
 
 def traced_mount(mount, src: Path, trace: Path) -> Path:
-    """A writable mount of ``src`` whose daemon's main thread (the one reading /dev/fuse) runs
-    under strace, tracing its reads into ``trace``."""
-    return mount(src, prefix=(STRACE, "-qq", "-y", "-xx", "-s", "8", "-o", str(trace), "-e", "trace=read"))
+    """A writable mount of ``src`` whose daemon runs under strace (``-f``: the supervisor and the
+    worker it starts, which reads /dev/fuse), tracing their reads into ``trace``."""
+    return mount(src, prefix=(STRACE, "-f", "-qq", "-y", "-xx", "-s", "8", "-o", str(trace), "-e", "trace=read"))
 
 
 def stop(mount, mnt: Path) -> None:

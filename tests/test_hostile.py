@@ -1,5 +1,6 @@
-"""Hostile sources and concurrent writers, through real mounts (what symlinks out of SRC show
-and refuse: in-process, ``tests/inproc.py``).
+"""Hostile sources and concurrent writers, through real mounts (what non-regular shards, a file
+where a key directory should be and symlinks out of SRC show and refuse: in-process,
+``tests/inproc.py``).
 
 - Non-regular files where shards should be (FIFO, directory, socket) are never opened:
   reads give EIO with one log line, writes are refused; a shard that turns into one
@@ -90,7 +91,9 @@ def shardfs_umount(mnt: Path, *args: str, timeout: float = 120) -> tuple[subproc
 # --------------------------------------------------------------------------- non-regular files
 
 
-def test_non_regular_shards_are_never_opened(tmp_path, mount):
+def test_non_regular_shards_are_never_opened(tmp_path, caplog):
+    """In-process (the refused writes: at the kernel's FLUSH, which ``close`` sends; what the
+    unmount folds: at the close of the tree)."""
     src = tmp_path / "src"
     exp = build(src, [H])
     fifo, directory, sock = (H.shard_file(src, ij) for ij in ((0, 0), (0, 1), (1, 0)))
@@ -102,24 +105,26 @@ def test_non_regular_shards_are_never_opened(tmp_path, mount):
     sock.unlink()
     server = socket.socket(socket.AF_UNIX)
     server.bind(str(sock))
+    caplog.set_level(logging.DEBUG, logger="shardfs")
+
+    def logged(needle: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "shardfs" and needle in r.getMessage()]
+
     try:
-        mnt = mount(src)
-        for chunk, shard, kind in (("0.1", fifo, "a FIFO"), ("1.2", directory, "a directory"),
-                                   ("2.1", sock, "a socket")):
-            for _ in range(2):
-                assert errno_of(read_bytes, mnt / "h" / chunk) == errno.EIO, chunk
-            assert len(lines(mount, mnt, f"{shard}: not read: not a regular file ({kind})")) == 1, \
-                mount.info(mnt).log_text()[-3000:]
-            # writes into such a shard are refused: a new file on the key, and a rename onto it
-            assert errno_of(write_file, mnt / "h" / chunk, chunk_bytes(1)[1]) == errno.EIO
-            write_file(mnt / "h" / "tmp.partial", chunk_bytes(2)[1])
-            assert errno_of(os.rename, mnt / "h" / "tmp.partial", mnt / "h" / chunk) == errno.EIO
-            os.unlink(mnt / "h" / "tmp.partial")
-        good = H.decode(read_bytes(mnt / "h" / "2.2"))  # the stored shard beside them serves
-        np.testing.assert_array_equal(good, exp["h"][H.chunk_region((2, 2))])
-        r, took = shardfs_umount(mnt)
-        assert (r.returncode, r.stderr) == (0, ""), r.stderr
-        assert took < 60, f"umount took {took:.1f} s"  # a hang
+        with InProcess(src, read_only=False) as fs:
+            mnt = fs / ""
+            for chunk, shard, kind in (("0.1", fifo, "a FIFO"), ("1.2", directory, "a directory"),
+                                       ("2.1", sock, "a socket")):
+                for _ in range(2):
+                    assert errno_of((mnt / "h" / chunk).read_bytes) == errno.EIO, chunk
+                assert len(logged(f"{shard}: not read: not a regular file ({kind})")) == 1, caplog.text[-3000:]
+                # writes into such a shard are refused: a new file on the key, and a rename onto it
+                assert errno_of((mnt / "h" / chunk).write_bytes, chunk_bytes(1)[1]) == errno.EIO
+                (mnt / "h" / "tmp.partial").write_bytes(chunk_bytes(2)[1])
+                assert errno_of((mnt / "h" / "tmp.partial").replace, mnt / "h" / chunk) == errno.EIO
+                (mnt / "h" / "tmp.partial").unlink()
+            good = H.decode((mnt / "h" / "2.2").read_bytes())  # the stored shard beside them serves
+            np.testing.assert_array_equal(good, exp["h"][H.chunk_region((2, 2))])
         assert fifo.is_fifo() and directory.is_dir() and sock.is_socket()
         assert journal_entries(src) == []
     finally:
@@ -177,18 +182,21 @@ def test_shard_turned_fifo_or_directory_after_a_write_keeps_it_in_the_journal(tm
     assert leftovers(src) == []
 
 
-def test_a_file_where_a_key_directory_should_be_refuses_the_write(tmp_path, mount):
+def test_a_file_where_a_key_directory_should_be_refuses_the_write(tmp_path, caplog):
+    """In-process (refused at close: the kernel's FLUSH)."""
     src = tmp_path / "src"
     build(src, [H])
     os.rename(src / "h" / "c" / "1", tmp_path / "c1")
     (src / "h" / "c" / "1").write_bytes(b"not a directory")
-    mnt = mount(src)
-    assert errno_of(read_bytes, mnt / "h" / "2.2") == errno.ENOENT  # no such shard
-    assert errno_of(write_file, mnt / "h" / "2.2", chunk_bytes(1)[1]) == errno.EIO  # refused at close
-    assert len(lines(mount, mnt, f"{src / 'h'}/2.2: write refused: a file is where a directory should be")) == 1
-    r, _ = shardfs_umount(mnt)
-    assert (r.returncode, r.stderr) == (0, "")
+    caplog.set_level(logging.INFO, logger="shardfs")
+    with InProcess(src, read_only=False) as fs:
+        chunk = fs / "h" / "2.2"
+        assert errno_of(chunk.read_bytes) == errno.ENOENT  # no such shard
+        assert errno_of(chunk.write_bytes, chunk_bytes(1)[1]) == errno.EIO  # refused at close
+    needle = f"{src / 'h'}/2.2: write refused: a file is where a directory should be"
+    assert len([r for r in caplog.records if needle in r.getMessage()]) == 1
     assert (src / "h" / "c" / "1").read_bytes() == b"not a directory"
+    assert journal_entries(src) == []
 
 
 _LOCKER = r"""

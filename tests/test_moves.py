@@ -8,7 +8,7 @@
   the old array is visible in the new one.
 
 Each compares with zarr-python 3 (and tensorstore) reading the source natively after
-``shardfs umount``.
+``shardfs umount`` (or, in-process with ``tests/inproc.py``, after the tree is closed).
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ import numpy as np
 import pytest
 
 from conftest import zarr2
+from inproc import InProcess
 from sources import build
+from test_structure import rm_r
 from writers import umount
 
 
@@ -94,22 +96,25 @@ def test_mv_of_an_array_and_group_move(tmp_path, mount, source):
     assert src.leftovers() == []
 
 
-def test_a_move_folds_pending_chunks_first(tmp_path, mount):
+def test_a_move_folds_pending_chunks_first(tmp_path):
     """Chunks written just before the move (still pending) land in the moved array's shards,
-    and nothing is written at the old path afterwards."""
+    and nothing is written at the old path afterwards. In-process (``tests/inproc.py``): the
+    array made and written as zarr 2.18 does, without a compressor."""
     src = tmp_path / "src"
     build(src, [])
-    mnt = mount(src)
-    got = zarr2("""
-        z = zarr.open_array(root + '/a', mode='w', shape=(8,), chunks=(2,), dtype='<u2', fill_value=0)
-        z[:4] = np.arange(4) + 1  # half of the array's one shard: pending until the mount is idle
-        import os
-        os.rename(root + '/a', root + '/b')
-        zarr.open_array(root + '/b', mode='r+')[7] = 100
-        result = zarr.open_array(root + '/b', mode='r')[...]
-        """, root=str(mnt))
-    np.testing.assert_array_equal(got, [1, 2, 3, 4, 0, 0, 0, 100])
-    umount(mount, mnt)
+    zarray = {"zarr_format": 2, "shape": [8], "chunks": [2], "dtype": "<u2", "order": "C", "compressor": None,
+              "filters": None, "fill_value": 0}
+    with InProcess(src, read_only=False) as fs:
+        (fs / "a").mkdir()
+        (fs / "a" / ".zarray").write_text(json.dumps(zarray))
+        for i in range(2):  # half of the array's one shard: pending until the mount is idle
+            (fs / "a" / str(i)).write_bytes((np.arange(2 * i, 2 * i + 2, dtype="<u2") + 1).tobytes())
+        (fs / "a").replace(fs / "b")
+        (fs / "b" / "3").write_bytes(np.array([0, 100], "<u2").tobytes())
+        got = b"".join((fs / "b" / str(i)).read_bytes() if (fs / "b" / str(i)).exists() else bytes(4)
+                       for i in range(4))
+        assert not (fs / "a").exists()
+    np.testing.assert_array_equal(np.frombuffer(got, "<u2"), [1, 2, 3, 4, 0, 0, 0, 100])
     from conftest import read_native
 
     np.testing.assert_array_equal(read_native(src / "b"), [1, 2, 3, 4, 0, 0, 0, 100])
@@ -145,30 +150,33 @@ def test_overwrite_with_another_separator_shape_dtype_and_chunks(first_sep, tmp_
     np.testing.assert_array_equal(got["after"], np.arange(10, dtype=">f8"))
     assert got["listed"] == [".zarray", "0"]
     z = got["zarray"]
-    assert (z["shape"], z["chunks"], z["dtype"], z["dimension_separator"]) == \
-        ([10], [10], ">f8", "." if first_sep == "/" else "/")
+    assert (z["shape"], z["chunks"], z["dtype"], z.get("dimension_separator")) == \
+        ([10], [10], ">f8", None if first_sep == "/" else "/")  # DirectoryStore writes none: shown as written
     assert errors(mount, mnt) == []
     umount(mount, mnt)
     src.assert_equals("foo", np.arange(10, dtype=">f8"))
     assert src.leftovers() == []
 
 
-def test_overwrite_by_rm_r_and_a_new_zarray_in_place(tmp_path, mount):
+def test_overwrite_by_rm_r_and_a_new_zarray_in_place(tmp_path):
     """The shell's way: ``rm -r`` of an array, ``mkdir``, then a ``.zarray`` of another dtype
-    written in place: a new array, with none of the old chunks."""
+    written in place: a new array, with none of the old chunks. In-process (``tests/inproc.py``)."""
     src = tmp_path / "src"
     build(src, [])
-    mnt = mount(src)
-    zarr2("zarr.open_array(p, mode='w', shape=(4,), chunks=(2,), dtype='<i8')[...] = 5\nresult = np.zeros(0)",
-          p=str(mnt / "x"))
-    subprocess.run(["rm", "-r", str(mnt / "x")], check=True, timeout=60)
-    (mnt / "x").mkdir()
-    zarray = {"zarr_format": 2, "shape": [3], "chunks": [3], "dtype": "|u1", "order": "C", "compressor": None,
-              "filters": None, "fill_value": 9, "dimension_separator": "/"}
-    (mnt / "x" / ".zarray").write_text(json.dumps(zarray))
-    assert sorted(os.listdir(mnt / "x")) == [".zarray"]
-    np.testing.assert_array_equal(zarr2("result = zarr.open_array(p, mode='r')[...]", p=str(mnt / "x")), [9, 9, 9])
-    umount(mount, mnt)
+    with InProcess(src, read_only=False) as fs:
+        (fs / "x").mkdir()
+        (fs / "x" / ".zarray").write_text(json.dumps(
+            {"zarr_format": 2, "shape": [4], "chunks": [2], "dtype": "<i8", "order": "C", "compressor": None,
+             "filters": None, "fill_value": 0}))
+        for i in range(2):
+            (fs / "x" / str(i)).write_bytes(np.full(2, 5, "<i8").tobytes())
+        rm_r(fs / "x")
+        (fs / "x").mkdir()
+        zarray = {"zarr_format": 2, "shape": [3], "chunks": [3], "dtype": "|u1", "order": "C", "compressor": None,
+                  "filters": None, "fill_value": 9, "dimension_separator": "/"}
+        (fs / "x" / ".zarray").write_text(json.dumps(zarray))
+        assert sorted((fs / "x").iterdir()) == [".zarray"]
+        assert not (fs / "x" / "0").exists()  # a fill-only chunk: not stored, not shown
     from conftest import read_native
 
     np.testing.assert_array_equal(read_native(src / "x"), [9, 9, 9])

@@ -4,7 +4,7 @@ page cache (``POSIX_FADV_WILLNEED``), so the next chunk files of it are
 served without waiting for the disk; a shard with fewer opens is not read ahead.
 
 A lookup that needs a never-read shard index reads it with those of the next shards in C order
-of the shard grid, in one worker thread call.
+of the shard grid, in one worker thread call (in-process: ``tests/inproc.py``).
 
 What the page cache holds of a shard file is read with ``mincore`` (``test_page_fill.resident``),
 after the shard files were dropped from it (``POSIX_FADV_DONTNEED`` of clean pages).
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import mmap
 import os
 from pathlib import Path
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 
 from conftest import wait_for
+from inproc import InProcess
 from sources import LE, array_doc, sharding, write_v3, write_zarr3
 from test_page_fill import resident
 
@@ -94,49 +96,56 @@ def _index_read(shards: list[Path]) -> set[int]:
     return {at for at, path in enumerate(shards) if _resident(path)}
 
 
-def test_a_cold_lookup_reads_the_index_of_its_shard_with_those_of_the_next_seven(tmp_path, mount):
+def test_a_cold_lookup_reads_the_index_of_its_shard_with_those_of_the_next_seven(tmp_path):
     """A lookup that needs a never-read index reads it together with those of the next shards in
     C order of the shard grid (never read before, and not past the grid's end), 8 in all, in one
-    worker thread call: what the page cache holds of the shard files shows which were read."""
+    worker thread call: what the page cache holds of the shard files shows which were read.
+    In-process (``tests/inproc.py``)."""
     root, shards = _shard_grid(tmp_path)
-    mnt = mount(root)
-    assert (mnt / "x" / ".zarray").read_bytes()  # the array's metadata is read before the shards are dropped
-    os.sync()
-    for path in shards:
-        _evict(path)
-    assert (mnt / "x" / "2.2").stat().st_size == 128  # shard (1, 1): position 5
-    assert _index_read(shards) == set(range(5, 13))
-    assert (mnt / "x" / "6.6").stat().st_size == 128  # shard (3, 3): the last one
-    assert _index_read(shards) == set(range(5, 13)) | {15}
-    assert (mnt / "x" / "6.2").stat().st_size == 128  # shard (3, 1): 15 was read already
-    assert _index_read(shards) == set(range(5, 16))
-    assert (mnt / "x" / "0.0").stat().st_size == 128
-    assert _index_read(shards) == set(range(16))
+    with InProcess(root) as mnt:
+        assert (mnt / "x" / ".zarray").read_bytes()  # the array's metadata is read before the shards are dropped
+        os.sync()
+        for path in shards:
+            _evict(path)
+        assert (mnt / "x" / "2.2").stat().st_size == 128  # shard (1, 1): position 5
+        assert _index_read(shards) == set(range(5, 13))
+        assert (mnt / "x" / "6.6").stat().st_size == 128  # shard (3, 3): the last one
+        assert _index_read(shards) == set(range(5, 13)) | {15}
+        assert (mnt / "x" / "6.2").stat().st_size == 128  # shard (3, 1): 15 was read already
+        assert _index_read(shards) == set(range(5, 16))
+        assert (mnt / "x" / "0.0").stat().st_size == 128
+        assert _index_read(shards) == set(range(16))
 
 
-def test_a_corrupt_shard_read_with_the_one_looked_up_is_neither_refused_nor_logged_before_asked(tmp_path, mount):
+def test_a_corrupt_shard_read_with_the_one_looked_up_is_neither_refused_nor_logged_before_asked(tmp_path, caplog):
     """The shards read along with a looked-up one (above) keep only their good tables: a corrupt
-    one among them fails (EIO) and is logged when a client asks for it, not before."""
+    one among them fails (EIO) and is logged when a client asks for it, not before. In-process
+    (``tests/inproc.py``)."""
     root, shards = _shard_grid(tmp_path)
     with open(shards[6], "r+b") as f:  # shard (1, 2): its index's checksum no longer matches
         f.seek(-8, os.SEEK_END)
         f.write(b"\xff" * 4)
-    mnt = mount(root)
-    assert (mnt / "x" / "2.2").stat().st_size == 128  # shard (1, 1), read with shards (1, 2) to (3, 0)
-    assert (mnt / "x" / "2.6").stat().st_size == 128  # shard (1, 3): read with it
-    errors = [line for line in mount.info(mnt).log_text().splitlines() if " ERROR " in line]
-    assert errors == []
-    with pytest.raises(OSError) as e:
-        (mnt / "x" / "2.4").stat()  # shard (1, 2)
-    assert e.value.errno == errno.EIO
-    errors = [line for line in mount.info(mnt).log_text().splitlines() if " ERROR " in line]
-    assert len(errors) == 1 and "corrupt shard" in errors[0] and "x/c/1/2" in errors[0], errors
+    caplog.set_level(logging.INFO, logger="shardfs")
+
+    def errors() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+
+    with InProcess(root) as mnt:
+        assert (mnt / "x" / "2.2").stat().st_size == 128  # shard (1, 1), read with shards (1, 2) to (3, 0)
+        assert (mnt / "x" / "2.6").stat().st_size == 128  # shard (1, 3): read with it
+        assert errors() == []
+        with pytest.raises(OSError) as e:
+            (mnt / "x" / "2.4").stat()  # shard (1, 2)
+        assert e.value.errno == errno.EIO
+        found = errors()
+        assert len(found) == 1 and "corrupt shard" in found[0] and "x/c/1/2" in found[0], found
 
 
-def test_fewer_indexes_are_read_with_a_cold_one_when_their_tables_are_large(tmp_path, mount):
+def test_fewer_indexes_are_read_with_a_cold_one_when_their_tables_are_large(tmp_path):
     """Indexes read along with a cold one stay within 1 MiB of tables: with 16384 chunks per
     shard (256 KiB tables), 4 in all. The shard files are built here (a uint8 chunk at position
-    0 of each, the index after it with its crc32c), as zarr-python 3 would write them."""
+    0 of each, the index after it with its crc32c), as zarr-python 3 would write them.
+    In-process (``tests/inproc.py``)."""
     import crc32c
 
     cps = 16384  # (128, 128) one-byte chunks per shard
@@ -153,10 +162,10 @@ def test_fewer_indexes_are_read_with_a_cold_one_when_their_tables_are_large(tmp_
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(bytes([at + 1]) + index + crc32c.crc32c(index).to_bytes(4, "little"))
         shards.append(path)
-    mnt = mount(root)
-    assert (mnt / "x" / ".zarray").read_bytes()
-    os.sync()
-    for path in shards:
-        _evict(path)
-    assert (mnt / "x" / "128.0").read_bytes() == bytes([5])  # shard (1, 0): position 4
-    assert _index_read(shards) == set(range(4, 8))
+    with InProcess(root) as mnt:
+        assert (mnt / "x" / ".zarray").read_bytes()
+        os.sync()
+        for path in shards:
+            _evict(path)
+        assert (mnt / "x" / "128.0").read_bytes() == bytes([5])  # shard (1, 0): position 4
+        assert _index_read(shards) == set(range(4, 8))

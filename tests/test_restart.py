@@ -378,3 +378,50 @@ def test_a_chunk_written_before_the_kill_reads_as_written_right_after(mount, src
     kill_worker(m, mnt)
     assert os.stat(target).st_size == len(data)
     assert target.read_bytes() == data
+
+
+@pytest.mark.parametrize("how", ["rename", "inplace"])
+def test_pages_of_a_version_before_the_kill_are_not_served_after_it(mount, src, how):
+    """The kernel holds pages of a chunk read before its rewrite; the worker dies before
+    anything dropped them: the next worker, which does not know what the kernel caches,
+    serves the new version, never those pages."""
+    mnt = mount(src)
+    m = mount.info(mnt)
+    target = mnt / "a" / "1.1"
+    old, new = target.read_bytes(), chunk(mnt, "3.3")
+    assert old != new
+    with open(target, "rb") as f:  # the pages of the old version, held by the kernel
+        assert f.read() == old
+    if how == "rename":
+        (mnt / "a" / "1.1.partial").write_bytes(new)
+        os.rename(mnt / "a" / "1.1.partial", target)
+    else:
+        target.write_bytes(new)
+    os.stat(target)  # the kernel has the new version's attributes
+    kill_worker(m, mnt)
+    assert target.read_bytes() == new
+
+
+def test_a_temporary_closed_before_the_kill_fails_with_eio_not_enoent(mount, src):
+    """A temporary written and closed (its bytes in the worker's memory), then the worker dies:
+    renaming it onto its chunk fails with EIO, as does looking it up, never ENOENT (its
+    writer must not take it for a file someone removed), the chunk keeps its value, and the
+    name can be removed (found by scripts/soak's worker kills: zarr's and tensorstore's renames)."""
+    mnt = mount(src)
+    m = mount.info(mnt)
+    before = chunk(mnt, "1.1")
+    tmp = mnt / "a" / "1.1.partial"
+    tmp.write_bytes(chunk(mnt, "3.3"))
+    kill_worker(m, mnt)
+    with pytest.raises(OSError) as e:
+        os.rename(tmp, mnt / "a" / "1.1")
+    assert e.value.errno == errno.EIO
+    with pytest.raises(OSError) as e:
+        os.stat(mnt / "a" / "1.1.partial.other-name")  # (a name never made: ENOENT as ever)
+    assert e.value.errno == errno.ENOENT
+    assert chunk(mnt, "1.1") == before
+    os.unlink(tmp)
+    assert not tmp.exists() and "1.1.partial" not in os.listdir(mnt / "a")
+    tmp.write_bytes(before)  # the name is free again
+    os.rename(tmp, mnt / "a" / "1.2")
+    assert chunk(mnt, "1.2") == before

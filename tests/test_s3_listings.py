@@ -22,6 +22,7 @@ from testkit.delayproxy import DelayProxy
 from conftest import wait_for
 from shardfs.app import state
 from shardfs.writes.journal import segments_under
+from inproc import InProcess
 from sources import Spec, build
 from test_s3_mount import write_chunk
 
@@ -119,19 +120,20 @@ def test_a_change_behind_the_mounts_back_shows_after_the_entry_timeout(tmp_path,
     wait_for(lambda: sorted(os.listdir(mnt / "w" / "c")) == ["0", "1"], 4, "the new shard listed")
 
 
-def test_a_change_behind_a_local_mounts_back_shows_after_the_entry_timeout(tmp_path, mount):
+def test_a_change_behind_a_local_mounts_back_shows_after_the_entry_timeout(tmp_path):
     """The same for a local directory: its listings are remembered as well, for
-    ``-o entry_timeout=2``."""
+    ``-o entry_timeout=2``. In-process (``tests/inproc.py``: the listings are the view's)."""
     src = tmp_path / "src"
     build(src, [W])
-    mnt = mount(str(src), "-o", "entry_timeout=2")
-    assert sorted(os.listdir(mnt)) == [".zattrs", ".zgroup", ".zmetadata", "w"]
-    assert sorted(os.listdir(mnt / "w" / "c")) == ["0"]
-    (src / "g").mkdir()
-    (src / "g" / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group"}))
-    (src / "w" / "c" / "1").mkdir()
-    shutil.copy(src / "w" / "c" / "0" / "0", src / "w" / "c" / "1" / "1")
-    assert sorted(os.listdir(mnt)) == [".zattrs", ".zgroup", ".zmetadata", "w"]  # remembered: well within 2 s
-    wait_for(lambda: sorted(os.listdir(mnt)) == [".zattrs", ".zgroup", ".zmetadata", "g", "w"], 4,
-             "the new group listed")
-    wait_for(lambda: sorted(os.listdir(mnt / "w" / "c")) == ["0", "1"], 4, "the new shard listed")
+    with InProcess(src, list_ttl=2) as fs:
+        mnt = fs / ""
+        assert sorted(mnt.iterdir()) == [".zattrs", ".zgroup", ".zmetadata", "w"]
+        assert sorted((mnt / "w" / "c").iterdir()) == ["0"]
+        (src / "g").mkdir()
+        (src / "g" / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group"}))
+        (src / "w" / "c" / "1").mkdir()
+        shutil.copy(src / "w" / "c" / "0" / "0", src / "w" / "c" / "1" / "1")
+        assert sorted(mnt.iterdir()) == [".zattrs", ".zgroup", ".zmetadata", "w"]  # remembered: well within 2 s
+        wait_for(lambda: sorted(mnt.iterdir()) == [".zattrs", ".zgroup", ".zmetadata", "g", "w"], 4,
+                 "the new group listed")
+        wait_for(lambda: sorted((mnt / "w" / "c").iterdir()) == ["0", "1"], 4, "the new shard listed")

@@ -120,10 +120,31 @@ def test_ome_arrays_use_slash_keys_and_others_dot(ome_tree):
     assert (ome_tree / "plain/1.1").is_file()
 
 
-def test_ome_arrays_in_every_key_encoding(ome_mnt, ome_src, module_mount):
+ENCODED = {"enc/0": "/", "enc/1": "/", "enc/2": "/", "v2slash/0": "."}  # array -> the separator shown
+
+
+def test_ome_arrays_in_every_key_encoding_are_named_apart(ome_src, caplog):
     """"/" for OME arrays in every key encoding but v2 "/" (whose shard tree holds the digit
-    directories: "." and one warning); names never collide, and every name resolves."""
-    expected = {"enc/0": "/", "enc/1": "/", "enc/2": "/", "v2slash/0": "."}
+    directories: "." and one warning); names never collide, and every name resolves.
+    In-process (``tests/inproc.py``)."""
+    caplog.set_level(logging.INFO, logger="shardfs")
+    with InProcess(ome_src) as fs:
+        for p, sep in ENCODED.items():
+            assert json.loads((fs / p / ".zarray").read_text())["dimension_separator"] == sep, p
+            names = (fs / p).iterdir()
+            assert len(names) == len(set(names)), p
+            for n in names:
+                (fs / p / n).stat()
+        assert (fs / "enc/1/0.1.1").is_dir()  # a v2 "." shard directory beside the "/" keys
+        assert (fs / "enc/1/0/1/2").is_file()
+        assert (fs / "v2slash/0/0.1.2").is_file()
+    assert caplog.text.count("OME-Zarr array with v2 \"/\" chunk keys") == 1
+    assert f"{ome_src / 'v2slash/0/zarr.json'}: OME-Zarr array" in caplog.text
+
+
+def test_ome_arrays_in_every_key_encoding(ome_mnt, ome_src):
+    """ome-zarr-py and zarr 2.18 read the OME arrays of every key encoding through the mount."""
+    expected = ENCODED
     got = zarr2(
         """
         import os
@@ -134,23 +155,11 @@ def test_ome_arrays_in_every_key_encoding(ome_mnt, ome_src, module_mount):
         """,
         path=str(ome_mnt / "enc"),
     )
-    for p, sep in expected.items():
-        assert json.loads((ome_mnt / p / ".zarray").read_text())["dimension_separator"] == sep, p
-        names = os.listdir(ome_mnt / p)
-        assert len(names) == len(set(names)), p
-        for n in names:
-            os.stat(ome_mnt / p / n)
     for i in range(3):
         assert_same_array(got[str(i)], read_native(ome_src / f"enc/{i}"), f"ome-zarr-py read of enc/{i}")
     z2 = read_zarr2_many([ome_mnt / p for p in expected])
     for p in expected:
         assert_same_array(z2[str(ome_mnt / p)], read_native(ome_src / p), f"zarr 2.18 read of {p}")
-    assert (ome_mnt / "enc/1/0.1.1").is_dir()  # a v2 "." shard directory beside the "/" keys
-    assert (ome_mnt / "enc/1/0/1/2").is_file()
-    assert (ome_mnt / "v2slash/0/0.1.2").is_file()
-    log = module_mount.info(ome_mnt).log_text()
-    assert log.count("OME-Zarr array with v2 \"/\" chunk keys") == 1
-    assert f"{ome_src / 'v2slash/0/zarr.json'}: OME-Zarr array" in log
 
 
 def test_ome_attributes_are_ome_04(ome_tree):
@@ -487,9 +496,11 @@ def test_partial_writes_into_empty_chunks_keep_the_fill(xr_src, mount, tmp_path)
 
 
 
-def test_group_becoming_an_image_switches_its_arrays_to_slash(mount, tmp_path):
+def test_group_becoming_an_image_switches_its_arrays_to_slash(tmp_path):
     """Attributes written after the arrays (as OME writers do): once the view has read the
-    group's new attributes, its arrays show "/" keys (a new .zarray mtime, so no stale page)."""
+    group's new attributes, its arrays show "/" keys (a new .zarray mtime, so no stale page).
+    In-process (``tests/inproc.py``, listings not kept: ``-o entry_timeout=0``); ome-zarr-py reads a
+    copy of the files shown."""
     import zarr
 
     src = tmp_path / "src"
@@ -497,17 +508,18 @@ def test_group_becoming_an_image_switches_its_arrays_to_slash(mount, tmp_path):
     late = g.create_group("late")
     data = np.random.default_rng(3).integers(1, 100, (2, 20, 20)).astype("uint8")
     create_array(late, "0", data, (1, 8, 8), (1, 16, 16), 0, dimension_names=["c", "y", "x"])
-    mnt = mount(src, "-o", "entry_timeout=0,attr_timeout=0")
-    assert json.loads((mnt / "late/0/.zarray").read_text())["dimension_separator"] == "."
-    before = os.stat(mnt / "late/0/.zarray").st_mtime_ns
-    doc = json.loads((src / "late/zarr.json").read_text())
-    doc["attributes"] = {"ome": {"version": "0.5", "multiscales": _multiscales("late", 1)}}
-    (src / "late/zarr.json").write_text(json.dumps(doc))
-    os.utime(src / "late/zarr.json", ns=(before + 10 ** 9, before + 10 ** 9))
-    time.sleep(1.5)  # the daemon remembers stat results for 1 s
-    assert json.loads((mnt / "late/.zattrs").read_text())["multiscales"][0]["version"] == "0.4"
-    assert json.loads((mnt / "late/0/.zarray").read_text())["dimension_separator"] == "/"
-    assert os.stat(mnt / "late/0/.zarray").st_mtime_ns == before + 10 ** 9
+    with InProcess(src, list_ttl=0) as mnt:
+        assert json.loads((mnt / "late/0/.zarray").read_text())["dimension_separator"] == "."
+        before = (mnt / "late/0/.zarray").stat().st_mtime_ns
+        doc = json.loads((src / "late/zarr.json").read_text())
+        doc["attributes"] = {"ome": {"version": "0.5", "multiscales": _multiscales("late", 1)}}
+        (src / "late/zarr.json").write_text(json.dumps(doc))
+        os.utime(src / "late/zarr.json", ns=(before + 10 ** 9, before + 10 ** 9))
+        time.sleep(1.5)  # the view remembers stat results for 1 s
+        assert json.loads((mnt / "late/.zattrs").read_text())["multiscales"][0]["version"] == "0.4"
+        assert json.loads((mnt / "late/0/.zarray").read_text())["dimension_separator"] == "/"
+        assert (mnt / "late/0/.zarray").stat().st_mtime_ns == before + 10 ** 9
+        shown = (mnt / "late").copy_to(tmp_path / "shown" / "late")
     got = zarr2(
         """
         from ome_zarr.io import parse_url
@@ -515,6 +527,6 @@ def test_group_becoming_an_image_switches_its_arrays_to_slash(mount, tmp_path):
         (node,) = list(Reader(parse_url(path))())
         result = np.asarray(node.data[0].compute())
         """,
-        path=str(mnt / "late"),
+        path=str(shown),
     )
     assert_same_array(got, data, "ome-zarr-py read of late/0")

@@ -814,6 +814,33 @@ def test_max_chunk_bounds_what_is_decoded(tmp_path, mount):
         f"{src}/a: inner chunks of 32768 bytes are larger than -o max_chunk=16384: not decoded (EIO)"), lines
 
 
+def test_decodes_in_all_threads_together_hold_at_most_the_budget():
+    """Point 5: transcodes hold at most ``-o max_chunk`` chunk bytes at once, whatever the
+    number of threads (``Budget``); one larger than the budget runs alone."""
+    import threading
+    import time
+
+    from shardfs.base.budget import Budget
+
+    budget, lock, held, peak = Budget(100), threading.Lock(), [0], [0]
+
+    def decode(n: int) -> None:
+        with budget.hold(n):
+            with lock:
+                held[0] += min(n, 100)
+                peak[0] = max(peak[0], held[0])
+            time.sleep(0.02)
+            with lock:
+                held[0] -= min(n, 100)
+
+    threads = [threading.Thread(target=decode, args=(n,)) for n in [30, 40, 50, 60, 250, 30, 70] * 3]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert peak[0] <= 100 and budget.held == 0, peak
+
+
 @pytest.mark.parametrize("encoding", ["default", "v2"])
 def test_a_huge_web_grid_lists_without_making_every_name(tmp_path, web_server, mount, encoding):
     """Finding 5: a web source's array of shape 2^40 with chunks of 1: ``ls`` answers at once with

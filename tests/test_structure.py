@@ -13,7 +13,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -214,21 +213,22 @@ def test_zarr2_open_array_w_over_an_existing_array(tmp_path, mount):
     assert_clean(src)
 
 
-def test_zattrs_before_zarray_and_nested_separator(tmp_path, mount):
+def test_zattrs_before_zarray_and_nested_separator(tmp_path):
+    """In-process (``tests/inproc.py``); zarr 2.18 reads a copy of the files shown."""
     src = tmp_path / "src"
     build(src, [])
-    mnt = mount(src)
-    (mnt / "nest").mkdir()
-    (mnt / "nest" / ".zattrs").write_text(json.dumps({"_ARRAY_DIMENSIONS": ["t"], "a": [1, 2]}))
-    (mnt / "nest" / ".zarray").write_text(json.dumps({
-        "zarr_format": 2, "shape": [10], "chunks": [4], "dtype": "<i8", "compressor": None,
-        "fill_value": 3, "order": "C", "filters": None, "dimension_separator": "/"}))
-    assert json.loads((mnt / "nest" / ".zattrs").read_text()) == {"_ARRAY_DIMENSIONS": ["t"], "a": [1, 2]}
-    assert json.loads((mnt / "nest" / ".zarray").read_text())["dimension_separator"] == "/"
-    (mnt / "nest" / "1").write_bytes(np.arange(4, 8, dtype="<i8").tobytes())
-    got = zarr2("result = zarr.open(p, mode='r')[...]", p=str(mnt / "nest"))
+    with InProcess(src, read_only=False) as mnt:
+        (mnt / "nest").mkdir()
+        (mnt / "nest" / ".zattrs").write_text(json.dumps({"_ARRAY_DIMENSIONS": ["t"], "a": [1, 2]}))
+        (mnt / "nest" / ".zarray").write_text(json.dumps({
+            "zarr_format": 2, "shape": [10], "chunks": [4], "dtype": "<i8", "compressor": None,
+            "fill_value": 3, "order": "C", "filters": None, "dimension_separator": "/"}))
+        assert json.loads((mnt / "nest" / ".zattrs").read_text()) == {"_ARRAY_DIMENSIONS": ["t"], "a": [1, 2]}
+        assert json.loads((mnt / "nest" / ".zarray").read_text())["dimension_separator"] == "/"
+        (mnt / "nest" / "1").write_bytes(np.arange(4, 8, dtype="<i8").tobytes())
+        shown = (mnt / "nest").copy_to(tmp_path / "shown" / "nest")
+    got = zarr2("result = zarr.open(p, mode='r')[...]", p=str(shown))
     assert got.tolist() == [3, 3, 3, 3, 4, 5, 6, 7, 3, 3]
-    umount(mount, mnt)
     doc = zjson(src / "nest")
     assert doc["dimension_names"] == ["t"] and doc["attributes"] == {"a": [1, 2], "_FillValue": 3}
     assert read_native(src / "nest").tolist() == [3, 3, 3, 3, 4, 5, 6, 7, 3, 3]
@@ -298,9 +298,20 @@ def test_xarray_to_zarr_w_and_a_through_the_mount(client, tmp_path, mount):
     assert_clean(src)
 
 
-def test_nested_array_copied_chunks_first(tmp_path, mount):
+def copy_in(path: Path, dest: InPath) -> None:
+    """``cp -r PATH DEST`` in-process: DEST made, then each entry as ``readdir`` lists it."""
+    dest.mkdir()
+    for entry in os.scandir(path):
+        if entry.is_dir():
+            copy_in(Path(entry.path), dest / entry.name)
+        else:
+            (dest / entry.name).write_bytes(Path(entry.path).read_bytes())
+
+
+def test_nested_array_copied_chunks_first(tmp_path, caplog):
     """A "/" array copied into the mount with its key directories and chunks before its
-    .zarray (an order cp -r may take): they become the new array's keys."""
+    .zarray (an order cp -r may take): they become the new array's keys. In-process
+    (``tests/inproc.py``); zarr 2.18 reads a copy of the files shown."""
     src = tmp_path / "src"
     build(src, [])
     data = np.arange(9 * 8, dtype="<u2").reshape(9, 8)
@@ -312,21 +323,22 @@ def test_nested_array_copied_chunks_first(tmp_path, mount):
         result = np.zeros(0)
         """, path=str(tmp_path / "v2" / "n"), vpath=str(tmp_path / "d.npy"))
     copy = tmp_path / "v2" / "n"
-    mnt = mount(src)
-    (mnt / "n").mkdir()
-    for row in sorted(p.name for p in copy.iterdir() if p.is_dir()):
-        (mnt / "n" / row).mkdir()
-        for col in sorted(os.listdir(copy / row)):
-            shutil.copyfile(copy / row / col, mnt / "n" / row / col)
-    shutil.copyfile(copy / ".zarray", mnt / "n" / ".zarray")
-    assert sorted(os.listdir(mnt / "n" / "0")) == ["0", "1", "2"]
-    run("cp", "-r", copy, mnt / "m")
+    caplog.set_level(logging.INFO, logger="shardfs")
+    with InProcess(src, read_only=False) as mnt:
+        (mnt / "n").mkdir()
+        for row in sorted(p.name for p in copy.iterdir() if p.is_dir()):
+            (mnt / "n" / row).mkdir()
+            for col in sorted(os.listdir(copy / row)):
+                (mnt / "n" / row / col).write_bytes((copy / row / col).read_bytes())
+        (mnt / "n" / ".zarray").write_bytes((copy / ".zarray").read_bytes())
+        assert sorted((mnt / "n" / "0").iterdir()) == ["0", "1", "2"]
+        copy_in(copy, mnt / "m")
+        shown = {name: (mnt / name).copy_to(tmp_path / "shown" / name) for name in ("n", "m")}
     got = zarr2("result = {'n': zarr.open(a, mode='r')[...], 'm': zarr.open(b, mode='r')[...]}",
-                a=str(mnt / "n"), b=str(mnt / "m"))
+                a=str(shown["n"]), b=str(shown["m"]))
     np.testing.assert_array_equal(got["n"], data)
     np.testing.assert_array_equal(got["m"], data)
-    assert errors(mount, mnt) == []
-    umount(mount, mnt)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     np.testing.assert_array_equal(read_native(src / "n"), data)
     np.testing.assert_array_equal(read_native(src / "m"), data)
     assert zjson(src / "n")["chunk_key_encoding"] == {"name": "v2", "configuration": {"separator": "."}}

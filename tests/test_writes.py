@@ -226,42 +226,42 @@ def test_rm_chunk_files(tmp_path, mount, source):
     assert_clean(src)
 
 
-def test_overwritten_pending_chunk_is_not_resurrected(tmp_path, mount):
+def test_overwritten_pending_chunk_is_not_resurrected(tmp_path):
     """A chunk written twice before its shard is folded: the newer write wins, now and after
-    the next mount (whose journal replay must not bring back the older bytes)."""
+    the next mount (whose journal replay must not bring back the older bytes). In-process
+    (``tests/inproc.py``: closing the tree folds as an unmount does; opening one replays)."""
     src = tmp_path / "src"
     exp = build(src, [Z2])["z2"]
-    mnt = mount(src)
-    arr = mnt / "z2"
     v1, v2 = (Z2.values(Z2.chunk, seed_of("twice", k)) for k in (1, 2))
-    for block in (v1, v2):  # same chunk of an incomplete shard, well within the idle time
-        with open(arr / "0.0", "wb") as f:
-            f.write(Z2.encode(block))
+    with InProcess(src, read_only=False) as fs:
+        for block in (v1, v2):  # same chunk of an incomplete shard, well within the idle time
+            with (fs / "z2" / "0.0").open("wb") as f:
+                f.write(Z2.encode(block))
+        assert (fs / "z2" / "0.0").read_bytes() == Z2.encode(v2)
     exp[Z2.chunk_region((0, 0))] = v2
-    umount(mount, mnt)
     assert_source_equals(src, "z2", exp)
     left = journal_entries(src)
-    mnt = mount(src)  # replays whatever the journal still holds
-    umount(mount, mnt)
+    with InProcess(src, read_only=False):  # replays whatever the journal still holds
+        pass
     assert_source_equals(src, "z2", exp)
     assert not left, f"journal entries left after a clean umount: {left}"
 
 
-def test_link_of_temp_file_is_an_exclusive_create(tmp_path, mount):
+def test_link_of_temp_file_is_an_exclusive_create(tmp_path):
+    """In-process (``tests/inproc.py``)."""
     src = tmp_path / "src"
     exp = build(src, [Z2])["z2"]
-    mnt = mount(src)
-    arr = mnt / "z2"
     block = Z2.values(Z2.chunk, seed_of("link"))
-    tmp = arr / "2.0.cafe.partial"
-    tmp.write_bytes(Z2.encode(block))
-    os.link(tmp, arr / "2.0")          # new chunk in a shard that does not exist yet
-    with pytest.raises(FileExistsError):
-        os.link(tmp, arr / "0.0")      # an existing chunk: EEXIST, unchanged
-    os.unlink(tmp)
+    with InProcess(src, read_only=False) as fs:
+        arr = fs / "z2"
+        tmp = arr / "2.0.cafe.partial"
+        tmp.write_bytes(Z2.encode(block))
+        (arr / "2.0").hardlink_to(tmp)  # new chunk in a shard that does not exist yet
+        with pytest.raises(FileExistsError):
+            (arr / "0.0").hardlink_to(tmp)  # an existing chunk: EEXIST, unchanged
+        tmp.unlink()
+        assert Z2.decode((arr / "2.0").read_bytes()).tolist() == block.tolist()
     exp[Z2.chunk_region((2, 0))] = block
-    assert Z2.decode(cat(arr / "2.0")).tolist() == block.tolist()
-    umount(mount, mnt)
     assert_source_equals(src, "z2", exp)
     assert_clean(src)
 

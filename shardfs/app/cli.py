@@ -22,7 +22,7 @@ from typing import Any
 
 from shardfs import __version__
 from shardfs.app import options, state
-from shardfs.app.mounts import daemon_of, dead_source, pidfd_of, running
+from shardfs.app.mounts import Daemon, daemon_of, dead_source, pidfd_of, running
 from shardfs.app.progress import FoldProgress
 from shardfs.app.run import run_daemon, spawn_daemon, take_over
 from shardfs.app.usage import UsageError
@@ -363,7 +363,7 @@ def _cmd_umount(args: argparse.Namespace) -> int:
                 subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
                 break
             time.sleep(0.05)
-    lines = _kept_report(*found, pid, killed) if found is not None else []
+    lines = _kept_report(*found, _journal_owners(daemon), killed) if found is not None else []
     progress.close(bool(lines) or killed)
     for line in lines:
         print(f"shardfs: {printable(line)}", file=sys.stderr)
@@ -385,16 +385,25 @@ def _wait_gone(pidfd: int, seconds: float) -> None:
         time.sleep(0.05)
 
 
-def _kept_report(src: str, root: str, pid: int, killed: bool) -> list[str]:
-    """One line per shard whose changes are still in the journal of daemon ``pid`` (under the
-    journal root ``root``): how many, and why: the daemon's note (updated as ``flush`` goes),
+def _journal_owners(daemon: Daemon) -> set[int]:
+    """The processes whose journals hold a mount's changes: the daemon (the supervisor) and the
+    workers its status document names."""
+    doc = daemon.doc
+    workers = [doc.get("worker") or {}, *(w for w in doc.get("workers") or [] if isinstance(w, dict))]
+    return {daemon.pid, *(w["pid"] for w in workers if isinstance(w.get("pid"), int))}
+
+
+def _kept_report(src: str, root: str, pids: set[int], killed: bool) -> list[str]:
+    """One line per shard whose changes are still in the journal of processes ``pids`` (under
+    the journal root ``root``): how many, and why: the daemon's note (updated as ``flush`` goes),
     or, if a killed daemon left none, its records counted (those marked folded left out)."""
     from shardfs.app.replay import replay_target
     from shardfs.writes.journal import kept_line, read_kept
     from shardfs.storage.local import LocalStorage
 
+    owners = {str(pid) for pid in pids}
     try:
-        mine = [n for n in os.listdir(root) if n.endswith(f"-{pid}")]
+        mine = [n for n in os.listdir(root) if n.rpartition("-")[2] in owners]
     except OSError:
         mine = []
     if not mine:

@@ -76,8 +76,9 @@ OWN = (
     Option("dir_mode", "MODE", "the permission bits every directory shows, octal (default 0755; 0555 read-only)",
            "kernel.dir_mode"),
     Option("chunk_cache", "SIZE", "memory for decoded chunk files, e.g. 256M; 0 = off", "reads.chunk_cache"),
-    Option("max_chunk", "SIZE", "largest inner chunk decoded for a chunk file of a transcoded array; a larger "
-                                "one is EIO with one log line (memory bound)", "reads.max_chunk"),
+    Option("max_chunk", "SIZE", "largest inner chunk decoded for a chunk file of a transcoded array (a larger "
+                                "one is EIO with one log line), and the chunk bytes all decodes hold at once",
+           "reads.max_chunk"),
     Option("shard_size", "SIZE", "uncompressed size of a shard of an array created through the mount",
            "writes.shard_size"),
     Option("journal_dir", "DIR", "write journal here (default $XDG_STATE_HOME/shardfs/<id>/journal)",

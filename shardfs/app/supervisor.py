@@ -144,7 +144,8 @@ class Supervisor:
         try:
             while self.workers:
                 live = list(self.workers.values())
-                ready = select.select([wake_r, *(w.ctl.fileno() for w in live)], [], [], 1.0)[0]
+                # SIGCHLD wakes it: no timer
+                ready = select.select([wake_r, *(w.ctl.fileno() for w in live)], [], [])[0]
                 if wake_r in ready:
                     self._signals(wake_r)
                 for w in live:

@@ -8,7 +8,9 @@ and the shard shape follows ``shard_counts``. ``_ARRAY_DIMENSIONS`` in the
 attributes become ``dimension_names``. An object array (``|O`` with a
 ``vlen-utf8``/``vlen-bytes`` filter) becomes a v3 ``string``/``variable_length_bytes``
 array whose array→bytes codec is that filter. A ``fill_value`` of null is remembered
-(``shardfs.format.fill.remember_null_fill``). A rewritten ``.zarray`` is compared with
+(``shardfs.format.fill.remember``), and so is a ``.zarray`` without ``dimension_separator``
+(zarr 2's ``DirectoryStore`` writes none) or a 0-d array's: the ``.zarray`` shown is then
+spelled as written. A rewritten ``.zarray`` is compared with
 the one shown (``rewrite_kind``): only a new shape is a change the mount applies.
 """
 
@@ -25,7 +27,7 @@ import numpy as np
 
 from shardfs.config import WriteConfig
 from shardfs.format.dtypes import VLEN_CODECS
-from shardfs.format.fill import XARRAY_FILL, encode_xarray_fill, remember_null_fill
+from shardfs.format.fill import XARRAY_FILL, encode_xarray_fill, remember
 
 if TYPE_CHECKING:
     from zarr.core.metadata.v2 import ArrayV2Metadata
@@ -136,7 +138,13 @@ def array_doc(zarray: Any, attrs: dict[str, Any], shard_bytes: int = DEFAULT_SHA
         doc = json.loads(meta.to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes())
     except Exception as e:
         raise Refused(f"cannot make v3 metadata: {e}") from None
-    return remember_null_fill(doc) if zarray.get("fill_value") is None else doc
+    spelling: dict[str, Any] = {} if "dimension_separator" in zarray and shape else \
+        {"v2_dimension_separator": zarray.get("dimension_separator")}  # none written, or a 0-d array's
+    if zarray.get("fill_value") is None:
+        spelling["v2_fill_value"] = None
+    if not shape and names is None:  # a 0-d array shows _ARRAY_DIMENSIONS [] unless made without them
+        spelling["v2_dimension_names"] = None
+    return remember(doc, **spelling) if spelling else doc
 
 
 def _default_fill(v2meta: ArrayV2Metadata) -> Any:

@@ -17,7 +17,8 @@ it into NaN. The mapping (``map_fill``):
 - an array created through the mount from a ``.zarray`` with ``fill_value: null``
   shows null again: ``zarr.json`` remembers it in an extension member that v3
   readers skip (``{"shardfs": {"must_understand": false, "v2_fill_value": null}}``,
-  ``remember_null_fill``), so nothing is added to the attributes they show.
+  ``remember_null_fill``), so nothing is added to the attributes they show (the same member
+  remembers a ``.zarray`` written without ``dimension_separator``: ``remember``).
 
 When the v2 ``fill_value`` is not the v3 one, a v2 reader would fill an absent
 chunk with the wrong value (or, with null, leave it uninitialised: zarr 2.18
@@ -66,15 +67,30 @@ def map_fill(attrs: dict[str, Any], v3_fill: Any, dtype: np.dtype, xarray_visibl
     return FillMapping(encode_fill_value(v3_fill, dtype), attrs, False)
 
 
+def remembered(doc: dict[str, Any]) -> dict[str, Any]:
+    """What the array ``zarr.json`` ``doc`` remembers of the ``.zarray`` it was created from
+    (``remember``): ``{}`` if nothing."""
+    ext = doc.get(EXTENSION)
+    return ext if isinstance(ext, dict) else {}
+
+
 def remembered_null_fill(doc: dict[str, Any]) -> bool:
     """True if the array ``zarr.json`` ``doc`` remembers a v2 ``fill_value`` of null."""
-    ext = doc.get(EXTENSION)
-    return isinstance(ext, dict) and "v2_fill_value" in ext and ext["v2_fill_value"] is None
+    ext = remembered(doc)
+    return "v2_fill_value" in ext and ext["v2_fill_value"] is None
+
+
+def remember(doc: dict[str, Any], **spelling: Any) -> dict[str, Any]:
+    """``doc`` (an array ``zarr.json``) remembering how its ``.zarray`` spelled what v3 says
+    otherwise or not at all: ``v2_fill_value=None`` (null), ``v2_dimension_separator`` (as
+    written; None: the ``.zarray`` had none), ``v2_dimension_names=None`` (a 0-d array made without
+    ``_ARRAY_DIMENSIONS``, which the view adds otherwise). Readers of v3 skip the member."""
+    return {**doc, EXTENSION: {"must_understand": False, **remembered(doc), **spelling}}
 
 
 def remember_null_fill(doc: dict[str, Any]) -> dict[str, Any]:
     """``doc`` (an array ``zarr.json``) remembering a v2 ``fill_value`` of null."""
-    return {**doc, EXTENSION: {"must_understand": False, "v2_fill_value": None}}
+    return remember(doc, v2_fill_value=None)
 
 
 def decode_xarray_fill(value: Any, dtype: np.dtype) -> Any | None:

@@ -13,7 +13,7 @@ import functools
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import crc32c
@@ -41,7 +41,7 @@ from shardfs.format import bombs
 from shardfs.format.a2a import Filters, index_order, split_sharding
 from shardfs.format.draft import draft_index
 from shardfs.format.dtypes import MAX_VLEN_CHUNK, view_dtype, vlen_codec_id
-from shardfs.format.fill import map_fill, remembered_null_fill
+from shardfs.format.fill import map_fill, remembered, remembered_null_fill
 from shardfs.format.index import IndexFormat
 from shardfs.format.layout import ArrayLayout, KeyScheme, Unpresentable, permuted, unpermuted
 from shardfs.format.shardfile import NestedFormat, ShardFormat
@@ -325,7 +325,10 @@ def describe_array(doc: dict[str, Any], ome: bool = True, image: bool = False, c
         inner = codecs
     chunk = _presented(before, inner, meta, layout, vlen, c_order)
     attrs = ome_04(dict(meta.attributes)) if ome else dict(meta.attributes)
-    names = meta.dimension_names if meta.dimension_names is not None or shape else ()  # xarray: 0-D has dims ()
+    written = remembered(doc)  # an array created through the mount: its .zarray spelled as written
+    names = meta.dimension_names
+    if names is None and not shape and "v2_dimension_names" not in written:
+        names = ()  # xarray: 0-D has dims () (a v3 writer leaves them out; a .zattrs without them did not)
     if names is not None and all(isinstance(n, str) for n in names):
         attrs.setdefault("_ARRAY_DIMENSIONS", list(names))
     fill = map_fill(attrs, meta.fill_value, dtype, "_ARRAY_DIMENSIONS" in attrs, remembered_null_fill(doc))
@@ -340,6 +343,11 @@ def describe_array(doc: dict[str, Any], ome: bool = True, image: bool = False, c
         "filters": list(chunk.filters) if chunk.filters else None,
         "dimension_separator": keys.view_separator,
     }
+    if "v2_dimension_separator" in written and (keys.view_separator == "." or not shape):
+        if written["v2_dimension_separator"] in (".", "/"):  # a 0-d array has the one key "0" either way
+            zarray["dimension_separator"] = written["v2_dimension_separator"]
+        elif written["v2_dimension_separator"] is None:  # none written: "." is v2's default
+            del zarray["dimension_separator"]
     return ArrayInfo(layout, chunk, to_json(zarray), to_json(fill.attrs), meta.fill_value, fill.serve_missing)
 
 
@@ -379,7 +387,11 @@ def ome_04(attrs: dict[str, Any]) -> dict[str, Any]:
 
 
 def to_json(obj: Any) -> bytes:
-    return (json.dumps(obj, indent=4, sort_keys=True, allow_nan=False) + "\n").encode()
+    """A v2 metadata file, spelled as zarr 2 writes them (so a file written through the mount
+    reads back byte for byte): 4 spaces, sorted keys, ASCII, no newline at the end, and a NaN
+    or infinite attribute as the JSON extension ``NaN``/``Infinity`` that zarr 2 and 3 write
+    and read (a ``.zarray``'s fill value is spelled as a string: ``encode_fill_value``)."""
+    return json.dumps(obj, indent=4, sort_keys=True).encode()
 
 
 def _shard_format(sharding: ShardingCodec, shard_shape: tuple[int, ...]
@@ -449,8 +461,8 @@ def _presented(before: tuple[Any, ...], inner: tuple[Any, ...], meta: ArrayV3Met
     except Unpresentable as e:
         log.info("array: transcoding inner chunks (%s)", e)
         return _transcoded(inner, spec)
-    if c_order and chunk.order == "F":
-        return _transcoded(inner, spec)
+    if c_order and chunk.order == "F":  # of one dimension or none: the bytes are C order already
+        return _transcoded(inner, spec) if layout.ndim > 1 else replace(chunk, order="C")
     return chunk
 
 
@@ -491,11 +503,11 @@ def _chunk_format(codecs: tuple[Any, ...], dtype: np.dtype, ndim: int, nbytes: i
     if chain and isinstance(chain[0], TransposeCodec):
         if tuple(chain[0].order) != tuple(reversed(range(ndim))):
             raise Unpresentable(f"transpose order {tuple(chain[0].order)} has no v2 equivalent")
-        order = "F" if ndim > 1 else "C"
+        order = "F"  # also of a 1-d or 0-d array (the same bytes as C), as zarr 2 wrote it
         chain.pop(0)
     filters: list[Any] = []  # numcodecs configurations (the loop checks each)
     while chain and isinstance(chain[0], ArrayArrayCodec) and _numcodecs_config(chain[0]) is not None:
-        if order == "F":  # the filter would see the transposed chunk, a v2 one the F-ordered one
+        if order == "F" and ndim > 1:  # the filter would see the transposed chunk, a v2 one the F-ordered one
             raise Unpresentable("numcodecs filters after a transpose have no v2 equivalent")
         filters.append(_numcodecs_config(chain.pop(0)))
     if vlen is not None:

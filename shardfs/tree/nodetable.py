@@ -45,6 +45,9 @@ class NodeTable:
         self._tmp: dict[int, Staging] = {}
         self._aliases: dict[int, set[int]] = {}
         self._committed: set[int] = set()  # a dead worker's staging inodes committed onto a node (in ``_keys``)
+        # a dead worker's staging files, their bytes lost with it: (directory inode, name) -> inode (EIO)
+        self.lost: dict[tuple[int, str], int] = {}
+        self._lost_inos: set[int] = set()
         self._top = ROOT_INODE  # the highest inode number given out (by any worker)
         self.ledger.followers.append(self.follow)
 
@@ -72,6 +75,8 @@ class NodeTable:
                 raise fail(errno.ENOENT)
             arr = self._slots[slot]
             return ChunkKey(arr, arr.shown.layout.coords(linear))
+        if ino in self._lost_inos:
+            raise fail(errno.EIO)
         st = self._tmp.get(ino)
         if st is not None:
             return st.committed or StagingKey(st)
@@ -83,7 +88,8 @@ class NodeTable:
     def new_staging(self, parent: int, name: str, data: SpillBuffer) -> Staging:
         """Create staging file ``name`` in directory ``parent`` holding ``data`` (empty)."""
         st = Staging(self._new_ino(), data, parent, name)
-        self.ledger.note("t", st.ino)
+        self.ledger.note("t", st.ino, parent, name)
+        self.forget_lost(parent, name)
         self._tmp[st.ino] = st
         self.staged[(parent, name)] = st
         return st
@@ -95,11 +101,29 @@ class NodeTable:
         st.data.clear()  # gives a spill file's space back
         if committed is None:
             self._tmp.pop(st.ino, None)
+            self.ledger.note("v", st.ino)
         else:
             st.committed = committed
             self._aliases.setdefault(self.inode(committed), set()).add(st.ino)
             # the kernel's dentry of the new name holds this inode: a successor must know it
             self.ledger.note("u", st.ino, *_encode(committed))
+
+    def rename_staging(self, p1: int, n1: str, p2: int, n2: str) -> None:
+        """Staging file ``n1`` of ``p1`` is now ``n2`` of ``p2`` (one there before is dropped first)."""
+        st = self.staged.pop((p1, n1))
+        self.staged[(p2, n2)] = st
+        st.parent, st.name = p2, n2
+        self.ledger.note("t", st.ino, p2, n2)
+        self.forget_lost(p2, n2)
+
+    def forget_lost(self, parent: int, name: str) -> bool:
+        """Forget the lost staging file ``name`` of ``parent`` (removed, or replaced); True if
+        there was one."""
+        ino = self.lost.pop((parent, name), None)
+        if ino is None:
+            return False
+        self._lost_inos.discard(ino)
+        return True
 
     def aliases(self, ino: int) -> set[int]:
         """The other inodes that show node ``ino``: staging inodes committed onto it, and for a
@@ -203,10 +227,11 @@ class NodeTable:
 
     def restore(self, records: list[list[Any]]) -> None:
         """Give the inodes of ``records`` (a dead worker's ledger, its slots restored first) the
-        keys they had; staging files lived in its memory only: their inodes are unknown (ENOENT),
-        but one committed onto a node (``["u", ino, ...]``: renamed onto a chunk or metadata
-        file, whose name the kernel's dentry now shows with that inode) shows that node again,
-        an alias of its inode. New inodes are numbered after every one it gave out. Records that
+        keys they had. Its staging files lived in its memory only: their bytes are lost, and
+        their names and inodes answer EIO (``lost``) until removed or replaced; but one
+        committed onto a node (``["u", ino, ...]``: renamed onto a chunk or metadata file,
+        whose name the kernel's dentry now shows with that inode) shows that node again, an
+        alias of its inode. New inodes are numbered after every one it gave out. Records that
         make no sense now (an array slot gone) are skipped."""
         self.follow(records)
 
@@ -215,11 +240,16 @@ class NodeTable:
         ledger) too: a number only ever gets the key it was first noted with, or a later one
         a ``rebind``/``moved`` noted."""
         last = ROOT_INODE
+        lost: dict[int, tuple[int, str]] = {}
         for rec in records:
-            if rec[0] not in ("k", "t", "u") or not isinstance(rec[1], int):
+            if rec[0] not in ("k", "t", "u", "v") or not isinstance(rec[1], int):
                 continue
             ino = rec[1]
             last = max(last, ino)
+            if rec[0] == "t" and len(rec) == 4 and isinstance(rec[2], int) and isinstance(rec[3], str):
+                lost[ino] = (rec[2], rec[3])
+            elif rec[0] in ("u", "v"):
+                lost.pop(ino, None)
             try:
                 key = _decode(rec[2:], self._slots) if rec[0] in ("k", "u") else None
             except (IndexError, TypeError, ValueError):
@@ -238,6 +268,8 @@ class NodeTable:
             else:
                 self._aliases.setdefault(self.inode(key), set()).add(ino)
         self._top = max(self._top, last)
+        self.lost.update({where: ino for ino, where in lost.items()})
+        self._lost_inos.update(lost)
 
     def records(self) -> list[list[Any]]:
         """What ``restore`` needs, as ledger records (rewriting the ledger): the keys, the
@@ -245,7 +277,9 @@ class NodeTable:
         out = [["u" if ino in self._committed else "k", ino, *_encode(key)]
                for ino, key in self._keys.items() if ino != ROOT_INODE]
         for st in self._tmp.values():
-            out.append(["t", st.ino] if st.committed is None else ["u", st.ino, *_encode(st.committed)])
+            out.append(["t", st.ino, st.parent, st.name] if st.committed is None
+                       else ["u", st.ino, *_encode(st.committed)])
+        out += [["t", ino, parent, name] for (parent, name), ino in self.lost.items()]
         return out
 
 

@@ -27,6 +27,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterable
 
 
+from shardfs.base.budget import Budget
 from shardfs.reads.chunkcache import ChunkCache
 from shardfs.format.layout import parse_coord
 from shardfs.base.attrs import Attr, fail
@@ -76,6 +77,7 @@ class View:
         self.writeback = writeback
         self.mount_ns = time.time_ns()
         self.max_chunk = max_chunk
+        self._decoding = Budget(max_chunk)  # chunk bytes being transcoded at once, all threads together
         self._too_large: set[str] = set()  # arrays whose inner chunks were refused (logged once each)
         ledger = ledger or Ledger()
         self.hierarchy = Hierarchy(source, ome, c_order, self.mount_ns, ledger)  # groups and arrays
@@ -149,6 +151,8 @@ class View:
         key = self.nodes.node_key(parent)
         if self.nodes.staged and (parent, name) in self.nodes.staged:
             return await self.getattr(self.nodes.staged[(parent, name)].ino)
+        if self.nodes.lost and (parent, name) in self.nodes.lost:  # a temporary whose bytes died with a worker
+            raise fail(errno.EIO)
         if isinstance(key, DirKey):
             node = await self.node(key.path)
             if node is None or isinstance(node, GroupNode):  # (an array's entries are no paths of their own)
@@ -215,7 +219,8 @@ class View:
             i = parse_coord(name)
             prefix = key.prefix if isinstance(key, KeyDirKey) else ()
             if i is not None and len(prefix) + 1 < layout.ndim and i < layout.chunk_grid[len(prefix)] \
-                    and self.made.key_dir_shown(arr.path, prefix + (i,)):
+                    and (arr.shown.serve_missing or self.made.key_dir_shown(arr.path, prefix + (i,))):
+                # (an array whose every chunk is served lists every key directory: they resolve)
                 return await self.getattr(self.nodes.inode(KeyDirKey(arr.path, prefix + (i,))))
         rel = key.rel if isinstance(key, ShardDirKey) else "" if isinstance(key, DirKey) else None
         if rel is not None and layout.index is not None:
@@ -468,10 +473,16 @@ class View:
 
     def _decode(self, arr: ArrayNode, coords: tuple[int, ...], stored: bytes, key: str = "") -> bytes:
         """A chunk file's bytes from its stored form (checksum/transcoding); EIO if corrupt
-        (logged), or if it is larger than ``max_chunk`` (``_check_max_chunk``). Blocking."""
+        (logged), or if it is larger than ``max_chunk`` (``_check_max_chunk``). Transcodes in
+        all threads together hold at most ``max_chunk`` chunk bytes at once (``Budget``: a
+        decode waits for room). Blocking."""
         self._check_max_chunk(arr)
+        fmt = arr.shown.chunk
         try:
-            return arr.shown.chunk.to_file(stored)
+            if fmt.transcoder is None:
+                return fmt.to_file(stored)
+            with self._decoding.hold(fmt.nbytes):
+                return fmt.to_file(stored)
         except CorruptChunk as e:
             where = self.source.describe(key or arr.path)
             log.error("%s: corrupt chunk %s: %s", where, arr.shown.layout.names.key(coords), e)

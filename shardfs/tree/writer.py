@@ -322,8 +322,7 @@ class Writer:
             raise fail(errno.EPERM)
         if (p2, n2) in self.view.nodes.staged:  # the temporary it replaces is gone, its space too
             self.view.nodes.drop_staging(p2, n2, committed=None)
-        self.view.nodes.staged[(p2, n2)] = self.view.nodes.staged.pop((p1, n1))
-        st.parent, st.name = p2, n2
+        self.view.nodes.rename_staging(p1, n1, p2, n2)
 
     async def link(self, ino: int, parent: int, name: str) -> Attr:
         """Hard-link a staging file onto a chunk key: an exclusive create of that chunk."""
@@ -361,6 +360,8 @@ class Writer:
         node is deleted from the source by the ``rmdir`` that follows."""
         if (parent, name) in self.view.nodes.staged:
             self.view.nodes.drop_staging(parent, name, committed=None)
+            return
+        if self.view.nodes.lost and self.view.nodes.forget_lost(parent, name):  # its bytes died with a worker
             return
         target = await self.view.chunk_at_name(parent, name)
         if target is None:
