@@ -127,6 +127,12 @@ class Mount:
     def pid(self) -> int:
         return self.proc.pid
 
+    @property
+    def serving_pid(self) -> int:
+        """The process that serves the mount's requests: of a supervised mount its worker (what
+        memory, I/O and file descriptors are measured on), else the daemon."""
+        return serving_pid(self.mnt)
+
     def output(self) -> str:
         """Everything the daemon wrote: log file, stdout and stderr."""
         parts = []

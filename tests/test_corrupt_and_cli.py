@@ -183,7 +183,7 @@ def test_absurd_metadata_costs_the_daemon_no_memory(mount, tmp_path):
         assert not (mnt / rel).exists()
     assert os.listdir(mnt / "huge") == []
     assert info.alive() and os.path.ismount(mnt)
-    assert rss_mib(info.pid) < 150
+    assert rss_mib(info.serving_pid) < 150
     np.testing.assert_array_equal(read_zarr3_v2(mnt / "good"), read_native(src / "good"))
 
 
