@@ -136,6 +136,14 @@ class Ledger:
         elif self._early is not None:
             self._early.append(json.dumps(record, separators=(",", ":")).encode() + b"\n")
 
+    def note_line(self, text: str) -> None:
+        """``note`` of a record already written as its JSON array (ASCII), for the records of
+        every open and release, where ``json.dumps`` would cost more than the ``write``."""
+        if self._fd >= 0:
+            self._write(text.encode() + b"\n")
+        elif self._early is not None:
+            self._early.append(text.encode() + b"\n")
+
     def _write(self, line: bytes) -> None:
         os.write(self._fd, line)
         self.size += len(line)
