@@ -41,6 +41,7 @@ sys.path.append(str(REPO))
 SHARDFS = str(Path(sys.executable).parent / "shardfs")
 ZARR2_PYTHON = os.environ.get("SHARDFS_ZARR2_PYTHON") or str(REPO / ".venv-zarr2" / "bin" / "python")
 MOUNT_TIMEOUT = 30.0  # a loaded 2-core machine: an s3:// mount imports botocore twice
+EXIT_TIMEOUT = 30  # a daemon folds what is pending before it exits after an unmount: a hang, not a slow fold
 # Every daemon the suite starts keeps its state (write journal, log) under this temporary
 # XDG_STATE_HOME, never in the user's ~/.local/state; removed at exit.
 STATE_HOME = tempfile.mkdtemp(prefix="shardfs-state-")
@@ -127,6 +128,12 @@ class Mount:
     def pid(self) -> int:
         return self.proc.pid
 
+    @property
+    def serving_pid(self) -> int:
+        """The process that serves the mount's requests: of a supervised mount its worker (what
+        memory, I/O and file descriptors are measured on), else the daemon."""
+        return serving_pid(self.mnt)
+
     def output(self) -> str:
         """Everything the daemon wrote: log file, stdout and stderr."""
         parts = []
@@ -164,10 +171,10 @@ class Mount:
         problems = []
         lazy_unmount(self.mnt)
         try:
-            self.proc.wait(timeout=5)
+            self.proc.wait(timeout=EXIT_TIMEOUT)
         except subprocess.TimeoutExpired:
-            problems.append(f"daemon pid {self.pid} still alive 5 s after unmount; killed")
-            os.kill(self.pid, signal.SIGKILL)
+            problems.append(f"daemon pid {self.pid} still alive {EXIT_TIMEOUT} s after unmount; killed")
+            os.killpg(self.pid, signal.SIGKILL)  # its session: the supervisor and its workers
             self.proc.wait(timeout=10)
         if is_mounted(self.mnt):
             problems.append(f"{self.mnt} still mounted after fusermount3 -u -z")
@@ -421,12 +428,12 @@ def serving_pid(mnt: Path) -> int:
 @pytest.fixture
 def mnt_dir(tmp_path):
     """A mountpoint for tests that run the CLI themselves: unmounted and its daemons gone at
-    the end (SIGKILL by PID after 5 s), whatever happened."""
+    the end (SIGKILL by PID after EXIT_TIMEOUT), whatever happened."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     yield mnt
     lazy_unmount(mnt)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + EXIT_TIMEOUT
     while daemon_pids(mnt) and time.monotonic() < deadline:
         time.sleep(0.1)
     for pid in daemon_pids(mnt):

@@ -50,7 +50,7 @@ def test_110k_chunk_files_are_listed_exactly_and_in_bounded_memory(tmp_path, mou
     info = build_many(tmp_path / "src", FULL)
     assert info["stored"] == 110706 and info["shards"] == 576
     mnt = mount(tmp_path / "src", "-o", "ro")
-    pid = mount.info(mnt).pid
+    pid = mount.info(mnt).serving_pid
     many = mnt / "many"
     reset_peak(pid)
     before = status(pid, "VmRSS")

@@ -126,7 +126,8 @@ def _corrupt_shards_give_eio(mnt: InPath, corrupt_src: Path, tmp_path: Path) -> 
     np.testing.assert_array_equal(read_zarr2(good), read_native(corrupt_src / "good"))
 
 
-def test_absurd_metadata_is_refused(mount, tmp_path):
+def absurd_source(tmp_path: Path) -> Path:
+    """A source with a good array and ``huge``: 2**40 inner chunks per shard, one shard stored."""
     src = tmp_path / "src"
     write_group(src, {})
     write_case(GOOD, src)
@@ -145,28 +146,45 @@ def test_absurd_metadata_is_refused(mount, tmp_path):
     }))
     (huge / "c" / "0").mkdir(parents=True)
     (huge / "c" / "0" / "0").write_bytes(b"\x00" * 4096)
+    return src
 
+
+def test_absurd_metadata_is_refused(tmp_path, caplog):
+    """In-process (``tests/inproc.py``): the refused array is a directory without ``.zarray``,
+    said once in the log; the daemon's memory: ::absurd_metadata_costs_the_daemon_no_memory."""
+    src = absurd_source(tmp_path)
+    caplog.set_level(logging.INFO, logger="shardfs")
+    with InProcess(src) as fs:
+        # Poke the refused array every way a client would.
+        errors = {}
+        for rel in ["huge/.zarray", "huge/0.0", "huge/c/0/0/0.0", "huge"]:
+            p = fs / rel
+            try:
+                if p.is_dir():
+                    p.iterdir()
+                else:
+                    p.read_bytes()
+            except OSError as e:
+                errors[rel] = e.errno
+        # a directory without .zarray (and without chunk files)
+        assert errors == {"huge/.zarray": errno.ENOENT, "huge/0.0": errno.ENOENT, "huge/c/0/0/0.0": errno.ENOENT}
+        assert (fs / "huge").iterdir() == []
+        assert (fs / "good" / ".zarray").is_file()
+    lines = [r.getMessage() for r in caplog.records
+             if "huge" in r.getMessage() and r.levelno in (logging.WARNING, logging.ERROR)]
+    assert len(lines) == 1 and "inner chunks per shard" in lines[0], lines
+
+
+def test_absurd_metadata_costs_the_daemon_no_memory(mount, tmp_path):
+    src = absurd_source(tmp_path)
     mnt = mount(src)
     info = mount.info(mnt)
-    # Poke the refused array every way a client would.
-    errors = {}
-    for rel in ["huge/.zarray", "huge/0.0", "huge/c/0/0/0.0", "huge"]:
-        p = mnt / rel
-        try:
-            if p.is_dir():
-                os.listdir(p)
-            else:
-                p.read_bytes()
-        except OSError as e:
-            errors[rel] = e.errno
-    # a directory without .zarray (and without chunk files)
-    assert errors == {"huge/.zarray": errno.ENOENT, "huge/0.0": errno.ENOENT, "huge/c/0/0/0.0": errno.ENOENT}
+    for rel in ["huge/.zarray", "huge/0.0", "huge/c/0/0/0.0"]:
+        assert not (mnt / rel).exists()
     assert os.listdir(mnt / "huge") == []
     assert info.alive() and os.path.ismount(mnt)
-    assert rss_mib(info.pid) < 150
+    assert rss_mib(info.serving_pid) < 150
     np.testing.assert_array_equal(read_zarr3_v2(mnt / "good"), read_native(src / "good"))
-    lines = [ln for ln in info.log_text().splitlines() if "huge" in ln and re.search(r"WARNING|ERROR", ln)]
-    assert len(lines) == 1 and "inner chunks per shard" in lines[0], lines
 
 
 # ------------------------------------------------------------------ bad sources

@@ -93,8 +93,8 @@ def test_1gib_into_a_chunk_file_is_refused_with_efbig_in_bounded_memory(mounted)
     assert len([ln for ln in big if "more than any valid chunk" in ln]) == 1
     assert len(big) == 3, big
     assert not (mnt / "big" / "0.0").exists()
-    assert vm_hwm(daemon.pid) < RSS_LIMIT, vm_hwm(daemon.pid)
-    assert spill_fds(daemon.pid, spill_dir(str(src))) == []
+    assert vm_hwm(daemon.serving_pid) < RSS_LIMIT, vm_hwm(daemon.serving_pid)
+    assert spill_fds(daemon.serving_pid, spill_dir(str(src))) == []
     umount(mount, mnt)
     assert_source_equals(src, "small", expected["small"])
     assert_source_equals(src, "big", expected["big"])
@@ -111,7 +111,7 @@ def test_a_valid_chunk_larger_than_the_spill_threshold_commits(mounted):
             f.write(data[off: off + MiB])
     assert (mnt / "big" / "1.0").read_bytes() == data
     expected["big"][512:1024] = block
-    assert vm_hwm(daemon.pid) < RSS_LIMIT, vm_hwm(daemon.pid)
+    assert vm_hwm(daemon.serving_pid) < RSS_LIMIT, vm_hwm(daemon.serving_pid)
     umount(mount, mnt)
     assert_source_equals(src, "big", expected["big"])
 
@@ -126,12 +126,12 @@ def test_1gib_temporary_spills_to_disk_and_rm_frees_it(mounted):
     with open(tmp, "rb") as f:
         f.seek(1000 * MiB)
         assert f.read(MiB) == bytes(MiB)
-    assert vm_hwm(daemon.pid) < RSS_LIMIT, vm_hwm(daemon.pid)
-    (fd,) = spill_fds(daemon.pid, spill)
-    assert os.stat(f"/proc/{daemon.pid}/fd/{fd}").st_blocks * 512 >= 1024 * MiB
+    assert vm_hwm(daemon.serving_pid) < RSS_LIMIT, vm_hwm(daemon.serving_pid)
+    (fd,) = spill_fds(daemon.serving_pid, spill)
+    assert os.stat(f"/proc/{daemon.serving_pid}/fd/{fd}").st_blocks * 512 >= 1024 * MiB
     free = os.statvfs(spill).f_bfree * os.statvfs(spill).f_frsize
     os.unlink(tmp)
-    assert spill_fds(daemon.pid, spill) == []
+    assert spill_fds(daemon.serving_pid, spill) == []
     assert os.statvfs(spill).f_bfree * os.statvfs(spill).f_frsize >= free + 900 * MiB
     assert not tmp.exists()
     umount(mount, mnt)
@@ -143,8 +143,8 @@ def test_truncating_a_temporary_to_100g_allocates_nothing(mounted):
     tmp.write_bytes(b"abc")
     os.truncate(tmp, 100 << 30)  # by path: no open handle
     assert os.stat(tmp).st_size == 100 << 30
-    (fd,) = spill_fds(daemon.pid, spill_dir(str(src)))
-    assert os.stat(f"/proc/{daemon.pid}/fd/{fd}").st_blocks * 512 < MiB
+    (fd,) = spill_fds(daemon.serving_pid, spill_dir(str(src)))
+    assert os.stat(f"/proc/{daemon.serving_pid}/fd/{fd}").st_blocks * 512 < MiB
     with open(tmp, "rb") as f:
         assert f.read(5) == b"abc\0\0"
         f.seek(77 << 30)
@@ -152,9 +152,9 @@ def test_truncating_a_temporary_to_100g_allocates_nothing(mounted):
     with open(tmp, "r+b") as f:
         f.truncate(2)
     assert tmp.read_bytes() == b"ab"
-    assert vm_hwm(daemon.pid) < RSS_LIMIT, vm_hwm(daemon.pid)
+    assert vm_hwm(daemon.serving_pid) < RSS_LIMIT, vm_hwm(daemon.serving_pid)
     os.unlink(tmp)
-    assert spill_fds(daemon.pid, spill_dir(str(src))) == []
+    assert spill_fds(daemon.serving_pid, spill_dir(str(src))) == []
     umount(mount, mnt)
 
 

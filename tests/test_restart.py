@@ -419,9 +419,27 @@ def test_a_temporary_closed_before_the_kill_fails_with_eio_not_enoent(mount, src
     with pytest.raises(OSError) as e:
         os.stat(mnt / "a" / "1.1.partial.other-name")  # (a name never made: ENOENT as ever)
     assert e.value.errno == errno.ENOENT
+    with pytest.raises(OSError) as e:
+        open(tmp, "rb")
+    assert e.value.errno == errno.EIO
     assert chunk(mnt, "1.1") == before
     os.unlink(tmp)
     assert not tmp.exists() and "1.1.partial" not in os.listdir(mnt / "a")
     tmp.write_bytes(before)  # the name is free again
     os.rename(tmp, mnt / "a" / "1.2")
     assert chunk(mnt, "1.2") == before
+
+
+def test_a_temporary_renamed_onto_its_chunk_while_open_closes_cleanly_after_a_kill(mount, src):
+    """tensorstore's way: write a temporary, rename it onto the chunk with the file still
+    open, close it. A worker kill between the rename and the close: the bytes were committed
+    by the rename, so the close succeeds (no false EIO) and the chunk holds them."""
+    mnt = mount(src)
+    m = mount.info(mnt)
+    data = chunk(mnt, "3.3")
+    fd = os.open(mnt / "a" / "1.1.__lock", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.write(fd, data)
+    os.rename(mnt / "a" / "1.1.__lock", mnt / "a" / "1.1")
+    kill_worker(m, mnt)
+    os.close(fd)
+    assert chunk(mnt, "1.1") == data

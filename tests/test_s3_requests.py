@@ -197,7 +197,7 @@ def test_a_shard_read_again_costs_no_get(counted, mount):
     first = read_files(files)
     assert requests_for(src, proxy, key), "the first read asked nothing"
     proxy.log.clear()
-    pid = mount.info(mnt).pid
+    pid = mount.info(mnt).serving_pid
     for p in files:
         drop_page_cache(p)
     before = wchar(pid)

@@ -173,7 +173,7 @@ def test_a_second_mount_of_the_source_leaves_the_first_ones_journal_alone(tmp_pa
     first = mount(src)
     assert "replayed 2 journalled chunk changes" in mount.info(first).log_text()
     [first_dir] = os.listdir(journal_path(src))
-    assert first_dir != orphan and first_dir.endswith(f"-{mount.info(first).pid}")
+    assert first_dir != orphan and first_dir.endswith(f"-{mount.info(first).serving_pid}")
     second = mount(src)
     assert "replayed" not in mount.info(second).log_text()
     dirs = sorted(os.listdir(journal_path(src)))

@@ -643,7 +643,7 @@ def test_chunk_by_chunk_write_is_not_quadratic(tmp_path, mount):
     np.save(tmp_path / "v.npy", data)
     mnt = mount(src)
     m = mount.info(mnt)
-    io0 = _io(m.pid)
+    io0 = _io(m.serving_pid)
     log0 = m.log.stat().st_size
     zarr2("""
         z = zarr.open(path, mode='r+')
@@ -660,7 +660,7 @@ def test_chunk_by_chunk_write_is_not_quadratic(tmp_path, mount):
         time.sleep(0.1)
     time.sleep(0.5)
     assert journal_entries(src) == [], "complete shards not folded within 10 s"
-    io1 = _io(m.pid)
+    io1 = _io(m.serving_pid)
     log_bytes = m.log.stat().st_size - log0
     umount(mount, mnt)
     shards = sorted((src / "amp" / "c").rglob("*"))

@@ -344,6 +344,12 @@ class Figures(Bench):
 
         return scale.figure(self)
 
+    def fig_workers(self) -> list[Row]:
+        """``-o workers=N`` on a read-only mount (workers.py): 4 readers, N = 1, 2, 4; only with ``--only``."""
+        from bench_lib import workers
+
+        return workers.figure(self)
+
     def fig_restart(self) -> list[Row]:
         """SIGKILL of a supervised mount's worker to its successor and to the first request it
         serves (restart.py)."""
@@ -359,7 +365,7 @@ class Figures(Bench):
 
 
 WEIGHTS = {"read": 0.20, "cat": 0.18, "peers": 0.20, "large": 0.03, "listing": 0.15, "random": 0.04,
-           "write": 0.27, "dask": 0.10, "mount": 0.03, "restart": 0.04, "s3": 0.25, "scale": 0.5}
+           "write": 0.27, "dask": 0.10, "mount": 0.03, "restart": 0.04, "s3": 0.25, "scale": 0.5, "workers": 0.5}
 # cheap figures, and the slow S3 one, always get their repetitions
 FLOOR = {"peers": 90.0, "large": 25.0, "random": 20.0, "mount": 15.0, "s3": 90.0}
 S3_LABELS = ["S3: zarr 2.18 read via mount vs zarr 3 native", "S3, 10 ms each way: same",
@@ -396,12 +402,13 @@ FIGURES: list[tuple[str, str, list[str]]] = [
     ("restart", "fig_restart", ["restart: SIGKILL of the worker to its successor started, p50", "  same, p99",
                                 "restart: SIGKILL of the worker to the first request served, p50", "  same, p99"]),
     ("s3", "fig_s3", S3_LABELS),
+    ("workers", "fig_workers", ["workers=1: 4 zarr 2.18 readers, read-only mount, time vs workers=1"]),
     ("scale", "fig_scale", ["scale: ls -l over 1M chunk files", "scale: find -type f over 1M chunk files",
                             "scale: daemon peak RSS, 1M chunks", "scale: S3 mount time, 100k shards",
                             "scale: S3 ls -l, 100k shards", "scale: S3 random chunk read",
                             "scale: S3 daemon peak RSS, 100k shards"]),
 ]
-OPT_IN = {"scale"}  # figures run only when named in --only (they take minutes)
+OPT_IN = {"scale", "workers"}  # figures run only when named in --only (they take minutes)
 
 
 def daemon_log_summary(logs: Path) -> list[str]:

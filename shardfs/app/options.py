@@ -106,6 +106,8 @@ OWN = (
            "storage.timeout"),
     Option("cache_dir", "DIR", "object store: keep fetched ranges here across mounts, keyed by ETag "
                                "(at most 5G, least recently used out first)", "reads.cache_dir"),
+    Option("workers", "N", "worker processes serving the mount, each on its own clone of the kernel connection; "
+                           "more than 1: read-only mounts only (doc/ARCHITECTURE.md)", "workers"),
     Option("debug", None, "log every request (as --debug)", "debug"),
     Option("stats_interval", "S", "log a one-line summary of the counters every S seconds (default off; "
                                   "shardfs status shows them)", "stats_interval"),
@@ -133,6 +135,7 @@ IGNORED = frozenset({
 })
 IGNORED_PREFIXES = ("x-", "X-", "comment=", "helper=")
 _BY_NAME = {o.name: o for o in OWN + FUSE}
+MAX_WORKERS = 64
 
 
 @dataclass
@@ -185,6 +188,8 @@ def _check_values(own: dict[str, str]) -> None:
             if not ok or not math.isfinite(seconds):
                 raise ValueError(f"-o {name}={own[name]}: not a " + ("positive " if positive else "")
                                  + "number of seconds")
+    if "workers" in own and not (own["workers"].isdigit() and 1 <= int(own["workers"]) <= MAX_WORKERS):
+        raise ValueError(f"-o workers={own['workers']}: not a number of workers from 1 to {MAX_WORKERS}")
     if "metrics" in own:
         parse_address(own["metrics"])
     if own.get("addressing", "path") not in ("path", "virtual"):

@@ -175,8 +175,13 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     if opts.ignored:
         log.debug("ignored mount options: %s", ",".join(opts.ignored))
     read_only = args.read_only or cfg.read_only or source.web  # a web server takes no writes
+    if args.connection is None and cfg.workers > 1:
+        why = workers_refused(read_only)
+        if why is not None:
+            _report(args, f"error: -o workers={cfg.workers}: {why}")
+            return 1
     if args.connection is None and supervised():
-        return _supervise(args, mnt, opts, read_only, source)
+        return _supervise(args, mnt, opts, read_only, source, cfg.workers)
     from shardfs.app.compose import ReplayFailed, compose
     from shardfs.tree.ledger import Ledger
 
@@ -186,6 +191,19 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     if args.connection is not None:
         args.ledger = state.ledger_file(source.name, source.endpoint, os.getppid())
         ledger = Ledger(args.ledger)  # opened once the mount is made (``_mount_and_serve``)
+        conn = args.connection
+        if conn.count > 1:
+            ledger.share(conn.index, conn.count)
+            try:  # before anything is given a number: the workers agree on each one (``Ledger.locked``)
+                state.private_dir(os.path.dirname(args.ledger))
+                ledger.start()
+            except (OSError, private.Refused) as e:
+                _report(args, f"error: {args.ledger}: cannot create: {getattr(e, 'strerror', None) or e}")
+                return 1
+            # the limits are the mount's: each of N workers keeps its share of the caches
+            cfg = dataclasses.replace(cfg, reads=dataclasses.replace(
+                cfg.reads, chunk_cache=cfg.reads.chunk_cache // conn.count,
+                cache_size=cfg.reads.cache_size // conn.count))
     try:
         with contextlib.ExitStack() as cleanup:
             try:
@@ -196,16 +214,39 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
             except ReplayFailed as e:
                 _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
                 return 1
-            return _mount_and_serve(args, mnt, opts, cfg, mount)
+            code = _mount_and_serve(args, mnt, opts, cfg, mount)
     except BaseException as e:  # whatever ends the daemon says why where its log is read
         cause = e
         while isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:  # trio's nurseries
             cause = cause.exceptions[0]
         log.critical("the daemon stops: %s: %s", type(cause).__name__, cause, exc_info=True)
         raise
+    if ledger is not None and ledger.shared:
+        # one of N workers, its mount's layers closed: no interpreter teardown (zarr, numpy: seconds
+        # on a loaded machine), which the supervisor would wait for before it ends the mount
+        logging.shutdown()
+        os._exit(code)
+    return code
 
 
-def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_only: bool, source: Source) -> int:
+def workers_refused(read_only: bool) -> str | None:
+    """Why ``-o workers=N`` (N > 1) cannot serve this mount, or None."""
+    import importlib.metadata
+
+    if not read_only:
+        return ("more than one worker serves read-only mounts only for now (-o ro): a writable mount is "
+                "served by one worker")
+    try:
+        built = "workers" in importlib.metadata.version("pyfuse3")
+    except importlib.metadata.PackageNotFoundError:
+        built = False
+    if not built:
+        return "needs the pyfuse3 that scripts/install builds (doc/INSTALL.md)"
+    return None
+
+
+def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_only: bool, source: Source,
+               workers: int = 1) -> int:
     """Be the supervisor of ``mnt`` (``shardfs.app.supervisor``) until the mount ends."""
     from shardfs.app.supervisor import Supervisor
 
@@ -215,7 +256,7 @@ def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_on
     sup = Supervisor(_daemon_argv(args, source.name), mnt, device(source.name),
                      ["default_permissions", *opts.fuse], read_only, lambda line: _report(args, line),
                      state.status_socket(source.name, source.endpoint, os.getpid()),
-                     state.takeover_file(source.name, source.endpoint, os.getpid()))
+                     state.takeover_file(source.name, source.endpoint, os.getpid()), workers)
     try:
         return sup.run()
     finally:
@@ -271,6 +312,8 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
             if conn is not None:
                 takeover: Any = getattr(pyfuse3, "takeover")  # noqa: B009  # (not in stock pyfuse3: supervised())
                 conn.initialized(takeover(conn.init))
+                if conn.count > 1:  # every worker is woken for each request, one reads it
+                    os.set_blocking(conn.fd, False)
         except (RuntimeError, OSError) as e:
             failed: Exception | None = e
         else:
@@ -393,11 +436,16 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
 
         nursery.start_soon(on_signal)
         if conn is not None:
-            if conn.init is not None:  # another worker served the connection before
+            shared = mount.view.nodes.ledger
+            if shared.shared:  # what the other workers gave out so far (the dead one of this slot too)
+                await mount.ops.restore(shared.tail())
+            elif conn.init is not None:  # another worker served the connection before
                 await mount.ops.restore(Ledger.load(ledger) if ledger else [])
-                if conn.resend:
-                    fusedev.resend(conn.fd)  # what the dead worker had read comes again
+            if conn.replaces and conn.resend:
+                fusedev.resend(conn.fd)  # what the dead worker had read comes again
             conn.serving()
+            if shared.shared:
+                nursery.start_soon(mount.ops.faults.keep, "ledger", mount.ops.following)
         # a bug in a background task is logged and the task runs again (``Faults.keep``)
         nursery.start_soon(mount.ops.faults.keep, "status", status.run)
         if writeback is not None:

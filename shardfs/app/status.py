@@ -87,7 +87,32 @@ class Status:
         doc["internal_errors"] = ops.faults.snapshot()
         doc["errors_last_minute"] = ops.stats.errors_since(PROBLEM_WINDOW)
         doc["rss_bytes"], doc["open_files"] = _process()
+        doc["open_handles"] = ops.open_handles()
+        workers = self._workers()
+        if workers:  # ``-o workers=N``: each worker, and the mount's memory is theirs together
+            doc["workers"] = workers
+            doc["rss_bytes"] = sum(w["rss_bytes"] for w in workers)
         return doc
+
+    def _workers(self) -> list[dict[str, Any]]:
+        """The workers of a supervised mount of more than one (the supervisor's list), each with
+        its ``index``, ``pid``, ``started``, ``rss_bytes`` and ``cpu_s`` (user + system)."""
+        path = (self.supervision or {}).get("workers_file")
+        if not path:
+            return []
+        try:
+            with open(path, "rb") as f:
+                listed = json.loads(f.read())
+        except (OSError, ValueError):
+            return []
+        if not isinstance(listed, list) or len(listed) < 2:
+            return []
+        out = []
+        for w in listed:
+            rss, cpu = _of_process(int(w.get("pid", 0)))
+            out.append({"index": w.get("index"), "pid": w.get("pid"), "started": w.get("started"),
+                        "rss_bytes": rss, "cpu_s": cpu, "this": w.get("pid") == os.getpid()})
+        return out
 
     async def run(self) -> None:
         """Serve the socket (if it can be made) and log the summary every ``interval`` seconds,
@@ -162,6 +187,19 @@ def summary(doc: dict[str, Any]) -> str:
 
 def _cache(cache: Any) -> dict[str, int]:
     return {"hits": cache.hits, "misses": cache.misses, "bytes": cache.used, "limit": cache.max_bytes}
+
+
+def _of_process(pid: int) -> tuple[int, float]:
+    """Process ``pid``'s resident memory (bytes) and CPU time (seconds); zeros if it is gone."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0, 0.0
+    return rss, round(cpu, 2)
 
 
 def _process() -> tuple[int, int]:

@@ -99,6 +99,10 @@ def format_text(doc: dict[str, Any]) -> str:
     lines = [f"{doc['mountpoint']}  <-  {doc['source']}",
              f"  pid {doc['pid']}, up {_uptime(doc['uptime_s'])}, {'read-only' if doc['read_only'] else 'read-write'}"
              f", RSS {_size(doc['rss_bytes'])}, {_n(doc['open_files'], 'open file')}",
+             *(["  workers   " + ", ".join(
+                 f"{w['index']}: pid {w['pid']} {_size(w['rss_bytes'])} {w['cpu_s']:.1f} s CPU"
+                 + (" (counts below)" if w.get("this") else "") for w in doc["workers"])]
+               if doc.get("workers") else []),
              f"  requests  {n_requests:,}" + (f" ({_counts(doc['requests'])})" if n_requests else "")
              + f"; {_n(n_errors, 'error')}",
              f"  reads     {_n(reads['chunk_files'], 'chunk file')} opened, {_size(reads['bytes'])} read",

@@ -1,5 +1,15 @@
 """The supervisor: the process ``shardfs mount`` leaves, which holds the mount and its FUSE
-connection while workers (its children) serve it, one at a time.
+connection while workers (its children) serve it: one, or ``-o workers=N`` at once.
+
+With N workers each has a slot (0 .. N-1) and its own device file of the connection: slot 0
+the supervisor's own descriptor, every other slot a ``FUSE_DEV_IOC_CLONE`` clone made at the
+mount (``fusedev.clone``). The supervisor keeps every slot's descriptor open for the mount's
+life and gives each worker the same open file (``SCM_RIGHTS``), so the requests a dying worker
+had read stay on its slot's processing list for the kernel to send again; the worker makes it
+non-blocking (every reader of a connection is woken for each request, one gets it).
+Slot 0 starts first and answers FUSE_INIT; the others get the connection once its bytes are
+known (they replay them). The slots' workers are written to ``workers-PID.json`` beside the
+status socket (``shardfs status`` shows each).
 
 It does no I/O on the source and imports nothing heavy (``shardfs.app.fusedev`` and the
 standard library), so it stays small, and it asks the OOM killer to spare it (``oom_score_adj``
@@ -72,8 +82,11 @@ class Counters:
 class Worker:
     proc: subprocess.Popen[bytes]
     ctl: socket.socket
+    index: int = 0  # its slot (``-o workers=N``: 0 .. N-1)
     started: float = field(default_factory=time.time)
     serving: bool = False
+    replaces: bool = False  # its slot had a worker before (the kernel sends again what that one had read)
+    waiting: bool = False  # ready, given the connection once FUSE_INIT's bytes are known
 
 
 class Supervisor:
@@ -87,10 +100,11 @@ class Supervisor:
 
     def __init__(self, argv: list[str], mnt: str, fsname: str, fuse_opts: list[str], read_only: bool,
                  report: Callable[[str], None], status_path: str | None = None,
-                 takeover_path: str | None = None) -> None:
+                 takeover_path: str | None = None, workers: int = 1) -> None:
         self.argv, self.mnt, self.fsname = argv, mnt, fsname
         self.takeover_path = takeover_path  # ``shardfs mount`` on the live mount: the next worker's argv
-        self.handing_over: list[str] | None = None  # that argv, while the worker folds and stops
+        self.handing_over: list[str] | None = None  # that argv, while the workers fold and stop
+        self.handing: set[int] = set()  # the slots whose worker has not stopped for it yet
         self.status_path = status_path  # ``shardfs status``: made here, served by each worker
         self.status: socket.socket | None = None
         self.fuse_opts, self.read_only = fuse_opts, read_only
@@ -100,6 +114,11 @@ class Supervisor:
         self.init: bytes | None = None
         self.resend = True  # the kernel has FUSE_NOTIFY_RESEND (probed at the mount)
         self.counters = Counters()
+        self.count = max(1, workers)  # workers serving at once (``-o workers=N``)
+        self.slot_fds: dict[int, int] = {}  # slot -> its device file of the connection (slot 0: ``fd``)
+        self.workers: dict[int, Worker] = {}
+        self.over = False  # the mount ends: no worker is started again
+        self.unmount = False  # ... and is detached once every worker ended
         self.stopping = False
         self.exit_code = 0  # 1: the first worker failed, or a crash loop ended the mount
         self.oom_before = _protect_from_oom()
@@ -113,23 +132,37 @@ class Supervisor:
         try:
             fusedev.check()
             self._listen()
-            worker: Worker | None = self._spawn()
+            for index in range(self.count):
+                self.workers[index] = self._spawn(index)
         except (fusedev.MountError, OSError) as e:
             self._failed(f"{self.mnt}: cannot mount: {e} (fuse_session_mount failed)"
                          if isinstance(e, fusedev.MountError) else f"cannot start a worker: {e}")
+            for w in self.workers.values():
+                w.proc.kill()
+                w.proc.wait()
             return self.exit_code
         try:
-            while worker is not None:
-                ready = select.select([wake_r, worker.ctl.fileno()], [], [])[0]  # SIGCHLD wakes it: no timer
+            while self.workers:
+                live = list(self.workers.values())
+                # SIGCHLD wakes it: no timer
+                ready = select.select([wake_r, *(w.ctl.fileno() for w in live)], [], [])[0]
                 if wake_r in ready:
-                    self._signals(wake_r, worker)
-                if worker.ctl.fileno() in ready:
-                    self._message(worker)
-                if worker.proc.poll() is not None:
-                    worker = self._ended(worker)
+                    self._signals(wake_r)
+                for w in live:
+                    if w.ctl.fileno() in ready:
+                        self._message(w)
+                    if w.proc.poll() is not None:
+                        self._ended(w)
+            self._unmounted()
         finally:
+            for fd in self.slot_fds.values():
+                if fd != self.fd:
+                    os.close(fd)
             if self.fd >= 0:
                 os.close(self.fd)
+            if self.workers_path is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.workers_path)
             if self.status is not None and self.status_path is not None:
                 self.status.close()
                 with contextlib.suppress(OSError):
@@ -147,25 +180,50 @@ class Supervisor:
             log.warning("shardfs status unavailable: cannot make the socket %s: %s", self.status_path,
                         getattr(e, "strerror", None) or e)
 
-    def _signals(self, wake_r: int, worker: Worker) -> None:
+    @property
+    def workers_path(self) -> str | None:
+        """Where the workers of the slots are listed for ``shardfs status`` (beside the socket)."""
+        if self.status_path is None:
+            return None
+        head, _, tail = self.status_path.rpartition("/status-")
+        return f"{head}/workers-{tail.removesuffix('.sock')}.json"
+
+    def _list_workers(self) -> None:
+        """Write ``workers_path``: each slot's worker (``index``, ``pid``, ``started``)."""
+        path = self.workers_path
+        if path is None:
+            return
+        doc = [{"index": w.index, "pid": w.proc.pid, "started": w.started}
+               for w in sorted(self.workers.values(), key=lambda w: w.index)]
+        with contextlib.suppress(OSError):
+            fd = os.open(f"{path}.new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            try:
+                os.write(fd, json.dumps(doc).encode())
+            finally:
+                os.close(fd)
+            os.replace(f"{path}.new", path)
+
+    def _signals(self, wake_r: int) -> None:
         try:
             sigs = os.read(wake_r, 64)
         except BlockingIOError:
             return
         for sig in sigs:
             if sig == signal.SIGUSR1:
-                self._takeover(worker)
+                self._takeover()
             elif sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 if sig != signal.SIGHUP:
                     self.stopping = True
-                if worker.proc.poll() is None:
-                    worker.proc.send_signal(signal.SIGTERM if sig != signal.SIGHUP else signal.SIGHUP)
+                for worker in self.workers.values():
+                    if worker.proc.poll() is None:
+                        worker.proc.send_signal(signal.SIGTERM if sig != signal.SIGHUP else signal.SIGHUP)
 
-    def _takeover(self, worker: Worker) -> None:
-        """``shardfs mount`` on the live mount left the next worker's command line
-        (``shardfs.app.handover``): the worker folds what is pending and stops (SIGUSR1), then
-        ``_ended`` starts that one. Only a file of this user's own, in a state directory of
-        this user's own, is read (``_own_file``): a command line is run from it."""
+    def _takeover(self) -> None:
+        """``shardfs mount`` on the live mount left the next workers' command line
+        (``shardfs.app.handover``): each worker folds what is pending and stops (SIGUSR1), then
+        ``_ended`` starts that one in its slot (as many workers as before). Only a file of this
+        user's own, in a state directory of this user's own, is read (``_own_file``): a command
+        line is run from it."""
         if self.takeover_path is None or self.stopping:
             return
         try:
@@ -179,18 +237,21 @@ class Supervisor:
             log.error("%s: no takeover: not a command line", self.takeover_path)
             return
         self.handing_over = argv
+        self.handing = set(self.workers)
         log.info("handing %s over to a new worker: %s", self.mnt, " ".join(argv))
-        if worker.proc.poll() is None:
-            worker.proc.send_signal(signal.SIGUSR1)
+        for worker in self.workers.values():
+            if worker.proc.poll() is None:
+                worker.proc.send_signal(signal.SIGUSR1)
 
-    def _spawn(self) -> Worker:
+    def _spawn(self, index: int, argv: list[str] | None = None) -> Worker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = {**os.environ, "SHARDFS_OOM_SCORE_ADJ": self.oom_before}
+        env = {**os.environ, "SHARDFS_OOM_SCORE_ADJ": self.oom_before,
+               "SHARDFS_WORKER_SLOT": f"{index}/{self.count}"}
         with open(os.devnull, "rb") as null:
-            proc = subprocess.Popen([*self.argv, "--worker", str(theirs.fileno())], stdin=null,
+            proc = subprocess.Popen([*(argv or self.argv), "--worker", str(theirs.fileno())], stdin=null,
                                     pass_fds=(theirs.fileno(),), env=env)
         theirs.close()
-        return Worker(proc, ours)
+        return Worker(proc, ours, index)
 
     def _message(self, worker: Worker) -> None:
         try:
@@ -203,11 +264,19 @@ class Supervisor:
         if "error" in msg:
             self._failed(str(msg["error"]))
         elif msg.get("ready"):
-            self._give_connection(worker)
+            if worker.index > 0 and self.init is None:
+                worker.waiting = True  # the connection once slot 0 answered FUSE_INIT
+            else:
+                self._give_connection(worker)
         elif "init" in msg:
             self.init = base64.b64decode(msg["init"])
+            for other in self.workers.values():
+                if other.waiting:
+                    other.waiting = False
+                    self._give_connection(other)
         elif msg.get("serving"):
             worker.serving = True
+            self._list_workers()
             if self.report is not None:
                 self.report("ok")
                 self.report = None
@@ -227,17 +296,30 @@ class Supervisor:
             if not self.resend:
                 log.warning("%s: the kernel cannot send a request again (no FUSE_NOTIFY_RESEND, Linux < 6.9): "
                             "the requests a dying worker had read will fail", self.mnt)
+            if self.resend:
+                try:
+                    for index in range(1, self.count):  # kept for the mount's life (see the docstring)
+                        self.slot_fds[index] = fusedev.clone(self.fd)
+                except OSError as e:
+                    self._failed(f"{self.mnt}: cannot clone the FUSE connection for -o workers={self.count}: "
+                                 f"{e.strerror}")
+                    fusedev.unmount(self.mnt)
+                    for w in self.workers.values():
+                        w.proc.kill()
+                    return
+                self.slot_fds[0] = self.fd
         c = self.counters
         status = {"supervisor_pid": c.pid, "restarts": c.restarts, "takeovers": c.takeovers,
-                  "last_reason": c.last_reason}
+                  "last_reason": c.last_reason, "workers_file": self.workers_path}
         msg = {"init": base64.b64encode(self.init).decode() if self.init is not None else None,
-               "resend": self.resend, "status": status}
-        fd = self.fd if self.resend else fusedev.clone(self.fd)
+               "resend": self.resend, "status": status, "index": worker.index, "count": self.count,
+               "replaces": worker.replaces}
+        fd = self.slot_fds[worker.index] if self.resend else fusedev.clone(self.fd)
         try:
             socket.send_fds(worker.ctl, [json.dumps(msg).encode()],
                             [fd] + ([self.status.fileno()] if self.status is not None else []))
         finally:
-            if fd != self.fd:
+            if not self.resend and fd != self.fd:
                 os.close(fd)
 
     def _failed(self, why: str) -> None:
@@ -250,24 +332,33 @@ class Supervisor:
         else:
             log.error("worker failed: %s", why)
 
-    def _ended(self, worker: Worker) -> Worker | None:
-        """``worker`` ended: the next one, or None when the mount is over."""
+    def _ended(self, worker: Worker) -> None:
+        """``worker`` ended: another in its slot, unless the mount is over (then the others
+        are stopped too)."""
         status = worker.proc.wait()
         worker.ctl.close()
-        if self.handing_over is not None and not self.stopping and self.fd >= 0 and fusedev.connected(self.fd):
-            self.argv, self.handing_over = self.handing_over, None
-            self.counters.takeovers += 1
+        del self.workers[worker.index]
+        if self.handing_over is not None and worker.index in self.handing and not self.stopping and self.fd >= 0 \
+                and fusedev.connected(self.fd):
+            self.handing.discard(worker.index)
+            if not self.handing:
+                self.argv, self.handing_over = self.handing_over, None
+            self.counters.takeovers += worker.index == 0
             log.info("worker %d handed %s over (%s)", worker.proc.pid, self.mnt,
                      "exit status 0" if status == 0 else f"status {status}")
-            return self._spawn()
-        if status == 0 or self.stopping or self.fd < 0 or not fusedev.connected(self.fd):
-            if self.fd >= 0 and (self.stopping or status == 0):
-                fusedev.unmount(self.mnt)
-            if status != 0 and self.report is not None:
-                self._failed(f"daemon exited with status {status}")
-            if self.fd >= 0:
-                log.info("unmounted %s", self.mnt)
-            return None
+            self.workers[worker.index] = self._spawn(worker.index, self.handing_over or self.argv)
+            self.workers[worker.index].replaces = True
+            return
+        if self.over or status == 0 or self.stopping or self.fd < 0 or not fusedev.connected(self.fd):
+            if not self.over:
+                self.over = True
+                self.unmount = self.fd >= 0 and (self.stopping or status == 0)
+                if status != 0 and self.report is not None:
+                    self._failed(f"daemon exited with status {status}")
+                for other in self.workers.values():  # (they end too once it is unmounted)
+                    if other.proc.poll() is None:
+                        other.proc.send_signal(signal.SIGTERM)
+            return
         c = self.counters
         c.last_reason = f"signal {-status}" if status < 0 else f"exit status {status}"
         now = time.monotonic()
@@ -279,11 +370,22 @@ class Supervisor:
                       CRASH_WINDOW, c.last_reason)
             fusedev.unmount(self.mnt)
             self.exit_code = 1
-            return None
+            self.over, self.unmount = True, False
+            for other in self.workers.values():
+                other.proc.kill()
+            return
         c.restarts += 1
         log.warning("worker %d ended (%s): starting another on the same connection", worker.proc.pid,
                     c.last_reason)
-        return self._spawn()
+        self.workers[worker.index] = self._spawn(worker.index)
+        self.workers[worker.index].replaces = True
+
+    def _unmounted(self) -> None:
+        """Every worker ended and the mount is over: detach it (unless it is gone already)."""
+        if self.unmount:
+            fusedev.unmount(self.mnt)
+        if self.fd >= 0 and self.exit_code == 0:
+            log.info("unmounted %s", self.mnt)
 
 
 def _protect_from_oom() -> str:
@@ -314,6 +416,9 @@ class Connection:
         self.fd = -1
         self.init: bytes | None = None
         self.resend = False
+        slot = os.environ.pop("SHARDFS_WORKER_SLOT", "0/1").partition("/")
+        self.index, self.count = int(slot[0]), int(slot[2])  # this worker's slot of ``count`` (``-o workers``)
+        self.replaces = False  # a worker served this slot before (it died: what it read comes again)
         self.status: dict[str, Any] = {}
         self.status_socket: socket.socket | None = None  # the supervisor's, for ``shardfs status``
         self.started = time.time()
@@ -346,6 +451,7 @@ class Connection:
         self.init = base64.b64decode(msg["init"]) if msg["init"] is not None else None
         self.resend = bool(msg["resend"])
         self.status = msg["status"]
+        self.replaces = bool(msg.get("replaces", self.init is not None))
 
     def initialized(self, init: bytes) -> None:
         """The first worker answered the kernel's FUSE_INIT, whose bytes were ``init``."""

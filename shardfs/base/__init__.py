@@ -7,7 +7,8 @@ job. It imports no other room of the package (only the standard library and trio
 - ``lru``: ``SizedLRU``, a least-recently-used map bounded by the size of its values;
 - ``files``: ``fsync_dir`` (a rename or unlink made durable) and ``not_regular`` (why a
   file is never opened for I/O, for log lines);
-- ``faults``: ``Faults``, the mount's internal errors (bugs) counted and logged, never fatal.
+- ``faults``: ``Faults``, the mount's internal errors (bugs) counted and logged, never fatal;
+- ``budget``: ``Budget``, the bytes blocking calls in worker threads hold at once.
 """
 
-__all__ = ["attrs", "faults", "files", "lru", "threads"]
+__all__ = ["attrs", "budget", "faults", "files", "lru", "threads"]

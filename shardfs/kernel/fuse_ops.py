@@ -13,6 +13,13 @@ Any exception other than ``pyfuse3.FUSEError`` escaping a handler would end
 ``Operations.faults`` (logged with its traceback, once per place: ``shardfs.base.faults``).
 ``forget``, which has no reply, records its bugs the same way and answers nothing.
 
+With ``-o workers=N`` (read-only mounts; ``shardfs.tree.ledger``: a shared ledger) any worker
+may get any request: a request that fails here first learns what the other workers gave out
+(``follow``) and is tried once more if that taught anything; files are opened with direct I/O
+(the kernel's page cache and inode sizes are then nobody's to track: what one worker knows of
+them another does not); a handle another worker opened is opened again here at its first use
+(``_live``), at the version its record names (else EIO: never another version's bytes).
+
 Extended attributes are not implemented on purpose: pyfuse3 answers ENOSYS,
 after which the kernel stops asking. Otherwise ``ls -l`` sends two getxattr
 requests per file (``security.selinux``, ``system.posix_acl_access``), which
@@ -51,6 +58,7 @@ from shardfs.tree.writer import WriteHandle, Writer
 
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+FOLLOW_S = 0.5  # seconds between looks at what other workers appended to a shared ledger
 FILL_MAX = 1 << 20  # files up to this size are stored into the page cache when opened (see _fill_pages)
 NAME_MAX = 255  # bytes in one name (ENAMETOOLONG beyond), as on every local Linux filesystem
 # pyfuse3 built by scripts/pyfuse3 (run by scripts/install) has FileInfo.noflush: a read-only
@@ -92,6 +100,14 @@ def _guard(fn: F) -> F:
     async def wrapper(self: "Operations", *args: Any) -> Any:
         self.stats.requests[op] += 1
         try:
+            try:
+                return await fn(self, *args)
+            except Exception as e:
+                # another worker gave out a number it names (``follow``); a slot another request
+                # of this worker was binding meanwhile fails as no OSError/FUSEError (its array unread)
+                if not self.shared or not (await self.follow()
+                                           or not isinstance(e, (OSError, pyfuse3.FUSEError))):
+                    raise
             return await fn(self, *args)
         except pyfuse3.FUSEError as e:
             self.stats.error(e.errno, op)
@@ -137,6 +153,7 @@ class Operations(pyfuse3.Operations):
                                                                                    spill_dir, shard_bytes=shard_bytes)
         self.kernel = kernel = kernel or KernelConfig()
         self._handles = Handles(view.nodes.ledger)
+        view.nodes.ledger.followers.append(self._follow_handles)
         self._kernel = KernelInodes()
         self._pins = Pins()  # versions that files open through the page cache hold their inode's size at
         self._fill = True  # until the kernel says it cannot store pages (ENOSYS)
@@ -290,7 +307,7 @@ class Operations(pyfuse3.Operations):
         fi.keep_cache = pages is not Pages.OTHER
         # direct I/O: an older version's reads may refill the pages; or the file changed during
         # the open (``stale``), and the kernel must not cut this version's bytes to the new size
-        fi.direct_io = self._kernel.reading(version) or stale
+        fi.direct_io = self._kernel.reading(version) or stale or self.shared
         if not fi.direct_io and handle.attr.ino >= CHUNK_BASE:  # (a chunk file's own inode)
             self._pins.pin(fi.fh, version)
         if pages is Pages.NONE and content is not None and not fi.direct_io:
@@ -311,7 +328,7 @@ class Operations(pyfuse3.Operations):
             version = handle.attr._replace(ino=handle.ino)
             try:
                 content = await self._content_to_fill(handle, version)
-                if self._kernel.pages(version) is Pages.OTHER:
+                if not self.shared and self._kernel.pages(version) is Pages.OTHER:
                     mark = self._kernel.dropping(handle.ino)
                     await trio.to_thread.run_sync(_invalidate_inodes, [handle.ino])
                     self._kernel.dropped(version, mark)
@@ -328,7 +345,8 @@ class Operations(pyfuse3.Operations):
         its page cache (``_fill_pages``); else None. The client's reads are then served by the
         kernel, without a READ request each."""
         size = handle.attr.size
-        if not (self._fill and 0 < size <= FILL_MAX and self._kernel.pages(version) is Pages.NONE):
+        if not (self._fill and not self.shared and 0 < size <= FILL_MAX
+                and self._kernel.pages(version) is Pages.NONE):
             return None
         content = await self.view.read(handle, 0, size)
         return content if len(content) == size else None
@@ -368,6 +386,10 @@ class Operations(pyfuse3.Operations):
         if ledger.full:
             ledger.rewrite([*self.view.hierarchy.records(), *self.view.nodes.records(), *self.view.made.records(),
                             *self._handles.records()])
+        self._let_go(fh, handle)
+
+    def _let_go(self, fh: int, handle: Handle | None) -> None:
+        """What a released handle held (a read handle's version, pin and descriptor)."""
         if isinstance(handle, ReadHandle):
             self._kernel.unread(handle.attr._replace(ino=handle.ino))
             self._pins.unpin(fh)
@@ -392,10 +414,40 @@ class Operations(pyfuse3.Operations):
             self._handles.dirtied(fh)
         return fh
 
+    @property
+    def shared(self) -> bool:
+        """True when other workers serve the same connection (``-o workers=N``)."""
+        return self.view.nodes.ledger.shared
+
+    async def follow(self) -> bool:
+        """Learn what the other workers appended to the shared ledger, and read the arrays of
+        the slots they gave out; True if that taught a number (a slot, an inode)."""
+        records = self.view.nodes.ledger.catch_up()
+        bound = await self.view.hierarchy.load_followed()
+        return bound or any(rec[0] in ("a", "k") for rec in records)
+
+    async def following(self) -> None:
+        """Follow the shared ledger every ``FOLLOW_S`` seconds (handles released elsewhere are
+        let go of even when no request here names anything new)."""
+        while True:
+            await trio.sleep(FOLLOW_S)
+            await self.follow()
+
+    def _follow_handles(self, records: list[list[Any]]) -> None:
+        for fh, handle in self._handles.follow(records):
+            self._let_go(fh, handle)
+
     async def _live(self, fh: int) -> Handle:
-        """Handle ``fh``; a ``Lost`` one (a dead worker opened it: ``restore``) is opened again
-        first, unless bytes written through it died with that worker: EIO, at every use."""
-        handle = self._handles[fh]
+        """Handle ``fh``; a ``Lost`` one (a dead worker, or another worker, opened it:
+        ``restore``, ``Handles.follow``) is opened again first, unless bytes written through it
+        died with that worker (EIO, at every use), or it was a read handle of another version of
+        its file (EIO: another worker's handle whose file changed since it was opened)."""
+        handle = self._handles.get(fh)
+        if handle is None and self.shared:
+            await self.follow()  # opened by another worker a moment ago
+            handle = self._handles.get(fh)
+        if handle is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
         if not isinstance(handle, Lost):
             return handle
         new: Handle
@@ -412,16 +464,31 @@ class Operations(pyfuse3.Operations):
             except OSError as e:  # its file is gone (a staging file lived in the dead worker's memory)
                 log.error("file handle %d (inode %d): cannot open it again: %s: EIO", fh, handle.ino, e.strerror)
                 raise pyfuse3.FUSEError(errno.EIO) from None
+            if isinstance(new, ReadHandle) and handle.version is not None \
+                    and (new.attr.size, new.attr.mtime_ns) != handle.version:
+                self.view.release(new)
+                log.error("file handle %d (inode %d): its file changed since another worker opened it: EIO", fh,
+                          handle.ino)
+                raise pyfuse3.FUSEError(errno.EIO)
         self._handles.reopened(fh, new)
         return new
 
     async def restore(self, records: list[list[Any]]) -> None:
         """Take over the numbers a dead worker gave the kernel (its ledger's ``records``: see
-        ``shardfs.tree.ledger``): the arrays' slots, the inodes, the open handles."""
-        await self.view.hierarchy.restore(records)
+        ``shardfs.tree.ledger``): the arrays' slots, the inodes, the open handles. A worker of
+        a shared ledger takes what every worker gave out so far (``records``: its ``tail``)."""
+        if self.shared:
+            self.view.hierarchy.follow(records)
+            await self.view.hierarchy.load_followed()
+        else:
+            await self.view.hierarchy.restore(records)
         self.view.nodes.restore(records)
         self.view.made.restore(records)
         self._handles.restore(records)
+
+    def open_handles(self) -> int:
+        """Handles this process holds open (``shardfs status``: ``open_handles``)."""
+        return self._handles.held()
 
     def spilled_bytes(self) -> int:
         """Bytes held in spill files by open files and staging files (``shardfs status``)."""
@@ -539,6 +606,7 @@ class Operations(pyfuse3.Operations):
         await _once(ctx, self._writable(ctx).rename(parent_inode_old, _name(name_old), parent_inode_new,
                                                  _name(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE)),
                     (errno.ENOENT,), _done)
+        self._handles.committed()  # a temporary renamed onto its chunk while open (tensorstore's way)
 
     @_guard
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any

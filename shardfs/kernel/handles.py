@@ -3,14 +3,21 @@
 Each handle opened and released is noted in the mount's ``Ledger`` (``shardfs.tree.ledger``):
 a worker serving the connection after this one died finds every handle the kernel still holds
 (``restore``) as a ``Lost`` one, which the adapter opens again at its first use, or fails with
-EIO if the dead worker's memory held bytes written through it (``dirtied``)."""
+EIO if the dead worker's memory held bytes written through it (``dirtied``).
+
+With ``-o workers=N`` (a shared ledger) worker ``i`` gives out the numbers ``k*N + i + 1``, so
+the worker that opened a handle is known from its number (``Ledger.owner``); a READ or RELEASE
+may reach any worker: each follows the others' ``h`` and ``x`` records (``follow``), keeps the
+handles they opened as ``Lost`` ones (opened again at their first use here, at the version the
+record names) and lets go of its own handles, or of those it opened again, that another worker
+released."""
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
 
-from typing import Any
+from typing import Any, Iterator
 
 from shardfs.tree.ledger import Ledger
 from shardfs.tree.listing import DirStream
@@ -34,6 +41,7 @@ class Lost:
     ino: int
     kind: str
     dirty: bool = False
+    version: tuple[int, int] | None = None  # (size, mtime_ns) a read handle was opened at, if noted
 
 
 Handle = ReadHandle | WriteHandle | DirHandle | Lost
@@ -48,20 +56,39 @@ class Handles:
 
     def __init__(self, ledger: Ledger | None = None) -> None:
         self._open: dict[int, Handle] = {}
-        self._next = itertools.count(1)
         self._ledger = ledger or Ledger()
+        self._next = self._numbers(0)
+
+    def _numbers(self, last: int) -> Iterator[int]:
+        """The numbers this worker gives out after ``last`` (its residue: see the module docstring)."""
+        n, i = self._ledger.count, self._ledger.index
+        first = last + 1 + (i - last) % n
+        return itertools.count(first, n)
 
     def add(self, handle: Handle) -> int:
         """Register ``handle``; its new ``fh``."""
         fh = next(self._next)
         self._open[fh] = handle
         ino = handle.ino
-        self._ledger.note("h", fh, ino, _kind(handle))
+        if isinstance(handle, ReadHandle) and self._ledger.shared:
+            self._ledger.note("h", fh, ino, "r", handle.attr.size, handle.attr.mtime_ns)
+        else:
+            self._ledger.note("h", fh, ino, _kind(handle))
         return fh
 
     def dirtied(self, fh: int) -> None:
         """Handle ``fh`` holds written bytes that only this process's memory keeps."""
         self._ledger.note("w", fh)
+
+    def committed(self) -> None:
+        """Staging files were committed (renamed onto a chunk or metadata file): the handles
+        still open on them hold no bytes only this process keeps (their next write is noted
+        again: ``dirtied``)."""
+        for fh, h in self._open.items():
+            if isinstance(h, WriteHandle) and h.staging is not None and h.staging.committed is not None \
+                    and not h.committed:
+                h.committed, h.dirty = True, False
+                self._ledger.note("c", fh)
 
     def reopened(self, fh: int, handle: Handle) -> None:
         """``handle`` replaces the ``Lost`` handle ``fh`` (opened again by the adapter)."""
@@ -72,14 +99,30 @@ class Handles:
         numbers follow every one it gave out."""
         last = 0
         for rec in records:
-            if rec[0] == "h" and len(rec) == 4:
+            if rec[0] == "h" and len(rec) >= 4:
                 last = max(last, rec[1])
-                self._open[rec[1]] = Lost(rec[2], rec[3])
+                self._open[rec[1]] = Lost(rec[2], rec[3], version=(rec[4], rec[5]) if len(rec) >= 6 else None)
             elif rec[0] == "x":
                 self._open.pop(rec[1], None)
-            elif rec[0] == "w" and isinstance(self._open.get(rec[1]), Lost):
-                self._open[rec[1]].dirty = True  # type: ignore[union-attr]  # a Lost one (checked)
-        self._next = itertools.count(last + 1)
+            elif rec[0] in ("w", "c") and isinstance(self._open.get(rec[1]), Lost):
+                self._open[rec[1]].dirty = rec[0] == "w"  # type: ignore[union-attr]  # a Lost one (checked)
+        self._next = self._numbers(last)
+
+    def follow(self, records: list[list[Any]]) -> list[tuple[int, Handle]]:
+        """Take the ``h`` and ``x`` records other workers appended (a shared ledger): their
+        handles become ``Lost`` ones here; the handles held here that another worker released
+        are dropped and returned (to be let go of)."""
+        gone: list[tuple[int, Handle]] = []
+        mine = self._ledger.index
+        for rec in records:
+            if rec[0] == "h" and len(rec) >= 4 and isinstance(rec[1], int):
+                if self._ledger.owner(rec[1]) != mine and rec[1] not in self._open:
+                    self._open[rec[1]] = Lost(rec[2], rec[3], version=(rec[4], rec[5]) if len(rec) >= 6 else None)
+            elif rec[0] == "x" and isinstance(rec[1], int):
+                handle = self._open.pop(rec[1], None)
+                if handle is not None and not isinstance(handle, Lost):
+                    gone.append((rec[1], handle))
+        return gone
 
     def records(self) -> list[list[Any]]:
         """What ``restore`` needs of the handles open now, as ledger records."""
@@ -89,6 +132,10 @@ class Handles:
             if (h.dirty if isinstance(h, (Lost, WriteHandle)) else False):
                 out.append(["w", fh])
         return out
+
+    def held(self) -> int:
+        """Handles open here (not the ``Lost`` ones: a dead or another worker opened those)."""
+        return sum(not isinstance(h, Lost) for h in self._open.values())
 
     def __getitem__(self, fh: int) -> Handle:
         return self._open[fh]

@@ -12,6 +12,7 @@ thread.
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,13 @@ def read_metadata(source: Storage, key: str, known: Version | Unknown) -> tuple[
 GONE = "its array is gone since a worker gave this slot out"  # the error of a slot ``restore`` left empty
 
 
+def _layout_id(info: Any) -> str:
+    """A name of an array's chunk layout that every worker computes alike ("" without one)."""
+    if info is None:
+        return ""
+    return hashlib.sha256(repr(info.layout).encode()).hexdigest()[:16]
+
+
 class Hierarchy:
     """The groups and arrays of one mount over ``source`` (``ome``: OME-Zarr translation;
     ``c_order``: ``-o c_order``; ``mount_ns``: the mount's time, for nodes without a version).
@@ -75,6 +83,11 @@ class Hierarchy:
         self.slots: list[ArrayNode] = []
         self._groups: dict[str, GroupNode] = {}
         self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
+        # A shared ledger (``-o workers=N``): the slots other workers gave out, by path and layout
+        # (``follow``), and those not yet bound to an array here (``load_followed``).
+        self._followed: dict[tuple[str, str], int] = {}
+        self._unbound: dict[int, str] = {}
+        self.ledger.followers.append(self.follow)
 
     async def version(self, key: str, ask: bool = True) -> Version | None | Unknown:
         """``source.version`` (inline when it is answered at once, ``Storage.version_now``, else
@@ -173,16 +186,32 @@ class Hierarchy:
         # kernel may still hold dentries of the old chunk inodes, which keep naming the old
         # geometry's chunks instead of other chunks of the new one.
         same = old is not None and (old.info.layout if old.info else None) == (info.layout if info else None)
-        slot = old.slot if old is not None and same else len(self.slots)
         lineage = old.lineage if old is not None else []
-        arr = ArrayNode(path, slot, version, info, error, image=image, parent_mtime_ns=parent_mtime_ns,
-                        lineage=lineage)
-        if not same:
+        if same:
+            assert old is not None
+            arr = ArrayNode(path, old.slot, version, info, error, image=image, parent_mtime_ns=parent_mtime_ns,
+                            lineage=lineage)
+            self.slots[old.slot] = arr
+        elif not self.ledger.shared:
+            arr = ArrayNode(path, len(self.slots), version, info, error, image=image,
+                            parent_mtime_ns=parent_mtime_ns, lineage=lineage)
             self.slots.append(arr)
-            lineage.append(slot)
-            self.ledger.note("a", slot, path)
+            lineage.append(arr.slot)
+            self.ledger.note("a", arr.slot, path)
         else:
-            self.slots[slot] = arr
+            layout = _layout_id(info)
+            with self.ledger.locked():  # the slot another worker gave this array in this layout, or a new one
+                slot = self._followed.get((path, layout))
+                if slot is None:
+                    slot = len(self.slots)
+                    self.ledger.note("a", slot, path, layout)
+                    self._followed[(path, layout)] = slot
+                self._unbound.pop(slot, None)
+                self._placeholders(slot + 1)
+                arr = ArrayNode(path, slot, version, info, error, image=image, parent_mtime_ns=parent_mtime_ns,
+                                lineage=lineage)
+                self.slots[slot] = arr
+                lineage.append(slot)
         self.arrays[path] = arr
         return arr
 
@@ -208,6 +237,35 @@ class Hierarchy:
                     pass
         while len(self.slots) <= max(last.values(), default=-1):
             self.slots.append(ArrayNode("", len(self.slots), Version(0, 0, self.mount_ns), None, GONE))
+
+    def _placeholders(self, n: int) -> None:
+        """At least ``n`` slots, those added without an array (``GONE`` until bound)."""
+        while len(self.slots) < n:
+            self.slots.append(ArrayNode("", len(self.slots), Version(0, 0, self.mount_ns), None, GONE))
+
+    def follow(self, records: list[list[Any]]) -> None:
+        """Learn the slots other workers gave out (a shared ledger's new ``records``): a slot
+        stays unbound here (``GONE``) until ``load_followed`` or a read of its array binds it."""
+        for rec in records:
+            if rec[0] == "a" and len(rec) >= 4 and isinstance(rec[1], int) and isinstance(rec[2], str):
+                slot, path = rec[1], rec[2]
+                self._followed[(path, str(rec[3]))] = slot
+                self._placeholders(slot + 1)
+                if self.slots[slot].error == GONE:
+                    self._unbound[slot] = path
+
+    async def load_followed(self) -> bool:
+        """Read the arrays of the slots other workers gave out and this one has not bound (their
+        chunk inodes then mean the same chunks here); True if one was bound."""
+        bound = False
+        for slot, path in list(self._unbound.items()):  # (left there while read: a request meanwhile reads it too)
+            try:
+                await self.node(path)
+            except OSError:
+                pass
+            self._unbound.pop(slot, None)
+            bound = bound or self.slots[slot].error != GONE
+        return bound
 
     def records(self) -> list[list[Any]]:
         """What ``restore`` needs, as ledger records (rewriting the ledger)."""

@@ -10,20 +10,32 @@ each is appended here as one line when given out (``note``: one ``write`` to a f
 next worker reads them back (``load``) before it serves the connection.
 
 Records (JSON arrays; the first item says which): ``["a", slot, path]`` an array's slot,
-``["k", ino, kind, ...]`` a node key's inode (``NodeTable``), ``["t", ino]`` a staging file's
-inode, ``["u", ino, kind, ...]`` a staging file committed onto a node (renamed onto a chunk or
-metadata file: the kernel's dentry of that name holds its inode), ``["h", fh, ino, kind]`` a
-handle opened and ``["x", fh]`` released (``kernel.handles``), ``["w", fh]`` a handle open for
-writing got bytes that only the worker's memory held. When the file outgrows ``COMPACT_BYTES``
-its holder rewrites it with the records still in effect (``rewrite``). A ledger without a path
-keeps nothing (an unsupervised mount, the in-process tests).
+``["k", ino, kind, ...]`` a node key's inode (``NodeTable``), ``["t", ino, parent, name]`` a
+staging file's inode and name (again when renamed), ``["v", ino]`` removed, ``["u", ino, kind,
+...]`` committed onto a node (renamed onto a chunk or metadata file: the kernel's dentry of that
+name holds its inode), ``["h", fh, ino, kind]`` a handle opened and ``["x", fh]`` released
+(``kernel.handles``), ``["w", fh]`` a handle open for writing got bytes that only the worker's
+memory held, ``["c", fh]`` none any more (its staging file was committed). When the file
+outgrows ``COMPACT_BYTES`` its holder rewrites it with the records still in effect
+(``rewrite``). A ledger without a path keeps nothing (an unsupervised mount, the in-process
+tests).
+
+Shared by ``-o workers=N`` (``share``): every worker appends to the one file and follows what
+the others append (``catch_up``: the records since it last looked, given to each ``follower``).
+A number whose meaning every worker must agree on (an array's slot, a node key's inode) is
+given out under an exclusive ``flock`` of the file after a catch-up (``locked``), so the first
+worker to note a key gives it its number and every other one finds that number; handle numbers
+need no lock: each worker gives out its own residue (``owner``). A shared ledger is never
+rewritten (the others hold it open and follow it by offset).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 COMPACT_BYTES = 8 << 20  # a ledger this large is rewritten with the records still in effect
 
@@ -36,6 +48,74 @@ class Ledger:
         self._fd = -1
         self._early: list[bytes] | None = None if path is None else []  # noted before ``start``
         self.size = 0
+        self.index, self.count = 0, 1  # this worker's slot of ``count`` sharing the file (``share``)
+        self.followers: list[Callable[[list[list[Any]]], None]] = []
+        self._read = 0  # bytes of the file followed so far (``catch_up``)
+        self._partial = b""  # a line another worker is still writing
+        self._locks = 0
+
+    def share(self, index: int, count: int) -> None:
+        """This ledger is worker ``index``'s of ``count`` serving one connection."""
+        self.index, self.count = index, count
+
+    @property
+    def shared(self) -> bool:
+        return self.count > 1 and self.path is not None
+
+    def owner(self, number: int) -> int:
+        """The worker that gave out handle ``number`` (``Handles``: residue ``number - 1`` mod count)."""
+        return (number - 1) % self.count
+
+    def tail(self) -> list[list[Any]]:
+        """The complete records appended since the last ``tail`` (by every worker, this one too)."""
+        if self.path is None:
+            return []
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return []
+        try:
+            chunks = []
+            while True:
+                data = os.pread(fd, 1 << 20, self._read)
+                if not data:
+                    break
+                chunks.append(data)
+                self._read += len(data)
+        finally:
+            os.close(fd)
+        if not chunks:
+            return []
+        lines = (self._partial + b"".join(chunks)).split(b"\n")
+        self._partial = lines.pop()
+        return _parse(lines)
+
+    def catch_up(self) -> list[list[Any]]:
+        """Give the records appended since the last look to every follower (a shared ledger
+        only); the records."""
+        if not self.shared or self._fd < 0:
+            return []
+        records = self.tail()
+        if records:
+            for follow in self.followers:
+                follow(records)
+        return records
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the file's exclusive lock, caught up (a shared ledger; else nothing): give out a
+        number inside, after checking the followers did not learn one for the same key."""
+        if not self.shared or self._fd < 0 or self._locks:
+            yield
+            return
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        self._locks += 1
+        try:
+            self.catch_up()
+            yield
+        finally:
+            self._locks -= 1
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def start(self) -> None:
         """Open the file (creating its directory, mode 0700), with what was noted before;
@@ -62,8 +142,8 @@ class Ledger:
 
     @property
     def full(self) -> bool:
-        """True when the file should be rewritten (``rewrite``)."""
-        return self.size > COMPACT_BYTES
+        """True when the file should be rewritten (``rewrite``; never a shared one)."""
+        return self.size > COMPACT_BYTES and not self.shared
 
     def rewrite(self, records: Iterable[Iterable[Any]]) -> None:
         """Replace the file by ``records`` (atomically: a rename)."""
@@ -89,12 +169,16 @@ class Ledger:
                 lines = f.read().split(b"\n")
         except FileNotFoundError:
             return []
-        records = []
-        for line in lines:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, list) and rec:
-                records.append(rec)
-        return records
+        return _parse(lines)
+
+
+def _parse(lines: list[bytes]) -> list[list[Any]]:
+    records = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, list) and rec:
+            records.append(rec)
+    return records

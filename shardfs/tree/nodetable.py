@@ -10,13 +10,15 @@ its inode until the kernel forgets it (``forget``), as is a ``new_alias``. Unkno
 Every inode given out is noted in the ``Ledger`` (``shardfs.tree.ledger``), so that a worker
 serving the same kernel connection after this one died gives the same numbers the same
 meaning (``restore``). Runs on the trio thread; no I/O but the ledger's appends.
+With ``-o workers=N`` the ledger is shared: a node key gets its inode under the ledger's lock,
+after learning what the other workers gave out (``follow``), so every worker gives a key the
+same number and a number means the same key in every worker.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import errno
-import itertools
 
 from typing import Any
 
@@ -46,15 +48,23 @@ class NodeTable:
         # a dead worker's staging files, their bytes lost with it: (directory inode, name) -> inode (EIO)
         self.lost: dict[tuple[int, str], int] = {}
         self._lost_inos: set[int] = set()
-        self._next_ino = itertools.count(ROOT_INODE + 1)
+        self._top = ROOT_INODE  # the highest inode number given out (by any worker)
+        self.ledger.followers.append(self.follow)
+
+    def _new_ino(self) -> int:
+        self._top += 1
+        return self._top
 
     def _ino(self, key: NodeKey) -> int:
         ino = self._inos.get(key)
         if ino is None:
-            ino = next(self._next_ino)
-            self._keys[ino] = key
-            self._inos[key] = ino
-            self.ledger.note("k", ino, *_encode(key))
+            with self.ledger.locked():  # (a shared ledger: another worker may have given it one)
+                ino = self._inos.get(key)
+                if ino is None:
+                    ino = self._new_ino()
+                    self._keys[ino] = key
+                    self._inos[key] = ino
+                    self.ledger.note("k", ino, *_encode(key))
         return ino
 
     def node_key(self, ino: int) -> NodeKey:
@@ -77,7 +87,7 @@ class NodeTable:
 
     def new_staging(self, parent: int, name: str, data: SpillBuffer) -> Staging:
         """Create staging file ``name`` in directory ``parent`` holding ``data`` (empty)."""
-        st = Staging(next(self._next_ino), data, parent, name)
+        st = Staging(self._new_ino(), data, parent, name)
         self.ledger.note("t", st.ino, parent, name)
         self.forget_lost(parent, name)
         self._tmp[st.ino] = st
@@ -105,6 +115,10 @@ class NodeTable:
         st.parent, st.name = p2, n2
         self.ledger.note("t", st.ino, p2, n2)
         self.forget_lost(p2, n2)
+
+    def is_lost(self, ino: int) -> bool:
+        """``ino`` is a dead worker's staging file whose bytes died with it (``lost``)."""
+        return bool(self._lost_inos) and ino in self._lost_inos
 
     def forget_lost(self, parent: int, name: str) -> bool:
         """Forget the lost staging file ``name`` of ``parent`` (removed, or replaced); True if
@@ -137,7 +151,7 @@ class NodeTable:
         """A new inode showing the node of ``ino``: an alias of it until the kernel forgets it
         (a chunk's names show one while files opened on an older size hold ``ino``: see
         ``shardfs.kernel.pins``)."""
-        alias = next(self._next_ino)
+        alias = self._new_ino()
         self._keys[alias] = self.node_key(ino)
         self.ledger.note("k", alias, *_encode(self._keys[alias]))
         self._aliases.setdefault(ino, set()).add(alias)
@@ -223,6 +237,12 @@ class NodeTable:
         whose name the kernel's dentry now shows with that inode) shows that node again, an
         alias of its inode. New inodes are numbered after every one it gave out. Records that
         make no sense now (an array slot gone) are skipped."""
+        self.follow(records)
+
+    def follow(self, records: list[list[Any]]) -> None:
+        """What ``restore`` does, for the records other workers appended meanwhile (a shared
+        ledger) too: a number only ever gets the key it was first noted with, or a later one
+        a ``rebind``/``moved`` noted."""
         last = ROOT_INODE
         lost: dict[int, tuple[int, str]] = {}
         for rec in records:
@@ -251,9 +271,9 @@ class NodeTable:
                 self._inos[key] = ino
             else:
                 self._aliases.setdefault(self.inode(key), set()).add(ino)
-        self._next_ino = itertools.count(last + 1)
-        self.lost = {where: ino for ino, where in lost.items()}
-        self._lost_inos = set(lost)
+        self._top = max(self._top, last)
+        self.lost.update({where: ino for ino, where in lost.items()})
+        self._lost_inos.update(lost)
 
     def records(self) -> list[list[Any]]:
         """What ``restore`` needs, as ledger records (rewriting the ledger): the keys, the

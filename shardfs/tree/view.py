@@ -152,7 +152,7 @@ class View:
         if self.nodes.staged and (parent, name) in self.nodes.staged:
             return await self.getattr(self.nodes.staged[(parent, name)].ino)
         if self.nodes.lost and (parent, name) in self.nodes.lost:  # a temporary whose bytes died with a worker
-            raise fail(errno.EIO)
+            return self.file_attr(self.nodes.lost[(parent, name)], 0, self.mount_ns)
         if isinstance(key, DirKey):
             node = await self.node(key.path)
             if node is None or isinstance(node, GroupNode):  # (an array's entries are no paths of their own)
@@ -311,6 +311,8 @@ class View:
     # ----- attributes ---------------------------------------------------------------------
 
     async def getattr(self, ino: int) -> Attr:
+        if self.nodes.is_lost(ino):  # a temporary whose bytes died with a worker: a name to remove (EIO to use)
+            return self.file_attr(ino, 0, self.mount_ns)
         key = self.nodes.node_key(ino)
         if isinstance(key, ChunkKey):
             return await self._chunk_entry(key.arr, key.coords)

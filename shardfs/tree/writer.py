@@ -70,6 +70,7 @@ class WriteHandle:
     buf: SpillBuffer | None = None  # chunk or metadata content; None until first needed
     meta: tuple[str, str] | None = None  # (node path, metadata file name)
     dirty: bool = False
+    committed: bool = False  # its staging file was renamed onto a chunk or metadata file (``Handles.committed``)
 
     def data(self) -> SpillBuffer:
         """The content: the staging file's, else the buffer (loaded by ``Writer._load`` or made by a
@@ -297,6 +298,8 @@ class Writer:
     async def rename(self, p1: int, n1: str, p2: int, n2: str, noreplace: bool) -> None:
         """Rename a staging file: onto a chunk key or metadata file (a commit), or to another name."""
         st = self.view.nodes.staged.get((p1, n1))
+        if st is None and (p1, n1) in self.view.nodes.lost:  # a temporary whose bytes died with a worker
+            raise fail(errno.EIO)
         if st is None:  # an array or group directory (``Structure.move``), or EPERM
             await self.structure.move(p1, n1, p2, n2, noreplace)
             return
