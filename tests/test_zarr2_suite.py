@@ -3,8 +3,9 @@
 zarr 2.18 ships its tests (``zarr/tests`` in ``.venv-zarr2``'s site-packages). Four of its
 classes use a directory store: ``test_core.py`` ``TestArrayWithDirectoryStore`` and
 ``TestArrayWithNestedDirectoryStore``, ``test_hierarchy.py`` ``TestGroupWithDirectoryStore`` and
-``TestGroupWithNestedDirectoryStore`` (144 tests; about 40 s on a plain directory and 2 min
-through the mount on the 2-core VM). They run twice under ``.venv-zarr2``'s pytest, with the
+``TestGroupWithNestedDirectoryStore`` (144 tests; the whole test takes 87 s on the 2-core VM
+when idle, about 30 s of it on the plain directory and 55 s through the mount; 400 s at a load
+of 30). They run twice under ``.venv-zarr2``'s pytest, with the
 directories of their stores made by
 ``tests/zarr2_stores.py``: on a plain directory (the control) and inside a mount of a fresh
 v3 group. Every test that passes on the plain directory passes through the mount, except those
