@@ -279,6 +279,10 @@ class Bench:
             self._force_unmount(mnt, None)
             raise BenchError(f"shardfs mount failed: {r.stderr.strip()[:300]}")
         daemon = daemon_of(str(mnt))
+        deadline = time.monotonic() + 10  # (a loaded machine: its status may answer a moment late)
+        while daemon is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            daemon = daemon_of(str(mnt))
         if daemon is None:
             self._force_unmount(mnt, None)
             raise BenchError("mounted, but no daemon answers for the mountpoint on its status socket")
