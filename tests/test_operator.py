@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -97,7 +98,9 @@ def test_non_empty_mountpoint_is_refused_unless_nonempty(src, mnt_dir):
     assert os.path.ismount(mnt_dir) and not (mnt_dir / "kept.txt").exists()
     np.testing.assert_array_equal(read_zarr2(mnt_dir / "s"), expected(src))
 
-    r = shardfs("mount", str(src), str(mnt_dir), "-o", "nonempty")
+    other = src.parent / "other"  # the same source again would hand the mount over (SEMANTICS, "Restarts")
+    shutil.copytree(src, other)
+    r = shardfs("mount", str(other), str(mnt_dir), "-o", "nonempty")
     assert r.returncode == 1 and r.stderr == (
         f"shardfs: error: {mnt_dir}: already a mountpoint: unmount it first (shardfs umount {mnt_dir})\n"), r
     assert shardfs("umount", str(mnt_dir)).returncode == 0
