@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import lazy_unmount, read_zarr2, run_shardfs, wait_for
+from conftest import lazy_unmount, read_zarr2, run_shardfs, serving_pid, wait_for
 from shardfs.app import state
 from shardfs.writes.journal import Change, Journal, encode_record
 from sources import Spec, assert_source_equals, build
@@ -696,14 +696,6 @@ def test_uid_gid_and_modes_are_what_nodes_show(tmp_path, other_user, mount):
 # --------------------------------------------------------------------------- bounds
 
 
-def worker_pid(mnt: Path) -> int:
-    """The process that serves ``mnt`` (the supervisor's worker; the daemon itself if none)."""
-    import json
-
-    doc = json.loads(run_shardfs("status", str(mnt), "--json").stdout)
-    return (doc.get("worker") or {}).get("pid") or doc["pid"]
-
-
 def peak_rss(pid: int) -> int:
     """The peak resident memory of ``pid`` so far (``VmHWM``), in bytes."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -755,7 +747,7 @@ def test_a_decompression_bomb_is_corrupt_and_never_decoded(tmp_path, mount, kind
     mnt = mount(src, "--read-only")
     good = (mnt / "a" / "1.0.0").read_bytes()
     assert len(good) == 32768
-    pid = worker_pid(mnt)
+    pid = serving_pid(mnt)
     before = peak_rss(pid)
     with pytest.raises(OSError) as e:
         (mnt / "a" / "0.0.0").read_bytes()
@@ -788,7 +780,7 @@ def test_a_stored_chunk_longer_than_a_chunk_can_be_is_never_read(tmp_path, mount
         f.write(raw + crc32c.crc32c(raw).to_bytes(4, "little"))
     mnt = mount(src, "--read-only")
     assert os.stat(mnt / "s" / "0.0").st_size == big - 72
-    pid = worker_pid(mnt)
+    pid = serving_pid(mnt)
     before = peak_rss(pid)
     with pytest.raises(OSError) as e:
         (mnt / "s" / "0.0").read_bytes()
@@ -859,4 +851,4 @@ def test_a_huge_web_grid_lists_without_making_every_name(tmp_path, web_server, m
     server = web_server(tmp_path / "www")
     mnt = mount(f"{server.url}/data.zarr")
     assert sorted(os.listdir(mnt / "big")) == [".zarray", ".zattrs"]
-    assert peak_rss(worker_pid(mnt)) < 200 << 20
+    assert peak_rss(serving_pid(mnt)) < 200 << 20

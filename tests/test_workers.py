@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from conftest import ZARR2_PYTHON, run_shardfs, wait_for
-from test_restart import EXPECTED, READER, SHAPE, CHUNKS, SHARDS
+from test_restart import CHUNKS, EXPECTED, READER, SHAPE, SHARDS, status
 
 pytestmark = pytest.mark.skipif(
     "workers" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
@@ -41,12 +41,6 @@ def src(tmp_path) -> Path:
         a = g.create_array(name, shape=SHAPE, chunks=CHUNKS, shards=SHARDS, dtype="<i4", fill_value=0)
         a[...] = EXPECTED
     return root
-
-
-def status(mnt: Path) -> dict:
-    r = run_shardfs("status", str(mnt), "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
 
 
 def workers(mnt: Path, n: int) -> list[int]:
