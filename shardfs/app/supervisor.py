@@ -16,7 +16,9 @@ standard library), so it stays small, and it asks the OOM killer to spare it (``
 -1000, or as low as it may set; each worker sets its own back). The connection lives as long as
 it holds ``/dev/fuse``: while no worker serves it, requests wait in the kernel.
 
-A worker (``python -m shardfs mount ... --worker FD``, the package installed now) talks to it
+A worker (``python -m shardfs mount ... --worker FD``, the package installed now) inherits the
+memfd of the connection's ledger (``shardfs.tree.ledger``: made here, kept for the mount's life,
+the same for every worker; its number in ``SHARDFS_LEDGER_FD``) and talks to the supervisor
 over a ``SOCK_SEQPACKET`` socket pair, one JSON message a packet:
 
 - worker: ``{"ready": true}`` once its layers are built (the journal replayed), or ``{"error":
@@ -60,6 +62,7 @@ from typing import Any, Callable
 
 from shardfs.app import fusedev, state
 from shardfs.storage import private
+from shardfs.tree import ledger
 
 log = logging.getLogger("shardfs")
 CRASH_LOOP = 5  # worker deaths ...
@@ -121,6 +124,7 @@ class Supervisor:
         self.unmount = False  # ... and is detached once every worker ended
         self.stopping = False
         self.exit_code = 0  # 1: the first worker failed, or a crash loop ended the mount
+        self.ledger = ledger.memory()  # the connection's ledger: every worker appends to it
         self.oom_before = _protect_from_oom()
 
     def run(self) -> int:
@@ -160,6 +164,7 @@ class Supervisor:
                     os.close(fd)
             if self.fd >= 0:
                 os.close(self.fd)
+            os.close(self.ledger)
             if self.workers_path is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(self.workers_path)
@@ -246,10 +251,10 @@ class Supervisor:
     def _spawn(self, index: int, argv: list[str] | None = None) -> Worker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {**os.environ, "SHARDFS_OOM_SCORE_ADJ": self.oom_before,
-               "SHARDFS_WORKER_SLOT": f"{index}/{self.count}"}
+               "SHARDFS_WORKER_SLOT": f"{index}/{self.count}", "SHARDFS_LEDGER_FD": str(self.ledger)}
         with open(os.devnull, "rb") as null:
             proc = subprocess.Popen([*(argv or self.argv), "--worker", str(theirs.fileno())], stdin=null,
-                                    pass_fds=(theirs.fileno(),), env=env)
+                                    pass_fds=(theirs.fileno(), self.ledger), env=env)
         theirs.close()
         return Worker(proc, ours, index)
 
@@ -421,6 +426,11 @@ class Connection:
         self.replaces = False  # a worker served this slot before (it died: what it read comes again)
         self.status: dict[str, Any] = {}
         self.status_socket: socket.socket | None = None  # the supervisor's, for ``shardfs status``
+        # the memfd of the connection's ledger (None: a supervisor of an older package, which gives none)
+        given = os.environ.pop("SHARDFS_LEDGER_FD", None)
+        self.ledger = int(given) if given is not None and given.isdigit() else None
+        if self.ledger is not None:
+            os.set_inheritable(self.ledger, False)
         self.started = time.time()
         _die_with_parent()
         before = os.environ.pop("SHARDFS_OOM_SCORE_ADJ", None)
