@@ -10,7 +10,6 @@ measured with ``perf trace``): the reads of a supervised mount waited for it.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -18,11 +17,23 @@ import pytest
 from shardfs.app import state
 from shardfs.tree.ledger import COMPACT_BYTES, Ledger, memory
 
-from test_restart import kill_worker, src, worker_of  # noqa: F401  # (src: a fixture)
+from test_restart import EXPECTED, SHAPE, CHUNKS, SHARDS, kill_worker, worker_of
 
 pytestmark = pytest.mark.skipif(
     "takeover" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
     reason="needs the pyfuse3 scripts/pyfuse3 builds (pyfuse3.takeover)")
+
+
+@pytest.fixture
+def src(tmp_path) -> Path:
+    import zarr
+
+    root = tmp_path / "src"
+    g = zarr.open_group(str(root), mode="w")
+    for name in ("a", "b"):
+        a = g.create_array(name, shape=SHAPE, chunks=CHUNKS, shards=SHARDS, dtype="<i4", fill_value=0)
+        a[...] = EXPECTED
+    return root
 
 
 def opened(fd: int) -> Ledger:
@@ -58,7 +69,7 @@ def test_a_compacted_memory_ledger_keeps_the_records_in_effect_and_frees_the_res
         led = opened(fd)
         line = '["h",%d,4611686018427387904,"r"]'
         n = 0
-        for rounds in range(3):
+        for _ in range(3):
             while not led.full:
                 n += 1
                 led.note_line(line % n)

@@ -118,7 +118,7 @@ class Ledger:
 
     def _pread_from(self, fd: int) -> list[bytes]:
         """What ``fd`` holds past the bytes followed so far (which then include it)."""
-        chunks = []
+        chunks: list[bytes] = []
         while True:
             data = os.pread(fd, 1 << 20, self._read)
             if not data:
@@ -227,7 +227,7 @@ class Ledger:
         if self.in_memory:
             if self._fd < 0:
                 return []
-            start, data = _data_start(self._fd), []
+            start, data = _data_start(self._fd), list[bytes]()
             while True:
                 chunk = os.pread(self._fd, 1 << 20, start)
                 if not chunk:
