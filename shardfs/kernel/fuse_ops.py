@@ -91,6 +91,14 @@ def _name(name: bytes) -> str:
     return os.fsdecode(name)
 
 
+def _kernel_attr(handle: ReadHandle) -> Attr:
+    """The attributes of the version ``handle`` was opened at, with the inode the kernel knows its
+    file by (an alias while a rename made its name show another: ``NodeTable``); without a
+    ``_replace`` when they are the same (2.5 us each, twice a chunk file)."""
+    attr = handle.attr
+    return attr if attr.ino == handle.ino else attr._replace(ino=handle.ino)
+
+
 def _guard(fn: F) -> F:
     """A handler that counts itself (``Operations.stats``) and never raises anything but
     ``FUSEError`` (see the module docstring)."""
@@ -325,10 +333,11 @@ class Operations(pyfuse3.Operations):
             handle = await self.view.open(inode, tries)
             # The pages are the kernel inode's: a chunk's name that a rename made show another inode
             # (an alias, see NodeTable) has pages of its own, maybe being written in place right now.
-            version = handle.attr._replace(ino=handle.ino)
+            version = _kernel_attr(handle)
             try:
-                content = await self._content_to_fill(handle, version)
-                if not self.shared and self._kernel.pages(version) is Pages.OTHER:
+                pages = self._kernel.pages(version)
+                content = await self._content_to_fill(handle, pages)
+                if pages is Pages.OTHER and not self.shared:
                     mark = self._kernel.dropping(handle.ino)
                     await trio.to_thread.run_sync(_invalidate_inodes, [handle.ino])
                     self._kernel.dropped(version, mark)
@@ -339,14 +348,13 @@ class Operations(pyfuse3.Operations):
             stale = self._kernel.unwatch(inode, seen)
         return handle, version, content, stale
 
-    async def _content_to_fill(self, handle: ReadHandle, version: Attr) -> bytes | bytearray | memoryview | None:
+    async def _content_to_fill(self, handle: ReadHandle, pages: Pages) -> bytes | bytearray | memoryview | None:
         """The whole content of a small file being opened whose pages the kernel has never held
-        (``Pages.NONE`` for ``version``: the attributes with the kernel's inode), to store into
+        (``pages``: ``KernelInodes.pages`` of its version with the kernel's inode), to store into
         its page cache (``_fill_pages``); else None. The client's reads are then served by the
         kernel, without a READ request each."""
         size = handle.attr.size
-        if not (self._fill and not self.shared and 0 < size <= FILL_MAX
-                and self._kernel.pages(version) is Pages.NONE):
+        if not (pages is Pages.NONE and self._fill and 0 < size <= FILL_MAX and not self.shared):
             return None
         content = await self.view.read(handle, 0, size)
         return content if len(content) == size else None
@@ -375,7 +383,7 @@ class Operations(pyfuse3.Operations):
             data = await self.view.read(handle, off, size)
             # The reply lands in the kernel's pages of the inode: if another version was opened
             # since this handle's, they now hold an old version's bytes; the next open drops them.
-            self._kernel.served(handle.attr._replace(ino=handle.ino))
+            self._kernel.served(_kernel_attr(handle))
         self.stats.read_bytes += len(data)
         return data  # type: ignore[return-value]  # pyfuse3 replies with any buffer
 
@@ -391,7 +399,7 @@ class Operations(pyfuse3.Operations):
     def _let_go(self, fh: int, handle: Handle | None) -> None:
         """What a released handle held (a read handle's version, pin and descriptor)."""
         if isinstance(handle, ReadHandle):
-            self._kernel.unread(handle.attr._replace(ino=handle.ino))
+            self._kernel.unread(_kernel_attr(handle))
             self._pins.unpin(fh)
             self.view.release(handle)
         elif isinstance(handle, WriteHandle) and self.writer is not None:
