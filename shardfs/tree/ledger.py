@@ -21,9 +21,9 @@ Records (JSON arrays; the first item says which): ``["a", slot, path]`` an array
 ``["k", ino, kind, ...]`` a node key's inode (``NodeTable``), ``["t", ino, parent, name]`` a
 staging file's inode and name (again when renamed), ``["v", ino]`` removed, ``["u", ino, kind,
 ...]`` committed onto a node (renamed onto a chunk or metadata file: the kernel's dentry of that
-name holds its inode), ``["h", fh, ino, kind]`` a handle opened and ``["x", fh]`` released (``note_later``: written with the
-next record, so a death may lose it: the successor then keeps a handle the kernel never names)
-(``kernel.handles``), ``["w", fh]`` a handle open for writing got bytes that only the worker's
+name holds its inode), ``["h", fh, ino, kind]`` a handle opened and ``["x", fh]`` released
+(``kernel.handles``; ``note_later``: written with the next record, so a death may lose it, and the
+successor then keeps a handle the kernel never names), ``["w", fh]`` a handle open for writing got bytes that only the worker's
 memory held, ``["c", fh]`` none any more (its staging file was committed). When the file
 outgrows ``COMPACT_BYTES`` its holder rewrites it with the records still in effect
 (``rewrite``: a file is replaced by a rename; a memfd gets the records in effect appended, then
