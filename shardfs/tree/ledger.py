@@ -23,9 +23,9 @@ staging file's inode and name (again when renamed), ``["v", ino]`` removed, ``["
 ...]`` committed onto a node (renamed onto a chunk or metadata file: the kernel's dentry of that
 name holds its inode), ``["h", fh, ino, kind]`` a handle opened and ``["x", fh]`` released
 (``kernel.handles``; ``note_later``: written with the next record, so a death may lose it, and the
-successor then keeps a handle the kernel never names), ``["w", fh]`` a handle open for writing got bytes that only the worker's
-memory held, ``["c", fh]`` none any more (its staging file was committed). When the file
-outgrows ``COMPACT_BYTES`` its holder rewrites it with the records still in effect
+successor then keeps a handle the kernel never names), ``["w", fh]`` a handle open for writing
+got bytes that only the worker's memory held, ``["c", fh]`` none any more (its staging file was
+committed). When the file outgrows ``COMPACT_BYTES`` its holder rewrites it with the records still in effect
 (``rewrite``: a file is replaced by a rename; a memfd gets the records in effect appended, then
 what came before them is punched out, so a death at any point leaves records that say the same).
 A ledger without a path or memfd keeps nothing (an unsupervised mount, the in-process tests).
