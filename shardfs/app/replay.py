@@ -56,7 +56,7 @@ def replay_target(source: Any, array_path: str, shard: tuple[int, ...]) -> Any:
     from shardfs.tree.metadata import BadMetadata, parse
     from shardfs.storage import Unusable
     from shardfs.format.v2 import describe_array
-    from shardfs.tree.writer import shard_target
+    from shardfs.tree.commits import shard_target
 
     try:
         data, _version = source.read_all(f"{array_path}/zarr.json" if array_path else "zarr.json")
