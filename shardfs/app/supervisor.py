@@ -243,15 +243,15 @@ class Supervisor:
             if worker.proc.poll() is None:
                 worker.proc.send_signal(signal.SIGUSR1)
 
-    def _spawn(self, index: int, argv: list[str] | None = None) -> Worker:
+    def _spawn(self, index: int, argv: list[str] | None = None, replaces: bool = False) -> Worker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {**os.environ, "SHARDFS_OOM_SCORE_ADJ": self.oom_before,
-               "SHARDFS_WORKER_SLOT": f"{index}/{self.count}"}
+               "SHARDFS_WORKER_SLOT": f"{index}/{self.count}" + "/r" * replaces}
         with open(os.devnull, "rb") as null:
             proc = subprocess.Popen([*(argv or self.argv), "--worker", str(theirs.fileno())], stdin=null,
                                     pass_fds=(theirs.fileno(),), env=env)
         theirs.close()
-        return Worker(proc, ours, index)
+        return Worker(proc, ours, index, replaces=replaces)
 
     def _message(self, worker: Worker) -> None:
         try:
@@ -346,8 +346,7 @@ class Supervisor:
             self.counters.takeovers += worker.index == 0
             log.info("worker %d handed %s over (%s)", worker.proc.pid, self.mnt,
                      "exit status 0" if status == 0 else f"status {status}")
-            self.workers[worker.index] = self._spawn(worker.index, self.handing_over or self.argv)
-            self.workers[worker.index].replaces = True
+            self.workers[worker.index] = self._spawn(worker.index, self.handing_over or self.argv, replaces=True)
             return
         if self.over or status == 0 or self.stopping or self.fd < 0 or not fusedev.connected(self.fd):
             if not self.over:
@@ -377,8 +376,7 @@ class Supervisor:
         c.restarts += 1
         log.warning("worker %d ended (%s): starting another on the same connection", worker.proc.pid,
                     c.last_reason)
-        self.workers[worker.index] = self._spawn(worker.index)
-        self.workers[worker.index].replaces = True
+        self.workers[worker.index] = self._spawn(worker.index, replaces=True)
 
     def _unmounted(self) -> None:
         """Every worker ended and the mount is over: detach it (unless it is gone already)."""
@@ -416,9 +414,10 @@ class Connection:
         self.fd = -1
         self.init: bytes | None = None
         self.resend = False
-        slot = os.environ.pop("SHARDFS_WORKER_SLOT", "0/1").partition("/")
-        self.index, self.count = int(slot[0]), int(slot[2])  # this worker's slot of ``count`` (``-o workers``)
-        self.replaces = False  # a worker served this slot before (it died: what it read comes again)
+        slot = os.environ.pop("SHARDFS_WORKER_SLOT", "0/1").split("/")
+        self.index, self.count = int(slot[0]), int(slot[1])  # this worker's slot of ``count`` (``-o workers``)
+        # a worker served this slot before (it died: what it read comes again; its journal is taken over)
+        self.replaces = slot[2:] == ["r"]
         self.status: dict[str, Any] = {}
         self.status_socket: socket.socket | None = None  # the supervisor's, for ``shardfs status``
         self.started = time.time()
