@@ -68,10 +68,11 @@ def src(tmp_path) -> Path:
 
 
 def worker_of(m) -> int:
-    """The pid of the supervisor's worker (its only child)."""
-    children = Path(f"/proc/{m.pid}/task/{m.pid}/children").read_text().split()
-    assert len(children) == 1, children
-    return int(children[0])
+    """The pid of the supervisor's worker (its only one)."""
+    from shardfs.app.zygote import workers_of
+
+    (pid,) = workers_of(m.pid)
+    return pid
 
 
 def status(mnt: Path) -> dict:
@@ -497,3 +498,35 @@ def test_the_dead_workers_journal_is_served_before_it_is_folded(mount, src):
     got = zarr.open_array(str(src / "a"), mode="r")
     assert np.array_equal(got[4:8, 4:8], EXPECTED[12:16, 12:16])  # 1.1 <- 3.3
     assert np.array_equal(got[20:24, 24:28], EXPECTED[8:12, 8:12])  # 5.6 <- 2.2
+
+
+def zygote_of(m) -> int:
+    (pid,) = [p for p in map(int, Path(f"/proc/{m.pid}/task/{m.pid}/children").read_text().split())
+              if Path(f"/proc/{p}/comm").read_text().strip() == "shardfs-zygote"]
+    return pid
+
+
+def test_a_new_worker_is_forked_by_the_zygote_and_an_upgrade_starts_a_new_zygote(mount, src):
+    """A worker is forked by the supervisor's zygote (imported, nothing of the source open), not
+    started afresh: the same zygote forks the next one after a kill (the worker's command line
+    is the zygote's). ``shardfs mount`` on the live mount runs the package installed now: a
+    new zygote (a fresh process) forks the new worker, and the old zygote ends."""
+    mnt = mount(src)
+    m = mount.info(mnt)
+    zygote = zygote_of(m)
+    argv = Path(f"/proc/{zygote}/cmdline").read_bytes().split(b"\0")
+    assert b"--zygote" in argv
+    opened = [os.readlink(f"/proc/{zygote}/fd/{fd}") for fd in os.listdir(f"/proc/{zygote}/fd")]
+    assert not [p for p in opened if p.startswith(str(src)) or p == "/dev/fuse"], opened
+    first = worker_of(m)
+    assert Path(f"/proc/{first}/cmdline").read_bytes().split(b"\0") == argv
+    new = kill_worker(m, mnt)
+    assert zygote_of(m) == zygote
+    assert Path(f"/proc/{new}/cmdline").read_bytes().split(b"\0") == argv
+    assert chunk(mnt, "1.1") == (mnt / "b" / "1.1").read_bytes()
+    r = run_shardfs("mount", str(src), str(mnt), "-o", "chunk_cache=16M")
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    upgraded = zygote_of(m)
+    assert upgraded != zygote and not Path(f"/proc/{zygote}").exists()
+    assert b"chunk_cache=16M" in Path(f"/proc/{worker_of(m)}/cmdline").read_bytes().split(b"\0")
+    assert status(mnt)["options"] == {"chunk_cache": "16M"}

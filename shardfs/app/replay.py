@@ -41,7 +41,8 @@ def open_writeback(source: Source, storage: Any, journal_dir: str | None, cleanu
     writeback = Writeback(storage, claim.directory, faults=faults)
     legacy = state.legacy_journal(source.name)
     resolve = targets(storage)
-    replayed = writeback.replay_sync(resolve, older=((legacy,) if legacy else ()) + tuple(() if adopt else claim.orphans))
+    older = ((legacy,) if legacy else ()) + tuple(() if adopt else claim.orphans)
+    replayed = writeback.replay_sync(resolve, older=older)
     if adopt:
         adopted = writeback.adopt(resolve, claim.adopt_orphans())
         if adopted:

@@ -207,7 +207,8 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     try:
         with contextlib.ExitStack() as cleanup:
             try:
-                mount = compose(cfg, source, cleanup, ledger, adopt=args.connection is not None and args.connection.replaces)
+                replaces = args.connection is not None and args.connection.replaces
+                mount = compose(cfg, source, cleanup, ledger, adopt=replaces)
             except UsageError as e:
                 _report(args, f"error: {e}")
                 return 1
@@ -227,6 +228,20 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
         logging.shutdown()
         os._exit(code)
     return code
+
+
+def preload(source: Source) -> None:
+    """Import what a worker of ``source`` runs, opening nothing (a zygote: ``shardfs.app.zygote``)."""
+    import pyfuse3  # noqa: F401
+    import trio  # noqa: F401
+
+    from shardfs.app import compose, status, supervisor  # noqa: F401
+    from shardfs.kernel import fuseloop  # noqa: F401
+    from shardfs.tree.hierarchy import v2
+
+    v2()
+    if source.url:
+        from shardfs.storage import objects, web  # noqa: F401
 
 
 def workers_refused(read_only: bool) -> str | None:

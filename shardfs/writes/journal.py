@@ -348,13 +348,7 @@ class Journal:
         names = [n for n in names if n != KEPT]
         changes = []
         for name in names:
-            path = os.path.join(self.directory, name)
-            buf = _read_own(path)
-            found, end = decode_records(buf)
-            if end < len(buf):
-                log.warning("%s: ignoring the last %d bytes (from offset %d): an incomplete or damaged "
-                            "record, never acknowledged", path, len(buf) - end, end)
-            changes += found
+            changes += _read_segment(os.path.join(self.directory, name))[0].values()
         if names:
             self._next = int(names[-1][:20]) + 1
         return changes
@@ -378,12 +372,8 @@ class Journal:
             if name == KEPT:
                 os.unlink(path)
                 continue
-            buf = _read_own(path)
-            live, end = _decode(buf)
-            if end < len(buf):
-                log.warning("%s: ignoring the last %d bytes (from offset %d): an incomplete or damaged "
-                            "record, never acknowledged", path, len(buf) - end, end)
-            seg = _Segment(path, None, len(buf), len(live), torn=end < len(buf))
+            live, end, size = _read_segment(path)
+            seg = _Segment(path, None, size, len(live), torn=end < size)
             self.bytes += seg.size
             if not live:
                 self._close(seg)  # every record in it was folded
@@ -443,6 +433,17 @@ def read_kept(directory: str) -> tuple[dict[tuple[str, tuple[int, ...]], set[int
             for change in decode_records(_read_own(path))[0]:
                 pending.setdefault((change.array, change.shard), set()).add(change.pos)
     return pending, reasons
+
+
+def _read_segment(path: str) -> tuple[dict[int, Change], int, int]:
+    """The live changes of segment ``path`` by offset, where its intact records end, its size;
+    a torn tail is logged (a warning)."""
+    buf = _read_own(path)
+    live, end = _decode(buf)
+    if end < len(buf):
+        log.warning("%s: ignoring the last %d bytes (from offset %d): an incomplete or damaged "
+                    "record, never acknowledged", path, len(buf) - end, end)
+    return live, end, len(buf)
 
 
 def _read_own(path: str) -> bytes:
