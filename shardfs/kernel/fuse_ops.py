@@ -485,6 +485,8 @@ class Operations(pyfuse3.Operations):
         self.view.nodes.restore(records)
         self.view.made.restore(records)
         self._handles.restore(records)
+        if not self.shared:  # (N workers open every file with direct I/O: no pages to know of)
+            self._kernel.restored()
 
     def open_handles(self) -> int:
         """Handles this process holds open (``shardfs status``: ``open_handles``)."""

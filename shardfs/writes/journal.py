@@ -346,7 +346,7 @@ class Journal:
                                f"{' ...' if len(strange) > 5 else ''}")
         self._recovered = names  # the note of kept changes goes with the segments
         names = [n for n in names if n != KEPT]
-        changes = []
+        changes: list[Change] = []
         for name in names:
             changes += _read_segment(os.path.join(self.directory, name))[0].values()
         if names:
