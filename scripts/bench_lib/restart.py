@@ -141,7 +141,8 @@ def figure(b: Any) -> list[Row]:
 
     def row(label: str, values: list[float], q: float, target: float | None, base: list[float] | None = None) -> Row:
         v = float(np.percentile(values, q))
-        note = f"{len(values)} kills, {PER_MOUNT} per mount, {PENDING} chunks pending; max {max(values):.3f} s"
+        what = "mounts" if values is mounting["shardfs"] else f"kills, {PER_MOUNT} per mount, {PENDING} chunks pending"
+        note = f"{len(values)} {what}; max {max(values):.3f} s"
         r = Row(label, "s", v, note=note)
         if base:
             r = replace(b.ratio_row(label, "s", v, float(np.percentile(base, q)), None), note=note + " (vs --baseline)")
