@@ -147,27 +147,3 @@ def test_files_open_through_the_pages_hold_their_inodes_size():
     p.unpin(3)  # released after its inode was forfeited: nothing left to unpin
     assert p.frozen(V1.ino, new) == new and not p
 
-
-def test_a_restored_ledger_leaves_out_released_handles_and_numbers_follow_the_highest(tmp_path):
-    """A long-lived ledger is mostly handles opened and released (two records per file opened);
-    the next worker reads only what is still open (a ledger of 8 MiB cost it 77 MiB of memory
-    read whole, most of which stayed: the soak's RSS growing with each worker kill), and gives
-    out numbers above every one the dead worker gave, released ones included."""
-    from shardfs.kernel.handles import Handles
-    from shardfs.tree.ledger import Ledger
-
-    path = tmp_path / "kernel-1.ledger"
-    ledger = Ledger(str(path))
-    ledger.start()
-    ledger.note("k", 5, "d", "x")
-    for fh in range(1, 2001):
-        ledger.note("h", fh, 1000 + fh, "r")
-        if fh not in (7, 1500):
-            ledger.note("x", fh)
-    ledger.note("w", 7)
-    records = Ledger.load(str(path))
-    assert records == [["k", 5, "d", "x"], ["h", 7, 1007, "r"], ["h", 1500, 2500, "r"], ["w", 7], ["x", 2000]]
-    handles = Handles()
-    handles.restore(records)
-    assert sorted(handles._open) == [7, 1500]
-    assert handles.add(handles._open[7]) == 2001

@@ -16,7 +16,9 @@ standard library), so it stays small, and it asks the OOM killer to spare it (``
 -1000, or as low as it may set; each worker sets its own back). The connection lives as long as
 it holds ``/dev/fuse``: while no worker serves it, requests wait in the kernel.
 
-A worker (``python -m shardfs mount ... --worker FD``, the package installed now) talks to it
+A worker (``python -m shardfs mount ... --worker FD``, the package installed now) inherits the
+memfd of the connection's ledger (``shardfs.tree.ledger``: made here, kept for the mount's life,
+the same for every worker; its number in ``SHARDFS_LEDGER_FD``) and talks to the supervisor
 over a ``SOCK_SEQPACKET`` socket pair, one JSON message a packet:
 
 - worker: ``{"ready": true}`` once its layers are built (the journal replayed), or ``{"error":
@@ -60,6 +62,7 @@ from typing import Any, Callable
 from shardfs.app import fusedev, state, zygote
 from shardfs.app.zygote import Child, Zygote
 from shardfs.storage import private
+from shardfs.tree import ledger
 
 log = logging.getLogger("shardfs")
 CRASH_LOOP = 5  # worker deaths ...
@@ -121,6 +124,7 @@ class Supervisor:
         self.unmount = False  # ... and is detached once every worker ended
         self.stopping = False
         self.exit_code = 0  # 1: the first worker failed, or a crash loop ended the mount
+        self.ledger = ledger.memory()  # the connection's ledger: every worker appends to it
         self.oom_before = _protect_from_oom()
         self.zygote: Zygote | None = None  # forks the workers of ``argv`` (``shardfs.app.zygote``)
         self.next_zygote: Zygote | None = None  # ... of ``handing_over``
@@ -170,6 +174,7 @@ class Supervisor:
                     os.close(fd)
             if self.fd >= 0:
                 os.close(self.fd)
+            os.close(self.ledger)
             if self.workers_path is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(self.workers_path)
@@ -271,13 +276,14 @@ class Supervisor:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {"SHARDFS_OOM_SCORE_ADJ": self.oom_before,
                "SHARDFS_WORKER_SLOT": f"{index}/{self.count}" + "/r" * replaces}
+        given = {"SHARDFS_LEDGER_FD": self.ledger}  # descriptors it inherits, by the variable naming each
         try:
             handing = self.handing_over is not None and argv is self.handing_over
             z = self.next_zygote if handing else self.zygote
             try:
                 if z is None:
                     raise OSError("none")
-                proc = z.fork(env, theirs.fileno())
+                proc = z.fork(env, theirs.fileno(), given)
             except OSError as e:
                 log.warning("no worker from the zygote (%s): starting one afresh", e)
                 if z is not None:
@@ -286,8 +292,9 @@ class Supervisor:
                     self.next_zygote = self._zygote(argv)
                 else:
                     self.zygote = self._zygote(argv)
-                proc = zygote.spawn([*argv, "--worker", str(theirs.fileno())], {**os.environ, **env},
-                                    theirs.fileno())
+                proc = zygote.spawn([*argv, "--worker", str(theirs.fileno())],
+                                    {**os.environ, **env, **{k: str(v) for k, v in given.items()}},
+                                    [theirs.fileno(), *given.values()])
         finally:
             theirs.close()
         return Worker(proc, ours, index, replaces=replaces)
@@ -480,6 +487,11 @@ class Connection:
         self.replaces = slot[2:] == ["r"]
         self.status: dict[str, Any] = {}
         self.status_socket: socket.socket | None = None  # the supervisor's, for ``shardfs status``
+        # the memfd of the connection's ledger (None: a supervisor of an older package, which gives none)
+        given = os.environ.pop("SHARDFS_LEDGER_FD", None)
+        self.ledger = int(given) if given is not None and given.isdigit() else None
+        if self.ledger is not None:
+            os.set_inheritable(self.ledger, False)
         self.started = time.time()
         parent = os.environ.pop("SHARDFS_SUPERVISOR_PID", None)  # forked by a zygote: reparented to it
         zygote.die_with_parent(int(parent) if parent else None)

@@ -12,9 +12,10 @@ the new package, the new options), and stops the old one.
 Protocol, over a ``SOCK_SEQPACKET`` socket pair (one JSON message a packet):
 
 - zygote: ``{"ready": true}`` once imported;
-- supervisor: ``{"env": {...}}`` with one descriptor (``SCM_RIGHTS``): fork a worker with
-  these environment variables added, which talks to the supervisor over that descriptor
-  (``shardfs.app.supervisor.Connection``);
+- supervisor: ``{"env": {...}, "given": [NAME, ...]}`` with descriptors (``SCM_RIGHTS``): fork a
+  worker with these environment variables added, which talks to the supervisor over the first
+  descriptor (``shardfs.app.supervisor.Connection``) and inherits the others, each NAME set to
+  its number (the ledger's memfd: ``SHARDFS_LEDGER_FD``);
 - zygote: ``{"pid": N}``, the worker's pid, or ``{"error": "..."}``.
 
 The worker is forked twice (the middle process exits at once), so that it is reparented to
@@ -119,16 +120,18 @@ class Child:
         self.send_signal(signal.SIGKILL)
 
 
-def spawn(argv: list[str], env: dict[str, str], fd: int) -> Child:
-    """Start ``argv`` (a fresh interpreter; ``argv[0]`` its path) with ``env`` and descriptor
-    ``fd`` (inherited as the same number; every other one of this process is close-on-exec),
+def spawn(argv: list[str], env: dict[str, str], fds: list[int]) -> Child:
+    """Start ``argv`` (a fresh interpreter; ``argv[0]`` its path) with ``env`` and descriptors
+    ``fds`` (inherited as the same numbers; every other one of this process is close-on-exec),
     stdin ``/dev/null``."""
     null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-    os.set_inheritable(fd, True)
+    for fd in fds:
+        os.set_inheritable(fd, True)
     try:
         return Child(os.posix_spawn(argv[0], argv, env, file_actions=[(os.POSIX_SPAWN_DUP2, null, 0)]))
     finally:
-        os.set_inheritable(fd, False)
+        for fd in fds:
+            os.set_inheritable(fd, False)
         os.close(null)
 
 
@@ -140,19 +143,22 @@ class Zygote:
         self.argv = argv
         self.ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.proc = spawn([*argv, "--zygote", str(theirs.fileno())], env, theirs.fileno())
+            self.proc = spawn([*argv, "--zygote", str(theirs.fileno())], env, [theirs.fileno()])
         finally:
             theirs.close()
         self.ready = False
 
-    def fork(self, env: dict[str, str], fd: int) -> Child:
-        """A worker forked with ``env`` added to the zygote's environment, given ``fd``."""
+    def fork(self, env: dict[str, str], fd: int, given: dict[str, int] | None = None) -> Child:
+        """A worker forked with ``env`` added to the zygote's environment, given ``fd`` (its
+        socket to the supervisor) and the descriptors ``given``, each under the number the
+        environment variable naming it says in the worker."""
         self.ctl.settimeout(READY_TIMEOUT)
         if not self.ready:
             self.ready = json.loads(self._recv()).get("ready") is True
             if not self.ready:
                 raise OSError("the zygote did not start")
-        socket.send_fds(self.ctl, [json.dumps({"env": env}).encode()], [fd])
+        given = given or {}
+        socket.send_fds(self.ctl, [json.dumps({"env": env, "given": list(given)}).encode()], [fd, *given.values()])
         answer = json.loads(self._recv())
         if "pid" not in answer:
             raise OSError(f"the zygote cannot fork: {answer.get('error')}")
@@ -192,14 +198,15 @@ def serve(fd: int, preload: Callable[[], None], run_worker: Callable[[int], int]
     ctl.send(json.dumps({"ready": True}).encode())
     while True:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 1)
+            data, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 8)
         except OSError:
             data, fds = b"", []
         if not data:
             return 0
         try:
             msg = json.loads(data)
-            pid = _fork(ctl, fds[0], msg["env"], supervisor, run_worker)
+            env = {**msg["env"], **{name: str(fd) for name, fd in zip(msg.get("given", []), fds[1:])}}
+            pid = _fork(ctl, fds[0], env, supervisor, run_worker)
             answer: dict[str, Any] = {"pid": pid}
         except (OSError, ValueError, KeyError, IndexError) as e:
             answer = {"error": str(e)}
