@@ -75,8 +75,8 @@ def test_a_compacted_memory_ledger_keeps_the_records_in_effect_and_frees_the_res
                 n += 1
                 led.note_line(line % n)
                 led.note_line(f'["x",{n}]')
-            before = opened(fd).records()
-            assert len(before) > 100_000
+            before = opened(fd).records()  # (the handles noted since are released: the last one's number)
+            assert before in ([["x", n]], [["a", 0, "vol"], ["h", 7, 42, "r"], ["x", n]]), before[:5]
             led.rewrite([["a", 0, "vol"], ["h", 7, 42, "r"]])
             assert opened(fd).records() == [["a", 0, "vol"], ["h", 7, 42, "r"]]
             assert not led.full
@@ -126,7 +126,7 @@ def test_a_restored_ledger_leaves_out_released_handles_and_numbers_follow_the_hi
     ledger.note("w", 7)
     records = opened(fd).records()
     os.close(fd)
-    assert records == [["k", 5, "d", "x"], ["h", 7, 1007, "r"], ["h", 1500, 2500, "r"], ["w", 7], ["x", 2000]]
+    assert records == [["k", 5, "d", "x"], ["h", 7, 1007, "r"], ["h", 1500, 2500, "r"], ["x", 2000], ["w", 7]]
     handles = Handles()
     handles.restore(records)
     assert sorted(handles._open) == [7, 1500]

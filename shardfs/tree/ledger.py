@@ -258,7 +258,7 @@ def in_effect(lines: list[bytes]) -> list[list[Any]]:
     (new numbers follow it: ``Handles.restore``)."""
     kept: list[bytes | None] = []
     by_handle: dict[int, list[int]] = {}  # an open handle -> its records' indexes in ``kept``
-    released, highest = None, -1
+    highest, at = -1, -1  # the highest released handle, and the index of its release in ``kept``
     for line in lines:
         m = _HANDLE.match(line)
         if m is not None:
@@ -266,12 +266,15 @@ def in_effect(lines: list[bytes]) -> list[list[Any]]:
             if m[1] == b"x" and fh in by_handle:
                 for i in by_handle.pop(fh):
                     kept[i] = None
-                if fh > highest:
-                    released, highest = line, fh
-                continue
-            by_handle.setdefault(fh, []).append(len(kept))
+                if fh < highest:
+                    continue
+                if at >= 0:
+                    kept[at] = None
+                highest, at = fh, len(kept)
+            else:
+                by_handle.setdefault(fh, []).append(len(kept))
         kept.append(line)
-    return _parse([line for line in kept if line is not None] + ([released] if released else []))
+    return _parse([line for line in kept if line is not None])
 
 
 def _data_start(fd: int) -> int:
