@@ -1,8 +1,8 @@
 """The view over an object store (``ObjectStorage`` + ``ObjectReads``) against a real SeaweedFS.
 
 The read matrix (tests/sources.py: every index location, codec chain, key encoding, writer) is
-uploaded to the session's SeaweedFS; a ``View`` over that prefix is walked through the same
-calls fuse_ops makes (listdir, open, read, release) and must show exactly what a ``View`` over
+uploaded to the session's SeaweedFS; the tree (``compose_tree``) over that prefix is walked through the same
+calls fuse_ops makes (listdir, open, read, release) and must show exactly what the tree over
 the local directory shows, which zarr 3 reads (v2 mode) as zarr 3 reads the source natively.
 Then what only an object store has: a shard replaced between its index read and a chunk open
 (412, the index read again), and a server gone (EIO for that request, one log line, served
@@ -187,9 +187,9 @@ CPS = 4  # chunks per shard along each axis: shards of 16 chunks
 @pytest.fixture
 def counted(objects_env, tmp_path):
     """``(view, proxy, requests, want, root)``: a 2x2-shard array (shards of 4x4 chunks of 32x32 int32;
-    the second array ``n`` with nested sharding: inner shards of 2x2 chunks) uploaded, a ``View``
+    the second array ``n`` with nested sharding: inner shards of 2x2 chunks) uploaded, a tree
     reaching SeaweedFS through a counting proxy, ``requests(key)`` listing ``(method, range,
-    if-match)`` of the requests for one key, ``want(array, name)`` the chunk file as a ``View``
+    if-match)`` of the requests for one key, ``want(array, name)`` the chunk file as a tree
     of the local directory shows it. Versions stay remembered (``stat_ttl`` 60 s): the counts
     do not depend on the test's speed."""
     root = tmp_path / "src"

@@ -127,12 +127,14 @@ def compose_writer(storage: Storage, t: Tree, writeback: Writeback, invalidate: 
     return commits, Writer(t.names, t.opens, t.nodes, t.made, t.chunks, writeback, commits, structure, spill_dir)
 
 
-def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: Ledger | None = None) -> Composed:
+def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: Ledger | None = None,
+            adopt: bool = False) -> Composed:
     """Build a mount of ``source`` with ``cfg`` (``cfg.read_only``: no ``Writeback``, no
     ``Writer``); what must be closed (the storage, the journal's claim) goes on ``cleanup``.
     ``UsageError`` (one line) if the journal cannot be created or ``-o cache_dir`` cannot be
     used; ``ReplayFailed`` if what killed daemons left in the journal cannot be replayed.
-    ``ledger``: where a supervised worker notes the numbers it gives the kernel."""
+    ``ledger``: where a supervised worker notes the numbers it gives the kernel; ``adopt``: it
+    replaces a dead worker, whose journal it takes over as pending (``open_writeback``)."""
     storage = cleanup.enter_context(source.opened(version_ttl=cfg.kernel.attr_timeout,
                                                   list_ttl=cfg.kernel.entry_timeout))
     writeback = None
@@ -146,7 +148,7 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
         except OSError as e:
             raise UsageError(f"{spill}: cannot create the spill directory: {e.strerror}") from None
         try:
-            writeback = open_writeback(source, storage, cfg.writes.journal_dir, cleanup, faults)
+            writeback = open_writeback(source, storage, cfg.writes.journal_dir, cleanup, faults, adopt)
         except UsageError:
             raise
         except Exception as e:

@@ -190,8 +190,9 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     ledger = None
     if args.connection is not None:
         args.ledger = state.ledger_file(source.name, source.endpoint, os.getppid())
-        ledger = Ledger(args.ledger)  # opened once the mount is made (``_mount_and_serve``)
         conn = args.connection
+        # (a supervisor of an older package gives no memfd: a file in the state directory)
+        ledger = Ledger(args.ledger) if conn.ledger is None else Ledger(fd=conn.ledger)
         if conn.count > 1:
             ledger.share(conn.index, conn.count)
             try:  # before anything is given a number: the workers agree on each one (``Ledger.locked``)
@@ -207,7 +208,8 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     try:
         with contextlib.ExitStack() as cleanup:
             try:
-                mount = compose(cfg, source, cleanup, ledger)
+                replaces = args.connection is not None and args.connection.replaces
+                mount = compose(cfg, source, cleanup, ledger, adopt=replaces)
             except UsageError as e:
                 _report(args, f"error: {e}")
                 return 1
@@ -221,12 +223,26 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
             cause = cause.exceptions[0]
         log.critical("the daemon stops: %s: %s", type(cause).__name__, cause, exc_info=True)
         raise
-    if ledger is not None and ledger.shared:
-        # one of N workers, its mount's layers closed: no interpreter teardown (zarr, numpy: seconds
-        # on a loaded machine), which the supervisor would wait for before it ends the mount
+    if args.connection is not None:
+        # a worker, its mount's layers closed: no interpreter teardown (zarr, numpy: 0.4 s, seconds
+        # on a loaded machine), which the supervisor waits for before it ends the mount
         logging.shutdown()
         os._exit(code)
     return code
+
+
+def preload(source: Source) -> None:
+    """Import what a worker of ``source`` runs, opening nothing (a zygote: ``shardfs.app.zygote``)."""
+    import pyfuse3  # noqa: F401
+    import trio  # noqa: F401
+
+    from shardfs.app import compose, status, supervisor  # noqa: F401
+    from shardfs.kernel import fuseloop  # noqa: F401
+    from shardfs.tree.hierarchy import v2
+
+    v2()
+    if source.url:
+        from shardfs.storage import objects, web  # noqa: F401
 
 
 def workers_refused(read_only: bool) -> str | None:
@@ -333,7 +349,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
                                                "worker_started": conn.started})
     _report(args, "ok")
     try:
-        trio.run(_serve, mount, status, exporter, conn, getattr(args, "ledger", None))
+        trio.run(_serve, mount, status, exporter, conn)
     finally:
         if exporter is not None:
             exporter.stop()
@@ -394,12 +410,11 @@ def _stderr_captured() -> Iterator[list[str]]:
             said += [line.strip() for line in tmp.read().decode(errors="replace").splitlines() if line.strip()]
 
 
-async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None, conn: Any = None,
-                 ledger: str | None = None) -> None:
+async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None, conn: Any = None) -> None:
     """Run the FUSE loop and answer ``shardfs status`` (``status``) and ``-o metrics``
     (``exporter``, which reads the status on this loop); on SIGINT/SIGTERM fold pending writes
     into the shards and end it. A supervisor's worker (``conn``) that replaces a dead one first
-    takes over what the dead one gave the kernel (the ledger at ``ledger``) and has the kernel
+    takes over what the dead one gave the kernel (its ledger) and has the kernel
     send again the requests the dead one had read (``fusedev.resend``).
 
     Pending writes are also folded when the loop ends otherwise (``fusermount3 -u``).
@@ -412,7 +427,6 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
 
     from shardfs.app import fusedev
     from shardfs.kernel import fuseloop
-    from shardfs.tree.ledger import Ledger
 
     writeback = mount.writeback
     if exporter is not None:
@@ -440,7 +454,7 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
             if shared.shared:  # what the other workers gave out so far (the dead one of this slot too)
                 await mount.ops.restore(shared.tail())
             elif conn.init is not None:  # another worker served the connection before
-                await mount.ops.restore(Ledger.load(ledger) if ledger else [])
+                await mount.ops.restore(shared.records())
             if conn.replaces and conn.resend:
                 fusedev.resend(conn.fd)  # what the dead worker had read comes again
             conn.serving()

@@ -488,6 +488,8 @@ class Operations(pyfuse3.Operations):
         a shared ledger takes what every worker gave out so far (``records``: its ``tail``)."""
         await self.numbers.restore(records)
         self._handles.restore(records)
+        if not self.shared:  # (N workers open every file with direct I/O: no pages to know of)
+            self._kernel.restored()
 
     def open_handles(self) -> int:
         """Handles this process holds open (``shardfs status``: ``open_handles``)."""
