@@ -52,7 +52,8 @@ def test_a_worker_finds_every_record_its_dead_predecessor_appended():
         first.note_line('["x",1]')
         del first  # (a death: nothing closed in order)
         second = opened(fd)
-        assert second.records() == [["a", 0, "vol"], ["h", 1, 4611686018427387904, "r"], ["x", 1]]
+        # (handle 1 was released: only its release is kept, for new numbers to follow it)
+        assert second.records() == [["a", 0, "vol"], ["x", 1]]
         second.note("k", 2, "d", "vol")
         assert opened(fd).records()[-1] == ["k", 2, "d", "vol"]
     finally:
@@ -96,8 +97,8 @@ def test_a_compacted_memory_ledger_keeps_the_records_in_effect_and_frees_the_res
                 n += 1
                 led.note_line(line % n)
                 led.note_line(f'["x",{n}]')
-            before = opened(fd).records()
-            assert len(before) > 100_000
+            before = opened(fd).records()  # (the handles noted since are released: the last one's number)
+            assert before in ([["x", n]], [["a", 0, "vol"], ["h", 7, 42, "r"], ["x", n]]), before[:5]
             led.rewrite([["a", 0, "vol"], ["h", 7, 42, "r"]])
             assert opened(fd).records() == [["a", 0, "vol"], ["h", 7, 42, "r"]]
             assert not led.full
@@ -128,3 +129,27 @@ def test_a_supervised_mount_keeps_its_ledger_in_memory_not_on_disk(mount, src):
     assert f.read() == (mnt / "a" / "2.7").read_bytes()
     f.close()
     assert not list(where.glob("kernel-*.ledger"))
+
+
+def test_a_restored_ledger_leaves_out_released_handles_and_numbers_follow_the_highest():
+    """A long-lived ledger is mostly handles opened and released (two records per file opened);
+    the next worker reads only what is still open (a ledger of 8 MiB cost it 77 MiB of memory
+    read whole, most of which stayed: the soak's RSS growing with each worker kill), and gives
+    out numbers above every one the dead worker gave, released ones included."""
+    from shardfs.kernel.handles import Handles
+
+    fd = memory()
+    ledger = opened(fd)
+    ledger.note("k", 5, "d", "x")
+    for fh in range(1, 2001):
+        ledger.note("h", fh, 1000 + fh, "r")
+        if fh not in (7, 1500):
+            ledger.note("x", fh)
+    ledger.note("w", 7)
+    records = opened(fd).records()
+    os.close(fd)
+    assert records == [["k", 5, "d", "x"], ["h", 7, 1007, "r"], ["h", 1500, 2500, "r"], ["x", 2000], ["w", 7]]
+    handles = Handles()
+    handles.restore(records)
+    assert sorted(handles._open) == [7, 1500]
+    assert handles.add(handles._open[7]) == 2001

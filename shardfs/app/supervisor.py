@@ -53,14 +53,14 @@ import os
 import select
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from shardfs.app import fusedev, state
+from shardfs.app import fusedev, state, zygote
+from shardfs.app.zygote import Child, Zygote
 from shardfs.storage import private
 from shardfs.tree import ledger
 
@@ -83,7 +83,7 @@ class Counters:
 
 @dataclass
 class Worker:
-    proc: subprocess.Popen[bytes]
+    proc: Child
     ctl: socket.socket
     index: int = 0  # its slot (``-o workers=N``: 0 .. N-1)
     started: float = field(default_factory=time.time)
@@ -126,6 +126,8 @@ class Supervisor:
         self.exit_code = 0  # 1: the first worker failed, or a crash loop ended the mount
         self.ledger = ledger.memory()  # the connection's ledger: every worker appends to it
         self.oom_before = _protect_from_oom()
+        self.zygote: Zygote | None = None  # forks the workers of ``argv`` (``shardfs.app.zygote``)
+        self.next_zygote: Zygote | None = None  # ... of ``handing_over``
 
     def run(self) -> int:
         """Serve until unmounted or signalled; the exit status."""
@@ -136,6 +138,8 @@ class Supervisor:
         try:
             fusedev.check()
             self._listen()
+            zygote.prctl(zygote.PR_SET_CHILD_SUBREAPER, 1)  # the zygote's workers are reparented here
+            self.zygote = self._zygote(self.argv)
             for index in range(self.count):
                 self.workers[index] = self._spawn(index)
         except (fusedev.MountError, OSError) as e:
@@ -144,6 +148,8 @@ class Supervisor:
             for w in self.workers.values():
                 w.proc.kill()
                 w.proc.wait()
+            if self.zygote is not None:
+                self.zygote.close()
             return self.exit_code
         try:
             while self.workers:
@@ -157,8 +163,12 @@ class Supervisor:
                         self._message(w)
                     if w.proc.poll() is not None:
                         self._ended(w)
+                self._reap()
             self._unmounted()
         finally:
+            for z in (self.zygote, self.next_zygote):
+                if z is not None:
+                    z.close()
             for fd in self.slot_fds.values():
                 if fd != self.fd:
                     os.close(fd)
@@ -243,20 +253,69 @@ class Supervisor:
             return
         self.handing_over = argv
         self.handing = set(self.workers)
+        if self.next_zygote is not None:
+            self.next_zygote.close()
+        self.next_zygote = self._zygote(argv)  # imports while the workers fold
         log.info("handing %s over to a new worker: %s", self.mnt, " ".join(argv))
         for worker in self.workers.values():
             if worker.proc.poll() is None:
                 worker.proc.send_signal(signal.SIGUSR1)
 
-    def _spawn(self, index: int, argv: list[str] | None = None) -> Worker:
+    def _zygote(self, argv: list[str]) -> Zygote | None:
+        try:
+            return Zygote(argv, {**os.environ, "SHARDFS_OOM_SCORE_ADJ": self.oom_before})
+        except OSError as e:
+            log.warning("cannot start a zygote (each worker starts afresh): %s", e)
+            return None
+
+    def _spawn(self, index: int, argv: list[str] | None = None, replaces: bool = False) -> Worker:
+        """A worker for slot ``index``: forked by the zygote of ``argv`` (default: the mount's),
+        else (it cannot fork: it died, it cannot import) started afresh, and a new zygote for
+        the next one."""
+        argv = argv or self.argv
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = {**os.environ, "SHARDFS_OOM_SCORE_ADJ": self.oom_before,
-               "SHARDFS_WORKER_SLOT": f"{index}/{self.count}", "SHARDFS_LEDGER_FD": str(self.ledger)}
-        with open(os.devnull, "rb") as null:
-            proc = subprocess.Popen([*(argv or self.argv), "--worker", str(theirs.fileno())], stdin=null,
-                                    pass_fds=(theirs.fileno(), self.ledger), env=env)
-        theirs.close()
-        return Worker(proc, ours, index)
+        env = {"SHARDFS_OOM_SCORE_ADJ": self.oom_before,
+               "SHARDFS_WORKER_SLOT": f"{index}/{self.count}" + "/r" * replaces}
+        given = {"SHARDFS_LEDGER_FD": self.ledger}  # descriptors it inherits, by the variable naming each
+        try:
+            handing = self.handing_over is not None and argv is self.handing_over
+            z = self.next_zygote if handing else self.zygote
+            try:
+                if z is None:
+                    raise OSError("none")
+                proc = z.fork(env, theirs.fileno(), given)
+            except OSError as e:
+                log.warning("no worker from the zygote (%s): starting one afresh", e)
+                if z is not None:
+                    z.close()
+                if handing:
+                    self.next_zygote = self._zygote(argv)
+                else:
+                    self.zygote = self._zygote(argv)
+                proc = zygote.spawn([*argv, "--worker", str(theirs.fileno())],
+                                    {**os.environ, **env, **{k: str(v) for k, v in given.items()}},
+                                    [theirs.fileno(), *given.values()])
+        finally:
+            theirs.close()
+        return Worker(proc, ours, index, replaces=replaces)
+
+    def _reap(self) -> None:
+        """Reap the children that are no worker (a worker's own children, reparented here when it
+        died: the supervisor is a subreaper); a dead zygote is noted (the next fork starts another)."""
+        known = {w.proc.pid for w in self.workers.values()}
+        zygotes = {z.proc.pid: z for z in (self.zygote, self.next_zygote) if z is not None}
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid in known:
+                return
+            if info.si_pid in zygotes:
+                zygotes.pop(info.si_pid).proc.poll()
+                continue
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(info.si_pid, 0)
 
     def _message(self, worker: Worker) -> None:
         try:
@@ -348,11 +407,13 @@ class Supervisor:
             self.handing.discard(worker.index)
             if not self.handing:
                 self.argv, self.handing_over = self.handing_over, None
+                if self.zygote is not None:
+                    self.zygote.close()
+                self.zygote, self.next_zygote = self.next_zygote, None
             self.counters.takeovers += worker.index == 0
             log.info("worker %d handed %s over (%s)", worker.proc.pid, self.mnt,
                      "exit status 0" if status == 0 else f"status {status}")
-            self.workers[worker.index] = self._spawn(worker.index, self.handing_over or self.argv)
-            self.workers[worker.index].replaces = True
+            self.workers[worker.index] = self._spawn(worker.index, self.handing_over or self.argv, replaces=True)
             return
         if self.over or status == 0 or self.stopping or self.fd < 0 or not fusedev.connected(self.fd):
             if not self.over:
@@ -382,8 +443,7 @@ class Supervisor:
         c.restarts += 1
         log.warning("worker %d ended (%s): starting another on the same connection", worker.proc.pid,
                     c.last_reason)
-        self.workers[worker.index] = self._spawn(worker.index)
-        self.workers[worker.index].replaces = True
+        self.workers[worker.index] = self._spawn(worker.index, replaces=True)
 
     def _unmounted(self) -> None:
         """Every worker ended and the mount is over: detach it (unless it is gone already)."""
@@ -421,9 +481,10 @@ class Connection:
         self.fd = -1
         self.init: bytes | None = None
         self.resend = False
-        slot = os.environ.pop("SHARDFS_WORKER_SLOT", "0/1").partition("/")
-        self.index, self.count = int(slot[0]), int(slot[2])  # this worker's slot of ``count`` (``-o workers``)
-        self.replaces = False  # a worker served this slot before (it died: what it read comes again)
+        slot = os.environ.pop("SHARDFS_WORKER_SLOT", "0/1").split("/")
+        self.index, self.count = int(slot[0]), int(slot[1])  # this worker's slot of ``count`` (``-o workers``)
+        # a worker served this slot before (it died: what it read comes again; its journal is taken over)
+        self.replaces = slot[2:] == ["r"]
         self.status: dict[str, Any] = {}
         self.status_socket: socket.socket | None = None  # the supervisor's, for ``shardfs status``
         # the memfd of the connection's ledger (None: a supervisor of an older package, which gives none)
@@ -432,7 +493,9 @@ class Connection:
         if self.ledger is not None:
             os.set_inheritable(self.ledger, False)
         self.started = time.time()
-        _die_with_parent()
+        parent = os.environ.pop("SHARDFS_SUPERVISOR_PID", None)  # forked by a zygote: reparented to it
+        zygote.die_with_parent(int(parent) if parent else None)
+        zygote.name("shardfs-worker")
         before = os.environ.pop("SHARDFS_OOM_SCORE_ADJ", None)
         if before is not None:
             try:
@@ -470,17 +533,6 @@ class Connection:
 
     def serving(self) -> None:
         self._send({"serving": True})
-
-
-def _die_with_parent() -> None:
-    """SIGKILL this process when its parent (the supervisor) dies."""
-    import ctypes
-    import ctypes.util
-
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _own_file(path: str) -> int:

@@ -106,6 +106,7 @@ class Handles:
                 last = max(last, rec[1])
                 self._open[rec[1]] = Lost(rec[2], rec[3], version=(rec[4], rec[5]) if len(rec) >= 6 else None)
             elif rec[0] == "x":
+                last = max(last, rec[1])
                 self._open.pop(rec[1], None)
             elif rec[0] in ("w", "c") and isinstance(self._open.get(rec[1]), Lost):
                 self._open[rec[1]].dirty = rec[0] == "w"  # type: ignore[union-attr]  # a Lost one (checked)
