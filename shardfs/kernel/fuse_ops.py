@@ -53,7 +53,7 @@ from shardfs.tree.nodetable import CHUNK_BASE
 from shardfs.tree.tries import Tries
 from shardfs.kernel.stats import RequestStats
 from shardfs.kernel.invalidation import Invalidation
-from shardfs.kernel.opening import Opening
+from shardfs.kernel.opening import Opening, kernel_attr
 from shardfs.reads import ReadHandle
 from shardfs.storage import Storage
 from shardfs.tree.listing import Listing
@@ -149,6 +149,7 @@ class Operations(pyfuse3.Operations):
         self.structure = None if writer is None else writer.structure
         self.invalidate = invalidation.invalidate
         self.kernel = kernel = kernel or KernelConfig()
+        self._ledger = numbers.ledger  # (``shared``: read at every open)
         self._handles = Handles(numbers.ledger)
         numbers.ledger.followers.append(self._follow_handles)
         self._kernel = inodes
@@ -303,7 +304,7 @@ class Operations(pyfuse3.Operations):
             data = await self.opens.read(handle, off, size)
             # The reply lands in the kernel's pages of the inode: if another version was opened
             # since this handle's, they now hold an old version's bytes; the next open drops them.
-            self._kernel.served(handle.attr._replace(ino=handle.ino))
+            self._kernel.served(kernel_attr(handle))
         self.stats.read_bytes += len(data)
         return data  # type: ignore[return-value]  # pyfuse3 replies with any buffer
 
@@ -318,7 +319,7 @@ class Operations(pyfuse3.Operations):
     def _let_go(self, fh: int, handle: Handle | None) -> None:
         """What a released handle held (a read handle's version, pin and descriptor)."""
         if isinstance(handle, ReadHandle):
-            self._kernel.unread(handle.attr._replace(ino=handle.ino))
+            self._kernel.unread(kernel_attr(handle))
             self._pins.unpin(fh)
             self.opens.release(handle)
         elif isinstance(handle, WriteHandle) and self.writer is not None:
@@ -344,7 +345,7 @@ class Operations(pyfuse3.Operations):
     @property
     def shared(self) -> bool:
         """True when other workers serve the same connection (``-o workers=N``)."""
-        return self.numbers.shared
+        return self._ledger.shared
 
     async def follow(self) -> bool:
         """``Numbers.follow``: what the other workers gave out; True if that taught a number."""

@@ -31,6 +31,14 @@ FILL_MAX = 1 << 20  # files up to this size are stored into the page cache when 
 Content = bytes | bytearray | memoryview
 
 
+def kernel_attr(handle: ReadHandle) -> Attr:
+    """The attributes of the version ``handle`` was opened at, with the inode the kernel knows its
+    file by (an alias while a rename made its name show another: ``NodeTable``); without a
+    ``_replace`` when they are the same (2.5 us each, twice a chunk file)."""
+    attr = handle.attr
+    return attr if attr.ino == handle.ino else attr._replace(ino=handle.ino)
+
+
 class Opening:
     """The opens for reading of one mount: its tree's ``opens``, what the kernel holds
     (``inodes``), the bytes stored into its pages counted in ``stats`` as read."""
@@ -38,7 +46,7 @@ class Opening:
     def __init__(self, opens: Opens, inodes: KernelInodes, numbers: Numbers, stats: RequestStats) -> None:
         self.opens = opens
         self._kernel = inodes
-        self.numbers = numbers
+        self._ledger = numbers.ledger  # (``shared``: read at every open)
         self.stats = stats
         self._fill = True  # until the kernel says it cannot store pages (ENOSYS)
 
@@ -52,10 +60,11 @@ class Opening:
             handle = await self.opens.open(inode, tries)
             # The pages are the kernel inode's: a chunk's name that a rename made show another inode
             # (an alias, see NodeTable) has pages of its own, maybe being written in place right now.
-            version = handle.attr._replace(ino=handle.ino)
+            version = kernel_attr(handle)
             try:
-                content = await self._content_to_fill(handle, version)
-                if not self.numbers.shared and self._kernel.pages(version) is Pages.OTHER:
+                pages = self._kernel.pages(version)
+                content = await self._content_to_fill(handle, pages)
+                if pages is Pages.OTHER and not self._ledger.shared:
                     mark = self._kernel.dropping(handle.ino)
                     await trio.to_thread.run_sync(invalidate_inodes, [handle.ino])
                     self._kernel.dropped(version, mark)
@@ -66,14 +75,13 @@ class Opening:
             stale = self._kernel.unwatch(inode, seen)
         return handle, version, content, stale
 
-    async def _content_to_fill(self, handle: ReadHandle, version: Attr) -> Content | None:
+    async def _content_to_fill(self, handle: ReadHandle, pages: Pages) -> Content | None:
         """The whole content of a small file being opened whose pages the kernel has never held
-        (``Pages.NONE`` for ``version``: the attributes with the kernel's inode), to store into
+        (``pages``: ``KernelInodes.pages`` of its version with the kernel's inode), to store into
         its page cache (``fill``); else None. The client's reads are then served by the
         kernel, without a READ request each."""
         size = handle.attr.size
-        if not (self._fill and not self.numbers.shared and 0 < size <= FILL_MAX
-                and self._kernel.pages(version) is Pages.NONE):
+        if not (pages is Pages.NONE and self._fill and 0 < size <= FILL_MAX and not self._ledger.shared):
             return None
         content = await self.opens.read(handle, 0, size)
         return content if len(content) == size else None
