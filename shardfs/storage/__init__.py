@@ -1,7 +1,8 @@
 """The storage interface: what everything above it knows about where shards live.
 
-Two implementations: a local directory (``shardfs.storage.local``) and an object store
-(``shardfs.storage.objects``). Keys are relative, ``/``-separated names below the source
+Implementations, one per kind of source (``shardfs.storage.kinds``): a local directory
+(``shardfs.storage.local``), an object store (``shardfs.storage.objects``), a plain web server
+(``shardfs.storage.web``). Keys are relative, ``/``-separated names below the source
 root (``raw/zarr.json``, ``raw/c/0/0/0``); ``""`` is the root itself. Every method blocks:
 callers on the trio thread run the ones that move data through a worker thread.
 
@@ -18,6 +19,7 @@ import builtins
 import os
 from typing import Iterable, Iterator, NamedTuple, Protocol, Sequence
 
+from shardfs.storage.kinds import Kind
 from shardfs.storage.stats import StoreStats
 
 __all__ = ["ABSENT", "UNKNOWN", "Absent", "Entry", "Range", "Storage", "Unknown", "Unusable", "Version",
@@ -86,6 +88,11 @@ class Storage(Protocol):
     """A source of keys: a local directory or an object-store prefix."""
 
     stats: StoreStats  # the requests it made (``shardfs status``)
+    kind: Kind  # which kind of source it is (``shardfs.storage.kinds``: its read path, whether it has owners...)
+
+    def owner_path(self, key: str) -> str | None:
+        """The local file behind ``key`` whose owner and mode say whether another user may read
+        it (``shardfs.storage.permits``); None where files have no owners (an object store)."""
 
     def describe(self, key: str) -> str:
         """A human-readable location of ``key`` for log lines (a path, or ``s3://bucket/key``)."""

@@ -40,6 +40,7 @@ from typing import Iterable, Iterator, Sequence
 
 from shardfs.storage import UNKNOWN, Entry, Range, Unusable, Version, VersionMismatch, Absent
 from shardfs.base.files import not_regular
+from shardfs.storage.kinds import DIRECTORY
 from shardfs.storage.listings import Listings
 from shardfs.storage.versions import Remembered
 from shardfs.storage.stats import StoreStats, counted
@@ -67,6 +68,8 @@ class LocalStorage:
     changes made behind the mount's back wait that long.
     """
 
+    kind = DIRECTORY
+
     def __init__(self, root: str, stat_ttl: float = 1.0, follow_symlinks: bool = False,
                  list_ttl: float = 0.0) -> None:
         self.root = os.path.realpath(root)
@@ -84,6 +87,9 @@ class LocalStorage:
         return os.path.join(self.root, key) if key else self.root
 
     def describe(self, key: str) -> str:
+        return self.path(key)
+
+    def owner_path(self, key: str) -> str | None:
         return self.path(key)
 
     def _open(self, key: str, flags: int, strict: bool = True, mode: int = 0) -> int:

@@ -80,6 +80,7 @@ from obstore.store import from_url
 from obstore.exceptions import (AlreadyExistsError, NotFoundError, PermissionDeniedError, PreconditionError,
                                 UnauthenticatedError)
 
+from shardfs.storage.kinds import kind_of
 from shardfs.storage.urls import DEFAULT_TIMEOUT, env_endpoint
 from shardfs.storage.stats import StoreStats
 from shardfs.storage import ABSENT, UNKNOWN, Entry, Range, Version, VersionMismatch, Absent, Unknown
@@ -195,9 +196,10 @@ class ObjectStorage:
             raise ValueError(f"{url}: region= applies to s3:// only")
         self.url = url.rstrip("/")
         self.scheme = scheme
+        self.kind = kind_of(url)
         config: dict[str, Any] = {}
         if scheme == "s3":
-            endpoint = endpoint or env_endpoint(url)
+            endpoint = endpoint or env_endpoint()
             region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
             if region:
                 config["region"] = region
@@ -247,6 +249,9 @@ class ObjectStorage:
 
     def describe(self, key: str) -> str:
         return f"{self.url}/{key}" if key else self.url
+
+    def owner_path(self, key: str) -> str | None:
+        return None  # objects have no owners
 
     def statvfs(self) -> os.statvfs_result:
         """An object store has no size or inode limit to report: like mountpoint-s3, a large
