@@ -24,7 +24,6 @@ def test_each_scheme_names_one_kind(src, name):
     kind = kind_of(src)
     assert kind.name == name and named(name) is kind
     assert kind.remote == (name != "directory") and kind.writable == (name != "web")
-    assert kind.read_path == ("local" if name == "directory" else "objects") and kind.owners == (name == "directory")
 
 
 @pytest.mark.parametrize("src,given,message", [

@@ -43,7 +43,7 @@ class Callers:
     async def may_read(self, source: Storage, names: Names, inode: int, ctx: Any) -> None:
         """EACCES if another user may not read the file of ``source`` behind ``inode`` (``names``:
         ``Names.source_key``)."""
-        if not self.other(ctx) or not source.kind.owners:
+        if not self.other(ctx):
             return
         key = names.source_key(inode)
         path = None if key is None else source.owner_path(key)

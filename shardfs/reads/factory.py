@@ -1,4 +1,4 @@
-"""``make_reads``: the read path for a source, the one its kind names (``Kind.read_path``)."""
+"""``make_reads``: the read path for a source, the one it names (``Storage.read_path``)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ if TYPE_CHECKING:
 
 
 def make_reads(source: Storage, cache: RangeCache | None = None, chunk_cache: ChunkCache | None = None) -> Reads:
-    """The read path for ``source``, the one its kind names (``shardfs.storage.kinds``:
-    ``"local"``, a ``pread`` at an extent; ``"objects"``, ranged GETs pinned to a version);
+    """The read path for ``source``, the one it names (``Storage.read_path``: ``"local"``, a
+    ``pread`` at an extent; ``"objects"``, ranged GETs pinned to a version);
     ``cache``: where an object store's fetched ranges are kept (default:
     ``RangeCache(shardfs.reads.objects.DEFAULT_CACHE_BYTES)``, memory only); ``chunk_cache``:
     decoded chunks (default: ``ChunkCache()``)."""
     chunk_cache = chunk_cache if chunk_cache is not None else ChunkCache()
     store: Any = source  # the implementation its kind opens (``LocalStorage``, ``ObjectStorage``)
-    if source.kind.read_path == "local":
+    if source.read_path == "local":
         from shardfs.reads.local import LocalReads
 
         return LocalReads(store, chunk_cache)

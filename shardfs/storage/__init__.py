@@ -19,7 +19,6 @@ import builtins
 import os
 from typing import Iterable, Iterator, NamedTuple, Protocol, Sequence
 
-from shardfs.storage.kinds import Kind
 from shardfs.storage.stats import StoreStats
 
 __all__ = ["ABSENT", "UNKNOWN", "Absent", "Entry", "Range", "Storage", "Unknown", "Unusable", "Version",
@@ -88,7 +87,7 @@ class Storage(Protocol):
     """A source of keys: a local directory or an object-store prefix."""
 
     stats: StoreStats  # the requests it made (``shardfs status``)
-    kind: Kind  # which kind of source it is (``shardfs.storage.kinds``: its read path, whether it has owners...)
+    read_path: str  # which read path serves it (``shardfs.reads.factory``): "local" (pread) or "objects"
 
     def owner_path(self, key: str) -> str | None:
         """The local file behind ``key`` whose owner and mode say whether another user may read

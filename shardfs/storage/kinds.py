@@ -3,12 +3,13 @@
 A ``Kind`` says, for one kind of source: the URL schemes that name it (none: a local directory,
 any path), the kind's own ``-o`` options it takes (the others of ``KIND_OPTIONS`` are refused
 with one line), whether it takes writes, whether it is reached over the network (checked before
-the daemon starts; its fetched ranges cached: ``-o cache_size,cache_dir``), which read path
-serves it (``read_path``: ``"local"``, a ``pread`` at an extent; ``"objects"``, ranged GETs
-pinned to a version: ``shardfs.reads.factory``), whether its files have owners (checked for
-another user under ``-o allow_other``), its own settings (``s3://``: the AWS configuration), how
-it is reached (its credential chain) and which ``Storage`` it opens. Client libraries are
-imported only by the last two, when a source of that kind is opened.
+the daemon starts; its fetched ranges cached: ``-o cache_size,cache_dir``), its own settings
+(``s3://``: the AWS configuration), how it is reached (its credential chain) and which
+``Storage`` it opens; that ``Storage`` says which read path serves it (``read_path``:
+``"local"``, a ``pread`` at an extent; ``"objects"``, ranged GETs pinned to a version:
+``shardfs.reads.factory``) and whether its files have owners (``owner_path``: checked for
+another user under ``-o allow_other``). Client libraries are imported only when a source of
+that kind is opened. Nothing here is imported by a ``Storage`` module (they are opened from here).
 
 A new kind is a ``Storage`` module of its own and one ``register(Kind(...))`` here;
 ``kind_of(src)`` and ``named(name)`` find it. A URL of a scheme no kind names is an object-store
@@ -20,13 +21,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from shardfs.config import StorageConfig
 from shardfs.storage.urls import is_url
 
-if TYPE_CHECKING:
-    from shardfs.storage.source import Source
+Source = Any  # ``shardfs.storage.source.Source`` (not imported: it imports this module)
 
 URL_OPTIONS = frozenset({"endpoint", "region", "anonymous", "cache_size", "cache_dir", "timeout", "profile",
                          "ca_bundle", "insecure", "requester_pays", "addressing"})
@@ -35,7 +35,7 @@ S3_OPTIONS = frozenset({"region", "profile", "requester_pays", "addressing"})
 DIRECTORY_OPTIONS = frozenset({"follow_symlinks"})
 KIND_OPTIONS = URL_OPTIONS | DIRECTORY_OPTIONS  # the options some kinds take and others refuse
 Credentials = tuple[Any, str]  # a credential provider (None: the store's own chain) and the hint of its failure
-Opener = Callable[["Source", float, float], contextlib.AbstractContextManager[Any]]
+Opener = Callable[[Source, float, float], contextlib.AbstractContextManager[Any]]
 
 
 @dataclass(frozen=True)
@@ -48,10 +48,8 @@ class Kind:
     opened: Opener = field(repr=False)  # (source, version_ttl, list_ttl) -> the Storage, open in the block
     writable: bool = True
     remote: bool = True
-    read_path: str = "objects"
-    owners: bool = False
     settings: Callable[[StorageConfig, Mapping[str, str]], StorageConfig] | None = field(default=None, repr=False)
-    credentials: Callable[["Source"], Credentials] | None = field(default=None, repr=False)
+    credentials: Callable[[Source], Credentials] | None = field(default=None, repr=False)
 
     def refusal(self, option: str) -> str | None:
         """The one line refusing ``-o option`` for this kind; None if it takes it (or it is no
@@ -163,7 +161,7 @@ def _azure_credentials(source: Source) -> Credentials:
     return azure()
 
 
-DIRECTORY = Kind("directory", (), DIRECTORY_OPTIONS, _directory, remote=False, read_path="local", owners=True)
+DIRECTORY = Kind("directory", (), DIRECTORY_OPTIONS, _directory, remote=False)
 OTHER = Kind("object store", (), URL_OPTIONS - S3_OPTIONS, _object_store)  # a scheme no kind names: refused at open
 register(Kind("s3", ("s3", "s3a"), URL_OPTIONS, _object_store, settings=_aws_settings, credentials=_aws_credentials))
 register(Kind("gcs", ("gs",), URL_OPTIONS - S3_OPTIONS, _object_store, credentials=_google_credentials))

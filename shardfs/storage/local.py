@@ -40,7 +40,6 @@ from typing import Iterable, Iterator, Sequence
 
 from shardfs.storage import UNKNOWN, Entry, Range, Unusable, Version, VersionMismatch, Absent
 from shardfs.base.files import not_regular
-from shardfs.storage.kinds import DIRECTORY
 from shardfs.storage.listings import Listings
 from shardfs.storage.versions import Remembered
 from shardfs.storage.stats import StoreStats, counted
@@ -68,7 +67,7 @@ class LocalStorage:
     changes made behind the mount's back wait that long.
     """
 
-    kind = DIRECTORY
+    read_path = "local"  # (``shardfs.reads.factory``)
 
     def __init__(self, root: str, stat_ttl: float = 1.0, follow_symlinks: bool = False,
                  list_ttl: float = 0.0) -> None:

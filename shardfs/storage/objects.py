@@ -80,7 +80,6 @@ from obstore.store import from_url
 from obstore.exceptions import (AlreadyExistsError, NotFoundError, PermissionDeniedError, PreconditionError,
                                 UnauthenticatedError)
 
-from shardfs.storage.kinds import kind_of
 from shardfs.storage.urls import DEFAULT_TIMEOUT, env_endpoint
 from shardfs.storage.stats import StoreStats
 from shardfs.storage import ABSENT, UNKNOWN, Entry, Range, Version, VersionMismatch, Absent, Unknown
@@ -185,6 +184,8 @@ def _version(meta: dict) -> Version:
 class ObjectStorage:
     """``Storage`` over one bucket/container and prefix of an object store (thread-safe)."""
 
+    read_path = "objects"  # (``shardfs.reads.factory``)
+
     def __init__(self, url: str, *, endpoint: str | None = None, region: str | None = None,
                  anonymous: bool = False, retry: Retry = Retry(), loop: LoopThread | None = None,
                  stat_ttl: float = 1.0, list_ttl: float = 0.0, access: Access = Access()):
@@ -196,7 +197,6 @@ class ObjectStorage:
             raise ValueError(f"{url}: region= applies to s3:// only")
         self.url = url.rstrip("/")
         self.scheme = scheme
-        self.kind = kind_of(url)
         config: dict[str, Any] = {}
         if scheme == "s3":
             endpoint = endpoint or env_endpoint()

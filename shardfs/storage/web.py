@@ -40,7 +40,6 @@ from obstore.exceptions import NotFoundError
 from obstore.store import HTTPStore
 
 from shardfs.storage import Entry, Version, Absent
-from shardfs.storage.kinds import kind_of
 from shardfs.storage.loop import LoopThread
 from shardfs.storage.access import Access
 from shardfs.storage.objects import (ObjectStorage, Retry, StorageUnavailable, _first_line, _status, _version,
@@ -60,7 +59,6 @@ class WebStorage(ObjectStorage):
                  stat_ttl: float = 1.0, list_ttl: float = 0.0, access: Access = Access()):
         self.url = url.rstrip("/")
         self.scheme = "http"
-        self.kind = kind_of(url)
         self._url, self._config = self.url, {}
         self._access = access  # TLS trust only: a web server takes no credentials
         self._client = {"allow_http": self.url.startswith("http://"), **access.client_options()}
