@@ -60,6 +60,27 @@ def test_a_worker_finds_every_record_its_dead_predecessor_appended():
         os.close(fd)
 
 
+def test_a_release_is_written_with_the_next_record_and_an_open_at_once():
+    """One ``write`` a chunk file read: a release's record waits for the next record (a death
+    may lose it: the successor keeps a handle the kernel never names again); an open's is
+    written before its reply, so a successor always has it."""
+    fd = memory()
+    try:
+        led = opened(fd)
+        led.note_line('["h",1,4611686018427387904,"r"]')
+        led.note_later('["x",1]')
+        assert opened(fd).records() == [["h", 1, 4611686018427387904, "r"]]
+        led.note_line('["h",2,4611686018427387905,"r"]')  # (handle 1's records in effect: its release)
+        assert opened(fd).records() == [["x", 1], ["h", 2, 4611686018427387905, "r"]]
+        shared = Ledger(fd=os.dup(fd))
+        shared.share(0, 2)
+        shared.start()
+        shared.note_later('["x",2]')  # other workers let go of what they hold for it: at once
+        assert opened(fd).records()[-1] == ["x", 2]
+    finally:
+        os.close(fd)
+
+
 def test_a_compacted_memory_ledger_keeps_the_records_in_effect_and_frees_the_rest():
     """``rewrite`` appends the records in effect and punches out what came before them: the next
     worker reads those alone, the memory held stays bounded however long the mount lives, and
@@ -94,9 +115,9 @@ def test_a_supervised_mount_keeps_its_ledger_in_memory_not_on_disk(mount, src):
     handles open before the kill there (the restart tests check the rest through it)."""
     mnt = mount(src)
     m = mount.info(mnt)
-    f = open(mnt / "a" / "2.7", "rb")
     for name in ("0.0", "1.1", "3.3"):
         (mnt / "b" / name).read_bytes()
+    f = open(mnt / "a" / "2.7", "rb")  # the last request before the kill: its record was written at once
     where = Path(state.state_dir(str(src)))
     assert not list(where.glob("kernel-*.ledger")), sorted(p.name for p in where.iterdir())
     w = worker_of(m)

@@ -66,7 +66,7 @@ def replay_target(source: Any, array_path: str, shard: tuple[int, ...]) -> Any:
 def targets(source: Any) -> Callable[[str, tuple[int, ...]], Any]:
     """``replay_target`` that reads each array's metadata once (a replay or an adoption of
     many shards of one array: one read, not one per shard, of an object store)."""
-    from shardfs.tree.writer import shard_target
+    from shardfs.tree.commits import shard_target
 
     layouts: dict[str, Any] = {}
 

@@ -284,7 +284,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
     """Mount ``mount`` (built by ``compose``) and serve it until unmounted or signalled; 1 if the
     mount failed (reported).
 
-    zarr-python (``shardfs.tree.view.v2``: 0.15-0.3 s of CPU, more once its files have left the
+    zarr-python (``shardfs.tree.hierarchy.v2``: 0.15-0.3 s of CPU, more once its files have left the
     page cache) is imported before the mount goes live: the first lookup of any node needs
     it, and a client reading right after ``shardfs mount`` returned would wait for it
     (measured: 0.36 s of a cold ``cat`` of 3072 chunk files; the mount takes 0.1 s longer)."""
@@ -297,7 +297,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
     source, read_only = mount.source, mount.writeback is None
     v2()  # before going live (see above)
     shown = {**opts.own, **{o.partition("=")[0]: o.partition("=")[2] for o in opts.fuse}}
-    status = Status(mount.ops, mnt, source.name, source.endpoint, read_only, shown,
+    status = Status(mount, mnt, source.name, source.endpoint, read_only, shown,
                     state.status_socket(source.name, source.endpoint, os.getpid()),
                     cfg.stats_interval)
     exporter = None
@@ -317,7 +317,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
         conn.connect()  # the supervisor mounts (if nothing is mounted yet) and gives the connection
         try:
             state.private_dir(os.path.dirname(args.ledger))
-            mount.view.nodes.ledger.start()
+            mount.ledger.start()
         except (OSError, private.Refused) as e:
             _report(args, f"error: {args.ledger}: cannot create: {getattr(e, 'strerror', None) or e}")
             return 1
@@ -428,11 +428,11 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
     from shardfs.app import fusedev
     from shardfs.kernel import fuseloop
 
-    writeback, writer = mount.writeback, mount.writer
+    writeback = mount.writeback
     if exporter is not None:
         exporter.serving(trio.lowlevel.current_trio_token())
-    # Given to run/flush, not to Writeback(): it is built (and replays the journal) before the View and Writer.
-    folded = writer.folded if writer is not None else None
+    # Given to run/flush, not to Writeback(): it is built (and replays the journal) before the tree and Commits.
+    folded = mount.commits.folded if mount.commits is not None else None
     flushed = False
     async with trio.open_nursery() as nursery:
 
@@ -450,7 +450,7 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
 
         nursery.start_soon(on_signal)
         if conn is not None:
-            shared = mount.view.nodes.ledger
+            shared = mount.ledger
             if shared.shared:  # what the other workers gave out so far (the dead one of this slot too)
                 await mount.ops.restore(shared.tail())
             elif conn.init is not None:  # another worker served the connection before

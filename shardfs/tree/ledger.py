@@ -22,9 +22,10 @@ Records (JSON arrays; the first item says which): ``["a", slot, path]`` an array
 staging file's inode and name (again when renamed), ``["v", ino]`` removed, ``["u", ino, kind,
 ...]`` committed onto a node (renamed onto a chunk or metadata file: the kernel's dentry of that
 name holds its inode), ``["h", fh, ino, kind]`` a handle opened and ``["x", fh]`` released
-(``kernel.handles``), ``["w", fh]`` a handle open for writing got bytes that only the worker's
-memory held, ``["c", fh]`` none any more (its staging file was committed). When the file
-outgrows ``COMPACT_BYTES`` its holder rewrites it with the records still in effect
+(``kernel.handles``; ``note_later``: written with the next record, so a death may lose it, and the
+successor then keeps a handle the kernel never names), ``["w", fh]`` a handle open for writing
+got bytes that only the worker's memory held, ``["c", fh]`` none any more (its staging file was
+committed). When the file outgrows ``COMPACT_BYTES`` its holder rewrites it with the records still in effect
 (``rewrite``: a file is replaced by a rename; a memfd gets the records in effect appended, then
 what came before them is punched out, so a death at any point leaves records that say the same).
 A ledger without a path or memfd keeps nothing (an unsupervised mount, the in-process tests).
@@ -74,23 +75,18 @@ class Ledger:
         self.size = 0  # bytes of the records in effect (since ``_base``)
         self._base = 0  # where they start (a memfd: after the last ``rewrite``)
         self.index, self.count = 0, 1  # this worker's slot of ``count`` sharing the file (``share``)
+        self.kept = path is not None or fd is not None  # the records are kept (a file or a memfd)
+        self.shared = False  # other workers append too (``share``: count > 1)
         self.followers: list[Callable[[list[list[Any]]], None]] = []
         self._read = 0  # bytes of the file followed so far (``catch_up``)
         self._partial = b""  # a line another worker is still writing
+        self._later = b""  # records written with the next one (``note_later``)
         self._locks = 0
 
     def share(self, index: int, count: int) -> None:
         """This ledger is worker ``index``'s of ``count`` serving one connection."""
         self.index, self.count = index, count
-
-    @property
-    def kept(self) -> bool:
-        """True if the records are kept (a file or a memfd), not dropped."""
-        return self.path is not None or self.in_memory
-
-    @property
-    def shared(self) -> bool:
-        return self.count > 1 and self.kept
+        self.shared = count > 1 and self.kept
 
     def owner(self, number: int) -> int:
         """The worker that gave out handle ``number`` (``Handles``: residue ``number - 1`` mod count)."""
@@ -191,7 +187,19 @@ class Ledger:
         elif self._early is not None:
             self._early.append(text.encode() + b"\n")
 
+    def note_later(self, text: str) -> None:
+        """``note_line`` of a record a worker's successor may do without (a handle released: lost,
+        the successor keeps a handle the kernel never names again): written with the next record
+        noted (one ``write`` for both, one a chunk file read instead of two), at once in a shared
+        ledger (the other workers let go of what they hold for it)."""
+        if self.shared or self._fd < 0:
+            self.note_line(text)
+        else:
+            self._later += text.encode() + b"\n"
+
     def _write(self, line: bytes) -> None:
+        if self._later:
+            line, self._later = self._later + line, b""
         os.write(self._fd, line)
         self.size += len(line)
 
@@ -203,6 +211,7 @@ class Ledger:
     def rewrite(self, records: Iterable[Iterable[Any]]) -> None:
         """Replace the file by ``records`` (atomically: a rename; a memfd: see the module docstring)."""
         data = b"".join(json.dumps(list(r), separators=(",", ":")).encode() + b"\n" for r in records)
+        self._later = b""  # (``records`` say what is in effect)
         if self.in_memory:
             if self._fd < 0:
                 return
