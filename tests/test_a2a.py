@@ -211,6 +211,19 @@ def test_transcoded_chunks_are_cached(src, mount):
     assert stats(mount, mnt) == {"decodes": 1, "hits": 2}
 
 
+def test_a_transcoded_chunk_is_decoded_once_then_served_from_the_chunk_cache_in_process(src):
+    """The daemon's part of ``transcoded_chunks_are_cached``, in-process (``tests/inproc.py``):
+    three opens and reads of a transcoded chunk file decode it once (a chunk-cache miss) and
+    serve it twice from the chunk cache, the same bytes each time."""
+    native = read_native(src / "t3")
+    with InProcess(src) as fs:
+        lru = fs.tree.reads.chunk_cache.lru
+        for _ in range(3):
+            got = np.frombuffer((fs / "t3" / "1.2.4").read_bytes(), "<i4").reshape(2, 3, 2)
+            assert_same_array(got[:, :1, :1], native[2:4, 6:7, 8:9], "chunk file 1.2.4 (array part of an edge chunk)")
+        assert (lru.misses, lru.hits, len(lru)) == (1, 2, 1)
+
+
 @st.composite
 def transposed_arrays(draw):
     ndim = draw(st.integers(2, 3))

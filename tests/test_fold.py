@@ -249,6 +249,25 @@ def test_after_a_fold_the_written_chunk_shows_the_new_shards_mtime(tmp_path, mou
         time.sleep(0.05)
 
 
+def test_after_a_fold_a_written_chunk_shows_its_new_shards_mtime_in_process(tmp_path):
+    """The daemon's part of ``after_a_fold_the_written_chunk_shows_the_new_shards_mtime``,
+    in-process (``tests/inproc.py``): a chunk file's mtime is its shard's, a written one shows
+    its write's until the fold, then the new shard's (the kernel's cached attributes: the
+    mounted test)."""
+    src = tmp_path / "src"
+    build(src, [COMPLETE])
+    shard = COMPLETE.shard_file(src, (0, 0))
+    with InProcess(src, read_only=False) as fs:
+        arr = fs / "full"
+        assert (arr / "0.0").stat().st_mtime_ns == (arr / "0.1").stat().st_mtime_ns == shard.stat().st_mtime_ns
+        (arr / "0.0").write_bytes(COMPLETE.encode(COMPLETE.values(COMPLETE.chunk, 8)))
+        pending = (arr / "0.0").stat().st_mtime_ns
+        fs.fold()
+        folded = shard.stat().st_mtime_ns
+        assert folded != pending and not journal_entries(src)
+        assert (arr / "0.0").stat().st_mtime_ns == (arr / "0.1").stat().st_mtime_ns == folded
+
+
 GONE = Spec("gone", (8, 8), (2, 2), (4, 4), "<i4", 0, ("zstd", 1), inner_crc=False, index_location="end",
             index_crc=True, initial=((s(4, 8), s(4, 8)),), write=(s(0, 8), s(0, 8)))
 UNLINK = re.compile(r"^\d+\s+(fsync|unlinkat)\((.*)")

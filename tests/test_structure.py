@@ -379,6 +379,36 @@ def test_resize_drops_chunks_past_the_edge_including_pending(tmp_path, mount):
     assert_clean(src)
 
 
+def test_a_zarray_rewrite_resizes_and_drops_chunks_past_the_edge_in_process(tmp_path):
+    """The daemon's part of ``resize_drops_chunks_past_the_edge_including_pending``, in-process
+    (``tests/inproc.py``): a ``.zarray`` rewritten with a smaller shape (how zarr 2.18 resizes)
+    drops the chunks past the new edge, pending ones too, and keeps the whole chunks inside
+    it; grown back, the dropped region is empty; an identical rewrite is accepted and one that
+    changes the dtype, chunks or compressor is EPERM (the mounted test keeps zarr 2.18)."""
+    src = tmp_path / "src"
+    exp = build(src, [RAW])["raw"]
+    with InProcess(src, read_only=False) as fs:
+        arr = fs / "raw"
+        for rel in ("4.4", "4.5"):  # rows 16-20, cols 20-27: pending, then cut off
+            (arr / rel).write_bytes(RAW.encode(np.full(RAW.chunk, 9, "<i4")))
+        zarray = json.loads((arr / ".zarray").read_text())
+        (arr / ".zarray").write_text(json.dumps({**zarray, "shape": [12, 13]}))
+        chunks = [tuple(map(int, n.split("."))) for n in arr.iterdir() if not n.startswith(".") and "." in n]
+        assert chunks and all(i < 3 and j < 3 for i, j in chunks), chunks
+        (arr / ".zarray").write_text(json.dumps({**zarray, "shape": [20, 27]}))
+        assert not (arr / "4.4").exists() and not (arr / "3.0").exists()
+        (arr / ".zarray").write_bytes((arr / ".zarray").read_bytes())  # identical rewrite: accepted
+        for change in ({"dtype": "<i8"}, {"chunks": [2, 5]}, {"compressor": {"id": "gzip", "level": 1}}):
+            with pytest.raises(OSError) as e:
+                (arr / ".zarray").write_text(json.dumps({**zarray, **change}))
+            assert e.value.errno == errno.EPERM, change
+    want = np.zeros((20, 27), "<i4")
+    want[:12, :15] = exp[:12, :15]  # whole chunks inside the (12, 13) edge are kept, as zarr does
+    np.testing.assert_array_equal(read_native(src / "raw"), want)
+    assert zjson(src / "raw")["shape"] == [20, 27]
+    assert_clean(src)
+
+
 def test_resize_after_resize_drops_the_kernels_chunk_entries_of_every_layout(tmp_path, mount, source):
     """The kernel keeps a chunk file's dentry and attributes (the entry and attribute timeouts)
     across resizes, each of which gives the array a new layout (and chunk inodes): a shrink
