@@ -34,7 +34,6 @@ import functools
 import itertools
 import logging
 import os
-import stat
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import pyfuse3
@@ -42,6 +41,7 @@ import trio
 
 from shardfs.config import KernelConfig
 from shardfs.kernel.callers import Callers
+from shardfs.kernel.entries import Entries
 from shardfs.kernel.handles import DirHandle, Handle, Handles, Lost
 from shardfs.kernel.inodes import KernelInodes, Pages
 from shardfs.kernel.pins import Pins
@@ -52,7 +52,8 @@ from shardfs.tree.nodes import ChunkKey
 from shardfs.tree.nodetable import CHUNK_BASE
 from shardfs.tree.tries import Tries
 from shardfs.kernel.stats import RequestStats
-from shardfs.kernel.invalidation import Invalidation, invalidate_inodes
+from shardfs.kernel.invalidation import Invalidation
+from shardfs.kernel.opening import Opening, kernel_attr
 from shardfs.reads import ReadHandle
 from shardfs.storage import Storage
 from shardfs.tree.listing import Listing
@@ -66,7 +67,6 @@ from shardfs.tree.writer import WriteHandle, Writer
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 FOLLOW_S = 0.5  # seconds between looks at what other workers appended to a shared ledger
-FILL_MAX = 1 << 20  # files up to this size are stored into the page cache when opened (see _fill_pages)
 NAME_MAX = 255  # bytes in one name (ENAMETOOLONG beyond), as on every local Linux filesystem
 # pyfuse3 built by scripts/pyfuse3 (run by scripts/install) has FileInfo.noflush: a read-only
 # open then asks the kernel for no FLUSH request at its close(); stock pyfuse3 has not (each
@@ -75,35 +75,11 @@ NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
 GUARDED: list[str] = []  # the handlers ``_guard`` wraps: the operations ``RequestStats`` counts
 
 
-def _modes(shown: KernelConfig, read_only: bool) -> tuple[int, int] | None:
-    """(file, directory) permission bits of ``-o file_mode,dir_mode`` (writes bits cleared on a
-    read-only mount); None if neither is given (the tree's own modes)."""
-    if shown.file_mode is None and shown.dir_mode is None:
-        return None
-    ro = 0o222 if read_only else 0
-    files = (0o444 if read_only else 0o644) if shown.file_mode is None else shown.file_mode
-    dirs = (0o555 if read_only else 0o755) if shown.dir_mode is None else shown.dir_mode
-    return files & ~ro, dirs & ~ro
-
-
-def _remode(mode: int, modes: tuple[int, int]) -> int:
-    """``mode`` with the permission bits of its kind from ``modes`` (files, directories)."""
-    return stat.S_IFMT(mode) | (modes[1] if stat.S_ISDIR(mode) else modes[0])
-
-
 def _name(name: bytes) -> str:
     """A name from the kernel as ``str``; ENAMETOOLONG if it is longer than ``NAME_MAX`` bytes."""
     if len(name) > NAME_MAX:
         raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
     return os.fsdecode(name)
-
-
-def _kernel_attr(handle: ReadHandle) -> Attr:
-    """The attributes of the version ``handle`` was opened at, with the inode the kernel knows its
-    file by (an alias while a rename made its name show another: ``NodeTable``); without a
-    ``_replace`` when they are the same (2.5 us each, twice a chunk file)."""
-    attr = handle.attr
-    return attr if attr.ino == handle.ino else attr._replace(ino=handle.ino)
 
 
 def _guard(fn: F) -> F:
@@ -173,35 +149,17 @@ class Operations(pyfuse3.Operations):
         self.structure = None if writer is None else writer.structure
         self.invalidate = invalidation.invalidate
         self.kernel = kernel = kernel or KernelConfig()
+        self._ledger = numbers.ledger  # (``shared``: read at every open)
         self._handles = Handles(numbers.ledger)
         numbers.ledger.followers.append(self._follow_handles)
         self._kernel = inodes
         self._pins = Pins()  # versions that files open through the page cache hold their inode's size at
-        self._fill = True  # until the kernel says it cannot store pages (ENOSYS)
         self._callers = Callers(os.getuid())
-        self._uid = os.getuid() if kernel.uid is None else kernel.uid
-        self._gid = os.getgid() if kernel.gid is None else kernel.gid
-        self._modes = _modes(kernel, writer is None)
+        self._entry = Entries(kernel, writer is None, inodes).entry
         self.stats = RequestStats()
+        self._opening = Opening(opens, inodes, numbers, self.stats)
         for op in GUARDED:
             self.stats.op(op)
-
-    def _entry(self, attr: Attr, e: pyfuse3.EntryAttributes | None = None) -> pyfuse3.EntryAttributes:
-        """``attr`` as pyfuse3 entry attributes (filled into ``e`` if given: readdir reuses one)."""
-        if e is None:
-            e = pyfuse3.EntryAttributes()
-            e.st_blksize = 65536
-            e.st_uid, e.st_gid = self._uid, self._gid
-            e.entry_timeout = self.kernel.entry_timeout
-            e.attr_timeout = self.kernel.attr_timeout
-        e.st_ino = attr.ino
-        e.generation = self._kernel.generation(attr.ino)
-        e.st_mode = attr.mode if self._modes is None else _remode(attr.mode, self._modes)
-        e.st_nlink = attr.nlink
-        e.st_size = attr.size
-        e.st_blocks = (attr.size + 511) // 512
-        e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = attr.mtime_ns
-        return e
 
     def _looked_up(self, attr: Attr) -> pyfuse3.EntryAttributes:
         """An entry reply (lookup, create, link): the kernel now holds one more lookup of the inode."""
@@ -314,7 +272,7 @@ class Operations(pyfuse3.Operations):
             self.stats.chunk_files += 1
         tries = Tries()  # the open's one retry policy, shared with ``Opens.open``'s (``tree.tries``)
         while True:
-            handle, version, content, stale = await self._open_read(inode, tries)
+            handle, version, content, stale = await self._opening.read_open(inode, tries)
             if not stale or tries.spent:
                 break
             self.opens.release(handle)
@@ -332,58 +290,8 @@ class Operations(pyfuse3.Operations):
         if not fi.direct_io and handle.attr.ino >= CHUNK_BASE:  # (a chunk file's own inode)
             self._pins.pin(fi.fh, version)
         if pages is Pages.NONE and content is not None and not fi.direct_io:
-            self._fill_pages(handle.ino, content)
+            self._opening.fill(handle.ino, content)
         return fi
-
-    async def _open_read(self, inode: int,
-                         tries: Tries) -> tuple[ReadHandle, Attr, bytes | bytearray | memoryview | None, bool]:
-        """``Opens.open(inode, tries)`` with what ``open`` answers from: the handle, its version (the
-        attributes with the kernel's inode), the content to fill the pages with (or None), and
-        whether the file changed while this ran (``KernelInodes.unwatch``). The kernel's pages
-        of another version are dropped first (``KernelInodes.dropping``)."""
-        seen = self._kernel.watch(inode)
-        try:
-            handle = await self.opens.open(inode, tries)
-            # The pages are the kernel inode's: a chunk's name that a rename made show another inode
-            # (an alias, see NodeTable) has pages of its own, maybe being written in place right now.
-            version = _kernel_attr(handle)
-            try:
-                pages = self._kernel.pages(version)
-                content = await self._content_to_fill(handle, pages)
-                if pages is Pages.OTHER and not self.shared:
-                    mark = self._kernel.dropping(handle.ino)
-                    await trio.to_thread.run_sync(invalidate_inodes, [handle.ino])
-                    self._kernel.dropped(version, mark)
-            except BaseException:
-                self.opens.release(handle)
-                raise
-        finally:
-            stale = self._kernel.unwatch(inode, seen)
-        return handle, version, content, stale
-
-    async def _content_to_fill(self, handle: ReadHandle, pages: Pages) -> bytes | bytearray | memoryview | None:
-        """The whole content of a small file being opened whose pages the kernel has never held
-        (``pages``: ``KernelInodes.pages`` of its version with the kernel's inode), to store into
-        its page cache (``_fill_pages``); else None. The client's reads are then served by the
-        kernel, without a READ request each."""
-        size = handle.attr.size
-        if not (pages is Pages.NONE and self._fill and 0 < size <= FILL_MAX and not self.shared):
-            return None
-        content = await self.opens.read(handle, 0, size)
-        return content if len(content) == size else None
-
-    def _fill_pages(self, ino: int, content: bytes | bytearray | memoryview) -> None:
-        """Store ``content`` (a view of a buffer the next read may reuse: no ``await`` since it
-        was read) into the page cache of ``ino``, which holds none of it. Called before the open
-        is answered, and without an ``await`` since ``opened`` said ``Pages.NONE``, so no client
-        can be reading the file meanwhile (the kernel would hold its pages locked)."""
-        try:
-            pyfuse3.notify_store(ino, 0, content)  # type: ignore[arg-type]  # any buffer (stub: bytes); no copy
-            self.stats.read_bytes += len(content)
-        except OSError as e:  # what was stored is still this version's: the pages are kept
-            if e.errno == errno.ENOSYS:
-                self._fill = False
-            log.debug("filling the page cache of inode %d: %s", ino, e.strerror)
 
     @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -396,7 +304,7 @@ class Operations(pyfuse3.Operations):
             data = await self.opens.read(handle, off, size)
             # The reply lands in the kernel's pages of the inode: if another version was opened
             # since this handle's, they now hold an old version's bytes; the next open drops them.
-            self._kernel.served(_kernel_attr(handle))
+            self._kernel.served(kernel_attr(handle))
         self.stats.read_bytes += len(data)
         return data  # type: ignore[return-value]  # pyfuse3 replies with any buffer
 
@@ -411,7 +319,7 @@ class Operations(pyfuse3.Operations):
     def _let_go(self, fh: int, handle: Handle | None) -> None:
         """What a released handle held (a read handle's version, pin and descriptor)."""
         if isinstance(handle, ReadHandle):
-            self._kernel.unread(_kernel_attr(handle))
+            self._kernel.unread(kernel_attr(handle))
             self._pins.unpin(fh)
             self.opens.release(handle)
         elif isinstance(handle, WriteHandle) and self.writer is not None:
@@ -437,7 +345,7 @@ class Operations(pyfuse3.Operations):
     @property
     def shared(self) -> bool:
         """True when other workers serve the same connection (``-o workers=N``)."""
-        return self.numbers.shared
+        return self._ledger.shared
 
     async def follow(self) -> bool:
         """``Numbers.follow``: what the other workers gave out; True if that taught a number."""
