@@ -56,18 +56,21 @@ class Composed:
         return self.ops.writer
 
 
-def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: Ledger | None = None) -> Composed:
+def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: Ledger | None = None,
+            writes: bool = True) -> Composed:
     """Build a mount of ``source`` with ``cfg`` (``cfg.read_only``: no ``Writeback``, no
     ``Writer``); what must be closed (the storage, the journal's claim) goes on ``cleanup``.
     ``UsageError`` (one line) if the journal cannot be created or ``-o cache_dir`` cannot be
     used; ``ReplayFailed`` if what killed daemons left in the journal cannot be replayed.
-    ``ledger``: where a supervised worker notes the numbers it gives the kernel."""
+    ``ledger``: where a supervised worker notes the numbers it gives the kernel; ``writes``
+    False: a writable mount's worker that forwards every change to the owner worker
+    (``shardfs.kernel.owner``): no journal, no ``Writer``, but the modes of a writable mount."""
     storage = cleanup.enter_context(source.opened(version_ttl=cfg.kernel.attr_timeout,
                                                   list_ttl=cfg.kernel.entry_timeout))
     writeback = None
     faults = Faults()  # the mount's bugs, from requests and background tasks alike
     spill = state.spill_dir(source.name, source.endpoint)
-    if not cfg.read_only:
+    if not cfg.read_only and writes:
         try:
             state.private_dir(spill)
         except private.Refused as e:
@@ -85,7 +88,7 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
     except ValueError as e:
         raise UsageError(f"-o {e}") from None
     reads = make_reads(storage, cache=ranges, chunk_cache=ChunkCache(cfg.reads.chunk_cache))
-    view = View(storage, read_only=writeback is None, writeback=writeback, ome=cfg.tree.ome,
+    view = View(storage, read_only=cfg.read_only, writeback=writeback, ome=cfg.tree.ome,
                 max_chunk=cfg.reads.max_chunk,
                 c_order=cfg.tree.c_order, reads=reads, ledger=ledger)
     ops = Operations(view, cfg.kernel, writeback, spill_dir=spill, shard_bytes=cfg.writes.shard_size, faults=faults)

@@ -88,6 +88,8 @@ class Status:
         doc["errors_last_minute"] = ops.stats.errors_since(PROBLEM_WINDOW)
         doc["rss_bytes"], doc["open_files"] = _process()
         doc["open_handles"] = ops.open_handles()
+        # requests this worker sent to the owner worker of a writable mount (``shardfs.kernel.owner``)
+        doc["forwarded"] = ops.forward.forwarded if ops.forward is not None else 0
         workers = self._workers()
         if workers:  # ``-o workers=N``: each worker, and the mount's memory is theirs together
             doc["workers"] = workers

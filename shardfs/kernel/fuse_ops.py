@@ -42,6 +42,8 @@ import trio
 from shardfs.config import KernelConfig
 from shardfs.format.create import DEFAULT_SHARD_BYTES
 from shardfs.kernel.callers import Callers
+from shardfs.kernel.forward import OwnerLink, decode, encode
+from shardfs.kernel.owner import Areas
 from shardfs.kernel.handles import DirHandle, Handle, Handles, Lost
 from shardfs.kernel.inodes import KernelInodes, Pages
 from shardfs.kernel.pins import Pins
@@ -60,6 +62,7 @@ log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 FOLLOW_S = 0.5  # seconds between looks at what other workers appended to a shared ledger
 FILL_MAX = 1 << 20  # files up to this size are stored into the page cache when opened (see _fill_pages)
+READDIR_BATCH = 256  # entries a worker asks the owner for at a time (a READDIR forwarded)
 NAME_MAX = 255  # bytes in one name (ENAMETOOLONG beyond), as on every local Linux filesystem
 # pyfuse3 built by scripts/pyfuse3 (run by scripts/install) has FileInfo.noflush: a read-only
 # open then asks the kernel for no FLUSH request at its close(); stock pyfuse3 has not (each
@@ -98,6 +101,12 @@ def _guard(fn: F) -> F:
 
     @functools.wraps(fn)
     async def wrapper(self: "Operations", *args: Any) -> Any:
+        if self.areas is not None:  # a writable mount's workers (``shardfs.kernel.owner``)
+            if self.forward is not None:
+                if self.areas.forwards(op, args):
+                    return await self._forwarded(op, args)
+            else:
+                self.areas.before(op, args)
         self.stats.requests[op] += 1
         try:
             try:
@@ -162,6 +171,10 @@ class Operations(pyfuse3.Operations):
         self._gid = os.getgid() if kernel.gid is None else kernel.gid
         self._modes = _modes(kernel, view.read_only)
         self.stats = RequestStats()
+        # ``-o workers=N`` on a writable mount: the owner marks what it changes (``areas``), the
+        # other workers forward to it what they must not serve (``forward``): set by the daemon
+        self.areas: Areas | None = None
+        self.forward: OwnerLink | None = None
         for op in GUARDED:
             self.stats.op(op)
 
@@ -273,6 +286,39 @@ class Operations(pyfuse3.Operations):
                     return
                 self._kernel.looked_up(attr.ino)
                 offset += 1
+
+    async def entries(self, fh: int, start_id: int, limit: int) -> list[tuple[bytes, Any]]:
+        """Up to ``limit`` entries of directory handle ``fh`` from offset ``start_id`` (0: afresh),
+        as (name, the entry's fields): what a worker forwarding a READDIR replies with."""
+        handle = await self._live(fh)
+        assert isinstance(handle, DirHandle)
+        if start_id == 0:
+            await handle.stream.rewind()
+        out: list[tuple[bytes, Any]] = []
+        while len(out) < limit:
+            page, i = await handle.stream.at(start_id + len(out))
+            if not page:
+                break
+            for name, attr in itertools.islice(page, i, i + limit - len(out)):
+                out.append((os.fsencode(name), encode(self._entry(self._shown(attr)))[1]))
+        return out
+
+    async def _forwarded(self, op: str, args: tuple[Any, ...]) -> Any:
+        """The owner's answer to a request this worker must not serve (``shardfs.kernel.owner``)."""
+        assert self.forward is not None
+        if op != "readdir":
+            return await self.forward.call(op, args)
+        fh, offset, token = args
+        while True:
+            batch = await self.forward.call("entries", (fh, offset, READDIR_BATCH))
+            for name, fields in batch:
+                e = decode(("ea", fields))
+                if not pyfuse3.readdir_reply(token, name, e, offset + 1):
+                    return None
+                self._kernel.looked_up(e.st_ino)
+                offset += 1
+            if len(batch) < READDIR_BATCH:
+                return None
 
     @_guard
     async def releasedir(self, fh: int) -> None:
@@ -517,15 +563,20 @@ class Operations(pyfuse3.Operations):
         (so nothing is remembered for them: written chunks the kernel evicted before
         their fold would otherwise pile up here).
         """
+        every = self.shared  # other workers may have given the kernel any of them: not counted here
         targets = [alias for ino in inodes for alias in (ino, *self.view.nodes.aliases(ino))
-                   if self._kernel.holds(alias)]
+                   if every or self._kernel.holds(alias)]
         for ino in targets:
-            self._kernel.changed(ino)
+            if not every or self._kernel.holds(ino):
+                self._kernel.changed(ino)
         if targets:
             await trio.to_thread.run_sync(_invalidate_inodes, targets)
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         try:
+            if self.forward is not None:  # the lookups the owner gave the kernel are its to forget
+                self.forward.send_forget([(ino, n - held) for ino, n in inode_list
+                                          if (held := self._kernel.lookups(ino)) < n])
             for ino, nlookup in inode_list:
                 if self._kernel.forget(ino, nlookup):
                     chunk = self.view.nodes.forget(ino)
@@ -562,7 +613,7 @@ class Operations(pyfuse3.Operations):
         answers ENOSYS, after which the kernel stops sending FLUSH altogether (with a
         stock pyfuse3, the first close() still sends one).
         """
-        if self.writer is None:
+        if self.view.read_only:
             raise pyfuse3.FUSEError(errno.ENOSYS)
         handle = await self._live(fh) if self._handles.get(fh) is not None else None
         if isinstance(handle, WriteHandle):
