@@ -561,14 +561,16 @@ class Operations(pyfuse3.Operations):
         Inodes the kernel does not hold (never looked up, or forgotten) are skipped:
         it has nothing cached for them, and their next open finds no pages to keep
         (so nothing is remembered for them: written chunks the kernel evicted before
-        their fold would otherwise pile up here).
+        their fold would otherwise pile up here). With ``-o workers=N`` every one is
+        invalidated (the lookups other workers answered are not counted here), but only
+        those held here are remembered as changed.
         """
-        every = self.shared  # other workers may have given the kernel any of them: not counted here
-        targets = [alias for ino in inodes for alias in (ino, *self.view.nodes.aliases(ino))
-                   if every or self._kernel.holds(alias)]
+        shown = [alias for ino in inodes for alias in (ino, *self.view.nodes.aliases(ino))]
+        targets = [ino for ino in shown if self._kernel.holds(ino)]
         for ino in targets:
-            if not every or self._kernel.holds(ino):
-                self._kernel.changed(ino)
+            self._kernel.changed(ino)
+        if self.shared:  # the other workers' replies gave the kernel lookups not counted here
+            targets = shown
         if targets:
             await trio.to_thread.run_sync(_invalidate_inodes, targets)
 
