@@ -319,7 +319,8 @@ def through_the_other(mnt: Path, owner: int, fn: Callable[[], T]) -> T:
 
         t = threading.Thread(target=run, daemon=True)
         t.start()
-        wait_for(lambda: status_at(sock)["forwarded"] > before, 15, "the other worker forwarding a request to the owner")
+        wait_for(lambda: status_at(sock)["forwarded"] > before, 15,
+                 "the other worker forwarding a request to the owner")
     finally:
         os.kill(owner, signal.SIGCONT)
     t.join(60)
@@ -403,6 +404,13 @@ def test_a_forwarded_request_the_owner_did_before_dying_is_not_done_twice(mount,
     assert workers(mnt, 2)[0] != w0
 
 
+def kill_owner(mnt: Path, pids: list[int]) -> list[int]:
+    """SIGKILL the owner worker (slot 0 of ``pids``); the workers once another owner serves."""
+    os.kill(pids[0], signal.SIGKILL)
+    wait_for(lambda: workers(mnt, 2)[0] not in pids, 60, "a new owner")
+    return workers(mnt, 2)
+
+
 def test_the_owner_killed_under_a_writer_loses_no_acknowledged_write(mount, src):
     """A writer rewrites chunk files of ``a`` (and reads each back at once) while the owner worker
     is SIGKILLed twice: every write acknowledged (its close succeeded) is read back right after
@@ -450,10 +458,7 @@ def test_the_owner_killed_under_a_writer_loses_no_acknowledged_write(mount, src)
     try:
         for _ in range(2):
             time.sleep(1.5)
-            old = pids[0]
-            os.kill(old, signal.SIGKILL)
-            wait_for(lambda: (p := workers(mnt, 2))[0] != old and not pids.__setitem__(slice(None), p), 60,
-                     "a new owner")
+            pids = kill_owner(mnt, pids)
         time.sleep(1.5)
     finally:
         stop.set()

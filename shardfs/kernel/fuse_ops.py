@@ -102,11 +102,16 @@ def _guard(fn: F) -> F:
     @functools.wraps(fn)
     async def wrapper(self: "Operations", *args: Any) -> Any:
         if self.areas is not None:  # a writable mount's workers (``shardfs.kernel.owner``)
-            if self.forward is not None:
-                if self.areas.forwards(op, args):
+            try:
+                if self.forward is None:
+                    self.areas.before(op, args)  # (OSError: a change that cannot be marked is not made)
+                elif self.areas.forwards(op, args):
                     return await self._forwarded(op, args)
-            else:
-                self.areas.before(op, args)
+            except pyfuse3.FUSEError:
+                raise
+            except Exception as e:
+                self.faults.record(op, e, repr(args[:2]))
+                raise pyfuse3.FUSEError(errno.EIO) from None
         self.stats.requests[op] += 1
         try:
             try:

@@ -110,7 +110,7 @@ class Areas:
     def _key(self, ino: int) -> Any:
         try:
             return self.nodes.node_key(ino)
-        except OSError:
+        except Exception:  # noqa: BLE001 - not known here (or not yet: a slot being read): the owner's
             return None
 
     def area(self, ino: int) -> str | None:
