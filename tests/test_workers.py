@@ -84,12 +84,32 @@ def test_n_workers_serve_one_mount_and_status_shows_each(mount, src):
     mnt = mount(src, "-o", "ro,workers=2")
     pids = workers(mnt, 2)
     assert len(set(pids)) == 2
-    zarr2_read_all(mnt)
+    for _ in range(3):
+        zarr2_read_all(mnt)
+    time.sleep(1.5)  # (each worker wrote its counts for the others meanwhile: ``shardfs.app.peers``)
     doc = status(mnt)
     assert doc["internal_errors"]["total"] == 0
     assert doc["rss_bytes"] == sum(w["rss_bytes"] for w in doc["workers"])
+    # the mount as a whole: every worker's requests, and each worker's listed
+    each = [w["requests"] for w in doc["workers"]]
+    assert sum(doc["requests"].values()) == sum(each) and all(n > 0 for n in each), (doc["requests"], each)
+    assert doc["reads"]["chunk_files"] >= 3 * 2 * 256
     text = run_shardfs("status", str(mnt)).stdout
     assert f"0: pid {pids[0]}" in text and f"1: pid {pids[1]}" in text
+
+
+def test_the_metrics_endpoint_counts_every_worker(mount, src):
+    from test_metrics import free_port, scrape, value
+
+    port = free_port()
+    mnt = mount(src, "-o", f"ro,workers=2,metrics={port}")  # (one worker serves the port)
+    workers(mnt, 2)
+    for _ in range(3):
+        zarr2_read_all(mnt)
+    time.sleep(1.5)
+    doc, samples = status(mnt), scrape(port)
+    assert value(samples, "chunk_files_opened_total") == doc["reads"]["chunk_files"] >= 3 * 2 * 256
+    assert value(samples, "requests_total", operation="open") == doc["requests"]["open"] >= 3 * 2 * 256
 
 
 def test_a_handle_is_read_and_released_by_another_worker_than_the_one_that_opened_it(mount, src):
@@ -362,6 +382,7 @@ def test_structure_changed_through_one_worker_is_seen_through_another(mount, src
         os.mkdir(mnt / f"{arr}2")
         (mnt / f"{arr}2" / ".zarray").write_bytes(zarray)
         (mnt / f"{arr}2" / "0.1").write_bytes(new)
+        (mnt / arr / "u.partial").write_bytes(new)  # a temporary: in the owner's memory only
 
     def seen(arr: str) -> tuple[bool, bytes, bool, bytes, list[str]]:
         return (f"{arr}2" in os.listdir(mnt), (mnt / arr / "2.2").read_bytes(), (mnt / arr / "3.3").exists(),
@@ -370,11 +391,11 @@ def test_structure_changed_through_one_worker_is_seen_through_another(mount, src
     with only(w0, [w0, w1]):
         change("a")  # by the owner ...
     got = through_the_other(mnt, w0, lambda: seen("a"))  # ... seen through the other worker
-    assert got[:4] == (True, new, False, new) and "t.partial" not in got[4] and "2.2" in got[4]
+    assert got[:4] == (True, new, False, new) and "t.partial" not in got[4] and "u.partial" in got[4]
     through_the_other(mnt, w0, lambda: change("b"))  # forwarded by the other worker ...
     with only(w0, [w0, w1]):
         got = seen("b")  # ... seen through the owner
-    assert got[:4] == (True, new, False, new) and "t.partial" not in got[4]
+    assert got[:4] == (True, new, False, new) and "t.partial" not in got[4] and "u.partial" in got[4]
     assert status(mnt)["internal_errors"]["total"] == 0
 
 

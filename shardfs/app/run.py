@@ -358,7 +358,8 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
         log.info("mounted %s on %s%s", source.name, mnt, " (read-only)" if read_only else "")
     else:
         status.supervised(conn.status_socket, {**conn.status, "worker_pid": os.getpid(),
-                                               "worker_started": conn.started})
+                                               "worker_started": conn.started, "worker_slot": conn.index,
+                                               "worker_count": conn.count})
     _report(args, "ok")
     try:
         trio.run(_serve, mount, status, exporter, conn, getattr(args, "ledger", None),

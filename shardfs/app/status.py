@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from shardfs.app import state
+from shardfs.app import peers, state
 from shardfs.storage import private
 
 if TYPE_CHECKING:
@@ -57,7 +57,18 @@ class Status:
             self.socket_path = None
 
     def snapshot(self) -> dict[str, Any]:
-        """The status document (``doc/`` lists its fields); counts since the mount began."""
+        """The status document (``doc/`` lists its fields); counts since the mount began. With
+        ``-o workers=N``, of the mount as a whole: the other workers' last documents added
+        (``shardfs.app.peers``)."""
+        doc = self.own()
+        if "workers" in doc:
+            sup = self.supervision or {}
+            doc = peers.total(doc, peers.others(sup["workers_file"], [w["index"] for w in doc["workers"]],
+                                                sup.get("worker_slot", 0)))
+        return doc
+
+    def own(self) -> dict[str, Any]:
+        """The status document of this process alone."""
         ops = self.ops
         view = ops.view
         doc: dict[str, Any] = {
@@ -122,6 +133,8 @@ class Status:
         async with trio.open_nursery() as nursery:
             if self.interval:
                 nursery.start_soon(self._log_every, self.interval)
+            if (self.supervision or {}).get("worker_count", 1) > 1:
+                nursery.start_soon(self._publish)
             listener = self._listen()
             if listener is None:
                 return
@@ -162,6 +175,16 @@ class Status:
             except trio.BrokenResourceError:
                 pass
         await stream.aclose()
+
+    async def _publish(self) -> None:
+        """Write this worker's document for the others every ``peers.PUBLISH_S`` seconds."""
+        sup = self.supervision or {}
+        while True:
+            try:
+                peers.publish(sup["workers_file"], sup.get("worker_slot", 0), self.own())
+            except Exception:
+                log.exception("shardfs status: cannot make the status document")
+            await trio.sleep(peers.PUBLISH_S)
 
     async def _log_every(self, seconds: float) -> None:
         while True:

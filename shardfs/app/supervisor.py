@@ -58,7 +58,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from shardfs.app import fusedev, state
+from shardfs.app import fusedev, peers, state
 from shardfs.storage import private
 
 log = logging.getLogger("shardfs")
@@ -161,8 +161,9 @@ class Supervisor:
             if self.fd >= 0:
                 os.close(self.fd)
             if self.workers_path is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(self.workers_path)
+                for path in [self.workers_path, *(peers.slot_file(self.workers_path, i) for i in range(self.count))]:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
             if self.status is not None and self.status_path is not None:
                 self.status.close()
                 with contextlib.suppress(OSError):
