@@ -413,11 +413,19 @@ def daemon_pids(mnt: Path) -> list[int]:
     return pids
 
 
+def is_worker(pid: int) -> bool:
+    """A supervised mount's worker: named so (a worker forked by the zygote has its command line)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "shardfs-worker"
+    except OSError:
+        return False
+
+
 def serving_pid(mnt: Path) -> int:
     """The shardfs process that serves ``mnt``'s requests: of a supervised mount the worker
-    (``--worker`` on its command line), else the only daemon."""
+    (``is_worker``), else the only daemon."""
     pids = daemon_pids(mnt)
-    workers = [p for p in pids if b"--worker" in Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")]
+    workers = [p for p in pids if is_worker(p)]
     if workers:
         (pid,) = workers
         return pid

@@ -1,11 +1,11 @@
-"""The mount's filesystem driven in-process, without the kernel: the ``View`` and the
-``Writer`` that ``shardfs.kernel.fuse_ops`` calls, reached by path as the kernel reaches them
-(a ``lookup`` per name from the root inode), for tests that only check semantics (names,
+"""The mount's filesystem driven in-process, without the kernel: the tree (``Names``,
+``Opens``, ``Listing``) and the ``Writer`` that ``shardfs.kernel.fuse_ops`` calls, reached by
+path as the kernel reaches them (a ``lookup`` per name from the root inode), for tests that only check semantics (names,
 attributes, listings, metadata mapping, fill rules, commit validation): no daemon, no
 ``/dev/fuse``, milliseconds a call.
 
 ``InProcess(SRC)`` is built by the daemon's composition root (``shardfs.app.compose``) for a
-local source, from a ``Config`` of its arguments: the storage, the view with its reads and,
+local source, from a ``Config`` of its arguments: the storage, the tree with its reads and,
 unless ``read_only``, the write-back (after replaying the journal) journalling into a
 directory of its own under the source's journal root, and the ``Writer`` spilling into the
 source's spill directory (the suite's ``XDG_STATE_HOME``).
@@ -42,7 +42,7 @@ from shardfs.config import Config, KernelConfig, TreeConfig, WriteConfig
 from shardfs.base.attrs import Attr
 from shardfs.storage.source import Source
 from shardfs.tree.nodetable import ROOT_INODE
-from shardfs.tree.view import ReadHandle
+from shardfs.reads import ReadHandle
 from shardfs.tree.writer import WriteHandle, Writer
 
 T = TypeVar("T")
@@ -61,13 +61,13 @@ class InProcess:
 
     ``read_only``: no ``Writer`` (every write is EROFS, as on a read-only mount);
     ``shard_bytes``: ``-o shard_size`` for arrays created here; ``list_ttl``: how long
-    listings of the source are kept (a mount's entry timeout); ``**view``: ``View``'s
+    listings of the source are kept (a mount's entry timeout); ``**tree``: the tree's
     options (``ome``, ``c_order``)."""
 
     def __init__(self, root: str | os.PathLike[str], read_only: bool = True, shard_bytes: int = WriteConfig.shard_size,
-                 list_ttl: float = KernelConfig.entry_timeout, **view: Any) -> None:
+                 list_ttl: float = KernelConfig.entry_timeout, **tree: Any) -> None:
         self.root = Path(root)
-        cfg = Config(read_only=read_only, kernel=KernelConfig(entry_timeout=list_ttl), tree=TreeConfig(**view),
+        cfg = Config(read_only=read_only, kernel=KernelConfig(entry_timeout=list_ttl), tree=TreeConfig(**tree),
                      writes=WriteConfig(shard_size=shard_bytes))
         self._cleanup = contextlib.ExitStack()
         try:
@@ -75,7 +75,9 @@ class InProcess:
         except BaseException:
             self._cleanup.close()
             raise
-        self.source, self.view, self.writeback, self.writer = mount.storage, mount.view, mount.writeback, mount.writer
+        self.source, self.writeback, self.writer = mount.storage, mount.writeback, mount.writer
+        self.tree, self.names, self.opens = mount.tree, mount.tree.names, mount.tree.opens
+        self.folded = mount.commits.folded if mount.commits is not None else None
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -98,7 +100,7 @@ class InProcess:
         self._token, self._stop = trio.lowlevel.current_trio_token(), trio.Event()
         async with trio.open_nursery() as nursery:
             if self.writeback is not None:
-                nursery.start_soon(self.writeback.run, self.writer.folded if self.writer else None)
+                nursery.start_soon(self.writeback.run, self.folded)
             started.set()
             await self._stop.wait()
             nursery.cancel_scope.cancel()
@@ -106,7 +108,7 @@ class InProcess:
     def fold(self) -> None:
         """Fold every pending chunk into its shard now (what an unmount does)."""
         if self.writeback is not None:
-            self.run(self.writeback.flush, self.writer.folded if self.writer else None)
+            self.run(self.writeback.flush, self.folded)
 
     def close(self) -> None:
         """Fold what is pending, end the loop, release the journal (removed when empty)."""
@@ -135,7 +137,7 @@ class InProcess:
         """The inode of ``rel``, looked up name by name from the root (ENOENT, ENOTDIR...)."""
         ino = ROOT_INODE
         for name in rel.parts:
-            ino = (await self.view.lookup(ino, name)).ino
+            ino = (await self.names.lookup(ino, name)).ino
         return ino
 
     def writable(self) -> Writer:
@@ -172,7 +174,7 @@ class InPath:
 
     def stat(self) -> os.stat_result:
         async def run() -> Attr:
-            return await self.fs.view.getattr(await self.fs.ino(self.rel))
+            return await self.fs.names.getattr(await self.fs.ino(self.rel))
 
         return stat_result(self.fs.run(run))
 
@@ -196,7 +198,7 @@ class InPath:
     def entries(self) -> list[tuple[str, os.stat_result]]:
         """The directory's entries with the attributes its listing gives (``readdir``)."""
         async def run() -> list[tuple[str, Attr]]:
-            return list(await self.fs.view.listing.listdir(await self.fs.ino(self.rel)))
+            return list(await self.fs.tree.listing.listdir(await self.fs.ino(self.rel)))
 
         return [(name, stat_result(attr)) for name, attr in self.fs.run(run)]
 
@@ -239,18 +241,18 @@ class InPath:
         return InFile(self.fs, self.fs.run(self._open, mode))
 
     async def _open(self, mode: str) -> ReadHandle | WriteHandle:
-        view = self.fs.view
+        names = self.fs.names
         if mode == "rb":
-            return await view.open(await self.fs.ino(self.rel))
+            return await self.fs.opens.open(await self.fs.ino(self.rel))
         writer = self.fs.writable()
         parent = await self.fs.ino(self.rel.parent)
         try:
-            ino = (await view.lookup(parent, self.rel.name)).ino
+            ino = (await names.lookup(parent, self.rel.name)).ino
         except FileNotFoundError:
             if mode != "wb":
                 raise
             return (await writer.create(parent, self.rel.name))[1]
-        await view.getattr(ino)
+        await names.getattr(ino)
         return await writer.open(ino, truncate=mode == "wb")
 
     # ----- writing ------------------------------------------------------------------------
@@ -297,7 +299,7 @@ class InPath:
 
 
 class InFile:
-    """An open file (a ``View`` read handle or a ``Writer`` write handle), read and written
+    """An open file (an ``Opens`` read handle or a ``Writer`` write handle), read and written
     at its position as a client does."""
 
     def __init__(self, fs: InProcess, handle: ReadHandle | WriteHandle) -> None:
@@ -312,7 +314,7 @@ class InFile:
                 if isinstance(self.handle, WriteHandle):
                     data: Any = await self.fs.writable().read(self.handle, self.pos, want)
                 else:
-                    data = await self.fs.view.read(self.handle, self.pos, want)
+                    data = await self.fs.opens.read(self.handle, self.pos, want)
                 if not data:
                     break
                 out += data
@@ -347,7 +349,7 @@ class InFile:
                 attr = self.fs.writable().dirty_attr(self.handle)
                 if attr is not None:
                     return attr
-            return await self.fs.view.getattr(self.handle.ino)
+            return await self.fs.names.getattr(self.handle.ino)
 
         return stat_result(self.fs.run(run))
 
@@ -366,7 +368,7 @@ class InFile:
                 finally:
                     writer.release(handle)
             else:
-                self.fs.view.release(handle)
+                self.fs.opens.release(handle)
 
         self.fs.run(run)
 

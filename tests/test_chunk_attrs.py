@@ -3,7 +3,7 @@
 2 for a sharded array (the array root and the shard directory), 1 for an unsharded array;
 the same while the file is open for writing, just created, or committed.
 
-In-process (``tests/inproc.py``: the ``View`` and ``Writer`` the kernel adapter calls, no
+In-process (``tests/inproc.py``: the tree and ``Writer`` the kernel adapter calls, no
 mount): these are the filesystem's answers, not the kernel's.
 """
 

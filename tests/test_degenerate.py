@@ -222,12 +222,12 @@ def planted(tmp_path: Path, code: str) -> dict[str, str]:
 
 
 FOLD_CALLBACK_BUG = """
-from shardfs.tree import writer
+from shardfs.tree import commits
 
 async def folded(self, shard, positions, version):
     raise ZeroDivisionError("planted in the fold callback")
 
-writer.Writer.folded = folded
+commits.Commits.folded = folded
 """
 
 
@@ -268,16 +268,16 @@ def test_a_bug_in_the_fold_callback_leaves_the_mount_serving(tmp_path, mount):
 
 
 HANDLER_BUG = """
-from shardfs.tree import view
+from shardfs.tree import names
 
-_lookup = view.View.lookup
+_lookup = names.Names.lookup
 
 async def lookup(self, parent, name):
     if name == "planted":
         raise KeyError("planted in lookup")
     return await _lookup(self, parent, name)
 
-view.View.lookup = lookup
+names.Names.lookup = lookup
 """
 
 

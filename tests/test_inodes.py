@@ -73,6 +73,24 @@ def test_an_open_that_drops_other_pages_vouches_for_none_until_the_daemon_droppe
     assert k.opened(V2) is Pages.SAME
 
 
+def test_after_a_restore_every_inode_is_held_and_its_pages_unknown_until_dropped():
+    """A worker replacing a dead one knows neither the kernel's lookups nor its pages: every
+    inode counts as held (a change is invalidated), and an open drops the pages (no
+    ``keep_cache``, no fill) until the daemon dropped them itself; then they are kept."""
+    k = KernelInodes()
+    assert not k.holds(V1.ino) and k.pages(V1) is Pages.NONE
+    k.restored()
+    assert k.holds(V1.ino) and k.holds(V1.ino + 7)
+    assert k.opened(V1) is Pages.OTHER
+    assert k.opened(V1) is Pages.OTHER
+    mark = k.dropping(V1.ino)
+    k.dropped(V1, mark)
+    assert k.opened(V1) is Pages.SAME
+    k.looked_up(V2.ino)
+    assert k.forget(V2.ino, 1)  # evicted: its pages went with it, but it still counts as held
+    assert k.holds(V2.ino) and k.opened(V2) is Pages.OTHER
+
+
 def test_pages_dropped_while_another_version_was_read_or_written_are_not_vouched_for():
     k = KernelInodes()
     k.looked_up(V1.ino)
@@ -128,3 +146,4 @@ def test_files_open_through_the_pages_hold_their_inodes_size():
     assert (p.frozen(V1.ino, new), p.refused(V1.ino, new), p.shown(new)) == (new, False, V1.ino)
     p.unpin(3)  # released after its inode was forfeited: nothing left to unpin
     assert p.frozen(V1.ino, new) == new and not p
+

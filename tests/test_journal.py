@@ -189,6 +189,33 @@ def test_records_whose_marker_cannot_be_appended_are_released_in_place(tmp_path,
     assert segments(d) == []
 
 
+def test_adopted_segments_are_released_as_this_journals_own(tmp_path):
+    """A worker replacing a dead one takes its segments over (``Journal.adopt``): live changes
+    in commit order, those a marker names left out, a segment all folded removed at once; a
+    release then marks the adopted segment (or, past a torn tail, marks in place) and removes
+    it once nothing in it is live; the dead one's note of kept changes goes."""
+    dead = tmp_path / "dead"
+    old = Journal(str(dead), segment_bytes=1000)
+    items = [change(k, size=300) for k in range(9)]  # 3 records per segment
+    records = [old.append(c) for c in items]
+    old.release(records[3:6])  # segment 1: all folded (removed) ...
+    old.release([records[0]])  # ... segment 0: one marked
+    old.note_kept({"a/c/0": (1, "why")})
+    with open(dead / f"{2:020d}.seg", "ab") as f:  # the death cut a record in segment 2
+        f.write(encode_record(change(99, size=300))[:100])
+    (dead / f"{1:020d}.seg").write_bytes(b"")  # (a segment left empty by a rotation)
+    mine = Journal(str(tmp_path / "mine"))
+    adopted = mine.adopt(str(dead))
+    assert [c for c, _ in adopted] == [items[1], items[2], *items[6:]]
+    assert segments(dead) == [f"{0:020d}.seg", f"{2:020d}.seg"]
+    assert not (dead / journal_mod.KEPT).exists()
+    by_change = {c: r for c, r in adopted}
+    mine.release([by_change[items[1]], by_change[items[6]]])  # a marker; in place past the torn tail
+    assert Journal(str(dead)).recover() == [items[2], items[7], items[8]]
+    mine.release([by_change[items[2]], by_change[items[7]], by_change[items[8]]])
+    assert segments(dead) == []
+
+
 def test_recover_refuses_anything_but_segments(tmp_path):
     d = tmp_path / "journal"
     Journal(str(d)).append(change(1))

@@ -152,9 +152,9 @@ def test_the_layer_check_sees_lazy_and_type_checking_imports(tmp_path):
     """The parser counts an import inside a function and one under ``TYPE_CHECKING``."""
     lazy = [n for n, p in MODULES.items() if re.search(r"^    +from shardfs\.", p.read_text(), re.M)]
     assert lazy, "no function-level import left to check the parser on"
-    text = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from shardfs.tree.view import View\n" \
+    text = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from shardfs.tree.names import Names\n" \
            "def f():\n    from shardfs.app import cli\n"
     probe = tmp_path / "probe.py"
     probe.write_text(text)
-    assert imports("shardfs.format.probe", probe) == {"shardfs.tree.view", "shardfs.tree", "shardfs.app.cli",
+    assert imports("shardfs.format.probe", probe) == {"shardfs.tree.names", "shardfs.tree", "shardfs.app.cli",
                                                       "shardfs.app"}

@@ -1,8 +1,8 @@
 """The view over an object store (``ObjectStorage`` + ``ObjectReads``) against a real SeaweedFS.
 
 The read matrix (tests/sources.py: every index location, codec chain, key encoding, writer) is
-uploaded to the session's SeaweedFS; a ``View`` over that prefix is walked through the same
-calls fuse_ops makes (listdir, open, read, release) and must show exactly what a ``View`` over
+uploaded to the session's SeaweedFS; the tree (``compose_tree``) over that prefix is walked through the same
+calls fuse_ops makes (listdir, open, read, release) and must show exactly what the tree over
 the local directory shows, which zarr 3 reads (v2 mode) as zarr 3 reads the source natively.
 Then what only an object store has: a shard replaced between its index read and a chunk open
 (412, the index read again), and a server gone (EIO for that request, one log line, served
@@ -29,7 +29,7 @@ from shardfs.storage.local import LocalStorage
 from shardfs.storage.objects import ObjectStorage, Retry
 from shardfs.tree.nodetable import ROOT_INODE
 from shardfs.shards.shard import IndexCache
-from shardfs.tree.view import View
+from shardfs.app.compose import Tree, compose_tree
 
 
 def upload(root: Path, st: ObjectStorage) -> None:
@@ -39,7 +39,7 @@ def upload(root: Path, st: ObjectStorage) -> None:
             st.replace(p.relative_to(root).as_posix(), [p.read_bytes()])
 
 
-async def walk(view: View, ino: int = ROOT_INODE, path: str = "") -> dict[str, bytes]:
+async def walk(view: Tree, ino: int = ROOT_INODE, path: str = "") -> dict[str, bytes]:
     """``{path: content}`` of every file the view shows (directories as ``path/``), read like
     a client: listdir, open, one read past the end, release."""
     out: dict[str, bytes] = {}
@@ -49,11 +49,11 @@ async def walk(view: View, ino: int = ROOT_INODE, path: str = "") -> dict[str, b
             out[sub + "/"] = b""
             out.update(await walk(view, attr.ino, sub))
             continue
-        handle = await view.open(attr.ino)
+        handle = await view.opens.open(attr.ino)
         try:
-            out[sub] = bytes(await view.read(handle, 0, attr.size + 1))
+            out[sub] = bytes(await view.opens.read(handle, 0, attr.size + 1))
         finally:
-            view.release(handle)
+            view.opens.release(handle)
         assert len(out[sub]) == attr.size, sub
     return out
 
@@ -81,13 +81,13 @@ def matrix_url(matrix, objects_env) -> str:
 def object_files(matrix_url) -> dict[str, bytes]:
     st = ObjectStorage(matrix_url)
     try:
-        return trio.run(walk, View(st))
+        return trio.run(walk, compose_tree(st))
     finally:
         st.close()
 
 
 def test_the_view_of_objects_is_the_view_of_the_same_files_in_a_directory(matrix, object_files):
-    local = trio.run(walk, View(LocalStorage(str(matrix.root))))
+    local = trio.run(walk, compose_tree(LocalStorage(str(matrix.root))))
     assert sorted(object_files) == sorted(local)
     assert [k for k in local if object_files[k] != local[k]] == []
     assert sum(1 for k in local if "/c" in k or k[-1:].isdigit()) > 100  # chunk files were compared
@@ -115,17 +115,17 @@ def two_versions(tmp_path: Path) -> tuple[Path, Path]:
     return roots[0], roots[1]
 
 
-async def chunk_bytes(view: View, name: str, replace=None, array: str = "a") -> bytes:
+async def chunk_bytes(view: Tree, name: str, replace=None, array: str = "a") -> bytes:
     """Chunk file ``array/name`` as a client reads it; ``replace()`` runs between its lookup and open."""
-    arr = await view.lookup(ROOT_INODE, array)
-    attr = await view.lookup(arr.ino, name)
+    arr = await view.names.lookup(ROOT_INODE, array)
+    attr = await view.names.lookup(arr.ino, name)
     if replace is not None:
         replace()
-    handle = await view.open(attr.ino)
+    handle = await view.opens.open(attr.ino)
     try:
-        return bytes(await view.read(handle, 0, 1 << 20))
+        return bytes(await view.opens.read(handle, 0, 1 << 20))
     finally:
-        view.release(handle)
+        view.opens.release(handle)
 
 
 def test_a_shard_replaced_after_its_index_was_read_is_read_again_at_its_new_version(objects_env, tmp_path):
@@ -135,12 +135,12 @@ def test_a_shard_replaced_after_its_index_was_read_is_read_again_at_its_new_vers
     try:
         upload(v1, st)
         new = (v2 / "a/c/0/0").read_bytes()
-        got = trio.run(chunk_bytes, View(st), "1.0", lambda: other.replace("a/c/0/0", [new]))
+        got = trio.run(chunk_bytes, compose_tree(st), "1.0", lambda: other.replace("a/c/0/0", [new]))
     finally:
         st.close()
         other.close()
-    want = trio.run(chunk_bytes, View(LocalStorage(str(v2))), "1.0")
-    old = trio.run(chunk_bytes, View(LocalStorage(str(v1))), "1.0")
+    want = trio.run(chunk_bytes, compose_tree(LocalStorage(str(v2))), "1.0")
+    old = trio.run(chunk_bytes, compose_tree(LocalStorage(str(v1))), "1.0")
     assert got == want and got != old
 
 
@@ -153,13 +153,13 @@ def test_a_server_gone_fails_that_read_alone_with_eio_and_one_log_line(tmp_path,
         st = ObjectStorage(f"s3://{server.bucket}/gone", stat_ttl=60,  # versions stay remembered
                            retry=Retry(max_retries=1, retry_timeout=2, request_timeout=2, connect_timeout=1))
         upload(v1, st)
-        want = {name: trio.run(chunk_bytes, View(LocalStorage(str(v1))), name) for name in ("0.0", "1.0")}
-        view = View(st)
+        want = {name: trio.run(chunk_bytes, compose_tree(LocalStorage(str(v1))), name) for name in ("0.0", "1.0")}
+        view = compose_tree(st)
 
         async def scenario() -> None:
             # the shard's index cached by a listing (so the open reads no index ahead in the
             # background), then a chunk other than its first (that would fetch it whole)
-            await view.listing.listdir((await view.lookup(ROOT_INODE, "a")).ino)
+            await view.listing.listdir((await view.names.lookup(ROOT_INODE, "a")).ino)
             assert await chunk_bytes(view, "1.0") == want["1.0"]
             server.kill()
             caplog.clear()
@@ -187,9 +187,9 @@ CPS = 4  # chunks per shard along each axis: shards of 16 chunks
 @pytest.fixture
 def counted(objects_env, tmp_path):
     """``(view, proxy, requests, want, root)``: a 2x2-shard array (shards of 4x4 chunks of 32x32 int32;
-    the second array ``n`` with nested sharding: inner shards of 2x2 chunks) uploaded, a ``View``
+    the second array ``n`` with nested sharding: inner shards of 2x2 chunks) uploaded, a tree
     reaching SeaweedFS through a counting proxy, ``requests(key)`` listing ``(method, range,
-    if-match)`` of the requests for one key, ``want(array, name)`` the chunk file as a ``View``
+    if-match)`` of the requests for one key, ``want(array, name)`` the chunk file as a tree
     of the local directory shows it. Versions stay remembered (``stat_ttl`` 60 s): the counts
     do not depend on the test's speed."""
     root = tmp_path / "src"
@@ -200,7 +200,7 @@ def counted(objects_env, tmp_path):
     st = ObjectStorage(f"s3://{objects_env.bucket}/{prefix}")
     upload(root, st)
     st.close()
-    local = View(LocalStorage(str(root)))
+    local = compose_tree(LocalStorage(str(root)))
     with DelayProxy(("127.0.0.1", objects_env.ports["s3.port"]), delay=0, record=True) as proxy:
         st = ObjectStorage(f"s3://{objects_env.bucket}/{prefix}", endpoint=f"http://127.0.0.1:{proxy.port}",
                            stat_ttl=60)
@@ -212,7 +212,7 @@ def counted(objects_env, tmp_path):
         def want(array: str, name: str) -> bytes:
             return trio.run(chunk_bytes, local, name, None, array)
 
-        yield View(st), proxy, requests, want, root
+        yield compose_tree(st), proxy, requests, want, root
         st.close()
 
 
@@ -361,7 +361,7 @@ def test_listing_an_array_costs_its_listing_and_one_index_get_per_shard(counted)
     view, proxy, requests, want, root = counted
 
     async def listing() -> list[str]:
-        arr = await view.lookup(ROOT_INODE, "a")
+        arr = await view.names.lookup(ROOT_INODE, "a")
         return [name for name, _ in await view.listing.listdir(arr.ino)]
 
     shown = trio.run(listing)
@@ -418,7 +418,7 @@ def test_a_sweep_in_c_order_has_the_next_layer_of_shards_fetched_in_turn_before_
     st = ObjectStorage(f"s3://{objects_env.bucket}/{prefix}")
     upload(root, st)
     st.close()
-    local = View(LocalStorage(str(root)))
+    local = compose_tree(LocalStorage(str(root)))
     grid = (3, 3, 3)
     keys = [f"v/c/{i}/{j}/{k}" for i, j, k in np.ndindex(*grid)]  # C order
     chunks = [f"{i}.{j}.{k}" for i, j, k in np.ndindex(6, 6, 12)]
@@ -426,7 +426,7 @@ def test_a_sweep_in_c_order_has_the_next_layer_of_shards_fetched_in_turn_before_
     with DelayProxy(("127.0.0.1", objects_env.ports["s3.port"]), delay=0, record=True) as proxy:
         st = ObjectStorage(f"s3://{objects_env.bucket}/{prefix}", endpoint=f"http://127.0.0.1:{proxy.port}",
                            stat_ttl=60)
-        view = View(st)
+        view = compose_tree(st)
         started: list[str] = []
         running = [0, 0]  # now, most
         fetch_whole = view.reads.fetch_whole
@@ -489,7 +489,7 @@ def test_a_walk_fetches_at_most_prefetch_max_shards_ahead_however_wide_a_plane(o
     with DelayProxy(("127.0.0.1", objects_env.ports["s3.port"]), delay=0, record=True) as proxy:
         st = ObjectStorage(f"s3://{objects_env.bucket}/{prefix}", endpoint=f"http://127.0.0.1:{proxy.port}",
                            stat_ttl=60)
-        view = View(st)
+        view = compose_tree(st)
 
         async def sweep() -> list[bytes]:
             got = [await chunk_bytes(view, f"0.{j}", None, "w") for j in range(5)]
@@ -500,7 +500,7 @@ def test_a_walk_fetches_at_most_prefetch_max_shards_ahead_however_wide_a_plane(o
 
         got = trio.run(sweep)
         st.close()
-    local = View(LocalStorage(str(root)))
+    local = compose_tree(LocalStorage(str(root)))
     assert got == [trio.run(chunk_bytes, local, f"0.{j}", None, "w") for j in range(5)]
     fetched = [key for key in keys if any(r.path == f"/{objects_env.bucket}/{prefix}/{key}" for r in proxy.log)]
     assert fetched == keys[:1 + prefetch.PREFETCH_MAX]

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import daemon_pids, is_mounted, read_zarr2, run_shardfs, wait_for
+from conftest import daemon_pids, is_mounted, read_zarr2, run_shardfs, serving_pid, wait_for
 from sources import build
 from test_fuse_cli import S, env, wait_daemon_gone
 
@@ -83,6 +83,27 @@ def test_dead_mount_is_listed_cleared_by_mount_and_detached_by_umount(src, mnt_d
     assert not is_mounted(mnt_dir)
     r = shardfs("umount", str(mnt_dir))
     assert r.returncode == 1 and r.stderr == f"shardfs: error: {mnt_dir}: not mounted\n", r
+
+
+def test_a_stopped_daemon_is_listed_as_stuck_and_status_returns(src, mnt_dir):
+    """A worker that stopped after reading a request leaves every access to its mount in
+    uninterruptible sleep: ``status`` says so within its time-outs instead of joining them."""
+    assert shardfs("mount", str(src), str(mnt_dir)).returncode == 0
+    worker = serving_pid(mnt_dir)
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        r = shardfs("status", str(mnt_dir))
+        assert r.returncode == 0 and r.stdout == (
+            f"{mnt_dir}  <-  {src}\n  stuck: its daemon has not answered a request for 2 s (stopped, or stuck: "
+            "its log may say why); every access to the mount waits until it answers (kill -CONT a stopped one); "
+            f"fusermount3 -u -z {mnt_dir} detaches it\n"), r
+        r = shardfs("status", "--json")
+        assert r.returncode == 0, r.stderr
+        assert {"mountpoint": str(mnt_dir), "source": str(src), "stuck": True} in json.loads(r.stdout)
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    assert json.loads(shardfs("status", str(mnt_dir), "--json").stdout)["worker"]["pid"] == worker
+    assert shardfs("umount", str(mnt_dir)).returncode == 0
 
 
 def test_non_empty_mountpoint_is_refused_unless_nonempty(src, mnt_dir):

@@ -68,10 +68,11 @@ def src(tmp_path) -> Path:
 
 
 def worker_of(m) -> int:
-    """The pid of the supervisor's worker (its only child)."""
-    children = Path(f"/proc/{m.pid}/task/{m.pid}/children").read_text().split()
-    assert len(children) == 1, children
-    return int(children[0])
+    """The pid of the supervisor's worker (its only one)."""
+    from shardfs.app.zygote import workers_of
+
+    (pid,) = workers_of(m.pid)
+    return pid
 
 
 def status(mnt: Path) -> dict:
@@ -443,3 +444,89 @@ def test_a_temporary_renamed_onto_its_chunk_while_open_closes_cleanly_after_a_ki
     kill_worker(m, mnt)
     os.close(fd)
     assert chunk(mnt, "1.1") == data
+
+
+# --------------------------------------------------------------------------- time to serve after a death
+
+_LOCKER = r"""
+import fcntl, os, struct, sys, time
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o666)
+fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0))
+print("locked", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_the_dead_workers_journal_is_served_before_it_is_folded(mount, src):
+    """Chunks written (journalled, not folded) when the worker is killed: the next one serves
+    first and folds after, in the background, like any pending chunk (it used to fold the dead
+    one's journal before serving: seconds on a loaded machine, more on S3). The shards are
+    locked (tensorstore's lock file) so no fold can happen meanwhile: the chunk is read back
+    as written from the pending state; the new worker's first fold attempt comes after its
+    first served request, in its log."""
+    mnt = mount(src)
+    m = mount.info(mnt)
+    shards = [src / "a" / "c" / "0" / "0", src / "a" / "c" / "1" / "1"]
+    before = [s.read_bytes() for s in shards]
+    lockers = [subprocess.Popen([sys.executable, "-c", _LOCKER, f"{s}.__lock"], stdout=subprocess.PIPE, text=True,
+                                start_new_session=True) for s in shards]
+    try:
+        for locker in lockers:
+            assert locker.stdout.readline() == "locked\n"
+        data = {"1.1": chunk(mnt, "3.3"), "5.6": chunk(mnt, "2.2")}  # one chunk in each locked shard
+        for name, value in data.items():
+            (mnt / "a" / name).write_bytes(value)
+        new = kill_worker(m, mnt)
+        for name, value in data.items():
+            assert chunk(mnt, name) == value
+        assert [s.read_bytes() for s in shards] == before  # not folded: read from the pending state
+        doc = status(mnt)
+        assert doc["pending"]["chunks"] == 2, doc["pending"]
+        log = m.log_text()
+        serves = log.index(f"worker {new} serves")
+        folds = [i for i in (log.find(f"shardfs[{new}] ERROR {s}: shard rewrite failed") for s in shards) if i >= 0]
+        assert all(serves < i for i in folds), f"the new worker tried a fold before it served: {log[-2000:]}"
+        assert "took over 2 journalled chunk changes of a dead worker, pending" in log, log[-2000:]
+        assert f"shardfs[{new}] INFO replayed" not in log
+    finally:
+        for locker in lockers:
+            locker.kill()
+            locker.wait()
+    wait_for(lambda: status(mnt)["pending"]["chunks"] == 0, 60, "the adopted chunks folded once unlocked")
+    import zarr
+
+    got = zarr.open_array(str(src / "a"), mode="r")
+    assert np.array_equal(got[4:8, 4:8], EXPECTED[12:16, 12:16])  # 1.1 <- 3.3
+    assert np.array_equal(got[20:24, 24:28], EXPECTED[8:12, 8:12])  # 5.6 <- 2.2
+
+
+def zygote_of(m) -> int:
+    (pid,) = [p for p in map(int, Path(f"/proc/{m.pid}/task/{m.pid}/children").read_text().split())
+              if Path(f"/proc/{p}/comm").read_text().strip() == "shardfs-zygote"]
+    return pid
+
+
+def test_a_new_worker_is_forked_by_the_zygote_and_an_upgrade_starts_a_new_zygote(mount, src):
+    """A worker is forked by the supervisor's zygote (imported, nothing of the source open), not
+    started afresh: the same zygote forks the next one after a kill (the worker's command line
+    is the zygote's). ``shardfs mount`` on the live mount runs the package installed now: a
+    new zygote (a fresh process) forks the new worker, and the old zygote ends."""
+    mnt = mount(src)
+    m = mount.info(mnt)
+    zygote = zygote_of(m)
+    argv = Path(f"/proc/{zygote}/cmdline").read_bytes().split(b"\0")
+    assert b"--zygote" in argv
+    opened = [os.readlink(f"/proc/{zygote}/fd/{fd}") for fd in os.listdir(f"/proc/{zygote}/fd")]
+    assert not [p for p in opened if p.startswith(str(src)) or p == "/dev/fuse"], opened
+    first = worker_of(m)
+    assert Path(f"/proc/{first}/cmdline").read_bytes().split(b"\0") == argv
+    new = kill_worker(m, mnt)
+    assert zygote_of(m) == zygote
+    assert Path(f"/proc/{new}/cmdline").read_bytes().split(b"\0") == argv
+    assert chunk(mnt, "1.1") == (mnt / "b" / "1.1").read_bytes()
+    r = run_shardfs("mount", str(src), str(mnt), "-o", "chunk_cache=16M")
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    upgraded = zygote_of(m)
+    assert upgraded != zygote and not Path(f"/proc/{zygote}").exists()
+    assert b"chunk_cache=16M" in Path(f"/proc/{worker_of(m)}/cmdline").read_bytes().split(b"\0")
+    assert status(mnt)["options"] == {"chunk_cache": "16M"}

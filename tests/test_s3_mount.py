@@ -189,7 +189,7 @@ def shard_of_s(storage) -> tuple[str, object]:
     """The key and index format of ``s``'s only shard."""
     from shardfs.tree.metadata import parse
     from shardfs.format.v2 import describe_array
-    from shardfs.tree.writer import shard_target
+    from shardfs.tree.commits import shard_target
 
     target = shard_target("s", describe_array(parse(storage.read_all("s/zarr.json")[0])).layout, (0, 0))
     if isinstance(storage, Hooked):

@@ -66,7 +66,7 @@ def test_reads_requests_and_errors_are_counted(tmp_path, mount):
     assert stat.S_ISSOCK(os.stat(sock).st_mode) and stat.S_IMODE(os.stat(sock).st_mode) == 0o600
     assert not any("status" in name for name in os.listdir(mnt))
     # without MNT: a list holding this mount; the plain form: one screen
-    assert [d["mountpoint"] for d in status_json()] == [str(mnt)]
+    assert str(mnt) in [d["mountpoint"] for d in status_json()]
     text = run_shardfs("status", str(mnt))
     assert text.returncode == 0, text.stderr
     assert text.stdout.startswith(f"{mnt}  <-  {src}\n")

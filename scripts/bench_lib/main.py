@@ -400,7 +400,8 @@ FIGURES: list[tuple[str, str, list[str]]] = [
     ("dask", "fig_dask", ["dask 2 threads vs 1 thread, via mount", "  same on the real v2 copy"]),
     ("mount", "fig_mount", ["mount time, >100k chunks vs 1 shard"]),
     ("restart", "fig_restart", ["restart: SIGKILL of the worker to its successor started, p50", "  same, p99",
-                                "restart: SIGKILL of the worker to the first request served, p50", "  same, p99"]),
+                                "restart: SIGKILL of the worker to the first request served, p50", "  same, p99",
+                                "restart: shardfs mount to live, p50"]),
     ("s3", "fig_s3", S3_LABELS),
     ("workers", "fig_workers", ["workers=1: 4 zarr 2.18 readers, read-only mount, time vs workers=1"]),
     ("scale", "fig_scale", ["scale: ls -l over 1M chunk files", "scale: find -type f over 1M chunk files",
@@ -430,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="comma-separated figures: " + ",".join(f[0] for f in FIGURES))
     p.add_argument("--keep", action="store_true", help="keep the work directory (datasets, daemon logs)")
     p.add_argument("--baseline", metavar="DIR",
-                   help="peers, s3: also measure a shardfs side running the package in DIR "
+                   help="peers, s3, restart: also measure a shardfs side running the package in DIR "
                    "(a checkout: its shardfs/ is imported), alternated with this one")
     args = p.parse_args(argv)
     only = [x for x in args.only.split(",") if x]

@@ -118,15 +118,11 @@ class Daemon:
                          "(blocked in the kernel); its FUSE connection was aborted")
 
     def worker_pid(self) -> int | None:
-        """The pid of the supervisor's worker (its one child), None if it has none now."""
-        pid = self.pid
-        if pid is None:
-            return None
-        try:
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except OSError:
-            return None
-        return int(children[0]) if len(children) == 1 else None
+        """The pid of the supervisor's worker (its one), None if it has none now."""
+        from shardfs.app.zygote import workers_of
+
+        workers = [] if self.pid is None else workers_of(self.pid)
+        return workers[0] if len(workers) == 1 else None
 
     def kill_worker(self) -> int:
         """SIGKILL the worker (a crash, an OOM kill) and wait until another one serves the mount

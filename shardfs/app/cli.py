@@ -105,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="log here (default: stderr with -f, else syslog, else a file in the state directory)")
     m.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     m.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # shardfs.app.supervisor
+    m.add_argument("--zygote", type=int, default=None, help=argparse.SUPPRESS)  # shardfs.app.zygote
     m.set_defaults(run=_cmd_mount)
     i = sub.add_parser("inspect", help="show the codecs, shapes and index of an array or shard")
     i.add_argument("path", metavar="PATH", help="a shard file, a shard directory in a mount, or an array")
@@ -203,6 +204,15 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if args.worker is not None:  # a supervisor's worker: the supervisor checked it all
         return run_daemon(args, os.path.abspath(args.mnt), opts, source)
+    if args.zygote is not None:  # forks the supervisor's workers (shardfs.app.zygote)
+        from shardfs.app import zygote
+        from shardfs.app.run import preload
+
+        def worker(fd: int) -> int:
+            args.worker, args.zygote = fd, None
+            return run_daemon(args, os.path.abspath(args.mnt), opts, source)
+
+        return zygote.serve(args.zygote, lambda: preload(source), worker)
     if args.ready_fd is None or not source.url:  # a daemon we spawned: its parent checked the store
         check_source(args.src, source)
     mnt = os.path.abspath(args.mnt)

@@ -5,9 +5,13 @@ tests' in-process harness (``tests/inproc.py``) builds to drive the filesystem w
 kernel, so both run exactly the same objects: the source's ``Storage`` (its ``storage``
 slice, the kernel's timeouts as how long versions and listings are remembered), unless
 read-only the ``Writeback`` after the journal's replay (``shardfs.app.replay``, the
-``writes`` slice), the read path with its caches (``reads``), the ``View`` (``tree``) and
-the pyfuse3 ``Operations`` (``kernel``) with its ``Writer`` (``writes``: the shard size of
-arrays created through the mount, spilling into the source's state directory).
+``writes`` slice), the read path with its caches (``reads``), the tree (``tree``:
+``compose_tree`` builds each part and hands it the others it uses: the hierarchy, node table,
+made structure, shard indexes, read-ahead, chunks, ``Names``, ``Opens``, ``Listing``), unless
+read-only the ``Commits`` and the ``Writer`` with its ``Structure`` (``writes``: the shard size
+of arrays created through the mount, spilling into the source's state directory;
+``compose_writer``), and the pyfuse3 ``Operations`` (``kernel``), given each of them. This is
+the one place that builds a mount's objects: none builds another's parts.
 
 Building them imports pyfuse3, trio and numpy: ``shardfs.app.run`` imports this module only
 in the daemon, once it serves a mount.
@@ -16,21 +20,36 @@ in the daemon, once it serves a mount.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 
 from shardfs.app import state
 from shardfs.app.replay import open_writeback
 from shardfs.app.usage import UsageError
-from shardfs.config import Config, ReadConfig
+from shardfs.base.faults import Faults
+from shardfs.config import Config, ReadConfig, TreeConfig
 from shardfs.kernel.fuse_ops import Operations
+from shardfs.kernel.inodes import KernelInodes
+from shardfs.kernel.invalidation import Invalidation
+from shardfs.reads import Reads
 from shardfs.reads.chunkcache import ChunkCache
 from shardfs.reads.factory import make_reads
+from shardfs.reads.prefetch import Prefetch
 from shardfs.reads.rangecache import RangeCache
+from shardfs.shards.indexes import ShardIndexes
 from shardfs.storage import Storage, private
-from shardfs.base.faults import Faults
 from shardfs.storage.source import Source
+from shardfs.tree.chunks import Chunks
+from shardfs.tree.commits import Commits, Invalidate
+from shardfs.tree.hierarchy import Hierarchy
 from shardfs.tree.ledger import Ledger
-from shardfs.tree.view import View
+from shardfs.tree.listing import Listing
+from shardfs.tree.made import Made
+from shardfs.tree.names import Names, Resolved
+from shardfs.tree.nodetable import NodeTable
+from shardfs.tree.numbers import Numbers
+from shardfs.tree.opens import Opens
+from shardfs.tree.structure import Structure
 from shardfs.tree.writer import Writer
 from shardfs.writes.writeback import Writeback
 
@@ -41,6 +60,24 @@ class ReplayFailed(Exception):
 
 
 @dataclass
+class Tree:
+    """A mount's tree over its storage, built by ``compose_tree``: what the kernel adapter and
+    the writer call (``names``, ``opens``, ``listing``) and the parts they share."""
+
+    hierarchy: Hierarchy
+    nodes: NodeTable
+    made: Made
+    numbers: Numbers
+    reads: Reads
+    indexes: ShardIndexes
+    prefetch: Prefetch
+    chunks: Chunks
+    names: Names
+    opens: Opens
+    listing: Listing
+
+
+@dataclass
 class Composed:
     """A mount's objects, built by ``compose``."""
 
@@ -48,21 +85,57 @@ class Composed:
     storage: Storage
     writeback: Writeback | None  # None: read-only
     ranges: RangeCache | None  # an object store's fetched ranges (None: a directory)
-    view: View
+    ledger: Ledger
+    tree: Tree
+    commits: Commits | None  # None: read-only
+    writer: Writer | None  # None: read-only
     ops: Operations
+    faults: Faults
 
-    @property
-    def writer(self) -> Writer | None:
-        return self.ops.writer
+
+def compose_tree(storage: Storage, reads: Reads | None = None, writeback: Writeback | None = None,
+                 tree: TreeConfig | None = None, max_chunk: int = ReadConfig.max_chunk,
+                 ledger: Ledger | None = None, read_only: bool | None = None) -> Tree:
+    """The tree of a mount of ``storage`` (read-only unless ``writeback`` is given, or as
+    ``read_only`` says); ``reads`` by default ``make_reads(storage)``; ``max_chunk``: ``-o
+    max_chunk``; ``ledger``: where the numbers given to the kernel are noted (none kept by default)."""
+    reads = reads if reads is not None else make_reads(storage)
+    tree = tree or TreeConfig()
+    ledger = ledger or Ledger()
+    hierarchy = Hierarchy(storage, tree.ome, tree.c_order, time.time_ns(), ledger)  # groups and arrays
+    nodes = NodeTable(hierarchy.slots, ledger)  # inode numbers <-> node keys, staging files
+    made = Made(ledger)  # structure made through the mount that the source does not hold (yet)
+    indexes = ShardIndexes(storage, reads.indexes_per_read, hierarchy.version, hierarchy.log_unusable)
+    prefetch = Prefetch(storage, reads, indexes)  # object sources: read-ahead
+    chunks = Chunks(storage, writeback, indexes, reads, prefetch)  # stored and pending
+    resolved = Resolved()
+    names = Names(storage, hierarchy, nodes, made, indexes, chunks, resolved,
+                  read_only=writeback is None if read_only is None else read_only)
+    opens = Opens(storage, names, nodes, chunks, indexes, reads, prefetch, resolved, max_chunk)
+    listing = Listing(names, storage, nodes, made, indexes, chunks, reads.index_calls)
+    return Tree(hierarchy, nodes, made, Numbers(ledger, hierarchy, nodes, made), reads, indexes, prefetch, chunks,
+                names, opens, listing)
+
+
+def compose_writer(storage: Storage, t: Tree, writeback: Writeback, invalidate: Invalidate, tree: TreeConfig,
+                   spill_dir: str, shard_bytes: int) -> tuple[Commits, Writer]:
+    """The ``Commits`` and the ``Writer`` (with its ``Structure``) of a writable mount's tree ``t``:
+    contents being written spill into ``spill_dir``; arrays created through the mount get
+    shards of ``shard_bytes`` (``-o shard_size``)."""
+    commits = Commits(storage, t.hierarchy, t.nodes, t.made, t.indexes, writeback, invalidate)
+    structure = Structure(storage, t.names, t.nodes, t.made, t.chunks, t.indexes, t.listing, writeback, commits,
+                          tree, shard_bytes)
+    return commits, Writer(t.names, t.opens, t.nodes, t.made, t.chunks, writeback, commits, structure, spill_dir)
 
 
 def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: Ledger | None = None,
-            writes: bool = True) -> Composed:
+            adopt: bool = False, writes: bool = True) -> Composed:
     """Build a mount of ``source`` with ``cfg`` (``cfg.read_only``: no ``Writeback``, no
     ``Writer``); what must be closed (the storage, the journal's claim) goes on ``cleanup``.
     ``UsageError`` (one line) if the journal cannot be created or ``-o cache_dir`` cannot be
     used; ``ReplayFailed`` if what killed daemons left in the journal cannot be replayed.
-    ``ledger``: where a supervised worker notes the numbers it gives the kernel; ``writes``
+    ``ledger``: where a supervised worker notes the numbers it gives the kernel; ``adopt``: it
+    replaces a dead worker, whose journal it takes over as pending (``open_writeback``); ``writes``
     False: a writable mount's worker that forwards every change to the owner worker
     (``shardfs.kernel.owner``): no journal, no ``Writer``, but the modes of a writable mount."""
     storage = cleanup.enter_context(source.opened(version_ttl=cfg.kernel.attr_timeout,
@@ -78,7 +151,7 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
         except OSError as e:
             raise UsageError(f"{spill}: cannot create the spill directory: {e.strerror}") from None
         try:
-            writeback = open_writeback(source, storage, cfg.writes.journal_dir, cleanup, faults)
+            writeback = open_writeback(source, storage, cfg.writes.journal_dir, cleanup, faults, adopt)
         except UsageError:
             raise
         except Exception as e:
@@ -88,11 +161,17 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
     except ValueError as e:
         raise UsageError(f"-o {e}") from None
     reads = make_reads(storage, cache=ranges, chunk_cache=ChunkCache(cfg.reads.chunk_cache))
-    view = View(storage, read_only=cfg.read_only, writeback=writeback, ome=cfg.tree.ome,
-                max_chunk=cfg.reads.max_chunk,
-                c_order=cfg.tree.c_order, reads=reads, ledger=ledger)
-    ops = Operations(view, cfg.kernel, writeback, spill_dir=spill, shard_bytes=cfg.writes.shard_size, faults=faults)
-    return Composed(source, storage, writeback, ranges, view, ops)
+    ledger = ledger or Ledger()
+    t = compose_tree(storage, reads, writeback, cfg.tree, cfg.reads.max_chunk, ledger, cfg.read_only)
+    inodes = KernelInodes()
+    invalidation = Invalidation(inodes, t.nodes, every=ledger.shared)
+    commits = writer = None
+    if writeback is not None:
+        commits, writer = compose_writer(storage, t, writeback, invalidation.invalidate, cfg.tree, spill,
+                                         cfg.writes.shard_size)
+    ops = Operations(storage, t.names, t.opens, t.listing, t.nodes, t.numbers, inodes, invalidation, writer,
+                     cfg.kernel, faults, cfg.read_only)
+    return Composed(source, storage, writeback, ranges, ledger, t, commits, writer, ops, faults)
 
 
 def _range_cache(source: Source, reads: ReadConfig) -> RangeCache | None:

@@ -26,6 +26,7 @@ from shardfs.storage.urls import is_url
 
 FSTYPE = "fuse.shardfs"
 ASK_TIMEOUT = 5.0  # seconds to wait for a daemon's status document
+PROBE_TIMEOUT = 2.0  # seconds to wait for the kernel's answer to a stat of a mountpoint
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5: a pidfd of the process that listens
 
@@ -178,15 +179,46 @@ def daemon_of(mnt: str) -> Daemon | None:
     return None
 
 
-def dead_source(mnt: str) -> str | None:
-    """The source of ``mnt`` if it is a shardfs mount whose daemon is gone (the kernel answers
-    every request ENOTCONN, "Transport endpoint is not connected"), else None (a live mount,
-    another file system, or nothing mounted there)."""
+def stat_errno(path: str, timeout: float = PROBE_TIMEOUT) -> int | None:
+    """0 if ``stat(path)`` succeeds, its errno if it fails, None if it has not returned within
+    ``timeout`` seconds. The stat runs in a child process, left behind if it does not return: a
+    FUSE request that a stopped or stuck daemon has read keeps its caller in uninterruptible
+    sleep (not even SIGKILL ends it) until the daemon answers or the connection is aborted."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.closerange(0, 1 << 20)  # left behind, it must hold no pipe its parent's caller waits on
+        try:
+            os.stat(path)
+            code = 0
+        except OSError as e:
+            code = e.errno or 255
+        os._exit(code)
+    pidfd = os.pidfd_open(pid)
+    try:
+        if not select.select([pidfd], [], [], timeout)[0]:
+            return None
+    finally:
+        os.close(pidfd)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def unserved(mnt: str) -> tuple[str, str] | None:
+    """``(source, state)`` of ``mnt`` if it is a shardfs mount that no daemon serves: state
+    "dead" if its daemon is gone (the kernel answers every request ENOTCONN, "Transport endpoint
+    is not connected"), "stuck" if a lookup of a name never asked before (which the kernel cannot
+    answer from its caches) has no answer within ``PROBE_TIMEOUT`` (a stopped or stuck daemon).
+    None for a served mount, another file system, or nothing mounted there."""
     src = mounts().get(os.path.abspath(mnt))
     if src is None:
         return None
-    try:
-        os.stat(mnt)
-    except OSError as e:
-        return src if e.errno == errno.ENOTCONN else None
-    return None
+    found = stat_errno(os.path.join(mnt, f".shardfs-probe-{os.urandom(8).hex()}"))
+    if found is None:
+        return src, "stuck"
+    return (src, "dead") if found == errno.ENOTCONN else None
+
+
+def dead_source(mnt: str) -> str | None:
+    """The source of ``mnt`` if it is a shardfs mount whose daemon is gone (``unserved``), else None."""
+    found = unserved(mnt)
+    return found[0] if found is not None and found[1] == "dead" else None

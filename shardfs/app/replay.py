@@ -5,9 +5,8 @@ and the mount's own ``Writeback`` journalling into a directory it claims."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from shardfs.app import state
 from shardfs.app.usage import UsageError
@@ -18,11 +17,14 @@ log = logging.getLogger("shardfs")
 
 
 def open_writeback(source: Source, storage: Any, journal_dir: str | None, cleanup: contextlib.ExitStack,
-                   faults: Any = None) -> Any:
+                   faults: Any = None, adopt: bool = False) -> Any:
     """The mount's ``Writeback``, journalling into a directory of its own under the source's
     journal root (removed at exit if empty), after replaying into the shards what killed
     daemons left there and what an earlier version left in ``SRC/.shardfs/journal``; bugs met
-    meanwhile are recorded in ``faults`` (``shardfs.base.faults.Faults``)."""
+    meanwhile are recorded in ``faults`` (``shardfs.base.faults.Faults``). ``adopt``: a worker
+    replacing a dead one of the same mount takes what killed daemons left over as pending
+    instead (``Writeback.adopt``: served at once, folded in the background), so it serves
+    without waiting for those folds."""
     from shardfs.writes import journal
     from shardfs.writes.writeback import Writeback
 
@@ -38,8 +40,13 @@ def open_writeback(source: Source, storage: Any, journal_dir: str | None, cleanu
     cleanup.callback(claim.release)
     writeback = Writeback(storage, claim.directory, faults=faults)
     legacy = state.legacy_journal(source.name)
-    replayed = writeback.replay_sync(functools.partial(replay_target, storage),
-                                     older=((legacy,) if legacy else ()) + tuple(claim.orphans))
+    resolve = targets(storage)
+    older = ((legacy,) if legacy else ()) + tuple(() if adopt else claim.orphans)
+    replayed = writeback.replay_sync(resolve, older=older)
+    if adopt:
+        adopted = writeback.adopt(resolve, claim.adopt_orphans())
+        if adopted:
+            log.info("took over %d journalled chunk changes of a dead worker, pending", adopted)
     claim.drop_orphans()
     if legacy:
         state.remove_legacy(source.name)
@@ -53,15 +60,38 @@ def replay_target(source: Any, array_path: str, shard: tuple[int, ...]) -> Any:
     """Resolve a journalled shard to its rewrite target from the array's current metadata: None
     if the array is gone or its metadata is bad; ``Unusable`` if its ``zarr.json`` is there but
     cannot be read now (not a regular file, behind a symlink out of the source)."""
+    return targets(source)(array_path, shard)
+
+
+def targets(source: Any) -> Callable[[str, tuple[int, ...]], Any]:
+    """``replay_target`` that reads each array's metadata once (a replay or an adoption of
+    many shards of one array: one read, not one per shard, of an object store)."""
+    from shardfs.tree.commits import shard_target
+
+    layouts: dict[str, Any] = {}
+
+    def resolve(array_path: str, shard: tuple[int, ...]) -> Any:
+        if array_path not in layouts:
+            try:
+                layouts[array_path] = _layout(source, array_path)
+            except Exception as e:  # noqa: BLE001 - raised again for each shard of the array
+                layouts[array_path] = e
+        layout = layouts[array_path]
+        if isinstance(layout, Exception):
+            raise layout
+        return None if layout is None else shard_target(array_path, layout, shard)
+
+    return resolve
+
+
+def _layout(source: Any, array_path: str) -> Any:
     from shardfs.tree.metadata import BadMetadata, parse
     from shardfs.storage import Unusable
     from shardfs.format.v2 import describe_array
-    from shardfs.tree.writer import shard_target
 
     try:
         data, _version = source.read_all(f"{array_path}/zarr.json" if array_path else "zarr.json")
-        doc = parse(data)
-        return shard_target(array_path, describe_array(doc).layout, shard)
+        return describe_array(parse(data)).layout
     except Unusable:
         raise
     except (OSError, ValueError, BadMetadata):

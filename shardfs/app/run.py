@@ -190,8 +190,9 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     ledger = None
     if args.connection is not None:
         args.ledger = state.ledger_file(source.name, source.endpoint, os.getppid())
-        ledger = Ledger(args.ledger)  # opened once the mount is made (``_mount_and_serve``)
         conn = args.connection
+        # (a supervisor of an older package gives no memfd: a file in the state directory)
+        ledger = Ledger(args.ledger) if conn.ledger is None else Ledger(fd=conn.ledger)
         if conn.count > 1:
             ledger.share(conn.index, conn.count)
             try:  # before anything is given a number: the workers agree on each one (``Ledger.locked``)
@@ -209,8 +210,9 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     try:
         with contextlib.ExitStack() as cleanup:
             try:
-                mount = compose(cfg, source, cleanup, ledger, writes=ledger is None or not ledger.shared
-                            or ledger.index == OWNER)
+                replaces = args.connection is not None and args.connection.replaces
+                writes = ledger is None or not ledger.shared or ledger.index == OWNER  # (``kernel.owner``)
+                mount = compose(cfg, source, cleanup, ledger, adopt=replaces, writes=writes)
             except UsageError as e:
                 _report(args, f"error: {e}")
                 return 1
@@ -221,7 +223,7 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
                 try:
                     cleanup.callback(_share_writes(args, mount, ledger, source).close)
                 except OSError as e:
-                    _report(args, f"error: {args.ledger}: cannot share the writes: {e.strerror or e}")
+                    _report(args, f"error: cannot share the writes of {mnt} between workers: {e.strerror or e}")
                     return 1
             code = _mount_and_serve(args, mnt, opts, cfg, mount)
     except BaseException as e:  # whatever ends the daemon says why where its log is read
@@ -230,12 +232,26 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
             cause = cause.exceptions[0]
         log.critical("the daemon stops: %s: %s", type(cause).__name__, cause, exc_info=True)
         raise
-    if ledger is not None and ledger.shared:
-        # one of N workers, its mount's layers closed: no interpreter teardown (zarr, numpy: seconds
-        # on a loaded machine), which the supervisor would wait for before it ends the mount
+    if args.connection is not None:
+        # a worker, its mount's layers closed: no interpreter teardown (zarr, numpy: 0.4 s, seconds
+        # on a loaded machine), which the supervisor waits for before it ends the mount
         logging.shutdown()
         os._exit(code)
     return code
+
+
+def preload(source: Source) -> None:
+    """Import what a worker of ``source`` runs, opening nothing (a zygote: ``shardfs.app.zygote``)."""
+    import pyfuse3  # noqa: F401
+    import trio  # noqa: F401
+
+    from shardfs.app import compose, status, supervisor  # noqa: F401
+    from shardfs.kernel import fuseloop  # noqa: F401
+    from shardfs.tree.hierarchy import v2
+
+    v2()
+    if source.url:
+        from shardfs.storage import objects, web  # noqa: F401
 
 
 def _share_writes(args: argparse.Namespace, mount: Composed, ledger: Any, source: Source) -> Any:
@@ -247,13 +263,13 @@ def _share_writes(args: argparse.Namespace, mount: Composed, ledger: Any, source
 
     marks = Marks(state.marks_file(source.name, source.endpoint, os.getppid()))
     marks.start()
-    mount.ops.areas = Areas(mount.view.nodes, marks, ledger.owner)
+    mount.ops.areas = Areas(mount.tree.nodes, marks, ledger.owner)
+    args.owner_socket = state.owner_socket(source.name, source.endpoint, os.getppid())
     if ledger.index != OWNER:
-        mount.ops.forward = OwnerLink(state.owner_socket(source.name, source.endpoint, os.getppid()))
+        mount.ops.forward = OwnerLink(args.owner_socket)
     elif mount.writeback is not None:
         for path in mount.writeback.dirty_arrays():
             marks.note(path)
-    args.owner_socket = state.owner_socket(source.name, source.endpoint, os.getppid())
     return marks
 
 
@@ -295,7 +311,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
     """Mount ``mount`` (built by ``compose``) and serve it until unmounted or signalled; 1 if the
     mount failed (reported).
 
-    zarr-python (``shardfs.tree.view.v2``: 0.15-0.3 s of CPU, more once its files have left the
+    zarr-python (``shardfs.tree.hierarchy.v2``: 0.15-0.3 s of CPU, more once its files have left the
     page cache) is imported before the mount goes live: the first lookup of any node needs
     it, and a client reading right after ``shardfs mount`` returned would wait for it
     (measured: 0.36 s of a cold ``cat`` of 3072 chunk files; the mount takes 0.1 s longer)."""
@@ -305,10 +321,10 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
     from shardfs.app.status import Status
     from shardfs.tree.hierarchy import v2
 
-    source, read_only = mount.source, mount.view.read_only
+    source, read_only = mount.source, mount.ops.read_only
     v2()  # before going live (see above)
     shown = {**opts.own, **{o.partition("=")[0]: o.partition("=")[2] for o in opts.fuse}}
-    status = Status(mount.ops, mnt, source.name, source.endpoint, read_only, shown,
+    status = Status(mount, mnt, source.name, source.endpoint, read_only, shown,
                     state.status_socket(source.name, source.endpoint, os.getpid()),
                     cfg.stats_interval)
     exporter = None
@@ -329,7 +345,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
         conn.connect()  # the supervisor mounts (if nothing is mounted yet) and gives the connection
         try:
             state.private_dir(os.path.dirname(args.ledger))
-            mount.view.nodes.ledger.start()
+            mount.ledger.start()
         except (OSError, private.Refused) as e:
             _report(args, f"error: {args.ledger}: cannot create: {getattr(e, 'strerror', None) or e}")
             return 1
@@ -362,8 +378,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
                                                "worker_count": conn.count})
     _report(args, "ok")
     try:
-        trio.run(_serve, mount, status, exporter, conn, getattr(args, "ledger", None),
-                 getattr(args, "owner_socket", None))
+        trio.run(_serve, mount, status, exporter, conn, getattr(args, "owner_socket", None))
     finally:
         if exporter is not None:
             exporter.stop()
@@ -425,11 +440,11 @@ def _stderr_captured() -> Iterator[list[str]]:
 
 
 async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None, conn: Any = None,
-                 ledger: str | None = None, owner_socket: str | None = None) -> None:
+                 owner_socket: str | None = None) -> None:
     """Run the FUSE loop and answer ``shardfs status`` (``status``) and ``-o metrics``
     (``exporter``, which reads the status on this loop); on SIGINT/SIGTERM fold pending writes
     into the shards and end it. A supervisor's worker (``conn``) that replaces a dead one first
-    takes over what the dead one gave the kernel (the ledger at ``ledger``) and has the kernel
+    takes over what the dead one gave the kernel (its ledger) and has the kernel
     send again the requests the dead one had read (``fusedev.resend``).
 
     Pending writes are also folded when the loop ends otherwise (``fusermount3 -u``).
@@ -443,13 +458,12 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
     from shardfs.app import fusedev
     from shardfs.kernel import fuseloop
     from shardfs.kernel.forward import OwnerServer
-    from shardfs.tree.ledger import Ledger
 
-    writeback, writer = mount.writeback, mount.writer
+    writeback = mount.writeback
     if exporter is not None:
         exporter.serving(trio.lowlevel.current_trio_token())
-    # Given to run/flush, not to Writeback(): it is built (and replays the journal) before the View and Writer.
-    folded = writer.folded if writer is not None else None
+    # Given to run/flush, not to Writeback(): it is built (and replays the journal) before the tree and Commits.
+    folded = mount.commits.folded if mount.commits is not None else None
     flushed = False
     async with trio.open_nursery() as nursery:
 
@@ -467,11 +481,11 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
 
         nursery.start_soon(on_signal)
         if conn is not None:
-            shared = mount.view.nodes.ledger
+            shared = mount.ledger
             if shared.shared:  # what the other workers gave out so far (the dead one of this slot too)
                 await mount.ops.restore(shared.tail())
             elif conn.init is not None:  # another worker served the connection before
-                await mount.ops.restore(Ledger.load(ledger) if ledger else [])
+                await mount.ops.restore(shared.records())
             if conn.replaces and conn.resend:
                 fusedev.resend(conn.fd)  # what the dead worker had read comes again
             conn.serving()

@@ -24,7 +24,7 @@ from shardfs.app import peers, state
 from shardfs.storage import private
 
 if TYPE_CHECKING:
-    from shardfs.kernel.fuse_ops import Operations
+    from shardfs.app.compose import Composed
 
 log = logging.getLogger("shardfs")
 SEND_TIMEOUT = 5.0  # a client that does not read its document is dropped after this
@@ -32,15 +32,15 @@ PROBLEM_WINDOW = 60.0  # errors of the last this many seconds are problems
 
 
 class Status:
-    """What one mount shows to ``shardfs status``: the mount's identity and ``ops``' counters."""
+    """What one mount shows to ``shardfs status``: the mount's identity and its objects' counters."""
 
-    def __init__(self, ops: Operations, mountpoint: str, source: str, endpoint: str | None, read_only: bool,
+    def __init__(self, mount: Composed, mountpoint: str, source: str, endpoint: str | None, read_only: bool,
                  options: dict[str, str], socket_path: str | None, interval: float | None = None) -> None:
         """``endpoint``: an object store's endpoint in effect (None: the service's default, or a
         directory); ``shardfs inspect`` of a path in the mount reaches the store through it."""
         self.supervision: dict[str, Any] | None = None
         self._given: socket.socket | None = None  # the supervisor's listening socket
-        self.ops = ops
+        self.mount = mount
         self.mountpoint, self.source, self.read_only, self.options = mountpoint, source, read_only, options
         self.endpoint = endpoint
         self.socket_path = socket_path
@@ -69,8 +69,8 @@ class Status:
 
     def own(self) -> dict[str, Any]:
         """The status document of this process alone."""
-        ops = self.ops
-        view = ops.view
+        mount = self.mount
+        ops = mount.ops
         doc: dict[str, Any] = {
             "mountpoint": self.mountpoint, "source": self.source, "endpoint": self.endpoint, "pid": os.getpid(),
             "uptime_s": round(time.monotonic() - self.started, 1), "read_only": self.read_only,
@@ -82,12 +82,12 @@ class Status:
                              "restarts": sup["restarts"], "takeovers": sup["takeovers"],
                              "last_reason": sup["last_reason"]}
         doc.update(ops.stats.snapshot())
-        doc["store"] = view.source.stats.snapshot()
-        chunk_cache = view.reads.chunk_cache.lru
-        range_cache = getattr(view.reads, "cache", None)
-        doc["cache"] = {"index": _cache(view.indexes.index_cache), "chunk": _cache(chunk_cache),
+        doc["store"] = mount.storage.stats.snapshot()
+        chunk_cache = mount.tree.reads.chunk_cache.lru
+        range_cache = mount.ranges
+        doc["cache"] = {"index": _cache(mount.tree.indexes.index_cache), "chunk": _cache(chunk_cache),
                         "range": _cache(range_cache) if range_cache is not None else None}
-        writeback = view.writeback
+        writeback = mount.writeback
         if writeback is not None:
             doc.update(writeback.snapshot())
         else:
@@ -95,7 +95,7 @@ class Status:
                               "journal_error": None}
             doc["folds"] = {"done": 0, "failed": 0, "backing_off": [], "current": None}
         doc["pending"]["spill_bytes"] = ops.spilled_bytes()
-        doc["internal_errors"] = ops.faults.snapshot()
+        doc["internal_errors"] = mount.faults.snapshot()
         doc["errors_last_minute"] = ops.stats.errors_since(PROBLEM_WINDOW)
         doc["rss_bytes"], doc["open_files"] = _process()
         doc["open_handles"] = ops.open_handles()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from shardfs.app.mounts import daemon_of, daemons, dead_source, mounts
+from shardfs.app.mounts import PROBE_TIMEOUT, daemon_of, daemons, mounts, unserved
 
 
 class StatusError(Exception):
@@ -23,32 +23,32 @@ def status_of(mnt: str) -> dict[str, Any]:
     mnt = os.path.abspath(mnt)
     if mnt not in mounts():
         raise StatusError(f"{mnt}: not a shardfs mount")
-    dead = dead_doc(mnt)
-    if dead is not None:
-        return dead
     daemon = daemon_of(mnt)
-    if daemon is None:
+    if daemon is not None:
+        return daemon.doc
+    gone = unserved_doc(mnt)
+    if gone is None:
         raise StatusError(f"{mnt}: no shardfs daemon of this user answers for it (another user's mount, a dead "
                           "one, or one that could not make its status socket: its log says why)")
-    return daemon.doc
+    return gone
 
 
-def dead_doc(mnt: str) -> dict[str, Any] | None:
-    """The status of ``mnt`` if it is a dead shardfs mount (its daemon gone: ENOTCONN):
-    ``{"mountpoint", "source", "dead": true}``; else None."""
-    src = dead_source(mnt)
-    return None if src is None else {"mountpoint": mnt, "source": src, "dead": True}
+def unserved_doc(mnt: str) -> dict[str, Any] | None:
+    """The status of ``mnt`` if it is a shardfs mount no daemon serves (``unserved``):
+    ``{"mountpoint", "source", "dead": true}`` or ``{..., "stuck": true}``; else None."""
+    gone = unserved(mnt)
+    return None if gone is None else {"mountpoint": mnt, "source": gone[0], gone[1]: True}
 
 
 def all_statuses() -> list[dict[str, Any]]:
     """The status of every live shardfs mount of this user (those with a socket that answers),
-    and of every dead one (``dead_doc``)."""
+    and of every one no daemon serves (``unserved_doc``)."""
     live = mounts()
     docs = {d.doc["mountpoint"]: d.doc for d in daemons() if d.doc.get("mountpoint") in live}
     for mnt in live:
-        dead = None if mnt in docs else dead_doc(mnt)
-        if dead is not None:
-            docs[mnt] = dead
+        gone = None if mnt in docs else unserved_doc(mnt)
+        if gone is not None:
+            docs[mnt] = gone
     return [docs[mnt] for mnt in sorted(docs)]
 
 
@@ -92,6 +92,10 @@ def format_text(doc: dict[str, Any]) -> str:
         return (f"{doc['mountpoint']}  <-  {doc['source']}\n  dead: its daemon is gone (Transport endpoint is not "
                 f"connected); shardfs umount {doc['mountpoint']} detaches it, the next mount of the source "
                 "folds its pending writes")
+    if doc.get("stuck"):
+        return (f"{doc['mountpoint']}  <-  {doc['source']}\n  stuck: its daemon has not answered a request for "
+                f"{PROBE_TIMEOUT:g} s (stopped, or stuck: its log may say why); every access to the mount waits "
+                f"until it answers (kill -CONT a stopped one); fusermount3 -u -z {doc['mountpoint']} detaches it")
     store, reads, pending, folds = doc["store"], doc["reads"], doc["pending"], doc["folds"]
     lat = store["latency_ms"]
     n_requests = sum(doc["requests"].values())

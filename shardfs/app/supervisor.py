@@ -16,7 +16,9 @@ standard library), so it stays small, and it asks the OOM killer to spare it (``
 -1000, or as low as it may set; each worker sets its own back). The connection lives as long as
 it holds ``/dev/fuse``: while no worker serves it, requests wait in the kernel.
 
-A worker (``python -m shardfs mount ... --worker FD``, the package installed now) talks to it
+A worker (``python -m shardfs mount ... --worker FD``, the package installed now) inherits the
+memfd of the connection's ledger (``shardfs.tree.ledger``: made here, kept for the mount's life,
+the same for every worker; its number in ``SHARDFS_LEDGER_FD``) and talks to the supervisor
 over a ``SOCK_SEQPACKET`` socket pair, one JSON message a packet:
 
 - worker: ``{"ready": true}`` once its layers are built (the journal replayed), or ``{"error":
@@ -51,15 +53,16 @@ import os
 import select
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from shardfs.app import fusedev, peers, state
+from shardfs.app import fusedev, peers, state, zygote
+from shardfs.app.zygote import Child, Zygote
 from shardfs.storage import private
+from shardfs.tree import ledger
 
 log = logging.getLogger("shardfs")
 CRASH_LOOP = 5  # worker deaths ...
@@ -80,7 +83,7 @@ class Counters:
 
 @dataclass
 class Worker:
-    proc: subprocess.Popen[bytes]
+    proc: Child
     ctl: socket.socket
     index: int = 0  # its slot (``-o workers=N``: 0 .. N-1)
     started: float = field(default_factory=time.time)
@@ -121,7 +124,10 @@ class Supervisor:
         self.unmount = False  # ... and is detached once every worker ended
         self.stopping = False
         self.exit_code = 0  # 1: the first worker failed, or a crash loop ended the mount
+        self.ledger = ledger.memory()  # the connection's ledger: every worker appends to it
         self.oom_before = _protect_from_oom()
+        self.zygote: Zygote | None = None  # forks the workers of ``argv`` (``shardfs.app.zygote``)
+        self.next_zygote: Zygote | None = None  # ... of ``handing_over``
 
     def run(self) -> int:
         """Serve until unmounted or signalled; the exit status."""
@@ -132,6 +138,8 @@ class Supervisor:
         try:
             fusedev.check()
             self._listen()
+            zygote.prctl(zygote.PR_SET_CHILD_SUBREAPER, 1)  # the zygote's workers are reparented here
+            self.zygote = self._zygote(self.argv)
             for index in range(self.count):
                 self.workers[index] = self._spawn(index)
         except (fusedev.MountError, OSError) as e:
@@ -140,6 +148,8 @@ class Supervisor:
             for w in self.workers.values():
                 w.proc.kill()
                 w.proc.wait()
+            if self.zygote is not None:
+                self.zygote.close()
             return self.exit_code
         try:
             while self.workers:
@@ -153,13 +163,18 @@ class Supervisor:
                         self._message(w)
                     if w.proc.poll() is not None:
                         self._ended(w)
+                self._reap()
             self._unmounted()
         finally:
+            for z in (self.zygote, self.next_zygote):
+                if z is not None:
+                    z.close()
             for fd in self.slot_fds.values():
                 if fd != self.fd:
                     os.close(fd)
             if self.fd >= 0:
                 os.close(self.fd)
+            os.close(self.ledger)
             if self.workers_path is not None:
                 for path in [self.workers_path, *(peers.slot_file(self.workers_path, i) for i in range(self.count))]:
                     with contextlib.suppress(OSError):
@@ -239,20 +254,69 @@ class Supervisor:
             return
         self.handing_over = argv
         self.handing = set(self.workers)
+        if self.next_zygote is not None:
+            self.next_zygote.close()
+        self.next_zygote = self._zygote(argv)  # imports while the workers fold
         log.info("handing %s over to a new worker: %s", self.mnt, " ".join(argv))
         for worker in self.workers.values():
             if worker.proc.poll() is None:
                 worker.proc.send_signal(signal.SIGUSR1)
 
-    def _spawn(self, index: int, argv: list[str] | None = None) -> Worker:
+    def _zygote(self, argv: list[str]) -> Zygote | None:
+        try:
+            return Zygote(argv, {**os.environ, "SHARDFS_OOM_SCORE_ADJ": self.oom_before})
+        except OSError as e:
+            log.warning("cannot start a zygote (each worker starts afresh): %s", e)
+            return None
+
+    def _spawn(self, index: int, argv: list[str] | None = None, replaces: bool = False) -> Worker:
+        """A worker for slot ``index``: forked by the zygote of ``argv`` (default: the mount's),
+        else (it cannot fork: it died, it cannot import) started afresh, and a new zygote for
+        the next one."""
+        argv = argv or self.argv
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = {**os.environ, "SHARDFS_OOM_SCORE_ADJ": self.oom_before,
-               "SHARDFS_WORKER_SLOT": f"{index}/{self.count}"}
-        with open(os.devnull, "rb") as null:
-            proc = subprocess.Popen([*(argv or self.argv), "--worker", str(theirs.fileno())], stdin=null,
-                                    pass_fds=(theirs.fileno(),), env=env)
-        theirs.close()
-        return Worker(proc, ours, index)
+        env = {"SHARDFS_OOM_SCORE_ADJ": self.oom_before,
+               "SHARDFS_WORKER_SLOT": f"{index}/{self.count}" + "/r" * replaces}
+        given = {"SHARDFS_LEDGER_FD": self.ledger}  # descriptors it inherits, by the variable naming each
+        try:
+            handing = self.handing_over is not None and argv is self.handing_over
+            z = self.next_zygote if handing else self.zygote
+            try:
+                if z is None:
+                    raise OSError("none")
+                proc = z.fork(env, theirs.fileno(), given)
+            except OSError as e:
+                log.warning("no worker from the zygote (%s): starting one afresh", e)
+                if z is not None:
+                    z.close()
+                if handing:
+                    self.next_zygote = self._zygote(argv)
+                else:
+                    self.zygote = self._zygote(argv)
+                proc = zygote.spawn([*argv, "--worker", str(theirs.fileno())],
+                                    {**os.environ, **env, **{k: str(v) for k, v in given.items()}},
+                                    [theirs.fileno(), *given.values()])
+        finally:
+            theirs.close()
+        return Worker(proc, ours, index, replaces=replaces)
+
+    def _reap(self) -> None:
+        """Reap the children that are no worker (a worker's own children, reparented here when it
+        died: the supervisor is a subreaper); a dead zygote is noted (the next fork starts another)."""
+        known = {w.proc.pid for w in self.workers.values()}
+        zygotes = {z.proc.pid: z for z in (self.zygote, self.next_zygote) if z is not None}
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid in known:
+                return
+            if info.si_pid in zygotes:
+                zygotes.pop(info.si_pid).proc.poll()
+                continue
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(info.si_pid, 0)
 
     def _message(self, worker: Worker) -> None:
         try:
@@ -344,11 +408,13 @@ class Supervisor:
             self.handing.discard(worker.index)
             if not self.handing:
                 self.argv, self.handing_over = self.handing_over, None
+                if self.zygote is not None:
+                    self.zygote.close()
+                self.zygote, self.next_zygote = self.next_zygote, None
             self.counters.takeovers += worker.index == 0
             log.info("worker %d handed %s over (%s)", worker.proc.pid, self.mnt,
                      "exit status 0" if status == 0 else f"status {status}")
-            self.workers[worker.index] = self._spawn(worker.index, self.handing_over or self.argv)
-            self.workers[worker.index].replaces = True
+            self.workers[worker.index] = self._spawn(worker.index, self.handing_over or self.argv, replaces=True)
             return
         if self.over or status == 0 or self.stopping or self.fd < 0 or not fusedev.connected(self.fd):
             if not self.over:
@@ -378,8 +444,7 @@ class Supervisor:
         c.restarts += 1
         log.warning("worker %d ended (%s): starting another on the same connection", worker.proc.pid,
                     c.last_reason)
-        self.workers[worker.index] = self._spawn(worker.index)
-        self.workers[worker.index].replaces = True
+        self.workers[worker.index] = self._spawn(worker.index, replaces=True)
 
     def _unmounted(self) -> None:
         """Every worker ended and the mount is over: detach it (unless it is gone already)."""
@@ -417,13 +482,21 @@ class Connection:
         self.fd = -1
         self.init: bytes | None = None
         self.resend = False
-        slot = os.environ.pop("SHARDFS_WORKER_SLOT", "0/1").partition("/")
-        self.index, self.count = int(slot[0]), int(slot[2])  # this worker's slot of ``count`` (``-o workers``)
-        self.replaces = False  # a worker served this slot before (it died: what it read comes again)
+        slot = os.environ.pop("SHARDFS_WORKER_SLOT", "0/1").split("/")
+        self.index, self.count = int(slot[0]), int(slot[1])  # this worker's slot of ``count`` (``-o workers``)
+        # a worker served this slot before (it died: what it read comes again; its journal is taken over)
+        self.replaces = slot[2:] == ["r"]
         self.status: dict[str, Any] = {}
         self.status_socket: socket.socket | None = None  # the supervisor's, for ``shardfs status``
+        # the memfd of the connection's ledger (None: a supervisor of an older package, which gives none)
+        given = os.environ.pop("SHARDFS_LEDGER_FD", None)
+        self.ledger = int(given) if given is not None and given.isdigit() else None
+        if self.ledger is not None:
+            os.set_inheritable(self.ledger, False)
         self.started = time.time()
-        _die_with_parent()
+        parent = os.environ.pop("SHARDFS_SUPERVISOR_PID", None)  # forked by a zygote: reparented to it
+        zygote.die_with_parent(int(parent) if parent else None)
+        zygote.name("shardfs-worker")
         before = os.environ.pop("SHARDFS_OOM_SCORE_ADJ", None)
         if before is not None:
             try:
@@ -461,17 +534,6 @@ class Connection:
 
     def serving(self) -> None:
         self._send({"serving": True})
-
-
-def _die_with_parent() -> None:
-    """SIGKILL this process when its parent (the supervisor) dies."""
-    import ctypes
-    import ctypes.util
-
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _own_file(path: str) -> int:

@@ -5,7 +5,7 @@ served only as far as the source lets that user:
 - ``may_write(ctx)``: writes through the mount (open for writing, create, mkdir, unlink,
   rmdir, rename, link, truncate, chmod) are the mounting user's and root's only; another
   user's are EACCES (the daemon would otherwise write files that user may not write);
-- ``may_read(view, inode, ctx)``: a file of a local source is opened for another user only if
+- ``may_read(source, names, inode, ctx)``: a file of a local source is opened for another user only if
   that user may read the source file it comes from (a chunk file: its shard; a metadata file:
   its ``zarr.json``; ``shardfs.storage.permits``), else EACCES. An object store or web source
   has no owners: the mount shows ``-o uid=,gid=,file_mode=,dir_mode=`` and the kernel checks
@@ -22,7 +22,8 @@ import trio
 
 from shardfs.storage.local import LocalStorage
 from shardfs.storage.permits import may_read
-from shardfs.tree.view import View
+from shardfs.storage import Storage
+from shardfs.tree.names import Names
 
 
 class Callers:
@@ -40,14 +41,15 @@ class Callers:
         if self.other(ctx):
             raise pyfuse3.FUSEError(errno.EACCES)
 
-    async def may_read(self, view: View, inode: int, ctx: Any) -> None:
-        """EACCES if another user may not read the source file behind ``inode``."""
-        if not self.other(ctx) or not isinstance(view.source, LocalStorage):
+    async def may_read(self, source: Storage, names: Names, inode: int, ctx: Any) -> None:
+        """EACCES if another user may not read the file of ``source`` behind ``inode`` (``names``:
+        ``Names.source_key``)."""
+        if not self.other(ctx) or not isinstance(source, LocalStorage):
             return
-        key = view.source_key(inode)
+        key = names.source_key(inode)
         if key is None:
             return
-        path = view.source.path(key)
+        path = source.path(key)
         if not await trio.to_thread.run_sync(may_read, path, ctx.uid, _groups(ctx)):
             raise pyfuse3.FUSEError(errno.EACCES)
 

@@ -25,13 +25,14 @@ import os
 import socket
 import struct
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 import pyfuse3
 import trio
 
 log = logging.getLogger("shardfs")
 HEADER = struct.Struct("<I")
+READDIR_BATCH = 256  # entries a worker asks the owner for at a time (a READDIR forwarded)
 RECONNECT_S = 120.0  # how long a worker waits for the next owner before failing a request (EIO)
 EA = ("st_ino", "generation", "entry_timeout", "attr_timeout", "st_mode", "st_nlink", "st_uid", "st_gid", "st_rdev",
       "st_size", "st_blksize", "st_blocks", "st_atime_ns", "st_ctime_ns", "st_mtime_ns")
@@ -252,6 +253,23 @@ class OwnerLink:
             if not slot[1]:
                 raise pyfuse3.FUSEError(slot[2])
             return decode(slot[2])
+
+    async def request(self, op: str, args: tuple[Any, ...], looked_up: Callable[[int], None]) -> Any:
+        """The owner's answer to request ``op`` (a READDIR: the entries the owner lists, replied
+        here as far as the kernel's buffer takes them; ``looked_up`` counts each one taken)."""
+        if op != "readdir":
+            return await self.call(op, args)
+        fh, offset, token = args
+        while True:
+            batch = await self.call("entries", (fh, offset, READDIR_BATCH))
+            for name, fields in batch:
+                e = decode(("ea", fields))
+                if not pyfuse3.readdir_reply(token, name, e, offset + 1):
+                    return None
+                looked_up(e.st_ino)
+                offset += 1
+            if len(batch) < READDIR_BATCH:
+                return None
 
     def send_forget(self, forgets: list[tuple[int, int]]) -> None:
         """Give the owner lookups this worker did not count (no answer is awaited)."""

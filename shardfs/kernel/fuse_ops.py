@@ -1,5 +1,6 @@
-"""pyfuse3 adapter: each FUSE request becomes a call on the ``View`` (names, attributes,
-reads) or the ``Writer`` (writes), and its result a pyfuse3 reply.
+"""pyfuse3 adapter: each FUSE request becomes a call on the tree (``Names``: names and
+attributes; ``Opens``: reads; ``Listing``: readdir) or the ``Writer`` (writes), and its result a
+pyfuse3 reply.
 
 What the adapter itself keeps is what talking to the kernel needs: the open handles
 (``handles.Handles``), the lookups and cached pages the kernel holds
@@ -13,12 +14,14 @@ Any exception other than ``pyfuse3.FUSEError`` escaping a handler would end
 ``Operations.faults`` (logged with its traceback, once per place: ``shardfs.base.faults``).
 ``forget``, which has no reply, records its bugs the same way and answers nothing.
 
-With ``-o workers=N`` (read-only mounts; ``shardfs.tree.ledger``: a shared ledger) any worker
+With ``-o workers=N`` (``shardfs.tree.ledger``: a shared ledger) any worker
 may get any request: a request that fails here first learns what the other workers gave out
 (``follow``) and is tried once more if that taught anything; files are opened with direct I/O
 (the kernel's page cache and inode sizes are then nobody's to track: what one worker knows of
 them another does not); a handle another worker opened is opened again here at its first use
-(``_live``), at the version its record names (else EIO: never another version's bytes).
+(``_live``), at the version its record names (else EIO: never another version's bytes). On a
+writable mount worker 0 owns the writes: the others forward to it what they must not serve
+(``shardfs.kernel.owner``, ``shardfs.kernel.forward``).
 
 Extended attributes are not implemented on purpose: pyfuse3 answers ENOSYS,
 after which the kernel stops asking. Otherwise ``ls -l`` sends two getxattr
@@ -33,17 +36,16 @@ import functools
 import itertools
 import logging
 import os
-import stat
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import pyfuse3
 import trio
 
 from shardfs.config import KernelConfig
-from shardfs.format.create import DEFAULT_SHARD_BYTES
 from shardfs.kernel.callers import Callers
-from shardfs.kernel.forward import OwnerLink, decode, encode
+from shardfs.kernel.forward import OwnerLink, encode
 from shardfs.kernel.owner import Areas
+from shardfs.kernel.entries import Entries
 from shardfs.kernel.handles import DirHandle, Handle, Handles, Lost
 from shardfs.kernel.inodes import KernelInodes, Pages
 from shardfs.kernel.pins import Pins
@@ -54,37 +56,27 @@ from shardfs.tree.nodes import ChunkKey
 from shardfs.tree.nodetable import CHUNK_BASE
 from shardfs.tree.tries import Tries
 from shardfs.kernel.stats import RequestStats
-from shardfs.tree.view import ReadHandle, View
-from shardfs.writes.writeback import Writeback
+from shardfs.kernel.invalidation import Invalidation
+from shardfs.kernel.opening import Opening, kernel_attr
+from shardfs.reads import ReadHandle
+from shardfs.storage import Storage
+from shardfs.tree.listing import Listing
+from shardfs.tree.names import Names
+from shardfs.tree.nodetable import NodeTable
+from shardfs.tree.numbers import Numbers
+from shardfs.tree.opens import Opens
+from shardfs.tree.structure import Structure
 from shardfs.tree.writer import WriteHandle, Writer
 
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 FOLLOW_S = 0.5  # seconds between looks at what other workers appended to a shared ledger
-FILL_MAX = 1 << 20  # files up to this size are stored into the page cache when opened (see _fill_pages)
-READDIR_BATCH = 256  # entries a worker asks the owner for at a time (a READDIR forwarded)
 NAME_MAX = 255  # bytes in one name (ENAMETOOLONG beyond), as on every local Linux filesystem
 # pyfuse3 built by scripts/pyfuse3 (run by scripts/install) has FileInfo.noflush: a read-only
 # open then asks the kernel for no FLUSH request at its close(); stock pyfuse3 has not (each
 # close of a read-only open then costs one FLUSH request, answered as a no-op).
 NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
 GUARDED: list[str] = []  # the handlers ``_guard`` wraps: the operations ``RequestStats`` counts
-
-
-def _modes(shown: KernelConfig, read_only: bool) -> tuple[int, int] | None:
-    """(file, directory) permission bits of ``-o file_mode,dir_mode`` (writes bits cleared on a
-    read-only mount); None if neither is given (the view's own modes)."""
-    if shown.file_mode is None and shown.dir_mode is None:
-        return None
-    ro = 0o222 if read_only else 0
-    files = (0o444 if read_only else 0o644) if shown.file_mode is None else shown.file_mode
-    dirs = (0o555 if read_only else 0o755) if shown.dir_mode is None else shown.dir_mode
-    return files & ~ro, dirs & ~ro
-
-
-def _remode(mode: int, modes: tuple[int, int]) -> int:
-    """``mode`` with the permission bits of its kind from ``modes`` (files, directories)."""
-    return stat.S_IFMT(mode) | (modes[1] if stat.S_ISDIR(mode) else modes[0])
 
 
 def _name(name: bytes) -> str:
@@ -106,7 +98,7 @@ def _guard(fn: F) -> F:
                 if self.forward is None:
                     self.areas.before(op, args)  # (OSError: a change that cannot be marked is not made)
                 elif self.areas.forwards(op, args):
-                    return await self._forwarded(op, args)
+                    return await self.forward.request(op, args, self._kernel.looked_up)
             except pyfuse3.FUSEError:
                 raise
             except Exception as e:
@@ -149,56 +141,47 @@ class Operations(pyfuse3.Operations):
     # share one): with the pyfuse3 scripts/install builds; stock pyfuse3 ignores it.
     enable_parallel_dirops = True
 
-    def __init__(self, view: View, kernel: KernelConfig | None = None,
-                 writeback: Writeback | None = None, spill_dir: str | None = None,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES, faults: Faults | None = None) -> None:
-        """``kernel``: the entry and attribute timeouts, and the owner, group and modes every node
-        shows (``-o entry_timeout,attr_timeout,uid,gid,file_mode,dir_mode``);
-        ``spill_dir``: where contents being written spill beyond memory (needed with ``writeback``);
-        ``shard_bytes``: the shard size of arrays created through the mount (``-o shard_size``);
+    def __init__(self, source: Storage, names: Names, opens: Opens, listing: Listing, nodes: NodeTable,
+                 numbers: Numbers, inodes: KernelInodes, invalidation: Invalidation, writer: Writer | None = None,
+                 kernel: KernelConfig | None = None, faults: Faults | None = None,
+                 read_only: bool | None = None) -> None:
+        """The tree's ``names`` (lookups, attributes), ``opens`` (reads) and ``listing``
+        (readdir), its node table (``nodes``: aliases, forgets, staging files) and the numbers
+        given to the kernel (``numbers``: ledger compactions, follows, take-overs); what the
+        kernel holds (``inodes``) and drops (``invalidation``); ``writer``: None on a read-only
+        mount; ``kernel``: the entry and attribute timeouts, and the owner, group and modes
+        every node shows (``-o entry_timeout,attr_timeout,uid,gid,file_mode,dir_mode``);
         ``faults``: where the handlers' bugs are recorded (the mount's, shared with its
-        background tasks)."""
+        background tasks); ``read_only``: by default, without a ``writer`` (a writable mount's
+        worker that forwards its writes to the owner worker has none)."""
         super().__init__()
-        self.view = view
+        self.source = source
+        self.names = names
+        self.opens = opens
+        self.listing = listing
+        self.nodes = nodes
+        self.numbers = numbers
         self.faults = faults or Faults()
-        if writeback is not None and spill_dir is None:
-            raise ValueError("a writable mount needs a spill_dir")
-        self.writer = None if writeback is None or spill_dir is None else Writer(view, writeback, self.invalidate,
-                                                                                   spill_dir, shard_bytes=shard_bytes)
+        self.writer = writer
+        self.read_only = writer is None if read_only is None else read_only
+        self.structure = None if writer is None else writer.structure
+        self.invalidate = invalidation.invalidate
         self.kernel = kernel = kernel or KernelConfig()
-        self._handles = Handles(view.nodes.ledger)
-        view.nodes.ledger.followers.append(self._follow_handles)
-        self._kernel = KernelInodes()
+        self._ledger = numbers.ledger  # (``shared``: read at every open)
+        self._handles = Handles(numbers.ledger)
+        numbers.ledger.followers.append(self._follow_handles)
+        self._kernel = inodes
         self._pins = Pins()  # versions that files open through the page cache hold their inode's size at
-        self._fill = True  # until the kernel says it cannot store pages (ENOSYS)
         self._callers = Callers(os.getuid())
-        self._uid = os.getuid() if kernel.uid is None else kernel.uid
-        self._gid = os.getgid() if kernel.gid is None else kernel.gid
-        self._modes = _modes(kernel, view.read_only)
+        self._entry = Entries(kernel, self.read_only, inodes).entry
         self.stats = RequestStats()
         # ``-o workers=N`` on a writable mount: the owner marks what it changes (``areas``), the
         # other workers forward to it what they must not serve (``forward``): set by the daemon
         self.areas: Areas | None = None
         self.forward: OwnerLink | None = None
+        self._opening = Opening(opens, inodes, numbers, self.stats)
         for op in GUARDED:
             self.stats.op(op)
-
-    def _entry(self, attr: Attr, e: pyfuse3.EntryAttributes | None = None) -> pyfuse3.EntryAttributes:
-        """``attr`` as pyfuse3 entry attributes (filled into ``e`` if given: readdir reuses one)."""
-        if e is None:
-            e = pyfuse3.EntryAttributes()
-            e.st_blksize = 65536
-            e.st_uid, e.st_gid = self._uid, self._gid
-            e.entry_timeout = self.kernel.entry_timeout
-            e.attr_timeout = self.kernel.attr_timeout
-        e.st_ino = attr.ino
-        e.generation = self._kernel.generation(attr.ino)
-        e.st_mode = attr.mode if self._modes is None else _remode(attr.mode, self._modes)
-        e.st_nlink = attr.nlink
-        e.st_size = attr.size
-        e.st_blocks = (attr.size + 511) // 512
-        e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = attr.mtime_ns
-        return e
 
     def _looked_up(self, attr: Attr) -> pyfuse3.EntryAttributes:
         """An entry reply (lookup, create, link): the kernel now holds one more lookup of the inode."""
@@ -213,13 +196,13 @@ class Operations(pyfuse3.Operations):
             return attr
         ino = self._pins.shown(attr)
         if ino is None:
-            ino = self.view.nodes.new_alias(attr.ino)
+            ino = self.nodes.new_alias(attr.ino)
             self._pins.showing(attr.ino, ino)
         return attr if ino == attr.ino else attr._replace(ino=ino)
 
     @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        return self._looked_up(await self.view.lookup(parent_inode, _name(name)))
+        return self._looked_up(await self.names.lookup(parent_inode, _name(name)))
 
     @_guard
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
@@ -228,7 +211,7 @@ class Operations(pyfuse3.Operations):
         if attr is not None:
             return self._entry(attr)
         attr = await self._attr(inode)
-        if attr.ino != inode and self.view.nodes.is_new_alias(inode):
+        if attr.ino != inode and self.nodes.is_new_alias(inode):
             attr = attr._replace(ino=inode)  # as its lookup said (pyfuse3 gives an entry's inode as its number)
         shown = self._pins.frozen(inode, attr)
         e = self._entry(shown)
@@ -237,7 +220,7 @@ class Operations(pyfuse3.Operations):
         return e
 
     async def _attr(self, inode: int) -> Attr:
-        """``view.getattr``, except that a chunk file that no longer exists (``_shows_chunk``) is
+        """``Names.getattr``, except that a chunk file that no longer exists (``_shows_chunk``) is
         ESTALE, not ENOENT.
 
         The kernel may still hold its name (from a ``create`` whose commit was refused, or
@@ -246,7 +229,7 @@ class Operations(pyfuse3.Operations):
         ``open(O_CREAT)`` creates the file; ENOENT would fail both until the entry expires.
         """
         try:
-            return await self.view.getattr(inode)
+            return await self.names.getattr(inode)
         except FileNotFoundError:
             if self._shows_chunk(inode):
                 raise pyfuse3.FUSEError(errno.ESTALE) from None
@@ -258,14 +241,14 @@ class Operations(pyfuse3.Operations):
         scripts/soak, an in-place write after an ``rm`` under the chunk's other name failed
         with ENOENT)."""
         try:
-            return isinstance(self.view.nodes.node_key(inode), ChunkKey)
+            return isinstance(self.nodes.node_key(inode), ChunkKey)
         except OSError:
             return False
 
     @_guard
     async def opendir(self, inode: int, ctx: Any) -> int:
-        await self.view.getattr(inode)
-        return self._handles.add(DirHandle(inode, DirStream(self.view.listing, inode)))
+        await self.names.getattr(inode)
+        return self._handles.add(DirHandle(inode, DirStream(self.listing, inode)))
 
     @_guard
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
@@ -308,23 +291,6 @@ class Operations(pyfuse3.Operations):
                 out.append((os.fsencode(name), encode(self._entry(self._shown(attr)))[1]))
         return out
 
-    async def _forwarded(self, op: str, args: tuple[Any, ...]) -> Any:
-        """The owner's answer to a request this worker must not serve (``shardfs.kernel.owner``)."""
-        assert self.forward is not None
-        if op != "readdir":
-            return await self.forward.call(op, args)
-        fh, offset, token = args
-        while True:
-            batch = await self.forward.call("entries", (fh, offset, READDIR_BATCH))
-            for name, fields in batch:
-                e = decode(("ea", fields))
-                if not pyfuse3.readdir_reply(token, name, e, offset + 1):
-                    return None
-                self._kernel.looked_up(e.st_ino)
-                offset += 1
-            if len(batch) < READDIR_BATCH:
-                return None
-
     @_guard
     async def releasedir(self, fh: int) -> None:
         handle = self._handles.pop(fh)
@@ -339,17 +305,17 @@ class Operations(pyfuse3.Operations):
             self._kernel.changed(inode)
             self._pins.forfeit(inode)  # rewritten in place: its readers may read it torn, as on any filesystem
             return pyfuse3.FileInfo(fh=self._add_write(written), direct_io=False, keep_cache=False)
-        await self._callers.may_read(self.view, inode, ctx)
+        await self._callers.may_read(self.source, self.names, inode, ctx)
         if inode >= CHUNK_BASE:
             self.stats.chunk_files += 1
-        tries = Tries()  # the open's one retry policy, shared with the view's (``tree.tries``)
+        tries = Tries()  # the open's one retry policy, shared with ``Opens.open``'s (``tree.tries``)
         while True:
-            handle, version, content, stale = await self._open_read(inode, tries)
+            handle, version, content, stale = await self._opening.read_open(inode, tries)
             if not stale or tries.spent:
                 break
-            self.view.release(handle)
+            self.opens.release(handle)
         if self._pins.refused(inode, version):  # the kernel looks the name up again (another inode)
-            self.view.release(handle)
+            self.opens.release(handle)
             raise pyfuse3.FUSEError(errno.ESTALE)
         fi = pyfuse3.FileInfo(fh=self._handles.add(handle))
         if NOFLUSH:  # nothing to commit at its close(): see flush
@@ -362,58 +328,8 @@ class Operations(pyfuse3.Operations):
         if not fi.direct_io and handle.attr.ino >= CHUNK_BASE:  # (a chunk file's own inode)
             self._pins.pin(fi.fh, version)
         if pages is Pages.NONE and content is not None and not fi.direct_io:
-            self._fill_pages(handle.ino, content)
+            self._opening.fill(handle.ino, content)
         return fi
-
-    async def _open_read(self, inode: int,
-                         tries: Tries) -> tuple[ReadHandle, Attr, bytes | bytearray | memoryview | None, bool]:
-        """``view.open(inode, tries)`` with what ``open`` answers from: the handle, its version (the
-        attributes with the kernel's inode), the content to fill the pages with (or None), and
-        whether the file changed while this ran (``KernelInodes.unwatch``). The kernel's pages
-        of another version are dropped first (``KernelInodes.dropping``)."""
-        seen = self._kernel.watch(inode)
-        try:
-            handle = await self.view.open(inode, tries)
-            # The pages are the kernel inode's: a chunk's name that a rename made show another inode
-            # (an alias, see NodeTable) has pages of its own, maybe being written in place right now.
-            version = handle.attr._replace(ino=handle.ino)
-            try:
-                content = await self._content_to_fill(handle, version)
-                if not self.shared and self._kernel.pages(version) is Pages.OTHER:
-                    mark = self._kernel.dropping(handle.ino)
-                    await trio.to_thread.run_sync(_invalidate_inodes, [handle.ino])
-                    self._kernel.dropped(version, mark)
-            except BaseException:
-                self.view.release(handle)
-                raise
-        finally:
-            stale = self._kernel.unwatch(inode, seen)
-        return handle, version, content, stale
-
-    async def _content_to_fill(self, handle: ReadHandle, version: Attr) -> bytes | bytearray | memoryview | None:
-        """The whole content of a small file being opened whose pages the kernel has never held
-        (``Pages.NONE`` for ``version``: the attributes with the kernel's inode), to store into
-        its page cache (``_fill_pages``); else None. The client's reads are then served by the
-        kernel, without a READ request each."""
-        size = handle.attr.size
-        if not (self._fill and not self.shared and 0 < size <= FILL_MAX
-                and self._kernel.pages(version) is Pages.NONE):
-            return None
-        content = await self.view.read(handle, 0, size)
-        return content if len(content) == size else None
-
-    def _fill_pages(self, ino: int, content: bytes | bytearray | memoryview) -> None:
-        """Store ``content`` (a view of a buffer the next read may reuse: no ``await`` since it
-        was read) into the page cache of ``ino``, which holds none of it. Called before the open
-        is answered, and without an ``await`` since ``opened`` said ``Pages.NONE``, so no client
-        can be reading the file meanwhile (the kernel would hold its pages locked)."""
-        try:
-            pyfuse3.notify_store(ino, 0, content)  # type: ignore[arg-type]  # any buffer (stub: bytes); no copy
-            self.stats.read_bytes += len(content)
-        except OSError as e:  # what was stored is still this version's: the pages are kept
-            if e.errno == errno.ENOSYS:
-                self._fill = False
-            log.debug("filling the page cache of inode %d: %s", ino, e.strerror)
 
     @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -423,34 +339,33 @@ class Operations(pyfuse3.Operations):
             data = await self._writable().read(handle, off, size)
         else:
             assert isinstance(handle, ReadHandle)  # the kernel sends READ with file handles only
-            data = await self.view.read(handle, off, size)
+            data = await self.opens.read(handle, off, size)
             # The reply lands in the kernel's pages of the inode: if another version was opened
             # since this handle's, they now hold an old version's bytes; the next open drops them.
-            self._kernel.served(handle.attr._replace(ino=handle.ino))
+            self._kernel.served(kernel_attr(handle))
         self.stats.read_bytes += len(data)
         return data  # type: ignore[return-value]  # pyfuse3 replies with any buffer
 
     @_guard
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh)
-        ledger = self.view.nodes.ledger
+        ledger = self.numbers.ledger
         if ledger.full:
-            ledger.rewrite([*self.view.hierarchy.records(), *self.view.nodes.records(), *self.view.made.records(),
-                            *self._handles.records()])
+            ledger.rewrite([*self.numbers.records(), *self._handles.records()])
         self._let_go(fh, handle)
 
     def _let_go(self, fh: int, handle: Handle | None) -> None:
         """What a released handle held (a read handle's version, pin and descriptor)."""
         if isinstance(handle, ReadHandle):
-            self._kernel.unread(handle.attr._replace(ino=handle.ino))
+            self._kernel.unread(kernel_attr(handle))
             self._pins.unpin(fh)
-            self.view.release(handle)
+            self.opens.release(handle)
         elif isinstance(handle, WriteHandle) and self.writer is not None:
             self.writer.release(handle)
 
     @_guard
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
-        st = self.view.source.statvfs()
+        st = self.source.statvfs()
         out = pyfuse3.StatvfsData()
         for name in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_favail",
                      "f_namemax"):
@@ -468,14 +383,11 @@ class Operations(pyfuse3.Operations):
     @property
     def shared(self) -> bool:
         """True when other workers serve the same connection (``-o workers=N``)."""
-        return self.view.nodes.ledger.shared
+        return self._ledger.shared
 
     async def follow(self) -> bool:
-        """Learn what the other workers appended to the shared ledger, and read the arrays of
-        the slots they gave out; True if that taught a number (a slot, an inode)."""
-        records = self.view.nodes.ledger.catch_up()
-        bound = await self.view.hierarchy.load_followed()
-        return bound or any(rec[0] in ("a", "k") for rec in records)
+        """``Numbers.follow``: what the other workers gave out; True if that taught a number."""
+        return await self.numbers.follow()
 
     async def following(self) -> None:
         """Follow the shared ledger every ``FOLLOW_S`` seconds (handles released elsewhere are
@@ -503,21 +415,21 @@ class Operations(pyfuse3.Operations):
             return handle
         new: Handle
         if handle.kind == "d":
-            new = DirHandle(handle.ino, DirStream(self.view.listing, handle.ino))
+            new = DirHandle(handle.ino, DirStream(self.listing, handle.ino))
         elif handle.dirty:
             log.error("file handle %d (inode %d): bytes written through it were lost with a worker: EIO", fh,
                       handle.ino)
             raise pyfuse3.FUSEError(errno.EIO)
         else:
             try:
-                new = await (self.view.open(handle.ino) if handle.kind == "r"
+                new = await (self.opens.open(handle.ino) if handle.kind == "r"
                              else self._writable().open(handle.ino, truncate=False))
             except OSError as e:  # its file is gone (a staging file lived in the dead worker's memory)
                 log.error("file handle %d (inode %d): cannot open it again: %s: EIO", fh, handle.ino, e.strerror)
                 raise pyfuse3.FUSEError(errno.EIO) from None
             if isinstance(new, ReadHandle) and handle.version is not None \
                     and (new.attr.size, new.attr.mtime_ns) != handle.version:
-                self.view.release(new)
+                self.opens.release(new)
                 log.error("file handle %d (inode %d): its file changed since another worker opened it: EIO", fh,
                           handle.ino)
                 raise pyfuse3.FUSEError(errno.EIO)
@@ -528,14 +440,10 @@ class Operations(pyfuse3.Operations):
         """Take over the numbers a dead worker gave the kernel (its ledger's ``records``: see
         ``shardfs.tree.ledger``): the arrays' slots, the inodes, the open handles. A worker of
         a shared ledger takes what every worker gave out so far (``records``: its ``tail``)."""
-        if self.shared:
-            self.view.hierarchy.follow(records)
-            await self.view.hierarchy.load_followed()
-        else:
-            await self.view.hierarchy.restore(records)
-        self.view.nodes.restore(records)
-        self.view.made.restore(records)
+        await self.numbers.restore(records)
         self._handles.restore(records)
+        if not self.shared:  # (N workers open every file with direct I/O: no pages to know of)
+            self._kernel.restored()
 
     def open_handles(self) -> int:
         """Handles this process holds open (``shardfs status``: ``open_handles``)."""
@@ -546,7 +454,7 @@ class Operations(pyfuse3.Operations):
         # (a handle opened for writing has no content until its first write or read: skipped)
         buffers = {id(b): b for b in (h.staging.data if h.staging is not None else h.buf
                                       for h in self._handles.writes()) if b is not None}
-        buffers.update((id(st.data), st.data) for st in self.view.nodes.staged.values())
+        buffers.update((id(st.data), st.data) for st in self.nodes.staged.values())
         return sum(b.size for b in buffers.values() if b.spilled)
 
     def _writable(self, ctx: Any = None) -> "Writer":
@@ -556,28 +464,11 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         return self.writer
 
-    async def invalidate(self, inodes: list[int]) -> None:
-        """Drop the kernel's cached pages and attributes of ``inodes`` (and of their aliases).
-
-        Dentries are never invalidated: a reverse entry invalidation waits for the
-        directory's lock, which a client's rename holds while it waits for this
-        daemon, and if the daemon is killed in that window the mount wedges.
-        Names therefore never change the inode they show (see ``NodeTable.drop_staging``).
-        Inodes the kernel does not hold (never looked up, or forgotten) are skipped:
-        it has nothing cached for them, and their next open finds no pages to keep
-        (so nothing is remembered for them: written chunks the kernel evicted before
-        their fold would otherwise pile up here). With ``-o workers=N`` every one is
-        invalidated (the lookups other workers answered are not counted here), but only
-        those held here are remembered as changed.
-        """
-        shown = [alias for ino in inodes for alias in (ino, *self.view.nodes.aliases(ino))]
-        targets = [ino for ino in shown if self._kernel.holds(ino)]
-        for ino in targets:
-            self._kernel.changed(ino)
-        if self.shared:  # the other workers' replies gave the kernel lookups not counted here
-            targets = shown
-        if targets:
-            await trio.to_thread.run_sync(_invalidate_inodes, targets)
+    def _structure(self, ctx: Any) -> Structure:
+        """The writer's structure changes (``_writable``'s checks)."""
+        self._writable(ctx)
+        assert self.structure is not None  # (a writer has one)
+        return self.structure
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         try:
@@ -586,7 +477,7 @@ class Operations(pyfuse3.Operations):
                                           if (held := self._kernel.lookups(ino)) < n])
             for ino, nlookup in inode_list:
                 if self._kernel.forget(ino, nlookup):
-                    chunk = self.view.nodes.forget(ino)
+                    chunk = self.nodes.forget(ino)
                     if chunk is not None:
                         self._pins.forgot(chunk, ino)
         except Exception as e:  # noqa: BLE001 - FORGET has no reply: a bug is recorded, never raised
@@ -620,7 +511,7 @@ class Operations(pyfuse3.Operations):
         answers ENOSYS, after which the kernel stops sending FLUSH altogether (with a
         stock pyfuse3, the first close() still sends one).
         """
-        if self.view.read_only:
+        if self.read_only:
             raise pyfuse3.FUSEError(errno.ENOSYS)
         handle = await self._live(fh) if self._handles.get(fh) is not None else None
         if isinstance(handle, WriteHandle):
@@ -689,7 +580,7 @@ class Operations(pyfuse3.Operations):
         await _once(ctx, self._rmdir(parent_inode, name, ctx), (errno.ENOENT,), _done)
 
     async def _rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        self._kernel.removed_dir(await self._writable(ctx).structure.rmdir(parent_inode, os.fsdecode(name)))
+        self._kernel.removed_dir(await self._structure(ctx).rmdir(parent_inode, os.fsdecode(name)))
 
     @_guard
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
@@ -697,7 +588,7 @@ class Operations(pyfuse3.Operations):
                            lambda: self._relookup(parent_inode, name))
 
     async def _mkdir(self, parent_inode: int, name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
-        return self._looked_up(await self._writable(ctx).structure.mkdir(parent_inode, _name(name)))
+        return self._looked_up(await self._structure(ctx).mkdir(parent_inode, _name(name)))
 
     async def _unsupported(self, *args: Any) -> None:
         if self.writer is None:
@@ -736,12 +627,3 @@ async def _once(ctx: Any, op: Awaitable[T], twice: tuple[int, ...], first: Calla
 
 async def _done() -> None:
     """The answer of an unlink, rmdir or rename done before: success."""
-
-
-def _invalidate_inodes(inodes: list[int]) -> None:
-    """``pyfuse3.invalidate_inode`` each; blocks while a client holds a page of one locked."""
-    for ino in inodes:
-        try:
-            pyfuse3.invalidate_inode(ino)
-        except OSError:
-            pass  # the kernel does not know this inode

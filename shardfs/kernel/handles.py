@@ -69,11 +69,14 @@ class Handles:
         """Register ``handle``; its new ``fh``."""
         fh = next(self._next)
         self._open[fh] = handle
+        ledger = self._ledger
+        if not ledger.kept:  # (an unsupervised mount: nothing to write)
+            return fh
         ino = handle.ino
-        if isinstance(handle, ReadHandle) and self._ledger.shared:
-            self._ledger.note("h", fh, ino, "r", handle.attr.size, handle.attr.mtime_ns)
+        if ledger.shared and isinstance(handle, ReadHandle):
+            ledger.note("h", fh, ino, "r", handle.attr.size, handle.attr.mtime_ns)
         else:  # (every open of a file: the record written as json.dumps would, 5x faster)
-            self._ledger.note_line(f'["h",{fh},{ino},"{_kind(handle)}"]')
+            ledger.note_line(f'["h",{fh},{ino},"{_kind(handle)}"]')
         return fh
 
     def dirtied(self, fh: int) -> None:
@@ -103,6 +106,7 @@ class Handles:
                 last = max(last, rec[1])
                 self._open[rec[1]] = Lost(rec[2], rec[3], version=(rec[4], rec[5]) if len(rec) >= 6 else None)
             elif rec[0] == "x":
+                last = max(last, rec[1])
                 self._open.pop(rec[1], None)
             elif rec[0] in ("w", "c") and isinstance(self._open.get(rec[1]), Lost):
                 self._open[rec[1]].dirty = rec[0] == "w"  # type: ignore[union-attr]  # a Lost one (checked)
@@ -145,7 +149,8 @@ class Handles:
 
     def pop(self, fh: int) -> Handle | None:
         """Unregister ``fh`` (release); the handle, or None if there was none."""
-        self._ledger.note_line(f'["x",{fh}]')  # (``note("x", fh)``, faster: every release)
+        if self._ledger.kept:  # (``note("x", fh)``, faster: every release; lost with a death, harmless)
+            self._ledger.note_later(f'["x",{fh}]')
         return self._open.pop(fh, None)
 
     def writes(self) -> list[WriteHandle]:

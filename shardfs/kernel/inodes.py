@@ -82,6 +82,16 @@ class KernelInodes:
         self._generations: dict[int, int] = {}  # inode -> directories removed under its number
         self._readers: dict[int, dict[tuple[int, int], int]] = {}  # inode -> open read handles by version
         self._watched: dict[int, list[int]] = {}  # inode being opened -> [opens watching it, changes seen]
+        self._unknown = False  # ``restored``: the kernel may hold any inode, with pages of any version
+
+    def restored(self) -> None:
+        """This worker replaces a dead one: the kernel may hold lookups of any inode the dead one
+        gave out and pages of any version of any file (neither is in the ledger). From now on
+        every inode counts as held (a change invalidates it in the kernel), and a file's pages
+        as another version's until this worker dropped them itself (``opened`` says
+        ``Pages.OTHER``: no ``keep_cache``, no page fill; the daemon drops them first, then
+        the next open of that version keeps them)."""
+        self._unknown = True
 
     def looked_up(self, ino: int) -> None:
         """The kernel got an entry for ``ino`` (lookup, create, link, readdirplus): one more lookup."""
@@ -100,12 +110,15 @@ class KernelInodes:
         return self._lookups.count(ino)
 
     def holds(self, ino: int) -> bool:
-        """True while the kernel holds a lookup of ``ino`` (and so may cache its attributes or pages)."""
-        return ino in self._lookups
+        """True while the kernel holds a lookup of ``ino`` (and so may cache its attributes or
+        pages); after ``restored``, always: this worker cannot know (a forget says the kernel
+        evicted the inode, but remembering every one would cost memory without bound; an
+        invalidation of an inode the kernel does not hold costs one failed write)."""
+        return self._unknown or ino in self._lookups
 
     def pages(self, attr: Attr) -> Pages:
         """What ``opened(attr)`` would say now, without remembering anything."""
-        before = self._cached.get(attr.ino, Pages.NONE)
+        before = self._cached.get(attr.ino, None if self._unknown else Pages.NONE)
         if before is Pages.NONE:
             return Pages.NONE
         return Pages.SAME if before == (attr.size, attr.mtime_ns) else Pages.OTHER
@@ -167,7 +180,7 @@ class KernelInodes:
         pages now hold an old version's bytes (the kernel dropped its pages at that open, before
         this reply): the next open must not keep them (found by scripts/soak: readers saw the
         previous value of a chunk for seconds after an in-place write was acknowledged)."""
-        before = self._cached.get(attr.ino, Pages.NONE)
+        before = self._cached.get(attr.ino, None if self._unknown else Pages.NONE)
         if before is not Pages.NONE and before != (attr.size, attr.mtime_ns):
             self._cached[attr.ino] = None
 

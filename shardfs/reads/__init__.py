@@ -1,6 +1,6 @@
 """The read path: open chunk files, read them, release them (mountpoint-s3's ``prefetch``).
 
-``View`` resolves a chunk file to an ``Extent`` (a byte range of one version of one shard) and
+``Opens`` (``shardfs.tree.opens``) resolves a chunk file to an ``Extent`` (a byte range of one version of one shard) and
 asks ``Reads.open`` for a handle; ``read`` and ``release`` serve every read handle, also those
 the view makes itself for metadata and staging files (``data``/``buffer``). One implementation
 per kind of source, chosen once by ``shardfs.reads.factory.make_reads`` (the only code above ``shardfs.storage`` that

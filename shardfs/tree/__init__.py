@@ -6,16 +6,19 @@
 - ``metadata``: a node's ``zarr.json`` parsed defensively;
 - ``hierarchy``: ``Hierarchy``, the groups and arrays read from their ``zarr.json`` and described as v2;
 - ``listing``: directory listings, paged;
-- ``view``: the ``View`` facade the kernel adapter calls: name resolution, attributes, metadata
-  files, opens and reads;
-- ``writer``: the ``Writer``: commits of chunk files, staging files, rename/link/unlink;
+- ``names``: ``Names``, name resolution, attributes, metadata files (and ``Resolved``: lookups kept
+  for the opens that follow);
+- ``opens``: ``Opens``, opens, reads and releases of the files the tree shows;
+- ``numbers``: ``Numbers``, the numbers given to the kernel as a whole (compaction, follow, take-over);
+- ``writer``: the ``Writer``: files opened for writing, staging files, rename/link/unlink;
+- ``commits``: ``Commits``, chunk commits (validated, handed to the writeback, invalidated);
 - ``structure``: ``Structure``: nodes made from ``.zarray``/``.zgroup``, metadata rewrites, mkdir, rmdir;
 - ``made``: ``Made``, the structure made through the mount (new directories, unlinked metadata);
 - ``chunks``: ``Chunks``, stored chunks merged with pending ones (extents, shards, chunk sets);
-- ``tries``: ``Tries``, the one retry policy of an open (shared by the view and the kernel adapter).
+- ``tries``: ``Tries``, the one retry policy of an open (shared by ``Opens`` and the kernel adapter).
 
 Imports ``reads``, ``writes``, ``shards``, ``storage`` and ``format``.
 """
 
-__all__ = ["chunks", "hierarchy", "ledger", "listing", "made", "metadata", "nodes", "nodetable", "structure", "tries",
-           "view", "writer"]
+__all__ = ["chunks", "commits", "hierarchy", "ledger", "listing", "made", "metadata", "names", "nodes", "nodetable",
+           "numbers", "opens", "structure", "tries", "writer"]

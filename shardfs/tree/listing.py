@@ -1,7 +1,7 @@
 """Directory listings (readdirplus), a page at a time.
 
 Contract: ``Listing.pages`` produces every entry of a directory with the attributes
-``stat`` would show for it (``Tree.getattr``, ``Tree.chunk_attrs``): the metadata files,
+``stat`` would show for it (``Names.getattr``, ``Names.chunk_attrs``): the metadata files,
 child groups and arrays, and directories made by mkdir of a group; the chunk files
 (and, with dimension_separator "/", key directories) of an array, with the empty chunks
 it serves when it has at most ``LIST_FILL_MAX`` of them; the shards and key prefixes of
@@ -20,34 +20,30 @@ empty inner chunks it also holds the stored chunks' positions, sizes and mtimes 
 each), never the whole grid. Listings with a key directory per coordinate
 (``dimension_separator`` "/") are computed whole, then produced a page at a time.
 
-Everything else it needs comes from the view, seen through the ``Tree`` protocol (this
-module does not import ``shardfs.tree.view``). Runs on the trio thread; source listings go
-to worker threads.
+Names and attributes come from ``shardfs.tree.names`` (``Names``), which never calls back
+into a listing. Runs on the trio thread; source listings go to worker threads.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
-from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Iterator, Protocol
+from typing import AsyncGenerator, AsyncIterator, Iterator
 
 import numpy as np
 import trio
 
 from shardfs.base.attrs import Attr, fail
 from shardfs.storage.keys import join, list_entries
-from shardfs.tree.nodes import (ARRAY_DIRS, ArrayDirKey, ArrayNode, DirKey, GroupNode, InnerShardKey, KeyDirKey,
+from shardfs.tree.nodes import (ARRAY_DIRS, ArrayNode, DirKey, GroupNode, InnerShardKey, KeyDirKey,
                                 MetaKey, ShardDirKey)
 from shardfs.shards.indexes import ShardIndexes
 from shardfs.tree.chunks import ChunkSet, Chunks
 from shardfs.tree.made import Made
+from shardfs.tree.names import Names
 from shardfs.tree.nodetable import CHUNK_BASE, SLOT_SHIFT, NodeTable
 from shardfs.storage import Entry, Storage
 from shardfs.base.threads import blocking
-
-if TYPE_CHECKING:
-    from shardfs.reads import Reads
-    from shardfs.writes.writeback import Writeback
 
 log = logging.getLogger("shardfs")
 
@@ -57,36 +53,21 @@ Entries = list[tuple[str, Attr]]
 LIST_FILL_MAX = 1 << 22  # arrays with more inner chunks do not list the empty ones they serve
 
 
-class Tree(Protocol):
-    """What a listing needs of the view (``shardfs.tree.view.View``)."""
-
-    source: Storage
-    writeback: Writeback | None
-    nodes: NodeTable
-    reads: Reads
-    made: Made
-    arrays: dict[str, ArrayNode]
-
-    async def node(self, path: str) -> ArrayNode | GroupNode | None: ...
-    def meta_names(self, node: ArrayNode | GroupNode) -> tuple[str, ...]: ...
-    async def meta_bytes(self, node: ArrayNode | GroupNode, name: str) -> bytes: ...
-    def file_attr(self, ino: int, size: int, mtime_ns: int) -> Attr: ...
-    def chunk_attrs(self, arr: ArrayNode, inos: Any, sizes: Any, mtimes: Any) -> list[Attr]: ...
-    def dir_attr(self, ino: int, mtime_ns: int) -> Attr: ...
-    async def getattr(self, ino: int) -> Attr: ...
-    def box_of(self, arr: ArrayNode, key: DirKey | ArrayDirKey) -> tuple[int, tuple[int, ...]] | None: ...
-    def shard_suffix(self, arr: ArrayNode) -> bool: ...
-    async def fill_file(self, arr: ArrayNode) -> bytes: ...
-
-
 class Listing:
-    """The listings of one view's directories (``tree``), their shards' indexes read through
-    ``indexes``."""
+    """The listings of one mount's directories, their entries named and their attributes made
+    by ``names``, their shards' indexes read through ``indexes`` (``index_calls`` worker-thread
+    calls at once: ``Reads.index_calls``)."""
 
-    def __init__(self, tree: Tree, indexes: ShardIndexes, chunks: Chunks) -> None:
-        self.tree = tree
+    def __init__(self, names: Names, source: Storage, nodes: NodeTable, made: Made, indexes: ShardIndexes,
+                 chunks: Chunks, index_calls: int) -> None:
+        self.names = names
+        self.source = source
+        self.nodes = nodes
+        self.made = made
+        self.arrays = names.arrays
         self.indexes = indexes
         self.chunks = chunks
+        self.index_calls = index_calls
 
     async def listdir(self, ino: int) -> Entries:
         """All entries of a directory with their attributes (every page of ``pages``)."""
@@ -101,36 +82,36 @@ class Listing:
         async for made in self._pages(ino):
             for at in range(0, len(made), PAGE):
                 yield made[at:at + PAGE]
-        staged = [(name, await self.tree.getattr(st.ino))
-                  for (parent, name), st in sorted(self.tree.nodes.staged.items()) if parent == ino]
+        staged = [(name, await self.names.getattr(st.ino))
+                  for (parent, name), st in sorted(self.nodes.staged.items()) if parent == ino]
         for at in range(0, len(staged), PAGE):
             yield staged[at:at + PAGE]
 
     async def _pages(self, ino: int) -> AsyncIterator[Entries]:
-        key = self.tree.nodes.node_key(ino)
+        key = self.nodes.node_key(ino)
         if isinstance(key, DirKey):
-            node = await self.tree.node(key.path)
+            node = await self.names.node(key.path)
             if node is None:
-                if not self.tree.made.is_new_dir(key.path):
+                if not self.made.is_new_dir(key.path):
                     raise fail(errno.ENOENT)
-                yield [(name, await self.tree.getattr(self.tree.nodes.inode(DirKey(join(key.path, name)))))
-                       for name in self.tree.made.new_children(key.path)]
+                yield [(name, await self.names.getattr(self.nodes.inode(DirKey(join(key.path, name)))))
+                       for name in self.made.new_children(key.path)]
                 return
             out = []
-            for name in self.tree.meta_names(node):
-                mino = self.tree.nodes.inode(MetaKey(node.path, name))
-                size = len(await self.tree.meta_bytes(node, name))
-                out.append((name, self.tree.file_attr(mino, size, node.meta_mtime_ns)))
+            for name in self.names.meta_names(node):
+                mino = self.nodes.inode(MetaKey(node.path, name))
+                size = len(await self.names.meta_bytes(node, name))
+                out.append((name, self.names.file_attr(mino, size, node.meta_mtime_ns)))
             if isinstance(node, GroupNode):
-                for name, is_dir in sorted(await blocking(list_entries, self.tree.source, node.path)):
+                for name, is_dir in sorted(await blocking(list_entries, self.source, node.path)):
                     child = join(node.path, name)
-                    if is_dir and not name.startswith(".") and await self.tree.node(child) is not None:
-                        out.append((name, await self.tree.getattr(self.tree.nodes.inode(DirKey(child)))))
+                    if is_dir and not name.startswith(".") and await self.names.node(child) is not None:
+                        out.append((name, await self.names.getattr(self.nodes.inode(DirKey(child)))))
                 shown = {name for name, _ in out}
-                for name in self.tree.made.new_children(node.path):
+                for name in self.made.new_children(node.path):
                     if name not in shown:
-                        ino = self.tree.nodes.inode(DirKey(join(node.path, name)))
-                        out.append((name, await self.tree.getattr(ino)))
+                        ino = self.nodes.inode(DirKey(join(node.path, name)))
+                        out.append((name, await self.names.getattr(ino)))
                 yield out
                 return
             yield out
@@ -140,8 +121,8 @@ class Listing:
             return
         if not isinstance(key, ARRAY_DIRS):
             raise fail(errno.ENOTDIR)
-        arr = self.tree.arrays[key.path]
-        box = self.tree.box_of(arr, key)
+        arr = self.arrays[key.path]
+        box = self.names.box_of(arr, key)
         if box is not None:  # at most one shard's chunks
             yield await self._list_box(arr, *box)
         elif isinstance(key, ShardDirKey):  # a key prefix directory of the source
@@ -158,7 +139,7 @@ class Listing:
         chunk files (or key directories) below key ``prefix``."""
         layout = arr.shown.layout
         if rel is not None and layout.index is not None:
-            entries = set(await blocking(list_entries, self.tree.source, join(arr.path, rel)))
+            entries = set(await blocking(list_entries, self.source, join(arr.path, rel)))
             for pending in self.chunks.pending_shard_keys(arr):  # shards not folded into the source yet
                 if not rel or pending.startswith(rel + "/"):
                     name, sep, _rest = pending[len(rel) + 1 if rel else 0:].partition("/")
@@ -180,10 +161,10 @@ class Listing:
                 for name, is_dir, sub in rows:
                     is_shard = shards.get(sub) is not None
                     if is_shard or (is_dir and layout.keys.is_prefix(sub)):
-                        shown = name + ".shard" if is_shard and self.tree.shard_suffix(arr) else name
-                        ino = self.tree.nodes.inode(ShardDirKey(arr.path, sub))
+                        shown = name + ".shard" if is_shard and self.names.shard_suffix(arr) else name
+                        ino = self.nodes.inode(ShardDirKey(arr.path, sub))
                         try:
-                            out.append((shown, await self.tree.getattr(ino)))
+                            out.append((shown, await self.names.getattr(ino)))
                         except OSError:
                             pass
                 yield out
@@ -199,11 +180,11 @@ class Listing:
             elif not arr.fill_unlisted:
                 arr.fill_unlisted = True
                 log.warning("%s: more than %d inner chunks: empty ones are served but not listed",
-                            self.tree.source.describe(arr.path), LIST_FILL_MAX)
+                            self.source.describe(arr.path), LIST_FILL_MAX)
         if fill or layout.keys.view_separator == "/":
             chunks = ChunkSet.concat([c async for c in self._shard_chunk_sets(arr, stored)], layout.ndim)
             if fill:
-                filled = self._with_fill_chunks(arr, chunks, len(await self.tree.fill_file(arr)))
+                filled = self._with_fill_chunks(arr, chunks, len(await self.names.fill_file(arr)))
                 if layout.keys.view_separator != "/":
                     for part in filled:
                         yield list(zip(layout.names.keys(part.coords), self._chunk_attrs(arr, part)))
@@ -240,7 +221,7 @@ class Listing:
         chunks = chunks.where(np.all(chunks.coords[:, :depth] == np.array(prefix, dtype=np.int64), axis=1))
         if depth + 1 == layout.ndim:
             return list(zip(map(str, chunks.coords[:, depth].tolist()), self._chunk_attrs(arr, chunks)))
-        return [(str(i), self.tree.dir_attr(self.tree.nodes.inode(KeyDirKey(arr.path, prefix + (i,))),
+        return [(str(i), self.names.dir_attr(self.nodes.inode(KeyDirKey(arr.path, prefix + (i,))),
                                             arr.version.mtime_ns))
                 for i in sorted(set(chunks.coords[:, depth].tolist()))]
 
@@ -268,14 +249,14 @@ class Listing:
         for c, mtime in zip(map(tuple, (chunks.coords // np.array(layout.spans[level + 1])).tolist()),
                             chunks.mtime.tolist()):
             newest[c] = max(newest.get(c, 0), mtime)
-        inode = self.tree.nodes.inode
-        return [(layout.names.key(child), self.tree.dir_attr(inode(InnerShardKey(arr.path, level + 1, child)), mtime))
+        inode = self.nodes.inode
+        return [(layout.names.key(child), self.names.dir_attr(inode(InnerShardKey(arr.path, level + 1, child)), mtime))
                 for child, mtime in sorted(newest.items())]
 
     async def _read_tables(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None:
         """``read_indexes`` of ``shards`` for a listing: split among the source's ``index_calls``
         worker thread calls at once (``Reads.index_calls``: one for a local source)."""
-        calls = self.tree.reads.index_calls
+        calls = self.index_calls
         await self.indexes.read_indexes(arr, shards, calls, per_call=max(1, -(-len(shards) // calls)))
 
     async def _tables_ahead(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> None:
@@ -284,7 +265,7 @@ class Listing:
         try:
             await self._read_tables(arr, shards)
         except Exception as e:  # noqa: BLE001 - a background read never ends the daemon
-            log.debug("%s: indexes not read ahead: %r", self.tree.source.describe(arr.path), e)
+            log.debug("%s: indexes not read ahead: %r", self.source.describe(arr.path), e)
 
     def _with_fill_chunks(self, arr: ArrayNode, stored: ChunkSet, fill_size: int) -> Iterator[ChunkSet]:
         """Every in-bounds inner chunk in C order, ``PAGE`` at a time: ``stored`` ones as they
@@ -315,7 +296,7 @@ class Listing:
     def _chunk_attrs(self, arr: ArrayNode, chunks: ChunkSet) -> list[Attr]:
         """The attributes of every chunk file of ``chunks`` (``_chunk_attr`` column-wise)."""
         base = CHUNK_BASE + (arr.slot << SLOT_SHIFT)
-        return self.tree.chunk_attrs(arr, (self._linear(arr, chunks.coords) + base).tolist(), chunks.size.tolist(),
+        return self.names.chunk_attrs(arr, (self._linear(arr, chunks.coords) + base).tolist(), chunks.size.tolist(),
                                      chunks.mtime.tolist())
 
 

@@ -5,7 +5,7 @@ it is not a regular file (a directory, FIFO, socket or device: never opened),
 is larger than ``METADATA_MAX`` (16 MiB, never read), is not UTF-8, is not
 JSON, nests arrays/objects deeper than ``MAX_DEPTH`` (100: deeper documents make
 recursive code, zarr's included, fail), or is not a Zarr v3 group or array
-object. The view hides such a node (see ``View``) and logs the reason
+object. The tree hides such a node (see ``Names``) and logs the reason
 once per version of the file; ``shardfs inspect`` shows it.
 """
 

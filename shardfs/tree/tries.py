@@ -2,7 +2,7 @@
 shared by everything that may try it again.
 
 Two things make an open try again: the view finds the shard replaced between its index read
-and the open (``View.open``: the chunk is looked up again), and the kernel adapter finds that
+and the open (``Opens.open``: the chunk is looked up again), and the kernel adapter finds that
 the file changed while the open ran (``Operations.open``: opened again, so the kernel is not
 told a size the file no longer has). Both draw on the same ``Tries``, so one open costs at most
 ``OPEN_TRIES`` opens in all, whichever made them fail. When they run out, the view answers EIO

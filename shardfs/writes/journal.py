@@ -123,6 +123,12 @@ def decode_records(buf: bytes) -> tuple[list[Change], int]:
     crc32c does not match; a record with a matching crc32c but unreadable meta
     raises ``JournalError``.
     """
+    live, end = _decode(buf)
+    return list(live.values()), end
+
+
+def _decode(buf: bytes) -> tuple[dict[int, Change], int]:
+    """``decode_records`` with each live change's offset in ``buf``."""
     changes: dict[int, Change] = {}  # offset -> change
     folded: set[int] = set()
     view = memoryview(buf)
@@ -146,7 +152,7 @@ def decode_records(buf: bytes) -> tuple[list[Change], int]:
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise JournalError(f"record at offset {end}: unreadable meta: {e}") from None
         end = stop
-    return [change for offset, change in changes.items() if offset not in folded], end
+    return {offset: change for offset, change in changes.items() if offset not in folded}, end
 
 
 @dataclass(eq=False)
@@ -340,18 +346,39 @@ class Journal:
                                f"{' ...' if len(strange) > 5 else ''}")
         self._recovered = names  # the note of kept changes goes with the segments
         names = [n for n in names if n != KEPT]
-        changes = []
+        changes: list[Change] = []
         for name in names:
-            path = os.path.join(self.directory, name)
-            buf = _read_own(path)
-            found, end = decode_records(buf)
-            if end < len(buf):
-                log.warning("%s: ignoring the last %d bytes (from offset %d): an incomplete or damaged "
-                            "record, never acknowledged", path, len(buf) - end, end)
-            changes += found
+            changes += _read_segment(os.path.join(self.directory, name))[0].values()
         if names:
             self._next = int(names[-1][:20]) + 1
         return changes
+
+    def adopt(self, directory: str) -> list[tuple[Change, Record]]:
+        """Take over the segments a dead worker of this mount left in ``directory`` as if this
+        journal had appended them: each live change (commit order) with its ``Record``, to
+        ``release`` once folded (a fold marker then goes into that segment, which is unlinked
+        once none of its records is live, as one of this journal's own). A segment with a torn
+        tail takes no markers (its records are released in place: ``_mark_in_place``). The
+        dead worker's note of kept changes goes (this mount notes its own). ``JournalError``
+        as for ``recover``."""
+        names = sorted(os.listdir(directory))
+        strange = [n for n in names if not SEGMENT_NAME.fullmatch(n) and n != KEPT]
+        if strange:
+            raise JournalError(f"{directory}: not journal segments: {', '.join(strange[:5])}"
+                               f"{' ...' if len(strange) > 5 else ''}")
+        adopted = []
+        for name in names:
+            path = os.path.join(directory, name)
+            if name == KEPT:
+                os.unlink(path)
+                continue
+            live, end, size = _read_segment(path)
+            seg = _Segment(path, None, size, len(live), torn=end < size)
+            self.bytes += seg.size
+            if not live:
+                self._close(seg)  # every record in it was folded
+            adopted += [(change, Record(seg, offset)) for offset, change in live.items()]
+        return adopted
 
     def discard_recovered(self) -> None:
         """Delete the segments ``recover`` read (and the note of kept changes), durably: their
@@ -408,6 +435,17 @@ def read_kept(directory: str) -> tuple[dict[tuple[str, tuple[int, ...]], set[int
     return pending, reasons
 
 
+def _read_segment(path: str) -> tuple[dict[int, Change], int, int]:
+    """The live changes of segment ``path`` by offset, where its intact records end, its size;
+    a torn tail is logged (a warning)."""
+    buf = _read_own(path)
+    live, end = _decode(buf)
+    if end < len(buf):
+        log.warning("%s: ignoring the last %d bytes (from offset %d): an incomplete or damaged "
+                    "record, never acknowledged", path, len(buf) - end, end)
+    return live, end, len(buf)
+
+
 def _read_own(path: str) -> bytes:
     """The content of segment ``path``: a regular file of this user's own, opened without
     following a symlink (``JournalError`` otherwise: never replayed)."""
@@ -456,6 +494,14 @@ class Claim:
     directory: str
     orphans: list[str]
     _locks: dict[str, int] = field(default_factory=dict)  # directory -> its open, flocked fd
+    adopted: list[str] = field(default_factory=list)  # orphans whose records this daemon took over
+
+    def adopt_orphans(self) -> list[str]:
+        """The orphans, kept locked (their records were taken over: ``Journal.adopt``) until
+        ``release``, which removes each one its folds emptied."""
+        self.adopted += self.orphans
+        self.orphans = []
+        return self.adopted
 
     def drop_orphans(self) -> None:
         """Remove the orphan directories (after their changes were replayed and cleared)."""
@@ -470,11 +516,13 @@ class Claim:
         self.orphans = []
 
     def release(self) -> None:
-        """At exit: remove this daemon's directory if nothing is left in it, and unlock it."""
-        try:
-            os.rmdir(self.directory)
-        except OSError:
-            pass  # changes not folded: the next mount replays them
+        """At exit: remove this daemon's directory (and those it adopted) if nothing is left in
+        it, and unlock it."""
+        for path in (self.directory, *self.adopted):
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass  # changes not folded: the next mount replays them
         for fd in self._locks.values():
             os.close(fd)
         self._locks.clear()

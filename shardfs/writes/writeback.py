@@ -419,6 +419,42 @@ class Writeback:
         return len(changes)
 
 
+    def adopt(self, resolve: Callable[[str, tuple[int, ...]], ShardTarget | None], directories: list[str]) -> int:
+        """Take over as pending the journals a dead worker of this mount left in
+        ``directories`` (oldest first), without folding them: read at once, folded in the
+        background like any pending chunk (``run``). Their records stay where they are until
+        folded (``Journal.adopt``). ``resolve`` as for ``replay_sync``: the changes of an array
+        gone are released; those of a shard whose target cannot be resolved now stay in the
+        journal, not pending, for a later mount. Returns the number of changes taken over."""
+        adopted = [pair for d in directories for pair in self.journal.adopt(d)]
+        targets: dict[ShardId, ShardTarget | Exception | None] = {}
+        dropped = []
+        for change, record in adopted:
+            shard = (change.array, change.shard)
+            if shard not in targets:
+                try:
+                    targets[shard] = resolve(*shard)
+                except Exception as e:  # the array's metadata is there but cannot be read now (or a bug)
+                    self._bug("adoption", e, change.array)
+                    targets[shard] = e
+            target = targets[shard]
+            if isinstance(target, ShardTarget):
+                self._record(shard, target, change.pos, Pending(record, change.data, time.time_ns()))
+            elif target is None:
+                dropped.append(record)
+        for (array, coords), target in targets.items():
+            if target is None:
+                log.error("journal: array %r no longer presentable; dropping its changes", array)
+            elif isinstance(target, Exception):  # the record stays live: a later mount replays it
+                name = f"{array} shard {list(coords)}"
+                n = sum(1 for change, _ in adopted if (change.array, change.shard) == (array, coords))
+                self._stranded[name] = (n, failure_reason(target))
+                log.error("journal: %s", kept_line(name, *self._stranded[name]))
+        self.journal.release(dropped)
+        self.note_kept()
+        return len(adopted)
+
+
 def failure_reason(e: Exception) -> str:
     """What a log line or ``shardfs umount`` says about a failed fold."""
     if isinstance(e, OSError) and e.strerror:

@@ -1,95 +1,82 @@
-"""The virtual tree the mount shows: names, node kinds and what ``stat`` shows of them.
+"""Names and attributes of the tree the mount shows: name resolution, what ``stat`` shows,
+metadata files.
 
-Which inode number shows which node (and staging files) is ``shardfs.tree.nodetable``
-(``View.nodes``); what the kernel holds of these inodes (lookup counts, cached pages)
-is ``shardfs.kernel.inodes``.
+Which inode number shows which node (and staging files) is ``shardfs.tree.nodetable``; what
+the kernel holds of these inodes (lookup counts, cached pages) is ``shardfs.kernel.inodes``;
+opens and reads of the files named here are ``shardfs.tree.opens``; directory listings
+``shardfs.tree.listing``.
 
 Node kinds are the key classes of ``shardfs.tree.nodes`` (group and array directories,
 metadata files, shard and key directories, inner shards, chunk files, staging
 files). A chunk file's inode is computed from the array's slot and the chunk's
 C-order position, so a million chunk files cost no memory.
 
-Every method here runs on the trio thread. Reads of file contents and
-directory listings go through ``trio.to_thread``; ``stat`` and ``open`` of
-source files are made inline, because they are answered from the kernel's
-inode cache in microseconds while a trip to a worker thread costs far more
-(and every lookup, getattr and open needs them). Errors are ``OSError`` with the errno to return.
+Every method here runs on the trio thread. ``stat`` of source files is made inline,
+because it is answered from the kernel's inode cache in microseconds while a trip to a
+worker thread costs far more (and every lookup and getattr needs it). Errors are
+``OSError`` with the errno to return.
 """
 
 from __future__ import annotations
 
 import errno
-import functools
 import json
-import logging
 import stat
-import time
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
-
-from shardfs.base.budget import Budget
-from shardfs.reads.chunkcache import ChunkCache
-from shardfs.format.layout import parse_coord
 from shardfs.base.attrs import Attr, fail
-from shardfs.config import ReadConfig
+from shardfs.base.threads import blocking
+from shardfs.format.layout import parse_coord
+from shardfs.shards.indexes import ShardIndexes
+from shardfs.shards.shard import Extent
+from shardfs.storage import UNKNOWN, Storage, Version, Unknown
 from shardfs.storage.keys import join, list_entries
 from shardfs.tree.chunks import Chunks
 from shardfs.tree.hierarchy import Hierarchy, v2
-from shardfs.tree.ledger import Ledger
-from shardfs.tree.listing import Listing
 from shardfs.tree.made import Made
-from shardfs.tree.tries import Tries
-from shardfs.tree.nodetable import NodeTable
 from shardfs.tree.nodes import (ARRAY_DIRS, ArrayDirKey, ArrayNode, ChunkKey, DirKey, GroupNode, InnerShardKey,
                                 KeyDirKey, MetaKey, ShardDirKey, StagingKey)
-from shardfs.reads import ReadHandle, Reads
-from shardfs.reads.factory import make_reads
-from shardfs.reads.prefetch import Prefetch
-from shardfs.format.v2 import CorruptChunk
-from shardfs.shards.indexes import ShardIndexes
-from shardfs.shards.shard import Extent
-from shardfs.storage import UNKNOWN, Storage, Version, VersionMismatch, Unknown
-from shardfs.base.threads import blocking
-from shardfs.writes.writeback import Pending, Writeback
-
-if TYPE_CHECKING:
-    pass
-
-log = logging.getLogger("shardfs")
+from shardfs.tree.nodetable import NodeTable
+from shardfs.writes.writeback import Pending
 
 RESOLVED_KEPT = 256  # chunk lookups remembered for the opens that follow them
 
 
-class View:
-    """The mount's tree over one source (a directory or an object-store prefix); chunk files
-    are read through ``reads`` (default ``make_reads(source, chunk_cache=chunk_cache)``)."""
+class Resolved:
+    """Chunk lookups remembered for the open that usually follows (``Names`` keeps them,
+    ``Opens`` takes them): chunk inode -> (extent, attributes), at most ``RESOLVED_KEPT``."""
 
-    def __init__(self, source: Storage, read_only: bool = True, writeback: Writeback | None = None,
-                 ome: bool = True, chunk_cache: ChunkCache | None = None, reads: Reads | None = None,
-                 c_order: bool = False, ledger: Ledger | None = None, max_chunk: int = ReadConfig.max_chunk) -> None:
-        """``ledger``: where the numbers given to the kernel are noted (``shardfs.tree.ledger``);
-        ``max_chunk``: the largest inner chunk decoded (``-o max_chunk``; see ``_decode``)."""
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[Extent, Attr]] = {}
+
+    def keep(self, ext: Extent, attr: Attr) -> None:
+        if len(self._kept) >= RESOLVED_KEPT:
+            self._kept.clear()
+        self._kept[attr.ino] = (ext, attr)
+
+    def take(self, ino: int) -> tuple[Extent, Attr] | None:
+        return self._kept.pop(ino, None)
+
+    def clear(self) -> None:
+        self._kept.clear()
+
+
+class Names:
+    """The names and attributes of the tree over one source (a directory or an object-store
+    prefix): its groups and arrays (``hierarchy``), inode numbers (``nodes``), what was made
+    through the mount (``made``), stored and pending chunks (``chunks``)."""
+
+    def __init__(self, source: Storage, hierarchy: Hierarchy, nodes: NodeTable, made: Made, indexes: ShardIndexes,
+                 chunks: Chunks, resolved: Resolved, read_only: bool = True) -> None:
         self.source = source
-        self.reads = reads if reads is not None else make_reads(source, chunk_cache=chunk_cache)
-        self.ome = ome
-        self.c_order = c_order  # -o c_order (shardfs.format.v2.describe_array)
-        self.read_only = read_only
-        self.writeback = writeback
-        self.mount_ns = time.time_ns()
-        self.max_chunk = max_chunk
-        self._decoding = Budget(max_chunk)  # chunk bytes being transcoded at once, all threads together
-        self._too_large: set[str] = set()  # arrays whose inner chunks were refused (logged once each)
-        ledger = ledger or Ledger()
-        self.hierarchy = Hierarchy(source, ome, c_order, self.mount_ns, ledger)  # groups and arrays
-        self.arrays = self.hierarchy.arrays  # (read only here)
-        self.nodes = NodeTable(self.hierarchy.slots, ledger)  # inode numbers <-> node keys, staging files
-        self.made = Made(ledger)  # structure made through the mount that the source does not hold (yet)
-        self.indexes = ShardIndexes(source, self.reads.indexes_per_read, self.hierarchy.version,
-                                    self.hierarchy.log_unusable)
-        self.prefetch = Prefetch(source, self.reads, self.indexes)  # object sources: read-ahead
-        self.chunks = Chunks(source, writeback, self.indexes, self.reads, self.prefetch)  # stored and pending
-        self.listing = Listing(self, self.indexes, self.chunks)  # directory listings
-        self._resolved: dict[int, tuple[Extent, Attr]] = {}  # chunk inode -> as last looked up (see open)
+        self.hierarchy = hierarchy
+        self.arrays = hierarchy.arrays  # (read only here)
+        self.nodes = nodes
+        self.made = made
+        self.indexes = indexes
+        self.chunks = chunks
+        self.resolved = resolved
+        self.mount_ns = hierarchy.mount_ns
         self._file_mode = 0o444 if read_only else 0o644
         self._dir_mode = 0o555 if read_only else 0o755
 
@@ -136,7 +123,7 @@ class View:
         mode, nlink = self._chunk_kind(arr)
         return Attr(ino, mode, size if size > 0 else 0, mtime_ns, nlink)
 
-    def _chunk_attr(self, arr: ArrayNode, coords: tuple[int, ...], where: Extent | Pending) -> Attr:
+    def stored_chunk_attr(self, arr: ArrayNode, coords: tuple[int, ...], where: Extent | Pending) -> Attr:
         """The attributes of a stored or pending inner chunk's file."""
         if isinstance(where, Pending):
             stored, mtime_ns = len(where.data or b""), where.mtime_ns  # ``extent`` gives pending chunks with data
@@ -176,7 +163,7 @@ class View:
             raise fail(errno.ENOTDIR)
         coords = self._chunk_named(arr, key, name)
         if coords is not None:
-            return await self._chunk_entry(arr, coords)
+            return await self.chunk_entry(arr, coords)
         return await self._lookup_dir(arr, key, name)
 
     @staticmethod
@@ -241,14 +228,15 @@ class View:
         keys = arr.shown.layout.keys
         return keys.kind == "v2" and keys.ndim <= 1
 
-    async def _chunk_entry(self, arr: ArrayNode, coords: tuple[int, ...]) -> Attr:
+    async def chunk_entry(self, arr: ArrayNode, coords: tuple[int, ...]) -> Attr:
+        """The attributes of chunk file ``coords`` of ``arr``: stored, pending, or an empty chunk
+        served as the fill chunk; ENOENT otherwise. A stored one's extent is kept (``resolved``)
+        for the open that usually follows."""
         ext = await self.chunks.extent(arr, coords)
         if ext is not None:
-            attr = self._chunk_attr(arr, coords, ext)
+            attr = self.stored_chunk_attr(arr, coords, ext)
             if isinstance(ext, Extent):  # for the open that usually follows
-                if len(self._resolved) >= RESOLVED_KEPT:
-                    self._resolved.clear()
-                self._resolved[attr.ino] = (ext, attr)
+                self.resolved.keep(ext, attr)
             return attr
         if not (arr.shown.serve_missing and arr.shown.layout.in_grid(coords)):
             raise fail(errno.ENOENT)
@@ -289,7 +277,7 @@ class View:
             return node.zgroup if name == ".zgroup" else node.zattrs
         return node.shown.zarray if name == ".zarray" else node.shown.zattrs
 
-    async def _meta_file(self, ino: int, key: MetaKey) -> tuple[Attr, bytes]:
+    async def meta_file(self, ino: int, key: MetaKey) -> tuple[Attr, bytes]:
         """The attributes and content of a metadata file, built once (``.zmetadata`` walks the
         hierarchy below its group); ENOENT if the node has no such file."""
         node = await self.node(key.path)
@@ -315,7 +303,7 @@ class View:
             return self.file_attr(ino, 0, self.mount_ns)
         key = self.nodes.node_key(ino)
         if isinstance(key, ChunkKey):
-            return await self._chunk_entry(key.arr, key.coords)
+            return await self.chunk_entry(key.arr, key.coords)
         if isinstance(key, StagingKey):
             st = key.staging
             return self.file_attr(ino, st.data.size, st.mtime_ns)
@@ -327,7 +315,7 @@ class View:
                 raise fail(errno.ENOENT)
             return self.dir_attr(ino, node.version.mtime_ns)
         if isinstance(key, MetaKey):
-            return (await self._meta_file(ino, key))[0]
+            return (await self.meta_file(ino, key))[0]
         arr = self.arrays[key.path]
         if isinstance(key, ShardDirKey):
             src = join(arr.path, key.rel)
@@ -376,7 +364,7 @@ class View:
         self.hierarchy.moved(old, new)
         self.nodes.moved(old, new)
         self.made.moved(old, new)
-        self._resolved.clear()
+        self.resolved.clear()
 
     async def dir_node(self, ino: int) -> tuple[DirKey | ArrayDirKey, ArrayNode | GroupNode | None]:
         """``(key, node)`` of a directory inode: its key and the group/array it shows or belongs to."""
@@ -398,102 +386,3 @@ class View:
             layout = key.arr.shown.layout
             return join(key.arr.path, layout.keys.key(layout.locate(key.coords)[0]))
         return None
-
-    # ----- reading ------------------------------------------------------------------------
-
-    async def open(self, ino: int, tries: Tries | None = None) -> ReadHandle:
-        """Open a file for reading: metadata bytes, a staging file, or a stored, pending or
-        empty chunk (``Reads.open``). A shard replaced between its index read and the open is
-        looked up again while ``tries`` (``tree.tries``: shared with the kernel adapter's) has
-        one left, then EIO (logged)."""
-        key = self.nodes.node_key(ino)
-        attr: Attr | None
-        if isinstance(key, MetaKey):
-            attr, data = await self._meta_file(ino, key)
-            return ReadHandle(ino, attr, data=data)
-        if isinstance(key, StagingKey):
-            return ReadHandle(ino, await self.getattr(ino), buffer=key.staging.data)
-        if not isinstance(key, ChunkKey):
-            raise fail(errno.EISDIR)
-        arr, coords = key.arr, key.coords
-        resolved = self._resolved.pop(ino, None)
-        ext: Extent | Pending | None = None
-        tries = tries or Tries()
-        while tries.take():
-            if resolved is not None and self.chunks.unchanged(arr, coords, resolved[0]):
-                ext, attr = resolved
-            else:
-                ext = await self.chunks.extent(arr, coords)
-                attr = None
-            resolved = None
-            if ext is None:
-                attr = await self._chunk_entry(arr, coords)  # ENOENT unless empty chunks are served
-                return ReadHandle(ino, attr, data=await self.fill_file(arr))
-            attr = attr or self._chunk_attr(arr, coords, ext)
-            if isinstance(ext, Pending):
-                return ReadHandle(ino, attr, data=await blocking(self._decode, arr, coords, ext.data))
-            decode = functools.partial(self._decode, arr, coords, key=ext.key) if arr.shown.chunk.decodes else None
-            if decode is not None:
-                self._check_size(arr, coords, ext)
-            first = self.reads.prefetches and not any(c % n for c, n in zip(coords, arr.shown.layout.chunks_per_shard))
-            try:
-                handle = await self.reads.open(ino, attr, ext, decode, first)
-            except VersionMismatch:  # replaced since its version was remembered: look again
-                self.source.changed(ext.key)
-                self.indexes.index_cache.forget(ext.key)
-                continue
-            if self.reads.prefetches:
-                self.prefetch.note_shard(arr, coords, ext)
-            return handle
-        assert isinstance(ext, Extent)  # only an open of a stored chunk tries again (and one try is left to it)
-        log.error("%s: changed during %d opens of chunk %s", self.source.describe(ext.key), tries.total,
-                  arr.shown.layout.names.key(coords))
-        raise fail(errno.EIO, "shard keeps changing")
-
-    def _check_size(self, arr: ArrayNode, coords: tuple[int, ...], ext: Extent) -> None:
-        """Before a stored inner chunk that serving decodes is read: EIO (logged) if it is longer
-        than one inner chunk can be stored (``ChunkFormat.max_stored``: corrupt, and reading it
-        would take that much memory), or if decoding it would pass ``max_chunk``."""
-        self._check_max_chunk(arr)
-        fmt = arr.shown.chunk
-        if ext.nbytes > fmt.max_stored:
-            log.error("%s: corrupt chunk %s: inner chunk of %d bytes stored, more than one inner chunk "
-                      "takes (%d): not read", self.source.describe(ext.key), arr.shown.layout.names.key(coords),
-                      ext.nbytes, fmt.max_stored)
-            raise fail(errno.EIO, "stored inner chunk too large")
-
-    def _check_max_chunk(self, arr: ArrayNode) -> None:
-        """EIO if transcoding a chunk of ``arr`` would make more than ``max_chunk`` bytes (logged
-        once per array: its inner chunks are too large to decode within the memory bound)."""
-        fmt = arr.shown.chunk
-        if fmt.transcoder is not None and fmt.nbytes > self.max_chunk:
-            if arr.path not in self._too_large:
-                self._too_large.add(arr.path)
-                log.error("%s: inner chunks of %d bytes are larger than -o max_chunk=%d: not decoded (EIO)",
-                          self.source.describe(arr.path), fmt.nbytes, self.max_chunk)
-            raise fail(errno.EIO, "inner chunk too large")
-
-    def _decode(self, arr: ArrayNode, coords: tuple[int, ...], stored: bytes, key: str = "") -> bytes:
-        """A chunk file's bytes from its stored form (checksum/transcoding); EIO if corrupt
-        (logged), or if it is larger than ``max_chunk`` (``_check_max_chunk``). Transcodes in
-        all threads together hold at most ``max_chunk`` chunk bytes at once (``Budget``: a
-        decode waits for room). Blocking."""
-        self._check_max_chunk(arr)
-        fmt = arr.shown.chunk
-        try:
-            if fmt.transcoder is None:
-                return fmt.to_file(stored)
-            with self._decoding.hold(fmt.nbytes):
-                return fmt.to_file(stored)
-        except CorruptChunk as e:
-            where = self.source.describe(key or arr.path)
-            log.error("%s: corrupt chunk %s: %s", where, arr.shown.layout.names.key(coords), e)
-            raise fail(errno.EIO) from None
-
-    async def read(self, handle: ReadHandle, offset: int, size: int) -> bytes | bytearray | memoryview:
-        """``Reads.read``: up to ``size`` bytes at ``offset``, possibly a view of a buffer that
-        the next read reuses, so copy or reply before awaiting anything else."""
-        return await self.reads.read(handle, offset, size)
-
-    def release(self, handle: ReadHandle) -> None:
-        self.reads.release(handle)

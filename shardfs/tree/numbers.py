@@ -1,0 +1,54 @@
+"""The numbers the tree gave the kernel, as the ledger notes them (``shardfs.tree.ledger``): the
+arrays' slots (``Hierarchy``), the inodes of node keys and staging files (``NodeTable``) and the
+structure made through the mount (``Made``).
+
+``Numbers`` is what the kernel adapter asks of them as a whole: the records still in effect
+(for a compaction of the ledger), the take-over of a dead worker's numbers (``restore``), and,
+with ``-o workers=N``, what the other workers gave out meanwhile (``follow``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardfs.tree.hierarchy import Hierarchy
+from shardfs.tree.ledger import Ledger
+from shardfs.tree.made import Made
+from shardfs.tree.nodetable import NodeTable
+
+
+class Numbers:
+    """The numbers of one mount's tree, noted in ``ledger``."""
+
+    def __init__(self, ledger: Ledger, hierarchy: Hierarchy, nodes: NodeTable, made: Made) -> None:
+        self.ledger = ledger
+        self.hierarchy = hierarchy
+        self.nodes = nodes
+        self.made = made
+
+    @property
+    def shared(self) -> bool:
+        """True when other workers serve the same connection (``-o workers=N``)."""
+        return self.ledger.shared
+
+    def records(self) -> list[list[Any]]:
+        """The tree's records still in effect (``Ledger.rewrite``)."""
+        return [*self.hierarchy.records(), *self.nodes.records(), *self.made.records()]
+
+    async def follow(self) -> bool:
+        """Learn what the other workers appended to the shared ledger, and read the arrays of
+        the slots they gave out; True if that taught a number (a slot, an inode)."""
+        records = self.ledger.catch_up()
+        bound = await self.hierarchy.load_followed()
+        return bound or any(rec[0] in ("a", "k") for rec in records)
+
+    async def restore(self, records: list[list[Any]]) -> None:
+        """Take over the numbers a dead worker gave the kernel (its ledger's ``records``); a
+        worker of a shared ledger takes what every worker gave out so far (its ``tail``)."""
+        if self.shared:
+            self.hierarchy.follow(records)
+            await self.hierarchy.load_followed()
+        else:
+            await self.hierarchy.restore(records)
+        self.nodes.restore(records)
+        self.made.restore(records)
