@@ -499,3 +499,22 @@ def test_the_owner_killed_under_a_writer_loses_no_acknowledged_write(mount, src)
         block = stored[i * 4:(i + 1) * 4, j * 4:(j + 1) * 4]
         k = pool.index(shown[name])
         assert np.array_equal(block, EXPECTED[k * 4:(k + 1) * 4, k * 4:(k + 1) * 4]), name
+
+
+def test_umount_folds_every_write_made_through_any_worker(mount, src):
+    """Chunks written through both workers, then ``umount`` at once: every write is in the source
+    (the owner folds them after the connection ended; the other worker's end does not cut it)."""
+    import zarr
+
+    mnt = mount(src, "-o", "workers=2")
+    workers(mnt, 2)
+    new = (mnt / "a" / "0.0").read_bytes()
+    names = [f"{i}.{j}" for i in range(1, 16) for j in range(0, 16, 4)]
+    for name in names:
+        (mnt / "a" / name).write_bytes(new)
+    subprocess.run(["fusermount3", "-u", str(mnt)], check=True, timeout=60)
+    assert mount.info(mnt).proc.wait(60) == 0
+    stored = zarr.open_array(str(src / "a"), mode="r")[...]
+    for name in names:
+        i, j = map(int, name.split("."))
+        assert np.array_equal(stored[i * 4:(i + 1) * 4, j * 4:(j + 1) * 4], EXPECTED[0:4, 0:4]), name

@@ -422,9 +422,12 @@ class Supervisor:
                 self.unmount = self.fd >= 0 and (self.stopping or status == 0)
                 if status != 0 and self.report is not None:
                     self._failed(f"daemon exited with status {status}")
-                for other in self.workers.values():  # (they end too once it is unmounted)
-                    if other.proc.poll() is None:
-                        other.proc.send_signal(signal.SIGTERM)
+                # Unmounted: the others see it too and end, the owner of a writable mount's writes
+                # once it folded them all (a SIGTERM now would cut that fold short); else they are told.
+                if status != 0 or self.stopping or (self.fd >= 0 and fusedev.connected(self.fd)):
+                    for other in self.workers.values():
+                        if other.proc.poll() is None:
+                            other.proc.send_signal(signal.SIGTERM)
             return
         c = self.counters
         c.last_reason = f"signal {-status}" if status < 0 else f"exit status {status}"
