@@ -122,8 +122,9 @@ def test_a_handle_is_read_and_released_by_another_worker_than_the_one_that_opene
     def held(pid: int) -> int:
         with only(pid, [w0, w1]):  # (the status socket is answered by the running worker)
             doc = status(mnt)
-        assert doc["workers"][[w["pid"] for w in doc["workers"]].index(pid)]["this"]
-        return doc["open_handles"]
+        this = doc["workers"][[w["pid"] for w in doc["workers"]].index(pid)]
+        assert this["this"]
+        return this["open_handles"]
 
     assert held(w0) == held(w1) == 0
     with only(w0, [w0, w1]):
@@ -319,17 +320,22 @@ def status_at(sock: str) -> dict[str, Any]:
     return json.loads(data)
 
 
-def through_the_other(mnt: Path, owner: int, fn: Callable[[], T]) -> T:
+def through_the_other(mnt: Path, owner: int, fn: Callable[[], T], op: str | None = None) -> T:
     """``fn()`` with its requests read by the worker that is not the owner (the owner is stopped),
     which forwards what it must to the owner: the owner is resumed once that worker forwarded a
-    request (its ``forwarded`` count, which it answers with while the owner is stopped, grew)."""
+    request (``op``, if given: its ``forwarded`` count, which it answers with while the owner is
+    stopped, grew)."""
     import threading
 
     got: list[Any] = []
     sock = socket_of(mnt)
     os.kill(owner, signal.SIGSTOP)
     try:
-        before = status_at(sock)["forwarded"]
+        def sent() -> int:
+            counts = status_at(sock)["forwarded"]
+            return counts.get(op, 0) if op else sum(counts.values())
+
+        before = sent()
 
         def run() -> None:
             try:
@@ -339,7 +345,7 @@ def through_the_other(mnt: Path, owner: int, fn: Callable[[], T]) -> T:
 
         t = threading.Thread(target=run, daemon=True)
         t.start()
-        wait_for(lambda: status_at(sock)["forwarded"] > before, 15,
+        wait_for(lambda: sent() > before, 15,
                  "the other worker forwarding a request to the owner")
     finally:
         os.kill(owner, signal.SIGCONT)
@@ -406,20 +412,21 @@ def test_a_forwarded_request_the_owner_did_before_dying_is_not_done_twice(mount,
     the first one's (not ENOENT/EEXIST). Without RESEND (each worker on a clone of its own),
     that asking again is the only way the request is answered."""
     target = {"unlink": "3.3", "rename": "t.partial", "mkdir": "new"}[op]
-    mnt = mount(src, "-o", "workers=2", env={"SHARDFS_TEST_DIE_AFTER": f"{op}:{target}", "SHARDFS_NO_RESEND": "1"})
+    mnt = mount(src, "-o", "workers=2,entry_timeout=60,attr_timeout=60",
+                env={"SHARDFS_TEST_DIE_AFTER": f"{op}:{target}", "SHARDFS_NO_RESEND": "1"})
     w0, w1 = workers(mnt, 2)
-    new = (mnt / "a" / "0.0").read_bytes()
-    if op == "rename":
-        (mnt / "a" / "t.partial").write_bytes(new)
-    for name in ("t.partial", "3.3"):  # the names are in the kernel's cache: the request itself is the first one
-        os.path.exists(mnt / "a" / name)
+    new = (mnt / "a" / "1.1").read_bytes()
+    if op == "rename":  # (a temporary beside ``a``: nothing was written to ``a``, its lookups are not forwarded)
+        (mnt / "t.partial").write_bytes(new)
+    for name in ("t.partial", "a/3.3"):  # the names are in the kernel's cache: the request is the first one
+        os.path.exists(mnt / name)
     do = {"unlink": lambda: os.unlink(mnt / "a" / "3.3"),
-          "rename": lambda: os.rename(mnt / "a" / "t.partial", mnt / "a" / "3.3"),
+          "rename": lambda: os.rename(mnt / "t.partial", mnt / "a" / "3.3"),
           "mkdir": lambda: os.mkdir(mnt / "new")}[op]
-    through_the_other(mnt, w0, do)  # no error
+    through_the_other(mnt, w0, do, op)  # no error
     assert (mnt / "a" / "3.3").exists() == (op != "unlink")
     if op == "rename":
-        assert (mnt / "a" / "3.3").read_bytes() == new
+        assert (mnt / "a" / "3.3").read_bytes() == new and not (mnt / "t.partial").exists()
     if op == "mkdir":
         assert (mnt / "new").is_dir()
     assert workers(mnt, 2)[0] != w0

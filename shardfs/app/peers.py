@@ -83,7 +83,7 @@ def plus(a: Any, b: Any, key: str = "") -> Any:
 
 def total(own: dict[str, Any], docs: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """``own`` (the answering worker's document) with the other workers' ``docs`` added; each
-    entry of ``own["workers"]`` gets its worker's ``requests`` and ``forwarded`` counts."""
+    entry of ``own["workers"]`` gets its worker's ``requests``, ``forwarded`` and ``open_handles``."""
     out = own
     for doc in docs.values():
         out = plus(out, doc)
@@ -91,5 +91,6 @@ def total(own: dict[str, Any], docs: dict[int, dict[str, Any]]) -> dict[str, Any
         its = own if w.get("this") else docs.get(w.get("index", -1))
         if its is not None:
             w["requests"] = sum(its.get("requests", {}).values())
-            w["forwarded"] = its.get("forwarded", 0)
+            w["forwarded"] = sum(its.get("forwarded", {}).values())
+            w["open_handles"] = its.get("open_handles", 0)
     return out

@@ -223,7 +223,7 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
                 try:
                     cleanup.callback(_share_writes(args, mount, ledger, source).close)
                 except OSError as e:
-                    _report(args, f"error: cannot share the writes of {mnt} between workers: {e.strerror or e}")
+                    _report(args, f"error: {e.filename}: cannot create: {e.strerror or e}")
                     return 1
             code = _mount_and_serve(args, mnt, opts, cfg, mount)
     except BaseException as e:  # whatever ends the daemon says why where its log is read

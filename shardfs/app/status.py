@@ -100,7 +100,7 @@ class Status:
         doc["rss_bytes"], doc["open_files"] = _process()
         doc["open_handles"] = ops.open_handles()
         # requests this worker sent to the owner worker of a writable mount (``shardfs.kernel.owner``)
-        doc["forwarded"] = ops.forward.forwarded if ops.forward is not None else 0
+        doc["forwarded"] = dict(ops.forward.forwarded) if ops.forward is not None else {}
         workers = self._workers()
         if workers:  # ``-o workers=N``: each worker, and the mount's memory is theirs together
             doc["workers"] = workers

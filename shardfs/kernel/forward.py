@@ -17,6 +17,7 @@ what the dead owner did of a non-idempotent one is answered as if it had replied
 
 from __future__ import annotations
 
+import collections
 import errno
 import itertools
 import logging
@@ -178,7 +179,7 @@ class OwnerLink:
         self._ids = itertools.count()
         self._waiting: dict[int, list[Any]] = {}  # id -> [event, ok, value]
         self._nursery: trio.Nursery | None = None
-        self.forwarded = 0  # requests sent (``shardfs status``)
+        self.forwarded: collections.Counter[str] = collections.Counter()  # requests sent, by operation (status)
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -227,7 +228,6 @@ class OwnerLink:
     async def call(self, op: str, args: tuple[Any, ...]) -> Any:
         """The owner's answer to request ``op``; ``FUSEError`` if it failed (EIO if no owner
         answers for ``RECONNECT_S``)."""
-        self.forwarded += 1
         resent = False
         while True:
             try:
@@ -257,6 +257,7 @@ class OwnerLink:
     async def request(self, op: str, args: tuple[Any, ...], looked_up: Callable[[int], None]) -> Any:
         """The owner's answer to request ``op`` (a READDIR: the entries the owner lists, replied
         here as far as the kernel's buffer takes them; ``looked_up`` counts each one taken)."""
+        self.forwarded[op] += 1
         if op != "readdir":
             return await self.call(op, args)
         fh, offset, token = args
@@ -277,6 +278,7 @@ class OwnerLink:
             self._nursery.start_soon(self._forget, forgets)
 
     async def _forget(self, forgets: list[tuple[int, int]]) -> None:
+        self.forwarded["forget"] += 1
         try:
             await self.call("forget", (forgets,))
         except pyfuse3.FUSEError:

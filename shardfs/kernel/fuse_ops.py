@@ -427,7 +427,10 @@ class Operations(pyfuse3.Operations):
             except OSError as e:  # its file is gone (a staging file lived in the dead worker's memory)
                 log.error("file handle %d (inode %d): cannot open it again: %s: EIO", fh, handle.ino, e.strerror)
                 raise pyfuse3.FUSEError(errno.EIO) from None
+            # (a handle this slot's dead worker opened is opened again as a restarted worker's is,
+            # at the current version: a pending chunk taken over from the journal has a new mtime)
             if isinstance(new, ReadHandle) and handle.version is not None \
+                    and self._ledger.owner(fh) != self._ledger.index \
                     and (new.attr.size, new.attr.mtime_ns) != handle.version:
                 self.opens.release(new)
                 log.error("file handle %d (inode %d): its file changed since another worker opened it: EIO", fh,
