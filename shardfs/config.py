@@ -52,7 +52,7 @@ class StorageConfig:
     """How the source is reached. ``None`` for ``endpoint``, ``region``, ``profile``, ``ca_bundle``
     and ``addressing``: what the environment and, for ``s3://``, the AWS configuration say
     (``shardfs.storage.source``). Which kind of source takes which option is
-    ``shardfs.storage.source``'s to say."""
+    ``shardfs.storage.kinds``'s to say."""
 
     follow_symlinks: bool = False  # a directory: read through symlinks that leave it
     endpoint: str | None = None  # an object store's server

@@ -32,7 +32,7 @@ from conftest import (
     read_zarr3_v2,
     run_shardfs,
 )
-from inproc import InProcess
+from inproc import InProcess, copy_chunk_file
 from sources import (
     BE,
     CRC,
@@ -211,6 +211,19 @@ def test_transcoded_chunks_are_cached(src, mount):
     assert stats(mount, mnt) == {"decodes": 1, "hits": 2}
 
 
+def test_a_transcoded_chunk_is_decoded_once_then_served_from_the_chunk_cache_in_process(src):
+    """The daemon's part of ``transcoded_chunks_are_cached``, in-process (``tests/inproc.py``):
+    three opens and reads of a transcoded chunk file decode it once (a chunk-cache miss) and
+    serve it twice from the chunk cache, the same bytes each time."""
+    native = read_native(src / "t3")
+    with InProcess(src) as fs:
+        lru = fs.tree.reads.chunk_cache.lru
+        for _ in range(3):
+            got = np.frombuffer((fs / "t3" / "1.2.4").read_bytes(), "<i4").reshape(2, 3, 2)
+            assert_same_array(got[:, :1, :1], native[2:4, 6:7, 8:9], "chunk file 1.2.4 (array part of an edge chunk)")
+        assert (lru.misses, lru.hits, len(lru)) == (1, 2, 1)
+
+
 @st.composite
 def transposed_arrays(draw):
     ndim = draw(st.integers(2, 3))
@@ -262,6 +275,18 @@ def test_writes_read_back_natively(name, writer, src, tmp_path, mount):
     assert_same_array(read_native(own / name), expected, f"native read of {name} after the writes")
     if tensorstore_reads(name):  # an independent decoder of the folded shards
         assert_same_array(read_ts3_native(own / name), expected, f"tensorstore zarr3 read of {name} after the writes")
+
+
+@pytest.mark.parametrize("name", ["t3", "t2", "t3b", "tn", "astype", "quant"])
+def test_a_chunk_file_rewritten_reads_back_natively_in_process(name, src, tmp_path):
+    """The daemon's part of ``writes_read_back_natively``, in-process: a chunk file of an array
+    with array->array codecs written with another chunk's bytes is folded through the codecs
+    and read back natively (the mounted test writes with zarr 2.18 and 3)."""
+    own = copy_array(src / name, tmp_path / "src")
+    expected = read_native(own / name)
+    with InProcess(own, read_only=False) as fs:
+        copy_chunk_file(fs / name, expected)
+    assert_same_array(read_native(own / name), expected, f"native read of {name} after the write")
 
 
 # ------------------------------------------------------------------ inspect and what stays hidden

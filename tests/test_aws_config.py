@@ -107,7 +107,7 @@ def test_precedence(home, monkeypatch):
         """)
     url = "s3://b/p"
     got = source(url, "profile=p")
-    assert (got.endpoint, got.region, got.addressing) == ("http://profile:1", "eu-west-1", "virtual")
+    assert (got.endpoint, got.config.region, got.config.addressing) == ("http://profile:1", "eu-west-1", "virtual")
     assert source(url, "profile=q").endpoint == "http://services:1"
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://env:1")
     assert source(url, "profile=q").endpoint == "http://env:1"
@@ -115,14 +115,14 @@ def test_precedence(home, monkeypatch):
     assert source(url, "profile=q").endpoint == "http://env-s3:1"
     assert source(url, "profile=q,endpoint=http://opt:1").endpoint == "http://opt:1"
     monkeypatch.setenv("AWS_DEFAULT_REGION", "ap-south-1")
-    assert source(url, "profile=p").region == "ap-south-1"
+    assert source(url, "profile=p").config.region == "ap-south-1"
     monkeypatch.setenv("AWS_REGION", "us-west-2")
-    assert source(url, "profile=p").region == "us-west-2"
-    assert source(url, "profile=p,region=sa-east-1").region == "sa-east-1"
-    assert source(url, "profile=p,addressing=path").addressing == "path"
+    assert source(url, "profile=p").config.region == "us-west-2"
+    assert source(url, "profile=p,region=sa-east-1").config.region == "sa-east-1"
+    assert source(url, "profile=p,addressing=path").config.addressing == "path"
     monkeypatch.setenv("AWS_PROFILE", "p")
-    assert source(url).region == "us-west-2" and source(url).addressing == "virtual"
-    assert source(url, "profile=q").addressing is None
+    assert source(url).config.region == "us-west-2" and source(url).config.addressing == "virtual"
+    assert source(url, "profile=q").config.addressing is None
 
 
 # ------------------------------------------------------------------ credential_process

@@ -311,11 +311,31 @@ def test_follow_symlinks_reads_through_them_and_never_writes(tmp_path, mount):
     assert tree_digest(out) == before
 
 
+def test_follow_symlinks_reads_through_them_and_never_writes_in_process(tmp_path, caplog):
+    """The daemon's part of ``follow_symlinks_reads_through_them_and_never_writes``, in-process
+    (``tests/inproc.py``, ``follow_symlinks``): chunk files of a shard and an array reached
+    through symlinks out of the source read as stored; a write through them is refused with
+    EACCES at its close (one log line) and nothing outside changes (the mounted test reads them
+    with zarr 2.18)."""
+    src, out, exp = escaping_source(tmp_path)
+    before = tree_digest(out)
+    with InProcess(src, read_only=False, follow_symlinks=True) as fs:
+        np.testing.assert_array_equal(H.decode((fs / "h" / "2.0").read_bytes()), exp["h"][H.chunk_region((2, 0))])
+        np.testing.assert_array_equal(OUT.decode((fs / "o" / "0.0").read_bytes()), exp["o"][OUT.chunk_region((0, 0))])
+        writes = [(fs / "o" / "0.0", OUT.encode(OUT.values(OUT.chunk, 5))), (fs / "h" / "2.1", chunk_bytes(3)[1])]
+        for path, data in writes:
+            with pytest.raises(PermissionError):
+                path.write_bytes(data)
+    assert sum("write refused: a symlink leads out of the source" in r.getMessage() for r in caplog.records) >= 2
+    assert tree_digest(out) == before
+
+
 # --------------------------------------------------------------------------- ownership
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
-def test_rewritten_shards_keep_owner_group_and_mode(tmp_path, mount):
+def test_rewritten_shards_keep_owner_group_and_mode(tmp_path):
+    """In-process (``tests/inproc.py``: closing the tree folds, as an unmount does)."""
     src = tmp_path / "src"
     spec = Spec("h", (16, 16), (4, 4), (8, 8), "<i4", 0, ("zstd", 1), inner_crc=False, index_location="end",
                 index_crc=True, initial=((s(0, 8), s(0, 16)),), write=(s(0, 16), s(0, 16)))
@@ -326,12 +346,11 @@ def test_rewritten_shards_keep_owner_group_and_mode(tmp_path, mount):
         for f in files:
             os.chown(Path(dirpath) / f, 1234, 1234)
             os.chmod(Path(dirpath) / f, 0o640)
-    mnt = mount(src)
-    for k, idx in enumerate(((0, 1), (2, 2))):  # an existing shard, and a new one in a new directory
-        block, data = chunk_bytes(k, spec)
-        write_file(mnt / "h" / spec.chunk_name(idx), data)
-        exp["h"][spec.chunk_region(idx)] = block
-    umount(mount, mnt)
+    with InProcess(src, read_only=False) as fs:
+        for k, idx in enumerate(((0, 1), (2, 2))):  # an existing shard, and a new one in a new directory
+            block, data = chunk_bytes(k, spec)
+            (fs / "h" / spec.chunk_name(idx)).write_bytes(data)
+            exp["h"][spec.chunk_region(idx)] = block
     assert_source_equals(src, "h", exp["h"])
     got = {key: (st.st_uid, st.st_gid, oct(st.st_mode & 0o7777))
            for key in ("c/0/0", "c/1", "c/1/1") for st in [os.stat(src / "h" / key)]}

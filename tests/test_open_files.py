@@ -17,6 +17,7 @@ import numcodecs
 import numpy as np
 import pytest
 
+from inproc import InProcess
 from sources import LE, ZSTD, sharding, write_v3
 
 SHAPE, CHUNK, SHARD = (16, 16), (8, 8), (16, 16)
@@ -72,6 +73,39 @@ def test_file_opened_after_the_replacement_reads_the_new_chunk(versions, mount):
         assert np.array_equal(got, a[8:, 8:]), "neither the old nor the new chunk"
         assert time.monotonic() < deadline, "the new chunk is not shown 30 s after the shard was replaced"
         time.sleep(0.1)
+def test_an_open_handle_reads_the_version_it_opened_in_process(versions):
+    """The daemon's part of ``open_file_reads_the_version_it_opened``, in-process
+    (``tests/inproc.py``): a chunk file opened before its shard is replaced reads the chunk it
+    opened, whole (the daemon reads the shard file it opened, not its name); the kernel's page
+    cache and inode size are the mounted tests'."""
+    src, other, a, b = versions
+    (shard,) = shard_files(src)
+    (new,) = shard_files(other)
+    with InProcess(src) as fs:
+        f = (fs / "x" / "1.1").open("rb")
+        try:
+            os.replace(new, shard)  # the shard is replaced before the first read
+            got = f.read()
+        finally:
+            f.close()
+    assert np.array_equal(decoded(got), a[8:, 8:]), "an open file must read the chunk it opened, whole"
+
+
+def test_an_open_after_the_replacement_reads_the_new_chunk_in_process(versions):
+    """The daemon's part of ``file_opened_after_the_replacement_reads_the_new_chunk``,
+    in-process: an open made once the daemon's remembered stat of the shard has expired (at
+    most 1 s) reads the new chunk, never a mix of the two."""
+    src, other, a, b = versions
+    (shard,) = shard_files(src)
+    with InProcess(src, list_ttl=0) as fs:
+        assert np.array_equal(decoded((fs / "x" / "1.1").read_bytes()), a[8:, 8:])
+        (new,) = shard_files(other)
+        os.replace(new, shard)
+        deadline = time.monotonic() + 30
+        while not np.array_equal(got := decoded((fs / "x" / "1.1").read_bytes()), b[8:, 8:]):
+            assert np.array_equal(got, a[8:, 8:]), "neither the old nor the new chunk"
+            assert time.monotonic() < deadline, "the new chunk is not shown 30 s after the shard was replaced"
+            time.sleep(0.1)
 
 
 def test_a_file_opened_before_its_shard_was_replaced_keeps_its_size(versions, mount):

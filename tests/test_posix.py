@@ -19,7 +19,7 @@ from typing import Iterator
 import pytest
 
 from conftest import case_params
-from inproc import InProcess
+from inproc import InPath, InProcess
 from sources import CASES, CASES_BY_ID, empty_in_bounds_chunks, stored_chunks, stored_inner_bytes
 
 SHARDED = [c for c in CASES if c.sharded]
@@ -67,7 +67,22 @@ def expected_tree(case, data) -> tuple[set[str], set[str], set[str], set[str]]:
     return files, dirs, shard_files, shard_dirs
 
 
-def find_tree(path: Path) -> tuple[set[str], set[str]]:
+def find_tree(path: Path | InPath) -> tuple[set[str], set[str]]:
+    """``(files, directories)`` below ``path``, relative to it: ``find`` through a mount, a walk of
+    the listings in-process."""
+    if isinstance(path, InPath):
+        found: tuple[set[str], set[str]] = set(), set()
+
+        def walk(at: InPath, prefix: str) -> None:
+            for name, st in at.entries():
+                kind = stat.S_IFMT(st.st_mode)
+                assert kind in (stat.S_IFDIR, stat.S_IFREG), f"unexpected node type: {prefix}{name}"
+                found[kind == stat.S_IFDIR].add(prefix + name)
+                if kind == stat.S_IFDIR:
+                    walk(at / name, f"{prefix}{name}/")
+
+        walk(path, "")
+        return found
     out = run("find", str(path), "-mindepth", "1", "-printf", r"%y %P\n").stdout.decode()
     files: set[str] = set()
     dirs: set[str] = set()
@@ -90,10 +105,11 @@ def assert_enoent(path) -> None:
 
 
 @pytest.mark.parametrize("case", case_params(SHARDED))
-def test_find_lists_exactly_the_stored_chunks(case, view, matrix):
-    """The array directory lists each chunk once (copy tools see one file per chunk); the
-    shard directories are not listed there but are one lookup away, and list their chunks."""
-    files, dirs = find_tree(view / case.relpath)
+def test_find_lists_exactly_the_stored_chunks(case, tree, matrix):
+    """In-process: the array directory lists each chunk once (copy tools see one file per
+    chunk); the shard directories are not listed there but are one lookup away, and list their
+    chunks."""
+    files, dirs = find_tree(tree / case.relpath)
     exp_files, exp_dirs, shard_files, shard_dirs = expected_tree(case, matrix.data[case.id])
     assert files == exp_files, (
         f"missing {sorted(exp_files - files)[:10]}, unexpected {sorted(files - exp_files)[:10]}"
@@ -101,7 +117,7 @@ def test_find_lists_exactly_the_stored_chunks(case, view, matrix):
     assert dirs == exp_dirs, f"missing {sorted(exp_dirs - dirs)[:10]}, unexpected {sorted(dirs - exp_dirs)[:10]}"
     got_files, got_dirs = set(), set()
     for top in {d.split("/")[0] for d in shard_dirs}:
-        sub_files, sub_dirs = find_tree(view / case.relpath / top)
+        sub_files, sub_dirs = find_tree(tree / case.relpath / top)
         got_files |= {f"{top}/{f}" for f in sub_files}
         got_dirs |= {top} | {f"{top}/{d}" for d in sub_dirs}
     assert got_files == shard_files, f"missing {sorted(shard_files - got_files)[:10]}"

@@ -500,9 +500,20 @@ def test_the_dead_workers_journal_is_served_before_it_is_folded(mount, src):
     assert np.array_equal(got[20:24, 24:28], EXPECTED[8:12, 8:12])  # 5.6 <- 2.2
 
 
+def zygotes(m) -> list[int]:
+    """The supervisor's children named ``shardfs-zygote``."""
+    found = []
+    for pid in map(int, Path(f"/proc/{m.pid}/task/{m.pid}/children").read_text().split()):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "shardfs-zygote":
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
 def zygote_of(m) -> int:
-    (pid,) = [p for p in map(int, Path(f"/proc/{m.pid}/task/{m.pid}/children").read_text().split())
-              if Path(f"/proc/{p}/comm").read_text().strip() == "shardfs-zygote"]
+    (pid,) = zygotes(m)
     return pid
 
 
@@ -530,3 +541,22 @@ def test_a_new_worker_is_forked_by_the_zygote_and_an_upgrade_starts_a_new_zygote
     assert upgraded != zygote and not Path(f"/proc/{zygote}").exists()
     assert b"chunk_cache=16M" in Path(f"/proc/{worker_of(m)}/cmdline").read_bytes().split(b"\0")
     assert status(mnt)["options"] == {"chunk_cache": "16M"}
+
+
+def test_a_dead_zygote_costs_a_fresh_start_once_then_a_new_zygote_forks(mount, src):
+    """The zygote killed (the OOM killer may pick it: it is not protected): the mount goes on;
+    the next worker is started afresh (its own command line, ``--worker``), a new zygote is
+    started beside it and forks the one after."""
+    mnt = mount(src)
+    m = mount.info(mnt)
+    old = zygote_of(m)
+    os.kill(old, signal.SIGKILL)
+    wait_for(lambda: not Path(f"/proc/{old}").exists(), 10, "the zygote reaped by the supervisor")
+    assert chunk(mnt, "1.1") == (mnt / "b" / "1.1").read_bytes()
+    fresh = kill_worker(m, mnt)
+    assert b"--worker" in Path(f"/proc/{fresh}/cmdline").read_bytes().split(b"\0")
+    assert "no worker from the zygote" in m.log_text()
+    wait_for(lambda: len(zygotes(m)) == 1 and zygote_of(m) != old, 30, "a new zygote")
+    forked = kill_worker(m, mnt)
+    assert b"--zygote" in Path(f"/proc/{forked}/cmdline").read_bytes().split(b"\0")
+    assert chunk(mnt, "1.1") == (mnt / "b" / "1.1").read_bytes()

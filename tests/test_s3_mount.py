@@ -27,6 +27,7 @@ from azserver import CONTAINER as AZ_CONTAINER
 from testkit.delayproxy import DelayProxy
 from testkit.seaweed import SeaweedS3, upload
 from conftest import daemon_pids, lazy_unmount, read_zarr2, run_shardfs, wait_for, zarr2
+from inproc import InProcess
 from shardfs.app import state
 from shardfs.writes.journal import segments_under
 from shardfs.app.mounts import mounts
@@ -348,6 +349,45 @@ def test_zattrs_and_a_new_array_write_zarr_json_in_the_bucket(bucket_w, mount, t
         result = np.zeros(0)
         """, path=str(mnt))
     umount(mount, mnt)
+    group = zarr.open_group(up.zarr_store(), mode="r")
+    assert dict(group["w"].attrs) == {"units": "mm"}
+    np.testing.assert_array_equal(group["made"][...], values)
+    np.testing.assert_array_equal(group["w"][...], exp)
+
+
+def test_a_tree_over_a_bucket_folds_its_chunk_writes_into_it_in_process(bucket_w, monkeypatch):
+    """The daemon's part of ``umount_folds_pending_chunks_into_the_bucket``, in-process
+    (``tests/inproc.py`` over the ``s3://`` URL): chunks written into a stored shard and into a
+    new one read back at once and are in the bucket once the tree is closed (as an unmount
+    folds), with nothing left in the journal."""
+    up, exp = bucket_w
+    for name, value in up.env.items():
+        monkeypatch.setenv(name, value)
+    with InProcess(up.url, read_only=False) as fs:
+        write_chunk(fs, W, (0, 0), 11, exp)
+        write_chunk(fs, W, (3, 3), 12, exp)  # a new shard (1, 1)
+        assert (fs / "w" / W.chunk_name((3, 3))).read_bytes() == W.encode(W.values(W.chunk, 12))
+    np.testing.assert_array_equal(native(up, "w"), exp)
+    assert segments_under(str(journal_of(up))) == []
+
+
+def test_attributes_and_a_new_array_written_in_a_tree_over_a_bucket_in_process(bucket_w, monkeypatch):
+    """The daemon's part of ``zattrs_and_a_new_array_write_zarr_json_in_the_bucket``, in-process:
+    a ``.zattrs`` written and a new array made from a ``.zarray`` and its chunk files become
+    ``zarr.json`` documents and shards in the bucket (the mounted test makes them with zarr 2.18)."""
+    up, exp = bucket_w
+    for name, value in up.env.items():
+        monkeypatch.setenv(name, value)
+    values = np.arange(60, dtype="<u2").reshape(6, 10)
+    with InProcess(up.url, read_only=False) as fs:
+        (fs / "w" / ".zattrs").write_text(json.dumps({"units": "mm"}))
+        (fs / "made").mkdir()
+        (fs / "made" / ".zarray").write_text(json.dumps({
+            "zarr_format": 2, "shape": [6, 10], "chunks": [3, 5], "dtype": "<u2", "compressor": None,
+            "fill_value": 0, "order": "C", "filters": None}))
+        for i in range(2):
+            for j in range(2):
+                (fs / "made" / f"{i}.{j}").write_bytes(values[3 * i:3 * i + 3, 5 * j:5 * j + 5].tobytes())
     group = zarr.open_group(up.zarr_store(), mode="r")
     assert dict(group["w"].attrs) == {"units": "mm"}
     np.testing.assert_array_equal(group["made"][...], values)

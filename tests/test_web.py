@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from conftest import read_zarr2_many, run_shardfs
+from inproc import InProcess
 
 
 def _source(root: Path) -> dict[str, np.ndarray]:
@@ -67,6 +68,28 @@ def test_a_web_source_reads_as_native(tmp_path, web_server, mount):
     got = read_zarr2_many([mnt / p for p in written])
     for path, want in written.items():
         np.testing.assert_array_equal(got[str(mnt / path)], want, err_msg=path)
+    heads = [r for r in server.requests() if r.startswith("HEAD ")]
+    assert not [r for r in heads if "/raw/" in r or "/img/" in r], heads  # shards: found by their index GETs
+
+
+def test_a_web_source_lists_what_its_metadata_and_index_gets_say_in_process(tmp_path, web_server):
+    """The listings of ``a_web_source_reads_as_native``, in-process (``tests/inproc.py`` over an
+    ``http://`` source): a web server lists nothing, so the tree lists the groups and arrays the
+    consolidated metadata names, an array's chunks from its shards' index GETs (a grid position
+    without a shard: a 404, an empty shard directory), and never asks a HEAD of a shard; every
+    chunk file's bytes are the stored chunk's (the mounted test reads them with zarr 2.18)."""
+    root = tmp_path / "www"
+    _source(root)
+    server = web_server(root)
+    with InProcess(f"{server.url}/data.zarr") as fs:
+        assert sorted((fs / ".").iterdir()) == [".zattrs", ".zgroup", ".zmetadata", "img", "raw", "sub"]
+        assert [n for n in sorted((fs / "img").iterdir()) if not n.startswith(".")] == ["0"]
+        assert [n for n in (fs / "extra").iterdir() if not n.startswith(".")] == []  # found by name; "e" not named
+        raw_chunks = {f"{i}.{j}" for i in range(4) for j in range(4)}
+        assert {n for n in (fs / "raw").iterdir() if not n.startswith(".")} == raw_chunks
+        assert sorted((fs / "raw" / "c" / "1" / "1").iterdir()) == ["2.2", "2.3", "3.2", "3.3"]
+        assert (fs / "raw" / "c" / "2").iterdir() == []  # a grid position without shards: a 404 each
+        assert (fs / "raw" / "c" / "1" / "1" / "2.2").read_bytes() == (fs / "raw" / "2.2").read_bytes()
     heads = [r for r in server.requests() if r.startswith("HEAD ")]
     assert not [r for r in heads if "/raw/" in r or "/img/" in r], heads  # shards: found by their index GETs
 

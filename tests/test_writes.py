@@ -698,3 +698,138 @@ def test_a_renamed_onto_chunk_emptied_under_its_other_name_is_created_again_by_a
         f.write(Z2.encode(b2))
     assert (arr / "1.1").read_bytes() == Z2.encode(b2)
     assert (arr / "c" / "0" / "0" / "1.1").read_bytes() == Z2.encode(b2)
+
+
+def test_a_read_only_tree_refuses_every_write_with_erofs(tmp_path):
+    """The semantics of ``read_only_mount_refuses_every_write``, in-process (``tests/inproc.py``):
+    every kind of write to a read-only tree is EROFS and nothing reaches the source or a
+    journal (the mounted test keeps what ``cp`` and a v2 client see)."""
+    src = tmp_path / "src"
+    build(src, [Z2])
+    shard = Z2.shard_file(src, (0, 0)).read_bytes()
+    with InProcess(src, read_only=True) as fs:
+        arr = fs / "z2"
+        ops = {
+            "write existing chunk": lambda: (arr / "0.0").open("r+b").close(),
+            "truncating open": lambda: (arr / "0.0").open("wb").close(),
+            "create chunk": lambda: (arr / "4.5").write_bytes(b"x"),
+            "create temp": lambda: (arr / "0.0.abc.partial").write_bytes(b"x"),
+            "unlink": lambda: (arr / "0.0").unlink(),
+            "rename": lambda: (arr / "0.0").replace(arr / "0.1"),
+            "mkdir": lambda: (arr / "newdir").mkdir(),
+            "write .zattrs": lambda: (arr / ".zattrs").write_text("{}"),
+            "truncate": lambda: (arr / "0.0").truncate(3),
+        }
+        wrong = {}
+        for what, op in ops.items():
+            try:
+                op()
+                wrong[what] = "succeeded"
+            except OSError as e:
+                if e.errno != errno.EROFS:
+                    wrong[what] = f"errno {e.errno} ({e.strerror}), expected EROFS"
+        assert not wrong, wrong
+    assert Z2.shard_file(src, (0, 0)).read_bytes() == shard
+    assert journal_entries(src) == []
+
+
+def test_chunk_files_written_in_process(tmp_path):
+    """The semantics of ``cp_chunk_files``, in-process: a chunk file written (at the array root,
+    in its shard directory, in a shard not stored yet, gzip with the index at the start, with an
+    inner crc32c the daemon appends) or copied from another chunk file reads back as written and
+    lands in the source (the mounted test keeps ``cp`` and ``cat``)."""
+    src = tmp_path / "src"
+    exp = build(src, [Z2, G3, C2])
+    jobs = [(Z2, (1, 1), "1.1"), (Z2, (2, 2), "c/1/1/2.2"), (Z2, (4, 5), "4.5"), (G3, (0, 1, 1), "c/0/0/0/0.1.1"),
+            (G3, (4, 3, 2), "4.3.2"), (C2, (1, 0), "c/0/0/1.0"), (C2, (4, 2), "4.2")]
+    with InProcess(src, read_only=False) as fs:
+        for k, (spec, idx, rel) in enumerate(jobs):
+            block = spec.values(spec.chunk, seed_of("cp", k))
+            (fs / spec.name / rel).write_bytes(spec.encode(block))
+            exp[spec.name][spec.chunk_region(idx)] = block[tuple(s(0, r.stop - r.start)
+                                                                  for r in spec.chunk_region(idx))]
+            assert (fs / spec.name / rel).read_bytes() == spec.encode(block), rel
+        (fs / "z2" / "0.1").write_bytes((fs / "z2" / "0.0").read_bytes())  # one chunk file onto another
+        exp["z2"][Z2.chunk_region((0, 1))] = exp["z2"][Z2.chunk_region((0, 0))]
+    for spec in (Z2, G3, C2):
+        assert_source_equals(src, spec.name, exp[spec.name])
+    assert_clean(src)
+
+
+def test_chunk_files_removed_in_process(tmp_path):
+    """The semantics of ``rm_chunk_files``, in-process: a chunk file removed is gone from both
+    of its directories and reads as the fill value; a second removal is ENOENT; a shard whose
+    every chunk was removed is deleted; a chunk written into a new shard and removed before any
+    fold never makes the shard (the mounted test keeps ``rm`` and tensorstore)."""
+    src = tmp_path / "src"
+    exp = build(src, [Z2, C2])
+    with InProcess(src, read_only=False) as fs:
+        (fs / "z2" / "0.0").unlink()
+        exp["z2"][Z2.chunk_region((0, 0))] = Z2.fill
+        assert not (fs / "z2" / "0.0").exists() and not (fs / "z2" / "c" / "0" / "0" / "0.0").exists()
+        shard_dir = fs / "z2" / "c" / "1" / "1"
+        names = sorted(shard_dir.iterdir())
+        assert names == ["2.2", "2.3", "3.2", "3.3"], names
+        for name in names:
+            (shard_dir / name).unlink()
+        exp["z2"][s(8, 16), s(10, 20)] = Z2.fill
+        (fs / "c2" / "c" / "1" / "1" / "2.2").unlink()
+        exp["c2"][C2.chunk_region((2, 2))] = C2.fill
+        with pytest.raises(FileNotFoundError):
+            (fs / "z2" / "0.0").unlink()
+        (fs / "z2" / "4.5").write_bytes(Z2.encode(Z2.values(Z2.chunk, 3)))  # a new shard, removed before a fold
+        (fs / "z2" / "4.5").unlink()
+        assert not (fs / "z2" / "4.5").exists()
+    for spec in (Z2, C2):
+        assert_source_equals(src, spec.name, exp[spec.name])
+    assert not Z2.shard_file(src, (1, 1)).exists(), "shard z2/c/1/1 with every chunk removed still exists"
+    assert Z2.shard_file(src, (0, 0)).exists()
+    assert not Z2.shard_file(src, (2, 2)).exists(), "shard z2/c/2/2 exists though its only chunk was removed"
+    assert_clean(src)
+
+
+def test_unsupported_changes_are_refused_in_process(tmp_path):
+    """The daemon's part of ``unsupported_operations_fail_with_eperm``, in-process: a new name
+    in an array, a chunk file renamed, a ``.zarray`` rewritten with another dtype (in place or by
+    rename), a chunk truncated without being open for writing are EPERM; removing a shard
+    directory that lists chunks is ENOTEMPTY; nothing changes (symlink, mknod, xattrs and
+    RENAME_EXCHANGE reach the kernel's refusals: the mounted test)."""
+    src = tmp_path / "src"
+    exp = build(src, [Z2])
+    meta_before = (src / "z2" / "zarr.json").read_bytes()
+    with InProcess(src, read_only=False) as fs:
+        arr = fs / "z2"
+        zarray = json.loads((arr / ".zarray").read_text())
+        bigger = json.dumps(dict(zarray, dtype="<i8"))
+
+        def by_rename() -> None:
+            tmp = arr / ".zarray.1234.partial"
+            tmp.write_text(bigger)
+            try:
+                tmp.replace(arr / ".zarray")
+            finally:
+                if tmp.exists():
+                    tmp.unlink()
+
+        cases = {
+            "mkdir new name in array": (lambda: (arr / "newdir").mkdir(), errno.EPERM),
+            "rmdir of a shard directory that lists chunks": (lambda: (arr / "c" / "0" / "0").rmdir(), errno.ENOTEMPTY),
+            "rename chunk file": (lambda: (arr / "0.0").replace(arr / "0.0.bak"), errno.EPERM),
+            "rewrite .zarray in place (other dtype)": (lambda: (arr / ".zarray").write_text(bigger), errno.EPERM),
+            "rewrite .zarray by rename (other dtype)": (by_rename, errno.EPERM),
+            "truncate of a chunk not open for writing": (lambda: (arr / "0.0").truncate(3), errno.EPERM),
+        }
+        wrong = {}
+        for what, (op, want) in cases.items():
+            try:
+                op()
+                wrong[what] = "succeeded"
+            except OSError as e:
+                if e.errno != want:
+                    wrong[what] = f"errno {e.errno} ({e.strerror}), expected {want} ({os.strerror(want)})"
+        assert not wrong, wrong
+        assert json.loads((arr / ".zarray").read_text()) == zarray
+        assert (arr / "0.0").exists() and not (arr / "newdir").exists()
+    assert (src / "z2" / "zarr.json").read_bytes() == meta_before
+    assert_source_equals(src, "z2", exp["z2"])
+    assert_clean(src)

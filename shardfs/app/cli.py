@@ -145,7 +145,7 @@ def _versions() -> str:
 def check_source(src: str, source: Source) -> dict[str, Any]:
     """The root ``zarr.json`` of the source (``src`` as given); ``UsageError`` if it is not a
     readable Zarr v3 node (an object store: nor reachable with these credentials)."""
-    if source.url:
+    if source.kind.remote:
         return _check_url(source)
     if not os.path.exists(src):
         raise UsageError(f"{src}: no such file or directory")
@@ -213,7 +213,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
             return run_daemon(args, os.path.abspath(args.mnt), opts, source)
 
         return zygote.serve(args.zygote, lambda: preload(source), worker)
-    if args.ready_fd is None or not source.url:  # a daemon we spawned: its parent checked the store
+    if args.ready_fd is None or not source.kind.remote:  # a daemon we spawned: its parent checked the store
         check_source(args.src, source)
     mnt = os.path.abspath(args.mnt)
     _detach_dead(args.mnt, mnt)

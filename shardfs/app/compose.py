@@ -177,4 +177,4 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
 def _range_cache(source: Source, reads: ReadConfig) -> RangeCache | None:
     """An object store's cache of fetched ranges (``-o cache_size``, ``-o cache_dir``); None for a
     directory. ``ValueError`` (one line) if ``cache_dir`` cannot be used."""
-    return RangeCache(reads.cache_size, reads.cache_dir) if source.url else None
+    return RangeCache(reads.cache_size, reads.cache_dir) if source.kind.remote else None

@@ -17,7 +17,6 @@ standard library: the supervisor stays small.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import fcntl
 import os
@@ -26,6 +25,8 @@ import socket
 import stat
 import struct
 import subprocess
+
+from shardfs.base.libc import LIBC
 
 FUSE_NOTIFY_RESEND = 7  # protocol 7.40 (Linux 6.9): every request read and not answered is sent again
 FUSE_DEV_IOC_CLONE = 0x8004E500  # _IOR(229, 0, uint32_t)
@@ -42,7 +43,7 @@ KERNEL = ("allow_other", "default_permissions", "max_read")  # options the kerne
 FIXED = ("ro", "allow_other", "allow_root", "default_permissions", "max_read", "auto_unmount",
          "dev", "suid", "exec", "noexec", "nodev", "nosuid", "atime", "noatime", "sync", "async", "dirsync")
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_libc = LIBC
 
 
 class MountError(Exception):

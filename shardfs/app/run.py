@@ -81,7 +81,7 @@ def take_over(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: 
     is not one (another source, an unsupervised daemon). ``UsageError`` says why not."""
     from shardfs.app.handover import hand_over
 
-    read_only = args.read_only or options.config(opts).read_only or source.web
+    read_only = args.read_only or options.config(opts).read_only or not source.kind.writable
     if not args.log_file and not os.path.exists("/dev/log"):
         args.log_file = state.log_file(source.name, source.endpoint)  # where a spawned daemon logs
     return hand_over(args.mnt, mnt, source, list(opts.fuse), read_only,
@@ -174,7 +174,7 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
         return 1
     if opts.ignored:
         log.debug("ignored mount options: %s", ",".join(opts.ignored))
-    read_only = args.read_only or cfg.read_only or source.web  # a web server takes no writes
+    read_only = args.read_only or cfg.read_only or not source.kind.writable  # a web server takes no writes
     if args.connection is None and cfg.workers > 1:
         why = workers_refused(read_only)
         if why is not None:
@@ -250,7 +250,7 @@ def preload(source: Source) -> None:
     from shardfs.tree.hierarchy import v2
 
     v2()
-    if source.url:
+    if source.kind.remote:
         from shardfs.storage import objects, web  # noqa: F401
 
 

@@ -37,13 +37,13 @@ def locate(path: str, opts: Parsed) -> tuple[Source, str, bool]:
             rel = os.path.relpath(path, mnt)
             key = "" if rel == "." else rel.replace(os.sep, "/")
             return _mounted(mnt, src, opts), key, True
-    return Source("/", False), path.lstrip("/"), False
+    return Source("/"), path.lstrip("/"), False
 
 
 def _mounted(mnt: str, src: str, opts: Parsed) -> Source:
     """The source of the mount at ``mnt`` (``src``: its device name), as its daemon reaches it."""
     if not is_url(src):
-        return Source(src, False)
+        return Source(src)
     from shardfs.app.status_client import StatusError, status_of
 
     source = options.source(src, opts)
@@ -52,9 +52,10 @@ def _mounted(mnt: str, src: str, opts: Parsed) -> Source:
     except StatusError:
         return source
     its = doc.get("options", {})  # the daemon's own -o options
-    return dataclasses.replace(source, endpoint=doc.get("endpoint") or source.endpoint,
-                               region=its.get("region") or source.region,
-                               anonymous=source.anonymous or "anonymous" in its)
+    cfg = source.config
+    return dataclasses.replace(source, config=dataclasses.replace(
+        cfg, endpoint=doc.get("endpoint") or cfg.endpoint, region=its.get("region") or cfg.region,
+        anonymous=cfg.anonymous or "anonymous" in its))
 
 
 def shown_key(storage: Storage, key: str) -> str:

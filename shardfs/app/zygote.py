@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import json
 import os
 import signal
@@ -37,18 +36,16 @@ import sys
 import time
 from typing import Any, Callable
 
+from shardfs.base.libc import LIBC
+
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
 READY_TIMEOUT = 120.0  # seconds for a zygote to import (a loaded machine) and to answer a fork
-_libc: Any = None
 
 
 def prctl(option: int, value: int | bytes) -> None:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    _libc.prctl(option, ctypes.c_char_p(value) if isinstance(value, bytes) else value, 0, 0, 0)
+    LIBC.prctl(option, ctypes.c_char_p(value) if isinstance(value, bytes) else value, 0, 0, 0)
 
 
 def name(comm: str) -> None:

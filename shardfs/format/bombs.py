@@ -92,11 +92,13 @@ class _OutBuffer(ctypes.Structure):
 @functools.cache
 def _libzstd() -> ctypes.CDLL | None:
     """The system's libzstd (the streaming decoder: numcodecs has no bounded one), or None."""
-    name = ctypes.util.find_library("zstd") or "libzstd.so.1"
-    try:
-        lib = ctypes.CDLL(name)
+    try:  # the soname first: ``find_library`` runs ``ldconfig -p`` in a subprocess
+        lib = ctypes.CDLL("libzstd.so.1")
     except OSError:
-        return None
+        try:
+            lib = ctypes.CDLL(ctypes.util.find_library("zstd") or "libzstd.so")
+        except OSError:
+            return None
     lib.ZSTD_createDCtx.restype = ctypes.c_void_p
     lib.ZSTD_freeDCtx.argtypes = [ctypes.c_void_p]
     lib.ZSTD_decompressStream.restype = ctypes.c_size_t

@@ -20,7 +20,6 @@ from typing import Any
 import pyfuse3
 import trio
 
-from shardfs.storage.local import LocalStorage
 from shardfs.storage.permits import may_read
 from shardfs.storage import Storage
 from shardfs.tree.names import Names
@@ -44,12 +43,12 @@ class Callers:
     async def may_read(self, source: Storage, names: Names, inode: int, ctx: Any) -> None:
         """EACCES if another user may not read the file of ``source`` behind ``inode`` (``names``:
         ``Names.source_key``)."""
-        if not self.other(ctx) or not isinstance(source, LocalStorage):
+        if not self.other(ctx):
             return
         key = names.source_key(inode)
-        if key is None:
+        path = None if key is None else source.owner_path(key)
+        if path is None:
             return
-        path = source.path(key)
         if not await trio.to_thread.run_sync(may_read, path, ctx.uid, _groups(ctx)):
             raise pyfuse3.FUSEError(errno.EACCES)
 

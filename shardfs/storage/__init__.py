@@ -1,7 +1,8 @@
 """The storage interface: what everything above it knows about where shards live.
 
-Two implementations: a local directory (``shardfs.storage.local``) and an object store
-(``shardfs.storage.objects``). Keys are relative, ``/``-separated names below the source
+Implementations, one per kind of source (``shardfs.storage.kinds``): a local directory
+(``shardfs.storage.local``), an object store (``shardfs.storage.objects``), a plain web server
+(``shardfs.storage.web``). Keys are relative, ``/``-separated names below the source
 root (``raw/zarr.json``, ``raw/c/0/0/0``); ``""`` is the root itself. Every method blocks:
 callers on the trio thread run the ones that move data through a worker thread.
 
@@ -86,6 +87,11 @@ class Storage(Protocol):
     """A source of keys: a local directory or an object-store prefix."""
 
     stats: StoreStats  # the requests it made (``shardfs status``)
+    read_path: str  # which read path serves it (``shardfs.reads.factory``): "local" (pread) or "objects"
+
+    def owner_path(self, key: str) -> str | None:
+        """The local file behind ``key`` whose owner and mode say whether another user may read
+        it (``shardfs.storage.permits``); None where files have no owners (an object store)."""
 
     def describe(self, key: str) -> str:
         """A human-readable location of ``key`` for log lines (a path, or ``s3://bucket/key``)."""

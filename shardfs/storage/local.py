@@ -67,6 +67,8 @@ class LocalStorage:
     changes made behind the mount's back wait that long.
     """
 
+    read_path = "local"  # (``shardfs.reads.factory``)
+
     def __init__(self, root: str, stat_ttl: float = 1.0, follow_symlinks: bool = False,
                  list_ttl: float = 0.0) -> None:
         self.root = os.path.realpath(root)
@@ -84,6 +86,9 @@ class LocalStorage:
         return os.path.join(self.root, key) if key else self.root
 
     def describe(self, key: str) -> str:
+        return self.path(key)
+
+    def owner_path(self, key: str) -> str | None:
         return self.path(key)
 
     def _open(self, key: str, flags: int, strict: bool = True, mode: int = 0) -> int:

@@ -184,6 +184,8 @@ def _version(meta: dict) -> Version:
 class ObjectStorage:
     """``Storage`` over one bucket/container and prefix of an object store (thread-safe)."""
 
+    read_path = "objects"  # (``shardfs.reads.factory``)
+
     def __init__(self, url: str, *, endpoint: str | None = None, region: str | None = None,
                  anonymous: bool = False, retry: Retry = Retry(), loop: LoopThread | None = None,
                  stat_ttl: float = 1.0, list_ttl: float = 0.0, access: Access = Access()):
@@ -197,7 +199,7 @@ class ObjectStorage:
         self.scheme = scheme
         config: dict[str, Any] = {}
         if scheme == "s3":
-            endpoint = endpoint or env_endpoint(url)
+            endpoint = endpoint or env_endpoint()
             region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
             if region:
                 config["region"] = region
@@ -247,6 +249,9 @@ class ObjectStorage:
 
     def describe(self, key: str) -> str:
         return f"{self.url}/{key}" if key else self.url
+
+    def owner_path(self, key: str) -> str | None:
+        return None  # objects have no owners
 
     def statvfs(self) -> os.statvfs_result:
         """An object store has no size or inode limit to report: like mountpoint-s3, a large

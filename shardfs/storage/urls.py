@@ -38,9 +38,7 @@ def is_web(url: str) -> bool:
     return url.split("://", 1)[0].lower() in WEB_SCHEMES
 
 
-def env_endpoint(url: str, environ: Mapping[str, str] = os.environ) -> str | None:
+def env_endpoint(environ: Mapping[str, str] = os.environ) -> str | None:
     """The endpoint an ``s3://`` URL reaches without ``-o endpoint``: ``AWS_ENDPOINT_URL``
-    (or ``AWS_ENDPOINT``); None for other schemes and for the service's default."""
-    if normalize_url(url).split("://", 1)[0] not in ("s3", "s3a"):
-        return None
+    (or ``AWS_ENDPOINT``); None for the service's default."""
     return environ.get("AWS_ENDPOINT_URL") or environ.get("AWS_ENDPOINT") or None

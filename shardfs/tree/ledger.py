@@ -43,12 +43,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import fcntl
 import json
 import os
 import re
 from typing import Any, Callable, Iterable, Iterator
+
+from shardfs.base.libc import LIBC
 
 COMPACT_BYTES = 8 << 20  # a ledger this large is rewritten with the records still in effect
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 1, 2
@@ -298,7 +299,7 @@ def _punch(fd: int, length: int) -> None:
     """Free the first ``length`` bytes of ``fd`` (they read as zeros; the size stays)."""
     if length <= 0:
         return
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc = LIBC
     libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
     if libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, length) != 0:
         err = ctypes.get_errno()

@@ -1,0 +1,93 @@
+"""The registry of source kinds (``shardfs.storage.kinds``): what each scheme is, which ``-o``
+options each kind takes, and that a new kind is one registration. No mount, no server: the
+kinds are told apart here and nowhere else (the mounted refusals are in test_s3_mount.py and
+test_web.py)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import pytest
+
+from shardfs.config import StorageConfig
+from shardfs.storage import kinds
+from shardfs.storage.kinds import KINDS, Kind, kind_of, named, register
+from shardfs.storage.source import Source
+
+
+@pytest.mark.parametrize("src,name", [
+    ("/data/x", "directory"), ("relative/dir", "directory"), ("s3://b/p", "s3"), ("S3A://b", "s3"),
+    ("gs://b/p", "gcs"), ("az://c/p", "azure"), ("abfss://c/p", "azure"), ("http://h/p", "web"),
+    ("https://h/p", "web"), ("ftp://h/p", "object store")])
+def test_each_scheme_names_one_kind(src, name):
+    kind = kind_of(src)
+    assert kind.name == name and named(name) is kind
+    assert kind.remote == (name != "directory") and kind.writable == (name != "web")
+
+
+@pytest.mark.parametrize("src,given,message", [
+    ("s3://b/p", ["follow_symlinks"], "-o follow_symlinks: applies to a local directory, not to an object-store URL"),
+    ("gs://b/p", ["region"], "-o region: applies to s3:// URLs only"),
+    ("az://c/p", ["profile", "endpoint"], "-o profile: applies to s3:// URLs only"),
+    ("https://h/p", ["cache_size", "endpoint"],
+     "-o endpoint: applies to an object store (s3://...), not to a web server"),
+    ("https://h/p", ["region"], "-o region: applies to an object store (s3://...), not to a web server"),
+    ("https://h/p", ["requester_pays"], "-o requester_pays: applies to s3:// URLs only"),
+    ("/d", ["timeout", "region"], "-o region: applies to an object-store URL (s3://...), not to a local directory"),
+    ("s3://b/p", ["follow_symlinks", "region"],
+     "-o follow_symlinks: applies to a local directory, not to an object-store URL")])
+def test_an_option_of_another_kind_is_refused_in_one_line(src, given, message):
+    with pytest.raises(ValueError) as e:
+        Source.parse(src, StorageConfig(), given, environ={})
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("src,given", [("s3://b/p", ["region", "profile", "addressing", "cache_dir"]),
+                                       ("gs://b", ["endpoint", "anonymous", "timeout"]),
+                                       ("http://h", ["cache_size", "ca_bundle", "insecure", "timeout"]),
+                                       ("/d", ["follow_symlinks", "ro"])])
+def test_the_options_a_kind_takes_are_accepted(src, given):
+    Source.parse(src, StorageConfig(), given, environ={})
+
+
+def test_a_source_holds_the_storage_slice_as_given():
+    cfg = StorageConfig(endpoint="http://127.0.0.1:1", timeout=7.0, insecure=True, addressing="path")
+    source = Source.parse("gs://Bucket//p/", cfg, environ={})
+    assert (source.name, source.kind.name, source.config, source.endpoint) == (
+        "gs://Bucket/p", "gcs", cfg, "http://127.0.0.1:1")
+    local = Source.parse("/d", StorageConfig(follow_symlinks=True, timeout=7.0))
+    assert local.config == StorageConfig(follow_symlinks=True) and local.kind.name == "directory"
+
+
+def test_s3_settings_come_from_the_environment_under_the_options():
+    env = {"AWS_ENDPOINT_URL": "http://e:1", "AWS_REGION": "r1", "AWS_SKIP_SIGNATURE": "true",
+           "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
+    source = Source.parse("s3://b/p", StorageConfig(region="r2"), ["region"], environ=env)
+    assert (source.endpoint, source.config.region, source.config.anonymous) == ("http://e:1", "r2", True)
+    other = Source.parse("gs://b/p", StorageConfig(), environ=env)  # not the AWS configuration
+    assert (other.endpoint, other.config.region, other.config.anonymous) == (None, None, False)
+
+
+def test_a_new_kind_is_one_registration():
+    opened: list[Any] = []
+
+    @contextlib.contextmanager
+    def memory(source: Source, version_ttl: float, list_ttl: float) -> Iterator[Any]:
+        opened.append((source.name, version_ttl, list_ttl))
+        yield "a storage"
+
+    kind = register(Kind("memory", ("mem",), frozenset({"timeout"}), memory, writable=False))
+    try:
+        assert kind_of("mem://x/y") is kind and named("memory") is kind
+        source = Source.parse("MEM://x//y", StorageConfig(timeout=3.0), ["timeout"], environ={})
+        with source.opened(2.0, 1.0) as storage:
+            assert storage == "a storage"
+        assert opened == [("mem://x/y", 2.0, 1.0)] and source.config.timeout == 3.0
+        with pytest.raises(ValueError, match="-o endpoint: applies to an object store"):
+            Source.parse("mem://x", StorageConfig(), ["endpoint"], environ={})
+        with pytest.raises(ValueError, match="registered already"):
+            register(Kind("other", ("mem",), frozenset(), memory))
+    finally:
+        KINDS.remove(kind)
+    assert kind_of("mem://x") is kinds.OTHER
