@@ -19,8 +19,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Any
+from typing import Any, TypeVar
 
+D = TypeVar("D", bound=Any)  # a status document (``shardfs.app.status.StatusDoc``)
 PUBLISH_S = 1.0  # seconds between two writes of a worker's document
 IDENTITY = frozenset(("mountpoint", "source", "endpoint", "pid", "uptime_s", "read_only", "options", "worker",
                       "workers", "rss_bytes"))
@@ -81,7 +82,7 @@ def plus(a: Any, b: Any, key: str = "") -> Any:
     return a if a is not None else b
 
 
-def total(own: dict[str, Any], docs: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def total(own: D, docs: dict[int, dict[str, Any]]) -> D:
     """``own`` (the answering worker's document) with the other workers' ``docs`` added; each
     entry of ``own["workers"]`` gets its worker's ``requests``, ``forwarded`` and ``open_handles``."""
     out = own
