@@ -38,7 +38,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 import trio
 
 from shardfs.app.compose import compose
-from shardfs.config import Config, KernelConfig, TreeConfig, WriteConfig
+from shardfs.config import Config, KernelConfig, StorageConfig, TreeConfig, WriteConfig
 from shardfs.base.attrs import Attr
 from shardfs.storage.source import Source
 from shardfs.tree.nodetable import ROOT_INODE
@@ -61,17 +61,19 @@ class InProcess:
 
     ``read_only``: no ``Writer`` (every write is EROFS, as on a read-only mount);
     ``shard_bytes``: ``-o shard_size`` for arrays created here; ``list_ttl``: how long
-    listings of the source are kept (a mount's entry timeout); ``**tree``: the tree's
-    options (``ome``, ``c_order``)."""
+    listings of the source are kept (a mount's entry timeout); ``follow_symlinks``: ``-o
+    follow_symlinks``; ``**tree``: the tree's options (``ome``, ``c_order``). ``root`` may be
+    a URL (``s3://``, ``http(s)://``: the source's settings from the environment)."""
 
     def __init__(self, root: str | os.PathLike[str], read_only: bool = True, shard_bytes: int = WriteConfig.shard_size,
-                 list_ttl: float = KernelConfig.entry_timeout, **tree: Any) -> None:
+                 list_ttl: float = KernelConfig.entry_timeout, follow_symlinks: bool = False, **tree: Any) -> None:
         self.root = Path(root)
         cfg = Config(read_only=read_only, kernel=KernelConfig(entry_timeout=list_ttl), tree=TreeConfig(**tree),
-                     writes=WriteConfig(shard_size=shard_bytes))
+                     writes=WriteConfig(shard_size=shard_bytes), storage=StorageConfig(follow_symlinks=follow_symlinks))
         self._cleanup = contextlib.ExitStack()
         try:
-            mount = compose(cfg, Source.parse(os.fspath(root)), self._cleanup)
+            given = ["follow_symlinks"] if follow_symlinks else []
+            mount = compose(cfg, Source.parse(os.fspath(root), cfg.storage, given), self._cleanup)
         except BaseException:
             self._cleanup.close()
             raise
@@ -377,3 +379,31 @@ class InFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def copy_chunk_file(arr: InPath, expected: Any) -> None:
+    """Write one chunk file of array ``arr`` with the bytes of another of the same shape, as a
+    client rewriting a chunk does, and make ``expected`` (the array's values, a numpy array) say
+    so: the first stored chunk with a whole chunk after it along some dimension is copied onto
+    that one. AssertionError if the array has no such pair."""
+    import json
+
+    zarray = json.loads((arr / ".zarray").read_text())
+    chunks, shape, sep = zarray["chunks"], zarray["shape"], zarray.get("dimension_separator") or "."
+    grid = [s // c for s, c in zip(shape, chunks)]  # whole chunks only
+    import itertools
+
+    for src in itertools.product(*(range(n) for n in grid)):
+        for d in range(len(grid)):
+            dst = tuple(i + (k == d) for k, i in enumerate(src))
+            if dst[d] >= grid[d]:
+                continue
+            try:
+                data = (arr / sep.join(map(str, src))).read_bytes()
+            except FileNotFoundError:  # not stored (an empty chunk)
+                break
+            (arr / sep.join(map(str, dst))).write_bytes(data)
+            region = [tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, chunks)) for idx in (src, dst)]
+            expected[region[1]] = expected[region[0]]
+            return
+    raise AssertionError(f"{arr}: no stored whole chunk with a whole chunk after it")

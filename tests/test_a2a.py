@@ -32,7 +32,7 @@ from conftest import (
     read_zarr3_v2,
     run_shardfs,
 )
-from inproc import InProcess
+from inproc import InProcess, copy_chunk_file
 from sources import (
     BE,
     CRC,
@@ -275,6 +275,18 @@ def test_writes_read_back_natively(name, writer, src, tmp_path, mount):
     assert_same_array(read_native(own / name), expected, f"native read of {name} after the writes")
     if tensorstore_reads(name):  # an independent decoder of the folded shards
         assert_same_array(read_ts3_native(own / name), expected, f"tensorstore zarr3 read of {name} after the writes")
+
+
+@pytest.mark.parametrize("name", ["t3", "t2", "t3b", "tn", "astype", "quant"])
+def test_a_chunk_file_rewritten_reads_back_natively_in_process(name, src, tmp_path):
+    """The daemon's part of ``writes_read_back_natively``, in-process: a chunk file of an array
+    with array->array codecs written with another chunk's bytes is folded through the codecs
+    and read back natively (the mounted test writes with zarr 2.18 and 3)."""
+    own = copy_array(src / name, tmp_path / "src")
+    expected = read_native(own / name)
+    with InProcess(own, read_only=False) as fs:
+        copy_chunk_file(fs / name, expected)
+    assert_same_array(read_native(own / name), expected, f"native read of {name} after the write")
 
 
 # ------------------------------------------------------------------ inspect and what stays hidden

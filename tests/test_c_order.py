@@ -20,7 +20,7 @@ import logging
 import numpy as np
 import pytest
 from conftest import read_native, run_shardfs, zarr2
-from inproc import InProcess
+from inproc import InProcess, copy_chunk_file
 from sources import (
     CRC,
     LE,
@@ -98,6 +98,20 @@ def test_zarr2_reads_and_writes_through_c_order(src, mount):
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
         expected[name][1:6, 3:9] = np.arange(30, dtype="<i4").reshape(5, 6) + 7
     assert run_shardfs("umount", str(c_mnt)).returncode == 0
+    for name, codecs in ARRAYS.items():
+        np.testing.assert_array_equal(read_native(src / name), expected[name], err_msg=name)
+        stored = json.loads((src / name / "zarr.json").read_text())["codecs"][0]["configuration"]["codecs"]
+        assert [c["name"] for c in stored] == [c["name"] for c in codecs]  # still stored transposed
+
+
+def test_a_chunk_file_rewritten_through_c_order_is_stored_transposed_in_process(src):
+    """The daemon's part of ``zarr2_reads_and_writes_through_c_order``, in-process
+    (``tests/inproc.py``): a C-order chunk file written with another chunk's bytes lands in the
+    source, still stored transposed (the mounted test writes with zarr 2.18)."""
+    expected = {name: read_native(src / name) for name in ARRAYS}
+    with InProcess(src, read_only=False, c_order=True) as fs:
+        for name in ARRAYS:
+            copy_chunk_file(fs / name, expected[name])
     for name, codecs in ARRAYS.items():
         np.testing.assert_array_equal(read_native(src / name), expected[name], err_msg=name)
         stored = json.loads((src / name / "zarr.json").read_text())["codecs"][0]["configuration"]["codecs"]

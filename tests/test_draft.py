@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import assert_same_array, budget, read_tensorstore, read_zarr2_many, read_zarr3_v2, run_shardfs
-from inproc import InProcess
+from inproc import InProcess, copy_chunk_file
 from sources import CRC, GZIP, LE, ZSTD, copy_array, digest_name, random_data, read_draft, write_draft
 from writers import WRITERS, umount
 
@@ -106,6 +106,20 @@ def test_writes_fold_into_the_draft_layout(name, writer, src, tmp_path, mount):
     umount(mount, mnt)
     assert (own / name / "zarr.json").read_text() == before, "the metadata must not change"
     assert_same_array(read_draft(own / name), expected, f"reference decode of {name} after the writes")
+
+
+@pytest.mark.parametrize("name", ["d2", "d3", "dtr", "dext"])
+def test_a_chunk_file_rewritten_folds_into_the_draft_layout_in_process(name, src, tmp_path):
+    """The daemon's part of ``writes_fold_into_the_draft_layout``, in-process (``tests/inproc.py``):
+    a chunk file written with another chunk's bytes reads back as written and folds into the
+    2022 draft's layout, the metadata unchanged (the mounted test writes with zarr 2.18 and 3)."""
+    own = copy_array(src / name, tmp_path / "src")
+    before = (own / name / "zarr.json").read_text()
+    expected = ARRAYS[name][0].copy()
+    with InProcess(own, read_only=False) as fs:
+        copy_chunk_file(fs / name, expected)
+    assert (own / name / "zarr.json").read_text() == before, "the metadata must not change"
+    assert_same_array(read_draft(own / name), expected, f"reference decode of {name} after the write")
 
 
 def test_inspect_draft_shard(mnt, src):

@@ -136,6 +136,32 @@ def test_folded_shards_store_chunks_in_morton_order(spec, tmp_path, mount):
         assert (np.diff(offsets.astype(np.int64)) > 0).all(), f"{rel}: offsets not increasing: {offsets}"
 
 
+@pytest.mark.parametrize("spec", MORTON, ids=lambda sp: sp.name)
+def test_folded_shards_store_chunks_in_morton_order_in_process(spec, tmp_path):
+    """The daemon's part of ``folded_shards_store_chunks_in_morton_order``, in-process
+    (``tests/inproc.py``): chunk files written one by one are folded with their shards' chunks
+    in zarr-python 3's (Morton) order, offsets increasing (the mounted test writes with
+    tensorstore)."""
+    src = tmp_path / "src"
+    expected = build(src, [spec])[spec.name]
+    expected[spec.write] = spec.values(expected[spec.write].shape, 11)
+    touched = [range(r.start // c, -(-r.stop // c)) for r, c in zip(spec.write, spec.chunk)]
+    with InProcess(src, read_only=False) as fs:
+        for idx in itertools.product(*touched):
+            (fs / spec.name / spec.chunk_name(idx)).write_bytes(spec.encode(expected[spec.chunk_region(idx)]))
+    assert_source_equals(src, spec.name, expected)
+    write_zarr3(tmp_path / "ref" / spec.name, spec.v3_metadata(), [((...), expected)])  # zarr-python 3 in one go
+    for f in sorted(p for p in (src / spec.name / "c").rglob("*") if p.is_file()):
+        rel = f.relative_to(src / spec.name)
+        got = index_table(spec, f.read_bytes())
+        ref = index_table(spec, (tmp_path / "ref" / spec.name / rel).read_bytes())
+        stored = got[:, 0] != EMPTY
+        assert (stored == (ref[:, 0] != EMPTY)).all(), f"{rel}: other chunks stored than zarr-python 3 stores"
+        ref_order = np.argsort(ref[stored, 0], kind="stable")
+        assert np.argsort(got[stored, 0], kind="stable").tolist() == ref_order.tolist(), f"{rel}: not Morton order"
+        assert (np.diff(got[stored, 0][ref_order].astype(np.int64)) > 0).all(), f"{rel}: offsets not increasing"
+
+
 # --------------------------------------------------------------------------- when a shard is folded
 
 COMPLETE = Spec("full", (8, 8), (2, 2), (4, 4), "<i4", 0, ("zstd", 1), inner_crc=False, index_location="end",

@@ -311,6 +311,25 @@ def test_follow_symlinks_reads_through_them_and_never_writes(tmp_path, mount):
     assert tree_digest(out) == before
 
 
+def test_follow_symlinks_reads_through_them_and_never_writes_in_process(tmp_path, caplog):
+    """The daemon's part of ``follow_symlinks_reads_through_them_and_never_writes``, in-process
+    (``tests/inproc.py``, ``follow_symlinks``): chunk files of a shard and an array reached
+    through symlinks out of the source read as stored; a write through them is refused with
+    EACCES at its close (one log line) and nothing outside changes (the mounted test reads them
+    with zarr 2.18)."""
+    src, out, exp = escaping_source(tmp_path)
+    before = tree_digest(out)
+    with InProcess(src, read_only=False, follow_symlinks=True) as fs:
+        np.testing.assert_array_equal(H.decode((fs / "h" / "2.0").read_bytes()), exp["h"][H.chunk_region((2, 0))])
+        np.testing.assert_array_equal(OUT.decode((fs / "o" / "0.0").read_bytes()), exp["o"][OUT.chunk_region((0, 0))])
+        writes = [(fs / "o" / "0.0", OUT.encode(OUT.values(OUT.chunk, 5))), (fs / "h" / "2.1", chunk_bytes(3)[1])]
+        for path, data in writes:
+            with pytest.raises(PermissionError):
+                path.write_bytes(data)
+    assert sum("write refused: a symlink leads out of the source" in r.getMessage() for r in caplog.records) >= 2
+    assert tree_digest(out) == before
+
+
 # --------------------------------------------------------------------------- ownership
 
 

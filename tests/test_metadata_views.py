@@ -35,7 +35,7 @@ from conftest import (
     run_shardfs,
     zarr2,
 )
-from inproc import InProcess
+from inproc import InProcess, copy_chunk_file
 from sources import create_array
 
 # ------------------------------------------------------------------ source writers
@@ -528,6 +528,23 @@ def test_write_through_transcoded_array(daemon, src, tmp_path, name):
 
     assert zjson(own / name) == before_meta, "the v3 metadata must not change"
     assert_same_array(read_native(own / name), expected, f"native read of {name} after umount")
+    assert not [p for p in (own / name).rglob("*") if p.is_file() and p.name != "zarr.json"
+                and not p.relative_to(own / name).parts[0] == "c"], "stray files in the array"
+
+
+@pytest.mark.parametrize("name", [f"tr/{n}" for n in TRANSCODED], ids=list(TRANSCODED))
+def test_a_transcoded_chunk_file_rewritten_is_encoded_with_the_arrays_codecs_in_process(src, tmp_path, name):
+    """The daemon's part of ``write_through_transcoded_array``, in-process (``tests/inproc.py``):
+    a raw chunk file of a transcoded array written with another chunk's bytes is encoded with
+    the array's own codecs, its v3 metadata unchanged and nothing stray left in the array (the
+    mounted test writes with zarr 2.18)."""
+    own = copy_source(src, [name], tmp_path / "src")
+    before_meta = zjson(own / name)
+    expected = read_native(own / name)
+    with InProcess(own, read_only=False) as fs:
+        copy_chunk_file(fs / name, expected)
+    assert zjson(own / name) == before_meta, "the v3 metadata must not change"
+    assert_same_array(read_native(own / name), expected, f"native read of {name} after the write")
     assert not [p for p in (own / name).rglob("*") if p.is_file() and p.name != "zarr.json"
                 and not p.relative_to(own / name).parts[0] == "c"], "stray files in the array"
 

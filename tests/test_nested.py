@@ -34,7 +34,7 @@ from conftest import (
     read_zarr3_v2,
     run_shardfs,
 )
-from inproc import InProcess
+from inproc import InProcess, copy_chunk_file
 from sources import (
     BE,
     CRC,
@@ -245,6 +245,21 @@ def test_writes_rebuild_inner_shards_readable_natively(name, writer, src, tmp_pa
     WRITERS[writer](mnt / name, region, values, tmp_path)
     assert_same_array(read_zarr3_v2(mnt / name), expected, "read-back through the mount")
     umount(mount, mnt)
+    if name in TS_REFUSES:
+        assert_same_array(read_native(own / name), expected, f"zarr 3 native read of {name}")
+    else:
+        assert_source_equals(own, name, expected)  # zarr 3 and tensorstore zarr3
+
+
+@pytest.mark.parametrize("name", ["zs", "gz3", "tr", TS_ARRAY])
+def test_a_chunk_file_rewritten_rebuilds_its_inner_shards_in_process(name, src, tmp_path):
+    """The daemon's part of ``writes_rebuild_inner_shards_readable_natively``, in-process: a chunk
+    file written with another chunk's bytes is folded into its inner shard, readable natively
+    (the mounted test writes with zarr 2.18 and 3)."""
+    own = copy_array(src / name, tmp_path / "src")
+    expected = read_native(own / name)
+    with InProcess(own, read_only=False) as fs:
+        copy_chunk_file(fs / name, expected)
     if name in TS_REFUSES:
         assert_same_array(read_native(own / name), expected, f"zarr 3 native read of {name}")
     else:

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import STATE_HOME, lazy_unmount, read_zarr2
+from inproc import InProcess
 from shardfs.app import state
 from shardfs.writes.journal import DAEMON_DIR, Change, Journal, segments_under
 from sources import Spec, assert_source_equals, build, journal_entries, journal_path, leftovers
@@ -95,16 +96,17 @@ def test_journal_is_in_the_state_dir_and_replayed_by_the_next_mount(tmp_path, mo
     assert os.listdir(journal_path(src)) == [], "the daemon's journal directory outlived a clean umount"
 
 
-def test_after_a_write_session_zarr3_lists_the_source_without_warnings(tmp_path, mount):
+def test_after_a_write_session_zarr3_lists_the_source_without_warnings(tmp_path):
+    """In-process (``tests/inproc.py``: closing the tree folds, as an unmount does): the journal
+    and the spill files live in the state directory, never in the source."""
     import zarr
 
     src = tmp_path / "src"
     exp = build(src, [S])["s"]
-    mnt = mount(src)
-    block = S.values(S.chunk, 7)
-    (mnt / "s" / "1.0").write_bytes(S.encode(block))
-    exp[S.chunk_region((1, 0))] = block
-    umount(mount, mnt)
+    with InProcess(src, read_only=False) as fs:
+        block = S.values(S.chunk, 7)
+        (fs / "s" / "1.0").write_bytes(S.encode(block))
+        exp[S.chunk_region((1, 0))] = block
     assert sorted(os.listdir(src)) == ["s", "zarr.json"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -163,6 +163,37 @@ def test_filters_and_numcodecs_compressors_become_v3_codecs(tmp_path, mount):
     assert_clean(src)
 
 
+def test_a_zarray_with_filters_and_a_numcodecs_compressor_becomes_v3_codecs_in_process(tmp_path):
+    """The daemon's part of ``filters_and_numcodecs_compressors_become_v3_codecs``, in-process
+    (``tests/inproc.py``): an array made from a ``.zarray`` with a Delta filter and a Zlib
+    compressor, its chunk files encoded by numcodecs (edge chunks padded, as zarr 2.18 writes
+    them), is stored with those codecs as v3 ``numcodecs.*`` codecs and reads back natively (the
+    mounted test makes it with zarr 2.18)."""
+    import numcodecs
+
+    src = tmp_path / "src"
+    build(src, [])
+    ints = np.arange(10 * 12, dtype="<i4").reshape(10, 12) * 3
+    delta, zlib = numcodecs.Delta("<i4"), numcodecs.Zlib(1)
+    with InProcess(src, read_only=False) as fs:
+        (fs / "delta").mkdir()
+        (fs / "delta" / ".zarray").write_text(json.dumps({
+            "zarr_format": 2, "shape": [10, 12], "chunks": [4, 5], "dtype": "<i4", "order": "C", "fill_value": 0,
+            "filters": [delta.get_config()], "compressor": zlib.get_config()}))
+        for i in range(3):
+            for j in range(3):
+                block = np.zeros((4, 5), "<i4")
+                part = ints[4 * i:4 * i + 4, 5 * j:5 * j + 5]
+                block[:part.shape[0], :part.shape[1]] = part
+                (fs / "delta" / f"{i}.{j}").write_bytes(zlib.encode(delta.encode(block)))
+        assert json.loads((fs / "delta" / ".zarray").read_text())["filters"] == [
+            {"id": "delta", "dtype": "<i4", "astype": "<i4"}]
+    assert [c["name"] for c in sharding(zjson(src / "delta"))["codecs"]] == [
+        "numcodecs.delta", "bytes", "numcodecs.zlib"]
+    np.testing.assert_array_equal(read_native(src / "delta"), ints)
+    assert_clean(src)
+
+
 def test_zarr3_v2_mode_open_array_w_creates_and_recreates(tmp_path, mount):
     import zarr
 
@@ -493,6 +524,22 @@ def test_consolidate_metadata_and_open_consolidated(tmp_path, mount):
     assert res["keys"] == [".zattrs", ".zgroup", "raw/.zarray", "raw/.zattrs"]
     umount(mount, mnt)
     assert sorted(p.name for p in src.iterdir() if p.name != ".shardfs") == ["raw", "zarr.json"]
+
+
+def test_a_zmetadata_written_is_accepted_and_served_computed_in_process(tmp_path):
+    """The daemon's part of ``consolidate_metadata_and_open_consolidated``, in-process
+    (``tests/inproc.py``): a ``.zmetadata`` written (as ``zarr.consolidate_metadata`` does) is
+    accepted and not stored; the one served is computed from the source (the mounted test
+    consolidates and opens with zarr 2.18)."""
+    src = tmp_path / "src"
+    build(src, [RAW])
+    with InProcess(src, read_only=False) as fs:
+        (fs / ".zmetadata").write_text(json.dumps({"zarr_consolidated_format": 1, "metadata": {"x/.zarray": {}}}))
+        doc = json.loads((fs / ".zmetadata").read_text())
+        assert sorted(doc["metadata"]) == [".zattrs", ".zgroup", "raw/.zarray", "raw/.zattrs"]
+        assert doc["metadata"]["raw/.zarray"] == json.loads((fs / "raw" / ".zarray").read_text())
+    assert sorted(p.name for p in src.iterdir() if p.name != ".shardfs") == ["raw", "zarr.json"]
+    assert_clean(src)
 
 
 def rm_r(path: InPath) -> None:

@@ -63,6 +63,24 @@ class Mounted:
     seconds: float  # until mounted
     proc: subprocess.Popen | None = None  # a floorfs or peer child (shardfs daemons are not our children)
     peer: bool = False  # a peer filesystem (ratarmount, fuse-zip): stopped with ``fusermount3 -u -z``
+    package: str | None = None  # ``--baseline``: the checkout whose shardfs serves it (and unmounts it)
+
+
+def _daemon_by_argv(mnt: str) -> int | None:
+    """The oldest process of this user whose command line is a shardfs daemon's for ``mnt``
+    (``... -m shardfs mount SRC MNT -f ...``): the daemon of a checkout without a status socket."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            started = int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[19])
+        except (OSError, ValueError, IndexError):
+            continue
+        words = [a.decode(errors="replace") for a in argv]
+        if "shardfs" in words and "mount" in words and mnt in words and "-f" in words \
+                and os.stat(f"/proc/{pid}").st_uid == os.getuid():
+            found.append((started, int(pid)))
+    return min(found)[1] if found else None
 
 
 def median(xs: list[float]) -> float:
@@ -283,10 +301,15 @@ class Bench:
         while daemon is None and time.monotonic() < deadline:
             time.sleep(0.1)
             daemon = daemon_of(str(mnt))
+            if daemon is None and package and time.monotonic() > deadline - 8:
+                # a checkout older than the status socket (51c2d68): its daemon by command line
+                pid = _daemon_by_argv(str(mnt))
+                if pid is not None:
+                    return Mounted(mnt, pid, seconds, package=package)
         if daemon is None:
             self._force_unmount(mnt, None)
             raise BenchError("mounted, but no daemon answers for the mountpoint on its status socket")
-        return Mounted(mnt, daemon.pid, seconds)
+        return Mounted(mnt, daemon.pid, seconds, package=package)
 
     def _mount_child(self, cmd: list[str], mnt: Path, name: str, peer: bool = False) -> Mounted:
         """Start ``cmd`` (a filesystem serving MNT in the foreground: floorfs.py, or a peer) as our child
@@ -325,9 +348,11 @@ class Bench:
     def _stop_shardfs(self, m: Mounted) -> str | None:
         """``shardfs umount MNT`` (it waits for the daemon to fold and exit)."""
         limit = self.op_timeout()
-        try:
-            r = subprocess.run([SHARDFS, "umount", str(m.mnt), "--timeout", str(int(limit))],
-                               capture_output=True, text=True, timeout=limit + 30, stdin=subprocess.DEVNULL)
+        try:  # (a ``--baseline`` checkout's mount: its own ``shardfs umount``)
+            r = subprocess.run([*([PY3, "-m", "shardfs"] if m.package else [SHARDFS]), "umount", str(m.mnt),
+                                "--timeout", str(int(limit))],
+                               capture_output=True, text=True, timeout=limit + 30, stdin=subprocess.DEVNULL,
+                               env={**os.environ, "PYTHONPATH": m.package} if m.package else None)
             if r.returncode or is_mounted(m.mnt):
                 return f"shardfs umount failed: {r.stderr.strip()[:200]}"
         except subprocess.TimeoutExpired:
