@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from shardfs.app import state
 from shardfs.app.replay import open_writeback
+from shardfs.app.status import Counters
 from shardfs.app.usage import UsageError
 from shardfs.base.faults import Faults
 from shardfs.config import Config, ReadConfig, TreeConfig
@@ -91,6 +92,13 @@ class Composed:
     writer: Writer | None  # None: read-only
     ops: Operations
     faults: Faults
+
+    def counters(self) -> Counters:
+        """What ``shardfs status`` shows of this mount, layer by layer (``shardfs.app.status``)."""
+        return Counters(self.ops.stats, self.storage.stats,
+                        {"index": self.tree.indexes.index_cache, "chunk": self.tree.reads.chunk_cache.lru,
+                         "range": self.ranges}, self.writeback, self.faults, self.ops.spilled_bytes,
+                        self.ops.open_handles)
 
 
 def compose_tree(storage: Storage, reads: Reads | None = None, writeback: Writeback | None = None,

@@ -299,7 +299,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
     source, read_only = mount.source, mount.writeback is None
     v2()  # before going live (see above)
     shown = {**opts.own, **{o.partition("=")[0]: o.partition("=")[2] for o in opts.fuse}}
-    status = Status(mount, mnt, source.name, source.endpoint, read_only, shown,
+    status = Status(mount.counters(), mnt, source.name, source.endpoint, read_only, shown,
                     state.status_socket(source.name, source.endpoint, os.getpid()),
                     cfg.stats_interval)
     exporter = None
