@@ -252,6 +252,8 @@ def preload(source: Source) -> None:
     v2()
     if source.kind.remote:
         from shardfs.storage import objects, web  # noqa: F401
+    if source.kind.name == "s3":  # (imported only: each worker resolves its credentials)
+        from shardfs.storage import awscredentials  # noqa: F401  # botocore's chain, obstore's provider: 0.8 s
 
 
 def _share_writes(args: argparse.Namespace, mount: Composed, ledger: Any, source: Source) -> Any:
