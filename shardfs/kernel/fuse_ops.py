@@ -351,7 +351,10 @@ class Operations(pyfuse3.Operations):
         handle = self._handles.pop(fh)
         ledger = self.numbers.ledger
         if ledger.full:
-            ledger.rewrite([*self.numbers.records(), *self._handles.records()])
+            if ledger.shared:  # (every worker's records: ``Ledger.compact``)
+                ledger.compact()
+            else:
+                ledger.rewrite([*self.numbers.records(), *self._handles.records()])
         self._let_go(fh, handle)
 
     def _let_go(self, fh: int, handle: Handle | None) -> None:
