@@ -21,7 +21,7 @@ from typing import Any, Callable, NotRequired, TypedDict
 
 import trio
 
-from shardfs.app import state
+from shardfs.app import peers, state
 from shardfs.base.faults import FaultCounts, Faults
 from shardfs.base.lru import CacheCounts, Counted, counts
 from shardfs.kernel.stats import Reads, RequestStats
@@ -46,6 +46,8 @@ class Counters:
     faults: Faults  # the mount's internal errors
     spilled_bytes: Callable[[], int]  # bytes open files and staging files hold in spill files
     open_handles: Callable[[], int]  # handles the kernel holds open
+    # requests sent to the owner worker of a writable mount (``-o workers=N``), by operation
+    forwarded: Callable[[], dict[str, int]] = dict
 
 
 class Worker(TypedDict):
@@ -80,6 +82,7 @@ class StatusDoc(TypedDict):
     rss_bytes: int
     open_files: int
     open_handles: int
+    forwarded: dict[str, int]  # ``-o workers=N``, a writable mount: requests sent to the owner worker
     workers: NotRequired[list[dict[str, Any]]]  # ``-o workers=N``: each worker
 
 
@@ -109,7 +112,18 @@ class Status:
             self.socket_path = None
 
     def snapshot(self) -> StatusDoc:
-        """The status document (``doc/`` lists its fields); counts since the mount began."""
+        """The status document (``doc/`` lists its fields); counts since the mount began. With
+        ``-o workers=N``, of the mount as a whole: the other workers' last documents added
+        (``shardfs.app.peers``)."""
+        doc = self.own()
+        if "workers" in doc:
+            sup = self.supervision or {}
+            doc = peers.total(doc, peers.others(sup["workers_file"], [w["index"] for w in doc["workers"]],
+                                                sup.get("worker_slot", 0)))
+        return doc
+
+    def own(self) -> StatusDoc:
+        """The status document of this process alone."""
         c = self.counters
         requests = c.requests.snapshot()
         writes = c.writeback.snapshot() if c.writeback is not None else nothing_pending()
@@ -124,7 +138,8 @@ class Status:
             "cache": {name: None if cache is None else counts(cache) for name, cache in c.caches.items()},
             "pending": writes["pending"], "folds": writes["folds"],
             "internal_errors": c.faults.snapshot(), "errors_last_minute": c.requests.errors_since(PROBLEM_WINDOW),
-            "rss_bytes": rss, "open_files": open_files, "open_handles": c.open_handles()}
+            "rss_bytes": rss, "open_files": open_files, "open_handles": c.open_handles(),
+            "forwarded": c.forwarded()}
         if self.supervision is not None:
             sup = self.supervision
             doc["pid"] = sup["supervisor_pid"]
@@ -163,6 +178,8 @@ class Status:
         async with trio.open_nursery() as nursery:
             if self.interval:
                 nursery.start_soon(self._log_every, self.interval)
+            if (self.supervision or {}).get("worker_count", 1) > 1:
+                nursery.start_soon(self._publish)
             listener = self._listen()
             if listener is None:
                 return
@@ -203,6 +220,16 @@ class Status:
             except trio.BrokenResourceError:
                 pass
         await stream.aclose()
+
+    async def _publish(self) -> None:
+        """Write this worker's document for the others every ``peers.PUBLISH_S`` seconds."""
+        sup = self.supervision or {}
+        while True:
+            try:
+                peers.publish(sup["workers_file"], sup.get("worker_slot", 0), dict(self.own()))
+            except Exception:
+                log.exception("shardfs status: cannot make the status document")
+            await trio.sleep(peers.PUBLISH_S)
 
     async def _log_every(self, seconds: float) -> None:
         while True:

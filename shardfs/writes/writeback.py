@@ -186,6 +186,10 @@ class Writeback:
         dirty = self._dirty.get(shard)
         return {} if dirty is None else dict(dirty.chunks)
 
+    def dirty_arrays(self) -> set[str]:
+        """The paths of the arrays with pending changes."""
+        return {path for path, _ in self._dirty}
+
     def dirty_shards(self, array: str) -> list[tuple[int, ...]]:
         return [coords for (path, coords) in self._dirty if path == array]
 
