@@ -496,7 +496,8 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
             if mount.ops.forward is not None:
                 nursery.start_soon(mount.ops.forward.run)
             elif owner_socket is not None:  # the owner of a writable mount's writes (``shardfs.kernel.owner``)
-                nursery.start_soon(mount.ops.faults.keep, "owner", OwnerServer(owner_socket, mount.ops).run)
+                server = OwnerServer(owner_socket, mount.ops, state.status_listener)
+                nursery.start_soon(mount.ops.faults.keep, "owner", server.run)
         # a bug in a background task is logged and the task runs again (``Faults.keep``)
         nursery.start_soon(mount.ops.faults.keep, "status", status.run)
         if writeback is not None:

@@ -117,8 +117,10 @@ class OwnerServer:
     """The owner's side: serve the requests the other workers forward with ``ops`` (the
     mount's ``Operations``)."""
 
-    def __init__(self, path: str, ops: Any) -> None:
-        self.path, self.ops = path, ops
+    def __init__(self, path: str, ops: Any, listen: Callable[[str], socket.socket]) -> None:
+        """``listen(path)``: the listening unix socket (``shardfs.app.state.status_listener``: the
+        app's, given here so that this room imports none above it)."""
+        self.path, self.ops, self.listen = path, ops, listen
 
     async def handler(self, op: str, args: tuple[Any, ...]) -> Any:
         if op == "entries":
@@ -128,9 +130,7 @@ class OwnerServer:
         return await getattr(self.ops, op)(*args)
 
     async def run(self) -> None:
-        from shardfs.app import state
-
-        sock = state.status_listener(self.path)  # (a private unix socket)
+        sock = self.listen(self.path)  # (a private unix socket)
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
         async with trio.open_nursery() as nursery:
             while True:
