@@ -79,7 +79,7 @@ class Config:
     stats_interval: float | None = None  # seconds between logged summaries of the counters (None: none)
     nonempty: bool = False  # mount over a mountpoint that holds files (else refused)
     metrics: str | None = None  # HOST:PORT (or PORT, on loopback) serving /metrics (None: not served)
-    workers: int = 1  # worker processes serving the mount at once (-o workers=N; N > 1: read-only mounts)
+    workers: int = 1  # worker processes serving the mount at once (-o workers=N)
     kernel: KernelConfig = field(default_factory=KernelConfig)
     reads: ReadConfig = field(default_factory=ReadConfig)
     tree: TreeConfig = field(default_factory=TreeConfig)

@@ -152,3 +152,54 @@ def test_a_restored_ledger_leaves_out_released_handles_and_numbers_follow_the_hi
     handles.restore(records)
     assert sorted(handles._open) == [7, 1500]
     assert handles.add(handles._open[7]) == 2001
+
+
+def test_a_shared_ledger_is_compacted_and_a_worker_behind_lets_go_of_what_was_released(monkeypatch):
+    """``-o workers=2``: worker 0 fills the shared memfd with opens and releases until it is
+    full and compacts it (the records in effect of both workers, then the rest punched out);
+    worker 1, which had not read the last records, finds every record in effect, and lets go of
+    its own handle whose release (by worker 0) was punched out, not of the one still open. The
+    memory held stays bounded; a successor reads only the records in effect."""
+    from shardfs.kernel.handles import Handles, Lost
+    from shardfs.reads import ReadHandle
+    from shardfs.tree import ledger
+
+    monkeypatch.setattr(ledger, "COMPACT_BYTES", 256 << 10)
+    fd = memory()
+    try:
+        workers = []
+        for index in range(2):
+            led = Ledger(fd=os.dup(fd))
+            led.share(index, 2)
+            led.start()
+            workers.append(led)
+        w0, w1 = workers
+        handles1 = Handles(w1)
+        released: list[int] = []
+        w1.followers.append(lambda recs: released.extend(fh for fh, _ in handles1.follow(recs)))
+        w0.note("a", 0, "vol")
+        w1.note_line('["h",2,4611686018427387904,"r",10,1]')  # worker 1's handles: even numbers
+        w1.note_line('["h",4,4611686018427387905,"r",10,1]')
+        for fh in (2, 4):
+            handles1._open[fh] = ReadHandle.__new__(ReadHandle)  # (held here: what a let-go frees)
+        w1.catch_up()
+        w0.note_line('["x",2]')  # released through worker 0; worker 1 has not read it yet
+        n = 1
+        for _ in range(2):
+            while not w0.full:
+                n += 2
+                w0.note_line(f'["h",{n},4611686018427387906,"r",10,1]')
+                w0.note_line(f'["x",{n}]')
+            w0.compact()
+            assert not w0.full
+        assert os.fstat(fd).st_blocks * 512 < 2 * ledger.COMPACT_BYTES
+        w1.catch_up()
+        assert released == [2] and handles1.get(4) is not None and handles1.get(2) is None
+        succ = opened(fd).records()
+        assert ["a", 0, "vol"] in succ and ["h", 4, 4611686018427387905, "r", 10, 1] in succ
+        assert not any(r[0] == "h" and r[1] in (2, n) for r in succ)
+        w0.note_line('["h",7,1,"r",10,1]')  # appended after a compaction: followed as ever
+        w1.catch_up()
+        assert isinstance(handles1.get(7), Lost)
+    finally:
+        os.close(fd)

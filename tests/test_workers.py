@@ -1,5 +1,6 @@
-"""``-o workers=N``: N worker processes serve one read-only mount, each on its own clone of the
-kernel connection (doc/ARCHITECTURE.md, "Workers").
+"""``-o workers=N``: N worker processes serve one mount, each on its own clone of the kernel
+connection (doc/ARCHITECTURE.md, "Workers"); on a writable mount worker 0 owns what is written
+and the others forward to it what they must not serve (``shardfs.kernel.owner``).
 
 Which worker gets a request is the kernel's choice; a test makes it one worker's by stopping the
 others (SIGSTOP: a stopped process reads nothing, so the running one gets every request) and
@@ -16,7 +17,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.skipif(
     "workers" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
     reason="needs the pyfuse3 scripts/pyfuse3 builds (non-blocking reads of clones)")
 
+T = TypeVar("T")
 NO_CACHE = "entry_timeout=0,attr_timeout=0"  # every stat is a LOOKUP: it reaches a worker
 
 
@@ -82,23 +84,32 @@ def test_n_workers_serve_one_mount_and_status_shows_each(mount, src):
     mnt = mount(src, "-o", "ro,workers=2")
     pids = workers(mnt, 2)
     assert len(set(pids)) == 2
-    zarr2_read_all(mnt)
+    for _ in range(3):
+        zarr2_read_all(mnt)
+    time.sleep(1.5)  # (each worker wrote its counts for the others meanwhile: ``shardfs.app.peers``)
     doc = status(mnt)
     assert doc["internal_errors"]["total"] == 0
     assert doc["rss_bytes"] == sum(w["rss_bytes"] for w in doc["workers"])
+    # the mount as a whole: every worker's requests, and each worker's listed
+    each = [w["requests"] for w in doc["workers"]]
+    assert sum(doc["requests"].values()) == sum(each) and all(n > 0 for n in each), (doc["requests"], each)
+    assert doc["reads"]["chunk_files"] >= 3 * 2 * 256
     text = run_shardfs("status", str(mnt)).stdout
     assert f"0: pid {pids[0]}" in text and f"1: pid {pids[1]}" in text
 
 
-def test_a_writable_mount_refuses_more_than_one_worker(tmp_path, src):
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    r = run_shardfs("mount", str(src), str(mnt), "-o", "workers=2")
-    assert r.returncode != 0
-    assert r.stderr.strip().splitlines() == [
-        "shardfs: error: -o workers=2: more than one worker serves read-only mounts only for now (-o ro): a writable "
-        "mount is served by one worker"]
-    assert not os.path.ismount(mnt)
+def test_the_metrics_endpoint_counts_every_worker(mount, src):
+    from test_metrics import free_port, scrape, value
+
+    port = free_port()
+    mnt = mount(src, "-o", f"ro,workers=2,metrics={port}")  # (one worker serves the port)
+    workers(mnt, 2)
+    for _ in range(3):
+        zarr2_read_all(mnt)
+    time.sleep(1.5)
+    doc, samples = status(mnt), scrape(port)
+    assert value(samples, "chunk_files_opened_total") == doc["reads"]["chunk_files"] >= 3 * 2 * 256
+    assert value(samples, "requests_total", operation="open") == doc["requests"]["open"] >= 3 * 2 * 256
 
 
 def test_a_handle_is_read_and_released_by_another_worker_than_the_one_that_opened_it(mount, src):
@@ -111,8 +122,9 @@ def test_a_handle_is_read_and_released_by_another_worker_than_the_one_that_opene
     def held(pid: int) -> int:
         with only(pid, [w0, w1]):  # (the status socket is answered by the running worker)
             doc = status(mnt)
-        assert doc["workers"][[w["pid"] for w in doc["workers"]].index(pid)]["this"]
-        return doc["open_handles"]
+        this = doc["workers"][[w["pid"] for w in doc["workers"]].index(pid)]
+        assert this["this"]
+        return this["open_handles"]
 
     assert held(w0) == held(w1) == 0
     with only(w0, [w0, w1]):
@@ -280,3 +292,238 @@ def test_a_worker_killed_under_load_costs_no_reader_anything(mount, src, tmp_pat
     assert len(seen) == 5
     assert mount.info(mnt).log_text().count("starting another on the same connection") == 3
     assert status(mnt)["internal_errors"]["total"] == 0
+
+
+# ---------------------------------------------------------------- writable mounts (the owner worker)
+
+
+def socket_of(mnt: Path) -> str:
+    """The status socket of the mount's supervisor (``shardfs status`` stats the mountpoint, which
+    on a mount whose root was changed is a request for the owner: it would wait for a stopped one)."""
+    from shardfs.app import state
+
+    pid = json.loads(run_shardfs("status", str(mnt), "--json").stdout)["pid"]
+    (found,) = Path(state.state_home()).glob(f"*/status-{pid}.sock")
+    return str(found)
+
+
+def status_at(sock: str) -> dict[str, Any]:
+    """The status document the worker that accepts on ``sock`` sends."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(sock)
+        data = b""
+        while chunk := s.recv(1 << 16):
+            data += chunk
+    return json.loads(data)
+
+
+def through_the_other(mnt: Path, owner: int, fn: Callable[[], T], op: str | None = None) -> T:
+    """``fn()`` with its requests read by the worker that is not the owner (the owner is stopped),
+    which forwards what it must to the owner: the owner is resumed once that worker forwarded a
+    request (``op``, if given: its ``forwarded`` count, which it answers with while the owner is
+    stopped, grew)."""
+    import threading
+
+    got: list[Any] = []
+    sock = socket_of(mnt)
+    os.kill(owner, signal.SIGSTOP)
+    try:
+        def sent() -> int:
+            counts = status_at(sock)["forwarded"]
+            return counts.get(op, 0) if op else sum(counts.values())
+
+        before = sent()
+
+        def run() -> None:
+            try:
+                got.append(fn())
+            except BaseException as e:  # noqa: BLE001 - given to the test
+                got.append(e)
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        wait_for(lambda: sent() > before, 15,
+                 "the other worker forwarding a request to the owner")
+    finally:
+        os.kill(owner, signal.SIGCONT)
+    t.join(60)
+    assert got, "no answer once the owner runs again"
+    if isinstance(got[0], BaseException):
+        raise got[0]
+    return got[0]
+
+
+def test_a_write_through_one_worker_is_read_at_once_through_another(mount, src):
+    mnt = mount(src, "-o", "workers=2," + NO_CACHE)
+    w0, w1 = workers(mnt, 2)
+    new, untouched = (mnt / "a" / "0.0").read_bytes(), (mnt / "b" / "1.2").read_bytes()
+    assert new != (mnt / "a" / "1.2").read_bytes()
+    with only(w0, [w0, w1]):
+        (mnt / "a" / "1.2").write_bytes(new)  # acknowledged by the owner: pending, not folded yet
+    assert through_the_other(mnt, w0, lambda: (mnt / "a" / "1.2").read_bytes()) == new
+    with open(mnt / "a" / "1.2", "rb") as f:  # a handle the owner opened is read through the other worker
+        assert through_the_other(mnt, w0, f.read) == new
+    with only(w1, [w0, w1]):  # an array nothing was written to is read without the owner
+        assert (mnt / "b" / "1.2").read_bytes() == untouched
+        assert status(mnt)["workers"][1]["this"]
+    (mnt / "a" / "2.3").write_bytes(new)  # written through whichever worker reads it
+    for _ in range(20):
+        assert (mnt / "a" / "2.3").read_bytes() == new
+    doc = status(mnt)
+    assert doc["internal_errors"]["total"] == 0
+
+
+def test_structure_changed_through_one_worker_is_seen_through_another(mount, src):
+    mnt = mount(src, "-o", "workers=2," + NO_CACHE)
+    w0, w1 = workers(mnt, 2)
+    new, zarray = (mnt / "a" / "0.0").read_bytes(), (mnt / "a" / ".zarray").read_bytes()
+
+    def change(arr: str) -> None:  # create, rename, unlink, mkdir
+        (mnt / arr / "t.partial").write_bytes(new)
+        os.rename(mnt / arr / "t.partial", mnt / arr / "2.2")
+        os.unlink(mnt / arr / "3.3")
+        os.mkdir(mnt / f"{arr}2")
+        (mnt / f"{arr}2" / ".zarray").write_bytes(zarray)
+        (mnt / f"{arr}2" / "0.1").write_bytes(new)
+        (mnt / arr / "u.partial").write_bytes(new)  # a temporary: in the owner's memory only
+
+    def seen(arr: str) -> tuple[bool, bytes, bool, bytes, list[str]]:
+        return (f"{arr}2" in os.listdir(mnt), (mnt / arr / "2.2").read_bytes(), (mnt / arr / "3.3").exists(),
+                (mnt / f"{arr}2" / "0.1").read_bytes(), sorted(os.listdir(mnt / arr)))
+
+    with only(w0, [w0, w1]):
+        change("a")  # by the owner ...
+    got = through_the_other(mnt, w0, lambda: seen("a"))  # ... seen through the other worker
+    assert got[:4] == (True, new, False, new) and "t.partial" not in got[4] and "u.partial" in got[4]
+    through_the_other(mnt, w0, lambda: change("b"))  # forwarded by the other worker ...
+    with only(w0, [w0, w1]):
+        got = seen("b")  # ... seen through the owner
+    assert got[:4] == (True, new, False, new) and "t.partial" not in got[4] and "u.partial" in got[4]
+    assert status(mnt)["internal_errors"]["total"] == 0
+
+
+@pytest.mark.parametrize("op", ["unlink", "rename", "mkdir"])
+def test_a_forwarded_request_the_owner_did_before_dying_is_not_done_twice(mount, src, op):
+    """The owner dies (a test hook) after doing a request the other worker forwarded, before it
+    answers: the other worker asks the next owner again, as a re-sent request, whose answer is
+    the first one's (not ENOENT/EEXIST). Without RESEND (each worker on a clone of its own),
+    that asking again is the only way the request is answered."""
+    target = {"unlink": "3.3", "rename": "t.partial", "mkdir": "new"}[op]
+    mnt = mount(src, "-o", "workers=2,entry_timeout=60,attr_timeout=60",
+                env={"SHARDFS_TEST_DIE_AFTER": f"{op}:{target}", "SHARDFS_NO_RESEND": "1"})
+    w0, w1 = workers(mnt, 2)
+    new = (mnt / "a" / "1.1").read_bytes()
+    if op == "rename":  # (a temporary beside ``a``: nothing was written to ``a``, its lookups are not forwarded)
+        (mnt / "t.partial").write_bytes(new)
+        time.sleep(1.0)  # (the owner's invalidations of what it changed have landed)
+    # names and attributes in the kernel's cache (permission checks too): the request is the first one
+    for name in ("", "a", "t.partial", "a/3.3"):
+        os.path.exists(mnt / name)
+    do = {"unlink": lambda: os.unlink(mnt / "a" / "3.3"),
+          "rename": lambda: os.rename(mnt / "t.partial", mnt / "a" / "3.3"),
+          "mkdir": lambda: os.mkdir(mnt / "new")}[op]
+    through_the_other(mnt, w0, do, op)  # no error
+    assert (mnt / "a" / "3.3").exists() == (op != "unlink")
+    if op == "rename":
+        assert (mnt / "a" / "3.3").read_bytes() == new and not (mnt / "t.partial").exists()
+    if op == "mkdir":
+        assert (mnt / "new").is_dir()
+    assert workers(mnt, 2)[0] != w0
+
+
+def kill_owner(mnt: Path, pids: list[int]) -> list[int]:
+    """SIGKILL the owner worker (slot 0 of ``pids``); the workers once another owner serves."""
+    os.kill(pids[0], signal.SIGKILL)
+    wait_for(lambda: workers(mnt, 2)[0] not in pids, 60, "a new owner")
+    return workers(mnt, 2)
+
+
+def test_the_owner_killed_under_a_writer_loses_no_acknowledged_write(mount, src):
+    """A writer rewrites chunk files of ``a`` (and reads each back at once) while the owner worker
+    is SIGKILLed twice: every write acknowledged (its close succeeded) is read back right after
+    through any worker, and is in the source once the mount is unmounted (the folds); a write
+    in flight at a kill may fail with EIO (its bytes were in the dead owner's memory)."""
+    import threading
+
+    import zarr
+
+    mnt = mount(src, "-o", "workers=2")
+    pids = workers(mnt, 2)
+    names = [f"{i}.{j}" for i in range(0, 16, 3) for j in range(0, 16, 5)]
+    pool = [(mnt / "a" / f"{i}.{i}").read_bytes() for i in range(8)]
+    acked: dict[str, bytes] = {}
+    maybe: dict[str, set[bytes]] = {}
+    problems: list[str] = []
+    errnos: list[int] = []
+    stop = threading.Event()
+    done: list[str] = []
+
+    def writer() -> None:
+        k = 0
+        while not stop.is_set():
+            for name in names:
+                data = pool[k % len(pool)]
+                k += 1
+                try:
+                    (mnt / "a" / name).write_bytes(data)
+                except OSError as e:
+                    errnos.append(e.errno or 0)
+                    maybe.setdefault(name, set()).add(data)
+                    continue
+                acked[name], maybe[name] = data, set()
+                done.append(name)
+                try:
+                    back = (mnt / "a" / name).read_bytes()
+                except OSError as e:
+                    problems.append(f"read of {name} after its write: {e}")
+                    continue
+                if back != data:
+                    problems.append(f"{name}: read back other bytes than written")
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    try:
+        for _ in range(2):
+            time.sleep(1.5)
+            pids = kill_owner(mnt, pids)
+        time.sleep(1.5)
+    finally:
+        stop.set()
+        t.join(120)
+    assert not problems, problems[:5]
+    assert set(errnos) <= {errno.EIO}, errnos
+    assert len(acked) == len(names) and len(done) > 4 * len(names), (len(done), errnos)
+    for name in names:
+        assert (mnt / "a" / name).read_bytes() in {acked[name], *maybe[name]}, name
+    shown = {name: (mnt / "a" / name).read_bytes() for name in names}
+    assert status(mnt)["internal_errors"]["total"] == 0
+    subprocess.run(["fusermount3", "-u", str(mnt)], check=True, timeout=60)  # folds every pending write
+    mount.info(mnt).proc.wait(60)
+    stored = zarr.open_array(str(src / "a"), mode="r")[...]
+    for name in names:
+        i, j = map(int, name.split("."))
+        block = stored[i * 4:(i + 1) * 4, j * 4:(j + 1) * 4]
+        k = pool.index(shown[name])
+        assert np.array_equal(block, EXPECTED[k * 4:(k + 1) * 4, k * 4:(k + 1) * 4]), name
+
+
+def test_umount_folds_every_write_made_through_any_worker(mount, src):
+    """Chunks written through both workers, then ``umount`` at once: every write is in the source
+    (the owner folds them after the connection ended; the other worker's end does not cut it)."""
+    import zarr
+
+    mnt = mount(src, "-o", "workers=2")
+    workers(mnt, 2)
+    new = (mnt / "a" / "0.0").read_bytes()
+    names = [f"{i}.{j}" for i in range(1, 16) for j in range(0, 16, 4)]
+    for name in names:
+        (mnt / "a" / name).write_bytes(new)
+    subprocess.run(["fusermount3", "-u", str(mnt)], check=True, timeout=60)
+    assert mount.info(mnt).proc.wait(60) == 0
+    stored = zarr.open_array(str(src / "a"), mode="r")[...]
+    for name in names:
+        i, j = map(int, name.split("."))
+        assert np.array_equal(stored[i * 4:(i + 1) * 4, j * 4:(j + 1) * 4], EXPECTED[0:4, 0:4]), name

@@ -22,6 +22,7 @@ import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -58,6 +59,20 @@ SPECS = [Z2, G3, C2]
 
 def seed_of(*parts) -> int:
     return zlib.crc32("/".join(map(str, parts)).encode())
+
+
+def refusals(cases: dict[str, tuple[Callable[[], object], int]]) -> dict[str, str]:
+    """What each case did that it should not have: ``{case: "succeeded"}``, or the errno it failed
+    with if not its own (``cases``: ``{name: (operation, errno)}``)."""
+    wrong = {}
+    for what, (op, want) in cases.items():
+        try:
+            op()
+            wrong[what] = "succeeded"
+        except OSError as e:
+            if e.errno != want:
+                wrong[what] = f"errno {e.errno} ({e.strerror}), expected {want} ({os.strerror(want)})"
+    return wrong
 
 
 def error_lines(mount, mnt) -> list[str]:
@@ -516,14 +531,7 @@ def test_read_only_mount_refuses_every_write(flag, tmp_path, mount):
         "mkdir": lambda: os.mkdir(arr / "newdir"),
         "write .zattrs": lambda: open(arr / ".zattrs", "w").close(),
     }
-    wrong = {}
-    for what, op in ops.items():
-        try:
-            op()
-            wrong[what] = "succeeded"
-        except OSError as e:
-            if e.errno != errno.EROFS:
-                wrong[what] = f"errno {e.errno} ({e.strerror}), expected EROFS"
+    wrong = refusals({what: (op, errno.EROFS) for what, op in ops.items()})
     assert not wrong, wrong
     good = tmp_path / "good"
     good.write_bytes(Z2.encode(Z2.values(Z2.chunk, 5)))
@@ -584,14 +592,7 @@ def test_unsupported_operations_fail_with_eperm(tmp_path, mount):
         "rewrite .zarray by rename (other dtype)": (rewrite_zarray_by_rename, errno.EPERM),
         "truncate of a chunk not open for writing": (lambda: os.truncate(arr / "0.0", 3), errno.EPERM),
     }
-    wrong = {}
-    for what, (op, want) in cases.items():
-        try:
-            op()
-            wrong[what] = "succeeded"
-        except OSError as e:
-            if e.errno != want:
-                wrong[what] = f"errno {e.errno} ({e.strerror}), expected {want} ({os.strerror(want)})"
+    wrong = refusals(cases)
     assert json.loads((arr / ".zarray").read_text()) == zarray, ".zarray changed"
     assert os.path.exists(arr / "0.0"), "chunk 0.0 gone after a refused rename"
     assert not os.path.lexists(arr / "link") and not os.path.lexists(arr / "newdir")
@@ -720,14 +721,7 @@ def test_a_read_only_tree_refuses_every_write_with_erofs(tmp_path):
             "write .zattrs": lambda: (arr / ".zattrs").write_text("{}"),
             "truncate": lambda: (arr / "0.0").truncate(3),
         }
-        wrong = {}
-        for what, op in ops.items():
-            try:
-                op()
-                wrong[what] = "succeeded"
-            except OSError as e:
-                if e.errno != errno.EROFS:
-                    wrong[what] = f"errno {e.errno} ({e.strerror}), expected EROFS"
+        wrong = refusals({what: (op, errno.EROFS) for what, op in ops.items()})
         assert not wrong, wrong
     assert Z2.shard_file(src, (0, 0)).read_bytes() == shard
     assert journal_entries(src) == []
@@ -819,14 +813,7 @@ def test_unsupported_changes_are_refused_in_process(tmp_path):
             "rewrite .zarray by rename (other dtype)": (by_rename, errno.EPERM),
             "truncate of a chunk not open for writing": (lambda: (arr / "0.0").truncate(3), errno.EPERM),
         }
-        wrong = {}
-        for what, (op, want) in cases.items():
-            try:
-                op()
-                wrong[what] = "succeeded"
-            except OSError as e:
-                if e.errno != want:
-                    wrong[what] = f"errno {e.errno} ({e.strerror}), expected {want} ({os.strerror(want)})"
+        wrong = refusals(cases)
         assert not wrong, wrong
         assert json.loads((arr / ".zarray").read_text()) == zarray
         assert (arr / "0.0").exists() and not (arr / "newdir").exists()

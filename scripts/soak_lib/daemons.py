@@ -72,6 +72,7 @@ class Daemon:
         self.out = log_dir / f"daemon-{name}.out"
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        self.worker_kills = 0
         self.mnt.mkdir(parents=True, exist_ok=True)
         immutable(self.mnt, True)  # while unmounted (a restart), no client can write into the bare directory
 
@@ -117,31 +118,38 @@ class Daemon:
             raise Wedged(f"daemon {self.name}: SIGKILL did not end it within {KILL_TIMEOUT:g} s "
                          "(blocked in the kernel); its FUSE connection was aborted")
 
-    def worker_pid(self) -> int | None:
-        """The pid of the supervisor's worker (its one), None if it has none now."""
+    def worker_pids(self) -> list[int]:
+        """The pids of the supervisor's workers (``-o workers=N``: N of them once all serve)."""
         from shardfs.app.zygote import workers_of
 
-        workers = [] if self.pid is None else workers_of(self.pid)
+        return [] if self.pid is None else workers_of(self.pid)
+
+    def worker_pid(self) -> int | None:
+        """The pid of the supervisor's worker (its one), None if it has none now, or several."""
+        workers = self.worker_pids()
         return workers[0] if len(workers) == 1 else None
 
     def kill_worker(self) -> int:
         """SIGKILL the worker (a crash, an OOM kill) and wait until another one serves the mount
         (``shardfs status`` names it); its pid. ``Wedged`` if none does within ``MOUNT_TIMEOUT``,
         ``RuntimeError`` if the daemon has no worker (not supervised, or gone)."""
-        old = self.worker_pid()
-        if old is None:
+        before = self.worker_pids()
+        if not before:
             raise RuntimeError(f"daemon {self.name}: no worker to kill (is the mount supervised?)")
+        self.worker_kills += 1
+        old = before[self.worker_kills % len(before)]  # (with N workers: each in turn, the owner too)
         os.kill(old, signal.SIGKILL)
         t0 = time.monotonic()
         while time.monotonic() - t0 < MOUNT_TIMEOUT:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"daemon {self.name}: the supervisor exited with {self.proc.returncode} "
                                    "after its worker was killed:\n" + self.tail())
-            new = self.worker_pid()
-            if new is not None and new != old:
+            now = self.worker_pids()
+            new = [p for p in now if p not in before]
+            if len(now) == len(before) and new:
                 doc = self.status()
-                if (doc.get("worker") or {}).get("pid") == new:
-                    return new
+                if len(before) > 1 or (doc.get("worker") or {}).get("pid") == new[0]:
+                    return new[0]
             time.sleep(0.05)
         raise Wedged(f"daemon {self.name}: no new worker serves {MOUNT_TIMEOUT:g} s after its worker was killed")
 
@@ -218,9 +226,8 @@ class Daemon:
         pid = self.pid
         if pid is None:
             return {}
-        worker = self.worker_pid()
         out = {"rss_mib": 0.0, "fds": 0, "sockets": 0, "threads": 0, "spill_bytes": 0}
-        for p in [pid] + ([worker] if worker is not None else []):
+        for p in [pid, *self.worker_pids()]:
             try:
                 status = Path(f"/proc/{p}/status").read_text()
                 fds = os.listdir(f"/proc/{p}/fd")

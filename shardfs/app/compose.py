@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from shardfs.app import state
 from shardfs.app.replay import open_writeback
+from shardfs.app.status import Counters
 from shardfs.app.usage import UsageError
 from shardfs.base.faults import Faults
 from shardfs.config import Config, ReadConfig, TreeConfig
@@ -92,13 +93,24 @@ class Composed:
     ops: Operations
     faults: Faults
 
+    def counters(self) -> Counters:
+        """What ``shardfs status`` shows of this mount, layer by layer (``shardfs.app.status``)."""
+        return Counters(self.ops.stats, self.storage.stats,
+                        {"index": self.tree.indexes.index_cache, "chunk": self.tree.reads.chunk_cache.lru,
+                         "range": self.ranges}, self.writeback, self.faults, self.ops.spilled_bytes,
+                        self.ops.open_handles, self._forwarded)
+
+    def _forwarded(self) -> dict[str, int]:
+        forward = self.ops.forward
+        return {} if forward is None else dict(forward.forwarded)
+
 
 def compose_tree(storage: Storage, reads: Reads | None = None, writeback: Writeback | None = None,
                  tree: TreeConfig | None = None, max_chunk: int = ReadConfig.max_chunk,
-                 ledger: Ledger | None = None) -> Tree:
-    """The tree of a mount of ``storage`` (read-only unless ``writeback`` is given); ``reads``
-    by default ``make_reads(storage)``; ``max_chunk``: ``-o max_chunk``; ``ledger``: where the
-    numbers given to the kernel are noted (none kept by default)."""
+                 ledger: Ledger | None = None, read_only: bool | None = None) -> Tree:
+    """The tree of a mount of ``storage`` (read-only unless ``writeback`` is given, or as
+    ``read_only`` says); ``reads`` by default ``make_reads(storage)``; ``max_chunk``: ``-o
+    max_chunk``; ``ledger``: where the numbers given to the kernel are noted (none kept by default)."""
     reads = reads if reads is not None else make_reads(storage)
     tree = tree or TreeConfig()
     ledger = ledger or Ledger()
@@ -109,7 +121,8 @@ def compose_tree(storage: Storage, reads: Reads | None = None, writeback: Writeb
     prefetch = Prefetch(storage, reads, indexes)  # object sources: read-ahead
     chunks = Chunks(storage, writeback, indexes, reads, prefetch)  # stored and pending
     resolved = Resolved()
-    names = Names(storage, hierarchy, nodes, made, indexes, chunks, resolved, read_only=writeback is None)
+    names = Names(storage, hierarchy, nodes, made, indexes, chunks, resolved,
+                  read_only=writeback is None if read_only is None else read_only)
     opens = Opens(storage, names, nodes, chunks, indexes, reads, prefetch, resolved, max_chunk)
     listing = Listing(names, storage, nodes, made, indexes, chunks, reads.index_calls)
     return Tree(hierarchy, nodes, made, Numbers(ledger, hierarchy, nodes, made), reads, indexes, prefetch, chunks,
@@ -128,19 +141,21 @@ def compose_writer(storage: Storage, t: Tree, writeback: Writeback, invalidate: 
 
 
 def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: Ledger | None = None,
-            adopt: bool = False) -> Composed:
+            adopt: bool = False, writes: bool = True) -> Composed:
     """Build a mount of ``source`` with ``cfg`` (``cfg.read_only``: no ``Writeback``, no
     ``Writer``); what must be closed (the storage, the journal's claim) goes on ``cleanup``.
     ``UsageError`` (one line) if the journal cannot be created or ``-o cache_dir`` cannot be
     used; ``ReplayFailed`` if what killed daemons left in the journal cannot be replayed.
     ``ledger``: where a supervised worker notes the numbers it gives the kernel; ``adopt``: it
-    replaces a dead worker, whose journal it takes over as pending (``open_writeback``)."""
+    replaces a dead worker, whose journal it takes over as pending (``open_writeback``); ``writes``
+    False: a writable mount's worker that forwards every change to the owner worker
+    (``shardfs.kernel.owner``): no journal, no ``Writer``, but the modes of a writable mount."""
     storage = cleanup.enter_context(source.opened(version_ttl=cfg.kernel.attr_timeout,
                                                   list_ttl=cfg.kernel.entry_timeout))
     writeback = None
     faults = Faults()  # the mount's bugs, from requests and background tasks alike
     spill = state.spill_dir(source.name, source.endpoint)
-    if not cfg.read_only:
+    if not cfg.read_only and writes:
         try:
             state.private_dir(spill)
         except private.Refused as e:
@@ -159,15 +174,15 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
         raise UsageError(f"-o {e}") from None
     reads = make_reads(storage, cache=ranges, chunk_cache=ChunkCache(cfg.reads.chunk_cache))
     ledger = ledger or Ledger()
-    t = compose_tree(storage, reads, writeback, cfg.tree, cfg.reads.max_chunk, ledger)
+    t = compose_tree(storage, reads, writeback, cfg.tree, cfg.reads.max_chunk, ledger, cfg.read_only)
     inodes = KernelInodes()
-    invalidation = Invalidation(inodes, t.nodes)
+    invalidation = Invalidation(inodes, t.nodes, every=ledger.shared)
     commits = writer = None
     if writeback is not None:
         commits, writer = compose_writer(storage, t, writeback, invalidation.invalidate, cfg.tree, spill,
                                          cfg.writes.shard_size)
     ops = Operations(storage, t.names, t.opens, t.listing, t.nodes, t.numbers, inodes, invalidation, writer,
-                     cfg.kernel, faults)
+                     cfg.kernel, faults, cfg.read_only)
     return Composed(source, storage, writeback, ranges, ledger, t, commits, writer, ops, faults)
 
 

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shardfs.app.status import StatusDoc
 
 log = logging.getLogger("shardfs")
 PREFIX = "shardfs_"
@@ -68,7 +71,7 @@ class Exporter:
     """The ``/metrics`` endpoint of one mount: ``start()`` binds (``OSError``), ``serving(token)``
     gives it the trio loop to read the status document on, ``stop()`` ends it."""
 
-    def __init__(self, address: tuple[str, int], snapshot: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, address: tuple[str, int], snapshot: Callable[[], StatusDoc]) -> None:
         self.address = address
         self._snapshot = snapshot
         self._token: Any = None
@@ -94,13 +97,13 @@ class Exporter:
             self._server.server_close()
             self._server = None
 
-    def _document(self) -> dict[str, Any] | None:
+    def _document(self) -> StatusDoc | None:
         import trio
 
         if self._token is None:
             return None
         try:
-            doc: dict[str, Any] = trio.from_thread.run_sync(self._snapshot, trio_token=self._token)
+            doc: StatusDoc = trio.from_thread.run_sync(self._snapshot, trio_token=self._token)
         except trio.RunFinishedError:
             return None
         return doc
@@ -112,7 +115,7 @@ class Exporter:
             yield from families(doc)
 
 
-def families(doc: dict[str, Any]) -> Iterator[Any]:
+def families(doc: StatusDoc) -> Iterator[Any]:
     """The Prometheus metric families of status document ``doc``."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
@@ -160,7 +163,7 @@ def families(doc: dict[str, Any]) -> Iterator[Any]:
     yield counter("folds_total", folds["done"])
     yield counter("fold_failures_total", folds["failed"])
     yield gauge("folds_backing_off", len(folds["backing_off"]))
-    yield counter("restarts_total", (doc.get("worker") or {}).get("restarts", 0))  # of a supervised mount
+    yield counter("restarts_total", doc["worker"]["restarts"] if "worker" in doc else 0)  # of a supervised mount
     yield counter("internal_errors_total", doc["internal_errors"]["total"])
     yield gauge("resident_memory_bytes", doc["rss_bytes"])
     yield gauge("open_files", doc["open_files"])

@@ -107,7 +107,7 @@ OWN = (
     Option("cache_dir", "DIR", "object store: keep fetched ranges here across mounts, keyed by ETag "
                                "(at most 5G, least recently used out first)", "reads.cache_dir"),
     Option("workers", "N", "worker processes serving the mount, each on its own clone of the kernel connection; "
-                           "more than 1: read-only mounts only (doc/ARCHITECTURE.md)", "workers"),
+                           "on a writable mount worker 0 owns the writes (doc/ARCHITECTURE.md)", "workers"),
     Option("debug", None, "log every request (as --debug)", "debug"),
     Option("stats_interval", "S", "log a one-line summary of the counters every S seconds (default off; "
                                   "shardfs status shows them)", "stats_interval"),

@@ -205,17 +205,26 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
             cfg = dataclasses.replace(cfg, reads=dataclasses.replace(
                 cfg.reads, chunk_cache=cfg.reads.chunk_cache // conn.count,
                 cache_size=cfg.reads.cache_size // conn.count))
+    from shardfs.kernel.owner import OWNER
+
     try:
         with contextlib.ExitStack() as cleanup:
             try:
                 replaces = args.connection is not None and args.connection.replaces
-                mount = compose(cfg, source, cleanup, ledger, adopt=replaces)
+                writes = ledger is None or not ledger.shared or ledger.index == OWNER  # (``kernel.owner``)
+                mount = compose(cfg, source, cleanup, ledger, adopt=replaces, writes=writes)
             except UsageError as e:
                 _report(args, f"error: {e}")
                 return 1
             except ReplayFailed as e:
                 _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
                 return 1
+            if ledger is not None and ledger.shared and not read_only:
+                try:
+                    cleanup.callback(_share_writes(args, mount, ledger, source).close)
+                except OSError as e:
+                    _report(args, f"error: {e.filename}: cannot create: {e.strerror or e}")
+                    return 1
             code = _mount_and_serve(args, mnt, opts, cfg, mount)
     except BaseException as e:  # whatever ends the daemon says why where its log is read
         cause = e
@@ -243,15 +252,33 @@ def preload(source: Source) -> None:
     v2()
     if source.kind.remote:
         from shardfs.storage import objects, web  # noqa: F401
+    if source.kind.name == "s3":  # (imported only: each worker resolves its credentials)
+        from shardfs.storage import awscredentials  # noqa: F401  # botocore's chain, obstore's provider: 0.8 s
+
+
+def _share_writes(args: argparse.Namespace, mount: Composed, ledger: Any, source: Source) -> Any:
+    """One of N workers of a writable mount (``shardfs.kernel.owner``): the marks of what was
+    changed through the mount, and for a worker other than the owner its link to the owner;
+    the owner marks the arrays the journal's replay left pending. The marks (to close)."""
+    from shardfs.kernel.forward import OwnerLink
+    from shardfs.kernel.owner import OWNER, Areas, Marks
+
+    marks = Marks(state.marks_file(source.name, source.endpoint, os.getppid()))
+    marks.start()
+    mount.ops.areas = Areas(mount.tree.nodes, marks, ledger.owner)
+    args.owner_socket = state.owner_socket(source.name, source.endpoint, os.getppid())
+    if ledger.index != OWNER:
+        mount.ops.forward = OwnerLink(args.owner_socket)
+    elif mount.writeback is not None:
+        for path in mount.writeback.dirty_arrays():
+            marks.note(path)
+    return marks
 
 
 def workers_refused(read_only: bool) -> str | None:
     """Why ``-o workers=N`` (N > 1) cannot serve this mount, or None."""
     import importlib.metadata
 
-    if not read_only:
-        return ("more than one worker serves read-only mounts only for now (-o ro): a writable mount is "
-                "served by one worker")
     try:
         built = "workers" in importlib.metadata.version("pyfuse3")
     except importlib.metadata.PackageNotFoundError:
@@ -276,8 +303,10 @@ def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_on
     try:
         return sup.run()
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(ledger)
+        for path in (ledger, state.marks_file(source.name, source.endpoint, os.getpid()),
+                     state.owner_socket(source.name, source.endpoint, os.getpid())):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, cfg: Config, mount: Composed) -> int:
@@ -294,14 +323,16 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
     from shardfs.app.status import Status
     from shardfs.tree.hierarchy import v2
 
-    source, read_only = mount.source, mount.writeback is None
+    source, read_only = mount.source, mount.ops.read_only
     v2()  # before going live (see above)
     shown = {**opts.own, **{o.partition("=")[0]: o.partition("=")[2] for o in opts.fuse}}
-    status = Status(mount, mnt, source.name, source.endpoint, read_only, shown,
+    status = Status(mount.counters(), mnt, source.name, source.endpoint, read_only, shown,
                     state.status_socket(source.name, source.endpoint, os.getpid()),
                     cfg.stats_interval)
     exporter = None
-    if cfg.metrics is not None:  # bound before the mount goes live: a port in use fails the mount
+    conn = args.connection
+    if cfg.metrics is not None and (conn is None or conn.index == 0):  # (of N workers: slot 0's, summed)
+        # bound before the mount goes live: a port in use fails the mount
         exporter = Exporter(parse_address(cfg.metrics), status.snapshot)
         try:
             exporter.start()
@@ -312,7 +343,6 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
     fuse_opts = set(pyfuse3.default_options) | {fsname(source.name), "subtype=shardfs"} | set(opts.fuse)
     if read_only:
         fuse_opts.add("ro")
-    conn = args.connection
     if conn is not None:
         conn.connect()  # the supervisor mounts (if nothing is mounted yet) and gives the connection
         try:
@@ -346,10 +376,11 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
         log.info("mounted %s on %s%s", source.name, mnt, " (read-only)" if read_only else "")
     else:
         status.supervised(conn.status_socket, {**conn.status, "worker_pid": os.getpid(),
-                                               "worker_started": conn.started})
+                                               "worker_started": conn.started, "worker_slot": conn.index,
+                                               "worker_count": conn.count})
     _report(args, "ok")
     try:
-        trio.run(_serve, mount, status, exporter, conn)
+        trio.run(_serve, mount, status, exporter, conn, getattr(args, "owner_socket", None))
     finally:
         if exporter is not None:
             exporter.stop()
@@ -410,7 +441,8 @@ def _stderr_captured() -> Iterator[list[str]]:
             said += [line.strip() for line in tmp.read().decode(errors="replace").splitlines() if line.strip()]
 
 
-async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None, conn: Any = None) -> None:
+async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None, conn: Any = None,
+                 owner_socket: str | None = None) -> None:
     """Run the FUSE loop and answer ``shardfs status`` (``status``) and ``-o metrics``
     (``exporter``, which reads the status on this loop); on SIGINT/SIGTERM fold pending writes
     into the shards and end it. A supervisor's worker (``conn``) that replaces a dead one first
@@ -427,6 +459,7 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
 
     from shardfs.app import fusedev
     from shardfs.kernel import fuseloop
+    from shardfs.kernel.forward import OwnerServer
 
     writeback = mount.writeback
     if exporter is not None:
@@ -460,6 +493,11 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
             conn.serving()
             if shared.shared:
                 nursery.start_soon(mount.ops.faults.keep, "ledger", mount.ops.following)
+            if mount.ops.forward is not None:
+                nursery.start_soon(mount.ops.forward.run)
+            elif owner_socket is not None:  # the owner of a writable mount's writes (``shardfs.kernel.owner``)
+                server = OwnerServer(owner_socket, mount.ops, state.status_listener)
+                nursery.start_soon(mount.ops.faults.keep, "owner", server.run)
         # a bug in a background task is logged and the task runs again (``Faults.keep``)
         nursery.start_soon(mount.ops.faults.keep, "status", status.run)
         if writeback is not None:

@@ -126,6 +126,16 @@ def ledger_file(source: str, endpoint: str | None, pid: int) -> str:
     return os.path.join(state_dir(source, endpoint), f"kernel-{pid}.ledger")
 
 
+def marks_file(source: str, endpoint: str | None, pid: int) -> str:
+    """What the owner worker of supervisor ``pid`` changed (``shardfs.kernel.owner.Marks``)."""
+    return os.path.join(state_dir(source, endpoint), f"kernel-{pid}.marks")
+
+
+def owner_socket(source: str, endpoint: str | None, pid: int) -> str:
+    """Where the owner worker of supervisor ``pid`` answers the others (``shardfs.kernel.forward``)."""
+    return os.path.join(state_dir(source, endpoint), f"owner-{pid}.sock")
+
+
 def takeover_file(source: str, endpoint: str | None, pid: int) -> str:
     """Where ``shardfs mount`` on a live mount leaves supervisor ``pid`` the command line of
     the worker to hand the mount to (``shardfs.app.handover``)."""

@@ -16,31 +16,86 @@ import logging
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Callable, NotRequired, TypedDict
 
 import trio
 
-from shardfs.app import state
+from shardfs.app import peers, state
+from shardfs.base.faults import FaultCounts, Faults
+from shardfs.base.lru import CacheCounts, Counted, counts
+from shardfs.kernel.stats import Reads, RequestStats
 from shardfs.storage import private
-
-if TYPE_CHECKING:
-    from shardfs.app.compose import Composed
+from shardfs.storage.stats import Store, StoreStats
+from shardfs.writes.writeback import FoldCounts, PendingCounts, Writeback, nothing_pending
 
 log = logging.getLogger("shardfs")
 SEND_TIMEOUT = 5.0  # a client that does not read its document is dropped after this
 PROBLEM_WINDOW = 60.0  # errors of the last this many seconds are problems
 
 
-class Status:
-    """What one mount shows to ``shardfs status``: the mount's identity and its objects' counters."""
+@dataclass
+class Counters:
+    """Where a mount's counters are, as ``shardfs.app.compose`` registered them: each layer's
+    object, whose ``snapshot`` (or counts) is its part of the document."""
 
-    def __init__(self, mount: Composed, mountpoint: str, source: str, endpoint: str | None, read_only: bool,
+    requests: RequestStats  # kernel: the FUSE requests answered
+    store: StoreStats  # storage: the store requests made
+    caches: dict[str, Counted | None]  # index, chunk, range (None: the mount has none)
+    writeback: Writeback | None  # writes: pending changes and folds (None: read-only)
+    faults: Faults  # the mount's internal errors
+    spilled_bytes: Callable[[], int]  # bytes open files and staging files hold in spill files
+    open_handles: Callable[[], int]  # handles the kernel holds open
+    # requests sent to the owner worker of a writable mount (``-o workers=N``), by operation
+    forwarded: Callable[[], dict[str, int]] = dict
+
+
+class Worker(TypedDict):
+    pid: int
+    started: float
+    restarts: int
+    takeovers: int
+    last_reason: str | None
+
+
+class StatusDoc(TypedDict):
+    """The status document (``Status.snapshot``; doc/SEMANTICS.md lists its fields): one schema
+    made of each layer's snapshot type, served as JSON as it is."""
+
+    mountpoint: str
+    source: str
+    endpoint: str | None
+    pid: int
+    uptime_s: float
+    read_only: bool
+    options: dict[str, str]
+    worker: NotRequired[Worker]  # a supervised mount's serving worker
+    requests: dict[str, int]
+    errors: dict[str, dict[str, int]]
+    reads: Reads
+    store: Store
+    cache: dict[str, CacheCounts | None]
+    pending: PendingCounts
+    folds: FoldCounts
+    internal_errors: FaultCounts
+    errors_last_minute: dict[str, dict[str, int]]
+    rss_bytes: int
+    open_files: int
+    open_handles: int
+    forwarded: dict[str, int]  # ``-o workers=N``, a writable mount: requests sent to the owner worker
+    workers: NotRequired[list[dict[str, Any]]]  # ``-o workers=N``: each worker
+
+
+class Status:
+    """What one mount shows to ``shardfs status``: the mount's identity and its ``counters``."""
+
+    def __init__(self, counters: Counters, mountpoint: str, source: str, endpoint: str | None, read_only: bool,
                  options: dict[str, str], socket_path: str | None, interval: float | None = None) -> None:
         """``endpoint``: an object store's endpoint in effect (None: the service's default, or a
         directory); ``shardfs inspect`` of a path in the mount reaches the store through it."""
         self.supervision: dict[str, Any] | None = None
         self._given: socket.socket | None = None  # the supervisor's listening socket
-        self.mount = mount
+        self.counters = counters
         self.mountpoint, self.source, self.read_only, self.options = mountpoint, source, read_only, options
         self.endpoint = endpoint
         self.socket_path = socket_path
@@ -56,38 +111,41 @@ class Status:
         if listener is None:
             self.socket_path = None
 
-    def snapshot(self) -> dict[str, Any]:
-        """The status document (``doc/`` lists its fields); counts since the mount began."""
-        mount = self.mount
-        ops = mount.ops
-        doc: dict[str, Any] = {
+    def snapshot(self) -> StatusDoc:
+        """The status document (``doc/`` lists its fields); counts since the mount began. With
+        ``-o workers=N``, of the mount as a whole: the other workers' last documents added
+        (``shardfs.app.peers``)."""
+        doc = self.own()
+        if "workers" in doc:
+            sup = self.supervision or {}
+            doc = peers.total(doc, peers.others(sup["workers_file"], [w["index"] for w in doc["workers"]],
+                                                sup.get("worker_slot", 0)))
+        return doc
+
+    def own(self) -> StatusDoc:
+        """The status document of this process alone."""
+        c = self.counters
+        requests = c.requests.snapshot()
+        writes = c.writeback.snapshot() if c.writeback is not None else nothing_pending()
+        writes["pending"]["spill_bytes"] = c.spilled_bytes()
+        rss, open_files = _process()
+        doc: StatusDoc = {
             "mountpoint": self.mountpoint, "source": self.source, "endpoint": self.endpoint, "pid": os.getpid(),
             "uptime_s": round(time.monotonic() - self.started, 1), "read_only": self.read_only,
-            "options": dict(self.options)}
+            "options": dict(self.options),
+            "requests": requests["requests"], "errors": requests["errors"], "reads": requests["reads"],
+            "store": c.store.snapshot(),
+            "cache": {name: None if cache is None else counts(cache) for name, cache in c.caches.items()},
+            "pending": writes["pending"], "folds": writes["folds"],
+            "internal_errors": c.faults.snapshot(), "errors_last_minute": c.requests.errors_since(PROBLEM_WINDOW),
+            "rss_bytes": rss, "open_files": open_files, "open_handles": c.open_handles(),
+            "forwarded": c.forwarded()}
         if self.supervision is not None:
             sup = self.supervision
             doc["pid"] = sup["supervisor_pid"]
             doc["worker"] = {"pid": sup["worker_pid"], "started": sup["worker_started"],
                              "restarts": sup["restarts"], "takeovers": sup["takeovers"],
                              "last_reason": sup["last_reason"]}
-        doc.update(ops.stats.snapshot())
-        doc["store"] = mount.storage.stats.snapshot()
-        chunk_cache = mount.tree.reads.chunk_cache.lru
-        range_cache = mount.ranges
-        doc["cache"] = {"index": _cache(mount.tree.indexes.index_cache), "chunk": _cache(chunk_cache),
-                        "range": _cache(range_cache) if range_cache is not None else None}
-        writeback = mount.writeback
-        if writeback is not None:
-            doc.update(writeback.snapshot())
-        else:
-            doc["pending"] = {"chunks": 0, "bytes": 0, "shards": 0, "arrays": {}, "journal_bytes": 0,
-                              "journal_error": None}
-            doc["folds"] = {"done": 0, "failed": 0, "backing_off": [], "current": None}
-        doc["pending"]["spill_bytes"] = ops.spilled_bytes()
-        doc["internal_errors"] = mount.faults.snapshot()
-        doc["errors_last_minute"] = ops.stats.errors_since(PROBLEM_WINDOW)
-        doc["rss_bytes"], doc["open_files"] = _process()
-        doc["open_handles"] = ops.open_handles()
         workers = self._workers()
         if workers:  # ``-o workers=N``: each worker, and the mount's memory is theirs together
             doc["workers"] = workers
@@ -120,6 +178,8 @@ class Status:
         async with trio.open_nursery() as nursery:
             if self.interval:
                 nursery.start_soon(self._log_every, self.interval)
+            if (self.supervision or {}).get("worker_count", 1) > 1:
+                nursery.start_soon(self._publish)
             listener = self._listen()
             if listener is None:
                 return
@@ -161,6 +221,16 @@ class Status:
                 pass
         await stream.aclose()
 
+    async def _publish(self) -> None:
+        """Write this worker's document for the others every ``peers.PUBLISH_S`` seconds."""
+        sup = self.supervision or {}
+        while True:
+            try:
+                peers.publish(sup["workers_file"], sup.get("worker_slot", 0), dict(self.own()))
+            except Exception:
+                log.exception("shardfs status: cannot make the status document")
+            await trio.sleep(peers.PUBLISH_S)
+
     async def _log_every(self, seconds: float) -> None:
         while True:
             await trio.sleep(seconds)
@@ -172,7 +242,7 @@ class Status:
             log.info("stats: %s", line)
 
 
-def summary(doc: dict[str, Any]) -> str:
+def summary(doc: StatusDoc) -> str:
     """One line: what ``-o stats_interval`` logs."""
     store = doc["store"]
     lat = store["latency_ms"]
@@ -183,10 +253,6 @@ def summary(doc: dict[str, Any]) -> str:
             f"({store['failures']} failed, p50 {lat['p50']} ms, p99 {lat['p99']} ms); pending {pending['chunks']} "
             f"chunks in {pending['shards']} shards; folds {folds['done']} done, {folds['failed']} failed, "
             f"{len(folds['backing_off'])} backing off; rss {doc['rss_bytes']} bytes, {doc['open_files']} open files")
-
-
-def _cache(cache: Any) -> dict[str, int]:
-    return {"hits": cache.hits, "misses": cache.misses, "bytes": cache.used, "limit": cache.max_bytes}
 
 
 def _of_process(pid: int) -> tuple[int, float]:

@@ -105,7 +105,9 @@ def format_text(doc: dict[str, Any]) -> str:
              f", RSS {_size(doc['rss_bytes'])}, {_n(doc['open_files'], 'open file')}",
              *(["  workers   " + ", ".join(
                  f"{w['index']}: pid {w['pid']} {_size(w['rss_bytes'])} {w['cpu_s']:.1f} s CPU"
-                 + (" (counts below)" if w.get("this") else "") for w in doc["workers"])]
+                 + (f" {w['requests']:,} requests" if "requests" in w else "")
+                 + (f" ({w['forwarded']:,} forwarded)" if w.get("forwarded") else "")
+                 + (" (answered)" if w.get("this") else "") for w in doc["workers"])]
                if doc.get("workers") else []),
              f"  requests  {n_requests:,}" + (f" ({_counts(doc['requests'])})" if n_requests else "")
              + f"; {_n(n_errors, 'error')}",

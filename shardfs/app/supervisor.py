@@ -59,7 +59,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from shardfs.app import fusedev, state, zygote
+from shardfs.app import fusedev, peers, state, zygote
 from shardfs.app.zygote import Child, Zygote
 from shardfs.storage import private
 from shardfs.tree import ledger
@@ -176,8 +176,9 @@ class Supervisor:
                 os.close(self.fd)
             os.close(self.ledger)
             if self.workers_path is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(self.workers_path)
+                for path in [self.workers_path, *(peers.slot_file(self.workers_path, i) for i in range(self.count))]:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
             if self.status is not None and self.status_path is not None:
                 self.status.close()
                 with contextlib.suppress(OSError):
@@ -421,9 +422,12 @@ class Supervisor:
                 self.unmount = self.fd >= 0 and (self.stopping or status == 0)
                 if status != 0 and self.report is not None:
                     self._failed(f"daemon exited with status {status}")
-                for other in self.workers.values():  # (they end too once it is unmounted)
-                    if other.proc.poll() is None:
-                        other.proc.send_signal(signal.SIGTERM)
+                # Unmounted: the others see it too and end, the owner of a writable mount's writes
+                # once it folded them all (a SIGTERM now would cut that fold short); else they are told.
+                if status != 0 or self.stopping or (self.fd >= 0 and fusedev.connected(self.fd)):
+                    for other in self.workers.values():
+                        if other.proc.poll() is None:
+                            other.proc.send_signal(signal.SIGTERM)
             return
         c = self.counters
         c.last_reason = f"signal {-status}" if status < 0 else f"exit status {status}"

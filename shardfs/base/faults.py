@@ -16,7 +16,7 @@ import logging
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, TypedDict
 
 import trio
 
@@ -42,6 +42,20 @@ def _origin(e: BaseException) -> str:
     """``file:line`` of the innermost frame of ``e``'s traceback ("" without one)."""
     frames = traceback.extract_tb(e.__traceback__)
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
+class Place(TypedDict):
+    where: str
+    error: str
+    count: int
+    seconds_ago: float
+
+
+class FaultCounts(TypedDict):
+    """The mount's internal errors (``Faults.snapshot``; ``internal_errors`` of the status document)."""
+
+    total: int
+    by_place: list[Place]
 
 
 class Faults:
@@ -89,7 +103,7 @@ class Faults:
             await trio.sleep(delay)
             delay = min(BACKOFF_MAX, delay * 2)
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> FaultCounts:
         """``{"total": n, "by_place": [{"where", "error", "count", "seconds_ago"}, ...]}``."""
         now = time.monotonic()
         return {"total": self.total,

@@ -3,10 +3,33 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Generic, Hashable, TypeVar
+from typing import Callable, Generic, Hashable, Protocol, TypedDict, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+
+
+class CacheCounts(TypedDict):
+    """What ``shardfs status`` shows of one cache (``cache`` of the status document)."""
+
+    hits: int
+    misses: int
+    bytes: int
+    limit: int
+
+
+class Counted(Protocol):
+    """A cache that counts its hits and misses (``SizedLRU``, ``IndexCache``, ``RangeCache``)."""
+
+    hits: int
+    misses: int
+    used: int
+    max_bytes: int
+
+
+def counts(cache: Counted) -> CacheCounts:
+    """``cache``'s counters as the status document shows them."""
+    return {"hits": cache.hits, "misses": cache.misses, "bytes": cache.used, "limit": cache.max_bytes}
 
 
 class SizedLRU(Generic[K, V]):

@@ -14,12 +14,14 @@ Any exception other than ``pyfuse3.FUSEError`` escaping a handler would end
 ``Operations.faults`` (logged with its traceback, once per place: ``shardfs.base.faults``).
 ``forget``, which has no reply, records its bugs the same way and answers nothing.
 
-With ``-o workers=N`` (read-only mounts; ``shardfs.tree.ledger``: a shared ledger) any worker
+With ``-o workers=N`` (``shardfs.tree.ledger``: a shared ledger) any worker
 may get any request: a request that fails here first learns what the other workers gave out
 (``follow``) and is tried once more if that taught anything; files are opened with direct I/O
 (the kernel's page cache and inode sizes are then nobody's to track: what one worker knows of
 them another does not); a handle another worker opened is opened again here at its first use
-(``_live``), at the version its record names (else EIO: never another version's bytes).
+(``_live``), at the version its record names (else EIO: never another version's bytes). On a
+writable mount worker 0 owns the writes: the others forward to it what they must not serve
+(``shardfs.kernel.owner``, ``shardfs.kernel.forward``).
 
 Extended attributes are not implemented on purpose: pyfuse3 answers ENOSYS,
 after which the kernel stops asking. Otherwise ``ls -l`` sends two getxattr
@@ -41,6 +43,8 @@ import trio
 
 from shardfs.config import KernelConfig
 from shardfs.kernel.callers import Callers
+from shardfs.kernel.forward import OwnerLink, encode
+from shardfs.kernel.owner import Areas
 from shardfs.kernel.entries import Entries
 from shardfs.kernel.handles import DirHandle, Handle, Handles, Lost
 from shardfs.kernel.inodes import KernelInodes, Pages
@@ -89,6 +93,17 @@ def _guard(fn: F) -> F:
 
     @functools.wraps(fn)
     async def wrapper(self: "Operations", *args: Any) -> Any:
+        if self.areas is not None:  # a writable mount's workers (``shardfs.kernel.owner``)
+            try:
+                if self.forward is None:
+                    self.areas.before(op, args)  # (OSError: a change that cannot be marked is not made)
+                elif self.areas.forwards(op, args):
+                    return await self.forward.request(op, args, self._kernel.looked_up)
+            except pyfuse3.FUSEError:
+                raise
+            except Exception as e:
+                self.faults.record(op, e, repr(args[:2]))
+                raise pyfuse3.FUSEError(errno.EIO) from None
         self.stats.requests[op] += 1
         try:
             try:
@@ -128,7 +143,8 @@ class Operations(pyfuse3.Operations):
 
     def __init__(self, source: Storage, names: Names, opens: Opens, listing: Listing, nodes: NodeTable,
                  numbers: Numbers, inodes: KernelInodes, invalidation: Invalidation, writer: Writer | None = None,
-                 kernel: KernelConfig | None = None, faults: Faults | None = None) -> None:
+                 kernel: KernelConfig | None = None, faults: Faults | None = None,
+                 read_only: bool | None = None) -> None:
         """The tree's ``names`` (lookups, attributes), ``opens`` (reads) and ``listing``
         (readdir), its node table (``nodes``: aliases, forgets, staging files) and the numbers
         given to the kernel (``numbers``: ledger compactions, follows, take-overs); what the
@@ -136,7 +152,8 @@ class Operations(pyfuse3.Operations):
         mount; ``kernel``: the entry and attribute timeouts, and the owner, group and modes
         every node shows (``-o entry_timeout,attr_timeout,uid,gid,file_mode,dir_mode``);
         ``faults``: where the handlers' bugs are recorded (the mount's, shared with its
-        background tasks)."""
+        background tasks); ``read_only``: by default, without a ``writer`` (a writable mount's
+        worker that forwards its writes to the owner worker has none)."""
         super().__init__()
         self.source = source
         self.names = names
@@ -146,6 +163,7 @@ class Operations(pyfuse3.Operations):
         self.numbers = numbers
         self.faults = faults or Faults()
         self.writer = writer
+        self.read_only = writer is None if read_only is None else read_only
         self.structure = None if writer is None else writer.structure
         self.invalidate = invalidation.invalidate
         self.kernel = kernel = kernel or KernelConfig()
@@ -155,8 +173,12 @@ class Operations(pyfuse3.Operations):
         self._kernel = inodes
         self._pins = Pins()  # versions that files open through the page cache hold their inode's size at
         self._callers = Callers(os.getuid())
-        self._entry = Entries(kernel, writer is None, inodes).entry
+        self._entry = Entries(kernel, self.read_only, inodes).entry
         self.stats = RequestStats()
+        # ``-o workers=N`` on a writable mount: the owner marks what it changes (``areas``), the
+        # other workers forward to it what they must not serve (``forward``): set by the daemon
+        self.areas: Areas | None = None
+        self.forward: OwnerLink | None = None
         self._opening = Opening(opens, inodes, numbers, self.stats)
         for op in GUARDED:
             self.stats.op(op)
@@ -253,6 +275,22 @@ class Operations(pyfuse3.Operations):
                 self._kernel.looked_up(attr.ino)
                 offset += 1
 
+    async def entries(self, fh: int, start_id: int, limit: int) -> list[tuple[bytes, Any]]:
+        """Up to ``limit`` entries of directory handle ``fh`` from offset ``start_id`` (0: afresh),
+        as (name, the entry's fields): what a worker forwarding a READDIR replies with."""
+        handle = await self._live(fh)
+        assert isinstance(handle, DirHandle)
+        if start_id == 0:
+            await handle.stream.rewind()
+        out: list[tuple[bytes, Any]] = []
+        while len(out) < limit:
+            page, i = await handle.stream.at(start_id + len(out))
+            if not page:
+                break
+            for name, attr in itertools.islice(page, i, i + limit - len(out)):
+                out.append((os.fsencode(name), encode(self._entry(self._shown(attr)))[1]))
+        return out
+
     @_guard
     async def releasedir(self, fh: int) -> None:
         handle = self._handles.pop(fh)
@@ -313,7 +351,10 @@ class Operations(pyfuse3.Operations):
         handle = self._handles.pop(fh)
         ledger = self.numbers.ledger
         if ledger.full:
-            ledger.rewrite([*self.numbers.records(), *self._handles.records()])
+            if ledger.shared:  # (every worker's records: ``Ledger.compact``)
+                ledger.compact()
+            else:
+                ledger.rewrite([*self.numbers.records(), *self._handles.records()])
         self._let_go(fh, handle)
 
     def _let_go(self, fh: int, handle: Handle | None) -> None:
@@ -389,7 +430,10 @@ class Operations(pyfuse3.Operations):
             except OSError as e:  # its file is gone (a staging file lived in the dead worker's memory)
                 log.error("file handle %d (inode %d): cannot open it again: %s: EIO", fh, handle.ino, e.strerror)
                 raise pyfuse3.FUSEError(errno.EIO) from None
+            # (a handle this slot's dead worker opened is opened again as a restarted worker's is,
+            # at the current version: a pending chunk taken over from the journal has a new mtime)
             if isinstance(new, ReadHandle) and handle.version is not None \
+                    and self._ledger.owner(fh) != self._ledger.index \
                     and (new.attr.size, new.attr.mtime_ns) != handle.version:
                 self.opens.release(new)
                 log.error("file handle %d (inode %d): its file changed since another worker opened it: EIO", fh,
@@ -434,6 +478,9 @@ class Operations(pyfuse3.Operations):
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         try:
+            if self.forward is not None:  # the lookups the owner gave the kernel are its to forget
+                self.forward.send_forget([(ino, n - held) for ino, n in inode_list
+                                          if (held := self._kernel.lookups(ino)) < n])
             for ino, nlookup in inode_list:
                 if self._kernel.forget(ino, nlookup):
                     chunk = self.nodes.forget(ino)
@@ -470,7 +517,7 @@ class Operations(pyfuse3.Operations):
         answers ENOSYS, after which the kernel stops sending FLUSH altogether (with a
         stock pyfuse3, the first close() still sends one).
         """
-        if self.writer is None:
+        if self.read_only:
             raise pyfuse3.FUSEError(errno.ENOSYS)
         handle = await self._live(fh) if self._handles.get(fh) is not None else None
         if isinstance(handle, WriteHandle):

@@ -58,6 +58,7 @@ class Handles:
         self._open: dict[int, Handle] = {}
         self._ledger = ledger or Ledger()
         self._next = self._numbers(0)
+        self._frame: tuple[dict[int, int], set[int]] | None = None  # a compaction being read (``follow``)
 
     def _numbers(self, last: int) -> Iterator[int]:
         """The numbers this worker gives out after ``last`` (its residue: see the module docstring)."""
@@ -119,13 +120,31 @@ class Handles:
         gone: list[tuple[int, Handle]] = []
         mine = self._ledger.index
         for rec in records:
+            if rec[0] == "z" and len(rec) >= 2 and isinstance(rec[1], dict):  # a compaction (``Ledger.compact``)
+                self._frame = ({int(k): v for k, v in rec[1].items()}, set())
+            elif rec[0] == "z." and self._frame is not None:
+                gone += self._compacted(*self._frame)
+                self._frame = None
             if rec[0] == "h" and len(rec) >= 4 and isinstance(rec[1], int):
+                if self._frame is not None:
+                    self._frame[1].add(rec[1])
                 if self._ledger.owner(rec[1]) != mine and rec[1] not in self._open:
                     self._open[rec[1]] = Lost(rec[2], rec[3], version=(rec[4], rec[5]) if len(rec) >= 6 else None)
             elif rec[0] == "x" and isinstance(rec[1], int):
                 handle = self._open.pop(rec[1], None)
                 if handle is not None and not isinstance(handle, Lost):
                     gone.append((rec[1], handle))
+        return gone
+
+    def _compacted(self, highest: dict[int, int], named: set[int]) -> list[tuple[int, Handle]]:
+        """The handles a compaction's frame does not name though given before it (their releases
+        were punched out): dropped, and those held here returned (to be let go of)."""
+        gone: list[tuple[int, Handle]] = []
+        for fh, handle in list(self._open.items()):
+            if fh not in named and fh <= highest.get(self._ledger.owner(fh), 0):
+                del self._open[fh]
+                if not isinstance(handle, Lost):
+                    gone.append((fh, handle))
         return gone
 
     def records(self) -> list[list[Any]]:

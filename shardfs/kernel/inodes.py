@@ -61,6 +61,11 @@ class LookupCounts:
             self._packed.pop(key, None)
         return left
 
+    def count(self, ino: int) -> int:
+        """The lookups of ``ino`` held."""
+        nibble = (self._packed.get(ino >> 4, 0) >> ((ino & 15) << 2)) & 15
+        return self._big[ino] if nibble == 15 else nibble
+
     def __contains__(self, ino: int) -> bool:
         return bool((self._packed.get(ino >> 4, 0) >> ((ino & 15) << 2)) & 15)
 
@@ -99,6 +104,10 @@ class KernelInodes:
             return False
         self._cached.pop(ino, None)
         return True
+
+    def lookups(self, ino: int) -> int:
+        """How many lookups of ``ino`` the kernel holds from this process's replies."""
+        return self._lookups.count(ino)
 
     def holds(self, ino: int) -> bool:
         """True while the kernel holds a lookup of ``ino`` (and so may cache its attributes or

@@ -18,9 +18,12 @@ from shardfs.tree.nodetable import NodeTable
 class Invalidation:
     """Invalidations of one mount's inodes (``nodes``), as far as the kernel holds them (``kernel``)."""
 
-    def __init__(self, kernel: KernelInodes, nodes: NodeTable) -> None:
+    def __init__(self, kernel: KernelInodes, nodes: NodeTable, every: bool = False) -> None:
+        """``every``: drop every inode named, held or not (``-o workers=N``: the lookups other
+        workers answered are not counted in ``kernel``)."""
         self.kernel = kernel
         self.nodes = nodes
+        self.every = every
 
     async def invalidate(self, inodes: list[int]) -> None:
         """Drop the kernel's cached pages and attributes of ``inodes`` (and of their aliases).
@@ -34,10 +37,12 @@ class Invalidation:
         (so nothing is remembered for them: written chunks the kernel evicted before
         their fold would otherwise pile up here).
         """
-        targets = [alias for ino in inodes for alias in (ino, *self.nodes.aliases(ino))
-                   if self.kernel.holds(alias)]
+        shown = [alias for ino in inodes for alias in (ino, *self.nodes.aliases(ino))]
+        targets = [ino for ino in shown if self.kernel.holds(ino)]
         for ino in targets:
             self.kernel.changed(ino)
+        if self.every:  # (only those held are remembered as changed)
+            targets = shown
         if targets:
             await trio.to_thread.run_sync(invalidate_inodes, targets)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import time
 from collections import deque
-from typing import Any
+from typing import TypedDict
 
 RECENT_ERRORS = 256  # errors remembered with their time (``RequestStats.recent``)
 ROUTINE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ENOSYS, errno.ENODATA, errno.ESTALE})
@@ -16,6 +16,20 @@ ROUTINE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ENOSYS, er
 def errno_name(code: int) -> str:
     """``ENOSPC`` for 28; ``E<n>`` for a number without a name."""
     return errno.errorcode.get(code, f"E{code}")
+
+
+class Reads(TypedDict):
+    chunk_files: int  # chunk files opened for reading
+    bytes: int  # bytes answered to READs and stored into the page cache
+
+
+class Requests(TypedDict):
+    """The FUSE requests answered (``RequestStats.snapshot``): by operation, errors by errno
+    name and operation, and what was read."""
+
+    requests: dict[str, int]
+    errors: dict[str, dict[str, int]]
+    reads: Reads
 
 
 class RequestStats:
@@ -41,7 +55,7 @@ class RequestStats:
         if code not in ROUTINE:
             self.recent.append((time.monotonic(), code, op))
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> Requests:
         errors: dict[str, dict[str, int]] = {}
         for (code, op), n in sorted(self.errors.items()):
             errors.setdefault(errno_name(code), {})[op] = n

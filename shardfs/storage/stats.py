@@ -17,12 +17,36 @@ import itertools
 import time
 from collections import deque
 from types import TracebackType
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, TypedDict, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 LATENCY_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)  # seconds
 LATENCY_SAMPLES = 1024  # store requests whose latencies the percentiles are taken over (the last ones)
+
+
+class LatencyMs(TypedDict):
+    p50: float | None
+    p99: float | None
+    samples: int
+
+
+class LatencyS(TypedDict):
+    le: list[float]  # bucket upper bounds (seconds)
+    counts: list[int]  # cumulative
+    sum: float
+
+
+class Store(TypedDict):
+    """The store requests made (``StoreStats.snapshot``; ``store`` of the status document)."""
+
+    requests: dict[str, int]
+    bytes_in: int
+    bytes_out: int
+    retries: int
+    failures: int
+    latency_ms: LatencyMs
+    latency_s: LatencyS
 
 
 class StoreStats:
@@ -57,7 +81,7 @@ class StoreStats:
         an exception other than ``answers`` counts as a failure."""
         return _Timed(self, kind, answers)
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> Store:
         lat = sorted(self.latencies)
 
         def pct(p: float) -> float | None:

@@ -35,8 +35,9 @@ the others append (``catch_up``: the records since it last looked, given to each
 A number whose meaning every worker must agree on (an array's slot, a node key's inode) is
 given out under an exclusive ``flock`` of the file after a catch-up (``locked``), so the first
 worker to note a key gives it its number and every other one finds that number; handle numbers
-need no lock: each worker gives out its own residue (``owner``). A shared ledger is never
-rewritten (the others hold it open and follow it by offset).
+need no lock: each worker gives out its own residue (``owner``). A shared memfd is compacted
+in place (``compact``: offsets never move, the others follow it by offset); a shared file (a
+supervisor of an older package) is never rewritten.
 """
 
 from __future__ import annotations
@@ -97,6 +98,9 @@ class Ledger:
         if self.in_memory:
             if self._fd < 0:
                 return []
+            start = _data_start(self._fd)
+            if self._read < start:  # another worker compacted what this one had not read (``compact``)
+                self._read, self._partial = start, b""
             chunks = self._pread_from(self._fd)
         elif self.path is None:
             return []
@@ -200,13 +204,49 @@ class Ledger:
     def _write(self, line: bytes) -> None:
         if self._later:
             line, self._later = self._later + line, b""
-        os.write(self._fd, line)
+        if self.shared and not self._locks:  # (never while another worker compacts: ``compact``)
+            fcntl.flock(self._fd, fcntl.LOCK_SH)
+            try:
+                os.write(self._fd, line)
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        else:
+            os.write(self._fd, line)
         self.size += len(line)
 
     @property
     def full(self) -> bool:
-        """True when the file should be rewritten (``rewrite``; never a shared one)."""
-        return self.size > COMPACT_BYTES and not self.shared
+        """True when the file should be rewritten (``rewrite``; a shared memfd: ``compact``; never a
+        shared file)."""
+        return self.size > COMPACT_BYTES and (not self.shared or self.in_memory)
+
+    def compact(self) -> None:
+        """A shared memfd (``-o workers=N``): append the records in effect of every worker
+        (``in_effect`` of what it holds), framed by ``["z", {slot: highest handle number given}]``
+        and ``["z."]``, then punch out what came before. Done under the exclusive lock, which
+        every append to a shared ledger takes shared (``_write``), so nothing is appended
+        meanwhile. A worker that had not read the punched records finds every record in effect
+        in the frame, and lets go of the handles it holds that the frame does not name and that
+        were given before it (``Handles.follow``): their releases were punched out."""
+        if not (self.shared and self.in_memory) or self._fd < 0:
+            return
+        with self.locked():
+            start, base = os.fstat(self._fd).st_size, _data_start(self._fd)
+            data = b"".join(_read_range(self._fd, base, start))
+            lines = data.split(b"\n")
+            highest: dict[int, int] = {}
+            for line in lines:
+                m = _HANDLE.match(line)
+                if m is not None and m[1] == b"h":
+                    fh = int(m[2])
+                    highest[self.owner(fh)] = max(highest.get(self.owner(fh), 0), fh)
+            framed = [["z", {str(k): v for k, v in highest.items()}], *in_effect(lines), ["z."]]
+            block = b"\n" + b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in framed)
+            self._later = b""
+            os.write(self._fd, block)
+            _punch(self._fd, length=start)
+            self._base, self.size = start, len(block)
+            self._read, self._partial = start + len(block), b""  # (this worker knows what it says)
 
     def rewrite(self, records: Iterable[Iterable[Any]]) -> None:
         """Replace the file by ``records`` (atomically: a rename; a memfd: see the module docstring)."""
@@ -285,6 +325,18 @@ def in_effect(lines: list[bytes]) -> list[list[Any]]:
                 by_handle.setdefault(fh, []).append(len(kept))
         kept.append(line)
     return _parse([line for line in kept if line is not None])
+
+
+def _read_range(fd: int, start: int, end: int) -> list[bytes]:
+    """The bytes of ``fd`` from ``start`` to ``end``."""
+    out = []
+    while start < end:
+        chunk = os.pread(fd, min(1 << 20, end - start), start)
+        if not chunk:
+            break
+        out.append(chunk)
+        start += len(chunk)
+    return out
 
 
 def _data_start(fd: int) -> int:

@@ -34,7 +34,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Iterator
+from typing import Awaitable, Callable, Iterator, NotRequired, TypedDict
 
 import trio
 
@@ -102,6 +102,59 @@ class _Dirty:
         return entry
 
 
+class ArrayPending(TypedDict):
+    chunks: int
+    bytes: int
+    shards: int
+
+
+class JournalError(TypedDict):
+    errno: str
+    reason: str
+    seconds_ago: float
+    directory: str
+
+
+class PendingCounts(TypedDict):
+    """Changes written through the mount, not folded yet (``pending`` of the status document)."""
+
+    chunks: int
+    bytes: int
+    shards: int
+    arrays: dict[str, ArrayPending]
+    journal_bytes: int
+    journal_error: JournalError | None
+    spill_bytes: NotRequired[int]  # (the kernel adapter's open files: added by ``shardfs.app.status``)
+
+
+class BackingOff(TypedDict):
+    shard: str
+    reason: str
+    failures: int
+    chunks: int
+    retry_in_s: float
+
+
+class FoldCounts(TypedDict):
+    """The folds so far (``folds`` of the status document)."""
+
+    done: int
+    failed: int
+    backing_off: list[BackingOff]
+    current: str | None
+
+
+class WritebackCounts(TypedDict):
+    pending: PendingCounts
+    folds: FoldCounts
+
+
+def nothing_pending() -> WritebackCounts:
+    """``Writeback.snapshot`` of a mount that has none (read-only): nothing pending, no folds."""
+    return {"pending": {"chunks": 0, "bytes": 0, "shards": 0, "arrays": {}, "journal_bytes": 0, "journal_error": None},
+            "folds": {"done": 0, "failed": 0, "backing_off": [], "current": None}}
+
+
 class Writeback:
     """Pending chunk changes of one mount and the journal that makes them durable."""
 
@@ -132,6 +185,10 @@ class Writeback:
     def pending_in(self, shard: ShardId) -> dict[int, Pending]:
         dirty = self._dirty.get(shard)
         return {} if dirty is None else dict(dirty.chunks)
+
+    def dirty_arrays(self) -> set[str]:
+        """The paths of the arrays with pending changes."""
+        return {path for path, _ in self._dirty}
 
     def dirty_shards(self, array: str) -> list[tuple[int, ...]]:
         return [coords for (path, coords) in self._dirty if path == array]
@@ -239,20 +296,21 @@ class Writeback:
         dirty.logged_at, dirty.unlogged = now, 0
         self.note_kept()
 
-    def snapshot(self) -> dict[str, object]:
+    def snapshot(self) -> WritebackCounts:
         """What ``shardfs status`` shows of the pending changes and folds (see ``shardfs.app.status``)."""
         now = time.monotonic()
-        arrays: dict[str, dict[str, int]] = {}
+        arrays: dict[str, ArrayPending] = {}
         for (array, _), dirty in self._dirty.items():
             per = arrays.setdefault(array, {"chunks": 0, "bytes": 0, "shards": 0})
             per["chunks"] += len(dirty.chunks)
             per["bytes"] += sum(len(p.data or b"") for p in dirty.chunks.values())
             per["shards"] += 1
-        backing_off = [{"shard": self.source.describe(d.target.key), "reason": d.reason, "failures": d.failures,
-                        "chunks": len(d.chunks), "retry_in_s": round(max(0.0, d.retry_at - now), 1)}
-                       for d in self._dirty.values() if d.failures]
+        backing_off: list[BackingOff] = [
+            {"shard": self.source.describe(d.target.key), "reason": d.reason, "failures": d.failures,
+             "chunks": len(d.chunks), "retry_in_s": round(max(0.0, d.retry_at - now), 1)}
+            for d in self._dirty.values() if d.failures]
         failed = self.journal.failed
-        journal_error = None if failed is None else {
+        journal_error: JournalError | None = None if failed is None else {
             "errno": errno.errorcode.get(failed[0], str(failed[0])), "reason": failed[1],
             "seconds_ago": round(now - failed[2], 1), "directory": self.journal.directory}
         return {"pending": {"chunks": sum(a["chunks"] for a in arrays.values()), "bytes": self._bytes,

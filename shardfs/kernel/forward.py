@@ -1,0 +1,285 @@
+"""Requests a worker forwards to the owner of a writable mount with ``-o workers=N``
+(``shardfs.kernel.owner`` says which), and the owner's side that serves them.
+
+The owner listens on a unix socket in the mount's state directory (mode 0600, in this user's
+own directory; a peer of another user is refused: ``SO_PEERCRED``); each other worker keeps
+one connection to it (``OwnerLink``), over which any number of requests are in flight, each a
+frame (4-byte length, ``marshal`` of plain values: pyfuse3's objects are sent as tuples of
+their fields). The owner calls the same handler the kernel's request would have reached
+(``Operations.<op>``, guarded, counted there), and the answer (a value or an errno) goes back
+to the worker, which replies to the kernel through its own descriptor.
+
+A connection that breaks (the owner died) is made again once the supervisor started the next
+owner, and the requests in flight on it are sent again, marked as re-sent (``ctx.resent``):
+what the dead owner did of a non-idempotent one is answered as if it had replied
+(``fuse_ops._once``), as for a request the kernel sends again after a worker died.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import itertools
+import logging
+import marshal
+import os
+import socket
+import struct
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import pyfuse3
+import trio
+
+log = logging.getLogger("shardfs")
+HEADER = struct.Struct("<I")
+READDIR_BATCH = 256  # entries a worker asks the owner for at a time (a READDIR forwarded)
+RECONNECT_S = 120.0  # how long a worker waits for the next owner before failing a request (EIO)
+EA = ("st_ino", "generation", "entry_timeout", "attr_timeout", "st_mode", "st_nlink", "st_uid", "st_gid", "st_rdev",
+      "st_size", "st_blksize", "st_blocks", "st_atime_ns", "st_ctime_ns", "st_mtime_ns")
+FI = ("fh", "direct_io", "keep_cache", "nonseekable", "noflush")
+SF = ("update_atime", "update_mtime", "update_ctime", "update_mode", "update_uid", "update_gid", "update_size")
+CTX = ("uid", "gid", "pid", "umask")
+# what a worker may ask the owner: the handlers of ``owner.ALWAYS``/``HANDLED`` and the reads
+SERVED = frozenset(("lookup", "getattr", "open", "opendir", "read", "release", "flush", "releasedir", "create",
+                    "write", "fsync", "fsyncdir", "setattr", "rename", "link", "unlink", "rmdir", "mkdir", "symlink",
+                    "mknod", "setxattr", "removexattr", "entries", "forget", "counters"))
+
+
+class Broken(Exception):
+    """The connection to the owner ended (it died) before the answer came."""
+
+
+def encode(value: Any, resent: bool = False) -> Any:
+    """``value`` as what ``marshal`` carries: pyfuse3's objects as ``("ea"|"fi"|"sf"|"ctx", fields)``."""
+    if isinstance(value, pyfuse3.EntryAttributes):
+        return ("ea", tuple(getattr(value, f) for f in EA))
+    if isinstance(value, pyfuse3.FileInfo):
+        return ("fi", tuple(getattr(value, f, False) for f in FI))
+    if isinstance(value, pyfuse3.SetattrFields):
+        return ("sf", tuple(getattr(value, f) for f in SF))
+    if isinstance(value, pyfuse3.RequestContext) or hasattr(value, "umask"):
+        return ("ctx", (*(getattr(value, f) for f in CTX), resent or bool(getattr(value, "resent", False))))
+    if isinstance(value, tuple):
+        return ("t", tuple(encode(v, resent) for v in value))
+    if isinstance(value, memoryview | bytearray):
+        return bytes(value)
+    return value
+
+
+def decode(value: Any) -> Any:
+    if not isinstance(value, tuple):
+        return value
+    kind, fields = value
+    if kind == "ea":
+        e = pyfuse3.EntryAttributes()
+        for f, v in zip(EA, fields):
+            setattr(e, f, v)
+        return e
+    if kind == "fi":
+        fi = pyfuse3.FileInfo()
+        for f, v in zip(FI, fields):
+            if hasattr(fi, f):
+                setattr(fi, f, v)
+        return fi
+    if kind == "sf":
+        return SimpleNamespace(**dict(zip(SF, fields)))
+    if kind == "ctx":
+        return SimpleNamespace(**dict(zip(CTX, fields)), resent=fields[-1])
+    if kind == "t":
+        return tuple(decode(v) for v in fields)
+    raise ValueError(f"cannot decode {kind!r}")
+
+
+async def _send(stream: trio.SocketStream, lock: trio.Lock, msg: Any) -> None:
+    data = marshal.dumps(msg)
+    async with lock:
+        await stream.send_all(HEADER.pack(len(data)) + data)
+
+
+async def _frames(stream: trio.SocketStream) -> Any:
+    """The messages on ``stream`` until it ends."""
+    buf = bytearray()
+    while True:
+        while len(buf) >= HEADER.size:
+            (n,) = HEADER.unpack_from(buf)
+            if len(buf) < HEADER.size + n:
+                break
+            yield marshal.loads(bytes(buf[HEADER.size:HEADER.size + n]))
+            del buf[:HEADER.size + n]
+        data = await stream.receive_some(1 << 20)
+        if not data:
+            return
+        buf += data
+
+
+class OwnerServer:
+    """The owner's side: serve the requests the other workers forward with ``ops`` (the
+    mount's ``Operations``)."""
+
+    def __init__(self, path: str, ops: Any, listen: Callable[[str], socket.socket]) -> None:
+        """``listen(path)``: the listening unix socket (``shardfs.app.state.status_listener``: the
+        app's, given here so that this room imports none above it)."""
+        self.path, self.ops, self.listen = path, ops, listen
+
+    async def handler(self, op: str, args: tuple[Any, ...]) -> Any:
+        if op == "entries":
+            return await self.ops.entries(*args)
+        if op == "forget":
+            return await self.ops.forget(*args)
+        return await getattr(self.ops, op)(*args)
+
+    async def run(self) -> None:
+        sock = self.listen(self.path)  # (a private unix socket)
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        async with trio.open_nursery() as nursery:
+            while True:
+                stream = await listener.accept()
+                uid = struct.unpack("3i", stream.socket.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+                if uid != os.getuid():
+                    await stream.aclose()
+                    continue
+                nursery.start_soon(self._serve, stream)
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
+        lock = trio.Lock()
+        async with stream, trio.open_nursery() as nursery:
+            try:
+                async for msg in _frames(stream):
+                    nursery.start_soon(self._answer, stream, lock, msg)
+            except trio.BrokenResourceError:
+                pass
+
+    async def _answer(self, stream: trio.SocketStream, lock: trio.Lock, msg: Any) -> None:
+        ident, op, args = msg
+        try:
+            if op not in SERVED:
+                raise pyfuse3.FUSEError(errno.ENOSYS)
+            reply: Any = (ident, True, encode(await self.handler(op, decode(args))))
+        except pyfuse3.FUSEError as e:
+            reply = (ident, False, e.errno)
+        except Exception:  # (the handlers are guarded: a bug in decoding)
+            log.exception("a request forwarded by a worker")
+            reply = (ident, False, errno.EIO)
+        try:
+            await _send(stream, lock, reply)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # that worker died: the kernel sends its requests again
+
+
+class OwnerLink:
+    """A worker's connection to the owner: ``call`` waits for the owner's answer (``run`` keeps
+    the connection's reader)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stream: trio.SocketStream | None = None
+        self._lock = trio.Lock()
+        self._connecting = trio.Lock()
+        self._ids = itertools.count()
+        self._waiting: dict[int, list[Any]] = {}  # id -> [event, ok, value]
+        self._nursery: trio.Nursery | None = None
+        self.forwarded: collections.Counter[str] = collections.Counter()  # requests sent, by operation (status)
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await trio.sleep_forever()
+
+    async def _connect(self) -> trio.SocketStream:
+        async with self._connecting:
+            if self._stream is not None:
+                return self._stream
+            deadline = trio.current_time() + RECONNECT_S
+            delay = 0.01
+            while True:
+                try:
+                    stream = await trio.open_unix_socket(self.path)
+                    break
+                except OSError:
+                    if trio.current_time() > deadline:
+                        raise
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, 0.2)
+            self._stream = stream
+            assert self._nursery is not None
+            self._nursery.start_soon(self._receive, stream)
+            return stream
+
+    async def _receive(self, stream: trio.SocketStream) -> None:
+        try:
+            async for ident, ok, value in _frames(stream):
+                slot = self._waiting.pop(ident, None)
+                if slot is not None:
+                    slot[1:] = [ok, value]
+                    slot[0].set()
+        except (trio.BrokenResourceError, OSError):
+            pass
+        finally:
+            if self._stream is stream:
+                self._stream = None
+            for ident, slot in list(self._waiting.items()):
+                if slot[3] is stream:
+                    del self._waiting[ident]
+                    slot[1:3] = [None, None]
+                    slot[0].set()
+            await stream.aclose()
+
+    async def call(self, op: str, args: tuple[Any, ...]) -> Any:
+        """The owner's answer to request ``op``; ``FUSEError`` if it failed (EIO if no owner
+        answers for ``RECONNECT_S``)."""
+        resent = False
+        while True:
+            try:
+                stream = await self._connect()
+            except OSError:
+                raise pyfuse3.FUSEError(errno.EIO) from None
+            ident = next(self._ids)
+            slot: list[Any] = [trio.Event(), None, None, stream]
+            self._waiting[ident] = slot
+            try:
+                await _send(stream, self._lock, (ident, op, encode(args, resent)))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                self._waiting.pop(ident, None)
+                if self._stream is stream:
+                    self._stream = None
+                resent = True
+                continue
+            await slot[0].wait()
+            if slot[1] is None:  # the owner died meanwhile: ask the next one, as a re-sent request
+                log.info("the owner worker died under a forwarded %s: asking the next one", op)
+                resent = True
+                continue
+            if not slot[1]:
+                raise pyfuse3.FUSEError(slot[2])
+            return decode(slot[2])
+
+    async def request(self, op: str, args: tuple[Any, ...], looked_up: Callable[[int], None]) -> Any:
+        """The owner's answer to request ``op`` (a READDIR: the entries the owner lists, replied
+        here as far as the kernel's buffer takes them; ``looked_up`` counts each one taken)."""
+        self.forwarded[op] += 1
+        if op != "readdir":
+            return await self.call(op, args)
+        fh, offset, token = args
+        while True:
+            batch = await self.call("entries", (fh, offset, READDIR_BATCH))
+            for name, fields in batch:
+                e = decode(("ea", fields))
+                if not pyfuse3.readdir_reply(token, name, e, offset + 1):
+                    return None
+                looked_up(e.st_ino)
+                offset += 1
+            if len(batch) < READDIR_BATCH:
+                return None
+
+    def send_forget(self, forgets: list[tuple[int, int]]) -> None:
+        """Give the owner lookups this worker did not count (no answer is awaited)."""
+        if self._nursery is not None and forgets:
+            self._nursery.start_soon(self._forget, forgets)
+
+    async def _forget(self, forgets: list[tuple[int, int]]) -> None:
+        self.forwarded["forget"] += 1
+        try:
+            await self.call("forget", (forgets,))
+        except pyfuse3.FUSEError:
+            pass
