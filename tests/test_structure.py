@@ -573,6 +573,39 @@ def test_rm_r_deletes_arrays_and_groups_in_the_source(tmp_path, caplog):
     assert_clean(src)
 
 
+def test_an_array_made_in_plain_new_directories_makes_them_groups(tmp_path, caplog):
+    """In-process: ``mkdir -p a/b`` then an array in ``a/b`` (zarr 2.18's ``open_array(MNT/a/b/z,
+    mode="w")`` writes no ``.zgroup`` above it): ``a`` and ``a/b`` become groups, as zarr-python 3
+    builds a new node's parents, so the array is listed, read natively, found by the next mount
+    and removed by ``rm -r``; a directory made and left empty stays no node."""
+    import zarr
+
+    src = tmp_path / "src"
+    build(src, [RAW])
+    caplog.set_level(logging.INFO, logger="shardfs")
+    zarray = {"zarr_format": 2, "shape": [4], "chunks": [2], "dtype": "<i4", "compressor": None, "fill_value": 0,
+              "filters": None, "order": "C"}
+    with InProcess(src, read_only=False) as fs:
+        (fs / "a").mkdir()
+        (fs / "a" / "b").mkdir()
+        (fs / "a" / "b" / "z").mkdir()
+        (fs / "a" / "b" / "empty").mkdir()
+        (fs / "a" / "b" / "z" / ".zarray").write_text(json.dumps(zarray))
+        (fs / "a" / "b" / "z" / "1").write_bytes(np.array([7, 8], "<i4").tobytes())
+        assert sorted((fs / "a").iterdir()) == [".zattrs", ".zgroup", ".zmetadata", "b"]
+        assert sorted((fs / "a" / "b").iterdir()) == [".zattrs", ".zgroup", ".zmetadata", "empty", "z"]
+    assert zjson(src / "a") == zjson(src / "a" / "b") == {"zarr_format": 3, "node_type": "group", "attributes": {}}
+    assert not (src / "a" / "b" / "empty").exists()
+    np.testing.assert_array_equal(zarr.open_array(str(src / "a" / "b" / "z"), mode="r")[...], [0, 0, 7, 8])
+    assert [m for m in caplog.messages if "parent of" in m] == [
+        f"{src}/a: created a v3 group (a parent of a/b/z)", f"{src}/a/b: created a v3 group (a parent of a/b/z)"]
+    with InProcess(src, read_only=False) as fs:  # the next mount finds them
+        assert sorted((fs / "a" / "b").iterdir()) == [".zattrs", ".zgroup", ".zmetadata", "z"]
+        assert (fs / "a" / "b" / "z" / "1").read_bytes() == np.array([7, 8], "<i4").tobytes()
+        rm_r(fs / "a")
+    assert sorted(p.name for p in src.iterdir() if p.name != ".shardfs") == ["raw", "zarr.json"]
+
+
 def test_a_group_removed_while_held_open_and_made_again_is_a_new_directory(tmp_path, mount):
     """``rm -r`` of a group while a process holds its directory open, then the same name made
     again (what ``to_zarr(mode="w")`` does over an existing store, with zarr 3's threads still

@@ -187,6 +187,7 @@ class Structure:
         except (Refused, ValueError) as e:  # Unpresentable is a ValueError
             log.error("%s: cannot create: %s", where, e)
             raise fail(errno.EPERM) from None
+        parents = await self._build_parents(path)
         await self._write_doc(path, doc, new=True)
         self.made.created(path, name == ".zarray")  # positional: the ledger notes *args
         if attrs_file is not None:
@@ -202,7 +203,19 @@ class Structure:
             if target is not None:
                 await self.commits.commit(*target, await self.commits.staged_chunk(st, *target))
                 self.nodes.drop_staging(p, n, committed=ChunkKey(*target))
-        await self.invalidate(dirs)
+        await self.invalidate(dirs + parents)
+
+    async def _build_parents(self, path: str) -> list[int]:
+        """Make every directory made by mkdir above new node ``path`` a group, outermost first
+        (as zarr-python 3 builds a new node's parents): a node is only found below groups, so
+        an array made in a plain new directory would not be listed, nor found after the mount.
+        Returns the inodes of the directories whose listings change."""
+        made = [p for p in _ancestors(path) if self.made.is_new_dir(p)]
+        for parent in made:
+            await self._write_doc(parent, {"zarr_format": 3, "node_type": "group", "attributes": {}}, new=True)
+            self.made.created(parent, False)
+            log.info("%s: created a v3 group (a parent of %s)", self.source.describe(parent), path)
+        return [self.nodes.inode(DirKey(p)) for p in made]
 
     async def _adopt_dirs(self, path: str) -> list[int]:
         """Directories made below a new array before its ``.zarray`` (``cp -r`` copies in
@@ -374,6 +387,12 @@ class Structure:
                 return False
             raise
         return True
+
+
+def _ancestors(path: str) -> list[str]:
+    """The ancestors of node ``path`` below the root, outermost first: ``a/b/c`` -> ``a``, ``a/b``."""
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def _remove_all(source: Any, keys: list[str]) -> None:
