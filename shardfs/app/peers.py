@@ -35,8 +35,13 @@ def slot_file(workers_file: str, slot: int) -> str:
 
 
 def publish(workers_file: str, slot: int, doc: dict[str, Any]) -> None:
-    """Write ``doc`` as slot ``slot``'s (atomically: a rename)."""
-    path = slot_file(workers_file, slot)
+    """Write ``doc`` as slot ``slot``'s (``write_json``)."""
+    write_json(slot_file(workers_file, slot), doc)
+
+
+def write_json(path: str, doc: Any) -> None:
+    """Write ``doc`` as JSON to ``path`` atomically (a rename), mode 0600, following no symlink;
+    a failure leaves what was there."""
     with contextlib.suppress(OSError):
         fd = os.open(f"{path}.new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:

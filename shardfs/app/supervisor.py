@@ -211,13 +211,7 @@ class Supervisor:
             return
         doc = [{"index": w.index, "pid": w.proc.pid, "started": w.started}
                for w in sorted(self.workers.values(), key=lambda w: w.index)]
-        with contextlib.suppress(OSError):
-            fd = os.open(f"{path}.new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-            try:
-                os.write(fd, json.dumps(doc).encode())
-            finally:
-                os.close(fd)
-            os.replace(f"{path}.new", path)
+        peers.write_json(path, doc)
 
     def _signals(self, wake_r: int) -> None:
         try:
