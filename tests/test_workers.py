@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from conftest import ZARR2_PYTHON, run_shardfs, wait_for
+from stopping import stopped
 from test_restart import CHUNKS, EXPECTED, READER, SHAPE, SHARDS, status
 
 pytestmark = pytest.mark.skipif(
@@ -63,7 +64,7 @@ def only(pid: int, all_pids: list[int]) -> Iterator[None]:
     """Every request meanwhile reaches worker ``pid``: the others are stopped."""
     others = [p for p in all_pids if p != pid]
     for p in others:
-        os.kill(p, signal.SIGSTOP)
+        stopped(p)  # (never inside a shared table's lock)
     try:
         yield
     finally:
@@ -237,7 +238,7 @@ def test_a_request_a_dead_worker_read_is_answered_by_another(mount, src):
     mnt = mount(src, "-o", "ro,workers=2," + NO_CACHE, env={"SHARDFS_TEST_HANG": ".zattrs"})
     w0, w1 = workers(mnt, 2)
     got: list[object] = []
-    os.kill(w1, signal.SIGSTOP)
+    stopped(w1)
     try:
         def client() -> None:
             try:
@@ -329,7 +330,7 @@ def through_the_other(mnt: Path, owner: int, fn: Callable[[], T], op: str | None
 
     got: list[Any] = []
     sock = socket_of(mnt)
-    os.kill(owner, signal.SIGSTOP)
+    stopped(owner)
     try:
         def sent() -> int:
             counts = status_at(sock)["forwarded"]

@@ -318,13 +318,13 @@ class Operations(pyfuse3.Operations):
             if not stale or tries.spent:
                 break
             self.opens.release(handle)
+        if self._pins.refused(inode, version):  # the kernel looks the name up again (another inode)
+            self.opens.release(handle)
+            raise pyfuse3.FUSEError(errno.ESTALE)
+        fi = pyfuse3.FileInfo(fh=self._handles.add(handle))  # (outside the lock: the ledger's comes first)
+        if NOFLUSH:  # nothing to commit at its close(): see flush
+            fi.noflush = True
         with self._kernel.locked():  # (N workers: no other's open, drop or read comes between)
-            if self._pins.refused(inode, version):  # the kernel looks the name up again (another inode)
-                self.opens.release(handle)
-                raise pyfuse3.FUSEError(errno.ESTALE)
-            fi = pyfuse3.FileInfo(fh=self._handles.add(handle))
-            if NOFLUSH:  # nothing to commit at its close(): see flush
-                fi.noflush = True
             pages = self._kernel.opened(version)
             fi.keep_cache = pages is not Pages.OTHER
             # direct I/O: an older version's reads may refill the pages; or the file changed during

@@ -103,7 +103,9 @@ class PageTable:
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the table's lock (re-entrant within this worker: one ``flock`` pair for a whole
-        open's decisions). Never across an ``await``: every worker's opens wait for it."""
+        open's decisions). Never across an ``await``: every worker's opens wait for it; never
+        while taking the ledger's (``shardfs.tree.ledger``), which is held while taking this one
+        (a ledger followed under its lock lets go of released files)."""
         if self._depth:
             self._depth += 1
             try:
