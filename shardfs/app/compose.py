@@ -92,6 +92,7 @@ class Composed:
     writer: Writer | None  # None: read-only
     ops: Operations
     faults: Faults
+    inodes: KernelInodes  # what the kernel holds (lookups, pages), shared by ``ops`` and ``Invalidation``
 
     def counters(self) -> Counters:
         """What ``shardfs status`` shows of this mount, layer by layer (``shardfs.app.status``)."""
@@ -101,8 +102,8 @@ class Composed:
                         self.ops.open_handles, self._forwarded)
 
     def _forwarded(self) -> dict[str, int]:
-        forward = self.ops.forward
-        return {} if forward is None else dict(forward.forwarded)
+        routing = self.ops.routing  # (set by the daemon after compose: ``shardfs.kernel.routing``)
+        return {} if routing is None else routing.forwarded()
 
 
 def compose_tree(storage: Storage, reads: Reads | None = None, writeback: Writeback | None = None,
@@ -183,7 +184,7 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
                                          cfg.writes.shard_size)
     ops = Operations(storage, t.names, t.opens, t.listing, t.nodes, t.numbers, inodes, invalidation, writer,
                      cfg.kernel, faults, cfg.read_only)
-    return Composed(source, storage, writeback, ranges, ledger, t, commits, writer, ops, faults)
+    return Composed(source, storage, writeback, ranges, ledger, t, commits, writer, ops, faults, inodes)
 
 
 def _range_cache(source: Source, reads: ReadConfig) -> RangeCache | None:

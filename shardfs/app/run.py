@@ -10,7 +10,7 @@ it), the daemon is a supervisor (``shardfs.app.supervisor``) that mounts and kee
 connection, and serves it through a worker, this same command run with ``--worker FD``: the
 worker builds the layers, takes the connection, answers (or replays) the kernel's FUSE_INIT
 and serves; a worker replacing a dead one first takes over the numbers the dead one gave the
-kernel (``Operations.restore``) and has the kernel resend what it had read.
+kernel (``Reopen.restore``) and has the kernel resend what it had read.
 """
 
 from __future__ import annotations
@@ -262,14 +262,14 @@ def _share_writes(args: argparse.Namespace, mount: Composed, ledger: Any, source
     the owner marks the arrays the journal's replay left pending. The marks (to close)."""
     from shardfs.kernel.forward import OwnerLink
     from shardfs.kernel.owner import OWNER, Areas, Marks
+    from shardfs.kernel.routing import Routing
 
     marks = Marks(state.marks_file(source.name, source.endpoint, os.getppid()))
     marks.start()
-    mount.ops.areas = Areas(mount.tree.nodes, marks, ledger.owner)
     args.owner_socket = state.owner_socket(source.name, source.endpoint, os.getppid())
-    if ledger.index != OWNER:
-        mount.ops.forward = OwnerLink(args.owner_socket)
-    elif mount.writeback is not None:
+    link = OwnerLink(args.owner_socket) if ledger.index != OWNER else None
+    mount.ops.routing = Routing(Areas(mount.tree.nodes, marks, ledger.owner), link, mount.inodes, mount.faults)
+    if link is None and mount.writeback is not None:
         for path in mount.writeback.dirty_arrays():
             marks.note(path)
     return marks
@@ -485,16 +485,17 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
         if conn is not None:
             shared = mount.ledger
             if shared.shared:  # what the other workers gave out so far (the dead one of this slot too)
-                await mount.ops.restore(shared.tail())
+                await mount.ops.reopen.restore(shared.tail())
             elif conn.init is not None:  # another worker served the connection before
-                await mount.ops.restore(shared.records())
+                await mount.ops.reopen.restore(shared.records())
             if conn.replaces and conn.resend:
                 fusedev.resend(conn.fd)  # what the dead worker had read comes again
             conn.serving()
             if shared.shared:
-                nursery.start_soon(mount.ops.faults.keep, "ledger", mount.ops.following)
-            if mount.ops.forward is not None:
-                nursery.start_soon(mount.ops.forward.run)
+                nursery.start_soon(mount.ops.faults.keep, "ledger", mount.ops.reopen.following)
+            routing = mount.ops.routing
+            if routing is not None and routing.link is not None:
+                nursery.start_soon(routing.link.run)
             elif owner_socket is not None:  # the owner of a writable mount's writes (``shardfs.kernel.owner``)
                 server = OwnerServer(owner_socket, mount.ops, state.status_listener)
                 nursery.start_soon(mount.ops.faults.keep, "owner", server.run)
