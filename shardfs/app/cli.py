@@ -173,7 +173,7 @@ def _check_url(source: Source) -> dict[str, Any]:
     """``check_source`` for an object store: the bucket and prefix answer (``ObjectStorage.check``:
     credentials, bucket, prefix, endpoint) and hold a Zarr v3 ``zarr.json``."""
     from shardfs.tree.metadata import BadMetadata, parse
-    from shardfs.storage.objects import StorageUnavailable
+    from shardfs.storage.requests import StorageUnavailable
 
     try:
         with source.opened() as storage:
