@@ -28,7 +28,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
@@ -236,6 +236,21 @@ def mount(tmp_path_factory):
     factory = MountFactory(tmp_path_factory)
     yield factory
     factory.close()
+
+
+@pytest.fixture(scope="module")
+def mnt(module_mount, src) -> Path:
+    """The module's ``src`` (a module-scoped fixture of the test module's) mounted once for the module."""
+    return module_mount(src)
+
+
+@pytest.fixture(scope="module")
+def tree(src) -> Iterator[Any]:
+    """The module's ``src`` as the mount shows it, in-process (``inproc.InProcess``: no kernel)."""
+    from inproc import InProcess
+
+    with InProcess(src) as fs:
+        yield fs
 
 
 @pytest.fixture(scope="module")
