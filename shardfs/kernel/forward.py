@@ -8,8 +8,8 @@ in this user's own directory; a peer of another user is refused: ``SO_PEERCRED``
 made at the first request: ``Peers``), over which any number of requests are in flight, each a
 frame (4-byte length, ``marshal`` of plain values: pyfuse3's objects are sent as tuples of
 their fields). The serving worker calls the same handler the kernel's request would have
-reached (``Operations.<op>``, guarded, counted there; ``FROM_PEER`` set, so it serves it
-itself), and the answer (a value or an errno) goes back to the worker, which replies to the
+reached (``Operations.<op>``, guarded, counted there: it is the worker that must serve it, so it
+serves it itself), and the answer (a value or an errno) goes back to the worker, which replies to the
 kernel through its own descriptor.
 
 A connection that breaks (that worker died) is made again once the supervisor started the
@@ -21,7 +21,6 @@ replied (``fuse_ops._once``), as for a request the kernel sends again after a wo
 from __future__ import annotations
 
 import collections
-import contextvars
 import errno
 import itertools
 import logging
@@ -48,8 +47,6 @@ CTX = ("uid", "gid", "pid", "umask")
 SERVED = frozenset(("lookup", "getattr", "open", "opendir", "read", "release", "flush", "releasedir", "create",
                     "write", "fsync", "fsyncdir", "setattr", "rename", "link", "unlink", "rmdir", "mkdir", "symlink",
                     "mknod", "setxattr", "removexattr", "entries", "forget", "counters"))
-# set in the task serving a request another worker forwarded: it is served here, never forwarded again
-FROM_PEER: contextvars.ContextVar[bool] = contextvars.ContextVar("FROM_PEER", default=False)
 
 
 class Broken(Exception):
@@ -158,7 +155,6 @@ class PeerServer:
 
     async def _answer(self, stream: trio.SocketStream, lock: trio.Lock, msg: Any) -> None:
         ident, op, args = msg
-        FROM_PEER.set(True)  # (this task's context only)
         try:
             if op not in SERVED:
                 raise pyfuse3.FUSEError(errno.ENOSYS)

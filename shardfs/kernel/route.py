@@ -15,15 +15,16 @@ unless another must:
   change, every request about what was changed through the mount) goes to it; the owner marks
   the area of each change before it starts it (``Areas.before``), whoever sent the request.
 
-A request another worker forwarded (``FROM_PEER``) is served where it arrives: it was sent to
-the worker that must serve it.
+A request another worker forwarded is served where it arrives: it was sent to the worker that
+must serve it (only the owner is sent what ``Areas`` names, and only the opener a request on
+its handle), so nothing is forwarded twice.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from shardfs.kernel.forward import FROM_PEER, PeerLink, Peers
+from shardfs.kernel.forward import PeerLink, Peers
 from shardfs.kernel.owner import HANDLED, OWNER, Areas
 
 
@@ -39,12 +40,11 @@ class Route:
         """The link to the worker that must serve request ``op(*args)``, or None: served here
         (the owner has marked what it is about to change: ``OSError`` if it could not)."""
         areas = self.areas
-        if areas is not None and self.index == OWNER:
-            areas.before(op, args)
-        if FROM_PEER.get():
-            return None
-        if areas is not None and self.index != OWNER and areas.forwards(op, args):
-            return self.peers.link(OWNER)
+        if areas is not None:
+            if self.index == OWNER:
+                areas.before(op, args)
+            elif areas.forwards(op, args):
+                return self.peers.link(OWNER)
         if op in HANDLED:
             slot = self.owner_of(args[0])
             if slot != self.index:
