@@ -92,7 +92,6 @@ class Composed:
     writer: Writer | None  # None: read-only
     ops: Operations
     faults: Faults
-    inodes: KernelInodes  # what the kernel holds (lookups, pages), shared by ``ops`` and ``Invalidation``
 
     def counters(self) -> Counters:
         """What ``shardfs status`` shows of this mount, layer by layer (``shardfs.app.status``)."""
@@ -102,8 +101,8 @@ class Composed:
                         self.ops.open_handles, self._forwarded)
 
     def _forwarded(self) -> dict[str, int]:
-        routing = self.ops.routing  # (set by the daemon after compose: ``shardfs.kernel.routing``)
-        return {} if routing is None else routing.forwarded()
+        route = self.ops.route
+        return {} if route is None else route.forwarded
 
 
 def compose_tree(storage: Storage, reads: Reads | None = None, writeback: Writeback | None = None,
@@ -184,7 +183,7 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
                                          cfg.writes.shard_size)
     ops = Operations(storage, t.names, t.opens, t.listing, t.nodes, t.numbers, inodes, invalidation, writer,
                      cfg.kernel, faults, cfg.read_only)
-    return Composed(source, storage, writeback, ranges, ledger, t, commits, writer, ops, faults, inodes)
+    return Composed(source, storage, writeback, ranges, ledger, t, commits, writer, ops, faults)
 
 
 def _range_cache(source: Source, reads: ReadConfig) -> RangeCache | None:

@@ -1,5 +1,7 @@
-"""Handles this worker did not open: another worker's (``-o workers=N``: a shared ledger) or a
-dead worker's (its successor in the slot: the ledger it left).
+"""Handles this worker did not open: a dead worker's (its successor in the slot: the ledger it
+left), or with ``-o workers=N`` (a shared ledger) another worker's (a request on a handle goes
+to the worker that opened it, ``shardfs.kernel.route``: what reaches here of another worker's
+is a request that is not routed, or one on a handle of a dead slot).
 
 Contract: ``live(fh)`` is the handle a request names, ready to serve it here. A handle this
 worker opened is returned as it is. A ``Lost`` one (``handles.Handles``: restored from a dead
