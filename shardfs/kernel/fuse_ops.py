@@ -169,7 +169,8 @@ class Operations(pyfuse3.Operations):
         self._kernel = inodes
         # handles another worker or a dead one opened (``-o workers=N``, a restart): opened again here
         self.reopen = Reopen(self._handles, numbers, listing, opens, inodes, self._writable, self._let_go)
-        self._pins = Pins()  # versions that files open through the page cache hold their inode's size at
+        # versions that files open through the page cache hold their inode's size at
+        self._pins = Pins(nodes.new_alias)
         self._callers = Callers(os.getuid())
         self._entry = Entries(kernel, self.read_only, inodes).entry
         self.stats = RequestStats()
@@ -182,20 +183,9 @@ class Operations(pyfuse3.Operations):
 
     def _looked_up(self, attr: Attr) -> pyfuse3.EntryAttributes:
         """An entry reply (lookup, create, link): the kernel now holds one more lookup of the inode."""
-        attr = self._shown(attr)
+        attr = self._pins.entry(attr)
         self._kernel.looked_up(attr.ino)
         return self._entry(attr)
-
-    def _shown(self, attr: Attr) -> Attr:
-        """``attr`` with the inode an entry of it gives the kernel: a chunk file's own, or an
-        alias while files opened on another size of it hold that one (``Pins.shown``)."""
-        if attr.ino < CHUNK_BASE or not self._pins:  # (every lookup: nothing pinned, nothing to look up)
-            return attr
-        ino = self._pins.shown(attr)
-        if ino is None:
-            ino = self.nodes.new_alias(attr.ino)
-            self._pins.showing(attr.ino, ino)
-        return attr if ino == attr.ino else attr._replace(ino=ino)
 
     @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
@@ -261,7 +251,7 @@ class Operations(pyfuse3.Operations):
             pinned = bool(self._pins)
             for name, attr in itertools.islice(page, i, None):
                 if pinned:
-                    attr = self._shown(attr)
+                    attr = self._pins.entry(attr)
                 e = self._entry(attr, e)
                 if not pyfuse3.readdir_reply(token, os.fsencode(name), e, offset + 1):
                     return
@@ -278,7 +268,7 @@ class Operations(pyfuse3.Operations):
             if not page:
                 break
             for name, attr in itertools.islice(page, i, i + limit - len(out)):
-                out.append((os.fsencode(name), encode(self._entry(self._shown(attr)))[1]))
+                out.append((os.fsencode(name), encode(self._entry(self._pins.entry(attr)))[1]))
         return out
 
     async def _listing_of(self, fh: int, start_id: int) -> DirStream:
