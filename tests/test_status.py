@@ -16,6 +16,7 @@ import json
 import os
 import stat
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -82,12 +83,22 @@ def test_watch_shows_it_again(tmp_path, mount):
     mnt = mount(src)
     proc = subprocess.Popen([SHARDFS, "status", "--watch", "0.2", str(mnt)], stdout=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True)
-    try:
-        time.sleep(2.0)
+    shown = threading.Event()
+
+    def count() -> None:
+        seen = 0
+        assert proc.stdout is not None  # (stdout=PIPE)
+        for line in proc.stdout:
+            seen += line == f"{mnt}  <-  {src}\n"
+            if seen == 3:
+                shown.set()
+
+    threading.Thread(target=count, daemon=True).start()
+    try:  # three screens: a generous time-out that catches a hang (a loaded machine is slow), not a rate
+        assert shown.wait(60), "shardfs status --watch 0.2 did not show the mount three times in 60 s"
     finally:
         proc.kill()  # our own child
-    out = proc.communicate()[0]
-    assert out.count(f"{mnt}  <-  {src}\n") >= 3, out
+        proc.communicate()
 
 
 def test_status_of_something_else_is_one_line(tmp_path):
