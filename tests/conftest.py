@@ -375,6 +375,20 @@ def assert_same_array(actual, expected, what: str = "") -> None:
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "transcode: array whose inner chain v2 cannot express (served transcoded)")
+    config.addinivalue_line(
+        "markers", "long(seconds): a module that takes minutes (run first, longest first, so that a parallel run "
+                   "does not end waiting on it)")
+
+
+def pytest_collection_modifyitems(items):
+    """Modules marked ``long`` first, longest first, each kept whole and in order: ``scripts/test``
+    hands whole modules to its processes in this order, and a long one started last would end the
+    run alone."""
+    def seconds(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("long")
+        return mark.args[0] if mark is not None else 0.0
+
+    items.sort(key=seconds, reverse=True)
 
 
 def case_params(cases):
