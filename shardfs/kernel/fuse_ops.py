@@ -523,7 +523,9 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def fsync(self, fh: int, datasync: bool) -> None:
-        handle = await self._live(fh) if self._handles.get(fh) is not None else None
+        handle = self._handles.get(fh)
+        if isinstance(handle, Lost) and handle.kind == "w":  # (another worker's read handle: nothing to open)
+            handle = await self._live(fh)
         if self.writer is not None:
             await self.writer.fsync(handle if isinstance(handle, WriteHandle) else None)
 
