@@ -101,8 +101,8 @@ class Composed:
                         self.ops.open_handles, self._forwarded)
 
     def _forwarded(self) -> dict[str, int]:
-        forward = self.ops.forward
-        return {} if forward is None else dict(forward.forwarded)
+        route = self.ops.route
+        return {} if route is None else route.forwarded
 
 
 def compose_tree(storage: Storage, reads: Reads | None = None, writeback: Writeback | None = None,

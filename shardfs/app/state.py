@@ -131,9 +131,10 @@ def marks_file(source: str, endpoint: str | None, pid: int) -> str:
     return os.path.join(state_dir(source, endpoint), f"kernel-{pid}.marks")
 
 
-def owner_socket(source: str, endpoint: str | None, pid: int) -> str:
-    """Where the owner worker of supervisor ``pid`` answers the others (``shardfs.kernel.forward``)."""
-    return os.path.join(state_dir(source, endpoint), f"owner-{pid}.sock")
+def worker_socket(source: str, endpoint: str | None, pid: int, slot: int) -> str:
+    """Where the worker of slot ``slot`` of supervisor ``pid`` answers the others
+    (``shardfs.kernel.forward``)."""
+    return os.path.join(state_dir(source, endpoint), f"worker-{pid}.{slot}.sock")
 
 
 def takeover_file(source: str, endpoint: str | None, pid: int) -> str:

@@ -18,10 +18,10 @@ With ``-o workers=N`` (``shardfs.tree.ledger``: a shared ledger) any worker
 may get any request: a request that fails here first learns what the other workers gave out
 (``follow``) and is tried once more if that taught anything; files are opened with direct I/O
 (the kernel's page cache and inode sizes are then nobody's to track: what one worker knows of
-them another does not); a handle another worker opened is opened again here at its first use
-(``_live``), at the version its record names (else EIO: never another version's bytes). On a
-writable mount worker 0 owns the writes: the others forward to it what they must not serve
-(``shardfs.kernel.owner``, ``shardfs.kernel.forward``).
+them another does not); a request on a handle another worker opened is sent to that worker
+(``shardfs.kernel.route``); a handle a dead worker of this slot opened is opened again here at
+its first use (``_live``). On a writable mount worker 0 owns the writes: the others forward to
+it what they must not serve (``shardfs.kernel.owner``, ``shardfs.kernel.forward``).
 
 Extended attributes are not implemented on purpose: pyfuse3 answers ENOSYS,
 after which the kernel stops asking. Otherwise ``ls -l`` sends two getxattr
@@ -43,8 +43,8 @@ import trio
 
 from shardfs.config import KernelConfig
 from shardfs.kernel.callers import Callers
-from shardfs.kernel.forward import OwnerLink, encode
-from shardfs.kernel.owner import Areas
+from shardfs.kernel.forward import encode
+from shardfs.kernel.route import Route
 from shardfs.kernel.entries import Entries
 from shardfs.kernel.handles import DirHandle, Handle, Handles, Lost
 from shardfs.kernel.inodes import KernelInodes, Pages
@@ -93,12 +93,11 @@ def _guard(fn: F) -> F:
 
     @functools.wraps(fn)
     async def wrapper(self: "Operations", *args: Any) -> Any:
-        if self.areas is not None:  # a writable mount's workers (``shardfs.kernel.owner``)
+        if self.route is not None:  # N workers: the one that must serve it (``shardfs.kernel.route``)
             try:
-                if self.forward is None:
-                    self.areas.before(op, args)  # (OSError: a change that cannot be marked is not made)
-                elif self.areas.forwards(op, args):
-                    return await self.forward.request(op, args, self._kernel.looked_up)
+                link = self.route.link(op, args)  # (OSError: a change that cannot be marked is not made)
+                if link is not None:
+                    return await link.request(op, args, self._kernel.looked_up)
             except pyfuse3.FUSEError:
                 raise
             except Exception as e:
@@ -175,10 +174,9 @@ class Operations(pyfuse3.Operations):
         self._callers = Callers(os.getuid())
         self._entry = Entries(kernel, self.read_only, inodes).entry
         self.stats = RequestStats()
-        # ``-o workers=N`` on a writable mount: the owner marks what it changes (``areas``), the
-        # other workers forward to it what they must not serve (``forward``): set by the daemon
-        self.areas: Areas | None = None
-        self.forward: OwnerLink | None = None
+        # ``-o workers=N``: which worker serves a request (a handle's opener; on a writable mount
+        # the owner, which marks what it changes): set by the daemon
+        self.route: Route | None = None
         self._opening = Opening(opens, inodes, numbers, self.stats)
         for op in GUARDED:
             self.stats.op(op)
@@ -478,9 +476,9 @@ class Operations(pyfuse3.Operations):
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         try:
-            if self.forward is not None:  # the lookups the owner gave the kernel are its to forget
-                self.forward.send_forget([(ino, n - held) for ino, n in inode_list
-                                          if (held := self._kernel.lookups(ino)) < n])
+            if self.route is not None:  # the lookups the owner gave the kernel are its to forget
+                self.route.forget([(ino, n - held) for ino, n in inode_list
+                                   if (held := self._kernel.lookups(ino)) < n])
             for ino, nlookup in inode_list:
                 if self._kernel.forget(ino, nlookup):
                     chunk = self.nodes.forget(ino)
@@ -525,7 +523,9 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def fsync(self, fh: int, datasync: bool) -> None:
-        handle = await self._live(fh) if self._handles.get(fh) is not None else None
+        handle = self._handles.get(fh)
+        if isinstance(handle, Lost) and handle.kind == "w":  # (another worker's read handle: nothing to open)
+            handle = await self._live(fh)
         if self.writer is not None:
             await self.writer.fsync(handle if isinstance(handle, WriteHandle) else None)
 
