@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ZARR2_PYTHON, run_shardfs, wait_for
+from conftest import ZARR2_PYTHON, bounded, run_shardfs, wait_for
 
 pytestmark = pytest.mark.skipif(
     "takeover" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
@@ -105,8 +105,9 @@ def kill_worker(m, mnt: Path, seconds: float = 30) -> int:
             doc = status(mnt)
         except AssertionError:
             return False
-        found[:] = [doc["worker"]["pid"]]
-        return found[0] != old
+        pid = doc.get("worker", {}).get("pid")  # (no "worker" while none answers)
+        found[:] = [pid]
+        return pid is not None and pid != old
 
     wait_for(served, seconds, "a new worker serving")
     return found[0]
@@ -138,27 +139,46 @@ def test_sigkill_of_the_worker_under_concurrent_zarr2_readers(mount, src, tmp_pa
     assert m.log_text().count("ended (signal 9): starting another on the same connection") == 3
 
 
+def _inodes(mnt: Path, names: list[str]) -> dict[str, int]:
+    return {n: os.stat(mnt / n).st_ino for n in names}
+
+
+def _read_rest(fd: int) -> bytes:
+    parts = []
+    while part := os.read(fd, 1 << 16):
+        parts.append(part)
+    return b"".join(parts)
+
+
+def _scan(fd: int) -> list[str]:
+    with os.scandir(fd) as entries:
+        return sorted(e.name for e in entries)
+
+
 def test_inodes_and_open_handles_keep_their_meaning(mount, src):
+    """Every call on the mount is ``bounded`` (a forked child with a deadline): a worker that
+    never answers (e.g. one that cannot take the connection over) fails the test in seconds
+    instead of hanging it (and scripts/mutants with it)."""
     mnt = mount(src)
     m = mount.info(mnt)
     names = ["b/0.0", "a", "a/.zarray", "a/.zattrs", "a/3.5", ".zgroup"]  # b: slot 0, a: slot 1
-    before = {n: os.stat(mnt / n).st_ino for n in names}
+    before = bounded(_inodes, mnt, names)
     names.reverse()  # a first: a worker that numbered anew would give it slot 0
-    f = open(mnt / "a" / "2.7", "rb")
-    head = f.read(5)
-    d = os.open(mnt / "a", os.O_RDONLY | os.O_DIRECTORY)
-    listing = sorted(os.listdir(mnt / "a"))
-    os.mkdir(mnt / "made")  # held by the worker (no array in it yet)
+    f = bounded(os.open, mnt / "a" / "2.7", os.O_RDONLY, fd=True)  # (read-only: no FLUSH at a child's exit)
+    head = bounded(os.read, f, 5)
+    d = bounded(os.open, mnt / "a", os.O_RDONLY | os.O_DIRECTORY, fd=True)
+    listing = sorted(bounded(os.listdir, mnt / "a"))
+    bounded(os.mkdir, mnt / "made")  # held by the worker (no array in it yet)
     kill_worker(m, mnt)
-    assert (mnt / "made").is_dir() and "made" in os.listdir(mnt)
-    assert {n: os.stat(mnt / n).st_ino for n in names} == before
-    assert before["a/3.5"] != os.stat(mnt / "b" / "3.5").st_ino
-    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # no pages: a READ request
-    assert f.read() == (mnt / "a" / "2.7").read_bytes()[5:]  # through the handle opened before the kill
-    f.close()
-    assert head == (mnt / "a" / "2.7").read_bytes()[:5]
-    with os.scandir(d) as entries:  # READDIR through the directory handle of the dead worker
-        assert sorted(e.name for e in entries) == listing
+    assert bounded(os.path.isdir, mnt / "made") and "made" in bounded(os.listdir, mnt)
+    assert bounded(_inodes, mnt, names) == before
+    assert before["a/3.5"] != bounded(_inodes, mnt, ["b/3.5"])["b/3.5"]
+    os.posix_fadvise(f, 0, 0, os.POSIX_FADV_DONTNEED)  # no pages: a READ request
+    rest = bounded(_read_rest, f)  # through the handle opened before the kill
+    whole = bounded(Path.read_bytes, mnt / "a" / "2.7")
+    assert (head, rest) == (whole[:5], whole[5:])
+    assert bounded(_scan, d) == listing  # READDIR through the directory handle of the dead worker
+    os.close(f)  # (noflush, RELEASE and RELEASEDIR are not waited for)
     os.close(d)
 
 

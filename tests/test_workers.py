@@ -155,7 +155,8 @@ def test_a_handle_is_read_and_released_by_another_worker_than_the_one_that_opene
 def test_a_handle_read_through_another_worker_after_its_chunk_changed_reads_the_opened_version(mount, src, mode):
     """A file opened through one worker, its chunk then rewritten on the source (behind the
     mount's back), read through the other worker: the bytes of the version it opened (the opener
-    serves them), not EIO and not the new version's; a new open reads the new version. Both
+    serves them), not EIO and not the new version's (an fsync of it first succeeds: nothing opens
+    it again); a new open reads the new version. Both
     ways: opened through slot 0 (the owner of a writable mount) and read through slot 1, and
     the reverse."""
     import zarr
@@ -171,7 +172,8 @@ def test_a_handle_read_through_another_worker_after_its_chunk_changed_reads_the_
             zarr.open_array(str(src / "a"), mode="r+")[i:i + 4, j:j + 4] = np.full((4, 4), value, dtype="<i4")
             shard = src / "a" / "c" / str(i // 16) / str(j // 16)
             os.utime(shard, ns=(value + 10, value + 10))  # (a new version, whatever the clock's resolution)
-            got = through_the_other(mnt, opener, f.read, "read")  # (the reader gets the READs)
+            # (the reader gets the FSYNC, served where the reader must, and the READs)
+            got = through_the_other(mnt, opener, lambda f=f: (os.fsync(f.fileno()), f.read())[1])
         finally:
             f.close()
         assert got == want and len(want) > 0
@@ -391,6 +393,25 @@ def test_a_write_through_one_worker_is_read_at_once_through_another(mount, src):
         assert (mnt / "a" / "2.3").read_bytes() == new
     doc = status(mnt)
     assert doc["internal_errors"]["total"] == 0
+
+
+def test_a_temporary_renamed_onto_a_chunk_reads_back_after_the_owner_followed_its_records(mount, src):
+    """zarr 2's write of a chunk (a temporary written, then renamed onto the chunk's name) on a
+    2-worker writable mount, with the owner following the shared ledger (its own records too)
+    between the create and the rename: the chunk reads back (the kernel's dentry of the name holds
+    the temporary's inode), never EIO (a live worker's temporary is not a dead one's, lost)."""
+    mnt = mount(src, "-o", "workers=2")
+    workers(mnt, 2)
+    new = (mnt / "a" / "0.0").read_bytes()
+    for name in ("1.1", "2.2"):
+        with open(mnt / "a" / f"{name}.partial", "wb") as f:
+            time.sleep(1.2)  # (every worker follows the ledger every 0.5 s)
+            f.write(new)
+        os.rename(mnt / "a" / f"{name}.partial", mnt / "a" / name)
+        for _ in range(3):
+            assert (mnt / "a" / name).read_bytes() == new
+    assert status(mnt)["errors"].get("EIO") is None
+    assert status(mnt)["internal_errors"]["total"] == 0
 
 
 def test_structure_changed_through_one_worker_is_seen_through_another(mount, src):

@@ -45,7 +45,7 @@ from shardfs.kernel.callers import Callers
 from shardfs.kernel.forward import encode
 from shardfs.kernel.route import Route
 from shardfs.kernel.entries import Entries
-from shardfs.kernel.handles import DirHandle, Handle, Handles
+from shardfs.kernel.handles import DirHandle, Handle, Handles, Lost
 from shardfs.kernel.inodes import KernelInodes, Pages
 from shardfs.kernel.pins import Pins
 from shardfs.tree.listing import DirStream
@@ -433,7 +433,9 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def fsync(self, fh: int, datasync: bool) -> None:
-        handle = await self.reopen.live(fh) if self._handles.get(fh) is not None else None
+        handle = self._handles.get(fh)
+        if isinstance(handle, Lost) and handle.kind == "w":  # (another worker's read handle: nothing to open)
+            handle = await self.reopen.live(fh)
         if self.writer is not None:
             await self.writer.fsync(handle if isinstance(handle, WriteHandle) else None)
 
