@@ -34,7 +34,7 @@ from shardfs.app.mounts import device, fsname
 from shardfs.app.usage import UsageError
 from shardfs.config import Config
 from shardfs.format.printable import printable
-from shardfs.storage import private
+from shardfs.base import private
 from shardfs.storage.source import Source
 
 if TYPE_CHECKING:
