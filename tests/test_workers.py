@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from conftest import ZARR2_PYTHON, run_shardfs, wait_for
-from test_restart import CHUNKS, EXPECTED, READER, SHAPE, SHARDS, status
+from test_restart import EXPECTED, READER, assert_clean_reads, status, two_arrays
 
 pytestmark = pytest.mark.skipif(
     "workers" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
@@ -35,14 +35,7 @@ NO_CACHE = "entry_timeout=0,attr_timeout=0"  # every stat is a LOOKUP: it reache
 
 @pytest.fixture
 def src(tmp_path) -> Path:
-    import zarr
-
-    root = tmp_path / "src"
-    g = zarr.open_group(str(root), mode="w")
-    for name in ("a", "b"):
-        a = g.create_array(name, shape=SHAPE, chunks=CHUNKS, shards=SHARDS, dtype="<i4", fill_value=0)
-        a[...] = EXPECTED
-    return root
+    return two_arrays(tmp_path / "src")
 
 
 def workers(mnt: Path, n: int) -> list[int]:
@@ -313,10 +306,7 @@ def test_a_worker_killed_under_load_costs_no_reader_anything(mount, src, tmp_pat
     finally:
         stop.touch()
         outs = [r.communicate(timeout=120) for r in readers]
-    counts = [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
-    assert all(c["reads"] > 0 for c in counts), counts
-    assert [c["errors"] for c in counts] == [[], [], []]
-    assert [(c["wrong"], c["fill"]) for c in counts] == [(0, 0)] * 3
+    assert_clean_reads(outs)
     assert len(seen) == 5
     assert mount.info(mnt).log_text().count("starting another on the same connection") == 3
     assert status(mnt)["internal_errors"]["total"] == 0
