@@ -28,7 +28,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
@@ -237,6 +237,21 @@ def mount(tmp_path_factory):
     factory = MountFactory(tmp_path_factory)
     yield factory
     factory.close()
+
+
+@pytest.fixture(scope="module")
+def mnt(module_mount, src) -> Path:
+    """The module's ``src`` (a module-scoped fixture of the test module's) mounted once for the module."""
+    return module_mount(src)
+
+
+@pytest.fixture(scope="module")
+def tree(src) -> Iterator[Any]:
+    """The module's ``src`` as the mount shows it, in-process (``inproc.InProcess``: no kernel)."""
+    from inproc import InProcess
+
+    with InProcess(src) as fs:
+        yield fs
 
 
 @pytest.fixture(scope="module")
@@ -449,6 +464,20 @@ def assert_same_array(actual, expected, what: str = "") -> None:
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "transcode: array whose inner chain v2 cannot express (served transcoded)")
+    config.addinivalue_line(
+        "markers", "long(seconds): a module that takes minutes (run first, longest first, so that a parallel run "
+                   "does not end waiting on it)")
+
+
+def pytest_collection_modifyitems(items):
+    """Modules marked ``long`` first, longest first, each kept whole and in order: ``scripts/test``
+    hands whole modules to its processes in this order, and a long one started last would end the
+    run alone."""
+    def seconds(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("long")
+        return mark.args[0] if mark is not None else 0.0
+
+    items.sort(key=seconds, reverse=True)
 
 
 def case_params(cases):

@@ -55,16 +55,29 @@ READER = textwrap.dedent(r"""
 """)
 
 
-@pytest.fixture
-def src(tmp_path) -> Path:
+def two_arrays(root: Path) -> Path:
+    """A group at ``root`` of two sharded arrays ``a`` and ``b``, each ``EXPECTED`` (written by zarr 3)."""
     import zarr
 
-    root = tmp_path / "src"
     g = zarr.open_group(str(root), mode="w")
     for name in ("a", "b"):
         a = g.create_array(name, shape=SHAPE, chunks=CHUNKS, shards=SHARDS, dtype="<i4", fill_value=0)
         a[...] = EXPECTED
     return root
+
+
+@pytest.fixture
+def src(tmp_path) -> Path:
+    return two_arrays(tmp_path / "src")
+
+
+def assert_clean_reads(outs: list[tuple[str, str]]) -> None:
+    """The outputs of ``READER`` processes: each read something, none failed, none read a wrong
+    value or the fill value."""
+    counts = [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
+    assert all(c["reads"] > 0 for c in counts), counts
+    assert [c["errors"] for c in counts] == [[]] * len(counts)
+    assert [(c["wrong"], c["fill"]) for c in counts] == [(0, 0)] * len(counts)
 
 
 def worker_of(m) -> int:
@@ -115,10 +128,7 @@ def test_sigkill_of_the_worker_under_concurrent_zarr2_readers(mount, src, tmp_pa
     finally:
         stop.touch()
         outs = [r.communicate(timeout=120) for r in readers]
-    counts = [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
-    assert all(c["reads"] > 0 for c in counts), counts
-    assert [c["errors"] for c in counts] == [[], [], []]
-    assert [(c["wrong"], c["fill"]) for c in counts] == [(0, 0)] * 3
+    assert_clean_reads(outs)
     assert len(pids) == 4
     doc = status(mnt)
     assert doc["pid"] == m.pid
@@ -353,10 +363,7 @@ def test_mount_on_the_live_mount_hands_it_to_a_new_worker_under_load(mount, src,
     finally:
         stop.touch()
         outs = [r.communicate(timeout=120) for r in readers]
-    counts = [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
-    assert all(c["reads"] > 0 for c in counts), counts
-    assert [c["errors"] for c in counts] == [[], [], []]
-    assert [(c["wrong"], c["fill"]) for c in counts] == [(0, 0)] * 3
+    assert_clean_reads(outs)
     assert doc["pid"] == m.pid and doc["worker"]["pid"] == worker_of(m) != old
     assert (doc["worker"]["takeovers"], doc["worker"]["restarts"]) == (2, 0)
     assert m.log_text().count("handed") == 2 and "ended (" not in m.log_text()

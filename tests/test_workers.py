@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from conftest import ZARR2_PYTHON, run_shardfs, wait_for
-from test_restart import CHUNKS, EXPECTED, READER, SHAPE, SHARDS, status
+from test_restart import EXPECTED, READER, assert_clean_reads, status, two_arrays
 
 pytestmark = pytest.mark.skipif(
     "workers" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
@@ -35,14 +35,7 @@ NO_CACHE = "entry_timeout=0,attr_timeout=0"  # every stat is a LOOKUP: it reache
 
 @pytest.fixture
 def src(tmp_path) -> Path:
-    import zarr
-
-    root = tmp_path / "src"
-    g = zarr.open_group(str(root), mode="w")
-    for name in ("a", "b"):
-        a = g.create_array(name, shape=SHAPE, chunks=CHUNKS, shards=SHARDS, dtype="<i4", fill_value=0)
-        a[...] = EXPECTED
-    return root
+    return two_arrays(tmp_path / "src")
 
 
 def workers(mnt: Path, n: int) -> list[int]:
@@ -162,7 +155,8 @@ def test_a_handle_is_read_and_released_by_another_worker_than_the_one_that_opene
 def test_a_handle_read_through_another_worker_after_its_chunk_changed_reads_the_opened_version(mount, src, mode):
     """A file opened through one worker, its chunk then rewritten on the source (behind the
     mount's back), read through the other worker: the bytes of the version it opened (the opener
-    serves them), not EIO and not the new version's; a new open reads the new version. Both
+    serves them), not EIO and not the new version's (an fsync of it first succeeds: nothing opens
+    it again); a new open reads the new version. Both
     ways: opened through slot 0 (the owner of a writable mount) and read through slot 1, and
     the reverse."""
     import zarr
@@ -178,7 +172,8 @@ def test_a_handle_read_through_another_worker_after_its_chunk_changed_reads_the_
             zarr.open_array(str(src / "a"), mode="r+")[i:i + 4, j:j + 4] = np.full((4, 4), value, dtype="<i4")
             shard = src / "a" / "c" / str(i // 16) / str(j // 16)
             os.utime(shard, ns=(value + 10, value + 10))  # (a new version, whatever the clock's resolution)
-            got = through_the_other(mnt, opener, f.read, "read")  # (the reader gets the READs)
+            # (the reader gets the FSYNC, served where the reader must, and the READs)
+            got = through_the_other(mnt, opener, lambda f=f: (os.fsync(f.fileno()), f.read())[1])
         finally:
             f.close()
         assert got == want and len(want) > 0
@@ -311,10 +306,7 @@ def test_a_worker_killed_under_load_costs_no_reader_anything(mount, src, tmp_pat
     finally:
         stop.touch()
         outs = [r.communicate(timeout=120) for r in readers]
-    counts = [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
-    assert all(c["reads"] > 0 for c in counts), counts
-    assert [c["errors"] for c in counts] == [[], [], []]
-    assert [(c["wrong"], c["fill"]) for c in counts] == [(0, 0)] * 3
+    assert_clean_reads(outs)
     assert len(seen) == 5
     assert mount.info(mnt).log_text().count("starting another on the same connection") == 3
     assert status(mnt)["internal_errors"]["total"] == 0
@@ -401,6 +393,25 @@ def test_a_write_through_one_worker_is_read_at_once_through_another(mount, src):
         assert (mnt / "a" / "2.3").read_bytes() == new
     doc = status(mnt)
     assert doc["internal_errors"]["total"] == 0
+
+
+def test_a_temporary_renamed_onto_a_chunk_reads_back_after_the_owner_followed_its_records(mount, src):
+    """zarr 2's write of a chunk (a temporary written, then renamed onto the chunk's name) on a
+    2-worker writable mount, with the owner following the shared ledger (its own records too)
+    between the create and the rename: the chunk reads back (the kernel's dentry of the name holds
+    the temporary's inode), never EIO (a live worker's temporary is not a dead one's, lost)."""
+    mnt = mount(src, "-o", "workers=2")
+    workers(mnt, 2)
+    new = (mnt / "a" / "0.0").read_bytes()
+    for name in ("1.1", "2.2"):
+        with open(mnt / "a" / f"{name}.partial", "wb") as f:
+            time.sleep(1.2)  # (every worker follows the ledger every 0.5 s)
+            f.write(new)
+        os.rename(mnt / "a" / f"{name}.partial", mnt / "a" / name)
+        for _ in range(3):
+            assert (mnt / "a" / name).read_bytes() == new
+    assert status(mnt)["errors"].get("EIO") is None
+    assert status(mnt)["internal_errors"]["total"] == 0
 
 
 def test_structure_changed_through_one_worker_is_seen_through_another(mount, src):

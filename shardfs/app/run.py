@@ -10,7 +10,7 @@ it), the daemon is a supervisor (``shardfs.app.supervisor``) that mounts and kee
 connection, and serves it through a worker, this same command run with ``--worker FD``: the
 worker builds the layers, takes the connection, answers (or replays) the kernel's FUSE_INIT
 and serves; a worker replacing a dead one first takes over the numbers the dead one gave the
-kernel (``Operations.restore``) and has the kernel resend what it had read.
+kernel (``Reopen.restore``) and has the kernel resend what it had read.
 """
 
 from __future__ import annotations
@@ -492,14 +492,14 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
         if conn is not None:
             shared = mount.ledger
             if shared.shared:  # what the other workers gave out so far (the dead one of this slot too)
-                await mount.ops.restore(shared.tail())
+                await mount.ops.reopen.restore(shared.tail())
             elif conn.init is not None:  # another worker served the connection before
-                await mount.ops.restore(shared.records())
+                await mount.ops.reopen.restore(shared.records())
             if conn.replaces and conn.resend:
                 fusedev.resend(conn.fd)  # what the dead worker had read comes again
             conn.serving()
             if shared.shared:
-                nursery.start_soon(mount.ops.faults.keep, "ledger", mount.ops.following)
+                nursery.start_soon(mount.ops.faults.keep, "ledger", mount.ops.reopen.following)
             route = mount.ops.route
             if route is not None and peer_socket is not None:  # N workers (``shardfs.kernel.route``)
                 nursery.start_soon(mount.ops.faults.keep, "links", route.peers.run)

@@ -8,7 +8,7 @@ unless another must:
   the version it opened; any other would have to open the file again, and if the chunk was
   rewritten or removed since (another mount, another writer of the source), it could only
   answer EIO (never another version's bytes). Only the worker of the slot answers: a dead one's
-  successor in that slot takes its handles over from the ledger (``Operations.restore``: opened
+  successor in that slot takes its handles over from the ledger (``Reopen.restore``: opened
   again at their first use, as with one worker), and a link to a slot whose worker died waits
   for the next one (``PeerLink``);
 - on a writable mount, what the owner worker must serve (``shardfs.kernel.owner.Areas``: every

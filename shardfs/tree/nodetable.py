@@ -252,12 +252,13 @@ class NodeTable:
         whose name the kernel's dentry now shows with that inode) shows that node again, an
         alias of its inode. New inodes are numbered after every one it gave out. Records that
         make no sense now (an array slot gone) are skipped."""
-        self.follow(records)
+        self.follow(records, dead=True)
 
-    def follow(self, records: list[list[Any]]) -> None:
-        """What ``restore`` does, for the records other workers appended meanwhile (a shared
-        ledger) too: a number only ever gets the key it was first noted with, or a later one
-        a ``rebind``/``moved`` noted."""
+    def follow(self, records: list[list[Any]], dead: bool = False) -> None:
+        """What ``restore`` does, for the records the live workers appended meanwhile (a shared
+        ledger: this one's too) but for their staging files, which live (``dead``: a dead
+        worker's records, whose staging files are lost): a number only ever gets the key it
+        was first noted with, or a later one a ``rebind``/``moved`` noted."""
         last = ROOT_INODE
         lost: dict[int, tuple[int, str]] = {}
         for rec in records:
@@ -265,7 +266,7 @@ class NodeTable:
                 continue
             ino = rec[1]
             last = max(last, ino)
-            if rec[0] == "t" and len(rec) == 4 and isinstance(rec[2], int) and isinstance(rec[3], str):
+            if dead and rec[0] == "t" and len(rec) == 4 and isinstance(rec[2], int) and isinstance(rec[3], str):
                 lost[ino] = (rec[2], rec[3])
             elif rec[0] in ("u", "v"):
                 lost.pop(ino, None)
