@@ -438,7 +438,7 @@ def test_a_takeover_file_is_read_only_if_it_is_the_users_own(shared, other_user,
     one) there is refused with one line. (A state directory another user made refuses the
     mount itself, read-only too: the supervisor's worker keeps its ledger there.)"""
     from shardfs.app.supervisor import _own_file
-    from shardfs.storage.private import Refused
+    from shardfs.base.private import Refused
 
     home = shared / "st"
     monkeypatch.setenv("XDG_STATE_HOME", str(home))

@@ -443,15 +443,18 @@ def test_structure_changed_through_one_worker_is_seen_through_another(mount, src
     assert status(mnt)["internal_errors"]["total"] == 0
 
 
+@pytest.mark.parametrize("resend", [False, True], ids=["no_resend", "resend"])
 @pytest.mark.parametrize("op", ["unlink", "rename", "mkdir"])
-def test_a_forwarded_request_the_owner_did_before_dying_is_not_done_twice(mount, src, op):
+def test_a_forwarded_request_the_owner_did_before_dying_is_not_done_twice(mount, src, op, resend):
     """The owner dies (a test hook) after doing a request the other worker forwarded, before it
-    answers: the other worker asks the next owner again, as a re-sent request, whose answer is
-    the first one's (not ENOENT/EEXIST). Without RESEND (each worker on a clone of its own),
-    that asking again is the only way the request is answered."""
+    answers. Without RESEND (each worker on a clone of its own) the other worker asks the next
+    owner again, as a re-sent request, whose answer is the first one's (not ENOENT/EEXIST). With
+    RESEND the kernel sends the request again (the next owner moves it back to the queue): the
+    other worker's asking again is answered as the kernel's to send (``forward.MOVED``), so the
+    next owner serves the request once, not twice."""
     target = {"unlink": "3.3", "rename": "t.partial", "mkdir": "new"}[op]
     mnt = mount(src, "-o", "workers=2,entry_timeout=60,attr_timeout=60",
-                env={"SHARDFS_TEST_DIE_AFTER": f"{op}:{target}", "SHARDFS_NO_RESEND": "1"})
+                env={"SHARDFS_TEST_DIE_AFTER": f"{op}:{target}", **({} if resend else {"SHARDFS_NO_RESEND": "1"})})
     w0, w1 = workers(mnt, 2)
     new = (mnt / "a" / "1.1").read_bytes()
     if op == "rename":  # (a temporary beside ``a``: nothing was written to ``a``, its lookups are not forwarded)
@@ -470,6 +473,9 @@ def test_a_forwarded_request_the_owner_did_before_dying_is_not_done_twice(mount,
     if op == "mkdir":
         assert (mnt / "new").is_dir()
     assert workers(mnt, 2)[0] != w0
+    if resend:  # (the dead owner's counts are replaced by the next one's within a second)
+        time.sleep(1.5)
+        assert status(mnt)["requests"][op] == 1, "the next owner served the request twice"
 
 
 def kill_owner(mnt: Path, pids: list[int]) -> list[int]:

@@ -38,7 +38,8 @@ from shardfs.reads.factory import make_reads
 from shardfs.reads.prefetch import Prefetch
 from shardfs.reads.rangecache import RangeCache
 from shardfs.shards.indexes import ShardIndexes
-from shardfs.storage import Storage, private
+from shardfs.base import private
+from shardfs.storage import Storage
 from shardfs.storage.source import Source
 from shardfs.tree.chunks import Chunks
 from shardfs.tree.commits import Commits, Invalidate

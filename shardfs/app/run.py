@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -34,7 +35,7 @@ from shardfs.app.mounts import device, fsname
 from shardfs.app.usage import UsageError
 from shardfs.config import Config
 from shardfs.format.printable import printable
-from shardfs.storage import private
+from shardfs.base import private
 from shardfs.storage.source import Source
 
 if TYPE_CHECKING:
@@ -495,7 +496,9 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
                 await mount.ops.reopen.restore(shared.tail())
             elif conn.init is not None:  # another worker served the connection before
                 await mount.ops.reopen.restore(shared.records())
+            resent_at = None
             if conn.replaces and conn.resend:
+                resent_at = time.monotonic()  # (before: a request begun after it was read after the RESEND)
                 fusedev.resend(conn.fd)  # what the dead worker had read comes again
             conn.serving()
             if shared.shared:
@@ -503,7 +506,7 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
             route = mount.ops.route
             if route is not None and peer_socket is not None:  # N workers (``shardfs.kernel.route``)
                 nursery.start_soon(mount.ops.faults.keep, "links", route.peers.run)
-                server = PeerServer(peer_socket, mount.ops, state.status_listener)
+                server = PeerServer(peer_socket, mount.ops, state.status_listener, resent_at)
                 nursery.start_soon(mount.ops.faults.keep, "peers", server.run)
         # a bug in a background task is logged and the task runs again (``Faults.keep``)
         nursery.start_soon(mount.ops.faults.keep, "status", status.run)

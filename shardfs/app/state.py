@@ -30,7 +30,7 @@ import os
 import re
 import socket
 
-from shardfs.storage import private
+from shardfs.base import private
 from shardfs.storage.urls import is_url, normalize_url
 
 log = logging.getLogger("shardfs")
@@ -150,7 +150,7 @@ def log_file(source: str, endpoint: str | None = None) -> str:
 
 def private_top(path: str) -> str:
     """Where the check of directory ``path`` (state, journal, spill, socket, cache) starts
-    (``shardfs.storage.private.open_dir``): the state home when ``path`` lies below it, else
+    (``shardfs.base.private.open_dir``): the state home when ``path`` lies below it, else
     ``path`` itself (``-o journal_dir``, ``-o cache_dir``)."""
     home, path = state_home(), os.path.abspath(path)
     return home if path.startswith(home + "/") else path

@@ -26,7 +26,7 @@ from shardfs.app.statusdoc import StatusDoc, WorkerEntry
 from shardfs.base.faults import Faults
 from shardfs.base.lru import Counted, counts
 from shardfs.kernel.stats import RequestStats
-from shardfs.storage import private
+from shardfs.base import private
 from shardfs.storage.stats import StoreStats
 from shardfs.writes.writeback import Writeback, nothing_pending
 

@@ -16,6 +16,12 @@ A connection that breaks (that worker died) is made again once the supervisor st
 next one in its slot, and the requests in flight on it are sent again, marked as re-sent
 (``ctx.resent``): what the dead worker did of a non-idempotent one is answered as if it had
 replied (``fuse_ops._once``), as for a request the kernel sends again after a worker died.
+But the next worker writes FUSE_NOTIFY_RESEND, which moves every request read and not answered
+(this worker's too) back to the kernel's queue: a request read before that is the kernel's to
+send again, and doing it here too would do it twice (a truncating create after the client's
+writes). Each request carries when its worker began it (``time.monotonic``, the same clock in
+every process); the next worker answers one begun before its RESEND with ``MOVED``, which the
+sender answers with EIO, an answer the kernel drops (the request is no longer that worker's).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import marshal
 import os
 import socket
 import struct
+import time
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -37,6 +44,7 @@ import trio
 log = logging.getLogger("shardfs")
 HEADER = struct.Struct("<I")
 READDIR_BATCH = 256  # entries a worker asks the owner for at a time (a READDIR forwarded)
+MOVED = -1  # the answer to a request begun before the serving worker's RESEND (see the module docstring)
 RECONNECT_S = 120.0  # how long a worker waits for the next worker of a slot before failing a request (EIO)
 EA = ("st_ino", "generation", "entry_timeout", "attr_timeout", "st_mode", "st_nlink", "st_uid", "st_gid", "st_rdev",
       "st_size", "st_blksize", "st_blocks", "st_atime_ns", "st_ctime_ns", "st_mtime_ns")
@@ -120,10 +128,13 @@ class PeerServer:
     """A worker's side: serve the requests the other workers forward with ``ops`` (the
     mount's ``Operations``)."""
 
-    def __init__(self, path: str, ops: Any, listen: Callable[[str], socket.socket]) -> None:
+    def __init__(self, path: str, ops: Any, listen: Callable[[str], socket.socket],
+                 resent_at: float | None = None) -> None:
         """``listen(path)``: the listening unix socket (``shardfs.app.state.status_listener``: the
-        app's, given here so that this room imports none above it)."""
-        self.path, self.ops, self.listen = path, ops, listen
+        app's, given here so that this room imports none above it); ``resent_at``: when this
+        worker asked the kernel to send again what its slot's dead worker had read (before its
+        RESEND: ``time.monotonic``), None if it did not."""
+        self.path, self.ops, self.listen, self.resent_at = path, ops, listen, resent_at
 
     async def handler(self, op: str, args: tuple[Any, ...]) -> Any:
         if op == "entries":
@@ -154,10 +165,12 @@ class PeerServer:
                 pass
 
     async def _answer(self, stream: trio.SocketStream, lock: trio.Lock, msg: Any) -> None:
-        ident, op, args = msg
+        ident, op, args, *begun = msg
         try:
             if op not in SERVED:
                 raise pyfuse3.FUSEError(errno.ENOSYS)
+            if begun and self.resent_at is not None and op != "forget" and begun[0] < self.resent_at:
+                raise pyfuse3.FUSEError(MOVED)  # the kernel sends it again
             reply: Any = (ident, True, encode(await self.handler(op, decode(args))))
         except pyfuse3.FUSEError as e:
             reply = (ident, False, e.errno)
@@ -236,7 +249,7 @@ class PeerLink:
     async def call(self, op: str, args: tuple[Any, ...]) -> Any:
         """The other worker's answer to request ``op``; ``FUSEError`` if it failed (EIO if no
         worker of that slot answers for ``RECONNECT_S``)."""
-        resent = False
+        resent, begun = False, time.monotonic()
         while True:
             try:
                 stream = await self._connect()
@@ -246,7 +259,7 @@ class PeerLink:
             slot: list[Any] = [trio.Event(), None, None, stream]
             self._waiting[ident] = slot
             try:
-                await _send(stream, self._lock, (ident, op, encode(args, resent)))
+                await _send(stream, self._lock, (ident, op, encode(args, resent), begun))
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 self._waiting.pop(ident, None)
                 if self._stream is stream:
@@ -259,6 +272,9 @@ class PeerLink:
                 resent = True
                 continue
             if not slot[1]:
+                if slot[2] == MOVED:
+                    log.info("a forwarded %s is the kernel's to send again (its worker died)", op)
+                    raise pyfuse3.FUSEError(errno.EIO)  # (dropped by the kernel)
                 raise pyfuse3.FUSEError(slot[2])
             return decode(slot[2])
 
