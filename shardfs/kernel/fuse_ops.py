@@ -51,7 +51,7 @@ from shardfs.kernel.pins import Pins
 from shardfs.tree.listing import DirStream
 from shardfs.base.attrs import Attr
 from shardfs.base.faults import Faults
-from shardfs.tree.nodes import ChunkKey
+from shardfs.tree.nodes import ChunkKey, Unbound
 from shardfs.tree.nodetable import CHUNK_BASE
 from shardfs.tree.tries import Tries
 from shardfs.kernel.stats import RequestStats
@@ -85,6 +85,21 @@ def _name(name: bytes) -> str:
     return os.fsdecode(name)
 
 
+BINDS = 4  # arrays one request may name that a restarted worker has not read yet (``Unbound``)
+
+
+async def _binding(self: "Operations", fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """``fn(self, *args)``; run again after reading the array it names that a dead worker had
+    read and this one has not yet (``Unbound``: a restarted worker reads each at its first use)."""
+    for _ in range(BINDS):
+        try:
+            return await fn(self, *args)
+        except Unbound as e:
+            if not await self.numbers.bind(e.path):
+                raise
+    return await fn(self, *args)
+
+
 def _guard(fn: F) -> F:
     """A handler that counts itself (``Operations.stats``) and never raises anything but
     ``FUSEError`` (see the module docstring)."""
@@ -105,14 +120,14 @@ def _guard(fn: F) -> F:
         self.stats.requests[op] += 1
         try:
             try:
-                return await fn(self, *args)
+                return await _binding(self, fn, args)
             except Exception as e:
                 # another worker gave out a number it names (``follow``); a slot another request
                 # of this worker was binding meanwhile fails as no OSError/FUSEError (its array unread)
                 if not self.reopen.shared or not (await self.reopen.follow()
                                            or not isinstance(e, (OSError, pyfuse3.FUSEError))):
                     raise
-            return await fn(self, *args)
+            return await _binding(self, fn, args)
         except pyfuse3.FUSEError as e:
             self.stats.error(e.errno, op)
             raise

@@ -56,11 +56,16 @@ class Numbers:
 
     async def restore(self, records: list[list[Any]]) -> None:
         """Take over the numbers a dead worker gave the kernel (its ledger's ``records``); a
-        worker of a shared ledger takes what every worker gave out so far (its ``tail``)."""
+        worker of a shared ledger takes what every worker gave out so far (its ``tail``). No
+        array is read here: each slot is bound at its first use (``bind``)."""
         if self.shared:
             self.hierarchy.follow(records)
-            await self.hierarchy.load_followed()
         else:
             await self.hierarchy.restore(records)
         self.nodes.restore(records)
         self.made.restore(records)
+
+    async def bind(self, path: str) -> bool:
+        """Read the array at ``path`` whose slot was given out but is not bound here
+        (``Unbound``: each is read at its first use); True if there was one."""
+        return await self.hierarchy.bind(path)
