@@ -28,7 +28,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
@@ -90,8 +90,9 @@ def _is_alive(pid: int) -> bool:
 
 def is_mounted(mnt) -> bool:
     """True if ``mnt`` is in the mount table (unlike ``os.path.ismount``, also for a
-    dead FUSE mount whose stat fails with ENOTCONN)."""
-    target = os.path.realpath(mnt)
+    dead FUSE mount whose stat fails with ENOTCONN). Never a stat of ``mnt`` itself (only its
+    parent is resolved): a wedged daemon would never answer it."""
+    target = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(mnt))), os.path.basename(mnt))
     with open("/proc/self/mountinfo") as f:
         for line in f:
             point = line.split()[4]
@@ -239,6 +240,21 @@ def mount(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def mnt(module_mount, src) -> Path:
+    """The module's ``src`` (a module-scoped fixture of the test module's) mounted once for the module."""
+    return module_mount(src)
+
+
+@pytest.fixture(scope="module")
+def tree(src) -> Iterator[Any]:
+    """The module's ``src`` as the mount shows it, in-process (``inproc.InProcess``: no kernel)."""
+    from inproc import InProcess
+
+    with InProcess(src) as fs:
+        yield fs
+
+
+@pytest.fixture(scope="module")
 def module_mount(tmp_path_factory):
     """Like ``mount`` but torn down at the end of the module (one mount per module)."""
     factory = MountFactory(tmp_path_factory)
@@ -253,6 +269,79 @@ def wait_for(cond, seconds: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {seconds} s: {what}")
         time.sleep(0.1)
+
+
+FS_TIMEOUT = 30.0  # a call on a mount that a loaded machine answers in far less
+_LEFT_BEHIND: list[int] = []  # children of ``bounded`` that did not answer (reaped when they end)
+
+
+def _reap_left_behind() -> None:
+    for pid in list(_LEFT_BEHIND):
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                _LEFT_BEHIND.remove(pid)
+        except ChildProcessError:
+            _LEFT_BEHIND.remove(pid)
+
+
+def bounded(fn, *args, seconds: float = FS_TIMEOUT, fd: bool = False):
+    """``fn(*args)`` run in a forked child: its result, or the exception it raised (re-raised
+    here); an AssertionError if it has not answered within ``seconds``. For calls on a mount
+    that a wedged daemon may never answer: a FUSE request the daemon has read keeps its caller
+    in uninterruptible sleep (SIGKILL waits too) until it is answered or the connection ends, so
+    such a call in the test process would hang the suite (the child is SIGKILLed and left
+    behind: it ends with the mount's connection, at teardown). The child shares the test's open
+    files (and their offsets); its exit closes its copies of them, which sends a FLUSH for every
+    file on a mount opened without ``noflush`` (for writing): open those after. ``fd=True``:
+    ``fn`` returns a file descriptor (``os.open``), passed back to the caller (the same open file)."""
+    import pickle
+    import socket
+    import warnings
+
+    _reap_left_behind()
+    ours, theirs = socket.socketpair()
+    with warnings.catch_warnings():  # (zarr's I/O thread: fork only runs fn and _exit)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            ours.close()
+            try:
+                got, out = fn(*args), True
+            except BaseException as e:  # noqa: BLE001 - every outcome goes back to the caller
+                got, out = e, False
+            fds = [got] if fd and out else []
+            data = pickle.dumps((out, None if fds else got))
+            socket.send_fds(theirs, [len(data).to_bytes(8, "little") + data], fds)
+        except BaseException:  # noqa: BLE001
+            code = 1
+        os._exit(code)
+    theirs.close()
+    try:
+        ours.settimeout(seconds)
+        deadline = time.monotonic() + seconds
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(ours, 1 << 16, 1)
+            while len(msg) < 8 or len(msg) < 8 + int.from_bytes(msg[:8], "little"):
+                ours.settimeout(max(0.01, deadline - time.monotonic()))
+                more = ours.recv(1 << 20)
+                if not more:
+                    raise AssertionError(f"{getattr(fn, '__name__', fn)}{args}: the child ended without an answer")
+                msg += more
+        except TimeoutError:
+            os.kill(pid, signal.SIGKILL)
+            _LEFT_BEHIND.append(pid)
+            raise AssertionError(f"{getattr(fn, '__name__', fn)}{args}: not answered within {seconds} s "
+                                 "(a request the daemon never answers)") from None
+    finally:
+        ours.close()
+    _LEFT_BEHIND.append(pid)  # (it may still be closing its copies of the test's files: never waited for)
+    _reap_left_behind()
+    out, got = pickle.loads(msg[8:8 + int.from_bytes(msg[:8], "little")])
+    if not out:
+        raise got
+    return fds[0] if fd else got
 
 
 def run_shardfs(*args: str, timeout: float = 30, **kw) -> subprocess.CompletedProcess:
@@ -375,6 +464,20 @@ def assert_same_array(actual, expected, what: str = "") -> None:
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "transcode: array whose inner chain v2 cannot express (served transcoded)")
+    config.addinivalue_line(
+        "markers", "long(seconds): a module that takes minutes (run first, longest first, so that a parallel run "
+                   "does not end waiting on it)")
+
+
+def pytest_collection_modifyitems(items):
+    """Modules marked ``long`` first, longest first, each kept whole and in order: ``scripts/test``
+    hands whole modules to its processes in this order, and a long one started last would end the
+    run alone."""
+    def seconds(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("long")
+        return mark.args[0] if mark is not None else 0.0
+
+    items.sort(key=seconds, reverse=True)
 
 
 def case_params(cases):

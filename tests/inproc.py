@@ -77,6 +77,7 @@ class InProcess:
         except BaseException:
             self._cleanup.close()
             raise
+        self.mount = mount  # every object ``compose`` built (``Composed``: its counters too)
         self.source, self.writeback, self.writer = mount.storage, mount.writeback, mount.writer
         self.tree, self.names, self.opens = mount.tree, mount.tree.names, mount.tree.opens
         self.folded = mount.commits.folded if mount.commits is not None else None

@@ -15,7 +15,6 @@ import math
 import os
 import warnings
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -117,18 +116,6 @@ def src(tmp_path_factory) -> Path:
     for name, (before, _reason) in UNPRESENTABLE.items():
         write_metadata_only(root / name, before)
     return root
-
-
-@pytest.fixture(scope="module")
-def mnt(module_mount, src) -> Path:
-    return module_mount(src)
-
-
-@pytest.fixture(scope="module")
-def tree(src) -> Iterator[InProcess]:
-    """The source as the mount shows it, in-process (no kernel)."""
-    with InProcess(src) as fs:
-        yield fs
 
 
 # ------------------------------------------------------------------ geometry

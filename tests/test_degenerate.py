@@ -308,7 +308,11 @@ _main = fuseloop.main
 
 async def main():
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_main)
+        async def serve():
+            await _main()
+            nursery.cancel_scope.cancel()  # unmounted: the worker ends as an unplanted one does
+
+        nursery.start_soon(serve)
         while not os.path.exists(os.environ["PLANTED_TRIGGER"]):
             await trio.sleep(0.05)
         raise RuntimeError("planted in the request loop")

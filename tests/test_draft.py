@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -47,18 +46,6 @@ def src(tmp_path_factory) -> Path:
     for name, (data, chunk, cps, codecs, keys, spelling, _comp) in ARRAYS.items():
         write_draft(root / name, data, chunk, cps, codecs, key_encoding=keys, spec_name=spelling)
     return root
-
-
-@pytest.fixture(scope="module")
-def mnt(module_mount, src) -> Path:
-    return module_mount(src)
-
-
-@pytest.fixture(scope="module")
-def tree(src) -> Iterator[InProcess]:
-    """The source as the mount shows it, in-process (no kernel)."""
-    with InProcess(src) as fs:
-        yield fs
 
 
 def test_reference_decoder_reads_what_was_written(src):

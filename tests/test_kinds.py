@@ -91,3 +91,29 @@ def test_a_new_kind_is_one_registration():
     finally:
         KINDS.remove(kind)
     assert kind_of("mem://x") is kinds.OTHER
+
+
+def test_a_web_source_is_its_own_kind_that_shares_the_object_request_path_and_refuses_writes():
+    """``WebStorage`` is no ``ObjectStorage`` (nothing of S3's writes, listings or check is
+    inherited and overridden): both hold an ``ObjectRequests`` (the obstore request path) and
+    share only the read half of ``Storage`` answered by it; every change is EROFS. No request
+    is made (opening a web source contacts no server)."""
+    import errno
+
+    from shardfs.storage.objects import ObjectStorage
+    from shardfs.storage.requests import ObjectRequests, OverRequests
+    from shardfs.storage.web import WebStorage
+
+    assert not issubclass(WebStorage, ObjectStorage) and not issubclass(ObjectStorage, WebStorage)
+    st = WebStorage("http://127.0.0.1:9/data.zarr/")
+    try:
+        assert isinstance(st, OverRequests) and isinstance(st.requests, ObjectRequests)
+        assert st.url == "http://127.0.0.1:9/data.zarr" and st.read_path == "objects" and st.loop is st.requests.loop
+        assert st.stats is st.requests.stats and st.describe("a/zarr.json") == "http://127.0.0.1:9/data.zarr/a/zarr.json"
+        for change in (lambda: st.replace("k", [b"x"]), lambda: st.delete("k"), lambda: st.move("a", "b"),
+                       lambda: st.check_write("k")):
+            with pytest.raises(OSError) as e:
+                change()
+            assert e.value.errno == errno.EROFS
+    finally:
+        st.close()

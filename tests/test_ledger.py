@@ -17,7 +17,7 @@ import pytest
 from shardfs.app import state
 from shardfs.tree.ledger import COMPACT_BYTES, Ledger, memory
 
-from test_restart import EXPECTED, SHAPE, CHUNKS, SHARDS, kill_worker, worker_of
+from test_restart import kill_worker, two_arrays, worker_of
 
 pytestmark = pytest.mark.skipif(
     "takeover" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
@@ -26,14 +26,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def src(tmp_path) -> Path:
-    import zarr
-
-    root = tmp_path / "src"
-    g = zarr.open_group(str(root), mode="w")
-    for name in ("a", "b"):
-        a = g.create_array(name, shape=SHAPE, chunks=CHUNKS, shards=SHARDS, dtype="<i4", fill_value=0)
-        a[...] = EXPECTED
-    return root
+    return two_arrays(tmp_path / "src")
 
 
 def opened(fd: int) -> Ledger:

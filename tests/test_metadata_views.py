@@ -19,7 +19,7 @@ import signal
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -138,18 +138,6 @@ def src(tmp_path_factory) -> Path:
         data[:3, :5, :4] = 0  # one fill-only inner chunk: not stored
         create_array(tr, name, data, TR_CHUNKS, TR_SHARDS, 0, **codecs)
     return root
-
-
-@pytest.fixture(scope="module")
-def mnt(module_mount, src) -> Path:
-    return module_mount(src)
-
-
-@pytest.fixture(scope="module")
-def tree(src) -> Iterator[InProcess]:
-    """The source as the mount shows it, in-process (no kernel)."""
-    with InProcess(src) as fs:
-        yield fs
 
 
 def native_arrays(root: Path) -> dict[str, np.ndarray]:

@@ -17,7 +17,6 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Iterator
 
 import numcodecs
 import numpy as np
@@ -96,18 +95,6 @@ def src(tmp_path_factory) -> Path:
         write_v3(root / name, data, shard, codecs)
     write_tensorstore_nested(root / TS_ARRAY)
     return root
-
-
-@pytest.fixture(scope="module")
-def mnt(module_mount, src) -> Path:
-    return module_mount(src)
-
-
-@pytest.fixture(scope="module")
-def tree(src) -> Iterator[InProcess]:
-    """The source as the mount shows it, in-process (no kernel)."""
-    with InProcess(src) as fs:
-        yield fs
 
 
 NAMES = [*ARRAYS, TS_ARRAY]

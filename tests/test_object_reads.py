@@ -26,7 +26,8 @@ from s3server import SeaweedS3
 from testkit.delayproxy import DelayProxy
 from sources import CASES, LE, ZSTD, nested_codecs, random_data, sharding, write_group, write_v3
 from shardfs.storage.local import LocalStorage
-from shardfs.storage.objects import ObjectStorage, Retry
+from shardfs.storage.objects import ObjectStorage
+from shardfs.storage.requests import Retry
 from shardfs.tree.nodetable import ROOT_INODE
 from shardfs.shards.shard import IndexCache
 from shardfs.app.compose import Tree, compose_tree

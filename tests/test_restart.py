@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ZARR2_PYTHON, run_shardfs, wait_for
+from conftest import ZARR2_PYTHON, bounded, run_shardfs, wait_for
 
 pytestmark = pytest.mark.skipif(
     "takeover" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
@@ -55,16 +55,29 @@ READER = textwrap.dedent(r"""
 """)
 
 
-@pytest.fixture
-def src(tmp_path) -> Path:
+def two_arrays(root: Path) -> Path:
+    """A group at ``root`` of two sharded arrays ``a`` and ``b``, each ``EXPECTED`` (written by zarr 3)."""
     import zarr
 
-    root = tmp_path / "src"
     g = zarr.open_group(str(root), mode="w")
     for name in ("a", "b"):
         a = g.create_array(name, shape=SHAPE, chunks=CHUNKS, shards=SHARDS, dtype="<i4", fill_value=0)
         a[...] = EXPECTED
     return root
+
+
+@pytest.fixture
+def src(tmp_path) -> Path:
+    return two_arrays(tmp_path / "src")
+
+
+def assert_clean_reads(outs: list[tuple[str, str]]) -> None:
+    """The outputs of ``READER`` processes: each read something, none failed, none read a wrong
+    value or the fill value."""
+    counts = [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
+    assert all(c["reads"] > 0 for c in counts), counts
+    assert [c["errors"] for c in counts] == [[]] * len(counts)
+    assert [(c["wrong"], c["fill"]) for c in counts] == [(0, 0)] * len(counts)
 
 
 def worker_of(m) -> int:
@@ -92,8 +105,9 @@ def kill_worker(m, mnt: Path, seconds: float = 30) -> int:
             doc = status(mnt)
         except AssertionError:
             return False
-        found[:] = [doc["worker"]["pid"]]
-        return found[0] != old
+        pid = doc.get("worker", {}).get("pid")  # (no "worker" while none answers)
+        found[:] = [pid]
+        return pid is not None and pid != old
 
     wait_for(served, seconds, "a new worker serving")
     return found[0]
@@ -114,10 +128,7 @@ def test_sigkill_of_the_worker_under_concurrent_zarr2_readers(mount, src, tmp_pa
     finally:
         stop.touch()
         outs = [r.communicate(timeout=120) for r in readers]
-    counts = [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
-    assert all(c["reads"] > 0 for c in counts), counts
-    assert [c["errors"] for c in counts] == [[], [], []]
-    assert [(c["wrong"], c["fill"]) for c in counts] == [(0, 0)] * 3
+    assert_clean_reads(outs)
     assert len(pids) == 4
     doc = status(mnt)
     assert doc["pid"] == m.pid
@@ -128,27 +139,46 @@ def test_sigkill_of_the_worker_under_concurrent_zarr2_readers(mount, src, tmp_pa
     assert m.log_text().count("ended (signal 9): starting another on the same connection") == 3
 
 
+def _inodes(mnt: Path, names: list[str]) -> dict[str, int]:
+    return {n: os.stat(mnt / n).st_ino for n in names}
+
+
+def _read_rest(fd: int) -> bytes:
+    parts = []
+    while part := os.read(fd, 1 << 16):
+        parts.append(part)
+    return b"".join(parts)
+
+
+def _scan(fd: int) -> list[str]:
+    with os.scandir(fd) as entries:
+        return sorted(e.name for e in entries)
+
+
 def test_inodes_and_open_handles_keep_their_meaning(mount, src):
+    """Every call on the mount is ``bounded`` (a forked child with a deadline): a worker that
+    never answers (e.g. one that cannot take the connection over) fails the test in seconds
+    instead of hanging it (and scripts/mutants with it)."""
     mnt = mount(src)
     m = mount.info(mnt)
     names = ["b/0.0", "a", "a/.zarray", "a/.zattrs", "a/3.5", ".zgroup"]  # b: slot 0, a: slot 1
-    before = {n: os.stat(mnt / n).st_ino for n in names}
+    before = bounded(_inodes, mnt, names)
     names.reverse()  # a first: a worker that numbered anew would give it slot 0
-    f = open(mnt / "a" / "2.7", "rb")
-    head = f.read(5)
-    d = os.open(mnt / "a", os.O_RDONLY | os.O_DIRECTORY)
-    listing = sorted(os.listdir(mnt / "a"))
-    os.mkdir(mnt / "made")  # held by the worker (no array in it yet)
+    f = bounded(os.open, mnt / "a" / "2.7", os.O_RDONLY, fd=True)  # (read-only: no FLUSH at a child's exit)
+    head = bounded(os.read, f, 5)
+    d = bounded(os.open, mnt / "a", os.O_RDONLY | os.O_DIRECTORY, fd=True)
+    listing = sorted(bounded(os.listdir, mnt / "a"))
+    bounded(os.mkdir, mnt / "made")  # held by the worker (no array in it yet)
     kill_worker(m, mnt)
-    assert (mnt / "made").is_dir() and "made" in os.listdir(mnt)
-    assert {n: os.stat(mnt / n).st_ino for n in names} == before
-    assert before["a/3.5"] != os.stat(mnt / "b" / "3.5").st_ino
-    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # no pages: a READ request
-    assert f.read() == (mnt / "a" / "2.7").read_bytes()[5:]  # through the handle opened before the kill
-    f.close()
-    assert head == (mnt / "a" / "2.7").read_bytes()[:5]
-    with os.scandir(d) as entries:  # READDIR through the directory handle of the dead worker
-        assert sorted(e.name for e in entries) == listing
+    assert bounded(os.path.isdir, mnt / "made") and "made" in bounded(os.listdir, mnt)
+    assert bounded(_inodes, mnt, names) == before
+    assert before["a/3.5"] != bounded(_inodes, mnt, ["b/3.5"])["b/3.5"]
+    os.posix_fadvise(f, 0, 0, os.POSIX_FADV_DONTNEED)  # no pages: a READ request
+    rest = bounded(_read_rest, f)  # through the handle opened before the kill
+    whole = bounded(Path.read_bytes, mnt / "a" / "2.7")
+    assert (head, rest) == (whole[:5], whole[5:])
+    assert bounded(_scan, d) == listing  # READDIR through the directory handle of the dead worker
+    os.close(f)  # (noflush, RELEASE and RELEASEDIR are not waited for)
     os.close(d)
 
 
@@ -333,10 +363,7 @@ def test_mount_on_the_live_mount_hands_it_to_a_new_worker_under_load(mount, src,
     finally:
         stop.touch()
         outs = [r.communicate(timeout=120) for r in readers]
-    counts = [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
-    assert all(c["reads"] > 0 for c in counts), counts
-    assert [c["errors"] for c in counts] == [[], [], []]
-    assert [(c["wrong"], c["fill"]) for c in counts] == [(0, 0)] * 3
+    assert_clean_reads(outs)
     assert doc["pid"] == m.pid and doc["worker"]["pid"] == worker_of(m) != old
     assert (doc["worker"]["takeovers"], doc["worker"]["restarts"]) == (2, 0)
     assert m.log_text().count("handed") == 2 and "ended (" not in m.log_text()
@@ -560,3 +587,34 @@ def test_a_dead_zygote_costs_a_fresh_start_once_then_a_new_zygote_forks(mount, s
     forked = kill_worker(m, mnt, 120)
     assert b"--zygote" in Path(f"/proc/{forked}/cmdline").read_bytes().split(b"\0")
     assert chunk(mnt, "1.1") == (mnt / "b" / "1.1").read_bytes()
+
+
+def test_a_new_worker_reads_no_array_before_it_serves_and_each_at_its_first_use(mount, tmp_path):
+    """The dead worker had read 24 arrays: the next one serves before it reads any of them (on an
+    object store that was one ``zarr.json`` GET each, one after the other, before the first
+    request), and reads each at its first use: a file of every array opened before the kill
+    reads on through its handle, and the inode numbers stay."""
+    import zarr
+
+    src = tmp_path / "many"
+    g = zarr.open_group(str(src), mode="w")
+    names = [f"a{i}" for i in range(24)]
+    for i, name in enumerate(names):
+        g.create_array(name, shape=(8, 8), chunks=(4, 4), shards=(8, 8), dtype="<i4", fill_value=0)[...] = i + 1
+    mnt = mount(src)
+    m = mount.info(mnt)
+    files = [f"{name}/1.1" for name in names]
+    fds = [bounded(os.open, mnt / f, os.O_RDONLY, fd=True) for f in files]
+    data = [bounded(os.pread, fd, 1 << 16, 0) for fd in fds]
+    inos = bounded(_inodes, mnt, files)
+    kill_worker(m, mnt)
+    read = status(mnt)["store"]["requests"]
+    assert read.get("READ", 0) <= 1, read  # (the root group's zarr.json, for status's probe of the mount)
+    try:
+        for fd, want in zip(fds, data):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # no pages: a READ on the dead worker's handle
+            assert bounded(os.pread, fd, 1 << 16, 0) == want
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert bounded(_inodes, mnt, files) == inos

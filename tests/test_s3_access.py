@@ -116,8 +116,8 @@ def test_virtual_addressing_puts_the_bucket_in_the_host(addressing, endpoint):
     st = ObjectStorage("s3://bkt/p", endpoint="https://store.example:9000", region=REGION,
                        access=Access(addressing=addressing))
     try:
-        assert st._store.config["endpoint"] == endpoint
-        assert st._store.config["virtual_hosted_style_request"] == str(addressing == "virtual").lower()
+        assert st.requests.store.config["endpoint"] == endpoint
+        assert st.requests.store.config["virtual_hosted_style_request"] == str(addressing == "virtual").lower()
     finally:
         st.close()
 

@@ -4,7 +4,7 @@ Each test runs its own SeaweedFS (tests/s3server.py, own ports and directory; ki
 teardown), since it stops it. "Mid-read": the server is frozen (SIGSTOP), reads are started (their
 requests hang in it), then it is killed (SIGKILL: their connections drop, new ones are refused).
 Promises: a read that needs the server fails with exactly EIO once obstore's bounded retries are
-spent (``shardfs.storage.objects.Retry``: ``max_retries`` attempts more, each after a backoff of
+spent (``shardfs.storage.requests.Retry``: ``max_retries`` attempts more, each after a backoff of
 at most ``max_backoff``), with one log line per failing request; the daemon stays alive and
 serves what it has cached (a metadata file, chunks it read, while it remembers their versions:
 ``stat_ttl``); once the server is back on the same ports and directory, the same reads succeed
@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 
 from s3server import SeaweedS3
-from shardfs.storage.objects import ObjectStorage, Retry
+from shardfs.storage.objects import ObjectStorage
+from shardfs.storage.requests import Retry
 from source_kinds import BucketSource
 from sources import Spec, build
 

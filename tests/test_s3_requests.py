@@ -342,7 +342,7 @@ def test_idle_connections_to_the_store_are_closed(s3, tmp_path, mount, request):
     from concurrent.futures import ThreadPoolExecutor
 
     from conftest import serving_pid
-    from shardfs.storage.objects import POOL_IDLE
+    from shardfs.storage.requests import POOL_IDLE
 
     sp = sixteen_shards(tmp_path)
     with DelayProxy(("127.0.0.1", s3.ports["s3.port"]), delay=0.2) as proxy:

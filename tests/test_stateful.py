@@ -38,6 +38,8 @@ from conftest import MountFactory, assert_same_array, budget, read_native, zarr2
 from writers import umount
 from sources import Spec, build
 
+pytestmark = pytest.mark.long(630)  # seconds alone on a loaded 2-core machine
+
 s = slice
 CI_EXAMPLES = 6
 SPEC = Spec("a", (6, 7), (2, 3), (4, 6), "<i2", 7, ("zstd", 1), inner_crc=True,

@@ -16,6 +16,7 @@ import json
 import os
 import stat
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -82,12 +83,22 @@ def test_watch_shows_it_again(tmp_path, mount):
     mnt = mount(src)
     proc = subprocess.Popen([SHARDFS, "status", "--watch", "0.2", str(mnt)], stdout=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True)
-    try:
-        time.sleep(2.0)
+    shown = threading.Event()
+
+    def count() -> None:
+        seen = 0
+        assert proc.stdout is not None  # (stdout=PIPE)
+        for line in proc.stdout:
+            seen += line == f"{mnt}  <-  {src}\n"
+            if seen == 3:
+                shown.set()
+
+    threading.Thread(target=count, daemon=True).start()
+    try:  # three screens: a generous time-out that catches a hang (a loaded machine is slow), not a rate
+        assert shown.wait(60), "shardfs status --watch 0.2 did not show the mount three times in 60 s"
     finally:
         proc.kill()  # our own child
-    out = proc.communicate()[0]
-    assert out.count(f"{mnt}  <-  {src}\n") >= 3, out
+        proc.communicate()
 
 
 def test_status_of_something_else_is_one_line(tmp_path):
@@ -95,6 +106,38 @@ def test_status_of_something_else_is_one_line(tmp_path):
     assert (r.returncode, r.stderr) == (1, f"shardfs: error: {tmp_path}: not a shardfs mount\n")
     r = run_shardfs("status", "--watch", "0", str(tmp_path))
     assert r.returncode == 1 and "--watch 0: not a positive number of seconds" in r.stderr
+
+
+def test_the_document_and_the_screen_are_made_from_one_schema(tmp_path):
+    """In-process: a mount's document (``Status`` over the counters ``compose`` registered) is
+    read back from its JSON as a ``StatusDoc`` (``statusdoc.read``) and the screen is made from
+    that; a document without a key of the schema, or with a value of another kind, is refused
+    (``NotADocument``) and its mount shown as ``unreadable``, saying why, never as figures."""
+    from inproc import InProcess
+    from shardfs.app import status_client, statusdoc
+    from shardfs.app.status import Status
+
+    src = tmp_path / "src"
+    build(src, [H])
+    with InProcess(src) as fs:
+        assert "0.0" in (fs / "h").iterdir() and (fs / "h" / "0.0").read_bytes()
+        status = Status(fs.mount.counters(), "/mnt/x", str(src), None, True, {"ro": ""}, None)
+        doc = statusdoc.read(json.loads(json.dumps(status.snapshot())))
+    assert set(doc) == set(statusdoc.SCHEMA) - {"worker", "workers"}
+    assert doc["reads"]["chunk_files"] == 0 and doc["reads"]["bytes"] == 0  # (no kernel: no FUSE request)
+    text = status_client.format_text(doc)
+    assert text.startswith(f"/mnt/x  <-  {src}\n  pid {os.getpid()}, up ") and text.endswith("\nno problems")
+    assert "  caches    index hit rate " in text and "  pending   0 chunks (0 B) in 0 shards" in text
+    for broken, why in [({k: v for k, v in doc.items() if k != "forwarded"}, "no forwarded"),
+                        ({**doc, "store": [], "pid": "1"}, "pid, store of another kind"), ([doc], "not a JSON object")]:
+        with pytest.raises(statusdoc.NotADocument) as e:
+            statusdoc.read(broken)
+        assert str(e.value) == why
+    shown = status_client._read({**doc, "pending": None}, "/mnt/x")
+    assert shown == {"mountpoint": "/mnt/x", "source": str(src), "unreadable": "pending of another kind"}
+    assert status_client.format_text(shown) == (
+        f"/mnt/x  <-  {src}\n  unreadable: its daemon's status document is not this shardfs's (pending of another "
+        "kind): a daemon of another version; shardfs mount over it hands it to a new worker")
 
 
 def test_written_chunks_are_pending_then_folded(tmp_path, mount):

@@ -26,7 +26,8 @@ from azserver import CONTAINER
 from s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3
 from shardfs.storage import ABSENT, Entry, Range, Version, VersionMismatch
 from shardfs.storage.local import LocalStorage
-from shardfs.storage.objects import PAGE, ObjectStorage, Retry, StorageUnavailable
+from shardfs.storage.objects import PAGE, ObjectStorage
+from shardfs.storage.requests import Retry, StorageUnavailable
 from testkit.delayproxy import DelayProxy
 
 KINDS = ["local", "objects", "azure"]
@@ -374,14 +375,14 @@ def test_trio_tasks_await_reads_on_the_loop_thread(aws_env):
 
     async def main() -> None:
         async def one(k: str) -> None:
-            [got[k]] = await st.loop.trio_run(st.aread(k, [Range(0, 4096)]))
+            [got[k]] = await st.loop.trio_run(st.requests.aread(k, [Range(0, 4096)]))
 
         async with trio.open_nursery() as nursery:
             for k in blobs:
                 nursery.start_soon(one, k)
         with trio.move_on_after(0.001):  # a cancelled await abandons its request
-            await st.loop.trio_run(st.aread("k1", [Range(0, 10)]))
-        assert await st.loop.trio_run(st.aversion("missing")) is None
+            await st.loop.trio_run(st.requests.aread("k1", [Range(0, 10)]))
+        assert await st.loop.trio_run(st.requests.aversion("missing")) is None
 
     trio.run(main)
     assert got == blobs

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from conftest import SHARDFS, is_mounted
-from shardfs.app import progress
+from shardfs.app import progress, statusdoc
 from sources import Spec, build
 from test_hostile import _LOCKER, chunk_bytes, write_file
 
@@ -63,6 +63,10 @@ def test_umount_shows_fold_progress(tmp_path, mount):
     np.testing.assert_array_equal(zarr.open_array(str(src / "p"), mode="r")[...], exp["p"])
 
 
+# a status document with every key the schema requires (``statusdoc.read`` takes it), each empty
+EMPTY_DOC = {key: kinds[0]() for key, kinds in statusdoc.SCHEMA.items() if key in statusdoc.StatusDoc.__required_keys__}
+
+
 class FakeDaemon:
     """A status socket answering documents whose pending chunks go down by ``step`` per answer."""
 
@@ -80,7 +84,7 @@ class FakeDaemon:
             except OSError:
                 return
             done = 1 - self.left / self.total
-            doc = {"pending": {"chunks": self.left, "shards": self.shards - round(done * self.shards)},
+            doc = {**EMPTY_DOC, "pending": {"chunks": self.left, "shards": self.shards - round(done * self.shards)},
                    "folds": {"current": "s3://b/a/c/1"}}
             conn.sendall(json.dumps(doc).encode())
             conn.close()

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from conftest import ZARR2_PYTHON, run_shardfs, wait_for
-from stopping import stopped
-from test_restart import CHUNKS, EXPECTED, READER, SHAPE, SHARDS, status
+import stopping
+from test_restart import EXPECTED, READER, assert_clean_reads, status, two_arrays
 
 pytestmark = pytest.mark.skipif(
     "workers" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
@@ -36,14 +36,7 @@ NO_CACHE = "entry_timeout=0,attr_timeout=0"  # every stat is a LOOKUP: it reache
 
 @pytest.fixture
 def src(tmp_path) -> Path:
-    import zarr
-
-    root = tmp_path / "src"
-    g = zarr.open_group(str(root), mode="w")
-    for name in ("a", "b"):
-        a = g.create_array(name, shape=SHAPE, chunks=CHUNKS, shards=SHARDS, dtype="<i4", fill_value=0)
-        a[...] = EXPECTED
-    return root
+    return two_arrays(tmp_path / "src")
 
 
 def workers(mnt: Path, n: int) -> list[int]:
@@ -60,16 +53,34 @@ def workers(mnt: Path, n: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def only(pid: int, all_pids: list[int]) -> Iterator[None]:
-    """Every request meanwhile reaches worker ``pid``: the others are stopped."""
+def only(pid: int, all_pids: list[int], limit: float = 60.0) -> Iterator[None]:
+    """Every request meanwhile reaches worker ``pid``: the others are stopped (resumed at the
+    end, or after ``limit`` seconds if a request waits on a stopped one: the test then fails)."""
+    import threading
+
     others = [p for p in all_pids if p != pid]
+    fired: list[bool] = []
+
+    def resume() -> None:
+        for p in others:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
+
+    def watchdog() -> None:
+        fired.append(True)
+        resume()
+
+    timer = threading.Timer(limit, watchdog)
+    timer.daemon = True
     for p in others:
-        stopped(p)  # (never inside a shared table's lock)
+        stopping.stopped(p)  # (never inside a shared table's lock)
+    timer.start()
     try:
         yield
     finally:
-        for p in others:
-            os.kill(p, signal.SIGCONT)
+        timer.cancel()
+        resume()
+    assert not fired, f"a request waited {limit} s on a stopped worker"
 
 
 def zarr2_read_all(mnt: Path) -> None:
@@ -114,11 +125,12 @@ def test_the_metrics_endpoint_counts_every_worker(mount, src):
 
 
 def test_a_handle_is_read_and_released_by_another_worker_than_the_one_that_opened_it(mount, src):
+    """A READ and a RELEASE of a handle reaching the worker that did not open it are sent to the one
+    that did (``shardfs.kernel.route``), which serves them: the other worker holds nothing."""
     mnt = mount(src, "-o", "ro,workers=2")
     w0, w1 = workers(mnt, 2)
     with only(w1, [w0, w1]):
         want = (mnt / "a" / "1.2").read_bytes()
-    time.sleep(1.0)  # (w0 follows w1's release meanwhile)
 
     def held(pid: int) -> int:
         with only(pid, [w0, w1]):  # (the status socket is answered by the running worker)
@@ -131,37 +143,45 @@ def test_a_handle_is_read_and_released_by_another_worker_than_the_one_that_opene
     with only(w0, [w0, w1]):
         f = open(mnt / "a" / "1.2", "rb")  # w0 opens it ...
     assert held(w0) == 1
-    with only(w1, [w0, w1]):
-        got = f.read()  # ... w1 reads it (opening it again at the same version) ...
-        assert held(w1) == 1
-        f.close()  # ... and releases it
-        assert held(w1) == 0
+    got = through_the_other(mnt, w0, f.read, "read")  # ... w1 gets the READs: w0 serves them ...
+    assert held(w1) == 0
+    through_the_other(mnt, w0, f.close, "release")  # ... and the RELEASE
     assert got == want and len(want) > 0
-    # w0 lets go of the handle once it sees the release in the shared ledger
-    wait_for(lambda: held(w0) == 0, 10, "the opening worker letting go of a handle another released")
+    wait_for(lambda: held(w0) == 0, 10, "the opening worker releasing its handle")
+    assert held(w1) == 0
     assert status(mnt)["internal_errors"]["total"] == 0
 
 
-def test_a_handle_of_another_worker_never_reads_another_version(mount, src):
+@pytest.mark.parametrize("mode", ["ro", "rw"])
+def test_a_handle_read_through_another_worker_after_its_chunk_changed_reads_the_opened_version(mount, src, mode):
+    """A file opened through one worker, its chunk then rewritten on the source (behind the
+    mount's back), read through the other worker: the bytes of the version it opened (the opener
+    serves them), not EIO and not the new version's (an fsync of it first succeeds: nothing opens
+    it again); a new open reads the new version. Both
+    ways: opened through slot 0 (the owner of a writable mount) and read through slot 1, and
+    the reverse."""
     import zarr
 
-    mnt = mount(src, "-o", "ro,workers=2," + NO_CACHE)
+    mnt = mount(src, "-o", ("ro," if mode == "ro" else "") + "workers=2," + NO_CACHE)
     w0, w1 = workers(mnt, 2)
-    with only(w0, [w0, w1]):
-        f = open(mnt / "a" / "0.0", "rb")
-    old = (src / "a" / "c" / "0" / "0").read_bytes()
-    zarr.open_array(str(src / "a"), mode="r+")[0:16, 0:16] = -np.ones((16, 16), dtype="<i4")
-    os.utime(src / "a" / "c" / "0" / "0", ns=(1, 1))  # (a new version, whatever the clock's resolution)
-    assert (src / "a" / "c" / "0" / "0").read_bytes() != old
-    with only(w1, [w0, w1]):
+    for opener, reader, name, value in ((w0, w1, "0.0", -1), (w1, w0, "4.4", -2)):
+        with only(opener, [w0, w1]):
+            want = (mnt / "a" / name).read_bytes()
+            f = open(mnt / "a" / name, "rb")
         try:
-            got = f.read()
-        except OSError as e:
-            assert e.errno == errno.EIO  # another version's bytes: never served
-        else:
-            pytest.fail(f"a handle opened by another worker read the file's next version: {got!r}")
+            i, j = (int(x) * 4 for x in name.split("."))
+            zarr.open_array(str(src / "a"), mode="r+")[i:i + 4, j:j + 4] = np.full((4, 4), value, dtype="<i4")
+            shard = src / "a" / "c" / str(i // 16) / str(j // 16)
+            os.utime(shard, ns=(value + 10, value + 10))  # (a new version, whatever the clock's resolution)
+            # (the reader gets the FSYNC, served where the reader must, and the READs)
+            got = through_the_other(mnt, opener, lambda f=f: (os.fsync(f.fileno()), f.read())[1])
         finally:
             f.close()
+        assert got == want and len(want) > 0
+        with only(reader, [w0, w1]):
+            assert (mnt / "a" / name).read_bytes() != want  # (the chunk did change)
+    assert status(mnt)["internal_errors"]["total"] == 0
+    assert "EIO" not in mount.info(mnt).log_text()
 
 
 def test_numbers_mean_the_same_in_every_worker(mount, src):
@@ -219,8 +239,9 @@ def test_a_forget_on_another_worker(mount, src):
         for _ in range(3):  # (a dentry looked at since the last pass is kept one pass more)
             Path("/proc/sys/vm/drop_caches").write_text("2")  # the kernel forgets the others: FORGET reaches w1
         time.sleep(0.5)
-        assert [f.read() for f in files] == [(mnt / n).read_bytes() for n in ("a/5.5", "b/.zarray")]
         assert {n: os.stat(mnt / n).st_ino for n in names} == inos
+        want = [(mnt / n).read_bytes() for n in ("a/5.5", "b/.zarray")]
+    assert [f.read() for f in files] == want  # (served by w0, which opened them: ``kernel.route``)
     for f in files:
         f.close()
     with only(w0, [w0, w1]):
@@ -238,7 +259,7 @@ def test_a_request_a_dead_worker_read_is_answered_by_another(mount, src):
     mnt = mount(src, "-o", "ro,workers=2," + NO_CACHE, env={"SHARDFS_TEST_HANG": ".zattrs"})
     w0, w1 = workers(mnt, 2)
     got: list[object] = []
-    stopped(w1)
+    stopping.stopped(w1)
     try:
         def client() -> None:
             try:
@@ -286,10 +307,7 @@ def test_a_worker_killed_under_load_costs_no_reader_anything(mount, src, tmp_pat
     finally:
         stop.touch()
         outs = [r.communicate(timeout=120) for r in readers]
-    counts = [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
-    assert all(c["reads"] > 0 for c in counts), counts
-    assert [c["errors"] for c in counts] == [[], [], []]
-    assert [(c["wrong"], c["fill"]) for c in counts] == [(0, 0)] * 3
+    assert_clean_reads(outs)
     assert len(seen) == 5
     assert mount.info(mnt).log_text().count("starting another on the same connection") == 3
     assert status(mnt)["internal_errors"]["total"] == 0
@@ -321,16 +339,17 @@ def status_at(sock: str) -> dict[str, Any]:
     return json.loads(data)
 
 
-def through_the_other(mnt: Path, owner: int, fn: Callable[[], T], op: str | None = None) -> T:
-    """``fn()`` with its requests read by the worker that is not the owner (the owner is stopped),
-    which forwards what it must to the owner: the owner is resumed once that worker forwarded a
-    request (``op``, if given: its ``forwarded`` count, which it answers with while the owner is
-    stopped, grew)."""
+def through_the_other(mnt: Path, stopped: int, fn: Callable[[], T], op: str | None = None) -> T:
+    """``fn()`` with its requests read by the worker other than ``stopped`` (stopped meanwhile: the
+    owner of a writable mount, or the worker that opened a handle), which forwards what it must
+    to it: ``stopped`` is resumed once that worker forwarded a request (``op``, if given: its
+    ``forwarded`` count, which it answers with while the other is stopped, grew), or ``fn``
+    returned without it."""
     import threading
 
     got: list[Any] = []
     sock = socket_of(mnt)
-    stopped(owner)
+    stopping.stopped(stopped)  # (never inside a shared table's lock)
     try:
         def sent() -> int:
             counts = status_at(sock)["forwarded"]
@@ -346,12 +365,12 @@ def through_the_other(mnt: Path, owner: int, fn: Callable[[], T], op: str | None
 
         t = threading.Thread(target=run, daemon=True)
         t.start()
-        wait_for(lambda: sent() > before, 15,
-                 "the other worker forwarding a request to the owner")
+        wait_for(lambda: bool(got) or sent() > before, 15,
+                 "the other worker forwarding a request to the stopped one")
     finally:
-        os.kill(owner, signal.SIGCONT)
+        os.kill(stopped, signal.SIGCONT)
     t.join(60)
-    assert got, "no answer once the owner runs again"
+    assert got, "no answer once the stopped worker runs again"
     if isinstance(got[0], BaseException):
         raise got[0]
     return got[0]
@@ -375,6 +394,25 @@ def test_a_write_through_one_worker_is_read_at_once_through_another(mount, src):
         assert (mnt / "a" / "2.3").read_bytes() == new
     doc = status(mnt)
     assert doc["internal_errors"]["total"] == 0
+
+
+def test_a_temporary_renamed_onto_a_chunk_reads_back_after_the_owner_followed_its_records(mount, src):
+    """zarr 2's write of a chunk (a temporary written, then renamed onto the chunk's name) on a
+    2-worker writable mount, with the owner following the shared ledger (its own records too)
+    between the create and the rename: the chunk reads back (the kernel's dentry of the name holds
+    the temporary's inode), never EIO (a live worker's temporary is not a dead one's, lost)."""
+    mnt = mount(src, "-o", "workers=2")
+    workers(mnt, 2)
+    new = (mnt / "a" / "0.0").read_bytes()
+    for name in ("1.1", "2.2"):
+        with open(mnt / "a" / f"{name}.partial", "wb") as f:
+            time.sleep(1.2)  # (every worker follows the ledger every 0.5 s)
+            f.write(new)
+        os.rename(mnt / "a" / f"{name}.partial", mnt / "a" / name)
+        for _ in range(3):
+            assert (mnt / "a" / name).read_bytes() == new
+    assert status(mnt)["errors"].get("EIO") is None
+    assert status(mnt)["internal_errors"]["total"] == 0
 
 
 def test_structure_changed_through_one_worker_is_seen_through_another(mount, src):
@@ -406,15 +444,18 @@ def test_structure_changed_through_one_worker_is_seen_through_another(mount, src
     assert status(mnt)["internal_errors"]["total"] == 0
 
 
+@pytest.mark.parametrize("resend", [False, True], ids=["no_resend", "resend"])
 @pytest.mark.parametrize("op", ["unlink", "rename", "mkdir"])
-def test_a_forwarded_request_the_owner_did_before_dying_is_not_done_twice(mount, src, op):
+def test_a_forwarded_request_the_owner_did_before_dying_is_not_done_twice(mount, src, op, resend):
     """The owner dies (a test hook) after doing a request the other worker forwarded, before it
-    answers: the other worker asks the next owner again, as a re-sent request, whose answer is
-    the first one's (not ENOENT/EEXIST). Without RESEND (each worker on a clone of its own),
-    that asking again is the only way the request is answered."""
+    answers. Without RESEND (each worker on a clone of its own) the other worker asks the next
+    owner again, as a re-sent request, whose answer is the first one's (not ENOENT/EEXIST). With
+    RESEND the kernel sends the request again (the next owner moves it back to the queue): the
+    other worker's asking again is answered as the kernel's to send (``forward.MOVED``), so the
+    next owner serves the request once, not twice."""
     target = {"unlink": "3.3", "rename": "t.partial", "mkdir": "new"}[op]
     mnt = mount(src, "-o", "workers=2,entry_timeout=60,attr_timeout=60",
-                env={"SHARDFS_TEST_DIE_AFTER": f"{op}:{target}", "SHARDFS_NO_RESEND": "1"})
+                env={"SHARDFS_TEST_DIE_AFTER": f"{op}:{target}", **({} if resend else {"SHARDFS_NO_RESEND": "1"})})
     w0, w1 = workers(mnt, 2)
     new = (mnt / "a" / "1.1").read_bytes()
     if op == "rename":  # (a temporary beside ``a``: nothing was written to ``a``, its lookups are not forwarded)
@@ -433,6 +474,9 @@ def test_a_forwarded_request_the_owner_did_before_dying_is_not_done_twice(mount,
     if op == "mkdir":
         assert (mnt / "new").is_dir()
     assert workers(mnt, 2)[0] != w0
+    if resend:  # (the dead owner's counts are replaced by the next one's within a second)
+        time.sleep(1.5)
+        assert status(mnt)["requests"][op] == 1, "the next owner served the request twice"
 
 
 def kill_owner(mnt: Path, pids: list[int]) -> list[int]:

@@ -43,16 +43,16 @@ for _name in RUN:
 @pytest.fixture
 def mount(mount):
     """The ``mount`` fixture, every mount with ``-o workers=2`` added."""
-    def with_two(src, *args: str, **kw):
+    def with_two(root, *args: str, **kw):
         args_ = list(args)
         if "-o" in args_:
             i = args_.index("-o") + 1
             args_[i] += ",workers=2"
         else:
             args_ += ["-o", "workers=2"]
-        return mount(src, *args_, **kw)
+        return mount(root, *args_, **kw)
 
-    with_two.info = mount.info  # type: ignore[attr-defined]
+    with_two.info = mount.info
     return with_two
 
 

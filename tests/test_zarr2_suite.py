@@ -25,9 +25,13 @@ import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from conftest import ZARR2_PYTHON, zarr2
 from sources import build
 from writers import umount
+
+pytestmark = pytest.mark.long(350)  # seconds alone on a loaded 2-core machine
 
 CLASSES = ("test_core.py::TestArrayWithDirectoryStore", "test_core.py::TestArrayWithNestedDirectoryStore",
            "test_hierarchy.py::TestGroupWithDirectoryStore", "test_hierarchy.py::TestGroupWithNestedDirectoryStore")

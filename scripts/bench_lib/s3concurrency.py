@@ -1,4 +1,4 @@
-"""How to keep many S3 GETs in flight from trio: the measurement behind shardfs.storage.objects.
+"""How to keep many S3 GETs in flight from trio: the measurement behind shardfs.storage.requests.
 
 Usage: ``.venv/bin/python scripts/bench_lib/s3concurrency.py [N] [DELAY_MS]`` (defaults: 200
 GETs, 100 ms each way, i.e. 200 ms per GET). Starts its own SeaweedFS (seaweed.py) with

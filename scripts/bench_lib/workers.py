@@ -1,15 +1,18 @@
-"""The workers figure of ``scripts/bench`` (``--only workers``): one read-only mount of ``vol``
-served by ``-o workers=N`` worker processes (doc/ARCHITECTURE.md, "Workers").
+"""The workers figure of ``scripts/bench`` (``--only workers``): one mount of ``vol`` served by
+``-o workers=N`` worker processes (doc/ARCHITECTURE.md, "Workers"), read-only and writable.
 
 For N = 1, 2, 4 (and 8 where the machine has 8 cores), alternated over the repetitions, each
 in a fresh mount with page caches dropped: 4 concurrent zarr 2.18 processes read disjoint slabs
 of the array (every chunk once, ``peers.zarr_readers``). Reported: chunk files a second, CPU per
 chunk summed over the workers (utime + stime of each worker, ``/proc/PID/stat``), each worker's
-share of that CPU, and the workers' RSS together after the read. Targets (issue 37, for a
-2-core machine already saturated by one daemon and its readers): with 2 workers each worker
-does at least 30% of the work, CPU per chunk at most 1.25x one worker's, not slower; RSS of 4
-workers at most 2x one's. Where the machine has more cores (at least 2N), a scaling table
-reads with 2N readers for N up to 8: the target there is at least 0.7 x N one worker's rate.
+share of that CPU, the requests one worker sent another (a READ or RELEASE of a handle the
+other opened: ``forwarded``, per chunk), and the workers' RSS together after the read. The
+same on a writable mount (nothing written: its reads are served as a read-only mount's, but
+by workers built with the owner's journal and marks). Targets (issue 37, for a 2-core machine
+already saturated by one daemon and its readers): with 2 workers each worker does at least
+30% of the work, CPU per chunk at most 1.25x one worker's, not slower; RSS of 4 workers at
+most 2x one's. Where the machine has more cores (at least 2N), a scaling table reads with 2N
+readers for N up to 8 (read-only): the target there is at least 0.7 x N one worker's rate.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +31,23 @@ COUNTS = (1, 2, 4)
 READERS = 4
 
 
-def worker_pids(mnt: Path) -> list[int]:
-    """The pids of the workers serving ``mnt``, by slot (``shardfs status --json``)."""
+def status_of(mnt: Path) -> dict[str, Any]:
     r = subprocess.run([str(SHARDFS), "status", str(mnt), "--json"], capture_output=True, text=True, timeout=30,
                        stdin=subprocess.DEVNULL)
-    doc = json.loads(r.stdout)
+    return dict(json.loads(r.stdout))
+
+
+def worker_pids(mnt: Path) -> list[int]:
+    """The pids of the workers serving ``mnt``, by slot (``shardfs status --json``)."""
+    doc = status_of(mnt)
     if doc.get("workers"):
         return [w["pid"] for w in sorted(doc["workers"], key=lambda w: w["index"])]
     return [doc["worker"]["pid"]]
+
+
+def forwarded(mnt: Path) -> int:
+    """Requests the workers of ``mnt`` sent one another so far (every worker's, up to 1 s old)."""
+    return sum(status_of(mnt).get("forwarded", {}).values())
 
 
 def rss(pid: int) -> int:
@@ -42,49 +55,61 @@ def rss(pid: int) -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def measure(bench: Any, n: int, readers: int) -> dict[str, Any]:
-    """One fresh read-only mount with ``n`` workers read by ``readers`` zarr 2.18 processes."""
-    with bench.mounted(bench.big, f"workers{n}", ro=True, options=f"workers={n}") as m:
+def measure(bench: Any, n: int, readers: int, ro: bool = True) -> dict[str, Any]:
+    """One fresh mount (read-only, or writable) with ``n`` workers read by ``readers`` zarr 2.18 processes."""
+    with bench.mounted(bench.big, f"workers{n}{'' if ro else 'rw'}", ro=ro, options=f"workers={n}") as m:
         pids = worker_pids(m.mnt)
         if len(pids) != n:
             raise peers.PeerError(f"-o workers={n}: {len(pids)} workers serve")
         bench.drop_caches()
         cpu0 = [peers.cpu_seconds(p) for p in pids]
+        sent0 = forwarded(m.mnt)
         wall, _ = peers.zarr_readers(bench, PY2, CLIENTS, m.mnt / "vol", readers, None)
         cpu = [peers.cpu_seconds(p) - c for p, c in zip(pids, cpu0)]
         mem = sum(rss(p) for p in pids)
+        time.sleep(1.2 if n > 1 else 0)  # (each worker's counts reach the others every second)
+        sent = forwarded(m.mnt) - sent0
     chunks = len(bench.vol_names)
     total = sum(cpu)
     return {"wall": wall, "rate": chunks / wall, "cpu_us": total / chunks * 1e6,
-            "shares": [c / total if total else 0.0 for c in cpu], "rss": mem}
+            "shares": [c / total if total else 0.0 for c in cpu], "rss": mem, "forwarded": sent / chunks}
+
+
+KINDS = (("read-only", True), ("writable", False))
 
 
 def figure(bench: Any) -> list[Row]:
     counts = [*COUNTS, *([8] if (os.cpu_count() or 1) >= 8 else [])]
-    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in counts}
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {(k, n): [] for k, _ in KINDS for n in counts}
     for rep in bench.repeat():
-        for n in rotate(counts, rep):
-            runs[n].append(measure(bench, n, READERS))
-            r = runs[n][-1]
-            bench.log(f"workers rep {rep + 1}: workers={n} {r['rate']:.0f} chunks/s, {r['cpu_us']:.0f} µs CPU/chunk, "
-                      f"shares {', '.join(f'{s:.0%}' for s in r['shares'])}, RSS {r['rss'] / MiB:.0f} MiB")
-    bench.raw["workers"] = runs
-    med = {n: {k: median([r[k] for r in rs]) for k in ("rate", "cpu_us", "rss", "wall")} for n, rs in runs.items()}
-    share = {n: [median([r["shares"][i] for r in rs]) for i in range(n)] for n, rs in runs.items()}
+        for kind, ro in KINDS:
+            for n in rotate(counts, rep):
+                runs[kind, n].append(measure(bench, n, READERS, ro))
+                r = runs[kind, n][-1]
+                bench.log(f"workers rep {rep + 1}: {kind} workers={n} {r['rate']:.0f} chunks/s, "
+                          f"{r['cpu_us']:.0f} µs CPU/chunk, shares {', '.join(f'{s:.0%}' for s in r['shares'])}, "
+                          f"forwarded {r['forwarded']:.2f}/chunk, RSS {r['rss'] / MiB:.0f} MiB")
+    bench.raw["workers"] = {f"{k} {n}": rs for (k, n), rs in runs.items()}
+    med = {key: {k: median([r[k] for r in rs]) for k in ("rate", "cpu_us", "rss", "wall", "forwarded")}
+           for key, rs in runs.items()}
+    share = {key: [median([r["shares"][i] for r in rs]) for i in range(key[1])] for key, rs in runs.items()}
     rows: list[Row] = []
-    one = med[1]
-    for n in counts:
-        row = bench.ratio_row(f"workers={n}: 4 zarr 2.18 readers, read-only mount, time vs workers=1", "s",
-                              med[n]["wall"], one["wall"], 1.1 if n == 2 else None)
-        row.note = f"{med[n]['rate']:.0f} chunk files/s; worker shares {', '.join(f'{s:.0%}' for s in share[n])}"
-        if n == 2 and min(share[2]) < 0.3:
-            row.status, row.note = "FAIL", row.note + " (a worker below 30%)"
-        rows.append(row)
-        rows.append(bench.ratio_row(f"  CPU per chunk, summed over the workers, workers={n} vs 1", "µs",
-                                    med[n]["cpu_us"], one["cpu_us"], 1.25 if n == 2 else None))
+    for kind, _ro in KINDS:
+        one = med[kind, 1]
+        for n in counts:
+            m = med[kind, n]
+            row = bench.ratio_row(f"workers={n}: 4 zarr 2.18 readers, {kind} mount, time vs workers=1", "s",
+                                  m["wall"], one["wall"], 1.1 if n == 2 else None)
+            row.note = (f"{m['rate']:.0f} chunk files/s; worker shares {', '.join(f'{s:.0%}' for s in share[kind, n])}"
+                        + (f"; {m['forwarded']:.2f} requests forwarded per chunk" if n > 1 else ""))
+            if n == 2 and min(share[kind, 2]) < 0.3:
+                row.status, row.note = "FAIL", row.note + " (a worker below 30%)"
+            rows.append(row)
+            rows.append(bench.ratio_row(f"  CPU per chunk, summed over the workers, {kind}, workers={n} vs 1", "µs",
+                                        m["cpu_us"], one["cpu_us"], 1.25 if n == 2 else None))
     top = max(counts)
-    rows.append(bench.ratio_row(f"  RSS of the workers together, workers={top} vs 1", "MiB",
-                                med[top]["rss"] / MiB, one["rss"] / MiB, 2.0))
+    rows.append(bench.ratio_row(f"  RSS of the workers together, read-only, workers={top} vs 1", "MiB",
+                                med["read-only", top]["rss"] / MiB, med["read-only", 1]["rss"] / MiB, 2.0))
     cores = os.cpu_count() or 1
     if cores >= 4:  # the scaling table: 2N readers, N up to 8 and cores / 2
         base = None

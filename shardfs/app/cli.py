@@ -173,7 +173,7 @@ def _check_url(source: Source) -> dict[str, Any]:
     """``check_source`` for an object store: the bucket and prefix answer (``ObjectStorage.check``:
     credentials, bucket, prefix, endpoint) and hold a Zarr v3 ``zarr.json``."""
     from shardfs.tree.metadata import BadMetadata, parse
-    from shardfs.storage.objects import StorageUnavailable
+    from shardfs.storage.requests import StorageUnavailable
 
     try:
         with source.opened() as storage:
@@ -314,13 +314,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
     clear = clear_screen() if args.watch and not args.json and sys.stdout.isatty() else ""
     while True:
         try:
-            docs: Any = status_of(args.mnt) if args.mnt else all_statuses()
+            shown = [status_of(args.mnt)] if args.mnt else all_statuses()
         except StatusError as e:
             raise UsageError(str(e)) from None
-        shown = [docs] if args.mnt else docs
         try:
             if args.json:
-                print(json.dumps(docs, indent=2))
+                print(json.dumps(shown[0] if args.mnt else shown, indent=2))
             else:
                 texts = [format_text(printable_doc(doc)) for doc in shown]
                 print(clear + ("\n\n".join(texts) if shown else "no shardfs mounts of this user"))

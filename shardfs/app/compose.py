@@ -40,7 +40,8 @@ from shardfs.reads.factory import make_reads
 from shardfs.reads.prefetch import Prefetch
 from shardfs.reads.rangecache import RangeCache
 from shardfs.shards.indexes import ShardIndexes
-from shardfs.storage import Storage, private
+from shardfs.base import private
+from shardfs.storage import Storage
 from shardfs.storage.source import Source
 from shardfs.tree.chunks import Chunks
 from shardfs.tree.commits import Commits, Invalidate
@@ -103,8 +104,8 @@ class Composed:
                         self.ops.open_handles, self._forwarded)
 
     def _forwarded(self) -> dict[str, int]:
-        forward = self.ops.forward
-        return {} if forward is None else dict(forward.forwarded)
+        route = self.ops.route
+        return {} if route is None else route.forwarded
 
 
 def compose_tree(storage: Storage, reads: Reads | None = None, writeback: Writeback | None = None,
@@ -117,7 +118,8 @@ def compose_tree(storage: Storage, reads: Reads | None = None, writeback: Writeb
     tree = tree or TreeConfig()
     ledger = ledger or Ledger()
     hierarchy = Hierarchy(storage, tree.ome, tree.c_order, time.time_ns(), ledger)  # groups and arrays
-    nodes = NodeTable(hierarchy.slots, ledger)  # inode numbers <-> node keys, staging files
+    nodes = NodeTable(hierarchy.slots, ledger, hierarchy.unbound)  # inode numbers <-> node keys, staging files
+    hierarchy.bound.append(nodes.slot_bound)
     made = Made(ledger)  # structure made through the mount that the source does not hold (yet)
     indexes = ShardIndexes(storage, reads.indexes_per_read, hierarchy.version, hierarchy.log_unusable)
     prefetch = Prefetch(storage, reads, indexes)  # object sources: read-ahead
@@ -186,7 +188,7 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
         commits, writer = compose_writer(storage, t, writeback, invalidation.invalidate, cfg.tree, spill,
                                          cfg.writes.shard_size)
     ops = Operations(storage, t.names, t.opens, t.listing, t.nodes, t.numbers, inodes, invalidation, writer,
-                     cfg.kernel, faults, cfg.read_only, None if pages is None else SharedPins(pages))
+                     cfg.kernel, faults, cfg.read_only, None if pages is None else SharedPins(pages, t.nodes.new_alias))
     return Composed(source, storage, writeback, ranges, ledger, t, commits, writer, ops, faults)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shardfs.app.status import StatusDoc
+    from shardfs.app.statusdoc import StatusDoc
 
 log = logging.getLogger("shardfs")
 PREFIX = "shardfs_"

@@ -156,7 +156,7 @@ def running(pidfd: int) -> bool:
 
 def daemons() -> list[Daemon]:
     """Every live daemon of this user that answers on a status socket in this user's own state
-    directories (``state.status_sockets``: checked as ``shardfs.storage.private`` says)."""
+    directories (``state.status_sockets``: checked as ``shardfs.base.private`` says)."""
     found = []
     for path in state.status_sockets():
         try:

@@ -21,7 +21,7 @@ import json
 import os
 from typing import Any, TypeVar
 
-D = TypeVar("D", bound=Any)  # a status document (``shardfs.app.status.StatusDoc``)
+D = TypeVar("D", bound=Any)  # a status document (``shardfs.app.statusdoc.StatusDoc``)
 PUBLISH_S = 1.0  # seconds between two writes of a worker's document
 IDENTITY = frozenset(("mountpoint", "source", "endpoint", "pid", "uptime_s", "read_only", "options", "worker",
                       "workers", "rss_bytes"))

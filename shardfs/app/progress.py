@@ -12,7 +12,9 @@ import sys
 import time
 from typing import Any, TextIO
 
+from shardfs.app import statusdoc
 from shardfs.app.mounts import ask
+from shardfs.app.statusdoc import StatusDoc
 
 MIN_CHUNKS = 100  # pending chunks from which umount shows progress
 EVERY = 2.0  # seconds between plain progress lines
@@ -43,12 +45,12 @@ class FoldProgress:
         else:
             self._line(f"folding {self.chunks:,} pending chunks into {self.shards:,} shards")
 
-    def _fetch(self) -> dict[str, Any] | None:
+    def _fetch(self) -> StatusDoc | None:
         if self.socket is None:
             return None
         try:
-            return ask(self.socket)[0]
-        except (OSError, ValueError):  # the daemon is done (or gone)
+            return statusdoc.read(ask(self.socket)[0])
+        except (OSError, ValueError):  # the daemon is done (or gone; or of another version: NotADocument)
             return None
 
     def poll(self) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from shardfs.app import state
 from shardfs.app.usage import UsageError
-from shardfs.storage import private
+from shardfs.base import private
 from shardfs.storage.source import Source
 
 log = logging.getLogger("shardfs")

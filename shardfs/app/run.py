@@ -10,7 +10,7 @@ it), the daemon is a supervisor (``shardfs.app.supervisor``) that mounts and kee
 connection, and serves it through a worker, this same command run with ``--worker FD``: the
 worker builds the layers, takes the connection, answers (or replays) the kernel's FUSE_INIT
 and serves; a worker replacing a dead one first takes over the numbers the dead one gave the
-kernel (``Operations.restore``) and has the kernel resend what it had read.
+kernel (``Reopen.restore``) and has the kernel resend what it had read.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -34,7 +35,7 @@ from shardfs.app.mounts import device, fsname
 from shardfs.app.usage import UsageError
 from shardfs.config import Config
 from shardfs.format.printable import printable
-from shardfs.storage import private
+from shardfs.base import private
 from shardfs.storage.source import Source
 
 if TYPE_CHECKING:
@@ -227,9 +228,11 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
             except ReplayFailed as e:
                 _report(args, f"error: {args.src}: cannot replay the write journal: {e}")
                 return 1
-            if ledger is not None and ledger.shared and not read_only:
+            if ledger is not None and ledger.shared:
                 try:
-                    cleanup.callback(_share_writes(args, mount, ledger, source).close)
+                    marks = _share(args, mount, ledger, source, read_only)
+                    if marks is not None:
+                        cleanup.callback(marks.close)
                 except OSError as e:
                     _report(args, f"error: {e.filename}: cannot create: {e.strerror or e}")
                     return 1
@@ -264,22 +267,26 @@ def preload(source: Source) -> None:
         from shardfs.storage import awscredentials  # noqa: F401  # botocore's chain, obstore's provider: 0.8 s
 
 
-def _share_writes(args: argparse.Namespace, mount: Composed, ledger: Any, source: Source) -> Any:
-    """One of N workers of a writable mount (``shardfs.kernel.owner``): the marks of what was
-    changed through the mount, and for a worker other than the owner its link to the owner;
-    the owner marks the arrays the journal's replay left pending. The marks (to close)."""
-    from shardfs.kernel.forward import OwnerLink
+def _share(args: argparse.Namespace, mount: Composed, ledger: Any, source: Source, read_only: bool) -> Any:
+    """One of N workers (``shardfs.kernel.route``): its links to the others and the socket it
+    answers them on (``args.peer_socket``); on a writable mount the marks of what was changed
+    through the mount, the owner marking the arrays the journal's replay left pending. What to
+    close (the marks), or None."""
+    from shardfs.kernel.forward import Peers
     from shardfs.kernel.owner import OWNER, Areas, Marks
+    from shardfs.kernel.route import Route
 
-    marks = Marks(state.marks_file(source.name, source.endpoint, os.getppid()))
-    marks.start()
-    mount.ops.areas = Areas(mount.tree.nodes, marks, ledger.owner)
-    args.owner_socket = state.owner_socket(source.name, source.endpoint, os.getppid())
-    if ledger.index != OWNER:
-        mount.ops.forward = OwnerLink(args.owner_socket)
-    elif mount.writeback is not None:
-        for path in mount.writeback.dirty_arrays():
-            marks.note(path)
+    sup = os.getppid()
+    args.peer_socket = state.worker_socket(source.name, source.endpoint, sup, ledger.index)
+    peers = Peers(lambda slot: state.worker_socket(source.name, source.endpoint, sup, slot))
+    marks = None if read_only else Marks(state.marks_file(source.name, source.endpoint, sup))
+    if marks is not None:
+        marks.start()
+        if ledger.index == OWNER and mount.writeback is not None:
+            for path in mount.writeback.dirty_arrays():
+                marks.note(path)
+    areas = None if marks is None else Areas(mount.tree.nodes, marks)
+    mount.ops.route = Route(ledger.index, ledger.owner, peers, areas)
     return marks
 
 
@@ -312,7 +319,8 @@ def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_on
         return sup.run()
     finally:
         for path in (ledger, state.marks_file(source.name, source.endpoint, os.getpid()),
-                     state.owner_socket(source.name, source.endpoint, os.getpid())):
+                     *(state.worker_socket(source.name, source.endpoint, os.getpid(), slot)
+                       for slot in range(workers))):
             with contextlib.suppress(OSError):
                 os.unlink(path)
 
@@ -388,7 +396,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
                                                "worker_count": conn.count})
     _report(args, "ok")
     try:
-        trio.run(_serve, mount, status, exporter, conn, getattr(args, "owner_socket", None))
+        trio.run(_serve, mount, status, exporter, conn, getattr(args, "peer_socket", None))
     finally:
         if exporter is not None:
             exporter.stop()
@@ -450,7 +458,7 @@ def _stderr_captured() -> Iterator[list[str]]:
 
 
 async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None, conn: Any = None,
-                 owner_socket: str | None = None) -> None:
+                 peer_socket: str | None = None) -> None:
     """Run the FUSE loop and answer ``shardfs status`` (``status``) and ``-o metrics``
     (``exporter``, which reads the status on this loop); on SIGINT/SIGTERM fold pending writes
     into the shards and end it. A supervisor's worker (``conn``) that replaces a dead one first
@@ -467,7 +475,7 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
 
     from shardfs.app import fusedev
     from shardfs.kernel import fuseloop
-    from shardfs.kernel.forward import OwnerServer
+    from shardfs.kernel.forward import PeerServer
 
     writeback = mount.writeback
     if exporter is not None:
@@ -493,19 +501,21 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
         if conn is not None:
             shared = mount.ledger
             if shared.shared:  # what the other workers gave out so far (the dead one of this slot too)
-                await mount.ops.restore(shared.tail())
+                await mount.ops.reopen.restore(shared.tail())
             elif conn.init is not None:  # another worker served the connection before
-                await mount.ops.restore(shared.records())
+                await mount.ops.reopen.restore(shared.records())
+            resent_at = None
             if conn.replaces and conn.resend:
+                resent_at = time.monotonic()  # (before: a request begun after it was read after the RESEND)
                 fusedev.resend(conn.fd)  # what the dead worker had read comes again
             conn.serving()
             if shared.shared:
-                nursery.start_soon(mount.ops.faults.keep, "ledger", mount.ops.following)
-            if mount.ops.forward is not None:
-                nursery.start_soon(mount.ops.forward.run)
-            elif owner_socket is not None:  # the owner of a writable mount's writes (``shardfs.kernel.owner``)
-                server = OwnerServer(owner_socket, mount.ops, state.status_listener)
-                nursery.start_soon(mount.ops.faults.keep, "owner", server.run)
+                nursery.start_soon(mount.ops.faults.keep, "ledger", mount.ops.reopen.following)
+            route = mount.ops.route
+            if route is not None and peer_socket is not None:  # N workers (``shardfs.kernel.route``)
+                nursery.start_soon(mount.ops.faults.keep, "links", route.peers.run)
+                server = PeerServer(peer_socket, mount.ops, state.status_listener, resent_at)
+                nursery.start_soon(mount.ops.faults.keep, "peers", server.run)
         # a bug in a background task is logged and the task runs again (``Faults.keep``)
         nursery.start_soon(mount.ops.faults.keep, "status", status.run)
         if writeback is not None:

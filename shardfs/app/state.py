@@ -30,7 +30,7 @@ import os
 import re
 import socket
 
-from shardfs.storage import private
+from shardfs.base import private
 from shardfs.storage.urls import is_url, normalize_url
 
 log = logging.getLogger("shardfs")
@@ -131,9 +131,10 @@ def marks_file(source: str, endpoint: str | None, pid: int) -> str:
     return os.path.join(state_dir(source, endpoint), f"kernel-{pid}.marks")
 
 
-def owner_socket(source: str, endpoint: str | None, pid: int) -> str:
-    """Where the owner worker of supervisor ``pid`` answers the others (``shardfs.kernel.forward``)."""
-    return os.path.join(state_dir(source, endpoint), f"owner-{pid}.sock")
+def worker_socket(source: str, endpoint: str | None, pid: int, slot: int) -> str:
+    """Where the worker of slot ``slot`` of supervisor ``pid`` answers the others
+    (``shardfs.kernel.forward``)."""
+    return os.path.join(state_dir(source, endpoint), f"worker-{pid}.{slot}.sock")
 
 
 def takeover_file(source: str, endpoint: str | None, pid: int) -> str:
@@ -149,7 +150,7 @@ def log_file(source: str, endpoint: str | None = None) -> str:
 
 def private_top(path: str) -> str:
     """Where the check of directory ``path`` (state, journal, spill, socket, cache) starts
-    (``shardfs.storage.private.open_dir``): the state home when ``path`` lies below it, else
+    (``shardfs.base.private.open_dir``): the state home when ``path`` lies below it, else
     ``path`` itself (``-o journal_dir``, ``-o cache_dir``)."""
     home, path = state_home(), os.path.abspath(path)
     return home if path.startswith(home + "/") else path

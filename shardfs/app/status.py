@@ -17,17 +17,18 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, NotRequired, TypedDict
+from typing import Any, Callable
 
 import trio
 
 from shardfs.app import peers, state
-from shardfs.base.faults import FaultCounts, Faults
-from shardfs.base.lru import CacheCounts, Counted, counts
-from shardfs.kernel.stats import Reads, RequestStats
-from shardfs.storage import private
-from shardfs.storage.stats import Store, StoreStats
-from shardfs.writes.writeback import FoldCounts, PendingCounts, Writeback, nothing_pending
+from shardfs.app.statusdoc import StatusDoc, WorkerEntry
+from shardfs.base.faults import Faults
+from shardfs.base.lru import Counted, counts
+from shardfs.kernel.stats import RequestStats
+from shardfs.base import private
+from shardfs.storage.stats import StoreStats
+from shardfs.writes.writeback import Writeback, nothing_pending
 
 log = logging.getLogger("shardfs")
 SEND_TIMEOUT = 5.0  # a client that does not read its document is dropped after this
@@ -48,42 +49,6 @@ class Counters:
     open_handles: Callable[[], int]  # handles the kernel holds open
     # requests sent to the owner worker of a writable mount (``-o workers=N``), by operation
     forwarded: Callable[[], dict[str, int]] = dict
-
-
-class Worker(TypedDict):
-    pid: int
-    started: float
-    restarts: int
-    takeovers: int
-    last_reason: str | None
-
-
-class StatusDoc(TypedDict):
-    """The status document (``Status.snapshot``; doc/SEMANTICS.md lists its fields): one schema
-    made of each layer's snapshot type, served as JSON as it is."""
-
-    mountpoint: str
-    source: str
-    endpoint: str | None
-    pid: int
-    uptime_s: float
-    read_only: bool
-    options: dict[str, str]
-    worker: NotRequired[Worker]  # a supervised mount's serving worker
-    requests: dict[str, int]
-    errors: dict[str, dict[str, int]]
-    reads: Reads
-    store: Store
-    cache: dict[str, CacheCounts | None]
-    pending: PendingCounts
-    folds: FoldCounts
-    internal_errors: FaultCounts
-    errors_last_minute: dict[str, dict[str, int]]
-    rss_bytes: int
-    open_files: int
-    open_handles: int
-    forwarded: dict[str, int]  # ``-o workers=N``, a writable mount: requests sent to the owner worker
-    workers: NotRequired[list[dict[str, Any]]]  # ``-o workers=N``: each worker
 
 
 class Status:
@@ -152,7 +117,7 @@ class Status:
             doc["rss_bytes"] = sum(w["rss_bytes"] for w in workers)
         return doc
 
-    def _workers(self) -> list[dict[str, Any]]:
+    def _workers(self) -> list[WorkerEntry]:
         """The workers of a supervised mount of more than one (the supervisor's list), each with
         its ``index``, ``pid``, ``started``, ``rss_bytes`` and ``cpu_s`` (user + system)."""
         path = (self.supervision or {}).get("workers_file")
@@ -165,7 +130,7 @@ class Status:
             return []
         if not isinstance(listed, list) or len(listed) < 2:
             return []
-        out = []
+        out: list[WorkerEntry] = []
         for w in listed:
             rss, cpu = _of_process(int(w.get("pid", 0)))
             out.append({"index": w.get("index"), "pid": w.get("pid"), "started": w.get("started"),

@@ -4,28 +4,40 @@ A mount is found in the kernel's mount table, its daemon through its status sock
 user's own state directories (``shardfs.app.mounts.daemon_of``: the kernel names the listening
 process, which must be this user's): mounts of other users have none there, so without a
 mountpoint only this user's mounts are shown.
+
+What a daemon sends is read back as the one schema it was made from (``shardfs.app.statusdoc``:
+``StatusDoc``, checked by ``read``); the screen (``format_text``) is made from that type. A
+mount whose daemon sends what the schema does not take (a daemon of another version) is shown
+as ``unreadable``, with why, beside the ``dead`` and ``stuck`` ones (``Unserved``).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from shardfs.app import statusdoc
 from shardfs.app.mounts import PROBE_TIMEOUT, daemon_of, daemons, mounts, unserved
+from shardfs.app.statusdoc import StatusDoc, Unserved
+
+if TYPE_CHECKING:
+    from shardfs.base.lru import CacheCounts
+
+Shown = StatusDoc | Unserved  # what ``shardfs status`` shows of one mount
 
 
 class StatusError(Exception):
     """A mount's status cannot be had; ``str()`` is one line saying why."""
 
 
-def status_of(mnt: str) -> dict[str, Any]:
+def status_of(mnt: str) -> Shown:
     """The status of the shardfs mount at ``mnt``; ``StatusError`` if there is none to ask."""
     mnt = os.path.abspath(mnt)
     if mnt not in mounts():
         raise StatusError(f"{mnt}: not a shardfs mount")
     daemon = daemon_of(mnt)
     if daemon is not None:
-        return daemon.doc
+        return _read(daemon.doc, mnt)
     gone = unserved_doc(mnt)
     if gone is None:
         raise StatusError(f"{mnt}: no shardfs daemon of this user answers for it (another user's mount, a dead "
@@ -33,18 +45,29 @@ def status_of(mnt: str) -> dict[str, Any]:
     return gone
 
 
-def unserved_doc(mnt: str) -> dict[str, Any] | None:
+def _read(doc: dict[str, Any], mnt: str) -> Shown:
+    """The document a daemon sent for ``mnt`` as a ``StatusDoc``, or an ``unreadable`` one."""
+    try:
+        return statusdoc.read(doc)
+    except statusdoc.NotADocument as e:
+        return {"mountpoint": mnt, "source": str(doc.get("source", "?")), "unreadable": str(e)}
+
+
+def unserved_doc(mnt: str) -> Unserved | None:
     """The status of ``mnt`` if it is a shardfs mount no daemon serves (``unserved``):
     ``{"mountpoint", "source", "dead": true}`` or ``{..., "stuck": true}``; else None."""
     gone = unserved(mnt)
-    return None if gone is None else {"mountpoint": mnt, "source": gone[0], gone[1]: True}
+    if gone is None:
+        return None
+    return {"mountpoint": mnt, "source": gone[0], "dead": True} if gone[1] == "dead" else \
+        {"mountpoint": mnt, "source": gone[0], "stuck": True}
 
 
-def all_statuses() -> list[dict[str, Any]]:
+def all_statuses() -> list[Shown]:
     """The status of every live shardfs mount of this user (those with a socket that answers),
     and of every one no daemon serves (``unserved_doc``)."""
     live = mounts()
-    docs = {d.doc["mountpoint"]: d.doc for d in daemons() if d.doc.get("mountpoint") in live}
+    docs = {mnt: _read(d.doc, mnt) for d in daemons() if (mnt := d.doc.get("mountpoint")) in live}
     for mnt in live:
         gone = None if mnt in docs else unserved_doc(mnt)
         if gone is not None:
@@ -78,7 +101,7 @@ def _n(count: int, word: str, plural: str = "") -> str:
     return f"{count:,} {word if count == 1 else plural or word + 's'}"
 
 
-def _hit_rate(c: dict[str, int] | None) -> str:
+def _hit_rate(c: CacheCounts | None) -> str:
     if c is None:
         return "-"
     asked = c["hits"] + c["misses"]
@@ -86,16 +109,10 @@ def _hit_rate(c: dict[str, int] | None) -> str:
     return f"{rate}, {_size(c['bytes'])} of {_size(c['limit'])}"
 
 
-def format_text(doc: dict[str, Any]) -> str:
+def format_text(doc: Shown) -> str:
     """One screen for one mount: a header, the figures that matter, then the problems."""
-    if doc.get("dead"):
-        return (f"{doc['mountpoint']}  <-  {doc['source']}\n  dead: its daemon is gone (Transport endpoint is not "
-                f"connected); shardfs umount {doc['mountpoint']} detaches it, the next mount of the source "
-                "folds its pending writes")
-    if doc.get("stuck"):
-        return (f"{doc['mountpoint']}  <-  {doc['source']}\n  stuck: its daemon has not answered a request for "
-                f"{PROBE_TIMEOUT:g} s (stopped, or stuck: its log may say why); every access to the mount waits "
-                f"until it answers (kill -CONT a stopped one); fusermount3 -u -z {doc['mountpoint']} detaches it")
+    if "pid" not in doc:
+        return _unserved_text(doc)
     store, reads, pending, folds = doc["store"], doc["reads"], doc["pending"], doc["folds"]
     lat = store["latency_ms"]
     n_requests = sum(doc["requests"].values())
@@ -130,15 +147,28 @@ def format_text(doc: dict[str, Any]) -> str:
     if failed:
         problems.append(f"  write journal {failed['directory']}: {failed['reason']} ({failed['errno']}), "
                         f"{failed['seconds_ago']:g} s ago: writes fail until there is room again")
-    bugs = doc.get("internal_errors") or {}
     problems += [f"  internal error in {b['where']} x{b['count']}, last {b['seconds_ago']:g} s ago: {b['error']} "
-                 "(a bug: its traceback is in the log)" for b in bugs.get("by_place", ())]
-    recent = doc.get("errors_last_minute") or {}
+                 "(a bug: its traceback is in the log)" for b in doc["internal_errors"]["by_place"]]
+    recent = doc["errors_last_minute"]
     if recent:
         problems.append("  errors in the last minute: " + ", ".join(
             f"{name} {op} x{n}" for name, by_op in recent.items() for op, n in by_op.items()))
     lines += ["problems:", *problems] if problems else ["no problems"]
     return "\n".join(lines)
+
+
+def _unserved_text(doc: Unserved) -> str:
+    """The screen of a mount no daemon gives the status of (``Unserved``)."""
+    head = f"{doc['mountpoint']}  <-  {doc['source']}\n"
+    if doc.get("dead"):
+        return (f"{head}  dead: its daemon is gone (Transport endpoint is not connected); shardfs umount "
+                f"{doc['mountpoint']} detaches it, the next mount of the source folds its pending writes")
+    if doc.get("stuck"):
+        return (f"{head}  stuck: its daemon has not answered a request for {PROBE_TIMEOUT:g} s (stopped, or stuck: "
+                "its log may say why); every access to the mount waits until it answers (kill -CONT a stopped "
+                f"one); fusermount3 -u -z {doc['mountpoint']} detaches it")
+    return (f"{head}  unreadable: its daemon's status document is not this shardfs's ({doc.get('unreadable')}): "
+            f"a daemon of another version; shardfs mount over it hands it to a new worker")
 
 
 def clear_screen() -> str:

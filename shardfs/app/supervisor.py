@@ -63,7 +63,7 @@ from typing import Any, Callable
 
 from shardfs.app import fusedev, peers, state, zygote
 from shardfs.app.zygote import Child, Zygote
-from shardfs.storage import private
+from shardfs.base import private
 from shardfs.kernel import pagetable
 from shardfs.tree import ledger
 

@@ -51,10 +51,12 @@ def _mounted(mnt: str, src: str, opts: Parsed) -> Source:
         doc = status_of(mnt)
     except StatusError:
         return source
-    its = doc.get("options", {})  # the daemon's own -o options
+    if "pid" not in doc:  # no daemon's document (``Unserved``)
+        return source
+    its = doc["options"]  # the daemon's own -o options
     cfg = source.config
     return dataclasses.replace(source, config=dataclasses.replace(
-        cfg, endpoint=doc.get("endpoint") or cfg.endpoint, region=its.get("region") or cfg.region,
+        cfg, endpoint=doc["endpoint"] or cfg.endpoint, region=its.get("region") or cfg.region,
         anonymous=cfg.anonymous or "anonymous" in its))
 
 

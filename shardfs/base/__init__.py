@@ -8,7 +8,9 @@ job. It imports no other room of the package (only the standard library and trio
 - ``files``: ``fsync_dir`` (a rename or unlink made durable) and ``not_regular`` (why a
   file is never opened for I/O, for log lines);
 - ``faults``: ``Faults``, the mount's internal errors (bugs) counted and logged, never fatal;
-- ``budget``: ``Budget``, the bytes blocking calls in worker threads hold at once.
+- ``budget``: ``Budget``, the bytes blocking calls in worker threads hold at once;
+- ``private``: the directories and files only the mounting user can change (``open_dir``,
+  ``open_file``, ``Refused``: doc/SECURITY.md).
 """
 
-__all__ = ["attrs", "budget", "faults", "files", "lru", "threads"]
+__all__ = ["attrs", "budget", "faults", "files", "lru", "private", "threads"]

@@ -1,18 +1,27 @@
-"""Requests a worker forwards to the owner of a writable mount with ``-o workers=N``
-(``shardfs.kernel.owner`` says which), and the owner's side that serves them.
+"""Requests one worker of a mount with ``-o workers=N`` forwards to another
+(``shardfs.kernel.route`` says which: the owner of a writable mount's writes, or the worker that
+opened a handle), and the side that serves them.
 
-The owner listens on a unix socket in the mount's state directory (mode 0600, in this user's
-own directory; a peer of another user is refused: ``SO_PEERCRED``); each other worker keeps
-one connection to it (``OwnerLink``), over which any number of requests are in flight, each a
+Every worker listens on a unix socket of its slot in the mount's state directory (mode 0600,
+in this user's own directory; a peer of another user is refused: ``SO_PEERCRED``;
+``PeerServer``); a worker keeps one connection to each other slot it forwards to (``PeerLink``,
+made at the first request: ``Peers``), over which any number of requests are in flight, each a
 frame (4-byte length, ``marshal`` of plain values: pyfuse3's objects are sent as tuples of
-their fields). The owner calls the same handler the kernel's request would have reached
-(``Operations.<op>``, guarded, counted there), and the answer (a value or an errno) goes back
-to the worker, which replies to the kernel through its own descriptor.
+their fields). The serving worker calls the same handler the kernel's request would have
+reached (``Operations.<op>``, guarded, counted there: it is the worker that must serve it, so it
+serves it itself), and the answer (a value or an errno) goes back to the worker, which replies to the
+kernel through its own descriptor.
 
-A connection that breaks (the owner died) is made again once the supervisor started the next
-owner, and the requests in flight on it are sent again, marked as re-sent (``ctx.resent``):
-what the dead owner did of a non-idempotent one is answered as if it had replied
-(``fuse_ops._once``), as for a request the kernel sends again after a worker died.
+A connection that breaks (that worker died) is made again once the supervisor started the
+next one in its slot, and the requests in flight on it are sent again, marked as re-sent
+(``ctx.resent``): what the dead worker did of a non-idempotent one is answered as if it had
+replied (``fuse_ops._once``), as for a request the kernel sends again after a worker died.
+But the next worker writes FUSE_NOTIFY_RESEND, which moves every request read and not answered
+(this worker's too) back to the kernel's queue: a request read before that is the kernel's to
+send again, and doing it here too would do it twice (a truncating create after the client's
+writes). Each request carries when its worker began it (``time.monotonic``, the same clock in
+every process); the next worker answers one begun before its RESEND with ``MOVED``, which the
+sender answers with EIO, an answer the kernel drops (the request is no longer that worker's).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import marshal
 import os
 import socket
 import struct
+import time
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -34,20 +44,21 @@ import trio
 log = logging.getLogger("shardfs")
 HEADER = struct.Struct("<I")
 READDIR_BATCH = 256  # entries a worker asks the owner for at a time (a READDIR forwarded)
-RECONNECT_S = 120.0  # how long a worker waits for the next owner before failing a request (EIO)
+MOVED = -1  # the answer to a request begun before the serving worker's RESEND (see the module docstring)
+RECONNECT_S = 120.0  # how long a worker waits for the next worker of a slot before failing a request (EIO)
 EA = ("st_ino", "generation", "entry_timeout", "attr_timeout", "st_mode", "st_nlink", "st_uid", "st_gid", "st_rdev",
       "st_size", "st_blksize", "st_blocks", "st_atime_ns", "st_ctime_ns", "st_mtime_ns")
 FI = ("fh", "direct_io", "keep_cache", "nonseekable", "noflush")
 SF = ("update_atime", "update_mtime", "update_ctime", "update_mode", "update_uid", "update_gid", "update_size")
 CTX = ("uid", "gid", "pid", "umask")
-# what a worker may ask the owner: the handlers of ``owner.ALWAYS``/``HANDLED`` and the reads
+# what a worker may ask another: the handlers of ``owner.ALWAYS``/``HANDLED`` and the reads
 SERVED = frozenset(("lookup", "getattr", "open", "opendir", "read", "release", "flush", "releasedir", "create",
                     "write", "fsync", "fsyncdir", "setattr", "rename", "link", "unlink", "rmdir", "mkdir", "symlink",
                     "mknod", "setxattr", "removexattr", "entries", "forget", "counters"))
 
 
 class Broken(Exception):
-    """The connection to the owner ended (it died) before the answer came."""
+    """The connection to another worker ended (it died) before the answer came."""
 
 
 def encode(value: Any, resent: bool = False) -> Any:
@@ -113,14 +124,17 @@ async def _frames(stream: trio.SocketStream) -> Any:
         buf += data
 
 
-class OwnerServer:
-    """The owner's side: serve the requests the other workers forward with ``ops`` (the
+class PeerServer:
+    """A worker's side: serve the requests the other workers forward with ``ops`` (the
     mount's ``Operations``)."""
 
-    def __init__(self, path: str, ops: Any, listen: Callable[[str], socket.socket]) -> None:
+    def __init__(self, path: str, ops: Any, listen: Callable[[str], socket.socket],
+                 resent_at: float | None = None) -> None:
         """``listen(path)``: the listening unix socket (``shardfs.app.state.status_listener``: the
-        app's, given here so that this room imports none above it)."""
-        self.path, self.ops, self.listen = path, ops, listen
+        app's, given here so that this room imports none above it); ``resent_at``: when this
+        worker asked the kernel to send again what its slot's dead worker had read (before its
+        RESEND: ``time.monotonic``), None if it did not."""
+        self.path, self.ops, self.listen, self.resent_at = path, ops, listen, resent_at
 
     async def handler(self, op: str, args: tuple[Any, ...]) -> Any:
         if op == "entries":
@@ -151,10 +165,12 @@ class OwnerServer:
                 pass
 
     async def _answer(self, stream: trio.SocketStream, lock: trio.Lock, msg: Any) -> None:
-        ident, op, args = msg
+        ident, op, args, *begun = msg
         try:
             if op not in SERVED:
                 raise pyfuse3.FUSEError(errno.ENOSYS)
+            if begun and self.resent_at is not None and op != "forget" and begun[0] < self.resent_at:
+                raise pyfuse3.FUSEError(MOVED)  # the kernel sends it again
             reply: Any = (ident, True, encode(await self.handler(op, decode(args))))
         except pyfuse3.FUSEError as e:
             reply = (ident, False, e.errno)
@@ -167,11 +183,12 @@ class OwnerServer:
             pass  # that worker died: the kernel sends its requests again
 
 
-class OwnerLink:
-    """A worker's connection to the owner: ``call`` waits for the owner's answer (``run`` keeps
-    the connection's reader)."""
+class PeerLink:
+    """A worker's connection to the worker of another slot: ``call`` waits for its answer (the
+    connection's reader runs in the nursery ``run`` opens, or the one ``attach`` gives)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, forwarded: collections.Counter[str] | None = None) -> None:
+        """``forwarded``: where the requests sent are counted, by operation (shared by a worker's links)."""
         self.path = path
         self._stream: trio.SocketStream | None = None
         self._lock = trio.Lock()
@@ -179,7 +196,11 @@ class OwnerLink:
         self._ids = itertools.count()
         self._waiting: dict[int, list[Any]] = {}  # id -> [event, ok, value]
         self._nursery: trio.Nursery | None = None
-        self.forwarded: collections.Counter[str] = collections.Counter()  # requests sent, by operation (status)
+        # requests sent, by operation (status)
+        self.forwarded: collections.Counter[str] = collections.Counter() if forwarded is None else forwarded
+
+    def attach(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -226,9 +247,9 @@ class OwnerLink:
             await stream.aclose()
 
     async def call(self, op: str, args: tuple[Any, ...]) -> Any:
-        """The owner's answer to request ``op``; ``FUSEError`` if it failed (EIO if no owner
-        answers for ``RECONNECT_S``)."""
-        resent = False
+        """The other worker's answer to request ``op``; ``FUSEError`` if it failed (EIO if no
+        worker of that slot answers for ``RECONNECT_S``)."""
+        resent, begun = False, time.monotonic()
         while True:
             try:
                 stream = await self._connect()
@@ -238,7 +259,7 @@ class OwnerLink:
             slot: list[Any] = [trio.Event(), None, None, stream]
             self._waiting[ident] = slot
             try:
-                await _send(stream, self._lock, (ident, op, encode(args, resent)))
+                await _send(stream, self._lock, (ident, op, encode(args, resent), begun))
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 self._waiting.pop(ident, None)
                 if self._stream is stream:
@@ -246,16 +267,19 @@ class OwnerLink:
                 resent = True
                 continue
             await slot[0].wait()
-            if slot[1] is None:  # the owner died meanwhile: ask the next one, as a re-sent request
-                log.info("the owner worker died under a forwarded %s: asking the next one", op)
+            if slot[1] is None:  # that worker died meanwhile: ask the next one, as a re-sent request
+                log.info("a worker died under a forwarded %s: asking the next one of its slot", op)
                 resent = True
                 continue
             if not slot[1]:
+                if slot[2] == MOVED:
+                    log.info("a forwarded %s is the kernel's to send again (its worker died)", op)
+                    raise pyfuse3.FUSEError(errno.EIO)  # (dropped by the kernel)
                 raise pyfuse3.FUSEError(slot[2])
             return decode(slot[2])
 
     async def request(self, op: str, args: tuple[Any, ...], looked_up: Callable[[int], None]) -> Any:
-        """The owner's answer to request ``op`` (a READDIR: the entries the owner lists, replied
+        """The other worker's answer to request ``op`` (a READDIR: the entries it lists, replied
         here as far as the kernel's buffer takes them; ``looked_up`` counts each one taken)."""
         self.forwarded[op] += 1
         if op != "readdir":
@@ -283,3 +307,29 @@ class OwnerLink:
             await self.call("forget", (forgets,))
         except pyfuse3.FUSEError:
             pass
+
+
+class Peers:
+    """A worker's links to the other slots (``path(slot)``: where that slot's worker listens),
+    each made at its first use; ``run`` holds their readers."""
+
+    def __init__(self, path: Callable[[int], str]) -> None:
+        self.path = path
+        self.forwarded: collections.Counter[str] = collections.Counter()  # every link's (status)
+        self._links: dict[int, PeerLink] = {}
+        self._nursery: trio.Nursery | None = None
+
+    def link(self, slot: int) -> PeerLink:
+        link = self._links.get(slot)
+        if link is None:
+            link = self._links[slot] = PeerLink(self.path(slot), self.forwarded)
+            if self._nursery is not None:
+                link.attach(self._nursery)
+        return link
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for link in self._links.values():
+                link.attach(nursery)
+            await trio.sleep_forever()

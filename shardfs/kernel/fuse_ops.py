@@ -16,14 +16,14 @@ Any exception other than ``pyfuse3.FUSEError`` escaping a handler would end
 
 With ``-o workers=N`` (``shardfs.tree.ledger``: a shared ledger) any worker
 may get any request: a request that fails here first learns what the other workers gave out
-(``follow``) and is tried once more if that taught anything; what the kernel's page cache
-holds of each inode, and the sizes files open through it pin, are the mount's table
+(``Reopen.follow``) and is tried once more if that taught anything; what the kernel's page
+cache holds of each inode, and the sizes files open through it pin, are the mount's table
 (``shardfs.kernel.sharedpages``: files open through the page cache as with one worker; without
-a table, from a supervisor of an older package, files are opened with direct I/O); a handle
-another worker opened is opened again here at its first use (``_live``), at the version its
-record names (else EIO: never another version's bytes). On a
-writable mount worker 0 owns the writes: the others forward to it what they must not serve
-(``shardfs.kernel.owner``, ``shardfs.kernel.forward``).
+a table, from a supervisor of an older package, files are opened with direct I/O); a request on
+a handle another worker opened is sent to that worker (``shardfs.kernel.route``); a handle a
+dead worker of this slot opened is opened again here at its first use
+(``shardfs.kernel.reopen``). On a writable mount worker 0 owns the writes: the others forward to
+it what they must not serve (``shardfs.kernel.owner``, ``shardfs.kernel.forward``).
 
 Extended attributes are not implemented on purpose: pyfuse3 answers ENOSYS,
 after which the kernel stops asking. Otherwise ``ls -l`` sends two getxattr
@@ -41,12 +41,11 @@ import os
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import pyfuse3
-import trio
 
 from shardfs.config import KernelConfig
 from shardfs.kernel.callers import Callers
-from shardfs.kernel.forward import OwnerLink, encode
-from shardfs.kernel.owner import Areas
+from shardfs.kernel.forward import encode
+from shardfs.kernel.route import Route
 from shardfs.kernel.entries import Entries
 from shardfs.kernel.handles import DirHandle, Handle, Handles, Lost
 from shardfs.kernel.inodes import KernelInodes, Pages
@@ -54,11 +53,12 @@ from shardfs.kernel.pins import Pins
 from shardfs.tree.listing import DirStream
 from shardfs.base.attrs import Attr
 from shardfs.base.faults import Faults
-from shardfs.tree.nodes import ChunkKey
+from shardfs.tree.nodes import ChunkKey, Unbound
 from shardfs.tree.nodetable import CHUNK_BASE
 from shardfs.tree.tries import Tries
 from shardfs.kernel.stats import RequestStats
 from shardfs.kernel.invalidation import Invalidation
+from shardfs.kernel.reopen import Reopen
 from shardfs.kernel.opening import Opening, kernel_attr
 from shardfs.reads import ReadHandle
 from shardfs.storage import Storage
@@ -72,7 +72,6 @@ from shardfs.tree.writer import WriteHandle, Writer
 
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
-FOLLOW_S = 0.5  # seconds between looks at what other workers appended to a shared ledger
 NAME_MAX = 255  # bytes in one name (ENAMETOOLONG beyond), as on every local Linux filesystem
 # pyfuse3 built by scripts/pyfuse3 (run by scripts/install) has FileInfo.noflush: a read-only
 # open then asks the kernel for no FLUSH request at its close(); stock pyfuse3 has not (each
@@ -88,6 +87,21 @@ def _name(name: bytes) -> str:
     return os.fsdecode(name)
 
 
+BINDS = 4  # arrays one request may name that a restarted worker has not read yet (``Unbound``)
+
+
+async def _binding(self: "Operations", fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """``fn(self, *args)``; run again after reading the array it names that a dead worker had
+    read and this one has not yet (``Unbound``: a restarted worker reads each at its first use)."""
+    for _ in range(BINDS):
+        try:
+            return await fn(self, *args)
+        except Unbound as e:
+            if not await self.numbers.bind(e.path):
+                raise
+    return await fn(self, *args)
+
+
 def _guard(fn: F) -> F:
     """A handler that counts itself (``Operations.stats``) and never raises anything but
     ``FUSEError`` (see the module docstring)."""
@@ -95,12 +109,11 @@ def _guard(fn: F) -> F:
 
     @functools.wraps(fn)
     async def wrapper(self: "Operations", *args: Any) -> Any:
-        if self.areas is not None:  # a writable mount's workers (``shardfs.kernel.owner``)
+        if self.route is not None:  # N workers: the one that must serve it (``shardfs.kernel.route``)
             try:
-                if self.forward is None:
-                    self.areas.before(op, args)  # (OSError: a change that cannot be marked is not made)
-                elif self.areas.forwards(op, args):
-                    return await self.forward.request(op, args, self._kernel.looked_up)
+                link = self.route.link(op, args)  # (OSError: a change that cannot be marked is not made)
+                if link is not None:
+                    return await link.request(op, args, self._kernel.looked_up)
             except pyfuse3.FUSEError:
                 raise
             except Exception as e:
@@ -109,14 +122,14 @@ def _guard(fn: F) -> F:
         self.stats.requests[op] += 1
         try:
             try:
-                return await fn(self, *args)
+                return await _binding(self, fn, args)
             except Exception as e:
                 # another worker gave out a number it names (``follow``); a slot another request
                 # of this worker was binding meanwhile fails as no OSError/FUSEError (its array unread)
-                if not self.shared or not (await self.follow()
+                if not self.reopen.shared or not (await self.reopen.follow()
                                            or not isinstance(e, (OSError, pyfuse3.FUSEError))):
                     raise
-            return await fn(self, *args)
+            return await _binding(self, fn, args)
         except pyfuse3.FUSEError as e:
             self.stats.error(e.errno, op)
             raise
@@ -170,39 +183,27 @@ class Operations(pyfuse3.Operations):
         self.structure = None if writer is None else writer.structure
         self.invalidate = invalidation.invalidate
         self.kernel = kernel = kernel or KernelConfig()
-        self._ledger = numbers.ledger  # (``shared``: read at every open)
         self._handles = Handles(numbers.ledger)
-        numbers.ledger.followers.append(self._follow_handles)
         self._kernel = inodes
+        # handles another worker or a dead one opened (``-o workers=N``, a restart): opened again here
+        self.reopen = Reopen(self._handles, numbers, listing, opens, inodes, self._writable, self._let_go)
         # versions that files open through the page cache hold their inode's size at
-        self._pins = Pins() if pins is None else pins
+        self._pins = Pins(nodes.new_alias) if pins is None else pins
         self._callers = Callers(os.getuid())
         self._entry = Entries(kernel, self.read_only, inodes).entry
         self.stats = RequestStats()
-        # ``-o workers=N`` on a writable mount: the owner marks what it changes (``areas``), the
-        # other workers forward to it what they must not serve (``forward``): set by the daemon
-        self.areas: Areas | None = None
-        self.forward: OwnerLink | None = None
+        # ``-o workers=N``: which worker serves a request (a handle's opener; on a writable mount
+        # the owner, which marks what it changes): set by the daemon
+        self.route: Route | None = None
         self._opening = Opening(opens, inodes, numbers, self.stats)
         for op in GUARDED:
             self.stats.op(op)
 
     def _looked_up(self, attr: Attr) -> pyfuse3.EntryAttributes:
         """An entry reply (lookup, create, link): the kernel now holds one more lookup of the inode."""
-        attr = self._shown(attr)
+        attr = self._pins.entry(attr)
         self._kernel.looked_up(attr.ino)
         return self._entry(attr)
-
-    def _shown(self, attr: Attr) -> Attr:
-        """``attr`` with the inode an entry of it gives the kernel: a chunk file's own, or an
-        alias while files opened on another size of it hold that one (``Pins.shown``)."""
-        if attr.ino < CHUNK_BASE or not self._pins:  # (every lookup: nothing pinned, nothing to look up)
-            return attr
-        ino = self._pins.shown(attr)
-        if ino is None:
-            ino = self.nodes.new_alias(attr.ino)
-            self._pins.showing(attr.ino, ino)
-        return attr if ino == attr.ino else attr._replace(ino=ino)
 
     @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
@@ -258,11 +259,7 @@ class Operations(pyfuse3.Operations):
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         """Entries from offset ``start_id`` on, until the kernel's buffer is full; offset 0
         lists afresh. The entries come a page at a time (``DirStream``)."""
-        handle = await self._live(fh)
-        assert isinstance(handle, DirHandle)  # the kernel sends READDIR with directory handles only
-        stream = handle.stream
-        if start_id == 0:
-            await stream.rewind()
+        stream = await self._listing_of(fh, start_id)
         e = None
         offset = start_id
         while True:
@@ -272,7 +269,7 @@ class Operations(pyfuse3.Operations):
             pinned = bool(self._pins)
             for name, attr in itertools.islice(page, i, None):
                 if pinned:
-                    attr = self._shown(attr)
+                    attr = self._pins.entry(attr)
                 e = self._entry(attr, e)
                 if not pyfuse3.readdir_reply(token, os.fsencode(name), e, offset + 1):
                     return
@@ -282,18 +279,23 @@ class Operations(pyfuse3.Operations):
     async def entries(self, fh: int, start_id: int, limit: int) -> list[tuple[bytes, Any]]:
         """Up to ``limit`` entries of directory handle ``fh`` from offset ``start_id`` (0: afresh),
         as (name, the entry's fields): what a worker forwarding a READDIR replies with."""
-        handle = await self._live(fh)
-        assert isinstance(handle, DirHandle)
-        if start_id == 0:
-            await handle.stream.rewind()
+        stream = await self._listing_of(fh, start_id)
         out: list[tuple[bytes, Any]] = []
         while len(out) < limit:
-            page, i = await handle.stream.at(start_id + len(out))
+            page, i = await stream.at(start_id + len(out))
             if not page:
                 break
             for name, attr in itertools.islice(page, i, i + limit - len(out)):
-                out.append((os.fsencode(name), encode(self._entry(self._shown(attr)))[1]))
+                out.append((os.fsencode(name), encode(self._entry(self._pins.entry(attr)))[1]))
         return out
+
+    async def _listing_of(self, fh: int, start_id: int) -> DirStream:
+        """Directory handle ``fh``'s listing, rewound if ``start_id`` is 0 (listed afresh)."""
+        handle = await self.reopen.live(fh)
+        assert isinstance(handle, DirHandle)  # the kernel sends READDIR with directory handles only
+        if start_id == 0:
+            await handle.stream.rewind()
+        return handle.stream
 
     @_guard
     async def releasedir(self, fh: int) -> None:
@@ -308,7 +310,7 @@ class Operations(pyfuse3.Operations):
             written = await self._writable(ctx).open(inode, truncate=bool(flags & os.O_TRUNC))
             self._kernel.changed(inode)
             self._pins.forfeit(inode)  # rewritten in place: its readers may read it torn, as on any filesystem
-            return pyfuse3.FileInfo(fh=self._add_write(written), direct_io=False, keep_cache=False)
+            return pyfuse3.FileInfo(fh=self._handles.add_write(written), direct_io=False, keep_cache=False)
         await self._callers.may_read(self.source, self.names, inode, ctx)
         if inode >= CHUNK_BASE:
             self.stats.chunk_files += 1
@@ -338,7 +340,7 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        handle = await self._live(fh)
+        handle = await self.reopen.live(fh)
         data: bytes | bytearray | memoryview
         if isinstance(handle, WriteHandle):
             data = await self._writable().read(handle, off, size)
@@ -354,12 +356,7 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh)
-        ledger = self.numbers.ledger
-        if ledger.full:
-            if ledger.shared:  # (every worker's records: ``Ledger.compact``)
-                ledger.compact()
-            else:
-                ledger.rewrite([*self.numbers.records(), *self._handles.records()])
+        self.numbers.compact_if_full(self._handles.records)
         self._let_go(fh, handle)
 
     def _let_go(self, fh: int, handle: Handle | None) -> None:
@@ -380,93 +377,13 @@ class Operations(pyfuse3.Operations):
             setattr(out, name, getattr(st, name))
         return out
 
-    def _add_write(self, handle: WriteHandle) -> int:
-        """Register a handle open for writing; noted as holding bytes only this process keeps if
-        it does (a truncating open, a staging file)."""
-        fh = self._handles.add(handle)
-        if handle.dirty or handle.staging is not None:
-            self._handles.dirtied(fh)
-        return fh
-
-    @property
-    def shared(self) -> bool:
-        """True when other workers serve the same connection (``-o workers=N``)."""
-        return self._ledger.shared
-
-    async def follow(self) -> bool:
-        """``Numbers.follow``: what the other workers gave out; True if that taught a number."""
-        return await self.numbers.follow()
-
-    async def following(self) -> None:
-        """Follow the shared ledger every ``FOLLOW_S`` seconds (handles released elsewhere are
-        let go of even when no request here names anything new)."""
-        while True:
-            await trio.sleep(FOLLOW_S)
-            await self.follow()
-
-    def _follow_handles(self, records: list[list[Any]]) -> None:
-        for fh, handle in self._handles.follow(records):
-            self._let_go(fh, handle)
-
-    async def _live(self, fh: int) -> Handle:
-        """Handle ``fh``; a ``Lost`` one (a dead worker, or another worker, opened it:
-        ``restore``, ``Handles.follow``) is opened again first, unless bytes written through it
-        died with that worker (EIO, at every use), or it was a read handle of another version of
-        its file (EIO: another worker's handle whose file changed since it was opened)."""
-        handle = self._handles.get(fh)
-        if handle is None and self.shared:
-            await self.follow()  # opened by another worker a moment ago
-            handle = self._handles.get(fh)
-        if handle is None:
-            raise pyfuse3.FUSEError(errno.EBADF)
-        if not isinstance(handle, Lost):
-            return handle
-        new: Handle
-        if handle.kind == "d":
-            new = DirHandle(handle.ino, DirStream(self.listing, handle.ino))
-        elif handle.dirty:
-            log.error("file handle %d (inode %d): bytes written through it were lost with a worker: EIO", fh,
-                      handle.ino)
-            raise pyfuse3.FUSEError(errno.EIO)
-        else:
-            try:
-                new = await (self.opens.open(handle.ino) if handle.kind == "r"
-                             else self._writable().open(handle.ino, truncate=False))
-            except OSError as e:  # its file is gone (a staging file lived in the dead worker's memory)
-                log.error("file handle %d (inode %d): cannot open it again: %s: EIO", fh, handle.ino, e.strerror)
-                raise pyfuse3.FUSEError(errno.EIO) from None
-            # (a handle this slot's dead worker opened is opened again as a restarted worker's is,
-            # at the current version: a pending chunk taken over from the journal has a new mtime)
-            if isinstance(new, ReadHandle) and handle.version is not None \
-                    and self._ledger.owner(fh) != self._ledger.index \
-                    and (new.attr.size, new.attr.mtime_ns) != handle.version:
-                self.opens.release(new)
-                log.error("file handle %d (inode %d): its file changed since another worker opened it: EIO", fh,
-                          handle.ino)
-                raise pyfuse3.FUSEError(errno.EIO)
-        self._handles.reopened(fh, new)
-        return new
-
-    async def restore(self, records: list[list[Any]]) -> None:
-        """Take over the numbers a dead worker gave the kernel (its ledger's ``records``: see
-        ``shardfs.tree.ledger``): the arrays' slots, the inodes, the open handles. A worker of
-        a shared ledger takes what every worker gave out so far (``records``: its ``tail``)."""
-        await self.numbers.restore(records)
-        self._handles.restore(records)
-        if not self.shared:  # (N workers open every file with direct I/O: no pages to know of)
-            self._kernel.restored()
-
     def open_handles(self) -> int:
         """Handles this process holds open (``shardfs status``: ``open_handles``)."""
         return self._handles.held()
 
     def spilled_bytes(self) -> int:
         """Bytes held in spill files by open files and staging files (``shardfs status``)."""
-        # (a handle opened for writing has no content until its first write or read: skipped)
-        buffers = {id(b): b for b in (h.staging.data if h.staging is not None else h.buf
-                                      for h in self._handles.writes()) if b is not None}
-        buffers.update((id(st.data), st.data) for st in self.nodes.staged.values())
-        return sum(b.size for b in buffers.values() if b.spilled)
+        return self._handles.spilled_bytes(self.nodes.staged.values())
 
     def _writable(self, ctx: Any = None) -> "Writer":
         """The writer; EROFS on a read-only mount, EACCES for another user (``Callers``)."""
@@ -483,9 +400,9 @@ class Operations(pyfuse3.Operations):
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         try:
-            if self.forward is not None:  # the lookups the owner gave the kernel are its to forget
-                self.forward.send_forget([(ino, n - held) for ino, n in inode_list
-                                          if (held := self._kernel.lookups(ino)) < n])
+            if self.route is not None:  # the lookups the owner gave the kernel are its to forget
+                self.route.forget([(ino, n - held) for ino, n in inode_list
+                                   if (held := self._kernel.lookups(ino)) < n])
             for ino, nlookup in inode_list:
                 if self._kernel.forget(ino, nlookup):
                     chunk = self.nodes.forget(ino)
@@ -499,11 +416,11 @@ class Operations(pyfuse3.Operations):
                      ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         attr, handle = await self._writable(ctx).create(parent_inode, _name(name))
         self._kernel.changed(attr.ino)
-        return pyfuse3.FileInfo(fh=self._add_write(handle)), self._looked_up(attr)
+        return pyfuse3.FileInfo(fh=self._handles.add_write(handle)), self._looked_up(attr)
 
     @_guard
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        handle = await self._live(fh)
+        handle = await self.reopen.live(fh)
         if not isinstance(handle, WriteHandle):
             raise pyfuse3.FUSEError(errno.EBADF)
         self._kernel.changed(handle.ino)  # its pages now hold bytes no version has (see ``KernelInodes.dropped``)
@@ -524,13 +441,15 @@ class Operations(pyfuse3.Operations):
         """
         if self.read_only:
             raise pyfuse3.FUSEError(errno.ENOSYS)
-        handle = await self._live(fh) if self._handles.get(fh) is not None else None
+        handle = await self.reopen.live(fh) if self._handles.get(fh) is not None else None
         if isinstance(handle, WriteHandle):
             await self._writable().flush(handle)
 
     @_guard
     async def fsync(self, fh: int, datasync: bool) -> None:
-        handle = await self._live(fh) if self._handles.get(fh) is not None else None
+        handle = self._handles.get(fh)
+        if isinstance(handle, Lost) and handle.kind == "w":  # (another worker's read handle: nothing to open)
+            handle = await self.reopen.live(fh)
         if self.writer is not None:
             await self.writer.fsync(handle if isinstance(handle, WriteHandle) else None)
 
@@ -548,7 +467,7 @@ class Operations(pyfuse3.Operations):
             self._writable(ctx)
         if fields.update_size:
             writer = self._writable(ctx)
-            handle = await self._live(fh) if fh is not None and self._handles.get(fh) is not None else None
+            handle = await self.reopen.live(fh) if fh is not None and self._handles.get(fh) is not None else None
             if not isinstance(handle, WriteHandle):
                 handle = self._handles.dirty_write(inode)
             self._pins.forfeit(inode)

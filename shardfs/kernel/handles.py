@@ -17,10 +17,11 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from shardfs.tree.ledger import Ledger
 from shardfs.tree.listing import DirStream
+from shardfs.tree.nodes import Staging
 from shardfs.reads import ReadHandle
 from shardfs.tree.writer import WriteHandle
 
@@ -78,6 +79,14 @@ class Handles:
             ledger.note("h", fh, ino, "r", handle.attr.size, handle.attr.mtime_ns)
         else:  # (every open of a file: the record written as json.dumps would, 5x faster)
             ledger.note_line(f'["h",{fh},{ino},"{_kind(handle)}"]')
+        return fh
+
+    def add_write(self, handle: WriteHandle) -> int:
+        """``add`` a handle open for writing, noted as holding bytes only this process keeps if it
+        does (a truncating open, a staging file)."""
+        fh = self.add(handle)
+        if handle.dirty or handle.staging is not None:
+            self.dirtied(fh)
         return fh
 
     def dirtied(self, fh: int) -> None:
@@ -175,6 +184,14 @@ class Handles:
     def writes(self) -> list[WriteHandle]:
         """Every handle open for writing."""
         return [h for h in self._open.values() if isinstance(h, WriteHandle)]
+
+    def spilled_bytes(self, staged: Iterable[Staging]) -> int:
+        """Bytes held in spill files by the open files and the ``staged`` files (``shardfs status``)."""
+        # (a handle opened for writing has no content until its first write or read: skipped)
+        buffers = {id(b): b for b in (h.staging.data if h.staging is not None else h.buf
+                                      for h in self.writes()) if b is not None}
+        buffers.update((id(st.data), st.data) for st in staged)
+        return sum(b.size for b in buffers.values() if b.spilled)
 
     def dirty_write(self, ino: int) -> WriteHandle | None:
         """A handle with uncommitted writes to ``ino``, if any (its size is what stat shows)."""

@@ -30,7 +30,8 @@ WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
 # requests a worker other than the owner never serves itself: they change the view
 ALWAYS = frozenset(("create", "write", "fsync", "fsyncdir", "setattr", "rename", "link", "unlink", "rmdir",
                     "mkdir", "symlink", "mknod", "setxattr", "removexattr"))
-HANDLED = frozenset(("read", "release", "flush", "readdir", "releasedir"))  # by the worker that opened them
+# requests on a handle: served by the worker that opened it (``shardfs.kernel.route``)
+HANDLED = frozenset(("read", "release", "flush", "readdir", "releasedir"))
 
 
 def _join(path: str, name: str) -> str:
@@ -103,9 +104,8 @@ class Areas:
     """The owner's marking (``before``) and the other workers' choice (``forwards``), given
     the node table that names each inode's area."""
 
-    def __init__(self, nodes: NodeTable, marks: Marks, owner_of: Any) -> None:
+    def __init__(self, nodes: NodeTable, marks: Marks) -> None:
         self.nodes, self.marks = nodes, marks
-        self.owner_of = owner_of  # fh -> the slot of the worker that opened it (``Ledger.owner``)
 
     def _key(self, ino: int) -> Any:
         try:
@@ -155,14 +155,13 @@ class Areas:
         else:
             self._mark_ino(parent)
 
-    # -- another worker: True if the owner must serve the request
+    # -- another worker: True if the owner must serve the request (a request on a handle goes
+    # to the worker that opened it: ``shardfs.kernel.route``)
     def forwards(self, op: str, args: tuple[Any, ...]) -> bool:
         if op in ALWAYS:
             return True
-        if op in HANDLED:
-            return bool(self.owner_of(args[0]) == OWNER)
         if op not in ("lookup", "getattr", "open", "opendir"):
-            return False  # (statfs; forget is split by ``Operations.forget``)
+            return False  # (statfs, requests on handles; forget is split by ``Operations.forget``)
         if op == "open" and args[1] & WRITE_FLAGS:
             return True
         self.marks.refresh()

@@ -15,8 +15,8 @@ it) and the chunk's size is no longer theirs:
   replaced inode does;
 - an open of it is refused (``refused``: ESTALE, after which the kernel looks the name up
   again and opens what the lookup gives);
-- a lookup of a name of the chunk (or a listing) gives another inode (``shown``: a new alias
-  made by the caller and registered with ``showing``), as a rename does on a local filesystem.
+- a lookup of a name of the chunk (or a listing) gives another inode (``entry``, ``shown``: a new
+  alias made by ``new_alias`` and registered with ``showing``), as a rename does on a local filesystem.
 
 Only the size matters: a version of the same size (a fold changes only the mtime) is served
 through the same inode (the page-cache bookkeeping in ``inodes.KernelInodes`` keeps each
@@ -27,13 +27,18 @@ a reader of a file rewritten in place may read it torn). Runs on the trio thread
 
 from __future__ import annotations
 
+from typing import Callable
+
 from shardfs.base.attrs import Attr
+from shardfs.tree.nodetable import CHUNK_BASE
 
 
 class Pins:
     """The versions pinned by files open through the page cache, and the inodes chunks show."""
 
-    def __init__(self) -> None:
+    def __init__(self, new_alias: Callable[[int], int] | None = None) -> None:
+        """``new_alias(ino)``: a new alias inode of chunk inode ``ino`` (``NodeTable.new_alias``)."""
+        self._new_alias = new_alias
         self._pins: dict[int, dict[int, tuple[int, int]]] = {}  # inode -> {fh: (size, mtime) it reads}
         self._of: dict[int, int] = {}  # fh -> the inode it pins
         self._shown: dict[int, int] = {}  # chunk inode -> the alias its names show instead
@@ -88,6 +93,19 @@ class Pins:
         makes a new alias and registers it)."""
         ino = self._shown.get(attr.ino, attr.ino) if self._shown else attr.ino
         return None if self._pins and self._pinned(ino, attr.size) is not None else ino
+
+    def entry(self, attr: Attr) -> Attr:
+        """``attr`` with the inode an entry of it gives the kernel: a chunk file's own, or an
+        alias while files opened on another size of it hold that one (``shown``; a new one made
+        with ``new_alias`` and registered, ``showing``, when that one is pinned too)."""
+        if attr.ino < CHUNK_BASE or not self:  # (every lookup: nothing pinned, nothing to look up)
+            return attr
+        ino = self.shown(attr)
+        if ino is None:
+            assert self._new_alias is not None  # (given by the adapter)
+            ino = self._new_alias(attr.ino)
+            self.showing(attr.ino, ino)
+        return attr if ino == attr.ino else attr._replace(ino=ino)
 
     def showing(self, chunk: int, alias: int) -> None:
         """The names of chunk inode ``chunk`` show ``alias`` from now on (until it is forgotten)."""

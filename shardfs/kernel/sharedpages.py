@@ -22,6 +22,8 @@ what changes with N workers:
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
+
 from shardfs.base.attrs import Attr
 from shardfs.kernel import pagetable as pt
 from shardfs.kernel.inodes import KernelInodes, Pages
@@ -154,8 +156,8 @@ class SharedPins(Pins):
     its readers' version: a file of another version beside them reads with direct I/O and pins
     nothing); the aliases chunks show stay this worker's."""
 
-    def __init__(self, table: pt.PageTable) -> None:
-        super().__init__()
+    def __init__(self, table: pt.PageTable, new_alias: Callable[[int], int] | None = None) -> None:
+        super().__init__(new_alias)
         self.table = table
         self._mine: dict[int, tuple[int, int]] = {}  # fh -> (its inode's entry, the forfeits then)
 

@@ -19,11 +19,11 @@ def make_reads(source: Storage, cache: RangeCache | None = None, chunk_cache: Ch
     ``RangeCache(shardfs.reads.objects.DEFAULT_CACHE_BYTES)``, memory only); ``chunk_cache``:
     decoded chunks (default: ``ChunkCache()``)."""
     chunk_cache = chunk_cache if chunk_cache is not None else ChunkCache()
-    store: Any = source  # the implementation its kind opens (``LocalStorage``, ``ObjectStorage``)
+    store: Any = source  # what its kind opens (``LocalStorage``; ``ObjectStorage``/``WebStorage``: ``requests``)
     if source.read_path == "local":
         from shardfs.reads.local import LocalReads
 
         return LocalReads(store, chunk_cache)
     from shardfs.reads.objects import ObjectReads
 
-    return ObjectReads(store, chunk_cache, cache)
+    return ObjectReads(store, store.requests, chunk_cache, cache)

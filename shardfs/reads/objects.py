@@ -31,7 +31,8 @@ from shardfs.reads.rangecache import RangeCache
 from shardfs.reads import ReadAhead, ReadHandle, Reads
 from shardfs.shards.shard import Extent
 from shardfs.storage import Range, Version, VersionMismatch
-from shardfs.storage.objects import Buffer, ObjectStorage
+from shardfs.storage import Storage
+from shardfs.storage.requests import Buffer, ObjectRequests
 from shardfs.base.threads import blocking
 
 if TYPE_CHECKING:
@@ -41,14 +42,17 @@ DEFAULT_CACHE_BYTES = ReadConfig.cache_size  # -o cache_size
 
 
 class ObjectReads(Reads):
-    """``Reads`` over an ``ObjectStorage`` (see the module docstring); ``cache`` defaults to
+    """``Reads`` over a source reached through obstore (an object store, a web server) and its
+    ``requests`` (``shardfs.storage.requests``: see the module docstring); ``cache`` defaults to
     ``RangeCache(DEFAULT_CACHE_BYTES)``, memory only."""
 
     prefetches = True
 
-    def __init__(self, source: ObjectStorage, chunk_cache: ChunkCache, cache: RangeCache | None = None) -> None:
+    def __init__(self, source: Storage, requests: ObjectRequests, chunk_cache: ChunkCache,
+                 cache: RangeCache | None = None) -> None:
         super().__init__(chunk_cache, ReadAhead(chained=True, starts=True, adjacent=True))
         self.source = source
+        self.requests = requests
         self.cache = cache if cache is not None else RangeCache(DEFAULT_CACHE_BYTES)
         self._fetching: dict[tuple[str, Version], trio.Event] = {}  # whole shards being fetched
 
@@ -100,7 +104,7 @@ class ObjectReads(Reads):
     async def fetch_whole(self, key: str) -> tuple[bytes, Version] | None:
         if self.cache.disk_dir is not None:
             return None
-        data, version = await self.source.loop.trio_run(self.source.aread_all(key, copy=False))
+        data, version = await self.requests.loop.trio_run(self.requests.aread_all(key, copy=False))
         self.cache.put(self.source.describe(key), version, 0, data)
         return data, version
 
@@ -108,6 +112,7 @@ class ObjectReads(Reads):
         """One GET of ``rng`` of the shard, If-Match its version; ``VersionMismatch`` if the
         shard was replaced or removed."""
         try:
-            return (await self.source.loop.trio_run(self.source.aread(ext.key, [rng], ext.version, copy=False)))[0]
+            read = self.requests.aread(ext.key, [rng], ext.version, copy=False)
+            return (await self.requests.loop.trio_run(read))[0]
         except FileNotFoundError:
             raise VersionMismatch(self.source.describe(ext.key)) from None

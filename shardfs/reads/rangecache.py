@@ -36,7 +36,7 @@ Contract:
   ``disk_max_bytes / 8`` written (again at its end if that much was written meanwhile), that
   removes the least recently used files (oldest mtime, so atime settings do not matter) until
   at most 7/8 of the bound remain: usage exceeds the bound only by what is written during a scan.
-- The directory is this user's own (``shardfs.storage.private``: made 0700 if missing, refused
+- The directory is this user's own (``shardfs.base.private``: made 0700 if missing, refused
   with ``ValueError`` naming it if another user owns it, others can write it or it is a
   symlink); its buckets are made 0700 and its files 0600, and a file that is not this user's
   own regular file is never served (removed, one log line). It is created if missing
@@ -65,7 +65,8 @@ from collections import OrderedDict, deque
 
 import crc32c
 
-from shardfs.storage import Version, private
+from shardfs.base import private
+from shardfs.storage import Version
 
 log = logging.getLogger("shardfs")
 

@@ -102,7 +102,8 @@ def _directory(source: Source, version_ttl: float, list_ttl: float) -> Iterator[
 
 @contextlib.contextmanager
 def _object_store(source: Source, version_ttl: float, list_ttl: float) -> Iterator[Any]:
-    from shardfs.storage.objects import ObjectStorage, Retry
+    from shardfs.storage.objects import ObjectStorage
+    from shardfs.storage.requests import Retry
 
     cfg = source.config
     storage = ObjectStorage(source.name, endpoint=cfg.endpoint, region=cfg.region, anonymous=cfg.anonymous,
@@ -116,7 +117,7 @@ def _object_store(source: Source, version_ttl: float, list_ttl: float) -> Iterat
 
 @contextlib.contextmanager
 def _web(source: Source, version_ttl: float, list_ttl: float) -> Iterator[Any]:
-    from shardfs.storage.objects import Retry
+    from shardfs.storage.requests import Retry
     from shardfs.storage.web import WebStorage
 
     storage = WebStorage(source.name, retry=Retry.for_timeout(source.config.timeout), stat_ttl=version_ttl,

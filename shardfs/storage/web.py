@@ -1,9 +1,10 @@
 """A plain web server (``http(s)://host/path/data.zarr``) behind ``Storage``, read-only.
 
 Many public Zarr datasets are served by web servers that answer ranged GETs and nothing
-else: no listing, no writes. ``WebStorage`` reads them with obstore's ``HTTPStore`` and
-the request code of ``ObjectStorage`` (ranged and suffix GETs, If-Match on the ETag,
-retries, counters), and makes up the listings the view needs from what the data says:
+else: no listing, no writes. ``WebStorage`` reads them with obstore's ``HTTPStore`` through
+the request path it shares with the object stores (``shardfs.storage.requests``: ranged and
+suffix GETs, If-Match on the ETag, retries, counters), and makes up the listings the view
+needs from what the data says:
 
 - a group lists ``zarr.json`` and the children its metadata names: the members of
   consolidated metadata (``consolidated_metadata.metadata`` in its ``zarr.json``), the
@@ -21,7 +22,7 @@ retries, counters), and makes up the listings the view needs from what the data 
 
 Versions are the server's ETag (or Last-Modified) and size, as for objects; a server that
 sends neither makes every key look unchanged for the life of the mount (said once in the
-log at mount). ``replace`` and ``delete`` fail with EROFS: the mount is read-only.
+log at mount). ``replace``, ``delete`` and ``move`` fail with EROFS: the mount is read-only.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ from obstore.store import HTTPStore
 from shardfs.storage import Entry, Version, Absent
 from shardfs.storage.loop import LoopThread
 from shardfs.storage.access import Access
-from shardfs.storage.objects import (ObjectStorage, Retry, StorageUnavailable, _first_line, _status, _version,
-                                     tls_failure)
+from shardfs.storage.requests import (ObjectRequests, OverRequests, Retry, StorageUnavailable, first_line,
+                                      status_of, tls_failure, version_of)
 
 log = logging.getLogger("shardfs")
 DOC_TTL = 1.0  # seconds a zarr.json read for a listing is remembered
@@ -52,21 +53,19 @@ LIST_PAGE = 1000  # entries per page of a made-up listing
 LISTED_MAX = 100_000  # shard positions of an array's key space listed at most (beyond: found by name)
 
 
-class WebStorage(ObjectStorage):
+class WebStorage(OverRequests):
     """``Storage`` over ``http(s)://host/path`` (thread-safe; read-only)."""
 
     def __init__(self, url: str, *, retry: Retry = Retry(), loop: LoopThread | None = None,
                  stat_ttl: float = 1.0, list_ttl: float = 0.0, access: Access = Access()):
-        self.url = url.rstrip("/")
-        self.scheme = "http"
-        self._url, self._config = self.url, {}
-        self._access = access  # TLS trust only: a web server takes no credentials
-        self._client = {"allow_http": self.url.startswith("http://"), **access.client_options()}
-        self._docs: dict[str, tuple[float, dict[str, Any] | None]] = {}
-        self._connect(retry, loop, "web", stat_ttl, list_ttl)
+        self._url = url = url.rstrip("/")
+        client = {"allow_http": url.startswith("http://"), **access.client_options()}  # TLS trust only:
+        self._docs: dict[str, tuple[float, dict[str, Any] | None]] = {}  # a web server takes no credentials
+        super().__init__(ObjectRequests(url, "http", self._open, client, retry=retry, loop=loop, name="web",
+                                        stat_ttl=stat_ttl, list_ttl=list_ttl))
 
     def _open(self, client: dict[str, Any], retry_config: dict[str, Any]) -> HTTPStore:
-        return HTTPStore.from_url(self.url, client_options=client, retry_config=retry_config)
+        return HTTPStore.from_url(self._url, client_options=client, retry_config=retry_config)
 
     # ------------------------------------------------------------------ no writes
 
@@ -77,12 +76,18 @@ class WebStorage(ObjectStorage):
     def delete(self, key: str, if_version: Version | Absent | None = None) -> None:
         raise OSError(errno.EROFS, "a web server is read-only", self.describe(key))
 
+    def move(self, src: str, dst: str) -> None:
+        raise OSError(errno.EROFS, "a web server is read-only", self.describe(src))
+
+    def check_write(self, key: str) -> None:
+        raise OSError(errno.EROFS, "a web server is read-only", self.describe(key))
+
     # ------------------------------------------------------------------ listings made up
 
     def list(self, prefix: str) -> Iterator[list[Entry]]:
         """See ``Storage.list``: made up from the metadata (module docstring), remembered as
         listings are."""
-        return self._listings.list(prefix.strip("/"), self._list)
+        return self.requests.listings.list(prefix.strip("/"), self._list)
 
     def _list(self, prefix: str) -> Iterator[builtins.list[Entry]]:
         entries = iter(self._entries(prefix))
@@ -158,14 +163,14 @@ class WebStorage(ObjectStorage):
     def check(self) -> None:
         """Raise ``StorageUnavailable`` (one line) unless the server answers for ``zarr.json``
         (a missing one is for the caller to explain); warn once if it sends no version."""
-        quick = self._build(Retry(max_retries=1, retry_timeout=5, request_timeout=5.0, connect_timeout=3.0))
+        quick = self.requests.build(Retry(max_retries=1, retry_timeout=5, request_timeout=5.0, connect_timeout=3.0))
         try:
-            version: Version | None = _version(obstore.head(quick, "zarr.json"))
+            version: Version | None = version_of(obstore.head(quick, "zarr.json"))
         except (NotFoundError, FileNotFoundError):
             version = None
         except Exception as e:  # obstore raises many types
-            status = _status(e)
-            why = f"HTTP {status}" if status else tls_failure(e) or f"server unreachable ({_first_line(e)})"
+            status = status_of(e)
+            why = f"HTTP {status}" if status else tls_failure(e) or f"server unreachable ({first_line(e)})"
             raise StorageUnavailable(f"{self.url}: {why}") from None
         if version is not None and not version.tag and not version.mtime_ns:
             log.warning("%s: the server sends neither ETag nor Last-Modified: the source is treated as "

@@ -70,7 +70,7 @@ from typing import Iterable
 import crc32c
 import trio
 
-from shardfs.storage import private
+from shardfs.base import private
 from shardfs.base.files import fsync_dir
 
 log = logging.getLogger("shardfs")
@@ -530,7 +530,7 @@ class Claim:
 
 def claim(root: str, top: str | None = None, shared_top: bool = False) -> Claim:
     """Create and lock a new journal directory for this daemon under ``root`` (made, mode
-    0700, durably, this user's own from ``top`` down: ``shardfs.storage.private``, which
+    0700, durably, this user's own from ``top`` down: ``shardfs.base.private``, which
     raises ``Refused``; ``shared_top``: ``top`` may be a sticky directory others write);
     lock and return the directories of daemons that are gone. Raises
     ``JournalError`` if ``root`` holds anything but daemon directories of this user's."""

@@ -1,0 +1,123 @@
+"""Handles this worker did not open: a dead worker's (its successor in the slot: the ledger it
+left), or with ``-o workers=N`` (a shared ledger) another worker's (a request on a handle goes
+to the worker that opened it, ``shardfs.kernel.route``: what reaches here of another worker's
+is a request that is not routed, or one on a handle of a dead slot).
+
+Contract: ``live(fh)`` is the handle a request names, ready to serve it here. A handle this
+worker opened is returned as it is. A ``Lost`` one (``handles.Handles``: restored from a dead
+worker's ledger, or followed from another worker's records) is opened again at its first use:
+a directory lists afresh; a file opened for writing is opened again unless bytes written
+through it lived only in the dead worker's memory (EIO, at every use); a read handle another
+(live) worker opened is opened again at the version its record names, else EIO (never
+another version's bytes); one the dead worker of this slot opened, at the current version (as
+a restarted worker's: a pending chunk taken over from the journal has a new mtime). No handle
+number is known here: EBADF.
+
+``follow`` reads what the other workers appended to the shared ledger (numbers they gave the
+kernel, handles they opened and released) and lets go of the handles released elsewhere
+(``let_go``, the adapter's); ``following`` does so every ``FOLLOW_S`` seconds; ``restore``
+takes over the numbers a dead worker gave the kernel.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from typing import Any, Callable
+
+import pyfuse3
+import trio
+
+from shardfs.kernel.handles import DirHandle, Handle, Handles, Lost
+from shardfs.kernel.inodes import KernelInodes
+from shardfs.reads import ReadHandle
+from shardfs.tree.listing import DirStream, Listing
+from shardfs.tree.numbers import Numbers
+from shardfs.tree.opens import Opens
+from shardfs.tree.writer import Writer
+
+log = logging.getLogger("shardfs")
+FOLLOW_S = 0.5  # seconds between looks at what other workers appended to a shared ledger
+
+
+class Reopen:
+    """The handles of ``handles`` made live in this worker (see the module docstring)."""
+
+    def __init__(self, handles: Handles, numbers: Numbers, listing: Listing, opens: Opens, inodes: KernelInodes,
+                 writable: Callable[[], Writer], let_go: Callable[[int, Handle | None], None]) -> None:
+        """``writable()``: the writer a write handle is opened again with (EROFS without one);
+        ``let_go(fh, handle)``: what a handle released by another worker held is let go of."""
+        self._handles = handles
+        self.numbers = numbers
+        self._ledger = numbers.ledger
+        self._listing = listing
+        self._opens = opens
+        self._kernel = inodes
+        self._writable = writable
+        self._let_go = let_go
+        numbers.ledger.followers.append(self._follow_handles)
+
+    @property
+    def shared(self) -> bool:
+        """True when other workers serve the same connection (``-o workers=N``)."""
+        return self._ledger.shared
+
+    async def follow(self) -> bool:
+        """``Numbers.follow``: what the other workers gave out; True if that taught a number."""
+        return await self.numbers.follow()
+
+    async def following(self) -> None:
+        """Follow the shared ledger every ``FOLLOW_S`` seconds (handles released elsewhere are
+        let go of even when no request here names anything new)."""
+        while True:
+            await trio.sleep(FOLLOW_S)
+            await self.follow()
+
+    def _follow_handles(self, records: list[list[Any]]) -> None:
+        for fh, handle in self._handles.follow(records):
+            self._let_go(fh, handle)
+
+    async def live(self, fh: int) -> Handle:
+        """Handle ``fh``, opened again here first if it is a ``Lost`` one (the module docstring)."""
+        handle = self._handles.get(fh)
+        if handle is None and self.shared:
+            await self.follow()  # opened by another worker a moment ago
+            handle = self._handles.get(fh)
+        if handle is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        if not isinstance(handle, Lost):
+            return handle
+        new: Handle
+        if handle.kind == "d":
+            new = DirHandle(handle.ino, DirStream(self._listing, handle.ino))
+        elif handle.dirty:
+            log.error("file handle %d (inode %d): bytes written through it were lost with a worker: EIO", fh,
+                      handle.ino)
+            raise pyfuse3.FUSEError(errno.EIO)
+        else:
+            try:
+                new = await (self._opens.open(handle.ino) if handle.kind == "r"
+                             else self._writable().open(handle.ino, truncate=False))
+            except OSError as e:  # its file is gone (a staging file lived in the dead worker's memory)
+                log.error("file handle %d (inode %d): cannot open it again: %s: EIO", fh, handle.ino, e.strerror)
+                raise pyfuse3.FUSEError(errno.EIO) from None
+            # (a handle this slot's dead worker opened is opened again as a restarted worker's is,
+            # at the current version: a pending chunk taken over from the journal has a new mtime)
+            if isinstance(new, ReadHandle) and handle.version is not None \
+                    and self._ledger.owner(fh) != self._ledger.index \
+                    and (new.attr.size, new.attr.mtime_ns) != handle.version:
+                self._opens.release(new)
+                log.error("file handle %d (inode %d): its file changed since another worker opened it: EIO", fh,
+                          handle.ino)
+                raise pyfuse3.FUSEError(errno.EIO)
+        self._handles.reopened(fh, new)
+        return new
+
+    async def restore(self, records: list[list[Any]]) -> None:
+        """Take over the numbers a dead worker gave the kernel (its ledger's ``records``: see
+        ``shardfs.tree.ledger``): the arrays' slots, the inodes, the open handles. A worker of
+        a shared ledger takes what every worker gave out so far (``records``: its ``tail``)."""
+        await self.numbers.restore(records)
+        self._handles.restore(records)
+        if not self.shared:  # (N workers: the pages are the mount's table, kept by the supervisor)
+            self._kernel.restored()

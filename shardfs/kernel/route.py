@@ -1,0 +1,63 @@
+"""Which worker serves a request of a mount with ``-o workers=N``.
+
+The kernel gives each request to whichever worker reads it first. A worker serves it itself
+unless another must:
+
+- a request on a handle (``HANDLED``: read, release, flush, readdir, releasedir) goes to the
+  worker that opened that handle (its number says which: ``Ledger.owner``). That worker serves
+  the version it opened; any other would have to open the file again, and if the chunk was
+  rewritten or removed since (another mount, another writer of the source), it could only
+  answer EIO (never another version's bytes). Only the worker of the slot answers: a dead one's
+  successor in that slot takes its handles over from the ledger (``Reopen.restore``: opened
+  again at their first use, as with one worker), and a link to a slot whose worker died waits
+  for the next one (``PeerLink``);
+- on a writable mount, what the owner worker must serve (``shardfs.kernel.owner.Areas``: every
+  change, every request about what was changed through the mount) goes to it; the owner marks
+  the area of each change before it starts it (``Areas.before``), whoever sent the request.
+
+A request another worker forwarded is served where it arrives: it was sent to the worker that
+must serve it (only the owner is sent what ``Areas`` names, and only the opener a request on
+its handle), so nothing is forwarded twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from shardfs.kernel.forward import PeerLink, Peers
+from shardfs.kernel.owner import HANDLED, OWNER, Areas
+
+
+class Route:
+    """The routing of worker ``index`` (of a shared ledger's workers): ``owner_of(fh)``, the
+    slot that opened handle ``fh``; ``peers``, its links to the others; ``areas``, on a
+    writable mount, the owner's marks and what the others forward to it."""
+
+    def __init__(self, index: int, owner_of: Callable[[int], int], peers: Peers, areas: Areas | None = None) -> None:
+        self.index, self.owner_of, self.peers, self.areas = index, owner_of, peers, areas
+
+    def link(self, op: str, args: tuple[Any, ...]) -> PeerLink | None:
+        """The link to the worker that must serve request ``op(*args)``, or None: served here
+        (the owner has marked what it is about to change: ``OSError`` if it could not)."""
+        areas = self.areas
+        if areas is not None:
+            if self.index == OWNER:
+                areas.before(op, args)
+            elif areas.forwards(op, args):
+                return self.peers.link(OWNER)
+        if op in HANDLED:
+            slot = self.owner_of(args[0])
+            if slot != self.index:
+                return self.peers.link(slot)
+        return None
+
+    def forget(self, forgets: list[tuple[int, int]]) -> None:
+        """Lookups the kernel forgot that this worker did not count: the owner's to forget (a
+        writable mount's, from another worker: it frees committed temporaries and aliases)."""
+        if self.areas is not None and self.index != OWNER and forgets:
+            self.peers.link(OWNER).send_forget(forgets)
+
+    @property
+    def forwarded(self) -> dict[str, int]:
+        """Requests sent to other workers, by operation (``shardfs status``)."""
+        return dict(self.peers.forwarded)
