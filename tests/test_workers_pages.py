@@ -36,7 +36,7 @@ SKIPPED = {"test_a_file_the_kernel_evicted_is_filled_again_at_its_next_open",
            "test_a_chunk_folded_after_the_kernel_evicted_it_is_filled_at_its_next_open"}
 # every page-fill test of one worker runs here too, but those named in SKIPPED (see the docstring)
 RUN = {name for name in dir(one) if name.startswith("test_")} - SKIPPED
-for _name in RUN:
+for _name in sorted(RUN):  # (one order in every xdist worker)
     globals()[_name] = getattr(one, _name)
 
 
