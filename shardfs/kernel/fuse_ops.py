@@ -112,6 +112,10 @@ def _guard(fn: F) -> F:
                 if not self.reopen.shared or not (await self.reopen.follow()
                                            or not isinstance(e, (OSError, pyfuse3.FUSEError))):
                     raise
+            if self.route is not None:  # (the owner marks what it now knows: before the change)
+                link = self.route.link(op, args)
+                if link is not None:
+                    return await link.request(op, args, self._kernel.looked_up)
             return await fn(self, *args)
         except pyfuse3.FUSEError as e:
             self.stats.error(e.errno, op)
