@@ -587,3 +587,34 @@ def test_a_dead_zygote_costs_a_fresh_start_once_then_a_new_zygote_forks(mount, s
     forked = kill_worker(m, mnt, 120)
     assert b"--zygote" in Path(f"/proc/{forked}/cmdline").read_bytes().split(b"\0")
     assert chunk(mnt, "1.1") == (mnt / "b" / "1.1").read_bytes()
+
+
+def test_a_new_worker_reads_no_array_before_it_serves_and_each_at_its_first_use(mount, tmp_path):
+    """The dead worker had read 24 arrays: the next one serves before it reads any of them (on an
+    object store that was one ``zarr.json`` GET each, one after the other, before the first
+    request), and reads each at its first use: a file of every array opened before the kill
+    reads on through its handle, and the inode numbers stay."""
+    import zarr
+
+    src = tmp_path / "many"
+    g = zarr.open_group(str(src), mode="w")
+    names = [f"a{i}" for i in range(24)]
+    for i, name in enumerate(names):
+        g.create_array(name, shape=(8, 8), chunks=(4, 4), shards=(8, 8), dtype="<i4", fill_value=0)[...] = i + 1
+    mnt = mount(src)
+    m = mount.info(mnt)
+    files = [f"{name}/1.1" for name in names]
+    fds = [bounded(os.open, mnt / f, os.O_RDONLY, fd=True) for f in files]
+    data = [bounded(os.pread, fd, 1 << 16, 0) for fd in fds]
+    inos = bounded(_inodes, mnt, files)
+    kill_worker(m, mnt)
+    read = status(mnt)["store"]["requests"]
+    assert read.get("READ", 0) <= 1, read  # (the root group's zarr.json, for status's probe of the mount)
+    try:
+        for fd, want in zip(fds, data):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # no pages: a READ on the dead worker's handle
+            assert bounded(os.pread, fd, 1 << 16, 0) == want
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert bounded(_inodes, mnt, files) == inos

@@ -63,6 +63,17 @@ def lazy_unmount(mnt: str | Path) -> None:
         subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True, timeout=60)
 
 
+def pss_kib(pid: int) -> int:
+    """The proportional set size of ``pid`` (KiB; 0 if it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 class Daemon:
     """One mount of the soak (see the module docstring)."""
 
@@ -226,7 +237,8 @@ class Daemon:
         pid = self.pid
         if pid is None:
             return {}
-        out = {"rss_mib": 0.0, "fds": 0, "sockets": 0, "threads": 0, "spill_bytes": 0}
+        out = {"rss_mib": 0.0, "fds": 0, "sockets": 0, "threads": 0, "spill_bytes": 0,
+               "worker_rss_mib": 0.0, "pss_mib": 0.0}  # (the last two: samples.jsonl only)
         for p in [pid, *self.worker_pids()]:
             try:
                 status = Path(f"/proc/{p}/status").read_text()
@@ -246,6 +258,9 @@ class Daemon:
                 except OSError:
                     pass
             out["rss_mib"] += int(fields["VmRSS"].split()[0]) / 1024
+            if p != pid:
+                out["worker_rss_mib"] += int(fields["VmRSS"].split()[0]) / 1024
+            out["pss_mib"] += pss_kib(p) / 1024  # (a forked worker's RSS counts the pages it shares with the zygote)
             out["fds"] += len(fds) - sockets
             out["sockets"] += sockets
             out["threads"] += int(fields["Threads"])

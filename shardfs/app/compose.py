@@ -116,7 +116,8 @@ def compose_tree(storage: Storage, reads: Reads | None = None, writeback: Writeb
     tree = tree or TreeConfig()
     ledger = ledger or Ledger()
     hierarchy = Hierarchy(storage, tree.ome, tree.c_order, time.time_ns(), ledger)  # groups and arrays
-    nodes = NodeTable(hierarchy.slots, ledger)  # inode numbers <-> node keys, staging files
+    nodes = NodeTable(hierarchy.slots, ledger, hierarchy.unbound)  # inode numbers <-> node keys, staging files
+    hierarchy.bound.append(nodes.slot_bound)
     made = Made(ledger)  # structure made through the mount that the source does not hold (yet)
     indexes = ShardIndexes(storage, reads.indexes_per_read, hierarchy.version, hierarchy.log_unusable)
     prefetch = Prefetch(storage, reads, indexes)  # object sources: read-ahead

@@ -51,7 +51,7 @@ from shardfs.kernel.pins import Pins
 from shardfs.tree.listing import DirStream
 from shardfs.base.attrs import Attr
 from shardfs.base.faults import Faults
-from shardfs.tree.nodes import ChunkKey
+from shardfs.tree.nodes import ChunkKey, Unbound
 from shardfs.tree.nodetable import CHUNK_BASE
 from shardfs.tree.tries import Tries
 from shardfs.kernel.stats import RequestStats
@@ -85,6 +85,23 @@ def _name(name: bytes) -> str:
     return os.fsdecode(name)
 
 
+BINDS = 4  # arrays one request may name that a restarted worker has not read yet (``Unbound``)
+
+
+async def _binding(self: "Operations", fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """``fn(self, *args)``; run again after reading the array it names that a dead worker had
+    read and this one has not yet (``Unbound``: a restarted worker reads each at its first use)."""
+    for _ in range(BINDS):
+        try:
+            return await fn(self, *args)
+        except Unbound as e:
+            if not await self.numbers.bind(e.path):
+                raise
+            if self.route is not None:  # (the owner marks what it now knows: before the change)
+                self.route.link(fn.__name__, args)
+    return await fn(self, *args)
+
+
 def _guard(fn: F) -> F:
     """A handler that counts itself (``Operations.stats``) and never raises anything but
     ``FUSEError`` (see the module docstring)."""
@@ -105,7 +122,7 @@ def _guard(fn: F) -> F:
         self.stats.requests[op] += 1
         try:
             try:
-                return await fn(self, *args)
+                return await _binding(self, fn, args)
             except Exception as e:
                 # another worker gave out a number it names (``follow``); a slot another request
                 # of this worker was binding meanwhile fails as no OSError/FUSEError (its array unread)
@@ -116,7 +133,7 @@ def _guard(fn: F) -> F:
                 link = self.route.link(op, args)
                 if link is not None:
                     return await link.request(op, args, self._kernel.looked_up)
-            return await fn(self, *args)
+            return await _binding(self, fn, args)
         except pyfuse3.FUSEError as e:
             self.stats.error(e.errno, op)
             raise
@@ -341,12 +358,7 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh)
-        ledger = self.numbers.ledger
-        if ledger.full:
-            if ledger.shared:  # (every worker's records: ``Ledger.compact``)
-                ledger.compact()
-            else:
-                ledger.rewrite([*self.numbers.records(), *self._handles.records()])
+        self.numbers.compact_if_full(self._handles.records)
         self._let_go(fh, handle)
 
     def _let_go(self, fh: int, handle: Handle | None) -> None:

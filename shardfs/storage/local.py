@@ -59,6 +59,19 @@ _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
 
 
+def _openat2(root_fd: int, rel: str, flags: int, mode: int) -> int:
+    """``openat2(root_fd, rel, RESOLVE_BENEATH)``: the new descriptor, or minus the errno."""
+    how = _OPEN_HOW.pack(flags, mode, _RESOLVE_BENEATH)
+    name = os.fsencode(rel or ".")
+    while True:
+        fd = _syscall(_SYS_OPENAT2, root_fd, name, how, len(how))
+        if fd >= 0:
+            return fd
+        err = ctypes.get_errno()
+        if err != errno.EINTR:
+            return -err
+
+
 class LocalStorage:
     """A directory holding a Zarr v3 hierarchy (see the module docstring for the contracts).
 
@@ -99,7 +112,7 @@ class LocalStorage:
         flags |= os.O_CLOEXEC
         if self.follow_symlinks and not strict:
             return os.open(self.path(key), flags, mode)
-        fd = self._openat2(key, flags, mode)
+        fd = _openat2(self._root_fd, key, flags, mode)
         if fd >= 0:
             return fd
         err = -fd
@@ -107,7 +120,7 @@ class LocalStorage:
             real = os.path.realpath(self.path(key))
             if real != self.root and not real.startswith(self.root + "/"):
                 raise Unusable(errno.EACCES, f"a symlink leads out of the source (to {real})", self.path(key))
-            fd = self._openat2(os.path.relpath(real, self.root), flags, mode)
+            fd = _openat2(self._root_fd, os.path.relpath(real, self.root), flags, mode)
             if fd >= 0:
                 return fd
             err = -fd
@@ -118,18 +131,6 @@ class LocalStorage:
         if err == errno.ENXIO:  # a socket
             raise Unusable(errno.EIO, "not a regular file (a socket)", self.path(key))
         raise OSError(err, os.strerror(err), self.path(key))
-
-    def _openat2(self, rel: str, flags: int, mode: int) -> int:
-        """The new descriptor, or minus the errno."""
-        how = _OPEN_HOW.pack(flags, mode, _RESOLVE_BENEATH)
-        name = os.fsencode(rel or ".")
-        while True:
-            fd = _syscall(_SYS_OPENAT2, self._root_fd, name, how, len(how))
-            if fd >= 0:
-                return fd
-            err = ctypes.get_errno()
-            if err != errno.EINTR:
-                return -err
 
     # ----- versions -----------------------------------------------------------------------
 

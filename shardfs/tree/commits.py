@@ -77,6 +77,8 @@ class Commits:
     async def folded(self, shard: tuple[str, tuple[int, ...]], positions: list[int], version: object) -> None:
         """After a shard rewrite: its chunk files have a new mtime; drop the kernel's cached attributes."""
         arr = self.hierarchy.array(shard[0])
+        if arr is None and await self.hierarchy.bind(shard[0]):  # a dead worker's, not read yet: the kernel
+            arr = self.hierarchy.array(shard[0])  # may hold its chunks' attributes
         if arr is None or arr.info is None:
             return
         coords = (arr.info.layout.chunk_at(shard[1], pos) for pos in positions)

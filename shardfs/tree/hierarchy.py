@@ -14,7 +14,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from shardfs.format.layout import Unpresentable
 from shardfs.storage import UNKNOWN, Range, Storage, Unusable, Version, Unknown
@@ -23,7 +23,7 @@ from shardfs.storage.keys import join
 from shardfs.base.threads import blocking
 from shardfs.tree import metadata
 from shardfs.tree.ledger import Ledger
-from shardfs.tree.nodes import ArrayNode, GroupNode
+from shardfs.tree.nodes import ArrayNode, GroupNode, Unbound
 
 if TYPE_CHECKING:
     from shardfs.format.v2 import ArrayInfo
@@ -67,6 +67,21 @@ def _layout_id(info: Any) -> str:
     return hashlib.sha256(repr(info.layout).encode()).hexdigest()[:16]
 
 
+class ArrayTable(dict[str, ArrayNode]):
+    """``Hierarchy.arrays``: the arrays read, by path. ``table[path]`` of an array not read yet
+    whose slot a dead worker gave out (``reserved``, by ``Hierarchy.restore``) raises
+    ``Unbound`` (read it, then ask again), of any other path KeyError."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reserved: dict[str, int] = {}  # path -> the slot it gets when first read
+
+    def __missing__(self, path: str) -> ArrayNode:
+        if path in self.reserved:
+            raise Unbound(path)
+        raise KeyError(path)
+
+
 class Hierarchy:
     """The groups and arrays of one mount over ``source`` (``ome``: OME-Zarr translation;
     ``c_order``: ``-o c_order``; ``mount_ns``: the mount's time, for nodes without a version).
@@ -79,14 +94,19 @@ class Hierarchy:
         self.ome = ome
         self.c_order = c_order
         self.mount_ns = mount_ns
-        self.arrays: dict[str, ArrayNode] = {}
+        self.arrays = ArrayTable()
         self.slots: list[ArrayNode] = []
+        # A restarted worker's slots not read yet (``restore``): path -> slot, and every slot
+        # given out but not bound here (also a shared ledger's: ``follow``) -> its path.
+        self._reserved = self.arrays.reserved
+        self.bound: list[Callable[[int], None]] = []  # told of each slot bound from ``unbound``
         self._groups: dict[str, GroupNode] = {}
         self._unusable: set[tuple[str, str]] = set()  # (key, reason) already logged
         # A shared ledger (``-o workers=N``): the slots other workers gave out, by path and layout
         # (``follow``), and those not yet bound to an array here (``load_followed``).
         self._followed: dict[tuple[str, str], int] = {}
         self._unbound: dict[int, str] = {}
+        self.unbound = self._unbound  # (read by the node table: a chunk inode of one is ``Unbound``)
         self.ledger.followers.append(self.follow)
 
     async def version(self, key: str, ask: bool = True) -> Version | None | Unknown:
@@ -192,6 +212,14 @@ class Hierarchy:
             arr = ArrayNode(path, old.slot, version, info, error, image=image, parent_mtime_ns=parent_mtime_ns,
                             lineage=lineage)
             self.slots[old.slot] = arr
+        elif not self.ledger.shared and old is None and path in self._reserved:  # the slot a dead worker gave it
+            kept = self._reserved.pop(path)
+            self._unbound.pop(kept, None)
+            arr = ArrayNode(path, kept, version, info, error, image=image, parent_mtime_ns=parent_mtime_ns,
+                            lineage=lineage)
+            self.slots[kept] = arr
+            lineage.append(kept)
+            self._bound(kept)
         elif not self.ledger.shared:
             arr = ArrayNode(path, len(self.slots), version, info, error, image=image,
                             parent_mtime_ns=parent_mtime_ns, lineage=lineage)
@@ -206,18 +234,23 @@ class Hierarchy:
                     slot = len(self.slots)
                     self.ledger.note("a", slot, path, layout)
                     self._followed[(path, layout)] = slot
-                self._unbound.pop(slot, None)
+                was_unbound = self._unbound.pop(slot, None) is not None
                 self._placeholders(slot + 1)
                 arr = ArrayNode(path, slot, version, info, error, image=image, parent_mtime_ns=parent_mtime_ns,
                                 lineage=lineage)
                 self.slots[slot] = arr
                 lineage.append(slot)
+                if was_unbound:
+                    self._bound(slot)
         self.arrays[path] = arr
         return arr
 
     async def restore(self, records: list[list[Any]]) -> None:
         """Give each array of ``records`` (a dead worker's ledger) the slot it had there, as it is
-        now (its chunk inodes then mean the same chunks), before anything else is read. Slots
+        when first used (its chunk inodes then mean the same chunks): nothing is read here, so a
+        restarted worker serves at once however many arrays the dead one had read (on an object
+        store, one ``zarr.json`` GET each). Until its array is read (``bind``, or any lookup of
+        its path), a slot's chunk inodes and its array's directories raise ``Unbound``. Slots
         that cannot have their array back (gone, another layout, an earlier layout of an array
         that has a later slot) are left to a node without metadata: their chunks are EIO."""
         by_slot: dict[int, str] = {}  # a slot's path as last noted (a move notes it again)
@@ -227,16 +260,28 @@ class Hierarchy:
         last: dict[str, int] = {}  # a path's latest slot
         for slot, path in by_slot.items():
             last[path] = max(last.get(path, -1), slot)
-        for path, slot in sorted(last.items(), key=lambda item: item[1]):
-            while len(self.slots) < slot:
-                self.slots.append(ArrayNode("", len(self.slots), Version(0, 0, self.mount_ns), None, GONE))
-            if len(self.slots) == slot:
-                try:
-                    await self.node(path)
-                except OSError:
-                    pass
-        while len(self.slots) <= max(last.values(), default=-1):
-            self.slots.append(ArrayNode("", len(self.slots), Version(0, 0, self.mount_ns), None, GONE))
+        self._placeholders(max(last.values(), default=-1) + 1)
+        for path, slot in last.items():
+            if self.slots[slot].error == GONE and path not in self.arrays:
+                self._reserved[path] = slot
+                self._unbound[slot] = path
+
+    async def bind(self, path: str) -> bool:
+        """Read the array at ``path`` if a slot of it is not bound here (``restore``, or another
+        worker's: ``follow``), binding it; True if there was one. A failed read (EIO) fails the
+        request and leaves the slot to the next; a path that holds no array of that slot now
+        leaves it to a node without metadata (``GONE``)."""
+        if path not in self._reserved and path not in self._unbound.values():
+            return False
+        await self.node(path)
+        slot = self._reserved.pop(path, None)  # (still there: no array at ``path`` now)
+        if slot is not None:
+            self._unbound.pop(slot, None)
+        return True
+
+    def _bound(self, slot: int) -> None:
+        for hook in self.bound:
+            hook(slot)
 
     def _placeholders(self, n: int) -> None:
         """At least ``n`` slots, those added without an array (``GONE`` until bound)."""
@@ -268,8 +313,10 @@ class Hierarchy:
         return bound
 
     def records(self) -> list[list[Any]]:
-        """What ``restore`` needs, as ledger records (rewriting the ledger)."""
-        return [["a", arr.slot, arr.path] for arr in self.slots if arr.error != GONE]
+        """What ``restore`` needs, as ledger records (rewriting the ledger): the slots bound,
+        and those a dead worker gave out that are not read yet."""
+        return [["a", arr.slot, arr.path] for arr in self.slots if arr.error != GONE] + [
+            ["a", slot, path] for path, slot in self._reserved.items()]
 
     def _in_image(self, path: str) -> bool:
         """True if the array at ``path`` is in an OME-Zarr image or label group, as last read
@@ -294,6 +341,12 @@ class Hierarchy:
             if group is not None:
                 group.path = moved_to
                 self._groups[moved_to] = group
+        for path in [p for p in self._reserved if p == old or p.startswith(old + "/")]:  # (not read yet)
+            moved_to = new + path[len(old):]
+            slot = self._reserved.pop(path)
+            self._reserved[moved_to] = slot
+            self._unbound[slot] = moved_to
+            self.ledger.note("a", slot, moved_to)
 
     def array(self, path: str) -> ArrayNode | None:
         """The array at ``path`` as last read (no I/O), None if none was."""

@@ -64,6 +64,18 @@ class ArrayNode:
         return self.info
 
 
+class Unbound(Exception):
+    """A request names an array a dead worker had read (a chunk inode of its slot, a directory
+    or file inode below it) that this worker has not read yet: a restarted worker reads each at
+    its first use (``Hierarchy.restore``), not all before it serves. The kernel adapter reads
+    it (``Numbers.bind``) and runs the request again. Not an ``OSError``: nothing on the way may
+    take it for an answer."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"{path}: its array is not read yet")
+        self.path = path
+
+
 @dataclass
 class GroupNode:
     """A presented group; ``image``: an OME-Zarr image or label, whose arrays are its levels."""

@@ -25,7 +25,7 @@ from typing import Any
 from shardfs.base.attrs import fail
 from shardfs.tree.ledger import Ledger
 from shardfs.tree.nodes import (ArrayNode, ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, NodeKey,
-                                ShardDirKey, Staging, StagingKey)
+                                ShardDirKey, Staging, StagingKey, Unbound)
 from shardfs.writes.spill import SpillBuffer
 
 ROOT_INODE = 1
@@ -34,10 +34,17 @@ SLOT_SHIFT = 40
 
 
 class NodeTable:
-    """Inode numbers <-> node keys for one mount; ``slots``: the arrays by slot."""
+    """Inode numbers <-> node keys for one mount; ``slots``: the arrays by slot; ``unbound``:
+    the slots given out whose array is not read here yet, and its path (``Hierarchy.unbound``)."""
 
-    def __init__(self, slots: list[ArrayNode], ledger: Ledger | None = None) -> None:
+    def __init__(self, slots: list[ArrayNode], ledger: Ledger | None = None,
+                 unbound: dict[int, str] | None = None) -> None:
         self._slots = slots
+        self._unbound: dict[int, str] = {} if unbound is None else unbound
+        # records of a dead (or another) worker that name a chunk of a slot not bound here yet:
+        # applied when it is (``slot_bound``); slot -> inode -> record, and inode -> slot
+        self._deferred: dict[int, dict[int, list[Any]]] = {}
+        self._deferred_at: dict[int, int] = {}
         self.ledger = ledger or Ledger()
         self._keys: dict[int, NodeKey] = {ROOT_INODE: DirKey("")}
         self._inos: dict[NodeKey, int] = {DirKey(""): ROOT_INODE}
@@ -74,9 +81,15 @@ class NodeTable:
             if slot >= len(self._slots):
                 raise fail(errno.ENOENT)
             arr = self._slots[slot]
+            if arr.info is None and slot in self._unbound:
+                raise Unbound(self._unbound[slot])
             return ChunkKey(arr, arr.shown.layout.coords(linear))
         if ino in self._lost_inos:
             raise fail(errno.EIO)
+        if self._deferred_at and ino in self._deferred_at:
+            slot = self._deferred_at[ino]
+            if slot in self._unbound:
+                raise Unbound(self._unbound[slot])
         st = self._tmp.get(ino)
         if st is not None:
             return st.committed or StagingKey(st)
@@ -166,6 +179,8 @@ class NodeTable:
     def forget(self, ino: int) -> int | None:
         """The kernel dropped inode ``ino``: free it if it is a committed staging file or a
         ``new_alias``; the inode it was an alias of, or None."""
+        if self._deferred_at.pop(ino, None) is not None:  # (named a chunk of a slot not read yet)
+            return None
         st = self._tmp.get(ino)
         if st is not None and st.committed is not None:
             del self._tmp[ino]
@@ -257,36 +272,74 @@ class NodeTable:
                 lost[ino] = (rec[2], rec[3])
             elif rec[0] in ("u", "v"):
                 lost.pop(ino, None)
+            if rec[0] in ("k", "u") and self._defer(ino, rec):
+                continue
             try:
                 key = _decode(rec[2:], self._slots) if rec[0] in ("k", "u") else None
             except (IndexError, TypeError, ValueError):
                 key = None
-            if key is None:
-                continue
-            old = self._keys.get(ino)
-            if old is not None and self._inos.get(old) == ino:
-                del self._inos[old]
-            self._keys[ino] = key
-            if rec[0] == "u":  # an alias of the node's inode, never the inode that shows the node
-                self._committed.add(ino)
-                self._aliases.setdefault(self.inode(key), set()).add(ino)
-            elif not isinstance(key, ChunkKey):
-                self._inos[key] = ino
-            else:
-                self._aliases.setdefault(self.inode(key), set()).add(ino)
+            if key is not None:
+                self._apply(rec[0], ino, key)
         self._top = max(self._top, last)
         self.lost.update({where: ino for ino, where in lost.items()})
         self._lost_inos.update(lost)
 
+    def _apply(self, kind: str, ino: int, key: NodeKey) -> None:
+        """Record ``[kind, ino, *key]`` of a ledger: ``ino`` shows ``key``."""
+        old = self._keys.get(ino)
+        if old is not None and self._inos.get(old) == ino:
+            del self._inos[old]
+        self._keys[ino] = key
+        if kind == "u":  # an alias of the node's inode, never the inode that shows the node
+            self._committed.add(ino)
+            self._aliases.setdefault(self.inode(key), set()).add(ino)
+        elif not isinstance(key, ChunkKey):
+            self._inos[key] = ino
+        else:
+            self._aliases.setdefault(self.inode(key), set()).add(ino)
+
+    def _defer(self, ino: int, rec: list[Any]) -> bool:
+        """Keep ``rec`` (a "k" or "u" record of ``ino``) until its slot is bound if it names a
+        chunk of a slot not bound here yet (True); else forget an earlier one kept for ``ino``."""
+        slot = rec[3] if len(rec) == 5 and rec[2] == "c" and isinstance(rec[3], int) else None
+        if slot is None or slot not in self._unbound:
+            earlier = self._deferred_at.pop(ino, None)
+            if earlier is not None:
+                self._deferred[earlier].pop(ino, None)
+            return False
+        self._deferred_at[ino] = slot
+        self._deferred.setdefault(slot, {})[ino] = rec
+        old = self._keys.pop(ino, None)  # (what ``ino`` showed before this record, if anything)
+        if old is not None and self._inos.get(old) == ino:
+            del self._inos[old]
+        self._committed.discard(ino)
+        return True
+
+    def slot_bound(self, slot: int) -> None:
+        """Slot ``slot`` has its array now (``Hierarchy.bound``): apply the records kept for it."""
+        for ino, rec in self._deferred.pop(slot, {}).items():
+            if self._deferred_at.get(ino) != slot:
+                continue
+            del self._deferred_at[ino]
+            try:
+                key = _decode(rec[2:], self._slots)
+            except (IndexError, TypeError, ValueError):
+                key = None
+            if key is not None:
+                self._apply(rec[0], ino, key)
+
     def records(self) -> list[list[Any]]:
         """What ``restore`` needs, as ledger records (rewriting the ledger): the keys, the
-        committed staging files, and the live staging files' inodes (never to be reused)."""
+        committed staging files, the live staging files' inodes (never to be reused), and the
+        records kept for slots not bound yet."""
         out = [["u" if ino in self._committed else "k", ino, *_encode(key)]
                for ino, key in self._keys.items() if ino != ROOT_INODE]
         for st in self._tmp.values():
             out.append(["t", st.ino, st.parent, st.name] if st.committed is None
                        else ["u", st.ino, *_encode(st.committed)])
         out += [["t", ino, parent, name] for (parent, name), ino in self.lost.items()]
+        out += [rec for slot, kept in self._deferred.items() if slot in self._unbound
+                for ino, rec in kept.items() if self._deferred_at.get(ino) == slot]
         return out
 
 
