@@ -97,7 +97,7 @@ async def _binding(self: "Operations", fn: Callable[..., Any], args: tuple[Any, 
         except Unbound as e:
             if not await self.numbers.bind(e.path):
                 raise
-            if self.route is not None:  # (the owner marks what it now knows: before the change)
+            if self.route is not None:  # (the owner marks what the array read taught it, as below)
                 self.route.link(fn.__name__, args)
     return await fn(self, *args)
 
