@@ -352,12 +352,7 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh)
-        ledger = self.numbers.ledger
-        if ledger.full:
-            if ledger.shared:  # (every worker's records: ``Ledger.compact``)
-                ledger.compact()
-            else:
-                ledger.rewrite([*self.numbers.records(), *self._handles.records()])
+        self.numbers.compact_if_full(self._handles.records)
         self._let_go(fh, handle)
 
     def _let_go(self, fh: int, handle: Handle | None) -> None:

@@ -3,13 +3,14 @@ arrays' slots (``Hierarchy``), the inodes of node keys and staging files (``Node
 structure made through the mount (``Made``).
 
 ``Numbers`` is what the kernel adapter asks of them as a whole: the records still in effect
-(for a compaction of the ledger), the take-over of a dead worker's numbers (``restore``), and,
-with ``-o workers=N``, what the other workers gave out meanwhile (``follow``).
+and the compaction of a full ledger (``compact_if_full``, at each release), the take-over of a
+dead worker's numbers (``restore``), and, with ``-o workers=N``, what the other workers gave
+out meanwhile (``follow``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from shardfs.tree.hierarchy import Hierarchy
 from shardfs.tree.ledger import Ledger
@@ -34,6 +35,17 @@ class Numbers:
     def records(self) -> list[list[Any]]:
         """The tree's records still in effect (``Ledger.rewrite``)."""
         return [*self.hierarchy.records(), *self.nodes.records(), *self.made.records()]
+
+    def compact_if_full(self, held: Callable[[], list[list[Any]]]) -> None:
+        """Compact the ledger if it is full: a shared one in place (every worker's records in
+        effect: ``Ledger.compact``), else rewritten with the tree's records in effect and
+        ``held()``'s (the open handles': the adapter's)."""
+        ledger = self.ledger
+        if ledger.full:
+            if ledger.shared:
+                ledger.compact()
+            else:
+                ledger.rewrite([*self.records(), *held()])
 
     async def follow(self) -> bool:
         """Learn what the other workers appended to the shared ledger, and read the arrays of
