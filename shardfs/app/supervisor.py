@@ -136,8 +136,9 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(sig, lambda *_: None)
         try:
-            # first, forked: it imports while this process goes on (nothing opened yet to leave it)
-            self.zygote = self._zygote(self.argv, forked=True)
+            # first, forked: it imports while this process goes on (nothing opened yet to leave it);
+            # never from threads (an object store's client checked the source: its runtime's)
+            self.zygote = self._zygote(self.argv, forked=len(os.listdir("/proc/self/task")) == 1)
             fusedev.check()
             self._listen()
             zygote.prctl(zygote.PR_SET_CHILD_SUBREAPER, 1)  # the zygote's workers are reparented here
