@@ -414,6 +414,43 @@ def test_a_temporary_renamed_onto_a_chunk_reads_back_after_the_owner_followed_it
     assert status(mnt)["internal_errors"]["total"] == 0
 
 
+def test_a_temporary_made_after_another_worker_gave_numbers_is_marked_and_numbered_anew(mount, tmp_path):
+    """Workers follow the shared ledger only on a miss or under its lock here (a test hook).
+    1. The other worker gives an array directory its number, then a temporary is created in it
+    through the owner, which does not know that number yet: it learns it (a miss) and marks
+    the array as changed before it creates the file, so the other worker sends the temporary's
+    lookup to it (found, not ENOENT). 2. The owner knows the directory; the other worker gives a
+    metadata file its number; then a temporary is created through the owner: its number is a
+    new one (given under the ledger's lock after a catch-up), never the metadata file's (the
+    kernel would read one's bytes as the other's)."""
+    import zarr
+
+    root = tmp_path / "many"
+    g = zarr.open_group(str(root), mode="w")
+    for i in range(4):
+        g.create_array(f"x{i}", shape=(4, 4), chunks=(2, 2), shards=(4, 4), dtype="<i4", fill_value=0)[...] = i + 1
+    mnt = mount(root, "-o", "workers=2," + NO_CACHE, env={"SHARDFS_TEST_NO_FOLLOW": "1"})
+    w0, w1 = workers(mnt, 2)
+
+    def both(i: int) -> tuple[int, Any]:
+        meta = os.stat(mnt / f"x{i}" / ".zattrs").st_ino  # a number w1 gives (the owner is stopped)
+        return meta, open(mnt / f"x{i}" / "t.partial", "wb")  # created by the owner, resumed
+
+    for i in range(4):
+        if i % 2:
+            with only(w0, [w0, w1]):
+                os.stat(mnt / f"x{i}" / ".zarray")  # (the owner gives the directory its number)
+        meta, f = through_the_other(mnt, w0, lambda i=i: both(i), "create")
+        try:
+            # w1 gets the lookup and asks the owner (a marked area), which finds the temporary
+            assert through_the_other(mnt, w0, (mnt / f"x{i}" / "t.partial").exists, "lookup")
+            assert os.stat(mnt / f"x{i}" / "t.partial").st_ino != meta
+            assert os.stat(mnt / f"x{i}" / ".zattrs").st_ino == meta
+        finally:
+            f.close()
+    assert status(mnt)["internal_errors"]["total"] == 0
+
+
 def test_structure_changed_through_one_worker_is_seen_through_another(mount, src):
     mnt = mount(src, "-o", "workers=2," + NO_CACHE)
     w0, w1 = workers(mnt, 2)

@@ -97,6 +97,8 @@ async def _binding(self: "Operations", fn: Callable[..., Any], args: tuple[Any, 
         except Unbound as e:
             if not await self.numbers.bind(e.path):
                 raise
+            if self.route is not None:  # (the owner marks what the array read taught it, as below)
+                self.route.link(fn.__name__, args)
     return await fn(self, *args)
 
 
@@ -127,6 +129,10 @@ def _guard(fn: F) -> F:
                 if not self.reopen.shared or not (await self.reopen.follow()
                                            or not isinstance(e, (OSError, pyfuse3.FUSEError))):
                     raise
+            if self.route is not None:  # (the owner marks what it now knows: before the change)
+                link = self.route.link(op, args)
+                if link is not None:
+                    return await link.request(op, args, self._kernel.looked_up)
             return await _binding(self, fn, args)
         except pyfuse3.FUSEError as e:
             self.stats.error(e.errno, op)

@@ -100,8 +100,9 @@ class NodeTable:
 
     def new_staging(self, parent: int, name: str, data: SpillBuffer) -> Staging:
         """Create staging file ``name`` in directory ``parent`` holding ``data`` (empty)."""
-        st = Staging(self._new_ino(), data, parent, name)
-        self.ledger.note("t", st.ino, parent, name)
+        with self.ledger.locked():  # (a shared ledger: after every number another worker gave)
+            st = Staging(self._new_ino(), data, parent, name)
+            self.ledger.note("t", st.ino, parent, name)
         self.forget_lost(parent, name)
         self._tmp[st.ino] = st
         self.staged[(parent, name)] = st
@@ -164,9 +165,10 @@ class NodeTable:
         """A new inode showing the node of ``ino``: an alias of it until the kernel forgets it
         (a chunk's names show one while files opened on an older size hold ``ino``: see
         ``shardfs.kernel.pins``)."""
-        alias = self._new_ino()
-        self._keys[alias] = self.node_key(ino)
-        self.ledger.note("k", alias, *_encode(self._keys[alias]))
+        with self.ledger.locked():  # (as ``new_staging``)
+            alias = self._new_ino()
+            self._keys[alias] = self.node_key(ino)
+            self.ledger.note("k", alias, *_encode(self._keys[alias]))
         self._aliases.setdefault(ino, set()).add(alias)
         return alias
 
