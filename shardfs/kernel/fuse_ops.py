@@ -368,8 +368,9 @@ class Operations(pyfuse3.Operations):
     def _let_go(self, fh: int, handle: Handle | None) -> None:
         """What a released handle held (a read handle's version, pin and descriptor)."""
         if isinstance(handle, ReadHandle):
-            self._kernel.unread(kernel_attr(handle), fh)
-            self._pins.unpin(fh)
+            with self._kernel.locked():  # (N workers: one lock for both)
+                self._kernel.unread(kernel_attr(handle), fh)
+                self._pins.unpin(fh)
             self.opens.release(handle)
         elif isinstance(handle, WriteHandle) and self.writer is not None:
             self.writer.release(handle)
