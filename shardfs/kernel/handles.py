@@ -76,7 +76,7 @@ class Handles:
             return fh
         ino = handle.ino
         if ledger.shared and isinstance(handle, ReadHandle):
-            ledger.note("h", fh, ino, "r", handle.attr.size, handle.attr.mtime_ns)
+            ledger.note_line(f'["h",{fh},{ino},"r",{handle.attr.size},{handle.attr.mtime_ns}]')  # (ints: as json.dumps)
         else:  # (every open of a file: the record written as json.dumps would, 5x faster)
             ledger.note_line(f'["h",{fh},{ino},"{_kind(handle)}"]')
         return fh

@@ -212,10 +212,11 @@ class SharedPins(Pins):
         return None if self.table.pins() and self._pinned(ino, attr.size) is not None else ino
 
     def _pinned(self, ino: int, size: int) -> tuple[int, int] | None:
+        """(Without the lock: a pin and its version are written before the open that makes it is
+        answered, and read here by a lookup or getattr that came after, or raced with it anyway.)"""
         t = self.table
-        with t.locked():
-            off = t.find(ino)
-            if off < 0 or not t.word(off, pt.PINS):
-                return None
-            rsize, rmtime, _readers = t.readers(off)
+        off = t.find(ino)
+        if off < 0 or not t.word(off, pt.PINS):
+            return None
+        rsize, rmtime, _readers = t.readers(off)
         return (rsize, rmtime) if rsize != size else None
