@@ -26,6 +26,13 @@ def load_mutants():
     return module
 
 
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_a_hung_test_is_stopped_at_the_timeout_and_its_mounts_and_daemons_cleaned_up(tmp_path, monkeypatch):
     mutants = load_mutants()
     root = tmp_path / "copy"
@@ -33,18 +40,17 @@ def test_a_hung_test_is_stopped_at_the_timeout_and_its_mounts_and_daemons_cleane
     (root / "shardfs").symlink_to(Path(shardfs.__file__).parent)  # the package under test, as a mutant's copy
     pids_file = tmp_path / "pids.json"
     monkeypatch.setenv("SHARDFS_HANG_PIDS", str(pids_file))
-    timeout = 60.0
+    timeout = 150.0  # (the wedged test mounts twice first: tens of seconds on a loaded machine)
     t0 = time.monotonic()
     rc, out = mutants.run_tests(root, ("tests/hangs_on_purpose.py",), timeout)
     took = time.monotonic() - t0
     assert rc == mutants.HUNG, out
-    assert took < timeout + 90, took  # stopped and cleaned up, not waited for
+    assert took < timeout + 120, took  # stopped and cleaned up, not waited for
     pids = json.loads(pids_file.read_text())
     assert len(pids) == 2, pids  # the test got to its hanging stat, with both mounts up
     assert "mount(s) lazily unmounted" in out and "still" not in out.rpartition("[scripts/mutants")[2], out
     assert mutants.mounts_under(root) == []
     assert [p for p in pids if mutants.living(p)] == []
     assert [p for p in mutants.naming(root / "pytest") if mutants.living(p)] == []
-    assert not mutants.descendants(os.getpid()) or all(
-        not mutants.living(p) or b"pytest" not in Path(f"/proc/{p}/cmdline").read_bytes()
-        for p in mutants.descendants(os.getpid()))
+    inner = [p for p in mutants.descendants(os.getpid()) if mutants.living(p) and b"hangs_on_purpose" in cmdline(p)]
+    assert inner == []  # the wedged pytest itself is gone
