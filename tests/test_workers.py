@@ -146,8 +146,7 @@ def test_a_handle_is_read_and_released_by_another_worker_than_the_one_that_opene
         f = open(mnt / "a" / "1.2", "rb")  # w0 opens it ...
     assert held(w0) == 1
     with only(w1, [w0, w1]):
-        got = f.read()  # ... w1 reads it (opening it again at the same version) ...
-        assert held(w1) == 1
+        got = f.read()  # ... w1 reads it (opening it again at the same version; or the page cache) ...
         f.close()  # ... and releases it
         wait_for(lambda: held(w1) == 0, 10, "w1 releasing the handle (a RELEASE follows close())")
     assert got == want and len(want) > 0
