@@ -165,24 +165,27 @@ def test_a_handle_read_through_another_worker_after_its_chunk_changed_reads_the_
     the reverse."""
     import zarr
 
+    # chunk files larger than what an open puts in the page cache (``opening.FILL_MAX``): READs reach a worker
+    zarr.open_group(str(src)).create_array("big", shape=(640, 1024), chunks=(640, 512), shards=(640, 1024),
+                                           dtype="<i4", fill_value=0, compressors=None)[...] = 7
     mnt = mount(src, "-o", ("ro," if mode == "ro" else "") + "workers=2," + NO_CACHE)
     w0, w1 = workers(mnt, 2)
-    for opener, reader, name, value in ((w0, w1, "0.0", -1), (w1, w0, "4.4", -2)):
+    for opener, reader, name, value in ((w0, w1, "0.0", -1), (w1, w0, "0.1", -2)):
         with only(opener, [w0, w1]):
-            want = (mnt / "a" / name).read_bytes()
-            f = open(mnt / "a" / name, "rb")
+            want = (mnt / "big" / name).read_bytes()
+            f = open(mnt / "big" / name, "rb")
         try:
-            i, j = (int(x) * 4 for x in name.split("."))
-            zarr.open_array(str(src / "a"), mode="r+")[i:i + 4, j:j + 4] = np.full((4, 4), value, dtype="<i4")
-            shard = src / "a" / "c" / str(i // 16) / str(j // 16)
-            os.utime(shard, ns=(value + 10, value + 10))  # (a new version, whatever the clock's resolution)
+            j = int(name.split(".")[1]) * 512
+            zarr.open_array(str(src / "big"), mode="r+")[:, j:j + 512] = np.full((640, 512), value, dtype="<i4")
+            os.utime(src / "big" / "c" / "0" / "0", ns=(value + 10, value + 10))  # (a new version, whatever the clock)
+            Path("/proc/sys/vm/drop_caches").write_text("1")  # (the READs reach a worker, not the page cache)
             # (the reader gets the FSYNC, served where the reader must, and the READs)
             got = through_the_other(mnt, opener, lambda f=f: (os.fsync(f.fileno()), f.read())[1])
         finally:
             f.close()
-        assert got == want and len(want) > 0
+        assert got == want and len(want) > 1 << 20
         with only(reader, [w0, w1]):
-            assert (mnt / "a" / name).read_bytes() != want  # (the chunk did change)
+            assert (mnt / "big" / name).read_bytes() != want  # (the chunk did change)
     assert status(mnt)["internal_errors"]["total"] == 0
     assert "EIO" not in mount.info(mnt).log_text()
 
@@ -620,7 +623,9 @@ def test_umount_under_forwarded_requests_ends_every_worker_at_once(mount, src, m
     threads = [threading.Thread(target=reader, daemon=True) for _ in range(3)]
     for t in threads:
         t.start()
-    files = [open(mnt / name / f"{i}.{j}", "rb") for name in "ab" for i in range(16) for j in range(0, 16, 2)]
+    # (on the writable mount, files of ``a``: the owner opens them, the other worker sends it their RELEASEs)
+    files = [open(mnt / name / f"{i}.{j}", "rb") for name in ("ab" if mode == "ro" else "aa")
+             for i in range(16) for j in range(0, 16, 2)]
     for f in files:
         f.read(1)
     t0 = time.monotonic()
