@@ -250,6 +250,11 @@ def test_a_forget_on_another_worker(mount, src):
     assert [f.read() for f in files] == want  # (served by w0, which opened them: ``kernel.route``)
     for f in files:
         f.close()
+    with only(w1, [w0, w1]):  # w1 counted the last lookups: the kernel's FORGETs of them free nothing
+        for _ in range(3):
+            Path("/proc/sys/vm/drop_caches").write_text("2")
+        time.sleep(0.5)
+        assert {n: os.stat(mnt / n).st_ino for n in names} == inos
     with only(w0, [w0, w1]):
         assert {n: os.stat(mnt / n).st_ino for n in names} == inos
     zarr2_read_all(mnt)
@@ -484,6 +489,31 @@ def test_structure_changed_through_one_worker_is_seen_through_another(mount, src
     with only(w0, [w0, w1]):
         got = seen("b")  # ... seen through the owner
     assert got[:4] == (True, new, False, new) and "t.partial" not in got[4] and "u.partial" in got[4]
+    assert status(mnt)["internal_errors"]["total"] == 0
+
+
+def test_a_listing_of_a_changed_array_is_the_owners_however_it_is_opened(mount, tmp_path):
+    """An OPENDIR of an array the owner changed, reaching the other worker with nothing before
+    it (the directory open ``O_PATH`` and its attributes cached: no LOOKUP, no GETATTR), is
+    forwarded to the owner: the listing shows the owner's temporary."""
+    mnt = mount(two_arrays(tmp_path / "src"), "-o", "workers=2,entry_timeout=0,attr_timeout=60")
+    w0, w1 = workers(mnt, 2)
+    with only(w0, [w0, w1]):
+        (mnt / "a" / "u.partial").write_bytes(b"x")  # a temporary: in the owner's memory only
+        time.sleep(0.5)
+        os.stat(mnt / "a")
+        d = os.open(mnt / "a", os.O_PATH | os.O_DIRECTORY)
+    try:
+        def listing() -> list[str]:
+            fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=d)
+            try:
+                return sorted(os.listdir(fd))
+            finally:
+                os.close(fd)
+
+        assert "u.partial" in through_the_other(mnt, w0, listing, op="opendir")
+    finally:
+        os.close(d)
     assert status(mnt)["internal_errors"]["total"] == 0
 
 
