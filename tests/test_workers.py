@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from conftest import ZARR2_PYTHON, run_shardfs, wait_for
+import stopping
 from test_restart import EXPECTED, READER, assert_clean_reads, status, two_arrays
 
 pytestmark = pytest.mark.skipif(
@@ -72,7 +73,7 @@ def only(pid: int, all_pids: list[int], limit: float = 60.0) -> Iterator[None]:
     timer = threading.Timer(limit, watchdog)
     timer.daemon = True
     for p in others:
-        os.kill(p, signal.SIGSTOP)
+        stopping.stopped(p)  # (never inside a shared table's lock)
     timer.start()
     try:
         yield
@@ -258,7 +259,7 @@ def test_a_request_a_dead_worker_read_is_answered_by_another(mount, src):
     mnt = mount(src, "-o", "ro,workers=2," + NO_CACHE, env={"SHARDFS_TEST_HANG": ".zattrs"})
     w0, w1 = workers(mnt, 2)
     got: list[object] = []
-    os.kill(w1, signal.SIGSTOP)
+    stopping.stopped(w1)
     try:
         def client() -> None:
             try:
@@ -348,7 +349,7 @@ def through_the_other(mnt: Path, stopped: int, fn: Callable[[], T], op: str | No
 
     got: list[Any] = []
     sock = socket_of(mnt)
-    os.kill(stopped, signal.SIGSTOP)
+    stopping.stopped(stopped)  # (never inside a shared table's lock)
     try:
         def sent() -> int:
             counts = status_at(sock)["forwarded"]

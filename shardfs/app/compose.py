@@ -32,6 +32,8 @@ from shardfs.config import Config, ReadConfig, TreeConfig
 from shardfs.kernel.fuse_ops import Operations
 from shardfs.kernel.inodes import KernelInodes
 from shardfs.kernel.invalidation import Invalidation
+from shardfs.kernel.pagetable import PageTable
+from shardfs.kernel.sharedpages import SharedInodes, SharedPins
 from shardfs.reads import Reads
 from shardfs.reads.chunkcache import ChunkCache
 from shardfs.reads.factory import make_reads
@@ -143,7 +145,7 @@ def compose_writer(storage: Storage, t: Tree, writeback: Writeback, invalidate: 
 
 
 def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: Ledger | None = None,
-            adopt: bool = False, writes: bool = True) -> Composed:
+            adopt: bool = False, writes: bool = True, pages: PageTable | None = None) -> Composed:
     """Build a mount of ``source`` with ``cfg`` (``cfg.read_only``: no ``Writeback``, no
     ``Writer``); what must be closed (the storage, the journal's claim) goes on ``cleanup``.
     ``UsageError`` (one line) if the journal cannot be created or ``-o cache_dir`` cannot be
@@ -151,7 +153,9 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
     ``ledger``: where a supervised worker notes the numbers it gives the kernel; ``adopt``: it
     replaces a dead worker, whose journal it takes over as pending (``open_writeback``); ``writes``
     False: a writable mount's worker that forwards every change to the owner worker
-    (``shardfs.kernel.owner``): no journal, no ``Writer``, but the modes of a writable mount."""
+    (``shardfs.kernel.owner``): no journal, no ``Writer``, but the modes of a writable mount;
+    ``pages``: the table of the kernel's page cache the N workers of a mount share
+    (``shardfs.kernel.sharedpages``; None: this worker's own)."""
     storage = cleanup.enter_context(source.opened(version_ttl=cfg.kernel.attr_timeout,
                                                   list_ttl=cfg.kernel.entry_timeout))
     writeback = None
@@ -177,14 +181,14 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
     reads = make_reads(storage, cache=ranges, chunk_cache=ChunkCache(cfg.reads.chunk_cache))
     ledger = ledger or Ledger()
     t = compose_tree(storage, reads, writeback, cfg.tree, cfg.reads.max_chunk, ledger, cfg.read_only)
-    inodes = KernelInodes()
+    inodes = KernelInodes() if pages is None else SharedInodes(pages)
     invalidation = Invalidation(inodes, t.nodes, every=ledger.shared)
     commits = writer = None
     if writeback is not None:
         commits, writer = compose_writer(storage, t, writeback, invalidation.invalidate, cfg.tree, spill,
                                          cfg.writes.shard_size)
     ops = Operations(storage, t.names, t.opens, t.listing, t.nodes, t.numbers, inodes, invalidation, writer,
-                     cfg.kernel, faults, cfg.read_only)
+                     cfg.kernel, faults, cfg.read_only, None if pages is None else SharedPins(pages, t.nodes.new_alias))
     return Composed(source, storage, writeback, ranges, ledger, t, commits, writer, ops, faults)
 
 

@@ -189,6 +189,7 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     cfg = dataclasses.replace(cfg, read_only=read_only, debug=args.debug,
                               tree=dataclasses.replace(cfg.tree, ome=args.ome and cfg.tree.ome))
     ledger = None
+    pages = None  # N workers: the mount's table of the kernel's page cache
     if args.connection is not None:
         args.ledger = state.ledger_file(source.name, source.endpoint, os.getppid())
         conn = args.connection
@@ -202,6 +203,13 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
             except (OSError, private.Refused) as e:
                 _report(args, f"error: {args.ledger}: cannot create: {getattr(e, 'strerror', None) or e}")
                 return 1
+            if conn.pages is not None:  # (a supervisor of an older package gives none: direct I/O)
+                from shardfs.kernel.pagetable import PageTable
+
+                try:
+                    pages = PageTable(conn.pages)
+                except (OSError, ValueError) as e:
+                    log.warning("the page-cache table cannot be used (files are read with direct I/O): %s", e)
             # the limits are the mount's: each of N workers keeps its share of the caches
             cfg = dataclasses.replace(cfg, reads=dataclasses.replace(
                 cfg.reads, chunk_cache=cfg.reads.chunk_cache // conn.count,
@@ -213,7 +221,7 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
             try:
                 replaces = args.connection is not None and args.connection.replaces
                 writes = ledger is None or not ledger.shared or ledger.index == OWNER  # (``kernel.owner``)
-                mount = compose(cfg, source, cleanup, ledger, adopt=replaces, writes=writes)
+                mount = compose(cfg, source, cleanup, ledger, adopt=replaces, writes=writes, pages=pages)
             except UsageError as e:
                 _report(args, f"error: {e}")
                 return 1

@@ -18,7 +18,9 @@ it holds ``/dev/fuse``: while no worker serves it, requests wait in the kernel.
 
 A worker (``python -m shardfs mount ... --worker FD``, the package installed now) inherits the
 memfd of the connection's ledger (``shardfs.tree.ledger``: made here, kept for the mount's life,
-the same for every worker; its number in ``SHARDFS_LEDGER_FD``) and talks to the supervisor
+the same for every worker; its number in ``SHARDFS_LEDGER_FD``), with N workers the memfd of
+the table of what the kernel's page cache holds (``shardfs.kernel.pagetable``,
+``SHARDFS_PAGES_FD``), and talks to the supervisor
 over a ``SOCK_SEQPACKET`` socket pair, one JSON message a packet:
 
 - worker: ``{"ready": true}`` once its layers are built (the journal replayed), or ``{"error":
@@ -62,6 +64,7 @@ from typing import Any, Callable
 from shardfs.app import fusedev, peers, state, zygote
 from shardfs.app.zygote import Child, Zygote
 from shardfs.base import private
+from shardfs.kernel import pagetable
 from shardfs.tree import ledger
 
 log = logging.getLogger("shardfs")
@@ -125,6 +128,8 @@ class Supervisor:
         self.stopping = False
         self.exit_code = 0  # 1: the first worker failed, or a crash loop ended the mount
         self.ledger = ledger.memory()  # the connection's ledger: every worker appends to it
+        # what the kernel's page cache holds, for N workers (``shardfs.kernel.pagetable``)
+        self.pages = pagetable.memory() if self.count > 1 else None
         self.oom_before = _protect_from_oom()
         self.zygote: Zygote | None = None  # forks the workers of ``argv`` (``shardfs.app.zygote``)
         self.next_zygote: Zygote | None = None  # ... of ``handing_over``
@@ -136,12 +141,10 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(sig, lambda *_: None)
         try:
-            # first, forked: it imports while this process goes on (nothing opened yet to leave it);
-            # never from threads (an object store's client checked the source: its runtime's)
-            self.zygote = self._zygote(self.argv, forked=len(os.listdir("/proc/self/task")) == 1)
             fusedev.check()
             self._listen()
             zygote.prctl(zygote.PR_SET_CHILD_SUBREAPER, 1)  # the zygote's workers are reparented here
+            self.zygote = self._zygote(self.argv)
             for index in range(self.count):
                 self.workers[index] = self._spawn(index)
         except (fusedev.MountError, OSError) as e:
@@ -177,6 +180,8 @@ class Supervisor:
             if self.fd >= 0:
                 os.close(self.fd)
             os.close(self.ledger)
+            if self.pages is not None:
+                os.close(self.pages)
             if self.workers_path is not None:
                 for path in [self.workers_path, *(peers.slot_file(self.workers_path, i) for i in range(self.count))]:
                     with contextlib.suppress(OSError):
@@ -258,9 +263,9 @@ class Supervisor:
             if worker.proc.poll() is None:
                 worker.proc.send_signal(signal.SIGUSR1)
 
-    def _zygote(self, argv: list[str], forked: bool = False) -> Zygote | None:
+    def _zygote(self, argv: list[str]) -> Zygote | None:
         try:
-            return Zygote(argv, {**os.environ, "SHARDFS_OOM_SCORE_ADJ": self.oom_before}, forked)
+            return Zygote(argv, {**os.environ, "SHARDFS_OOM_SCORE_ADJ": self.oom_before})
         except OSError as e:
             log.warning("cannot start a zygote (each worker starts afresh): %s", e)
             return None
@@ -274,6 +279,8 @@ class Supervisor:
         env = {"SHARDFS_OOM_SCORE_ADJ": self.oom_before,
                "SHARDFS_WORKER_SLOT": f"{index}/{self.count}" + "/r" * replaces}
         given = {"SHARDFS_LEDGER_FD": self.ledger}  # descriptors it inherits, by the variable naming each
+        if self.pages is not None:
+            given["SHARDFS_PAGES_FD"] = self.pages
         try:
             handing = self.handing_over is not None and argv is self.handing_over
             z = self.next_zygote if handing else self.zygote
@@ -492,6 +499,11 @@ class Connection:
         self.ledger = int(given) if given is not None and given.isdigit() else None
         if self.ledger is not None:
             os.set_inheritable(self.ledger, False)
+        # the memfd of the page-cache table of N workers (None: one worker, or an older supervisor)
+        given = os.environ.pop("SHARDFS_PAGES_FD", None)
+        self.pages = int(given) if given is not None and given.isdigit() else None
+        if self.pages is not None:
+            os.set_inheritable(self.pages, False)
         self.started = time.time()
         parent = os.environ.pop("SHARDFS_SUPERVISOR_PID", None)  # forked by a zygote: reparented to it
         zygote.die_with_parent(int(parent) if parent else None)

@@ -16,12 +16,14 @@ Any exception other than ``pyfuse3.FUSEError`` escaping a handler would end
 
 With ``-o workers=N`` (``shardfs.tree.ledger``: a shared ledger) any worker
 may get any request: a request that fails here first learns what the other workers gave out
-(``Reopen.follow``) and is tried once more if that taught anything; files are opened with direct I/O
-(the kernel's page cache and inode sizes are then nobody's to track: what one worker knows of
-them another does not); a request on a handle another worker opened is sent to that worker
-(``shardfs.kernel.route``); a handle a dead worker of this slot opened is opened again here at
-its first use (``shardfs.kernel.reopen``). On a writable mount worker 0 owns the writes: the
-others forward to it what they must not serve (``shardfs.kernel.owner``, ``shardfs.kernel.forward``).
+(``Reopen.follow``) and is tried once more if that taught anything; what the kernel's page
+cache holds of each inode, and the sizes files open through it pin, are the mount's table
+(``shardfs.kernel.sharedpages``: files open through the page cache as with one worker; without
+a table, from a supervisor of an older package, files are opened with direct I/O); a request on
+a handle another worker opened is sent to that worker (``shardfs.kernel.route``); a handle a
+dead worker of this slot opened is opened again here at its first use
+(``shardfs.kernel.reopen``). On a writable mount worker 0 owns the writes: the others forward to
+it what they must not serve (``shardfs.kernel.owner``, ``shardfs.kernel.forward``).
 
 Extended attributes are not implemented on purpose: pyfuse3 answers ENOSYS,
 after which the kernel stops asking. Otherwise ``ls -l`` sends two getxattr
@@ -163,7 +165,7 @@ class Operations(pyfuse3.Operations):
     def __init__(self, source: Storage, names: Names, opens: Opens, listing: Listing, nodes: NodeTable,
                  numbers: Numbers, inodes: KernelInodes, invalidation: Invalidation, writer: Writer | None = None,
                  kernel: KernelConfig | None = None, faults: Faults | None = None,
-                 read_only: bool | None = None) -> None:
+                 read_only: bool | None = None, pins: Pins | None = None) -> None:
         """The tree's ``names`` (lookups, attributes), ``opens`` (reads) and ``listing``
         (readdir), its node table (``nodes``: aliases, forgets, staging files) and the numbers
         given to the kernel (``numbers``: ledger compactions, follows, take-overs); what the
@@ -172,7 +174,8 @@ class Operations(pyfuse3.Operations):
         every node shows (``-o entry_timeout,attr_timeout,uid,gid,file_mode,dir_mode``);
         ``faults``: where the handlers' bugs are recorded (the mount's, shared with its
         background tasks); ``read_only``: by default, without a ``writer`` (a writable mount's
-        worker that forwards its writes to the owner worker has none)."""
+        worker that forwards its writes to the owner worker has none); ``pins``: the sizes files
+        open through the page cache pin (by default this worker's; N workers: the mount's)."""
         super().__init__()
         self.source = source
         self.names = names
@@ -191,7 +194,7 @@ class Operations(pyfuse3.Operations):
         # handles another worker or a dead one opened (``-o workers=N``, a restart): opened again here
         self.reopen = Reopen(self._handles, numbers, listing, opens, inodes, self._writable, self._let_go)
         # versions that files open through the page cache hold their inode's size at
-        self._pins = Pins(nodes.new_alias)
+        self._pins = Pins(nodes.new_alias) if pins is None else pins
         self._callers = Callers(os.getuid())
         self._entry = Entries(kernel, self.read_only, inodes).entry
         self.stats = RequestStats()
@@ -326,18 +329,19 @@ class Operations(pyfuse3.Operations):
         if self._pins.refused(inode, version):  # the kernel looks the name up again (another inode)
             self.opens.release(handle)
             raise pyfuse3.FUSEError(errno.ESTALE)
-        fi = pyfuse3.FileInfo(fh=self._handles.add(handle))
+        fi = pyfuse3.FileInfo(fh=self._handles.add(handle))  # (outside the lock: the ledger's comes first)
         if NOFLUSH:  # nothing to commit at its close(): see flush
             fi.noflush = True
-        pages = self._kernel.opened(version)
-        fi.keep_cache = pages is not Pages.OTHER
-        # direct I/O: an older version's reads may refill the pages; or the file changed during
-        # the open (``stale``), and the kernel must not cut this version's bytes to the new size
-        fi.direct_io = self._kernel.reading(version) or stale or self.reopen.shared
-        if not fi.direct_io and handle.attr.ino >= CHUNK_BASE:  # (a chunk file's own inode)
-            self._pins.pin(fi.fh, version)
-        if pages is Pages.NONE and content is not None and not fi.direct_io:
-            self._opening.fill(handle.ino, content)
+        with self._kernel.locked():  # (N workers: no other's open, drop or read comes between)
+            pages = self._kernel.opened(version)
+            fi.keep_cache = pages is not Pages.OTHER
+            # direct I/O: an older version's reads may refill the pages; or the file changed during
+            # the open (``stale``), and the kernel must not cut this version's bytes to the new size
+            fi.direct_io = self._kernel.reading(version, fi.fh) or stale or not self._opening.cached
+            if not fi.direct_io and handle.attr.ino >= CHUNK_BASE:  # (a chunk file's own inode)
+                self._pins.pin(fi.fh, version)
+            if pages is Pages.NONE and content is not None and not fi.direct_io:
+                self._opening.fill(handle.ino, content)
         return fi
 
     @_guard
@@ -364,7 +368,7 @@ class Operations(pyfuse3.Operations):
     def _let_go(self, fh: int, handle: Handle | None) -> None:
         """What a released handle held (a read handle's version, pin and descriptor)."""
         if isinstance(handle, ReadHandle):
-            self._kernel.unread(kernel_attr(handle))
+            self._kernel.unread(kernel_attr(handle), fh)
             self._pins.unpin(fh)
             self.opens.release(handle)
         elif isinstance(handle, WriteHandle) and self.writer is not None:

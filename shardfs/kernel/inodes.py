@@ -11,6 +11,7 @@ generation of each inode number whose directory was removed.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 
 from shardfs.base.attrs import Attr
@@ -71,7 +72,10 @@ class LookupCounts:
 
 
 class KernelInodes:
-    """Lookup counts and page-cache versions of the inodes the kernel knows."""
+    """Lookup counts and page-cache versions of the inodes the kernel knows (one worker's: with
+    ``-o workers=N`` the page-cache versions are the mount's, ``shardfs.kernel.sharedpages``)."""
+
+    shared_pages = False  # the page-cache state is every worker's (``SharedInodes``)
 
     def __init__(self) -> None:
         self._lookups = LookupCounts()  # lookups the kernel holds of each inode (until it forgets them)
@@ -153,7 +157,12 @@ class KernelInodes:
         if self._cached.get(attr.ino) is mark:
             self._cached[attr.ino] = (attr.size, attr.mtime_ns)
 
-    def reading(self, attr: Attr) -> bool:
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        """Hold while an open decides from and records what the kernel's pages hold, and fills
+        them (no other worker's open, drop or read may come between; one worker: nothing to hold)."""
+        return contextlib.nullcontext()
+
+    def reading(self, attr: Attr, fh: int = 0) -> bool:
         """A file is opened for reading at version ``attr`` (``unread`` it at its release). True
         if a handle of another version of it is open: the kernel's pages may get that version's
         bytes from its reads at any time, so this handle must bypass them (direct I/O)."""
@@ -163,8 +172,8 @@ class KernelInodes:
         versions[key] = versions.get(key, 0) + 1
         return mixed
 
-    def unread(self, attr: Attr) -> None:
-        """A handle that ``reading(attr)`` counted was released."""
+    def unread(self, attr: Attr, fh: int = 0) -> None:
+        """A handle that ``reading(attr, fh)`` counted was released."""
         versions = self._readers.get(attr.ino, {})
         key = (attr.size, attr.mtime_ns)
         if versions.get(key, 0) <= 1:
@@ -191,6 +200,13 @@ class KernelInodes:
         watched = self._watched.get(ino)
         if watched is not None:
             watched[1] += 1
+
+    def invalidated(self, ino: int) -> None:
+        """The daemon drops the kernel's cached pages of ``ino`` because its content changed
+        (``Invalidation``): ``changed`` if the kernel holds it (an inode it does not hold has
+        nothing cached, and is not remembered)."""
+        if self.holds(ino):
+            self.changed(ino)
 
     def watch(self, ino: int) -> int:
         """An open for reading of ``ino`` begins; give what it returns to ``unwatch``."""

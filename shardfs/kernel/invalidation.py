@@ -38,11 +38,9 @@ class Invalidation:
         their fold would otherwise pile up here).
         """
         shown = [alias for ino in inodes for alias in (ino, *self.nodes.aliases(ino))]
-        targets = [ino for ino in shown if self.kernel.holds(ino)]
-        for ino in targets:
-            self.kernel.changed(ino)
-        if self.every:  # (only those held are remembered as changed)
-            targets = shown
+        for ino in shown:
+            self.kernel.invalidated(ino)  # (remembered as changed if held: ``KernelInodes``)
+        targets = shown if self.every else [ino for ino in shown if self.kernel.holds(ino)]
         if targets:
             await trio.to_thread.run_sync(invalidate_inodes, targets)
 

@@ -5,8 +5,9 @@ if it holds none and the file is small).
 ``Opening.read_open`` is ``Opens.open`` (``shardfs.tree.opens``) with what the adapter's ``open``
 answers from (``KernelInodes``: which pages the kernel may hold of which version); ``fill``
 stores a small file's bytes into the page cache before the open is answered (FUSE's
-notify-store), so a client's reads of it cost no READ request. With ``-o workers=N`` nothing is
-filled or dropped: files are opened with direct I/O (``shardfs.kernel.fuse_ops``).
+notify-store), so a client's reads of it cost no READ request. With ``-o workers=N`` the same,
+from the mount's shared table (``shardfs.kernel.sharedpages``); N workers of a supervisor that
+gives none fill and drop nothing: files are opened with direct I/O (``shardfs.kernel.fuse_ops``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ class Opening:
         self.stats = stats
         self._fill = True  # until the kernel says it cannot store pages (ENOSYS)
 
+    @property
+    def cached(self) -> bool:
+        """True if files are read through the kernel's page cache: one worker, or N sharing what
+        the pages hold (else N workers open every file with direct I/O)."""
+        return self._kernel.shared_pages or not self._ledger.shared
+
     async def read_open(self, inode: int, tries: Tries) -> tuple[ReadHandle, Attr, Content | None, bool]:
         """``Opens.open(inode, tries)`` with what ``open`` answers from: the handle, its version (the
         attributes with the kernel's inode), the content to fill the pages with (or None), and
@@ -64,7 +71,7 @@ class Opening:
             try:
                 pages = self._kernel.pages(version)
                 content = await self._content_to_fill(handle, pages)
-                if pages is Pages.OTHER and not self._ledger.shared:
+                if pages is Pages.OTHER and self.cached:
                     mark = self._kernel.dropping(handle.ino)
                     await trio.to_thread.run_sync(invalidate_inodes, [handle.ino])
                     self._kernel.dropped(version, mark)
@@ -81,7 +88,7 @@ class Opening:
         its page cache (``fill``); else None. The client's reads are then served by the
         kernel, without a READ request each."""
         size = handle.attr.size
-        if not (pages is Pages.NONE and self._fill and 0 < size <= FILL_MAX and not self._ledger.shared):
+        if not (pages is Pages.NONE and self._fill and 0 < size <= FILL_MAX and self.cached):
             return None
         content = await self.opens.read(handle, 0, size)
         return content if len(content) == size else None

@@ -119,5 +119,5 @@ class Reopen:
         a shared ledger takes what every worker gave out so far (``records``: its ``tail``)."""
         await self.numbers.restore(records)
         self._handles.restore(records)
-        if not self.shared:  # (N workers open every file with direct I/O: no pages to know of)
+        if not self.shared:  # (N workers: the pages are the mount's table, kept by the supervisor)
             self._kernel.restored()

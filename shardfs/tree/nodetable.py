@@ -313,8 +313,8 @@ class NodeTable:
     def _apply(self, kind: str, ino: int, key: NodeKey) -> None:
         """Record ``[kind, ino, *key]`` of a ledger: ``ino`` shows ``key``."""
         old = self._keys.get(ino)
-        if old is not None and self._inos.get(old) == ino:
-            del self._inos[old]
+        if old is not None and not isinstance(old, ChunkKey) and self._inos.get(old) == ino:
+            del self._inos[old]  # (a chunk's key is no ``_inos`` key: its alias noted again)
         self._keys[ino] = key
         if kind == "u":  # an alias of the node's inode, never the inode that shows the node
             self._committed.add(ino)

@@ -1,0 +1,180 @@
+"""A table of what the kernel's page cache holds, per inode, shared by the N workers of a mount.
+
+With ``-o workers=N`` any worker may answer any open, but the kernel's pages of an inode are
+one cache: whether an open may keep them (``keep_cache``) or fill them (notify-store) depends
+on what every worker answered before (``shardfs.kernel.inodes.KernelInodes``, which one worker
+keeps in dicts). This table holds that knowledge where every worker reads and writes it: a
+``memfd`` the supervisor makes and keeps for the mount's life (``memory``: its number given to
+each worker in ``SHARDFS_PAGES_FD``), mapped shared by each worker, locked with ``flock`` on an
+open file of each worker's own (``/proc/self/fd``: a lock dies with its holder, whatever kills it).
+
+Layout: a header (``HEADER`` bytes: magic, capacity, the slot being written, pins in all), then
+``capacity`` entries of ``ENTRY`` bytes, open addressing keyed by inode (a chunk's consecutive
+inodes land in consecutive entries: a few pages of memory for thousands of chunk files). An
+entry is never removed (it is the memory of pages the kernel may still hold); an inode that finds
+no entry within ``PROBES`` of its home is ``None`` to the callers, which then answer as if the
+kernel held pages of another version (no keep, no fill, direct I/O: always correct).
+
+A worker killed while it writes an entry may leave it torn: each write names its entry in the
+header first (``dirty``), and whoever takes the lock next finds the name and *poisons* the entry
+(``POISONED``: its pages are another version's and its files read with direct I/O, for the
+mount's life: a few chunk files, at worst, lose the page cache).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+import struct
+from typing import Iterator, NamedTuple
+
+MAGIC = 0x53504731  # "SPG1"
+HEADER = 64
+ENTRY = 64
+CAPACITY = 1 << 20  # entries (64 MiB of address space; memory only for the pages touched)
+PROBES = 64  # entries looked at from an inode's home before it counts as absent
+_HEAD = struct.Struct("<IIQQ")  # magic, capacity, dirty (offset of the entry being written, 0: none), pins
+_ENTRY = struct.Struct("<QIIQqQqIIII")  # see ``Entry``
+_INO = struct.Struct("<Q")
+_CHANGES = struct.Struct("<I")
+_CHANGES_AT = 60  # offset of ``changes`` in an entry (read without the lock: ``changes``)
+
+# ``Entry.state``: what the kernel's pages of the inode may hold
+NONE = 0  # nothing, ever
+VERSION = 1  # at most pages of version (size, mtime)
+UNKNOWN = 2  # maybe pages of any version (or bytes written in place)
+DROPPING = 3  # a worker drops them (``mark``: which drop)
+POISONED = 4  # a torn entry: as UNKNOWN, and every file of it read with direct I/O
+
+
+class Entry(NamedTuple):
+    """One inode's entry: what its pages hold (``state``, ``mark``, ``size``/``mtime``) and the
+    files open on it through the page cache: ``readers`` of version (``rsize``, ``rmtime``),
+    ``pins`` of them pinning its size (``shardfs.kernel.pins``; ``gen`` counts the forfeits),
+    ``changes`` made to it (``KernelInodes.watch``)."""
+
+    ino: int
+    state: int
+    mark: int
+    size: int
+    mtime: int
+    rsize: int
+    rmtime: int
+    readers: int
+    pins: int
+    gen: int
+    changes: int
+
+
+def memory() -> int:
+    """A new table (a memfd, close-on-exec, sized and empty): the supervisor's to keep and give."""
+    fd = os.memfd_create("shardfs-pages", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, HEADER + CAPACITY * ENTRY)
+        os.pwrite(fd, _HEAD.pack(MAGIC, CAPACITY, 0, 0), 0)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+class PageTable:
+    """A worker's view of its mount's table (the memfd ``fd``, which it may close afterwards)."""
+
+    def __init__(self, fd: int) -> None:
+        self._lock_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)  # (flock: per open file)
+        try:
+            magic, self.capacity, _dirty, _pins = _HEAD.unpack(os.pread(self._lock_fd, _HEAD.size, 0))
+            if magic != MAGIC or self.capacity & (self.capacity - 1):
+                raise ValueError("not a page table")
+            self._map = mmap.mmap(self._lock_fd, HEADER + self.capacity * ENTRY, mmap.MAP_SHARED)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self._mask = self.capacity - 1
+        self._depth = 0
+
+    def close(self) -> None:
+        self._map.close()
+        os.close(self._lock_fd)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the table's lock (re-entrant within this worker: one ``flock`` pair for a whole
+        open's decisions). Never across an ``await``: every worker's opens wait for it; never
+        while taking the ledger's (``shardfs.tree.ledger``), which is held while taking this one
+        (a ledger followed under its lock lets go of released files)."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        self._depth = 1
+        try:
+            dirty = _HEAD.unpack_from(self._map, 0)[2]
+            if dirty:  # a worker died writing it
+                self._poison(dirty)
+            yield
+        finally:
+            self._depth = 0
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _home(self, ino: int) -> int:
+        return (ino + (ino >> 40) * 0x9E3779B97F4A7C15) & self._mask
+
+    def find(self, ino: int, insert: bool = False) -> int:
+        """The offset of ``ino``'s entry; with ``insert`` (under the lock) a new one if it has none;
+        -1 if it has none (or none can be made: the entries near its home are taken)."""
+        home = self._home(ino)
+        for i in range(PROBES):
+            off = HEADER + ((home + i) & self._mask) * ENTRY
+            at = _INO.unpack_from(self._map, off)[0]
+            if at == ino:
+                return off
+            if at == 0:
+                if not insert:
+                    return -1
+                assert self._depth
+                self.write(off, Entry(ino, NONE, 0, 0, 0, 0, 0, 0, 0, 0, 0))
+                return off
+        return -1
+
+    def read(self, off: int) -> Entry:
+        return Entry._make(_ENTRY.unpack_from(self._map, off))
+
+    def write(self, off: int, entry: Entry) -> None:
+        """Replace the entry at ``off`` (under the lock)."""
+        assert self._depth
+        self._set_dirty(off)
+        _ENTRY.pack_into(self._map, off, *entry)
+        self._set_dirty(0)
+
+    def changes(self, ino: int) -> int:
+        """The changes counted for ``ino`` (read without the lock: one aligned word)."""
+        off = self.find(ino)
+        return -1 if off < 0 else _CHANGES.unpack_from(self._map, off + _CHANGES_AT)[0]
+
+    def pins(self) -> int:
+        """Files pinning an inode's size, in all (read without the lock)."""
+        return int(_HEAD.unpack_from(self._map, 0)[3])
+
+    def add_pins(self, n: int) -> None:
+        """``n`` more (or fewer) files pinning an inode's size (under the lock)."""
+        assert self._depth
+        magic, cap, dirty, pins = _HEAD.unpack_from(self._map, 0)
+        _HEAD.pack_into(self._map, 0, magic, cap, dirty, max(0, pins + n))
+
+    def _set_dirty(self, off: int) -> None:
+        struct.pack_into("<Q", self._map, 8, off)
+
+    def _poison(self, off: int) -> None:
+        e = self.read(off)
+        ino = e.ino if self.find(e.ino) == off else 0  # (a torn inode number: the entry is nobody's)
+        self._set_dirty(0)
+        if ino:
+            _ENTRY.pack_into(self._map, off, ino, POISONED, 0, 0, 0, 0, 0, 1, 0, 0, e.changes + 1)

@@ -1,0 +1,168 @@
+"""``-o workers=N`` with the kernel's page cache (``shardfs.kernel.sharedpages``): every worker
+answers opens from one table of what the kernel's pages hold, so files are filled at their
+first open and kept at the next ones whichever worker answers, and never give another version's
+bytes: a write through the owner, a change of the source, files of two versions open at once.
+
+Which worker gets a request is the kernel's choice; a test makes it one worker's by stopping the
+other (``test_workers.only``: SIGSTOP, SIGCONT in a ``finally``). The page-fill tests of one
+worker (tests/test_page_fill.py) run here again with two, but for the two about inodes the
+kernel evicted (with N workers a FORGET says nothing of the kernel's pages: such an inode is
+kept, and read through READ requests, at its next open; doc/SEMANTICS.md "Workers").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import test_page_fill as one
+from test_page_fill import (  # noqa: F401 - run again here, with two workers (``mount`` below)
+    FILE, PAGES, resident, src, test_a_handle_opened_before_a_rename_onto_its_chunk_reads_its_version_whole,
+    test_a_renamed_onto_chunk_open_for_writing_keeps_no_pages_at_a_read_open, test_first_open_fills_the_page_cache,
+    test_no_fill_of_a_file_opened_for_writing_before)
+from test_workers import NO_CACHE, only, status, workers
+from sources import LE, sharding, write_v3
+
+pytestmark = pytest.mark.skipif(
+    "workers" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
+    reason="needs the pyfuse3 scripts/pyfuse3 builds (non-blocking reads of clones)")
+
+SKIPPED = {"test_a_file_the_kernel_evicted_is_filled_again_at_its_next_open",
+           "test_a_chunk_folded_after_the_kernel_evicted_it_is_filled_at_its_next_open"}
+# every page-fill test of one worker runs here too, but those named in SKIPPED (see the docstring)
+RUN = {name for name in dir(one) if name.startswith("test_")} - SKIPPED
+for _name in sorted(RUN):  # (one order in every xdist worker)
+    globals()[_name] = getattr(one, _name)
+
+
+@pytest.fixture
+def mount(mount):
+    """The ``mount`` fixture, every mount with ``-o workers=2`` added."""
+    def with_two(root, *args: str, **kw):
+        args_ = list(args)
+        if "-o" in args_:
+            i = args_.index("-o") + 1
+            args_[i] += ",workers=2"
+        else:
+            args_ += ["-o", "workers=2"]
+        return mount(root, *args_, **kw)
+
+    with_two.info = mount.info
+    return with_two
+
+
+@pytest.fixture
+def two(tmp_path) -> Path:
+    """Arrays ``x`` and ``y`` (uncompressed <u2: chunk files of 8 KiB, two pages), one shard each."""
+    root = tmp_path / "src"
+    root.mkdir()
+    (root / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+    for name in ("x", "y"):
+        write_v3(root / name, np.arange(128 * 128, dtype="<u2").reshape(128, 128), (128, 128),
+                 [sharding((64, 64), [LE])])
+    return root
+
+
+def read_open(path: Path) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    assert os.fstat(fd).st_size == FILE
+    return fd
+
+
+def rewrite_source(root: Path, name: str, value: int) -> bytes:
+    """Chunk 0.0 of array ``name`` made ``value`` everywhere on the source, behind the mount's back
+    (the same size: the kernel's inode keeps its size); its new bytes."""
+    import zarr
+
+    zarr.open_array(str(root / name), mode="r+")[:64, :64] = value
+    shard = root / name / "c" / "0" / "0"
+    os.utime(shard, ns=(value * 10**9, value * 10**9))  # (a new version, whatever the clock's resolution)
+    time.sleep(1.2)  # a directory's stats are remembered for 1 s (``shardfs.storage.local``)
+    return np.full((64, 64), value, "<u2").tobytes()
+
+
+def settled(mnt: Path) -> list[int]:
+    """The two workers' pids, once both served a request (a worker stopped right after the mount
+    may hold one: tests/README.md)."""
+    w = workers(mnt, 2)
+    for name in ("x", "y"):
+        (mnt / name / ".zarray").read_bytes()
+    time.sleep(0.5)
+    return w
+
+
+def test_a_chunk_cached_through_one_worker_is_read_anew_after_a_write_and_a_source_change(two, mount):
+    """Read through worker 1 (filled), opened through worker 0 (kept: resident at once),
+    rewritten in place through the owner (worker 0), read again: the written bytes; a chunk of
+    the other array, read through the owner, changed on the source (twice) and read through
+    each worker: the new bytes. (Requests about the written array go to the owner: it is
+    never stopped then.)"""
+    mnt = mount(two, "-o", NO_CACHE)
+    w0, w1 = settled(mnt)
+    x = mnt / "x" / "0.0"
+    old = np.arange(128 * 128, dtype="<u2").reshape(128, 128)[:64, :64].tobytes()
+    with only(w1, [w0, w1]):
+        assert x.read_bytes() == old
+    with only(w0, [w0, w1]):
+        fd = read_open(x)  # kept: the pages worker 1 filled
+        try:
+            assert resident(fd, FILE) == PAGES and os.pread(fd, FILE + 1, 0) == old
+        finally:
+            os.close(fd)
+        new = np.full((64, 64), 7, "<u2").tobytes()
+        with open(x, "r+b") as f:  # in place, through the page cache
+            f.write(new)
+    for _ in range(4):
+        assert x.read_bytes() == new
+    y = mnt / "y" / "0.0"
+    with only(w0, [w0, w1]):
+        assert y.read_bytes() == old
+    for value in (3, 4):
+        new = rewrite_source(two, "y", value)
+        for w in (w1, w0):
+            with only(w, [w0, w1]):
+                assert y.read_bytes() == new, (value, w)
+    assert status(mnt)["internal_errors"]["total"] == 0
+
+
+def test_a_file_open_at_one_version_through_one_worker_and_another_version_through_the_other(two, mount):
+    """A file open through worker 1 at the chunk's old version, filled; the chunk changes on the
+    source (the same size); a file opened through worker 0 reads the new version, the old file
+    the old one, whole, after worker 0 dropped the pages (its READ puts old bytes in the pages
+    again), and files opened meanwhile through either worker the new one; once the old file is
+    closed, every worker's open reads the new version, and keeps the pages."""
+    mnt = mount(two, "-o", "ro," + NO_CACHE)
+    w0, w1 = settled(mnt)
+    y = mnt / "y" / "0.0"
+    old = np.arange(128 * 128, dtype="<u2").reshape(128, 128)[:64, :64].tobytes()
+    with only(w1, [w0, w1]):
+        h1 = read_open(y)
+    try:
+        new = rewrite_source(two, "y", 5)
+        with only(w0, [w0, w1]):
+            h2 = read_open(y)
+            try:
+                assert os.pread(h2, FILE + 1, 0) == new
+            finally:
+                os.close(h2)
+        with only(w1, [w0, w1]):
+            assert os.pread(h1, FILE + 1, 0) == old
+        for w in (w0, w1):
+            with only(w, [w0, w1]):
+                assert y.read_bytes() == new, w
+    finally:
+        os.close(h1)
+    for w in (w1, w0, w1):
+        with only(w, [w0, w1]):
+            assert y.read_bytes() == new, w
+            fd = read_open(y)
+            try:
+                assert resident(fd, FILE) == PAGES, "kept once the old file is closed"
+            finally:
+                os.close(fd)
+    assert status(mnt)["internal_errors"]["total"] == 0
