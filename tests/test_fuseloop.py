@@ -306,7 +306,7 @@ def test_a_read_that_meets_the_end_of_the_connection_with_econnaborted_ends_the_
     async def aborted() -> None:
         async with trio.open_nursery() as nursery:
             async def task() -> None:
-                raise ConnectionAbortedError(103, "fuse_session_receive_buf failed with Software caused connection abort")
+                raise ConnectionAbortedError(103, "fuse_session_receive_buf failed: connection abort")
             nursery.start_soon(task)
 
     async def other() -> None:
