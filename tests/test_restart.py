@@ -547,18 +547,13 @@ def zygote_of(m) -> int:
 def test_a_new_worker_is_forked_by_the_zygote_and_an_upgrade_starts_a_new_zygote(mount, src):
     """A worker is forked by the supervisor's zygote (imported, nothing of the source open), not
     started afresh: the same zygote forks the next one after a kill (the worker's command line
-    is the zygote's). The mount's first zygote is a fork of the supervisor (its command line),
-    made before the supervisor opened anything. ``shardfs mount`` on the live mount runs the
-    package installed now: a new zygote (a fresh process) forks the new worker, and the old
-    zygote ends."""
+    is the zygote's). ``shardfs mount`` on the live mount runs the package installed now: a
+    new zygote (a fresh process) forks the new worker, and the old zygote ends."""
     mnt = mount(src)
     m = mount.info(mnt)
     zygote = zygote_of(m)
     argv = Path(f"/proc/{zygote}/cmdline").read_bytes().split(b"\0")
-    assert argv == Path(f"/proc/{m.pid}/cmdline").read_bytes().split(b"\0")  # forked by the supervisor
-    held = {fd: os.readlink(f"/proc/{zygote}/fd/{fd}") for fd in os.listdir(f"/proc/{zygote}/fd")}
-    others = [target for fd, target in held.items() if fd not in ("0", "1", "2")]
-    assert held["0"] == "/dev/null" and len(others) == 1 and others[0].startswith("socket:"), held  # its own
+    assert b"--zygote" in argv
     opened = [os.readlink(f"/proc/{zygote}/fd/{fd}") for fd in os.listdir(f"/proc/{zygote}/fd")]
     assert not [p for p in opened if p.startswith(str(src)) or p == "/dev/fuse"], opened
     first = worker_of(m)
@@ -571,7 +566,6 @@ def test_a_new_worker_is_forked_by_the_zygote_and_an_upgrade_starts_a_new_zygote
     assert (r.returncode, r.stderr) == (0, ""), r.stderr
     upgraded = zygote_of(m)
     assert upgraded != zygote and not Path(f"/proc/{zygote}").exists()
-    assert b"--zygote" in Path(f"/proc/{upgraded}/cmdline").read_bytes().split(b"\0")  # a fresh process
     assert b"chunk_cache=16M" in Path(f"/proc/{worker_of(m)}/cmdline").read_bytes().split(b"\0")
     assert status(mnt)["options"] == {"chunk_cache": "16M"}
 

@@ -166,14 +166,3 @@ def test_a_file_open_at_one_version_through_one_worker_and_another_version_throu
             finally:
                 os.close(fd)
     assert status(mnt)["internal_errors"]["total"] == 0
-
-
-def test_every_worker_ignores_sigpipe_as_a_fresh_interpreter(two, mount):
-    """A worker forked by the zygote handles signals as a fresh interpreter: SIGPIPE ignored (a
-    write to a peer worker that just died raises EPIPE; SIGPIPE's default killed the forwarding
-    worker too, so a kill of one worker under load replaced both)."""
-    mnt = mount(two, "-o", "ro")
-    for pid in workers(mnt, 2):
-        with open(f"/proc/{pid}/status") as f:
-            ignored = int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
-        assert ignored & (1 << (13 - 1)), f"worker {pid} does not ignore SIGPIPE"

@@ -141,12 +141,10 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(sig, lambda *_: None)
         try:
-            # first, forked: it imports while this process goes on (nothing opened yet to leave it);
-            # never from threads (an object store's client checked the source: its runtime's)
-            self.zygote = self._zygote(self.argv, forked=len(os.listdir("/proc/self/task")) == 1)
             fusedev.check()
             self._listen()
             zygote.prctl(zygote.PR_SET_CHILD_SUBREAPER, 1)  # the zygote's workers are reparented here
+            self.zygote = self._zygote(self.argv)
             for index in range(self.count):
                 self.workers[index] = self._spawn(index)
         except (fusedev.MountError, OSError) as e:
@@ -265,9 +263,9 @@ class Supervisor:
             if worker.proc.poll() is None:
                 worker.proc.send_signal(signal.SIGUSR1)
 
-    def _zygote(self, argv: list[str], forked: bool = False) -> Zygote | None:
+    def _zygote(self, argv: list[str]) -> Zygote | None:
         try:
-            return Zygote(argv, {**os.environ, "SHARDFS_OOM_SCORE_ADJ": self.oom_before}, forked)
+            return Zygote(argv, {**os.environ, "SHARDFS_OOM_SCORE_ADJ": self.oom_before})
         except OSError as e:
             log.warning("cannot start a zygote (each worker starts afresh): %s", e)
             return None

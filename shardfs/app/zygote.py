@@ -136,17 +136,11 @@ class Zygote:
     """The supervisor's side: a zygote started for worker command line ``argv`` (its fresh
     process, ``proc``), and ``fork``. ``OSError`` if it cannot be started or does not answer."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], forked: bool = False) -> None:
-        """``forked``: fork this process (the supervisor, which imported the same package and
-        has opened nothing yet) instead of starting a fresh one: the zygote skips an
-        interpreter's start and the command line's imports (0.15-0.3 s of the mount)."""
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         self.argv = argv
         self.ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            if forked:
-                self.proc = Child(_forked([*argv, "--zygote", str(theirs.fileno())], env, theirs.fileno()))
-            else:
-                self.proc = spawn([*argv, "--zygote", str(theirs.fileno())], env, [theirs.fileno()])
+            self.proc = spawn([*argv, "--zygote", str(theirs.fileno())], env, [theirs.fileno()])
         finally:
             theirs.close()
         self.ready = False
@@ -178,45 +172,6 @@ class Zygote:
         self.ctl.close()
         self.proc.kill()
         self.proc.wait()
-
-
-def _forked(argv: list[str], env: dict[str, str], fd: int) -> int:
-    """Fork a zygote running command line ``argv`` (``[python, -P, -m, shardfs, ARG...]``) as a
-    fresh one would, with ``env`` and ``fd``: stdin ``/dev/null``, no other descriptor of this
-    process, default signal handling, no log handler of this process; its pid."""
-    import logging
-
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 1  # pragma: no cover - the child
-    try:
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.closerange(3, fd)
-        os.closerange(fd + 1, 1 << 16)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1):
-            signal.signal(sig, signal.SIG_DFL)
-        # as a fresh interpreter: a write to a closed socket raises (EPIPE), it does not kill (a
-        # worker forwarding to a peer that just died was killed by SIGPIPE: test_workers'
-        # test_a_worker_killed_under_load_costs_no_reader_anything saw both slots replaced)
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        signal.set_wakeup_fd(-1)
-        logging.getLogger().handlers.clear()
-        os.environ.clear()
-        os.environ.update(env)
-        sys.argv = ["shardfs", *argv[argv.index("shardfs") + 1:]]
-        from shardfs.app.cli import main
-
-        code = main(sys.argv[1:])
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:  # noqa: BLE001 - it ends here, whatever happened
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        os._exit(code)
 
 
 # ----- the zygote's side ------------------------------------------------------------------
