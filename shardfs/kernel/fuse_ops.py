@@ -223,8 +223,8 @@ class Operations(pyfuse3.Operations):
             return self._entry(attr)
         try:
             attr = await self._attr(inode)
-        except pyfuse3.FUSEError as e:
-            opened = self._handles.reading(inode) if e.errno == errno.ESTALE else None
+        except pyfuse3.FUSEError as err:
+            opened = self._handles.reading(inode) if err.errno == errno.ESTALE else None
             if opened is None:
                 raise
             # Its chunk is gone since a file was opened on it (removed here, or by another host or
