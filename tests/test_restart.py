@@ -558,8 +558,8 @@ def test_worker_kills_leave_no_descriptor_behind(mount, src):
     for kill in range(4):
         new = kill_worker(m, mnt)
         wait_for(lambda: status(mnt)["pending"]["chunks"] == 0, 60, "the adopted chunk folded")
-        wait_for(lambda: len(_journal_dirs(new)) == 1, 30, f"kill {kill}: the new worker holds only its own "
-                                                           f"journal directory (holds {_journal_dirs(new)})")
+        wait_for(lambda pid=new: len(_journal_dirs(pid)) == 1, 30,
+                 f"kill {kill}: the new worker holds only its own journal directory (holds {_journal_dirs(new)})")
         (own,) = _journal_dirs(new)
         assert os.listdir(os.path.dirname(own)) == [os.path.basename(own)]
         assert len(_fds(m.pid)) == len(supervisor), (kill, sorted(_fds(m.pid)), supervisor)
