@@ -215,3 +215,29 @@ def test_no_constructor_reaches_through_a_collaborator():
     extra = {cls: sorted(got - TAKEN.get(cls, set())) for cls, got in found.items() if got - TAKEN.get(cls, set())}
     assert extra == {}, "have compose hand these objects what they read off their collaborators"
     assert found.get("Operations") == TAKEN["Operations"], "the check no longer sees the adapter's constructor"
+
+
+def test_the_bench_figures_import_no_other_figure():
+    """``scripts/bench_lib``: a figure imports ``harness`` and ``readers`` (and ``main`` the figures
+    it runs), never another figure's module (doc/ARCHITECTURE.md, "Tests and tools"); and neither
+    tools package imports ``tests``."""
+    scripts = PACKAGE.parent / "scripts"
+    shared = {"harness", "readers", "report", "clients", "floorfs"}
+    wrong = []
+    for path in sorted((scripts / "bench_lib").glob("*.py")):
+        if path.stem in ("main", "__main__", "__init__"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                used = {n.split(".")[1] for n in names if n.startswith("bench_lib.")}
+                used |= {a.name for a in node.names} if node.module == "bench_lib" else set()
+                wrong += [f"{path.stem} imports {u}" for u in sorted(used - shared - {path.stem})
+                          if (scripts / "bench_lib" / f"{u}.py").exists()]
+    for path in sorted(scripts.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            wrong += [f"{path.relative_to(scripts)} imports {m}" for m in mods
+                      if m.split(".")[0] in ("tests", "conftest")]
+    assert wrong == []
