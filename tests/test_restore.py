@@ -108,3 +108,48 @@ def test_a_restarted_worker_reads_no_array_before_it_serves_and_each_keeps_its_s
         assert sorted(reads) == sorted(f"{name}/zarr.json" for name in [*rest, "moved7"])  # each array once
     finally:
         os.close(fd)
+
+
+def test_a_new_worker_keeps_no_alias_the_kernel_forgot(src, tmp_path):
+    """Every write of zarr's or tensorstore's commits a temporary onto its chunk: its inode shows
+    the chunk (an alias, noted in the ledger) until the kernel forgets it. A new worker read every
+    one noted since the last compaction and kept each as a live alias (its RSS grew with the writes:
+    the soak's RSS steps at worker kills, +11 MiB per 9000 commits): a forget is noted, and the
+    next worker reads and keeps only the aliases still held; numbers still follow the highest."""
+    from shardfs.writes.spill import SpillBuffer
+
+    fd = memory()
+    try:
+        dead = compose_tree(Counting(str(src)), ledger=opened(fd))
+
+        async def arr_ino() -> int:
+            return (await dead.names.lookup(ROOT_INODE, "a1")).ino
+
+        parent = trio.run(arr_ino)
+        arr = dead.hierarchy.arrays["a1"]
+        inos = []
+        for i in range(2000):
+            st = dead.nodes.new_staging(parent, f"1.1.{i}.partial", SpillBuffer(str(tmp_path)))
+            dead.nodes.drop_staging(parent, f"1.1.{i}.partial", ChunkKey(arr, (1, 1)))
+            inos.append(st.ino)
+            if i != 1000:  # one the kernel still holds
+                dead.nodes.forget(st.ino)
+        records = opened(fd).records()
+        assert len(records) < 10, records[:20]  # (the slot, the array's directory, the held alias, the last forget)
+        tree = compose_tree(Counting(str(src)), ledger=opened(fd))
+        trio.run(tree.numbers.restore, records)
+        trio.run(tree.numbers.bind, "a1")
+        held = tree.nodes.node_key(inos[1000])
+        assert isinstance(held, ChunkKey) and (held.arr.path, held.coords) == ("a1", (1, 1))
+        with pytest.raises(OSError):
+            tree.nodes.node_key(inos[5])  # forgotten: unknown (ENOENT)
+        assert tree.nodes.aliases(tree.nodes.chunk_ino(held.arr, (1, 1))) == {inos[1000]}
+        slot = held.arr.slot  # another worker's alias, then its forget, read live (a shared ledger)
+        tree.nodes.follow([["u", 10**7, "c", slot, [1, 0]], ["u", 10**7 + 1, "c", slot, [1, 0]], ["f", 10**7]])
+        with pytest.raises(OSError):
+            tree.nodes.node_key(10**7)
+        assert tree.nodes.aliases(tree.nodes.chunk_ino(held.arr, (1, 0))) == {10**7 + 1}
+        fresh = tree.nodes.new_staging(parent, "x.partial", SpillBuffer(str(tmp_path)))
+        assert fresh.ino > max(inos)  # numbers follow every one given out
+    finally:
+        os.close(fd)

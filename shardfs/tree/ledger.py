@@ -55,6 +55,7 @@ from shardfs.base.libc import LIBC
 COMPACT_BYTES = 8 << 20  # a ledger this large is rewritten with the records still in effect
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 1, 2
 _HANDLE = re.compile(rb'\["([hxwc])",(\d+)')  # a handle's record, and its number (read without JSON)
+_ALIAS = re.compile(rb'\["([tukf])",(\d+)')  # an inode's record ("f": the kernel forgot an alias: ``NodeTable.forget``)
 
 
 def memory() -> int:
@@ -305,11 +306,32 @@ def in_effect(lines: list[bytes]) -> list[list[Any]]:
     opened and released since (most of a long-lived ledger: two records per file opened, up to
     ``COMPACT_BYTES``; parsing them all cost the next worker 77 MiB of memory for 8 MiB of them,
     most of which stayed, and 1.4 s): of those, only the release of the highest number is kept
-    (new numbers follow it: ``Handles.restore``)."""
+    (new numbers follow it: ``Handles.restore``). Likewise the records of the inodes the kernel
+    forgot that only showed another node (a temporary committed onto a chunk: every write of zarr's
+    or tensorstore's), but for the last forget of the highest (inode numbers follow it): a new
+    worker kept each of them as a live alias, its RSS growing with the writes since the last
+    compaction (the soak's RSS steps at worker kills)."""
     kept: list[bytes | None] = []
     by_handle: dict[int, list[int]] = {}  # an open handle -> its records' indexes in ``kept``
     highest, at = -1, -1  # the highest released handle, and the index of its release in ``kept``
+    by_ino: dict[int, list[int]] = {}  # an inode's "t", "u", "k" records' indexes in ``kept``
+    top, top_at = -1, -1  # the highest forgotten inode, and the index of its forget
     for line in lines:
+        a = _ALIAS.match(line)
+        if a is not None:
+            ino = int(a[2])
+            if a[1] != b"f":
+                by_ino.setdefault(ino, []).append(len(kept))
+            else:
+                for i in by_ino.pop(ino, ()):
+                    kept[i] = None
+                if ino < top:
+                    continue
+                if top_at >= 0:
+                    kept[top_at] = None
+                top, top_at = ino, len(kept)
+            kept.append(line)
+            continue
         m = _HANDLE.match(line)
         if m is not None:
             fh = int(m[2])

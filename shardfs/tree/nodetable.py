@@ -192,6 +192,7 @@ class NodeTable:
             target = self.inode(self._keys.pop(ino))
         else:
             return None
+        self.ledger.note("f", ino)  # (a successor keeps no alias the kernel forgot: ``ledger.in_effect``)
         self._aliases[target].discard(ino)
         if not self._aliases[target]:
             del self._aliases[target]
@@ -264,10 +265,14 @@ class NodeTable:
         last = ROOT_INODE
         lost: dict[int, tuple[int, str]] = {}
         for rec in records:
-            if rec[0] not in ("k", "t", "u", "v") or not isinstance(rec[1], int):
+            if rec[0] not in ("k", "t", "u", "v", "f") or not isinstance(rec[1], int):
                 continue
             ino = rec[1]
             last = max(last, ino)
+            if rec[0] == "f":  # the kernel forgot this alias (``forget``)
+                self._forgotten(ino)
+                lost.pop(ino, None)
+                continue
             if dead and rec[0] == "t" and len(rec) == 4 and isinstance(rec[2], int) and isinstance(rec[3], str):
                 lost[ino] = (rec[2], rec[3])
             elif rec[0] in ("u", "v"):
@@ -283,6 +288,27 @@ class NodeTable:
         self._top = max(self._top, last)
         self.lost.update({where: ino for ino, where in lost.items()})
         self._lost_inos.update(lost)
+
+    def _forgotten(self, ino: int) -> None:
+        """Drop alias ``ino`` that another worker's ``forget`` let go of (a ledger's "f" record)."""
+        earlier = self._deferred_at.pop(ino, None)
+        if earlier is not None:
+            self._deferred.get(earlier, {}).pop(ino, None)
+        key = self._keys.pop(ino, None)
+        self._committed.discard(ino)
+        if key is None:
+            return
+        if isinstance(key, ChunkKey):
+            target: int | None = self.chunk_ino(key.arr, key.coords)
+        else:
+            target = self._inos.get(key)
+            if target == ino:  # (never: a forgotten inode only showed another node's)
+                del self._inos[key]
+                target = None
+        if target is not None and target in self._aliases:
+            self._aliases[target].discard(ino)
+            if not self._aliases[target]:
+                del self._aliases[target]
 
     def _apply(self, kind: str, ino: int, key: NodeKey) -> None:
         """Record ``[kind, ino, *key]`` of a ledger: ``ino`` shows ``key``."""
