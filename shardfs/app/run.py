@@ -275,7 +275,11 @@ def _share(args: argparse.Namespace, mount: Composed, ledger: Any, source: Sourc
 
     sup = os.getppid()
     args.peer_socket = state.worker_socket(source.name, source.endpoint, sup, ledger.index)
-    peers = Peers(lambda slot: state.worker_socket(source.name, source.endpoint, sup, slot))
+    from shardfs.app import fusedev
+
+    conn = args.connection  # (its descriptor is given later: ``Connection.connect``)
+    peers = Peers(lambda slot: state.worker_socket(source.name, source.endpoint, sup, slot),
+                  lambda: conn.fd < 0 or fusedev.connected(conn.fd))  # (unmounted: no worker comes back)
     marks = None if read_only else Marks(state.marks_file(source.name, source.endpoint, sup))
     if marks is not None:
         marks.start()
@@ -283,7 +287,7 @@ def _share(args: argparse.Namespace, mount: Composed, ledger: Any, source: Sourc
             for path in mount.writeback.dirty_arrays():
                 marks.note(path)
     areas = None if marks is None else Areas(mount.tree.nodes, marks)
-    mount.ops.route = Route(ledger.index, ledger.owner, peers, areas)
+    mount.ops.route = Route(ledger.index, ledger.owner, peers, areas, mount.ops.reopen.here)
     return marks
 
 

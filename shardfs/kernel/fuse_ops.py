@@ -58,7 +58,7 @@ from shardfs.tree.nodetable import CHUNK_BASE
 from shardfs.tree.tries import Tries
 from shardfs.kernel.stats import RequestStats
 from shardfs.kernel.invalidation import Invalidation
-from shardfs.kernel.reopen import Reopen
+from shardfs.kernel.reopen import Elsewhere, Reopen
 from shardfs.kernel.opening import Opening, kernel_attr
 from shardfs.reads import ReadHandle
 from shardfs.storage import Storage
@@ -126,6 +126,9 @@ def _guard(fn: F) -> F:
         try:
             try:
                 return await _binding(self, fn, args)
+            except Elsewhere as e:  # its opener serves it (``shardfs.kernel.route``)
+                assert self.route is not None
+                return await self.route.opener(e.args[0]).request(op, args, self._kernel.looked_up)
             except Exception as e:
                 # another worker gave out a number it names (``follow``); a slot another request
                 # of this worker was binding meanwhile fails as no OSError/FUSEError (its array unread)

@@ -41,6 +41,11 @@ log = logging.getLogger("shardfs")
 FOLLOW_S = 0.5  # seconds between looks at what other workers appended to a shared ledger
 
 
+class Elsewhere(Exception):
+    """A read handle another (live) worker opened whose file changed since: that worker serves
+    it (``shardfs.kernel.route``)."""
+
+
 class Reopen:
     """The handles of ``handles`` made live in this worker (see the module docstring)."""
 
@@ -79,6 +84,18 @@ class Reopen:
         for fh, handle in self._handles.follow(records):
             self._let_go(fh, handle)
 
+    def here(self, fh: int) -> bool:
+        """True if a request on read handle ``fh`` of another (live) worker may be served here: it
+        was opened again here, or can be at the version it was opened at (``live``)."""
+        handle = self._handles.get(fh)
+        if handle is None and self.shared:
+            self._ledger.catch_up()  # opened by another worker a moment ago
+            handle = self._handles.get(fh)
+        if isinstance(handle, ReadHandle):
+            return True
+        return isinstance(handle, Lost) and handle.kind == "r" and handle.version is not None \
+            and not handle.elsewhere
+
     async def live(self, fh: int) -> Handle:
         """Handle ``fh``, opened again here first if it is a ``Lost`` one (the module docstring)."""
         handle = self._handles.get(fh)
@@ -109,9 +126,8 @@ class Reopen:
                     and self._ledger.owner(fh) != self._ledger.index \
                     and (new.attr.size, new.attr.mtime_ns) != handle.version:
                 self._opens.release(new)
-                log.error("file handle %d (inode %d): its file changed since another worker opened it: EIO", fh,
-                          handle.ino)
-                raise pyfuse3.FUSEError(errno.EIO)
+                handle.elsewhere = True  # (never another version's bytes: its opener serves it)
+                raise Elsewhere(fh)
         self._handles.reopened(fh, new)
         return new
 
