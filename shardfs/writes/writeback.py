@@ -370,7 +370,7 @@ class Writeback:
         """Background task: fold shards as they become due, forever, up to ``FOLDS_AT_ONCE``
         at a time, so a slow fold (a shard locked by another writer) holds up no other shard;
         ``on_folded`` as for ``fold``: given here, not to the constructor, which runs (and replays
-        the journal) before the view and the kernel adapter that ``on_folded`` needs exist."""
+        the journal) before the tree and the kernel adapter that ``on_folded`` needs exist."""
         limiter = trio.CapacityLimiter(FOLDS_AT_ONCE)
         folding: set[ShardId] = set()
 
