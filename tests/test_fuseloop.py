@@ -294,6 +294,36 @@ def test_another_descriptor_becoming_readable_is_served_while_queued_wait_blocks
     assert events == ["other readable", "sent", "readable"]
 
 
+def test_a_read_that_meets_the_end_of_the_connection_with_econnaborted_ends_the_loop_as_enodev(monkeypatch):
+    """The kernel answers ECONNABORTED to a read of /dev/fuse when the connection ended (an
+    unmount) between taking a request and handing it over (seen with 2 workers at ``umount``),
+    or was aborted: the loop ends as at ENODEV, so the daemon ends as after any unmount (and a
+    writable mount folds what is pending), not with a traceback."""
+    import pyfuse3
+
+    from shardfs.kernel import fuseloop
+
+    async def aborted() -> None:
+        async with trio.open_nursery() as nursery:
+            async def task() -> None:
+                raise ConnectionAbortedError(103, "fuse_session_receive_buf failed: connection abort")
+            nursery.start_soon(task)
+
+    async def other() -> None:
+        raise OSError(5, "another error")
+
+    monkeypatch.setattr(pyfuse3, "trio", pyfuse3.trio)  # (restored: main() replaces it)
+    monkeypatch.setattr(pyfuse3, "main", aborted)
+    trio.run(fuseloop.main)  # returns
+    monkeypatch.setattr(pyfuse3, "main", other)
+    try:
+        trio.run(fuseloop.main)
+    except OSError as e:
+        assert e.errno == 5
+    else:
+        raise AssertionError("another error of the loop ended it silently")
+
+
 def test_concurrent_readers_get_exact_bytes_and_the_daemon_ends_at_the_unmount(tmp_path, mount):
     """Four threads open/read/close every chunk file 20 times at once through a writable mount
     (requests queue up, so the loop answers runs of them without trio's scheduler): every read

@@ -261,10 +261,7 @@ def preload(source: Source) -> None:
     from shardfs.tree.hierarchy import v2
 
     v2()
-    if source.kind.remote:
-        from shardfs.storage import objects, web  # noqa: F401
-    if source.kind.name == "s3":  # (imported only: each worker resolves its credentials)
-        from shardfs.storage import awscredentials  # noqa: F401  # botocore's chain, obstore's provider: 0.8 s
+    source.kind.imports()  # its storage modules (s3: the credential chain; each worker resolves it)
 
 
 def _share(args: argparse.Namespace, mount: Composed, ledger: Any, source: Source, read_only: bool) -> Any:
@@ -278,7 +275,11 @@ def _share(args: argparse.Namespace, mount: Composed, ledger: Any, source: Sourc
 
     sup = os.getppid()
     args.peer_socket = state.worker_socket(source.name, source.endpoint, sup, ledger.index)
-    peers = Peers(lambda slot: state.worker_socket(source.name, source.endpoint, sup, slot))
+    from shardfs.app import fusedev
+
+    conn = args.connection  # (its descriptor is given later: ``Connection.connect``)
+    peers = Peers(lambda slot: state.worker_socket(source.name, source.endpoint, sup, slot),
+                  lambda: conn.fd < 0 or fusedev.connected(conn.fd))  # (unmounted: no worker comes back)
     marks = None if read_only else Marks(state.marks_file(source.name, source.endpoint, sup))
     if marks is not None:
         marks.start()
@@ -286,7 +287,7 @@ def _share(args: argparse.Namespace, mount: Composed, ledger: Any, source: Sourc
             for path in mount.writeback.dirty_arrays():
                 marks.note(path)
     areas = None if marks is None else Areas(mount.tree.nodes, marks)
-    mount.ops.route = Route(ledger.index, ledger.owner, peers, areas)
+    mount.ops.route = Route(ledger.index, ledger.owner, peers, areas, mount.ops.reopen.here)
     return marks
 
 

@@ -187,9 +187,12 @@ class PeerLink:
     """A worker's connection to the worker of another slot: ``call`` waits for its answer (the
     connection's reader runs in the nursery ``run`` opens, or the one ``attach`` gives)."""
 
-    def __init__(self, path: str, forwarded: collections.Counter[str] | None = None) -> None:
-        """``forwarded``: where the requests sent are counted, by operation (shared by a worker's links)."""
-        self.path = path
+    def __init__(self, path: str, forwarded: collections.Counter[str] | None = None,
+                 alive: Callable[[], bool] | None = None) -> None:
+        """``forwarded``: where the requests sent are counted, by operation (shared by a worker's
+        links); ``alive()``: False once the mount's connection ended (unmounted: no worker comes
+        back to a slot, so nothing is waited for)."""
+        self.path, self.alive = path, alive or (lambda: True)
         self._stream: trio.SocketStream | None = None
         self._lock = trio.Lock()
         self._connecting = trio.Lock()
@@ -218,7 +221,7 @@ class PeerLink:
                     stream = await trio.open_unix_socket(self.path)
                     break
                 except OSError:
-                    if trio.current_time() > deadline:
+                    if trio.current_time() > deadline or not self.alive():
                         raise
                     await trio.sleep(delay)
                     delay = min(delay * 2, 0.2)
@@ -313,8 +316,9 @@ class Peers:
     """A worker's links to the other slots (``path(slot)``: where that slot's worker listens),
     each made at its first use; ``run`` holds their readers."""
 
-    def __init__(self, path: Callable[[int], str]) -> None:
-        self.path = path
+    def __init__(self, path: Callable[[int], str], alive: Callable[[], bool] | None = None) -> None:
+        """``alive``: ``PeerLink``'s."""
+        self.path, self.alive = path, alive
         self.forwarded: collections.Counter[str] = collections.Counter()  # every link's (status)
         self._links: dict[int, PeerLink] = {}
         self._nursery: trio.Nursery | None = None
@@ -322,7 +326,7 @@ class Peers:
     def link(self, slot: int) -> PeerLink:
         link = self._links.get(slot)
         if link is None:
-            link = self._links[slot] = PeerLink(self.path(slot), self.forwarded)
+            link = self._links[slot] = PeerLink(self.path(slot), self.forwarded, self.alive)
             if self._nursery is not None:
                 link.attach(self._nursery)
         return link

@@ -58,10 +58,11 @@ from shardfs.tree.nodetable import CHUNK_BASE
 from shardfs.tree.tries import Tries
 from shardfs.kernel.stats import RequestStats
 from shardfs.kernel.invalidation import Invalidation
-from shardfs.kernel.reopen import Reopen
+from shardfs.kernel.reopen import Elsewhere, Reopen
 from shardfs.kernel.opening import Opening, kernel_attr
 from shardfs.reads import ReadHandle
 from shardfs.storage import Storage
+from shardfs.tree.ledger import Ledger
 from shardfs.tree.listing import Listing
 from shardfs.tree.names import Names
 from shardfs.tree.nodetable import NodeTable
@@ -125,6 +126,9 @@ def _guard(fn: F) -> F:
         try:
             try:
                 return await _binding(self, fn, args)
+            except Elsewhere as e:  # its opener serves it (``shardfs.kernel.route``)
+                assert self.route is not None
+                return await self.route.opener(e.args[0]).request(op, args, self._kernel.looked_up)
             except Exception as e:
                 # another worker gave out a number it names (``follow``); a slot another request
                 # of this worker was binding meanwhile fails as no OSError/FUSEError (its array unread)
@@ -163,14 +167,16 @@ class Operations(pyfuse3.Operations):
     enable_parallel_dirops = True
 
     def __init__(self, source: Storage, names: Names, opens: Opens, listing: Listing, nodes: NodeTable,
-                 numbers: Numbers, inodes: KernelInodes, invalidation: Invalidation, writer: Writer | None = None,
+                 numbers: Numbers, ledger: Ledger, inodes: KernelInodes, invalidation: Invalidation,
+                 writer: Writer | None = None, structure: Structure | None = None,
                  kernel: KernelConfig | None = None, faults: Faults | None = None,
                  read_only: bool | None = None, pins: Pins | None = None) -> None:
         """The tree's ``names`` (lookups, attributes), ``opens`` (reads) and ``listing``
         (readdir), its node table (``nodes``: aliases, forgets, staging files) and the numbers
-        given to the kernel (``numbers``: ledger compactions, follows, take-overs); what the
-        kernel holds (``inodes``) and drops (``invalidation``); ``writer``: None on a read-only
-        mount; ``kernel``: the entry and attribute timeouts, and the owner, group and modes
+        given to the kernel (``numbers``: ledger compactions, follows, take-overs); the ``ledger``
+        the handles are noted in; what the kernel holds (``inodes``) and drops (``invalidation``);
+        ``writer`` and its ``structure`` (mkdir, rmdir): None on a read-only mount; ``kernel``:
+        the entry and attribute timeouts, and the owner, group and modes
         every node shows (``-o entry_timeout,attr_timeout,uid,gid,file_mode,dir_mode``);
         ``faults``: where the handlers' bugs are recorded (the mount's, shared with its
         background tasks); ``read_only``: by default, without a ``writer`` (a writable mount's
@@ -186,13 +192,13 @@ class Operations(pyfuse3.Operations):
         self.faults = faults or Faults()
         self.writer = writer
         self.read_only = writer is None if read_only is None else read_only
-        self.structure = None if writer is None else writer.structure
+        self.structure = structure
         self.invalidate = invalidation.invalidate
         self.kernel = kernel = kernel or KernelConfig()
-        self._handles = Handles(numbers.ledger)
+        self._handles = Handles(ledger)
         self._kernel = inodes
         # handles another worker or a dead one opened (``-o workers=N``, a restart): opened again here
-        self.reopen = Reopen(self._handles, numbers, listing, opens, inodes, self._writable, self._let_go)
+        self.reopen = Reopen(self._handles, numbers, ledger, listing, opens, inodes, self._writable, self._let_go)
         # versions that files open through the page cache hold their inode's size at
         self._pins = Pins(nodes.new_alias) if pins is None else pins
         self._callers = Callers(os.getuid())
@@ -201,7 +207,7 @@ class Operations(pyfuse3.Operations):
         # ``-o workers=N``: which worker serves a request (a handle's opener; on a writable mount
         # the owner, which marks what it changes): set by the daemon
         self.route: Route | None = None
-        self._opening = Opening(opens, inodes, numbers, self.stats)
+        self._opening = Opening(opens, inodes, ledger, self.stats)
         for op in GUARDED:
             self.stats.op(op)
 
@@ -414,7 +420,7 @@ class Operations(pyfuse3.Operations):
     def _structure(self, ctx: Any) -> Structure:
         """The writer's structure changes (``_writable``'s checks)."""
         self._writable(ctx)
-        assert self.structure is not None  # (a writer has one)
+        assert self.structure is not None  # (compose gives a writer's with it)
         return self.structure
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:

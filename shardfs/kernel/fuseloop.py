@@ -181,11 +181,17 @@ def _trio_for_pyfuse3(pending: Pending) -> types.ModuleType:
 async def main() -> None:
     """``pyfuse3.main()`` (default task counts) with :class:`ReadLock` as its read lock and
     :class:`QueuedWait` (with a :class:`Pending` watching this run) as its wait for the next
-    request."""
+    request; returns when the connection ends (unmounted or aborted)."""
     pending = Pending()
     await pending.watch()
     pyfuse3.trio = _trio_for_pyfuse3(pending)  # type: ignore[attr-defined]  # pyfuse3's own trio, replaced on purpose
     try:
         await pyfuse3.main()
+    except* ConnectionAbortedError:
+        # The end of the connection, as ENODEV (which ends pyfuse3's loop): the kernel gives
+        # ECONNABORTED to a read of /dev/fuse once the connection is aborted, or when it ends (an
+        # unmount) between taking a request off its queue and handing it over. The daemon then
+        # ends as after any unmount (a writable mount folds what is pending).
+        pass
     finally:
         trio.lowlevel.remove_instrument(pending)

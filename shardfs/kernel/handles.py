@@ -43,6 +43,7 @@ class Lost:
     kind: str
     dirty: bool = False
     version: tuple[int, int] | None = None  # (size, mtime_ns) a read handle was opened at, if noted
+    elsewhere: bool = False  # its file changed since: only the worker that opened it serves it
 
 
 Handle = ReadHandle | WriteHandle | DirHandle | Lost

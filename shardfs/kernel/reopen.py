@@ -31,6 +31,7 @@ import trio
 from shardfs.kernel.handles import DirHandle, Handle, Handles, Lost
 from shardfs.kernel.inodes import KernelInodes
 from shardfs.reads import ReadHandle
+from shardfs.tree.ledger import Ledger
 from shardfs.tree.listing import DirStream, Listing
 from shardfs.tree.numbers import Numbers
 from shardfs.tree.opens import Opens
@@ -40,22 +41,28 @@ log = logging.getLogger("shardfs")
 FOLLOW_S = 0.5  # seconds between looks at what other workers appended to a shared ledger
 
 
+class Elsewhere(Exception):
+    """A read handle another (live) worker opened whose file changed since: that worker serves
+    it (``shardfs.kernel.route``)."""
+
+
 class Reopen:
     """The handles of ``handles`` made live in this worker (see the module docstring)."""
 
-    def __init__(self, handles: Handles, numbers: Numbers, listing: Listing, opens: Opens, inodes: KernelInodes,
-                 writable: Callable[[], Writer], let_go: Callable[[int, Handle | None], None]) -> None:
+    def __init__(self, handles: Handles, numbers: Numbers, ledger: Ledger, listing: Listing, opens: Opens,
+                 inodes: KernelInodes, writable: Callable[[], Writer],
+                 let_go: Callable[[int, Handle | None], None]) -> None:
         """``writable()``: the writer a write handle is opened again with (EROFS without one);
         ``let_go(fh, handle)``: what a handle released by another worker held is let go of."""
         self._handles = handles
         self.numbers = numbers
-        self._ledger = numbers.ledger
+        self._ledger = ledger
         self._listing = listing
         self._opens = opens
         self._kernel = inodes
         self._writable = writable
         self._let_go = let_go
-        numbers.ledger.followers.append(self._follow_handles)
+        ledger.followers.append(self._follow_handles)
 
     @property
     def shared(self) -> bool:
@@ -76,6 +83,18 @@ class Reopen:
     def _follow_handles(self, records: list[list[Any]]) -> None:
         for fh, handle in self._handles.follow(records):
             self._let_go(fh, handle)
+
+    def here(self, fh: int) -> bool:
+        """True if a request on read handle ``fh`` of another (live) worker may be served here: it
+        was opened again here, or can be at the version it was opened at (``live``)."""
+        handle = self._handles.get(fh)
+        if handle is None and self.shared:
+            self._ledger.catch_up()  # opened by another worker a moment ago
+            handle = self._handles.get(fh)
+        if isinstance(handle, ReadHandle):
+            return True
+        return isinstance(handle, Lost) and handle.kind == "r" and handle.version is not None \
+            and not handle.elsewhere
 
     async def live(self, fh: int) -> Handle:
         """Handle ``fh``, opened again here first if it is a ``Lost`` one (the module docstring)."""
@@ -107,9 +126,8 @@ class Reopen:
                     and self._ledger.owner(fh) != self._ledger.index \
                     and (new.attr.size, new.attr.mtime_ns) != handle.version:
                 self._opens.release(new)
-                log.error("file handle %d (inode %d): its file changed since another worker opened it: EIO", fh,
-                          handle.ino)
-                raise pyfuse3.FUSEError(errno.EIO)
+                handle.elsewhere = True  # (never another version's bytes: its opener serves it)
+                raise Elsewhere(fh)
         self._handles.reopened(fh, new)
         return new
 

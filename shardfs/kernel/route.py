@@ -33,8 +33,12 @@ class Route:
     slot that opened handle ``fh``; ``peers``, its links to the others; ``areas``, on a
     writable mount, the owner's marks and what the others forward to it."""
 
-    def __init__(self, index: int, owner_of: Callable[[int], int], peers: Peers, areas: Areas | None = None) -> None:
+    def __init__(self, index: int, owner_of: Callable[[int], int], peers: Peers, areas: Areas | None = None,
+                 here: Callable[[int], bool] | None = None) -> None:
+        """``here(fh)``: a read or release of another worker's read handle ``fh`` may be served
+        here (``Reopen.here``: opened again at its version; ``Elsewhere`` if it changed)."""
         self.index, self.owner_of, self.peers, self.areas = index, owner_of, peers, areas
+        self.here = here
 
     def link(self, op: str, args: tuple[Any, ...]) -> PeerLink | None:
         """The link to the worker that must serve request ``op(*args)``, or None: served here
@@ -47,9 +51,18 @@ class Route:
                 return self.peers.link(OWNER)
         if op in HANDLED:
             slot = self.owner_of(args[0])
-            if slot != self.index:
+            if slot != self.index and not (op in ("read", "release") and self._here(slot, args[0])):
                 return self.peers.link(slot)
         return None
+
+    def _here(self, slot: int, fh: int) -> bool:
+        """A read handle of a live worker other than a writable mount's owner (whose pending
+        chunks only it knows), which this one has opened again, or can, at its version."""
+        return self.here is not None and (self.areas is None or slot != OWNER) and self.here(fh)
+
+    def opener(self, fh: int) -> PeerLink:
+        """The link to the worker that opened handle ``fh`` (``Elsewhere``)."""
+        return self.peers.link(self.owner_of(fh))
 
     def forget(self, forgets: list[tuple[int, int]]) -> None:
         """Lookups the kernel forgot that this worker did not count: the owner's to forget (a
