@@ -28,7 +28,8 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,23 @@ SECRET_KEY = "shardfs-test-secret-0123456789"
 BUCKET = "shardfs-test"
 REGION = "us-east-1"
 START_TIMEOUT = 30.0
+
+
+@contextmanager
+def aws_env() -> Iterator[None]:
+    """The server's credentials and region in this process's environment (restored after): for
+    the clients and daemons it starts meanwhile."""
+    new = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": REGION}
+    old = {k: os.environ.get(k) for k in new}
+    os.environ.update(new)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 # weed mini's listeners (flag -> role). The admin server's gRPC port must be its HTTP port +
 # 10000: its built-in worker dials that address whatever -admin.port.grpc says.

@@ -43,6 +43,7 @@ from shardfs.base.attrs import Attr
 from shardfs.storage.source import Source
 from shardfs.tree.nodetable import ROOT_INODE
 from shardfs.reads import ReadHandle
+from shardfs.tree.structure import Structure
 from shardfs.tree.writer import WriteHandle, Writer
 
 T = TypeVar("T")
@@ -79,6 +80,7 @@ class InProcess:
             raise
         self.mount = mount  # every object ``compose`` built (``Composed``: its counters too)
         self.source, self.writeback, self.writer = mount.storage, mount.writeback, mount.writer
+        self.structure = mount.structure
         self.tree, self.names, self.opens = mount.tree, mount.tree.names, mount.tree.opens
         self.folded = mount.commits.folded if mount.commits is not None else None
         self._token: trio.lowlevel.TrioToken | None = None
@@ -148,6 +150,12 @@ class InProcess:
         if self.writer is None:
             raise OSError(errno.EROFS, os.strerror(errno.EROFS))
         return self.writer
+
+    def restructurable(self) -> Structure:
+        """The writer's ``Structure`` (mkdir, rmdir); EROFS on a read-only tree (as the adapter answers)."""
+        if self.structure is None:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return self.structure
 
 
 class InPath:
@@ -268,13 +276,13 @@ class InPath:
         return self.write_bytes(text.encode())
 
     def mkdir(self) -> None:
-        self._call(self.fs.writable().structure.mkdir)
+        self._call(self.fs.restructurable().mkdir)
 
     def unlink(self) -> None:
         self._call(self.fs.writable().unlink)
 
     def rmdir(self) -> None:
-        self._call(self.fs.writable().structure.rmdir)
+        self._call(self.fs.restructurable().rmdir)
 
     def replace(self, target: InPath) -> InPath:
         """``rename(2)`` onto ``target`` (replacing it)."""

@@ -158,3 +158,86 @@ def test_the_layer_check_sees_lazy_and_type_checking_imports(tmp_path):
     probe.write_text(text)
     assert imports("shardfs.format.probe", probe) == {"shardfs.tree.names", "shardfs.tree", "shardfs.app.cli",
                                                       "shardfs.app"}
+
+
+# What a constructor may take from a collaborator it is given, and why. Anything else it reads
+# off one (``writer.structure``, ``numbers.ledger``) is a reach-through: ``compose`` hands each
+# object the collaborators it uses (doc/ARCHITECTURE.md, "Who builds what").
+TAKEN = {
+    # bound methods kept to call: the collaborator's own job, asked of it
+    "Operations": {"invalidation.invalidate", "nodes.new_alias"},
+    "Structure": {"commits.invalidate"},
+    "Writer": {"commits.invalidate"},
+    "Reopen": {"ledger.followers"},  # it registers its follower with the ledger
+    # the hierarchy's table of arrays (and the mount's time), read at every lookup and listing
+    "Names": {"hierarchy.arrays", "hierarchy.mount_ns"},
+    "Listing": {"names.arrays"},
+    # the read half of ``Storage`` forwarded to the request path it is given (storage/requests.py)
+    "OverRequests": {"requests.url", "requests.scheme", "requests.loop", "requests.stats"},
+}
+
+
+def reach_throughs(package: Path) -> dict[str, set[str]]:
+    """Per class of ``package``: ``param.attr`` its ``__init__`` reads off a parameter whose
+    annotation names a class of the package (not a configuration: ``*Config``, ``Access``),
+    other than to call it at once."""
+    classes = {n.name for p in package.rglob("*.py") for n in ast.walk(ast.parse(p.read_text()))
+               if isinstance(n, ast.ClassDef)}
+    found: dict[str, set[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        for cls in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(cls, ast.ClassDef):
+                continue
+            for fn in cls.body:
+                if not (isinstance(fn, ast.FunctionDef) and fn.name == "__init__"):
+                    continue
+                params = set()
+                for a in fn.args.args + fn.args.kwonlyargs:
+                    named = {x.id for x in ast.walk(a.annotation) if isinstance(x, ast.Name)} if a.annotation else set()
+                    named |= set(re.findall(r"\w+", a.annotation.value)) if isinstance(a.annotation, ast.Constant) \
+                        and isinstance(a.annotation.value, str) else set()
+                    if any(n in classes and not n.endswith("Config") and n != "Access" for n in named):
+                        params.add(a.arg)
+                called = {id(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)}
+                for n in ast.walk(fn):
+                    if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in params \
+                            and isinstance(n.ctx, ast.Load) and id(n) not in called:
+                        found.setdefault(cls.name, set()).add(f"{n.value.id}.{n.attr}")
+    return found
+
+
+def test_no_constructor_reaches_through_a_collaborator():
+    """No object takes a part of another it is given (``self.structure = writer.structure``):
+    ``compose`` hands it that part itself. Read in the package imported (``scripts/mutants``' copy)."""
+    import shardfs
+
+    found = reach_throughs(Path(shardfs.__file__).parent)
+    extra = {cls: sorted(got - TAKEN.get(cls, set())) for cls, got in found.items() if got - TAKEN.get(cls, set())}
+    assert extra == {}, "have compose hand these objects what they read off their collaborators"
+    assert found.get("Operations") == TAKEN["Operations"], "the check no longer sees the adapter's constructor"
+
+
+def test_the_bench_figures_import_no_other_figure():
+    """``scripts/bench_lib``: a figure imports ``harness`` and ``readers`` (and ``main`` the figures
+    it runs), never another figure's module (doc/ARCHITECTURE.md, "Tests and tools"); and neither
+    tools package imports ``tests``."""
+    scripts = PACKAGE.parent / "scripts"
+    shared = {"harness", "readers", "report", "clients", "floorfs"}
+    wrong = []
+    for path in sorted((scripts / "bench_lib").glob("*.py")):
+        if path.stem in ("main", "__main__", "__init__"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                used = {n.split(".")[1] for n in names if n.startswith("bench_lib.")}
+                used |= {a.name for a in node.names} if node.module == "bench_lib" else set()
+                wrong += [f"{path.stem} imports {u}" for u in sorted(used - shared - {path.stem})
+                          if (scripts / "bench_lib" / f"{u}.py").exists()]
+    for path in sorted(scripts.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            wrong += [f"{path.relative_to(scripts)} imports {m}" for m in mods
+                      if m.split(".")[0] in ("tests", "conftest")]
+    assert wrong == []

@@ -527,6 +527,47 @@ def test_the_dead_workers_journal_is_served_before_it_is_folded(mount, src):
     assert np.array_equal(got[20:24, 24:28], EXPECTED[8:12, 8:12])  # 5.6 <- 2.2
 
 
+def _fds(pid: int) -> list[str]:
+    found = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass
+    return found
+
+
+def _journal_dirs(pid: int) -> list[str]:
+    """The journal directories process ``pid`` holds (locked: its own and those it adopted)."""
+    import re
+
+    return sorted(p for p in _fds(pid) if re.search(r"/journal/\d{20}-\d+$", p))
+
+
+def test_worker_kills_leave_no_descriptor_behind(mount, src):
+    """Four worker kills (one fewer than a crash loop), the first with a chunk pending: the
+    supervisor holds as many descriptors after each as before the first, and each new worker
+    as many as the one before it, holding only its own journal directory once the dead
+    one's was folded (it used to keep every dead worker's directory locked, one fd each, for
+    its life: the soak's fds grew by one per worker kill); the journal root holds one."""
+    mnt = mount(src)
+    m = mount.info(mnt)
+    supervisor = sorted(_fds(m.pid))
+    (mnt / "a" / "1.1").write_bytes(chunk(mnt, "3.3"))  # journalled, pending at the kill
+    counts = []
+    for kill in range(4):
+        new = kill_worker(m, mnt)
+        wait_for(lambda: status(mnt)["pending"]["chunks"] == 0, 60, "the adopted chunk folded")
+        wait_for(lambda pid=new: len(_journal_dirs(pid)) == 1, 30,
+                 f"kill {kill}: the new worker holds only its own journal directory (holds {_journal_dirs(new)})")
+        (own,) = _journal_dirs(new)
+        assert os.listdir(os.path.dirname(own)) == [os.path.basename(own)]
+        assert len(_fds(m.pid)) == len(supervisor), (kill, sorted(_fds(m.pid)), supervisor)
+        counts.append(len(_fds(new)))
+    assert counts == [counts[0]] * 4, counts
+    assert chunk(mnt, "1.1") == chunk(mnt, "3.3")
+
+
 def zygotes(m) -> list[int]:
     """The supervisor's children named ``shardfs-zygote``."""
     found = []

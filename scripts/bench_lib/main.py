@@ -433,8 +433,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", metavar="DIR",
                    help="peers, s3, restart: also measure a shardfs side running the package in DIR "
                    "(a checkout: its shardfs/ is imported), alternated with this one")
+    p.add_argument("--sides", default="",
+                   help="peers: comma-separated sides to measure (of " + ",".join(peers.SIDES) + "; default all): "
+                   "with --baseline, --sides shardfs measures shardfs against the baseline alone")
     args = p.parse_args(argv)
     only = [x for x in args.only.split(",") if x]
+    bad_sides = set(x for x in args.sides.split(",") if x) - set(peers.SIDES)
+    if bad_sides:
+        p.error(f"unknown side(s): {', '.join(sorted(bad_sides))}")
     unknown = set(only) - {f[0] for f in FIGURES}
     if unknown:
         p.error(f"unknown figure(s): {', '.join(sorted(unknown))}")

@@ -28,19 +28,16 @@ A peer that is not installed is skipped in ``--smoke`` and an error otherwise.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import statistics
-import subprocess
-import time
 import zipfile
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from bench_lib.harness import process_tree
+from bench_lib.readers import zarr_readers
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -48,7 +45,6 @@ RATARMOUNT = REPO / ".venv-ratarmount" / "bin" / "ratarmount"
 SIDES = ("shardfs", "shardfs-ro", "ratarmount", "fuse-zip", "floorfs", "real")
 PEERS = ("ratarmount", "fuse-zip")
 READERS = (1, 2, 4)
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 class PeerError(Exception):
@@ -70,58 +66,6 @@ def build_zip(src: Path, dest: Path, arcdir: str) -> None:
             z.write(src / name, f"{arcdir}/{name}")
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of process ``pid`` and its descendants (a supervised mount's worker:
-    ``harness.process_tree``), all their threads (those that ended too), in seconds."""
-    total = 0
-    for p in process_tree(pid):
-        with open(f"/proc/{p}/stat") as f:
-            fields = f.read().rsplit(") ", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / CLK_TCK
-
-
-def zarr_readers(bench: Any, py2: str, clients: str, vol: Path, n: int, pid: int | None
-                 ) -> tuple[float, float | None]:
-    """``n`` concurrent zarr 2.18 processes (``py2`` running ``clients``) reading disjoint slabs of
-    ``vol`` (all of it together), started together once each has imported zarr (so the daemon CPU
-    measured is the read's alone, not what the daemon does at its start meanwhile, such as
-    importing zarr-python itself): (wall seconds from the first start to the last end, daemon CPU seconds
-    over the read or None without a daemon). The slabs' sums must add up to the array's."""
-    procs = [subprocess.Popen([py2, clients, "zarr_read_part", str(vol), str(k), str(n)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for k in range(n)]
-    try:
-        for p in procs:
-            assert p.stdout is not None and p.stdin is not None
-            if p.stdout.readline().strip() != "ready":
-                raise PeerError(f"reader did not start: {p.communicate(timeout=10)[1].strip()[-300:]}")
-        cpu0 = cpu_seconds(pid) if pid else None
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        deadline = time.monotonic() + bench.op_timeout()
-        outs = []
-        for p in procs:
-            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            if p.returncode:
-                raise PeerError(f"reader exit {p.returncode}: {err.strip()[-300:]}")
-            outs.append(json.loads(out.strip().splitlines()[-1]))
-        cpu = cpu_seconds(pid) - cpu0 if pid and cpu0 is not None else None
-    except subprocess.TimeoutExpired:
-        raise PeerError(f"{n} zarr readers did not finish in time") from None
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()  # our own child, by its Popen
-                p.wait()
-    total = sum(o["sum"] for o in outs)
-    if total != bench.vol_sum:
-        raise PeerError(f"{n} readers read wrong data (sum {total} != {bench.vol_sum})")
-    return max(o["end"] for o in outs) - min(o["start"] for o in outs), cpu
-
-
 class Peers:
     """One run of the peers figure on a ``main.Bench`` (its datasets, mounts and helpers)."""
 
@@ -130,13 +74,14 @@ class Peers:
         order of the sides in repetition ``k``."""
         self.b = bench
         self.clients, self.py2, self.rotate = clients, py2, rotate
-        self.commands = {p: peer_command(p) for p in PEERS}
+        chosen = [x for x in bench.args.sides.split(",") if x] or list(SIDES)  # ``--sides``
+        self.commands = {p: peer_command(p) for p in PEERS if p in chosen}
         missing = [p for p, c in self.commands.items() if c is None]
         if missing and not bench.smoke:
             raise PeerError(f"{', '.join(missing)} not installed: run scripts/install")
         for p in missing:
             bench.problems.append(f"peers: {p} not installed, skipped")
-        self.sides = [s for s in SIDES if s not in missing and not (bench.smoke and s == "shardfs-ro")]
+        self.sides = [s for s in SIDES if s in chosen and s not in missing and not (bench.smoke and s == "shardfs-ro")]
         if bench.args.baseline:  # the same figures with another checkout's package (``--baseline``)
             self.sides.insert(1, "shardfs-base")
         self.zip = bench.work / "peers" / "vol.zip"

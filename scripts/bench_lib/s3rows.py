@@ -44,8 +44,8 @@ from typing import Iterator
 
 from testkit.delayproxy import DelayProxy, Request
 from bench_lib.harness import CLIENTS, PY2, PY3, Bench, BenchError, Row, rotate
-from bench_lib.peers import zarr_readers
-from testkit.seaweed import ACCESS_KEY, REGION, SECRET_KEY, S3Source, SeaweedS3, put_all, upload
+from bench_lib.readers import zarr_readers
+from testkit.seaweed import REGION, S3Source, SeaweedS3, aws_env, put_all, upload
 
 BUCKET = "shardfs-bench"
 DELAY = 0.010  # seconds each way per request (rows 2 and 3)
@@ -60,28 +60,12 @@ MiB = 1 << 20
 def figure(bench: Bench) -> list[Row]:
     """All S3 rows (module docstring); SeaweedFS is stopped by PID whatever happens."""
     server = SeaweedS3(bench.work / "seaweed", bucket=BUCKET)
-    with _aws_env():
+    with aws_env():
         server.start()
         try:
             return _S3Rows(bench, server).rows()
         finally:
             server.stop()
-
-
-@contextmanager
-def _aws_env() -> Iterator[None]:
-    """The server's credentials and region in the environment (restored after)."""
-    new = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": REGION}
-    old = {k: os.environ.get(k) for k in new}
-    os.environ.update(new)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 class _S3Rows:
@@ -142,7 +126,7 @@ class _S3Rows:
         return f"s3://{BUCKET}/{prefix}"
 
     def whole_mount(self, port: int, name: str, package: str | None = None) -> dict:
-        """zarr 2.18 reading vol through a fresh mount (``peers.zarr_readers``, one reader: its
+        """zarr 2.18 reading vol through a fresh mount (``readers.zarr_readers``, one reader: its
         seconds are those of ``zarr_read``, from opening the array); also the daemon's CPU
         seconds during the read, from when the client has imported zarr (as the peers figure
         measures it: the daemon's own import of zarr-python at its start is not the read's).

@@ -26,8 +26,7 @@ import crc32c
 import numpy as np
 
 from bench_lib.harness import Bench, Row, proc_status, rotate
-from bench_lib.s3rows import _aws_env
-from testkit.seaweed import REGION, S3Source, SeaweedS3, put_all
+from testkit.seaweed import REGION, S3Source, SeaweedS3, aws_env, put_all
 
 LOCAL_CHUNKS = 1 << 20  # 1024 x 1024
 S3_SHARDS = 100_000
@@ -124,7 +123,7 @@ def _rss_row(label: str, rss: int, peak: int, target_mib: int) -> Row:
 def _s3(bench: Bench) -> list[Row]:
     shards = 1000 if bench.smoke else S3_SHARDS
     server = SeaweedS3(bench.work / "scale-seaweed", bucket=BUCKET)
-    with _aws_env():
+    with aws_env():
         server.start()
         try:
             return _s3_rows(bench, server, shards)

@@ -3,7 +3,7 @@
 
 For N = 1, 2, 4 (and 8 where the machine has 8 cores), alternated over the repetitions, each
 in a fresh mount with page caches dropped: 4 concurrent zarr 2.18 processes read disjoint slabs
-of the array (every chunk once, ``peers.zarr_readers``). Reported: chunk files a second, CPU per
+of the array (every chunk once, ``readers.zarr_readers``). Reported: chunk files a second, CPU per
 chunk summed over the workers (utime + stime of each worker, ``/proc/PID/stat``), each worker's
 share of that CPU, the requests one worker sent another (a READ or RELEASE of a handle the
 other opened: ``forwarded``, per chunk), and the workers' RSS together after the read. The
@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_lib import peers
-from bench_lib.harness import CLIENTS, PY2, SHARDFS, MiB, Row, median, rotate
+from bench_lib.harness import CLIENTS, PY2, SHARDFS, BenchError, MiB, Row, median, rotate
+from bench_lib.readers import cpu_seconds, zarr_readers
 
 COUNTS = (1, 2, 4)
 READERS = 4
@@ -60,12 +60,12 @@ def measure(bench: Any, n: int, readers: int, ro: bool = True) -> dict[str, Any]
     with bench.mounted(bench.big, f"workers{n}{'' if ro else 'rw'}", ro=ro, options=f"workers={n}") as m:
         pids = worker_pids(m.mnt)
         if len(pids) != n:
-            raise peers.PeerError(f"-o workers={n}: {len(pids)} workers serve")
+            raise BenchError(f"-o workers={n}: {len(pids)} workers serve")
         bench.drop_caches()
-        cpu0 = [peers.cpu_seconds(p) for p in pids]
+        cpu0 = [cpu_seconds(p) for p in pids]
         sent0 = forwarded(m.mnt)
-        wall, _ = peers.zarr_readers(bench, PY2, CLIENTS, m.mnt / "vol", readers, None)
-        cpu = [peers.cpu_seconds(p) - c for p, c in zip(pids, cpu0)]
+        wall, _ = zarr_readers(bench, PY2, CLIENTS, m.mnt / "vol", readers, None)
+        cpu = [cpu_seconds(p) - c for p, c in zip(pids, cpu0)]
         mem = sum(rss(p) for p in pids)
         time.sleep(1.2 if n > 1 else 0)  # (each worker's counts reach the others every second)
         sent = forwarded(m.mnt) - sent0

@@ -92,6 +92,7 @@ class Composed:
     ledger: Ledger
     tree: Tree
     commits: Commits | None  # None: read-only
+    structure: Structure | None  # None: read-only
     writer: Writer | None  # None: read-only
     ops: Operations
     faults: Faults
@@ -134,14 +135,15 @@ def compose_tree(storage: Storage, reads: Reads | None = None, writeback: Writeb
 
 
 def compose_writer(storage: Storage, t: Tree, writeback: Writeback, invalidate: Invalidate, tree: TreeConfig,
-                   spill_dir: str, shard_bytes: int) -> tuple[Commits, Writer]:
-    """The ``Commits`` and the ``Writer`` (with its ``Structure``) of a writable mount's tree ``t``:
+                   spill_dir: str, shard_bytes: int) -> tuple[Commits, Structure, Writer]:
+    """The ``Commits``, the ``Structure`` and the ``Writer`` (given both) of a writable mount's tree ``t``:
     contents being written spill into ``spill_dir``; arrays created through the mount get
     shards of ``shard_bytes`` (``-o shard_size``)."""
     commits = Commits(storage, t.hierarchy, t.nodes, t.made, t.indexes, writeback, invalidate)
     structure = Structure(storage, t.names, t.nodes, t.made, t.chunks, t.indexes, t.listing, writeback, commits,
                           tree, shard_bytes)
-    return commits, Writer(t.names, t.opens, t.nodes, t.made, t.chunks, writeback, commits, structure, spill_dir)
+    return commits, structure, Writer(t.names, t.opens, t.nodes, t.made, t.chunks, writeback, commits, structure,
+                                      spill_dir)
 
 
 def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: Ledger | None = None,
@@ -183,13 +185,14 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
     t = compose_tree(storage, reads, writeback, cfg.tree, cfg.reads.max_chunk, ledger, cfg.read_only)
     inodes = KernelInodes() if pages is None else SharedInodes(pages)
     invalidation = Invalidation(inodes, t.nodes, every=ledger.shared)
-    commits = writer = None
+    commits = structure = writer = None
     if writeback is not None:
-        commits, writer = compose_writer(storage, t, writeback, invalidation.invalidate, cfg.tree, spill,
+        commits, structure, writer = compose_writer(storage, t, writeback, invalidation.invalidate, cfg.tree, spill,
                                          cfg.writes.shard_size)
-    ops = Operations(storage, t.names, t.opens, t.listing, t.nodes, t.numbers, inodes, invalidation, writer,
-                     cfg.kernel, faults, cfg.read_only, None if pages is None else SharedPins(pages, t.nodes.new_alias))
-    return Composed(source, storage, writeback, ranges, ledger, t, commits, writer, ops, faults)
+    ops = Operations(storage, t.names, t.opens, t.listing, t.nodes, t.numbers, ledger, inodes, invalidation, writer,
+                     structure, cfg.kernel, faults, cfg.read_only,
+                     None if pages is None else SharedPins(pages, t.nodes.new_alias))
+    return Composed(source, storage, writeback, ranges, ledger, t, commits, structure, writer, ops, faults)
 
 
 def _range_cache(source: Source, reads: ReadConfig) -> RangeCache | None:

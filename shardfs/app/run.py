@@ -261,10 +261,7 @@ def preload(source: Source) -> None:
     from shardfs.tree.hierarchy import v2
 
     v2()
-    if source.kind.remote:
-        from shardfs.storage import objects, web  # noqa: F401
-    if source.kind.name == "s3":  # (imported only: each worker resolves its credentials)
-        from shardfs.storage import awscredentials  # noqa: F401  # botocore's chain, obstore's provider: 0.8 s
+    source.kind.imports()  # its storage modules (s3: the credential chain; each worker resolves it)
 
 
 def _share(args: argparse.Namespace, mount: Composed, ledger: Any, source: Source, read_only: bool) -> Any:

@@ -1,4 +1,5 @@
-"""The format room: Zarr v3 sharded data and its Zarr v2 view, as pure functions (no I/O).
+"""The format room: Zarr v3 sharded data and its Zarr v2 view, as pure functions (no I/O; ``bombs``
+loads the system's libzstd once).
 
 Data flows down only: ``app`` -> ``kernel`` -> ``tree`` -> ``reads`` -> ``writes`` -> ``shards``
 -> ``storage`` -> ``format`` -> ``base``; this room imports none of the others.

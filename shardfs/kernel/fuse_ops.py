@@ -62,6 +62,7 @@ from shardfs.kernel.reopen import Elsewhere, Reopen
 from shardfs.kernel.opening import Opening, kernel_attr
 from shardfs.reads import ReadHandle
 from shardfs.storage import Storage
+from shardfs.tree.ledger import Ledger
 from shardfs.tree.listing import Listing
 from shardfs.tree.names import Names
 from shardfs.tree.nodetable import NodeTable
@@ -166,14 +167,16 @@ class Operations(pyfuse3.Operations):
     enable_parallel_dirops = True
 
     def __init__(self, source: Storage, names: Names, opens: Opens, listing: Listing, nodes: NodeTable,
-                 numbers: Numbers, inodes: KernelInodes, invalidation: Invalidation, writer: Writer | None = None,
+                 numbers: Numbers, ledger: Ledger, inodes: KernelInodes, invalidation: Invalidation,
+                 writer: Writer | None = None, structure: Structure | None = None,
                  kernel: KernelConfig | None = None, faults: Faults | None = None,
                  read_only: bool | None = None, pins: Pins | None = None) -> None:
         """The tree's ``names`` (lookups, attributes), ``opens`` (reads) and ``listing``
         (readdir), its node table (``nodes``: aliases, forgets, staging files) and the numbers
-        given to the kernel (``numbers``: ledger compactions, follows, take-overs); what the
-        kernel holds (``inodes``) and drops (``invalidation``); ``writer``: None on a read-only
-        mount; ``kernel``: the entry and attribute timeouts, and the owner, group and modes
+        given to the kernel (``numbers``: ledger compactions, follows, take-overs); the ``ledger``
+        the handles are noted in; what the kernel holds (``inodes``) and drops (``invalidation``);
+        ``writer`` and its ``structure`` (mkdir, rmdir): None on a read-only mount; ``kernel``:
+        the entry and attribute timeouts, and the owner, group and modes
         every node shows (``-o entry_timeout,attr_timeout,uid,gid,file_mode,dir_mode``);
         ``faults``: where the handlers' bugs are recorded (the mount's, shared with its
         background tasks); ``read_only``: by default, without a ``writer`` (a writable mount's
@@ -189,13 +192,13 @@ class Operations(pyfuse3.Operations):
         self.faults = faults or Faults()
         self.writer = writer
         self.read_only = writer is None if read_only is None else read_only
-        self.structure = None if writer is None else writer.structure
+        self.structure = structure
         self.invalidate = invalidation.invalidate
         self.kernel = kernel = kernel or KernelConfig()
-        self._handles = Handles(numbers.ledger)
+        self._handles = Handles(ledger)
         self._kernel = inodes
         # handles another worker or a dead one opened (``-o workers=N``, a restart): opened again here
-        self.reopen = Reopen(self._handles, numbers, listing, opens, inodes, self._writable, self._let_go)
+        self.reopen = Reopen(self._handles, numbers, ledger, listing, opens, inodes, self._writable, self._let_go)
         # versions that files open through the page cache hold their inode's size at
         self._pins = Pins(nodes.new_alias) if pins is None else pins
         self._callers = Callers(os.getuid())
@@ -204,7 +207,7 @@ class Operations(pyfuse3.Operations):
         # ``-o workers=N``: which worker serves a request (a handle's opener; on a writable mount
         # the owner, which marks what it changes): set by the daemon
         self.route: Route | None = None
-        self._opening = Opening(opens, inodes, numbers, self.stats)
+        self._opening = Opening(opens, inodes, ledger, self.stats)
         for op in GUARDED:
             self.stats.op(op)
 
@@ -224,7 +227,20 @@ class Operations(pyfuse3.Operations):
         attr = None if handle is None or self.writer is None else self.writer.dirty_attr(handle)
         if attr is not None:
             return self._entry(attr)
-        attr = await self._attr(inode)
+        try:
+            attr = await self._attr(inode)
+        except pyfuse3.FUSEError as err:
+            opened = self._handles.reading(inode) if err.errno == errno.ESTALE else None
+            if opened is None:
+                raise
+            # Its chunk is gone since a file was opened on it (removed here, or by another host or
+            # behind the mount's back): a local filesystem answers ``fstat`` of a file removed while
+            # open, so that file's version (pyfuse3 does not say whether an ``fstat`` asks; ESTALE
+            # failed Python's ``open()``, which calls it), asked again at once: the name shows the
+            # removal (ESTALE, then ENOENT) as soon as no file holds it.
+            gone = self._entry(kernel_attr(opened))
+            gone.attr_timeout = 0
+            return gone
         if attr.ino != inode and self.nodes.is_new_alias(inode):
             attr = attr._replace(ino=inode)  # as its lookup said (pyfuse3 gives an entry's inode as its number)
         shown = self._pins.frozen(inode, attr)
@@ -405,7 +421,7 @@ class Operations(pyfuse3.Operations):
     def _structure(self, ctx: Any) -> Structure:
         """The writer's structure changes (``_writable``'s checks)."""
         self._writable(ctx)
-        assert self.structure is not None  # (a writer has one)
+        assert self.structure is not None  # (compose gives a writer's with it)
         return self.structure
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:

@@ -194,6 +194,10 @@ class Handles:
         buffers.update((id(st.data), st.data) for st in staged)
         return sum(b.size for b in buffers.values() if b.spilled)
 
+    def reading(self, ino: int) -> ReadHandle | None:
+        """A handle open here for reading kernel inode ``ino``, if any."""
+        return next((h for h in self._open.values() if isinstance(h, ReadHandle) and h.ino == ino), None)
+
     def dirty_write(self, ino: int) -> WriteHandle | None:
         """A handle with uncommitted writes to ``ino``, if any (its size is what stat shows)."""
         return next((h for h in self._open.values() if isinstance(h, WriteHandle) and h.ino == ino and h.dirty),

@@ -23,7 +23,7 @@ from shardfs.kernel.inodes import KernelInodes, Pages
 from shardfs.kernel.invalidation import invalidate_inodes
 from shardfs.kernel.stats import RequestStats
 from shardfs.reads import ReadHandle
-from shardfs.tree.numbers import Numbers
+from shardfs.tree.ledger import Ledger
 from shardfs.tree.opens import Opens
 from shardfs.tree.tries import Tries
 
@@ -44,10 +44,10 @@ class Opening:
     """The opens for reading of one mount: its tree's ``opens``, what the kernel holds
     (``inodes``), the bytes stored into its pages counted in ``stats`` as read."""
 
-    def __init__(self, opens: Opens, inodes: KernelInodes, numbers: Numbers, stats: RequestStats) -> None:
+    def __init__(self, opens: Opens, inodes: KernelInodes, ledger: Ledger, stats: RequestStats) -> None:
         self.opens = opens
         self._kernel = inodes
-        self._ledger = numbers.ledger  # (``shared``: read at every open)
+        self._ledger = ledger  # (``shared``: read at every open)
         self.stats = stats
         self._fill = True  # until the kernel says it cannot store pages (ENOSYS)
 

@@ -31,6 +31,7 @@ import trio
 from shardfs.kernel.handles import DirHandle, Handle, Handles, Lost
 from shardfs.kernel.inodes import KernelInodes
 from shardfs.reads import ReadHandle
+from shardfs.tree.ledger import Ledger
 from shardfs.tree.listing import DirStream, Listing
 from shardfs.tree.numbers import Numbers
 from shardfs.tree.opens import Opens
@@ -48,19 +49,20 @@ class Elsewhere(Exception):
 class Reopen:
     """The handles of ``handles`` made live in this worker (see the module docstring)."""
 
-    def __init__(self, handles: Handles, numbers: Numbers, listing: Listing, opens: Opens, inodes: KernelInodes,
-                 writable: Callable[[], Writer], let_go: Callable[[int, Handle | None], None]) -> None:
+    def __init__(self, handles: Handles, numbers: Numbers, ledger: Ledger, listing: Listing, opens: Opens,
+                 inodes: KernelInodes, writable: Callable[[], Writer],
+                 let_go: Callable[[int, Handle | None], None]) -> None:
         """``writable()``: the writer a write handle is opened again with (EROFS without one);
         ``let_go(fh, handle)``: what a handle released by another worker held is let go of."""
         self._handles = handles
         self.numbers = numbers
-        self._ledger = numbers.ledger
+        self._ledger = ledger
         self._listing = listing
         self._opens = opens
         self._kernel = inodes
         self._writable = writable
         self._let_go = let_go
-        numbers.ledger.followers.append(self._follow_handles)
+        ledger.followers.append(self._follow_handles)
 
     @property
     def shared(self) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
@@ -50,6 +51,13 @@ class Kind:
     remote: bool = True
     settings: Callable[[StorageConfig, Mapping[str, str]], StorageConfig] | None = field(default=None, repr=False)
     credentials: Callable[[Source], Credentials] | None = field(default=None, repr=False)
+    # modules a worker of this kind imports before it opens anything (a zygote: ``shardfs.app.zygote``)
+    preload: tuple[str, ...] = ()
+
+    def imports(self) -> None:
+        """Import the kind's ``preload`` modules, opening nothing."""
+        for module in self.preload:
+            importlib.import_module(module)
 
     def refusal(self, option: str) -> str | None:
         """The one line refusing ``-o option`` for this kind; None if it takes it (or it is no
@@ -162,10 +170,15 @@ def _azure_credentials(source: Source) -> Credentials:
     return azure()
 
 
+OBJECTS = ("shardfs.storage.objects",)
 DIRECTORY = Kind("directory", (), DIRECTORY_OPTIONS, _directory, remote=False)
-OTHER = Kind("object store", (), URL_OPTIONS - S3_OPTIONS, _object_store)  # a scheme no kind names: refused at open
-register(Kind("s3", ("s3", "s3a"), URL_OPTIONS, _object_store, settings=_aws_settings, credentials=_aws_credentials))
-register(Kind("gcs", ("gs",), URL_OPTIONS - S3_OPTIONS, _object_store, credentials=_google_credentials))
+OTHER = Kind("object store", (), URL_OPTIONS - S3_OPTIONS, _object_store,  # a scheme no kind names: refused at open
+             preload=OBJECTS)
+register(Kind("s3", ("s3", "s3a"), URL_OPTIONS, _object_store, settings=_aws_settings, credentials=_aws_credentials,
+              preload=(*OBJECTS, "shardfs.storage.awscredentials")))  # botocore's chain, obstore's provider: 0.8 s
+register(Kind("gcs", ("gs",), URL_OPTIONS - S3_OPTIONS, _object_store, credentials=_google_credentials,
+              preload=OBJECTS))
 register(Kind("azure", ("az", "azure", "abfs", "abfss"), URL_OPTIONS - S3_OPTIONS, _object_store,
-              credentials=_azure_credentials))
-register(Kind("web", ("http", "https"), URL_OPTIONS - OBJECT_STORE_OPTIONS - S3_OPTIONS, _web, writable=False))
+              credentials=_azure_credentials, preload=OBJECTS))
+register(Kind("web", ("http", "https"), URL_OPTIONS - OBJECT_STORE_OPTIONS - S3_OPTIONS, _web, writable=False,
+              preload=("shardfs.storage.web",)))

@@ -1,7 +1,7 @@
 """``Made``: the structure made through the mount that the source does not hold (yet).
 
 The one owner of that state: the ``Writer`` changes it through the methods below (``mkdir``,
-``created``, ``hide``, ``deleted``...), the view and the listings ask it. No I/O; runs on the
+``created``, ``hide``, ``deleted``...), ``Names`` and the listings ask it. No I/O; runs on the
 trio thread.
 
 - new directories (``mkdir`` in a group), until a ``.zarray``/``.zgroup`` makes them a node;
@@ -49,7 +49,7 @@ class Made:
         self._created: set[str] = set()  # arrays created through the mount (see key_dir_shown)
         self._key_dirs: set[tuple[str, tuple[int, ...]]] = set()  # (array, prefix): key dirs made there
 
-    # ----- asked by the view and the listings --------------------------------------------
+    # ----- asked by ``Names`` and the listings -----------------------------------------
 
     def is_new_dir(self, path: str) -> bool:
         """True if ``path`` is a directory made by mkdir that is no node yet."""

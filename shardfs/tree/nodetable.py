@@ -3,7 +3,7 @@
 Contract: directory, metadata and key-directory keys get an inode on first use
 (``inode``) and keep it for the mount's life (``rebind`` moves one to a new key);
 chunk inodes are computed, never stored: ``CHUNK_BASE`` + the array's slot
-(``slots``, owned by the view and shared here by reference) << ``SLOT_SHIFT`` + the
+(``slots``, owned by the ``Hierarchy`` and shared here by reference) << ``SLOT_SHIFT`` + the
 chunk's C-order position. Staging files (a writer's temporaries, ``Staging``) get
 an inode each; one committed onto a node shows that node's key and is an alias of
 its inode until the kernel forgets it (``forget``), as is a ``new_alias``. Unknown inodes are ENOENT.
