@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ZARR2_PYTHON, bounded, run_shardfs, wait_for
+from conftest import ZARR2_PYTHON, bounded, daemon_pids, run_shardfs, wait_for
 
 pytestmark = pytest.mark.skipif(
     "takeover" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
@@ -609,6 +609,35 @@ def test_a_new_worker_is_forked_by_the_zygote_and_an_upgrade_starts_a_new_zygote
     assert upgraded != zygote and not Path(f"/proc/{zygote}").exists()
     assert b"chunk_cache=16M" in Path(f"/proc/{worker_of(m)}/cmdline").read_bytes().split(b"\0")
     assert status(mnt)["options"] == {"chunk_cache": "16M"}
+
+
+def test_a_spawned_daemon_starts_its_zygote_before_its_own_imports(src, tmp_path):
+    """``shardfs mount`` (no -f) names the zygote's command line in the daemon's environment and
+    ``python -m shardfs`` starts it first thing (``shardfs.app.early``): the zygote imports while
+    the supervisor imports and checks, instead of after (mount to live). The supervisor uses
+    that zygote (a fresh ``--zygote`` process, its child, which forks the worker); the variable
+    reaches neither the zygote nor the worker (a worker started afresh would start another)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    log = tmp_path / "daemon.log"
+    r = run_shardfs("mount", str(src), str(mnt), "--debug", "--log-file", str(log), timeout=120)
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    try:
+        (supervisor,) = [p for p in daemon_pids(mnt) if b"--ready-fd" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+        class M:
+            pid = supervisor
+
+        zygote = zygote_of(M)
+        assert f"zygote {zygote} started before this daemon's imports" in log.read_text(), log.read_text()[-2000:]
+        assert b"--zygote" in Path(f"/proc/{zygote}/cmdline").read_bytes().split(b"\0")
+        worker = worker_of(M)
+        for pid in (zygote, worker):
+            assert b"SHARDFS_EARLY_ZYGOTE" not in Path(f"/proc/{pid}/environ").read_bytes()
+        assert chunk(mnt, "1.1") == (mnt / "b" / "1.1").read_bytes()
+    finally:
+        r = run_shardfs("umount", str(mnt), timeout=120)
+        assert r.returncode == 0, r.stderr
 
 
 def test_a_dead_zygote_costs_a_fresh_start_once_then_a_new_zygote_forks(mount, src):
