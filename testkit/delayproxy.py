@@ -25,6 +25,13 @@ that were awaiting their answer at once (sent by a client, no byte of the answer
 upstream yet), over all connections, since the proxy started or ``reset_peak()``: how many
 requests a client had in flight together, whatever the machine's load (the tests check
 concurrency with it, not with the wall clock).
+
+Holding (for the tests that need another client to act while a request is on its way):
+``proxy.hold(matches)`` holds every request for which ``matches(Request)`` is true, from the
+next one parsed on: its bytes, and whatever its connection sends after them, wait in the proxy,
+not sent upstream, until ``proxy.release()`` (which also stops holding); each one held is
+appended to ``proxy.held`` (as parsed: a request head split over two reads is held from its
+second). The answer of a held request comes when the upstream answers it after the release.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ class _RequestParser:
         self.body = 0  # bytes of the current request's body still to skip
         self.lost = False
         self.seen = 0  # requests parsed so far
+        self.new: list[Request] = []  # parsed since the caller last took them
 
     def feed(self, data: bytes) -> None:
         while data and not self.lost:
@@ -99,8 +107,10 @@ class _RequestParser:
                 self.body = int(value.strip())
             elif name == b"transfer-encoding" and b"chunked" in value.lower():
                 self._lose()
+        request = Request(method, unquote(target.path), target.query, headers)
+        self.new.append(request)
         if self.log is not None:
-            self.log.append(Request(method, unquote(target.path), target.query, headers))
+            self.log.append(request)
 
     def _lose(self) -> None:
         self.lost = True
@@ -108,8 +118,9 @@ class _RequestParser:
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float,
-                seen: Callable[[bytes], None]) -> None:
-    """Copy ``reader`` to ``writer``, each chunk ``delay`` seconds after it arrived (and given to ``seen``)."""
+                seen: Callable[[bytes], threading.Event | None]) -> None:
+    """Copy ``reader`` to ``writer``, each chunk ``delay`` seconds after it arrived (and given to
+    ``seen``; a chunk for which ``seen`` returns an event, and those after it, wait until it is set)."""
     loop = asyncio.get_running_loop()
     queue: collections.deque[tuple[float, bytes]] = collections.deque()
     more = asyncio.Event()
@@ -134,7 +145,9 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
     try:
         while True:
             data = await reader.read(1 << 16)
-            seen(data)
+            gate = seen(data)
+            while gate is not None and not gate.is_set():  # held (``DelayProxy.hold``)
+                await asyncio.sleep(0.01)
             queue.append((loop.time() + delay, data))
             more.set()
             if not data:
@@ -161,6 +174,9 @@ class DelayProxy:
         self.bytes_down = 0
         self.in_flight = 0  # requests awaiting their answer now (changed on the proxy's thread only)
         self.peak_in_flight = 0
+        self.held: list[Request] = []  # requests held (``hold``), in order
+        self._matches: Callable[[Request], bool] | None = None
+        self._gate = threading.Event()
 
     def __enter__(self) -> "DelayProxy":
         self.start()
@@ -182,6 +198,16 @@ class DelayProxy:
     def snapshot(self) -> tuple[dict[str, int], int]:
         """(requests by kind, bytes from upstream) counted so far."""
         return dict(self.requests), self.bytes_down
+
+    def hold(self, matches: Callable[[Request], bool]) -> None:
+        """Hold the requests ``matches`` accepts until ``release`` (module docstring)."""
+        self._gate = threading.Event()
+        self._matches = matches
+
+    def release(self) -> None:
+        """Send the held requests on, and hold no more."""
+        self._matches = None
+        self._gate.set()
 
     def reset_peak(self) -> None:
         """Start ``peak_in_flight`` again from the requests in flight now."""
@@ -226,13 +252,18 @@ class DelayProxy:
         parser = _RequestParser(self.requests, self.log)
         awaiting = False  # a request of this connection is awaiting its answer (HTTP/1.1: one at a time)
 
-        def sent(data: bytes) -> None:
+        def sent(data: bytes) -> threading.Event | None:
             nonlocal awaiting
             before = parser.seen
             parser.feed(data)
             if parser.seen != before and not awaiting:
                 awaiting = True
                 self._awaiting(True)
+            new, parser.new = parser.new, []
+            matches, gate = self._matches, self._gate
+            held = [r for r in new if matches is not None and matches(r)]
+            self.held += held
+            return gate if held else None
 
         def answered(data: bytes) -> None:
             nonlocal awaiting

@@ -56,6 +56,10 @@ class Source:
     def exists(self, key: str) -> bool:
         raise NotImplementedError
 
+    def read(self, key: str) -> bytes:
+        """The bytes stored at ``key`` in the source."""
+        raise NotImplementedError
+
     def readers(self, name: str) -> dict[str, Callable[[], np.ndarray]]:
         """The native oracles of array ``name``: reader name -> read."""
         raise NotImplementedError
@@ -90,6 +94,9 @@ class LocalSource(Source):
     def exists(self, key: str) -> bool:
         return (self.local / key).is_file()
 
+    def read(self, key: str) -> bytes:
+        return (self.local / key).read_bytes()
+
     def readers(self, name: str) -> dict[str, Callable[[], np.ndarray]]:
         return {f.__name__: functools.partial(f, self.local / name) for f in (read_native, read_ts3_native)}
 
@@ -118,6 +125,11 @@ class BucketSource(Source):
         except FileNotFoundError:
             return False
         return True
+
+    def read(self, key: str) -> bytes:
+        import obstore
+
+        return bytes(obstore.get(self.objects.store(), key).bytes())
 
     def readers(self, name: str) -> dict[str, Callable[[], np.ndarray]]:
         return {"zarr 3 ObjectStore": lambda: self._read_zarr3(name),

@@ -216,6 +216,39 @@ def test_adopted_segments_are_released_as_this_journals_own(tmp_path):
     assert segments(dead) == []
 
 
+def test_an_adopted_journal_is_removed_and_unlocked_once_nothing_in_it_is_live(tmp_path):
+    """A worker replacing dead ones (``Claim.adopt_orphans``, ``Journal.adopt``) removes and
+    unlocks each adopted directory once no segment is left in it: at once if its records were
+    all folded, else when its last record is released. Before, each kept its lock (one fd)
+    until the worker's exit, so each new worker held one more fd per worker killed before it
+    (the soak's fd flatness flag)."""
+    root = tmp_path / "root"
+    first = journal_mod.claim(str(root))  # a dead worker whose records were all folded
+    second = journal_mod.claim(str(root))  # one that died with two records live, in two segments
+    dead = Journal(second.directory, segment_bytes=300)
+    records = [dead.append(change(k, size=300)) for k in range(3)]
+    dead.release([records[1]])
+    for c in (first, second):
+        for fd in c._locks.values():
+            os.close(fd)  # (their daemons died)
+    claim = journal_mod.claim(str(root))
+    assert sorted(claim.orphans) == sorted([first.directory, second.directory])
+    fds = len(os.listdir("/proc/self/fd"))
+    mine = Journal(claim.directory)
+    adopted = [pair for d in claim.adopt_orphans() for pair in mine.adopt(d, emptied=claim.drop_adopted)]
+    assert [c for c, _ in adopted] == [change(0, size=300), change(2, size=300)]
+    assert not os.path.exists(first.directory)
+    assert claim.adopted == [second.directory]
+    assert len(os.listdir("/proc/self/fd")) == fds - 1
+    mine.release([adopted[0][1]])  # one of its two segments gone: the directory stays, locked
+    assert claim.adopted == [second.directory] and os.path.isdir(second.directory)
+    mine.release([adopted[1][1]])
+    assert claim.adopted == [] and not os.path.exists(second.directory)
+    assert len(os.listdir("/proc/self/fd")) == fds - 2
+    assert sorted(os.listdir(root)) == [os.path.basename(claim.directory)]
+    claim.release()
+
+
 def test_recover_refuses_anything_but_segments(tmp_path):
     d = tmp_path / "journal"
     Journal(str(d)).append(change(1))

@@ -128,3 +128,25 @@ def test_a_file_opened_before_its_shard_was_replaced_keeps_its_size(versions, mo
         assert np.array_equal(decoded(got), b[8:, 8:]) and path.stat().st_size == len(got) != len(old)
         assert os.fstat(f.fileno()).st_size == len(old)
         assert f.read() == old and np.array_equal(decoded(old), a[8:, 8:])
+
+
+def test_fstat_of_a_file_whose_chunk_was_removed_since_it_was_opened_answers_its_version(versions, mount):
+    """A file opened before its chunk was removed (here: its shard deleted behind the mount's
+    back, as another host's fold or ``rm`` shows on this mount) still ``fstat``s, as the version
+    it opened (a local filesystem answers ``fstat`` of an unlinked open file), and reads it
+    whole; its name is gone (ENOENT) once the file is closed. Python's ``open()`` itself calls
+    ``fstat``: ESTALE there failed a zarr 3 read in a 30-minute soak (S3, u32be, mount A)."""
+    src, _, a, _ = versions
+    mnt = mount(src, "-o", "attr_timeout=1", "-o", "entry_timeout=1")
+    (shard,) = shard_files(src)
+    path = mnt / "x" / "1.1"
+    with open(path, "rb", buffering=0) as f:
+        before = os.fstat(f.fileno())
+        shard.unlink()
+        time.sleep(2.0)  # the kernel's attributes (1 s) and the daemon's stat of the shard (1 s) expire
+        after = os.fstat(f.fileno())
+        assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+        assert np.array_equal(decoded(f.read()), a[8:, 8:])
+    time.sleep(1.5)  # the name's entry (1 s), as the daemon answered it, expires
+    with pytest.raises(FileNotFoundError):
+        path.stat()

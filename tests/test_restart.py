@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ZARR2_PYTHON, bounded, run_shardfs, wait_for
+from conftest import ZARR2_PYTHON, bounded, daemon_pids, run_shardfs, wait_for
 
 pytestmark = pytest.mark.skipif(
     "takeover" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
@@ -527,6 +527,47 @@ def test_the_dead_workers_journal_is_served_before_it_is_folded(mount, src):
     assert np.array_equal(got[20:24, 24:28], EXPECTED[8:12, 8:12])  # 5.6 <- 2.2
 
 
+def _fds(pid: int) -> list[str]:
+    found = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass
+    return found
+
+
+def _journal_dirs(pid: int) -> list[str]:
+    """The journal directories process ``pid`` holds (locked: its own and those it adopted)."""
+    import re
+
+    return sorted(p for p in _fds(pid) if re.search(r"/journal/\d{20}-\d+$", p))
+
+
+def test_worker_kills_leave_no_descriptor_behind(mount, src):
+    """Four worker kills (one fewer than a crash loop), the first with a chunk pending: the
+    supervisor holds as many descriptors after each as before the first, and each new worker
+    as many as the one before it, holding only its own journal directory once the dead
+    one's was folded (it used to keep every dead worker's directory locked, one fd each, for
+    its life: the soak's fds grew by one per worker kill); the journal root holds one."""
+    mnt = mount(src)
+    m = mount.info(mnt)
+    supervisor = sorted(_fds(m.pid))
+    (mnt / "a" / "1.1").write_bytes(chunk(mnt, "3.3"))  # journalled, pending at the kill
+    counts = []
+    for kill in range(4):
+        new = kill_worker(m, mnt)
+        wait_for(lambda: status(mnt)["pending"]["chunks"] == 0, 60, "the adopted chunk folded")
+        wait_for(lambda pid=new: len(_journal_dirs(pid)) == 1, 30,
+                 f"kill {kill}: the new worker holds only its own journal directory (holds {_journal_dirs(new)})")
+        (own,) = _journal_dirs(new)
+        assert os.listdir(os.path.dirname(own)) == [os.path.basename(own)]
+        assert len(_fds(m.pid)) == len(supervisor), (kill, sorted(_fds(m.pid)), supervisor)
+        counts.append(len(_fds(new)))
+    assert counts == [counts[0]] * 4, counts
+    assert chunk(mnt, "1.1") == chunk(mnt, "3.3")
+
+
 def zygotes(m) -> list[int]:
     """The supervisor's children named ``shardfs-zygote``."""
     found = []
@@ -568,6 +609,35 @@ def test_a_new_worker_is_forked_by_the_zygote_and_an_upgrade_starts_a_new_zygote
     assert upgraded != zygote and not Path(f"/proc/{zygote}").exists()
     assert b"chunk_cache=16M" in Path(f"/proc/{worker_of(m)}/cmdline").read_bytes().split(b"\0")
     assert status(mnt)["options"] == {"chunk_cache": "16M"}
+
+
+def test_a_spawned_daemon_starts_its_zygote_before_its_own_imports(src, tmp_path):
+    """``shardfs mount`` (no -f) names the zygote's command line in the daemon's environment and
+    ``python -m shardfs`` starts it first thing (``shardfs.app.early``): the zygote imports while
+    the supervisor imports and checks, instead of after (mount to live). The supervisor uses
+    that zygote (a fresh ``--zygote`` process, its child, which forks the worker); the variable
+    reaches neither the zygote nor the worker (a worker started afresh would start another)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    log = tmp_path / "daemon.log"
+    r = run_shardfs("mount", str(src), str(mnt), "--debug", "--log-file", str(log), timeout=120)
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    try:
+        (supervisor,) = [p for p in daemon_pids(mnt) if b"--ready-fd" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+        class M:
+            pid = supervisor
+
+        zygote = zygote_of(M)
+        assert f"zygote {zygote} started before this daemon's imports" in log.read_text(), log.read_text()[-2000:]
+        assert b"--zygote" in Path(f"/proc/{zygote}/cmdline").read_bytes().split(b"\0")
+        worker = worker_of(M)
+        for pid in (zygote, worker):
+            assert b"SHARDFS_EARLY_ZYGOTE" not in Path(f"/proc/{pid}/environ").read_bytes()
+        assert chunk(mnt, "1.1") == (mnt / "b" / "1.1").read_bytes()
+    finally:
+        r = run_shardfs("umount", str(mnt), timeout=120)
+        assert r.returncode == 0, r.stderr
 
 
 def test_a_dead_zygote_costs_a_fresh_start_once_then_a_new_zygote_forks(mount, src):

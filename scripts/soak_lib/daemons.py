@@ -248,6 +248,10 @@ class Daemon:
                     return {}
                 continue
             fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            if "VmRSS" not in fields:  # a zombie: a worker just killed, not reaped yet
+                if p == pid:
+                    return {}
+                continue
             spill = sockets = 0
             for fd in fds:
                 try:

@@ -44,7 +44,7 @@ def open_writeback(source: Source, storage: Any, journal_dir: str | None, cleanu
     older = ((legacy,) if legacy else ()) + tuple(() if adopt else claim.orphans)
     replayed = writeback.replay_sync(resolve, older=older)
     if adopt:
-        adopted = writeback.adopt(resolve, claim.adopt_orphans())
+        adopted = writeback.adopt(resolve, claim.adopt_orphans(), emptied=claim.drop_adopted)
         if adopted:
             log.info("took over %d journalled chunk changes of a dead worker, pending", adopted)
     claim.drop_orphans()

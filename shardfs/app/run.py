@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import logging
 import logging.handlers
 import os
@@ -29,7 +30,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, Iterator
 
-from shardfs.app import options, state
+from shardfs.app import early, options, state
 from shardfs.app.metrics import Exporter, parse_address
 from shardfs.app.mounts import device, fsname
 from shardfs.app.usage import UsageError
@@ -62,9 +63,10 @@ def spawn_daemon(args: argparse.Namespace, source: Source) -> int:
                              f"{e.strerror}") from None
     r, w = os.pipe()
     argv = _daemon_argv(args, source.name) + ["--ready-fd", str(w)]
+    env = {**os.environ, early.ENV: json.dumps(argv[:-2])}  # its zygote starts first (``shardfs.app.early``)
     with open(os.devnull, "r+b") as null:
         proc = subprocess.Popen(argv, stdin=null, stdout=null, stderr=null, pass_fds=(w,),
-                                start_new_session=True)
+                                start_new_session=True, env=env)
     os.close(w)
     with os.fdopen(r, "rb") as pipe:
         report = pipe.readline().decode().strip()
@@ -183,6 +185,7 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
             return 1
     if args.connection is None and supervised():
         return _supervise(args, mnt, opts, read_only, source, cfg.workers)
+    early.discard()  # (no supervision: this process serves)
     from shardfs.app.compose import ReplayFailed, compose
     from shardfs.tree.ledger import Ledger
 

@@ -61,7 +61,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from shardfs.app import fusedev, peers, state, zygote
+from shardfs.app import early, fusedev, peers, state, zygote
 from shardfs.app.zygote import Child, Zygote
 from shardfs.base import private
 from shardfs.kernel import pagetable
@@ -144,7 +144,12 @@ class Supervisor:
             fusedev.check()
             self._listen()
             zygote.prctl(zygote.PR_SET_CHILD_SUBREAPER, 1)  # the zygote's workers are reparented here
-            self.zygote = self._zygote(self.argv)
+            # started by ``python -m shardfs`` before its imports if ``shardfs mount`` spawned this daemon
+            self.zygote = early.take(self.argv)
+            if self.zygote is not None:
+                log.debug("zygote %d started before this daemon's imports", self.zygote.proc.pid)
+            else:
+                self.zygote = self._zygote(self.argv)
             for index in range(self.count):
                 self.workers[index] = self._spawn(index)
         except (fusedev.MountError, OSError) as e:

@@ -227,7 +227,20 @@ class Operations(pyfuse3.Operations):
         attr = None if handle is None or self.writer is None else self.writer.dirty_attr(handle)
         if attr is not None:
             return self._entry(attr)
-        attr = await self._attr(inode)
+        try:
+            attr = await self._attr(inode)
+        except pyfuse3.FUSEError as err:
+            opened = self._handles.reading(inode) if err.errno == errno.ESTALE else None
+            if opened is None:
+                raise
+            # Its chunk is gone since a file was opened on it (removed here, or by another host or
+            # behind the mount's back): a local filesystem answers ``fstat`` of a file removed while
+            # open, so that file's version (pyfuse3 does not say whether an ``fstat`` asks; ESTALE
+            # failed Python's ``open()``, which calls it), asked again at once: the name shows the
+            # removal (ESTALE, then ENOENT) as soon as no file holds it.
+            gone = self._entry(kernel_attr(opened))
+            gone.attr_timeout = 0
+            return gone
         if attr.ino != inode and self.nodes.is_new_alias(inode):
             attr = attr._replace(ino=inode)  # as its lookup said (pyfuse3 gives an entry's inode as its number)
         shown = self._pins.frozen(inode, attr)
@@ -374,8 +387,9 @@ class Operations(pyfuse3.Operations):
     def _let_go(self, fh: int, handle: Handle | None) -> None:
         """What a released handle held (a read handle's version, pin and descriptor)."""
         if isinstance(handle, ReadHandle):
-            self._kernel.unread(kernel_attr(handle), fh)
-            self._pins.unpin(fh)
+            with self._kernel.locked():  # (N workers: one lock for both)
+                self._kernel.unread(kernel_attr(handle), fh)
+                self._pins.unpin(fh)
             self.opens.release(handle)
         elif isinstance(handle, WriteHandle) and self.writer is not None:
             self.writer.release(handle)

@@ -77,7 +77,7 @@ class Handles:
             return fh
         ino = handle.ino
         if ledger.shared and isinstance(handle, ReadHandle):
-            ledger.note("h", fh, ino, "r", handle.attr.size, handle.attr.mtime_ns)
+            ledger.note_line(f'["h",{fh},{ino},"r",{handle.attr.size},{handle.attr.mtime_ns}]')  # (ints: as json.dumps)
         else:  # (every open of a file: the record written as json.dumps would, 5x faster)
             ledger.note_line(f'["h",{fh},{ino},"{_kind(handle)}"]')
         return fh
@@ -193,6 +193,10 @@ class Handles:
                                       for h in self.writes()) if b is not None}
         buffers.update((id(st.data), st.data) for st in staged)
         return sum(b.size for b in buffers.values() if b.spilled)
+
+    def reading(self, ino: int) -> ReadHandle | None:
+        """A handle open here for reading kernel inode ``ino``, if any."""
+        return next((h for h in self._open.values() if isinstance(h, ReadHandle) and h.ino == ino), None)
 
     def dirty_write(self, ino: int) -> WriteHandle | None:
         """A handle with uncommitted writes to ``ino``, if any (its size is what stat shows)."""

@@ -23,23 +23,27 @@ mount's life: a few chunk files, at worst, lose the page cache).
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import mmap
 import os
 import struct
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 MAGIC = 0x53504731  # "SPG1"
 HEADER = 64
 ENTRY = 64
 CAPACITY = 1 << 20  # entries (64 MiB of address space; memory only for the pages touched)
 PROBES = 64  # entries looked at from an inode's home before it counts as absent
+OFFSETS = 1 << 16  # entries a worker remembers the place of (``find``)
 _HEAD = struct.Struct("<IIQQ")  # magic, capacity, dirty (offset of the entry being written, 0: none), pins
 _ENTRY = struct.Struct("<QIIQqQqIIII")  # see ``Entry``
 _INO = struct.Struct("<Q")
-_CHANGES = struct.Struct("<I")
-_CHANGES_AT = 60  # offset of ``changes`` in an entry (read without the lock: ``changes``)
+_U32 = struct.Struct("<I")
+_DIRTY = struct.Struct("<Q")
+_VERSION = struct.Struct("<IIQq")  # state, mark, size, mtime
+_READERS = struct.Struct("<Qq")  # rsize, rmtime
+# offsets of an entry's fields (``Entry``): one aligned word is written whole, never torn
+STATE, MARK, SIZE, RSIZE, READERS, PINS, GEN, CHANGES = 8, 12, 16, 32, 48, 52, 56, 60
 
 # ``Entry.state``: what the kernel's pages of the inode may hold
 NONE = 0  # nothing, ever
@@ -95,33 +99,32 @@ class PageTable:
             raise
         self._mask = self.capacity - 1
         self._depth = 0
+        self._offsets: dict[int, int] = {}  # inode -> its entry (``find``)
 
     def close(self) -> None:
         self._map.close()
         os.close(self._lock_fd)
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold the table's lock (re-entrant within this worker: one ``flock`` pair for a whole
-        open's decisions). Never across an ``await``: every worker's opens wait for it; never
-        while taking the ledger's (``shardfs.tree.ledger``), which is held while taking this one
-        (a ledger followed under its lock lets go of released files)."""
+    def locked(self) -> "PageTable":
+        """Hold the table's lock (``with table.locked():``; re-entrant within this worker: one
+        ``flock`` pair for a whole open's decisions). Never across an ``await``: every worker's
+        opens wait for it; never while taking the ledger's (``shardfs.tree.ledger``), which is
+        held while taking this one (a ledger followed under its lock lets go of released files)."""
+        return self
+
+    def __enter__(self) -> None:
         if self._depth:
             self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
             return
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         self._depth = 1
-        try:
-            dirty = _HEAD.unpack_from(self._map, 0)[2]
-            if dirty:  # a worker died writing it
-                self._poison(dirty)
-            yield
-        finally:
-            self._depth = 0
+        dirty = _DIRTY.unpack_from(self._map, 8)[0]
+        if dirty:  # a worker died writing it
+            self._poison(dirty)
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if not self._depth:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def _home(self, ino: int) -> int:
@@ -130,19 +133,29 @@ class PageTable:
     def find(self, ino: int, insert: bool = False) -> int:
         """The offset of ``ino``'s entry; with ``insert`` (under the lock) a new one if it has none;
         -1 if it has none (or none can be made: the entries near its home are taken)."""
+        off = self._offsets.get(ino, -1)
+        if off >= 0:
+            return off
         home = self._home(ino)
         for i in range(PROBES):
             off = HEADER + ((home + i) & self._mask) * ENTRY
             at = _INO.unpack_from(self._map, off)[0]
             if at == ino:
-                return off
+                return self._found(ino, off)
             if at == 0:
                 if not insert:
                     return -1
                 assert self._depth
                 self.write(off, Entry(ino, NONE, 0, 0, 0, 0, 0, 0, 0, 0, 0))
-                return off
+                return self._found(ino, off)
         return -1
+
+    def _found(self, ino: int, off: int) -> int:
+        """Remember where ``ino``'s entry is (an entry never moves): at most ``OFFSETS`` of them."""
+        if len(self._offsets) >= OFFSETS:
+            self._offsets.clear()
+        self._offsets[ino] = off
+        return off
 
     def read(self, off: int) -> Entry:
         return Entry._make(_ENTRY.unpack_from(self._map, off))
@@ -154,10 +167,43 @@ class PageTable:
         _ENTRY.pack_into(self._map, off, *entry)
         self._set_dirty(0)
 
+    def word(self, off: int, field: int) -> int:
+        """One 32-bit field of the entry at ``off`` (``STATE``, ``READERS`` ...: never torn)."""
+        return int(_U32.unpack_from(self._map, off + field)[0])
+
+    def set_word(self, off: int, field: int, value: int) -> None:
+        """Set one 32-bit field (under the lock; a single aligned store: nothing to tear)."""
+        assert self._depth
+        _U32.pack_into(self._map, off + field, value & 0xFFFFFFFF)
+
+    def version(self, off: int) -> tuple[int, int, int, int]:
+        """(state, mark, size, mtime) of the entry at ``off``."""
+        return _VERSION.unpack_from(self._map, off + STATE)
+
+    def set_version(self, off: int, state: int, mark: int, size: int, mtime: int) -> None:
+        """Set what the pages hold (under the lock; named in the header while written)."""
+        assert self._depth
+        self._set_dirty(off)
+        _VERSION.pack_into(self._map, off + STATE, state, mark, size, mtime)
+        self._set_dirty(0)
+
+    def readers(self, off: int) -> tuple[int, int, int]:
+        """(rsize, rmtime, readers) of the entry at ``off``."""
+        rsize, rmtime = _READERS.unpack_from(self._map, off + RSIZE)
+        return rsize, rmtime, self.word(off, READERS)
+
+    def set_readers(self, off: int, rsize: int, rmtime: int, readers: int) -> None:
+        """Set the version read through the pages and how many files read it (under the lock)."""
+        assert self._depth
+        self._set_dirty(off)
+        _READERS.pack_into(self._map, off + RSIZE, rsize, rmtime)
+        _U32.pack_into(self._map, off + READERS, readers)
+        self._set_dirty(0)
+
     def changes(self, ino: int) -> int:
         """The changes counted for ``ino`` (read without the lock: one aligned word)."""
         off = self.find(ino)
-        return -1 if off < 0 else _CHANGES.unpack_from(self._map, off + _CHANGES_AT)[0]
+        return -1 if off < 0 else _U32.unpack_from(self._map, off + CHANGES)[0]
 
     def pins(self) -> int:
         """Files pinning an inode's size, in all (read without the lock)."""
@@ -170,7 +216,7 @@ class PageTable:
         _HEAD.pack_into(self._map, 0, magic, cap, dirty, max(0, pins + n))
 
     def _set_dirty(self, off: int) -> None:
-        struct.pack_into("<Q", self._map, 8, off)
+        _DIRTY.pack_into(self._map, 8, off)
 
     def _poison(self, off: int) -> None:
         e = self.read(off)

@@ -45,56 +45,63 @@ class SharedInodes(KernelInodes):
         return self.table.locked()
 
     def pages(self, attr: Attr) -> Pages:
-        with self.table.locked():
-            off = self.table.find(attr.ino)
-            if off < 0:  # (an inode no open recorded, or a full table: ``opened`` says)
-                return Pages.NONE if self.table.find(attr.ino, insert=True) >= 0 else Pages.OTHER
-            return _pages(self.table.read(off), attr)
+        """(Without the lock: what it answers only chooses whether to read the content for a fill
+        and whether to drop the pages first; ``opened`` decides under the lock.)"""
+        off = self.table.find(attr.ino)
+        return Pages.NONE if off < 0 else _pages(self.table.version(off), attr)
 
     def opened(self, attr: Attr) -> Pages:
-        with self.table.locked():
-            off = self.table.find(attr.ino, insert=True)
+        t = self.table
+        with t.locked():
+            off = t.find(attr.ino, insert=True)
             if off < 0:
                 return Pages.OTHER
-            e = self.table.read(off)
-            pages = _pages(e, attr)
+            state, mark, size, mtime = t.version(off)
+            pages = _pages((state, mark, size, mtime), attr)
             if pages is Pages.OTHER:
-                state = e.state if e.state == pt.POISONED else pt.UNKNOWN
-                self.table.write(off, e._replace(state=state))
+                if state != pt.POISONED:
+                    t.set_word(off, pt.STATE, pt.UNKNOWN)
             elif pages is Pages.NONE:
-                self.table.write(off, e._replace(state=pt.VERSION, size=attr.size, mtime=attr.mtime_ns))
+                t.set_version(off, pt.VERSION, mark, attr.size, attr.mtime_ns)
             return pages
 
     def dropping(self, ino: int) -> object:
-        with self.table.locked():
-            off = self.table.find(ino, insert=True)
+        t = self.table
+        with t.locked():
+            off = t.find(ino, insert=True)
             if off < 0:
                 return None
-            e = self.table.read(off)
-            if e.state == pt.POISONED:
+            state, mark, size, mtime = t.version(off)
+            if state == pt.POISONED:
                 return None
-            mark = (e.mark + 1) & 0xFFFFFFFF
-            self.table.write(off, e._replace(state=pt.DROPPING, mark=mark))
+            mark = (mark + 1) & 0xFFFFFFFF
+            t.set_version(off, pt.DROPPING, mark, size, mtime)
             return mark
 
     def dropped(self, attr: Attr, mark: object) -> None:
-        with self.table.locked():
-            off = self.table.find(attr.ino)
+        t = self.table
+        with t.locked():
+            off = t.find(attr.ino)
             if off < 0 or mark is None:
                 return
-            e = self.table.read(off)
-            if e.state == pt.DROPPING and e.mark == mark and (not e.readers or _reads(e, attr)):
-                self.table.write(off, e._replace(state=pt.VERSION, size=attr.size, mtime=attr.mtime_ns))
+            state, now, _size, _mtime = t.version(off)
+            rsize, rmtime, readers = t.readers(off)
+            if state == pt.DROPPING and now == mark and (not readers or (rsize, rmtime) == (attr.size, attr.mtime_ns)):
+                t.set_version(off, pt.VERSION, now, attr.size, attr.mtime_ns)
 
     def reading(self, attr: Attr, fh: int = 0) -> bool:
-        with self.table.locked():
-            off = self.table.find(attr.ino, insert=True)
+        t = self.table
+        with t.locked():
+            off = t.find(attr.ino, insert=True)
             if off < 0:
                 return True
-            e = self.table.read(off)
-            if e.state == pt.POISONED or (e.readers and not _reads(e, attr)):
+            rsize, rmtime, readers = t.readers(off)
+            if t.word(off, pt.STATE) == pt.POISONED or (readers and (rsize, rmtime) != (attr.size, attr.mtime_ns)):
                 return True
-            self.table.write(off, e._replace(readers=e.readers + 1, rsize=attr.size, rmtime=attr.mtime_ns))
+            if readers:
+                t.set_word(off, pt.READERS, readers + 1)
+            else:
+                t.set_readers(off, attr.size, attr.mtime_ns, 1)
             self._counted[fh] = off
             return False
 
@@ -102,20 +109,22 @@ class SharedInodes(KernelInodes):
         off = self._counted.pop(fh, -1)
         if off < 0:  # (a file opened with direct I/O, or by another worker)
             return
-        with self.table.locked():
-            e = self.table.read(off)
-            if e.readers and e.state != pt.POISONED:
-                self.table.write(off, e._replace(readers=e.readers - 1))
+        t = self.table
+        with t.locked():
+            readers = t.word(off, pt.READERS)
+            if readers and t.word(off, pt.STATE) != pt.POISONED:
+                t.set_word(off, pt.READERS, readers - 1)
 
     def served(self, attr: Attr) -> None:
-        with self.table.locked():
-            off = self.table.find(attr.ino)
+        t = self.table
+        with t.locked():
+            off = t.find(attr.ino)
             if off < 0:
                 return
-            e = self.table.read(off)
-            if e.state not in (pt.NONE, pt.UNKNOWN, pt.POISONED) and not (
-                    e.state == pt.VERSION and (e.size, e.mtime) == (attr.size, attr.mtime_ns)):
-                self.table.write(off, e._replace(state=pt.UNKNOWN))
+            state, _mark, size, mtime = t.version(off)
+            if state not in (pt.NONE, pt.UNKNOWN, pt.POISONED) and not (
+                    state == pt.VERSION and (size, mtime) == (attr.size, attr.mtime_ns)):
+                t.set_word(off, pt.STATE, pt.UNKNOWN)
 
     def changed(self, ino: int) -> None:
         with self.table.locked():
@@ -126,10 +135,11 @@ class SharedInodes(KernelInodes):
             self._changed(self.table.find(ino))  # (an inode never opened has no pages)
 
     def _changed(self, off: int) -> None:
+        t = self.table
         if off >= 0:
-            e = self.table.read(off)
-            state = e.state if e.state == pt.POISONED else pt.UNKNOWN
-            self.table.write(off, e._replace(state=state, changes=(e.changes + 1) & 0xFFFFFFFF))
+            if t.word(off, pt.STATE) != pt.POISONED:
+                t.set_word(off, pt.STATE, pt.UNKNOWN)
+            t.set_word(off, pt.CHANGES, t.word(off, pt.CHANGES) + 1)
 
     def watch(self, ino: int) -> int:
         return max(0, self.table.changes(ino))
@@ -138,15 +148,12 @@ class SharedInodes(KernelInodes):
         return max(0, self.table.changes(ino)) != seen
 
 
-def _reads(e: pt.Entry, attr: Attr) -> bool:
-    """True if the files counted in ``e`` read version ``attr``."""
-    return (e.rsize, e.rmtime) == (attr.size, attr.mtime_ns)
-
-
-def _pages(e: pt.Entry, attr: Attr) -> Pages:
-    if e.state == pt.NONE:
+def _pages(version: tuple[int, int, int, int], attr: Attr) -> Pages:
+    """What the pages of an entry at ``version`` (state, mark, size, mtime) hold for ``attr``."""
+    state, _mark, size, mtime = version
+    if state == pt.NONE:
         return Pages.NONE
-    if e.state == pt.VERSION and (e.size, e.mtime) == (attr.size, attr.mtime_ns):
+    if state == pt.VERSION and (size, mtime) == (attr.size, attr.mtime_ns):
         return Pages.SAME
     return Pages.OTHER
 
@@ -165,43 +172,51 @@ class SharedPins(Pins):
         return bool(self._shown) or self.table.pins() > 0
 
     def pin(self, fh: int, version: Attr) -> None:
-        with self.table.locked():
-            off = self.table.find(version.ino, insert=True)
+        t = self.table
+        with t.locked():
+            off = t.find(version.ino, insert=True)
             if off < 0:  # (a full table: ``reading`` gave it direct I/O)
                 return
-            e = self.table.read(off)  # (its readers read ``version``: ``SharedInodes.reading``)
-            self.table.write(off, e._replace(pins=e.pins + 1, rsize=version.size, rmtime=version.mtime_ns))
-            self.table.add_pins(1)
-            self._mine[fh] = (off, e.gen)
+            rsize, rmtime, readers = t.readers(off)  # (they read ``version``: ``SharedInodes.reading``)
+            if (rsize, rmtime) != (version.size, version.mtime_ns):
+                t.set_readers(off, version.size, version.mtime_ns, readers)
+            t.set_word(off, pt.PINS, t.word(off, pt.PINS) + 1)
+            t.add_pins(1)
+            self._mine[fh] = (off, t.word(off, pt.GEN))
 
     def unpin(self, fh: int) -> None:
         off, gen = self._mine.pop(fh, (-1, 0))
         if off < 0:
             return
-        with self.table.locked():
-            e = self.table.read(off)
-            if e.gen == gen and e.pins:
-                self.table.write(off, e._replace(pins=e.pins - 1))
-                self.table.add_pins(-1)
+        t = self.table
+        with t.locked():
+            pins = t.word(off, pt.PINS)
+            if t.word(off, pt.GEN) == gen and pins:
+                t.set_word(off, pt.PINS, pins - 1)
+                t.add_pins(-1)
 
     def forfeit(self, ino: int) -> None:
-        with self.table.locked():
-            off = self.table.find(ino)
+        t = self.table
+        with t.locked():
+            off = t.find(ino)
             if off < 0:
                 return
-            e = self.table.read(off)
-            if e.pins:
-                self.table.add_pins(-e.pins)
-            self.table.write(off, e._replace(pins=0, gen=(e.gen + 1) & 0xFFFFFFFF))
+            pins = t.word(off, pt.PINS)
+            if pins:
+                t.add_pins(-pins)
+            t.set_word(off, pt.PINS, 0)
+            t.set_word(off, pt.GEN, t.word(off, pt.GEN) + 1)
 
     def shown(self, attr: Attr) -> int | None:
         ino = self._shown.get(attr.ino, attr.ino)
         return None if self.table.pins() and self._pinned(ino, attr.size) is not None else ino
 
     def _pinned(self, ino: int, size: int) -> tuple[int, int] | None:
-        with self.table.locked():
-            off = self.table.find(ino)
-            if off < 0:
-                return None
-            e = self.table.read(off)
-        return (e.rsize, e.rmtime) if e.pins and e.rsize != size else None
+        """(Without the lock: a pin and its version are written before the open that makes it is
+        answered, and read here by a lookup or getattr that came after, or raced with it anyway.)"""
+        t = self.table
+        off = t.find(ino)
+        if off < 0 or not t.word(off, pt.PINS):
+            return None
+        rsize, rmtime, _readers = t.readers(off)
+        return (rsize, rmtime) if rsize != size else None

@@ -224,9 +224,14 @@ def rewrite_sync(source: Storage, key: str, fmt: ShardFormat | None,
     shards rebuilt) and replaced atomically only if it is still the version that was read
     (``Storage.replace``/``delete`` with ``if_version``): when another writer (another
     mount, tensorstore) changed it in between, it is read again and the changes applied on
-    top of the new content. A shard left without chunks is deleted. Returns the new version,
-    None if the shard was deleted. Raises ``CorruptShard`` if the existing shard or one of
-    its inner shards is unusable, ``OSError`` if the source refuses (nothing is written).
+    top of the new content. A shard left without chunks is deleted where the source deletes
+    atomically (``Storage.atomic_delete``: a local directory); an object store has no
+    conditional DELETE (a HEAD, then the DELETE: another host's fold landing between the two
+    would be deleted with the shard), so there it becomes an empty shard (its index alone,
+    every chunk empty, as zarr reads a missing shard), replaced conditionally like any
+    fold, and a shard already empty is left as it is. Returns the new version, None if the
+    shard was deleted. Raises ``CorruptShard`` if the existing shard or one of its inner
+    shards is unusable, ``OSError`` if the source refuses (nothing is written).
     """
     for attempt in range(RACES):
         try:
@@ -264,12 +269,15 @@ def _rewrite_once(source: Storage, key: str, fmt: ShardFormat | None,
         for stored in np.flatnonzero(table[:, 0] != EMPTY):
             start, n = int(table[stored, 0]), int(table[stored, 1])
             chunks[int(stored)] = view[start: start + n]
+    stored_before = len(chunks)
     for pos, data in changes.items():
         if data is None:
             chunks.pop(pos, None)
         else:
             chunks[pos] = data
-    if not chunks:
+    if not chunks and (source.atomic_delete or version is ABSENT):
         source.delete(key, if_version=version)
         return None
+    if not chunks and not stored_before and old:  # an empty shard already (no delete: see above)
+        return version  # type: ignore[return-value]  # not ABSENT (``old`` was read)
     return source.replace(key, assemble(fmt, chunks), if_version=version)

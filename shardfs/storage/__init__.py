@@ -88,6 +88,11 @@ class Storage(Protocol):
 
     stats: StoreStats  # the requests it made (``shardfs status``)
     read_path: str  # which read path serves it (``shardfs.reads.factory``): "local" (pread) or "objects"
+    # ``delete`` with ``if_version`` is atomic: nothing replaces the key between the check and the
+    # removal (a local directory: both under the key's lock). Not an object store's (a HEAD, then
+    # the DELETE: a PUT landing between them is deleted too), so a fold empties a shard there
+    # with a conditional ``replace`` instead (``shardfs.shards.shard.rewrite_sync``).
+    atomic_delete: bool
 
     def owner_path(self, key: str) -> str | None:
         """The local file behind ``key`` whose owner and mode say whether another user may read
@@ -145,7 +150,9 @@ class Storage(Protocol):
         """
 
     def delete(self, key: str, if_version: Version | Absent | None = None) -> None:
-        """Remove ``key`` (missing is fine unless ``if_version`` is a Version)."""
+        """Remove ``key`` (missing is fine unless ``if_version`` is a Version); with
+        ``if_version``, ``VersionMismatch`` if the key is at another version (atomically only
+        where ``atomic_delete``)."""
 
     def move(self, src: str, dst: str) -> None:
         """Rename directory ``src`` (an array or group with all below it) to ``dst``, which must

@@ -81,6 +81,7 @@ class LocalStorage:
     """
 
     read_path = "local"  # (``shardfs.reads.factory``)
+    atomic_delete = True  # the version check and the unlink, both under the key's lock
 
     def __init__(self, root: str, stat_ttl: float = 1.0, follow_symlinks: bool = False,
                  list_ttl: float = 0.0) -> None:

@@ -14,7 +14,9 @@ obstore (the Rust object_store bindings zarr-python 3 uses):
   reports ``VersionMismatch`` for a write that happened (a fold re-reads and finds it applied).
 - ``delete``: S3 DeleteObject takes no condition through object_store, so a conditional delete
   is a HEAD check, then the DELETE: a writer replacing the key between the two loses its
-  write (the window is one round trip; folds never delete shards, only the metadata paths do).
+  write (the window is a round trip, seconds while obstore retries the DELETE). So folds never
+  delete shards here (``Storage.atomic_delete``): one that empties a shard PUTs an empty shard,
+  If-Match; only the metadata paths delete.
 
 
 The rest (versions, reads, retries and faults, the loop thread, connections) is the request

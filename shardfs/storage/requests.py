@@ -363,6 +363,7 @@ class OverRequests:
     kinds reached through obstore share; each adds its listings, writes and mount-time check."""
 
     read_path = "objects"  # (``shardfs.reads.factory``: ``shardfs.reads.objects``)
+    atomic_delete = False  # no conditional DELETE: a HEAD check, then the DELETE (``Storage.atomic_delete``)
 
     def __init__(self, requests: ObjectRequests) -> None:
         self.requests = requests

@@ -65,7 +65,7 @@ import re
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 import crc32c
 import trio
@@ -187,6 +187,8 @@ class Journal:
         self._recovered: list[str] = []  # segments read by ``recover``
         self.bytes = 0  # bytes in this mount's segments on disk (``shardfs status``)
         self.failed: tuple[int, str, float] | None = None  # the last append's failure: errno, why, when
+        # adopted directory -> (its segments still on disk, called once there are none)
+        self._adopted: dict[str, tuple[int, Callable[[str], None]]] = {}
 
     # ----- appending ----------------------------------------------------------------------
 
@@ -247,6 +249,17 @@ class Journal:
                 self.bytes -= seg.size
             except OSError as e:
                 log.error("%s: cannot delete a folded journal segment: %s", seg.path, e)
+                return
+            self._segment_gone(os.path.dirname(seg.path))
+
+    def _segment_gone(self, directory: str) -> None:
+        if directory not in self._adopted:
+            return
+        left, emptied = self._adopted.pop(directory)
+        if left > 1:
+            self._adopted[directory] = (left - 1, emptied)
+        else:
+            emptied(directory)  # every record of that dead worker's journal was released
 
     # ----- releasing ----------------------------------------------------------------------
 
@@ -353,20 +366,29 @@ class Journal:
             self._next = int(names[-1][:20]) + 1
         return changes
 
-    def adopt(self, directory: str) -> list[tuple[Change, Record]]:
+    def adopt(self, directory: str, emptied: Callable[[str], None] | None = None) -> list[tuple[Change, Record]]:
         """Take over the segments a dead worker of this mount left in ``directory`` as if this
         journal had appended them: each live change (commit order) with its ``Record``, to
         ``release`` once folded (a fold marker then goes into that segment, which is unlinked
         once none of its records is live, as one of this journal's own). A segment with a torn
         tail takes no markers (its records are released in place: ``_mark_in_place``). The
-        dead worker's note of kept changes goes (this mount notes its own). ``JournalError``
+        dead worker's note of kept changes goes (this mount notes its own). ``emptied(directory)``
+        is called once no segment is left in it: at once if nothing in it was live, else when
+        the release of its last live record unlinked its last segment (``Claim.drop_adopted``:
+        a worker that replaced many dead ones holds none of their directories). ``JournalError``
         as for ``recover``."""
-        names = sorted(os.listdir(directory))
+        try:
+            names = sorted(os.listdir(directory))
+        except FileNotFoundError:  # removed by a claim that held it before this one
+            if emptied is not None:
+                emptied(directory)
+            return []
         strange = [n for n in names if not SEGMENT_NAME.fullmatch(n) and n != KEPT]
         if strange:
             raise JournalError(f"{directory}: not journal segments: {', '.join(strange[:5])}"
                                f"{' ...' if len(strange) > 5 else ''}")
         adopted = []
+        left = 0  # its segments that stay (with live records)
         for name in names:
             path = os.path.join(directory, name)
             if name == KEPT:
@@ -377,7 +399,14 @@ class Journal:
             self.bytes += seg.size
             if not live:
                 self._close(seg)  # every record in it was folded
+            else:
+                left += 1
             adopted += [(change, Record(seg, offset)) for offset, change in live.items()]
+        if emptied is not None:
+            if left:
+                self._adopted[directory] = (left, emptied)
+            else:
+                emptied(directory)
         return adopted
 
     def discard_recovered(self) -> None:
@@ -497,11 +526,25 @@ class Claim:
     adopted: list[str] = field(default_factory=list)  # orphans whose records this daemon took over
 
     def adopt_orphans(self) -> list[str]:
-        """The orphans, kept locked (their records were taken over: ``Journal.adopt``) until
-        ``release``, which removes each one its folds emptied."""
-        self.adopted += self.orphans
-        self.orphans = []
-        return self.adopted
+        """The orphans, now adopted: kept locked (their records were taken over:
+        ``Journal.adopt``) until ``drop_adopted`` (their folds emptied them) or ``release``."""
+        orphans, self.orphans = self.orphans, []
+        self.adopted += orphans
+        return orphans
+
+    def drop_adopted(self, path: str) -> None:
+        """Remove adopted directory ``path``, which holds no segment any more, and unlock it
+        (kept locked until ``release`` if anything is left in it). Without it each worker of a
+        mount would keep the directories of every worker that died before it, one descriptor
+        each, for the mount's life (the soak's fds grew by one per worker kill)."""
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return
+        self.adopted.remove(path)
+        os.close(self._locks.pop(path))
 
     def drop_orphans(self) -> None:
         """Remove the orphan directories (after their changes were replayed and cleared)."""

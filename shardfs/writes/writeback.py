@@ -473,14 +473,16 @@ class Writeback:
         return len(changes)
 
 
-    def adopt(self, resolve: Callable[[str, tuple[int, ...]], ShardTarget | None], directories: list[str]) -> int:
+    def adopt(self, resolve: Callable[[str, tuple[int, ...]], ShardTarget | None], directories: list[str],
+              emptied: Callable[[str], None] | None = None) -> int:
         """Take over as pending the journals a dead worker of this mount left in
         ``directories`` (oldest first), without folding them: read at once, folded in the
         background like any pending chunk (``run``). Their records stay where they are until
         folded (``Journal.adopt``). ``resolve`` as for ``replay_sync``: the changes of an array
         gone are released; those of a shard whose target cannot be resolved now stay in the
-        journal, not pending, for a later mount. Returns the number of changes taken over."""
-        adopted = [pair for d in directories for pair in self.journal.adopt(d)]
+        journal, not pending, for a later mount. ``emptied``: called with each directory once its
+        folds emptied it (``Journal.adopt``). Returns the number of changes taken over."""
+        adopted = [pair for d in directories for pair in self.journal.adopt(d, emptied)]
         targets: dict[ShardId, ShardTarget | Exception | None] = {}
         dropped = []
         for change, record in adopted:
