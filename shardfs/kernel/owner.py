@@ -155,6 +155,12 @@ class Areas:
         else:
             self._mark_ino(parent)
 
+    def changed(self, ino: int) -> bool:
+        """The owner marked the area of inode ``ino`` (or this worker does not know it)."""
+        self.marks.refresh()
+        area = self.area(ino)
+        return area is None or self.marks.touched(area)
+
     # -- another worker: True if the owner must serve the request (a request on a handle goes
     # to the worker that opened it: ``shardfs.kernel.route``)
     def forwards(self, op: str, args: tuple[Any, ...]) -> bool:

@@ -84,17 +84,19 @@ class Reopen:
         for fh, handle in self._handles.follow(records):
             self._let_go(fh, handle)
 
-    def here(self, fh: int) -> bool:
-        """True if a request on read handle ``fh`` of another (live) worker may be served here: it
-        was opened again here, or can be at the version it was opened at (``live``)."""
+    def here(self, fh: int) -> int | None:
+        """The inode of read handle ``fh`` of another (live) worker if a request on it may be
+        served here: it was opened again here, or can be at the version it was opened at
+        (``live``); else None."""
         handle = self._handles.get(fh)
         if handle is None and self.shared:
             self._ledger.catch_up()  # opened by another worker a moment ago
             handle = self._handles.get(fh)
         if isinstance(handle, ReadHandle):
-            return True
-        return isinstance(handle, Lost) and handle.kind == "r" and handle.version is not None \
-            and not handle.elsewhere
+            return handle.ino
+        if isinstance(handle, Lost) and handle.kind == "r" and handle.version is not None and not handle.elsewhere:
+            return handle.ino
+        return None
 
     async def live(self, fh: int) -> Handle:
         """Handle ``fh``, opened again here first if it is a ``Lost`` one (the module docstring)."""

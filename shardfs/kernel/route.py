@@ -34,9 +34,10 @@ class Route:
     writable mount, the owner's marks and what the others forward to it."""
 
     def __init__(self, index: int, owner_of: Callable[[int], int], peers: Peers, areas: Areas | None = None,
-                 here: Callable[[int], bool] | None = None) -> None:
-        """``here(fh)``: a read or release of another worker's read handle ``fh`` may be served
-        here (``Reopen.here``: opened again at its version; ``Elsewhere`` if it changed)."""
+                 here: Callable[[int], int | None] | None = None) -> None:
+        """``here(fh)``: the inode of another worker's read handle ``fh`` if a read or release of
+        it may be served here, else None (``Reopen.here``: opened again at its version;
+        ``Elsewhere`` if it changed)."""
         self.index, self.owner_of, self.peers, self.areas = index, owner_of, peers, areas
         self.here = here
 
@@ -56,9 +57,14 @@ class Route:
         return None
 
     def _here(self, slot: int, fh: int) -> bool:
-        """A read handle of a live worker other than a writable mount's owner (whose pending
-        chunks only it knows), which this one has opened again, or can, at its version."""
-        return self.here is not None and (self.areas is None or slot != OWNER) and self.here(fh)
+        """A read handle of a live worker, which this one has opened again, or can, at its
+        version; of a writable mount's owner only in an area it never marked (no pending chunk,
+        which only the owner knows: the handle was opened at a version the source shows or
+        showed, and ``Reopen.live`` checks which)."""
+        ino = None if self.here is None else self.here(fh)
+        if ino is None:
+            return False
+        return self.areas is None or slot != OWNER or not self.areas.changed(ino)
 
     def opener(self, fh: int) -> PeerLink:
         """The link to the worker that opened handle ``fh`` (``Elsewhere``)."""
