@@ -527,6 +527,46 @@ def test_the_dead_workers_journal_is_served_before_it_is_folded(mount, src):
     assert np.array_equal(got[20:24, 24:28], EXPECTED[8:12, 8:12])  # 5.6 <- 2.2
 
 
+_RESIZER = textwrap.dedent(r"""
+    import json, sys
+    import numpy as np, zarr
+    path = sys.argv[1]
+    z = zarr.open_array(path, mode="r+")
+    z[0:8, 0:8] = z[0:8, 0:8]  # chunks 0.0 .. 1.1 written again: temporaries renamed onto them (aliases)
+    before = np.asarray(z[...])  # every other chunk looked up: the kernel holds its inode
+    z.resize(60, 60)  # a new layout: a new slot for the array
+    print("resized", flush=True)
+    sys.stdin.readline()  # (the worker is killed meanwhile)
+    after = np.asarray(zarr.open_array(path, mode="r")[...])
+    print(json.dumps({"shape": list(after.shape), "equal": bool(np.array_equal(after, before[:60, :60])),
+                      "zeros": int((after == 0).sum())}))
+""")
+
+
+def test_a_resize_just_before_the_kill_costs_the_readers_nothing(mount, src):
+    """zarr 2.18 rewrites chunks (temporaries renamed onto them), reads the array, resizes it (a
+    new layout: a new slot), and the worker is killed at once: the same process reads it back
+    right after, through the names the kernel still holds: each the inode of a chunk in the
+    old slot, or of an alias of one, which the new worker cannot map (the old slot has no
+    array there). ESTALE makes the kernel look those names up again (found by scripts/soak:
+    the kept chunks read as the fill value, ENOENT for the aliases and EIO for the others)."""
+    mnt = mount(src)
+    m = mount.info(mnt)
+    p = subprocess.Popen([ZARR2_PYTHON, "-c", _RESIZER, str(mnt / "a")], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "resized\n", p.stderr.read()
+        os.kill(worker_of(m), signal.SIGKILL)
+        p.stdin.write("\n")
+        p.stdin.flush()
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+        p.wait()
+    assert json.loads(out) == {"shape": [60, 60], "equal": True, "zeros": 0}, err[-3000:]
+    assert "Traceback" not in m.log_text()
+
+
 def _fds(pid: int) -> list[str]:
     found = []
     for fd in os.listdir(f"/proc/{pid}/fd"):

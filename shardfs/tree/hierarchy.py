@@ -23,7 +23,7 @@ from shardfs.storage.keys import join
 from shardfs.base.threads import blocking
 from shardfs.tree import metadata
 from shardfs.tree.ledger import Ledger
-from shardfs.tree.nodes import ArrayNode, GroupNode, Unbound
+from shardfs.tree.nodes import GONE, ArrayNode, GroupNode, Unbound
 
 if TYPE_CHECKING:
     from shardfs.format.v2 import ArrayInfo
@@ -57,7 +57,6 @@ def read_metadata(source: Storage, key: str, known: Version | Unknown) -> tuple[
         return str(e), version
 
 
-GONE = "its array is gone since a worker gave this slot out"  # the error of a slot ``restore`` left empty
 
 
 def _layout_id(info: Any) -> str:
@@ -252,7 +251,8 @@ class Hierarchy:
         store, one ``zarr.json`` GET each). Until its array is read (``bind``, or any lookup of
         its path), a slot's chunk inodes and its array's directories raise ``Unbound``. Slots
         that cannot have their array back (gone, another layout, an earlier layout of an array
-        that has a later slot) are left to a node without metadata: their chunks are EIO."""
+        that has a later slot) are left to a node without metadata (``GONE``): their chunk inodes, and
+        aliases of them, answer ESTALE (``NodeTable.node_key``: the kernel looks the name up again)."""
         by_slot: dict[int, str] = {}  # a slot's path as last noted (a move notes it again)
         for rec in records:
             if rec[0] == "a" and isinstance(rec[1], int) and isinstance(rec[2], str):

@@ -64,6 +64,9 @@ class ArrayNode:
         return self.info
 
 
+GONE = "its array is gone since a worker gave this slot out"  # the error of a slot ``restore`` left empty
+
+
 class Unbound(Exception):
     """A request names an array a dead worker had read (a chunk inode of its slot, a directory
     or file inode below it) that this worker has not read yet: a restarted worker reads each at

@@ -24,7 +24,7 @@ from typing import Any
 
 from shardfs.base.attrs import fail
 from shardfs.tree.ledger import Ledger
-from shardfs.tree.nodes import (ArrayNode, ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, NodeKey,
+from shardfs.tree.nodes import (GONE, ArrayNode, ChunkKey, DirKey, InnerShardKey, KeyDirKey, MetaKey, NodeKey,
                                 ShardDirKey, Staging, StagingKey, Unbound)
 from shardfs.writes.spill import SpillBuffer
 
@@ -45,6 +45,9 @@ class NodeTable:
         # applied when it is (``slot_bound``); slot -> inode -> record, and inode -> slot
         self._deferred: dict[int, dict[int, list[Any]]] = {}
         self._deferred_at: dict[int, int] = {}
+        # inodes a dead worker gave a chunk of a slot that has no array here (``GONE``: deleted,
+        # or re-laid out by a resize): ESTALE, so the kernel looks their names up again; inode -> record
+        self._stale: dict[int, list[Any]] = {}
         self.ledger = ledger or Ledger()
         self._keys: dict[int, NodeKey] = {ROOT_INODE: DirKey("")}
         self._inos: dict[NodeKey, int] = {DirKey(""): ROOT_INODE}
@@ -83,6 +86,13 @@ class NodeTable:
             arr = self._slots[slot]
             if arr.info is None and slot in self._unbound:
                 raise Unbound(self._unbound[slot])
+            if arr.info is None and arr.error == GONE:
+                # a slot a dead worker gave out that has no array here: its array was deleted, or
+                # re-laid out (resized: a later slot). The kernel may still hold a name of one of its
+                # chunks; ESTALE makes it look the name up again (``LOOKUP_REVAL``): ENOENT, or the
+                # chunk's inode in the array's slot now (found by scripts/soak: a resize, then a
+                # worker kill, then zarr 2.18 read the kept chunks as fill: EIO on their old inodes)
+                raise fail(errno.ESTALE)
             return ChunkKey(arr, arr.shown.layout.coords(linear))
         if ino in self._lost_inos:
             raise fail(errno.EIO)
@@ -93,6 +103,8 @@ class NodeTable:
         st = self._tmp.get(ino)
         if st is not None:
             return st.committed or StagingKey(st)
+        if ino in self._stale:
+            raise fail(errno.ESTALE)  # an alias of a chunk of such a slot (a temporary renamed onto it): as above
         try:
             return self._keys[ino]
         except KeyError:
@@ -180,6 +192,9 @@ class NodeTable:
         """The kernel dropped inode ``ino``: free it if it is a committed staging file or a
         ``new_alias``; the inode it was an alias of, or None."""
         if self._deferred_at.pop(ino, None) is not None:  # (named a chunk of a slot not read yet)
+            return None
+        if self._stale.pop(ino, None) is not None:
+            self.ledger.note("f", ino)
             return None
         st = self._tmp.get(ino)
         if st is not None and st.committed is not None:
@@ -284,13 +299,17 @@ class NodeTable:
             except (IndexError, TypeError, ValueError):
                 key = None
             if key is not None:
+                self._stale.pop(ino, None)
                 self._apply(rec[0], ino, key)
+            elif rec[0] in ("k", "u") and len(rec) == 5 and rec[2] == "c":
+                self._stale[ino] = rec
         self._top = max(self._top, last)
         self.lost.update({where: ino for ino, where in lost.items()})
         self._lost_inos.update(lost)
 
     def _forgotten(self, ino: int) -> None:
         """Drop alias ``ino`` that another worker's ``forget`` let go of (a ledger's "f" record)."""
+        self._stale.pop(ino, None)
         earlier = self._deferred_at.pop(ino, None)
         if earlier is not None:
             self._deferred.get(earlier, {}).pop(ino, None)
@@ -366,6 +385,7 @@ class NodeTable:
         out += [["t", ino, parent, name] for (parent, name), ino in self.lost.items()]
         out += [rec for slot, kept in self._deferred.items() if slot in self._unbound
                 for ino, rec in kept.items() if self._deferred_at.get(ino) == slot]
+        out += list(self._stale.values())
         return out
 
 
