@@ -54,7 +54,7 @@ CTX = ("uid", "gid", "pid", "umask")
 # what a worker may ask another: the handlers of ``owner.ALWAYS``/``HANDLED`` and the reads
 SERVED = frozenset(("lookup", "getattr", "open", "opendir", "read", "release", "flush", "releasedir", "create",
                     "write", "fsync", "fsyncdir", "setattr", "rename", "link", "unlink", "rmdir", "mkdir", "symlink",
-                    "mknod", "setxattr", "removexattr", "entries", "forget", "counters"))
+                    "mknod", "setxattr", "removexattr", "entries", "counted", "forget", "counters"))
 
 
 class Broken(Exception):
@@ -137,8 +137,8 @@ class PeerServer:
         self.path, self.ops, self.listen, self.resent_at = path, ops, listen, resent_at
 
     async def handler(self, op: str, args: tuple[Any, ...]) -> Any:
-        if op == "entries":
-            return await self.ops.entries(*args)
+        if op in ("entries", "counted"):
+            return await getattr(self.ops, op)(*args)
         if op == "forget":
             return await self.ops.forget(*args)
         return await getattr(self.ops, op)(*args)
@@ -281,23 +281,30 @@ class PeerLink:
                 raise pyfuse3.FUSEError(slot[2])
             return decode(slot[2])
 
-    async def request(self, op: str, args: tuple[Any, ...], looked_up: Callable[[int], None]) -> Any:
+    async def request(self, op: str, args: tuple[Any, ...]) -> Any:
         """The other worker's answer to request ``op`` (a READDIR: the entries it lists, replied
-        here as far as the kernel's buffer takes them; ``looked_up`` counts each one taken)."""
+        here as far as the kernel's buffer takes them, and counted as lookups by the worker that
+        listed them, as a forwarded LOOKUP is: ``Operations.counted``)."""
         self.forwarded[op] += 1
         if op != "readdir":
             return await self.call(op, args)
         fh, offset, token = args
+        taken: list[int] = []
         while True:
             batch = await self.call("entries", (fh, offset, READDIR_BATCH))
             for name, fields in batch:
                 e = decode(("ea", fields))
                 if not pyfuse3.readdir_reply(token, name, e, offset + 1):
-                    return None
-                looked_up(e.st_ino)
+                    break
+                taken.append(e.st_ino)
                 offset += 1
-            if len(batch) < READDIR_BATCH:
-                return None
+            else:
+                if len(batch) == READDIR_BATCH:
+                    continue
+            break
+        if taken:  # (before the reply reaches the kernel: no FORGET of them can come first)
+            await self.call("counted", (taken,))
+        return None
 
     def send_forget(self, forgets: list[tuple[int, int]]) -> None:
         """Give the owner lookups this worker did not count (no answer is awaited)."""

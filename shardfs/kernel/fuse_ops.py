@@ -116,7 +116,7 @@ def _guard(fn: F) -> F:
             try:
                 link = self.route.link(op, args)  # (OSError: a change that cannot be marked is not made)
                 if link is not None:
-                    return await link.request(op, args, self._kernel.looked_up)
+                    return await link.request(op, args)
             except pyfuse3.FUSEError:
                 raise
             except Exception as e:
@@ -128,7 +128,7 @@ def _guard(fn: F) -> F:
                 return await _binding(self, fn, args)
             except Elsewhere as e:  # its opener serves it (``shardfs.kernel.route``)
                 assert self.route is not None
-                return await self.route.opener(e.args[0]).request(op, args, self._kernel.looked_up)
+                return await self.route.opener(e.args[0]).request(op, args)
             except Exception as e:
                 # another worker gave out a number it names (``follow``); a slot another request
                 # of this worker was binding meanwhile fails as no OSError/FUSEError (its array unread)
@@ -138,7 +138,7 @@ def _guard(fn: F) -> F:
             if self.route is not None:  # (the owner marks what it now knows: before the change)
                 link = self.route.link(op, args)
                 if link is not None:
-                    return await link.request(op, args, self._kernel.looked_up)
+                    return await link.request(op, args)
             return await _binding(self, fn, args)
         except pyfuse3.FUSEError as e:
             self.stats.error(e.errno, op)
@@ -301,6 +301,12 @@ class Operations(pyfuse3.Operations):
                 self._kernel.looked_up(attr.ino)
                 offset += 1
 
+    async def counted(self, inodes: list[int]) -> None:
+        """The kernel took these entries this worker listed for another (a READDIR it forwarded:
+        ``PeerLink.request``): one lookup each, counted here as a forwarded LOOKUP's is."""
+        for ino in inodes:
+            self._kernel.looked_up(ino)
+
     async def entries(self, fh: int, start_id: int, limit: int) -> list[tuple[bytes, Any]]:
         """Up to ``limit`` entries of directory handle ``fh`` from offset ``start_id`` (0: afresh),
         as (name, the entry's fields): what a worker forwarding a READDIR replies with."""
@@ -426,9 +432,8 @@ class Operations(pyfuse3.Operations):
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         try:
-            if self.route is not None:  # the lookups the owner gave the kernel are its to forget
-                self.route.forget([(ino, n - held) for ino, n in inode_list
-                                   if (held := self._kernel.lookups(ino)) < n])
+            if self.route is not None:  # N workers: what this one forgets (``Route.forget``)
+                inode_list = self.route.forget(inode_list, self._kernel.lookups)
             for ino, nlookup in inode_list:
                 if self._kernel.forget(ino, nlookup):
                     chunk = self.nodes.forget(ino)

@@ -22,7 +22,7 @@ its handle), so nothing is forwarded twice.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from shardfs.kernel.forward import PeerLink, Peers
 from shardfs.kernel.owner import HANDLED, OWNER, Areas
@@ -70,11 +70,22 @@ class Route:
         """The link to the worker that opened handle ``fh`` (``Elsewhere``)."""
         return self.peers.link(self.owner_of(fh))
 
-    def forget(self, forgets: list[tuple[int, int]]) -> None:
-        """Lookups the kernel forgot that this worker did not count: the owner's to forget (a
-        writable mount's, from another worker: it frees committed temporaries and aliases)."""
-        if self.areas is not None and self.index != OWNER and forgets:
-            self.peers.link(OWNER).send_forget(forgets)
+    def forget(self, forgets: Sequence[tuple[int, int]], lookups: Callable[[int], int]) -> Sequence[tuple[int, int]]:
+        """A FORGET reached this worker: of each inode, the lookups it did not count (``lookups``:
+        its own replies') are the owner's to forget (a writable mount's, from another worker: it
+        frees committed temporaries and aliases); the forgets this worker makes itself. Each
+        worker counts the lookups of the replies it made (a forwarded request's, the serving
+        worker: ``Operations.counted``); a worker other than the owner frees nothing it counted
+        none of: an alias the owner gave the kernel, freed here, was gone for every worker while
+        the kernel still showed it (ENOENT at its next open)."""
+        if self.index == OWNER:
+            return forgets
+        held = [(ino, n, lookups(ino)) for ino, n in forgets]
+        if self.areas is not None:
+            rest = [(ino, n - h) for ino, n, h in held if h < n]
+            if rest:
+                self.peers.link(OWNER).send_forget(rest)
+        return [(ino, n) for ino, n, h in held if h]
 
     @property
     def forwarded(self) -> dict[str, int]:
