@@ -189,8 +189,8 @@ def test_a_handle_read_through_another_worker_after_its_chunk_changed_reads_the_
         finally:
             f.close()
         assert got == want and len(want) > 1 << 20
-        with only(reader, [w0, w1]):
-            assert (mnt / "big" / name).read_bytes() != want  # (the chunk did change)
+        with only(reader, [w0, w1]):  # (the chunk did change: seen once the source's stats are looked at again)
+            wait_for(lambda p=mnt / "big" / name, w=want: p.read_bytes() != w, 10, "the change of the source")
     assert status(mnt)["internal_errors"]["total"] == 0
     assert "EIO" not in mount.info(mnt).log_text()
 
