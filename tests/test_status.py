@@ -93,12 +93,16 @@ def test_watch_shows_it_again(tmp_path, mount):
             if seen == 3:
                 shown.set()
 
-    threading.Thread(target=count, daemon=True).start()
+    reader = threading.Thread(target=count, daemon=True)
+    reader.start()
     try:  # three screens: a generous time-out that catches a hang (a loaded machine is slow), not a rate
         assert shown.wait(60), "shardfs status --watch 0.2 did not show the mount three times in 60 s"
     finally:
         proc.kill()  # our own child
-        proc.communicate()
+        proc.wait()
+        reader.join(10)  # (it reads to the end of the output: closing it first broke its loop)
+        assert proc.stdout is not None
+        proc.stdout.close()
 
 
 def test_status_of_something_else_is_one_line(tmp_path):
