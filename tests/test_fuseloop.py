@@ -17,6 +17,7 @@ import time
 from typing import Awaitable, Callable
 
 import numpy as np
+import pytest
 import trio
 import trio.testing
 
@@ -117,15 +118,21 @@ def test_a_read_lock_left_by_a_task_that_ends_goes_to_its_waiter():
     assert got == ["waiter"]
 
 
-def test_queued_wait_skips_the_scheduler_while_readable_at_most_streak_times_in_a_row():
+@pytest.mark.parametrize("watched", [False, True], ids=["alone", "pending"])
+def test_queued_wait_skips_the_scheduler_while_readable_at_most_streak_times_in_a_row(watched):
     """Readable: STREAK returns without a checkpoint, then one through trio (a checkpoint);
-    then STREAK without again."""
+    then STREAK without again (with a ``Pending`` too: the pass through trio is then a
+    checkpoint, not trio's own wait for the descriptor)."""
     a, b = socket.socketpair()
     try:
         b.send(b"x")
 
         async def main() -> None:
-            wait = QueuedWait().wait_readable
+            pending = None
+            if watched:
+                pending = Pending()
+                await pending.watch()
+            wait = QueuedWait(pending).wait_readable
             for _ in range(2):
                 with trio.testing.assert_no_checkpoints():
                     for _ in range(STREAK):
@@ -292,6 +299,62 @@ def test_another_descriptor_becoming_readable_is_served_while_queued_wait_blocks
         c.close()
         d.close()
     assert events == ["other readable", "sent", "readable"]
+
+
+def _waiting_in_epoll(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            return "epoll" in f.read()
+    except OSError:
+        return False
+
+
+def test_of_two_processes_waiting_for_one_descriptor_one_is_woken_when_it_becomes_readable():
+    """Two processes (the workers of ``-o workers=N``, whose clones of one connection share its
+    wait queue) wait for one descriptor in their ``QueuedWait``: one byte wakes one of them, not
+    both (``EPOLLEXCLUSIVE``; the other would find nothing to read)."""
+    a, b = socket.socketpair()
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    pids: list[int] = []
+    try:
+        for _ in range(2):
+            pid = os.fork()
+            if pid == 0:  # (a child: never back into pytest)
+                try:
+                    os.close(r)
+
+                    async def main() -> None:
+                        pending = Pending()
+                        await pending.watch()
+                        await QueuedWait(pending).wait_readable(a.fileno())
+                        os.write(w, b"w")
+
+                    trio.run(main)
+                finally:
+                    os._exit(0)
+            pids.append(pid)
+        deadline = time.monotonic() + 30
+        while not all(_waiting_in_epoll(p) for p in pids):
+            assert time.monotonic() < deadline, "the children never waited"
+            time.sleep(0.01)
+        time.sleep(0.2)
+        b.send(b"x")
+        time.sleep(1.0)
+        woken = b""
+        try:
+            woken = os.read(r, 16)
+        except BlockingIOError:
+            pass
+        assert woken == b"w"
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        for fd in (r, w):
+            os.close(fd)
+        a.close()
+        b.close()
 
 
 def test_a_read_that_meets_the_end_of_the_connection_with_econnaborted_ends_the_loop_as_enodev(monkeypatch):

@@ -110,6 +110,35 @@ def test_n_workers_serve_one_mount_and_status_shows_each(mount, src):
     assert f"0: pid {pids[0]}" in text and f"1: pid {pids[1]}" in text
 
 
+def _wakeups(pid: int) -> int:
+    """Context switches of ``pid``'s main thread (the trio loop) so far: each wake-up is one."""
+    with open(f"/proc/{pid}/status") as f:
+        return sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+
+
+def test_an_idle_mount_wakes_no_worker(mount, src):
+    """Once its reads are over, no timer wakes the workers of an idle mount (following the
+    shared ledger, publishing the status document: they wait for the next request instead),
+    and the status written before stays exact."""
+    from shardfs.app.peers import PUBLISH_S
+    from shardfs.kernel.reopen import FOLLOW_S
+
+    mnt = mount(src, "-o", "ro,workers=2")
+    pids = workers(mnt, 2)
+    zarr2_read_all(mnt)
+    time.sleep(2 * PUBLISH_S + FOLLOW_S + 0.5)  # (the last documents written, the last releases followed)
+    before = [_wakeups(p) for p in pids]
+    time.sleep(3)
+    woke = [_wakeups(p) - b for p, b in zip(pids, before)]
+    assert max(woke) <= 1, f"the workers' loops woke {woke} times in 3 s of an idle mount"
+    doc = status(mnt)
+    each = [w["requests"] for w in doc["workers"]]
+    assert sum(doc["requests"].values()) == sum(each) and doc["reads"]["chunk_files"] >= 2 * 256
+    zarr2_read_all(mnt)  # a request wakes them again
+    time.sleep(2 * PUBLISH_S + 0.5)
+    assert status(mnt)["reads"]["chunk_files"] >= 2 * 2 * 256
+
+
 def test_the_metrics_endpoint_counts_every_worker(mount, src):
     from test_metrics import free_port, scrape, value
 

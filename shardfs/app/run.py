@@ -515,7 +515,8 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
             conn.serving()
             if shared.shared:
                 if not os.environ.get("SHARDFS_TEST_NO_FOLLOW"):  # (a test: follow only on a miss, a lock)
-                    nursery.start_soon(mount.ops.faults.keep, "ledger", mount.ops.reopen.following)
+                    nursery.start_soon(mount.ops.faults.keep, "ledger", mount.ops.reopen.following,
+                                       mount.ops.stats.next_request)
             route = mount.ops.route
             if route is not None and peer_socket is not None:  # N workers (``shardfs.kernel.route``)
                 nursery.start_soon(mount.ops.faults.keep, "links", route.peers.run)

@@ -187,13 +187,19 @@ class Status:
         await stream.aclose()
 
     async def _publish(self) -> None:
-        """Write this worker's document for the others every ``peers.PUBLISH_S`` seconds."""
+        """Write this worker's document for the others every ``peers.PUBLISH_S`` seconds; when
+        nothing in it changes before the next request (``quiet``), wait for that request first:
+        the document written stays exact meanwhile, and no timer wakes a worker of an idle mount."""
         sup = self.supervision or {}
         while True:
+            doc: Any = None
             try:
-                peers.publish(sup["workers_file"], sup.get("worker_slot", 0), dict(self.own()))
+                doc = dict(self.own())
+                peers.publish(sup["workers_file"], sup.get("worker_slot", 0), doc)
             except Exception:
                 log.exception("shardfs status: cannot make the status document")
+            if doc is not None and quiet(doc) and not self.counters.requests.active:
+                await self.counters.requests.next_request()
             await trio.sleep(peers.PUBLISH_S)
 
     async def _log_every(self, seconds: float) -> None:
@@ -205,6 +211,15 @@ class Status:
                 log.exception("shardfs status: cannot make the status document")
                 return
             log.info("stats: %s", line)
+
+
+def quiet(doc: Any) -> bool:
+    """Nothing in this worker's status document ``doc`` changes before its next request (once
+    the requests being answered are, ``RequestStats.active``): no pending chunk to fold, no fold running or backing off, no error of the last minute (which
+    would age out of it), no handle open (another worker may release it: ``Reopen.following``)."""
+    pending, folds = doc.get("pending") or {}, doc.get("folds") or {}
+    return not (pending.get("chunks") or folds.get("current") or folds.get("backing_off")
+                or doc.get("errors_last_minute") or doc.get("open_handles"))
 
 
 def summary(doc: StatusDoc) -> str:

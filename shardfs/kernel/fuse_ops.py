@@ -112,6 +112,8 @@ def _guard(fn: F) -> F:
 
     @functools.wraps(fn)
     async def wrapper(self: "Operations", *args: Any) -> Any:
+        if self.stats.waiting is not None:  # (a background loop of an idle worker waits for a request)
+            self.stats.arrived()
         if self.route is not None:  # N workers: the one that must serve it (``shardfs.kernel.route``)
             try:
                 link = self.route.link(op, args)  # (OSError: a change that cannot be marked is not made)
@@ -122,7 +124,9 @@ def _guard(fn: F) -> F:
             except Exception as e:
                 self.faults.record(op, e, repr(args[:2]))
                 raise pyfuse3.FUSEError(errno.EIO) from None
-        self.stats.requests[op] += 1
+        stats = self.stats
+        stats.requests[op] += 1
+        stats.active += 1
         try:
             try:
                 return await _binding(self, fn, args)
@@ -152,6 +156,8 @@ def _guard(fn: F) -> F:
             self.faults.record(op, e, repr(args[:2]))
             self.stats.error(errno.EIO, op)
             raise pyfuse3.FUSEError(errno.EIO) from None
+        finally:
+            stats.active -= 1
 
     GUARDED.append(op)
     return wrapper  # type: ignore[return-value]  # functools.wraps: fn's signature

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import pyfuse3
 import trio
@@ -73,12 +73,16 @@ class Reopen:
         """``Numbers.follow``: what the other workers gave out; True if that taught a number."""
         return await self.numbers.follow()
 
-    async def following(self) -> None:
+    async def following(self, next_request: Callable[[], Awaitable[None]] | None = None) -> None:
         """Follow the shared ledger every ``FOLLOW_S`` seconds (handles released elsewhere are
-        let go of even when no request here names anything new)."""
+        let go of even when no request here names anything new) while this worker holds handles;
+        holding none (nothing of its own another worker could release), it waits for its next
+        request (``next_request``) instead: no timer wakes a worker of an idle mount."""
         while True:
             await trio.sleep(FOLLOW_S)
             await self.follow()
+            if next_request is not None and not self._handles.held():
+                await next_request()
 
     def _follow_handles(self, records: list[list[Any]]) -> None:
         for fh, handle in self._handles.follow(records):

