@@ -215,8 +215,9 @@ class Status:
 
 def quiet(doc: Any) -> bool:
     """Nothing in this worker's status document ``doc`` changes before its next request (once
-    the requests being answered are, ``RequestStats.active``): no pending chunk to fold, no fold running or backing off, no error of the last minute (which
-    would age out of it), no handle open (another worker may release it: ``Reopen.following``)."""
+    the requests being answered are, ``RequestStats.active``): no pending chunk to fold, no
+    fold running or backing off, no error of the last minute (which would age out of it), no
+    handle open (another worker may release it: ``Reopen.following``)."""
     pending, folds = doc.get("pending") or {}, doc.get("folds") or {}
     return not (pending.get("chunks") or folds.get("current") or folds.get("backing_off")
                 or doc.get("errors_last_minute") or doc.get("open_handles"))

@@ -136,10 +136,10 @@ class PageTable:
         off = self._offsets.get(ino, -1)
         if off >= 0:
             return off
-        home = self._home(ino)
+        home, mask, unpack, table = self._home(ino), self._mask, _INO.unpack_from, self._map
         for i in range(PROBES):
-            off = HEADER + ((home + i) & self._mask) * ENTRY
-            at = _INO.unpack_from(self._map, off)[0]
+            off = HEADER + ((home + i) & mask) * ENTRY
+            at = unpack(table, off)[0]
             if at == ino:
                 return self._found(ino, off)
             if at == 0:
@@ -159,6 +159,10 @@ class PageTable:
 
     def read(self, off: int) -> Entry:
         return Entry._make(_ENTRY.unpack_from(self._map, off))
+
+    def fields(self, off: int) -> tuple[int, ...]:
+        """The entry at ``off`` as a plain tuple (``Entry``'s order; cheaper than ``read``)."""
+        return _ENTRY.unpack_from(self._map, off)
 
     def write(self, off: int, entry: Entry) -> None:
         """Replace the entry at ``off`` (under the lock)."""

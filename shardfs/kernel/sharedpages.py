@@ -95,8 +95,9 @@ class SharedInodes(KernelInodes):
             off = t.find(attr.ino, insert=True)
             if off < 0:
                 return True
-            rsize, rmtime, readers = t.readers(off)
-            if t.word(off, pt.STATE) == pt.POISONED or (readers and (rsize, rmtime) != (attr.size, attr.mtime_ns)):
+            e = t.fields(off)
+            readers = e[_READERS]
+            if e[_STATE] == pt.POISONED or (readers and (e[_RSIZE], e[_RMTIME]) != (attr.size, attr.mtime_ns)):
                 return True
             if readers:
                 t.set_word(off, pt.READERS, readers + 1)
@@ -111,9 +112,9 @@ class SharedInodes(KernelInodes):
             return
         t = self.table
         with t.locked():
-            readers = t.word(off, pt.READERS)
-            if readers and t.word(off, pt.STATE) != pt.POISONED:
-                t.set_word(off, pt.READERS, readers - 1)
+            e = t.fields(off)
+            if e[_READERS] and e[_STATE] != pt.POISONED:
+                t.set_word(off, pt.READERS, e[_READERS] - 1)
 
     def served(self, attr: Attr) -> None:
         t = self.table
@@ -148,6 +149,10 @@ class SharedInodes(KernelInodes):
         return max(0, self.table.changes(ino)) != seen
 
 
+# indexes of ``PageTable.fields``' tuple (``pagetable.Entry``'s order)
+_STATE, _RSIZE, _RMTIME, _READERS, _PINS, _GEN = 1, 5, 6, 7, 8, 9
+
+
 def _pages(version: tuple[int, int, int, int], attr: Attr) -> Pages:
     """What the pages of an entry at ``version`` (state, mark, size, mtime) hold for ``attr``."""
     state, _mark, size, mtime = version
@@ -177,12 +182,12 @@ class SharedPins(Pins):
             off = t.find(version.ino, insert=True)
             if off < 0:  # (a full table: ``reading`` gave it direct I/O)
                 return
-            rsize, rmtime, readers = t.readers(off)  # (they read ``version``: ``SharedInodes.reading``)
-            if (rsize, rmtime) != (version.size, version.mtime_ns):
-                t.set_readers(off, version.size, version.mtime_ns, readers)
-            t.set_word(off, pt.PINS, t.word(off, pt.PINS) + 1)
+            e = t.fields(off)
+            if (e[_RSIZE], e[_RMTIME]) != (version.size, version.mtime_ns):  # (they read ``version``: ``reading``)
+                t.set_readers(off, version.size, version.mtime_ns, e[_READERS])
+            t.set_word(off, pt.PINS, e[_PINS] + 1)
             t.add_pins(1)
-            self._mine[fh] = (off, t.word(off, pt.GEN))
+            self._mine[fh] = (off, e[_GEN])
 
     def unpin(self, fh: int) -> None:
         off, gen = self._mine.pop(fh, (-1, 0))
@@ -190,9 +195,9 @@ class SharedPins(Pins):
             return
         t = self.table
         with t.locked():
-            pins = t.word(off, pt.PINS)
-            if t.word(off, pt.GEN) == gen and pins:
-                t.set_word(off, pt.PINS, pins - 1)
+            e = t.fields(off)
+            if e[_GEN] == gen and e[_PINS]:
+                t.set_word(off, pt.PINS, e[_PINS] - 1)
                 t.add_pins(-1)
 
     def forfeit(self, ino: int) -> None:
