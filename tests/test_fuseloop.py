@@ -301,6 +301,39 @@ def test_another_descriptor_becoming_readable_is_served_while_queued_wait_blocks
     assert events == ["other readable", "sent", "readable"]
 
 
+def test_notify_closing_ends_a_queued_wait_for_its_descriptor():
+    """pyfuse3's ``terminate()`` (the daemon's SIGTERM) ends its loop by ``notify_closing`` the
+    descriptor the loop waits for: a ``QueuedWait`` blocked in its own epoll (never in trio's)
+    ends with ``ClosedResourceError`` too, and every later wait for it at once."""
+    a, b = socket.socketpair()
+    raised: list[str] = []
+    try:
+
+        async def main() -> None:
+            pending = Pending()
+            await pending.watch()
+            wait = QueuedWait(pending)
+
+            async def closer() -> None:
+                await trio.sleep(0.2)
+                wait.notify_closing(a.fileno())
+
+            with trio.fail_after(10):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(closer)
+                    for _ in range(2):
+                        try:
+                            await wait.wait_readable(a.fileno())
+                        except trio.ClosedResourceError:
+                            raised.append("closed")
+
+        trio.run(main)
+    finally:
+        a.close()
+        b.close()
+    assert raised == ["closed", "closed"]
+
+
 def _waiting_in_epoll(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/wchan") as f:

@@ -139,6 +139,19 @@ def test_an_idle_mount_wakes_no_worker(mount, src):
     assert status(mnt)["reads"]["chunk_files"] >= 2 * 2 * 256
 
 
+def test_the_caches_limits_are_the_mounts_each_worker_keeps_its_share(mount, src):
+    """``-o chunk_cache`` (and the index cache's limit) with 2 workers: each keeps half, the
+    mount as a whole (``shardfs status``) the limit asked for, as one worker does."""
+    mnt = mount(src, "-o", "ro,workers=2,chunk_cache=8M")
+    workers(mnt, 2)
+    zarr2_read_all(mnt)
+    time.sleep(1.5)  # (each worker's document written for the others)
+    doc = status(mnt)
+    assert doc["cache"]["chunk"]["limit"] == 8 << 20
+    assert doc["cache"]["index"]["limit"] == 64 << 20
+    assert doc["cache"]["chunk"]["bytes"] <= 8 << 20
+
+
 def test_the_metrics_endpoint_counts_every_worker(mount, src):
     from test_metrics import free_port, scrape, value
 

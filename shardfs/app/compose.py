@@ -183,6 +183,8 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
     reads = make_reads(storage, cache=ranges, chunk_cache=ChunkCache(cfg.reads.chunk_cache))
     ledger = ledger or Ledger()
     t = compose_tree(storage, reads, writeback, cfg.tree, cfg.reads.max_chunk, ledger, cfg.read_only)
+    if ledger.shared:  # N workers: the index cache's limit is the mount's, each keeps its share (as run.py
+        t.indexes.index_cache.max_bytes //= ledger.count  # divides -o chunk_cache and -o cache_size)
     inodes = KernelInodes() if pages is None else SharedInodes(pages)
     invalidation = Invalidation(inodes, t.nodes, every=ledger.shared)
     commits = structure = writer = None

@@ -131,6 +131,14 @@ class QueuedWait:
         self._trio_fd = -1
         self._streak = 0
         self._pending = pending
+        self._closing: set[int] = set()  # descriptors ``notify_closing`` named
+
+    def notify_closing(self, fd: int) -> None:
+        """``trio.lowlevel.notify_closing(fd)``, which also ends a wait of this one for ``fd``
+        (``ClosedResourceError``): pyfuse3's ``terminate()`` ends its loop so (a SIGTERM: the
+        daemon folds and ends), and this wait is not in trio's epoll, where trio's own looks."""
+        self._closing.add(fd)
+        trio.lowlevel.notify_closing(fd)
 
     def _watch(self, fd: int) -> None:
         if self._fd >= 0:
@@ -162,6 +170,8 @@ class QueuedWait:
         return len(ready) == 1 and ready[0][0] == self._fd
 
     async def wait_readable(self, fd: int) -> None:
+        if fd in self._closing:
+            raise trio.ClosedResourceError("another task closed this file descriptor")
         if fd != self._fd:
             self._watch(fd)
         if self._streak < STREAK:
@@ -178,6 +188,8 @@ class QueuedWait:
         # (only ``_idle`` waits exclusively); the wait is then this process's own again.
         while True:
             await trio.lowlevel.checkpoint()
+            if fd in self._closing:  # (``notify_closing`` ran meanwhile)
+                raise trio.ClosedResourceError("another task closed this file descriptor")
             ready = self._queued.poll(0) or self._wait_idle()
             if ready:
                 return
@@ -185,13 +197,16 @@ class QueuedWait:
 
 def _trio_for_pyfuse3(pending: Pending) -> types.ModuleType:
     """A copy of the ``trio`` module whose ``Lock`` is :class:`ReadLock` and whose
-    ``lowlevel.wait_readable`` is that of a :class:`QueuedWait` with ``pending``."""
+    ``lowlevel.wait_readable`` and ``lowlevel.notify_closing`` are those of a
+    :class:`QueuedWait` with ``pending``."""
     shim = types.ModuleType(trio.__name__, trio.__doc__)
     shim.__dict__.update(trio.__dict__)
     shim.Lock = ReadLock  # type: ignore[attr-defined]  # a module object made at runtime
     lowlevel = types.ModuleType(trio.lowlevel.__name__, trio.lowlevel.__doc__)
     lowlevel.__dict__.update(trio.lowlevel.__dict__)
-    lowlevel.wait_readable = QueuedWait(pending).wait_readable  # type: ignore[attr-defined]  # a module made at runtime
+    wait = QueuedWait(pending)
+    lowlevel.wait_readable = wait.wait_readable  # type: ignore[attr-defined]  # a module made at runtime
+    lowlevel.notify_closing = wait.notify_closing  # type: ignore[attr-defined]  # a module made at runtime
     shim.lowlevel = lowlevel  # type: ignore[attr-defined]  # a module object made at runtime
     return shim
 
