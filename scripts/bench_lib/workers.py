@@ -140,8 +140,12 @@ def figure(bench: Any) -> list[Row]:
             if n == 2 and min(share[kind, 2]) < 0.3:
                 row.status, row.note = "FAIL", row.note + " (a worker below 30%)"
             rows.append(row)
-            rows.append(bench.ratio_row(f"  CPU per chunk, summed over the workers, {kind}, workers={n} vs 1", "µs",
-                                        m["cpu_us"], one["cpu_us"], 1.25 if n == 2 else None))
+            row = bench.ratio_row(f"  CPU per chunk, summed over the workers, {kind}, workers={n} vs 1", "µs",
+                                  m["cpu_us"], one["cpu_us"], 1.25 if n == 2 else None)
+            if n > 1:  # (each repetition's N ran side by side with its workers=1, at the same load)
+                paired = [r["cpu_us"] / o["cpu_us"] for r, o in zip(runs[kind, n], runs[kind, 1])]
+                row.note = f"per repetition {', '.join(f'{x:.2f}x' for x in paired)}"
+            rows.append(row)
     top = max(counts)
     for kind, _ro in KINDS:
         # judged on PSS (the mount's real memory); the RSS sum counts each shared page once per worker
