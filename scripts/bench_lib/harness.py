@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from shardfs.app.mounts import daemon_of
 from testkit import datasets as ds
@@ -156,8 +156,66 @@ def proc_io(pid: int) -> dict[str, int]:
     return out
 
 
+def cache_drops() -> int:
+    """How many times a process dropped the kernel's caches (``vm.drop_caches``) since boot, as
+    ``/proc/vmstat`` counts them (``drop_pagecache`` + ``drop_slab``; 0 where it does not)."""
+    n = 0
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                if line.startswith(("drop_pagecache ", "drop_slab ")):
+                    n += int(line.split()[1])
+    except OSError:
+        pass
+    return n
+
+
 def tree_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+class Tally:
+    """The figures of each pass by side, less the passes during which another process dropped
+    the kernel's caches (``others_dropped``: ``Bench.others_dropped``): such a pass found the
+    names and pages of its mount evicted, a warm pass made a cold one's requests (measured: a
+    2nd ``cat`` pass 2-3x slower, a warm zarr read with a LOOKUP a chunk file) whatever the
+    mount's own cost, and one side's spoiled pass against the other's clean one made the
+    supervised mount look 2-3x slower than an unsupervised one (doc/BENCHMARKING.md). The
+    figures with a second pass keep their figures here (``peers``, ``cat``)."""
+
+    def __init__(self, others_dropped: Callable[[], bool]) -> None:
+        self.others_dropped = others_dropped
+        self.kept: dict[str, dict[str, list[float]]] = {}  # figure -> side -> values
+        self.spoiled: dict[str, dict[str, list[float]]] = {}  # the same, of spoiled passes
+        self.left_out: list[str] = []  # the spoiled passes, "figure side" (its first figure)
+        self.shown: list[str] = []  # the figures put since the caller last took them, for the log
+
+    def put(self, side: str, **values: float | None) -> bool:
+        """The figures of one pass of ``side``, just ended (None: not measured); True if spoiled."""
+        dropped = self.others_dropped()
+        if dropped:
+            self.left_out.append(f"{next(iter(values))} {side}")
+        for key, value in values.items():
+            if value is not None:
+                (self.spoiled if dropped else self.kept).setdefault(key, {}).setdefault(side, []).append(value)
+                self.shown.append(f"{key} {value:.3g}" + " (spoiled)" * dropped)
+        return dropped
+
+    def values(self) -> tuple[dict[str, dict[str, list[float]]], str | None]:
+        """Each figure's values by side: the clean passes', else (none clean) the spoiled ones';
+        and the line saying what was left out or kept (None if nothing was spoiled)."""
+        out = {key: dict(d) for key, d in self.kept.items()}
+        if not self.left_out:
+            return out, None
+        kept = []
+        for key, d in self.spoiled.items():
+            for side, v in d.items():
+                if side not in out.setdefault(key, {}):
+                    out[key][side] = v
+                    kept.append(f"{key} {side}")
+        return out, (f"{len(self.left_out)} passes left out of the medians, another process dropped the kernel's "
+                     f"caches during them (vm.drop_caches): {', '.join(self.left_out)}"
+                     + (f"; kept for want of a clean one: {', '.join(kept)}" if kept else ""))
 
 
 class Bench:
@@ -187,6 +245,7 @@ class Bench:
         self.figure = ""
         self.allowance = math.inf
         self.reps_done: dict[str, int] = {}
+        self.drops_seen = cache_drops()  # (``others_dropped``)
 
     # ----- plumbing ---------------------------------------------------------------------------
 
@@ -247,6 +306,17 @@ class Bench:
             if self.drop_ok:
                 self.problems.append(f"cannot drop page caches ({e.strerror}): 'cold' figures are warm")
             self.drop_ok = False
+        self.drops_seen = cache_drops()
+
+    def others_dropped(self) -> bool:
+        """True if another process dropped the kernel's caches (``vm.drop_caches``: the tests and
+        benches of other checkouts on a shared machine do) since this bench last dropped them or
+        last asked: a pass meanwhile found the names and pages of a mount evicted, and its time and
+        requests are a cold pass's (a 2nd ``cat`` pass 2-3x slower, a warm read with a LOOKUP a
+        chunk file), whatever the mount's own cost."""
+        now = cache_drops()
+        dropped, self.drops_seen = now != self.drops_seen, now
+        return dropped
 
     @contextmanager
     def mounted(self, src: Path | str, name: str, floor: bool = False, rw: bool = False, ro: bool = False,

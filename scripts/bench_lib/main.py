@@ -33,8 +33,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench_lib import peers, report
-from bench_lib.harness import (CLIENTS, PY2, PY3, SHARDFS, Bench, BenchError, MiB, Row, median, proc_io, proc_status,
-                               rotate, tree_bytes)
+from bench_lib.harness import (CLIENTS, PY2, PY3, SHARDFS, Bench, BenchError, MiB, Row, Tally, median, proc_io,
+                               proc_status, rotate, tree_bytes)
 from shardfs.app.state import journal_dir
 from shardfs.writes.journal import segments_under
 from testkit import datasets as ds
@@ -89,13 +89,18 @@ class Figures(Bench):
         on the mount, a read-only mount, the copy, and floorfs over the copy."""
         cmd = f"xargs -a {self.work / 'vol.list'} cat > /dev/null"
         sides = ["mount", "ro", "copy", "floor"]
-        t: dict[str, list[float]] = {f"{side}{n}": [] for side in sides for n in (1, 2)}
+        tally = Tally(self.others_dropped)
         for rep in self.repeat():
             for side in rotate(sides, rep):
                 with self.cold(side, "cat") as root:
-                    t[f"{side}1"].append(self.shell(cmd, cwd=root / "vol"))
-                    t[f"{side}2"].append(self.shell(cmd, cwd=root / "vol"))
-                self.log(f"cat rep {rep + 1}: {side} {t[side + '1'][-1]:.2f} s, then {t[side + '2'][-1]:.2f} s")
+                    tally.put(side, pass1=self.shell(cmd, cwd=root / "vol"))
+                    tally.put(side, pass2=self.shell(cmd, cwd=root / "vol"))
+                self.log(f"cat rep {rep + 1}: {side}: {', '.join(tally.shown)} s")
+                tally.shown.clear()
+        values, spoiled = tally.values()
+        if spoiled:
+            self.problems.append(f"cat: {spoiled}")
+        t = {f"{side}{n}": values[f"pass{n}"][side] for side in sides for n in (1, 2)}
         self.raw["cat"] = t
         n = len(self.vol_names)
         m = {k: median(v) for k, v in t.items()}

@@ -21,6 +21,12 @@ the targets are the default mount's).
 ``--smoke`` mounts each side but that one once: one read after mounting, then the two
 ``cat`` passes.
 
+Each pass of a shardfs side logs the FUSE requests it made (``shardfs status`` before and after:
+a 2nd ``cat`` pass makes no READ, a warm read no LOOKUP), kept in bench.json
+(``peers_requests``). A pass during which another process dropped the kernel's caches (the
+tests and benches of other checkouts on a shared machine do) is left out of the medians and
+said so (``harness.Tally``).
+
 Targets (DESIGN.md "Performance targets"): shardfs at most ratarmount's time and at most
 1.1x fuse-zip's on every timed row, and at most ratarmount's CPU per chunk.
 A peer that is not installed is skipped in ``--smoke`` and an error otherwise.
@@ -37,7 +43,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from bench_lib.harness import Tally
 from bench_lib.readers import zarr_readers
+from shardfs.app.mounts import daemon_of
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -64,6 +72,42 @@ def build_zip(src: Path, dest: Path, arcdir: str) -> None:
     with zipfile.ZipFile(dest, "w", compression=zipfile.ZIP_STORED) as z:
         for name in sorted(os.listdir(src)):
             z.write(src / name, f"{arcdir}/{name}")
+
+
+class Asked:
+    """The FUSE requests each pass made of a shardfs side's daemon (``shardfs status`` before and
+    after): a pass the page cache served sends no READ (a 2nd ``cat`` pass), a warm read no LOOKUP
+    while the kernel keeps the names (``-o entry_timeout``). Other sides: nothing counted."""
+
+    def __init__(self) -> None:
+        self.passes: dict[str, dict[str, list[dict[str, int]]]] = {}  # pass -> side -> requests made
+        self._root: Path | None = None
+        self._before: dict[str, int] | None = None
+        self.recent: list[str] = []  # ``pass: requests`` since the caller last took them
+
+    @staticmethod
+    def requests(root: Path) -> dict[str, int] | None:
+        daemon = daemon_of(str(root))
+        return None if daemon is None else dict(daemon.doc.get("requests", {}))
+
+    def start(self, side: str, root: Path) -> None:
+        """Count the passes of ``side`` in its mount at ``root`` from now on."""
+        self._root = root if side.startswith("shardfs") else None
+        self._before = None if self._root is None else self.requests(root)
+
+    def done(self, key: str, side: str, spoiled: bool = False) -> dict[str, int] | None:
+        """The requests of pass ``key`` of ``side``, just ended (kept in ``passes``); ``spoiled``:
+        another process dropped the kernel's caches meanwhile (said in ``recent``)."""
+        if self._root is None or self._before is None:
+            return None
+        now = self.requests(self._root)
+        if now is None:
+            return None
+        made = {op: n - self._before.get(op, 0) for op, n in now.items() if n != self._before.get(op, 0)}
+        self.passes.setdefault(key, {}).setdefault(side, []).append(made)
+        self.recent.append(f"{key} {made}" + " (spoiled: caches dropped by another process)" * spoiled)
+        self._before = now
+        return made
 
 
 class Peers:
@@ -114,38 +158,48 @@ class Peers:
     def run(self) -> list[Any]:
         b = self.b
         cat = f"xargs -a {b.work / 'vol.list'} cat > /dev/null"
-        t: dict[str, dict[str, list[float]]] = {}
+        tally = Tally(b.others_dropped)
+        asked = Asked()
 
-        def put(key: str, side: str, value: float | None) -> None:
-            if value is not None:
-                t.setdefault(key, {}).setdefault(side, []).append(value)
+        def put(side: str, **values: float | None) -> None:
+            asked.done(next(iter(values)), side, tally.put(side, **values))
 
         readers = READERS[:1] if b.smoke else READERS
         for rep in b.repeat():
             for side in self.rotate(self.sides, rep):
                 with self.fresh(side, "zarr") as (root, pid):
+                    asked.start(side, root)
                     wall, cpu = self.zarr_readers(root / "vol", 1, pid)
-                    put("zarr1", side, wall)
-                    put("cpu_mount", side, None if cpu is None else cpu / self.n_chunks * 1e6)
+                    put(side, zarr1=wall, cpu_mount=None if cpu is None else cpu / self.n_chunks * 1e6)
                     if b.smoke:  # one mount per side: the smoke run only checks that every step works
-                        put("cat1", side, b.shell(cat, cwd=root / "vol"))
-                        put("cat2", side, b.shell(cat, cwd=root / "vol"))
+                        put(side, cat1=b.shell(cat, cwd=root / "vol"))
+                        put(side, cat2=b.shell(cat, cwd=root / "vol"))
                     else:
-                        put("zarr2", side, self.zarr_readers(root / "vol", 1, pid)[0])
+                        put(side, zarr2=self.zarr_readers(root / "vol", 1, pid)[0])
                     for n in readers if side != "real" and not b.smoke else ():
                         b.drop_caches()
+                        asked.start(side, root)
                         wall, cpu = self.zarr_readers(root / "vol", n, pid)
-                        put(f"wall{n}", side, wall)
-                        put(f"cpu{n}", side, None if cpu is None else cpu / self.n_chunks * 1e6)
+                        put(side, **{f"wall{n}": wall, f"cpu{n}": None if cpu is None else cpu / self.n_chunks * 1e6})
                 if not b.smoke:
                     with self.fresh(side, "cat") as (root, _):
-                        put("cat1", side, b.shell(cat, cwd=root / "vol"))
-                        put("cat2", side, b.shell(cat, cwd=root / "vol"))
+                        asked.start(side, root)
+                        put(side, cat1=b.shell(cat, cwd=root / "vol"))
+                        put(side, cat2=b.shell(cat, cwd=root / "vol"))
                     with self.fresh(side, "ls") as (root, _):
-                        put("ls", side, b.shell("ls -l .", cwd=root / "vol"))
-                b.log(f"peers rep {rep + 1}: {side}: " + ", ".join(
-                    f"{k} {v[side][-1]:.3g}" for k, v in t.items() if side in v))
+                        asked.start(side, root)
+                        put(side, ls=b.shell("ls -l .", cwd=root / "vol"))
+                b.log(f"peers rep {rep + 1}: {side}: " + ", ".join(tally.shown))
+                tally.shown.clear()
+                if asked.recent:
+                    b.log("  requests: " + "; ".join(asked.recent))
+                    asked.recent.clear()
+        t, spoiled = tally.values()
+        if spoiled:
+            b.problems.append(f"peers: {spoiled}")
         b.raw["peers"] = t
+        b.raw["peers_spoiled"] = tally.spoiled
+        b.raw["peers_requests"] = asked.passes
         m = {k: {s: statistics.median(v) for s, v in d.items()} for k, d in t.items()}
         b.raw["peers_medians"] = m
         n = self.n_chunks
