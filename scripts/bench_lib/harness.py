@@ -175,8 +175,8 @@ def tree_bytes(path: Path) -> int:
 
 
 class Tally:
-    """The figures of each pass by side, less the passes during which another process dropped
-    the kernel's caches (``others_dropped``: ``Bench.others_dropped``): such a pass found the
+    """The figures of each pass by side, less the passes after another process dropped the
+    kernel's caches (``others_dropped``: ``Bench.others_dropped``): such a pass found the
     names and pages of its mount evicted, a warm pass made a cold one's requests (measured: a
     2nd ``cat`` pass 2-3x slower, a warm zarr read with a LOOKUP a chunk file) whatever the
     mount's own cost, and one side's spoiled pass against the other's clean one made the
@@ -214,7 +214,7 @@ class Tally:
                     out[key][side] = v
                     kept.append(f"{key} {side}")
         return out, (f"{len(self.left_out)} passes left out of the medians, another process dropped the kernel's "
-                     f"caches during them (vm.drop_caches): {', '.join(self.left_out)}"
+                     f"caches before them (vm.drop_caches): {', '.join(self.left_out)}"
                      + (f"; kept for want of a clean one: {', '.join(kept)}" if kept else ""))
 
 
@@ -245,7 +245,8 @@ class Bench:
         self.figure = ""
         self.allowance = math.inf
         self.reps_done: dict[str, int] = {}
-        self.drops_seen = cache_drops()  # (``others_dropped``)
+        self.drops_seen = cache_drops()  # after the bench's own last drop (``others_dropped``)
+        self.dropped_by_others = False  # since then
 
     # ----- plumbing ---------------------------------------------------------------------------
 
@@ -306,17 +307,18 @@ class Bench:
             if self.drop_ok:
                 self.problems.append(f"cannot drop page caches ({e.strerror}): 'cold' figures are warm")
             self.drop_ok = False
-        self.drops_seen = cache_drops()
+        self.drops_seen, self.dropped_by_others = cache_drops(), False
 
     def others_dropped(self) -> bool:
         """True if another process dropped the kernel's caches (``vm.drop_caches``: the tests and
-        benches of other checkouts on a shared machine do) since this bench last dropped them or
-        last asked: a pass meanwhile found the names and pages of a mount evicted, and its time and
-        requests are a cold pass's (a 2nd ``cat`` pass 2-3x slower, a warm read with a LOOKUP a
-        chunk file), whatever the mount's own cost."""
-        now = cache_drops()
-        dropped, self.drops_seen = now != self.drops_seen, now
-        return dropped
+        benches of other checkouts on a shared machine do) since this bench last dropped them: a
+        pass meanwhile, or any later one until the bench drops them again, found names and pages
+        of its mount evicted (a drop during the 1st pass evicts what the 2nd would find), and its
+        time and requests are a cold pass's (a 2nd ``cat`` pass 2-3x slower, a warm read with a
+        LOOKUP a chunk file), whatever the mount's own cost."""
+        if cache_drops() != self.drops_seen:
+            self.dropped_by_others = True
+        return self.dropped_by_others
 
     @contextmanager
     def mounted(self, src: Path | str, name: str, floor: bool = False, rw: bool = False, ro: bool = False,

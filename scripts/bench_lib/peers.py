@@ -23,7 +23,7 @@ the targets are the default mount's).
 
 Each pass of a shardfs side logs the FUSE requests it made (``shardfs status`` before and after:
 a 2nd ``cat`` pass makes no READ, a warm read no LOOKUP), kept in bench.json
-(``peers_requests``). A pass during which another process dropped the kernel's caches (the
+(``peers_requests``). A pass after another process dropped the kernel's caches (the
 tests and benches of other checkouts on a shared machine do) is left out of the medians and
 said so (``harness.Tally``).
 
