@@ -49,6 +49,7 @@ def test_a_figure_spoiled_in_every_pass_keeps_those_and_says_so():
     assert values["zarr2"] == {"shardfs": [2.7], "base": [1.5]}
     assert values["cpu"] == {"shardfs": [500.0], "base": [250.0]}
     assert said is not None and "kept for want of a clean one: zarr2 shardfs, cpu shardfs" in said
+    assert tally.fallback == {("zarr2", "shardfs"), ("cpu", "shardfs")}  # (their rows say so)
 
 
 def test_nothing_spoiled_nothing_said():

@@ -189,6 +189,7 @@ class Tally:
         self.spoiled: dict[str, dict[str, list[float]]] = {}  # the same, of spoiled passes
         self.left_out: list[str] = []  # the spoiled passes, "figure side" (its first figure)
         self.shown: list[str] = []  # the figures put since the caller last took them, for the log
+        self.fallback: set[tuple[str, str]] = set()  # (figure, side) of spoiled passes only (``values``)
 
     def put(self, side: str, **values: float | None) -> bool:
         """The figures of one pass of ``side``, just ended (None: not measured); True if spoiled."""
@@ -202,8 +203,9 @@ class Tally:
         return dropped
 
     def values(self) -> tuple[dict[str, dict[str, list[float]]], str | None]:
-        """Each figure's values by side: the clean passes', else (none clean) the spoiled ones';
-        and the line saying what was left out or kept (None if nothing was spoiled)."""
+        """Each figure's values by side: the clean passes', else (none clean) the spoiled ones'
+        (noted in ``fallback``); and the line saying what was left out or kept (None if nothing was
+        spoiled)."""
         out = {key: dict(d) for key, d in self.kept.items()}
         if not self.left_out:
             return out, None
@@ -213,6 +215,7 @@ class Tally:
                 if side not in out.setdefault(key, {}):
                     out[key][side] = v
                     kept.append(f"{key} {side}")
+                    self.fallback.add((key, side))
         return out, (f"{len(self.left_out)} passes left out of the medians, another process dropped the kernel's "
                      f"caches before them (vm.drop_caches): {', '.join(self.left_out)}"
                      + (f"; kept for want of a clean one: {', '.join(kept)}" if kept else ""))

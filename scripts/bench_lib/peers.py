@@ -132,6 +132,7 @@ class Peers:
         self.zip.parent.mkdir(exist_ok=True)
         build_zip(bench.copy / "vol", self.zip, "vol")
         self.n_chunks = len(bench.vol_names)
+        self.fallback: set[tuple[str, str]] = set()  # (figure, side) measured in spoiled passes only
 
     @contextmanager
     def fresh(self, side: str, name: str) -> Iterator[tuple[Path, int | None]]:
@@ -195,6 +196,7 @@ class Peers:
                     b.log("  requests: " + "; ".join(asked.recent))
                     asked.recent.clear()
         t, spoiled = tally.values()
+        self.fallback = tally.fallback
         if spoiled:
             b.problems.append(f"peers: {spoiled}")
         b.raw["peers"] = t
@@ -209,12 +211,12 @@ class Peers:
                  ("ls", f"ls -l of {n} chunk files after mount")]
         for key, label in timed:
             if key in m:
-                rows += self.rows(m[key], f"peers: {label}", "s", key != "ls")
+                rows += self.rows(m[key], f"peers: {label}", "s", key != "ls", key=key)
         rows += self.rows(m["cpu_mount"], "peers: daemon CPU per chunk, zarr 2.18 read right after mount", "µs",
-                          True)
+                          True, key="cpu_mount")
         for k in readers if "cpu1" in m else ():
             rows += self.rows(m[f"cpu{k}"], f"  same, page caches dropped, {k} reader{'s' * (k > 1)} at once", "µs",
-                              False, f"wall {self.values(m[f'wall{k}'])} s", second=False)
+                              False, f"wall {self.values(m[f'wall{k}'])} s", second=False, key=f"cpu{k}")
         return rows
 
     def values(self, v: dict[str, float], skip: tuple[str, ...] = ()) -> str:
@@ -222,12 +224,21 @@ class Peers:
         return ", ".join(f"{s} {v[s]:.3g}" for s in self.sides if s in v and s not in skip)
 
     def rows(self, v: dict[str, float], label: str, unit: str, targets: bool, extra: str = "",
-             second: bool = True) -> list[Any]:
+             second: bool = True, key: str = "") -> list[Any]:
         """``label``: shardfs vs ratarmount (target 1x), then (with ``second``) vs fuse-zip (target
         1.1x, not for CPU); the other sides' values in the first row's note. Then the same rows
-        for ``shardfs-ro`` (if measured), without targets."""
+        for ``shardfs-ro`` (if measured), without targets. A row with a side measured in spoiled
+        passes only (figure ``key``: ``Tally.fallback``) says so in its note."""
         b = self.b
         out: list[Any] = []
+
+        def spoiled(row: Any, *sides: str) -> Any:
+            only = [s for s in sides if (key, s) in self.fallback]
+            if only:
+                said = f"spoiled passes only: {', '.join(only)}"
+                row.note = f"{row.note}; {said}" if row.note else said
+            return row
+
         for side in ("shardfs", "shardfs-ro"):
             if side not in v:
                 continue
@@ -246,11 +257,11 @@ class Peers:
                     row = replace(b.ratio_row(figure, unit, v[side], 1.0, None), baseline=v[peer], ratio=None)
                 if first:
                     row.note = self.values(v, ("shardfs", peer)) + (f"; {extra}" if extra else "")
-                rows.append(row)
+                rows.append(spoiled(row, side, peer))
             out += rows
         if "shardfs-base" in v and "shardfs" in v and v["shardfs-base"] > 0:
-            out.append(b.ratio_row("  same, shardfs vs shardfs-base (--baseline)", unit, v["shardfs"],
-                                   v["shardfs-base"], None))
+            out.append(spoiled(b.ratio_row("  same, shardfs vs shardfs-base (--baseline)", unit, v["shardfs"],
+                                           v["shardfs-base"], None), "shardfs", "shardfs-base"))
         return out
 
 
