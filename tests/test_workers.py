@@ -423,7 +423,7 @@ def through_the_other(mnt: Path, stopped: int, fn: Callable[[], T], op: str | No
 
         t = threading.Thread(target=run, daemon=True)
         t.start()
-        wait_for(lambda: bool(got) or sent() > before, 15,
+        wait_for(lambda: bool(got) or sent() > before, 60,
                  "the other worker forwarding a request to the stopped one")
     finally:
         os.kill(stopped, signal.SIGCONT)
