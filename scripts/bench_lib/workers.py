@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_lib.harness import CLIENTS, PY2, SHARDFS, BenchError, MiB, Row, median, rotate
+from bench_lib.harness import CLIENTS, PY2, SHARDFS, BenchError, MiB, Row, median, process_tree, rotate
 from bench_lib.readers import cpu_seconds, zarr_readers
 
 COUNTS = (1, 2, 4)
@@ -72,21 +72,6 @@ def pss(pid: int) -> int:
     return 0
 
 
-def mount_processes(supervisor: int) -> list[int]:
-    """The supervisor ``supervisor`` and its descendants (the zygote and the workers: the
-    supervisor is their subreaper), from ``/proc/PID/task/TID/children``."""
-    out, todo = [], [supervisor]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        try:
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                todo += [int(c) for c in f.read().split()]
-        except OSError:
-            pass
-    return out
-
-
 def measure(bench: Any, n: int, readers: int, ro: bool = True) -> dict[str, Any]:
     """One fresh mount (read-only, or writable) with ``n`` workers read by ``readers`` zarr 2.18 processes."""
     with bench.mounted(bench.big, f"workers{n}{'' if ro else 'rw'}", ro=ro, options=f"workers={n}") as m:
@@ -100,7 +85,7 @@ def measure(bench: Any, n: int, readers: int, ro: bool = True) -> dict[str, Any]
         wall, _ = zarr_readers(bench, PY2, CLIENTS, m.mnt / "vol", readers, None)
         cpu = [cpu_seconds(p) - c for p, c in zip(pids, cpu0)]
         mem = sum(rss(p) for p in pids)
-        real = sum(pss(p) for p in mount_processes(supervisor))
+        real = sum(pss(p) for p in process_tree(supervisor))
         time.sleep(1.2 if n > 1 else 0)  # (each worker's counts reach the others every second)
         sent = forwarded(m.mnt) - sent0
     chunks = len(bench.vol_names)

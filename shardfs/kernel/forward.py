@@ -136,13 +136,6 @@ class PeerServer:
         RESEND: ``time.monotonic``), None if it did not."""
         self.path, self.ops, self.listen, self.resent_at = path, ops, listen, resent_at
 
-    async def handler(self, op: str, args: tuple[Any, ...]) -> Any:
-        if op in ("entries", "counted"):
-            return await getattr(self.ops, op)(*args)
-        if op == "forget":
-            return await self.ops.forget(*args)
-        return await getattr(self.ops, op)(*args)
-
     async def run(self) -> None:
         sock = self.listen(self.path)  # (a private unix socket)
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
@@ -171,7 +164,7 @@ class PeerServer:
                 raise pyfuse3.FUSEError(errno.ENOSYS)
             if begun and self.resent_at is not None and op != "forget" and begun[0] < self.resent_at:
                 raise pyfuse3.FUSEError(MOVED)  # the kernel sends it again
-            reply: Any = (ident, True, encode(await self.handler(op, decode(args))))
+            reply: Any = (ident, True, encode(await getattr(self.ops, op)(*decode(args))))
         except pyfuse3.FUSEError as e:
             reply = (ident, False, e.errno)
         except Exception:  # (the handlers are guarded: a bug in decoding)
@@ -290,18 +283,17 @@ class PeerLink:
             return await self.call(op, args)
         fh, offset, token = args
         taken: list[int] = []
-        while True:
+        more = True
+        while more:
             batch = await self.call("entries", (fh, offset, READDIR_BATCH))
+            more = len(batch) == READDIR_BATCH
             for name, fields in batch:
                 e = decode(("ea", fields))
                 if not pyfuse3.readdir_reply(token, name, e, offset + 1):
+                    more = False  # (the kernel's buffer is full)
                     break
                 taken.append(e.st_ino)
                 offset += 1
-            else:
-                if len(batch) == READDIR_BATCH:
-                    continue
-            break
         if taken:  # (before the reply reaches the kernel: no FORGET of them can come first)
             await self.call("counted", (taken,))
         return None
