@@ -3,7 +3,9 @@ attributes; ``Opens``: reads; ``Listing``: readdir) or the ``Writer`` (writes), 
 pyfuse3 reply.
 
 What the adapter itself keeps is what talking to the kernel needs: the open handles
-(``handles.Handles``), the lookups and cached pages the kernel holds
+(``handles.Handles``: the open directories and their listings are ``directories.Directories``'),
+what a GETATTR answers (``attributes.Attributes``: written sizes, removed chunks, pinned sizes),
+the lookups and cached pages the kernel holds
 (``inodes.KernelInodes``, which decide what ``invalidate`` must drop, whether an
 open keeps the page cache, and when the daemon may fill it at an open), and the
 kernel's slice of the configuration (``KernelConfig``: entry/attribute timeouts, what nodes show).
@@ -35,7 +37,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import itertools
 import logging
 import os
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
@@ -44,16 +45,16 @@ import pyfuse3
 
 from shardfs.config import KernelConfig
 from shardfs.kernel.callers import Callers
-from shardfs.kernel.forward import encode
+from shardfs.kernel.attributes import Attributes
+from shardfs.kernel.directories import Directories
 from shardfs.kernel.route import Route
 from shardfs.kernel.entries import Entries
-from shardfs.kernel.handles import DirHandle, Handle, Handles, Lost
+from shardfs.kernel.handles import Handle, Handles, Lost
 from shardfs.kernel.inodes import KernelInodes, Pages
 from shardfs.kernel.pins import Pins
-from shardfs.tree.listing import DirStream
 from shardfs.base.attrs import Attr
 from shardfs.base.faults import Faults
-from shardfs.tree.nodes import ChunkKey, Unbound
+from shardfs.tree.nodes import Unbound
 from shardfs.tree.nodetable import CHUNK_BASE
 from shardfs.tree.tries import Tries
 from shardfs.kernel.stats import RequestStats
@@ -192,7 +193,6 @@ class Operations(pyfuse3.Operations):
         self.source = source
         self.names = names
         self.opens = opens
-        self.listing = listing
         self.nodes = nodes
         self.numbers = numbers
         self.faults = faults or Faults()
@@ -209,6 +209,8 @@ class Operations(pyfuse3.Operations):
         self._pins = Pins(nodes.new_alias) if pins is None else pins
         self._callers = Callers(os.getuid())
         self._entry = Entries(kernel, self.read_only, inodes).entry
+        self._attributes = Attributes(names, nodes, self._handles, self._pins, self._entry, writer)
+        self._directories = Directories(names, listing, self._handles, self.reopen, inodes, self._pins, self._entry)
         self.stats = RequestStats()
         # ``-o workers=N``: which worker serves a request (a handle's opener; on a writable mount
         # the owner, which marks what it changes): set by the daemon
@@ -229,121 +231,34 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        handle = self._handles.dirty_write(inode)
-        attr = None if handle is None or self.writer is None else self.writer.dirty_attr(handle)
-        if attr is not None:
-            return self._entry(attr)
-        try:
-            attr = await self._attr(inode)
-        except pyfuse3.FUSEError as err:
-            opened = self._handles.reading(inode) if err.errno == errno.ESTALE else None
-            if opened is None:
-                raise
-            # Its chunk is gone since a file was opened on it (removed here, or by another host or
-            # behind the mount's back): a local filesystem answers ``fstat`` of a file removed while
-            # open, so that file's version (pyfuse3 does not say whether an ``fstat`` asks; ESTALE
-            # failed Python's ``open()``, which calls it), asked again at once: the name shows the
-            # removal (ESTALE, then ENOENT) as soon as no file holds it.
-            gone = self._entry(kernel_attr(opened))
-            gone.attr_timeout = 0
-            return gone
-        if attr.ino != inode and self.nodes.is_new_alias(inode):
-            attr = attr._replace(ino=inode)  # as its lookup said (pyfuse3 gives an entry's inode as its number)
-        shown = self._pins.frozen(inode, attr)
-        e = self._entry(shown)
-        if shown is not attr:  # asked again as soon as the files holding the older size are closed
-            e.attr_timeout = 0
-        return e
-
-    async def _attr(self, inode: int) -> Attr:
-        """``Names.getattr``, except that a chunk file that no longer exists (``_shows_chunk``) is
-        ESTALE, not ENOENT.
-
-        The kernel may still hold its name (from a ``create`` whose commit was refused, or
-        from the other name of a chunk emptied through one of its two names). ESTALE makes
-        it look the name up again (``LOOKUP_REVAL``) and drop it, so ``stat`` says ENOENT and
-        ``open(O_CREAT)`` creates the file; ENOENT would fail both until the entry expires.
-        """
-        try:
-            return await self.names.getattr(inode)
-        except FileNotFoundError:
-            if self._shows_chunk(inode):
-                raise pyfuse3.FUSEError(errno.ESTALE) from None
-            raise
-
-    def _shows_chunk(self, inode: int) -> bool:
-        """True if ``inode`` shows a chunk file: a chunk's own, or a temporary renamed onto a
-        chunk (an alias, the inode its name shows in the kernel until it forgets it: found by
-        scripts/soak, an in-place write after an ``rm`` under the chunk's other name failed
-        with ENOENT)."""
-        try:
-            return isinstance(self.nodes.node_key(inode), ChunkKey)
-        except OSError:
-            return False
+        return await self._attributes.getattr(inode)
 
     @_guard
     async def opendir(self, inode: int, ctx: Any) -> int:
-        await self.names.getattr(inode)
-        return self._handles.add(DirHandle(inode, DirStream(self.listing, inode)))
+        return await self._directories.open(inode)
 
     @_guard
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         """Entries from offset ``start_id`` on, until the kernel's buffer is full; offset 0
         lists afresh. The entries come a page at a time (``DirStream``)."""
-        stream = await self._listing_of(fh, start_id)
-        e = None
-        offset = start_id
-        while True:
-            page, i = await stream.at(offset)
-            if not page:
-                return
-            pinned = bool(self._pins)
-            for name, attr in itertools.islice(page, i, None):
-                if pinned:
-                    attr = self._pins.entry(attr)
-                e = self._entry(attr, e)
-                if not pyfuse3.readdir_reply(token, os.fsencode(name), e, offset + 1):
-                    return
-                self._kernel.looked_up(attr.ino)
-                offset += 1
+        await self._directories.reply(fh, start_id, token)
 
     async def counted(self, inodes: list[int]) -> None:
-        """The kernel took these entries this worker listed for another (a READDIR it forwarded:
-        ``PeerLink.request``): one lookup each, counted here as a forwarded LOOKUP's is."""
-        for ino in inodes:
-            self._kernel.looked_up(ino)
+        """A forwarded READDIR's entries the kernel took (``Directories.counted``)."""
+        self._directories.counted(inodes)
 
     async def entries(self, fh: int, start_id: int, limit: int) -> list[tuple[bytes, Any]]:
-        """Up to ``limit`` entries of directory handle ``fh`` from offset ``start_id`` (0: afresh),
-        as (name, the entry's fields): what a worker forwarding a READDIR replies with."""
-        stream = await self._listing_of(fh, start_id)
-        out: list[tuple[bytes, Any]] = []
-        while len(out) < limit:
-            page, i = await stream.at(start_id + len(out))
-            if not page:
-                break
-            for name, attr in itertools.islice(page, i, i + limit - len(out)):
-                out.append((os.fsencode(name), encode(self._entry(self._pins.entry(attr)))[1]))
-        return out
-
-    async def _listing_of(self, fh: int, start_id: int) -> DirStream:
-        """Directory handle ``fh``'s listing, rewound if ``start_id`` is 0 (listed afresh)."""
-        handle = await self.reopen.live(fh)
-        assert isinstance(handle, DirHandle)  # the kernel sends READDIR with directory handles only
-        if start_id == 0:
-            await handle.stream.rewind()
-        return handle.stream
+        """A forwarded READDIR's entries (``Directories.entries``)."""
+        return await self._directories.entries(fh, start_id, limit)
 
     @_guard
     async def releasedir(self, fh: int) -> None:
-        handle = self._handles.pop(fh)
-        if isinstance(handle, DirHandle):
-            await handle.stream.aclose()
+        await self._directories.release(fh)
 
     @_guard
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
-            await self._attr(inode)
+            await self._attributes.attr(inode)
             written = await self._writable(ctx).open(inode, truncate=bool(flags & os.O_TRUNC))
             self._kernel.changed(inode)
             self._pins.forfeit(inode)  # rewritten in place: its readers may read it torn, as on any filesystem
@@ -512,7 +427,7 @@ class Operations(pyfuse3.Operations):
                 await writer.truncate_closed(inode, attr.st_size)
             else:
                 await writer.truncate(handle, attr.st_size)
-        return await Operations.getattr.__wrapped__(self, inode)  # type: ignore[attr-defined]  # (one request)
+        return await self._attributes.getattr(inode)  # (one request)
 
     @_guard
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
