@@ -137,6 +137,38 @@ def test_every_room_names_its_public_face(name):
     assert names and missing == []
 
 
+def public_face(package: Path, name: str) -> set[str]:
+    """Room ``name``'s ``__all__``."""
+    tree = ast.parse((package / name / "__init__.py").read_text())
+    return {n for node in tree.body if isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+            for n in ast.literal_eval(node.value)}
+
+
+def test_what_one_room_imports_from_another_is_in_that_rooms_public_face():
+    """A module (``from shardfs.kernel.route import Route``: ``route``) or a name of its
+    ``__init__`` (``from shardfs.reads import ReadHandle``) that one room imports from another
+    is in that room's ``__all__``: the public face an ``__init__`` names is what crosses rooms.
+    Read in the package imported (``scripts/mutants``' copy)."""
+    import shardfs
+
+    package = Path(shardfs.__file__).parent
+    faces = {name: public_face(package, name) for name in ROOMS}
+    outside = []
+    for path in sorted(package.glob("*/*.py")):
+        mine = path.parent.name
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("shardfs.")) or node.level:
+                continue
+            parts = node.module.split(".")
+            theirs = parts[1]
+            if theirs == mine or theirs not in faces:
+                continue
+            used = [parts[2]] if len(parts) > 2 else [a.name for a in node.names]
+            outside += [f"{mine}/{path.stem} imports {theirs}.{u}" for u in used if u not in faces[theirs]]
+    assert sorted(set(outside)) == [], "name these in the room's __init__ (__all__), with their job"
+
+
 def test_the_architecture_page_names_every_module_of_each_room():
     """doc/ARCHITECTURE.md's package map has a row per room, listing each of its modules."""
     page = (PACKAGE.parent / "doc" / "ARCHITECTURE.md").read_text()

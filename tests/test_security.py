@@ -10,6 +10,7 @@ asserts the exact outcome: one line naming what is refused, and nothing planted 
 
 from __future__ import annotations
 
+import errno
 import os
 import pwd
 import shutil
@@ -760,26 +761,56 @@ def test_a_decompression_bomb_is_corrupt_and_never_decoded(tmp_path, mount, kind
     assert len(lines) == 1 and lines[0].endswith(f"{src}/a/c/0/0/0: corrupt chunk 0.0.0: inner chunk {why}"), lines
 
 
-def test_a_stored_chunk_longer_than_a_chunk_can_be_is_never_read(tmp_path, mount):
-    """Finding 5: a sparse shard of 1 GiB whose index gives one inner chunk (with a crc32c, so
-    serving it reads it whole) all of it: corrupt before it is read (EIO, one log line), the
-    daemon's peak RSS stays put."""
+@pytest.mark.parametrize("kind", ["zstd", "zstd-streamed", "gzip"])
+def test_a_decompression_bomb_is_corrupt_in_process(tmp_path, caplog, kind):
+    """The daemon's part of ``a_decompression_bomb_is_corrupt_and_never_decoded``, in-process
+    (``tests/inproc.py``): the bomb's chunk file is EIO with one log line naming it, the chunk
+    beside it reads whole."""
+    from inproc import InProcess
+
+    src = tmp_path / "src"
+    transcoded(src, kind)
+    (src / "a" / "c" / "0" / "0" / "0").write_bytes(bomb(kind))
+    with InProcess(src) as fs:
+        assert len((fs / "a" / "1.0.0").read_bytes()) == 32768
+        with pytest.raises(OSError) as e:
+            (fs / "a" / "0.0.0").read_bytes()
+    assert e.value.errno == errno.EIO
+    lines = [r.getMessage() for r in caplog.records if "corrupt chunk" in r.getMessage()]
+    why = f"says it decodes to {BOMB} bytes, not 32768" if kind == "zstd" else "decodes to more than 32768 bytes"
+    assert len(lines) == 1 and lines[0].endswith(f"{src}/a/c/0/0/0: corrupt chunk 0.0.0: inner chunk {why}"), lines
+
+
+BIG = 1 << 30  # bytes of the sparse shard of ``long_stored_chunk``
+
+
+def long_stored_chunk(src: Path) -> Path:
+    """A source at ``src`` with array ``s``, whose shard (0, 0), a sparse file of ``BIG`` bytes,
+    has an index giving one inner chunk (with a crc32c, so serving it reads it whole) all of it:
+    that shard's path."""
     import crc32c
 
     spec = Spec("s", (8, 10), (4, 5), (8, 10), "<i4", 0, ("zstd", 3), inner_crc=True,
                 index_location="end", index_crc=True, initial=((slice(0, 8), slice(0, 10)),),
                 write=(slice(0, 4), slice(0, 5)))
-    src = tmp_path / "src"
     build(src, [spec])
     shard = spec.shard_file(src, (0, 0))
-    big = 1 << 30
     index = np.full((4, 2), 2**64 - 1, dtype="<u8")
-    index[0] = (0, big - 68)
+    index[0] = (0, BIG - 68)
     raw = index.tobytes()
     with open(shard, "wb") as f:
-        f.truncate(big - 68)
-        f.seek(big - 68)
+        f.truncate(BIG - 68)
+        f.seek(BIG - 68)
         f.write(raw + crc32c.crc32c(raw).to_bytes(4, "little"))
+    return shard
+
+
+def test_a_stored_chunk_longer_than_a_chunk_can_be_is_never_read(tmp_path, mount):
+    """Finding 5: a sparse shard of 1 GiB whose index gives one inner chunk (with a crc32c, so
+    serving it reads it whole) all of it: corrupt before it is read (EIO, one log line), the
+    daemon's peak RSS stays put."""
+    src = tmp_path / "src"
+    shard, big = long_stored_chunk(src), BIG
     mnt = mount(src, "--read-only")
     assert os.stat(mnt / "s" / "0.0").st_size == big - 72
     pid = serving_pid(mnt)
@@ -791,6 +822,24 @@ def test_a_stored_chunk_longer_than_a_chunk_can_be_is_never_read(tmp_path, mount
     lines = [line for line in mount.info(mnt).log_text().splitlines() if "corrupt chunk" in line]
     assert len(lines) == 1 and lines[0].endswith(
         f"{shard}: corrupt chunk 0.0: inner chunk of {big - 68} bytes stored, more than one inner chunk "
+        f"takes ({80 + 10 + 1 + 4096 + 4}): not read"), lines
+
+
+def test_a_stored_chunk_longer_than_a_chunk_can_be_is_corrupt_in_process(tmp_path, caplog):
+    """The daemon's part of ``a_stored_chunk_longer_than_a_chunk_can_be_is_never_read``,
+    in-process (``tests/inproc.py``): its size shown, then EIO and one log line naming it."""
+    from inproc import InProcess
+
+    src = tmp_path / "src"
+    shard = long_stored_chunk(src)
+    with InProcess(src) as fs:
+        assert (fs / "s" / "0.0").stat().st_size == BIG - 72
+        with pytest.raises(OSError) as e:
+            (fs / "s" / "0.0").read_bytes()
+    assert e.value.errno == errno.EIO
+    lines = [r.getMessage() for r in caplog.records if "corrupt chunk" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].endswith(
+        f"{shard}: corrupt chunk 0.0: inner chunk of {BIG - 68} bytes stored, more than one inner chunk "
         f"takes ({80 + 10 + 1 + 4096 + 4}): not read"), lines
 
 

@@ -377,7 +377,7 @@ def _cmd_umount(args: argparse.Namespace) -> int:
     for line in lines:
         print(f"shardfs: {printable(line)}", file=sys.stderr)
     if lines and found is not None:
-        print(f"shardfs: they are folded by the next mount of {printable(found[0])}", file=sys.stderr)
+        print(f"shardfs: they are folded by the next mount of {printable(found[0].name)}", file=sys.stderr)
     return 1 if lines or killed else 0
 
 
@@ -402,13 +402,13 @@ def _journal_owners(daemon: Daemon) -> set[int]:
     return {daemon.pid, *(w["pid"] for w in workers if isinstance(w.get("pid"), int))}
 
 
-def _kept_report(src: str, root: str, pids: set[int], killed: bool) -> list[str]:
-    """One line per shard whose changes are still in the journal of processes ``pids`` (under
-    the journal root ``root``): how many, and why: the daemon's note (updated as ``flush`` goes),
-    or, if a killed daemon left none, its records counted (those marked folded left out)."""
+def _kept_report(source: Source, root: str, pids: set[int], killed: bool) -> list[str]:
+    """One line per shard of ``source`` whose changes are still in the journal of processes
+    ``pids`` (under the journal root ``root``): how many, and why: the daemon's note (updated as
+    ``flush`` goes), or, if a killed daemon left none, its records counted (those marked folded
+    left out; their shards named as the source's stored ones if it is not remote)."""
     from shardfs.app.replay import replay_target
     from shardfs.writes.journal import kept_line, read_kept
-    from shardfs.storage.local import LocalStorage
 
     owners = {str(pid) for pid in pids}
     try:
@@ -420,20 +420,22 @@ def _kept_report(src: str, root: str, pids: set[int], killed: bool) -> list[str]
     pending, note = read_kept(os.path.join(root, mine[0]))
     if note or not killed:  # a killed daemon may not have written it: then count its records
         return [kept_line(key, n, reason) for key, (n, reason) in sorted(note.items())]
-    storage = None if is_url(src) else LocalStorage(src)  # an object store: not contacted from here
     lines = []
-    for (array, shard), positions in sorted(pending.items()):
-        try:
-            target = None if storage is None else replay_target(storage, array, shard)
-        except OSError:
-            target = None
-        key = target.key if target is not None else f"{array} shard {shard}"
-        reason = note.get(key, (0, "not folded before the timeout"))[1]
-        lines.append(kept_line(key, len(positions), reason))
+    with contextlib.ExitStack() as stack:
+        # (a remote source is not contacted from here)
+        storage = None if source.kind.remote else stack.enter_context(source.opened())
+        for (array, shard), positions in sorted(pending.items()):
+            try:
+                target = None if storage is None else replay_target(storage, array, shard)
+            except OSError:
+                target = None
+            key = target.key if target is not None else f"{array} shard {shard}"
+            reason = note.get(key, (0, "not folded before the timeout"))[1]
+            lines.append(kept_line(key, len(positions), reason))
     return lines
 
 
-def daemon_journal(pid: int) -> tuple[str, str] | None:
+def daemon_journal(pid: int) -> tuple[Source, str] | None:
     """The source a daemon serves (a directory or a URL) and its journal root, from its
     command line (``... mount SRC MNT -f [-o journal_dir=DIR] ...``, relative paths against
     its cwd) and, for a URL, the endpoint its environment gave it."""
@@ -450,7 +452,7 @@ def daemon_journal(pid: int) -> tuple[str, str] | None:
         return None
     override = options.config(parsed).writes.journal_dir
     root = state.journal_dir(source.name, os.path.join(cwd, override) if override else None, source.endpoint)
-    return source.name, root
+    return source, root
 
 
 if __name__ == "__main__":

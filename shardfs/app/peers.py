@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Any, TypeVar
+from typing import Any, Mapping, TypeVar
 
 D = TypeVar("D", bound=Any)  # a status document (``shardfs.app.statusdoc.StatusDoc``)
 PUBLISH_S = 1.0  # seconds between two writes of a worker's document
@@ -34,7 +34,7 @@ def slot_file(workers_file: str, slot: int) -> str:
     return f"{workers_file.removesuffix('.json')}.{slot}.json"
 
 
-def publish(workers_file: str, slot: int, doc: dict[str, Any]) -> None:
+def publish(workers_file: str, slot: int, doc: Mapping[str, Any]) -> None:
     """Write ``doc`` as slot ``slot``'s (``write_json``)."""
     write_json(slot_file(workers_file, slot), doc)
 

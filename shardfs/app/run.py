@@ -515,17 +515,17 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
             conn.serving()
             if shared.shared:
                 if not os.environ.get("SHARDFS_TEST_NO_FOLLOW"):  # (a test: follow only on a miss, a lock)
-                    nursery.start_soon(mount.ops.faults.keep, "ledger", mount.ops.reopen.following,
+                    nursery.start_soon(mount.faults.keep, "ledger", mount.ops.reopen.following,
                                        mount.ops.stats.next_request)
             route = mount.ops.route
             if route is not None and peer_socket is not None:  # N workers (``shardfs.kernel.route``)
-                nursery.start_soon(mount.ops.faults.keep, "links", route.peers.run)
+                nursery.start_soon(mount.faults.keep, "links", route.peers.run)
                 server = PeerServer(peer_socket, mount.ops, state.status_listener, resent_at)
-                nursery.start_soon(mount.ops.faults.keep, "peers", server.run)
+                nursery.start_soon(mount.faults.keep, "peers", server.run)
         # a bug in a background task is logged and the task runs again (``Faults.keep``)
-        nursery.start_soon(mount.ops.faults.keep, "status", status.run)
+        nursery.start_soon(mount.faults.keep, "status", status.run)
         if writeback is not None:
-            nursery.start_soon(mount.ops.faults.keep, "fold loop", writeback.run, folded)
+            nursery.start_soon(mount.faults.keep, "fold loop", writeback.run, folded)
         await fuseloop.main()  # pyfuse3.main() with a cheaper read lock
         nursery.cancel_scope.cancel()
     if writeback is not None and not flushed:

@@ -192,9 +192,9 @@ class Status:
         the document written stays exact meanwhile, and no timer wakes a worker of an idle mount."""
         sup = self.supervision or {}
         while True:
-            doc: Any = None
+            doc: StatusDoc | None = None
             try:
-                doc = dict(self.own())
+                doc = self.own()
                 peers.publish(sup["workers_file"], sup.get("worker_slot", 0), doc)
             except Exception:
                 log.exception("shardfs status: cannot make the status document")
@@ -213,14 +213,14 @@ class Status:
             log.info("stats: %s", line)
 
 
-def quiet(doc: Any) -> bool:
+def quiet(doc: StatusDoc) -> bool:
     """Nothing in this worker's status document ``doc`` changes before its next request (once
     the requests being answered are, ``RequestStats.active``): no pending chunk to fold, no
     fold running or backing off, no error of the last minute (which would age out of it), no
     handle open (another worker may release it: ``Reopen.following``)."""
-    pending, folds = doc.get("pending") or {}, doc.get("folds") or {}
-    return not (pending.get("chunks") or folds.get("current") or folds.get("backing_off")
-                or doc.get("errors_last_minute") or doc.get("open_handles"))
+    pending, folds = doc["pending"], doc["folds"]
+    return not (pending["chunks"] or folds["current"] or folds["backing_off"]
+                or doc["errors_last_minute"] or doc["open_handles"])
 
 
 def summary(doc: StatusDoc) -> str:

@@ -11,6 +11,12 @@ with every key ``StatusDoc`` requires, each of the JSON kind its type says) befo
 reads it as a ``StatusDoc``; ``NotADocument`` (one line) otherwise, as from a daemon of another
 version of shardfs. A mount no daemon answers for is an ``Unserved`` one.
 
+Three readers take a daemon's JSON as it came (``mounts.Daemon.doc``), each one key or two,
+because that daemon may run another version of shardfs and must still be served: finding a
+mount's daemon by its ``mountpoint`` (``mounts.daemon_of``), the handover of a live mount to a
+new worker at an upgrade (``handover``: its ``options``, ``read_only`` and ``worker``), and
+umount's report of what each process's journal kept (``cli``: the ``worker``/``workers`` pids).
+
 Imported by the client, so it imports no layer: their types are named for the type checker
 only (quoted names), and what ``read`` checks is the top level. (No ``from __future__ import
 annotations`` here: ``NotRequired`` must be seen at run time to tell the required keys.)

@@ -9,8 +9,9 @@ job. It imports no other room of the package (only the standard library and trio
   file is never opened for I/O, for log lines);
 - ``faults``: ``Faults``, the mount's internal errors (bugs) counted and logged, never fatal;
 - ``budget``: ``Budget``, the bytes blocking calls in worker threads hold at once;
+- ``libc``: the C library's calls Python's ``os`` lacks;
 - ``private``: the directories and files only the mounting user can change (``open_dir``,
   ``open_file``, ``Refused``: doc/SECURITY.md).
 """
 
-__all__ = ["attrs", "budget", "faults", "files", "lru", "private", "threads"]
+__all__ = ["attrs", "budget", "faults", "files", "libc", "lru", "private", "threads"]

@@ -11,7 +11,10 @@ Data flows down only: ``app`` -> ``kernel`` -> ``tree`` -> ``reads`` -> ``writes
 - ``v2``: the v3 -> v2 mapping of one array (``ArrayInfo``, ``ChunkFormat``, ``CorruptChunk``);
 - ``a2a``, ``draft``, ``dtypes``, ``fill``: codecs before sharding, the 2022 draft, data types,
   the v2 ``fill_value``;
-- ``create``: the v3 ``zarr.json`` of an array or group created through the mount.
+- ``create``: the v3 ``zarr.json`` of an array or group created through the mount;
+- ``printable``: text from the source or other users made safe to print or log;
+- ``bombs``: how many bytes a compressed chunk decodes to, told before it is decoded.
 """
 
-__all__ = ["a2a", "create", "draft", "dtypes", "fill", "gridmap", "index", "layout", "shardfile", "v2"]
+__all__ = ["a2a", "create", "draft", "dtypes", "fill", "gridmap", "index", "layout", "printable", "shardfile",
+           "v2"]

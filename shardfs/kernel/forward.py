@@ -54,7 +54,7 @@ CTX = ("uid", "gid", "pid", "umask")
 # what a worker may ask another: the handlers of ``owner.ALWAYS``/``HANDLED`` and the reads
 SERVED = frozenset(("lookup", "getattr", "open", "opendir", "read", "release", "flush", "releasedir", "create",
                     "write", "fsync", "fsyncdir", "setattr", "rename", "link", "unlink", "rmdir", "mkdir", "symlink",
-                    "mknod", "setxattr", "removexattr", "entries", "counted", "forget", "counters"))
+                    "mknod", "setxattr", "removexattr", "entries", "counted", "forget"))
 
 
 class Broken(Exception):

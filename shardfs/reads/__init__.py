@@ -2,9 +2,9 @@
 
 ``Opens`` (``shardfs.tree.opens``) resolves a chunk file to an ``Extent`` (a byte range of one version of one shard) and
 asks ``Reads.open`` for a handle; ``read`` and ``release`` serve every read handle, also those
-the view makes itself for metadata and staging files (``data``/``buffer``). One implementation
-per kind of source, chosen once by ``shardfs.reads.factory.make_reads`` (the only code above ``shardfs.storage`` that
-knows the kinds):
+``Opens`` makes itself for metadata and staging files (``data``/``buffer``). One implementation
+per read path, chosen once by ``shardfs.reads.factory.make_reads`` (the path the source's
+``Storage.read_path`` names):
 
 - ``shardfs.reads.local.LocalReads``: a descriptor per open chunk, ``pread`` into a reused buffer
   without waiting for the disk, the kernel asked to read a swept shard ahead;
@@ -12,9 +12,12 @@ knows the kinds):
   a swept shard fetched whole in one GET, fetched ranges kept in a bounded ``RangeCache``.
 
 Contracts of ``Reads.open(ino, attr, ext, decode)``: ``VersionMismatch`` when the shard is no
-longer at ``ext.version`` (the view re-reads its index and tries again); a chunk stored in
+longer at ``ext.version`` (``Opens`` reads its index again and tries again); a chunk stored in
 another form than its file's (``decode`` given) is decoded once and kept in the ``ChunkCache``
 by extent; other ``OSError`` are the errno for the client.
+
+The public face (``__all__``): the types above, and what ``shardfs.app.compose`` builds the read
+path with and the tree uses (``factory``, ``chunkcache``, ``prefetch``, ``rangecache``).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from shardfs.base.threads import blocking
 if TYPE_CHECKING:
     from shardfs.base.attrs import Attr
 
-__all__ = ["ReadAhead", "ReadHandle", "Reads"]
+__all__ = ["ReadAhead", "ReadHandle", "Reads", "chunkcache", "factory", "prefetch", "rangecache"]
 READ_AHEAD_AFTER = 3  # opens of chunks of one shard among the last READ_AHEAD_WINDOW opens
 READ_AHEAD_WINDOW = 16  # before the rest of that shard is read ahead
 READ_AHEAD_MAX = 64 << 20  # larger shards are never read ahead

@@ -11,6 +11,12 @@ Conditional writes (``replace``/``delete`` with ``if_version``) succeed only whi
 still at that version (``ABSENT``: while it does not exist) and raise ``VersionMismatch``
 otherwise. This is what makes folds safe against other writers: read the shard at version V,
 build the new shard, ``replace(key, data, if_version=V)``; on ``VersionMismatch`` read again.
+
+The public face (``__all__``): the interface's types below; what ``SRC`` names (``source``, and
+``urls``: a URL or a path); source keys (``keys``); the store request counters (``stats``);
+whether another user could read a source file (``permits``); and for the read path each
+``Storage`` names (``Storage.read_path``), the storage it reads: ``local`` (``LocalStorage``) or
+obstore's request path (``requests``). The kinds themselves are opened through ``source``.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Iterable, Iterator, NamedTuple, Protocol, Sequence
 from shardfs.storage.stats import StoreStats
 
 __all__ = ["ABSENT", "UNKNOWN", "Absent", "Entry", "Range", "Storage", "Unknown", "Unusable", "Version",
-           "VersionMismatch"]
+           "VersionMismatch", "keys", "local", "permits", "requests", "source", "stats", "urls"]
 
 
 class Version(NamedTuple):
