@@ -13,6 +13,7 @@ import pytest
 from shardfs.config import StorageConfig
 from shardfs.storage import kinds
 from shardfs.storage.kinds import KINDS, Kind, kind_of, named, register
+from shardfs.storage.listings import Listings
 from shardfs.storage.source import Source
 
 
@@ -73,15 +74,15 @@ def test_a_new_kind_is_one_registration():
     opened: list[Any] = []
 
     @contextlib.contextmanager
-    def memory(source: Source, version_ttl: float, list_ttl: float) -> Iterator[Any]:
-        opened.append((source.name, version_ttl, list_ttl))
+    def memory(source: Source, version_ttl: float, listings: Listings) -> Iterator[Any]:
+        opened.append((source.name, version_ttl, listings.ttl))
         yield "a storage"
 
     kind = register(Kind("memory", ("mem",), frozenset({"timeout"}), memory, writable=False))
     try:
         assert kind_of("mem://x/y") is kind and named("memory") is kind
         source = Source.parse("MEM://x//y", StorageConfig(timeout=3.0), ["timeout"], environ={})
-        with source.opened(2.0, 1.0) as storage:
+        with source.opened(2.0, Listings(1.0)) as storage:
             assert storage == "a storage"
         assert opened == [("mem://x/y", 2.0, 1.0)] and source.config.timeout == 3.0
         with pytest.raises(ValueError, match="-o endpoint: applies to an object store"):

@@ -140,8 +140,8 @@ def test_an_idle_mount_wakes_no_worker(mount, src):
 
 
 def test_the_caches_limits_are_the_mounts_each_worker_keeps_its_share(mount, src):
-    """``-o chunk_cache`` (and the index cache's limit) with 2 workers: each keeps half, the
-    mount as a whole (``shardfs status``) the limit asked for, as one worker does."""
+    """``-o chunk_cache`` (and the index cache's and the listings' limits) with 2 workers: each
+    keeps half, the mount as a whole (``shardfs status``) the limit asked for, as one worker does."""
     mnt = mount(src, "-o", "ro,workers=2,chunk_cache=8M")
     workers(mnt, 2)
     zarr2_read_all(mnt)
@@ -149,6 +149,7 @@ def test_the_caches_limits_are_the_mounts_each_worker_keeps_its_share(mount, src
     doc = status(mnt)
     assert doc["cache"]["chunk"]["limit"] == 8 << 20
     assert doc["cache"]["index"]["limit"] == 64 << 20
+    assert doc["cache"]["listing"]["limit"] == 32 << 20
     assert doc["cache"]["chunk"]["bytes"] <= 8 << 20
 
 

@@ -42,6 +42,7 @@ from shardfs.reads.rangecache import RangeCache
 from shardfs.shards.indexes import ShardIndexes
 from shardfs.base import private
 from shardfs.storage import Storage
+from shardfs.storage.listings import DEFAULT_BYTES as LISTING_BYTES, Listings
 from shardfs.storage.source import Source
 from shardfs.tree.chunks import Chunks
 from shardfs.tree.commits import Commits, Invalidate
@@ -96,13 +97,14 @@ class Composed:
     writer: Writer | None  # None: read-only
     ops: Operations
     faults: Faults
+    listings: Listings  # the listings the storage remembers (its share of them, of N workers)
 
     def counters(self) -> Counters:
         """What ``shardfs status`` shows of this mount, layer by layer (``shardfs.app.status``)."""
         return Counters(self.ops.stats, self.storage.stats,
                         {"index": self.tree.indexes.index_cache, "chunk": self.tree.reads.chunk_cache.lru,
-                         "range": self.ranges}, self.writeback, self.faults, self.ops.spilled_bytes,
-                        self.ops.open_handles, self._forwarded)
+                         "range": self.ranges, "listing": self.listings}, self.writeback, self.faults,
+                        self.ops.spilled_bytes, self.ops.open_handles, self._forwarded)
 
     def _forwarded(self) -> dict[str, int]:
         route = self.ops.route
@@ -158,8 +160,9 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
     (``shardfs.kernel.owner``): no journal, no ``Writer``, but the modes of a writable mount;
     ``pages``: the table of the kernel's page cache the N workers of a mount share
     (``shardfs.kernel.sharedpages``; None: this worker's own)."""
-    storage = cleanup.enter_context(source.opened(version_ttl=cfg.kernel.attr_timeout,
-                                                  list_ttl=cfg.kernel.entry_timeout))
+    share = ledger.count if ledger is not None and ledger.shared else 1  # N workers: each its share of the mount's
+    listings = Listings(cfg.kernel.entry_timeout, LISTING_BYTES // share)
+    storage = cleanup.enter_context(source.opened(version_ttl=cfg.kernel.attr_timeout, listings=listings))
     writeback = None
     faults = Faults()  # the mount's bugs, from requests and background tasks alike
     spill = state.spill_dir(source.name, source.endpoint)
@@ -183,8 +186,7 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
     reads = make_reads(storage, cache=ranges, chunk_cache=ChunkCache(cfg.reads.chunk_cache))
     ledger = ledger or Ledger()
     t = compose_tree(storage, reads, writeback, cfg.tree, cfg.reads.max_chunk, ledger, cfg.read_only)
-    if ledger.shared:  # N workers: the index cache's limit is the mount's, each keeps its share (as run.py
-        t.indexes.index_cache.max_bytes //= ledger.count  # divides -o chunk_cache and -o cache_size)
+    t.indexes.index_cache.max_bytes //= share  # (as run.py divides -o chunk_cache and -o cache_size)
     inodes = KernelInodes() if pages is None else SharedInodes(pages)
     invalidation = Invalidation(inodes, t.nodes, every=ledger.shared)
     commits = structure = writer = None
@@ -194,7 +196,7 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
     ops = Operations(storage, t.names, t.opens, t.listing, t.nodes, t.numbers, ledger, inodes, invalidation, writer,
                      structure, cfg.kernel, faults, cfg.read_only,
                      None if pages is None else SharedPins(pages, t.nodes.new_alias))
-    return Composed(source, storage, writeback, ranges, ledger, t, commits, structure, writer, ops, faults)
+    return Composed(source, storage, writeback, ranges, ledger, t, commits, structure, writer, ops, faults, listings)
 
 
 def _range_cache(source: Source, reads: ReadConfig) -> RangeCache | None:

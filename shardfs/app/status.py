@@ -42,7 +42,7 @@ class Counters:
 
     requests: RequestStats  # kernel: the FUSE requests answered
     store: StoreStats  # storage: the store requests made
-    caches: dict[str, Counted | None]  # index, chunk, range (None: the mount has none)
+    caches: dict[str, Counted | None]  # index, chunk, range, listing (None: the mount has none)
     writeback: Writeback | None  # writes: pending changes and folds (None: read-only)
     faults: Faults  # the mount's internal errors
     spilled_bytes: Callable[[], int]  # bytes open files and staging files hold in spill files

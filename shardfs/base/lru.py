@@ -19,12 +19,16 @@ class CacheCounts(TypedDict):
 
 
 class Counted(Protocol):
-    """A cache that counts its hits and misses (``SizedLRU``, ``IndexCache``, ``RangeCache``)."""
+    """A cache that counts its hits and misses (``SizedLRU``, ``IndexCache``, ``RangeCache``, ``Listings``)."""
 
-    hits: int
-    misses: int
-    used: int
-    max_bytes: int
+    @property
+    def hits(self) -> int: ...
+    @property
+    def misses(self) -> int: ...
+    @property
+    def used(self) -> int: ...
+    @property
+    def max_bytes(self) -> int: ...
 
 
 def counts(cache: Counted) -> CacheCounts:
@@ -67,6 +71,11 @@ class SizedLRU(Generic[K, V]):
         while self.used > self.max_bytes and len(self._items) > 1:
             _, dropped = self._items.popitem(last=False)
             self.used -= self._size(dropped)
+
+    def clear(self) -> None:
+        """Forget every value (the counters stay)."""
+        self._items.clear()
+        self.used = 0
 
     def drop(self, key: K) -> None:
         """Forget ``key`` (nothing if it is not kept)."""

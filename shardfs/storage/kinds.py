@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from shardfs.config import StorageConfig
+from shardfs.storage.listings import Listings
 from shardfs.storage.urls import is_url
 
 Source = Any  # ``shardfs.storage.source.Source`` (not imported: it imports this module)
@@ -36,7 +37,7 @@ S3_OPTIONS = frozenset({"region", "profile", "requester_pays", "addressing"})
 DIRECTORY_OPTIONS = frozenset({"follow_symlinks"})
 KIND_OPTIONS = URL_OPTIONS | DIRECTORY_OPTIONS  # the options some kinds take and others refuse
 Credentials = tuple[Any, str]  # a credential provider (None: the store's own chain) and the hint of its failure
-Opener = Callable[[Source, float, float], contextlib.AbstractContextManager[Any]]
+Opener = Callable[[Source, float, Listings], contextlib.AbstractContextManager[Any]]
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Kind:
     name: str
     schemes: tuple[str, ...]
     options: frozenset[str]
-    opened: Opener = field(repr=False)  # (source, version_ttl, list_ttl) -> the Storage, open in the block
+    opened: Opener = field(repr=False)  # (source, version_ttl, listings) -> the Storage, open in the block
     writable: bool = True
     remote: bool = True
     settings: Callable[[StorageConfig, Mapping[str, str]], StorageConfig] | None = field(default=None, repr=False)
@@ -102,20 +103,20 @@ def named(name: str) -> Kind:
 
 
 @contextlib.contextmanager
-def _directory(source: Source, version_ttl: float, list_ttl: float) -> Iterator[Any]:
+def _directory(source: Source, version_ttl: float, listings: Listings) -> Iterator[Any]:
     from shardfs.storage.local import LocalStorage
 
-    yield LocalStorage(source.name, follow_symlinks=source.config.follow_symlinks, list_ttl=list_ttl)
+    yield LocalStorage(source.name, follow_symlinks=source.config.follow_symlinks, listings=listings)
 
 
 @contextlib.contextmanager
-def _object_store(source: Source, version_ttl: float, list_ttl: float) -> Iterator[Any]:
+def _object_store(source: Source, version_ttl: float, listings: Listings) -> Iterator[Any]:
     from shardfs.storage.objects import ObjectStorage
     from shardfs.storage.requests import Retry
 
     cfg = source.config
     storage = ObjectStorage(source.name, endpoint=cfg.endpoint, region=cfg.region, anonymous=cfg.anonymous,
-                            retry=Retry.for_timeout(cfg.timeout), stat_ttl=version_ttl, list_ttl=list_ttl,
+                            retry=Retry.for_timeout(cfg.timeout), stat_ttl=version_ttl, listings=listings,
                             access=source.access())
     try:
         yield storage
@@ -124,12 +125,12 @@ def _object_store(source: Source, version_ttl: float, list_ttl: float) -> Iterat
 
 
 @contextlib.contextmanager
-def _web(source: Source, version_ttl: float, list_ttl: float) -> Iterator[Any]:
+def _web(source: Source, version_ttl: float, listings: Listings) -> Iterator[Any]:
     from shardfs.storage.requests import Retry
     from shardfs.storage.web import WebStorage
 
     storage = WebStorage(source.name, retry=Retry.for_timeout(source.config.timeout), stat_ttl=version_ttl,
-                         list_ttl=list_ttl, access=source.access())
+                         listings=listings, access=source.access())
     try:
         yield storage
     finally:

@@ -134,9 +134,19 @@ class Listings:
         """Drop every listing (a directory was renamed)."""
         with self._lock:
             self._changes += 1
-            self._kept = SizedLRU(self.max_bytes, lambda k: k.size)
+            self._kept.clear()
 
     @property
     def used(self) -> int:
         """Bytes the kept listings cost (what ``max_bytes`` bounds)."""
         return self._kept.used
+
+    @property
+    def hits(self) -> int:
+        """Listings served from memory (``shardfs status``: a ``Counted`` cache)."""
+        return self._kept.hits
+
+    @property
+    def misses(self) -> int:
+        """Listings asked of the source although kept ones were looked for."""
+        return self._kept.misses

@@ -84,13 +84,13 @@ class LocalStorage:
     atomic_delete = True  # the version check and the unlink, both under the key's lock
 
     def __init__(self, root: str, stat_ttl: float = 1.0, follow_symlinks: bool = False,
-                 list_ttl: float = 0.0) -> None:
+                 listings: Listings | None = None) -> None:
         self.root = os.path.realpath(root)
         self.stat_ttl = stat_ttl
         self.follow_symlinks = follow_symlinks
         self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._versions = Remembered(stat_ttl)
-        self._listings = Listings(list_ttl)
+        self._listings = listings or Listings(0.0)
         self.stats = StoreStats()  # shard file reads and replaces (chunk reads: ``shardfs.reads.local``)
 
     # ----- names --------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
 from shardfs.storage.urls import env_endpoint
 from shardfs.storage import ABSENT, Entry, Version, VersionMismatch, Absent
 from shardfs.storage.access import Access
+from shardfs.storage.listings import Listings
 from shardfs.storage.loop import LoopThread
 from shardfs.storage.requests import (ANSWERS, MISSING, ObjectRequests, OverRequests, Retry, StorageUnavailable,
                                       first_line, status_of, tls_failure, version_of)
@@ -62,7 +63,7 @@ class ObjectStorage(OverRequests):
 
     def __init__(self, url: str, *, endpoint: str | None = None, region: str | None = None,
                  anonymous: bool = False, retry: Retry = Retry(), loop: LoopThread | None = None,
-                 stat_ttl: float = 1.0, list_ttl: float = 0.0, access: Access = Access()):
+                 stat_ttl: float = 1.0, listings: Listings | None = None, access: Access = Access()):
         parts = urlsplit(url)
         scheme = _SCHEMES.get(parts.scheme)
         if scheme is None or not parts.netloc:
@@ -86,7 +87,7 @@ class ObjectStorage(OverRequests):
         self._url, self._config, self._access, self._anonymous = url, config, access, anonymous
         client = {"allow_http": bool(endpoint and endpoint.startswith("http://")), **access.client_options()}
         super().__init__(ObjectRequests(url, scheme, self._open, client, retry=retry, loop=loop, name="objects",
-                                        stat_ttl=stat_ttl, list_ttl=list_ttl))
+                                        stat_ttl=stat_ttl, listings=listings))
 
     def _open(self, client: dict[str, Any], retry_config: dict[str, Any]) -> Any:
         """The obstore store for these client options and retry configuration."""

@@ -165,11 +165,11 @@ class ObjectRequests:
 
     def __init__(self, url: str, scheme: str, opener: Opener, client: dict[str, Any], *, retry: Retry = Retry(),
                  loop: LoopThread | None = None, name: str = "objects", stat_ttl: float = 1.0,
-                 list_ttl: float = 0.0) -> None:
+                 listings: Listings | None = None) -> None:
         """The store of ``url`` (``scheme``: ``s3``, ``gs``, ``az`` or ``http``) made by ``opener``
         with the ``client`` options, each request bounded by ``retry``; its requests run on ``loop``
-        (or on a thread ``name`` of its own); versions remembered ``stat_ttl`` seconds, listings
-        ``list_ttl``."""
+        (or on a thread ``name`` of its own); versions remembered ``stat_ttl`` seconds, listings in
+        ``listings`` (None: none kept)."""
         self.url = url.rstrip("/")
         self.scheme = scheme
         self._opener = opener
@@ -179,7 +179,7 @@ class ObjectRequests:
         self._own_loop = loop is None
         self.loop = loop or LoopThread(name=name)
         self.versions = Remembered(stat_ttl)
-        self.listings = Listings(list_ttl)
+        self.listings = listings or Listings(0.0)
         self.stats = StoreStats()
 
     def build(self, retry: Retry) -> Any:

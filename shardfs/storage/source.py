@@ -33,6 +33,7 @@ from typing import Any, Collection, Iterator, Mapping
 
 from shardfs.config import StorageConfig
 from shardfs.storage.kinds import DIRECTORY, KIND_OPTIONS, Kind, kind_of
+from shardfs.storage.listings import Listings
 from shardfs.storage.urls import normalize_url
 
 log = logging.getLogger("shardfs")
@@ -103,12 +104,12 @@ class Source:
         return Access(credentials, ca_pem, cfg.insecure, cfg.requester_pays, cfg.addressing, hint)
 
     @contextlib.contextmanager
-    def opened(self, version_ttl: float = 1.0, list_ttl: float = 0.0) -> Iterator[Any]:
+    def opened(self, version_ttl: float = 1.0, listings: Listings | None = None) -> Iterator[Any]:
         """The ``Storage`` of this source (its kind's ``opened``), open for the ``with`` block (an
         object store's request loop thread runs only inside it: start it after any fork, never
         before). ``version_ttl``: how long an object store remembers a key's version (the mount
         passes its ``attr_timeout``: the lag it promises for changes behind its back); a local
-        directory remembers stats for 1 s whatever it is. ``list_ttl``: how long either
-        remembers a listing (the mount passes its ``entry_timeout``)."""
-        with self.kind.opened(self, version_ttl, list_ttl) as storage:
+        directory remembers stats for 1 s whatever it is. ``listings``: the listings either
+        remembers (the mount's: its ``entry_timeout``, its share of the memory; None: none)."""
+        with self.kind.opened(self, version_ttl, listings or Listings(0.0)) as storage:
             yield storage
