@@ -13,12 +13,11 @@ Hostile sources (contracts):
   is opened, and opened with ``O_NONBLOCK``: a FIFO or device never blocks an open;
   anything but a regular file is ``Unusable`` (EIO).
 - Writes follow tensorstore's file kvstore protocol, so shardfs and tensorstore writers
-  exclude each other: open (create) ``<key>.__lock``, take an exclusive OFD lock on it,
-  check that the lock file still has its name (same device and inode when opened
-  again), check the key's version under the lock, write the lock file, fsync it, rename
-  it over the key, fsync the directory, close (which releases the lock). A condition
-  that fails, or a delete, unlinks the lock file under the lock. The lock is awaited at
-  most ``LOCK_WAIT`` seconds: a lock held forever fails the write (the fold retries).
+  exclude each other: hold the lock of ``<key>.__lock`` (``shardfs.storage.kvlock``: an
+  exclusive OFD lock on it, awaited at most ``kvlock.LOCK_WAIT`` seconds), check the key's version
+  under the lock, write the lock file, fsync it, rename it over the key, fsync the
+  directory, close (which releases the lock). A condition that fails, or a delete, unlinks
+  the lock file under the lock.
 - A replaced file keeps the owner, group and mode of the file it replaces; a new file
   (and any directory created for it) takes the owner and group of the nearest existing
   directory above it when the daemon may chown, and that directory's mode bits as far
@@ -30,30 +29,24 @@ from __future__ import annotations
 import builtins
 import ctypes
 import errno
-import fcntl
 import os
 import stat as stat_mod
 import struct
-import time
-from contextlib import contextmanager
 from typing import Iterable, Iterator, Sequence
 
 from shardfs.storage import UNKNOWN, Entry, Range, Unusable, Version, VersionMismatch, Absent
 from shardfs.base.files import not_regular
+from shardfs.storage.kvlock import LOCK_SUFFIX, locked
 from shardfs.storage.listings import Listings
 from shardfs.storage.versions import Remembered
 from shardfs.storage.stats import StoreStats, counted
 
-LOCK_SUFFIX = ".__lock"  # tensorstore's file kvstore: the lock file of key K is K + ".__lock"
-LOCK_WAIT = 2.0  # seconds a write waits for another writer's lock before it fails
 LIST_PAGE = 1000  # entries per page of a listing (as an S3 page)
 _ANSWERS = (FileNotFoundError, NotADirectoryError, VersionMismatch)  # not failures (``StoreStats``)
 
 _SYS_OPENAT2 = 437  # the same number on every Linux architecture
 _RESOLVE_BENEATH = 0x08
 _OPEN_HOW = struct.Struct("QQQ")  # struct open_how: flags, mode, resolve
-_FLOCK = struct.Struct("hhqqi4x")  # struct flock (l_type, l_whence, l_start, l_len, l_pid)
-_WRITE_LOCK = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
@@ -293,7 +286,7 @@ class LocalStorage:
         parent, name = _split(key)
         dfd, owner = self._open_dir(parent, create=True)
         try:
-            with self._locked(dfd, key) as lock_fd:
+            with locked(dfd, name, self.path(key) + LOCK_SUFFIX) as lock_fd:
                 current = self._under_lock(dfd, key, if_version)
                 st = current if current is not None else owner
                 written = 0
@@ -354,7 +347,7 @@ class LocalStorage:
                 raise VersionMismatch(self.path(key)) from None
             return
         try:
-            with self._locked(dfd, key):
+            with locked(dfd, name, self.path(key) + LOCK_SUFFIX):
                 self._under_lock(dfd, key, if_version)
                 try:
                     os.unlink(name, dir_fd=dfd)
@@ -400,44 +393,6 @@ class LocalStorage:
         except BaseException:
             os.unlink(name + LOCK_SUFFIX, dir_fd=dfd)
             raise
-
-    @contextmanager
-    def _locked(self, dfd: int, key: str) -> Iterator[int]:
-        """Hold tensorstore's write lock on ``key`` (its ``.__lock`` file in directory ``dfd``)."""
-        lock = _split(key)[1] + LOCK_SUFFIX
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        deadline = time.monotonic() + LOCK_WAIT
-        fd = self._open_lock(dfd, lock, flags, key)
-        try:
-            while True:
-                try:
-                    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _WRITE_LOCK)
-                except OSError as e:
-                    if e.errno not in (errno.EAGAIN, errno.EACCES):
-                        raise
-                    if time.monotonic() > deadline:
-                        raise OSError(errno.EAGAIN, f"locked by another writer for {LOCK_WAIT:g} s",
-                                      self.path(key) + LOCK_SUFFIX) from None
-                    time.sleep(0.005)
-                    continue
-                again = self._open_lock(dfd, lock, flags, key)
-                a, b = os.fstat(fd), os.fstat(again)
-                if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
-                    os.close(again)
-                    break
-                os.close(fd)  # the holder renamed or unlinked it: lock the file that has the name now
-                fd = again
-            yield fd
-        finally:
-            os.close(fd)
-
-    def _open_lock(self, dfd: int, lock: str, flags: int, key: str) -> int:
-        fd = os.open(lock, flags, 0o666, dir_fd=dfd)
-        st = os.fstat(fd)
-        if not stat_mod.S_ISREG(st.st_mode):
-            os.close(fd)
-            raise Unusable(errno.EIO, f"lock file {not_regular(st.st_mode)}", self.path(key) + LOCK_SUFFIX)
-        return fd
 
     def _open_dir(self, key: str, create: bool) -> tuple[int, os.stat_result]:
         """A descriptor of directory ``key`` (below the root, strictly) and the stat of the
