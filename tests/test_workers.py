@@ -540,6 +540,47 @@ def test_structure_changed_through_one_worker_is_seen_through_another(mount, src
     assert status(mnt)["internal_errors"]["total"] == 0
 
 
+ZARR2_RESIZE = ("import sys, zarr\n"
+                "z = zarr.open_array(sys.argv[1], mode='r+')\n"
+                "z.resize(17, 34)\n")
+
+
+@pytest.mark.parametrize("n", [1, 2], ids=["one_worker", "two_workers"])
+def test_a_shrinking_resize_removes_the_chunk_files_a_stat_still_shows(mount, src, n):
+    """zarr 2.18's resize ``stat``s each chunk file outside the new shape and removes those it
+    finds; the mount's resize has emptied them already. A chunk file open through the owner (a
+    reader's; in the 8-minute soak at workers=2, one the owner had not yet seen released: its
+    RELEASE served by the other worker, or still queued in the kernel) makes its ``stat`` show the
+    version it opened: its ``unlink`` then succeeds too, as that stat said (it was ENOENT, failing
+    the resize at ``2.0``). The open file still reads what it opened; the name is then gone."""
+    mnt = mount(src, "-o", f"workers={n}")
+    pids = workers(mnt, n) if n > 1 else []
+    arr = mnt / "s"
+    code = ("import sys, zarr, numpy as np\n"
+            "z = zarr.open_array(sys.argv[1], mode='w', shape=(46, 45), chunks=(10, 10), dtype='<i4', fill_value=0)\n"
+            "z[:40, :30] = np.arange(1, 40 * 30 + 1, dtype='<i4').reshape(40, 30)\n")
+    r = subprocess.run([ZARR2_PYTHON, "-c", code, str(arr)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    with only(pids[0], pids) if pids else contextlib.nullcontext():  # (its open is the owner's)
+        f = open(arr / "2.0", "rb", buffering=0)
+    with f:
+        held = f.read()
+        r = subprocess.run([ZARR2_PYTHON, "-c", ZARR2_RESIZE, str(arr)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert not (arr / "2.0").exists() and not (arr / "3.2").exists()
+        assert os.pread(f.fileno(), 1 << 20, 0) == held
+    code = ("import sys, zarr, numpy as np\n"
+            "z = zarr.open_array(sys.argv[1], mode='r')\n"
+            "assert z.shape == (17, 34), z.shape\n"
+            "want = np.zeros((17, 34), '<i4'); want[:17, :30] = np.arange(1, 1201, dtype='<i4').reshape(40, 30)[:17]\n"
+            "assert np.array_equal(z[...], want)\n")
+    r = subprocess.run([ZARR2_PYTHON, "-c", code, str(arr)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    with pytest.raises(FileNotFoundError):
+        os.unlink(arr / "2.0")  # (gone: a name never shown after its chunk was)
+    assert status(mnt)["internal_errors"]["total"] == 0
+
+
 def test_a_listing_of_a_changed_array_is_the_owners_however_it_is_opened(mount, tmp_path):
     """An OPENDIR of an array the owner changed, reaching the other worker with nothing before
     it (the directory open ``O_PATH`` and its attributes cached: no LOOKUP, no GETATTR), is

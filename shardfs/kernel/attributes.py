@@ -4,7 +4,9 @@ The attributes the kernel is told of an inode are the tree's (``Names.getattr``)
 - a file with uncommitted writes through a handle open here: its written size
   (``Writer.dirty_attr``);
 - a chunk file that no longer exists: ESTALE, not ENOENT (``attr``), so the kernel looks its name
-  up again; and if a file opened here still reads it, that file's version, asked again at once;
+  up again; and if a file opened here still reads it, that file's version, asked again at once
+  (the inode remembered in ``shown_gone``: the unlink of its name then succeeds, as that answer
+  said it could, ``Operations.unlink``);
 - an alias inode (a temporary renamed onto a chunk, see ``NodeTable``): its own number;
 - an inode that files open through the page cache hold at another size (``Pins.frozen``): that
   size, asked again as soon as those files are closed.
@@ -19,6 +21,7 @@ import pyfuse3
 
 from shardfs.base.attrs import Attr
 from shardfs.kernel.handles import Handles
+from shardfs.kernel.inodes import ShownGone
 from shardfs.kernel.opening import kernel_attr
 from shardfs.kernel.pins import Pins
 from shardfs.tree.names import Names
@@ -31,11 +34,14 @@ Entry = Callable[[Attr], pyfuse3.EntryAttributes]  # ``Entries.entry``: an ``Att
 
 class Attributes:
     """The GETATTR answers of one mount (see the module docstring): the tree's ``names`` and
-    ``nodes``, the adapter's open ``handles`` and ``pins``, the ``entry`` a reply shows, and the
-    ``writer`` (None on a read-only mount, or a worker that forwards its writes)."""
+    ``nodes``, the adapter's open ``handles`` and ``pins``, the ``entry`` a reply shows, the
+    ``writer`` (None on a read-only mount, or a worker that forwards its writes), and where the
+    chunk inodes answered with a held file's version after their chunk was gone are kept
+    (``shown_gone``, the adapter's)."""
 
     def __init__(self, names: Names, nodes: NodeTable, handles: Handles, pins: Pins, entry: Entry,
-                 writer: Writer | None) -> None:
+                 writer: Writer | None, shown_gone: ShownGone) -> None:
+        self.shown_gone = shown_gone
         self.names = names
         self.nodes = nodes
         self._handles = handles
@@ -62,6 +68,7 @@ class Attributes:
             # removal (ESTALE, then ENOENT) as soon as no file holds it.
             gone = self._entry(kernel_attr(opened))
             gone.attr_timeout = 0
+            self.shown_gone.keep(inode)
             return gone
         if attr.ino != inode and self.nodes.is_new_alias(inode):
             attr = attr._replace(ino=inode)  # as its lookup said (pyfuse3 gives an entry's inode as its number)

@@ -6,13 +6,15 @@ This module keeps the kernel's side of the table: how many lookups of each inode
 it holds (an inode it does not hold has nothing cached, so needs no invalidation,
 and once it holds none the view may free it), the version of each file whose
 pages it may have cached, so an open can tell it whether to keep them, and the
-generation of each inode number whose directory was removed.
+generation of each inode number whose directory was removed, and the chunk inodes whose
+``stat`` still showed a file after their chunk was gone (``ShownGone``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+from typing import Callable
 
 from shardfs.base.attrs import Attr
 
@@ -238,3 +240,28 @@ class KernelInodes:
         the kernel (the dead one gives EIO to whoever still holds it, as a removed directory
         should)."""
         self._generations[ino] = self.generation(ino) + 1
+
+
+class ShownGone:
+    """Chunk inodes a getattr answered with the version a file open on them reads after their
+    chunk was gone (``Operations.getattr``): a ``stat`` of such a name said it is there, so its
+    ``unlink`` removes it (``Operations.unlink``) instead of failing. At most ``KEPT``, the
+    oldest let go first; one is let go of once its name is removed or the kernel forgets it."""
+
+    KEPT = 256
+
+    def __init__(self) -> None:
+        self._inos: dict[int, None] = {}  # (insertion order: the oldest first)
+
+    def keep(self, ino: int) -> None:
+        self._inos.pop(ino, None)
+        if len(self._inos) >= self.KEPT:
+            del self._inos[next(iter(self._inos))]
+        self._inos[ino] = None
+
+    def find(self, names: Callable[[int], bool]) -> int | None:
+        """The inode kept for which ``names(ino)`` is true, if any."""
+        return next((ino for ino in self._inos if names(ino)), None)
+
+    def drop(self, ino: int) -> None:
+        self._inos.pop(ino, None)

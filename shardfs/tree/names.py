@@ -358,6 +358,18 @@ class Names:
         coords = self._chunk_named(arr, key, name)
         return (arr, coords) if coords is not None and arr.shown.layout.in_grid(coords) else None
 
+    def names_chunk_inode(self, parent: int, name: str, ino: int) -> bool:
+        """True if entry ``name`` of directory ``parent`` names the chunk that chunk inode ``ino``
+        shows, in the layout that inode was given in (an earlier one after a resize: the name
+        may be outside the grid now); False for any other inode, or one no longer known."""
+        try:
+            key, chunk = self.nodes.node_key(parent), self.nodes.node_key(ino)
+        except OSError:
+            return False
+        if not isinstance(chunk, ChunkKey) or not isinstance(key, (DirKey, *ARRAY_DIRS)):
+            return False
+        return key.path == chunk.arr.path and self._chunk_named(chunk.arr, key, name) == chunk.coords
+
     def moved(self, old: str, new: str) -> None:
         """Directory ``old`` was renamed to ``new`` (``Structure.move``): the hierarchy, the node
         table and what was made through the mount follow it; chunk lookups remembered go."""
