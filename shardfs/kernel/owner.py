@@ -12,8 +12,9 @@ shard directory or ``.zarray`` its array's, a group's ``.zattrs`` the group's): 
 nodes of that area (an array's chunks, a group's listing), or ``tree``, every area at or below
 that path (a group renamed or removed, a group's metadata that changes how its arrays are
 shown). A worker looks at the file's size at every request it might serve itself (one
-``fstat``) and reads the new lines when it grew. A mark is never taken back while the mount
-lives: the other workers' caches of an area it names are never trusted again.
+``lseek`` to its end: 0.6-0.8 us, an ``fstat`` 1.5-2.3) and reads the new lines when it grew.
+A mark is never taken back while the mount lives: the other workers' caches of an area it
+names are never trusted again.
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ class Marks:
             os.write(self._fd, json.dumps(["t" if tree else "e", path]).encode() + b"\n")
 
     def refresh(self) -> None:
-        """Read the lines appended since the last look (one ``fstat`` when there are none)."""
-        if self._fd < 0 or os.fstat(self._fd).st_size == self._read:
+        """Read the lines appended since the last look (one ``lseek`` when there are none: the
+        file's size without building a stat result; the reads here are ``pread``, the writes appends)."""
+        if self._fd < 0 or os.lseek(self._fd, 0, os.SEEK_END) == self._read:
             return
         data = b""
         while True:
