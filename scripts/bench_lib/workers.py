@@ -6,7 +6,9 @@ in a fresh mount with page caches dropped: 4 concurrent zarr 2.18 processes read
 of the array (every chunk once, ``readers.zarr_readers``). Reported: chunk files a second, CPU per
 chunk summed over the workers (utime + stime of each worker, ``/proc/PID/stat``), each worker's
 share of that CPU, the requests one worker sent another (a READ or RELEASE of a handle the
-other opened: ``forwarded``, per chunk), and the mount's memory after the read: the workers' RSS
+other opened: ``forwarded``, per chunk), the voluntary and involuntary context switches a chunk
+of the workers' request threads (``switches``: with N workers on few cores, a worker preempted
+while busy), and the mount's memory after the read: the workers' RSS
 summed (``rss``: what the bench reported before; it counts the pages a worker forked from the
 zygote still shares with it and the other workers once per worker), and the PSS of the
 supervisor, the zygote and the workers summed (``pss``, from ``/proc/PID/smaps_rollup``: each
@@ -72,6 +74,17 @@ def pss(pid: int) -> int:
     return 0
 
 
+def switches(pid: int) -> tuple[int, int]:
+    """The voluntary and involuntary context switches of ``pid``'s main thread (the one serving
+    the requests), (0, 0) if it is gone: a worker preempted while busy counts involuntary ones."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            counts = {k: int(v) for k, v in (line.split(":", 1) for line in f) if k.endswith("ctxt_switches")}
+    except OSError:
+        return 0, 0
+    return counts["voluntary_ctxt_switches"], counts["nonvoluntary_ctxt_switches"]
+
+
 def measure(bench: Any, n: int, readers: int, ro: bool = True) -> dict[str, Any]:
     """One fresh mount (read-only, or writable) with ``n`` workers read by ``readers`` zarr 2.18 processes."""
     with bench.mounted(bench.big, f"workers{n}{'' if ro else 'rw'}", ro=ro, options=f"workers={n}") as m:
@@ -81,9 +94,11 @@ def measure(bench: Any, n: int, readers: int, ro: bool = True) -> dict[str, Any]
             raise BenchError(f"-o workers={n}: {len(pids)} workers serve")
         bench.drop_caches()
         cpu0 = [cpu_seconds(p) for p in pids]
+        switched0 = [switches(p) for p in pids]
         sent0 = forwarded(m.mnt)
         wall, _ = zarr_readers(bench, PY2, CLIENTS, m.mnt / "vol", readers, None)
         cpu = [cpu_seconds(p) - c for p, c in zip(pids, cpu0)]
+        switched = [(v - v0, i - i0) for (v, i), (v0, i0) in zip(map(switches, pids), switched0)]
         mem = sum(rss(p) for p in pids)
         real = sum(pss(p) for p in process_tree(supervisor))
         time.sleep(1.2 if n > 1 else 0)  # (each worker's counts reach the others every second)
@@ -91,7 +106,8 @@ def measure(bench: Any, n: int, readers: int, ro: bool = True) -> dict[str, Any]
     chunks = len(bench.vol_names)
     total = sum(cpu)
     return {"wall": wall, "rate": chunks / wall, "cpu_us": total / chunks * 1e6,
-            "shares": [c / total if total else 0.0 for c in cpu], "rss": mem, "pss": real, "forwarded": sent / chunks}
+            "shares": [c / total if total else 0.0 for c in cpu], "rss": mem, "pss": real, "forwarded": sent / chunks,
+            "voluntary": sum(v for v, _ in switched) / chunks, "involuntary": sum(i for _, i in switched) / chunks}
 
 
 KINDS = (("read-only", True), ("writable", False))
@@ -107,7 +123,8 @@ def figure(bench: Any) -> list[Row]:
                 r = runs[kind, n][-1]
                 bench.log(f"workers rep {rep + 1}: {kind} workers={n} {r['rate']:.0f} chunks/s, "
                           f"{r['cpu_us']:.0f} µs CPU/chunk, shares {', '.join(f'{s:.0%}' for s in r['shares'])}, "
-                          f"forwarded {r['forwarded']:.2f}/chunk, RSS of the workers {r['rss'] / MiB:.0f} MiB, "
+                          f"forwarded {r['forwarded']:.2f}/chunk, context switches {r['voluntary']:.2f} voluntary "
+                          f"{r['involuntary']:.2f} involuntary/chunk, RSS of the workers {r['rss'] / MiB:.0f} MiB, "
                           f"PSS of the mount {r['pss'] / MiB:.0f} MiB, load {os.getloadavg()[0]:.1f}")
     bench.raw["workers"] = {f"{k} {n}": rs for (k, n), rs in runs.items()}
     med = {key: {k: median([r[k] for r in rs]) for k in ("rate", "cpu_us", "rss", "pss", "wall", "forwarded")}
@@ -130,6 +147,10 @@ def figure(bench: Any) -> list[Row]:
             if n > 1:  # (each repetition's N ran side by side with its workers=1, at the same load)
                 paired = [r["cpu_us"] / o["cpu_us"] for r, o in zip(runs[kind, n], runs[kind, 1])]
                 row.note = f"per repetition {', '.join(f'{x:.2f}x' for x in paired)}"
+            # (a worker preempted while busy: the CPU/chunk of N workers on few cores grows with it)
+            row.note = (row.note + "; " if row.note else "") + (
+                f"involuntary context switches {median([r['involuntary'] for r in runs[kind, n]]):.2f}/chunk, "
+                f"voluntary {median([r['voluntary'] for r in runs[kind, n]]):.2f}")
             rows.append(row)
     top = max(counts)
     for kind, _ro in KINDS:
