@@ -29,7 +29,6 @@ from shardfs.storage.local import LocalStorage
 from shardfs.storage.objects import ObjectStorage
 from shardfs.storage.requests import Retry
 from shardfs.tree.nodetable import ROOT_INODE
-from shardfs.shards.shard import IndexCache
 from shardfs.app.compose import Tree, compose_tree
 
 
@@ -287,7 +286,7 @@ def test_no_index_is_read_ahead_when_the_arrays_indexes_would_not_fit_a_quarter_
     """With an index cache of 12 tables, a quarter holds 3: the array's 4 shards are listed
     (one LIST) and no other index is read."""
     view, proxy, requests, want, _ = counted
-    view.indexes.index_cache = IndexCache(max_bytes=12 * 16 * CPS * CPS)  # 16 bytes per chunk in a table
+    view.indexes.index_cache.max_bytes = 12 * 16 * CPS * CPS  # 16 bytes per chunk in a table
 
     async def scattered() -> bytes:
         data = await chunk_bytes(view, "5.6", None, "a")

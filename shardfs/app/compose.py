@@ -40,6 +40,7 @@ from shardfs.reads.factory import make_reads
 from shardfs.reads.prefetch import Prefetch
 from shardfs.reads.rangecache import RangeCache
 from shardfs.shards.indexes import ShardIndexes
+from shardfs.shards.shard import INDEX_CACHE_BYTES, IndexCache
 from shardfs.base import private
 from shardfs.storage import Storage
 from shardfs.storage.listings import DEFAULT_BYTES as LISTING_BYTES, Listings
@@ -113,10 +114,13 @@ class Composed:
 
 def compose_tree(storage: Storage, reads: Reads | None = None, writeback: Writeback | None = None,
                  tree: TreeConfig | None = None, max_chunk: int = ReadConfig.max_chunk,
-                 ledger: Ledger | None = None, read_only: bool | None = None) -> Tree:
+                 ledger: Ledger | None = None, read_only: bool | None = None,
+                 index_bytes: int = INDEX_CACHE_BYTES) -> Tree:
     """The tree of a mount of ``storage`` (read-only unless ``writeback`` is given, or as
     ``read_only`` says); ``reads`` by default ``make_reads(storage)``; ``max_chunk``: ``-o
-    max_chunk``; ``ledger``: where the numbers given to the kernel are noted (none kept by default)."""
+    max_chunk``; ``ledger``: where the numbers given to the kernel are noted (none kept by default);
+    ``index_bytes``: the bound of the decoded index tables kept (the shard indexes' and the
+    read-ahead's one ``IndexCache``)."""
     reads = reads if reads is not None else make_reads(storage)
     tree = tree or TreeConfig()
     ledger = ledger or Ledger()
@@ -124,8 +128,9 @@ def compose_tree(storage: Storage, reads: Reads | None = None, writeback: Writeb
     nodes = NodeTable(hierarchy.slots, ledger, hierarchy.unbound)  # inode numbers <-> node keys, staging files
     hierarchy.bound.append(nodes.slot_bound)
     made = Made(ledger)  # structure made through the mount that the source does not hold (yet)
-    indexes = ShardIndexes(storage, reads.indexes_per_read, hierarchy.version, hierarchy.log_unusable)
-    prefetch = Prefetch(storage, reads, indexes)  # object sources: read-ahead
+    index_cache = IndexCache(index_bytes)
+    indexes = ShardIndexes(storage, reads.indexes_per_read, hierarchy.version, hierarchy.log_unusable, index_cache)
+    prefetch = Prefetch(storage, reads, indexes, index_cache)  # object sources: read-ahead
     chunks = Chunks(storage, writeback, indexes, reads, prefetch)  # stored and pending
     resolved = Resolved()
     names = Names(storage, hierarchy, nodes, made, indexes, chunks, resolved,
@@ -185,8 +190,8 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
         raise UsageError(f"-o {e}") from None
     reads = make_reads(storage, cache=ranges, chunk_cache=ChunkCache(cfg.reads.chunk_cache))
     ledger = ledger or Ledger()
-    t = compose_tree(storage, reads, writeback, cfg.tree, cfg.reads.max_chunk, ledger, cfg.read_only)
-    t.indexes.index_cache.max_bytes //= share  # (as run.py divides -o chunk_cache and -o cache_size)
+    t = compose_tree(storage, reads, writeback, cfg.tree, cfg.reads.max_chunk, ledger, cfg.read_only,
+                     INDEX_CACHE_BYTES // share)  # (as run.py divides -o chunk_cache and -o cache_size)
     inodes = KernelInodes() if pages is None else SharedInodes(pages)
     invalidation = Invalidation(inodes, t.nodes, every=ledger.shared)
     commits = structure = writer = None

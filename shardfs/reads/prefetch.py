@@ -57,20 +57,17 @@ class _Visit(NamedTuple):
 
 
 class Prefetch:
-    """The read-ahead of one mount over ``source``, fetching through ``reads`` and caching
-    indexes in ``indexes``."""
+    """The read-ahead of one mount over ``source``, fetching through ``reads`` and caching the
+    indexes it reads in ``index_cache``, the one ``indexes`` keeps."""
 
-    def __init__(self, source: Storage, reads: Reads, indexes: ShardIndexes) -> None:
+    def __init__(self, source: Storage, reads: Reads, indexes: ShardIndexes, index_cache: IndexCache) -> None:
         self.source = source
         self.reads = reads
         self.indexes = indexes
+        self.index_cache = index_cache
         self._ahead: deque[tuple[Swept, str]] = deque()  # shards to fetch ahead of a sweep, in turn
         self._prefetching = 0  # shards being fetched ahead of a sweep
         self._last_shard: dict[str, _Visit] = {}  # array path -> its shard opened last (``note_shard``)
-
-    @property
-    def index_cache(self) -> IndexCache:
-        return self.indexes.index_cache
 
     def walking(self, arr: Swept) -> bool:
         """True if a shard of ``arr`` was opened (so a lookup may walk on from it: ``walk_on``)."""

@@ -63,17 +63,22 @@ class ShardIndexes:
     """The indexes of one source's shards. ``per_read``: shards whose never-read indexes a
     lookup reads in one call (``Reads.indexes_per_read``); ``version(key, ask)``: a key's
     version as the view asks it (an unusable key raises its errno, logged once);
-    ``log_unusable(key, e)``: log once why ``key`` is not read."""
+    ``log_unusable(key, e)``: log once why ``key`` is not read; ``index_cache``: where the tables
+    read are kept (shared with the read-ahead, which fills it too: ``shardfs.reads.prefetch``)."""
 
     def __init__(self, source: Storage, per_read: int,
                  version: Callable[..., Awaitable[Version | None | Unknown]],
-                 log_unusable: Callable[[str, Unusable], None]) -> None:
+                 log_unusable: Callable[[str, Unusable], None], index_cache: IndexCache | None = None) -> None:
         self.source = source
         self.per_read = per_read
         self.version = version
         self._log_unusable = log_unusable
-        self.index_cache = IndexCache()
+        self.index_cache = IndexCache() if index_cache is None else index_cache
         self._index_reads: dict[str, trio.Event] = {}  # shard key -> its index being read
+
+    def forget(self, key: str) -> None:
+        """The shard at ``key`` was replaced since its index was read: read it again at its next use."""
+        self.index_cache.forget(key)
 
     def reading(self, key: str) -> bool:
         """True while the index (or the whole shard) at ``key`` is being read."""

@@ -43,12 +43,15 @@ class Extent(NamedTuple):
     nbytes: int
 
 
+INDEX_CACHE_BYTES = 64 << 20  # a mount's decoded index tables (N workers: each keeps its share)
+
+
 class IndexCache(SizedLRU[tuple[str, Version], "np.ndarray | CorruptShard"]):
     """A bounded LRU of decoded index tables (and of failures, so a corrupt shard is logged once),
     which also knows the version of each key's newest entry (``latest``): a shard never read
     is read without asking its version first (that would be a request of its own)."""
 
-    def __init__(self, max_bytes: int = 64 << 20) -> None:
+    def __init__(self, max_bytes: int = INDEX_CACHE_BYTES) -> None:
         super().__init__(max_bytes, lambda item: item.nbytes if isinstance(item, np.ndarray) else 64)
         self._latest: dict[str, Version] = {}
 

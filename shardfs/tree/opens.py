@@ -92,7 +92,7 @@ class Opens:
                 handle = await self.reads.open(ino, attr, ext, decode, first)
             except VersionMismatch:  # replaced since its version was remembered: look again
                 self.source.changed(ext.key)
-                self.indexes.index_cache.forget(ext.key)
+                self.indexes.forget(ext.key)
                 continue
             if self.reads.prefetches:
                 self.prefetch.note_shard(arr, coords, ext)
