@@ -39,9 +39,10 @@ _HEAD = struct.Struct("<IIQQ")  # magic, capacity, dirty (offset of the entry be
 _ENTRY = struct.Struct("<QIIQqQqIIII")  # see ``Entry``
 _INO = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
-_DIRTY = struct.Struct("<Q")
+_DIRTY = struct.Struct("<Q")  # (the header's dirty, at ``_DIRTY_AT``; its pins, at ``_PINS_AT``)
+_DIRTY_AT, _PINS_AT = 8, 16
 _VERSION = struct.Struct("<IIQq")  # state, mark, size, mtime
-_READERS = struct.Struct("<Qq")  # rsize, rmtime
+_READERS = struct.Struct("<QqI")  # rsize, rmtime, readers
 # offsets of an entry's fields (``Entry``): one aligned word is written whole, never torn
 STATE, MARK, SIZE, RSIZE, READERS, PINS, GEN, CHANGES = 8, 12, 16, 32, 48, 52, 56, 60
 
@@ -109,7 +110,8 @@ class PageTable:
         """Hold the table's lock (``with table.locked():``; re-entrant within this worker: one
         ``flock`` pair for a whole open's decisions). Never across an ``await``: every worker's
         opens wait for it; never while taking the ledger's (``shardfs.tree.ledger``), which is
-        held while taking this one (a ledger followed under its lock lets go of released files)."""
+        held while taking this one (a ledger followed under its lock lets go of released files).
+        The table is that context manager itself: ``with table:`` is the same, a call cheaper."""
         return self
 
     def __enter__(self) -> None:
@@ -118,7 +120,7 @@ class PageTable:
             return
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         self._depth = 1
-        dirty = _DIRTY.unpack_from(self._map, 8)[0]
+        dirty = _DIRTY.unpack_from(self._map, _DIRTY_AT)[0]
         if dirty:  # a worker died writing it
             self._poison(dirty)
 
@@ -127,16 +129,15 @@ class PageTable:
         if not self._depth:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
-    def _home(self, ino: int) -> int:
-        return (ino + (ino >> 40) * 0x9E3779B97F4A7C15) & self._mask
-
     def find(self, ino: int, insert: bool = False) -> int:
         """The offset of ``ino``'s entry; with ``insert`` (under the lock) a new one if it has none;
-        -1 if it has none (or none can be made: the entries near its home are taken)."""
+        -1 if it has none (or none can be made: the entries near its home are taken). An inode
+        without an entry costs one probe (its home is empty: entries are never removed)."""
         off = self._offsets.get(ino, -1)
         if off >= 0:
             return off
-        home, mask, unpack, table = self._home(ino), self._mask, _INO.unpack_from, self._map
+        mask, unpack, table = self._mask, _INO.unpack_from, self._map
+        home = (ino + (ino >> 40) * 0x9E3779B97F4A7C15) & mask  # (a chunk's inodes: consecutive entries)
         for i in range(PROBES):
             off = HEADER + ((home + i) & mask) * ENTRY
             at = unpack(table, off)[0]
@@ -167,9 +168,10 @@ class PageTable:
     def write(self, off: int, entry: Entry) -> None:
         """Replace the entry at ``off`` (under the lock)."""
         assert self._depth
-        self._set_dirty(off)
-        _ENTRY.pack_into(self._map, off, *entry)
-        self._set_dirty(0)
+        table = self._map
+        _DIRTY.pack_into(table, _DIRTY_AT, off)
+        _ENTRY.pack_into(table, off, *entry)
+        _DIRTY.pack_into(table, _DIRTY_AT, 0)
 
     def word(self, off: int, field: int) -> int:
         """One 32-bit field of the entry at ``off`` (``STATE``, ``READERS`` ...: never torn)."""
@@ -187,22 +189,22 @@ class PageTable:
     def set_version(self, off: int, state: int, mark: int, size: int, mtime: int) -> None:
         """Set what the pages hold (under the lock; named in the header while written)."""
         assert self._depth
-        self._set_dirty(off)
-        _VERSION.pack_into(self._map, off + STATE, state, mark, size, mtime)
-        self._set_dirty(0)
+        table = self._map
+        _DIRTY.pack_into(table, _DIRTY_AT, off)
+        _VERSION.pack_into(table, off + STATE, state, mark, size, mtime)
+        _DIRTY.pack_into(table, _DIRTY_AT, 0)
 
     def readers(self, off: int) -> tuple[int, int, int]:
         """(rsize, rmtime, readers) of the entry at ``off``."""
-        rsize, rmtime = _READERS.unpack_from(self._map, off + RSIZE)
-        return rsize, rmtime, self.word(off, READERS)
+        return _READERS.unpack_from(self._map, off + RSIZE)
 
     def set_readers(self, off: int, rsize: int, rmtime: int, readers: int) -> None:
         """Set the version read through the pages and how many files read it (under the lock)."""
         assert self._depth
-        self._set_dirty(off)
-        _READERS.pack_into(self._map, off + RSIZE, rsize, rmtime)
-        _U32.pack_into(self._map, off + READERS, readers)
-        self._set_dirty(0)
+        table = self._map
+        _DIRTY.pack_into(table, _DIRTY_AT, off)
+        _READERS.pack_into(table, off + RSIZE, rsize, rmtime, readers)
+        _DIRTY.pack_into(table, _DIRTY_AT, 0)
 
     def changes(self, ino: int) -> int:
         """The changes counted for ``ino`` (read without the lock: one aligned word)."""
@@ -211,20 +213,17 @@ class PageTable:
 
     def pins(self) -> int:
         """Files pinning an inode's size, in all (read without the lock)."""
-        return int(_HEAD.unpack_from(self._map, 0)[3])
+        return int(_DIRTY.unpack_from(self._map, _PINS_AT)[0])
 
     def add_pins(self, n: int) -> None:
         """``n`` more (or fewer) files pinning an inode's size (under the lock)."""
         assert self._depth
-        magic, cap, dirty, pins = _HEAD.unpack_from(self._map, 0)
-        _HEAD.pack_into(self._map, 0, magic, cap, dirty, max(0, pins + n))
-
-    def _set_dirty(self, off: int) -> None:
-        _DIRTY.pack_into(self._map, 8, off)
+        pins = _DIRTY.unpack_from(self._map, _PINS_AT)[0]
+        _DIRTY.pack_into(self._map, _PINS_AT, max(0, pins + n))
 
     def _poison(self, off: int) -> None:
         e = self.read(off)
         ino = e.ino if self.find(e.ino) == off else 0  # (a torn inode number: the entry is nobody's)
-        self._set_dirty(0)
+        _DIRTY.pack_into(self._map, _DIRTY_AT, 0)
         if ino:
             _ENTRY.pack_into(self._map, off, ino, POISONED, 0, 0, 0, 0, 0, 1, 0, 0, e.changes + 1)

@@ -52,7 +52,7 @@ class SharedInodes(KernelInodes):
 
     def opened(self, attr: Attr) -> Pages:
         t = self.table
-        with t.locked():
+        with t:
             off = t.find(attr.ino, insert=True)
             if off < 0:
                 return Pages.OTHER
@@ -67,7 +67,7 @@ class SharedInodes(KernelInodes):
 
     def dropping(self, ino: int) -> object:
         t = self.table
-        with t.locked():
+        with t:
             off = t.find(ino, insert=True)
             if off < 0:
                 return None
@@ -80,7 +80,7 @@ class SharedInodes(KernelInodes):
 
     def dropped(self, attr: Attr, mark: object) -> None:
         t = self.table
-        with t.locked():
+        with t:
             off = t.find(attr.ino)
             if off < 0 or mark is None:
                 return
@@ -91,7 +91,7 @@ class SharedInodes(KernelInodes):
 
     def reading(self, attr: Attr, fh: int = 0) -> bool:
         t = self.table
-        with t.locked():
+        with t:
             off = t.find(attr.ino, insert=True)
             if off < 0:
                 return True
@@ -111,14 +111,14 @@ class SharedInodes(KernelInodes):
         if off < 0:  # (a file opened with direct I/O, or by another worker)
             return
         t = self.table
-        with t.locked():
+        with t:
             e = t.fields(off)
             if e[_READERS] and e[_STATE] != pt.POISONED:
                 t.set_word(off, pt.READERS, e[_READERS] - 1)
 
     def served(self, attr: Attr) -> None:
         t = self.table
-        with t.locked():
+        with t:
             off = t.find(attr.ino)
             if off < 0:
                 return
@@ -128,11 +128,11 @@ class SharedInodes(KernelInodes):
                 t.set_word(off, pt.STATE, pt.UNKNOWN)
 
     def changed(self, ino: int) -> None:
-        with self.table.locked():
+        with self.table:
             self._changed(self.table.find(ino, insert=True))
 
     def invalidated(self, ino: int) -> None:
-        with self.table.locked():
+        with self.table:
             self._changed(self.table.find(ino))  # (an inode never opened has no pages)
 
     def _changed(self, off: int) -> None:
@@ -178,7 +178,7 @@ class SharedPins(Pins):
 
     def pin(self, fh: int, version: Attr) -> None:
         t = self.table
-        with t.locked():
+        with t:
             off = t.find(version.ino, insert=True)
             if off < 0:  # (a full table: ``reading`` gave it direct I/O)
                 return
@@ -194,7 +194,7 @@ class SharedPins(Pins):
         if off < 0:
             return
         t = self.table
-        with t.locked():
+        with t:
             e = t.fields(off)
             if e[_GEN] == gen and e[_PINS]:
                 t.set_word(off, pt.PINS, e[_PINS] - 1)
@@ -202,7 +202,7 @@ class SharedPins(Pins):
 
     def forfeit(self, ino: int) -> None:
         t = self.table
-        with t.locked():
+        with t:
             off = t.find(ino)
             if off < 0:
                 return
@@ -221,7 +221,7 @@ class SharedPins(Pins):
         answered, and read here by a lookup or getattr that came after, or raced with it anyway.)"""
         t = self.table
         off = t.find(ino)
-        if off < 0 or not t.word(off, pt.PINS):
+        if off < 0:
             return None
-        rsize, rmtime, _readers = t.readers(off)
-        return (rsize, rmtime) if rsize != size else None
+        e = t.fields(off)
+        return (e[_RSIZE], e[_RMTIME]) if e[_PINS] and e[_RSIZE] != size else None
