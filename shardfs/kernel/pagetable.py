@@ -207,9 +207,10 @@ class PageTable:
         _DIRTY.pack_into(table, _DIRTY_AT, 0)
 
     def changes(self, ino: int) -> int:
-        """The changes counted for ``ino`` (read without the lock: one aligned word)."""
+        """The changes counted for ``ino`` (read without the lock: one aligned word); 0 if it has
+        no entry (as a new entry starts)."""
         off = self.find(ino)
-        return -1 if off < 0 else _U32.unpack_from(self._map, off + CHANGES)[0]
+        return 0 if off < 0 else _U32.unpack_from(self._map, off + CHANGES)[0]
 
     def pins(self) -> int:
         """Files pinning an inode's size, in all (read without the lock)."""

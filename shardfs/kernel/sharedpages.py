@@ -42,7 +42,7 @@ class SharedInodes(KernelInodes):
         self._counted: dict[int, int] = {}  # fh -> its inode's entry: a file counted by ``reading``
 
     def locked(self) -> contextlib.AbstractContextManager[None]:
-        return self.table.locked()
+        return self.table  # (``PageTable.locked``)
 
     def pages(self, attr: Attr) -> Pages:
         """(Without the lock: what it answers only chooses whether to read the content for a fill
@@ -143,10 +143,10 @@ class SharedInodes(KernelInodes):
             t.set_word(off, pt.CHANGES, t.word(off, pt.CHANGES) + 1)
 
     def watch(self, ino: int) -> int:
-        return max(0, self.table.changes(ino))
+        return self.table.changes(ino)
 
     def unwatch(self, ino: int, seen: int) -> bool:
-        return max(0, self.table.changes(ino)) != seen
+        return self.table.changes(ino) != seen
 
 
 # indexes of ``PageTable.fields``' tuple (``pagetable.Entry``'s order)
