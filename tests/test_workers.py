@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import json
 import os
 import signal
@@ -389,9 +390,11 @@ def status_at(sock: str) -> dict[str, Any]:
     """The status document the worker that accepts on ``sock`` sends."""
     import socket
 
-    with socket.socket(socket.AF_UNIX) as s:
+    from shardfs.base.files import socket_address
+
+    with socket.socket(socket.AF_UNIX) as s, socket_address(sock) as address:
         s.settimeout(10)
-        s.connect(sock)
+        s.connect(address)
         data = b""
         while chunk := s.recv(1 << 16):
             data += chunk
@@ -453,6 +456,25 @@ def test_a_write_through_one_worker_is_read_at_once_through_another(mount, src):
         assert (mnt / "a" / "2.3").read_bytes() == new
     doc = status(mnt)
     assert doc["internal_errors"]["total"] == 0
+
+
+def test_workers_reach_each_other_through_a_state_directory_past_sun_path(mount, src, tmp_path, monkeypatch):
+    """The state directory of a long home (or of a source of a long name: 53 bytes of it) puts
+    the workers' and the status sockets past the 107 bytes of a unix socket's path: `shardfs
+    status` answers, and a write acknowledged by the owner is read at once through the other
+    worker, which forwards it (it cannot bind nor reach a socket by that path: EIO after
+    ``RECONNECT_S`` before)."""
+    from shardfs.app import state
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / ("state-" + "s" * 100)))  # (the mount's too)
+    mnt = mount(src, "-o", "workers=2," + NO_CACHE)
+    w0, w1 = workers(mnt, 2)
+    assert all(len(p) > 107 for p in glob.glob(os.path.join(state.state_home(), "*", "*.sock")))
+    new = (mnt / "a" / "0.0").read_bytes()
+    with only(w0, [w0, w1]):
+        (mnt / "a" / "1.2").write_bytes(new)
+    assert through_the_other(mnt, w0, lambda: (mnt / "a" / "1.2").read_bytes()) == new
+    assert status(mnt)["internal_errors"]["total"] == 0
 
 
 def test_a_temporary_renamed_onto_a_chunk_reads_back_after_the_owner_followed_its_records(mount, src):

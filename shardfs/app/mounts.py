@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardfs.app import state
+from shardfs.base import files
 from shardfs.storage.urls import is_url
 
 FSTYPE = "fuse.shardfs"
@@ -97,7 +98,8 @@ def ask(path: str, timeout: float = ASK_TIMEOUT) -> tuple[dict[str, Any], int]:
     does not answer, or not with a JSON object."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
         sock.settimeout(timeout)
-        sock.connect(path)
+        with files.socket_address(path) as address:
+            sock.connect(address)
         pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
         if uid != os.geteuid():
             raise PermissionError(errno.EPERM, f"served by uid {uid}, not by this user", path)
@@ -120,7 +122,8 @@ def pidfd_of(daemon: Daemon) -> int:
     user's any more, ``OSError`` if the socket does not answer. The caller closes the fd."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
         sock.settimeout(ASK_TIMEOUT)
-        sock.connect(daemon.socket)
+        with files.socket_address(daemon.socket) as address:
+            sock.connect(address)
         pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
         if uid != os.geteuid() or pid != daemon.pid:
             raise PermissionError(errno.EPERM, f"served by pid {pid} of uid {uid}, not daemon {daemon.pid}",

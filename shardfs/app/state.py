@@ -30,7 +30,7 @@ import os
 import re
 import socket
 
-from shardfs.base import private
+from shardfs.base import files, private
 from shardfs.storage.urls import is_url, normalize_url
 
 log = logging.getLogger("shardfs")
@@ -95,7 +95,8 @@ def status_listener(path: str) -> socket.socket:
             os.unlink(path)
         old = os.umask(0o177)
         try:
-            sock.bind(path)
+            with files.socket_address(path) as address:
+                sock.bind(address)
         finally:
             os.umask(old)
         os.chmod(path, 0o600)

@@ -41,6 +41,8 @@ from typing import Any, Callable
 import pyfuse3
 import trio
 
+from shardfs.base.files import socket_address
+
 log = logging.getLogger("shardfs")
 HEADER = struct.Struct("<I")
 READDIR_BATCH = 256  # entries a worker asks the owner for at a time (a READDIR forwarded)
@@ -211,7 +213,8 @@ class PeerLink:
             delay = 0.01
             while True:
                 try:
-                    stream = await trio.open_unix_socket(self.path)
+                    with socket_address(self.path) as address:
+                        stream = await trio.open_unix_socket(address)
                     break
                 except OSError:
                     if trio.current_time() > deadline or not self.alive():
