@@ -524,16 +524,23 @@ def is_worker(pid: int) -> bool:
         return False
 
 
-def serving_pid(mnt: Path) -> int:
-    """The shardfs process that serves ``mnt``'s requests: of a supervised mount the worker
-    (``is_worker``), else the only daemon."""
+def serving_pids(mnt: Path) -> list[int]:
+    """The shardfs processes that serve ``mnt``'s requests: of a supervised mount its workers
+    (``is_worker``; ``-o workers=N``, by default one per core), else the only daemon."""
     pids = daemon_pids(mnt)
     workers = [p for p in pids if is_worker(p)]
     if workers:
-        (pid,) = workers
-        return pid
+        return workers
     (pid,) = pids
-    return pid
+    return [pid]
+
+
+def serving_pid(mnt: Path) -> int:
+    """The one shardfs process that serves ``mnt``'s requests (a mount with ``-o workers=1``:
+    a test of one process's memory, descriptors or wake-ups), else ``serving_pids``."""
+    pids = serving_pids(mnt)
+    assert len(pids) == 1, f"{len(pids)} workers serve {mnt}: mount it with -o workers=1"
+    return pids[0]
 
 
 @pytest.fixture

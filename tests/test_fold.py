@@ -209,7 +209,7 @@ def test_an_idle_daemon_sleeps_and_a_write_is_still_folded_once_idle(tmp_path, m
     expected = build(src, [COMPLETE])["full"]
     shard = COMPLETE.shard_file(src, (0, 0))
     before = shard.stat().st_ino
-    mnt = mount(src)
+    mnt = mount(src, "-o", "workers=1")  # (N idle workers: test_workers.py::test_an_idle_mount_wakes_no_worker)
     pids = (mount.info(mnt).pid, serving_pid(mnt))
     time.sleep(0.5)
     woken = [main_thread_wakeups(pid) for pid in pids]

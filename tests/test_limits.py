@@ -68,7 +68,7 @@ def mounted(tmp_path, mount):
     """A mounted source with SMALL and BIG: ``(src, mnt, daemon, expected, mount factory)``."""
     src = tmp_path / "src"
     expected = build(src, [SMALL, BIG])
-    mnt = mount(src)
+    mnt = mount(src, "-o", "workers=1")  # (the peak RSS and the spill files of the one process that writes)
     return src, mnt, mount.info(mnt), expected, mount
 
 
