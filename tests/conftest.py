@@ -526,7 +526,7 @@ def is_worker(pid: int) -> bool:
 
 def serving_pids(mnt: Path) -> list[int]:
     """The shardfs processes that serve ``mnt``'s requests: of a supervised mount its workers
-    (``is_worker``; ``-o workers=N``, by default one per core), else the only daemon."""
+    (``is_worker``; N of them with ``-o workers=N``), else the only daemon."""
     pids = daemon_pids(mnt)
     workers = [p for p in pids if is_worker(p)]
     if workers:
