@@ -798,3 +798,26 @@ def test_umount_folds_every_write_made_through_any_worker(mount, src):
     for name in names:
         i, j = map(int, name.split("."))
         assert np.array_equal(stored[i * 4:(i + 1) * 4, j * 4:(j + 1) * 4], EXPECTED[0:4, 0:4]), name
+
+
+def test_a_corrupt_chunk_read_through_a_worker_that_learns_numbers_meanwhile_fails_once(mount, tmp_path):
+    """A request that fails for its own reason (a corrupt chunk: EIO) is not run again because
+    the worker learned numbers another worker gave out meanwhile: one "corrupt chunk" log line,
+    as with one worker (only a failure an unknown number explains, ENOENT/ESTALE/EBADF, is)."""
+    from test_security import bomb, transcoded
+
+    src = tmp_path / "src"
+    transcoded(src, "zstd")
+    (src / "a" / "c" / "0" / "0" / "0").write_bytes(bomb("zstd"))
+    mnt = mount(src, "-o", "ro,workers=2")
+    w0, w1 = workers(mnt, 2)
+    with only(w0, [w0, w1]):
+        os.stat(mnt / "a" / "0.0.0")  # (the kernel keeps this name: no LOOKUP before the open below)
+    with only(w1, [w0, w1]):
+        assert os.stat(mnt / "a" / "1.0.0").st_size == 32768  # a number w0 has not seen
+    with only(w0, [w0, w1]):
+        with pytest.raises(OSError) as e:
+            (mnt / "a" / "0.0.0").read_bytes()
+    assert e.value.errno == errno.EIO
+    lines = [line for line in mount.info(mnt).log_text().splitlines() if "corrupt chunk" in line]
+    assert len(lines) == 1, lines

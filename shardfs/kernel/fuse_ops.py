@@ -89,6 +89,8 @@ def _name(name: bytes) -> str:
     return os.fsdecode(name)
 
 
+# what a request naming a number another worker gave out, not followed here yet, fails with
+UNKNOWN_NUMBER = frozenset((errno.ENOENT, errno.ESTALE, errno.EBADF))
 BINDS = 4  # arrays one request may name that a restarted worker has not read yet (``Unbound``)
 
 
@@ -136,9 +138,11 @@ def _guard(fn: F) -> F:
                 return await self.route.opener(e.args[0]).request(op, args)
             except Exception as e:
                 # another worker gave out a number it names (``follow``); a slot another request
-                # of this worker was binding meanwhile fails as no OSError/FUSEError (its array unread)
-                if not self.reopen.shared or not (await self.reopen.follow()
-                                           or not isinstance(e, (OSError, pyfuse3.FUSEError))):
+                # of this worker was binding meanwhile fails as no OSError/FUSEError (its array unread).
+                # A failure of its own (EIO of a corrupt chunk, a store's time-out) is not run again.
+                unbound = not isinstance(e, (OSError, pyfuse3.FUSEError))
+                unknown = unbound or getattr(e, "errno", None) in UNKNOWN_NUMBER
+                if not self.reopen.shared or not unknown or not (await self.reopen.follow() or unbound):
                     raise
             if self.route is not None:  # (the owner marks what it now knows: before the change)
                 link = self.route.link(op, args)
