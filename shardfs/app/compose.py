@@ -20,6 +20,7 @@ in the daemon, once it serves a mount.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -184,14 +185,17 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
             raise
         except Exception as e:
             raise ReplayFailed(str(e)) from e
+    # the limits are the mount's: each of N workers keeps its share of every cache
+    limits = dataclasses.replace(cfg.reads, chunk_cache=cfg.reads.chunk_cache // share,
+                                 cache_size=cfg.reads.cache_size // share)
     try:
-        ranges = _range_cache(source, cfg.reads)
+        ranges = _range_cache(source, limits)
     except ValueError as e:
         raise UsageError(f"-o {e}") from None
-    reads = make_reads(storage, cache=ranges, chunk_cache=ChunkCache(cfg.reads.chunk_cache))
+    reads = make_reads(storage, cache=ranges, chunk_cache=ChunkCache(limits.chunk_cache))
     ledger = ledger or Ledger()
     t = compose_tree(storage, reads, writeback, cfg.tree, cfg.reads.max_chunk, ledger, cfg.read_only,
-                     INDEX_CACHE_BYTES // share)  # (as run.py divides -o chunk_cache and -o cache_size)
+                     INDEX_CACHE_BYTES // share)
     inodes = KernelInodes() if pages is None else SharedInodes(pages)
     invalidation = Invalidation(inodes, t.nodes, every=ledger.shared)
     commits = structure = writer = None

@@ -213,10 +213,6 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
                     pages = PageTable(conn.pages)
                 except (OSError, ValueError) as e:
                     log.warning("the page-cache table cannot be used (files are read with direct I/O): %s", e)
-            # the limits are the mount's: each of N workers keeps its share of the caches
-            cfg = dataclasses.replace(cfg, reads=dataclasses.replace(
-                cfg.reads, chunk_cache=cfg.reads.chunk_cache // conn.count,
-                cache_size=cfg.reads.cache_size // conn.count))
     from shardfs.kernel.owner import OWNER
 
     try:

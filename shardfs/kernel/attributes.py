@@ -15,11 +15,11 @@ The attributes the kernel is told of an inode are the tree's (``Names.getattr``)
 from __future__ import annotations
 
 import errno
-from typing import Callable
 
 import pyfuse3
 
 from shardfs.base.attrs import Attr
+from shardfs.kernel.entries import ReplyEntry
 from shardfs.kernel.handles import Handles
 from shardfs.kernel.inodes import ShownGone
 from shardfs.kernel.opening import kernel_attr
@@ -29,7 +29,6 @@ from shardfs.tree.nodes import ChunkKey
 from shardfs.tree.nodetable import NodeTable
 from shardfs.tree.writer import Writer
 
-Entry = Callable[[Attr], pyfuse3.EntryAttributes]  # ``Entries.entry``: an ``Attr`` as a reply shows it
 
 
 class Attributes:
@@ -39,7 +38,7 @@ class Attributes:
     chunk inodes answered with a held file's version after their chunk was gone are kept
     (``shown_gone``, the adapter's)."""
 
-    def __init__(self, names: Names, nodes: NodeTable, handles: Handles, pins: Pins, entry: Entry,
+    def __init__(self, names: Names, nodes: NodeTable, handles: Handles, pins: Pins, entry: ReplyEntry,
                  writer: Writer | None, shown_gone: ShownGone) -> None:
         self.shown_gone = shown_gone
         self.names = names

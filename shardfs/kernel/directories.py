@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Any, Callable
+from typing import Any
 
 import pyfuse3
 
-from shardfs.base.attrs import Attr
+from shardfs.kernel.entries import ReplyEntry
 from shardfs.kernel.forward import encode
 from shardfs.kernel.handles import DirHandle, Handles
 from shardfs.kernel.inodes import KernelInodes
@@ -25,8 +25,6 @@ from shardfs.kernel.reopen import Reopen
 from shardfs.tree.listing import DirStream, Listing
 from shardfs.tree.names import Names
 
-# ``Entries.entry``: an ``Attr`` as a reply shows it, filled into the one given (a listing reuses one)
-Entry = Callable[[Attr, pyfuse3.EntryAttributes | None], pyfuse3.EntryAttributes]
 
 
 class Directories:
@@ -36,7 +34,7 @@ class Directories:
     shows."""
 
     def __init__(self, names: Names, listing: Listing, handles: Handles, reopen: Reopen, inodes: KernelInodes,
-                 pins: Pins, entry: Entry) -> None:
+                 pins: Pins, entry: ReplyEntry) -> None:
         self.names = names
         self.listing = listing
         self._handles = handles
@@ -85,7 +83,7 @@ class Directories:
             if not page:
                 break
             for name, attr in itertools.islice(page, i, i + limit - len(out)):
-                out.append((os.fsencode(name), encode(self._entry(self._pins.entry(attr), None))[1]))
+                out.append((os.fsencode(name), encode(self._entry(self._pins.entry(attr)))[1]))
         return out
 
     async def release(self, fh: int) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import Protocol
 
 import pyfuse3
 
@@ -33,6 +34,12 @@ def _modes(shown: KernelConfig, read_only: bool) -> tuple[int, int] | None:
 def _remode(mode: int, modes: tuple[int, int]) -> int:
     """``mode`` with the permission bits of its kind from ``modes`` (files, directories)."""
     return stat.S_IFMT(mode) | (modes[1] if stat.S_ISDIR(mode) else modes[0])
+
+
+class ReplyEntry(Protocol):
+    """``Entries.entry``: an ``Attr`` as a reply shows it (filled into ``e`` if given)."""
+
+    def __call__(self, attr: Attr, e: pyfuse3.EntryAttributes | None = None) -> pyfuse3.EntryAttributes: ...
 
 
 class Entries:

@@ -39,7 +39,7 @@ _HEAD = struct.Struct("<IIQQ")  # magic, capacity, dirty (offset of the entry be
 _ENTRY = struct.Struct("<QIIQqQqIIII")  # see ``Entry``
 _INO = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
-_DIRTY = struct.Struct("<Q")  # (the header's dirty, at ``_DIRTY_AT``; its pins, at ``_PINS_AT``)
+_U64 = struct.Struct("<Q")  # (the header's dirty, at ``_DIRTY_AT``; its pins, at ``_PINS_AT``)
 _DIRTY_AT, _PINS_AT = 8, 16
 _VERSION = struct.Struct("<IIQq")  # state, mark, size, mtime
 _READERS = struct.Struct("<QqI")  # rsize, rmtime, readers
@@ -120,7 +120,7 @@ class PageTable:
             return
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         self._depth = 1
-        dirty = _DIRTY.unpack_from(self._map, _DIRTY_AT)[0]
+        dirty = _U64.unpack_from(self._map, _DIRTY_AT)[0]
         if dirty:  # a worker died writing it
             self._poison(dirty)
 
@@ -169,9 +169,9 @@ class PageTable:
         """Replace the entry at ``off`` (under the lock)."""
         assert self._depth
         table = self._map
-        _DIRTY.pack_into(table, _DIRTY_AT, off)
+        _U64.pack_into(table, _DIRTY_AT, off)
         _ENTRY.pack_into(table, off, *entry)
-        _DIRTY.pack_into(table, _DIRTY_AT, 0)
+        _U64.pack_into(table, _DIRTY_AT, 0)
 
     def word(self, off: int, field: int) -> int:
         """One 32-bit field of the entry at ``off`` (``STATE``, ``READERS`` ...: never torn)."""
@@ -190,9 +190,9 @@ class PageTable:
         """Set what the pages hold (under the lock; named in the header while written)."""
         assert self._depth
         table = self._map
-        _DIRTY.pack_into(table, _DIRTY_AT, off)
+        _U64.pack_into(table, _DIRTY_AT, off)
         _VERSION.pack_into(table, off + STATE, state, mark, size, mtime)
-        _DIRTY.pack_into(table, _DIRTY_AT, 0)
+        _U64.pack_into(table, _DIRTY_AT, 0)
 
     def readers(self, off: int) -> tuple[int, int, int]:
         """(rsize, rmtime, readers) of the entry at ``off``."""
@@ -202,9 +202,9 @@ class PageTable:
         """Set the version read through the pages and how many files read it (under the lock)."""
         assert self._depth
         table = self._map
-        _DIRTY.pack_into(table, _DIRTY_AT, off)
+        _U64.pack_into(table, _DIRTY_AT, off)
         _READERS.pack_into(table, off + RSIZE, rsize, rmtime, readers)
-        _DIRTY.pack_into(table, _DIRTY_AT, 0)
+        _U64.pack_into(table, _DIRTY_AT, 0)
 
     def changes(self, ino: int) -> int:
         """The changes counted for ``ino`` (read without the lock: one aligned word); 0 if it has
@@ -214,17 +214,17 @@ class PageTable:
 
     def pins(self) -> int:
         """Files pinning an inode's size, in all (read without the lock)."""
-        return int(_DIRTY.unpack_from(self._map, _PINS_AT)[0])
+        return int(_U64.unpack_from(self._map, _PINS_AT)[0])
 
     def add_pins(self, n: int) -> None:
         """``n`` more (or fewer) files pinning an inode's size (under the lock)."""
         assert self._depth
-        pins = _DIRTY.unpack_from(self._map, _PINS_AT)[0]
-        _DIRTY.pack_into(self._map, _PINS_AT, max(0, pins + n))
+        pins = _U64.unpack_from(self._map, _PINS_AT)[0]
+        _U64.pack_into(self._map, _PINS_AT, max(0, pins + n))
 
     def _poison(self, off: int) -> None:
         e = self.read(off)
         ino = e.ino if self.find(e.ino) == off else 0  # (a torn inode number: the entry is nobody's)
-        _DIRTY.pack_into(self._map, _DIRTY_AT, 0)
+        _U64.pack_into(self._map, _DIRTY_AT, 0)
         if ino:
             _ENTRY.pack_into(self._map, off, ino, POISONED, 0, 0, 0, 0, 0, 1, 0, 0, e.changes + 1)
