@@ -14,7 +14,10 @@ Imports nothing of shardfs: every room may import it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+
+MAX_DEFAULT_WORKERS = 8  # the default ``-o workers`` of a machine of more cores
 
 
 @dataclass(frozen=True)
@@ -79,12 +82,19 @@ class Config:
     stats_interval: float | None = None  # seconds between logged summaries of the counters (None: none)
     nonempty: bool = False  # mount over a mountpoint that holds files (else refused)
     metrics: str | None = None  # HOST:PORT (or PORT, on loopback) serving /metrics (None: not served)
-    workers: int = 1  # worker processes serving the mount at once (-o workers=N)
+    workers: int | None = None  # worker processes serving the mount at once (-o workers=N; None: default_workers)
     kernel: KernelConfig = field(default_factory=KernelConfig)
     reads: ReadConfig = field(default_factory=ReadConfig)
     tree: TreeConfig = field(default_factory=TreeConfig)
     writes: WriteConfig = field(default_factory=WriteConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+
+
+def default_workers() -> int:
+    """The workers of a mount that names none (``-o workers``): the cores this process may run
+    on (``sched_getaffinity``, which a cgroup's cpuset or ``taskset`` narrows), at most
+    ``MAX_DEFAULT_WORKERS``."""
+    return min(len(os.sched_getaffinity(0)), MAX_DEFAULT_WORKERS)
 
 
 def parse_size(text: str) -> int:

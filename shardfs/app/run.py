@@ -34,7 +34,7 @@ from shardfs.app import early, options, state
 from shardfs.app.metrics import Exporter, parse_address
 from shardfs.app.mounts import device, fsname
 from shardfs.app.usage import UsageError
-from shardfs.config import Config
+from shardfs.config import Config, default_workers
 from shardfs.format.printable import printable
 from shardfs.base import private
 from shardfs.storage.source import Source
@@ -178,13 +178,13 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     if opts.ignored:
         log.debug("ignored mount options: %s", ",".join(opts.ignored))
     read_only = args.read_only or cfg.read_only or not source.kind.writable  # a web server takes no writes
-    if args.connection is None and cfg.workers > 1:
+    if args.connection is None and cfg.workers is not None and cfg.workers > 1:
         why = workers_refused(read_only)
         if why is not None:
             _report(args, f"error: -o workers={cfg.workers}: {why}")
             return 1
     if args.connection is None and supervised():
-        return _supervise(args, mnt, opts, read_only, source, cfg.workers)
+        return _supervise(args, mnt, opts, read_only, source, _workers(cfg, read_only))
     early.discard()  # (no supervision: this process serves)
     from shardfs.app.compose import ReplayFailed, compose
     from shardfs.tree.ledger import Ledger
@@ -301,6 +301,14 @@ def workers_refused(read_only: bool) -> str | None:
     if not built:
         return "needs the pyfuse3 that scripts/install builds (doc/INSTALL.md)"
     return None
+
+
+def _workers(cfg: Config, read_only: bool) -> int:
+    """The workers of a supervised mount: ``-o workers=N``, else ``default_workers()`` if this
+    pyfuse3 can serve them (else one)."""
+    if cfg.workers is not None:
+        return cfg.workers
+    return default_workers() if workers_refused(read_only) is None else 1
 
 
 def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_only: bool, source: Source,
