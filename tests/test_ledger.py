@@ -106,7 +106,7 @@ def test_a_supervised_mount_keeps_its_ledger_in_memory_not_on_disk(mount, src):
     """Reading files through a supervised mount writes no ledger file into the state directory;
     the worker holds the supervisor's memfd, and a worker replacing a killed one still finds the
     handles open before the kill there (the restart tests check the rest through it)."""
-    mnt = mount(src)
+    mnt = mount(src, "-o", "workers=1")  # (one worker's restart, as in tests/test_restart.py)
     m = mount.info(mnt)
     for name in ("0.0", "1.1", "3.3"):
         (mnt / "b" / name).read_bytes()

@@ -71,6 +71,26 @@ def src(tmp_path) -> Path:
     return two_arrays(tmp_path / "src")
 
 
+class OneWorker:
+    """``conftest.MountFactory`` mounting with ``-o workers=1`` first (options given after it add to it)."""
+
+    def __init__(self, factory) -> None:
+        self._factory = factory
+
+    def __call__(self, src, *extra_args: str, **kwargs) -> Path:
+        return self._factory(src, "-o", "workers=1", *extra_args, **kwargs)
+
+    def info(self, mnt: Path):
+        return self._factory.info(mnt)
+
+
+@pytest.fixture
+def mount(mount) -> OneWorker:
+    """These tests are about one worker's restart (its supervisor, RESEND, takeover, zygote): one
+    serving process. N workers' kills and handovers are tests/test_workers.py's."""
+    return OneWorker(mount)
+
+
 def assert_clean_reads(outs: list[tuple[str, str]]) -> None:
     """The outputs of ``READER`` processes: each read something, none failed, none read a wrong
     value or the fill value."""
@@ -660,7 +680,8 @@ def test_a_spawned_daemon_starts_its_zygote_before_its_own_imports(src, tmp_path
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     log = tmp_path / "daemon.log"
-    r = run_shardfs("mount", str(src), str(mnt), "--debug", "--log-file", str(log), timeout=120)
+    r = run_shardfs("mount", str(src), str(mnt), "-o", "workers=1", "--debug", "--log-file", str(log),
+                    timeout=120)  # (one worker: see ``mount`` above)
     assert (r.returncode, r.stderr) == (0, ""), r.stderr
     try:
         (supervisor,) = [p for p in daemon_pids(mnt) if b"--ready-fd" in Path(f"/proc/{p}/cmdline").read_bytes()]
