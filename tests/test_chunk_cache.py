@@ -75,7 +75,9 @@ def test_transcoded_chunk_is_decoded_once_and_fresh_after_a_write(src, caplog):
 
 
 def test_chunk_cache_budget_option(src, mount):
-    mnt = mount(src, "-o", "chunk_cache=64")  # smaller than one 96-byte chunk: nothing is kept
+    # smaller than one 96-byte chunk: nothing is kept (one worker: each of N keeps 1/N of it, which
+    # tests/test_workers.py::test_the_caches_limits_are_the_mounts_each_worker_keeps_its_share checks)
+    mnt = mount(src, "-o", "chunk_cache=64,workers=1")
     for _ in range(2):
         (mnt / "tr" / "0.0").read_bytes()
     s = stats(mount, mnt)
