@@ -40,9 +40,12 @@ FUSE_READ = re.compile(r'^(?:\d+ +)?read\(\d+<' + re.escape(DEV_FUSE) + r'>, "((
 
 
 def requests(trace: Path) -> Counter:
-    """How many requests of each opcode (its name in ``OPCODES``, else its number) the daemon read."""
+    """How many requests of each opcode (its name in ``OPCODES``, else its number) the daemon read:
+    every process's (``trace.PID``, one file each: ``traced_mount``)."""
     out: Counter = Counter()
-    for line in trace.read_text().splitlines():
+    lines = [line for each in sorted(trace.parent.glob(trace.name + ".*")) for line in each.read_text().splitlines()]
+    assert lines, f"no {trace}.PID written by strace"
+    for line in lines:
         m = FUSE_READ.match(line)
         if m:
             header = bytes(int(h, 16) for h in m.group(1).split("\\x")[1:])
@@ -52,9 +55,11 @@ def requests(trace: Path) -> Counter:
 
 
 def traced_mount(mount, src: Path, trace: Path) -> Path:
-    """A writable mount of ``src`` whose daemon runs under strace (``-f``: the supervisor and the
-    worker it starts, which reads /dev/fuse), tracing their reads into ``trace``."""
-    return mount(src, prefix=(STRACE, "-f", "-qq", "-y", "-xx", "-s", "8", "-o", str(trace), "-e", "trace=read"))
+    """A writable mount of ``src`` whose daemon runs under strace (``-ff``: the supervisor and the
+    workers it starts, which read /dev/fuse), tracing each one's reads into ``trace.PID`` (one file
+    each: in one file, the reads of two workers at once are split into an ``<unfinished ...>`` line
+    and a ``<... read resumed>`` one)."""
+    return mount(src, prefix=(STRACE, "-ff", "-qq", "-y", "-xx", "-s", "8", "-o", str(trace), "-e", "trace=read"))
 
 
 def stop(mount, mnt: Path) -> None:
