@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import numpy as np
 import pytest
 
-from conftest import ZARR2_PYTHON, run_shardfs, wait_for
+from conftest import ZARR2_PYTHON, run_shardfs, serving_pids, wait_for
 import stopping
 from test_restart import EXPECTED, READER, assert_clean_reads, status, two_arrays
 
@@ -109,6 +109,21 @@ def test_n_workers_serve_one_mount_and_status_shows_each(mount, src):
     assert doc["reads"]["chunk_files"] >= 3 * 2 * 256
     text = run_shardfs("status", str(mnt)).stdout
     assert f"0: pid {pids[0]}" in text and f"1: pid {pids[1]}" in text
+
+
+def test_the_default_is_the_cores_for_a_directory_and_one_for_an_object_store(mount, src, s3, tmp_path, request):
+    """Without ``-o workers``: a local directory is served by one worker per core the daemon
+    may run on (``taskset`` narrows them), at most 8; an ``s3://`` source by one (each worker
+    would fetch each shard for itself: SEMANTICS, "Workers")."""
+    from source_kinds import BucketSource, unique_prefix
+
+    def served_by(mnt: Path) -> int:
+        zarr2_read_all(mnt)
+        return len(serving_pids(mnt))
+
+    assert served_by(mount(src, "-o", "ro")) == min(len(os.sched_getaffinity(0)), 8)
+    assert served_by(mount(src, "-o", "ro", prefix=("taskset", "-c", "0"))) == 1
+    assert served_by(BucketSource(two_arrays(tmp_path / "up"), s3, unique_prefix(request)).mount(mount, "-o", "ro")) == 1
 
 
 def _wakeups(pid: int) -> int:

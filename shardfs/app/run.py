@@ -184,7 +184,7 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
             _report(args, f"error: -o workers={cfg.workers}: {why}")
             return 1
     if args.connection is None and supervised():
-        return _supervise(args, mnt, opts, read_only, source, _workers(cfg, read_only))
+        return _supervise(args, mnt, opts, read_only, source, _workers(cfg, read_only, source))
     early.discard()  # (no supervision: this process serves)
     from shardfs.app.compose import ReplayFailed, compose
     from shardfs.tree.ledger import Ledger
@@ -303,12 +303,16 @@ def workers_refused(read_only: bool) -> str | None:
     return None
 
 
-def _workers(cfg: Config, read_only: bool) -> int:
-    """The workers of a supervised mount: ``-o workers=N``, else ``default_workers()`` if this
-    pyfuse3 can serve them (else one)."""
+def _workers(cfg: Config, read_only: bool, source: Source) -> int:
+    """The workers of a supervised mount: ``-o workers=N``; else, of a local directory,
+    ``default_workers()`` if this pyfuse3 can serve them; else one. A source reached over the
+    network (object store, web) gets one by default: each worker fetches and reads ahead for
+    itself, so N workers fetch each shard up to N times (measured in doc/BENCHMARKING.md)."""
     if cfg.workers is not None:
         return cfg.workers
-    return default_workers() if workers_refused(read_only) is None else 1
+    if source.kind.remote or workers_refused(read_only) is not None:
+        return 1
+    return default_workers()
 
 
 def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_only: bool, source: Source,
