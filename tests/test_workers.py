@@ -123,7 +123,8 @@ def test_the_default_is_the_cores_for_a_directory_and_one_for_an_object_store(mo
 
     assert served_by(mount(src, "-o", "ro")) == min(len(os.sched_getaffinity(0)), 8)
     assert served_by(mount(src, "-o", "ro", prefix=("taskset", "-c", "0"))) == 1
-    assert served_by(BucketSource(two_arrays(tmp_path / "up"), s3, unique_prefix(request)).mount(mount, "-o", "ro")) == 1
+    bucket = BucketSource(two_arrays(tmp_path / "up"), s3, unique_prefix(request))
+    assert served_by(bucket.mount(mount, "-o", "ro")) == 1
 
 
 def _wakeups(pid: int) -> int:

@@ -107,8 +107,8 @@ OWN = (
     Option("cache_dir", "DIR", "object store: keep fetched ranges here across mounts, keyed by ETag "
                                "(at most 5G, least recently used out first)", "reads.cache_dir"),
     Option("workers", "N", "worker processes serving the mount, each on its own clone of the kernel connection; "
-                           "on a writable mount worker 0 owns the writes (doc/ARCHITECTURE.md) (default: of a local directory the "
-                           f"cores the daemon may run on, at most {MAX_DEFAULT_WORKERS}; of an object store or web "
+                           "on a writable mount worker 0 owns the writes (doc/ARCHITECTURE.md) (default: of a local "
+                           f"directory the cores the daemon may run on, at most {MAX_DEFAULT_WORKERS}; of an object store or web "
                            "URL 1, each worker fetching for itself; 1 with a pyfuse3 not built by scripts/install)",
            "workers"),
     Option("debug", None, "log every request (as --debug)", "debug"),
