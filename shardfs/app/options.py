@@ -108,8 +108,9 @@ OWN = (
                                "(at most 5G, least recently used out first)", "reads.cache_dir"),
     Option("workers", "N", "worker processes serving the mount, each on its own clone of the kernel connection; "
                            "on a writable mount worker 0 owns the writes (doc/ARCHITECTURE.md) (default: of a local "
-                           f"directory the cores the daemon may run on, at most {MAX_DEFAULT_WORKERS}; of an object store or web "
-                           "URL 1, each worker fetching for itself; 1 with a pyfuse3 not built by scripts/install)",
+                           f"directory the cores the daemon may run on, at most {MAX_DEFAULT_WORKERS}; of an object "
+                           "store or web URL 1, each worker fetching for itself; 1 with a pyfuse3 not built by "
+                           "scripts/install)",
            "workers"),
     Option("debug", None, "log every request (as --debug)", "debug"),
     Option("stats_interval", "S", "log a one-line summary of the counters every S seconds (default off; "
