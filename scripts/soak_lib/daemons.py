@@ -135,11 +135,6 @@ class Daemon:
 
         return [] if self.pid is None else workers_of(self.pid)
 
-    def worker_pid(self) -> int | None:
-        """The pid of the supervisor's worker (its one), None if it has none now, or several."""
-        workers = self.worker_pids()
-        return workers[0] if len(workers) == 1 else None
-
     def kill_worker(self) -> int:
         """SIGKILL the worker (a crash, an OOM kill) and wait until another one serves the mount
         (``shardfs status`` names it); its pid. ``Wedged`` if none does within ``MOUNT_TIMEOUT``,

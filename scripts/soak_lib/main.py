@@ -69,8 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="only these fault kinds (default: all the source allows: " + ", ".join(S3_KINDS) + ")")
     ap.add_argument("--mounts", type=int, choices=(1, 2), default=2,
                     help="daemons on the source (default 2: the second one is another host, its own state)")
-    ap.add_argument("--workers", type=int, default=1, metavar="N",
-                    help="daemon A serves with -o workers=N (default 1; a worker-kill kills one of them)")
+    ap.add_argument("--workers", type=int, default=None, metavar="N",
+                    help="daemon A serves with -o workers=N (default: the mount's own, as daemon B; "
+                         "a worker-kill kills one of them)")
     ap.add_argument("--one-at-a-time", action="store_true",
                     help="with --source both, run the sources one after the other (default: side by side)")
     ap.add_argument("--fault-every", type=float, default=FAULT_EVERY, metavar="S",
@@ -82,13 +83,13 @@ class Run:
     """One source's soak (see the module docstring); ``result`` once ``run()`` returned."""
 
     def __init__(self, kind: str, minutes: float, seed: int, out: Path, faults: tuple[str, ...] | None = None,
-                 fault_every: float = FAULT_EVERY, mounts: int = 2, workers: int = 1):
+                 fault_every: float = FAULT_EVERY, mounts: int = 2, workers: int | None = None):
         self.kind, self.minutes, self.seed, self.out = kind, minutes, seed, out
         kinds = S3_KINDS if kind == "s3" else LOCAL_KINDS
         self.fault_kinds = tuple(k for k in kinds if faults is None or k in faults)
         self.fault_every = fault_every
         self.mounts = mounts
-        self.n_workers = workers  # ``-o workers=N`` of daemon A
+        self.n_workers = workers  # ``-o workers=N`` of daemon A (None: the mount's default)
         self.rng = random.Random(f"{seed}-{kind}")
         self.result = report.Result(kind, minutes)
         self.model = Model()
@@ -158,7 +159,8 @@ class Run:
         stack.callback(disk.unmount)
         for name in "AB"[: self.mounts]:
             state = self.out / f"state-{name}"
-            opts = options + ([f"journal_dir={disk.path}", f"workers={self.n_workers}"] if name == "A" else [])
+            opts = options + ([f"journal_dir={disk.path}"] if name == "A" else []) + (
+                [f"workers={self.n_workers}"] if name == "A" and self.n_workers is not None else [])
             d = Daemon(name, url, self.out / f"mnt-{name}", opts, {**env, "XDG_STATE_HOME": str(state)}, self.out)
             stack.callback(d.close)
             self.daemons.append(d)
