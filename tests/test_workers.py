@@ -578,6 +578,25 @@ def test_structure_changed_through_one_worker_is_seen_through_another(mount, src
     assert status(mnt)["internal_errors"]["total"] == 0
 
 
+def test_a_refused_operation_is_refused_alike_through_every_worker(mount, src):
+    """symlink, mknod and the xattr requests change nothing: each worker answers them itself, as
+    one worker does (the other worker has no writer: it answered EROFS, ``cp -a`` failed)."""
+    mnt = mount(src, "-o", "workers=2," + NO_CACHE)
+    arr = mnt / "a"
+    cases = {"setxattr": (lambda: os.setxattr(arr / "0.0", "user.x", b"1"), errno.ENOTSUP),
+             "removexattr": (lambda: os.removexattr(arr / "0.0", "user.x"), errno.ENOTSUP),
+             "symlink": (lambda: os.symlink("0.0", arr / "link"), errno.EPERM),
+             "mknod": (lambda: os.mkfifo(arr / "fifo"), errno.EPERM)}
+    pids = workers(mnt, 2)
+    for pid in pids:
+        with only(pid, pids):
+            for name, (call, code) in cases.items():
+                with pytest.raises(OSError) as e:
+                    call()
+                assert e.value.errno == code, (pid, name, os.strerror(e.value.errno))
+    assert not os.path.lexists(arr / "link") and not os.path.lexists(arr / "fifo")
+
+
 ZARR2_RESIZE = ("import sys, zarr\n"
                 "z = zarr.open_array(sys.argv[1], mode='r+')\n"
                 "z.resize(17, 34)\n")

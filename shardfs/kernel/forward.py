@@ -55,8 +55,8 @@ SF = ("update_atime", "update_mtime", "update_ctime", "update_mode", "update_uid
 CTX = ("uid", "gid", "pid", "umask")
 # what a worker may ask another: the handlers of ``owner.ALWAYS``/``HANDLED`` and the reads
 SERVED = frozenset(("lookup", "getattr", "open", "opendir", "read", "release", "flush", "releasedir", "create",
-                    "write", "fsync", "fsyncdir", "setattr", "rename", "link", "unlink", "rmdir", "mkdir", "symlink",
-                    "mknod", "setxattr", "removexattr", "entries", "counted", "forget"))
+                    "write", "fsync", "fsyncdir", "setattr", "rename", "link", "unlink", "rmdir", "mkdir", "entries",
+                    "counted", "forget"))
 
 
 class Broken(Exception):

@@ -492,7 +492,9 @@ class Operations(pyfuse3.Operations):
         return self._looked_up(await self._structure(ctx).mkdir(parent_inode, _name(name)))
 
     async def _unsupported(self, *args: Any) -> None:
-        if self.writer is None:
+        """EPERM on a writable mount, EROFS on a read-only one: answered by whichever worker reads
+        it (it changes nothing; a writable mount's workers other than the owner have no writer)."""
+        if self.read_only:
             raise pyfuse3.FUSEError(errno.EROFS)
         log.error("unsupported operation on the mount (symlink or mknod)")
         raise pyfuse3.FUSEError(errno.EPERM)
@@ -501,8 +503,10 @@ class Operations(pyfuse3.Operations):
 
     async def setxattr(self, *args: Any) -> None:
         """No extended attributes (nor ACLs): ENOTSUP, which ``cp -a`` and ``rsync -X`` expect
-        from such a filesystem (they fall back to the mode, or skip)."""
-        if self.writer is None:
+        from such a filesystem (they fall back to the mode, or skip); EROFS on a read-only mount.
+        Answered by whichever worker reads it, as ``_unsupported``: it changes nothing (the other
+        workers of a writable mount have no writer: EROFS there failed ``cp -a`` with 2 workers)."""
+        if self.read_only:
             raise pyfuse3.FUSEError(errno.EROFS)
         raise pyfuse3.FUSEError(errno.ENOTSUP)
 

@@ -28,9 +28,10 @@ from shardfs.tree.nodetable import NodeTable
 
 OWNER = 0  # the slot of the owner worker
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
-# requests a worker other than the owner never serves itself: they change the view
+# requests a worker other than the owner never serves itself: they change the view (symlink, mknod
+# and the xattr requests change nothing: every worker refuses them itself, ``Operations.setxattr``)
 ALWAYS = frozenset(("create", "write", "fsync", "fsyncdir", "setattr", "rename", "link", "unlink", "rmdir",
-                    "mkdir", "symlink", "mknod", "setxattr", "removexattr"))
+                    "mkdir"))
 # requests on a handle: served by the worker that opened it (``shardfs.kernel.route``)
 HANDLED = frozenset(("read", "release", "flush", "readdir", "releasedir"))
 
