@@ -255,6 +255,46 @@ def test_a_handle_read_through_another_worker_after_its_chunk_changed_reads_the_
     assert "EIO" not in mount.info(mnt).log_text()
 
 
+@pytest.mark.parametrize("mode", ["ro", "rw"])
+def test_a_file_whose_chunk_was_removed_since_another_worker_opened_it_stats_and_reads_its_version(mount, src, mode):
+    """A file opened through one worker, its shard then deleted behind the mount's back: an
+    ``fstat`` through either worker answers the version it opened (as with one worker, and as
+    a local filesystem answers for an unlinked open file; it was ESTALE) and its READs there are
+    the opened bytes (its opener serves them; it was EIO: the other worker could not open the
+    gone chunk again); once closed, the name is gone. Both ways: opened through slot 0 and read
+    through slot 1, and the reverse."""
+    import zarr
+
+    # chunk files larger than what an open puts in the page cache (``opening.FILL_MAX``): READs reach a worker
+    zarr.open_group(str(src)).create_array("big", shape=(640, 1024), chunks=(640, 512), shards=(640, 512),
+                                           dtype="<i4", fill_value=0, compressors=None)[...] = 7
+    mnt = mount(src, "-o", ("ro," if mode == "ro" else "") + "workers=2," + NO_CACHE)
+    w0, w1 = workers(mnt, 2)
+    for opener, reader, name in ((w0, w1, "0.0"), (w1, w0, "0.1")):
+        with only(opener, [w0, w1]):
+            want = (mnt / "big" / name).read_bytes()
+            f = open(mnt / "big" / name, "rb")
+            before = os.fstat(f.fileno())
+        try:
+            (src / "big" / "c" / "0" / name.split(".")[1]).unlink()
+            Path("/proc/sys/vm/drop_caches").write_text("1")  # (the READs reach a worker, not the page cache)
+            time.sleep(1.2)  # (the daemon's stat of the shard, 1 s, expires)
+            stats = []
+            for pid in (reader, opener):
+                with only(pid, [w0, w1]):
+                    stats.append(os.fstat(f.fileno()))
+            got = through_the_other(mnt, opener, f.read, "read")
+        finally:
+            f.close()
+        for after in stats:
+            assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size,
+                                                                        before.st_mtime_ns)
+        assert got == want and len(want) > 1 << 20
+        wait_for(lambda p=mnt / "big" / name: not p.exists(), 10, "the name gone once the file is closed")
+    assert status(mnt)["internal_errors"]["total"] == 0
+    assert "EIO" not in mount.info(mnt).log_text()
+
+
 def test_numbers_mean_the_same_in_every_worker(mount, src):
     mnt = mount(src, "-o", "ro,workers=2," + NO_CACHE)
     w0, w1 = workers(mnt, 2)

@@ -4,9 +4,9 @@ The attributes the kernel is told of an inode are the tree's (``Names.getattr``)
 - a file with uncommitted writes through a handle open here: its written size
   (``Writer.dirty_attr``);
 - a chunk file that no longer exists: ESTALE, not ENOENT (``attr``), so the kernel looks its name
-  up again; and if a file opened here still reads it, that file's version, asked again at once
-  (the inode remembered in ``shown_gone``: the unlink of its name then succeeds, as that answer
-  said it could, ``Operations.unlink``);
+  up again; and if a file opened here (or through another worker) still reads it, that file's
+  version, asked again at once (the inode remembered in ``shown_gone``: the unlink of its name
+  then succeeds, as that answer said it could, ``Operations.unlink``);
 - an alias inode (a temporary renamed onto a chunk, see ``NodeTable``): its own number;
 - an inode that files open through the page cache hold at another size (``Pins.frozen``): that
   size, asked again as soon as those files are closed.
@@ -57,15 +57,17 @@ class Attributes:
         try:
             attr = await self.attr(inode)
         except pyfuse3.FUSEError as err:
-            opened = self._handles.reading(inode) if err.errno == errno.ESTALE else None
-            if opened is None:
+            if err.errno != errno.ESTALE:
                 raise
             # Its chunk is gone since a file was opened on it (removed here, or by another host or
             # behind the mount's back): a local filesystem answers ``fstat`` of a file removed while
             # open, so that file's version (pyfuse3 does not say whether an ``fstat`` asks; ESTALE
             # failed Python's ``open()``, which calls it), asked again at once: the name shows the
             # removal (ESTALE, then ENOENT) as soon as no file holds it.
-            gone = self._entry(kernel_attr(opened))
+            opened = self._opened_version(inode)
+            if opened is None:
+                raise
+            gone = self._entry(opened)
             gone.attr_timeout = 0
             self.shown_gone.keep(inode)
             return gone
@@ -76,6 +78,19 @@ class Attributes:
         if shown is not attr:  # asked again as soon as the files holding the older size are closed
             e.attr_timeout = 0
         return e
+
+    def _opened_version(self, inode: int) -> Attr | None:
+        """What a file open on chunk inode ``inode`` reads: a handle open here, or another
+        worker's (``-o workers=N``: the version its ledger record names, which that worker
+        serves the reads of); None if none is open."""
+        opened = self._handles.reading(inode)
+        if opened is not None:
+            return kernel_attr(opened)
+        version = self._handles.read_elsewhere(inode)
+        if version is None:
+            return None
+        key = self.nodes.node_key(inode)  # (a chunk's: ``attr`` said ESTALE)
+        return self.names.chunk_attr(key.arr, inode, *version) if isinstance(key, ChunkKey) else None
 
     async def attr(self, inode: int) -> Attr:
         """``Names.getattr``, except that a chunk file that no longer exists (``_shows_chunk``) is

@@ -198,6 +198,14 @@ class Handles:
         """A handle open here for reading kernel inode ``ino``, if any."""
         return next((h for h in self._open.values() if isinstance(h, ReadHandle) and h.ino == ino), None)
 
+    def read_elsewhere(self, ino: int) -> tuple[int, int] | None:
+        """The version (size, mtime_ns) at which another worker holds a read handle of kernel
+        inode ``ino`` open (its ``h`` record, followed after a catch-up of a shared ledger), if any."""
+        self._ledger.catch_up()
+        mine = self._ledger.index
+        return next((h.version for fh, h in self._open.items() if isinstance(h, Lost) and h.kind == "r"
+                     and h.ino == ino and h.version is not None and self._ledger.owner(fh) != mine), None)
+
     def dirty_write(self, ino: int) -> WriteHandle | None:
         """A handle with uncommitted writes to ``ino``, if any (its size is what stat shows)."""
         return next((h for h in self._open.values() if isinstance(h, WriteHandle) and h.ino == ino and h.dirty),

@@ -8,10 +8,10 @@ worker opened is returned as it is. A ``Lost`` one (``handles.Handles``: restore
 worker's ledger, or followed from another worker's records) is opened again at its first use:
 a directory lists afresh; a file opened for writing is opened again unless bytes written
 through it lived only in the dead worker's memory (EIO, at every use); a read handle another
-(live) worker opened is opened again at the version its record names, else EIO (never
-another version's bytes); one the dead worker of this slot opened, at the current version (as
-a restarted worker's: a pending chunk taken over from the journal has a new mtime). No handle
-number is known here: EBADF.
+(live) worker opened is opened again at the version its record names, and if its chunk changed
+or is gone since, ``Elsewhere`` (its opener serves it: never another version's bytes); one the
+dead worker of this slot opened, at the current version (as a restarted worker's: a pending
+chunk taken over from the journal has a new mtime). No handle number is known here: EBADF.
 
 ``follow`` reads what the other workers appended to the shared ledger (numbers they gave the
 kernel, handles they opened and released) and lets go of the handles released elsewhere
@@ -124,18 +124,25 @@ class Reopen:
                 new = await (self._opens.open(handle.ino) if handle.kind == "r"
                              else self._writable().open(handle.ino, truncate=False))
             except OSError as e:  # its file is gone (a staging file lived in the dead worker's memory)
+                if self._kept_elsewhere(fh, handle):  # (its chunk removed since: its opener still reads it)
+                    handle.elsewhere = True
+                    raise Elsewhere(fh) from None
                 log.error("file handle %d (inode %d): cannot open it again: %s: EIO", fh, handle.ino, e.strerror)
                 raise pyfuse3.FUSEError(errno.EIO) from None
             # (a handle this slot's dead worker opened is opened again as a restarted worker's is,
             # at the current version: a pending chunk taken over from the journal has a new mtime)
-            if isinstance(new, ReadHandle) and handle.version is not None \
-                    and self._ledger.owner(fh) != self._ledger.index \
+            if isinstance(new, ReadHandle) and self._kept_elsewhere(fh, handle) \
                     and (new.attr.size, new.attr.mtime_ns) != handle.version:
                 self._opens.release(new)
                 handle.elsewhere = True  # (never another version's bytes: its opener serves it)
                 raise Elsewhere(fh)
         self._handles.reopened(fh, new)
         return new
+
+    def _kept_elsewhere(self, fh: int, handle: Lost) -> bool:
+        """True if ``handle`` (``fh``) is a read handle another live worker opened at a version it
+        noted: that worker still reads that version, whatever the chunk became since."""
+        return handle.kind == "r" and handle.version is not None and self._ledger.owner(fh) != self._ledger.index
 
     async def restore(self, records: list[list[Any]]) -> None:
         """Take over the numbers a dead worker gave the kernel (its ledger's ``records``: see
