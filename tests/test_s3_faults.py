@@ -41,6 +41,7 @@ _R = Retry()
 EIO_WITHIN = _R.max_retries * _R.max_backoff + 20.0
 # How long the daemon uses a version it saw (a HEAD, a GET, a listing) without asking again.
 STAT_TTL = inspect.signature(ObjectStorage).parameters["stat_ttl"].default  # a mount passes its attr_timeout instead
+ONE = ("-o", "workers=1")  # what is served while the server is down is one worker's caches (each has its own)
 
 
 @pytest.fixture
@@ -94,7 +95,7 @@ def error_lines(log: str, key: str) -> list[str]:
 
 def test_server_stopped_mid_read_gives_eio_then_reads_recover_without_remount(own_s3, tmp_path, mount):
     expected = build(tmp_path / "src", [F])[F.name]
-    mnt = BucketSource(tmp_path / "src", own_s3, "faults").mount(mount)
+    mnt = BucketSource(tmp_path / "src", own_s3, "faults").mount(mount, *ONE)
     daemon = mount.info(mnt)
     arr = mnt / F.name
     indexed_only = (2, 0)  # shard (1, 0): looked up (its index read), never read
@@ -152,7 +153,7 @@ def test_server_stopped_mid_read_gives_eio_then_reads_recover_without_remount(ow
 
 def test_listings_are_served_from_the_cache_while_the_server_is_down(own_s3, tmp_path, mount):
     build(tmp_path / "src", [F])
-    mnt = BucketSource(tmp_path / "src", own_s3, "listings").mount(mount)
+    mnt = BucketSource(tmp_path / "src", own_s3, "listings").mount(mount, *ONE)
     dirs = [mnt, mnt / F.name, mnt / F.name / "c" / "0" / "0"]
     listed = [sorted(os.listdir(d)) for d in dirs]
     own_s3.kill()
@@ -169,7 +170,7 @@ def test_a_hung_server_fails_a_read_with_eio_within_the_mount_timeout(own_s3, tm
     # generous slack for a loaded machine, and well below obstore's own 30 s
     bound = Retry.for_timeout(timeout).bound + 10.0
     expected = build(tmp_path / "src", [F])[F.name]
-    mnt = BucketSource(tmp_path / "src", own_s3, "hung").mount(mount, "-o", f"timeout={timeout:g}")
+    mnt = BucketSource(tmp_path / "src", own_s3, "hung").mount(mount, *ONE, "-o", f"timeout={timeout:g}")
     daemon = mount.info(mnt)
     arr = mnt / F.name
     listing = sorted(os.listdir(arr))  # every index read: the cold read below costs one GET
