@@ -3,7 +3,8 @@
 TLS: a TLS-terminating proxy (tests/tlsproxy.py, a CA made by openssl) in front of the session's
 SeaweedFS. The CA is trusted through ``-o ca_bundle``, ``AWS_CA_BUNDLE`` or the profile's
 ``ca_bundle``: each mounts and zarr 2.18 reads exactly. Without it the mount fails with one line
-naming the TLS failure; ``-o insecure`` mounts and says so in the log at every mount.
+naming the TLS failure; ``-o insecure`` mounts and says so in the log once at every mount (with
+N workers too).
 ``-o requester_pays`` puts ``x-amz-request-payer: requester`` on every request (seen by a
 recording proxy); ``-o addressing`` picks path style (seen) or virtual hosts (the store's
 configuration: loopback has no per-bucket host names).
@@ -68,10 +69,14 @@ def test_untrusted_ca_is_one_line(src, keys, tls, mnt_dir):
     assert tls.handshakes_failed >= 2
 
 
-def test_insecure_mounts_and_warns_at_every_mount(mount, src, keys, tls):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_insecure_mounts_and_warns_at_every_mount(mount, src, keys, tls, workers):
+    """Once at each mount, whatever its workers (a mount's warning, not each worker's)."""
+    if workers > 1 and "workers" not in __import__("importlib.metadata").metadata.version("pyfuse3"):
+        pytest.skip("needs the pyfuse3 scripts/pyfuse3 builds (-o workers=N)")
     warning = "TLS certificates are not verified (-o insecure)"
     for _ in range(2):
-        mnt = reads_exactly(mount, src, "-o", f"endpoint={tls.endpoint},insecure")
+        mnt = reads_exactly(mount, src, "-o", f"endpoint={tls.endpoint},insecure,workers={workers}")
         log = mount.info(mnt).log_text()
         assert sum(warning in line and "WARNING" in line for line in log.splitlines()) == 1, log
 

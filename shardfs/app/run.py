@@ -186,6 +186,8 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     if args.connection is None and supervised():
         return _supervise(args, mnt, opts, read_only, source, _workers(cfg, read_only, source))
     early.discard()  # (no supervision: this process serves)
+    if args.connection is None or args.connection.index == 0:  # (the mount's warnings: not each worker's)
+        source.warn()
     from shardfs.app.compose import ReplayFailed, compose
     from shardfs.tree.ledger import Ledger
 
@@ -398,7 +400,7 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
             exporter.stop()
         _report(args, f"error: {mnt}: cannot mount: {libfuse + f' ({failed})' if libfuse else failed}")
         return 1
-    if libfuse:
+    if libfuse and (conn is None or conn.index == 0):  # (the same words from every worker's session)
         log.warning("libfuse: %s", libfuse)
     if conn is None:
         log.info("mounted %s on %s%s", source.name, mnt, " (read-only)" if read_only else "")

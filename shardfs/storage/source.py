@@ -98,10 +98,14 @@ class Source:
                 raise ValueError(f"ca_bundle {cfg.ca_bundle}: cannot read it: {why}") from None
             if "-----BEGIN CERTIFICATE-----" not in ca_pem:
                 raise ValueError(f"ca_bundle {cfg.ca_bundle}: no PEM certificate in it")
-        if cfg.insecure:
+        return Access(credentials, ca_pem, cfg.insecure, cfg.requester_pays, cfg.addressing, hint)
+
+    def warn(self) -> None:
+        """Log what this source's options put at risk (``-o insecure``). A mount's warning: its
+        serving process calls it once per start (of N workers, slot 0's), not each worker."""
+        if self.config.insecure:
             log.warning("%s: TLS certificates are not verified (-o insecure): anyone on the path can "
                         "read and change the data", self.name)
-        return Access(credentials, ca_pem, cfg.insecure, cfg.requester_pays, cfg.addressing, hint)
 
     @contextlib.contextmanager
     def opened(self, version_ttl: float = 1.0, listings: Listings | None = None) -> Iterator[Any]:
