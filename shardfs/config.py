@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-MAX_DEFAULT_WORKERS = 8  # the default ``-o workers`` of a machine of more cores
+MAX_DEFAULT_WORKERS = 8  # ``-o workers=auto`` on a machine of more cores
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class Config:
     stats_interval: float | None = None  # seconds between logged summaries of the counters (None: none)
     nonempty: bool = False  # mount over a mountpoint that holds files (else refused)
     metrics: str | None = None  # HOST:PORT (or PORT, on loopback) serving /metrics (None: not served)
-    workers: int | None = None  # worker processes serving the mount at once (-o workers=N; None: default_workers)
+    workers: int | None = 1  # worker processes serving the mount at once (-o workers=N; None: auto, run._workers)
     kernel: KernelConfig = field(default_factory=KernelConfig)
     reads: ReadConfig = field(default_factory=ReadConfig)
     tree: TreeConfig = field(default_factory=TreeConfig)
@@ -91,7 +91,7 @@ class Config:
 
 
 def default_workers() -> int:
-    """The workers of a mount that names none (``-o workers``): the cores this process may run
+    """The workers of ``-o workers=auto`` on a local directory: the cores this process may run
     on (``sched_getaffinity``, which a cgroup's cpuset or ``taskset`` narrows), at most
     ``MAX_DEFAULT_WORKERS``."""
     return min(len(os.sched_getaffinity(0)), MAX_DEFAULT_WORKERS)

@@ -111,20 +111,29 @@ def test_n_workers_serve_one_mount_and_status_shows_each(mount, src):
     assert f"0: pid {pids[0]}" in text and f"1: pid {pids[1]}" in text
 
 
-def test_the_default_is_the_cores_for_a_directory_and_one_for_an_object_store(mount, src, s3, tmp_path, request):
-    """Without ``-o workers``: a local directory is served by one worker per core the daemon
-    may run on (``taskset`` narrows them), at most 8; an ``s3://`` source by one (each worker
-    would fetch each shard for itself: SEMANTICS, "Workers")."""
+def test_one_worker_by_default_and_auto_is_the_cores_for_a_directory_and_one_for_an_object_store(
+        mount, src, s3, tmp_path, request):
+    """Without ``-o workers`` one worker serves. ``-o workers=auto``: a local directory is served
+    by one worker per core the daemon may run on (``taskset`` narrows them), at most 8; an
+    ``s3://`` source by one (each worker would fetch each shard for itself: SEMANTICS,
+    "Workers"). A number out of range or another word fails the mount with one line."""
     from source_kinds import BucketSource, unique_prefix
 
     def served_by(mnt: Path) -> int:
         zarr2_read_all(mnt)
         return len(serving_pids(mnt))
 
-    assert served_by(mount(src, "-o", "ro")) == min(len(os.sched_getaffinity(0)), 8)
-    assert served_by(mount(src, "-o", "ro", prefix=("taskset", "-c", "0"))) == 1
+    assert served_by(mount(src, "-o", "ro")) == 1
+    assert served_by(mount(src, "-o", "ro,workers=auto")) == min(len(os.sched_getaffinity(0)), 8)
+    assert served_by(mount(src, "-o", "ro,workers=auto", prefix=("taskset", "-c", "0"))) == 1
     bucket = BucketSource(two_arrays(tmp_path / "up"), s3, unique_prefix(request))
-    assert served_by(bucket.mount(mount, "-o", "ro")) == 1
+    assert served_by(bucket.mount(mount, "-o", "ro,workers=auto")) == 1
+    mnt = tmp_path / "refused"
+    mnt.mkdir()
+    for bad in ("0", "65", "all"):
+        r = run_shardfs("mount", str(src), str(mnt), "-o", f"workers={bad}")
+        assert (r.returncode, r.stderr) == (
+            1, f"shardfs: error: -o workers={bad}: not auto nor a number of workers from 1 to 64\n"), r.stderr
 
 
 def _wakeups(pid: int) -> int:

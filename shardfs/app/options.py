@@ -106,12 +106,11 @@ OWN = (
            "storage.timeout"),
     Option("cache_dir", "DIR", "object store: keep fetched ranges here across mounts, keyed by ETag "
                                "(at most 5G, least recently used out first)", "reads.cache_dir"),
-    Option("workers", "N", "worker processes serving the mount, each on its own clone of the kernel connection; "
-                           "on a writable mount worker 0 owns the writes (doc/ARCHITECTURE.md) (default: of a local "
-                           f"directory the cores the daemon may run on, at most {MAX_DEFAULT_WORKERS}; of an object "
-                           "store or web URL 1, each worker fetching for itself; 1 with a pyfuse3 not built by "
-                           "scripts/install)",
-           "workers"),
+    Option("workers", "N|auto", "worker processes serving the mount, each on its own clone of the kernel "
+                                "connection; on a writable mount worker 0 owns the writes (doc/ARCHITECTURE.md); "
+                                "auto: of a local directory the cores the daemon may run on, at most "
+                                f"{MAX_DEFAULT_WORKERS}, of an object store or web URL 1 (default 1: "
+                                "doc/SEMANTICS.md#workers says why)", "workers"),
     Option("debug", None, "log every request (as --debug)", "debug"),
     Option("stats_interval", "S", "log a one-line summary of the counters every S seconds (default off; "
                                   "shardfs status shows them)", "stats_interval"),
@@ -192,8 +191,9 @@ def _check_values(own: dict[str, str]) -> None:
             if not ok or not math.isfinite(seconds):
                 raise ValueError(f"-o {name}={own[name]}: not a " + ("positive " if positive else "")
                                  + "number of seconds")
-    if "workers" in own and not (own["workers"].isdigit() and 1 <= int(own["workers"]) <= MAX_WORKERS):
-        raise ValueError(f"-o workers={own['workers']}: not a number of workers from 1 to {MAX_WORKERS}")
+    if "workers" in own and own["workers"] != "auto" and not (
+            own["workers"].isdigit() and 1 <= int(own["workers"]) <= MAX_WORKERS):
+        raise ValueError(f"-o workers={own['workers']}: not auto nor a number of workers from 1 to {MAX_WORKERS}")
     if "metrics" in own:
         parse_address(own["metrics"])
     if own.get("addressing", "path") not in ("path", "virtual"):
@@ -229,6 +229,8 @@ def config(parsed: Parsed) -> Config:
             value = float(text)
         elif opt.value == "N":
             value = int(text)
+        elif opt.value == "N|auto":
+            value = None if text == "auto" else int(text)
         elif opt.value == "MODE":
             value = int(text, 8)
         elif opt.value == "SIZE":

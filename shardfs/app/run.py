@@ -306,10 +306,11 @@ def workers_refused(read_only: bool) -> str | None:
 
 
 def _workers(cfg: Config, read_only: bool, source: Source) -> int:
-    """The workers of a supervised mount: ``-o workers=N``; else, of a local directory,
-    ``default_workers()`` if this pyfuse3 can serve them; else one. A source reached over the
-    network (object store, web) gets one by default: each worker fetches and reads ahead for
-    itself, so N workers fetch each shard up to N times (measured in doc/BENCHMARKING.md)."""
+    """The workers of a supervised mount: ``-o workers=N`` (one by default); with
+    ``-o workers=auto``, of a local directory ``default_workers()`` if this pyfuse3 can serve
+    them, else one. A source reached over the network (object store, web) gets one: each worker
+    fetches and reads ahead for itself, so N workers fetch each shard up to N times (measured in
+    doc/BENCHMARKING.md)."""
     if cfg.workers is not None:
         return cfg.workers
     if source.kind.remote or workers_refused(read_only) is not None:
