@@ -905,3 +905,25 @@ def test_a_corrupt_chunk_read_through_a_worker_that_learns_numbers_meanwhile_fai
     assert e.value.errno == errno.EIO
     lines = [line for line in mount.info(mnt).log_text().splitlines() if "corrupt chunk" in line]
     assert len(lines) == 1, lines
+
+
+def test_an_open_run_again_once_the_worker_learned_its_number_counts_one_chunk_file(mount, src):
+    """A chunk file looked up through one worker and read through the other, which does not know
+    its number yet (workers follow the shared ledger only on a miss here: a test hook): the open
+    fails there for that reason, the worker learns the number and runs it again. ``shardfs
+    status`` counts one chunk file opened, as the client did (it counted two: found by
+    test_status with the default two workers, 6 chunk files opened of 5)."""
+    mnt = mount(src, "-o", "ro,workers=2,entry_timeout=60,attr_timeout=60", env={"SHARDFS_TEST_NO_FOLLOW": "1"})
+    w0, w1 = workers(mnt, 2)
+    path = mnt / "a" / "5.5"
+    with only(w0, [w0, w1]):
+        os.stat(path)  # w0 gives it its number (the kernel keeps the name: no LOOKUP before the open below)
+    before = status(mnt)
+    with only(w1, [w0, w1]):
+        data = path.read_bytes()  # the OPEN reaches w1
+    assert data == (mnt / "b" / "5.5").read_bytes()
+    time.sleep(1.5)  # (each worker's counts written for the others)
+    after = status(mnt)
+    assert after["requests"]["open"] - before["requests"].get("open", 0) == 2  # (a/5.5 and b/5.5)
+    assert after["reads"]["chunk_files"] - before["reads"]["chunk_files"] == 2
+

@@ -268,9 +268,15 @@ class Operations(pyfuse3.Operations):
             self._kernel.changed(inode)
             self._pins.forfeit(inode)  # rewritten in place: its readers may read it torn, as on any filesystem
             return pyfuse3.FileInfo(fh=self._handles.add_write(written), direct_io=False, keep_cache=False)
-        await self._callers.may_read(self.source, self.names, inode, ctx)
-        if inode >= CHUNK_BASE:
+        fi = await self._open_to_read(inode, ctx)
+        if inode >= CHUNK_BASE:  # once opened: an open ``_guard`` runs again (N workers) is one open
             self.stats.chunk_files += 1
+        return fi
+
+    async def _open_to_read(self, inode: int, ctx: Any) -> pyfuse3.FileInfo:
+        """``open`` of a file for reading: its handle at the version it has now, its pages kept,
+        filled or bypassed (``KernelInodes``)."""
+        await self._callers.may_read(self.source, self.names, inode, ctx)
         tries = Tries()  # the open's one retry policy, shared with ``Opens.open``'s (``tree.tries``)
         while True:
             handle, version, content, stale = await self._opening.read_open(inode, tries)
