@@ -438,6 +438,31 @@ def test_a_worker_killed_under_load_costs_no_reader_anything(mount, src, tmp_pat
     assert status(mnt)["internal_errors"]["total"] == 0
 
 
+def test_a_handover_keeps_the_number_of_workers(mount, src, tmp_path):
+    """``shardfs mount`` on the live mount of two workers, with another option: two new workers
+    (forked by the new zygote) serve it with that option (a handover keeps the number of workers,
+    doc/SEMANTICS.md "Workers"); three zarr 2.18 readers meanwhile see no error and no wrong value."""
+    mnt = mount(src, "-o", "workers=2")
+    before = workers(mnt, 2)
+    stop = tmp_path / "stop"
+    readers = [subprocess.Popen([ZARR2_PYTHON, "-c", READER, str(mnt / "a"), str(stop), str(i)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
+    try:
+        time.sleep(1.0)
+        r = run_shardfs("mount", str(src), str(mnt), "-o", "chunk_cache=16M")
+        assert (r.returncode, r.stderr) == (0, ""), r.stderr
+        after = workers(mnt, 2)
+        time.sleep(0.5)
+    finally:
+        stop.touch()
+        outs = [r.communicate(timeout=120) for r in readers]
+    assert_clean_reads(outs)
+    assert not set(after) & set(before), (before, after)
+    doc = status(mnt)
+    assert doc["options"] == {"chunk_cache": "16M"} and doc["worker"]["takeovers"] == 1
+    assert doc["internal_errors"]["total"] == 0
+
+
 # ---------------------------------------------------------------- writable mounts (the owner worker)
 
 
