@@ -19,11 +19,13 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
 from testkit.delayproxy import DelayProxy
 from conftest import SHARDFS, run_shardfs, wait_for
+from shardfs.app.peers import PUBLISH_S
 from shardfs.app.status_client import status_of
 from shardfs.app.state import status_sockets
 from source_kinds import BucketSource, unique_prefix
@@ -38,6 +40,48 @@ def status_json(mnt: Path | None = None) -> dict | list:
     return json.loads(r.stdout)
 
 
+def status_once(mnt: Path, cond: Callable[[dict], bool], what: str) -> dict:
+    """The first status document of ``mnt`` for which ``cond(doc)`` holds (within 20 s): with
+    ``-o workers=N`` the worker that answers adds the others' counts as they were up to
+    ``PUBLISH_S`` before (doc/SEMANTICS.md "Workers"): what another worker did shows a moment later."""
+    got: list[dict] = []
+
+    def shown() -> bool:
+        doc = status_json(mnt)
+        assert isinstance(doc, dict), doc
+        got[:] = [doc]
+        return cond(doc)
+
+    wait_for(shown, 20, what)
+    return got[0]
+
+
+COUNTED = ("requests", "errors", "reads", "store", "folds", "pending")  # what ``settled`` waits to agree on
+
+
+def settled(mnt: Path, seconds: float = 30) -> dict:
+    """The status of ``mnt`` once every worker answers the same counts (``COUNTED``), unchanged for
+    more than ``PUBLISH_S``: with ``-o workers=N`` the worker that answers adds the others' counts
+    as they last wrote them (every ``PUBLISH_S`` while busy: later on a loaded machine), so an
+    answer right after a request may lack it. One worker: its first unchanged answer."""
+    answered: dict[int, dict] = {}  # by the index of the worker that answered: its counts
+    last: dict | None = None
+    since = time.monotonic()
+    deadline = since + seconds
+    while True:
+        doc: Any = status_of(str(mnt))
+        counts = {k: doc[k] for k in COUNTED}
+        if counts != last:
+            last, since = counts, time.monotonic()
+        workers = doc.get("workers") or [{"index": 0, "this": True}]
+        answered[next(w["index"] for w in workers if w["this"])] = counts
+        if (time.monotonic() - since > PUBLISH_S and len(answered) == len(workers)
+                and all(c == counts for c in answered.values())):
+            return doc
+        assert time.monotonic() < deadline, f"the workers' counts of {mnt} differ after {seconds} s: {answered}"
+        time.sleep(0.2)
+
+
 def test_reads_requests_and_errors_are_counted(tmp_path, mount):
     src = tmp_path / "src"
     build(src, [H])
@@ -47,6 +91,8 @@ def test_reads_requests_and_errors_are_counted(tmp_path, mount):
     sizes = [len(read_bytes(mnt / "h" / n)) for n in names]
     assert errno_of(os.stat, mnt / "h" / "9.9") == errno.ENOENT  # beyond the edge
     assert errno_of(os.mkdir, mnt / "h" / "c" / "0" / "0" / "x") == errno.EPERM  # no directories in a shard
+
+    settled(mnt)
     doc = status_json(mnt)
     assert doc["mountpoint"] == str(mnt) and doc["source"] == str(src) and doc["pid"] == pid
     assert doc["read_only"] is False and doc["uptime_s"] >= 0 and doc["options"] == {}
@@ -151,8 +197,7 @@ def test_written_chunks_are_pending_then_folded(tmp_path, mount):
     written = [(0, 1), (1, 0), (3, 2)]  # shards (0, 0) and (1, 1): incomplete, folded once idle
     for k, idx in enumerate(written):
         write_file(mnt / "h" / H.chunk_name(idx), chunk_bytes(k)[1])
-    wait_for(lambda: status_of(str(mnt))["folds"]["done"] >= 2, 20, "the writes folded")
-    doc = status_of(str(mnt))
+    doc = status_once(mnt, lambda d: d["folds"]["done"] >= 2, "the writes folded")
     assert doc["pending"]["chunks"] == 0 and doc["pending"]["shards"] == 0 and doc["pending"]["arrays"] == {}
     assert doc["folds"]["failed"] == 0 and doc["folds"]["backing_off"] == []
     assert doc["store"]["requests"]["REPLACE"] == doc["folds"]["done"] == 2
@@ -169,20 +214,26 @@ def test_a_fifo_shard_is_one_backing_off_entry(tmp_path, mount):
     fifo = H.shard_file(src, (0, 0))
     os.rename(fifo, tmp_path / "shard00")  # well within the idle time before the fold
     os.mkfifo(fifo)
-    wait_for(lambda: status_of(str(mnt))["folds"]["failed"] >= 1, 20, "the fold failed")
-    doc = status_of(str(mnt))
+    doc = status_once(mnt, lambda d: d["folds"]["failed"] >= 1, "the fold failed")
     (entry,) = doc["folds"]["backing_off"]
     assert entry["shard"] == str(fifo) and entry["reason"] == "not a regular file (a FIFO)"
     assert entry["chunks"] == 1 and entry["failures"] >= 1 and 0 <= entry["retry_in_s"] <= 300
     assert doc["pending"]["chunks"] == 1 and doc["pending"]["shards"] == 1
     assert doc["pending"]["arrays"] == {"h": {"chunks": 1, "bytes": len(chunk_bytes(1)[1]), "shards": 1}}
     assert doc["pending"]["journal_bytes"] > len(chunk_bytes(1)[1])
-    text = run_shardfs("status", str(mnt)).stdout
+    texts: list[str] = []
+
+    def problem_shown() -> bool:  # (by a worker that knows the owner's failure: see ``status_once``)
+        texts[:] = [run_shardfs("status", str(mnt)).stdout]
+        return "backing off (" in texts[0]
+
+    wait_for(problem_shown, 20, "the fold's failure shown by shardfs status")
+    text = texts[0]
     assert f"problems:\n  fold of {fifo} backing off (" in text and "not a regular file (a FIFO)" in text
     os.unlink(fifo)
     os.rename(tmp_path / "shard00", fifo)
-    wait_for(lambda: status_of(str(mnt))["pending"]["chunks"] == 0, 20, "the kept change folded")
-    assert status_of(str(mnt))["folds"]["backing_off"] == []
+    doc = status_once(mnt, lambda d: d["pending"]["chunks"] == 0, "the kept change folded")
+    assert doc["folds"]["backing_off"] == []
     umount(mount, mnt)
 
 
@@ -205,14 +256,14 @@ def test_s3_store_requests_are_what_the_server_saw(s3, tmp_path, mount, request)
         src = BucketSource(tmp_path / "src", s3, unique_prefix(request), endpoint=f"http://127.0.0.1:{proxy.port}")
         mnt = src.mount(mount)
         time.sleep(0.3)  # anything the mount started is done
-        before = status_of(str(mnt))["store"]
+        before = settled(mnt)["store"]
         proxy.log.clear()
         for name in ("0.0", "0.1", "2.3", "3.3"):
             read_bytes(mnt / "h" / name)
         write_file(mnt / "h" / H.chunk_name((1, 1)), chunk_bytes(1)[1])
         wait_for(lambda: status_of(str(mnt))["folds"]["done"] == 1, 20, "the write folded")
         time.sleep(0.3)
-        after = status_of(str(mnt))["store"]
+        after = settled(mnt)["store"]
         seen = collections.Counter(r.method for r in proxy.log)
     counted = collections.Counter(after["requests"]) - collections.Counter(before["requests"])
     assert seen["GET"] >= 2 and seen["PUT"] == 1
