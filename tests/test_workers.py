@@ -320,6 +320,27 @@ def test_numbers_mean_the_same_in_every_worker(mount, src):
     zarr2_read_all(mnt)
 
 
+def test_a_chunk_changed_behind_the_mount_shows_alike_through_every_worker(mount, src):
+    """With N workers no worker remembers a local directory's stats (SEMANTICS, "Workers"): once
+    one shows a chunk changed behind the mount's back, the other does too. (With 1 s each of its
+    own, the other showed the old size meanwhile, and an open through one of a name the other
+    had looked up failed with ESTALE.)"""
+    import zarr
+
+    mnt = mount(src, "-o", "ro,workers=2," + NO_CACHE)
+    w0, w1 = workers(mnt, 2)
+    chunk = mnt / "a" / "0.0"
+    with only(w0, [w0, w1]):
+        old = chunk.read_bytes()
+    changed = np.random.default_rng(7).integers(0, 1 << 30, size=(8, 8), dtype="<i4")
+    zarr.open_array(str(src / "a"), mode="r+")[0:8, 0:8] = changed
+    with only(w1, [w0, w1]):
+        new = chunk.read_bytes()
+    with only(w0, [w0, w1]):
+        assert os.stat(chunk).st_size == len(new) != len(old)
+        assert chunk.read_bytes() == new
+
+
 def test_numbers_given_at_once_by_two_workers_never_collide(mount, tmp_path):
     """Both workers running, 8 threads look up the metadata files and chunks of 24 arrays at once
     (each lookup a new number, given by whichever worker gets it): every name keeps one inode

@@ -168,7 +168,8 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
     (``shardfs.kernel.sharedpages``; None: this worker's own)."""
     share = ledger.count if ledger is not None and ledger.shared else 1  # N workers: each its share of the mount's
     listings = Listings(cfg.kernel.entry_timeout, LISTING_BYTES // share)
-    storage = cleanup.enter_context(source.opened(version_ttl=cfg.kernel.attr_timeout, listings=listings))
+    storage = cleanup.enter_context(source.opened(version_ttl=cfg.kernel.attr_timeout, listings=listings,
+                                                  alone=share == 1))
     writeback = None
     faults = Faults()  # the mount's bugs, from requests and background tasks alike
     spill = state.spill_dir(source.name, source.endpoint)

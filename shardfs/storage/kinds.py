@@ -37,7 +37,9 @@ S3_OPTIONS = frozenset({"region", "profile", "requester_pays", "addressing"})
 DIRECTORY_OPTIONS = frozenset({"follow_symlinks"})
 KIND_OPTIONS = URL_OPTIONS | DIRECTORY_OPTIONS  # the options some kinds take and others refuse
 Credentials = tuple[Any, str]  # a credential provider (None: the store's own chain) and the hint of its failure
-Opener = Callable[[Source, float, Listings], contextlib.AbstractContextManager[Any]]
+Opener = Callable[[Source, float, Listings, bool], contextlib.AbstractContextManager[Any]]
+# seconds a local directory's stats are remembered by a mount served alone (one worker)
+LOCAL_STAT_TTL = 1.0
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class Kind:
     name: str
     schemes: tuple[str, ...]
     options: frozenset[str]
-    opened: Opener = field(repr=False)  # (source, version_ttl, listings) -> the Storage, open in the block
+    opened: Opener = field(repr=False)  # (source, version_ttl, listings, alone) -> the Storage, open in the block
     writable: bool = True
     remote: bool = True
     settings: Callable[[StorageConfig, Mapping[str, str]], StorageConfig] | None = field(default=None, repr=False)
@@ -103,14 +105,15 @@ def named(name: str) -> Kind:
 
 
 @contextlib.contextmanager
-def _directory(source: Source, version_ttl: float, listings: Listings) -> Iterator[Any]:
+def _directory(source: Source, version_ttl: float, listings: Listings, alone: bool) -> Iterator[Any]:
     from shardfs.storage.local import LocalStorage
 
-    yield LocalStorage(source.name, follow_symlinks=source.config.follow_symlinks, listings=listings)
+    yield LocalStorage(source.name, stat_ttl=LOCAL_STAT_TTL if alone else 0.0,
+                       follow_symlinks=source.config.follow_symlinks, listings=listings)
 
 
 @contextlib.contextmanager
-def _object_store(source: Source, version_ttl: float, listings: Listings) -> Iterator[Any]:
+def _object_store(source: Source, version_ttl: float, listings: Listings, alone: bool) -> Iterator[Any]:
     from shardfs.storage.objects import ObjectStorage
     from shardfs.storage.requests import Retry
 
@@ -125,7 +128,7 @@ def _object_store(source: Source, version_ttl: float, listings: Listings) -> Ite
 
 
 @contextlib.contextmanager
-def _web(source: Source, version_ttl: float, listings: Listings) -> Iterator[Any]:
+def _web(source: Source, version_ttl: float, listings: Listings, alone: bool) -> Iterator[Any]:
     from shardfs.storage.requests import Retry
     from shardfs.storage.web import WebStorage
 
