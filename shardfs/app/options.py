@@ -106,9 +106,9 @@ OWN = (
            "storage.timeout"),
     Option("cache_dir", "DIR", "object store: keep fetched ranges here across mounts, keyed by ETag "
                                "(at most 5G, least recently used out first)", "reads.cache_dir"),
-    Option("workers", "N|auto", "worker processes serving the mount, each on its own clone of the kernel "
+    Option("workers", "N", "worker processes serving the mount, each on its own clone of the kernel "
                                 "connection; on a writable mount worker 0 owns the writes (doc/ARCHITECTURE.md); "
-                                "auto: of a local directory the cores the daemon may run on, at most "
+                                "workers=auto: of a local directory the cores the daemon may run on, at most "
                                 f"{MAX_DEFAULT_WORKERS}, of an object store or web URL 1 (default 1: "
                                 "doc/SEMANTICS.md#workers says why)", "workers"),
     Option("debug", None, "log every request (as --debug)", "debug"),
@@ -228,9 +228,7 @@ def config(parsed: Parsed) -> Config:
         if opt.value == "S":
             value = float(text)
         elif opt.value == "N":
-            value = int(text)
-        elif opt.value == "N|auto":
-            value = None if text == "auto" else int(text)
+            value = None if text == "auto" else int(text)  # (``parse`` lets auto through for workers alone)
         elif opt.value == "MODE":
             value = int(text, 8)
         elif opt.value == "SIZE":
