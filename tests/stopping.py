@@ -17,7 +17,7 @@ def stopped(pid: int, seconds: float = 30) -> None:
     deadline = time.monotonic() + seconds
     while True:
         os.kill(pid, signal.SIGSTOP)
-        while _state(pid) not in "TtZX":
+        while state(pid) not in "TtZX":
             time.sleep(0.001)
         if not holds_shared_lock(pid):
             return
@@ -26,7 +26,8 @@ def stopped(pid: int, seconds: float = 30) -> None:
         time.sleep(0.01)
 
 
-def _state(pid: int) -> str:
+def state(pid: int) -> str:
+    """The state letter of process ``pid`` (``T``: stopped; ``X``: gone)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0]

@@ -426,8 +426,11 @@ def _test_hooks(mount: Composed, conn: Any) -> None:
     """For the tests, in the first worker of a mount only: ``SHARDFS_TEST_HANG=NAME`` never
     answers a lookup of NAME (a request read and not answered when the worker is killed);
     ``SHARDFS_TEST_DIE_AFTER=OP:NAME`` kills the worker (SIGKILL) once it did request OP naming
-    NAME (``*``: any), before it answers (the kernel sends it again to the next worker)."""
+    NAME (``*``: any), before it answers (the kernel sends it again to the next worker);
+    ``SHARDFS_TEST_STOP_AFTER=OP:NAME`` stops it (SIGSTOP) there instead, the first time only (a
+    request of a live worker in flight when another dies: RESEND sends it again)."""
     hang, die = os.environ.get("SHARDFS_TEST_HANG"), os.environ.get("SHARDFS_TEST_DIE_AFTER")
+    stop = os.environ.get("SHARDFS_TEST_STOP_AFTER")
     if conn.init is not None:
         return
     import trio
@@ -441,17 +444,26 @@ def _test_hooks(mount: Composed, conn: Any) -> None:
             return await lookup(parent_inode, name, ctx)
 
         mount.ops.lookup = hanging  # type: ignore[method-assign]  # the test hook replaces the handler
-    if die:
-        op, _, name = die.partition(":")
-        handler = getattr(mount.ops, op)
+    for hook, sig in ((die, signal.SIGKILL), (stop, signal.SIGSTOP)):
+        if hook:
+            _signalled_after(mount, hook, sig)
 
-        async def dying(*args: Any) -> Any:
-            result = await handler(*args)
-            if name == "*" or os.fsencode(name) in args:
-                os.kill(os.getpid(), signal.SIGKILL)
-            return result
 
-        setattr(mount.ops, op, dying)
+def _signalled_after(mount: Composed, hook: str, sig: signal.Signals) -> None:
+    """The handler of OP (``hook``: ``OP:NAME``) sends this worker ``sig`` once it did a request
+    naming NAME (``*``: any), before it answers; a SIGSTOP only the first time."""
+    op, _, name = hook.partition(":")
+    handler = getattr(mount.ops, op)
+    fired: list[bool] = []
+
+    async def signalled(*args: Any) -> Any:
+        result = await handler(*args)
+        if (name == "*" or os.fsencode(name) in args) and not (fired and sig == signal.SIGSTOP):
+            fired.append(True)
+            os.kill(os.getpid(), sig)
+        return result
+
+    setattr(mount.ops, op, signalled)
 
 
 @contextlib.contextmanager
