@@ -310,6 +310,9 @@ class Run:
         metrics.plot(rows, names, self.out / "soak.png", f"shardfs soak, {self.kind} source, seed {self.seed}")
         r.flat = metrics.flatness(rows[: max(1, int(self.minutes))], names)  # the wind-down minute is not load
         (self.out / "windows.json").write_text(json.dumps([w.__dict__ for w in injector.windows], indent=1))
+        if r.lost or r.forbidden_count or r.wedged:
+            r.evidence = report.evidence([(w.kind, w.start, w.end) for w in injector.windows], t0,
+                                         [d.log for d in self.daemons])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -334,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
             print(text)
         for note in r.notes:
             print(f"soak [{r.source}] note: {note}")
+        for line in r.evidence:
+            print(f"soak [{r.source}] {line}")
     line = report.last_line(results, seed)
     print(line, flush=True)
     bad = any(r.lost or r.forbidden_count or r.wedged for r in results)

@@ -3,13 +3,16 @@
 ``Result`` holds one source's figures; ``table(results)`` is the summary table (markdown, also
 written to ``summary.md``); ``failures(result, seed)`` prints each failure with the seed and the
 op log of the chunk concerned; ``last_line(results, seed)`` is
-``soak: N operations, F faults, lost L, forbidden R, wedged W (seed S)``.
+``soak: N operations, F faults, lost L, forbidden R, wedged W (seed S)``; ``evidence(...)``, printed
+with the failures, what a failed run (CI's, whose files are gone) needs to be understood.
 """
 
 from __future__ import annotations
 
 import collections
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -38,6 +41,7 @@ class Result:
     hazard_mount: float | None = None  # share of values lost through the mount (zarr 2.18)
     hazard_native: float | None = None  # natively with zarr-python 3
     notes: list[str] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)  # of a failed run (``evidence``)
 
     @property
     def forbidden_count(self) -> int:
@@ -84,7 +88,7 @@ def table(results: list[Result]) -> str:
     return "\n".join([head, sep, *body])
 
 
-def failures(result: Result, seed: int, limit: int = 20) -> str:
+def failures(result: Result, seed: int, limit: int = 8) -> str:
     out = []
     for what, items in (("LOST", result.lost), ("FORBIDDEN", result.forbidden), ("UNCLEAN ERROR", result.unclean),
                         ("WEDGED", result.wedged)):
@@ -93,6 +97,36 @@ def failures(result: Result, seed: int, limit: int = 20) -> str:
         if len(items) > limit:
             out.append(f"soak [{result.source}, seed {seed}] ... {len(items) - limit} more {what} (see the op logs)")
     return "\n".join(out)
+
+
+_STAMP = re.compile(r"^(\S+ \S+) shardfs\[\d+\] ")
+_KEYS = re.compile(r"\S+://\S+|/\S+|\d+")
+
+
+def evidence(windows: list[tuple[str, float, float]], t0: float, logs: list[Path], lines: int = 30) -> list[str]:
+    """The fault windows (``kind start..end``: the clock of the op logs, and seconds after ``t0``)
+    and each daemon log's non-DEBUG messages, alike ones (keys, paths and numbers aside) counted
+    once with their first and last times, in order of first appearance (at most ``lines``)."""
+    out = ["fault windows: " + ", ".join(f"{k} {s:.1f}..{e:.1f} (t+{s - t0:.1f})" for k, s, e in windows)]
+    for log in logs:
+        try:
+            text = log.read_text(errors="replace").splitlines()
+        except OSError as e:
+            out.append(f"{log.name}: {e}")
+            continue
+        seen: dict[str, list] = {}  # message shape -> [count, first, last, an example]
+        for line in text:
+            stamp = _STAMP.match(line)
+            if stamp is None or " DEBUG " in line:
+                continue
+            message = line[stamp.end():]
+            entry = seen.setdefault(_KEYS.sub("#", message), [0, stamp[1], "", message[:200]])
+            entry[0] += 1
+            entry[2] = stamp[1]
+        out.append(f"{log.name}: {len(seen)} kinds of message (count, first, last, an example):")
+        shown = list(seen.values())[:lines]
+        out += [f"  {n:>4} {first[11:]} {last[11:]} {example}" for n, first, last, example in shown]
+    return out
 
 
 def last_line(results: list[Result], seed: int) -> str:
