@@ -287,3 +287,20 @@ def test_a_fill_read_during_a_worker_kill_is_forbidden_and_counted():
     r.worker_kill = led.worker_kill
     row = next(line for line in report.table([r]).splitlines() if line.startswith("| during worker kills"))
     assert row.endswith("| 1, 0 |")
+
+
+def test_the_evidence_of_a_failed_run_names_the_faults_and_counts_each_kind_of_log_message(tmp_path):
+    log = tmp_path / "daemon-A.log"
+    log.write_text(
+        "2026-12-03 01:25:06,697 shardfs[11273] INFO worker 11284 serves /m\n"
+        "2026-12-03 01:25:07,000 shardfs[11284] DEBUG s3://b/p/c/0/0: chunk at 0 served\n"
+        "2026-12-03 01:25:29,217 shardfs[11284] ERROR s3://b/p/c/0/1: shard rewrite failed, next try in 1 s\n"
+        "2026-12-03 01:25:31,649 shardfs[11284] ERROR s3://b/p/c/1/1: shard rewrite failed, next try in 2 s\n"
+        "a traceback line\n")
+    lines = report.evidence([("503", 110.0, 121.5)], 100.0, [log, tmp_path / "daemon-B.log"])
+    assert lines[0] == "fault windows: 503 110.0..121.5 (t+10.0)"
+    assert lines[1] == "daemon-A.log: 2 kinds of message (count, first, last, an example):"
+    assert lines[2] == "     1 01:25:06,697 01:25:06,697 INFO worker 11284 serves /m"
+    assert lines[3] == ("     2 01:25:29,217 01:25:31,649 ERROR s3://b/p/c/0/1: shard rewrite failed, "
+                        "next try in 1 s")
+    assert lines[4].startswith("daemon-B.log: [Errno 2] No such file or directory") and len(lines) == 5
