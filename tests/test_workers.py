@@ -1122,3 +1122,20 @@ def test_an_open_run_again_once_the_worker_learned_its_number_counts_one_chunk_f
     assert after["requests"]["open"] - before["requests"].get("open", 0) == 2  # (a/5.5 and b/5.5)
     assert after["reads"]["chunk_files"] - before["reads"]["chunk_files"] == 2
 
+
+
+def test_a_worker_learns_a_number_the_owner_gave_before_it_forwards_a_request_naming_it(mount, src):
+    """On a writable mount, a read of a chunk file nobody wrote, whose number the owner gave out
+    and the other worker has not learnt yet (workers follow the shared ledger only on a miss
+    here: a test hook), is served by that other worker once it learnt the number: it is not
+    sent to the owner for not being known (a round trip, and a wait while the owner is busy or
+    stopped: here, the test fails after 10 s)."""
+    mnt = mount(src, "-o", "workers=2,entry_timeout=60,attr_timeout=60", env={"SHARDFS_TEST_NO_FOLLOW": "1"})
+    w0, w1 = workers(mnt, 2)
+    path = mnt / "a" / "5.5"
+    with only(w0, [w0, w1]):
+        os.stat(path)  # the owner gives the array its slot (the kernel keeps the name: no LOOKUP below)
+    with only(w1, [w0, w1], limit=10):
+        data = path.read_bytes()  # the OPEN reaches w1, which does not know the number yet
+    assert data == (mnt / "b" / "5.5").read_bytes()
+    assert status_at(socket_of(mnt))["forwarded"].get("open", 0) == 0

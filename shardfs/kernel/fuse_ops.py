@@ -120,6 +120,8 @@ def _guard(fn: F) -> F:
         if self.route is not None:  # N workers: the one that must serve it (``shardfs.kernel.route``)
             try:
                 link = self.route.link(op, args)  # (OSError: a change that cannot be marked is not made)
+                if link is not None and self.route.unknown(op, args) and await self.reopen.follow():
+                    link = self.route.link(op, args)  # (a number another worker gave out, learnt here)
                 if link is not None:
                     return await link.request(op, args)
             except pyfuse3.FUSEError:

@@ -181,3 +181,10 @@ class Areas:
             key = self._key(args[0])
             return isinstance(key, DirKey) and self.marks.touched(_join(key.path, os.fsdecode(args[1])))
         return False
+
+    def unknown(self, op: str, args: tuple[Any, ...]) -> bool:
+        """True if ``forwards`` sends ``op(*args)`` to the owner only because this worker does
+        not know its inode (yet: a number another worker gave out, which the shared ledger
+        teaches; then ask ``forwards`` again)."""
+        return (op in ("lookup", "getattr", "open", "opendir") and not (op == "open" and args[1] & WRITE_FLAGS)
+                and self._key(args[0]) is None)

@@ -56,6 +56,11 @@ class Route:
                 return self.peers.link(slot)
         return None
 
+    def unknown(self, op: str, args: tuple[Any, ...]) -> bool:
+        """True if ``link`` sends ``op(*args)`` to the owner only because this worker does not
+        know the inode it names yet (``Areas.unknown``): learn the other workers' numbers first."""
+        return self.index != OWNER and self.areas is not None and self.areas.unknown(op, args)
+
     def _here(self, slot: int, fh: int) -> bool:
         """A read handle of a live worker, which this one has opened again, or can, at its
         version; of a writable mount's owner only in an area it never marked (no pending chunk,
