@@ -17,6 +17,7 @@ Sources are built by tests/sources.py.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import re
@@ -260,6 +261,32 @@ def module_mount(tmp_path_factory):
     factory = MountFactory(tmp_path_factory)
     yield factory
     factory.close()
+
+
+_LOCKER = r"""
+import fcntl, os, struct, sys, time
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o666)
+fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0))
+print("locked", flush=True)
+time.sleep(3600)
+"""
+
+
+@contextlib.contextmanager
+def shard_locks(*shards: Path) -> Iterator[list[subprocess.Popen]]:
+    """tensorstore's lock file of each of ``shards`` (``SHARD.__lock``, an OFD write lock) held
+    by a process of its own, each holding it once this is entered, until the block ends (or the
+    test kills a locker it is given earlier): no fold of those shards meanwhile."""
+    lockers = [subprocess.Popen([sys.executable, "-c", _LOCKER, f"{shard}.__lock"], stdout=subprocess.PIPE,
+                                text=True, start_new_session=True) for shard in shards]
+    try:
+        for locker in lockers:
+            assert locker.stdout is not None and locker.stdout.readline() == "locked\n"
+        yield lockers
+    finally:
+        for locker in lockers:
+            locker.kill()
+            locker.wait()
 
 
 def wait_for(cond, seconds: float, what: str) -> None:

@@ -22,7 +22,6 @@ import itertools
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ import logging
 import numpy as np
 import pytest
 
-from conftest import is_mounted, run_shardfs, wait_for
+from conftest import is_mounted, run_shardfs, shard_locks, wait_for
 from inproc import InProcess
 from shardfs.writes.journal import segments_under
 from sources import Spec, assert_source_equals, build, journal_entries, leftovers
@@ -199,23 +198,10 @@ def test_a_file_where_a_key_directory_should_be_refuses_the_write(tmp_path, capl
     assert journal_entries(src) == []
 
 
-_LOCKER = r"""
-import fcntl, os, struct, sys, time
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o666)
-fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0))
-print("locked", flush=True)
-time.sleep(3600)
-"""
-
-
 def test_umount_returns_in_bounded_time_when_a_shard_is_locked_forever(tmp_path, mount):
     src = tmp_path / "src"
     exp = build(src, [H])
-    lock = Path(str(H.shard_file(src, (1, 1))) + ".__lock")
-    locker = subprocess.Popen([sys.executable, "-c", _LOCKER, str(lock)], stdout=subprocess.PIPE,
-                              text=True, start_new_session=True)
-    try:
-        assert locker.stdout.readline() == "locked\n"
+    with shard_locks(H.shard_file(src, (1, 1))):
         mnt = mount(src)
         block, data = chunk_bytes(7)
         write_file(mnt / "h" / "3.3", data)
@@ -235,9 +221,6 @@ def test_umount_returns_in_bounded_time_when_a_shard_is_locked_forever(tmp_path,
         assert err[1].startswith("shardfs: 1 change to h/c/1/1 kept in the journal: "), err
         assert err[2:] == [f"shardfs: they are folded by the next mount of {src}"], err
         assert not is_mounted(mnt)
-    finally:
-        locker.kill()
-        locker.wait()
     mnt = mount(src)  # the lock is free: the replay folds the change
     assert journal_entries(src) == []
     umount(mount, mnt)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ZARR2_PYTHON, bounded, daemon_pids, run_shardfs, wait_for
+from conftest import ZARR2_PYTHON, bounded, daemon_pids, run_shardfs, shard_locks, wait_for
 
 pytestmark = pytest.mark.skipif(
     "takeover" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
@@ -298,6 +298,20 @@ def test_a_resent_request_gives_the_answer_of_its_first_execution(mount, src, op
         assert "a/tmp.bin" not in names and chunk(mnt, "1.2") == moved
 
 
+def held_when_killed(mnt: Path, data: bytes) -> tuple[int, int, int]:
+    """What a worker holds when it is killed: ``a/2.2`` written with ``data`` and closed
+    (committed: in the journal); descriptors of a temporary ``a/tmp.bin`` written and not
+    committed, of ``a/5.5`` rewritten in place (its first 10 bytes) and not committed, and of
+    ``a/4.4`` opened for writing with nothing written yet."""
+    with open(mnt / "a" / "2.2", "wb") as f:
+        f.write(data)
+    tmp = os.open(mnt / "a" / "tmp.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(tmp, b"x" * 100)
+    dirty = os.open(mnt / "a" / "5.5", os.O_WRONLY)
+    os.write(dirty, data[:10])
+    return tmp, dirty, os.open(mnt / "a" / "4.4", os.O_WRONLY)
+
+
 def test_bytes_only_the_dead_worker_held_fail_with_eio(mount, src):
     """A temporary file (held in the worker's memory) written and not committed: its next
     write and its close fail with EIO; a file opened for writing with nothing written yet goes
@@ -305,13 +319,7 @@ def test_bytes_only_the_dead_worker_held_fail_with_eio(mount, src):
     mnt = mount(src)
     m = mount.info(mnt)
     data = chunk(mnt, "3.3")
-    with open(mnt / "a" / "2.2", "wb") as f:  # committed at close: in the journal
-        f.write(data)
-    tmp = os.open(mnt / "a" / "tmp.bin", os.O_WRONLY | os.O_CREAT, 0o644)
-    os.write(tmp, b"x" * 100)
-    dirty = os.open(mnt / "a" / "5.5", os.O_WRONLY)  # rewritten in place, not committed
-    os.write(dirty, data[:10])
-    clean = os.open(mnt / "a" / "4.4", os.O_WRONLY)
+    tmp, dirty, clean = held_when_killed(mnt, data)
     kill_worker(m, mnt)
     for fd, rest in ((tmp, b"y" * 100), (dirty, data[10:])):
         with pytest.raises(OSError) as e:
@@ -495,15 +503,6 @@ def test_a_temporary_renamed_onto_its_chunk_while_open_closes_cleanly_after_a_ki
 
 # --------------------------------------------------------------------------- time to serve after a death
 
-_LOCKER = r"""
-import fcntl, os, struct, sys, time
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o666)
-fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0))
-print("locked", flush=True)
-time.sleep(3600)
-"""
-
-
 def test_the_dead_workers_journal_is_served_before_it_is_folded(mount, src):
     """Chunks written (journalled, not folded) when the worker is killed: the next one serves
     first and folds after, in the background, like any pending chunk (it used to fold the dead
@@ -515,11 +514,7 @@ def test_the_dead_workers_journal_is_served_before_it_is_folded(mount, src):
     m = mount.info(mnt)
     shards = [src / "a" / "c" / "0" / "0", src / "a" / "c" / "1" / "1"]
     before = [s.read_bytes() for s in shards]
-    lockers = [subprocess.Popen([sys.executable, "-c", _LOCKER, f"{s}.__lock"], stdout=subprocess.PIPE, text=True,
-                                start_new_session=True) for s in shards]
-    try:
-        for locker in lockers:
-            assert locker.stdout.readline() == "locked\n"
+    with shard_locks(*shards):
         data = {"1.1": chunk(mnt, "3.3"), "5.6": chunk(mnt, "2.2")}  # one chunk in each locked shard
         for name, value in data.items():
             (mnt / "a" / name).write_bytes(value)
@@ -535,10 +530,6 @@ def test_the_dead_workers_journal_is_served_before_it_is_folded(mount, src):
         assert all(serves < i for i in folds), f"the new worker tried a fold before it served: {log[-2000:]}"
         assert "took over 2 journalled chunk changes of a dead worker, pending" in log, log[-2000:]
         assert f"shardfs[{new}] INFO replayed" not in log
-    finally:
-        for locker in lockers:
-            locker.kill()
-            locker.wait()
     wait_for(lambda: status(mnt)["pending"]["chunks"] == 0, 60, "the adopted chunks folded once unlocked")
     import zarr
 

@@ -361,3 +361,33 @@ def test_idle_connections_to_the_store_are_closed(s3, tmp_path, mount, request):
         while connections() and time.monotonic() < deadline:
             time.sleep(1)
         assert connections() == 0
+
+
+def test_a_shard_replaced_twice_within_a_second_never_shows_the_first_replacement_s_pages(s3, tmp_path, mount,
+                                                                                         request):
+    """S3 keeps a Last-Modified of whole seconds: two versions of a shard replaced behind the
+    mount's back within one second have the same time, and here a chunk file of the same size
+    (the second has other bytes in it). That chunk file read at the first version, then at the
+    second, shows the second's bytes (the kernel's pages of the first are dropped)."""
+    sp = spec("end")
+    build(tmp_path / "src", [sp])
+    src = BucketSource(tmp_path / "src", s3, unique_prefix(request))
+    mnt = src.mount(mount, "-o", "attr_timeout=0,entry_timeout=0")
+    store = src.objects.store()
+    key = sp.shard_key((1, 1))
+    original = bytes(obstore.get(store, key).bytes())
+    table = np.frombuffer(original[-INDEX_BYTES:-4], dtype="<u8").reshape(-1, 2)
+    path, _ = chunk_files(mnt, sp, (1, 1))[5]
+    start, nbytes = (int(v) for v in table[5])
+    chunk = original[start:start + nbytes]
+    other = original[:start + 100] + bytes(b ^ 0xFF for b in chunk[100:104]) + original[start + 104:]
+    for _ in range(20):  # until both replacements fall within one second
+        obstore.put(store, key, other)
+        first = obstore.head(store, key)["last_modified"]
+        assert path.read_bytes() == other[start:start + nbytes]  # the kernel keeps these pages
+        obstore.put(store, key, original)
+        if obstore.head(store, key)["last_modified"] == first:
+            break
+    else:
+        pytest.fail("no two replacements within one second in 20 tries")
+    assert path.read_bytes() == chunk

@@ -13,17 +13,15 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import SHARDFS, is_mounted
+from conftest import SHARDFS, is_mounted, shard_locks
 from shardfs.app import progress, statusdoc
 from sources import Spec, build
-from test_hostile import _LOCKER, chunk_bytes, write_file
+from test_hostile import chunk_bytes, write_file
 
 s = slice
 # one shard of 20x20 inner chunks: 150 written chunks leave it incomplete (folded only when idle)
@@ -35,11 +33,7 @@ WRITTEN = [(i, j) for i in range(1, 20) for j in range(20)][:150]
 def test_umount_shows_fold_progress(tmp_path, mount):
     src = tmp_path / "src"
     exp = build(src, [P])
-    lock = Path(str(P.shard_file(src, (0, 0))) + ".__lock")
-    locker = subprocess.Popen([sys.executable, "-c", _LOCKER, str(lock)], stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)
-    try:
-        assert locker.stdout.readline() == "locked\n"
+    with shard_locks(P.shard_file(src, (0, 0))) as (locker,):
         mnt = mount(src)
         for k, idx in enumerate(WRITTEN):
             block, data = chunk_bytes(k, P)
@@ -51,9 +45,6 @@ def test_umount_shows_fold_progress(tmp_path, mount):
         locker.kill()  # the folds may go on
         rest = umount.stderr.read().splitlines()
         assert umount.wait(timeout=120) == 0, rest
-    finally:
-        locker.kill()
-        locker.wait()
     assert first == f"shardfs: {mnt}: folding {len(WRITTEN)} pending chunks into 1 shards\n"
     assert rest[-1].startswith(f"shardfs: {mnt}: folded {len(WRITTEN)} chunks into 1 shards in "), rest
     assert all(line.startswith(f"shardfs: {mnt}: folded 0 of {len(WRITTEN)} chunks") for line in rest[:-1]), rest

@@ -23,9 +23,9 @@ from typing import Any, Callable, Iterator, TypeVar
 import numpy as np
 import pytest
 
-from conftest import ZARR2_PYTHON, run_shardfs, serving_pids, wait_for
+from conftest import ZARR2_PYTHON, run_shardfs, serving_pids, shard_locks, wait_for
 import stopping
-from test_restart import EXPECTED, READER, assert_clean_reads, status, two_arrays
+from test_restart import EXPECTED, READER, assert_clean_reads, held_when_killed, status, two_arrays
 
 pytestmark = pytest.mark.skipif(
     "workers" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
@@ -945,6 +945,34 @@ def test_the_owner_killed_under_a_writer_loses_no_acknowledged_write(mount, src)
         assert np.array_equal(block, EXPECTED[k * 4:(k + 1) * 4, k * 4:(k + 1) * 4]), name
 
 
+def test_the_dead_owners_journal_is_served_through_every_worker_before_it_is_folded(mount, src):
+    """Chunks written (journalled, pending) when the owner is killed, their shards locked so no
+    fold happens meanwhile: the next owner takes the dead one's journal over and both workers
+    serve them as written (the other forwards their reads to the owner) before any fold; once
+    unlocked they are folded (as with one worker: test_restart)."""
+    mnt = mount(src, "-o", "workers=2")
+    pids = workers(mnt, 2)
+    shards = [src / "a" / "c" / "0" / "0", src / "a" / "c" / "1" / "1"]
+    before = [s.read_bytes() for s in shards]
+    data = {"1.1": (mnt / "a" / "3.3").read_bytes(), "5.6": (mnt / "a" / "2.2").read_bytes()}
+    with shard_locks(*shards):
+        for name, value in data.items():
+            (mnt / "a" / name).write_bytes(value)
+        pids = kill_owner(mnt, pids)
+        for name, value in data.items():
+            assert through_the_other(mnt, pids[0], (mnt / "a" / name).read_bytes, "open") == value
+            with only(pids[0], pids):
+                assert (mnt / "a" / name).read_bytes() == value
+        assert [s.read_bytes() for s in shards] == before  # not folded: read from the pending state
+        assert status(mnt)["pending"]["chunks"] == 2
+    wait_for(lambda: status(mnt)["pending"]["chunks"] == 0, 60, "the adopted chunks folded once unlocked")
+    import zarr
+
+    got = zarr.open_array(str(src / "a"), mode="r")
+    assert np.array_equal(got[4:8, 4:8], EXPECTED[12:16, 12:16])  # 1.1 <- 3.3
+    assert np.array_equal(got[20:24, 24:28], EXPECTED[8:12, 8:12])  # 5.6 <- 2.2
+
+
 def test_bytes_only_the_dead_owner_held_fail_with_eio_at_the_next_write_and_at_close(mount, src):
     """Files still open for writing when the owner dies: a temporary (held in the owner's memory)
     and a chunk rewritten in place, both written and not committed: the next write of each fails
@@ -955,13 +983,7 @@ def test_bytes_only_the_dead_owner_held_fail_with_eio_at_the_next_write_and_at_c
     mnt = mount(src, "-o", "workers=2")
     pids = workers(mnt, 2)
     data = (mnt / "a" / "3.3").read_bytes()
-    with open(mnt / "a" / "2.2", "wb") as f:  # committed at close: in the journal
-        f.write(data)
-    tmp = os.open(mnt / "a" / "tmp.bin", os.O_WRONLY | os.O_CREAT, 0o644)
-    os.write(tmp, b"x" * 100)
-    dirty = os.open(mnt / "a" / "5.5", os.O_WRONLY)  # rewritten in place, not committed
-    os.write(dirty, data[:10])
-    clean = os.open(mnt / "a" / "4.4", os.O_WRONLY)
+    tmp, dirty, clean = held_when_killed(mnt, data)
     pids = kill_owner(mnt, pids)
     for fd, rest, other in ((tmp, b"y" * 100, True), (dirty, data[10:], False)):
         for call in (lambda fd=fd, rest=rest: os.write(fd, rest), lambda fd=fd: os.close(fd)):

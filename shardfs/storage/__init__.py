@@ -35,7 +35,8 @@ __all__ = ["ABSENT", "UNKNOWN", "Absent", "Entry", "Range", "Storage", "Unknown"
 class Version(NamedTuple):
     """Identity of one state of a stored key (a NamedTuple: it is hashed and compared per open).
 
-    Local files: ``(st_ino, st_size, st_mtime_ns)``; objects: ``(etag, size, last_modified_ns)``.
+    Local files: ``(st_ino, st_size, st_mtime_ns)``; objects: ``(etag, size, mtime_ns)``, the mtime
+    Last-Modified's whole seconds and below them a number drawn from the ETag (``requests.stamp_ns``).
     """
 
     tag: int | str

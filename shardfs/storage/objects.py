@@ -38,6 +38,7 @@ from __future__ import annotations
 import builtins
 import errno
 import os
+import time
 from typing import Any, Iterable, Iterator
 from urllib.parse import urlsplit
 
@@ -51,7 +52,7 @@ from shardfs.storage.access import Access
 from shardfs.storage.listings import Listings
 from shardfs.storage.loop import LoopThread
 from shardfs.storage.requests import (ANSWERS, MISSING, ObjectRequests, OverRequests, Retry, StorageUnavailable,
-                                      first_line, status_of, tls_failure, version_of)
+                                      first_line, stamp_ns, status_of, tls_failure, version_of)
 
 PAGE = 1000  # entries per listing page (S3's own page size)
 _SCHEMES = {"s3": "s3", "s3a": "s3", "gs": "gs", "az": "az", "azure": "az", "abfs": "az", "abfss": "az"}
@@ -123,7 +124,8 @@ class ObjectStorage(OverRequests):
         now = await self.requests.aversion(key)
         if now is not None and now.tag == etag:
             return now
-        return Version(etag, len(body), 0)  # already replaced by another writer
+        # already replaced by another writer: its own Last-Modified unknown, about now
+        return Version(etag, len(body), stamp_ns(int(time.time()), etag))
 
     async def adelete(self, key: str, if_version: Version | Absent | None = None) -> None:
         """See ``Storage.delete`` (conditional: HEAD check then DELETE, see the module docstring)."""

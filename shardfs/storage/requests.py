@@ -7,8 +7,9 @@ the read half of ``Storage`` answered by it, which ``ObjectStorage`` and ``WebSt
 (each adds its own listings, writes and mount-time check). The read path of such a source
 (``shardfs.reads.objects``) awaits the coroutines of its ``requests``.
 
-- ``version``: HEAD -> ``Version(etag, size, last_modified_ns)`` (whole seconds: listings and
-  HEADs may differ below that); missing -> None. Remembered for ``stat_ttl`` seconds, like
+- ``version``: HEAD -> ``Version(etag, size, mtime_ns)``, the mtime Last-Modified's whole
+  seconds and a part of a second drawn from the ETag (``stamp_ns``); missing -> None.
+  Remembered for ``stat_ttl`` seconds, like
   ``LocalStorage``'s, from HEADs, from ``read_versioned`` and ``read_all`` (the GET's own ETag,
   size and date) and from listings (each page carries them); ``replace``, ``delete`` and ``changed`` forget it.
 - ``read_versioned``: one ranged or suffix GET, its version taken from the response (no HEAD).
@@ -57,6 +58,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Iterator, Sequence, TypeAlias
 
+import crc32c
 import obstore
 from obstore.exceptions import (AlreadyExistsError, NotFoundError, PermissionDeniedError, PreconditionError,
                                 UnauthenticatedError)
@@ -150,13 +152,18 @@ def first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
-def _ns(meta: dict) -> int:
-    t = meta.get("last_modified")
-    return int(t.timestamp()) * 1_000_000_000 if t is not None else 0
+def stamp_ns(seconds: int, etag: str) -> int:
+    """A version's mtime: ``seconds`` (its Last-Modified, or 0 if the server sent none) and
+    below the second, a number drawn from its ETag (none without one). Object stores keep
+    whole seconds: two versions of an object within one second would have one mtime, and the
+    kernel's pages of a chunk file (kept while its size and mtime are unchanged), or a client
+    taking (ino, mtime) for a version (tensorstore), would keep the first's bytes."""
+    return seconds * 1_000_000_000 + (crc32c.crc32c(etag.encode()) % 1_000_000_000 if etag else 0)
 
 
 def version_of(meta: dict) -> Version:
-    return Version(meta.get("e_tag") or "", int(meta["size"]), _ns(meta))
+    t, etag = meta.get("last_modified"), meta.get("e_tag") or ""
+    return Version(etag, int(meta["size"]), stamp_ns(int(t.timestamp()) if t is not None else 0, etag))
 
 
 
