@@ -1161,3 +1161,33 @@ def test_a_worker_learns_a_number_the_owner_gave_before_it_forwards_a_request_na
         data = path.read_bytes()  # the OPEN reaches w1, which does not know the number yet
     assert data == (mnt / "b" / "5.5").read_bytes()
     assert status_at(socket_of(mnt))["forwarded"].get("open", 0) == 0
+
+
+def test_store_requests_that_end_after_a_worker_s_last_request_are_counted_through_every_worker(
+        mount, s3, tmp_path, request):
+    """A worker goes quiet (publishes its status document once more, then waits for its next
+    request) only once nothing is left to count: a cold chunk read through w1 starts reading every
+    shard's index ahead in the background (a listing and 16 GETs, 0.4 s a round trip here),
+    which ends after the read's last request. ``shardfs status`` answered by w0 then counts
+    those requests as answered by w1 does (w0 missed them: it counted w1's document of before)."""
+    from source_kinds import BucketSource, unique_prefix
+    from testkit.delayproxy import DelayProxy
+
+    with DelayProxy(("127.0.0.1", s3.ports["s3.port"]), delay=0.2, record=True) as proxy:
+        bucket = BucketSource(two_arrays(tmp_path / "up"), s3, unique_prefix(request),
+                              endpoint=f"http://127.0.0.1:{proxy.port}")
+        mnt = bucket.mount(mount, "-o", "ro,workers=2")
+        w0, w1 = workers(mnt, 2)
+        with only(w1, [w0, w1]):
+            (mnt / "a" / "5.5").read_bytes()  # not its shard's first chunk: the indexes read ahead
+        seen = -1
+        while seen != len(proxy.log):  # until the store saw no request for 2 s
+            seen = len(proxy.log)
+            time.sleep(2)
+        assert seen > 10  # (the read ahead: a listing and the other shards' indexes)
+
+        def store_requests(pid: int) -> int:
+            with only(pid, [w0, w1]):  # (answered by the running worker)
+                return sum(status(mnt)["store"]["requests"].values())
+
+        assert store_requests(w0) == store_requests(w1)

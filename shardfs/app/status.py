@@ -188,8 +188,10 @@ class Status:
 
     async def _publish(self) -> None:
         """Write this worker's document for the others every ``peers.PUBLISH_S`` seconds; when
-        nothing in it changes before the next request (``quiet``), wait for that request first:
-        the document written stays exact meanwhile, and no timer wakes a worker of an idle mount."""
+        nothing in it changes before the next request (``quiet``, no request being answered, no
+        store request in flight: a read-ahead, an index read ahead, a listing, begun by a request
+        and ending after it), wait for that request first: the document written stays exact
+        meanwhile, and no timer wakes a worker of an idle mount."""
         sup = self.supervision or {}
         while True:
             doc: StatusDoc | None = None
@@ -198,7 +200,9 @@ class Status:
                 peers.publish(sup["workers_file"], sup.get("worker_slot", 0), doc)
             except Exception:
                 log.exception("shardfs status: cannot make the status document")
-            if doc is not None and quiet(doc) and not self.counters.requests.active:
+            store = self.counters.store
+            if (doc is not None and quiet(doc) and not self.counters.requests.active and not store.in_flight
+                    and sum(store.requests.values()) == sum(doc["store"]["requests"].values())):
                 await self.counters.requests.next_request()
             await trio.sleep(peers.PUBLISH_S)
 

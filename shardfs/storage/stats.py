@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import threading
 import time
 from collections import deque
 from types import TracebackType
@@ -66,6 +67,8 @@ class StoreStats:
         self.latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self.buckets = [0] * (len(LATENCY_BOUNDS) + 1)  # requests of at most each bound (not cumulative), then more
         self.latency_sum = 0.0
+        self.in_flight = 0  # timed requests begun and not ended (a status document made meanwhile will change)
+        self._flight = threading.Lock()  # (requests begin and end on several threads)
 
     def count(self, kind: str, seconds: float | None = None, bytes_in: int = 0) -> None:
         """One request of ``kind`` (taking ``seconds``, if timed) that received ``bytes_in``."""
@@ -104,6 +107,8 @@ class _Timed:
         self.bytes_in = 0
 
     def __enter__(self) -> "_Timed":
+        with self.stats._flight:
+            self.stats.in_flight += 1
         self.started = time.monotonic()
         return self
 
@@ -111,6 +116,8 @@ class _Timed:
         self.stats.count(self.kind, time.monotonic() - self.started, self.bytes_in)
         if isinstance(e, Exception) and not isinstance(e, self.answers):  # not a cancellation
             self.stats.failures += 1
+        with self.stats._flight:
+            self.stats.in_flight -= 1
 
 
 def counted(kind: str, answers: tuple[type[BaseException], ...], bytes_in: Callable[[Any], int] | None = None,
