@@ -960,7 +960,7 @@ def test_the_dead_owners_journal_is_served_through_every_worker_before_it_is_fol
             (mnt / "a" / name).write_bytes(value)
         pids = kill_owner(mnt, pids)
         for name, value in data.items():
-            assert through_the_other(mnt, pids[0], (mnt / "a" / name).read_bytes, "open") == value
+            assert through_the_other(mnt, pids[0], (mnt / "a" / name).read_bytes) == value
             with only(pids[0], pids):
                 assert (mnt / "a" / name).read_bytes() == value
         assert [s.read_bytes() for s in shards] == before  # not folded: read from the pending state
