@@ -85,9 +85,12 @@ def switches(pid: int) -> tuple[int, int]:
     return counts["voluntary_ctxt_switches"], counts["nonvoluntary_ctxt_switches"]
 
 
-def measure(bench: Any, n: int, readers: int, ro: bool = True) -> dict[str, Any]:
-    """One fresh mount (read-only, or writable) with ``n`` workers read by ``readers`` zarr 2.18 processes."""
-    with bench.mounted(bench.big, f"workers{n}{'' if ro else 'rw'}", ro=ro, options=f"workers={n}") as m:
+def measure(bench: Any, n: int, readers: int, ro: bool = True, src: Any = None, options: str = "",
+            name: str = "") -> dict[str, Any]:
+    """One fresh mount (read-only, or writable) of ``src`` (the bench's local ``big``, or an
+    ``s3://`` URL with its ``options``) with ``n`` workers read by ``readers`` zarr 2.18 processes."""
+    with bench.mounted(src or bench.big, f"workers{n}{name}{'' if ro else 'rw'}", ro=ro,
+                       options=",".join([f"workers={n}", *[options] * bool(options)])) as m:
         pids = worker_pids(m.mnt)
         supervisor = int(status_of(m.mnt)["pid"])
         if len(pids) != n:
@@ -110,16 +113,36 @@ def measure(bench: Any, n: int, readers: int, ro: bool = True) -> dict[str, Any]
             "voluntary": sum(v for v, _ in switched) / chunks, "involuntary": sum(i for _, i in switched) / chunks}
 
 
-KINDS = (("read-only", True), ("writable", False))
+KINDS = (("read-only", True), ("writable", False), ("S3 read-only", True))
+S3_BUCKET = "bench-workers"
 
 
 def figure(bench: Any) -> list[Row]:
+    """Every row (module docstring); SeaweedFS, for the S3 kind, is stopped by PID whatever happens."""
+    from testkit.seaweed import REGION, S3Source, SeaweedS3, aws_env, put_all, upload
+
+    server = SeaweedS3(bench.work / "seaweed-workers", bucket=S3_BUCKET)
+    with aws_env():
+        server.start()
+        try:
+            put_all(S3Source(server, "big").store(), [("zarr.json", bench.big / "zarr.json")])
+            upload(server, bench.big / "vol", "big/vol")
+            s3 = (f"s3://{S3_BUCKET}/big", f"endpoint={server.endpoint},region={REGION}")
+            return _figure(bench, s3)
+        finally:
+            server.stop()
+
+
+def _figure(bench: Any, s3: tuple[str, str]) -> list[Row]:
     counts = [*COUNTS, *([8] if (os.cpu_count() or 1) >= 8 else [])]
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {(k, n): [] for k, _ in KINDS for n in counts}
     for rep in bench.repeat():
         for kind, ro in KINDS:
             for n in rotate(counts, rep):
-                runs[kind, n].append(measure(bench, n, READERS, ro))
+                if kind.startswith("S3"):
+                    runs[kind, n].append(measure(bench, n, READERS, ro, s3[0], s3[1], "s3"))
+                else:
+                    runs[kind, n].append(measure(bench, n, READERS, ro))
                 r = runs[kind, n][-1]
                 bench.log(f"workers rep {rep + 1}: {kind} workers={n} {r['rate']:.0f} chunks/s, "
                           f"{r['cpu_us']:.0f} µs CPU/chunk, shares {', '.join(f'{s:.0%}' for s in r['shares'])}, "
