@@ -186,6 +186,20 @@ class SeaweedS3:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
 
+    def terminate(self) -> None:
+        """SIGTERM, and wait for the process to end (SIGKILL after 30 s): data on disk stays, and
+        with it every write SeaweedFS acknowledged; ``start()`` brings it back on the same ports.
+        A SIGKILL (``kill``) may lose the writes it acknowledged last (measured with SeaweedFS
+        4.48: a conditional PUT acknowledged 79 ms before the SIGKILL gone after the restart, in
+        3 of 8 rounds of six writers; none in 4 rounds ended by SIGTERM): a real S3 loses none."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+
     def stop(self) -> None:
         """End the process by PID (SIGTERM, SIGKILL after 3 s) and remove its /tmp sockets."""
         if self.proc is not None and self.proc.poll() is None:

@@ -6,7 +6,8 @@ Kinds: ``kill`` (SIGKILL of daemon ``target``, the supervisor and its worker, la
 remount: the journal's replay), ``worker-kill`` (SIGKILL of daemon ``target``'s worker alone:
 its supervisor starts another on the same connection, and no client may notice: a window of
 this kind excuses nothing, ``EXCUSING``),
-``s3-restart`` (the S3 server crashes, stays down ``seconds``, restarts), ``503`` / ``500`` /
+``s3-restart`` (the S3 server stops, stays down ``seconds``, restarts: stopped by SIGTERM, as
+SeaweedFS loses the last writes it acknowledged to a SIGKILL, which a real S3 never does), ``503`` / ``500`` /
 ``reset`` / ``stall`` (a burst of ``seconds`` from the ``FaultProxy``), ``journal-full`` (the tmpfs
 holding daemon A's journal is filled to the last byte for ``seconds``, then freed).
 
@@ -151,7 +152,7 @@ class Injector:
         elif ev.kind == WORKER_KILL:
             self.daemons[ev.target % len(self.daemons)].kill_worker()
         elif ev.kind == "s3-restart":
-            self.server.kill()
+            self.server.terminate()  # (not a SIGKILL: SeaweedFS would lose writes it acknowledged)
             stop.wait(ev.seconds)
             self.server.start()
         elif ev.kind == "journal-full":
