@@ -152,7 +152,10 @@ def test_an_idle_mount_wakes_no_worker(mount, src):
     mnt = mount(src, "-o", "ro,workers=2")
     pids = workers(mnt, 2)
     zarr2_read_all(mnt)
-    time.sleep(2 * PUBLISH_S + FOLLOW_S + 0.5)  # (the last documents written, the last releases followed)
+    # every handle let go of (a worker holding one follows the ledger every FOLLOW_S: slower on a
+    # loaded machine), then the last documents written and the last releases followed
+    wait_for(lambda: all(w["open_handles"] == 0 for w in status(mnt)["workers"]), 30, "every handle let go of")
+    time.sleep(2 * PUBLISH_S + FOLLOW_S + 0.5)
     before = [_wakeups(p) for p in pids]
     time.sleep(3)
     woke = [_wakeups(p) - b for p, b in zip(pids, before)]
