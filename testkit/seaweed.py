@@ -192,23 +192,21 @@ class SeaweedS3:
         A SIGKILL (``kill``) may lose the writes it acknowledged last (measured with SeaweedFS
         4.48: a conditional PUT acknowledged 79 ms before the SIGKILL gone after the restart, in
         3 of 8 rounds of six writers; none in 4 rounds ended by SIGTERM): a real S3 loses none."""
+        self._end(30.0)
+
+    def _end(self, grace: float) -> None:
+        """SIGTERM by PID, and SIGKILL if the process has not ended within ``grace`` seconds."""
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(timeout=30)
+                self.proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=30)
 
     def stop(self) -> None:
         """End the process by PID (SIGTERM, SIGKILL after 3 s) and remove its /tmp sockets."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=3)  # it lingers on open client connections
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=30)
+        self._end(3.0)  # (it lingers on open client connections)
         for name in os.listdir("/tmp"):
             if name.startswith("seaweedfs-") and name.endswith(".sock") and \
                     name.rsplit("-", 1)[-1][:-5] in {str(p) for p in self.ports.values()}:
