@@ -298,6 +298,15 @@ def wait_for(cond, seconds: float, what: str) -> None:
         time.sleep(0.1)
 
 
+def folded(mnt: Path, seconds: float = 60) -> None:
+    """Wait until the mount at ``mnt`` has no pending chunk: what was written through it is in
+    its shards, for a reader of the source. (A shard is folded in the background, after its last
+    chunk's write returned: reading the source straight after a writer exits races the fold.)"""
+    from shardfs.app.status_client import status_of
+
+    wait_for(lambda: status_of(str(mnt))["pending"]["chunks"] == 0, seconds, f"every chunk written to {mnt} folded")
+
+
 FS_TIMEOUT = 30.0  # a call on a mount that a loaded machine answers in far less
 _LEFT_BEHIND: list[int] = []  # children of ``bounded`` that did not answer (reaped when they end)
 

@@ -33,7 +33,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import budget, run_shardfs, zarr2
+from conftest import budget, folded, run_shardfs, zarr2
 from inproc import InProcess
 
 # numpy's unicode and zarr's fixed_length_utf32 strip trailing NULs; elsewhere NUL is kept
@@ -201,6 +201,7 @@ def test_zarr2_writes_string_and_bytes_types(tmp_path, mount):
         (mnt / name).mkdir()
         (mnt / name / ".zgroup").write_text('{"zarr_format": 2}')
         zarr2(_ZARR2_WRITE, root=str(mnt / name), arrays=arrays)
+        folded(mnt)
         for i, spec in enumerate(arrays):
             doc = json.loads((src / name / f"a{i}" / "zarr.json").read_text())
             kind = doc["data_type"] if isinstance(doc["data_type"], str) else doc["data_type"]["name"]
@@ -281,6 +282,7 @@ def test_xarray_string_coordinates_round_trip(tmp_path, mount):
     xr.testing.assert_identical(_as_object(v2), _as_object(native))
     # xarray 2025.6 writes through the mount; current xarray reads the v3 source
     zarr2(_XR_WRITE, path=str(mnt / "copy"), ds=json.loads(json.dumps(ds.to_dict(data="list"))))
+    folded(mnt)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         back = xr.open_zarr(src / "copy", zarr_format=3, consolidated=False).load()

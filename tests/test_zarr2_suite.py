@@ -53,7 +53,8 @@ DIFFERENT = {
 
 
 def run_suite(stores: Path, base: Path) -> dict[str, str]:
-    """Run the four classes with their stores in ``stores``: ``{Class::test: outcome}``."""
+    """Run the four classes with their stores in ``stores``: ``{Class::test: outcome}`` (``passed``,
+    ``skipped``, or ``failed: `` and the end of its traceback)."""
     where = "import zarr.tests, os; print(os.path.dirname(zarr.tests.__file__))"
     tests = Path(subprocess.run([ZARR2_PYTHON, "-c", where], capture_output=True, text=True, check=True).stdout.strip())
     junit = base / "junit.xml"
@@ -66,8 +67,9 @@ def run_suite(stores: Path, base: Path) -> dict[str, str]:
     assert junit.exists(), f"zarr 2.18's tests did not run ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     out = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
-        kinds = {child.tag for child in case}
-        outcome = "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"
+        failed = [child for child in case if child.tag in ("failure", "error")]
+        skipped = any(child.tag == "skipped" for child in case)
+        outcome = f"failed: {(failed[0].text or '')[-1500:]}" if failed else "skipped" if skipped else "passed"
         out[case.get("classname", "").rpartition(".")[2] + "::" + case.get("name", "")] = outcome
     return out
 
@@ -85,8 +87,9 @@ def test_zarr2_suite_passes_through_the_mount_as_on_a_plain_directory(tmp_path, 
     through = run_suite(mnt, tmp_path / "m")
     lost = {name for name, outcome in control.items() if outcome == "passed" and through.get(name) != "passed"}
     listed = {f"{cls.partition('::')[2]}::{name}" for cls in CLASSES[:2] for name in DIFFERENT}
-    assert lost == listed, \
-        f"lost through the mount, not listed: {sorted(lost - listed)}; listed, passing: {sorted(listed - lost)}"
+    why = "\n".join(f"{n}: {through.get(n)}" for n in sorted(lost - listed))
+    assert lost == listed, (f"lost through the mount, not listed: {sorted(lost - listed)}; listed, passing: "
+                            f"{sorted(listed - lost)}\n{why}\ndaemon log:\n{mount.info(mnt).log_text()[-3000:]}")
     log = mount.info(mnt).log_text()
     assert "internal error" not in log, log[-5000:]
     umount(mount, mnt)
