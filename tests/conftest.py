@@ -304,7 +304,11 @@ def folded(mnt: Path, seconds: float = 60) -> None:
     chunk's write returned: reading the source straight after a writer exits races the fold.)"""
     from shardfs.app.status_client import status_of
 
-    wait_for(lambda: status_of(str(mnt))["pending"]["chunks"] == 0, seconds, f"every chunk written to {mnt} folded")
+    def none_pending() -> bool:
+        doc: dict[str, Any] = dict(status_of(str(mnt)))
+        return bool(doc["pending"]["chunks"] == 0)
+
+    wait_for(none_pending, seconds, f"every chunk written to {mnt} folded")
 
 
 FS_TIMEOUT = 30.0  # a call on a mount that a loaded machine answers in far less

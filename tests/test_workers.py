@@ -324,10 +324,11 @@ def test_numbers_mean_the_same_in_every_worker(mount, src):
 
 
 def test_a_chunk_changed_behind_the_mount_shows_alike_through_every_worker(mount, src):
-    """With N workers no worker remembers a local directory's stats (SEMANTICS, "Workers"): once
-    one shows a chunk changed behind the mount's back, the other does too. (With 1 s each of its
-    own, the other showed the old size meanwhile, and an open through one of a name the other
-    had looked up failed with ESTALE.)"""
+    """With N workers a local directory's versions are remembered in one table every worker
+    shares (SEMANTICS, "Workers"; ``shardfs.storage.sharedversions``), and the version a read
+    finds is remembered: once one worker shows a chunk changed behind the mount's back, the other
+    does too. (With 1 s each of its own, the other showed the old size meanwhile, and an open
+    through one of a name the other had looked up failed with ESTALE.)"""
     import zarr
 
     mnt = mount(src, "-o", "ro,workers=2," + NO_CACHE)
@@ -342,6 +343,31 @@ def test_a_chunk_changed_behind_the_mount_shows_alike_through_every_worker(mount
     with only(w0, [w0, w1]):
         assert os.stat(chunk).st_size == len(new) != len(old)
         assert chunk.read_bytes() == new
+
+
+def test_a_version_one_worker_saw_is_every_workers_for_a_second(mount, src):
+    """A version is remembered for 1 s for the whole mount, as one worker remembers it (no
+    ``stat`` per open, whichever worker answers): a shard touched behind the mount's back (its
+    mtime only) right after both workers looked at its chunk shows its old mtime through either
+    within the second, its new one after."""
+    mnt = mount(src, "-o", "ro,workers=2," + NO_CACHE)
+    w0, w1 = workers(mnt, 2)
+    chunk, shard = mnt / "a" / "0.0", src / "a" / "c" / "0" / "0"
+    with only(w1, [w0, w1]):
+        old = os.stat(chunk).st_mtime_ns  # (w1 holds the shard's index)
+    time.sleep(1.1)
+    with only(w0, [w0, w1]):
+        looked = time.monotonic()
+        assert os.stat(chunk).st_mtime_ns == old
+    os.utime(shard, ns=(old + 10**9, old + 10**9))
+    with only(w1, [w0, w1]):
+        assert os.stat(chunk).st_mtime_ns == old
+    assert time.monotonic() - looked < 0.9, "the version w0 saw expired before w1 was asked: no test"
+    time.sleep(1.1)
+    with only(w1, [w0, w1]):
+        assert os.stat(chunk).st_mtime_ns == old + 10**9
+    with only(w0, [w0, w1]):
+        assert os.stat(chunk).st_mtime_ns == old + 10**9
 
 
 def test_numbers_given_at_once_by_two_workers_never_collide(mount, tmp_path):

@@ -155,7 +155,8 @@ def compose_writer(storage: Storage, t: Tree, writeback: Writeback, invalidate: 
 
 
 def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: Ledger | None = None,
-            adopt: bool = False, writes: bool = True, pages: PageTable | None = None) -> Composed:
+            adopt: bool = False, writes: bool = True, pages: PageTable | None = None,
+            versions_fd: int | None = None) -> Composed:
     """Build a mount of ``source`` with ``cfg`` (``cfg.read_only``: no ``Writeback``, no
     ``Writer``); what must be closed (the storage, the journal's claim) goes on ``cleanup``.
     ``UsageError`` (one line) if the journal cannot be created or ``-o cache_dir`` cannot be
@@ -165,11 +166,12 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
     False: a writable mount's worker that forwards every change to the owner worker
     (``shardfs.kernel.owner``): no journal, no ``Writer``, but the modes of a writable mount;
     ``pages``: the table of the kernel's page cache the N workers of a mount share
-    (``shardfs.kernel.sharedpages``; None: this worker's own)."""
+    (``shardfs.kernel.sharedpages``; None: this worker's own); ``versions_fd``: the memfd of the
+    table of versions they share (``shardfs.storage.sharedversions``; None: this worker's own)."""
     share = ledger.count if ledger is not None and ledger.shared else 1  # N workers: each its share of the mount's
     listings = Listings(cfg.kernel.entry_timeout, LISTING_BYTES // share)
     storage = cleanup.enter_context(source.opened(version_ttl=cfg.kernel.attr_timeout, listings=listings,
-                                                  alone=share == 1))
+                                                  alone=share == 1, versions_fd=versions_fd))
     writeback = None
     faults = Faults()  # the mount's bugs, from requests and background tasks alike
     spill = state.spill_dir(source.name, source.endpoint)

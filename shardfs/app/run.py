@@ -195,6 +195,7 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
                               tree=dataclasses.replace(cfg.tree, ome=args.ome and cfg.tree.ome))
     ledger = None
     pages = None  # N workers: the mount's table of the kernel's page cache
+    versions_fd = None  # ... and the memfd of their table of versions (``Source.opened``)
     if args.connection is not None:
         args.ledger = state.ledger_file(source.name, source.endpoint, os.getppid())
         conn = args.connection
@@ -213,6 +214,7 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
 
                 try:
                     pages = PageTable(conn.pages)
+                    versions_fd = conn.versions
                 except (OSError, ValueError) as e:
                     log.warning("the page-cache table cannot be used (files are read with direct I/O): %s", e)
     from shardfs.kernel.owner import OWNER
@@ -222,7 +224,8 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
             try:
                 replaces = args.connection is not None and args.connection.replaces
                 writes = ledger is None or not ledger.shared or ledger.index == OWNER  # (``kernel.owner``)
-                mount = compose(cfg, source, cleanup, ledger, adopt=replaces, writes=writes, pages=pages)
+                mount = compose(cfg, source, cleanup, ledger, adopt=replaces, writes=writes, pages=pages,
+                                versions_fd=versions_fd)
             except UsageError as e:
                 _report(args, f"error: {e}")
                 return 1

@@ -20,7 +20,8 @@ A worker (``python -m shardfs mount ... --worker FD``, the package installed now
 memfd of the connection's ledger (``shardfs.tree.ledger``: made here, kept for the mount's life,
 the same for every worker; its number in ``SHARDFS_LEDGER_FD``), with N workers the memfd of
 the table of what the kernel's page cache holds (``shardfs.kernel.pagetable``,
-``SHARDFS_PAGES_FD``), and talks to the supervisor
+``SHARDFS_PAGES_FD``) and that of the versions of the source's keys the workers remember
+(``shardfs.storage.sharedversions``, ``SHARDFS_VERSIONS_FD``), and talks to the supervisor
 over a ``SOCK_SEQPACKET`` socket pair, one JSON message a packet:
 
 - worker: ``{"ready": true}`` once its layers are built (the journal replayed), or ``{"error":
@@ -65,6 +66,7 @@ from shardfs.app import early, fusedev, peers, state, zygote
 from shardfs.app.zygote import Child, Zygote
 from shardfs.base import private
 from shardfs.kernel import pagetable
+from shardfs.storage import sharedversions
 from shardfs.tree import ledger
 
 log = logging.getLogger("shardfs")
@@ -130,6 +132,8 @@ class Supervisor:
         self.ledger = ledger.memory()  # the connection's ledger: every worker appends to it
         # what the kernel's page cache holds, for N workers (``shardfs.kernel.pagetable``)
         self.pages = pagetable.memory() if self.count > 1 else None
+        # ... and the versions of the source's keys they remember (``shardfs.storage.sharedversions``)
+        self.versions = sharedversions.memory() if self.count > 1 else None
         self.oom_before = _protect_from_oom()
         self.zygote: Zygote | None = None  # forks the workers of ``argv`` (``shardfs.app.zygote``)
         self.next_zygote: Zygote | None = None  # ... of ``handing_over``
@@ -185,8 +189,9 @@ class Supervisor:
             if self.fd >= 0:
                 os.close(self.fd)
             os.close(self.ledger)
-            if self.pages is not None:
-                os.close(self.pages)
+            for table in (self.pages, self.versions):
+                if table is not None:
+                    os.close(table)
             if self.workers_path is not None:
                 for path in [self.workers_path, *(peers.slot_file(self.workers_path, i) for i in range(self.count))]:
                     with contextlib.suppress(OSError):
@@ -284,8 +289,9 @@ class Supervisor:
         env = {"SHARDFS_OOM_SCORE_ADJ": self.oom_before,
                "SHARDFS_WORKER_SLOT": f"{index}/{self.count}" + "/r" * replaces}
         given = {"SHARDFS_LEDGER_FD": self.ledger}  # descriptors it inherits, by the variable naming each
-        if self.pages is not None:
+        if self.pages is not None and self.versions is not None:
             given["SHARDFS_PAGES_FD"] = self.pages
+            given["SHARDFS_VERSIONS_FD"] = self.versions
         try:
             handing = self.handing_over is not None and argv is self.handing_over
             z = self.next_zygote if handing else self.zygote
@@ -500,15 +506,11 @@ class Connection:
         self.status: dict[str, Any] = {}
         self.status_socket: socket.socket | None = None  # the supervisor's, for ``shardfs status``
         # the memfd of the connection's ledger (None: a supervisor of an older package, which gives none)
-        given = os.environ.pop("SHARDFS_LEDGER_FD", None)
-        self.ledger = int(given) if given is not None and given.isdigit() else None
-        if self.ledger is not None:
-            os.set_inheritable(self.ledger, False)
-        # the memfd of the page-cache table of N workers (None: one worker, or an older supervisor)
-        given = os.environ.pop("SHARDFS_PAGES_FD", None)
-        self.pages = int(given) if given is not None and given.isdigit() else None
-        if self.pages is not None:
-            os.set_inheritable(self.pages, False)
+        self.ledger = _given_fd("SHARDFS_LEDGER_FD")
+        # the memfds of the page-cache table and of the versions table of N workers (None: one
+        # worker, or an older supervisor)
+        self.pages = _given_fd("SHARDFS_PAGES_FD")
+        self.versions = _given_fd("SHARDFS_VERSIONS_FD")
         self.started = time.time()
         parent = os.environ.pop("SHARDFS_SUPERVISOR_PID", None)  # forked by a zygote: reparented to it
         zygote.die_with_parent(int(parent) if parent else None)
@@ -562,3 +564,13 @@ def _own_file(path: str) -> int:
         return private.open_file(dfd, os.path.basename(path), os.O_RDONLY, path)
     finally:
         os.close(dfd)
+
+
+def _given_fd(variable: str) -> int | None:
+    """The descriptor the supervisor gave this worker in the environment ``variable`` (taken out
+    of it, no longer inherited by its children); None if it gave none."""
+    given = os.environ.pop(variable, None)
+    if given is None or not given.isdigit():
+        return None
+    os.set_inheritable(int(given), False)
+    return int(given)

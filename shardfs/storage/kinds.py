@@ -26,7 +26,9 @@ from typing import Any, Callable, Iterator, Mapping
 
 from shardfs.config import StorageConfig
 from shardfs.storage.listings import Listings
+from shardfs.storage.sharedversions import SharedVersions
 from shardfs.storage.urls import is_url
+from shardfs.storage.versions import Remembered, Versions
 
 Source = Any  # ``shardfs.storage.source.Source`` (not imported: it imports this module)
 
@@ -37,8 +39,8 @@ S3_OPTIONS = frozenset({"region", "profile", "requester_pays", "addressing"})
 DIRECTORY_OPTIONS = frozenset({"follow_symlinks"})
 KIND_OPTIONS = URL_OPTIONS | DIRECTORY_OPTIONS  # the options some kinds take and others refuse
 Credentials = tuple[Any, str]  # a credential provider (None: the store's own chain) and the hint of its failure
-Opener = Callable[[Source, float, Listings, bool], contextlib.AbstractContextManager[Any]]
-# seconds a local directory's stats are remembered by a mount served alone (one worker)
+Opener = Callable[[Source, float, Listings, bool, "int | None"], contextlib.AbstractContextManager[Any]]
+# seconds a local directory's stats are remembered (by N workers only in the table they share)
 LOCAL_STAT_TTL = 1.0
 
 
@@ -49,7 +51,8 @@ class Kind:
     name: str
     schemes: tuple[str, ...]
     options: frozenset[str]
-    opened: Opener = field(repr=False)  # (source, version_ttl, listings, alone) -> the Storage, open in the block
+    # (source, version_ttl, listings, alone, versions_fd) -> the Storage, open in the block (``Source.opened``)
+    opened: Opener = field(repr=False)
     writable: bool = True
     remote: bool = True
     settings: Callable[[StorageConfig, Mapping[str, str]], StorageConfig] | None = field(default=None, repr=False)
@@ -104,22 +107,32 @@ def named(name: str) -> Kind:
 # ----- the kinds ----------------------------------------------------------------------------
 
 
+def _versions(ttl: float, versions_fd: int | None) -> Versions:
+    """Where a storage remembers versions for ``ttl`` seconds: the table of N workers (the memfd
+    ``versions_fd``), or its own."""
+    return Remembered(ttl) if versions_fd is None else SharedVersions(versions_fd, ttl)
+
+
 @contextlib.contextmanager
-def _directory(source: Source, version_ttl: float, listings: Listings, alone: bool) -> Iterator[Any]:
+def _directory(source: Source, version_ttl: float, listings: Listings, alone: bool,
+               versions_fd: int | None) -> Iterator[Any]:
     from shardfs.storage.local import LocalStorage
 
-    yield LocalStorage(source.name, stat_ttl=LOCAL_STAT_TTL if alone else 0.0,
-                       follow_symlinks=source.config.follow_symlinks, listings=listings)
+    ttl = LOCAL_STAT_TTL if alone or versions_fd is not None else 0.0
+    yield LocalStorage(source.name, follow_symlinks=source.config.follow_symlinks, listings=listings,
+                       versions=_versions(ttl, versions_fd))
 
 
 @contextlib.contextmanager
-def _object_store(source: Source, version_ttl: float, listings: Listings, alone: bool) -> Iterator[Any]:
+def _object_store(source: Source, version_ttl: float, listings: Listings, alone: bool,
+                  versions_fd: int | None) -> Iterator[Any]:
     from shardfs.storage.objects import ObjectStorage
     from shardfs.storage.requests import Retry
 
     cfg = source.config
     storage = ObjectStorage(source.name, endpoint=cfg.endpoint, region=cfg.region, anonymous=cfg.anonymous,
-                            retry=Retry.for_timeout(cfg.timeout), stat_ttl=version_ttl, listings=listings,
+                            retry=Retry.for_timeout(cfg.timeout), versions=_versions(version_ttl, versions_fd),
+                            listings=listings,
                             access=source.access())
     try:
         yield storage
@@ -128,11 +141,13 @@ def _object_store(source: Source, version_ttl: float, listings: Listings, alone:
 
 
 @contextlib.contextmanager
-def _web(source: Source, version_ttl: float, listings: Listings, alone: bool) -> Iterator[Any]:
+def _web(source: Source, version_ttl: float, listings: Listings, alone: bool,
+         versions_fd: int | None) -> Iterator[Any]:
     from shardfs.storage.requests import Retry
     from shardfs.storage.web import WebStorage
 
-    storage = WebStorage(source.name, retry=Retry.for_timeout(source.config.timeout), stat_ttl=version_ttl,
+    storage = WebStorage(source.name, retry=Retry.for_timeout(source.config.timeout),
+                         versions=_versions(version_ttl, versions_fd),
                          listings=listings, access=source.access())
     try:
         yield storage

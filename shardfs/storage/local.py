@@ -38,7 +38,7 @@ from shardfs.storage import UNKNOWN, Entry, Range, Unusable, Version, VersionMis
 from shardfs.base.files import not_regular
 from shardfs.storage.kvlock import LOCK_SUFFIX, locked
 from shardfs.storage.listings import Listings
-from shardfs.storage.versions import Remembered
+from shardfs.storage.versions import Remembered, Versions
 from shardfs.storage.stats import StoreStats, counted
 
 LIST_PAGE = 1000  # entries per page of a listing (as an S3 page)
@@ -69,20 +69,20 @@ class LocalStorage:
     """A directory holding a Zarr v3 hierarchy (see the module docstring for the contracts).
 
     ``version`` results are remembered for ``stat_ttl`` seconds (every lookup, getattr and
-    open asks for them); ``replace`` and ``delete`` forget the keys they change, so only
-    changes made behind the mount's back wait that long.
+    open asks for them), in ``versions`` if given (N workers' table); ``replace`` and ``delete``
+    forget the keys they change, so only changes made behind the mount's back wait that long.
     """
 
     read_path = "local"  # (``shardfs.reads.factory``)
     atomic_delete = True  # the version check and the unlink, both under the key's lock
 
     def __init__(self, root: str, stat_ttl: float = 1.0, follow_symlinks: bool = False,
-                 listings: Listings | None = None) -> None:
+                 listings: Listings | None = None, versions: Versions | None = None) -> None:
         self.root = os.path.realpath(root)
         self.stat_ttl = stat_ttl
         self.follow_symlinks = follow_symlinks
         self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self._versions = Remembered(stat_ttl)
+        self._versions = versions if versions is not None else Remembered(stat_ttl)
         self._listings = listings or Listings(0.0)
         self.stats = StoreStats()  # shard file reads and replaces (chunk reads: ``shardfs.reads.local``)
 

@@ -50,6 +50,7 @@ from shardfs.storage.urls import env_endpoint
 from shardfs.storage import ABSENT, Entry, Version, VersionMismatch, Absent
 from shardfs.storage.access import Access
 from shardfs.storage.listings import Listings
+from shardfs.storage.versions import Versions
 from shardfs.storage.loop import LoopThread
 from shardfs.storage.requests import (ANSWERS, MISSING, ObjectRequests, OverRequests, Retry, StorageUnavailable,
                                       first_line, stamp_ns, status_of, tls_failure, version_of)
@@ -64,7 +65,8 @@ class ObjectStorage(OverRequests):
 
     def __init__(self, url: str, *, endpoint: str | None = None, region: str | None = None,
                  anonymous: bool = False, retry: Retry = Retry(), loop: LoopThread | None = None,
-                 stat_ttl: float = 1.0, listings: Listings | None = None, access: Access = Access()):
+                 stat_ttl: float = 1.0, listings: Listings | None = None, access: Access = Access(),
+                 versions: Versions | None = None):
         parts = urlsplit(url)
         scheme = _SCHEMES.get(parts.scheme)
         if scheme is None or not parts.netloc:
@@ -88,7 +90,7 @@ class ObjectStorage(OverRequests):
         self._url, self._config, self._access, self._anonymous = url, config, access, anonymous
         client = {"allow_http": bool(endpoint and endpoint.startswith("http://")), **access.client_options()}
         super().__init__(ObjectRequests(url, scheme, self._open, client, retry=retry, loop=loop, name="objects",
-                                        stat_ttl=stat_ttl, listings=listings))
+                                        stat_ttl=stat_ttl, listings=listings, versions=versions))
 
     def _open(self, client: dict[str, Any], retry_config: dict[str, Any]) -> Any:
         """The obstore store for these client options and retry configuration."""

@@ -67,7 +67,7 @@ from shardfs.storage import UNKNOWN, Range, Version, VersionMismatch, Unknown
 from shardfs.storage.urls import DEFAULT_TIMEOUT
 from shardfs.storage.stats import StoreStats
 from shardfs.storage.listings import Listings
-from shardfs.storage.versions import Remembered
+from shardfs.storage.versions import Remembered, Versions
 from shardfs.storage.loop import LoopThread
 
 log = logging.getLogger("shardfs")
@@ -172,11 +172,11 @@ class ObjectRequests:
 
     def __init__(self, url: str, scheme: str, opener: Opener, client: dict[str, Any], *, retry: Retry = Retry(),
                  loop: LoopThread | None = None, name: str = "objects", stat_ttl: float = 1.0,
-                 listings: Listings | None = None) -> None:
+                 listings: Listings | None = None, versions: Versions | None = None) -> None:
         """The store of ``url`` (``scheme``: ``s3``, ``gs``, ``az`` or ``http``) made by ``opener``
         with the ``client`` options, each request bounded by ``retry``; its requests run on ``loop``
-        (or on a thread ``name`` of its own); versions remembered ``stat_ttl`` seconds, listings in
-        ``listings`` (None: none kept)."""
+        (or on a thread ``name`` of its own); versions remembered ``stat_ttl`` seconds (in
+        ``versions`` if given), listings in ``listings`` (None: none kept)."""
         self.url = url.rstrip("/")
         self.scheme = scheme
         self._opener = opener
@@ -185,7 +185,7 @@ class ObjectRequests:
         self.store = self.build(retry)
         self._own_loop = loop is None
         self.loop = loop or LoopThread(name=name)
-        self.versions = Remembered(stat_ttl)
+        self.versions = versions if versions is not None else Remembered(stat_ttl)
         self.listings = listings or Listings(0.0)
         self.stats = StoreStats()
 

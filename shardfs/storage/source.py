@@ -108,14 +108,18 @@ class Source:
                         "read and change the data", self.name)
 
     @contextlib.contextmanager
-    def opened(self, version_ttl: float = 1.0, listings: Listings | None = None, alone: bool = True) -> Iterator[Any]:
+    def opened(self, version_ttl: float = 1.0, listings: Listings | None = None, alone: bool = True,
+               versions_fd: int | None = None) -> Iterator[Any]:
         """The ``Storage`` of this source (its kind's ``opened``), open for the ``with`` block (an
         object store's request loop thread runs only inside it: start it after any fork, never
         before). ``version_ttl``: how long an object store remembers a key's version (the mount
         passes its ``attr_timeout``: the lag it promises for changes behind its back); a local
-        directory remembers stats for 1 s whatever it is, and none when not ``alone`` (one of N
-        workers: two workers remembering different stats would answer different versions of a
-        chunk changed behind the mount's back, for as long). ``listings``: the listings either
-        remembers (the mount's: its ``entry_timeout``, its share of the memory; None: none)."""
-        with self.kind.opened(self, version_ttl, listings or Listings(0.0), alone) as storage:
+        directory remembers stats for 1 s whatever it is. Not ``alone`` (one of N workers), the
+        versions are remembered in the mount's table every worker shares, the memfd ``versions_fd``
+        (``shardfs.storage.sharedversions``); without one (a supervisor of an older package) a
+        local directory remembers none: two workers remembering different stats would answer
+        different versions of a chunk changed behind the mount's back, for as long. ``listings``:
+        the listings either remembers (the mount's: its ``entry_timeout``, its share of the
+        memory; None: none)."""
+        with self.kind.opened(self, version_ttl, listings or Listings(0.0), alone, versions_fd) as storage:
             yield storage

@@ -13,6 +13,7 @@ import threading
 import time
 
 from shardfs.storage import UNKNOWN, Unusable, Version, Unknown
+from shardfs.storage.sharedversions import SharedVersions
 
 MAX_KEYS = 65536  # remembered versions before all are dropped at once (cheap, and rare)
 
@@ -60,3 +61,6 @@ class Remembered:
         with self._lock:
             self._changes += 1
             self._items.clear()
+
+
+Versions = Remembered | SharedVersions  # what a storage remembers versions in (one worker's, or N workers')

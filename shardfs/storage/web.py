@@ -42,6 +42,7 @@ from obstore.store import HTTPStore
 
 from shardfs.storage import Entry, Version, Absent
 from shardfs.storage.listings import Listings
+from shardfs.storage.versions import Versions
 from shardfs.storage.loop import LoopThread
 from shardfs.storage.access import Access
 from shardfs.storage.requests import (ObjectRequests, OverRequests, Retry, StorageUnavailable, first_line,
@@ -58,12 +59,13 @@ class WebStorage(OverRequests):
     """``Storage`` over ``http(s)://host/path`` (thread-safe; read-only)."""
 
     def __init__(self, url: str, *, retry: Retry = Retry(), loop: LoopThread | None = None,
-                 stat_ttl: float = 1.0, listings: Listings | None = None, access: Access = Access()):
+                 stat_ttl: float = 1.0, listings: Listings | None = None, access: Access = Access(),
+                 versions: Versions | None = None):
         self._url = url = url.rstrip("/")
         client = {"allow_http": url.startswith("http://"), **access.client_options()}  # TLS trust only:
         self._docs: dict[str, tuple[float, dict[str, Any] | None]] = {}  # a web server takes no credentials
         super().__init__(ObjectRequests(url, "http", self._open, client, retry=retry, loop=loop, name="web",
-                                        stat_ttl=stat_ttl, listings=listings))
+                                        stat_ttl=stat_ttl, listings=listings, versions=versions))
 
     def _open(self, client: dict[str, Any], retry_config: dict[str, Any]) -> HTTPStore:
         return HTTPStore.from_url(self._url, client_options=client, retry_config=retry_config)
