@@ -72,7 +72,7 @@ class Sampler:
             if values:
                 values["journal_bytes"] = dir_bytes(self.journals[d.name])
                 status = d.status()
-                if status:
+                if "pending" in status:  # (not a mount's document: its daemon was killed, none answers yet)
                     values["pending_chunks"] = status["pending"]["chunks"]
                     values["folds_done"] = status["folds"]["done"]
                     values["folds_failed"] = status["folds"]["failed"]
