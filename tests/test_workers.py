@@ -1192,6 +1192,35 @@ def test_a_worker_learns_a_number_the_owner_gave_before_it_forwards_a_request_na
     assert status_at(socket_of(mnt))["forwarded"].get("open", 0) == 0
 
 
+def test_each_shard_of_an_object_store_is_fetched_by_its_home_worker_alone(mount, s3, tmp_path, request):
+    """Read-only, ``s3://``, two workers: a chunk's lookup, getattr and open go to its shard's
+    home (slot = the shard's C-order index mod 2: ``shardfs.kernel.homes``), which alone fetches,
+    caches and reads ahead that shard. zarr 2.18 reading both arrays whole (16 shards each) costs
+    the mount about the GETs one worker costs, not one set per worker (before: 102 GETs for 37,
+    each worker fetching every shard whose chunks reached it, and neither reading ahead a sweep
+    it saw half of); both workers serve, and chunks are forwarded to their home. (43-58 GETs:
+    each worker reads the metadata and meets its first shard cold, and until a worker has read
+    an array, the requests about its chunks that reach it are served there: its index read.)"""
+    from source_kinds import BucketSource, unique_prefix
+
+    bucket = BucketSource(two_arrays(tmp_path / "up"), s3, unique_prefix(request))
+
+    def gets(n: int) -> tuple[int, dict[str, Any]]:
+        mnt = bucket.mount(mount, "-o", f"ro,workers={n}")
+        if n > 1:
+            workers(mnt, n)
+        zarr2_read_all(mnt)
+        time.sleep(1.2)  # (each worker's counts reach the others every second)
+        doc = status(mnt)
+        return doc["store"]["requests"].get("GET", 0), doc
+
+    one, _ = gets(1)
+    two, doc = gets(2)
+    assert two <= 1.75 * one, (one, two)
+    assert doc["forwarded"].get("open", 0) > 0 and doc["forwarded"].get("lookup", 0) > 0, doc["forwarded"]
+    assert all(w["requests"] > 0 for w in doc["workers"]), doc["workers"]
+
+
 def test_store_requests_that_end_after_a_worker_s_last_request_are_counted_through_every_worker(
         mount, s3, tmp_path, request):
     """A worker goes quiet (publishes its status document once more, then waits for its next

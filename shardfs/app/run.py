@@ -274,6 +274,7 @@ def _share(args: argparse.Namespace, mount: Composed, ledger: Any, source: Sourc
     through the mount, the owner marking the arrays the journal's replay left pending. What to
     close (the marks), or None."""
     from shardfs.kernel.forward import Peers
+    from shardfs.kernel.homes import Homes
     from shardfs.kernel.owner import OWNER, Areas, Marks
     from shardfs.kernel.route import Route
 
@@ -291,7 +292,11 @@ def _share(args: argparse.Namespace, mount: Composed, ledger: Any, source: Sourc
             for path in mount.writeback.dirty_arrays():
                 marks.note(path)
     areas = None if marks is None else Areas(mount.tree.nodes, marks)
-    mount.ops.route = Route(ledger.index, ledger.owner, peers, areas, mount.ops.reopen.here)
+    homes = None
+    if read_only and source.kind.remote:  # (``shardfs.kernel.homes``)
+        homes = Homes(mount.tree.names, mount.tree.nodes, ledger.count)
+        mount.tree.prefetch.share(ledger.index, ledger.count)
+    mount.ops.route = Route(ledger.index, ledger.owner, peers, areas, mount.ops.reopen.here, homes)
     return marks
 
 

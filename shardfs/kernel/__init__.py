@@ -15,12 +15,13 @@
 - ``callers``: who asks, under ``-o allow_other``;
 - ``fuseloop``: the request loop (pyfuse3's ``main`` with shardfs's own read lock);
 - with ``-o workers=N``: ``route`` (which worker serves a request), ``owner`` (what the owner worker of
-  a writable mount serves), ``forward`` (requests between workers), ``pagetable`` and ``sharedpages``
-  (the kernel's page cache per inode, as every worker of the mount sees it).
+  a writable mount serves), ``forward`` (requests between workers), ``homes`` (the worker that
+  fetches a remote source's shard), ``pagetable`` and ``sharedpages`` (the kernel's page cache
+  per inode, as every worker of the mount sees it).
 
 The public face (``__all__``): what other rooms import (``shardfs.app`` builds the adapter and the
 workers' parts), and what the tests drive directly.
 """
 
-__all__ = ["entries", "forward", "fuse_ops", "fuseloop", "handles", "inodes", "invalidation", "opening", "owner",
-           "pagetable", "route", "sharedpages", "stats"]
+__all__ = ["entries", "forward", "fuse_ops", "fuseloop", "handles", "homes", "inodes", "invalidation", "opening",
+           "owner", "pagetable", "route", "sharedpages", "stats"]

@@ -13,7 +13,9 @@ unless another must:
   for the next one (``PeerLink``);
 - on a writable mount, what the owner worker must serve (``shardfs.kernel.owner.Areas``: every
   change, every request about what was changed through the mount) goes to it; the owner marks
-  the area of each change before it starts it (``Areas.before``), whoever sent the request.
+  the area of each change before it starts it (``Areas.before``), whoever sent the request;
+- on a read-only mount of a remote source, a chunk's lookup, getattr and open go to the home of
+  its shard (``shardfs.kernel.homes``), which alone fetches, caches and reads ahead that shard.
 
 A request another worker forwarded is served where it arrives: it was sent to the worker that
 must serve it (only the owner is sent what ``Areas`` names, and only the opener a request on
@@ -25,21 +27,24 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from shardfs.kernel.forward import PeerLink, Peers
+from shardfs.kernel.homes import Homes
 from shardfs.kernel.owner import HANDLED, OWNER, Areas
 
 
 class Route:
     """The routing of worker ``index`` (of a shared ledger's workers): ``owner_of(fh)``, the
     slot that opened handle ``fh``; ``peers``, its links to the others; ``areas``, on a
-    writable mount, the owner's marks and what the others forward to it."""
+    writable mount, the owner's marks and what the others forward to it; ``homes``, on a
+    read-only mount of a remote source, the homes of chunks' shards."""
 
     def __init__(self, index: int, owner_of: Callable[[int], int], peers: Peers, areas: Areas | None = None,
-                 here: Callable[[int], int | None] | None = None) -> None:
+                 here: Callable[[int], int | None] | None = None, homes: Homes | None = None) -> None:
         """``here(fh)``: the inode of another worker's read handle ``fh`` if a read or release of
         it may be served here, else None (``Reopen.here``: opened again at its version;
         ``Elsewhere`` if it changed)."""
         self.index, self.owner_of, self.peers, self.areas = index, owner_of, peers, areas
         self.here = here
+        self.homes = homes
 
     def link(self, op: str, args: tuple[Any, ...]) -> PeerLink | None:
         """The link to the worker that must serve request ``op(*args)``, or None: served here
@@ -50,6 +55,10 @@ class Route:
                 areas.before(op, args)
             elif areas.forwards(op, args):
                 return self.peers.link(OWNER)
+        if self.homes is not None:
+            home = self.homes.of(op, args)
+            if home is not None and home != self.index:
+                return self.peers.link(home)
         if op in HANDLED:
             slot = self.owner_of(args[0])
             if slot != self.index and not (op in ("read", "release") and self._here(slot, args[0])):

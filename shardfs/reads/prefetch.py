@@ -39,6 +39,13 @@ INDEXES_AHEAD_AT_ONCE = 8  # of those in flight at once (more slow the opens mea
 INDEXES_AHEAD_OTHER_KEYS = 16  # keys below an array besides its shards (zarr.json...) listed for that
 
 
+def home_of(linear: int, count: int) -> int:
+    """Of ``count`` workers serving a remote source, the slot of the one that fetches, caches
+    and reads ahead the shard at ``linear`` (C order in its array's shard grid): its *home*
+    (``shardfs.kernel.homes`` routes its chunks' requests there)."""
+    return linear % count
+
+
 class Swept(Sharded, Protocol):
     """What the read-ahead keeps on an array (the tree's ``ArrayNode``): the shards (C order)
     whose next ones were fetched ahead, and whether its indexes were read ahead."""
@@ -68,6 +75,16 @@ class Prefetch:
         self._ahead: deque[tuple[Swept, str]] = deque()  # shards to fetch ahead of a sweep, in turn
         self._prefetching = 0  # shards being fetched ahead of a sweep
         self._last_shard: dict[str, _Visit] = {}  # array path -> its shard opened last (``note_shard``)
+        self._slot, self._count = 0, 1  # this worker's slot of those serving the mount (``share``)
+
+    def share(self, slot: int, count: int) -> None:
+        """This read-ahead is worker ``slot``'s of ``count`` serving a remote source: it sees the
+        opens of the shards homed here alone (``home_of``), so a sweep comes to a shard from the
+        one ``count`` before it, and only those shards are fetched ahead."""
+        self._slot, self._count = slot, count
+
+    def _mine(self, at: int) -> bool:
+        return home_of(at, self._count) == self._slot
 
     def walking(self, arr: Swept) -> bool:
         """True if a shard of ``arr`` was opened (so a lookup may walk on from it: ``walk_on``)."""
@@ -89,7 +106,8 @@ class Prefetch:
         if last is None or last.at != at:
             if len(self._last_shard) >= SHARD_KEYS_KEPT:
                 self._last_shard.clear()
-            last = self._last_shard[arr.path] = _Visit(at, last is not None and last.at == at - 1, False, ext)
+            last = self._last_shard[arr.path] = _Visit(at, last is not None and last.at == at - self._count, False,
+                                                       ext)
         if last.from_before and not last.asked and at not in arr.covered and self.reads.ahead.swept(ext):
             self._last_shard[arr.path] = _Visit(at, True, True, ext)
             self._prefetch_after(arr, at, ext.version.size)
@@ -104,13 +122,13 @@ class Prefetch:
         then the rest of it, and only then the shards after it."""
         last = self._last_shard[arr.path]
         at = c_linear(shard, arr.shown.layout.shard_grid)
-        if last.at != at - 1 or not self._cold(self.indexes.shard_key(arr, shard)) \
+        if last.at != at - self._count or not self._cold(self.indexes.shard_key(arr, shard)) \
                 or not self.reads.ahead.swept(last.ext):
             return
         # a shard read before and evicted since: what ``arr.covered`` says was fetched ahead
         # of the sweep may be gone too (a sweep again of an array larger than the cache)
         arr.covered.clear()
-        self._prefetch_after(arr, at - 1, last.ext.version.size)
+        self._prefetch_after(arr, at - self._count, last.ext.version.size)
 
     def _cold(self, key: str) -> bool:
         """Whether fetching the shard at ``key`` whole ahead saves its opens a request: it is
@@ -131,15 +149,18 @@ class Prefetch:
         then fetched already; but no more than ``PREFETCH_MAX`` (what a sweep of a small region
         may fetch for nothing) nor than ``Reads.room_ahead`` shards of ``size``.
         ``PREFETCH_AT_ONCE`` are fetched at once, the others wait their turn in C order (the
-        order the sweep needs them). Their index is cached from the bytes fetched; an open
-        meanwhile waits for the fetch as for an index read. The shards after ``at`` count as
+        order the sweep needs them); of N workers (``share``), as many of the shards homed here.
+        Their index is cached from the bytes fetched; an open meanwhile waits for the fetch as
+        for an index read. The shards after ``at`` count as
         asked for (``arr.covered``) from then on."""
         grid = arr.shown.layout.shard_grid
         if len(arr.covered) >= SHARD_KEYS_KEPT:
             arr.covered.clear()
         arr.covered.add(at)
         lead = min(max(PREFETCH_SHARDS, math.prod(grid[1:])), PREFETCH_MAX, self.reads.room_ahead(size))
-        for nxt in range(at + 1, min(at + 1 + lead, math.prod(grid))):
+        for nxt in range(at + 1, min(at + 1 + lead * self._count, math.prod(grid))):
+            if not self._mine(nxt):  # (another worker's: its home fetches it ahead of its own opens)
+                continue
             key = self.indexes.shard_key(arr, c_coords(nxt, grid))
             if not self._cold(key):
                 continue
@@ -197,14 +218,15 @@ class Prefetch:
         """Read the indexes of the stored shards of ``arr``, ``INDEXES_AHEAD_AT_ONCE`` at a time
         (``ShardIndexes.read_indexes``: through ``shard_table``, sharing a read in flight with the
         opens that need it), if a listing of at most ``INDEXES_AHEAD_MAX`` keys names them and
-        their tables fit a quarter of the index cache; a failure is left for the opens' own
-        reads (logged at debug level)."""
+        their tables fit a quarter of the index cache (of N workers, the shards homed here:
+        ``share``); a failure is left for the opens' own reads (logged at debug level)."""
         layout = arr.shown.layout
         table_bytes = 16 * int(np.prod(layout.chunks_per_shard))  # (offset, nbytes) uint64 per inner chunk
         most = min(INDEXES_AHEAD_MAX, self.index_cache.max_bytes // 4 // table_bytes)
         try:
             keys = await self.reads.keys_below(arr.path, most + INDEXES_AHEAD_OTHER_KEYS)
-            shards = [c for c in map(layout.keys.parse, keys or ()) if c is not None and layout.shard_in_grid(c)]
+            shards = [c for c in map(layout.keys.parse, keys or ()) if c is not None and layout.shard_in_grid(c)
+                      and self._mine(c_linear(c, layout.shard_grid))]
             if keys is not None and len(shards) <= most:
                 await self.indexes.read_indexes(arr, shards, INDEXES_AHEAD_AT_ONCE)
         except Exception as e:  # noqa: BLE001 - a background read never ends the daemon

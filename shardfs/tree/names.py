@@ -348,14 +348,16 @@ class Names:
         """The inner chunk that entry ``name`` of directory ``parent`` names, if any (stored or not)."""
         key = self.nodes.node_key(parent)
         if isinstance(key, DirKey):
-            arr = await self.node(key.path)
-            if not isinstance(arr, ArrayNode) or arr.info is None:
-                return None
-        elif isinstance(key, ARRAY_DIRS):
-            arr = self.arrays[key.path]
-        else:
+            await self.node(key.path)
+        return self.loaded_chunk_at_name(parent, name)
+
+    def loaded_chunk_at_name(self, parent: int, name: str) -> tuple[ArrayNode, tuple[int, ...]] | None:
+        """``chunk_at_name`` of an array read already (no I/O: None for one not read yet)."""
+        key = self.nodes.node_key(parent)
+        arr = self.arrays.get(key.path) if isinstance(key, (DirKey, *ARRAY_DIRS)) else None
+        if arr is None or arr.info is None:
             return None
-        coords = self._chunk_named(arr, key, name)
+        coords = self._chunk_named(arr, key, name)  # type: ignore[arg-type]  # a DirKey or ArrayDirKey (checked)
         return (arr, coords) if coords is not None and arr.shown.layout.in_grid(coords) else None
 
     def names_chunk_inode(self, parent: int, name: str, ino: int) -> bool:
