@@ -74,8 +74,9 @@ def test_a_new_kind_is_one_registration():
     opened: list[Any] = []
 
     @contextlib.contextmanager
-    def memory(source: Source, version_ttl: float, listings: Listings, alone: bool) -> Iterator[Any]:
-        opened.append((source.name, version_ttl, listings.ttl, alone))
+    def memory(source: Source, version_ttl: float, listings: Listings, alone: bool,
+               versions_fd: int | None) -> Iterator[Any]:
+        opened.append((source.name, version_ttl, listings.ttl, alone, versions_fd))
         yield "a storage"
 
     kind = register(Kind("memory", ("mem",), frozenset({"timeout"}), memory, writable=False))
@@ -84,9 +85,9 @@ def test_a_new_kind_is_one_registration():
         source = Source.parse("MEM://x//y", StorageConfig(timeout=3.0), ["timeout"], environ={})
         with source.opened(2.0, Listings(1.0)) as storage:
             assert storage == "a storage"
-        with source.opened(2.0, Listings(1.0), alone=False):
+        with source.opened(2.0, Listings(1.0), alone=False, versions_fd=7):
             pass
-        assert opened == [("mem://x/y", 2.0, 1.0, True), ("mem://x/y", 2.0, 1.0, False)]
+        assert opened == [("mem://x/y", 2.0, 1.0, True, None), ("mem://x/y", 2.0, 1.0, False, 7)]
         assert source.config.timeout == 3.0
         with pytest.raises(ValueError, match="-o endpoint: applies to an object store"):
             Source.parse("mem://x", StorageConfig(), ["endpoint"], environ={})

@@ -109,8 +109,11 @@ class Chunks:
                 if any(p.data is not None for p in self.writeback.pending_in((arr.path, shard)).values())}
 
     async def stored_shards(self, arr: ArrayNode, rel: str = "") -> list[tuple[int, ...]]:
-        """Coordinates of the stored shards at or below source directory ``rel`` of the array."""
+        """Coordinates of the stored shards at or below source directory ``rel`` of the array (and,
+        at the array's top, those with pending chunks: taken before the source is listed, so a
+        shard folded meanwhile is in one or the other)."""
         keys = arr.shown.layout.keys
+        dirty = set(self.writeback.dirty_shards(arr.path)) if not rel and self.writeback is not None else set()
         out = []
         for name, is_dir in await blocking(list_entries, self.source, join(arr.path, rel)):
             sub = join(rel, name)
@@ -120,9 +123,7 @@ class Chunks:
                 coords = keys.parse(sub)
                 if coords is not None and arr.shown.layout.shard_in_grid(coords):
                     out.append(coords)
-        if not rel and self.writeback is not None:
-            out = sorted(set(out) | set(self.writeback.dirty_shards(arr.path)))
-        return out
+        return sorted(set(out) | dirty) if dirty else out
 
     async def shard_chunks(self, arr: ArrayNode, shard: tuple[int, ...]) -> ChunkSet:
         """The stored (or pending) inner chunks of one shard, sorted by index position;
@@ -131,8 +132,12 @@ class Chunks:
 
     async def shards_chunks(self, arr: ArrayNode, shards: list[tuple[int, ...]]) -> ChunkSet:
         """``shard_chunks`` of each of ``shards`` in turn, made column-wise for all of them at
-        once (a listing of many small shards costs numpy calls per batch, not per shard)."""
+        once (a listing of many small shards costs numpy calls per batch, not per shard). The
+        pending chunks are taken before the indexes are read: a chunk folded meanwhile is in one
+        or the other (read after, it was in neither: the index read before the fold's rename,
+        the pending chunks after its end; zarr 2.18 saw an array it had just written empty)."""
         layout = arr.shown.layout
+        pendings = [self.writeback.pending_in((arr.path, shard)) for shard in shards] if self.writeback else []
         found: list[tuple[int, tuple[Version, np.ndarray]]] = []
         for i, shard in enumerate(shards):
             try:
@@ -150,10 +155,9 @@ class Chunks:
             del tables
         else:
             owner, pos, nbytes, mtime = (np.empty(0, np.int64) for _ in range(4))
-        if self.writeback is not None:
+        if pendings:
             patched = False
-            for i, shard in enumerate(shards):
-                pending = self.writeback.pending_in((arr.path, shard))
+            for i, pending in enumerate(pendings):
                 if pending:
                     keep = ~((owner == i) & np.isin(pos, np.fromiter(pending, np.int64, len(pending))))
                     live = sorted((i, p, len(x.data), x.mtime_ns) for p, x in pending.items() if x.data is not None)

@@ -139,8 +139,9 @@ class Listing:
         chunk files (or key directories) below key ``prefix``."""
         layout = arr.shown.layout
         if rel is not None and layout.index is not None:
+            folding = self.chunks.pending_shard_keys(arr)  # (before the listing: a fold meanwhile is in one)
             entries = set(await blocking(list_entries, self.source, join(arr.path, rel)))
-            for pending in self.chunks.pending_shard_keys(arr):  # shards not folded into the source yet
+            for pending in folding:  # shards not folded into the source yet
                 if not rel or pending.startswith(rel + "/"):
                     name, sep, _rest = pending[len(rel) + 1 if rel else 0:].partition("/")
                     entries.add(Entry(name, bool(sep)))
