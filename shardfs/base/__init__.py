@@ -11,7 +11,8 @@ job. It imports no other room of the package (only the standard library and trio
 - ``budget``: ``Budget``, the bytes blocking calls in worker threads hold at once;
 - ``libc``: the C library's calls Python's ``os`` lacks;
 - ``private``: the directories and files only the mounting user can change (``open_dir``,
-  ``open_file``, ``Refused``: doc/SECURITY.md).
+  ``open_file``, ``Refused``: doc/SECURITY.md);
+- ``memtables``: the memfd tables a supervisor makes and its workers map (``make``, ``attach``).
 """
 
-__all__ = ["attrs", "budget", "faults", "files", "libc", "lru", "private", "threads"]
+__all__ = ["attrs", "budget", "faults", "files", "libc", "lru", "memtables", "private", "threads"]

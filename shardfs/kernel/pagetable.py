@@ -24,10 +24,11 @@ mount's life: a few chunk files, at worst, lose the page cache).
 from __future__ import annotations
 
 import fcntl
-import mmap
 import os
 import struct
 from typing import NamedTuple
+
+from shardfs.base import memtables
 
 MAGIC = 0x53504731  # "SPG1"
 HEADER = 64
@@ -75,29 +76,14 @@ class Entry(NamedTuple):
 
 def memory() -> int:
     """A new table (a memfd, close-on-exec, sized and empty): the supervisor's to keep and give."""
-    fd = os.memfd_create("shardfs-pages", os.MFD_CLOEXEC)
-    try:
-        os.ftruncate(fd, HEADER + CAPACITY * ENTRY)
-        os.pwrite(fd, _HEAD.pack(MAGIC, CAPACITY, 0, 0), 0)
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
+    return memtables.make("shardfs-pages", _HEAD.pack(MAGIC, CAPACITY, 0, 0), CAPACITY, ENTRY, HEADER)
 
 
 class PageTable:
     """A worker's view of its mount's table (the memfd ``fd``, which it may close afterwards)."""
 
     def __init__(self, fd: int) -> None:
-        self._lock_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)  # (flock: per open file)
-        try:
-            magic, self.capacity, _dirty, _pins = _HEAD.unpack(os.pread(self._lock_fd, _HEAD.size, 0))
-            if magic != MAGIC or self.capacity & (self.capacity - 1):
-                raise ValueError("not a page table")
-            self._map = mmap.mmap(self._lock_fd, HEADER + self.capacity * ENTRY, mmap.MAP_SHARED)
-        except BaseException:
-            os.close(self._lock_fd)
-            raise
+        self._lock_fd, self._map, self.capacity = memtables.attach(fd, MAGIC, ENTRY, HEADER, "page table")
         self._mask = self.capacity - 1
         self._depth = 0
         self._offsets: dict[int, int] = {}  # inode -> its entry (``find``)

@@ -29,13 +29,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import mmap
 import os
 import struct
 import threading
 import time
 from typing import Iterator
 
+from shardfs.base import memtables
 from shardfs.storage import UNKNOWN, Unknown, Unusable, Version
 
 MAGIC = 0x53565431  # "SVT1"
@@ -56,14 +56,7 @@ EMPTY, VERSION_INT, VERSION_STR, MISSING = 0, 1, 2, 3
 
 def memory() -> int:
     """A new table (a memfd, close-on-exec, sized and empty): the supervisor's to keep and give."""
-    fd = os.memfd_create("shardfs-versions", os.MFD_CLOEXEC)
-    try:
-        os.ftruncate(fd, HEADER + CAPACITY * ENTRY)
-        os.pwrite(fd, _HEAD.pack(MAGIC, CAPACITY, 0, 0), 0)
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
+    return memtables.make("shardfs-versions", _HEAD.pack(MAGIC, CAPACITY, 0, 0), CAPACITY, ENTRY, HEADER)
 
 
 def _hash(key: str) -> int:
@@ -78,15 +71,7 @@ class SharedVersions:
 
     def __init__(self, fd: int, ttl: float) -> None:
         self.ttl = ttl
-        self._lock_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)  # (flock: per open file)
-        try:
-            magic, capacity, _changes, _epoch = _HEAD.unpack(os.pread(self._lock_fd, _HEAD.size, 0))
-            if magic != MAGIC or capacity & (capacity - 1):
-                raise ValueError("not a table of versions")
-            self._map = mmap.mmap(self._lock_fd, HEADER + capacity * ENTRY, mmap.MAP_SHARED)
-        except BaseException:
-            os.close(self._lock_fd)
-            raise
+        self._lock_fd, self._map, capacity = memtables.attach(fd, MAGIC, ENTRY, HEADER, "table of versions")
         self._mask = capacity - 1
         self._thread_lock = threading.Lock()
 
