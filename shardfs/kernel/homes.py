@@ -21,6 +21,7 @@ import os
 from typing import Any
 
 from shardfs.format.layout import c_linear
+from shardfs.kernel.owner import WRITE_FLAGS
 from shardfs.reads.prefetch import home_of
 from shardfs.tree.names import Names
 from shardfs.tree.nodes import ArrayNode, ChunkKey, Unbound
@@ -44,7 +45,7 @@ class Homes:
             if op == "lookup":
                 found = self.names.loaded_chunk_at_name(args[0], os.fsdecode(args[1]))
             else:
-                if op == "open" and args[1] & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
+                if op == "open" and args[1] & WRITE_FLAGS:
                     return None
                 key = self.nodes.node_key(args[0])
                 found = (key.arr, key.coords) if isinstance(key, ChunkKey) else None
