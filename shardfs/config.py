@@ -82,7 +82,7 @@ class Config:
     stats_interval: float | None = None  # seconds between logged summaries of the counters (None: none)
     nonempty: bool = False  # mount over a mountpoint that holds files (else refused)
     metrics: str | None = None  # HOST:PORT (or PORT, on loopback) serving /metrics (None: not served)
-    workers: int | None = 1  # worker processes serving the mount at once (-o workers=N; None: auto, run._workers)
+    workers: int | None = None  # worker processes serving the mount (-o workers=N; None: auto, run._workers)
     kernel: KernelConfig = field(default_factory=KernelConfig)
     reads: ReadConfig = field(default_factory=ReadConfig)
     tree: TreeConfig = field(default_factory=TreeConfig)
@@ -90,11 +90,15 @@ class Config:
     storage: StorageConfig = field(default_factory=StorageConfig)
 
 
-def default_workers() -> int:
-    """The workers of ``-o workers=auto`` on a local directory: the cores this process may run
-    on (``sched_getaffinity``, which a cgroup's cpuset or ``taskset`` narrows), at most
-    ``MAX_DEFAULT_WORKERS``."""
-    return min(len(os.sched_getaffinity(0)), MAX_DEFAULT_WORKERS)
+def default_workers(cores: int | None = None) -> int:
+    """The workers of ``-o workers=auto`` (the default) on a local directory: half the cores this
+    process may run on (``sched_getaffinity``, which a cgroup's cpuset or ``taskset`` narrows;
+    or ``cores``), at least 1, at most ``MAX_DEFAULT_WORKERS``. Half: the readers need cores
+    too (the kernel's side of each request runs in the reader); on 2 cores, 2 workers under 4
+    readers take as long as one, with more CPU (doc/BENCHMARKING.md)."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0))
+    return max(1, min(cores // 2, MAX_DEFAULT_WORKERS))
 
 
 def parse_size(text: str) -> int:

@@ -48,6 +48,9 @@ EXIT_TIMEOUT = 30  # a daemon folds what is pending before it exits after an unm
 STATE_HOME = tempfile.mkdtemp(prefix="shardfs-state-")
 os.environ["XDG_STATE_HOME"] = STATE_HOME
 atexit.register(shutil.rmtree, STATE_HOME, ignore_errors=True)
+# ... and counts 2 cores (``-o workers=auto``, the default, is then one worker on any machine, as
+# on CI's; a test of more workers asks for them, or for more cores: tests/test_elastic.py)
+os.environ.setdefault("SHARDFS_TEST_CORES", "2")
 
 # Object-store servers: ``s3`` (SeaweedFS, tests/s3server.py), ``azure`` (Azurite, tests/azserver.py);
 # ``source`` (tests/source_kinds.py): a test over a local directory and over an s3:// bucket.

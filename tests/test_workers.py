@@ -111,11 +111,11 @@ def test_n_workers_serve_one_mount_and_status_shows_each(mount, src):
     assert f"0: pid {pids[0]}" in text and f"1: pid {pids[1]}" in text
 
 
-def test_one_worker_by_default_and_auto_is_the_cores_for_a_directory_and_one_for_an_object_store(
+def test_auto_is_the_default_half_the_cores_for_a_directory_and_one_for_an_object_store(
         mount, src, s3, tmp_path, request):
-    """Without ``-o workers`` one worker serves. ``-o workers=auto``: a local directory is served
-    by one worker per core the daemon may run on (``taskset`` narrows them), at most 8; an
-    ``s3://`` source by one (each worker would fetch each shard for itself: SEMANTICS,
+    """``-o workers=auto``, the default: a local directory is served by a worker per two cores
+    the daemon may run on (``taskset`` narrows them; the tests' daemons count 2, or what
+    ``SHARDFS_TEST_CORES`` says), at least 1, at most 8; an ``s3://`` source by one (SEMANTICS,
     "Workers"). A number out of range or another word fails the mount with one line."""
     from source_kinds import BucketSource, unique_prefix
 
@@ -124,8 +124,12 @@ def test_one_worker_by_default_and_auto_is_the_cores_for_a_directory_and_one_for
         return len(serving_pids(mnt))
 
     assert served_by(mount(src, "-o", "ro")) == 1
-    assert served_by(mount(src, "-o", "ro,workers=auto")) == min(len(os.sched_getaffinity(0)), 8)
-    assert served_by(mount(src, "-o", "ro,workers=auto", prefix=("taskset", "-c", "0"))) == 1
+    assert served_by(mount(src, "-o", "ro", env={"SHARDFS_TEST_CORES": "6"})) == 3
+    assert served_by(mount(src, "-o", "ro,workers=auto", env={"SHARDFS_TEST_CORES": "40"})) == 8
+    cores = len(os.sched_getaffinity(0))
+    assert served_by(mount(src, "-o", "ro,workers=auto", env={"SHARDFS_TEST_CORES": ""})) == max(1, min(cores // 2, 8))
+    assert served_by(mount(src, "-o", "ro,workers=auto", prefix=("taskset", "-c", "0"),
+                           env={"SHARDFS_TEST_CORES": ""})) == 1
     bucket = BucketSource(two_arrays(tmp_path / "up"), s3, unique_prefix(request))
     assert served_by(bucket.mount(mount, "-o", "ro,workers=auto")) == 1
     mnt = tmp_path / "refused"

@@ -14,7 +14,8 @@ Contract: SRC is one directory tree on one filesystem (inode numbers must be uni
 nothing but floorfs itself changes while mounted. MNT counts as ready once it is a mount
 point. SIGTERM or SIGINT, or ``fusermount3 -u MNT``, unmounts it and ends the process with
 status 0.
-Imports only the standard library, pyfuse3, trio and ``shardfs.kernel.fuseloop`` (itself only those):
+Imports only the standard library, pyfuse3, trio and ``shardfs.kernel.fuseloop`` (itself only those
+and ``shardfs.kernel.elastic``, which floorfs leaves unused):
 it runs pyfuse3's request loop as shardfs does (``fuseloop.main``, a cheaper read lock), so the
 floor is the floor of shardfs's own loop.
 """

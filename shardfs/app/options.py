@@ -108,9 +108,10 @@ OWN = (
                                "(at most 5G, least recently used out first)", "reads.cache_dir"),
     Option("workers", "N", "worker processes serving the mount, each on its own clone of the kernel "
                                 "connection; on a writable mount worker 0 owns the writes (doc/ARCHITECTURE.md); "
-                                "workers=auto: of a local directory the cores the daemon may run on, at most "
-                                f"{MAX_DEFAULT_WORKERS}, of an object store or web URL 1 (default 1: "
-                                "doc/SEMANTICS.md#workers says why)", "workers"),
+                                "workers=auto (the default): of a local directory half the cores the daemon may "
+                                f"run on, at most {MAX_DEFAULT_WORKERS}, the first serving always and the others "
+                                "while requests queue up; of an object store or web URL 1 "
+                                "(doc/SEMANTICS.md#workers)", "workers"),
     Option("debug", None, "log every request (as --debug)", "debug"),
     Option("stats_interval", "S", "log a one-line summary of the counters every S seconds (default off; "
                                   "shardfs status shows them)", "stats_interval"),

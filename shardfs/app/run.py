@@ -184,7 +184,8 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
             _report(args, f"error: -o workers={cfg.workers}: {why}")
             return 1
     if args.connection is None and supervised():
-        return _supervise(args, mnt, opts, read_only, source, _workers(cfg, read_only, source))
+        return _supervise(args, mnt, opts, read_only, source, _workers(cfg, read_only, source),
+                          elastic=cfg.workers is None)
     early.discard()  # (no supervision: this process serves)
     if args.connection is None or args.connection.index == 0:  # (the mount's warnings: not each worker's)
         source.warn()
@@ -314,21 +315,23 @@ def workers_refused(read_only: bool) -> str | None:
 
 
 def _workers(cfg: Config, read_only: bool, source: Source) -> int:
-    """The workers of a supervised mount: ``-o workers=N`` (one by default); with
-    ``-o workers=auto``, of a local directory ``default_workers()`` if this pyfuse3 can serve
-    them, else one. A source reached over the network (object store, web) gets one: each worker
-    fetches and reads ahead for itself, so N workers fetch each shard up to N times (measured in
-    doc/BENCHMARKING.md)."""
+    """The workers of a supervised mount: ``-o workers=N``; by default (``-o workers=auto``), of a
+    local directory ``default_workers()`` if this pyfuse3 can serve them, else one. A source
+    reached over the network (object store, web) gets one: a request sent to the worker whose
+    shard it is costs more than it saves (measured in doc/BENCHMARKING.md).
+    ``SHARDFS_TEST_CORES=N`` (the tests) counts N cores instead of this machine's."""
     if cfg.workers is not None:
         return cfg.workers
     if source.kind.remote or workers_refused(read_only) is not None:
         return 1
-    return default_workers()
+    cores = os.environ.get("SHARDFS_TEST_CORES")
+    return default_workers(int(cores) if cores else None)
 
 
 def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_only: bool, source: Source,
-               workers: int = 1) -> int:
-    """Be the supervisor of ``mnt`` (``shardfs.app.supervisor``) until the mount ends."""
+               workers: int = 1, elastic: bool = False) -> int:
+    """Be the supervisor of ``mnt`` (``shardfs.app.supervisor``) until the mount ends; ``elastic``
+    (``-o workers=auto``): the workers past the first serve only while requests queue up."""
     from shardfs.app.supervisor import Supervisor
 
     ledger = state.ledger_file(source.name, source.endpoint, os.getpid())
@@ -337,7 +340,8 @@ def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_on
     sup = Supervisor(_daemon_argv(args, source.name), mnt, device(source.name),
                      ["default_permissions", *opts.fuse], read_only, lambda line: _report(args, line),
                      state.status_socket(source.name, source.endpoint, os.getpid()),
-                     state.takeover_file(source.name, source.endpoint, os.getpid()), workers)
+                     state.takeover_file(source.name, source.endpoint, os.getpid()), workers,
+                     elastic=elastic)
     try:
         return sup.run()
     finally:
@@ -510,6 +514,7 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
 
     from shardfs.app import fusedev
     from shardfs.kernel import fuseloop
+    from shardfs.kernel.elastic import Gate
     from shardfs.kernel.forward import PeerServer
 
     writeback = mount.writeback
@@ -557,7 +562,8 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
         nursery.start_soon(mount.faults.keep, "status", status.run)
         if writeback is not None:
             nursery.start_soon(mount.faults.keep, "fold loop", writeback.run, folded)
-        await fuseloop.main()  # pyfuse3.main() with a cheaper read lock
+        gate = None if conn is None or conn.wake is None else Gate(conn.index, conn.wake, mount.ops.stats)
+        await fuseloop.main(gate)  # pyfuse3.main() with a cheaper read lock
         nursery.cancel_scope.cancel()
     if writeback is not None and not flushed:
         await writeback.flush()  # the kernel connection is gone: no cached attributes to drop

@@ -65,6 +65,7 @@ from typing import Any, Callable
 from shardfs.app import early, fusedev, peers, state, zygote
 from shardfs.app.zygote import Child, Zygote
 from shardfs.base import private
+from shardfs.kernel import elastic as elastic_gate
 from shardfs.kernel import pagetable
 from shardfs.storage import sharedversions
 from shardfs.tree import ledger
@@ -108,7 +109,7 @@ class Supervisor:
 
     def __init__(self, argv: list[str], mnt: str, fsname: str, fuse_opts: list[str], read_only: bool,
                  report: Callable[[str], None], status_path: str | None = None,
-                 takeover_path: str | None = None, workers: int = 1) -> None:
+                 takeover_path: str | None = None, workers: int = 1, elastic: bool = False) -> None:
         self.argv, self.mnt, self.fsname = argv, mnt, fsname
         self.takeover_path = takeover_path  # ``shardfs mount`` on the live mount: the next worker's argv
         self.handing_over: list[str] | None = None  # that argv, while the workers fold and stop
@@ -134,6 +135,8 @@ class Supervisor:
         self.pages = pagetable.memory() if self.count > 1 else None
         # ... and the versions of the source's keys they remember (``shardfs.storage.sharedversions``)
         self.versions = sharedversions.memory() if self.count > 1 else None
+        # ``-o workers=auto``: the workers past the first wait on it while the queue is calm
+        self.wake = elastic_gate.memory() if self.count > 1 and elastic else None
         self.oom_before = _protect_from_oom()
         self.zygote: Zygote | None = None  # forks the workers of ``argv`` (``shardfs.app.zygote``)
         self.next_zygote: Zygote | None = None  # ... of ``handing_over``
@@ -189,7 +192,7 @@ class Supervisor:
             if self.fd >= 0:
                 os.close(self.fd)
             os.close(self.ledger)
-            for table in (self.pages, self.versions):
+            for table in (self.pages, self.versions, self.wake):
                 if table is not None:
                     os.close(table)
             if self.workers_path is not None:
@@ -292,6 +295,8 @@ class Supervisor:
         if self.pages is not None and self.versions is not None:
             given["SHARDFS_PAGES_FD"] = self.pages
             given["SHARDFS_VERSIONS_FD"] = self.versions
+        if self.wake is not None:
+            given["SHARDFS_WAKE_FD"] = self.wake
         try:
             handing = self.handing_over is not None and argv is self.handing_over
             z = self.next_zygote if handing else self.zygote
@@ -417,6 +422,10 @@ class Supervisor:
         status = worker.proc.wait()
         worker.ctl.close()
         del self.workers[worker.index]
+        if self.wake is not None:
+            # the parked workers read the connection: they serve while the slot starts again (the
+            # first's may be the one), or find it ended (an unmount) and end
+            elastic_gate.wake(self.wake)
         if self.handing_over is not None and worker.index in self.handing and not self.stopping and self.fd >= 0 \
                 and fusedev.connected(self.fd):
             self.handing.discard(worker.index)
@@ -511,6 +520,7 @@ class Connection:
         # worker, or an older supervisor)
         self.pages = _given_fd("SHARDFS_PAGES_FD")
         self.versions = _given_fd("SHARDFS_VERSIONS_FD")
+        self.wake = _given_fd("SHARDFS_WAKE_FD")  # ``-o workers=auto`` (``shardfs.kernel.elastic``)
         self.started = time.time()
         parent = os.environ.pop("SHARDFS_SUPERVISOR_PID", None)  # forked by a zygote: reparented to it
         zygote.die_with_parent(int(parent) if parent else None)

@@ -17,11 +17,12 @@
 - with ``-o workers=N``: ``route`` (which worker serves a request), ``owner`` (what the owner worker of
   a writable mount serves), ``forward`` (requests between workers), ``homes`` (the worker that
   fetches a remote source's shard), ``pagetable`` and ``sharedpages`` (the kernel's page cache
-  per inode, as every worker of the mount sees it).
+  per inode, as every worker of the mount sees it), ``elastic`` (with ``-o workers=auto``: the
+  workers past the first read the connection only while requests queue up).
 
 The public face (``__all__``): what other rooms import (``shardfs.app`` builds the adapter and the
 workers' parts), and what the tests drive directly.
 """
 
-__all__ = ["entries", "forward", "fuse_ops", "fuseloop", "handles", "homes", "inodes", "invalidation", "opening",
+__all__ = ["elastic", "entries", "forward", "fuse_ops", "fuseloop", "handles", "homes", "inodes", "invalidation", "opening",
            "owner", "pagetable", "route", "sharedpages", "stats"]

@@ -40,7 +40,12 @@ pyfuse3 sees (trio itself, and every other ``trio.Lock``, stay as they are):
 Measured on a writable mount (zarr 2.18 reading 3072 chunk files, 2-core VM, medians of
 alternated runs): daemon CPU per chunk 215 -> 195 us with one reader, 211 -> 156 us with four
 (queued requests); 345 -> 290 us with one reader (the blocking wait, on a slower VM).
-Imports only the standard library, pyfuse3 and trio (``scripts/bench_lib/floorfs.py`` uses it).
+- With ``-o workers=auto``, a worker past the first looks for requests only while the queue is
+  busy (``shardfs.kernel.elastic``): :class:`QueuedWait` tells its gate whether each one was
+  queued already.
+
+Imports only the standard library, pyfuse3, trio and ``shardfs.kernel.elastic`` (itself only
+those; ``scripts/bench_lib/floorfs.py`` uses this module).
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ from typing import Any
 
 import pyfuse3
 import trio
+
+from shardfs.kernel.elastic import Gate
 
 STREAK = 8  # requests answered in a row without a pass through trio's scheduler, at most
 
@@ -122,15 +129,17 @@ class QueuedWait:
     most ``STREAK`` times in a row (see the module's docstring). Contract: returns once ``fd``
     is readable (or in error); trio's scheduled tasks, I/O and deadlines wait for no request."""
 
-    def __init__(self, pending: Pending | None = None) -> None:
+    def __init__(self, pending: Pending | None = None, gate: Gate | None = None) -> None:
         """``pending``: the :class:`Pending` watching this run; without it, a wait for a request
-        not queued yet always goes through trio."""
+        not queued yet always goes through trio. ``gate``: this worker's of ``-o workers=auto``
+        (``shardfs.kernel.elastic``), told of each look for a request, which it may delay."""
         self._queued = select.poll()  # fd
         self._idle = select.epoll()  # fd (exclusive: see ``_watch``) and trio's epoll descriptor
         self._fd = -1
         self._trio_fd = -1
         self._streak = 0
         self._pending = pending
+        self._gate = gate
         self._closing: set[int] = set()  # descriptors ``notify_closing`` named
 
     def notify_closing(self, fd: int) -> None:
@@ -139,6 +148,8 @@ class QueuedWait:
         daemon folds and ends), and this wait is not in trio's epoll, where trio's own looks."""
         self._closing.add(fd)
         trio.lowlevel.notify_closing(fd)
+        if self._gate is not None:
+            self._gate.close()
 
     def _watch(self, fd: int) -> None:
         if self._fd >= 0:
@@ -174,6 +185,8 @@ class QueuedWait:
             raise trio.ClosedResourceError("another task closed this file descriptor")
         if fd != self._fd:
             self._watch(fd)
+        if self._gate is not None:
+            await self._gate.turn(bool(self._queued.poll(0)))
         if self._streak < STREAK:
             # readable, or an error (unmounted): the read says which
             if self._queued.poll(0) or self._wait_idle():
@@ -195,29 +208,29 @@ class QueuedWait:
                 return
 
 
-def _trio_for_pyfuse3(pending: Pending) -> types.ModuleType:
+def _trio_for_pyfuse3(pending: Pending, gate: Gate | None) -> types.ModuleType:
     """A copy of the ``trio`` module whose ``Lock`` is :class:`ReadLock` and whose
     ``lowlevel.wait_readable`` and ``lowlevel.notify_closing`` are those of a
-    :class:`QueuedWait` with ``pending``."""
+    :class:`QueuedWait` with ``pending`` and ``gate``."""
     shim = types.ModuleType(trio.__name__, trio.__doc__)
     shim.__dict__.update(trio.__dict__)
     shim.Lock = ReadLock  # type: ignore[attr-defined]  # a module object made at runtime
     lowlevel = types.ModuleType(trio.lowlevel.__name__, trio.lowlevel.__doc__)
     lowlevel.__dict__.update(trio.lowlevel.__dict__)
-    wait = QueuedWait(pending)
+    wait = QueuedWait(pending, gate)
     lowlevel.wait_readable = wait.wait_readable  # type: ignore[attr-defined]  # a module made at runtime
     lowlevel.notify_closing = wait.notify_closing  # type: ignore[attr-defined]  # a module made at runtime
     shim.lowlevel = lowlevel  # type: ignore[attr-defined]  # a module object made at runtime
     return shim
 
 
-async def main() -> None:
+async def main(gate: Gate | None = None) -> None:
     """``pyfuse3.main()`` (default task counts) with :class:`ReadLock` as its read lock and
-    :class:`QueuedWait` (with a :class:`Pending` watching this run) as its wait for the next
-    request; returns when the connection ends (unmounted or aborted)."""
+    :class:`QueuedWait` (with a :class:`Pending` watching this run, and ``gate``) as its wait for
+    the next request; returns when the connection ends (unmounted or aborted)."""
     pending = Pending()
     await pending.watch()
-    pyfuse3.trio = _trio_for_pyfuse3(pending)  # type: ignore[attr-defined]  # pyfuse3's own trio, replaced on purpose
+    pyfuse3.trio = _trio_for_pyfuse3(pending, gate)  # type: ignore[attr-defined]  # pyfuse3's own trio, replaced on purpose
     try:
         await pyfuse3.main()
     except* ConnectionAbortedError:

@@ -48,6 +48,8 @@ class RequestStats:
         self.recent: deque[tuple[float, int, str]] = deque(maxlen=RECENT_ERRORS)
         self.waiting: trio.Event | None = None  # set at the next request (``next_request``)
         self.active = 0  # requests being answered here (counted, not forwarded): ``quiet`` waits for them
+        self.arrivals = 0  # requests begun here (forwarded ones too): ``shardfs.kernel.elastic``
+        self.caller = 0  # ... the process (thread) of the last that names one
 
     def arrived(self) -> None:
         """A request arrived (``fuse_ops._guard``, only while ``waiting``): what waits for it runs."""
