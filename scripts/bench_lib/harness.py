@@ -325,12 +325,14 @@ class Bench:
 
     @contextmanager
     def mounted(self, src: Path | str, name: str, floor: bool = False, rw: bool = False, ro: bool = False,
-                options: str = "", peer: list[str] | None = None, package: str | None = None) -> Iterator[Mounted]:
+                options: str = "", peer: list[str] | None = None, package: str | None = None,
+                env: dict[str, str] | None = None) -> Iterator[Mounted]:
         """A fresh mount of ``src`` (a directory, or an ``s3://`` URL) on ``WORK/mnt/NAME``, timed:
         ``shardfs mount`` (``-o ro`` with ``ro``, ``-o OPTIONS`` with ``options``),
         or with ``floor`` a ``floorfs.py`` child (the pyfuse3 floor; writable with ``rw``), or with
         ``peer`` that foreground command with ``SRC MNT`` appended, as our child (bench_lib/peers.py);
-        ``package``: a checkout whose ``shardfs`` the daemon imports (``--baseline``).
+        ``package``: a checkout whose ``shardfs`` the daemon imports (``--baseline``); ``env``: added
+        to the daemon's environment.
         Always unmounted afterwards, lazily if need be; raises BenchError when the clean unmount failed
         (after the body succeeded)."""
         mnt = self.work / "mnt" / name
@@ -340,7 +342,7 @@ class Bench:
         elif floor:
             m = self._mount_child([PY3, FLOORFS, *["--rw"] * rw, str(src), str(mnt)], mnt, name)
         else:
-            m = self._mount_shardfs(src, mnt, name, ro, options, package)
+            m = self._mount_shardfs(src, mnt, name, ro, options, package, env)
         self.active[mnt] = m
         try:
             yield m
@@ -353,7 +355,7 @@ class Bench:
                 raise BenchError(err)
 
     def _mount_shardfs(self, src: Path | str, mnt: Path, name: str, ro: bool, options: str,
-                       package: str | None = None) -> Mounted:
+                       package: str | None = None, env: dict[str, str] | None = None) -> Mounted:
         """``shardfs mount [-o ro] [-o OPTIONS] SRC MNT`` (it returns once mounted; the daemon is found by
         mountpoint)."""
         t0 = time.perf_counter()
@@ -363,7 +365,7 @@ class Bench:
                                 *["-o", options] * bool(options),
                                 str(src), str(mnt), "--log-file", str(self.logs / f"{name}.log")],
                                capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-                               env={**os.environ, "PYTHONPATH": package} if package else None)
+                               env={**os.environ, **({"PYTHONPATH": package} if package else {}), **(env or {})})
         except subprocess.TimeoutExpired:
             self._force_unmount(mnt, None)
             raise BenchError("shardfs mount did not return within 60 s") from None

@@ -355,6 +355,13 @@ class Figures(Bench):
 
         return workers.figure(self)
 
+    def fig_elastic(self) -> list[Row]:
+        """``-o workers=auto`` (2 workers, the second parked while calm) beside 1 and 2 workers, 1 and
+        4 readers (workers.py); only with ``--only``."""
+        from bench_lib import workers
+
+        return workers.elastic(self)
+
     def fig_restart(self) -> list[Row]:
         """SIGKILL of a supervised mount's worker to its successor and to the first request it
         serves (restart.py)."""
@@ -370,7 +377,8 @@ class Figures(Bench):
 
 
 WEIGHTS = {"read": 0.20, "cat": 0.18, "peers": 0.20, "large": 0.03, "listing": 0.15, "random": 0.04,
-           "write": 0.27, "dask": 0.10, "mount": 0.03, "restart": 0.04, "s3": 0.25, "scale": 0.5, "workers": 0.5}
+           "write": 0.27, "dask": 0.10, "mount": 0.03, "restart": 0.04, "s3": 0.25, "scale": 0.5, "workers": 0.5,
+           "elastic": 0.3}
 # cheap figures, and the slow S3 one, always get their repetitions
 FLOOR = {"peers": 90.0, "large": 25.0, "random": 20.0, "mount": 15.0, "s3": 90.0}
 S3_LABELS = ["S3: zarr 2.18 read via mount vs zarr 3 native", "S3, 10 ms each way: same",
@@ -409,12 +417,13 @@ FIGURES: list[tuple[str, str, list[str]]] = [
                                 "restart: shardfs mount to live, p50"]),
     ("s3", "fig_s3", S3_LABELS),
     ("workers", "fig_workers", ["workers=1: 4 zarr 2.18 readers, read-only mount, time vs workers=1"]),
+    ("elastic", "fig_elastic", ["workers=auto (2): 1 zarr 2.18 reader, read-only, time vs workers=1"]),
     ("scale", "fig_scale", ["scale: ls -l over 1M chunk files", "scale: find -type f over 1M chunk files",
                             "scale: daemon peak RSS, 1M chunks", "scale: S3 mount time, 100k shards",
                             "scale: S3 ls -l, 100k shards", "scale: S3 random chunk read",
                             "scale: S3 daemon peak RSS, 100k shards"]),
 ]
-OPT_IN = {"scale", "workers"}  # figures run only when named in --only (they take minutes)
+OPT_IN = {"scale", "workers", "elastic"}  # figures run only when named in --only (they take minutes)
 
 
 def daemon_log_summary(logs: Path) -> list[str]:

@@ -86,11 +86,15 @@ def switches(pid: int) -> tuple[int, int]:
 
 
 def measure(bench: Any, n: int, readers: int, ro: bool = True, src: Any = None, options: str = "",
-            name: str = "") -> dict[str, Any]:
+            name: str = "", auto: bool = False) -> dict[str, Any]:
     """One fresh mount (read-only, or writable) of ``src`` (the bench's local ``big``, or an
-    ``s3://`` URL with its ``options``) with ``n`` workers read by ``readers`` zarr 2.18 processes."""
-    with bench.mounted(src or bench.big, f"workers{n}{name}{'' if ro else 'rw'}", ro=ro,
-                       options=",".join([f"workers={n}", *[options] * bool(options)])) as m:
+    ``s3://`` URL with its ``options``) with ``n`` workers read by ``readers`` zarr 2.18 processes;
+    with ``auto``, ``-o workers=auto`` counting 2n cores (``SHARDFS_TEST_CORES``): the workers past
+    the first parked while the queue is calm."""
+    workers = "workers=auto" if auto else f"workers={n}"
+    with bench.mounted(src or bench.big, f"workers{n}{name}{'' if ro else 'rw'}{'auto' * auto}", ro=ro,
+                       options=",".join([workers, *[options] * bool(options)]),
+                       env={"SHARDFS_TEST_CORES": str(2 * n)} if auto else None) as m:
         pids = worker_pids(m.mnt)
         supervisor = int(status_of(m.mnt)["pid"])
         if len(pids) != n:
@@ -193,5 +197,39 @@ def _figure(bench: Any, s3: tuple[str, str]) -> list[Row]:
             row = bench.ratio_row(f"scaling: workers={n}, {2 * n} readers, chunk files/s vs workers=1", "/s",
                                   rate, base, None)
             row.target, row.status = f">= {0.7 * n:.1f}x", "PASS" if rate >= 0.7 * n * base else "FAIL"
+            rows.append(row)
+    return rows
+
+
+def elastic(bench: Any) -> list[Row]:
+    """The elastic figure (``--only elastic``): ``-o workers=auto`` with 2 workers (the second
+    parked while the queue is calm: ``shardfs.kernel.elastic``) beside 2 workers always reading
+    and one, read by one zarr 2.18 reader (serial: auto should cost what one worker does) and by
+    4 (auto as 2 workers)."""
+    sides = (("workers=1", 1, False), ("workers=2", 2, False), ("workers=auto (2)", 2, True))
+    runs: dict[tuple[int, str], list[dict[str, Any]]] = {(r, label): [] for r in (1, READERS) for label, _, _ in sides}
+    for rep in bench.repeat():
+        for readers in (1, READERS):
+            for label, n, auto in rotate(list(sides), rep):
+                r = measure(bench, n, readers, auto=auto)
+                runs[readers, label].append(r)
+                bench.log(f"workers rep {rep + 1}: {label}, {readers} reader(s): {r['rate']:.0f} chunks/s, "
+                          f"{r['cpu_us']:.0f} µs CPU/chunk, shares {', '.join(f'{s:.0%}' for s in r['shares'])}, "
+                          f"load {os.getloadavg()[0]:.1f}")
+    rows: list[Row] = []
+    for readers in (1, READERS):
+        one = runs[readers, "workers=1"]
+        for label in ("workers=2", "workers=auto (2)"):
+            rs = runs[readers, label]
+            share = [median([r["shares"][i] for r in rs]) for i in range(2)]
+            row = bench.ratio_row(f"{label}: {readers} zarr 2.18 reader{'s' * (readers > 1)}, read-only, time vs "
+                                  "workers=1", "s", median([r["wall"] for r in rs]), median([r["wall"] for r in one]),
+                                  1.1 if readers == 1 and "auto" in label else None)
+            row.note = f"worker shares {', '.join(f'{s:.0%}' for s in share)}"
+            rows.append(row)
+            row = bench.ratio_row(f"  CPU per chunk, summed over the workers, {label} vs 1, {readers} reader"
+                                  f"{'s' * (readers > 1)}", "µs", median([r["cpu_us"] for r in rs]),
+                                  median([r["cpu_us"] for r in one]), None)
+            row.note = "per repetition " + ", ".join(f"{r['cpu_us'] / o['cpu_us']:.2f}x" for r, o in zip(rs, one))
             rows.append(row)
     return rows

@@ -24,5 +24,5 @@ The public face (``__all__``): what other rooms import (``shardfs.app`` builds t
 workers' parts), and what the tests drive directly.
 """
 
-__all__ = ["elastic", "entries", "forward", "fuse_ops", "fuseloop", "handles", "homes", "inodes", "invalidation", "opening",
-           "owner", "pagetable", "route", "sharedpages", "stats"]
+__all__ = ["elastic", "entries", "forward", "fuse_ops", "fuseloop", "handles", "homes", "inodes", "invalidation",
+           "opening", "owner", "pagetable", "route", "sharedpages", "stats"]
