@@ -306,10 +306,10 @@ from shardfs.kernel import fuseloop
 
 _main = fuseloop.main
 
-async def main():
+async def main(gate=None):
     async with trio.open_nursery() as nursery:
         async def serve():
-            await _main()
+            await _main(gate)
             nursery.cancel_scope.cancel()  # unmounted: the worker ends as an unplanted one does
 
         nursery.start_soon(serve)
