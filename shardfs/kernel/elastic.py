@@ -58,7 +58,8 @@ def wake(fd: int) -> None:
 class Gate:
     """Whether a worker reads the connection now. Contract: :meth:`turn` is awaited before each
     look for the next request, told whether one was queued; it returns at once in the first
-    worker (which may wake the others) and in a woken one, and waits while a parked one is."""
+    worker (which may wake the others) and in a woken one, and waits while a parked one is
+    (until woken, or ``close``)."""
 
     def __init__(self, index: int, fd: int, requests: Requests) -> None:
         """``index``: the worker's slot; ``fd``: the mount's eventfd (``memory``); ``requests``:
@@ -78,8 +79,9 @@ class Gate:
         self._since = time.monotonic()  # a helper's last wake
         self._busy_since: float | None = None  # the first worker's windows are busy since
 
-    async def turn(self, queued: bool) -> None:
-        """Count this look (``queued``: a request was waiting already) and wake or park."""
+    async def turn(self, queued: bool) -> bool:
+        """Count this look (``queued``: a request was waiting already) and wake or park; True if
+        it waited (parked: the queue is another now)."""
         if self.first:
             requests = self._requests
             if requests.arrivals != self._arrived:  # the last look found a request
@@ -102,14 +104,16 @@ class Gate:
                 self._callers.clear()
         elif not self.parked and time.monotonic() - self._since >= SERVE_S:
             self._park()
-        while self.parked:
-            self._waiting = True
-            try:
-                await trio.lowlevel.wait_readable(self.fd)
-            finally:
-                self._waiting = False
-            self.parked = False
-            self._since = time.monotonic()
+        if not self.parked:
+            return False
+        self._waiting = True
+        try:
+            await trio.lowlevel.wait_readable(self.fd)
+        finally:
+            self._waiting = False
+        self.parked = False
+        self._since = time.monotonic()
+        return True
 
     def _park(self) -> None:
         try:

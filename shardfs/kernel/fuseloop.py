@@ -185,11 +185,14 @@ class QueuedWait:
             raise trio.ClosedResourceError("another task closed this file descriptor")
         if fd != self._fd:
             self._watch(fd)
+        queued = None  # the look's ``poll``, told to the gate and used again below
         if self._gate is not None:
-            await self._gate.turn(bool(self._queued.poll(0)))
+            queued = bool(self._queued.poll(0))
+            if await self._gate.turn(queued):  # (it waited: parked)
+                queued = None
         if self._streak < STREAK:
             # readable, or an error (unmounted): the read says which
-            if self._queued.poll(0) or self._wait_idle():
+            if (self._queued.poll(0) if queued is None else queued) or self._wait_idle():
                 self._streak += 1
                 return
         self._streak = 0
