@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from conftest import run_shardfs, wait_for
 from test_restart import status, two_arrays
 
 pytestmark = pytest.mark.skipif(
@@ -53,7 +53,8 @@ def read_serially(files: list[Path], passes: int = 1) -> None:
 def test_auto_starts_half_the_cores_and_a_serial_reader_is_served_by_the_first_alone(mount, src):
     """4 cores: two workers. A serial reader's 1536 opens are all served by worker 0 (worker 1
     parked: no request); four readers at once queue requests up, and worker 1 is woken and serves
-    some; a second after, it parks again, and a serial reader is worker 0's alone again."""
+    some; a second after, it parks again, and a serial reader is worker 0's alone again.
+    ``shardfs status`` shows worker 1 parked (``parked``; "(parked)" in its text)."""
     mnt = mount(src, "-o", OPTIONS, env=FOUR_CORES)
     files = chunk_files(mnt)
     assert len(files) == 512
@@ -62,6 +63,8 @@ def test_auto_starts_half_the_cores_and_a_serial_reader_is_served_by_the_first_a
     workers = each_worker(mnt)
     assert workers[1]["requests"] == 0, workers
     assert workers[0]["requests"] >= 3 * 512 * 2
+    assert (workers[0]["parked"], workers[1]["parked"]) == (False, True)
+    assert "(parked)" in run_shardfs("status", str(mnt)).stdout
 
     def four_readers() -> bool:
         readers = [subprocess.Popen(["cat", *map(str, files[i::4])], stdout=subprocess.DEVNULL) for i in range(4)]
@@ -75,6 +78,7 @@ def test_auto_starts_half_the_cores_and_a_serial_reader_is_served_by_the_first_a
     read_serially(files, 2)
     after = each_worker(mnt)
     assert after[1]["requests"] == before[1]["requests"], (before, after)
+    assert (after[0]["parked"], after[1]["parked"]) == (False, True)
     assert after[0]["requests"] >= before[0]["requests"] + 2 * 512 * 2
     assert status(mnt)["internal_errors"]["total"] == 0
 

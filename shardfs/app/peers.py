@@ -89,7 +89,8 @@ def plus(a: Any, b: Any, key: str = "") -> Any:
 
 def total(own: D, docs: dict[int, dict[str, Any]]) -> D:
     """``own`` (the answering worker's document) with the other workers' ``docs`` added; each
-    entry of ``own["workers"]`` gets its worker's ``requests``, ``forwarded`` and ``open_handles``."""
+    entry of ``own["workers"]`` gets its worker's ``requests``, ``forwarded`` and ``open_handles``,
+    and ``parked`` (``-o workers=auto``) as that worker's own document says."""
     out = own
     for doc in docs.values():
         out = plus(out, doc)
@@ -99,4 +100,7 @@ def total(own: D, docs: dict[int, dict[str, Any]]) -> D:
             w["requests"] = sum(its.get("requests", {}).values())
             w["forwarded"] = sum(its.get("forwarded", {}).values())
             w["open_handles"] = its.get("open_handles", 0)
+            told = [e["parked"] for e in its.get("workers", []) if e.get("this") and "parked" in e]
+            if told:
+                w["parked"] = told[0]
     return out

@@ -563,6 +563,8 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
         if writeback is not None:
             nursery.start_soon(mount.faults.keep, "fold loop", writeback.run, folded)
         gate = None if conn is None or conn.wake is None else Gate(conn.index, conn.wake, mount.ops.stats)
+        if gate is not None:
+            status.counters.parked = lambda: gate.parked
         await fuseloop.main(gate)  # pyfuse3.main() with a cheaper read lock
         nursery.cancel_scope.cancel()
     if writeback is not None and not flushed:

@@ -49,6 +49,8 @@ class Counters:
     open_handles: Callable[[], int]  # handles the kernel holds open
     # requests sent to the owner worker of a writable mount (``-o workers=N``), by operation
     forwarded: Callable[[], dict[str, int]] = dict
+    # with ``-o workers=auto``: whether this worker is parked (``shardfs.kernel.elastic``; None: never)
+    parked: Callable[[], bool | None] = lambda: None
 
 
 class Status:
@@ -113,6 +115,11 @@ class Status:
                              "last_reason": sup["last_reason"]}
         workers = self._workers()
         if workers:  # ``-o workers=N``: each worker, and the mount's memory is theirs together
+            parked = c.parked()
+            if parked is not None:
+                for w in workers:
+                    if w["this"]:
+                        w["parked"] = parked
             doc["workers"] = workers
             doc["rss_bytes"] = sum(w["rss_bytes"] for w in workers)
         return doc

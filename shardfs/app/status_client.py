@@ -124,6 +124,7 @@ def format_text(doc: Shown) -> str:
                  f"{w['index']}: pid {w['pid']} {_size(w['rss_bytes'])} {w['cpu_s']:.1f} s CPU"
                  + (f" {w['requests']:,} requests" if "requests" in w else "")
                  + (f" ({w['forwarded']:,} forwarded)" if w.get("forwarded") else "")
+                 + (" (parked)" if w.get("parked") else "")
                  + (" (answered)" if w.get("this") else "") for w in doc["workers"])]
                if doc.get("workers") else []),
              f"  requests  {n_requests:,}" + (f" ({_counts(doc['requests'])})" if n_requests else "")

@@ -57,6 +57,7 @@ class WorkerEntry(TypedDict):
     requests: NotRequired[int]
     forwarded: NotRequired[int]
     open_handles: NotRequired[int]
+    parked: NotRequired[bool]  # ``-o workers=auto``: not reading the connection (``shardfs.kernel.elastic``)
 
 
 class StatusDoc(TypedDict):

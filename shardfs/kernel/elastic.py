@@ -41,6 +41,9 @@ class Requests(Protocol):
     arrivals: int  # requests begun
     caller: int  # the process (thread) of the last that names one (0: none yet)
 
+    def arrived(self) -> None:
+        """What waits for the worker's next request runs now."""
+
 
 def memory() -> int:
     """The eventfd of a mount's parked workers (the supervisor's; given to each worker)."""
@@ -64,7 +67,8 @@ class Gate:
     def __init__(self, index: int, fd: int, requests: Requests) -> None:
         """``index``: the worker's slot; ``fd``: the mount's eventfd (``memory``); ``requests``:
         the worker's count of requests (a look that found none, another worker having read it
-        first, is not counted) and the caller of the last."""
+        first, is not counted) and the caller of the last, told when this worker parks (its
+        ``arrived``: the worker's status document is written again, ``shardfs.app.status``)."""
         self.first = index == 0
         self._requests = requests
         self._arrived = 0  # ``requests.arrivals`` at the last look
@@ -121,6 +125,7 @@ class Gate:
         except BlockingIOError:
             pass
         self.parked = True
+        self._requests.arrived()
 
     def close(self) -> None:
         """End a parked wait (``trio.ClosedResourceError``): the connection's loop ends."""
