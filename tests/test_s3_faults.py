@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import inspect
+import json
 import os
 import signal
 import threading
@@ -24,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import run_shardfs
 from s3server import SeaweedS3
 from shardfs.storage.objects import ObjectStorage
 from shardfs.storage.requests import Retry
@@ -177,6 +179,7 @@ def test_a_hung_server_fails_a_read_with_eio_within_the_mount_timeout(own_s3, tm
     assert {".zarray", "0.0", "3.3"} <= set(listing), listing
     warm = chunk_path(mnt, (0, 0)).read_bytes()
     np.testing.assert_array_equal(F.decode(warm), expected_chunk(expected, (0, 0)))
+    before = run_shardfs("status", str(mnt), "--json").stdout  # (what it fetched: for a failure's message)
     os.kill(own_s3.proc.pid, signal.SIGSTOP)
     try:
         # Shard (1, 1): nothing of it can have been read before. Its index was read by the
@@ -186,7 +189,8 @@ def test_a_hung_server_fails_a_read_with_eio_within_the_mount_timeout(own_s3, tm
         # after 3 opens, not 1; ``adjacent`` and 3 opens: earlier opens of it, none).
         cold = Outcome(chunk_path(mnt, (2, 2))).join()
         assert isinstance(cold.error, OSError) and cold.error.errno == errno.EIO, (
-            f"{cold.error!r} (data: {cold.data is not None}), expected EIO")
+            f"{cold.error!r} (data: {cold.data is not None}), expected EIO; before the freeze: "
+            + str({k: v for k, v in json.loads(before).items() if k in ("store", "cache", "reads")}))
         print(f"\nEIO after {cold.elapsed:.2f} s with -o timeout={timeout:g} (bound {bound:.1f} s)")
         assert timeout * 0.9 <= cold.elapsed < bound, f"EIO after {cold.elapsed:.2f} s"
         assert chunk_path(mnt, (0, 0)).read_bytes() == warm
