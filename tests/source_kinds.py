@@ -50,8 +50,9 @@ class Source:
         self.local = Path(local)
 
     def mount(self, factory, *extra: str, **kw) -> Path:
-        """Mount this source with ``factory`` (the ``mount`` fixture): the live mountpoint."""
-        return factory(self.url, *self.options, *extra, env=self.env, **kw)
+        """Mount this source with ``factory`` (the ``mount`` fixture): the live mountpoint (``env``
+        in ``kw``: added to the source's own)."""
+        return factory(self.url, *self.options, *extra, env={**(self.env or {}), **kw.pop("env", {})}, **kw)
 
     def exists(self, key: str) -> bool:
         raise NotImplementedError

@@ -136,7 +136,7 @@ class Supervisor:
         # ... and the versions of the source's keys they remember (``shardfs.storage.sharedversions``)
         self.versions = sharedversions.memory() if self.count > 1 else None
         # ``-o workers=auto``: the workers past the first wait on it while the queue is calm
-        self.wake = elastic_gate.memory() if self.count > 1 and elastic else None
+        self.wake = elastic_gate.wake_fd() if self.count > 1 and elastic else None
         self.oom_before = _protect_from_oom()
         self.zygote: Zygote | None = None  # forks the workers of ``argv`` (``shardfs.app.zygote``)
         self.next_zygote: Zygote | None = None  # ... of ``handing_over``

@@ -45,7 +45,7 @@ class Requests(Protocol):
         """What waits for the worker's next request runs now."""
 
 
-def memory() -> int:
+def wake_fd() -> int:
     """The eventfd of a mount's parked workers (the supervisor's; given to each worker)."""
     return os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
 
@@ -65,7 +65,7 @@ class Gate:
     (until woken, or ``close``)."""
 
     def __init__(self, index: int, fd: int, requests: Requests) -> None:
-        """``index``: the worker's slot; ``fd``: the mount's eventfd (``memory``); ``requests``:
+        """``index``: the worker's slot; ``fd``: the mount's eventfd (``wake_fd``); ``requests``:
         the worker's count of requests (a look that found none, another worker having read it
         first, is not counted) and the caller of the last, told when this worker parks (its
         ``arrived``: the worker's status document is written again, ``shardfs.app.status``)."""
@@ -79,7 +79,7 @@ class Gate:
         self._waiting = False
         self._seen = 0  # the first worker's looks for a request counted in this window
         self._deep = 0  # ... that found a request queued, as did the look before
-        self._before = False  # the last look found one queued
+        self._before = False  # the counted look before the last found one queued
         self._since = time.monotonic()  # a helper's last wake
         self._busy_since: float | None = None  # the first worker's windows are busy since
 
