@@ -14,7 +14,6 @@ Imports nothing of shardfs: every room may import it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 MAX_DEFAULT_WORKERS = 8  # ``-o workers=auto`` on a machine of more cores
@@ -90,14 +89,13 @@ class Config:
     storage: StorageConfig = field(default_factory=StorageConfig)
 
 
-def default_workers(cores: int | None = None) -> int:
-    """The workers of ``-o workers=auto`` (the default) on a local directory: half the cores this
-    process may run on (``sched_getaffinity``, which a cgroup's cpuset or ``taskset`` narrows;
-    or ``cores``), at least 1, at most ``MAX_DEFAULT_WORKERS``. Half: the readers need cores
+def default_workers(cores: int) -> int:
+    """The workers of ``-o workers=auto`` (the default) on a local directory: half the ``cores``
+    the daemon may use (``shardfs.base.cores.available``: those it may run on, which a cpuset or
+    ``taskset`` narrows, fewer if its cgroup's CPU quota says so), at least 1, at most
+    ``MAX_DEFAULT_WORKERS``. Half: the readers need cores
     too (the kernel's side of each request runs in the reader); on 2 cores, 2 workers under 4
     readers take as long as one, with more CPU (doc/BENCHMARKING.md)."""
-    if cores is None:
-        cores = len(os.sched_getaffinity(0))
     return max(1, min(cores // 2, MAX_DEFAULT_WORKERS))
 
 

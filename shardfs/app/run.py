@@ -34,6 +34,7 @@ from shardfs.app import early, options, state
 from shardfs.app.metrics import Exporter, parse_address
 from shardfs.app.mounts import device, fsname
 from shardfs.app.usage import UsageError
+from shardfs.base.cores import available as available_cores
 from shardfs.config import Config, default_workers
 from shardfs.format.printable import printable
 from shardfs.base import private
@@ -325,7 +326,7 @@ def _workers(cfg: Config, read_only: bool, source: Source) -> int:
     if source.kind.remote or workers_refused(read_only) is not None:
         return 1
     cores = os.environ.get("SHARDFS_TEST_CORES")
-    return default_workers(int(cores) if cores else None)
+    return default_workers(int(cores) if cores else available_cores())
 
 
 def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_only: bool, source: Source,

@@ -12,7 +12,8 @@ job. It imports no other room of the package (only the standard library and trio
 - ``libc``: the C library's calls Python's ``os`` lacks;
 - ``private``: the directories and files only the mounting user can change (``open_dir``,
   ``open_file``, ``Refused``: doc/SECURITY.md);
-- ``memtables``: the memfd tables a supervisor makes and its workers map (``make``, ``attach``).
+- ``memtables``: the memfd tables a supervisor makes and its workers map (``make``, ``attach``);
+- ``cores``: the CPUs this process may use (its affinity, and its cgroup's CPU quota).
 """
 
-__all__ = ["attrs", "budget", "faults", "files", "libc", "lru", "memtables", "private", "threads"]
+__all__ = ["attrs", "budget", "cores", "faults", "files", "libc", "lru", "memtables", "private", "threads"]
