@@ -109,7 +109,8 @@ OWN = (
     Option("workers", "N", "worker processes serving the mount, each on its own clone of the kernel "
                                 "connection; on a writable mount worker 0 owns the writes (doc/ARCHITECTURE.md); "
                                 "workers=auto (the default): of a local directory half the cores the daemon may "
-                                f"run on, at most {MAX_DEFAULT_WORKERS}, the first serving always and the others "
+                                f"use (its affinity, its cgroup's CPU quota), at most {MAX_DEFAULT_WORKERS}, the "
+                                "first serving always and the others "
                                 "while requests queue up; of an object store or web URL 1 "
                                 "(doc/SEMANTICS.md#workers)", "workers"),
     Option("debug", None, "log every request (as --debug)", "debug"),
