@@ -82,6 +82,7 @@ class Gate:
         self._before = False  # the counted look before the last found one queued
         self._since = time.monotonic()  # a helper's last wake
         self._busy_since: float | None = None  # the first worker's windows are busy since
+        self._judged = 0.0  # when its last window was judged
 
     async def turn(self, queued: bool) -> bool:
         """Count this look (``queued``: a request was waiting already) and wake or park; True if
@@ -96,14 +97,14 @@ class Gate:
                 self._before = self._last
             self._last = queued
             if self._seen >= WINDOW:
+                now = time.monotonic()
                 if self._deep < BUSY * self._seen or len(self._callers - {0}) < 2:
                     self._busy_since = None
-                else:
-                    now = time.monotonic()
-                    if self._busy_since is None:
-                        self._busy_since = now
-                    elif now - self._busy_since >= BUSY_S:
-                        wake(self.fd)
+                elif self._busy_since is None or now - self._judged > BUSY_S:
+                    self._busy_since = now  # (a busy spell begins, also after a pause of the requests)
+                elif now - self._busy_since >= BUSY_S:
+                    wake(self.fd)
+                self._judged = now
                 self._seen = self._deep = 0
                 self._callers.clear()
         elif not self.parked and time.monotonic() - self._since >= SERVE_S:
