@@ -38,6 +38,7 @@ SERVE_S = 1.0  # seconds a woken worker serves, then parks (and is woken again w
 class Requests(Protocol):
     """A worker's count of the requests it began (``shardfs.kernel.stats.RequestStats``)."""
 
+    counting: bool  # set: count ``arrivals`` and ``caller`` (only the first worker's gate needs them)
     arrivals: int  # requests begun
     caller: int  # the process (thread) of the last that names one (0: none yet)
 
@@ -71,6 +72,7 @@ class Gate:
         ``arrived``: the worker's status document is written again, ``shardfs.app.status``)."""
         self.first = index == 0
         self._requests = requests
+        requests.counting = self.first
         self._arrived = 0  # ``requests.arrivals`` at the last look
         self._callers: set[int] = set()  # the callers of this window's requests
         self._last = False  # the last look found a request queued

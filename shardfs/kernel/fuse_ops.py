@@ -115,9 +115,8 @@ def _guard(fn: F) -> F:
 
     @functools.wraps(fn)
     async def wrapper(self: "Operations", *args: Any) -> Any:
-        self.stats.arrivals += 1
-        if args and type(args[-1]) is pyfuse3.RequestContext:
-            self.stats.caller = args[-1].pid
+        if self.stats.counting:  # (``-o workers=auto``, the first worker: ``shardfs.kernel.elastic``)
+            self.stats.began(args)
         if self.stats.waiting is not None:  # (a background loop of an idle worker waits for a request)
             self.stats.arrived()
         if self.route is not None:  # N workers: the one that must serve it (``shardfs.kernel.route``)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import errno
 import time
 from collections import deque
-from typing import TypedDict
+from typing import Any, TypedDict
 
+import pyfuse3
 import trio
 
 RECENT_ERRORS = 256  # errors remembered with their time (``RequestStats.recent``)
@@ -48,8 +49,17 @@ class RequestStats:
         self.recent: deque[tuple[float, int, str]] = deque(maxlen=RECENT_ERRORS)
         self.waiting: trio.Event | None = None  # set at the next request (``next_request``)
         self.active = 0  # requests being answered here (counted, not forwarded): ``quiet`` waits for them
-        self.arrivals = 0  # requests begun here (forwarded ones too): ``shardfs.kernel.elastic``
-        self.caller = 0  # ... the process (thread) of the last that names one
+        # ``-o workers=auto``, the first worker (``shardfs.kernel.elastic``): requests begun here
+        # (forwarded ones too) and the process (thread) of the last that names one
+        self.counting = False
+        self.arrivals = 0
+        self.caller = 0
+
+    def began(self, args: tuple[Any, ...]) -> None:
+        """A request of ``args`` began (``fuse_ops._guard``, only while ``counting``)."""
+        self.arrivals += 1
+        if args and type(args[-1]) is pyfuse3.RequestContext:
+            self.caller = args[-1].pid
 
     def arrived(self) -> None:
         """A request arrived (``fuse_ops._guard``, only while ``waiting``): what waits for it runs."""
