@@ -45,6 +45,7 @@ from shardfs.shards.shard import INDEX_CACHE_BYTES, IndexCache
 from shardfs.base import private
 from shardfs.storage import Storage
 from shardfs.storage.listings import DEFAULT_BYTES as LISTING_BYTES, Listings
+from shardfs.storage.sharedshards import SharedShards
 from shardfs.storage.source import Source
 from shardfs.tree.chunks import Chunks
 from shardfs.tree.commits import Commits, Invalidate
@@ -156,7 +157,7 @@ def compose_writer(storage: Storage, t: Tree, writeback: Writeback, invalidate: 
 
 def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: Ledger | None = None,
             adopt: bool = False, writes: bool = True, pages: PageTable | None = None,
-            versions_fd: int | None = None) -> Composed:
+            versions_fd: int | None = None, shards_fd: int | None = None) -> Composed:
     """Build a mount of ``source`` with ``cfg`` (``cfg.read_only``: no ``Writeback``, no
     ``Writer``); what must be closed (the storage, the journal's claim) goes on ``cleanup``.
     ``UsageError`` (one line) if the journal cannot be created or ``-o cache_dir`` cannot be
@@ -167,7 +168,10 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
     (``shardfs.kernel.owner``): no journal, no ``Writer``, but the modes of a writable mount;
     ``pages``: the table of the kernel's page cache the N workers of a mount share
     (``shardfs.kernel.sharedpages``; None: this worker's own); ``versions_fd``: the memfd of the
-    table of versions they share (``shardfs.storage.sharedversions``; None: this worker's own)."""
+    table of versions they share (``shardfs.storage.sharedversions``; None: this worker's own);
+    ``shards_fd``: the memfd of the shards fetched whole they share (``shardfs.storage.sharedshards``,
+    a read-only mount of a remote source: ``-o cache_size`` but an eighth, which the workers
+    share for the ranges each fetched alone; None: none)."""
     share = ledger.count if ledger is not None and ledger.shared else 1  # N workers: each its share of the mount's
     listings = Listings(cfg.kernel.entry_timeout, LISTING_BYTES // share)
     storage = cleanup.enter_context(source.opened(version_ttl=cfg.kernel.attr_timeout, listings=listings,
@@ -190,12 +194,15 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
             raise ReplayFailed(str(e)) from e
     # the limits are the mount's: each of N workers keeps its share of every cache
     limits = dataclasses.replace(cfg.reads, chunk_cache=cfg.reads.chunk_cache // share,
-                                 cache_size=cfg.reads.cache_size // share)
+                                 cache_size=cfg.reads.cache_size // (8 if shards_fd is not None else 1) // share)
     try:
         ranges = _range_cache(source, limits)
     except ValueError as e:
         raise UsageError(f"-o {e}") from None
-    reads = make_reads(storage, cache=ranges, chunk_cache=ChunkCache(limits.chunk_cache))
+    shared = None if shards_fd is None else SharedShards(shards_fd)
+    if shared is not None:
+        cleanup.callback(shared.close)
+    reads = make_reads(storage, cache=ranges, chunk_cache=ChunkCache(limits.chunk_cache), shared=shared)
     ledger = ledger or Ledger()
     t = compose_tree(storage, reads, writeback, cfg.tree, cfg.reads.max_chunk, ledger, cfg.read_only,
                      INDEX_CACHE_BYTES // share)

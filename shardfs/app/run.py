@@ -186,7 +186,8 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
             return 1
     if args.connection is None and supervised():
         return _supervise(args, mnt, opts, read_only, source, _workers(cfg, read_only, source),
-                          elastic=cfg.workers is None)
+                          elastic=cfg.workers is None,
+                          shard_ring=cfg.reads.cache_size * 7 // 8 if read_only and source.kind.remote else 0)
     early.discard()  # (no supervision: this process serves)
     if args.connection is None or args.connection.index == 0:  # (the mount's warnings: not each worker's)
         source.warn()
@@ -198,6 +199,7 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     ledger = None
     pages = None  # N workers: the mount's table of the kernel's page cache
     versions_fd = None  # ... and the memfd of their table of versions (``Source.opened``)
+    shards_fd = None  # ... and of the shards fetched whole (a read-only mount of a remote source)
     if args.connection is not None:
         args.ledger = state.ledger_file(source.name, source.endpoint, os.getppid())
         conn = args.connection
@@ -216,7 +218,7 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
 
                 try:
                     pages = PageTable(conn.pages)
-                    versions_fd = conn.versions
+                    versions_fd, shards_fd = conn.versions, conn.shards
                 except (OSError, ValueError) as e:
                     log.warning("the page-cache table cannot be used (files are read with direct I/O): %s", e)
     from shardfs.kernel.owner import OWNER
@@ -227,7 +229,7 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
                 replaces = args.connection is not None and args.connection.replaces
                 writes = ledger is None or not ledger.shared or ledger.index == OWNER  # (``kernel.owner``)
                 mount = compose(cfg, source, cleanup, ledger, adopt=replaces, writes=writes, pages=pages,
-                                versions_fd=versions_fd)
+                                versions_fd=versions_fd, shards_fd=shards_fd)
             except UsageError as e:
                 _report(args, f"error: {e}")
                 return 1
@@ -279,6 +281,7 @@ def _share(args: argparse.Namespace, mount: Composed, ledger: Any, source: Sourc
     from shardfs.kernel.homes import Homes
     from shardfs.kernel.owner import OWNER, Areas, Marks
     from shardfs.kernel.route import Route
+    from shardfs.reads.objects import ObjectReads
 
     sup = os.getppid()
     args.peer_socket = state.worker_socket(source.name, source.endpoint, sup, ledger.index)
@@ -295,8 +298,9 @@ def _share(args: argparse.Namespace, mount: Composed, ledger: Any, source: Sourc
                 marks.note(path)
     areas = None if marks is None else Areas(mount.tree.nodes, marks)
     homes = None
-    if read_only and source.kind.remote:  # (``shardfs.kernel.homes``)
-        homes = Homes(mount.tree.names, mount.tree.nodes, ledger.count)
+    reads = mount.tree.reads
+    if read_only and isinstance(reads, ObjectReads):  # a remote source (``shardfs.kernel.homes``)
+        homes = Homes(mount.tree.names, mount.tree.nodes, ledger.index, ledger.count, mount.tree.indexes, reads)
         mount.tree.prefetch.share(ledger.index, ledger.count)
     mount.ops.route = Route(ledger.index, ledger.owner, peers, areas, mount.ops.reopen.here, homes)
     return marks
@@ -330,9 +334,11 @@ def _workers(cfg: Config, read_only: bool, source: Source) -> int:
 
 
 def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_only: bool, source: Source,
-               workers: int = 1, elastic: bool = False) -> int:
+               workers: int = 1, elastic: bool = False, shard_ring: int = 0) -> int:
     """Be the supervisor of ``mnt`` (``shardfs.app.supervisor``) until the mount ends; ``elastic``
-    (``-o workers=auto``): the workers past the first serve only while requests queue up."""
+    (``-o workers=auto``): the workers past the first serve only while requests queue up;
+    ``shard_ring``: the bytes N workers keep the shards of a remote source fetched whole in
+    (``shardfs.storage.sharedshards``; 0: none)."""
     from shardfs.app.supervisor import Supervisor
 
     ledger = state.ledger_file(source.name, source.endpoint, os.getpid())
@@ -342,7 +348,7 @@ def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_on
                      ["default_permissions", *opts.fuse], read_only, lambda line: _report(args, line),
                      state.status_socket(source.name, source.endpoint, os.getpid()),
                      state.takeover_file(source.name, source.endpoint, os.getpid()), workers,
-                     elastic=elastic)
+                     elastic=elastic, shard_ring=shard_ring)
     try:
         return sup.run()
     finally:

@@ -21,7 +21,9 @@ memfd of the connection's ledger (``shardfs.tree.ledger``: made here, kept for t
 the same for every worker; its number in ``SHARDFS_LEDGER_FD``), with N workers the memfd of
 the table of what the kernel's page cache holds (``shardfs.kernel.pagetable``,
 ``SHARDFS_PAGES_FD``) and that of the versions of the source's keys the workers remember
-(``shardfs.storage.sharedversions``, ``SHARDFS_VERSIONS_FD``), and talks to the supervisor
+(``shardfs.storage.sharedversions``, ``SHARDFS_VERSIONS_FD``), on a read-only mount of a remote
+source that of the shards fetched whole (``shardfs.storage.sharedshards``, ``SHARDFS_SHARDS_FD``),
+and talks to the supervisor
 over a ``SOCK_SEQPACKET`` socket pair, one JSON message a packet:
 
 - worker: ``{"ready": true}`` once its layers are built (the journal replayed), or ``{"error":
@@ -67,7 +69,7 @@ from shardfs.app.zygote import Child, Zygote
 from shardfs.base import private
 from shardfs.kernel import elastic as elastic_gate
 from shardfs.kernel import pagetable
-from shardfs.storage import sharedversions
+from shardfs.storage import sharedshards, sharedversions
 from shardfs.tree import ledger
 
 log = logging.getLogger("shardfs")
@@ -109,7 +111,8 @@ class Supervisor:
 
     def __init__(self, argv: list[str], mnt: str, fsname: str, fuse_opts: list[str], read_only: bool,
                  report: Callable[[str], None], status_path: str | None = None,
-                 takeover_path: str | None = None, workers: int = 1, elastic: bool = False) -> None:
+                 takeover_path: str | None = None, workers: int = 1, elastic: bool = False,
+                 shard_ring: int = 0) -> None:
         self.argv, self.mnt, self.fsname = argv, mnt, fsname
         self.takeover_path = takeover_path  # ``shardfs mount`` on the live mount: the next worker's argv
         self.handing_over: list[str] | None = None  # that argv, while the workers fold and stop
@@ -135,6 +138,8 @@ class Supervisor:
         self.pages = pagetable.memory() if self.count > 1 else None
         # ... and the versions of the source's keys they remember (``shardfs.storage.sharedversions``)
         self.versions = sharedversions.memory() if self.count > 1 else None
+        # ... and the shards their homes fetched whole, in a ring of ``shard_ring`` bytes (0: none)
+        self.shards = sharedshards.memory(shard_ring) if self.count > 1 and shard_ring else None
         # ``-o workers=auto``: the workers past the first wait on it while the queue is calm
         self.wake = elastic_gate.wake_fd() if self.count > 1 and elastic else None
         self.oom_before = _protect_from_oom()
@@ -192,7 +197,7 @@ class Supervisor:
             if self.fd >= 0:
                 os.close(self.fd)
             os.close(self.ledger)
-            for table in (self.pages, self.versions, self.wake):
+            for table in (self.pages, self.versions, self.shards, self.wake):
                 if table is not None:
                     os.close(table)
             if self.workers_path is not None:
@@ -295,6 +300,8 @@ class Supervisor:
         if self.pages is not None and self.versions is not None:
             given["SHARDFS_PAGES_FD"] = self.pages
             given["SHARDFS_VERSIONS_FD"] = self.versions
+        if self.shards is not None:
+            given["SHARDFS_SHARDS_FD"] = self.shards
         if self.wake is not None:
             given["SHARDFS_WAKE_FD"] = self.wake
         try:
@@ -520,6 +527,7 @@ class Connection:
         # worker, or an older supervisor)
         self.pages = _given_fd("SHARDFS_PAGES_FD")
         self.versions = _given_fd("SHARDFS_VERSIONS_FD")
+        self.shards = _given_fd("SHARDFS_SHARDS_FD")  # (a read-only mount of a remote source)
         self.wake = _given_fd("SHARDFS_WAKE_FD")  # ``-o workers=auto`` (``shardfs.kernel.elastic``)
         self.started = time.time()
         parent = os.environ.pop("SHARDFS_SUPERVISOR_PID", None)  # forked by a zygote: reparented to it

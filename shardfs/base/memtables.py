@@ -1,7 +1,8 @@
 """Tables in shared memory that a mount's supervisor makes and keeps, and each of its workers
-maps (``-o workers=N``: ``shardfs.kernel.pagetable``, ``shardfs.storage.sharedversions``): a
-memfd of a header, which starts with a magic number and the table's capacity (entries, a power
-of two), then the entries, each of a fixed size."""
+maps (``-o workers=N``: ``shardfs.kernel.pagetable``, ``shardfs.storage.sharedversions``,
+``shardfs.reads.sharedshards``): a memfd of a header, which starts with a magic number and the
+table's capacity (entries, a power of two), then the entries, each of a fixed size, then
+optionally more bytes (``tail``)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import struct
 _START = struct.Struct("<II")  # magic, capacity: the start of every table's header
 
 
-def make(name: str, header: bytes, capacity: int, entry: int, size_of_header: int) -> int:
+def make(name: str, header: bytes, capacity: int, entry: int, size_of_header: int, tail: int = 0) -> int:
     """A new table ``name`` (a memfd, close-on-exec): ``header`` (magic and capacity first), then
-    ``capacity`` entries of ``entry`` bytes, zeroed; the supervisor's to keep and give."""
+    ``capacity`` entries of ``entry`` bytes, then ``tail`` bytes, zeroed; the supervisor's to keep
+    and give."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
     try:
-        os.ftruncate(fd, size_of_header + capacity * entry)
+        os.ftruncate(fd, size_of_header + capacity * entry + tail)
         os.pwrite(fd, header, 0)
     except OSError:
         os.close(fd)
@@ -25,8 +27,10 @@ def make(name: str, header: bytes, capacity: int, entry: int, size_of_header: in
     return fd
 
 
-def attach(fd: int, magic: int, entry: int, size_of_header: int, what: str) -> tuple[int, mmap.mmap, int]:
-    """Map the table in memfd ``fd`` (which the caller may close afterwards): an open file of this
+def attach(fd: int, magic: int, entry: int, size_of_header: int, what: str, tail: int = 0
+           ) -> tuple[int, mmap.mmap, int]:
+    """Map the table in memfd ``fd`` (and its ``tail`` bytes; the caller may close ``fd``
+    afterwards): an open file of this
     process's own on it (for ``flock``: a lock is per open file, and dies with its holder), the
     shared mapping, and its capacity. ``ValueError`` (``not a WHAT``) if its header is not one."""
     lock_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
@@ -34,7 +38,7 @@ def attach(fd: int, magic: int, entry: int, size_of_header: int, what: str) -> t
         found, capacity = _START.unpack(os.pread(lock_fd, _START.size, 0))
         if found != magic or capacity & (capacity - 1):
             raise ValueError(f"not a {what}")
-        return lock_fd, mmap.mmap(lock_fd, size_of_header + capacity * entry, mmap.MAP_SHARED), capacity
+        return lock_fd, mmap.mmap(lock_fd, size_of_header + capacity * entry + tail, mmap.MAP_SHARED), capacity
     except BaseException:
         os.close(lock_fd)
         raise

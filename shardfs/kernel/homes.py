@@ -11,6 +11,12 @@ RELEASE (they follow the handle's opener); its read-ahead fetches the shards hom
 sweep are spread over the workers in turn. A request whose chunk this worker cannot tell
 without I/O (its array not read here yet) is served where it arrives: it is correct anywhere.
 
+A round trip to the home costs more CPU than serving the chunk (doc/BENCHMARKING.md), so a
+worker serves a chunk of another's shard itself where that needs no request to the store: the
+home keeps each shard it fetched whole where every worker finds it
+(``shardfs.storage.sharedshards``); a worker that finds it there learns its index from it, and
+serves the LOOKUP and GETATTR (its index known here), and the OPEN (its bytes there too).
+
 Local directories are served where requests arrive (a forward costs more than a read of the
 kernel's pages), and so are writable mounts (their owner's routing: ``shardfs.kernel.owner``).
 """
@@ -20,9 +26,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
+
 from shardfs.format.layout import c_linear
 from shardfs.kernel.owner import WRITE_FLAGS
+from shardfs.reads.objects import ObjectReads
 from shardfs.reads.prefetch import home_of
+from shardfs.shards.indexes import ShardIndexes
+from shardfs.shards.shard import CorruptShard, table_of_whole
+from shardfs.storage import Version
 from shardfs.tree.names import Names
 from shardfs.tree.nodes import ArrayNode, ChunkKey, Unbound
 from shardfs.tree.nodetable import NodeTable
@@ -31,14 +43,18 @@ ROUTED = frozenset(("lookup", "getattr", "open"))
 
 
 class Homes:
-    """The homes of chunk requests of a mount served by ``count`` workers (module docstring)."""
+    """The homes of chunk requests of a mount served by ``count`` workers, to worker ``slot``,
+    which reads through ``reads`` and keeps indexes in ``indexes`` (module docstring)."""
 
-    def __init__(self, names: Names, nodes: NodeTable, count: int) -> None:
-        self.names, self.nodes, self.count = names, nodes, count
+    def __init__(self, names: Names, nodes: NodeTable, slot: int, count: int, indexes: ShardIndexes,
+                 reads: ObjectReads) -> None:
+        self.names, self.nodes, self.slot, self.count = names, nodes, slot, count
+        self.indexes, self.reads = indexes, reads
 
     def of(self, op: str, args: tuple[Any, ...]) -> int | None:
-        """The slot that must serve ``op(*args)``, or None if any may (not a chunk's request,
-        an open for writing, or a chunk this worker cannot tell without I/O)."""
+        """The slot that must serve ``op(*args)``, or None if this worker may (not a chunk's
+        request, an open for writing, a chunk this worker cannot tell without I/O, one homed
+        here, or one it serves with no request to the store: ``_here``)."""
         if op not in ROUTED:
             return None
         try:
@@ -51,8 +67,31 @@ class Homes:
                 found = (key.arr, key.coords) if isinstance(key, ChunkKey) else None
         except (OSError, KeyError, Unbound):  # (a number or an array not known or read here yet)
             return None
-        return None if found is None else self._home(*found)
-
-    def _home(self, arr: ArrayNode, coords: tuple[int, ...]) -> int:
+        if found is None:
+            return None
+        arr, coords = found
         layout = arr.shown.layout
-        return home_of(c_linear(layout.locate(coords)[0], layout.shard_grid), self.count)
+        shard = layout.locate(coords)[0]
+        home = home_of(c_linear(shard, layout.shard_grid), self.count)
+        return None if home == self.slot or self._here(op, arr, shard) else home
+
+    def _here(self, op: str, arr: ArrayNode, shard: tuple[int, ...]) -> bool:
+        """Whether this worker serves ``op`` on a chunk of ``shard`` of ``arr`` with no request
+        to the store: the shard's index known here, or learnt from the shard kept whole where
+        every worker finds it (``ObjectReads.whole``); for an open, all of that version kept there."""
+        key = self.indexes.shard_key(arr, shard)
+        version = self.indexes.index_cache.latest(key)
+        fmt = arr.shown.layout.index
+        if version is None and fmt is not None:
+            def table(found: Version, data: memoryview) -> tuple[Version, np.ndarray] | None:
+                try:
+                    return found, table_of_whole(self.reads.source, key, fmt, found, data)
+                except CorruptShard:  # (the home reads it, and logs it)
+                    return None
+
+            learnt = self.reads.whole(key, table)
+            if learnt is None:
+                return False
+            version = learnt[0]
+            self.indexes.index_cache.put(key, *learnt)
+        return version is not None and (op != "open" or self.reads.holds(key, version))

@@ -17,11 +17,15 @@ Requests run on the storage's asyncio loop thread (``LoopThread.trio_run``): onl
 trio task waits. Fetched bytes are never copied: a response's body is cached as obstore gave
 it, and a chunk file served as it is stored holds a view of the cached range (a chunk to
 decode is copied out: what the ``ChunkCache`` keeps never pins a shard's bytes).
+
+Of N workers of a read-only mount (``shared``: ``shardfs.storage.sharedshards``), a shard fetched
+whole is kept there, where every worker finds it (``holds``, ``whole``): not in this worker's
+memory, which keeps the ranges fetched alone.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import trio
 
@@ -32,6 +36,7 @@ from shardfs.reads import ReadAhead, ReadHandle, Reads
 from shardfs.shards.shard import Extent
 from shardfs.storage import Range, Version, VersionMismatch
 from shardfs.storage import Storage
+from shardfs.storage.sharedshards import SharedShards
 from shardfs.storage.requests import Buffer, ObjectRequests
 from shardfs.base.threads import blocking
 
@@ -39,21 +44,24 @@ if TYPE_CHECKING:
     from shardfs.base.attrs import Attr
 
 DEFAULT_CACHE_BYTES = ReadConfig.cache_size  # -o cache_size
+T = TypeVar("T")
 
 
 class ObjectReads(Reads):
     """``Reads`` over a source reached through obstore (an object store, a web server) and its
     ``requests`` (``shardfs.storage.requests``: see the module docstring); ``cache`` defaults to
-    ``RangeCache(DEFAULT_CACHE_BYTES)``, memory only."""
+    ``RangeCache(DEFAULT_CACHE_BYTES)``, memory only; ``shared``: where the N workers of a
+    read-only mount keep the shards fetched whole."""
 
     prefetches = True
 
     def __init__(self, source: Storage, requests: ObjectRequests, chunk_cache: ChunkCache,
-                 cache: RangeCache | None = None) -> None:
+                 cache: RangeCache | None = None, shared: SharedShards | None = None) -> None:
         super().__init__(chunk_cache, ReadAhead(chained=True, starts=True, adjacent=True))
         self.source = source
         self.requests = requests
         self.cache = cache if cache is not None else RangeCache(DEFAULT_CACHE_BYTES)
+        self.shared = shared
         self._fetching: dict[tuple[str, Version], trio.Event] = {}  # whole shards being fetched
 
     async def _stored(self, ext: Extent, ahead: bool) -> bytes:
@@ -70,6 +78,8 @@ class ObjectReads(Reads):
         if fetching is not None:
             await fetching.wait()
         data = self.cache.get(where, ext.version, ext.offset, ext.nbytes, disk=False)
+        if data is None and self.shared is not None:
+            data = self.shared.get(where, ext.version, ext.offset, ext.offset + ext.nbytes)
         if data is None and self.cache.disk_dir is not None:
             data = await blocking(self.cache.get, where, ext.version, ext.offset, ext.nbytes)
         if data is not None:
@@ -83,20 +93,36 @@ class ObjectReads(Reads):
             finally:
                 del self._fetching[shard]
                 done.set()
-            self.cache.put(where, ext.version, 0, whole)
+            self._keep_whole(where, ext.version, whole)
             return memoryview(whole)[ext.offset: ext.offset + ext.nbytes]
         data = await self._get(ext, Range(ext.offset, ext.nbytes))
         self.cache.put(where, ext.version, ext.offset, data)
         return data
 
+    def _keep_whole(self, where: str, version: Version, data: Buffer) -> None:
+        """Keep all of ``version`` of ``where``, fetched: where every worker finds it, if shared."""
+        if self.shared is None or not self.shared.put(where, version, data):
+            self.cache.put(where, version, 0, data)
+
     def room_ahead(self, size: int) -> int:
-        return self.cache.max_bytes // 2 // max(size, 1)
+        room = self.cache.max_bytes if self.shared is None else self.shared.ring
+        return room // 2 // max(size, 1)
 
     def kept(self, key: str, version: Version) -> bool:
         """With a disk cache only indexes are fetched ahead; without one, a shard is kept while
         one range in memory holds it whole (a second sweep of an array larger than the cache
         finds its shards evicted) or when memory could not keep it anyway."""
-        return self.cache.disk_dir is not None or not self.cache.lacks(self.source.describe(key), version)
+        return self.cache.disk_dir is not None or self.holds(key, version) \
+            or not self.cache.lacks(self.source.describe(key), version)
+
+    def holds(self, key: str, version: Version) -> bool:
+        """Whether all of ``version`` of the shard at ``key`` is kept where every worker finds it."""
+        return self.shared is not None and self.shared.holds(self.source.describe(key), version)
+
+    def whole(self, key: str, use: Callable[[Version, memoryview], T]) -> T | None:
+        """``use(version, data)`` of the shard at ``key`` kept where every worker finds it, if it
+        is (``SharedShards.whole``: ``use`` keeps nothing that refers to ``data``)."""
+        return None if self.shared is None else self.shared.whole(self.source.describe(key), use)
 
     async def keys_below(self, prefix: str, most: int) -> list[str] | None:
         return await blocking(self.source.keys_below, prefix, most)
@@ -105,7 +131,7 @@ class ObjectReads(Reads):
         if self.cache.disk_dir is not None:
             return None
         data, version = await self.requests.loop.trio_run(self.requests.aread_all(key, copy=False))
-        self.cache.put(self.source.describe(key), version, 0, data)
+        self._keep_whole(self.source.describe(key), version, data)
         return data, version
 
     async def _get(self, ext: Extent, rng: Range) -> Buffer:

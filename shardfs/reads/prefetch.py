@@ -78,9 +78,10 @@ class Prefetch:
         self._slot, self._count = 0, 1  # this worker's slot of those serving the mount (``share``)
 
     def share(self, slot: int, count: int) -> None:
-        """This read-ahead is worker ``slot``'s of ``count`` serving a remote source: it sees the
-        opens of the shards homed here alone (``home_of``), so a sweep comes to a shard from the
-        one ``count`` before it, and only those shards are fetched ahead."""
+        """This read-ahead is worker ``slot``'s of ``count`` serving a remote source: it follows
+        the opens of the shards homed here alone (``home_of``; this worker serves others' too,
+        those kept where every worker finds them: ``shardfs.kernel.homes``), so a sweep comes to
+        a shard from the one ``count`` before it, and only those shards are fetched ahead."""
         self._slot, self._count = slot, count
 
     def _mine(self, at: int) -> bool:
@@ -102,6 +103,8 @@ class Prefetch:
         The shard last opened is remembered for ``walk_on``."""
         layout = arr.shown.layout
         at = c_linear(layout.locate(coords)[0], layout.shard_grid)
+        if not self._mine(at):
+            return
         last = self._last_shard.get(arr.path)
         if last is None or last.at != at:
             if len(self._last_shard) >= SHARD_KEYS_KEPT:
@@ -122,7 +125,7 @@ class Prefetch:
         then the rest of it, and only then the shards after it."""
         last = self._last_shard[arr.path]
         at = c_linear(shard, arr.shown.layout.shard_grid)
-        if last.at != at - self._count or not self._cold(self.indexes.shard_key(arr, shard)) \
+        if not self._mine(at) or last.at != at - self._count or not self._cold(self.indexes.shard_key(arr, shard)) \
                 or not self.reads.ahead.swept(last.ext):
             return
         # a shard read before and evicted since: what ``arr.covered`` says was fetched ahead

@@ -151,13 +151,15 @@ def _read_head(source: Storage, key: str, index: IndexFormat) -> tuple[bytes, Ve
         return None
 
 
-def table_of_whole(source: Storage, key: str, fmt: ShardFormat, version: Version, data: bytes) -> np.ndarray:
+def table_of_whole(source: Storage, key: str, fmt: ShardFormat, version: Version, data: bytes | memoryview
+                   ) -> np.ndarray:
     """The flat table of a shard fetched whole (``data``: all of ``version``), as
     ``read_index_sync`` gives it, without a request; ``CorruptShard`` as there."""
     return _table(source, key, fmt, version, 0, data)
 
 
-def _table(source: Storage, key: str, fmt: ShardFormat, version: Version, start: int, head: bytes) -> np.ndarray:
+def _table(source: Storage, key: str, fmt: ShardFormat, version: Version, start: int, head: bytes | memoryview
+           ) -> np.ndarray:
     """``_decode_levels``, a corrupt inner shard logged once."""
     table, problems = _decode_levels(source, key, fmt, version, start, head)
     for pos, reason in problems.items():
@@ -171,15 +173,15 @@ class _NotRead(CorruptIndex):
     """An index byte range not fetched yet (``_decode_levels`` fetches it and decodes again)."""
 
 
-def _decode_levels(source: Storage, key: str, fmt: ShardFormat, version: Version, start: int, head: bytes
-                   ) -> tuple[np.ndarray, dict[int, str]]:
+def _decode_levels(source: Storage, key: str, fmt: ShardFormat, version: Version, start: int,
+                   head: bytes | memoryview) -> tuple[np.ndarray, dict[int, str]]:
     """``read_table`` of the shard whose bytes from ``start`` are ``head``: decoded again after
     each level of inner indexes it asked for was fetched, all of that level in one read."""
     fetched: dict[Range, bytes] = {}
 
     def read(offset: int, n: int) -> bytes:
         if start <= offset and offset + n <= start + len(head):
-            return head[offset - start: offset - start + n]
+            return bytes(head[offset - start: offset - start + n])  # (of a view: a copy, no reference to it)
         data = fetched.get(Range(offset, n))
         if data is None:
             missing.append(Range(offset, n))

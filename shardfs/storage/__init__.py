@@ -16,8 +16,8 @@ The public face (``__all__``): the interface's types below; what ``SRC`` names (
 ``urls``: a URL or a path); source keys (``keys``); the store request counters (``stats``);
 whether another user could read a source file (``permits``); the listings a mount remembers,
 given to its storage when opened (``listings``: ``Listings``, its bound per mount); the table of
-versions the N workers of a mount share, which the supervisor makes (``sharedversions``:
-``memory``); and for the read path each
+versions the N workers of a mount share, and of the shards they fetched whole, which the
+supervisor makes (``sharedversions``, ``sharedshards``: ``memory``); and for the read path each
 ``Storage`` names (``Storage.read_path``), the storage it reads: ``local`` (``LocalStorage``) or
 obstore's request path (``requests``). The kinds themselves are opened through ``source``.
 """
@@ -31,8 +31,8 @@ from typing import Iterable, Iterator, NamedTuple, Protocol, Sequence
 from shardfs.storage.stats import StoreStats
 
 __all__ = ["ABSENT", "UNKNOWN", "Absent", "Entry", "Range", "Storage", "Unknown", "Unusable", "Version",
-           "VersionMismatch", "keys", "listings", "local", "permits", "requests", "sharedversions", "source", "stats",
-           "urls"]
+           "VersionMismatch", "keys", "listings", "local", "permits", "requests", "sharedshards", "sharedversions",
+           "source", "stats", "urls"]
 
 
 class Version(NamedTuple):

@@ -1,0 +1,144 @@
+"""Shards fetched whole by one of the N workers of a read-only mount of a remote source, kept
+where every worker reads them (``-o workers=N``).
+
+Each shard of such a mount has a home worker that fetches it (``shardfs.kernel.homes``); a chunk
+file of it opened through another worker was sent to the home, a socket round trip through two
+trio loops that cost more CPU than the chunk's own serving (doc/BENCHMARKING.md). The home puts
+every shard it fetched whole here; another worker that finds the shard here serves the chunk's
+lookup, getattr and open itself (its index parsed from these bytes, its bytes copied out),
+without a GET and without a round trip.
+
+Layout: a memfd the supervisor makes and keeps for the mount's life (``memory``; its number
+given to each worker in ``SHARDFS_SHARDS_FD``), mapped shared by each worker: a header
+(``HEADER`` bytes: magic, capacity, the ring's size, ``head``: the bytes ever written to the
+ring), ``capacity`` entries of ``ENTRY`` bytes (direct-mapped on a 64-bit BLAKE2 hash of the
+object's location: a shard put evicts the one of its place), then the ring. A shard's bytes are
+written after the last one's (at the ring's start again when they would cross its end); an
+entry names where (``pos``, counted in bytes ever written) and which version (ETag, size,
+mtime: ``Version``) it holds, and is valid while no later shard's bytes overwrote its own
+(``pos >= head - ring``): first in, first out, the mount's memory bounded by the ring. Bytes of
+one version are never served for another. Every access holds an ``flock`` on an open file of
+this process's own (shared to read, exclusive to write: a lock dies with its holder) and a
+thread lock: a writer killed halfway left an entry naming the old bytes or none, and its
+bytes beyond ``head``'s old value, which no entry names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import struct
+import threading
+from typing import Callable, Iterator, TypeVar
+
+from shardfs.base import memtables
+from shardfs.storage import Version
+
+MAGIC = 0x53534831  # "SSH1"
+HEADER = 64
+ENTRY = 96
+CAPACITY = 1 << 12  # entries (shards held at most)
+TAG_BYTES = 48  # an ETag longer than this, in UTF-8, is not held
+_HEAD = struct.Struct("<IIQQ")  # magic, capacity, ring bytes, head
+_HEAD_AT = 16
+_U64 = struct.Struct("<Q")
+_BODY = struct.Struct("<QQQqB")  # location hash, pos, size, mtime, tag length; then the tag
+T = TypeVar("T")
+
+
+def memory(ring: int) -> int:
+    """A new table with a ring of ``ring`` bytes (a memfd, close-on-exec; pages are memory once
+    written): the supervisor's to keep and give."""
+    return memtables.make("shardfs-shards", _HEAD.pack(MAGIC, CAPACITY, ring, 0), CAPACITY, ENTRY, HEADER, ring)
+
+
+def _hash(where: str) -> int:
+    """The location's 64-bit hash (never 0: an empty entry's), the same in every process."""
+    return int.from_bytes(hashlib.blake2b(where.encode("utf-8", "surrogateescape"), digest_size=8).digest(),
+                          "little") or 1
+
+
+class SharedShards:
+    """Whole objects in the table of the memfd ``fd`` (which the caller may close afterwards);
+    thread-safe. ``put`` a shard fetched whole; ``get`` a range of it, ``whole`` a look at all
+    of it and its version; ``holds`` whether it is here."""
+
+    def __init__(self, fd: int) -> None:
+        ring = _HEAD.unpack(os.pread(fd, _HEAD.size, 0))[2]
+        self._lock_fd, self._map, capacity = memtables.attach(fd, MAGIC, ENTRY, HEADER, "table of shards", ring)
+        self.ring = ring
+        self._mask = capacity - 1
+        self._start = HEADER + capacity * ENTRY  # of the ring
+        self._thread_lock = threading.Lock()
+
+    def close(self) -> None:
+        self._map.close()
+        os.close(self._lock_fd)
+
+    def put(self, where: str, version: Version, data: bytes | memoryview) -> bool:
+        """Hold ``data``, all of ``version`` of ``where``; False if it is not held (larger than a
+        quarter of the ring, or an ETag that is not a string that fits)."""
+        tag = version.tag.encode() if isinstance(version.tag, str) else b""
+        n = len(data)
+        if not tag or len(tag) > TAG_BYTES or not 0 < n <= self.ring // 4 or n != version.size:
+            return False
+        h = _hash(where)
+        with self._locked(fcntl.LOCK_EX):
+            table = self._map
+            pos = _U64.unpack_from(table, _HEAD_AT)[0]
+            if pos % self.ring + n > self.ring:
+                pos += self.ring - pos % self.ring  # (a shard's bytes are never split)
+            _U64.pack_into(table, _HEAD_AT, pos + n)
+            at = self._start + pos % self.ring
+            table[at:at + n] = data
+            off = HEADER + (h & self._mask) * ENTRY
+            _BODY.pack_into(table, off, h, pos, n, version.mtime_ns, len(tag))
+            table[off + _BODY.size:off + _BODY.size + len(tag)] = tag
+        return True
+
+    def get(self, where: str, version: Version, start: int, stop: int) -> bytes | None:
+        """Bytes ``[start, stop)`` of ``version`` of ``where`` if held, else None."""
+        with self._locked(fcntl.LOCK_SH):
+            at = self._find(where, version)
+            return None if at < 0 else self._map[at + start:at + min(stop, version.size)]
+
+    def holds(self, where: str, version: Version) -> bool:
+        """Whether ``version`` of ``where`` is held."""
+        with self._locked(fcntl.LOCK_SH):
+            return self._find(where, version) >= 0
+
+    def whole(self, where: str, use: Callable[[Version, memoryview], T]) -> T | None:
+        """``use(version, data)`` of the version of ``where`` held and all its bytes, else None.
+        ``data`` is valid during the call alone: ``use`` keeps nothing that refers to it."""
+        with self._locked(fcntl.LOCK_SH):
+            off = HEADER + (_hash(where) & self._mask) * ENTRY
+            h, _pos, size, mtime, n = _BODY.unpack_from(self._map, off)
+            if h != _hash(where):
+                return None
+            version = Version(bytes(self._map[off + _BODY.size:off + _BODY.size + n]).decode(), size, mtime)
+            at = self._find(where, version)
+            return None if at < 0 else use(version, memoryview(self._map)[at:at + size])
+
+    def _find(self, where: str, version: Version) -> int:
+        """Where in the map the bytes of ``version`` of ``where`` start, else -1. Under the lock."""
+        h, table = _hash(where), self._map
+        off = HEADER + (h & self._mask) * ENTRY
+        at, pos, size, mtime, n = _BODY.unpack_from(table, off)
+        if at != h or size != version.size or mtime != version.mtime_ns \
+                or _U64.unpack_from(table, _HEAD_AT)[0] - pos > self.ring:  # (overwritten since)
+            return -1
+        if table[off + _BODY.size:off + _BODY.size + n] != str(version.tag).encode():
+            return -1
+        return self._start + pos % self.ring
+
+    @contextlib.contextmanager
+    def _locked(self, how: int) -> Iterator[None]:
+        """This process's threads (a thread lock), then the workers' (``flock``, ``how``)."""
+        with self._thread_lock:
+            fcntl.flock(self._lock_fd, how)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)

@@ -1,0 +1,72 @@
+"""The shards the N workers of a read-only mount of a remote source keep where each finds them
+(``shardfs.storage.sharedshards``), in process: two views of one memfd stand for two workers (a
+view maps the table and locks it through an open file of its own, as each worker does)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from shardfs.storage import Version
+from shardfs.storage import sharedshards as ss
+
+RING = 1 << 20
+QUARTER = RING // 4
+
+
+@pytest.fixture
+def shards():
+    fd = ss.memory(RING)
+    views = [ss.SharedShards(fd), ss.SharedShards(fd)]
+    os.close(fd)
+    yield views
+    for v in views:
+        v.close()
+
+
+def test_a_shard_one_worker_put_the_other_reads_and_no_other_version(shards):
+    a, b = shards
+    data = bytes(range(256)) * 4
+    v = Version('"9b2cf535f27731c974343645a3985328"', len(data), 1_700_000_000_000_000_123)
+    assert a.put("s3://bucket/arr/c/0/0", v, memoryview(data))
+    assert b.holds("s3://bucket/arr/c/0/0", v)
+    assert b.get("s3://bucket/arr/c/0/0", v, 100, 164) == data[100:164]
+    assert b.get("s3://bucket/arr/c/0/0", v, 1000, 2000) == data[1000:]  # (the object ends there)
+    assert b.whole("s3://bucket/arr/c/0/0", lambda found, view: (found, bytes(view))) == (v, data)
+    for other in (v._replace(tag='"9b2cf535f27731c974343645a3985329"'), v._replace(mtime_ns=v.mtime_ns + 1),
+                  v._replace(size=v.size + 1)):
+        assert not b.holds("s3://bucket/arr/c/0/0", other)
+        assert b.get("s3://bucket/arr/c/0/0", other, 0, 10) is None
+    assert not b.holds("s3://bucket/arr/c/0/1", v) and b.get("s3://bucket/arr/c/0/1", v, 0, 10) is None
+    assert b.whole("s3://bucket/arr/c/0/1", lambda found, view: found) is None
+
+
+def test_a_new_version_replaces_the_old_one(shards):
+    a, b = shards
+    old, new = Version('"a"', 4, 1), Version('"b"', 4, 2)
+    a.put("k", old, b"old!")
+    b.put("k", new, b"new!")
+    assert not a.holds("k", old) and a.get("k", new, 0, 4) == b"new!"
+
+
+def test_the_ring_keeps_the_latest_shards_first_in_first_out(shards):
+    a, b = shards
+    v = Version('"z"', QUARTER - 1000, 0)
+    for i in range(4):  # (the fifth crosses the ring's end: written at its start, over the first)
+        assert a.put(f"k{i}", v, bytes([i]) * v.size)
+    assert all(b.holds(f"k{i}", v) for i in range(4))
+    assert a.put("k4", v, b"\x04" * v.size)
+    assert not b.holds("k0", v) and b.get("k0", v, 0, 1) is None
+    assert [b.holds(f"k{i}", v) for i in range(1, 5)] == [True] * 4
+    assert b.get("k4", v, 0, v.size) == b"\x04" * v.size  # (never split across the ring's end)
+    assert b.get("k1", v, v.size - 3, v.size) == b"\x01" * 3
+
+
+def test_what_is_not_held(shards):
+    a, b = shards
+    too_big = Version('"big"', QUARTER + 1, 0)
+    assert not a.put("big", too_big, bytes(too_big.size)) and not b.holds("big", too_big)
+    for v in (Version("", 4, 0), Version(1234, 4, 0), Version('"' + "e" * 60 + '"', 4, 0)):
+        assert not a.put("k", v, b"abcd") and not b.holds("k", v)
+    assert not a.put("short", Version('"s"', 5, 0), b"abcd")  # (not all of the version)
