@@ -1225,6 +1225,7 @@ def test_each_shard_of_an_object_store_is_fetched_by_its_home_worker_alone(mount
     assert two <= 1.75 * one, (one, two)
     # (a round trip a chunk of the other's shards before: 0.94 a chunk in the bench; 4 of 512 here)
     assert sum(doc["forwarded"].get(op, 0) for op in ("lookup", "getattr", "open")) <= 64, doc["forwarded"]
+    assert doc["cache"]["range"]["limit"] == 96 << 20  # (-o cache_size's default: the mount's, ring included)
     assert all(w["requests"] > 0 for w in doc["workers"]), doc["workers"]
 
 

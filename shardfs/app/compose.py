@@ -39,10 +39,11 @@ from shardfs.reads import Reads
 from shardfs.reads.chunkcache import ChunkCache
 from shardfs.reads.factory import make_reads
 from shardfs.reads.prefetch import Prefetch
-from shardfs.reads.rangecache import RangeCache
+from shardfs.reads.rangecache import RangeCache, RangeCounts
 from shardfs.shards.indexes import ShardIndexes
 from shardfs.shards.shard import INDEX_CACHE_BYTES, IndexCache
 from shardfs.base import private
+from shardfs.base.lru import Counted
 from shardfs.storage import Storage
 from shardfs.storage.listings import DEFAULT_BYTES as LISTING_BYTES, Listings
 from shardfs.storage.sharedshards import SharedShards
@@ -101,12 +102,16 @@ class Composed:
     ops: Operations
     faults: Faults
     listings: Listings  # the listings the storage remembers (its share of them, of N workers)
+    shards: SharedShards | None = None  # the shards fetched whole N workers keep (a read-only remote mount)
 
     def counters(self) -> Counters:
         """What ``shardfs status`` shows of this mount, layer by layer (``shardfs.app.status``)."""
+        ranges: Counted | None = self.ranges
+        if self.ranges is not None and self.shards is not None:
+            ranges = RangeCounts(self.ranges, self.shards, self.ledger.count)
         return Counters(self.ops.stats, self.storage.stats,
                         {"index": self.tree.indexes.index_cache, "chunk": self.tree.reads.chunk_cache.lru,
-                         "range": self.ranges, "listing": self.listings}, self.writeback, self.faults,
+                         "range": ranges, "listing": self.listings}, self.writeback, self.faults,
                         self.ops.spilled_bytes, self.ops.open_handles, self._forwarded)
 
     def _forwarded(self) -> dict[str, int]:
@@ -215,7 +220,8 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
     ops = Operations(storage, t.names, t.opens, t.listing, t.nodes, t.numbers, ledger, inodes, invalidation, writer,
                      structure, cfg.kernel, faults, cfg.read_only,
                      None if pages is None else SharedPins(pages, t.nodes.new_alias))
-    return Composed(source, storage, writeback, ranges, ledger, t, commits, structure, writer, ops, faults, listings)
+    return Composed(source, storage, writeback, ranges, ledger, t, commits, structure, writer, ops, faults, listings,
+                    shared)
 
 
 def _range_cache(source: Source, reads: ReadConfig) -> RangeCache | None:

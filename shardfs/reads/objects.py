@@ -142,3 +142,4 @@ class ObjectReads(Reads):
             return (await self.requests.loop.trio_run(read))[0]
         except FileNotFoundError:
             raise VersionMismatch(self.source.describe(ext.key)) from None
+

@@ -67,6 +67,7 @@ import crc32c
 
 from shardfs.base import private
 from shardfs.storage import Version
+from shardfs.storage.sharedshards import SharedShards
 
 log = logging.getLogger("shardfs")
 
@@ -479,6 +480,31 @@ class RangeCache:
                 self._disk_failed(e)
                 return 0
             return total
+
+
+class RangeCounts:
+    """What ``shardfs status`` shows of the ranges one of ``share`` workers fetched (``Counted``):
+    its own ``cache``, and its share of the shards kept for every worker (``shared``), so that the
+    workers' documents add up to the mount's ``-o cache_size``."""
+
+    def __init__(self, cache: RangeCache, shared: SharedShards, share: int) -> None:
+        self.cache, self.shared, self.share = cache, shared, share
+
+    @property
+    def hits(self) -> int:
+        return self.cache.hits
+
+    @property
+    def misses(self) -> int:
+        return self.cache.misses
+
+    @property
+    def used(self) -> int:
+        return self.cache.used + self.shared.used // self.share
+
+    @property
+    def max_bytes(self) -> int:
+        return self.cache.max_bytes + self.shared.ring // self.share
 
 
 def _scandir(path: str) -> list[os.DirEntry[str]]:

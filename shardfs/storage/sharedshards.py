@@ -77,6 +77,11 @@ class SharedShards:
         self._map.close()
         os.close(self._lock_fd)
 
+    @property
+    def used(self) -> int:
+        """Bytes of the ring written so far (all of it, once it went round)."""
+        return min(int(_U64.unpack_from(self._map, _HEAD_AT)[0]), self.ring)
+
     def put(self, where: str, version: Version, data: bytes | memoryview) -> bool:
         """Hold ``data``, all of ``version`` of ``where``; False if it is not held (larger than a
         quarter of the ring, or an ETag that is not a string that fits)."""
