@@ -1,6 +1,6 @@
 """Tables in shared memory that a mount's supervisor makes and keeps, and each of its workers
 maps (``-o workers=N``: ``shardfs.kernel.pagetable``, ``shardfs.storage.sharedversions``,
-``shardfs.reads.sharedshards``): a memfd of a header, which starts with a magic number and the
+``shardfs.storage.sharedshards``): a memfd of a header, which starts with a magic number and the
 table's capacity (entries, a power of two), then the entries, each of a fixed size, then
 optionally more bytes (``tail``)."""
 

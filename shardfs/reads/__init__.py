@@ -17,7 +17,9 @@ another form than its file's (``decode`` given) is decoded once and kept in the 
 by extent; other ``OSError`` are the errno for the client.
 
 The public face (``__all__``): the types above, and what ``shardfs.app.compose`` builds the read
-path with and the tree uses (``factory``, ``chunkcache``, ``prefetch``, ``rangecache``).
+path with and the tree uses (``factory``, ``chunkcache``, ``prefetch``, ``rangecache``); the
+object stores' read path (``objects``), which the homes of N workers ask for the shards kept for
+every worker (``shardfs.kernel.homes``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from shardfs.base.threads import blocking
 if TYPE_CHECKING:
     from shardfs.base.attrs import Attr
 
-__all__ = ["ReadAhead", "ReadHandle", "Reads", "chunkcache", "factory", "prefetch", "rangecache"]
+__all__ = ["ReadAhead", "ReadHandle", "Reads", "chunkcache", "factory", "objects", "prefetch", "rangecache"]
 READ_AHEAD_AFTER = 3  # opens of chunks of one shard among the last READ_AHEAD_WINDOW opens
 READ_AHEAD_WINDOW = 16  # before the rest of that shard is read ahead
 READ_AHEAD_MAX = 64 << 20  # larger shards are never read ahead
