@@ -63,6 +63,17 @@ def test_the_ring_keeps_the_latest_shards_first_in_first_out(shards):
     assert b.get("k1", v, v.size - 3, v.size) == b"\x01" * 3
 
 
+def test_a_shard_read_in_the_oldest_quarter_is_renewed(shards):
+    a, b = shards
+    v = Version('"z"', QUARTER - 1000, 0)
+    for i in range(4):
+        a.put(f"k{i}", v, bytes([i]) * v.size)
+    assert b.get("k0", v, 5, 8) == b"\x00" * 3  # (k0 alone is in the oldest quarter: moved to the head)
+    a.put("k4", v, b"\x04" * v.size)  # (over k1, the oldest now)
+    assert [b.holds(f"k{i}", v) for i in range(5)] == [True, False, True, True, True]
+    assert [b.get(f"k{i}", v, 0, v.size) for i in (0, 2, 4)] == [bytes([i]) * v.size for i in (0, 2, 4)]
+
+
 def test_what_is_not_held(shards):
     a, b = shards
     too_big = Version('"big"', QUARTER + 1, 0)

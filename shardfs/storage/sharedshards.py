@@ -16,7 +16,8 @@ object's location: a shard put evicts the one of its place), then the ring. A sh
 written after the last one's (at the ring's start again when they would cross its end); an
 entry names where (``pos``, counted in bytes ever written) and which version (ETag, size,
 mtime: ``Version``) it holds, and is valid while no later shard's bytes overwrote its own
-(``pos >= head - ring``): first in, first out, the mount's memory bounded by the ring. Bytes of
+(``pos >= head - ring``): first in, first out, the mount's memory bounded by the ring, but for
+a shard read while in the ring's oldest quarter, which moves to its head (``_renew``). Bytes of
 one version are never served for another. Every access holds an ``flock`` on an open file of
 this process's own (shared to read, exclusive to write: a lock dies with its holder) and a
 thread lock: a writer killed halfway left an entry naming the old bytes or none, and its
@@ -89,25 +90,25 @@ class SharedShards:
         n = len(data)
         if not tag or len(tag) > TAG_BYTES or not 0 < n <= self.ring // 4 or n != version.size:
             return False
-        h = _hash(where)
         with self._locked(fcntl.LOCK_EX):
-            table = self._map
-            pos = _U64.unpack_from(table, _HEAD_AT)[0]
-            if pos % self.ring + n > self.ring:
-                pos += self.ring - pos % self.ring  # (a shard's bytes are never split)
-            _U64.pack_into(table, _HEAD_AT, pos + n)
-            at = self._start + pos % self.ring
-            table[at:at + n] = data
-            off = HEADER + (h & self._mask) * ENTRY
-            _BODY.pack_into(table, off, h, pos, n, version.mtime_ns, len(tag))
-            table[off + _BODY.size:off + _BODY.size + len(tag)] = tag
+            pos = self._reserve(n)
+            self._map[self._start + pos % self.ring:self._start + pos % self.ring + n] = data
+            self._note(where, version, pos)
         return True
 
     def get(self, where: str, version: Version, start: int, stop: int) -> bytes | None:
-        """Bytes ``[start, stop)`` of ``version`` of ``where`` if held, else None."""
+        """Bytes ``[start, stop)`` of ``version`` of ``where`` if held, else None. A shard read
+        in the ring's oldest quarter moves to its head (``_renew``)."""
         with self._locked(fcntl.LOCK_SH):
-            at = self._find(where, version)
-            return None if at < 0 else self._map[at + start:at + min(stop, version.size)]
+            pos = self._find(where, version)
+            if pos < 0:
+                return None
+            at = self._start + pos % self.ring
+            data = self._map[at + start:at + min(stop, version.size)]
+            old = self._head() - pos > self.ring * 3 // 4
+        if old:
+            self._renew(where, version)
+        return data
 
     def holds(self, where: str, version: Version) -> bool:
         """Whether ``version`` of ``where`` is held."""
@@ -123,20 +124,54 @@ class SharedShards:
             if h != _hash(where):
                 return None
             version = Version(bytes(self._map[off + _BODY.size:off + _BODY.size + n]).decode(), size, mtime)
-            at = self._find(where, version)
-            return None if at < 0 else use(version, memoryview(self._map)[at:at + size])
+            pos = self._find(where, version)
+            if pos < 0:
+                return None
+            at = self._start + pos % self.ring
+            return use(version, memoryview(self._map)[at:at + size])
+
+    def _renew(self, where: str, version: Version) -> None:
+        """Move the bytes of ``version`` of ``where``, still in the ring's oldest quarter, to its
+        head, as a put of them would (first in, first out alone would drop a shard still being
+        read: a sweep coming back to the shards of a plane of chunks)."""
+        with self._locked(fcntl.LOCK_EX):
+            pos = self._find(where, version)
+            if pos < 0 or self._head() - pos <= self.ring * 3 // 4:
+                return
+            new = self._reserve(version.size)
+            self._map.move(self._start + new % self.ring, self._start + pos % self.ring, version.size)
+            self._note(where, version, new)
+
+    def _head(self) -> int:
+        return int(_U64.unpack_from(self._map, _HEAD_AT)[0])
+
+    def _reserve(self, n: int) -> int:
+        """Where the next ``n`` bytes go (counted in bytes ever written). Under the exclusive lock."""
+        pos = self._head()
+        if pos % self.ring + n > self.ring:
+            pos += self.ring - pos % self.ring  # (a shard's bytes are never split)
+        _U64.pack_into(self._map, _HEAD_AT, pos + n)
+        return pos
+
+    def _note(self, where: str, version: Version, pos: int) -> None:
+        """The entry of ``where``: ``version``, its bytes at ``pos``. Under the exclusive lock."""
+        h, tag = _hash(where), str(version.tag).encode()
+        off = HEADER + (h & self._mask) * ENTRY
+        _BODY.pack_into(self._map, off, h, pos, version.size, version.mtime_ns, len(tag))
+        self._map[off + _BODY.size:off + _BODY.size + len(tag)] = tag
 
     def _find(self, where: str, version: Version) -> int:
-        """Where in the map the bytes of ``version`` of ``where`` start, else -1. Under the lock."""
+        """Where the bytes of ``version`` of ``where`` are (counted in bytes ever written), else
+        -1. Under the lock."""
         h, table = _hash(where), self._map
         off = HEADER + (h & self._mask) * ENTRY
         at, pos, size, mtime, n = _BODY.unpack_from(table, off)
         if at != h or size != version.size or mtime != version.mtime_ns \
-                or _U64.unpack_from(table, _HEAD_AT)[0] - pos > self.ring:  # (overwritten since)
+                or self._head() - pos > self.ring:  # (overwritten since)
             return -1
         if table[off + _BODY.size:off + _BODY.size + n] != str(version.tag).encode():
             return -1
-        return self._start + pos % self.ring
+        return int(pos)
 
     @contextlib.contextmanager
     def _locked(self, how: int) -> Iterator[None]:
