@@ -26,15 +26,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import numpy as np
-
 from shardfs.format.layout import c_linear
 from shardfs.kernel.owner import WRITE_FLAGS
 from shardfs.reads.objects import ObjectReads
 from shardfs.reads.prefetch import home_of
 from shardfs.shards.indexes import ShardIndexes
-from shardfs.shards.shard import CorruptShard, table_of_whole
-from shardfs.storage import Version
 from shardfs.tree.names import Names
 from shardfs.tree.nodes import ArrayNode, ChunkKey, Unbound
 from shardfs.tree.nodetable import NodeTable
@@ -78,18 +74,12 @@ class Homes:
     def _here(self, op: str, arr: ArrayNode, shard: tuple[int, ...]) -> bool:
         """Whether this worker serves ``op`` on a chunk of ``shard`` of ``arr`` with no request
         to the store: the shard's index known here, or learnt from the shard kept whole where
-        every worker finds it (``ObjectReads.whole``); for an open, all of that version kept there."""
+        every worker finds it (``ObjectReads.kept_index``); for an open, all of that version kept there."""
         key = self.indexes.shard_key(arr, shard)
         version = self.indexes.index_cache.latest(key)
         fmt = arr.shown.layout.index
         if version is None and fmt is not None:
-            def table(found: Version, data: memoryview) -> tuple[Version, np.ndarray] | None:
-                try:
-                    return found, table_of_whole(self.reads.source, key, fmt, found, data)
-                except CorruptShard:  # (the home reads it, and logs it)
-                    return None
-
-            learnt = self.reads.whole(key, table)
+            learnt = self.reads.kept_index(key, fmt)
             if learnt is None:
                 return False
             version = learnt[0]

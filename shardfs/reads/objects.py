@@ -19,13 +19,13 @@ it, and a chunk file served as it is stored holds a view of the cached range (a 
 decode is copied out: what the ``ChunkCache`` keeps never pins a shard's bytes).
 
 Of N workers of a read-only mount (``shared``: ``shardfs.storage.sharedshards``), a shard fetched
-whole is kept there, where every worker finds it (``holds``, ``whole``): not in this worker's
+whole is kept there, where every worker finds it (``holds``, ``kept_index``): not in this worker's
 memory, which keeps the ranges fetched alone.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -33,7 +33,7 @@ from shardfs.config import ReadConfig
 from shardfs.reads.chunkcache import ChunkCache
 from shardfs.reads.rangecache import RangeCache
 from shardfs.reads import ReadAhead, ReadHandle, Reads
-from shardfs.shards.shard import Extent
+from shardfs.shards.shard import CorruptShard, Extent, table_of_whole
 from shardfs.storage import Range, Version, VersionMismatch
 from shardfs.storage import Storage
 from shardfs.storage.sharedshards import SharedShards
@@ -41,10 +41,12 @@ from shardfs.storage.requests import Buffer, ObjectRequests
 from shardfs.base.threads import blocking
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from shardfs.base.attrs import Attr
+    from shardfs.format.shardfile import ShardFormat
 
 DEFAULT_CACHE_BYTES = ReadConfig.cache_size  # -o cache_size
-T = TypeVar("T")
 
 
 class ObjectReads(Reads):
@@ -119,10 +121,20 @@ class ObjectReads(Reads):
         """Whether all of ``version`` of the shard at ``key`` is kept where every worker finds it."""
         return self.shared is not None and self.shared.holds(self.source.describe(key), version)
 
-    def whole(self, key: str, use: Callable[[Version, memoryview], T]) -> T | None:
-        """``use(version, data)`` of the shard at ``key`` kept where every worker finds it, if it
-        is (``SharedShards.whole``: ``use`` keeps nothing that refers to ``data``)."""
-        return None if self.shared is None else self.shared.whole(self.source.describe(key), use)
+    def kept_index(self, key: str, fmt: ShardFormat) -> tuple[Version, np.ndarray] | None:
+        """The index of the shard at ``key`` and its version, parsed from its bytes kept where
+        every worker finds them, with no request; None if they are not kept (or are corrupt: the
+        worker that reads the shard logs it)."""
+        if self.shared is None:
+            return None
+
+        def table(found: Version, data: memoryview) -> tuple[Version, np.ndarray] | None:
+            try:
+                return found, table_of_whole(self.source, key, fmt, found, data)
+            except CorruptShard:
+                return None
+
+        return self.shared.whole(self.source.describe(key), table)
 
     async def keys_below(self, prefix: str, most: int) -> list[str] | None:
         return await blocking(self.source.keys_below, prefix, most)
