@@ -1229,6 +1229,29 @@ def test_each_shard_of_an_object_store_is_fetched_by_its_home_worker_alone(mount
     assert all(w["requests"] > 0 for w in doc["workers"]), doc["workers"]
 
 
+def test_shards_kept_for_every_worker_and_replaced_in_the_store_are_read_anew(mount, s3, tmp_path, request):
+    """Read-only, ``s3://``, two workers, versions remembered 1 s: zarr 2.18 reads both arrays
+    (every shard fetched whole by its home, kept for both workers:
+    ``shardfs.storage.sharedshards``); zarr 3 then rewrites ``a`` in the bucket (every shard a new
+    ETag). A second later, zarr 2.18 reading through the mount gets the new values, from either
+    worker: the kept bytes are of the old versions, never served for the new ones."""
+    import zarr
+    from source_kinds import BucketSource, unique_prefix
+
+    bucket = BucketSource(two_arrays(tmp_path / "up"), s3, unique_prefix(request))
+    mnt = bucket.mount(mount, "-o", "ro,workers=2,entry_timeout=1,attr_timeout=1")
+    workers(mnt, 2)
+    zarr2_read_all(mnt)
+    zarr.open_array(bucket.objects.zarr_store(read_only=False), path="a", mode="r+")[...] = EXPECTED * 3
+    time.sleep(1.5)
+    code = ("import sys, zarr, numpy as np\n"
+            "want = 3 * np.arange(1, 64 * 64 + 1, dtype='<i4').reshape(64, 64)\n"
+            "assert np.array_equal(zarr.open(sys.argv[1] + '/a', mode='r')[...], want)\n")
+    r = subprocess.run([ZARR2_PYTHON, "-c", code, str(mnt)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert all(w["requests"] > 0 for w in status(mnt)["workers"])
+
+
 def test_a_chunk_of_another_workers_shard_is_opened_by_its_home_unless_kept_for_every_worker(
         mount, s3, tmp_path, request):
     """Read-only, ``s3://``, two workers. w1 lists ``a``: it reads the indexes of its shards
