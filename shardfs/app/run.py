@@ -322,8 +322,8 @@ def workers_refused(read_only: bool) -> str | None:
 def _workers(cfg: Config, read_only: bool, source: Source) -> int:
     """The workers of a supervised mount: ``-o workers=N``; by default (``-o workers=auto``), of a
     local directory ``default_workers()`` if this pyfuse3 can serve them, else one. A source
-    reached over the network (object store, web) gets one: a request sent to the worker whose
-    shard it is costs more than it saves (measured in doc/BENCHMARKING.md).
+    reached over the network (object store, web) gets one: 2 workers over this project's S3
+    server took 1.4-1.6x the time of one, for 1.7-2.3x the CPU a chunk (doc/BENCHMARKING.md).
     ``SHARDFS_TEST_CORES=N`` (the tests) counts N cores instead of this machine's."""
     if cfg.workers is not None:
         return cfg.workers
