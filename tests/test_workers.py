@@ -461,7 +461,23 @@ def test_a_worker_killed_under_load_costs_no_reader_anything(mount, src, tmp_pat
     """Three zarr 2.18 readers; each worker is SIGKILLed in turn: the dead one's requests and
     (FUSE_NOTIFY_RESEND resends every worker's) the live one's are answered again, twice for
     some: no error, no fill value, no wrong byte."""
-    mnt = mount(src, "-o", "ro,workers=2")
+    killed_in_turn_under_readers(mount, mount(src, "-o", "ro,workers=2"), tmp_path)
+
+
+def test_a_worker_of_an_object_store_mount_killed_under_load_costs_no_reader_anything(
+        mount, s3, tmp_path, request):
+    """The same over ``s3://``: the killed worker is the home of half the shards (the other's
+    requests for them wait for its successor, sent again) and may hold the shards' ring locked
+    (``shardfs.storage.sharedshards``: an ``flock``, released with it)."""
+    from source_kinds import BucketSource, unique_prefix
+
+    bucket = BucketSource(two_arrays(tmp_path / "up"), s3, unique_prefix(request))
+    killed_in_turn_under_readers(mount, bucket.mount(mount, "-o", "ro,workers=2"), tmp_path)
+
+
+def killed_in_turn_under_readers(mount: Any, mnt: Path, tmp_path: Path) -> None:
+    """Three zarr 2.18 readers of ``mnt`` (two workers), each worker SIGKILLed in turn: no error,
+    no fill value, no wrong byte; every kill logged once, no internal error."""
     pids = workers(mnt, 2)
     stop = tmp_path / "stop"
     readers = [subprocess.Popen([ZARR2_PYTHON, "-c", READER, str(mnt / "a"), str(stop), str(i)],
