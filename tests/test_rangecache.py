@@ -494,10 +494,13 @@ E2E = Spec("cached", (128, 128), (32, 32), (64, 64), "<i4", 0, ("zstd", 1), inne
            write=(slice(0, 1), slice(0, 1)))  # 4 shards of 4 chunks
 
 
-def test_cache_dir_serves_a_remount_without_chunk_gets_and_never_an_old_etag(request, s3, tmp_path, mount):
+@pytest.mark.parametrize("workers", ["workers=1", "workers=2"])
+def test_cache_dir_serves_a_remount_without_chunk_gets_and_never_an_old_etag(request, s3, tmp_path, mount, workers):
     """Mount with ``-o cache_dir``, read the array, unmount; mount again: the same bytes and no
     GET of chunk data (only the shard indexes, read to learn each shard's ETag). A shard changed
-    behind the mount (a new ETag) is served new, the others still from the disk cache."""
+    behind the mount (a new ETag) is served new, the others still from the disk cache. With two
+    workers, a shard fetched whole is kept for both (``shardfs.storage.sharedshards``) and
+    written to the disk cache too."""
     expected = build(tmp_path / "src", [E2E])[E2E.name]
     cache_dir = tmp_path / "cache"
     with DelayProxy(("127.0.0.1", s3.ports["s3.port"]), delay=0, record=True) as proxy:
@@ -505,7 +508,7 @@ def test_cache_dir_serves_a_remount_without_chunk_gets_and_never_an_old_etag(req
         shards = [f"/{s3.bucket}/{src.prefix}/{E2E.shard_key((i, j))}" for i in range(2) for j in range(2)]
 
         def read_through_a_mount(*extra: str) -> tuple[np.ndarray, list[Request], Path]:
-            mnt = src.mount(mount, "-o", f"ro,cache_dir={cache_dir}", *extra)
+            mnt = src.mount(mount, "-o", f"ro,{workers},cache_dir={cache_dir}", *extra)
             proxy.log.clear()
             got = read_zarr2(mnt / E2E.name)
             return got, [r for r in proxy.log if r.path in shards], mnt

@@ -102,8 +102,10 @@ class ObjectReads(Reads):
         return data
 
     def _keep_whole(self, where: str, version: Version, data: Buffer) -> None:
-        """Keep all of ``version`` of ``where``, fetched: where every worker finds it, if shared."""
-        if self.shared is None or not self.shared.put(where, version, data):
+        """Keep all of ``version`` of ``where``, fetched: where every worker finds it, if shared;
+        in this worker's cache if not (and in the disk cache, if there is one)."""
+        held = self.shared is not None and self.shared.put(where, version, data)
+        if not held or self.cache.disk_dir is not None:
             self.cache.put(where, version, 0, data)
 
     def room_ahead(self, size: int) -> int:
