@@ -6,9 +6,13 @@ optionally more bytes (``tail``)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import mmap
 import os
 import struct
+import threading
+from typing import Iterator
 
 _START = struct.Struct("<II")  # magic, capacity: the start of every table's header
 
@@ -42,3 +46,15 @@ def attach(fd: int, magic: int, entry: int, size_of_header: int, what: str, tail
     except BaseException:
         os.close(lock_fd)
         raise
+
+
+@contextlib.contextmanager
+def locked(thread_lock: threading.Lock, lock_fd: int, how: int = fcntl.LOCK_EX) -> Iterator[None]:
+    """A table's lock: this process's threads (``thread_lock``), then the workers' (``flock`` on
+    ``lock_fd``, the open file ``attach`` gave, ``how``: exclusive or shared)."""
+    with thread_lock:
+        fcntl.flock(lock_fd, how)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_fd, fcntl.LOCK_UN)

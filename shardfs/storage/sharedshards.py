@@ -32,7 +32,7 @@ import hashlib
 import os
 import struct
 import threading
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, TypeVar
 
 from shardfs.base import memtables
 from shardfs.storage import Version
@@ -173,12 +173,6 @@ class SharedShards:
             return -1
         return int(pos)
 
-    @contextlib.contextmanager
-    def _locked(self, how: int) -> Iterator[None]:
-        """This process's threads (a thread lock), then the workers' (``flock``, ``how``)."""
-        with self._thread_lock:
-            fcntl.flock(self._lock_fd, how)
-            try:
-                yield
-            finally:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+    def _locked(self, how: int) -> contextlib.AbstractContextManager[None]:
+        """Shared (``fcntl.LOCK_SH``) or exclusive (``memtables.locked``)."""
+        return memtables.locked(self._thread_lock, self._lock_fd, how)

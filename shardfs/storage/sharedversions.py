@@ -27,13 +27,11 @@ orders them (``mmap`` copies: no reordering of stores with stores or loads with 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import struct
 import threading
 import time
-from typing import Iterator
 
 from shardfs.base import memtables
 from shardfs.storage import UNKNOWN, Unknown, Unusable, Version
@@ -177,12 +175,6 @@ class SharedVersions:
     def _bump(self, at: int) -> None:
         _U64.pack_into(self._map, at, _U64.unpack_from(self._map, at)[0] + 1)
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """The writers' lock: this process's threads (a thread lock), then the workers' (``flock``)."""
-        with self._thread_lock:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        """The writers' lock (``memtables.locked``)."""
+        return memtables.locked(self._thread_lock, self._lock_fd)
