@@ -89,3 +89,9 @@ def test_what_is_not_held(shards):
     for v in (Version("", 4, 0), Version(1234, 4, 0), Version('"' + "e" * 60 + '"', 4, 0)):
         assert not a.put("k", v, b"abcd") and not b.holds("k", v)
     assert not a.put("short", Version('"s"', 5, 0), b"abcd")  # (not all of the version)
+
+
+def test_the_ring_holds_cache_size_but_a_thirty_second_for_the_workers_own_range_caches():
+    mib = 1 << 20
+    assert ss.split(96 * mib) == (93 * mib, 3 * mib)
+    assert sum(ss.split(1000)) == 1000

@@ -46,7 +46,7 @@ from shardfs.base import private
 from shardfs.base.lru import Counted
 from shardfs.storage import Storage
 from shardfs.storage.listings import DEFAULT_BYTES as LISTING_BYTES, Listings
-from shardfs.storage.sharedshards import SharedShards
+from shardfs.storage.sharedshards import SharedShards, split
 from shardfs.storage.source import Source
 from shardfs.tree.chunks import Chunks
 from shardfs.tree.commits import Commits, Invalidate
@@ -175,8 +175,8 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
     (``shardfs.kernel.sharedpages``; None: this worker's own); ``versions_fd``: the memfd of the
     table of versions they share (``shardfs.storage.sharedversions``; None: this worker's own);
     ``shards_fd``: the memfd of the shards fetched whole they share (``shardfs.storage.sharedshards``,
-    a read-only mount of a remote source: ``-o cache_size`` but an eighth, which the workers
-    share for the ranges each fetched alone; None: none)."""
+    a read-only mount of a remote source: ``-o cache_size`` but the part the workers share for
+    the ranges each fetched alone, ``sharedshards.split``; None: none)."""
     share = ledger.count if ledger is not None and ledger.shared else 1  # N workers: each its share of the mount's
     listings = Listings(cfg.kernel.entry_timeout, LISTING_BYTES // share)
     storage = cleanup.enter_context(source.opened(version_ttl=cfg.kernel.attr_timeout, listings=listings,
@@ -198,8 +198,8 @@ def compose(cfg: Config, source: Source, cleanup: contextlib.ExitStack, ledger: 
         except Exception as e:
             raise ReplayFailed(str(e)) from e
     # the limits are the mount's: each of N workers keeps its share of every cache
-    limits = dataclasses.replace(cfg.reads, chunk_cache=cfg.reads.chunk_cache // share,
-                                 cache_size=cfg.reads.cache_size // (8 if shards_fd is not None else 1) // share)
+    own = cfg.reads.cache_size if shards_fd is None else split(cfg.reads.cache_size)[1]  # (the ring: the rest)
+    limits = dataclasses.replace(cfg.reads, chunk_cache=cfg.reads.chunk_cache // share, cache_size=own // share)
     try:
         ranges = _range_cache(source, limits)
     except ValueError as e:

@@ -38,6 +38,7 @@ from shardfs.base.cores import available as available_cores
 from shardfs.config import Config, default_workers
 from shardfs.format.printable import printable
 from shardfs.base import private
+from shardfs.storage import sharedshards
 from shardfs.storage.source import Source
 
 if TYPE_CHECKING:
@@ -187,7 +188,8 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
     if args.connection is None and supervised():
         return _supervise(args, mnt, opts, read_only, source, _workers(cfg, read_only, source),
                           elastic=cfg.workers is None,
-                          shard_ring=cfg.reads.cache_size * 7 // 8 if read_only and source.kind.remote else 0)
+                          shard_ring=sharedshards.split(cfg.reads.cache_size)[0]
+                          if read_only and source.kind.remote else 0)
     early.discard()  # (no supervision: this process serves)
     if args.connection is None or args.connection.index == 0:  # (the mount's warnings: not each worker's)
         source.warn()
