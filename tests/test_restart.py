@@ -55,13 +55,13 @@ READER = textwrap.dedent(r"""
 """)
 
 
-def two_arrays(root: Path) -> Path:
+def two_arrays(root: Path, shards: tuple[int, int] = SHARDS) -> Path:
     """A group at ``root`` of two sharded arrays ``a`` and ``b``, each ``EXPECTED`` (written by zarr 3)."""
     import zarr
 
     g = zarr.open_group(str(root), mode="w")
     for name in ("a", "b"):
-        a = g.create_array(name, shape=SHAPE, chunks=CHUNKS, shards=SHARDS, dtype="<i4", fill_value=0)
+        a = g.create_array(name, shape=SHAPE, chunks=CHUNKS, shards=shards, dtype="<i4", fill_value=0)
         a[...] = EXPECTED
     return root
 

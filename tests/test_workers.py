@@ -1305,24 +1305,31 @@ def test_store_requests_that_end_after_a_worker_s_last_request_are_counted_throu
         mount, s3, tmp_path, request):
     """A worker goes quiet (publishes its status document once more, then waits for its next
     request) only once nothing is left to count: a cold chunk read through w1 starts reading every
-    shard's index ahead in the background (a listing and 16 GETs, 0.4 s a round trip here),
-    which ends after the read's last request. ``shardfs status`` answered by w0 then counts
-    those requests as answered by w1 does (w0 missed them: it counted w1's document of before)."""
+    index of the shards homed there ahead in the background (a listing and 32 GETs, 8 at a time,
+    0.6 s a round trip here), which ends seconds after the read's last request (two round trips)
+    and the document written a second after it. ``shardfs status`` answered by w0 then counts
+    those requests as answered by w1 does (w0 missed them: it counted w1's document of before).
+    (w0 reads array ``a`` first, in a request of its own: else it would read it on following the
+    ledger, woken by the ``stat`` of the mount a ``shardfs status`` makes, and be stopped before
+    its document says so.)"""
     from source_kinds import BucketSource, unique_prefix
     from testkit.delayproxy import DelayProxy
 
-    with DelayProxy(("127.0.0.1", s3.ports["s3.port"]), delay=0.2, record=True) as proxy:
-        bucket = BucketSource(two_arrays(tmp_path / "up"), s3, unique_prefix(request),
+    with DelayProxy(("127.0.0.1", s3.ports["s3.port"]), delay=0.3, record=True) as proxy:
+        bucket = BucketSource(two_arrays(tmp_path / "up", shards=(8, 8)), s3, unique_prefix(request),
                               endpoint=f"http://127.0.0.1:{proxy.port}")
         mnt = bucket.mount(mount, "-o", "ro,workers=2")
         w0, w1 = workers(mnt, 2)
+        with only(w0, [w0, w1]):
+            (mnt / "a" / ".zarray").read_bytes()
         with only(w1, [w0, w1]):
-            (mnt / "a" / "5.5").read_bytes()  # not its shard's first chunk: the indexes read ahead
+            # not its shard's first chunk: the indexes read ahead (shard 19 of 64: homed at w1)
+            (mnt / "a" / "5.7").read_bytes()
         seen = -1
         while seen != len(proxy.log):  # until the store saw no request for 2 s
             seen = len(proxy.log)
             time.sleep(2)
-        assert seen > 10  # (the read ahead: a listing and the other shards' indexes)
+        assert seen > 35  # (the read ahead: a listing and the other shards' indexes)
 
         def store_requests(pid: int) -> int:
             with only(pid, [w0, w1]):  # (answered by the running worker)
