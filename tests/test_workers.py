@@ -603,11 +603,12 @@ def test_a_write_through_one_worker_is_read_at_once_through_another(mount, src):
     w0, w1 = workers(mnt, 2)
     new, untouched = (mnt / "a" / "0.0").read_bytes(), (mnt / "b" / "1.2").read_bytes()
     assert new != (mnt / "a" / "1.2").read_bytes()
-    with only(w0, [w0, w1]):
-        (mnt / "a" / "1.2").write_bytes(new)  # acknowledged by the owner: pending, not folded yet
-    assert through_the_other(mnt, w0, lambda: (mnt / "a" / "1.2").read_bytes()) == new
-    with open(mnt / "a" / "1.2", "rb") as f:  # a handle the owner opened is read through the other worker
-        assert through_the_other(mnt, w0, f.read) == new
+    with shard_locks(src / "a" / "c" / "0" / "0"):  # (pending until the end of the block: no fold)
+        with only(w0, [w0, w1]):
+            (mnt / "a" / "1.2").write_bytes(new)  # acknowledged by the owner: pending
+        assert through_the_other(mnt, w0, lambda: (mnt / "a" / "1.2").read_bytes()) == new
+        with open(mnt / "a" / "1.2", "rb") as f:  # a handle the owner opened is read through the other worker
+            assert through_the_other(mnt, w0, f.read) == new
     with only(w1, [w0, w1]):  # an array nothing was written to is read without the owner
         assert (mnt / "b" / "1.2").read_bytes() == untouched
         assert status(mnt)["workers"][1]["this"]
