@@ -704,6 +704,9 @@ def test_a_dead_zygote_costs_a_fresh_start_once_then_a_new_zygote_forks(mount, s
     assert chunk(mnt, "1.1") == (mnt / "b" / "1.1").read_bytes()
     fresh = kill_worker(m, mnt, 120)  # (a fresh interpreter's imports: seconds on a loaded machine)
     assert b"--worker" in Path(f"/proc/{fresh}/cmdline").read_bytes().split(b"\0")
+    # it imported zarr-python before it went live, as a zygote does (no request needed it yet)
+    maps = Path(f"/proc/{fresh}/maps").read_text().splitlines()
+    assert "numcodecs" in {Path(line.split()[-1]).parent.name for line in maps if line.endswith(".so")}
     assert "no worker from the zygote" in m.log_text()
     wait_for(lambda: len(zygotes(m)) == 1 and zygote_of(m) != old, 60, "a new zygote")
     forked = kill_worker(m, mnt, 120)

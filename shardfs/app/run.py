@@ -266,11 +266,9 @@ def preload(source: Source) -> None:
     import pyfuse3  # noqa: F401
     import trio  # noqa: F401
 
-    from shardfs.app import compose, status, supervisor  # noqa: F401
+    from shardfs.app import compose, status, supervisor  # noqa: F401  (compose: zarr-python too)
     from shardfs.kernel import fuseloop  # noqa: F401
-    from shardfs.tree.hierarchy import v2
 
-    v2()
     source.kind.imports()  # its storage modules (s3: the credential chain; each worker resolves it)
 
 
@@ -365,18 +363,17 @@ def _mount_and_serve(args: argparse.Namespace, mnt: str, opts: options.Parsed, c
     """Mount ``mount`` (built by ``compose``) and serve it until unmounted or signalled; 1 if the
     mount failed (reported).
 
-    zarr-python (``shardfs.tree.hierarchy.v2``: 0.15-0.3 s of CPU, more once its files have left the
-    page cache) is imported before the mount goes live: the first lookup of any node needs
-    it, and a client reading right after ``shardfs mount`` returned would wait for it
-    (measured: 0.36 s of a cold ``cat`` of 3072 chunk files; the mount takes 0.1 s longer)."""
+    zarr-python (0.15-0.3 s of CPU, more once its files have left the page cache) was imported
+    with the layers ``mount`` is built of (``shardfs.tree.commits`` imports ``shardfs.format.v2``),
+    before the mount goes live: the first lookup of any node needs it, and a client reading right
+    after ``shardfs mount`` returned would wait for it (measured: 0.36 s of a cold ``cat`` of 3072
+    chunk files; the mount takes 0.1 s longer)."""
     import pyfuse3
     import trio
 
     from shardfs.app.status import Status
-    from shardfs.tree.hierarchy import v2
 
     source, read_only = mount.source, mount.ops.read_only
-    v2()  # before going live (see above)
     shown = {**opts.own, **{o.partition("=")[0]: o.partition("=")[2] for o in opts.fuse}}
     status = Status(mount.counters(), mnt, source.name, source.endpoint, read_only, shown,
                     state.status_socket(source.name, source.endpoint, os.getpid()),

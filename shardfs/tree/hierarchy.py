@@ -32,9 +32,8 @@ log = logging.getLogger("shardfs")
 
 
 def v2() -> Any:
-    """``shardfs.format.v2``, imported on first use: it brings in zarr (a quarter of a second), which
-    nothing needs before the first metadata is read. The daemon (``cli``) imports it before
-    it goes live."""
+    """``shardfs.format.v2`` (zarr-python: a quarter of a second to import), imported here on
+    first use; a daemon has imported it before it goes live (``shardfs.app.run._mount_and_serve``)."""
     from shardfs.format import v2 as module
 
     return module
