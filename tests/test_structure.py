@@ -440,16 +440,18 @@ def test_a_zarray_rewrite_resizes_and_drops_chunks_past_the_edge_in_process(tmp_
     assert_clean(src)
 
 
-def test_resize_after_resize_drops_the_kernels_chunk_entries_of_every_layout(tmp_path, mount, source):
+@pytest.mark.parametrize("workers", [1, 2], ids=["one_worker", "two_workers"])
+def test_resize_after_resize_drops_the_kernels_chunk_entries_of_every_layout(tmp_path, mount, source, workers):
     """The kernel keeps a chunk file's dentry and attributes (the entry and attribute timeouts)
     across resizes, each of which gives the array a new layout (and chunk inodes): a shrink
     that empties the chunk must drop those of the older layouts too, else zarr 2.18's resize,
     which removes every chunk it still sees outside the new shape, fails with ENOENT (the
     soak's scratch arrays did), and ``stat`` shows a file that ``open`` says is not there.
-    Four arrays: on the old code at least one failed in each of 4 runs (timing: the fold)."""
+    Four arrays: on the old code at least one failed in each of 4 runs (timing: the fold). With
+    2 workers the layouts' slots are given under the shared ledger's lock (``Hierarchy``)."""
     build(tmp_path / "src", [RAW])
     src = source(tmp_path / "src")
-    mnt = src.mount(mount)
+    mnt = src.mount(mount, "-o", f"workers={workers}")
     res = zarr2("""
         import itertools, os
 
