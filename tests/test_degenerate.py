@@ -202,6 +202,10 @@ def test_degenerate_shapes_are_written_folded_and_read_as_zarr3_reads_them(case,
             bigger[tuple(slice(s, None) for s in zarray["shape"])] = 1
             _write(fs, "a", _chunk_files(grown, bigger))
             (fs / "a" / ".zarray").write_text(json.dumps(zarray))  # back to the first shape (zero: nothing)
+        else:  # a 0-d array's one chunk is "0" whatever its separator: the other one changes nothing
+            other = "." if zarray["dimension_separator"] == "/" else "/"
+            (fs / "a" / ".zarray").write_text(json.dumps(dict(zarray, dimension_separator=other)))
+            assert (fs / "a" / "0").read_bytes() == files["0"]
     native = zarr.open_array(str(root / "a"), mode="r")[...]
     assert native.shape == tuple(zarray["shape"])
     np.testing.assert_array_equal(native, data)

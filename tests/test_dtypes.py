@@ -348,6 +348,28 @@ def test_null_fill_value_survives_a_remount(tmp_path):
     np.testing.assert_array_equal(got, want)  # every in-bounds chunk served: no uninitialised memory
 
 
+def test_a_null_fill_array_of_nested_keys_resolves_every_key_directory_it_lists(tmp_path):
+    """In-process (``tests/inproc.py``): a ``fill_value`` null array serves every chunk in bounds,
+    so with ``dimension_separator`` "/" it lists every key directory (zarr 2.18's
+    ``NestedDirectoryStore`` walks them): each resolves, never made by a writer, and the chunk
+    files under it are the v3 fill's."""
+    import zarr
+
+    src = tmp_path / "src"
+    zarr.open_group(str(src), mode="w", zarr_format=3)
+    with InProcess(src, read_only=False) as fs:
+        (fs / "n").mkdir()
+        (fs / "n" / ".zarray").write_text(json.dumps(
+            {"chunks": [2, 2], "compressor": None, "dtype": "<u2", "fill_value": None, "filters": None,
+             "order": "C", "shape": [4, 4], "zarr_format": 2, "dimension_separator": "/"}))
+        assert (fs / "n" / "0").stat().st_mode & 0o170000 == 0o040000  # (a directory already: no mkdir)
+        (fs / "n" / "0" / "0").write_bytes(np.array([[0, 1], [2, 0]], "<u2").tobytes())
+    with InProcess(src) as fs:
+        assert sorted((fs / "n").iterdir()) == [".zarray", ".zattrs", "0", "1"]
+        assert (fs / "n" / "1").iterdir() == ["0", "1"]  # (a key directory no writer made)
+        assert (fs / "n" / "1" / "1").read_bytes() == bytes(8)
+
+
 def test_unknown_data_type_is_hidden_with_its_reason(tmp_path, caplog):
     """In-process (``tests/inproc.py``); ``inspect`` of the source."""
     src = tmp_path / "src"
