@@ -5,10 +5,9 @@ bytes: a write through the owner, a change of the source, files of two versions 
 
 Which worker gets a request is the kernel's choice; a test makes it one worker's by stopping the
 other (``test_workers.only``: SIGSTOP, SIGCONT in a ``finally``). The page-fill tests of one
-worker (tests/test_page_fill.py) run here again with two, but for the two about inodes the
-kernel evicted (with N workers a FORGET says nothing of the kernel's pages: such an inode is
-kept, and read through READ requests, at its next open; doc/SEMANTICS.md "Workers"), and one
-whose timing two workers change (run here in a form of its own).
+worker (tests/test_page_fill.py) run here again with two (those about inodes the kernel evicted
+too: the mount's count of the kernel's lookups, ``SharedInodes.kernel_forgot``), but one whose
+timing two workers change (run here in a form of its own).
 """
 
 from __future__ import annotations
@@ -34,9 +33,7 @@ pytestmark = pytest.mark.skipif(
     "workers" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
     reason="needs the pyfuse3 scripts/pyfuse3 builds (non-blocking reads of clones)")
 
-SKIPPED = {"test_a_file_the_kernel_evicted_is_filled_again_at_its_next_open",
-           "test_a_chunk_folded_after_the_kernel_evicted_it_is_filled_at_its_next_open",
-           "test_no_fill_of_a_file_opened_for_writing_before"}  # (its timing: ``test_a_file_written_...`` below)
+SKIPPED = {"test_no_fill_of_a_file_opened_for_writing_before"}  # (its timing: ``test_a_file_written_...`` below)
 # every page-fill test of one worker runs here too, but those named in SKIPPED (see the docstring)
 RUN = {name for name in dir(one) if name.startswith("test_")} - SKIPPED
 for _name in sorted(RUN):  # (one order in every xdist worker)

@@ -186,7 +186,8 @@ class PeerServer:
                 raise pyfuse3.FUSEError(errno.ENOSYS)
             if begun and self.resent_at is not None and op != "forget" and begun[0] < self.resent_at:
                 raise pyfuse3.FUSEError(MOVED)  # the kernel sends it again
-            reply: Any = (ident, True, encode(await getattr(self.ops, op)(*decode(args))))
+            handler = getattr(self.ops, "forwarded_forget" if op == "forget" else op)  # (the kernel's: ``forget``)
+            reply: Any = (ident, True, encode(await handler(*decode(args))))
         except pyfuse3.FUSEError as e:
             reply = (ident, False, e.errno)
         except Exception:  # (the handlers are guarded: a bug in decoding)

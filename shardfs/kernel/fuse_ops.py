@@ -367,6 +367,17 @@ class Operations(pyfuse3.Operations):
         return self.structure
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        """The kernel's FORGET: its count of lookups of each inode, then ``forwarded_forget``."""
+        try:
+            self._kernel.kernel_forgot(inode_list)
+        except Exception as e:  # noqa: BLE001 - FORGET has no reply: a bug is recorded, never raised
+            self.faults.record("forget", e)
+        await self.forwarded_forget(inode_list)
+
+    async def forwarded_forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        """Lookups the kernel forgot: what this worker counted of them, and on a writable mount
+        the owner's share (``Route.forget``); what another worker sends of a FORGET it got
+        (``shardfs.kernel.forward``: the kernel's count was kept there)."""
         try:
             if self.route is not None:  # N workers: what this one forgets (``Route.forget``)
                 inode_list = self.route.forget(inode_list, self._kernel.lookups)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from typing import Callable
+from typing import Callable, Sequence
 
 from shardfs.base.attrs import Attr
 
@@ -110,6 +110,11 @@ class KernelInodes:
             return False
         self._cached.pop(ino, None)
         return True
+
+    def kernel_forgot(self, forgets: Sequence[tuple[int, int]]) -> None:
+        """A FORGET as the kernel sent it, to this worker (``forget`` follows for the lookups this
+        worker counted): with N workers, the mount's count of each inode's lookups
+        (``SharedInodes``); one worker's is ``forget``'s alone."""
 
     def lookups(self, ino: int) -> int:
         """How many lookups of ``ino`` the kernel holds from this process's replies."""

@@ -10,7 +10,9 @@ open file of each worker's own (``/proc/self/fd``: a lock dies with its holder, 
 
 Layout: a header (``HEADER`` bytes: magic, capacity, the slot being written, pins in all), then
 ``capacity`` entries of ``ENTRY`` bytes, open addressing keyed by inode (a chunk's consecutive
-inodes land in consecutive entries: a few pages of memory for thousands of chunk files). An
+inodes land in consecutive entries: a few pages of memory for thousands of chunk files): an
+``Entry``, then (at ``LOOKUPS``) the lookups the kernel holds of the inode from every worker's
+replies (``shardfs.kernel.sharedpages.SharedInodes.kernel_forgot``). An
 entry is never removed (it is the memory of pages the kernel may still hold); an inode that finds
 no entry within ``PROBES`` of its home is ``None`` to the callers, which then answer as if the
 kernel held pages of another version (no keep, no fill, direct I/O: always correct).
@@ -30,10 +32,10 @@ from typing import NamedTuple
 
 from shardfs.base import memtables
 
-MAGIC = 0x53504731  # "SPG1"
+MAGIC = 0x53504732  # "SPG2" (SPG1: entries of 64 bytes, no lookups; a worker of either refuses the other's table)
 HEADER = 64
-ENTRY = 64
-CAPACITY = 1 << 20  # entries (64 MiB of address space; memory only for the pages touched)
+ENTRY = 128
+CAPACITY = 1 << 20  # entries (128 MiB of address space; memory only for the pages touched)
 PROBES = 64  # entries looked at from an inode's home before it counts as absent
 OFFSETS = 1 << 16  # entries a worker remembers the place of (``find``)
 _HEAD = struct.Struct("<IIQQ")  # magic, capacity, dirty (offset of the entry being written, 0: none), pins
@@ -46,6 +48,7 @@ _VERSION = struct.Struct("<IIQq")  # state, mark, size, mtime
 _READERS = struct.Struct("<QqI")  # rsize, rmtime, readers
 # offsets of an entry's fields (``Entry``): one aligned word is written whole, never torn
 STATE, MARK, SIZE, RSIZE, READERS, PINS, GEN, CHANGES = 8, 12, 16, 32, 48, 52, 56, 60
+LOOKUPS = 64  # (after the ``Entry``: a new entry's is 0, as the memfd's bytes start)
 
 # ``Entry.state``: what the kernel's pages of the inode may hold
 NONE = 0  # nothing, ever

@@ -13,8 +13,13 @@ what changes with N workers:
   (``dropped``) makes the pages that version's only while no file of another version reads
   through the cache: its READs may land in the pages after the drop (a READ is answered by
   one worker while another drops; one worker's loop never interleaves them).
-- A FORGET says nothing about the kernel's pages here (this worker's lookups are not the
-  kernel's): an inode evicted by the kernel is kept, not filled, at its next open.
+- The kernel's lookups of an inode are counted in the table, from every worker's replies
+  (``looked_up``): a FORGET (whichever worker it reaches) that takes that count to 0 is the
+  kernel's eviction of the inode, with its pages (``kernel_forgot``), so its next open fills
+  them, as with one worker. A count that lost no lookup is never too low (a worker counts
+  before it replies, and the table outlives every worker), so a FORGET that leaves more is no
+  eviction: a lookup answered since already made the kernel a new inode, whose pages the table
+  tracks from its opens on (it is then kept, not filled).
 - A worker that dies leaves its files counted: another version's open of those inodes gets
   direct I/O until the mount ends (never wrong bytes; the kernel re-sends nothing of them).
 """
@@ -22,7 +27,7 @@ what changes with N workers:
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from typing import Callable, Sequence
 
 from shardfs.base.attrs import Attr
 from shardfs.kernel import pagetable as pt
@@ -43,6 +48,28 @@ class SharedInodes(KernelInodes):
 
     def locked(self) -> contextlib.AbstractContextManager[None]:
         return self.table  # (``PageTable.locked``)
+
+    def looked_up(self, ino: int) -> None:
+        super().looked_up(ino)
+        t = self.table
+        with t:
+            off = t.find(ino, insert=True)
+            if off >= 0:
+                t.set_word(off, pt.LOOKUPS, t.word(off, pt.LOOKUPS) + 1)
+
+    def kernel_forgot(self, forgets: Sequence[tuple[int, int]]) -> None:
+        """Each inode whose count of lookups the FORGET takes to 0 holds no pages (module
+        docstring); the table's entry of a torn write stays poisoned."""
+        t = self.table
+        with t:
+            for ino, n in forgets:
+                off = t.find(ino)
+                if off < 0:
+                    continue
+                held = t.word(off, pt.LOOKUPS)
+                t.set_word(off, pt.LOOKUPS, max(0, held - n))
+                if held == n and t.word(off, pt.STATE) != pt.POISONED:
+                    t.set_version(off, pt.NONE, t.word(off, pt.MARK), 0, 0)
 
     def pages(self, attr: Attr) -> Pages:
         """(Without the lock: what it answers only chooses whether to read the content for a fill
@@ -132,8 +159,11 @@ class SharedInodes(KernelInodes):
             self._changed(self.table.find(ino, insert=True))
 
     def invalidated(self, ino: int) -> None:
-        with self.table:
-            self._changed(self.table.find(ino))  # (an inode never opened has no pages)
+        t = self.table
+        with t:
+            off = t.find(ino)  # (an inode never opened has no pages; nor one the kernel evicted)
+            if off >= 0 and t.word(off, pt.LOOKUPS):
+                self._changed(off)
 
     def _changed(self, off: int) -> None:
         t = self.table
