@@ -34,6 +34,7 @@ def worker(fd: int) -> tuple[SharedInodes, SharedPins]:
 
 def test_one_worker_keeps_fills_and_drops_as_the_one_worker_classes(fd):
     k, _ = worker(fd)
+    k.looked_up(V1.ino)  # (the kernel opens what it looked up)
     assert k.pages(V1) is Pages.NONE
     assert k.opened(V1) is Pages.NONE
     assert k.opened(V1) is Pages.SAME
@@ -56,6 +57,7 @@ def test_one_worker_keeps_fills_and_drops_as_the_one_worker_classes(fd):
 
 def test_what_one_worker_records_the_other_sees(fd):
     (a, _), (b, _) = worker(fd), worker(fd)
+    a.looked_up(V1.ino)
     assert a.opened(V1) is Pages.NONE  # a fills the pages with V1
     assert b.pages(V1) is Pages.SAME and b.opened(V1) is Pages.SAME, "b keeps them"
     assert b.opened(V2) is Pages.OTHER, "and drops them for another version"
@@ -68,6 +70,27 @@ def test_what_one_worker_records_the_other_sees(fd):
     a.changed(V2.ino)  # a file opened for writing in a
     assert b.opened(V2) is Pages.OTHER
     assert b.pages(V2._replace(ino=V1.ino + 1)) is Pages.NONE, "another inode: nothing known"
+
+
+def test_a_forget_taking_every_workers_lookups_is_an_eviction_whichever_worker_it_reaches(fd):
+    """The kernel's lookups are counted from both workers' replies: a FORGET of all of them,
+    given to either, says the kernel evicted the inode with its pages (the next open fills
+    them); one that leaves some (a lookup answered since) says nothing; an invalidation of an
+    evicted inode marks nothing (it has no pages)."""
+    (a, _), (b, _) = worker(fd), worker(fd)
+    a.looked_up(V1.ino)
+    b.looked_up(V1.ino)
+    assert a.opened(V1) is Pages.NONE
+    b.kernel_forgot([(V1.ino, 1)])  # (not all: the kernel still holds the other)
+    assert b.opened(V1) is Pages.SAME
+    b.kernel_forgot([(V1.ino, 1)])
+    assert a.pages(V1) is Pages.NONE and b.pages(V2) is Pages.NONE
+    b.invalidated(V1.ino)  # a fold after the eviction: nothing cached to mark
+    a.looked_up(V1.ino)
+    assert a.opened(V2) is Pages.NONE
+    a.looked_up(V1.ino)
+    b.kernel_forgot([(V1.ino, 1)])  # the eviction's FORGET served after a lookup of the new inode
+    assert a.opened(V2) is Pages.SAME, "kept: the new inode's pages are V2's, from its open"
 
 
 def test_files_of_two_versions_open_at_once_read_the_second_directly(fd):
