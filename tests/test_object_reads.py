@@ -471,15 +471,16 @@ def test_a_sweep_in_c_order_has_the_next_layer_of_shards_fetched_in_turn_before_
     assert running[1] == at_once
 
 
-@pytest.mark.parametrize("count", [1, 2])
-def test_a_walk_fetches_at_most_prefetch_max_shards_ahead_however_wide_a_plane(objects_env, tmp_path, count):
+@pytest.mark.parametrize("count, slot", [(1, 0), (2, 0), (2, 1)])
+def test_a_walk_fetches_at_most_prefetch_max_shards_ahead_however_wide_a_plane(objects_env, tmp_path, count, slot):
     """A 2x40-shard array (shards of 1x4 chunks): a plane of chunks crosses 40 shards, more
     than ``PREFETCH_MAX``. A sweep of shard 0's chunks, then the first chunk of the next shard
-    homed at the same worker (a walk: ``_walk_on``), fetches that shard and the shards after it,
+    homed at the worker (a walk: ``_walk_on``), fetches that shard and the shards after it,
     up to the ``PREFETCH_MAX``-th after shard 0, each whole in one GET, and no other: a sweep
     of a small region fetches no more for nothing. Of ``count`` workers (``Prefetch.share``),
-    worker 0 fetches those homed at it among them (every ``count``-th), so the workers together
-    fetch ahead what one worker would, not ``count`` times as many."""
+    worker ``slot`` fetches those homed at it among them (every ``count``-th), so the workers
+    together fetch ahead what one worker would, not ``count`` times as many; worker 1 walks on
+    from a sweep of shard 0, homed at worker 0 (served where every worker finds it)."""
     from shardfs.reads import prefetch
 
     root = tmp_path / "src"
@@ -490,12 +491,12 @@ def test_a_walk_fetches_at_most_prefetch_max_shards_ahead_however_wide_a_plane(o
     upload(root, st)
     st.close()
     keys = [f"w/c/{i}/{j}" for i in range(2) for j in range(40)]
-    names = [f"0.{j}" for j in range(4)] + [f"0.{4 * count}"]
+    names = [f"0.{j}" for j in range(4)] + [f"0.{4 * (count if slot == 0 else slot)}"]
     with DelayProxy(("127.0.0.1", objects_env.ports["s3.port"]), delay=0, record=True) as proxy:
         st = ObjectStorage(f"s3://{objects_env.bucket}/{prefix}", endpoint=f"http://127.0.0.1:{proxy.port}",
                            stat_ttl=60)
         view = compose_tree(st)
-        view.prefetch.share(0, count)
+        view.prefetch.share(slot, count)
 
         async def sweep() -> list[bytes]:
             got = [await chunk_bytes(view, name, None, "w") for name in names]
@@ -509,7 +510,7 @@ def test_a_walk_fetches_at_most_prefetch_max_shards_ahead_however_wide_a_plane(o
     local = compose_tree(LocalStorage(str(root)))
     assert got == [trio.run(chunk_bytes, local, name, None, "w") for name in names]
     fetched = [key for key in keys if any(r.path == f"/{objects_env.bucket}/{prefix}/{key}" for r in proxy.log)]
-    assert fetched == keys[:1 + prefetch.PREFETCH_MAX:count]
+    assert fetched == keys[:1] + keys[slot or count:1 + prefetch.PREFETCH_MAX:count]
     for key in fetched[1:]:
         assert [(r.method, r.headers.get("range")) for r in proxy.log
                 if r.path == f"/{objects_env.bucket}/{prefix}/{key}"] == [("GET", None)], key

@@ -78,11 +78,17 @@ class Prefetch:
         self._slot, self._count = 0, 1  # this worker's slot of those serving the mount (``share``)
 
     def share(self, slot: int, count: int) -> None:
-        """This read-ahead is worker ``slot``'s of ``count`` serving a remote source: it follows
-        the opens of the shards homed here alone (``home_of``; this worker serves others' too,
-        those kept where every worker finds them: ``shardfs.kernel.homes``), so a sweep comes to
-        a shard from the one ``count`` before it, and only those shards are fetched ahead."""
+        """This read-ahead is worker ``slot``'s of ``count`` serving a remote source: only the
+        shards homed here are fetched ahead (``home_of``), after a sweep seen in the opens this
+        worker serves, of every shard (those of others' shards too: those kept where every
+        worker finds them, ``shardfs.kernel.homes``). The kernel gives each worker some of a
+        sweep's opens, so the shard opened here before this one may be up to ``count`` before it."""
         self._slot, self._count = slot, count
+
+    def _comes_from(self, last: int, at: int) -> bool:
+        """Whether a sweep that opened the shard at ``last`` here came on to the one at ``at``
+        (C order: the one just before it; of N workers, one of the ``count`` before it)."""
+        return at - self._count <= last < at
 
     def _mine(self, at: int) -> bool:
         return home_of(at, self._count) == self._slot
@@ -95,7 +101,7 @@ class Prefetch:
         """A chunk of ``arr`` at ``ext`` was opened: when the client sweeps its shard
         (``ReadAhead.swept``: 3 of its chunks among the last opens, so a client reading two
         chunks of each of a few shards is no walk) and came to it from the shard just before it
-        in C order of the shard grid
+        in C order of the shard grid (of N workers, one of the ``count`` before it: ``share``)
         (the order a sweep of the chunk grid in C order reaches shards, also when its rows cross
         several), it walks the array: fetch the shards after it ahead (``_prefetch_after``),
         once per visit of the shard until all of them were (a sweep whose rows cross several
@@ -103,13 +109,11 @@ class Prefetch:
         The shard last opened is remembered for ``walk_on``."""
         layout = arr.shown.layout
         at = c_linear(layout.locate(coords)[0], layout.shard_grid)
-        if not self._mine(at):
-            return
         last = self._last_shard.get(arr.path)
         if last is None or last.at != at:
             if len(self._last_shard) >= SHARD_KEYS_KEPT:
                 self._last_shard.clear()
-            last = self._last_shard[arr.path] = _Visit(at, last is not None and last.at == at - self._count, False,
+            last = self._last_shard[arr.path] = _Visit(at, last is not None and self._comes_from(last.at, at), False,
                                                        ext)
         if last.from_before and not last.asked and at not in arr.covered and self.reads.ahead.swept(ext):
             self._last_shard[arr.path] = _Visit(at, True, True, ext)
@@ -125,13 +129,13 @@ class Prefetch:
         then the rest of it, and only then the shards after it."""
         last = self._last_shard[arr.path]
         at = c_linear(shard, arr.shown.layout.shard_grid)
-        if not self._mine(at) or last.at != at - self._count or not self._cold(self.indexes.shard_key(arr, shard)) \
-                or not self.reads.ahead.swept(last.ext):
+        if not self._mine(at) or not self._comes_from(last.at, at) \
+                or not self._cold(self.indexes.shard_key(arr, shard)) or not self.reads.ahead.swept(last.ext):
             return
         # a shard read before and evicted since: what ``arr.covered`` says was fetched ahead
         # of the sweep may be gone too (a sweep again of an array larger than the cache)
         arr.covered.clear()
-        self._prefetch_after(arr, at - self._count, last.ext.version.size)
+        self._prefetch_after(arr, last.at, last.ext.version.size)
 
     def _cold(self, key: str) -> bool:
         """Whether fetching the shard at ``key`` whole ahead saves its opens a request: it is
