@@ -98,6 +98,30 @@ def test_a_file_the_kernel_evicted_is_filled_again_at_its_next_open(src, mount):
         os.close(fd)
 
 
+def test_a_file_listed_read_and_evicted_is_filled_again_at_its_next_open(src, mount):
+    """A listing (READDIRPLUS: the kernel holds an entry of each file, and opens one without a
+    LOOKUP), a file read, page caches dropped: the next open fills its pages. Also with two
+    workers (tests/test_workers_pages.py), where the listing's entries must be counted as the
+    kernel's lookups for its FORGET to tell the eviction (``SharedInodes.kernel_forgot``)."""
+    root, data = src
+    mnt = mount(root, "-o", "workers=1")
+    path = mnt / "x" / "1.0"
+    for _ in range(2):
+        assert "1.0" in os.listdir(mnt / "x")
+        assert path.read_bytes() == data[64:, :64].tobytes()
+        os.sync()
+        for _ in range(3):  # (a dentry looked at since the last pass is kept one pass more)
+            Path("/proc/sys/vm/drop_caches").write_text("3")
+        time.sleep(0.5)  # (N workers: the FORGET served before the next LOOKUP, which another may serve)
+    assert "1.0" in os.listdir(mnt / "x")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert resident(fd, FILE) == PAGES
+        assert os.pread(fd, FILE + 1, 0) == data[64:, :64].tobytes()
+    finally:
+        os.close(fd)
+
+
 def test_a_chunk_folded_after_the_kernel_evicted_it_is_filled_at_its_next_open(src, mount):
     """A chunk written through the mount, then evicted by the kernel (page caches dropped) before
     its shard is folded: the fold has no pages to drop in the kernel, and the next open fills

@@ -49,10 +49,17 @@ class Directories:
         return self._handles.add(DirHandle(inode, DirStream(self.listing, inode)))
 
     async def reply(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        """READDIR: entries from offset ``start_id`` on, until the kernel's buffer is full."""
+        """READDIR: entries from offset ``start_id`` on, until the kernel's buffer is full; each
+        a lookup the kernel holds once it takes the reply (counted before it is sent)."""
         stream = await self._listing_of(fh, start_id)
+        taken: list[int] = []
+        await self._fill(stream, start_id, token, taken)
+        self._kernel.looked_up_all(taken)
+
+    async def _fill(self, stream: DirStream, offset: int, token: pyfuse3.ReaddirToken, taken: list[int]) -> None:
+        """Add the entries from ``offset`` on to the reply until the kernel's buffer is full,
+        their inodes to ``taken``."""
         e = None
-        offset = start_id
         while True:
             page, i = await stream.at(offset)
             if not page:
@@ -64,14 +71,13 @@ class Directories:
                 e = self._entry(attr, e)
                 if not pyfuse3.readdir_reply(token, os.fsencode(name), e, offset + 1):
                     return
-                self._kernel.looked_up(attr.ino)
+                taken.append(attr.ino)
                 offset += 1
 
     def counted(self, inodes: list[int]) -> None:
         """The kernel took these entries this worker listed for another (a READDIR it forwarded):
         one lookup each, counted here as a forwarded LOOKUP's is."""
-        for ino in inodes:
-            self._kernel.looked_up(ino)
+        self._kernel.looked_up_all(inodes)
 
     async def entries(self, fh: int, start_id: int, limit: int) -> list[tuple[bytes, Any]]:
         """Up to ``limit`` entries of directory handle ``fh`` from offset ``start_id`` (0: afresh),

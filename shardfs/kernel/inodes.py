@@ -103,6 +103,11 @@ class KernelInodes:
         """The kernel got an entry for ``ino`` (lookup, create, link, readdirplus): one more lookup."""
         self._lookups.add(ino)
 
+    def looked_up_all(self, inos: Sequence[int]) -> None:
+        """``looked_up`` of each of ``inos`` (a READDIR's entries)."""
+        for ino in inos:
+            self._lookups.add(ino)
+
     def forget(self, ino: int, n: int) -> bool:
         """The kernel dropped ``n`` lookups of ``ino``; True if it holds none any more: then it
         evicted the inode with its pages, so the next open finds none (``Pages.NONE``)."""

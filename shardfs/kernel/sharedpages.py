@@ -50,12 +50,17 @@ class SharedInodes(KernelInodes):
         return self.table  # (``PageTable.locked``)
 
     def looked_up(self, ino: int) -> None:
-        super().looked_up(ino)
+        self.looked_up_all((ino,))
+
+    def looked_up_all(self, inos: Sequence[int]) -> None:
+        """(All under one hold of the table's lock: a READDIR's entries.)"""
+        super().looked_up_all(inos)
         t = self.table
         with t:
-            off = t.find(ino, insert=True)
-            if off >= 0:
-                t.set_word(off, pt.LOOKUPS, t.word(off, pt.LOOKUPS) + 1)
+            for ino in inos:
+                off = t.find(ino, insert=True)
+                if off >= 0:
+                    t.set_word(off, pt.LOOKUPS, t.word(off, pt.LOOKUPS) + 1)
 
     def kernel_forgot(self, forgets: Sequence[tuple[int, int]]) -> None:
         """Each inode whose count of lookups the FORGET takes to 0 holds no pages (module
