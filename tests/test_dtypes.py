@@ -318,6 +318,11 @@ def test_nan_stays_the_fill_of_float_arrays_with_dimension_names(tmp_path):
                                     xr.open_zarr(src, zarr_format=3, consolidated=False).load())
 
 
+# a 4x4 <u2 array of 2x2 chunks, fill_value null, as zarr 2.18 writes its .zarray (no dimension_separator)
+NULL_FILL_ZARRAY = {"chunks": [2, 2], "compressor": None, "dtype": "<u2", "fill_value": None, "filters": None,
+                    "order": "C", "shape": [4, 4], "zarr_format": 2}
+
+
 def test_null_fill_value_survives_a_remount(tmp_path):
     """In-process (``tests/inproc.py``: closing the tree and opening another is the remount); the
     ``.zarray`` as zarr 2.18 writes it (no ``dimension_separator``); zarr 2.18 reads a copy of the
@@ -329,9 +334,7 @@ def test_null_fill_value_survives_a_remount(tmp_path):
     zarr.open_group(str(src), mode="w", zarr_format=3)
     with InProcess(src, read_only=False) as fs:
         (fs / "nodata").mkdir()
-        (fs / "nodata" / ".zarray").write_text(json.dumps(
-            {"chunks": [2, 2], "compressor": None, "dtype": "<u2", "fill_value": None, "filters": None,
-             "order": "C", "shape": [4, 4], "zarr_format": 2}))
+        (fs / "nodata" / ".zarray").write_text(json.dumps(NULL_FILL_ZARRAY))
         (fs / "nodata" / "0.0").write_bytes(np.array([[0, 1], [2, 0]], "<u2").tobytes())
     with InProcess(src) as fs:
         assert json.loads((fs / "nodata" / ".zarray").read_text())["fill_value"] is None
@@ -359,9 +362,7 @@ def test_a_null_fill_array_of_nested_keys_resolves_every_key_directory_it_lists(
     zarr.open_group(str(src), mode="w", zarr_format=3)
     with InProcess(src, read_only=False) as fs:
         (fs / "n").mkdir()
-        (fs / "n" / ".zarray").write_text(json.dumps(
-            {"chunks": [2, 2], "compressor": None, "dtype": "<u2", "fill_value": None, "filters": None,
-             "order": "C", "shape": [4, 4], "zarr_format": 2, "dimension_separator": "/"}))
+        (fs / "n" / ".zarray").write_text(json.dumps(dict(NULL_FILL_ZARRAY, dimension_separator="/")))
         assert (fs / "n" / "0").stat().st_mode & 0o170000 == 0o040000  # (a directory already: no mkdir)
         (fs / "n" / "0" / "0").write_bytes(np.array([[0, 1], [2, 0]], "<u2").tobytes())
     with InProcess(src) as fs:

@@ -79,6 +79,16 @@ def test_first_open_fills_the_page_cache(src, mount):
         os.close(fd)
 
 
+def assert_filled_at_open(path: Path, want: bytes) -> None:
+    """``path``, opened, has its ``FILE`` bytes in the page cache before any read, and reads ``want``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert resident(fd, FILE) == PAGES
+        assert os.pread(fd, FILE + 1, 0) == want
+    finally:
+        os.close(fd)
+
+
 def test_a_file_the_kernel_evicted_is_filled_again_at_its_next_open(src, mount):
     """Page caches dropped after a read: the kernel evicts the inode with its pages and forgets
     it, so the next open fills the pages again (no READ request per read, as the first time).
@@ -90,12 +100,7 @@ def test_a_file_the_kernel_evicted_is_filled_again_at_its_next_open(src, mount):
     os.sync()
     Path("/proc/sys/vm/drop_caches").write_text("3")
     time.sleep(0.5)  # (N workers: the FORGET served before the next LOOKUP, which another may serve)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        assert resident(fd, FILE) == PAGES
-        assert os.pread(fd, FILE + 1, 0) == data[64:, :64].tobytes()
-    finally:
-        os.close(fd)
+    assert_filled_at_open(path, data[64:, :64].tobytes())
 
 
 def test_a_file_listed_read_and_evicted_is_filled_again_at_its_next_open(src, mount):
@@ -114,12 +119,7 @@ def test_a_file_listed_read_and_evicted_is_filled_again_at_its_next_open(src, mo
             Path("/proc/sys/vm/drop_caches").write_text("3")
         time.sleep(0.5)  # (N workers: the FORGET served before the next LOOKUP, which another may serve)
     assert "1.0" in os.listdir(mnt / "x")
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        assert resident(fd, FILE) == PAGES
-        assert os.pread(fd, FILE + 1, 0) == data[64:, :64].tobytes()
-    finally:
-        os.close(fd)
+    assert_filled_at_open(path, data[64:, :64].tobytes())
 
 
 def test_a_chunk_folded_after_the_kernel_evicted_it_is_filled_at_its_next_open(src, mount):
@@ -139,12 +139,7 @@ def test_a_chunk_folded_after_the_kernel_evicted_it_is_filled_at_its_next_open(s
     while shard.stat().st_ino == before:
         assert time.monotonic() < deadline, "the written chunk was not folded within 10 s"
         time.sleep(0.05)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        assert resident(fd, FILE) == PAGES
-        assert os.pread(fd, FILE + 1, 0) == new
-    finally:
-        os.close(fd)
+    assert_filled_at_open(path, new)
 
 
 def test_no_fill_of_a_file_opened_for_writing_before(src, mount):
