@@ -1269,6 +1269,33 @@ def test_shards_kept_for_every_worker_and_replaced_in_the_store_are_read_anew(mo
     assert all(w["requests"] > 0 for w in status(mnt)["workers"])
 
 
+def test_shards_the_kernel_refuses_to_keep_for_every_worker_are_kept_by_their_home(mount, s3, tmp_path, request):
+    """Read-only, ``s3://``, two workers, each under a file size limit (``RLIMIT_FSIZE``) that
+    ends 100 bytes into the ring of shards kept for every worker (``shardfs.storage.sharedshards``):
+    the kernel refuses every shard written there (EFBIG, as it would ENOMEM; the first one after a
+    short write of 100 bytes). zarr 2.18 still
+    reads both arrays whole and right, each worker logs the refusal once, and none dies: the
+    home keeps the shards it fetched in its own cache, and the other sends it their chunks."""
+    import resource
+
+    from shardfs.storage import sharedshards
+    from source_kinds import BucketSource, unique_prefix
+
+    bucket = BucketSource(two_arrays(tmp_path / "up"), s3, unique_prefix(request))
+    mnt = bucket.mount(mount, "-o", "ro,workers=2")
+    pids = workers(mnt, 2)
+    ring_starts = sharedshards.HEADER + sharedshards.CAPACITY * sharedshards.ENTRY
+    for pid in pids:
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (ring_starts + 100, ring_starts + 100))
+    zarr2_read_all(mnt)
+    zarr2_read_all(mnt)
+    log = mount.info(mnt).log_text()
+    refused = "the shards fetched whole cannot be kept where every worker finds them (File too large, "
+    assert log.count(refused) == 2, log
+    assert [w["pid"] for w in sorted(status(mnt)["workers"], key=lambda w: w["index"])] == pids
+    assert "EIO" not in log and "internal error" not in log
+
+
 def test_a_chunk_of_another_workers_shard_is_opened_by_its_home_unless_kept_for_every_worker(
         mount, s3, tmp_path, request):
     """Read-only, ``s3://``, two workers. w1 lists ``a``: it reads the indexes of its shards

@@ -25,6 +25,7 @@ memory, which keeps the ranges fetched alone.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import trio
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from shardfs.base.attrs import Attr
     from shardfs.format.shardfile import ShardFormat
 
+log = logging.getLogger("shardfs")
+
 DEFAULT_CACHE_BYTES = ReadConfig.cache_size  # -o cache_size
 
 
@@ -65,6 +68,7 @@ class ObjectReads(Reads):
         self.cache = cache if cache is not None else RangeCache(DEFAULT_CACHE_BYTES)
         self.shared = shared
         self._fetching: dict[tuple[str, Version], trio.Event] = {}  # whole shards being fetched
+        self._refused = False  # the kernel refused to write ``shared`` (logged once)
 
     async def _stored(self, ext: Extent, ahead: bool) -> bytes:
         return bytes(await self._buffer(ext, ahead))
@@ -103,8 +107,18 @@ class ObjectReads(Reads):
 
     def _keep_whole(self, where: str, version: Version, data: Buffer) -> None:
         """Keep all of ``version`` of ``where``, fetched: where every worker finds it, if shared;
-        in this worker's cache if not (and in the disk cache, if there is one)."""
-        held = self.shared is not None and self.shared.put(where, version, data)
+        in this worker's cache if not (and in the disk cache, if there is one). The kernel's
+        first refusal to write the shared shards is logged (one line a worker): the shards
+        this worker fetches whole are then kept in its cache, which the others do not see."""
+        held = False
+        if self.shared is not None:
+            try:
+                held = self.shared.put(where, version, data)
+            except OSError as e:
+                if not self._refused:
+                    log.warning("the shards fetched whole cannot be kept where every worker finds them "
+                                "(%s, %s bytes): kept in this worker's memory", e.strerror, len(data))
+                self._refused = True
         if not held or self.cache.disk_dir is not None:
             self.cache.put(where, version, 0, data)
 

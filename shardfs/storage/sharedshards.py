@@ -23,7 +23,7 @@ this process's own (shared to read, exclusive to write: a lock dies with its hol
 thread lock: a writer killed halfway left an entry naming the old bytes or none, and its
 bytes beyond ``head``'s old value, which no entry names. A shard's bytes are written and
 read with ``pwrite``/``pread`` on the memfd, not through the mapping: memory the kernel refuses
-for the ring's pages is then an error (the shard not held), not a SIGBUS that ends the worker
+for the ring's pages is then an error (the shard not held: ``put``), not a SIGBUS that ends the worker
 (measured: as fast as the mapping, within the noise, with two workers over S3).
 """
 
@@ -100,20 +100,22 @@ class SharedShards:
 
     def put(self, where: str, version: Version, data: bytes | memoryview) -> bool:
         """Hold ``data``, all of ``version`` of ``where``; False if it is not held (larger than a
-        quarter of the ring, an ETag that is not a string that fits, or no memory for it)."""
+        quarter of the ring, or an ETag that is not a string that fits). ``OSError`` if the kernel
+        refused to write it (no memory for the ring's pages: ENOSPC, ENOMEM; a file size limit:
+        EFBIG): then it is not held, nor are the oldest shards whose place it took (as with a
+        put that succeeds)."""
         tag = version.tag.encode() if isinstance(version.tag, str) else b""
         n = len(data)
         if not tag or len(tag) > TAG_BYTES or not 0 < n <= self.ring // 4 or n != version.size:
             return False
+        view = memoryview(data).cast("B")
         with self._locked(fcntl.LOCK_EX):  # (held while writing: a later put may reuse the place)
             pos = self._reserve(n)
-            try:
-                written = os.pwrite(self._lock_fd, data, self._start + pos % self.ring)
-            except OSError:  # (the memory for the ring's pages refused: ENOSPC, ENOMEM)
-                written = -1
-            if written == n:
-                self._note(where, version, pos)
-        return written == n
+            at, done = self._start + pos % self.ring, 0
+            while done < n:  # (a short write, then the next one says why)
+                done += os.pwrite(self._lock_fd, view[done:], at + done)
+            self._note(where, version, pos)
+        return True
 
     def get(self, where: str, version: Version, start: int, stop: int) -> bytes | None:
         """Bytes ``[start, stop)`` of ``version`` of ``where`` if held, else None. A shard read
