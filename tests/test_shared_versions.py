@@ -11,6 +11,7 @@ import time
 import pytest
 
 from shardfs.storage import UNKNOWN, Unusable, Version
+from shardfs.base.memtables import key_hash
 from shardfs.storage import sharedversions as sv
 
 
@@ -79,7 +80,7 @@ def test_unusable_answers_and_long_tags_are_not_remembered(table):
 
 def _entry_of(view: sv.SharedVersions, key: str) -> int:
     """The offset of ``key``'s entry (it has one)."""
-    h = sv._hash(key)
+    h = key_hash(key)
     return next(off for off in (view._place(h, i) for i in range(sv.PROBES))
                 if struct.unpack_from("<Q", view._map, off + 8)[0] == h)
 
@@ -101,7 +102,7 @@ def test_keys_that_share_a_home_are_kept_apart_and_an_evicted_one_is_a_miss(tabl
     keys = [f"arr/c/{i}" for i in range(200_000)]
     home = {}
     for k in keys:  # PROBES + 1 keys with one home
-        home.setdefault(sv._hash(k) & (sv.CAPACITY - 1), []).append(k)
+        home.setdefault(key_hash(k) & (sv.CAPACITY - 1), []).append(k)
     crowd = next(ks for ks in home.values() if len(ks) > sv.PROBES)[:sv.PROBES + 1]
     for i, k in enumerate(crowd):
         a.put(k, Version(i, i, i), a.token())

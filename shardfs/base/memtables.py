@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
+import hashlib
 import mmap
 import os
 import struct
@@ -15,6 +17,15 @@ import threading
 from typing import Iterator
 
 _START = struct.Struct("<II")  # magic, capacity: the start of every table's header
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def key_hash(key: str) -> int:
+    """The 64-bit BLAKE2 hash of ``key`` (its UTF-8 bytes, a lone surrogate as the byte it
+    stands for), never 0 (an empty entry's): the same in every process. Remembered for the
+    last 65536 keys (a chunk's open asks for its shard's several times)."""
+    return int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=8).digest(),
+                          "little") or 1
 
 
 def make(name: str, header: bytes, capacity: int, entry: int, size_of_header: int, tail: int = 0) -> int:

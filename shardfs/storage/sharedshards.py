@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import struct
 import threading
 from typing import Callable, TypeVar
 
 from shardfs.base import memtables
+from shardfs.base.memtables import key_hash
 from shardfs.storage import Version
 
 MAGIC = 0x53534831  # "SSH1"
@@ -68,12 +68,6 @@ def memory(ring: int) -> int:
     """A new table with a ring of ``ring`` bytes (a memfd, close-on-exec; pages are memory once
     written): the supervisor's to keep and give."""
     return memtables.make("shardfs-shards", _HEAD.pack(MAGIC, CAPACITY, ring, 0), CAPACITY, ENTRY, HEADER, ring)
-
-
-def _hash(where: str) -> int:
-    """The location's 64-bit hash (never 0: an empty entry's), the same in every process."""
-    return int.from_bytes(hashlib.blake2b(where.encode("utf-8", "surrogateescape"), digest_size=8).digest(),
-                          "little") or 1
 
 
 class SharedShards:
@@ -140,9 +134,9 @@ class SharedShards:
         """``use(version, data)`` of the version of ``where`` held and all its bytes, else None.
         ``data`` is valid during the call alone: ``use`` keeps nothing that refers to it."""
         with self._locked(fcntl.LOCK_SH):
-            off = HEADER + (_hash(where) & self._mask) * ENTRY
+            off = HEADER + (key_hash(where) & self._mask) * ENTRY
             h, _pos, size, mtime, n = _BODY.unpack_from(self._map, off)
-            if h != _hash(where):
+            if h != key_hash(where):
                 return None
             version = Version(bytes(self._map[off + _BODY.size:off + _BODY.size + n]).decode(), size, mtime)
             pos = self._find(where, version)
@@ -176,7 +170,7 @@ class SharedShards:
 
     def _note(self, where: str, version: Version, pos: int) -> None:
         """The entry of ``where``: ``version``, its bytes at ``pos``. Under the exclusive lock."""
-        h, tag = _hash(where), str(version.tag).encode()
+        h, tag = key_hash(where), str(version.tag).encode()
         off = HEADER + (h & self._mask) * ENTRY
         _BODY.pack_into(self._map, off, h, pos, version.size, version.mtime_ns, len(tag))
         self._map[off + _BODY.size:off + _BODY.size + len(tag)] = tag
@@ -184,7 +178,7 @@ class SharedShards:
     def _find(self, where: str, version: Version) -> int:
         """Where the bytes of ``version`` of ``where`` are (counted in bytes ever written), else
         -1. Under the lock."""
-        h, table = _hash(where), self._map
+        h, table = key_hash(where), self._map
         off = HEADER + (h & self._mask) * ENTRY
         at, pos, size, mtime, n = _BODY.unpack_from(table, off)
         if at != h or size != version.size or mtime != version.mtime_ns \

@@ -27,13 +27,13 @@ orders them (``mmap`` copies: no reordering of stores with stores or loads with 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import struct
 import threading
 import time
 
 from shardfs.base import memtables
+from shardfs.base.memtables import key_hash
 from shardfs.storage import UNKNOWN, Unknown, Unusable, Version
 
 MAGIC = 0x53565431  # "SVT1"
@@ -57,11 +57,6 @@ def memory() -> int:
     return memtables.make("shardfs-versions", _HEAD.pack(MAGIC, CAPACITY, 0, 0), CAPACITY, ENTRY, HEADER)
 
 
-def _hash(key: str) -> int:
-    """The key's 64-bit hash (never 0: an empty entry's), the same in every process."""
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") or 1
-
-
 class SharedVersions:
     """``Remembered``'s contract (``get``, ``token``, ``put``, ``forget``, ``clear``: see
     ``shardfs.storage.versions``) over the mount's table in the memfd ``fd`` (which the caller
@@ -82,11 +77,11 @@ class SharedVersions:
 
     def get(self, key: str) -> Version | None | Unknown:
         """What any worker remembered for ``key`` within the last ``ttl`` seconds, else ``UNKNOWN``."""
-        h, table = _hash(key), self._map
+        h, table, mask = key_hash(key), self._map, self._mask
         epoch = _U64.unpack_from(table, _EPOCH_AT)[0]
         now = time.monotonic()
         for i in range(PROBES):
-            off = self._place(h, i)
+            off = HEADER + ((h + i) & mask) * ENTRY  # (``_place``, inline: every open asks)
             seq, kind, n, at, expires, written, size, mtime = _BODY.unpack_from(table, off)
             if kind == EMPTY and not seq:
                 return UNKNOWN  # (never written: the key is not further on)
@@ -120,7 +115,7 @@ class SharedVersions:
             kind, tag = VERSION_STR, found.tag.encode()
             if len(tag) > TAG_BYTES:
                 return
-        h = _hash(key)
+        h = key_hash(key)
         with self._locked():
             table = self._map
             if _U64.unpack_from(table, _CHANGES_AT)[0] != token:
@@ -132,7 +127,7 @@ class SharedVersions:
 
     def forget(self, key: str) -> None:
         """Forget ``key`` for every worker, and every answer being fetched now (``token``)."""
-        h = _hash(key)
+        h = key_hash(key)
         with self._locked():
             self._bump(_CHANGES_AT)
             off = self._find(h, free=False)
