@@ -35,6 +35,9 @@ def test_what_one_worker_saw_the_other_finds(table):
     assert b.get("y/c/1") == obj
     assert b.get("gone") is None
     assert b.get("never") is UNKNOWN
+    odd = os.fsdecode(b"z/\xff/zarr.json")  # (a local name that is not UTF-8: a lone surrogate)
+    a.put(odd, local, a.token())
+    assert b.get(odd) == local and b.get("z/\xff/zarr.json") is UNKNOWN
 
 
 def test_a_forget_is_every_workers_and_voids_the_answers_being_fetched(table):

@@ -1269,6 +1269,21 @@ def test_shards_kept_for_every_worker_and_replaced_in_the_store_are_read_anew(mo
     assert all(w["requests"] > 0 for w in status(mnt)["workers"])
 
 
+def test_a_group_whose_name_is_not_utf8_is_listed_through_n_workers(mount, src):
+    """A local directory's name need not be UTF-8 (``os.fsdecode``: a lone surrogate); the
+    versions the workers remember together are keyed by a hash of its bytes as they stand
+    (``shardfs.base.memtables.key_hash``): listed as one worker lists it (it was EIO)."""
+    odd = os.fsencode(src) + b"/\xff"
+    os.mkdir(odd)
+    with open(odd + b"/zarr.json", "w") as f:
+        json.dump({"zarr_format": 3, "node_type": "group", "attributes": {}}, f)
+    listings = []
+    for n in (1, 2):
+        mnt = mount(src, "-o", f"ro,workers={n}")
+        listings.append(sorted(os.listdir(os.fsencode(mnt) + b"/\xff")))
+    assert listings == [[b".zattrs", b".zgroup", b".zmetadata"]] * 2
+
+
 def test_shards_the_kernel_refuses_to_keep_for_every_worker_are_kept_by_their_home(mount, s3, tmp_path, request):
     """Read-only, ``s3://``, two workers, each under a file size limit (``RLIMIT_FSIZE``) that
     ends 100 bytes into the ring of shards kept for every worker (``shardfs.storage.sharedshards``):
