@@ -30,6 +30,7 @@ for the ring's pages is then an error (the shard not held: ``put``), not a SIGBU
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import struct
@@ -107,7 +108,10 @@ class SharedShards:
             pos = self._reserve(n)
             at, done = self._start + pos % self.ring, 0
             while done < n:  # (a short write, then the next one says why)
-                done += os.pwrite(self._lock_fd, view[done:], at + done)
+                written = os.pwrite(self._lock_fd, view[done:], at + done)
+                if not written:  # (never seen: no write would ever end the loop)
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                done += written
             self._note(where, version, pos)
         return True
 
