@@ -87,3 +87,37 @@ def test_waking_the_loop_never_releases_the_gil(loop):
         spinner.join()
     assert [f.result(timeout=10) for f in futures] == [None] * 10000
     assert ran == 0, f"the other thread ran {ran} steps while the loop was woken: a wake-up released the GIL"
+
+
+def test_close_ends_every_coroutine_handed_to_the_loop_and_refuses_later_ones():
+    """At unmount the loop is closed with requests still in flight (a read-ahead): each
+    coroutine it was given ends with ``CancelledError`` (its ``finally`` runs), whether it had
+    started or was only handed over, and none is left never awaited (no RuntimeWarning in the
+    daemon's log). One handed over after ``close`` is closed and refused (``RuntimeError``)."""
+    import gc
+    import warnings
+
+    lt = LoopThread(name="test-loop")
+    ended: list[str] = []
+
+    async def request(name: str) -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            ended.append(name)
+
+    started = lt.submit(request("started"))
+    time.sleep(0.05)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lt._loop.call_soon_threadsafe(time.sleep, 0.2)  # (the loop busy: the next one is only handed over)
+        handed = lt.submit(request("handed over"))
+        lt.close()
+        late = request("late")
+        with pytest.raises(RuntimeError, match="closed"):
+            lt.submit(late)
+        del late
+        gc.collect()
+    assert sorted(ended) == ["handed over", "started"]
+    assert started.cancelled() and handed.cancelled()
+    assert [str(w.message) for w in caught] == []

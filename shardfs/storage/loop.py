@@ -26,6 +26,7 @@ import threading
 from typing import Any, Coroutine, TypeVar
 
 T = TypeVar("T")
+CLOSING = 1.0  # seconds ``close`` waits for the coroutines it cancels
 
 _write = ctypes.PyDLL(None).write  # libc's write(2), called without releasing the GIL (PyDLL)
 _write.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)
@@ -53,8 +54,13 @@ class LoopThread:
         self._thread.start()
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """Schedule ``coro`` on the loop; the future completes with its outcome."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        """Schedule ``coro`` on the loop; the future completes with its outcome. After ``close``,
+        ``coro`` is closed and ``RuntimeError`` raised."""
+        try:
+            return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        except RuntimeError:  # (the loop is closed)
+            coro.close()
+            raise
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the loop and block until it is done (never call from the loop itself)."""
@@ -96,8 +102,23 @@ class LoopThread:
         return await trio.lowlevel.wait_task_rescheduled(abort)
 
     def close(self) -> None:
-        """Stop the loop (pending coroutines are abandoned) and join its thread."""
+        """Stop the loop, join its thread, and end every coroutine still pending with
+        ``CancelledError`` (those only handed over too: none is left never awaited; those that
+        do not end within ``CLOSING`` seconds are abandoned)."""
+        loop = self._loop
         if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            loop.call_soon_threadsafe(loop.stop)
             self._thread.join()
-        self._loop.close()
+        if loop.is_closed():
+            return
+        loop.run_until_complete(self._cancel_pending())
+        loop.close()
+
+    @staticmethod
+    async def _cancel_pending() -> None:
+        await asyncio.sleep(0)  # (the coroutines handed over become tasks: ``submit``'s callbacks run)
+        pending = asyncio.all_tasks() - {asyncio.current_task()}
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=CLOSING)
