@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from shardfs.storage import UNKNOWN, Unusable, Version
 from shardfs.base.memtables import key_hash
+from shardfs.storage import UNKNOWN, Unusable, Version
 from shardfs.storage import sharedversions as sv
 
 

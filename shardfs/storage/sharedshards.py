@@ -138,9 +138,10 @@ class SharedShards:
         """``use(version, data)`` of the version of ``where`` held and all its bytes, else None.
         ``data`` is valid during the call alone: ``use`` keeps nothing that refers to it."""
         with self._locked(fcntl.LOCK_SH):
-            off = HEADER + (key_hash(where) & self._mask) * ENTRY
-            h, _pos, size, mtime, n = _BODY.unpack_from(self._map, off)
-            if h != key_hash(where):
+            h = key_hash(where)
+            off = HEADER + (h & self._mask) * ENTRY
+            at, _pos, size, mtime, n = _BODY.unpack_from(self._map, off)
+            if at != h:
                 return None
             version = Version(bytes(self._map[off + _BODY.size:off + _BODY.size + n]).decode(), size, mtime)
             pos = self._find(where, version)
