@@ -95,3 +95,43 @@ def test_the_ring_holds_cache_size_but_a_thirty_second_for_the_workers_own_range
     mib = 1 << 20
     assert ss.split(96 * mib) == (93 * mib, 3 * mib)
     assert sum(ss.split(1000)) == 1000
+
+
+def _during_the_copy(view, act):
+    """``view`` (a reader) runs ``act`` (another worker's writes) after it found an entry and
+    before it copies its bytes, once: the moment a reader takes no lock through."""
+    find, acts = view._find, [act]
+
+    def found_then_act(where, version):
+        found = find(where, version)
+        while acts:
+            acts.pop()()
+        return found
+
+    view._find = found_then_act
+
+
+def test_a_copy_torn_by_a_writer_meanwhile_is_a_miss_never_other_bytes(shards):
+    a, b = shards
+    v = Version('"z"', QUARTER - 1000, 0)
+    a.put("k0", v, b"\x00" * v.size)
+    _during_the_copy(b, lambda: [a.put(f"k{i}", v, bytes([i]) * v.size) for i in range(1, 5)])  # (over k0)
+    assert b.get("k0", v, 0, v.size) is None
+    a.put("k5", v, b"\x05" * v.size)
+    new = Version('"y"', 4, 0)
+    _during_the_copy(b, lambda: a.put("k5", new, b"new!"))  # (its entry rewritten: another version)
+    assert b.get("k5", v, 0, 4) is None
+    assert b.get("k5", new, 0, 4) == b"new!"
+
+
+def test_an_entry_being_written_is_not_read_and_the_next_write_mends_it(table, shards):
+    a, b = shards
+    v = Version('"z"', 4, 0)
+    a.put("k", v, b"abcd")
+    off = ss.HEADER + (ss.key_hash("k") & (ss.CAPACITY - 1)) * ss.ENTRY
+    seq = ss._SEQ.unpack_from(b._map, off)[0]
+    assert seq % 2 == 0
+    ss._SEQ.pack_into(a._map, off, seq + 1)  # (a writer killed while it wrote the entry)
+    assert not b.holds("k", v) and b.get("k", v, 0, 4) is None
+    a.put("k", v, b"abcd")
+    assert b.get("k", v, 0, 4) == b"abcd" and ss._SEQ.unpack_from(b._map, off)[0] % 2 == 0

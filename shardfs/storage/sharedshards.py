@@ -18,13 +18,23 @@ entry names where (``pos``, counted in bytes ever written) and which version (ET
 mtime: ``Version``) it holds, and is valid while no later shard's bytes overwrote its own
 (``pos >= head - ring``): first in, first out, the mount's memory bounded by the ring, but for
 a shard read while in the ring's oldest quarter, which moves to its head (``_renew``). Bytes of
-one version are never served for another. Every access holds an ``flock`` on an open file of
-this process's own (shared to read, exclusive to write: a lock dies with its holder) and a
-thread lock: a writer killed halfway left an entry naming the old bytes or none, and its
-bytes beyond ``head``'s old value, which no entry names. A shard's bytes are written and
-read with ``pwrite``/``pread`` on the memfd, not through the mapping: memory the kernel refuses
-for the ring's pages is then an error (the shard not held: ``put``), not a SIGBUS that ends the worker
-(measured: as fast as the mapping, within the noise, with two workers over S3).
+one version are never served for another.
+
+Writers (``put``, ``_renew``) hold an ``flock`` on an open file of this process's own
+(exclusive: a lock dies with its holder) and a thread lock while they write: one writer at a
+time. A writer killed halfway left an entry naming the old bytes or none (an entry's ``seq``
+is odd while it is written), and its bytes beyond ``head``'s old value, which no entry names.
+A shard's bytes are written with ``pwrite`` on the memfd, not through the mapping: memory the
+kernel refuses for the ring's pages is then an error (the shard not held: ``put``), not a
+SIGBUS that ends the worker. Readers of a range (``get``, ``holds``: every open of a chunk
+another worker fetched) take no lock, so none waits while a shard is written (a writer holds
+its lock about 1 ms for a shard of 2.5 MB, and two ``flock`` calls cost more than the copy of
+a chunk): a reader copies the bytes its entry names (``pread``: a worker's mapping of pages it never
+touched costs a fault each), then looks again: if the
+entry's ``seq`` changed, or ``head`` moved so far that a later shard's place reached those bytes
+(a writer moves ``head`` before it writes), the copy may be torn and counts a miss, never a
+wrong answer. Stores and loads are ordered as x86-64 orders them (the writer's stores to
+``head``, then to the bytes; the reader's loads of the bytes, then of ``head``).
 """
 
 from __future__ import annotations
@@ -41,7 +51,7 @@ from shardfs.base import memtables
 from shardfs.base.memtables import key_hash
 from shardfs.storage import Version
 
-MAGIC = 0x53534831  # "SSH1"
+MAGIC = 0x53534832  # "SSH2"
 HEADER = 64
 ENTRY = 96
 CAPACITY = 1 << 12  # entries (shards held at most)
@@ -49,7 +59,8 @@ TAG_BYTES = 48  # an ETag longer than this, in UTF-8, is not held
 _HEAD = struct.Struct("<IIQQ")  # magic, capacity, ring bytes, head
 _HEAD_AT = 16
 _U64 = struct.Struct("<Q")
-_BODY = struct.Struct("<QQQqB")  # location hash, pos, size, mtime, tag length; then the tag
+_SEQ = struct.Struct("<I")
+_BODY = struct.Struct("<IxxxxQQQqB")  # seq, location hash, pos, size, mtime, tag length; then the tag
 OWN_PART = 32  # of ``-o cache_size``, the part the workers' own range caches share (``split``)
 T = TypeVar("T")
 
@@ -116,38 +127,41 @@ class SharedShards:
         return True
 
     def get(self, where: str, version: Version, start: int, stop: int) -> bytes | None:
-        """Bytes ``[start, stop)`` of ``version`` of ``where`` if held, else None. A shard read
-        in the ring's oldest quarter moves to its head (``_renew``)."""
-        with self._locked(fcntl.LOCK_SH):
-            pos = self._find(where, version)
-            if pos < 0:
-                return None
-            at = self._start + pos % self.ring
-            data = os.pread(self._lock_fd, max(0, min(stop, version.size) - start), at + start)
-            old = self._head() - pos > self.ring * 3 // 4
-        if old:
+        """Bytes ``[start, stop)`` of ``version`` of ``where`` if held, else None; takes no lock
+        (a copy torn by a writer is a miss: the module docstring). A shard read in the ring's
+        oldest quarter moves to its head (``_renew``)."""
+        found = self._find(where, version)
+        if found is None:
+            return None
+        off, seq, pos = found
+        at = self._start + pos % self.ring + start
+        data = os.pread(self._lock_fd, max(0, min(stop, version.size) - start), at)
+        head = self._head()
+        if _SEQ.unpack_from(self._map, off)[0] != seq or head - pos > self.ring:
+            return None
+        if head - pos > self.ring * 3 // 4:
             self._renew(where, version)
         return data
 
     def holds(self, where: str, version: Version) -> bool:
-        """Whether ``version`` of ``where`` is held."""
-        with self._locked(fcntl.LOCK_SH):
-            return self._find(where, version) >= 0
+        """Whether ``version`` of ``where`` is held (no lock: an answer of a moment, as any)."""
+        return self._find(where, version) is not None
 
     def whole(self, where: str, use: Callable[[Version, memoryview], T]) -> T | None:
         """``use(version, data)`` of the version of ``where`` held and all its bytes, else None.
-        ``data`` is valid during the call alone: ``use`` keeps nothing that refers to it."""
+        ``data`` is valid during the call alone: ``use`` keeps nothing that refers to it. Holds
+        the lock, shared: no writer writes meanwhile."""
         with self._locked(fcntl.LOCK_SH):
             h = key_hash(where)
             off = HEADER + (h & self._mask) * ENTRY
-            at, _pos, size, mtime, n = _BODY.unpack_from(self._map, off)
+            _seq, at, _pos, size, mtime, n = _BODY.unpack_from(self._map, off)
             if at != h:
                 return None
             version = Version(bytes(self._map[off + _BODY.size:off + _BODY.size + n]).decode(), size, mtime)
-            pos = self._find(where, version)
-            if pos < 0:
+            found = self._find(where, version)
+            if found is None:
                 return None
-            at = self._start + pos % self.ring
+            at = self._start + found[2] % self.ring
             return use(version, memoryview(self._map)[at:at + size])
 
     def _renew(self, where: str, version: Version) -> None:
@@ -155,9 +169,10 @@ class SharedShards:
         head, as a put of them would (first in, first out alone would drop a shard still being
         read: a sweep coming back to the shards of a plane of chunks)."""
         with self._locked(fcntl.LOCK_EX):
-            pos = self._find(where, version)
-            if pos < 0 or self._head() - pos <= self.ring * 3 // 4:
+            found = self._find(where, version)
+            if found is None or self._head() - found[2] <= self.ring * 3 // 4:
                 return
+            pos = found[2]
             new = self._reserve(version.size)
             self._map.move(self._start + new % self.ring, self._start + pos % self.ring, version.size)
             self._note(where, version, new)
@@ -174,24 +189,29 @@ class SharedShards:
         return pos
 
     def _note(self, where: str, version: Version, pos: int) -> None:
-        """The entry of ``where``: ``version``, its bytes at ``pos``. Under the exclusive lock."""
+        """The entry of ``where``: ``version``, its bytes at ``pos``; its ``seq`` odd while it is
+        written, then even again. Under the exclusive lock."""
         h, tag = key_hash(where), str(version.tag).encode()
         off = HEADER + (h & self._mask) * ENTRY
-        _BODY.pack_into(self._map, off, h, pos, version.size, version.mtime_ns, len(tag))
+        seq = _SEQ.unpack_from(self._map, off)[0]
+        odd = (seq + 1 + (seq & 1)) & 0xFFFFFFFF  # (odd even if a killed writer left it odd)
+        _BODY.pack_into(self._map, off, odd, h, pos, version.size, version.mtime_ns, len(tag))
         self._map[off + _BODY.size:off + _BODY.size + len(tag)] = tag
+        _SEQ.pack_into(self._map, off, (odd + 1) & 0xFFFFFFFF)
 
-    def _find(self, where: str, version: Version) -> int:
-        """Where the bytes of ``version`` of ``where`` are (counted in bytes ever written), else
-        -1. Under the lock."""
+    def _find(self, where: str, version: Version) -> tuple[int, int, int] | None:
+        """The entry of ``version`` of ``where``: its offset, its ``seq`` as read, and where its
+        bytes are (counted in bytes ever written); None if not held (or overwritten since, or
+        being written now)."""
         h, table = key_hash(where), self._map
         off = HEADER + (h & self._mask) * ENTRY
-        at, pos, size, mtime, n = _BODY.unpack_from(table, off)
-        if at != h or size != version.size or mtime != version.mtime_ns \
+        seq, at, pos, size, mtime, n = _BODY.unpack_from(table, off)
+        if seq & 1 or at != h or size != version.size or mtime != version.mtime_ns \
                 or self._head() - pos > self.ring:  # (overwritten since)
-            return -1
+            return None
         if table[off + _BODY.size:off + _BODY.size + n] != str(version.tag).encode():
-            return -1
-        return int(pos)
+            return None
+        return off, seq, pos
 
     def _locked(self, how: int) -> contextlib.AbstractContextManager[None]:
         """Shared (``fcntl.LOCK_SH``) or exclusive (``memtables.locked``)."""
