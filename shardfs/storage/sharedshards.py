@@ -28,11 +28,11 @@ A shard's bytes are written with ``pwrite`` on the memfd, not through the mappin
 kernel refuses for the ring's pages is then an error (the shard not held: ``put``), not a
 SIGBUS that ends the worker. Readers of a range (``get``, ``holds``: every open of a chunk
 another worker fetched) take no lock, so none waits while a shard is written (a writer holds
-its lock about 1 ms for a shard of 2.5 MB, and two ``flock`` calls cost more than the copy of
-a chunk): a reader copies the bytes its entry names (``pread``: a worker's mapping of pages it never
-touched costs a fault each), then looks again: if the
-entry's ``seq`` changed, or ``head`` moved so far that a later shard's place reached those bytes
-(a writer moves ``head`` before it writes), the copy may be torn and counts a miss, never a
+its lock about 1 ms for a shard of 2.5 MB; the CPU a chunk did not change measurably:
+doc/BENCHMARKING.md). A reader copies the bytes its entry names (``pread``: a worker's
+mapping of pages it never touched costs a fault each), then looks again: if the entry's
+``seq`` changed, or ``head`` moved so far that a later shard's place reached those bytes (a
+writer moves ``head`` before it writes), the copy may be torn and counts a miss, never a
 wrong answer. Stores and loads are ordered as x86-64 orders them (the writer's stores to
 ``head``, then to the bytes; the reader's loads of the bytes, then of ``head``).
 """
@@ -172,7 +172,7 @@ class SharedShards:
             found = self._find(where, version)
             if found is None or self._head() - found[2] <= self.ring * 3 // 4:
                 return
-            pos = found[2]
+            _off, _seq, pos = found
             new = self._reserve(version.size)
             self._map.move(self._start + new % self.ring, self._start + pos % self.ring, version.size)
             self._note(where, version, new)
@@ -194,7 +194,7 @@ class SharedShards:
         h, tag = key_hash(where), str(version.tag).encode()
         off = HEADER + (h & self._mask) * ENTRY
         seq = _SEQ.unpack_from(self._map, off)[0]
-        odd = (seq + 1 + (seq & 1)) & 0xFFFFFFFF  # (odd even if a killed writer left it odd)
+        odd = ((seq + 1) | 1) & 0xFFFFFFFF  # (odd even if a killed writer left it odd)
         _BODY.pack_into(self._map, off, odd, h, pos, version.size, version.mtime_ns, len(tag))
         self._map[off + _BODY.size:off + _BODY.size + len(tag)] = tag
         _SEQ.pack_into(self._map, off, (odd + 1) & 0xFFFFFFFF)
