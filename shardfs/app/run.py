@@ -302,7 +302,8 @@ def _share(args: argparse.Namespace, mount: Composed, ledger: Any, source: Sourc
     if read_only and isinstance(reads, ObjectReads):  # a remote source (``shardfs.kernel.homes``)
         homes = Homes(mount.tree.names, mount.tree.nodes, ledger.index, ledger.count, mount.tree.indexes, reads)
         mount.tree.prefetch.share(ledger.index, ledger.count)
-    mount.ops.route = Route(ledger.index, ledger.owner, peers, areas, mount.ops.reopen.here, homes)
+    mount.ops.route = Route(ledger.index, ledger.owner, peers, areas, mount.ops.reopen.here, homes,
+                            ledger.count, mount.tree.nodes.made_elsewhere)
     return marks
 
 

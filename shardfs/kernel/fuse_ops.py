@@ -367,20 +367,22 @@ class Operations(pyfuse3.Operations):
         return self.structure
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
-        """The kernel's FORGET: its count of lookups of each inode, then ``forwarded_forget``."""
+        """The kernel's FORGET: its count of lookups of each inode; with N workers, what this one
+        counted of them and what it sends the others (``Route.forget``); then ``forwarded_forget``."""
         try:
             self._kernel.kernel_forgot(inode_list)
+            if self.route is not None:
+                inode_list = self.route.forget(inode_list, self._kernel.lookups)
         except Exception as e:  # noqa: BLE001 - FORGET has no reply: a bug is recorded, never raised
             self.faults.record("forget", e)
+            return
         await self.forwarded_forget(inode_list)
 
     async def forwarded_forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
-        """Lookups the kernel forgot: what this worker counted of them, and on a writable mount
-        the owner's share (``Route.forget``); what another worker sends of a FORGET it got
-        (``shardfs.kernel.forward``: the kernel's count was kept there)."""
+        """Lookups the kernel forgot that this worker counted, or another worker sends it of a
+        FORGET it got (``shardfs.kernel.forward``: routed there, never again here): the inodes
+        the kernel holds none of any more are freed (aliases, committed temporaries)."""
         try:
-            if self.route is not None:  # N workers: what this one forgets (``Route.forget``)
-                inode_list = self.route.forget(inode_list, self._kernel.lookups)
             for ino, nlookup in inode_list:
                 if self._kernel.forget(ino, nlookup):
                     self._shown_gone.drop(ino)

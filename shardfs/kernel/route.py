@@ -38,13 +38,16 @@ class Route:
     read-only mount of a remote source, the homes of chunks' shards."""
 
     def __init__(self, index: int, owner_of: Callable[[int], int], peers: Peers, areas: Areas | None = None,
-                 here: Callable[[int], int | None] | None = None, homes: Homes | None = None) -> None:
+                 here: Callable[[int], int | None] | None = None, homes: Homes | None = None,
+                 count: int = 2, made_elsewhere: Callable[[int], bool] = lambda ino: False) -> None:
         """``here(fh)``: the inode of another worker's read handle ``fh`` if a read or release of
         it may be served here, else None (``Reopen.here``: opened again at its version;
-        ``Elsewhere`` if it changed)."""
+        ``Elsewhere`` if it changed); ``count``: the workers; ``made_elsewhere(ino)``: ``ino`` is an
+        alias another worker made (``NodeTable.made_elsewhere``)."""
         self.index, self.owner_of, self.peers, self.areas = index, owner_of, peers, areas
         self.here = here
         self.homes = homes
+        self.count, self.made_elsewhere = count, made_elsewhere
 
     def link(self, op: str, args: tuple[Any, ...]) -> PeerLink | None:
         """The link to the worker that must serve request ``op(*args)``, or None: served here
@@ -91,12 +94,21 @@ class Route:
         worker counts the lookups of the replies it made (a forwarded request's, the serving
         worker: ``Operations.counted``); a worker other than the owner frees nothing it counted
         none of: an alias the owner gave the kernel, freed here, was gone for every worker while
-        the kernel still showed it (ENOENT at its next open)."""
+        the kernel still showed it (ENOENT at its next open). The lookups not counted here of an
+        alias another worker made (``made_elsewhere``) are its maker's, which alone counted them
+        and frees it (an alias the owner freed while its maker still showed it was ENOENT at the
+        next stat of its name): sent to every other worker, as this one does not know which made
+        it (only the maker counted any, the others drop nothing)."""
+        held = [(ino, n, lookups(ino)) for ino, n in forgets]
+        rest = [(ino, n - h) for ino, n, h in held if h < n]
+        theirs = [(ino, n) for ino, n in rest if self.made_elsewhere(ino)]
+        for slot in range(self.count) if theirs else ():
+            if slot != self.index:
+                self.peers.link(slot).send_forget(theirs)
         if self.index == OWNER:
             return forgets
-        held = [(ino, n, lookups(ino)) for ino, n in forgets]
         if self.areas is not None:
-            rest = [(ino, n - h) for ino, n, h in held if h < n]
+            rest = [(ino, n) for ino, n in rest if not self.made_elsewhere(ino)]
             if rest:
                 self.peers.link(OWNER).send_forget(rest)
         return [(ino, n) for ino, n, h in held if h]

@@ -54,6 +54,7 @@ class NodeTable:
         self.staged: dict[tuple[int, str], Staging] = {}  # (directory inode, name) -> staging file
         self._tmp: dict[int, Staging] = {}
         self._aliases: dict[int, set[int]] = {}
+        self._made: set[int] = set()  # the ``new_alias`` inodes this worker made (``forget``)
         self._committed: set[int] = set()  # a dead worker's staging inodes committed onto a node (in ``_keys``)
         # a dead worker's staging files, their bytes lost with it: (directory inode, name) -> inode (EIO)
         self.lost: dict[tuple[int, str], int] = {}
@@ -182,15 +183,22 @@ class NodeTable:
             self._keys[alias] = self.node_key(ino)
             self.ledger.note("k", alias, *_encode(self._keys[alias]))
         self._aliases.setdefault(ino, set()).add(alias)
+        self._made.add(alias)
         return alias
 
     def is_new_alias(self, ino: int) -> bool:
         """True if ``new_alias`` made ``ino`` (it shows its own number, unlike a staging alias)."""
         return isinstance(self._keys.get(ino), ChunkKey)  # chunks' own inodes are computed, never here
 
+    def made_elsewhere(self, ino: int) -> bool:
+        """True if ``ino`` is a ``new_alias`` another worker of a shared ledger made: only that
+        worker shows it (``shardfs.kernel.pins``: its aliases are its own), so only it counts the
+        kernel's lookups of it and frees it (``forget``)."""
+        return self.ledger.count > 1 and ino not in self._made and self.is_new_alias(ino)
+
     def forget(self, ino: int) -> int | None:
         """The kernel dropped inode ``ino``: free it if it is a committed staging file or a
-        ``new_alias``; the inode it was an alias of, or None."""
+        ``new_alias`` (not one ``made_elsewhere``); the inode it was an alias of, or None."""
         if self._deferred_at.pop(ino, None) is not None:  # (named a chunk of a slot not read yet)
             return None
         if self._stale.pop(ino, None) is not None:
@@ -203,7 +211,8 @@ class NodeTable:
         elif ino in self._committed:
             self._committed.discard(ino)
             target = self.inode(self._keys.pop(ino))
-        elif self.is_new_alias(ino):
+        elif self.is_new_alias(ino) and not self.made_elsewhere(ino):
+            self._made.discard(ino)
             target = self.inode(self._keys.pop(ino))
         else:
             return None
