@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import drop_caches
 from sources import LE, gzip, sharding, write_v3
 
 SHAPE, CHUNK, SHARD = (128, 128), (64, 64), (128, 128)  # chunk files of 8 KiB: two pages each
@@ -98,7 +99,7 @@ def test_a_file_the_kernel_evicted_is_filled_again_at_its_next_open(src, mount):
     path = mnt / "x" / "1.0"
     assert path.read_bytes() == data[64:, :64].tobytes()
     os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3")
+    drop_caches("3")
     time.sleep(0.5)  # (N workers: the FORGET served before the next LOOKUP, which another may serve)
     assert_filled_at_open(path, data[64:, :64].tobytes())
 
@@ -116,7 +117,7 @@ def test_a_file_listed_read_and_evicted_is_filled_again_at_its_next_open(src, mo
         assert path.read_bytes() == data[64:, :64].tobytes()
         os.sync()
         for _ in range(3):  # (a dentry looked at since the last pass is kept one pass more)
-            Path("/proc/sys/vm/drop_caches").write_text("3")
+            drop_caches("3")
         time.sleep(0.5)  # (N workers: the FORGET served before the next LOOKUP, which another may serve)
     assert "1.0" in os.listdir(mnt / "x")
     assert_filled_at_open(path, data[64:, :64].tobytes())
@@ -134,7 +135,7 @@ def test_a_chunk_folded_after_the_kernel_evicted_it_is_filled_at_its_next_open(s
     new = (data[:64, 64:] + 7).astype("<u2").tobytes()
     with open(path, "r+b") as f:
         f.write(new)
-    Path("/proc/sys/vm/drop_caches").write_text("3")
+    drop_caches("3")
     deadline = time.monotonic() + 10
     while shard.stat().st_ino == before:
         assert time.monotonic() < deadline, "the written chunk was not folded within 10 s"

@@ -25,7 +25,7 @@ import obstore
 import pytest
 
 from testkit.delayproxy import DelayProxy, Request
-from conftest import serving_pids, zarr2
+from conftest import drop_caches, serving_pids, zarr2
 from source_kinds import BucketSource, unique_prefix
 from sources import Spec, build
 
@@ -246,7 +246,7 @@ def test_a_second_sweep_of_an_array_larger_than_the_cache_fetches_each_shard_who
         mnt = src.mount(mount, "-o", f"cache_size={max(sizes.values()) * 7 // 2}")
         per_sweep = []
         for _ in range(2):
-            Path("/proc/sys/vm/drop_caches").write_text("3")  # (opening the files to drop theirs would read them)
+            drop_caches("3")  # (opening the files to drop theirs would read them)
             proxy.log.clear()
             got = zarr2("result = zarr.open(path, mode='r')[...]", path=str(mnt / sp.name))
             np.testing.assert_array_equal(got, expected)
