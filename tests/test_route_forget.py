@@ -56,7 +56,8 @@ class Sent:
 def route(index: int, writable: bool, tmp_path) -> tuple[Route, Sent]:
     sent = Sent()
     areas = Areas(NodeTable([]), Marks(str(tmp_path / "marks"))) if writable else None
-    return Route(index, lambda fh: fh % 2, sent, areas), sent  # type: ignore[arg-type]  # Sent: the links it uses
+    return Route(index, lambda fh: fh % 2, sent, areas, None, None, 2,  # type: ignore[arg-type]  # Sent: the links it uses
+                 lambda ino: False), sent
 
 
 def test_the_owner_forgets_every_lookup_itself(tmp_path):

@@ -37,9 +37,9 @@ class Route:
     writable mount, the owner's marks and what the others forward to it; ``homes``, on a
     read-only mount of a remote source, the homes of chunks' shards."""
 
-    def __init__(self, index: int, owner_of: Callable[[int], int], peers: Peers, areas: Areas | None = None,
-                 here: Callable[[int], int | None] | None = None, homes: Homes | None = None,
-                 count: int = 2, made_elsewhere: Callable[[int], bool] = lambda ino: False) -> None:
+    def __init__(self, index: int, owner_of: Callable[[int], int], peers: Peers, areas: Areas | None,
+                 here: Callable[[int], int | None] | None, homes: Homes | None,
+                 count: int, made_elsewhere: Callable[[int], bool]) -> None:
         """``here(fh)``: the inode of another worker's read handle ``fh`` if a read or release of
         it may be served here, else None (``Reopen.here``: opened again at its version;
         ``Elsewhere`` if it changed); ``count``: the workers; ``made_elsewhere(ino)``: ``ino`` is an
@@ -99,16 +99,17 @@ class Route:
         and frees it (an alias the owner freed while its maker still showed it was ENOENT at the
         next stat of its name): sent to every other worker, as this one does not know which made
         it (only the maker counted any, the others drop nothing)."""
-        held = [(ino, n, lookups(ino)) for ino, n in forgets]
-        rest = [(ino, n - h) for ino, n, h in held if h < n]
-        theirs = [(ino, n) for ino, n in rest if self.made_elsewhere(ino)]
-        for slot in range(self.count) if theirs else ():
-            if slot != self.index:
-                self.peers.link(slot).send_forget(theirs)
+        made_elsewhere = self.made_elsewhere  # (every FORGET: an alias is rare, its test a set's)
+        theirs = [(ino, n - h) for ino, n in forgets if made_elsewhere(ino) and (h := lookups(ino)) < n]
+        if theirs:
+            for slot in range(self.count):
+                if slot != self.index:
+                    self.peers.link(slot).send_forget(theirs)
         if self.index == OWNER:
             return forgets
+        held = [(ino, n, lookups(ino)) for ino, n in forgets]
         if self.areas is not None:
-            rest = [(ino, n) for ino, n in rest if not self.made_elsewhere(ino)]
+            rest = [(ino, n - h) for ino, n, h in held if h < n and not made_elsewhere(ino)]
             if rest:
                 self.peers.link(OWNER).send_forget(rest)
         return [(ino, n) for ino, n, h in held if h]
