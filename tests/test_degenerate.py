@@ -310,10 +310,10 @@ from shardfs.kernel import fuseloop
 
 _main = fuseloop.main
 
-async def main(gate=None):
+async def main(gate=None, exclusive=True):
     async with trio.open_nursery() as nursery:
         async def serve():
-            await _main(gate)
+            await _main(gate, exclusive)
             nursery.cancel_scope.cancel()  # unmounted: the worker ends as an unplanted one does
 
         nursery.start_soon(serve)

@@ -572,7 +572,8 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
         gate = None if conn is None or conn.wake is None else Gate(conn.index, conn.wake, mount.ops.stats)
         if gate is not None:
             status.counters.parked = lambda: gate.parked
-        await fuseloop.main(gate)  # pyfuse3.main() with a cheaper read lock
+        # (``SHARDFS_TEST_WAKE_ALL``: the tests' N workers race for every request, ``fuseloop``)
+        await fuseloop.main(gate, exclusive=not os.environ.get("SHARDFS_TEST_WAKE_ALL"))
         nursery.cancel_scope.cancel()
     if writeback is not None and not flushed:
         await writeback.flush()  # the kernel connection is gone: no cached attributes to drop

@@ -129,10 +129,12 @@ class QueuedWait:
     most ``STREAK`` times in a row (see the module's docstring). Contract: returns once ``fd``
     is readable (or in error); trio's scheduled tasks, I/O and deadlines wait for no request."""
 
-    def __init__(self, pending: Pending | None = None, gate: Gate | None = None) -> None:
+    def __init__(self, pending: Pending | None = None, gate: Gate | None = None, exclusive: bool = True) -> None:
         """``pending``: the :class:`Pending` watching this run; without it, a wait for a request
         not queued yet always goes through trio. ``gate``: this worker's of ``-o workers=auto``
-        (``shardfs.kernel.elastic``), told of each look for a request, which it may delay."""
+        (``shardfs.kernel.elastic``), told of each look for a request, which it may delay.
+        ``exclusive``: False (the tests' ``SHARDFS_TEST_WAKE_ALL``) wakes this worker for every
+        request, so that the N workers race for each one (``_watch``)."""
         self._queued = select.poll()  # fd
         self._idle = select.epoll()  # fd (exclusive: see ``_watch``) and trio's epoll descriptor
         self._fd = -1
@@ -141,6 +143,7 @@ class QueuedWait:
         self._pending = pending
         self._gate = gate
         self._closing: set[int] = set()  # descriptors ``notify_closing`` named
+        self._wake = select.EPOLLIN | (select.EPOLLEXCLUSIVE if exclusive else 0)
 
     def notify_closing(self, fd: int) -> None:
         """``trio.lowlevel.notify_closing(fd)``, which also ends a wait of this one for ``fd``
@@ -158,8 +161,10 @@ class QueuedWait:
         self._queued.register(fd, select.POLLIN)
         # exclusive: of the processes blocked in an epoll of this kind on one device file (the N
         # workers' clones of a connection share its wait queue), the kernel wakes one for a
-        # request, not every one (the others would find nothing: EAGAIN)
-        self._idle.register(fd, select.EPOLLIN | select.EPOLLEXCLUSIVE)
+        # request, not every one (the others would find nothing: EAGAIN): the first of them to
+        # have registered, so a serial client is served by one worker (the others wake only
+        # while it is busy)
+        self._idle.register(fd, self._wake)
         self._fd = fd
         if self._pending is not None and self._trio_fd < 0:
             self._trio_fd = trio_epoll()
@@ -211,29 +216,29 @@ class QueuedWait:
                 return
 
 
-def _trio_for_pyfuse3(pending: Pending, gate: Gate | None) -> types.ModuleType:
+def _trio_for_pyfuse3(pending: Pending, gate: Gate | None, exclusive: bool) -> types.ModuleType:
     """A copy of the ``trio`` module whose ``Lock`` is :class:`ReadLock` and whose
     ``lowlevel.wait_readable`` and ``lowlevel.notify_closing`` are those of a
-    :class:`QueuedWait` with ``pending`` and ``gate``."""
+    :class:`QueuedWait` with ``pending``, ``gate`` and ``exclusive``."""
     shim = types.ModuleType(trio.__name__, trio.__doc__)
     shim.__dict__.update(trio.__dict__)
     shim.Lock = ReadLock  # type: ignore[attr-defined]  # a module object made at runtime
     lowlevel = types.ModuleType(trio.lowlevel.__name__, trio.lowlevel.__doc__)
     lowlevel.__dict__.update(trio.lowlevel.__dict__)
-    wait = QueuedWait(pending, gate)
+    wait = QueuedWait(pending, gate, exclusive)
     lowlevel.wait_readable = wait.wait_readable  # type: ignore[attr-defined]  # a module made at runtime
     lowlevel.notify_closing = wait.notify_closing  # type: ignore[attr-defined]  # a module made at runtime
     shim.lowlevel = lowlevel  # type: ignore[attr-defined]  # a module object made at runtime
     return shim
 
 
-async def main(gate: Gate | None = None) -> None:
+async def main(gate: Gate | None = None, exclusive: bool = True) -> None:
     """``pyfuse3.main()`` (default task counts) with :class:`ReadLock` as its read lock and
-    :class:`QueuedWait` (with a :class:`Pending` watching this run, and ``gate``) as its wait for
-    the next request; returns when the connection ends (unmounted or aborted)."""
+    :class:`QueuedWait` (with a :class:`Pending` watching this run, ``gate`` and ``exclusive``)
+    as its wait for the next request; returns when the connection ends (unmounted or aborted)."""
     pending = Pending()
     await pending.watch()
-    pyfuse3.trio = _trio_for_pyfuse3(pending, gate)  # type: ignore[attr-defined]  # pyfuse3's own trio, replaced on purpose
+    pyfuse3.trio = _trio_for_pyfuse3(pending, gate, exclusive)  # type: ignore[attr-defined]  # pyfuse3's own trio, replaced on purpose
     try:
         await pyfuse3.main()
     except* ConnectionAbortedError:
