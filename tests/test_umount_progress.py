@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -18,10 +19,12 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import SHARDFS, is_mounted, shard_locks
+from conftest import SHARDFS, is_mounted, shard_locks, wait_for
+import stopping
 from shardfs.app import progress, statusdoc
 from sources import Spec, build
 from test_hostile import chunk_bytes, write_file
+from test_restart import status
 
 s = slice
 # one shard of 20x20 inner chunks: 150 written chunks leave it incomplete (folded only when idle)
@@ -30,17 +33,28 @@ P = Spec("p", (40, 40), (2, 2), (40, 40), "<i4", 0, ("zstd", 1), inner_crc=False
 WRITTEN = [(i, j) for i in range(1, 20) for j in range(20)][:150]
 
 
-def test_umount_shows_fold_progress(tmp_path, mount):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_umount_shows_fold_progress(tmp_path, mount, workers):
+    """With 2 workers the owner (which holds the pending chunks) is stopped while ``umount``
+    starts: the other worker answers its first look at the status, with the owner's pending
+    chunks as they were up to a second before (perhaps none); the progress starts once the owner,
+    alone after the SIGTERM, says how many are pending."""
     src = tmp_path / "src"
     exp = build(src, [P])
     with shard_locks(P.shard_file(src, (0, 0))) as (locker,):
-        mnt = mount(src)
+        mnt = mount(src, "-o", f"workers={workers}")
         for k, idx in enumerate(WRITTEN):
             block, data = chunk_bytes(k, P)
             write_file(mnt / "p" / P.chunk_name(idx), data)
             exp["p"][P.chunk_region(idx)] = block
+        pids = [w["pid"] for w in status(mnt)["workers"]] if workers > 1 else []
+        if pids:
+            stopping.stopped(pids[0])
         umount = subprocess.Popen([SHARDFS, "umount", str(mnt)], stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                   text=True)
+        if pids:  # (the other worker ends at the SIGTERM umount sends once it looked)
+            wait_for(lambda: not os.path.exists(f"/proc/{pids[1]}"), 30, "the other worker ending")
+            os.kill(pids[0], signal.SIGCONT)
         first = umount.stderr.readline()
         locker.kill()  # the folds may go on
         rest = umount.stderr.read().splitlines()
@@ -59,13 +73,15 @@ EMPTY_DOC = {key: kinds[0]() for key, kinds in statusdoc.SCHEMA.items() if key i
 
 
 class FakeDaemon:
-    """A status socket answering documents whose pending chunks go down by ``step`` per answer."""
+    """A status socket answering documents whose pending chunks go down by ``step`` per answer,
+    after ``stale`` answers that say none are pending (another worker's, the owner's chunks not
+    published yet)."""
 
-    def __init__(self, path: str, chunks: int, shards: int, step: int) -> None:
+    def __init__(self, path: str, chunks: int, shards: int, step: int, stale: int = 0) -> None:
         self.sock = socket.socket(socket.AF_UNIX)
         self.sock.bind(path)
         self.sock.listen(8)
-        self.left, self.shards, self.total, self.step = chunks, shards, chunks, step
+        self.left, self.shards, self.total, self.step, self.stale = chunks, shards, chunks, step, stale
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -75,11 +91,15 @@ class FakeDaemon:
             except OSError:
                 return
             done = 1 - self.left / self.total
-            doc = {**EMPTY_DOC, "pending": {"chunks": self.left, "shards": self.shards - round(done * self.shards)},
+            pending = {"chunks": self.left, "shards": self.shards - round(done * self.shards)}
+            doc = {**EMPTY_DOC, "pending": {"chunks": 0, "shards": 0} if self.stale else pending,
                    "folds": {"current": "s3://b/a/c/1"}}
             conn.sendall(json.dumps(doc).encode())
             conn.close()
-            self.left = max(0, self.left - self.step)
+            if self.stale:
+                self.stale -= 1
+            else:
+                self.left = max(0, self.left - self.step)
 
 
 class Terminal(io.StringIO):
@@ -120,3 +140,22 @@ def test_few_pending_chunks_show_nothing(tmp_path):
     daemon.sock.close()
     assert out.getvalue() == ""
     assert os.path.exists(tmp_path / "s.sock")
+
+
+def test_progress_starts_when_a_later_document_shows_the_pending_chunks(tmp_path, monkeypatch):
+    """The first two answers say nothing is pending (another worker's, the owner's chunks up to a
+    second old): the progress starts at the first that shows them."""
+    monkeypatch.setattr(progress, "EVERY", 0.0)
+    monkeypatch.setattr(progress, "POLL", 0.0)
+    daemon = FakeDaemon(str(tmp_path / "s.sock"), 1000, 10, 500, stale=2)
+    out = io.StringIO()
+    shown = progress.FoldProgress("/mnt/x", str(tmp_path / "s.sock"), out)
+    for _ in range(3):
+        shown.poll()
+    shown.close(False)
+    daemon.sock.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "shardfs: /mnt/x: folding 1,000 pending chunks into 10 shards"
+    assert lines[1].startswith("shardfs: /mnt/x: folded 500 of 1,000 chunks (5 of 10 shards), ")
+    assert lines[-1].startswith("shardfs: /mnt/x: folded 1,000 chunks into 10 shards in ")
+    assert len(lines) == 3

@@ -1,9 +1,12 @@
 """Progress of the folds a daemon makes before it unmounts (``shardfs umount``), read from its
 status socket (``shardfs.app.status``) while it flushes.
 
-Shown only when at least ``MIN_CHUNKS`` chunks are pending at the start: on a terminal a tqdm
+Shown once a document says at least ``MIN_CHUNKS`` chunks are pending: on a terminal a tqdm
 bar on stderr (chunks and shards folded of those pending, rate, ETA, the shard being folded);
-otherwise one plain line at the start, one every ``EVERY`` seconds and one at the end.
+otherwise one plain line at the start, one every ``EVERY`` seconds and one at the end. Not only
+the first document decides: with ``-o workers=N`` another worker than the owner may answer it,
+with the owner's pending chunks up to a second old (``shardfs.app.peers``), and at the SIGTERM
+the others end and the owner answers alone.
 """
 
 from __future__ import annotations
@@ -33,15 +36,21 @@ class FoldProgress:
         self.done_chunks = self.done_shards = 0
         self.current: str | None = None
         doc = self._fetch()
-        if doc is None or doc["pending"]["chunks"] < MIN_CHUNKS:
+        if doc is None:
             self.socket = None
             return
+        self._start(doc)
+
+    def _start(self, doc: StatusDoc) -> None:
+        """Show progress from now on if ``doc`` says ``MIN_CHUNKS`` or more chunks are pending."""
+        if doc["pending"]["chunks"] < MIN_CHUNKS:
+            return
         self.chunks, self.shards = doc["pending"]["chunks"], doc["pending"]["shards"]
-        if stream.isatty():
+        if self.stream.isatty():
             from tqdm import tqdm
 
             self._bar = tqdm(total=self.chunks, unit="chunk", desc=f"folding into {self.shards} shards",
-                             file=stream, leave=False)
+                             file=self.stream, leave=False)
         else:
             self._line(f"folding {self.chunks:,} pending chunks into {self.shards:,} shards")
 
@@ -62,6 +71,9 @@ class FoldProgress:
         doc = self._fetch()
         if doc is None:
             return
+        if not self.chunks:
+            self._start(doc)
+            return
         pending = doc["pending"]
         self.done_chunks = max(self.done_chunks, self.chunks - pending["chunks"])
         self.done_shards = max(self.done_shards, self.shards - pending["shards"])
@@ -79,7 +91,7 @@ class FoldProgress:
 
     def close(self, kept: bool) -> None:
         """The daemon ended; ``kept``: it left changes in the journal (umount says which)."""
-        if self.socket is None:
+        if self.socket is None or not self.chunks:
             return
         took = time.monotonic() - self.started
         if self._bar is not None:
