@@ -67,8 +67,9 @@ def test_fold_fsyncs_the_shard_before_the_rename_and_the_directory_after(tmp_pat
     expected = build(src, [DUR])["dur"]
     shard = DUR.shard_file(src, (0, 0))
     trace = tmp_path / "strace.log"
-    mnt = mount(src, prefix=(STRACE, "-f", "-qq", "-y", "-s", "4096", "-o", str(trace),
-                             "-e", "trace=fsync,fdatasync,rename,renameat,renameat2"))
+    # (one worker: the calls of one process, none split by another's in the trace)
+    mnt = mount(src, "-o", "workers=1", prefix=(STRACE, "-f", "-qq", "-y", "-s", "4096", "-o", str(trace),
+                                                "-e", "trace=fsync,fdatasync,rename,renameat,renameat2"))
     values = DUR.values(DUR.chunk, 7)
     with open(mnt / "dur" / "0.0", "wb") as f:
         f.write(DUR.encode(values))
@@ -307,8 +308,9 @@ def test_a_deleted_shard_is_durable_in_the_directory_that_survives(tmp_path, mou
     src = tmp_path / "src"
     expected = build(src, [GONE])["gone"]
     trace = tmp_path / "strace.log"
-    mnt = mount(src, prefix=(STRACE, "-f", "-qq", "-y", "-s", "4096", "-o", str(trace),
-                             "-e", "trace=fsync,unlinkat"))
+    # (one worker: the calls of one process, none split by another's in the trace)
+    mnt = mount(src, "-o", "workers=1", prefix=(STRACE, "-f", "-qq", "-y", "-s", "4096", "-o", str(trace),
+                                                "-e", "trace=fsync,unlinkat"))
     for i, j in itertools.product((2, 3), (2, 3)):
         os.unlink(mnt / "gone" / f"{i}.{j}")
     expected[4:8, 4:8] = 0

@@ -187,7 +187,7 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
             return 1
     if args.connection is None and supervised():
         return _supervise(args, mnt, opts, read_only, source, _workers(cfg, read_only, source),
-                          elastic=cfg.workers is None,
+                          elastic=cfg.workers is None and not os.environ.get("SHARDFS_TEST_WORKERS"),
                           shard_ring=sharedshards.split(cfg.reads.cache_size)[0]
                           if read_only and source.kind.remote else 0)
     early.discard()  # (no supervision: this process serves)
@@ -325,9 +325,13 @@ def _workers(cfg: Config, read_only: bool, source: Source) -> int:
     local directory ``default_workers()`` if this pyfuse3 can serve them, else one. A source
     reached over the network (object store, web) gets one: 2 workers over this project's S3
     server took 1.4-1.6x the time of one, for 1.7-2.3x the CPU a chunk (doc/BENCHMARKING.md).
-    ``SHARDFS_TEST_CORES=N`` (the tests) counts N cores instead of this machine's."""
+    ``SHARDFS_TEST_CORES=N`` (the tests) counts N cores instead of this machine's;
+    ``SHARDFS_TEST_WORKERS=N`` gives any source N workers, all reading the connection (the
+    suite run again with 2: tests/README.md)."""
     if cfg.workers is not None:
         return cfg.workers
+    if os.environ.get("SHARDFS_TEST_WORKERS") and workers_refused(read_only) is None:
+        return int(os.environ["SHARDFS_TEST_WORKERS"])
     if source.kind.remote or workers_refused(read_only) is not None:
         return 1
     cores = os.environ.get("SHARDFS_TEST_CORES")
