@@ -137,3 +137,18 @@ def test_a_change_behind_a_local_mounts_back_shows_after_the_entry_timeout(tmp_p
         wait_for(lambda: sorted(mnt.iterdir()) == [".zattrs", ".zgroup", ".zmetadata", "g", "w"], 4,
                  "the new group listed")
         wait_for(lambda: sorted((mnt / "w" / "c").iterdir()) == ["0", "1"], 4, "the new shard listed")
+
+
+def test_groups_whose_names_extend_one_another_are_all_listed(tmp_path, s3_upload, mount):
+    """Groups ``foo``, ``foo-`` and ``foo_`` in the bucket are all listed (zarr 2.18's
+    ``test_double_counting_group_v3`` through a mount): SeaweedFS lists ``foo`` before ``foo-``
+    (not in the bytes' order, ``-`` < ``/``), and the listing's skip past ``foo/`` dropped ``foo-``."""
+    build(tmp_path / "src", [])
+    up = s3_upload(tmp_path / "src")
+    store = up.store()
+    for name in ("foo", "foo-", "foo_"):
+        obstore.put(store, f"g/{name}/zarr.json", json.dumps({"zarr_format": 3, "node_type": "group"}).encode())
+        obstore.put(store, f"g/{name}/bar/zarr.json", json.dumps({"zarr_format": 3, "node_type": "group"}).encode())
+    obstore.put(store, "g/zarr.json", json.dumps({"zarr_format": 3, "node_type": "group"}).encode())
+    mnt = mount(up.url, env=up.env)
+    assert sorted(os.listdir(mnt / "g")) == [".zattrs", ".zgroup", ".zmetadata", "foo", "foo-", "foo_"]

@@ -6,7 +6,9 @@ obstore (the Rust object_store bindings zarr-python 3 uses):
 - ``list``: paginated, bounded memory. S3's delimiter listing is not exposed page by page by
   object_store (``list_with_delimiter`` collects every page), so the listing is the recursive
   one (pages of ``PAGE`` keys, ``start-after`` driven) and skips each sub-prefix once seen:
-  one more request per sub-prefix, never more than one page in memory.
+  one more request per sub-prefix, never more than one page in memory. An entry listed again
+  is dropped, not a key before the offset: a store listing in its own order (SeaweedFS lists
+  ``a/`` before ``a-/``) gives after the offset names the bytes' order puts before it.
 - ``replace``: one PUT of the whole content, ``If-Match: <etag>`` (or ``If-None-Match: *`` for
   ``ABSENT``); 412, or 404 for If-Match on a vanished key, -> ``VersionMismatch``. The new
   version's mtime comes from a HEAD (0 if another writer already replaced it). A PUT whose
@@ -177,17 +179,20 @@ class ObjectStorage(OverRequests):
         head = base + "/" if base else ""
         page: list[Entry] = []
         offset: str | None = None
+        given: set[tuple[str, bool]] = set()  # entries listed already (one directory's: its listing keeps them all)
         while True:
             skip_to = None
             try:
                 token = self.requests.versions.token()
                 for chunk in self._listed(base, offset=offset, chunk_size=PAGE):
                     for meta in chunk:
-                        if offset is not None and meta["path"] <= offset:
-                            continue  # a store that ignores the offset (Azurite 3.35) lists from the start
                         name, sub, _ = meta["path"][len(head):].partition("/")
-                        if not name:
+                        # a store that ignores the offset (Azurite 3.35) lists from the start again;
+                        # one that lists in its own order, not the bytes' (SeaweedFS: ``a`` before
+                        # ``a-``), may list after the offset a name the bytes put before it
+                        if not name or (name, bool(sub)) in given:
                             continue
+                        given.add((name, bool(sub)))
                         if not sub:
                             self.requests.versions.put(meta["path"], version_of(meta), token)
                         page.append(Entry(name, bool(sub)))
