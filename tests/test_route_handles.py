@@ -1,18 +1,21 @@
 """Which worker of ``-o workers=N`` serves a request on a handle another worker opened
 (``shardfs.kernel.route.Route.link``), in-process: a read-only mount's RELEASE is served where
-it arrives without a look at the handle (``here``: a catch-up of the shared ledger); a READ, and
-a writable mount's RELEASE, first ask whether this worker may serve it."""
+it arrives without a look at the handle (``here``: a catch-up of the shared ledger), and so is a
+writable mount's of a handle a worker other than the owner opened (a read handle); a READ, and
+the RELEASE of a writable mount owner's handle (maybe a write handle), first ask whether this
+worker may serve it."""
 
 from __future__ import annotations
 
 import pytest
 
-from shardfs.kernel.owner import Areas, Marks
+from shardfs.kernel.owner import OWNER, Areas, Marks
 from shardfs.kernel.route import Route
 from shardfs.tree.nodetable import NodeTable
 
 OTHERS = 8  # a handle number worker 1 gave out (``Ledger.owner`` of 3 workers: (fh - 1) % 3)
 OWN = 9  # one this worker (2) gave out
+OWNERS = 7  # one the owner (slot 0) gave out
 INO = 1 << 40
 
 
@@ -55,12 +58,19 @@ def test_a_read_of_another_workers_handle_asks_first(tmp_path, here):
     assert asked == [OTHERS] and links.sent == ([] if here else [1])
 
 
-@pytest.mark.parametrize("here", [INO, None], ids=["may_be_served_here", "elsewhere"])
-def test_a_release_of_another_workers_handle_on_a_writable_mount_asks_first(tmp_path, here):
-    """(A writable mount's handle may be a write handle: only its opener commits it.)"""
-    r, links, asked = route(True, tmp_path, here)
-    assert r.link("release", (OTHERS,)) == (None if here else 1)
-    assert asked == [OTHERS] and links.sent == ([] if here else [1])
+def test_a_release_of_a_handle_a_writable_mounts_other_worker_opened_is_served_here_unasked(tmp_path):
+    """(A file opened for writing is the owner's: the other workers' handles are read handles.)"""
+    r, links, asked = route(True, tmp_path, None)
+    assert r.link("release", (OTHERS,)) is None
+    assert asked == [] and links.sent == []
+
+
+def test_a_release_of_the_owners_handle_on_a_writable_mount_asks_first(tmp_path):
+    """(The owner's handle may be a write handle: only the owner commits it. ``here`` answers
+    None for a write handle.)"""
+    r, links, asked = route(True, tmp_path, None)
+    assert r.link("release", (OWNERS,)) == OWNER
+    assert asked == [OWNERS] and links.sent == [OWNER]
 
 
 def test_a_request_on_this_workers_own_handle_is_served_here_unasked(tmp_path):

@@ -11,10 +11,12 @@ unless another must:
   successor in that slot takes its handles over from the ledger (``Reopen.restore``: opened
   again at their first use, as with one worker), and a link to a slot whose worker died waits
   for the next one (``PeerLink``). A read or release of an unchanged file is served where it
-  arrives (``here``), and a release on a read-only mount without a look at the handle at all:
-  every file handle of it is a read handle, whose release anywhere only notes it in the ledger
-  (its opener lets go when it follows that); learning the handle first (following the ledger)
-  cost about a tenth of the daemon's CPU a chunk file read with 2 workers;
+  arrives (``here``), and the release of a read handle without a look at the handle at all: its
+  release anywhere only notes it in the ledger (its opener lets go when it follows that), and
+  every file handle of a read-only mount, and every one a writable mount's worker other than
+  the owner opened, is one (a file opened for writing is the owner's: ``Areas.forwards``);
+  learning the handle first (following the ledger) cost about a tenth of the daemon's CPU a chunk
+  file read with 2 workers;
 - on a writable mount, what the owner worker must serve (``shardfs.kernel.owner.Areas``: every
   change, every request about what was changed through the mount) goes to it; the owner marks
   the area of each change before it starts it (``Areas.before``), whoever sent the request;
@@ -68,7 +70,7 @@ class Route:
                 return self.peers.link(home)
         if op in HANDLED:
             slot = self.owner_of(args[0])
-            if slot == self.index or (op == "release" and areas is None):  # (a read-only mount: see below)
+            if slot == self.index or (op == "release" and (areas is None or slot != OWNER)):  # (a read handle)
                 return None
             if not (op in ("read", "release") and self._here(slot, args[0])):
                 return self.peers.link(slot)
