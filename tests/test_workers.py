@@ -620,6 +620,25 @@ def test_a_write_through_one_worker_is_read_at_once_through_another(mount, src):
     assert doc["internal_errors"]["total"] == 0
 
 
+def test_a_file_written_through_the_owner_and_closed_through_the_other_worker_is_committed(mount, src):
+    """The FLUSH and RELEASE of a handle open for writing reaching the worker that did not open
+    it go to the owner, which opened it (a file opened for writing is the owner's): ``close()``
+    gets the outcome of the owner's commit of what was written, not a worker's that holds none."""
+    mnt = mount(src, "-o", "workers=2," + NO_CACHE)
+    w0, w1 = workers(mnt, 2)
+    new = (mnt / "a" / "0.0").read_bytes()
+    assert new != (mnt / "a" / "2.3").read_bytes()
+    with only(w0, [w0, w1]):
+        f = open(mnt / "a" / "2.3", "wb")
+        f.write(new)
+        f.flush()  # (Python's buffer: the WRITE reaches the owner now)
+    through_the_other(mnt, w0, f.close, op="flush")
+    assert (mnt / "a" / "2.3").read_bytes() == new
+    time.sleep(1.2)  # (each worker's status document: up to 1 s old)
+    doc = status(mnt)
+    assert doc["forwarded"].get("flush", 0) >= 1 and doc["internal_errors"]["total"] == 0
+
+
 def test_workers_reach_each_other_through_a_state_directory_past_sun_path(mount, src, tmp_path, monkeypatch):
     """The state directory of a long home (or of a source of a long name: 53 bytes of it) puts
     the workers' and the status sockets past the 107 bytes of a unix socket's path: `shardfs
