@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 from conftest import drop_caches
-from shardfs.kernel.reopen import FOLLOW_S
 from sources import LE, gzip, sharding, write_v3
 
 SHAPE, CHUNK, SHARD = (128, 128), (64, 64), (128, 128)  # chunk files of 8 KiB: two pages each
@@ -149,16 +148,11 @@ def test_no_fill_of_a_file_opened_for_writing_before(src, mount):
     taken for a stored version's, and no stale page survives the next open for reading. The
     first open after the write drops the older version's pages itself (before it is answered),
     so its reads fill them with the new version and the next open keeps them (no READ request
-    per read), as before the write. With N workers (scripts/test-workers) the older version's
-    file, closed through the worker that did not open it, counts as open until its opener
-    follows the ledger (doc/SEMANTICS.md#workers): meanwhile opens read with direct I/O (no
-    mapping), so the test waits for that first."""
+    per read), as before the write."""
     root, data = src
     mnt = mount(root)
     path = mnt / "x" / "0.1"
     assert path.read_bytes() == data[:64, 64:].tobytes()
-    if int(os.environ.get("SHARDFS_TEST_WORKERS", "1")) > 1:
-        time.sleep(2 * FOLLOW_S + 0.2)
     new = (data[:64, 64:] + 7).astype("<u2").tobytes()
     with open(path, "r+b") as f:
         f.write(new)

@@ -165,3 +165,43 @@ def test_a_full_table_answers_as_if_pages_of_another_version_were_held(fd, monke
     inos = [V1._replace(ino=V1.ino + i * k.table.capacity) for i in range(3)]  # (one home)
     assert [k.opened(v) for v in inos] == [Pages.NONE, Pages.NONE, Pages.OTHER]
     assert [k.reading(v, i) for i, v in enumerate(inos)] == [False, False, True]
+
+
+def test_a_file_released_through_another_worker_is_uncounted_there_at_once(fd):
+    """Worker a opened the file (a reader, a pin) and worker b serves its RELEASE: its reader
+    and pin are gone at once (an open of another version is not given direct I/O), and a's own
+    let-go, when it learns of the release, takes nothing more off."""
+    (ka, a), (kb, b) = worker(fd), worker(fd)
+    t = ka.table
+    assert ka.opened(V1) is Pages.NONE and ka.reading(V1, 5) is False
+    a.pin(5, V1)
+    off = t.find(V1.ino)
+    assert (t.fields(off)[7:9], t.pins()) == ((1, 1), 1)  # (readers, pins)
+    with kb.locked():
+        kb.released_elsewhere(5)
+        b.released_elsewhere(5)
+    assert (t.fields(off)[7:9], t.pins()) == ((0, 0), 0)
+    assert kb.reading(BIG, 6) is False, "nobody reads the other version any more"
+    with ka.locked():  # (a follows the release it did not serve)
+        ka.unread(V1, 5)
+        a.unpin(5)
+    assert (t.fields(off)[7:9], t.pins()) == ((1, 0), 0)  # (BIG's reader)
+    with kb.locked():
+        kb.released_elsewhere(5)  # (a release served twice: nothing more either)
+    assert t.fields(off)[7] == 1
+
+
+def test_a_handles_place_torn_by_a_dying_worker_is_forgotten(fd):
+    """A worker killed while it noted a handle: the next lock holder forgets the place (the
+    file stays counted, as a dead worker's; never another entry uncounted by a torn note)."""
+    (ka, _), (kb, _) = worker(fd), worker(fd)
+    assert ka.opened(V1) is Pages.NONE and ka.reading(V1, 5) is False
+    t = ka.table
+    at = t._handles_at + 5 * struct.calcsize("<QII")
+    with t:
+        struct.pack_into("<Q", t._map, 8, at)  # what a write names before it starts
+        t._map[at + 8:at + 12] = b"\xff" * 4  # ... and half of it: an offset no entry has
+    with kb.locked():
+        kb.released_elsewhere(5)
+    off = t.find(V1.ino)
+    assert t.fields(off)[7] == 1 and t._map[at:at + 16] == bytes(16)

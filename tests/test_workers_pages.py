@@ -222,3 +222,32 @@ def test_a_file_written_through_the_mount_is_read_back_and_kept_at_the_next_open
         if kept[-1] == PAGES:
             break
     assert kept[-1] == PAGES, kept
+
+
+def test_a_file_closed_through_the_worker_that_did_not_open_it_is_uncounted_at_once(src, mount):  # noqa: F811
+    """A file opened through worker 1 and closed through the owner (which serves its RELEASE
+    without asking worker 1) stops counting at once, as with one worker: worker 1 stays stopped
+    (it never learns of the release), and the opens of the version written next still read
+    through the page cache (a shared mapping of the file works; with the old version's reader
+    still counted they got direct I/O: ENODEV). The pages themselves are not counted here:
+    another test's ``drop_caches`` may take them (``test_a_file_written_...`` above)."""
+    root, data = src
+    mnt = mount(root)
+    w0, w1 = workers(mnt, 2)
+    path = mnt / "x" / "0.1"
+    new = (data[:64, 64:] + 7).astype("<u2").tobytes()
+    with only(w1, [w0, w1]):
+        f = open(path, "rb")
+        assert f.read() == data[:64, 64:].tobytes()
+    with only(w0, [w0, w1]):
+        f.close()
+        with open(path, "r+b") as g:
+            g.write(new)
+        assert path.read_bytes() == new
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert 0 <= resident(fd, FILE) <= PAGES  # (mapped: no direct I/O)
+            assert os.pread(fd, FILE + 1, 0) == new
+        finally:
+            os.close(fd)
+    assert status(mnt)["internal_errors"]["total"] == 0

@@ -324,6 +324,10 @@ class Operations(pyfuse3.Operations):
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh)
         self.numbers.compact_if_full(self._handles.records)
+        if handle is None or isinstance(handle, Lost):  # another worker's file: uncounted now, not when it follows
+            with self._kernel.locked():
+                self._kernel.released_elsewhere(fh)
+                self._pins.released_elsewhere(fh)
         self._let_go(fh, handle)
 
     def _let_go(self, fh: int, handle: Handle | None) -> None:

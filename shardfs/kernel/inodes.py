@@ -195,6 +195,11 @@ class KernelInodes:
         else:
             versions[key] -= 1
 
+    def released_elsewhere(self, fh: int) -> None:
+        """Handle ``fh``, which another worker opened (or a dead one), was released here: what
+        ``reading`` counted of it is uncounted at once where that worker noted it for any worker
+        (``SharedInodes``; one worker: nothing)."""
+
     def served(self, attr: Attr) -> None:
         """Bytes of version ``attr`` are being read into the kernel's pages of ``attr.ino`` (a
         READ of a handle opened at that version). If another version was opened since, those

@@ -15,12 +15,18 @@ inodes land in consecutive entries: a few pages of memory for thousands of chunk
 replies (``shardfs.kernel.sharedpages.SharedInodes.kernel_forgot``). An
 entry is never removed (it is the memory of pages the kernel may still hold); an inode that finds
 no entry within ``PROBES`` of its home is ``None`` to the callers, which then answer as if the
-kernel held pages of another version (no keep, no fill, direct I/O: always correct).
+kernel held pages of another version (no keep, no fill, direct I/O: always correct). After the
+entries, ``HANDLES`` places of open files' handles (direct-mapped on the handle's number): where
+the file of each is counted (``note_handle``), so that the worker that serves its RELEASE,
+whichever it is, uncounts it at once (``take_handle``); a handle whose place another holds is
+uncounted by its opener, when it learns of the release (``shardfs.kernel.reopen``: up to
+``FOLLOW_S`` later, opens of another version meanwhile reading with direct I/O).
 
-A worker killed while it writes an entry may leave it torn: each write names its entry in the
-header first (``dirty``), and whoever takes the lock next finds the name and *poisons* the entry
-(``POISONED``: its pages are another version's and its files read with direct I/O, for the
-mount's life: a few chunk files, at worst, lose the page cache).
+A worker killed while it writes an entry or a handle's place may leave it torn: each write names
+it in the header first (``dirty``), and whoever takes the lock next finds the name and *poisons*
+the entry (``POISONED``: its pages are another version's and its files read with direct I/O, for
+the mount's life: a few chunk files, at worst, lose the page cache) or forgets the handle (its
+file stays counted, as a dead worker's).
 """
 
 from __future__ import annotations
@@ -32,12 +38,16 @@ from typing import NamedTuple
 
 from shardfs.base import memtables
 
-MAGIC = 0x53504732  # "SPG2" (SPG1: entries of 64 bytes, no lookups; a worker of either refuses the other's table)
+MAGIC = 0x53504733  # "SPG3" (SPG2: no handles; SPG1: entries of 64 bytes; a worker refuses another's table)
 HEADER = 64
 ENTRY = 128
 CAPACITY = 1 << 20  # entries (128 MiB of address space; memory only for the pages touched)
 PROBES = 64  # entries looked at from an inode's home before it counts as absent
 OFFSETS = 1 << 16  # entries a worker remembers the place of (``find``)
+HANDLES = 1 << 16  # places of handles whose counts any worker lets go of (``note_handle``)
+_HANDLE = struct.Struct("<QII")  # fh, its entry's offset, what was counted (``READER``, ``PINNED``) | generation << 2
+READER, PINNED = 1, 2  # (``note_handle``)
+GEN_MASK = 0x3FFFFFFF  # the bits of a pin's generation a handle's place keeps
 _HEAD = struct.Struct("<IIQQ")  # magic, capacity, dirty (offset of the entry being written, 0: none), pins
 _ENTRY = struct.Struct("<QIIQqQqIIII")  # see ``Entry``
 _INO = struct.Struct("<Q")
@@ -79,15 +89,18 @@ class Entry(NamedTuple):
 
 def memory() -> int:
     """A new table (a memfd, close-on-exec, sized and empty): the supervisor's to keep and give."""
-    return memtables.make("shardfs-pages", _HEAD.pack(MAGIC, CAPACITY, 0, 0), CAPACITY, ENTRY, HEADER)
+    return memtables.make("shardfs-pages", _HEAD.pack(MAGIC, CAPACITY, 0, 0), CAPACITY, ENTRY, HEADER,
+                          HANDLES * _HANDLE.size)
 
 
 class PageTable:
     """A worker's view of its mount's table (the memfd ``fd``, which it may close afterwards)."""
 
     def __init__(self, fd: int) -> None:
-        self._lock_fd, self._map, self.capacity = memtables.attach(fd, MAGIC, ENTRY, HEADER, "page table")
+        self._lock_fd, self._map, self.capacity = memtables.attach(fd, MAGIC, ENTRY, HEADER, "page table",
+                                                                   HANDLES * _HANDLE.size)
         self._mask = self.capacity - 1
+        self._handles_at = HEADER + self.capacity * ENTRY
         self._depth = 0
         self._offsets: dict[int, int] = {}  # inode -> its entry (``find``)
 
@@ -211,7 +224,43 @@ class PageTable:
         pins = _U64.unpack_from(self._map, _PINS_AT)[0]
         _U64.pack_into(self._map, _PINS_AT, max(0, pins + n))
 
+    def note_handle(self, fh: int, off: int, what: int, gen: int = 0) -> bool:
+        """Note (under the lock) that the file of handle ``fh`` is counted in the entry at ``off``
+        (``what``: ``READER``; or ``PINNED``, at the entry's forfeits ``gen``), so that whichever
+        worker serves its release lets go of that at once (``take_handle``); False if the place
+        of ``fh`` holds another handle's (the caller keeps it itself, let go of by its opener)."""
+        assert self._depth
+        at = self._handles_at + (fh & (HANDLES - 1)) * _HANDLE.size
+        held, held_off, flags = _HANDLE.unpack_from(self._map, at)
+        if fh <= 0 or held not in (0, fh) or (held == fh and held_off != off):
+            return False
+        flags = flags | READER if what == READER else (flags & READER) | PINNED | (gen & GEN_MASK) << 2
+        self._put_handle(at, fh, off, flags)
+        return True
+
+    def take_handle(self, fh: int, what: int) -> tuple[int, int] | None:
+        """(Under the lock) the entry's offset and the generation ``note_handle`` noted for ``fh``
+        and ``what``, which is no longer noted; None if it is not (or no longer)."""
+        assert self._depth
+        at = self._handles_at + (fh & (HANDLES - 1)) * _HANDLE.size
+        held, off, flags = _HANDLE.unpack_from(self._map, at)
+        if fh <= 0 or held != fh or not flags & what:
+            return None
+        rest = flags & ~READER if what == READER else flags & READER
+        self._put_handle(at, fh if rest else 0, off if rest else 0, rest)
+        return off, flags >> 2
+
+    def _put_handle(self, at: int, fh: int, off: int, flags: int) -> None:
+        table = self._map
+        _U64.pack_into(table, _DIRTY_AT, at)
+        _HANDLE.pack_into(table, at, fh, off, flags)
+        _U64.pack_into(table, _DIRTY_AT, 0)
+
     def _poison(self, off: int) -> None:
+        if off >= self._handles_at:  # (a handle's place: forgotten, its counts stay, as a dead worker's)
+            _HANDLE.pack_into(self._map, off, 0, 0, 0)
+            _U64.pack_into(self._map, _DIRTY_AT, 0)
+            return
         e = self.read(off)
         ino = e.ino if self.find(e.ino) == off else 0  # (a torn inode number: the entry is nobody's)
         _U64.pack_into(self._map, _DIRTY_AT, 0)

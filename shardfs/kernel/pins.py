@@ -64,6 +64,11 @@ class Pins:
             if not pins:
                 del self._pins[ino]
 
+    def released_elsewhere(self, fh: int) -> None:
+        """Handle ``fh``, which another worker opened (or a dead one), was released here: its
+        pin is let go of at once where that worker noted it for any worker (``SharedPins``;
+        one worker: nothing)."""
+
     def forfeit(self, ino: int) -> None:
         """``ino`` is being rewritten in place: the files open on it no longer pin it."""
         for fh in self._pins.pop(ino, {}):

@@ -20,8 +20,11 @@ what changes with N workers:
   before it replies, and the table outlives every worker), so a FORGET that leaves more is no
   eviction: a lookup answered since already made the kernel a new inode, whose pages the table
   tracks from its opens on (it is then kept, not filled).
-- A worker that dies leaves its files counted: another version's open of those inodes gets
-  direct I/O until the mount ends (never wrong bytes; the kernel re-sends nothing of them).
+- A file's reader and pin are noted by its handle (``PageTable.note_handle``): the worker that
+  serves its RELEASE uncounts them at once, whichever it is, also after its opener died. A
+  handle whose place another holds is counted in its opener alone (``_counted``, ``_mine``):
+  uncounted when the opener learns of the release, or never if it died (another version's open
+  of that inode then gets direct I/O until the mount ends: never wrong bytes).
 """
 
 from __future__ import annotations
@@ -135,18 +138,31 @@ class SharedInodes(KernelInodes):
                 t.set_word(off, pt.READERS, readers + 1)
             else:
                 t.set_readers(off, attr.size, attr.mtime_ns, 1)
-            self._counted[fh] = off
+            if not t.note_handle(fh, off, pt.READER):
+                self._counted[fh] = off
             return False
 
     def unread(self, attr: Attr, fh: int = 0) -> None:
         off = self._counted.pop(fh, -1)
-        if off < 0:  # (a file opened with direct I/O, or by another worker)
-            return
+        with self.table:
+            self._uncount(fh if off < 0 else 0, off)
+
+    def released_elsewhere(self, fh: int) -> None:
+        with self.table:
+            self._uncount(fh, -1)
+
+    def _uncount(self, fh: int, off: int) -> None:
+        """One reader fewer in the entry at ``off``, or if < 0 in the one noted for handle ``fh``
+        (none: a file opened with direct I/O, or already uncounted by another worker)."""
         t = self.table
-        with t:
-            e = t.fields(off)
-            if e[_READERS] and e[_STATE] != pt.POISONED:
-                t.set_word(off, pt.READERS, e[_READERS] - 1)
+        if off < 0:
+            noted = t.take_handle(fh, pt.READER)
+            if noted is None:
+                return
+            off = noted[0]
+        e = t.fields(off)
+        if e[_READERS] and e[_STATE] != pt.POISONED:
+            t.set_word(off, pt.READERS, e[_READERS] - 1)
 
     def served(self, attr: Attr) -> None:
         t = self.table
@@ -222,18 +238,32 @@ class SharedPins(Pins):
                 t.set_readers(off, version.size, version.mtime_ns, e[_READERS])
             t.set_word(off, pt.PINS, e[_PINS] + 1)
             t.add_pins(1)
-            self._mine[fh] = (off, e[_GEN])
+            if not t.note_handle(fh, off, pt.PINNED, e[_GEN]):
+                self._mine[fh] = (off, e[_GEN])
 
     def unpin(self, fh: int) -> None:
         off, gen = self._mine.pop(fh, (-1, 0))
-        if off < 0:
-            return
+        with self.table:
+            self._unpin(fh if off < 0 else 0, off, gen)
+
+    def released_elsewhere(self, fh: int) -> None:
+        with self.table:
+            self._unpin(fh, -1, 0)
+
+    def _unpin(self, fh: int, off: int, gen: int) -> None:
+        """One pin fewer in the entry at ``off`` unless forfeited since ``gen``; if ``off`` < 0,
+        the pin noted for handle ``fh`` (none: a file that pinned nothing, or already unpinned
+        by another worker)."""
         t = self.table
-        with t:
-            e = t.fields(off)
-            if e[_GEN] == gen and e[_PINS]:
-                t.set_word(off, pt.PINS, e[_PINS] - 1)
-                t.add_pins(-1)
+        if off < 0:
+            noted = t.take_handle(fh, pt.PINNED)
+            if noted is None:
+                return
+            off, gen = noted
+        e = t.fields(off)
+        if (e[_GEN] & pt.GEN_MASK) == (gen & pt.GEN_MASK) and e[_PINS]:
+            t.set_word(off, pt.PINS, e[_PINS] - 1)
+            t.add_pins(-1)
 
     def forfeit(self, ino: int) -> None:
         t = self.table
