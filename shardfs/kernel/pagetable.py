@@ -230,7 +230,7 @@ class PageTable:
         worker serves its release lets go of that at once (``take_handle``); False if the place
         of ``fh`` holds another handle's (the caller keeps it itself, let go of by its opener)."""
         assert self._depth
-        at = self._handles_at + (fh & (HANDLES - 1)) * _HANDLE.size
+        at = self._handle_at(fh)
         held, held_off, flags = _HANDLE.unpack_from(self._map, at)
         if fh <= 0 or held not in (0, fh) or (held == fh and held_off != off):
             return False
@@ -242,13 +242,17 @@ class PageTable:
         """(Under the lock) the entry's offset and the generation ``note_handle`` noted for ``fh``
         and ``what``, which is no longer noted; None if it is not (or no longer)."""
         assert self._depth
-        at = self._handles_at + (fh & (HANDLES - 1)) * _HANDLE.size
+        at = self._handle_at(fh)
         held, off, flags = _HANDLE.unpack_from(self._map, at)
         if fh <= 0 or held != fh or not flags & what:
             return None
         rest = flags & ~READER if what == READER else flags & READER
         self._put_handle(at, fh if rest else 0, off if rest else 0, rest)
         return off, flags >> 2
+
+    def _handle_at(self, fh: int) -> int:
+        """Where the place of handle ``fh`` is (direct-mapped on its number)."""
+        return self._handles_at + (fh & (HANDLES - 1)) * _HANDLE.size
 
     def _put_handle(self, at: int, fh: int, off: int, flags: int) -> None:
         table = self._map

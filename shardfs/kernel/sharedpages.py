@@ -145,7 +145,7 @@ class SharedInodes(KernelInodes):
     def unread(self, attr: Attr, fh: int = 0) -> None:
         off = self._counted.pop(fh, -1)
         with self.table:
-            self._uncount(fh if off < 0 else 0, off)
+            self._uncount(fh, off)
 
     def released_elsewhere(self, fh: int) -> None:
         with self.table:
@@ -244,7 +244,7 @@ class SharedPins(Pins):
     def unpin(self, fh: int) -> None:
         off, gen = self._mine.pop(fh, (-1, 0))
         with self.table:
-            self._unpin(fh if off < 0 else 0, off, gen)
+            self._unpin(fh, off, gen)
 
     def released_elsewhere(self, fh: int) -> None:
         with self.table:
