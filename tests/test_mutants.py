@@ -11,7 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import shardfs
+
+pytestmark = pytest.mark.long(155)  # seconds in a scripts/test run (3 processes on 2 cores)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -37,6 +37,8 @@ from shardfs.storage.objects import ObjectStorage
 from sources import Spec, build
 from writers import umount, write_zarr2
 
+pytestmark = pytest.mark.long(62)  # seconds in a scripts/test run (3 processes on 2 cores)
+
 S = Spec("s", (8, 10), (4, 5), (8, 10), "<i4", 0, ("zstd", 3), inner_crc=False,
          index_location="end", index_crc=True, initial=((slice(0, 8), slice(0, 5)),),
          write=(slice(0, 4), slice(0, 5)))

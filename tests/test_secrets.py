@@ -17,8 +17,6 @@ from awshome import credential_process, reads_exactly, write_aws
 from testkit.seaweed import REGION, SECRET_KEY
 from conftest import run_shardfs
 
-pytestmark = pytest.mark.long(110)  # seconds alone on a loaded 2-core machine
-
 
 def everything_written(mount, mnt: Path, state: Path, said: list[str]) -> str:
     info = mount.info(mnt)

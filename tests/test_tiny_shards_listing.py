@@ -14,13 +14,9 @@ from __future__ import annotations
 import os
 import subprocess
 
-import pytest
-
 from inproc import InProcess
 from shardfs.shards import indexes
 from testkit.datasets import build_tiny
-
-pytestmark = pytest.mark.long(80)  # seconds alone on a loaded 2-core machine
 
 SHARDS = 30_000
 
