@@ -37,6 +37,8 @@ from shardfs.writes.journal import segments_under
 from sources import Spec, assert_source_equals, build, journal_entries, leftovers
 from writers import umount
 
+pytestmark = pytest.mark.long(38)  # seconds in a scripts/test run (3 processes on 2 cores)
+
 s = slice
 # 4 shards of 2x2 inner chunks, all stored.
 H = Spec("h", (16, 16), (4, 4), (8, 8), "<i4", 0, ("zstd", 1), inner_crc=False, index_location="end",
