@@ -543,8 +543,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "transcode: array whose inner chain v2 cannot express (served transcoded)")
     config.addinivalue_line(
-        "markers", "long(seconds): a module that takes a minute or more (run first, longest first, so that a "
-                   "parallel run does not end waiting on it)")
+        "markers", "long(seconds): a module that takes a minute or more, the seconds it took in a scripts/test "
+                   "run (3 processes on 2 cores): run first, longest first, so that a parallel run does not end "
+                   "waiting on it")
 
 
 def pytest_collection_modifyitems(items):

@@ -15,7 +15,7 @@ import pytest
 
 import shardfs
 
-pytestmark = pytest.mark.long(155)  # seconds in a scripts/test run (3 processes on 2 cores)
+pytestmark = pytest.mark.long(155)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -25,7 +25,7 @@ import pytest
 from conftest import ZARR2_PYTHON, bounded, daemon_pids, run_shardfs, shard_locks, wait_for
 
 pytestmark = [
-    pytest.mark.long(57),  # seconds in a scripts/test run (3 processes on 2 cores)
+    pytest.mark.long(57),
     pytest.mark.skipif(
         "takeover" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
         reason="needs the pyfuse3 scripts/pyfuse3 builds (pyfuse3.takeover)"),

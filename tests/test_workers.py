@@ -28,7 +28,7 @@ import stopping
 from test_restart import EXPECTED, READER, assert_clean_reads, held_when_killed, status, two_arrays
 
 pytestmark = [
-    pytest.mark.long(235),  # seconds in a scripts/test run (3 processes on 2 cores)
+    pytest.mark.long(235),
     pytest.mark.skipif(
         "workers" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
         reason="needs the pyfuse3 scripts/pyfuse3 builds (non-blocking reads of clones)"),
