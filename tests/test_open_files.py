@@ -8,6 +8,7 @@ opened again later reads the new chunk.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -17,7 +18,7 @@ import numcodecs
 import numpy as np
 import pytest
 
-from conftest import drop_caches
+from conftest import drop_caches, wait_for
 from inproc import InProcess
 from sources import LE, ZSTD, sharding, write_v3
 from test_workers import NO_CACHE, only, workers
@@ -133,6 +134,111 @@ def test_a_file_opened_before_its_shard_was_replaced_keeps_its_size(versions, mo
         assert np.array_equal(decoded(got), b[8:, 8:]) and path.stat().st_size == len(got) != len(old)
         assert os.fstat(f.fileno()).st_size == len(old)
         assert f.read() == old and np.array_equal(decoded(old), a[8:, 8:])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_file_read_with_direct_io_keeps_its_size_when_a_rename_commits_another(versions, mount, workers):
+    """A file opened beside another of another version of its chunk (here the same bytes, the
+    shard folded meanwhile) bypasses the kernel's pages (direct I/O), but it pins its size all
+    the same: once a rename through the mount commits a chunk of another size, ``fstat`` still
+    gives the size it reads (tensorstore reads that many bytes: found by a stress of renames
+    onto chunk files, torn reads and "Unexpected EOF"; a 2-worker soak's forbidden read)."""
+    src, _, a, b = versions
+    mnt = mount(src, "-o", f"attr_timeout=0,entry_timeout=0,workers={workers}")
+    path, beside = mnt / "x" / "1.1", mnt / "x" / "0.0"
+    staged = (mnt / "x" / "0.0.1.partial", mnt / "x" / "1.1.2.partial")
+    (shard,) = shard_files(src)
+    before = shard.stat().st_mtime_ns
+    with open(path, "rb", buffering=0) as first:
+        old = first.read()
+        staged[0].write_bytes(numcodecs.Zstd().encode(b[:8, :8].tobytes()))
+        os.rename(staged[0], beside)
+        # the shard is folded: the chunk's mtime changes, its bytes do not (``folded`` may see
+        # another worker's status of up to a second ago)
+        wait_for(lambda: shard.stat().st_mtime_ns != before, 60, "the shard folded")
+        second = open(path, "rb", buffering=0)
+    with second:
+        staged[1].write_bytes(numcodecs.Zstd().encode(b[8:, 8:].tobytes()))
+        os.rename(staged[1], path)
+        new = path.read_bytes()
+        assert np.array_equal(decoded(new), b[8:, 8:]) and len(new) != len(old)
+        assert os.fstat(second.fileno()).st_size == len(old)
+        assert second.read() == old and np.array_equal(decoded(old), a[8:, 8:])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_file_opened_beside_two_other_versions_of_its_size_reads_its_own(versions, mount, workers):
+    """Three versions of a chunk of one size (two renames through the mount, each of other
+    bytes): a file opened at the first reads through the kernel's pages, and every file opened
+    at a later version beside it with direct I/O, which pins the size without taking the first's
+    place as the pages' version (``SharedPins.pin``): a third file opened beside them reads its
+    own bytes, even when the first one's reads fill the pages again meanwhile."""
+    src, _, _, _ = versions
+    mnt = mount(src, "-o", f"attr_timeout=0,entry_timeout=0,workers={workers}")
+    path = mnt / "x" / "1.1"
+    rng = np.random.default_rng(7)  # (random: zstd stores them raw, each of one size)
+    stored = [numcodecs.Zstd().encode(rng.integers(0, 65535, CHUNK, dtype="<u2").tobytes()) for _ in range(2)]
+    assert len(stored[0]) == len(stored[1])
+    for i, data in enumerate(stored):
+        staged = mnt / "x" / f"1.1.{i}.partial"
+        staged.write_bytes(data)
+        os.rename(staged, path)
+        if i == 0:
+            first = open(path, "rb", buffering=0)
+    with first, open(path, "rb", buffering=0) as second, open(path, "rb", buffering=0) as third:
+        assert first.read() == stored[0]
+        assert second.read() == stored[1] and third.read() == stored[1]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_files_read_while_renames_commit_other_sizes_read_whole_versions(versions, mount, workers):
+    """For 6 s a thread renames temporaries of three sizes onto two chunk files through the
+    mount while two others open them, ``fstat`` and read that many bytes (as tensorstore
+    does: "Unexpected EOF" if fewer): each read is one whole version, of the size ``fstat``
+    gave. (Before files read with direct I/O pinned their size: several torn reads a second.)"""
+    import threading
+
+    src, _, _, _ = versions
+    mnt = mount(src, "-o", f"workers={workers}")
+    rng = np.random.default_rng(3)
+    arrays = [np.ones(CHUNK, "<u2"), rng.integers(0, 9, CHUNK, dtype="<u2"), rng.integers(0, 65535, CHUNK, dtype="<u2")]
+    sizes = [numcodecs.Zstd().encode(x.tobytes()) for x in arrays]
+    names = [mnt / "x" / "0.1", mnt / "x" / "1.1"]
+    whole = {p.read_bytes() for p in names} | set(sizes)
+    assert len({len(v) for v in sizes}) == 3
+    end = time.monotonic() + 6
+    torn: list[str] = []
+    done = [0, 0]
+
+    def write() -> None:
+        for i in itertools.count():
+            if time.monotonic() > end:
+                return
+            staged = names[i % 2].with_name(f"{names[i % 2].name}.{i}.partial")
+            staged.write_bytes(sizes[i % 3])
+            os.rename(staged, names[i % 2])
+            done[0] += 1
+
+    def read() -> None:
+        while time.monotonic() < end:
+            for p in names:
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    size = os.fstat(fd).st_size
+                    data = os.pread(fd, size, 0)
+                finally:
+                    os.close(fd)
+                done[1] += 1
+                if data not in whole or len(data) != size:
+                    kind = "a" if data in whole else "no"
+                    torn.append(f"{p.name}: fstat {size}, read {len(data)} bytes, {kind} version")
+
+    threads = [threading.Thread(target=f) for f in (write, read, read)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert torn == [] and done[0] > 100 and done[1] > 100, (done, torn[:5])
 
 
 @pytest.mark.parametrize("ro", [False, True], ids=["writable", "ro"])

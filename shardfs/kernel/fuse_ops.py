@@ -299,10 +299,13 @@ class Operations(pyfuse3.Operations):
             # direct I/O: an older version's reads may refill the pages; or the file changed during
             # the open (``stale``), and the kernel must not cut this version's bytes to the new size
             fi.direct_io = self._kernel.reading(version, fi.fh) or stale or not self._opening.cached
-            if not fi.direct_io and handle.attr.ino >= CHUNK_BASE:  # (a chunk file's own inode)
+            pinned = handle.attr.ino >= CHUNK_BASE  # (a chunk file's own inode, or its alias)
+            if pinned:  # with direct I/O too: fstat must give the size this file reads
                 self._pins.pin(fi.fh, version)
             if pages is Pages.NONE and content is not None and not fi.direct_io:
                 self._opening.fill(handle.ino, content)
+        if stale and pinned:  # the kernel may have taken the new version's size meanwhile
+            await self._opening.ask_size_again(handle.ino)
         return fi
 
     @_guard

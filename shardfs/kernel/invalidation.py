@@ -45,10 +45,11 @@ class Invalidation:
             await trio.to_thread.run_sync(invalidate_inodes, targets)
 
 
-def invalidate_inodes(inodes: list[int]) -> None:
-    """``pyfuse3.invalidate_inode`` each; blocks while a client holds a page of one locked."""
+def invalidate_inodes(inodes: list[int], attr_only: bool = False) -> None:
+    """``pyfuse3.invalidate_inode`` each (its attributes only if ``attr_only``); blocks while a
+    client holds a page of one locked (never if ``attr_only``)."""
     for ino in inodes:
         try:
-            pyfuse3.invalidate_inode(ino)
+            pyfuse3.invalidate_inode(ino, attr_only)
         except OSError:
             pass  # the kernel does not know this inode

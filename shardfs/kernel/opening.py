@@ -93,6 +93,11 @@ class Opening:
         content = await self.opens.read(handle, 0, size)
         return content if len(content) == size else None
 
+    async def ask_size_again(self, ino: int) -> None:
+        """The kernel drops its attributes of ``ino`` (its pages are kept): its next ``fstat`` or
+        read past the size it holds asks for them (a getattr: ``Pins.frozen``)."""
+        await trio.to_thread.run_sync(invalidate_inodes, [ino], True)
+
     def fill(self, ino: int, content: Content) -> None:
         """Store ``content`` (a view of a buffer the next read may reuse: no ``await`` since it
         was read) into the page cache of ``ino``, which holds none of it. Called before the open

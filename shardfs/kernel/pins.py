@@ -20,9 +20,11 @@ it) and the chunk's size is no longer theirs:
 
 Only the size matters: a version of the same size (a fold changes only the mtime) is served
 through the same inode (the page-cache bookkeeping in ``inodes.KernelInodes`` keeps each
-handle's bytes apart). Files opened with direct I/O pin nothing (the kernel does not cap
-their reads), nor do files being rewritten in place (``forfeit``: as on a local filesystem,
-a reader of a file rewritten in place may read it torn). Runs on the trio thread.
+handle's bytes apart). Files opened with direct I/O pin their inode too: the kernel does not
+cap their reads, but ``fstat`` gives its inode's size, and tensorstore reads that many bytes
+(unpinned, they read torn beside renames committing other sizes: found by a stress of them).
+Files being rewritten in place pin nothing (``forfeit``: as on a local filesystem, a reader
+of a file rewritten in place may read it torn). Runs on the trio thread.
 """
 
 from __future__ import annotations
@@ -49,9 +51,10 @@ class Pins:
         return bool(self._pins or self._shown)
 
     def pin(self, fh: int, version: Attr) -> None:
-        """File ``fh`` reads version ``version`` (``ino``: the kernel's inode) through the page
-        cache. Every file pinning an inode reads one version: one of another version opened
-        beside it is given direct I/O (``KernelInodes.reading``) or refused (``refused``)."""
+        """File ``fh`` reads version ``version`` (``ino``: the kernel's inode), through the page
+        cache or with direct I/O. Every file pinning an inode reads one size: one of another
+        version opened beside it is given direct I/O (``KernelInodes.reading``) if of that
+        size, else refused (``refused``)."""
         self._pins.setdefault(version.ino, {})[fh] = (version.size, version.mtime_ns)
         self._of[fh] = version.ino
 

@@ -216,8 +216,8 @@ def _pages(version: tuple[int, int, int, int], attr: Attr) -> Pages:
 
 class SharedPins(Pins):
     """``Pins`` whose pins are counted in the mount's ``table`` (each inode's pinning version is
-    its readers' version: a file of another version beside them reads with direct I/O and pins
-    nothing); the aliases chunks show stay this worker's."""
+    its readers' version, or with none the version of the files reading it with direct I/O);
+    the aliases chunks show stay this worker's."""
 
     def __init__(self, table: pt.PageTable, new_alias: Callable[[int], int] | None = None) -> None:
         super().__init__(new_alias)
@@ -234,8 +234,10 @@ class SharedPins(Pins):
             if off < 0:  # (a full table: ``reading`` gave it direct I/O)
                 return
             e = t.fields(off)
-            if (e[_RSIZE], e[_RMTIME]) != (version.size, version.mtime_ns):  # (they read ``version``: ``reading``)
-                t.set_readers(off, version.size, version.mtime_ns, e[_READERS])
+            # Readers keep their version: beside them a file of another reads with direct I/O
+            # (``reading``), at their size (``refused``: an open of another size is not answered).
+            if not e[_READERS]:
+                t.set_readers(off, version.size, version.mtime_ns, 0)
             t.set_word(off, pt.PINS, e[_PINS] + 1)
             t.add_pins(1)
             if not t.note_handle(fh, off, pt.PINNED, e[_GEN]):
