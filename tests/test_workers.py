@@ -886,6 +886,9 @@ def test_a_forwarded_request_the_owner_did_before_dying_is_not_done_twice(mount,
     if resend:  # (the dead owner's counts are replaced by the next one's within a second)
         time.sleep(1.5)
         assert status(mnt)["requests"][op] == 1, "the next owner served the request twice"
+        log = mount.info(mnt).log_text()  # the other worker's answer the kernel dropped is no error
+        failed = [line for line in log.splitlines() if "fuse_reply_* failed" in line]
+        assert "is the kernel's to send again" in log and failed and all(" DEBUG " in line for line in failed)
 
 
 @pytest.mark.parametrize("op", ["unlink", "rename", "mkdir", "rmdir"])

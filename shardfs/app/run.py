@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import logging.handlers
@@ -132,8 +133,21 @@ def _setup_logging(args: argparse.Namespace) -> None:
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if args.debug else logging.INFO)
+    pyfuse3_log = logging.getLogger("pyfuse3")
     if not args.debug:
-        logging.getLogger("pyfuse3").setLevel(logging.WARNING)
+        pyfuse3_log.setLevel(logging.WARNING)
+    pyfuse3_log.addFilter(_abandoned)
+
+
+def _abandoned(record: logging.LogRecord) -> bool:
+    """pyfuse3's ``fuse_OP(): fuse_reply_* failed with No such file or directory`` made a DEBUG
+    record (shown with ``-o debug`` only): the kernel no longer waits for that request (its
+    caller was interrupted, or a worker's RESEND moved it back to the queue:
+    ``kernel.forward``'s ``MOVED``), which is no error."""
+    if not record.getMessage().endswith("fuse_reply_* failed with " + os.strerror(errno.ENOENT)):
+        return True
+    record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+    return logging.getLogger("pyfuse3").isEnabledFor(logging.DEBUG)
 
 
 class _Printable(logging.Formatter):
