@@ -21,6 +21,7 @@ import pytest
 from conftest import drop_caches, wait_for
 from inproc import InProcess
 from sources import LE, ZSTD, sharding, write_v3
+from test_restart import status
 from test_workers import NO_CACHE, only, workers
 
 SHAPE, CHUNK, SHARD = (16, 16), (8, 8), (16, 16)
@@ -134,6 +135,28 @@ def test_a_file_opened_before_its_shard_was_replaced_keeps_its_size(versions, mo
         assert np.array_equal(decoded(got), b[8:, 8:]) and path.stat().st_size == len(got) != len(old)
         assert os.fstat(f.fileno()).st_size == len(old)
         assert f.read() == old and np.array_equal(decoded(old), a[8:, 8:])
+
+
+def test_an_open_refused_beside_a_file_of_another_size_leaves_that_files_pages(versions, mount):
+    """An open of a chunk's inode at a version of another size than the files pinning it read is
+    refused (ESTALE: the kernel looks the name up again and opens the other inode it is given),
+    and it leaves the kernel's pages of that inode alone: they are those files' (dropping them
+    cost those files a READ each, and each drop makes the kernel discard the attribute replies
+    in flight, which can leave it an older size)."""
+    src, other, a, b = versions
+    mnt = mount(src, "-o", "entry_timeout=60,attr_timeout=60")
+    (shard,) = shard_files(src)
+    (new,) = shard_files(other)
+    path = mnt / "x" / "1.1"
+    with open(path, "rb", buffering=0) as f:
+        old = os.pread(f.fileno(), 1 << 16, 0)  # (its pages are filled at the open)
+        os.replace(new, shard)
+        time.sleep(1.5)  # the daemon's stat of the shard (1 s) expires; the kernel's entry (60 s) does not
+        reads = status(mnt)["requests"].get("read", 0)
+        got = path.read_bytes()  # an open of the held inode (refused), then of the one a lookup gives
+        assert np.array_equal(decoded(got), b[8:, 8:]) and path.stat().st_ino != os.fstat(f.fileno()).st_ino
+        assert os.pread(f.fileno(), 1 << 16, 0) == old
+        assert status(mnt)["requests"].get("read", 0) == reads  # (the new file's pages are filled at its open)
 
 
 @pytest.mark.parametrize("workers", [1, 2])

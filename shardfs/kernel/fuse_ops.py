@@ -283,13 +283,10 @@ class Operations(pyfuse3.Operations):
         await self._callers.may_read(self.source, self.names, inode, ctx)
         tries = Tries()  # the open's one retry policy, shared with ``Opens.open``'s (``tree.tries``)
         while True:
-            handle, version, content, stale = await self._opening.read_open(inode, tries)
+            handle, version, content, stale = await self._opening.read_open(inode, tries, self._pins.refused)
             if not stale or tries.spent:
                 break
             self.opens.release(handle)
-        if self._pins.refused(inode, version):  # the kernel looks the name up again (another inode)
-            self.opens.release(handle)
-            raise pyfuse3.FUSEError(errno.ESTALE)
         fi = pyfuse3.FileInfo(fh=self._handles.add(handle))  # (outside the lock: the ledger's comes first)
         if NOFLUSH:  # nothing to commit at its close(): see flush
             fi.noflush = True

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import logging
+from typing import Callable
 
 import pyfuse3
 import trio
@@ -57,11 +58,13 @@ class Opening:
         the pages hold (else N workers open every file with direct I/O)."""
         return self._kernel.shared_pages or not self._ledger.shared
 
-    async def read_open(self, inode: int, tries: Tries) -> tuple[ReadHandle, Attr, Content | None, bool]:
+    async def read_open(self, inode: int, tries: Tries, refused: Callable[[int, Attr], bool]
+                        ) -> tuple[ReadHandle, Attr, Content | None, bool]:
         """``Opens.open(inode, tries)`` with what ``open`` answers from: the handle, its version (the
         attributes with the kernel's inode), the content to fill the pages with (or None), and
         whether the file changed while this ran (``KernelInodes.unwatch``). The kernel's pages
-        of another version are dropped first (``KernelInodes.dropping``)."""
+        of another version are dropped first (``KernelInodes.dropping``), unless the open is
+        ``refused(inode, version)`` (ESTALE: the pages are the files pinning the inode's)."""
         seen = self._kernel.watch(inode)
         try:
             handle = await self.opens.open(inode, tries)
@@ -69,6 +72,8 @@ class Opening:
             # (an alias, see NodeTable) has pages of its own, maybe being written in place right now.
             version = kernel_attr(handle)
             try:
+                if refused(inode, version):  # (the kernel looks the name up again: another inode)
+                    raise pyfuse3.FUSEError(errno.ESTALE)
                 pages = self._kernel.pages(version)
                 content = await self._content_to_fill(handle, pages)
                 if pages is Pages.OTHER and self.cached:
