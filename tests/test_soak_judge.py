@@ -137,6 +137,15 @@ def test_the_encoded_string_chunk_decodes_to_its_value():
     assert decoded.tolist() == ["ß5"] * 16
 
 
+def test_a_blosc_chunks_versions_have_two_sizes_and_decode_to_their_values():
+    grid = Grid({"shape": [24, 24], "chunks": [6, 6], "dtype": "<i8", "order": "F", "filters": None,
+                 "compressor": {"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1, "blocksize": 0}})
+    stored = {token: grid.encode(token) for token in (4, 5, 6, 7)}
+    assert len({len(b) for b in stored.values()}) == 2 and len(stored[4]) < len(stored[5])
+    for token, raw in stored.items():
+        assert np.frombuffer(grid.compressor.decode(raw), "<i8").tolist() == [token] * 36
+
+
 def rows(threads: list[float], seconds: int = 600, start: int = 0) -> list[dict]:
     """Per-minute rows from one sample every 5 s; ``threads`` gives each sample's value; the
     clients run from second ``start`` on."""
