@@ -6,7 +6,7 @@ the chunk's v2 key (with the array's ``dimension_separator``; ``chunk_named`` re
 an error message), ``encode(token)`` is the bytes a
 v2 writer would store for a chunk filled with ``token`` (filters, then compressor, in the
 array's memory order; a string array's values are ``value(token)``, read back by ``token_of``;
-a blosc array's odd tokens stored uncompressed, ``stored_by``),
+a blosc array's odd tokens stored uncompressed, ``uncompressed``),
 ``chunk_region(chunk)`` is the chunk's box clipped to the array.
 """
 
@@ -34,6 +34,13 @@ class Grid:
         self.sep = meta.get("dimension_separator") or "."
         self.filters = [numcodecs.get_codec(f) for f in meta.get("filters") or []]
         self.compressor = numcodecs.get_codec(meta["compressor"]) if meta.get("compressor") else None
+        # A blosc array's odd tokens are stored as they are (``clevel`` 0: a frame every reader
+        # decodes, of another size). A chunk filled with one value compresses to one size whatever
+        # the value, so without it a chunk's versions would all have one size, and readers of a
+        # chunk renamed onto meanwhile would never meet two (a file read with direct I/O gave the
+        # new version's size to ``fstat`` and read the old one's bytes: not seen by this soak).
+        blosc = meta.get("compressor") or {}
+        self.uncompressed = numcodecs.get_codec({**blosc, "clevel": 0}) if blosc.get("id") == "blosc" else None
 
     @property
     def grid(self) -> tuple[int, ...]:
@@ -84,21 +91,8 @@ class Grid:
         for f in self.filters:
             buf = f.encode(buf)
         if self.compressor is not None:
-            buf = self.stored_by(token).encode(buf)
+            buf = (self.uncompressed if token % 2 and self.uncompressed else self.compressor).encode(buf)
         return bytes(buf)
-
-    def stored_by(self, token: int) -> Any:
-        """The compressor of a chunk filled with ``token``: the array's, but for an odd token of
-        a blosc array blosc storing the bytes as they are (``clevel`` 0: a frame every reader
-        decodes, of another size). A chunk filled with one value compresses to one size whatever
-        the value, so without it a chunk's versions would all have one size, and readers of a
-        chunk renamed onto meanwhile would never meet two (a file read with direct I/O gave the
-        new version's size to ``fstat`` and read the old one's bytes: not seen by this soak)."""
-        assert self.compressor is not None  # (``encode`` asks only then)
-        config = self.compressor.get_config()
-        if token % 2 and config["id"] == "blosc":
-            return numcodecs.get_codec({**config, "clevel": 0})
-        return self.compressor
 
 
 def tokens_by_chunk(grid: Grid, region: Region, values: np.ndarray) -> list[list[Any]]:
