@@ -260,7 +260,8 @@ class Peers:
                 rows.append(spoiled(row, side, peer))
             out += rows
         if "shardfs-base" in v and "shardfs" in v and v["shardfs-base"] > 0:
-            out.append(spoiled(b.ratio_row("  same, shardfs vs shardfs-base (--baseline)", unit, v["shardfs"],
+            versus = "shardfs vs shardfs-base (--baseline)"  # (alone with ``--sides shardfs``: the figure named)
+            out.append(spoiled(b.ratio_row(f"  same, {versus}" if out else f"{label}: {versus}", unit, v["shardfs"],
                                            v["shardfs-base"], None), "shardfs", "shardfs-base"))
         return out
 
