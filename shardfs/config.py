@@ -32,7 +32,7 @@ class KernelConfig:
 @dataclass(frozen=True)
 class ReadConfig:
     chunk_cache: int = 64 << 20  # bytes of decoded chunk files kept (0: none)
-    cache_size: int = 96 << 20  # bytes of fetched object ranges in memory; with the daemon's ~90 MiB, RSS < 200 MiB
+    cache_size: int = 96 << 20  # bytes of fetched object ranges in memory; a worker's RSS < 200 MiB with it
     cache_dir: str | None = None  # where fetched ranges are kept across mounts (None: memory only)
     max_chunk: int = 256 << 20  # bytes of one inner chunk decoded at most (transcoded arrays; beyond: EIO)
 

@@ -6,6 +6,7 @@ cold runs, client processes, datasets (``Bench.setup``) and time budget; the fig
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -16,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -135,15 +135,49 @@ def proc_status(pid: int) -> dict[str, int]:
     out = {"VmRSS": 0, "VmHWM": 0}
     for i, p in enumerate(process_tree(pid)):
         try:
-            with open(f"/proc/{p}/status") as f:
-                for line in f:
-                    key, _, rest = line.partition(":")
-                    if key in out:
-                        out[key] += int(rest.split()[0]) * 1024
+            for key, value in proc_status_of(p).items():
+                out[key] += value
         except OSError:
             if i == 0:
                 raise
     return out
+
+
+def proc_status_of(pid: int) -> dict[str, int]:
+    """VmRSS / VmHWM of ``pid`` alone, in bytes (``OSError`` if it is gone)."""
+    out = {"VmRSS": 0, "VmHWM": 0}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in out:
+                out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+def pss(pid: int) -> int:
+    """The proportional set size of ``pid`` in bytes (0 if it is gone): each page it shares
+    counted as its share (a forked worker's pages shared with its zygote: half each)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def peaks(pid: int) -> dict[str, int]:
+    """The memory of ``pid`` with its descendants (``process_tree``), in bytes: ``hwm``, their
+    peak resident sets summed (``proc_status``: a page shared by two of them counted twice),
+    ``largest``, the largest one's peak (a supervised mount's serving worker), and ``pss``, their
+    proportional set sizes now summed (each page once: the mount's memory)."""
+    tree = process_tree(pid)
+    hwm = []
+    for p in tree:
+        with contextlib.suppress(OSError):
+            hwm.append(proc_status_of(p)["VmHWM"])
+    return {"hwm": sum(hwm), "largest": max(hwm, default=0), "pss": sum(pss(p) for p in tree)}
 
 
 def proc_io(pid: int) -> dict[str, int]:
@@ -243,7 +277,8 @@ class Bench:
         self.raw: dict[str, Any] = {}
         self.problems: list[str] = []
         self.drop_ok = True
-        self.max_rss: dict[str, int] = {}
+        self.max_rss: dict[str, int] = {}  # mount name -> its processes' peak RSS summed (``peaks``)
+        self.memory: dict[str, dict[str, int]] = {}  # mount name -> ``peaks`` at its last unmount
         self.budget: float = 45.0 if self.smoke else 720.0  # seconds, leaving room for overruns and cleanup
         self.figure = ""
         self.allowance = math.inf
@@ -323,7 +358,7 @@ class Bench:
             self.dropped_by_others = True
         return self.dropped_by_others
 
-    @contextmanager
+    @contextlib.contextmanager
     def mounted(self, src: Path | str, name: str, floor: bool = False, rw: bool = False, ro: bool = False,
                 options: str = "", peer: list[str] | None = None, package: str | None = None,
                 env: dict[str, str] | None = None) -> Iterator[Mounted]:
@@ -410,8 +445,9 @@ class Bench:
         """Unmount ``m`` the clean way, then make sure it is gone; the clean way's error, if any."""
         if m.proc is None:
             try:
-                rss = proc_status(m.pid).get("VmHWM", 0)
-                self.max_rss[name] = max(self.max_rss.get(name, 0), rss)
+                mem = peaks(m.pid)
+                self.max_rss[name] = max(self.max_rss.get(name, 0), mem["hwm"])
+                self.memory[name] = mem
             except OSError:
                 pass
         if m.peer:  # fusermount3 -u -z, then its process killed (by pid) only if it does not exit
@@ -471,7 +507,7 @@ class Bench:
         if not self.args.keep:
             subprocess.run(["rm", "-rf", "--one-file-system", str(self.work)], capture_output=True)
 
-    @contextmanager
+    @contextlib.contextmanager
     def cold(self, side: str, name: str) -> Iterator[Path]:
         """The root under which to measure ``side`` once, cold (page caches dropped just before the
         yield): "mount" a fresh shardfs mount of big (log NAME), "ro" the same read-only (log

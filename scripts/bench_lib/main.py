@@ -505,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": {"kernel": platform.release(), "cpus": os.cpu_count(), "python": platform.python_version()},
             "rows": [asdict(r) for r in bench.rows], "raw": bench.raw, "problems": bench.problems,
             "daemon_peak_rss_mib": {k: v / MiB for k, v in bench.max_rss.items()},
+            "mount_memory_mib": {k: {m: v / MiB for m, v in mem.items()} for k, mem in bench.memory.items()},
             "daemon_log_errors": daemon_errors[:50],
         }
         bench.out.mkdir(parents=True, exist_ok=True)

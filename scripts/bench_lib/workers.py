@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_lib.harness import CLIENTS, PY2, SHARDFS, BenchError, MiB, Row, median, process_tree, rotate
+from bench_lib.harness import CLIENTS, PY2, SHARDFS, BenchError, MiB, Row, median, process_tree, pss, rotate
 from bench_lib.readers import cpu_seconds, zarr_readers
 
 COUNTS = (1, 2, 4)
@@ -60,18 +60,6 @@ def forwarded(mnt: Path) -> int:
 def rss(pid: int) -> int:
     with open(f"/proc/{pid}/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def pss(pid: int) -> int:
-    """The proportional set size of ``pid`` in bytes (0 if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def switches(pid: int) -> tuple[int, int]:
