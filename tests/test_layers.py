@@ -9,7 +9,10 @@ with ``_`` is imported only inside its own room. No mount: this runs in millisec
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -178,6 +181,20 @@ def test_the_architecture_page_names_every_module_of_each_room():
     unlisted = sorted(f"{room}/{p.stem}" for room in ROOMS for p in (PACKAGE / room).glob("*.py")
                       if p.stem != "__init__" and p.stem not in rows[room])
     assert unlisted == [], "name these modules (and their job) in doc/ARCHITECTURE.md's package map"
+
+
+def test_the_supervisor_imports_none_of_the_workers_libraries():
+    """The process ``shardfs mount`` leaves to hold the mount (``shardfs.app.supervisor``, after
+    ``shardfs.app.cli``) imports no trio, pyfuse3, numpy, zarr or obstore: it stays small
+    (doc/BENCHMARKING.md, "The memory of a supervised mount")."""
+    import shardfs
+
+    heavy = ("trio", "pyfuse3", "numpy", "zarr", "obstore")
+    probe = f"import sys, shardfs.app.cli, shardfs.app.supervisor; print([m for m in {heavy!r} if m in sys.modules])"
+    here = str(Path(shardfs.__file__).parent.parent)  # (the package under test: a mutant's copy too)
+    out = subprocess.run([sys.executable, "-P", "-c", probe], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": here})
+    assert (out.returncode, out.stdout.strip()) == (0, "[]"), out.stderr
 
 
 def test_the_layer_check_sees_lazy_and_type_checking_imports(tmp_path):

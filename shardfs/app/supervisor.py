@@ -67,8 +67,7 @@ from typing import Any, Callable
 from shardfs.app import early, fusedev, peers, state, zygote
 from shardfs.app.zygote import Child, Zygote
 from shardfs.base import private
-from shardfs.kernel import elastic as elastic_gate
-from shardfs.kernel import pagetable
+from shardfs.kernel import pagetable, wakefd
 from shardfs.storage import sharedshards, sharedversions
 from shardfs.tree import ledger
 
@@ -141,7 +140,7 @@ class Supervisor:
         # ... and the shards their homes fetched whole, in a ring of ``shard_ring`` bytes (0: none)
         self.shards = sharedshards.memory(shard_ring) if self.count > 1 and shard_ring else None
         # ``-o workers=auto``: the workers past the first wait on it while the queue is calm
-        self.wake = elastic_gate.wake_fd() if self.count > 1 and elastic else None
+        self.wake = wakefd.wake_fd() if self.count > 1 and elastic else None
         self.oom_before = _protect_from_oom()
         self.zygote: Zygote | None = None  # forks the workers of ``argv`` (``shardfs.app.zygote``)
         self.next_zygote: Zygote | None = None  # ... of ``handing_over``
@@ -432,7 +431,7 @@ class Supervisor:
         if self.wake is not None:
             # the parked workers read the connection: they serve while the slot starts again (the
             # first's may be the one), or find it ended (an unmount) and end
-            elastic_gate.wake(self.wake)
+            wakefd.wake(self.wake)
         if self.handing_over is not None and worker.index in self.handing and not self.stopping and self.fd >= 0 \
                 and fusedev.connected(self.fd):
             self.handing.discard(worker.index)

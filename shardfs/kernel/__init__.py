@@ -18,11 +18,12 @@
   a writable mount serves), ``forward`` (requests between workers), ``homes`` (the worker that
   fetches a remote source's shard), ``pagetable`` and ``sharedpages`` (the kernel's page cache
   per inode, as every worker of the mount sees it), ``elastic`` (with ``-o workers=auto``: the
-  workers past the first read the connection only while requests queue up).
+  workers past the first read the connection only while requests queue up; ``wakefd``, the eventfd
+  that wakes them, which the supervisor makes without importing trio).
 
 The public face (``__all__``): what other rooms import (``shardfs.app`` builds the adapter and the
 workers' parts), and what the tests drive directly.
 """
 
 __all__ = ["elastic", "entries", "forward", "fuse_ops", "fuseloop", "handles", "homes", "inodes", "invalidation",
-           "opening", "owner", "pagetable", "route", "sharedpages", "stats"]
+           "opening", "owner", "pagetable", "route", "sharedpages", "stats", "wakefd"]

@@ -14,9 +14,10 @@ answer (``--debug`` logging each request), and the kernel's releases and forgets
 after its caches were dropped. So when at least ``BUSY`` of the looks of each window of ``WINDOW``
 have been deep, and the window's requests came from two callers (threads) or more, for
 ``BUSY_S`` seconds, it wakes the others (an eventfd the supervisor makes, ``SHARDFS_WAKE_FD``,
-made readable). A woken worker serves for ``SERVE_S`` seconds, then parks again (stops reading
-the connection; it still answers the other workers' forwarded requests), emptying the eventfd:
-the first worker, alone again, wakes it at once if the queue is still busy. The supervisor
+made readable: ``shardfs.kernel.wakefd``). A woken worker serves for ``SERVE_S`` seconds, then
+parks again (stops reading the connection; it still answers the other workers' forwarded
+requests), emptying the eventfd: the first worker, alone again, wakes it at once if the queue
+is still busy. The supervisor
 makes the eventfd readable too when a worker ends: the parked workers serve while its slot
 starts again (the first's may be the one), or find the connection ended (an unmount) and end.
 """
@@ -28,6 +29,8 @@ import time
 from typing import Protocol
 
 import trio
+
+from shardfs.kernel.wakefd import wake
 
 WINDOW = 32  # requests of the first worker judged at a time
 BUSY = 0.5  # ... found deep (the module docstring), at least, and
@@ -46,19 +49,6 @@ class Requests(Protocol):
         """What waits for the worker's next request runs now."""
 
 
-def wake_fd() -> int:
-    """The eventfd of a mount's parked workers (the supervisor's; given to each worker)."""
-    return os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-
-
-def wake(fd: int) -> None:
-    """Have every parked worker of ``fd`` serve (until it finds the queue calm again)."""
-    try:
-        os.eventfd_write(fd, 1)
-    except BlockingIOError:  # (the counter is full: it is readable already)
-        pass
-
-
 class Gate:
     """Whether a worker reads the connection now. Contract: :meth:`turn` is awaited before each
     look for the next request, told whether one was queued; it returns at once in the first
@@ -66,7 +56,7 @@ class Gate:
     (until woken, or ``close``)."""
 
     def __init__(self, index: int, fd: int, requests: Requests) -> None:
-        """``index``: the worker's slot; ``fd``: the mount's eventfd (``wake_fd``); ``requests``:
+        """``index``: the worker's slot; ``fd``: the mount's eventfd (``wakefd.wake_fd``); ``requests``:
         the worker's count of requests (a look that found none, another worker having read it
         first, is not counted) and the caller of the last, told when this worker parks (its
         ``arrived``: the worker's status document is written again, ``shardfs.app.status``)."""
