@@ -278,7 +278,7 @@ class Bench:
         self.problems: list[str] = []
         self.drop_ok = True
         self.max_rss: dict[str, int] = {}  # mount name -> its processes' peak RSS summed (``peaks``)
-        self.memory: dict[str, dict[str, int]] = {}  # mount name -> ``peaks`` at its last unmount
+        self.memory: dict[str, dict[str, int]] = {}  # mount name -> ``peaks`` at the unmount of its largest PSS
         self.budget: float = 45.0 if self.smoke else 720.0  # seconds, leaving room for overruns and cleanup
         self.figure = ""
         self.allowance = math.inf
@@ -447,7 +447,8 @@ class Bench:
             try:
                 mem = peaks(m.pid)
                 self.max_rss[name] = max(self.max_rss.get(name, 0), mem["hwm"])
-                self.memory[name] = mem
+                if mem["pss"] >= self.memory.get(name, mem)["pss"]:
+                    self.memory[name] = mem
             except OSError:
                 pass
         if m.peer:  # fusermount3 -u -z, then its process killed (by pid) only if it does not exit
