@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # the 
 
 from soak_lib import metrics  # noqa: E402
 from soak_lib import report  # noqa: E402
-from soak_lib.checks import FILL_RACE, RACE, REMOVED, STALE_NAME, Ledger, Op  # noqa: E402
+from soak_lib.checks import FILL_RACE, RACE, REMOVED, STALE_NAME, TORN_RACE, Ledger, Op  # noqa: E402
 from soak_lib.faults import Injector, Window  # noqa: E402
 from soak_lib.grid import Grid, owner, token_of, tokens_by_chunk  # noqa: E402
 from soak_lib.model import Model  # noqa: E402
@@ -217,6 +217,20 @@ def test_a_failed_read_is_excused_only_by_a_racy_write_of_a_chunk_in_its_region(
         write(led, "17-writer-zarr2-m0", 1, written, how, 100.0, 100.5)
         failed_read(led, 0, inside if excused else outside, 100.1, err="X:ValueError: bad gzip", region=region)
         assert (len(led.unclean), dict(led.excused)) == ((0, {RACE: 1}) if excused else (1, {})), led.unclean
+
+
+@pytest.mark.parametrize("how, excused", [("inplace", True), ("cp", True), ("rm", False), ("rename", False)])
+def test_a_torn_chunk_is_excused_only_by_an_in_place_write_or_cp_of_it_in_flight(how, excused):
+    """A chunk read holding two tokens while an in-place write or ``cp`` of that chunk was in
+    flight (their bytes reach the kernel's pages as written) is a race; beside an ``rm`` or a
+    ``rename`` (atomic), or an in-place write of another chunk of its region, it is forbidden."""
+    for written, excuses in (((0, 0), excused), ((0, 1), False)):
+        led = ledger()
+        write(led, "17-writer-zarr2-m0", 1, written, how, 100.0, 100.5)
+        led._ingest({"k": "r", "a": "a", "m": 0, "lib": "zarr3", "t0": 100.1, "t1": 100.2,
+                     "r": region_of((0, 0), (0, 1)), "c": [[0, 0, 0, 1001]]}, "02-reader-zarr3")
+        led.validate(float("inf"))
+        assert (len(led.forbidden), dict(led.excused)) == ((0, {TORN_RACE: 1}) if excuses else (1, {})), written
 
 
 def test_an_enoent_is_excused_by_an_rm_of_a_chunk_in_its_region_within_the_entry_timeout():
