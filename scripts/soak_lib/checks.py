@@ -266,10 +266,10 @@ class Ledger:
             self.chunks_checked += 1
             chunk, values = tuple(entry[:ndim]), entry[ndim:]
             token = _token(values)
-            if token is None and self._racing(name, t0, t1, {chunk}, TEARING):
-                self._excuse(TORN_RACE, self.raced, rec["lib"])
-                continue
             if token is None:
+                if self._racing(name, t0, t1, {chunk}, TEARING):
+                    self._excuse(TORN_RACE, self.raced, rec["lib"])
+                    continue
                 self.forbidden.append(f"{rec['w']} ({rec['lib']}, mount {rec['m']}): {name} chunk {chunk} torn or "
                                       f"foreign: values {values[:6]} read in [{t0:.3f}, {t1:.3f}]\n"
                                       + self.history(name, chunk, t1))

@@ -17,9 +17,9 @@ have been deep, and the window's requests came from two callers (threads) or mor
 made readable: ``shardfs.kernel.wakefd``). A woken worker serves for ``SERVE_S`` seconds, then
 parks again (stops reading the connection; it still answers the other workers' forwarded
 requests), emptying the eventfd: the first worker, alone again, wakes it at once if the queue
-is still busy. The supervisor
-makes the eventfd readable too when a worker ends: the parked workers serve while its slot
-starts again (the first's may be the one), or find the connection ended (an unmount) and end.
+is still busy. The supervisor makes the eventfd readable too when a worker ends: the parked
+workers serve while its slot starts again (the first's may be the one), or find the connection
+ended (an unmount) and end.
 """
 
 from __future__ import annotations
