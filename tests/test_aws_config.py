@@ -12,6 +12,8 @@ out the server's keys. Fixtures and helpers: tests/awshome.py.
 from __future__ import annotations
 
 import os
+import signal
+from pathlib import Path
 
 import obstore
 
@@ -92,6 +94,24 @@ def test_endpoint_option_overrides_profile(mount, src, home):
     """-o endpoint wins over the profile's endpoint_url (a closed port here)."""
     write_aws(home, f"[profile lab]\nregion = {REGION}\nendpoint_url = http://127.0.0.1:{closed_port()}\n", LAB_KEYS)
     reads_exactly(mount, src, "-o", f"profile=lab,endpoint={src[1].server.endpoint}")
+
+
+def test_a_worker_started_later_uses_the_settings_found_at_mount(mount, src, home):
+    """The settings are found once, by ``shardfs mount`` (doc/OBJECT-STORAGE.md): after the
+    profile's endpoint changed (to a closed port), the zygote and then the worker killed, the
+    worker started afresh in their place reads exactly."""
+    from test_restart import kill_worker, zygote_of
+
+    write_aws(home, f"[profile lab]\nregion = {REGION}\nendpoint_url = {src[1].server.endpoint}\n", LAB_KEYS)
+    mnt = reads_exactly(mount, src, "-o", "profile=lab")
+    write_aws(home, f"[profile lab]\nregion = {REGION}\nendpoint_url = http://127.0.0.1:{closed_port()}\n",
+              LAB_KEYS)
+    m = mount.info(mnt)
+    zygote = zygote_of(m)
+    os.kill(zygote, signal.SIGKILL)
+    wait_for(lambda: not Path(f"/proc/{zygote}").exists(), 30, "the zygote reaped by the supervisor")
+    kill_worker(m, mnt, 120)  # (a fresh interpreter: it parses its command line)
+    assert (read_zarr2(mnt / "s") == read_native(src[0] / "s")).all()
 
 
 def test_environment_keys(mount, src, home, monkeypatch):

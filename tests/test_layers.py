@@ -183,18 +183,51 @@ def test_the_architecture_page_names_every_module_of_each_room():
     assert unlisted == [], "name these modules (and their job) in doc/ARCHITECTURE.md's package map"
 
 
-def test_the_supervisor_imports_none_of_the_workers_libraries():
-    """The process ``shardfs mount`` leaves to hold the mount (``shardfs.app.supervisor``, after
-    ``shardfs.app.cli``) imports no trio, pyfuse3, numpy, zarr or obstore: it stays small
-    (doc/BENCHMARKING.md, "The memory of a supervised mount")."""
+HEAVY = ("trio", "pyfuse3", "numpy", "zarr", "obstore", "botocore")  # what a supervisor needs none of
+
+
+def _fresh(probe: str, env: dict[str, str] | None = None) -> str:
+    """What a fresh interpreter running ``probe`` prints (the package under test: a mutant's copy too)."""
     import shardfs
 
-    heavy = ("trio", "pyfuse3", "numpy", "zarr", "obstore")
-    probe = f"import sys, shardfs.app.cli, shardfs.app.supervisor; print([m for m in {heavy!r} if m in sys.modules])"
-    here = str(Path(shardfs.__file__).parent.parent)  # (the package under test: a mutant's copy too)
+    here = str(Path(shardfs.__file__).parent.parent)
     out = subprocess.run([sys.executable, "-P", "-c", probe], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": here})
-    assert (out.returncode, out.stdout.strip()) == (0, "[]"), out.stderr
+                         env={**(env or os.environ), "PYTHONPATH": here})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_the_supervisor_imports_none_of_the_workers_libraries():
+    """The process ``shardfs mount`` leaves to hold the mount (``shardfs.app.supervisor``, after
+    ``shardfs.app.cli``) imports no trio, pyfuse3, numpy, zarr, obstore or botocore: it stays
+    small (doc/BENCHMARKING.md, "The memory of a supervised mount")."""
+    probe = f"import sys, shardfs.app.cli, shardfs.app.supervisor; print([m for m in {HEAVY!r} if m in sys.modules])"
+    assert _fresh(probe) == "[]"
+
+
+def test_the_supervisor_of_an_s3_mount_is_given_its_settings(tmp_path):
+    """``shardfs mount s3://...`` finds the AWS settings and gives its daemon them on its command
+    line (``--resolved``): the daemon, parsing that command line before it supervises, imports
+    no botocore and has the same source, even where the AWS configuration is gone."""
+    import argparse
+
+    from shardfs.app import options, run
+
+    config = tmp_path / "config"
+    config.write_text("[profile lab]\nregion = eu-west-3\nendpoint_url = http://127.0.0.1:9\n"
+                      "s3 =\n    addressing_style = virtual\n")
+    aws = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    found = options.source("s3://b/p", options.parse(["profile=lab"]), {**aws, "AWS_CONFIG_FILE": str(config)})
+    assert (found.endpoint, found.config.region, found.config.addressing) == ("http://127.0.0.1:9", "eu-west-3",
+                                                                             "virtual")
+    args = argparse.Namespace(mnt=str(tmp_path / "mnt"), options=["profile=lab"], read_only=False, debug=False,
+                              ome=True, log_file=None)
+    argv = run._daemon_argv(args, found)
+    probe = ("import sys\nfrom shardfs.app import cli, options, supervisor\n"
+             f"args = cli._parser().parse_args({argv[argv.index('mount'):]!r})\n"
+             "source = options.source(args.src, options.parse(args.options), resolved=args.resolved)\n"
+             f"print([m for m in {HEAVY!r} if m in sys.modules], source.name, source.config)")
+    assert _fresh(probe, aws) == f"[] {found.name} {found.config}"
 
 
 def test_the_layer_check_sees_lazy_and_type_checking_imports(tmp_path):

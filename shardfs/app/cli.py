@@ -106,6 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     m.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # shardfs.app.supervisor
     m.add_argument("--zygote", type=int, default=None, help=argparse.SUPPRESS)  # shardfs.app.zygote
+    m.add_argument("--resolved", default=None, help=argparse.SUPPRESS)  # Source.resolved: found by shardfs mount
     m.set_defaults(run=_cmd_mount)
     i = sub.add_parser("inspect", help="show the codecs, shapes and index of an array or shard")
     i.add_argument("path", metavar="PATH", help="a shard file, a shard directory in a mount, or an array")
@@ -199,7 +200,7 @@ def _check_url(source: Source) -> dict[str, Any]:
 def _cmd_mount(args: argparse.Namespace) -> int:
     try:
         opts = options.parse(args.options)
-        source = options.source(args.src, opts)
+        source = options.source(args.src, opts, resolved=args.resolved)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.worker is not None:  # a supervisor's worker: the supervisor checked it all
@@ -447,7 +448,8 @@ def daemon_journal(pid: int) -> tuple[Source, str] | None:
         cwd = os.readlink(f"/proc/{pid}/cwd")
         args = _parser().parse_args(argv[argv.index("mount"):])
         parsed = options.parse(args.options)
-        source = options.source(args.src if is_url(args.src) else os.path.join(cwd, args.src), parsed, environ)
+        source = options.source(args.src if is_url(args.src) else os.path.join(cwd, args.src), parsed, environ,
+                                args.resolved)
     except (OSError, ValueError, SystemExit):
         return None
     override = options.config(parsed).writes.journal_dir

@@ -241,10 +241,11 @@ def config(parsed: Parsed) -> Config:
     return _with(Config(), values)
 
 
-def source(src: str, parsed: Parsed, environ: Mapping[str, str] = os.environ) -> Source:
-    """The ``Source`` that ``src`` names, with the ``storage`` slice of ``config(parsed)``;
-    ``ValueError`` (one line) for an option given that this kind of source does not take."""
-    return Source.parse(src, config(parsed).storage, parsed.own.keys(), environ)
+def source(src: str, parsed: Parsed, environ: Mapping[str, str] = os.environ, resolved: str | None = None) -> Source:
+    """The ``Source`` that ``src`` names, with the ``storage`` slice of ``config(parsed)`` (and
+    the settings ``resolved`` says were found for it: ``Source.parse``); ``ValueError`` (one
+    line) for an option given that this kind of source does not take."""
+    return Source.parse(src, config(parsed).storage, parsed.own.keys(), environ, resolved)
 
 
 def _with(obj: Any, values: dict[str, Any]) -> Any:

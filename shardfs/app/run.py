@@ -36,6 +36,7 @@ from shardfs.app.metrics import Exporter, parse_address
 from shardfs.app.mounts import device, fsname
 from shardfs.app.usage import UsageError
 from shardfs.base.cores import available as available_cores
+from shardfs.base.libc import map_large_buffers
 from shardfs.config import Config, default_workers
 from shardfs.format.printable import printable
 from shardfs.base import private
@@ -65,7 +66,7 @@ def spawn_daemon(args: argparse.Namespace, source: Source) -> int:
             raise UsageError(f"{os.path.dirname(args.log_file)}: cannot create the state directory: "
                              f"{e.strerror}") from None
     r, w = os.pipe()
-    argv = _daemon_argv(args, source.name) + ["--ready-fd", str(w)]
+    argv = _daemon_argv(args, source) + ["--ready-fd", str(w)]
     env = {**os.environ, early.ENV: json.dumps(argv[:-2])}  # its zygote starts first (``shardfs.app.early``)
     with open(os.devnull, "r+b") as null:
         proc = subprocess.Popen(argv, stdin=null, stdout=null, stderr=null, pass_fds=(w,),
@@ -91,14 +92,17 @@ def take_over(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: 
     if not args.log_file and not os.path.exists("/dev/log"):
         args.log_file = state.log_file(source.name, source.endpoint)  # where a spawned daemon logs
     return hand_over(args.mnt, mnt, source, list(opts.fuse), read_only,
-                     _daemon_argv(args, source.name))
+                     _daemon_argv(args, source))
 
 
-def _daemon_argv(args: argparse.Namespace, src: str) -> list[str]:
-    """``shardfs mount SRC MNT -f`` with the options of ``args``, for a daemon or a worker.
+def _daemon_argv(args: argparse.Namespace, source: Source) -> list[str]:
+    """``shardfs mount SRC MNT -f`` with the options of ``args``, for a daemon or a worker, and
+    the settings found for ``source`` (``--resolved``: its processes look for none).
     -P: the working directory is not put on the daemon's sys.path (a ``trio.py`` there must
     not replace a module the daemon imports)."""
-    argv = [sys.executable, "-P", "-m", "shardfs", "mount", src, os.path.abspath(args.mnt), "-f"]
+    argv = [sys.executable, "-P", "-m", "shardfs", "mount", source.name, os.path.abspath(args.mnt), "-f"]
+    resolved = source.resolved()
+    argv += ["--resolved", resolved] if resolved is not None else []
     for opt in args.options:
         argv += ["-o", opt]
     argv += ["--read-only"] * args.read_only + ["--debug"] * args.debug + ["--no-ome-translation"] * (not args.ome)
@@ -205,6 +209,7 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
                           shard_ring=sharedshards.split(cfg.reads.cache_size)[0]
                           if read_only and source.kind.remote else 0)
     early.discard()  # (no supervision: this process serves)
+    map_large_buffers()
     if args.connection is None or args.connection.index == 0:  # (the mount's warnings: not each worker's)
         source.warn()
     from shardfs.app.compose import ReplayFailed, compose
@@ -363,7 +368,7 @@ def _supervise(args: argparse.Namespace, mnt: str, opts: options.Parsed, read_on
     ledger = state.ledger_file(source.name, source.endpoint, os.getpid())
     with contextlib.suppress(OSError):
         os.unlink(ledger)  # left by a killed supervisor of the same pid number
-    sup = Supervisor(_daemon_argv(args, source.name), mnt, device(source.name),
+    sup = Supervisor(_daemon_argv(args, source), mnt, device(source.name),
                      ["default_permissions", *opts.fuse], read_only, lambda line: _report(args, line),
                      state.status_socket(source.name, source.endpoint, os.getpid()),
                      state.takeover_file(source.name, source.endpoint, os.getpid()), workers,

@@ -18,14 +18,20 @@ profile: ``-o profile``, ``AWS_PROFILE``, ``default``.
 ``(name, endpoint)`` identifies the source: the state directory (``shardfs.app.state``) is keyed on
 it, so the next mount of the same URL through the same server finds its journal.
 
-This module imports no client library: ``parse`` imports botocore for ``s3://`` only,
-``opened()`` obstore only for a URL (the kind's ``opened``).
+The settings a kind finds in its configuration are found once, by ``shardfs mount``: its daemon
+and every worker are given them on their command line (``resolved()``, ``--resolved``), so
+every process of a mount, a worker restarted a week later included, uses what was found at
+mount, and the supervisor needs no client library to name its source.
+
+This module imports no client library: ``parse`` imports botocore for ``s3://`` only (unless
+given what was resolved), ``opened()`` obstore only for a URL (the kind's ``opened``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -37,6 +43,7 @@ from shardfs.storage.listings import Listings
 from shardfs.storage.urls import normalize_url
 
 log = logging.getLogger("shardfs")
+RESOLVED = ("endpoint", "region", "addressing", "ca_bundle", "anonymous")  # what ``Kind.settings`` fills in
 ORDER = ("follow_symlinks", "endpoint", "region", "anonymous", "cache_size", "cache_dir", "timeout", "profile",
          "ca_bundle", "insecure", "requester_pays", "addressing")  # which refusal comes first
 assert set(ORDER) == KIND_OPTIONS
@@ -59,10 +66,11 @@ class Source:
 
     @classmethod
     def parse(cls, src: str, storage: StorageConfig = StorageConfig(), given: Collection[str] = (),
-              environ: Mapping[str, str] = os.environ) -> "Source":
+              environ: Mapping[str, str] = os.environ, resolved: str | None = None) -> "Source":
         """The source named by ``src`` with the options of ``storage``; ``ValueError`` (one line)
         for an option of ``given`` (the names of the ``-o`` options given) that does not apply
-        to this kind of source."""
+        to this kind of source, or for a ``resolved`` that is not what ``resolved()`` gives:
+        the settings another process found for it (its kind's are then not looked for)."""
         kind = kind_of(src)
         refused = next((r for n in ORDER if n in given and (r := kind.refusal(n)) is not None), None)
         if refused is not None:
@@ -71,10 +79,18 @@ class Source:
             return cls(os.path.abspath(src), kind, StorageConfig(follow_symlinks=storage.follow_symlinks))
         cfg = dataclasses.replace(storage, follow_symlinks=False)
         if kind.settings is not None:
-            cfg = kind.settings(cfg, environ)
+            cfg = kind.settings(cfg, environ) if resolved is None else _with_resolved(cfg, resolved)
         if cfg.ca_bundle is not None and not os.path.isfile(cfg.ca_bundle):
             raise ValueError(f"ca_bundle {cfg.ca_bundle}: no such file")
         return cls(normalize_url(src), kind, cfg)
+
+    def resolved(self) -> str | None:
+        """The settings this source's kind found in its configuration (for ``s3://``: the AWS
+        configuration's, with the options), as ``parse`` takes them back (``resolved``); None
+        for a kind that has none to find."""
+        if self.kind.settings is None:
+            return None
+        return json.dumps({name: getattr(self.config, name) for name in RESOLVED}, separators=(",", ":"))
 
     def access(self) -> Any:
         """How the store is reached (``shardfs.storage.access.Access``): without ``-o anonymous``,
@@ -123,3 +139,14 @@ class Source:
         memory; None: none)."""
         with self.kind.opened(self, version_ttl, listings or Listings(0.0), alone, versions_fd) as storage:
             yield storage
+
+
+def _with_resolved(cfg: StorageConfig, resolved: str) -> StorageConfig:
+    """``cfg`` with the settings of ``resolved`` (``Source.resolved``); ``ValueError`` if it is not that."""
+    try:
+        found = json.loads(resolved)
+        if not (isinstance(found, dict) and found.keys() == set(RESOLVED)):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"--resolved {resolved}: not settings of a source") from None
+    return dataclasses.replace(cfg, **found)
