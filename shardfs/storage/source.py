@@ -69,8 +69,8 @@ class Source:
               environ: Mapping[str, str] = os.environ, resolved: str | None = None) -> "Source":
         """The source named by ``src`` with the options of ``storage``; ``ValueError`` (one line)
         for an option of ``given`` (the names of the ``-o`` options given) that does not apply
-        to this kind of source, or for a ``resolved`` that is not what ``resolved()`` gives:
-        the settings another process found for it (its kind's are then not looked for)."""
+        to this kind of source. ``resolved``: what ``resolved()`` gave in the process that found
+        the settings (its kind's are then not looked for)."""
         kind = kind_of(src)
         refused = next((r for n in ORDER if n in given and (r := kind.refusal(n)) is not None), None)
         if refused is not None:
@@ -142,11 +142,7 @@ class Source:
 
 
 def _with_resolved(cfg: StorageConfig, resolved: str) -> StorageConfig:
-    """``cfg`` with the settings of ``resolved`` (``Source.resolved``); ``ValueError`` if it is not that."""
-    try:
-        found = json.loads(resolved)
-        if not (isinstance(found, dict) and found.keys() == set(RESOLVED)):
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"--resolved {resolved}: not settings of a source") from None
-    return dataclasses.replace(cfg, **found)
+    """``cfg`` with the settings of ``resolved`` (``Source.resolved``, from the command line
+    ``shardfs mount`` gave a daemon: ``ValueError`` if it is not JSON)."""
+    found = json.loads(resolved)
+    return dataclasses.replace(cfg, **{name: found[name] for name in RESOLVED if name in found})
