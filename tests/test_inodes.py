@@ -124,23 +124,20 @@ def test_files_open_through_the_pages_hold_their_inodes_size():
     is refused, and a name of the chunk shows another inode (made once, then kept until the
     kernel forgets it); a version of the same size (a fold: only the mtime) changes nothing,
     nor does an inode being rewritten in place (``forfeit``), nor the last file's release."""
-    made: list[int] = []
-    p = Pins(lambda ino: made.append(ino) or 75)
+    p = Pins()
     assert not p, "nothing pinned, no alias shown: a listing skips it"
     old, moved, new = V1, V1._replace(mtime_ns=V1.mtime_ns + 1), V1._replace(size=V1.size + 7, mtime_ns=9)
     p.pin(1, old)
     p.pin(2, old)
     assert (p.frozen(V1.ino, moved), p.refused(V1.ino, moved), p.shown(moved)) == (moved, False, V1.ino)
-    assert (p.frozen(V1.ino, new), p.shown(new)) == (old, None)
-    assert p.refused(V1.ino, new) and made == [V1.ino], "a refused open: the names show a new alias"
-    assert p.shown(new) == 75
+    assert (p.frozen(V1.ino, new), p.refused(V1.ino, new), p.shown(new)) == (old, True, None)
     p.showing(V1.ino, 77)
     assert p.shown(new) == 77 and p.shown(old) == 77
     p.unpin(1)
     assert p.frozen(V1.ino, new) == old, "one file still open"
     p.unpin(2)
     assert (p.frozen(V1.ino, new), p.refused(V1.ino, new), p.shown(new)) == (new, False, 77)
-    p.forgot(V1.ino, 75)
+    p.forgot(V1.ino, 76)
     assert p.shown(new) == 77, "another alias forgotten"
     p.forgot(V1.ino, 77)
     assert p.shown(new) == V1.ino
@@ -149,16 +146,4 @@ def test_files_open_through_the_pages_hold_their_inodes_size():
     assert (p.frozen(V1.ino, new), p.refused(V1.ino, new), p.shown(new)) == (new, False, V1.ino)
     p.unpin(3)  # released after its inode was forfeited: nothing left to unpin
     assert p.frozen(V1.ino, new) == new and not p
-
-
-def test_a_refused_open_leaves_the_names_showing_an_inode_open_may_take_whatever_size_a_lookup_finds():
-    """An open refused because a file reads the chunk's older size through the inode makes the
-    chunk's names show a new alias at once: the lookup the kernel makes after the ESTALE gives it
-    even if that lookup finds the older size (one remembered from before the change: an open
-    refused twice, ESTALE for the client, seen once in a soak), and the alias opens at the new."""
-    p = Pins(lambda ino: 76)
-    old, new = V1, V1._replace(size=V1.size + 7, mtime_ns=9)
-    p.pin(1, old)
-    assert p.refused(V1.ino, new)
-    assert (p.entry(old).ino, p.entry(new).ino, p.refused(76, new)) == (76, 76, False)
 

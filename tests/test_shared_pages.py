@@ -27,12 +27,9 @@ def fd():
     os.close(fd)
 
 
-ALIAS = 75  # the alias inode a worker's ``new_alias`` makes
-
-
 def worker(fd: int) -> tuple[SharedInodes, SharedPins]:
     table = pt.PageTable(fd)
-    return SharedInodes(table), SharedPins(table, lambda ino: ALIAS)
+    return SharedInodes(table), SharedPins(table)
 
 
 def test_one_worker_keeps_fills_and_drops_as_the_one_worker_classes(fd):
@@ -129,7 +126,7 @@ def test_pins_are_the_mounts(fd):
     b.pin(2, old)
     assert b and a
     assert (b.frozen(V1.ino, moved), b.refused(V1.ino, moved), b.shown(moved)) == (moved, False, V1.ino)
-    assert (b.frozen(V1.ino, new), b.shown(new), b.refused(V1.ino, new), b.shown(new)) == (old, None, True, ALIAS)
+    assert (b.frozen(V1.ino, new), b.refused(V1.ino, new), b.shown(new)) == (old, True, None)
     b.showing(V1.ino, 77)
     assert b.shown(new) == 77 and b.shown(old) == 77
     a.unpin(1)
@@ -144,15 +141,6 @@ def test_pins_are_the_mounts(fd):
     assert b.refused(V1.ino, new), "a forfeit is not carried over to later files"
     a.unpin(4)
     assert not a and a.table.pins() == 0
-
-
-def test_a_refused_open_leaves_this_workers_names_showing_an_inode_open_may_take(fd):
-    """``SharedPins`` as ``Pins`` (tests/test_inodes.py): after an open refused beside a reader
-    of the older size, a lookup finding either size gives the new alias."""
-    _, p = worker(fd)
-    p.pin(1, V1)
-    assert p.refused(V1.ino, BIG)
-    assert (p.entry(V1).ino, p.entry(BIG).ino, p.refused(ALIAS, BIG)) == (ALIAS, ALIAS, False)
 
 
 def test_an_entry_torn_by_a_dying_worker_is_poisoned(fd):

@@ -64,7 +64,7 @@ class Opening:
         attributes with the kernel's inode), the content to fill the pages with (or None), and
         whether the file changed while this ran (``KernelInodes.unwatch``). The kernel's pages
         of another version are dropped first (``KernelInodes.dropping``), unless the open is
-        ``refused(inode, attributes)`` (ESTALE: the pages are the files pinning the inode's)."""
+        ``refused(inode, version)`` (ESTALE: the pages are the files pinning the inode's)."""
         seen = self._kernel.watch(inode)
         try:
             handle = await self.opens.open(inode, tries)
@@ -72,7 +72,7 @@ class Opening:
             # (an alias, see NodeTable) has pages of its own, maybe being written in place right now.
             version = kernel_attr(handle)
             try:
-                if refused(inode, handle.attr):  # (the kernel looks the name up again: another inode)
+                if refused(inode, version):  # (the kernel looks the name up again: another inode)
                     raise pyfuse3.FUSEError(errno.ESTALE)
                 pages = self._kernel.pages(version)
                 content = await self._content_to_fill(handle, pages)

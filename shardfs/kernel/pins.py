@@ -14,9 +14,7 @@ it) and the chunk's size is no longer theirs:
 - a getattr of that inode answers their version (``frozen``), as a local filesystem's
   replaced inode does;
 - an open of it is refused (``refused``: ESTALE, after which the kernel looks the name up
-  again and opens what the lookup gives: the refusal has made the chunk's names show an inode
-  that open may take, whatever size that lookup finds, a size remembered from before the
-  change included);
+  again and opens what the lookup gives);
 - a lookup of a name of the chunk (or a listing) gives another inode (``entry``, ``shown``: a new
   alias made by ``new_alias`` and registered with ``showing``), as a rename does on a local filesystem.
 
@@ -94,14 +92,8 @@ class Pins:
         return attr if version is None else attr._replace(size=version[0], mtime_ns=version[1])
 
     def refused(self, ino: int, attr: Attr) -> bool:
-        """True if an open of kernel inode ``ino`` at version ``attr`` (with its file's own inode)
-        must be refused; a chunk's names then show an inode an open at ``attr`` may take
-        (``entry``), so the kernel's retry after the ESTALE opens that one, even if its lookup
-        finds another size (a size the mount remembered from before the change)."""
-        if self._pinned(ino, attr.size) is None:
-            return False
-        self.entry(attr)
-        return True
+        """True if an open of kernel inode ``ino`` at version ``attr`` must be refused."""
+        return self._pinned(ino, attr.size) is not None
 
     def shown(self, attr: Attr) -> int | None:
         """The inode a name of chunk file ``attr`` (its own inode) shows: its own, or the alias
