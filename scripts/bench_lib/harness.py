@@ -396,7 +396,8 @@ class Bench:
         t0 = time.perf_counter()
         try:
             # another checkout's package may name another entry point: ``python -m shardfs`` runs its own
-            r = subprocess.run([*([PY3, "-m", "shardfs"] if package else [SHARDFS]), "mount", *["-o", "ro"] * ro,
+            # (-P: not this checkout's, which ``-m`` would find first in the working directory)
+            r = subprocess.run([*([PY3, "-P", "-m", "shardfs"] if package else [SHARDFS]), "mount", *["-o", "ro"] * ro,
                                 *["-o", options] * bool(options),
                                 str(src), str(mnt), "--log-file", str(self.logs / f"{name}.log")],
                                capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
@@ -463,7 +464,7 @@ class Bench:
         """``shardfs umount MNT`` (it waits for the daemon to fold and exit)."""
         limit = self.op_timeout()
         try:  # (a ``--baseline`` checkout's mount: its own ``shardfs umount``)
-            r = subprocess.run([*([PY3, "-m", "shardfs"] if m.package else [SHARDFS]), "umount", str(m.mnt),
+            r = subprocess.run([*([PY3, "-P", "-m", "shardfs"] if m.package else [SHARDFS]), "umount", str(m.mnt),
                                 "--timeout", str(int(limit))],
                                capture_output=True, text=True, timeout=limit + 30, stdin=subprocess.DEVNULL,
                                env={**os.environ, "PYTHONPATH": m.package} if m.package else None)
