@@ -36,7 +36,6 @@ from shardfs.app.metrics import Exporter, parse_address
 from shardfs.app.mounts import device, fsname
 from shardfs.app.usage import UsageError
 from shardfs.base.cores import available as available_cores
-from shardfs.base.libc import map_large_buffers
 from shardfs.config import Config, default_workers
 from shardfs.format.printable import printable
 from shardfs.base import private
@@ -209,7 +208,6 @@ def run_daemon(args: argparse.Namespace, mnt: str, opts: options.Parsed, source:
                           shard_ring=sharedshards.split(cfg.reads.cache_size)[0]
                           if read_only and source.kind.remote else 0)
     early.discard()  # (no supervision: this process serves)
-    map_large_buffers()
     if args.connection is None or args.connection.index == 0:  # (the mount's warnings: not each worker's)
         source.warn()
     from shardfs.app.compose import ReplayFailed, compose
