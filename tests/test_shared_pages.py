@@ -191,6 +191,27 @@ def test_a_file_released_through_another_worker_is_uncounted_there_at_once(fd):
     assert t.fields(off)[7] == 1
 
 
+def test_the_openers_let_go_has_something_to_uncount_only_until_another_worker_released_it(fd):
+    """``counts`` (read without the lock: the opener's let-go takes the lock only if it is True):
+    a file's reader and pin noted in its handle's place count until the worker serving its
+    RELEASE takes them; a file whose place another handle holds is counted by its opener alone,
+    and stays so."""
+    (ka, a), (kb, b) = worker(fd), worker(fd)
+    shares_5 = 5 + pt.HANDLES  # (handle 5's place)
+    assert ka.opened(V1) is Pages.NONE and ka.reading(V1, 5) is False and ka.reading(V1, shares_5) is False
+    a.pin(5, V1)
+    a.pin(shares_5, V1)
+    assert [ka.counts(5), a.counts(5), ka.counts(shares_5), a.counts(shares_5)] == [True] * 4
+    assert [kb.counts(5), b.counts(5)] == [True, True], "noted for any worker"
+    with kb.locked():
+        for fh in (5, shares_5):
+            kb.released_elsewhere(fh)
+            b.released_elsewhere(fh)
+    assert [ka.counts(5), a.counts(5)] == [False, False]
+    assert [ka.counts(shares_5), a.counts(shares_5)] == [True, True]
+    assert [ka.counts(6), a.counts(6)] == [False, False], "a file never counted"
+
+
 def test_a_handles_place_torn_by_a_dying_worker_is_forgotten(fd):
     """A worker killed while it noted a handle: the next lock holder forgets the place (the
     file stays counted, as a dead worker's; never another entry uncounted by a torn note)."""

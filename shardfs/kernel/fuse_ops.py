@@ -333,9 +333,11 @@ class Operations(pyfuse3.Operations):
     def _let_go(self, fh: int, handle: Handle | None) -> None:
         """What a released handle held (a read handle's version, pin and descriptor)."""
         if isinstance(handle, ReadHandle):
-            with self._kernel.locked():  # (N workers: one lock for both)
-                self._kernel.unread(kernel_attr(handle), fh)
-                self._pins.unpin(fh)
+            # (N workers: one lock for both; none if the worker that served its release let go of both)
+            if self._kernel.counts(fh) or self._pins.counts(fh):
+                with self._kernel.locked():
+                    self._kernel.unread(kernel_attr(handle), fh)
+                    self._pins.unpin(fh)
             self.opens.release(handle)
         elif isinstance(handle, WriteHandle) and self.writer is not None:
             self.writer.release(handle)

@@ -184,6 +184,11 @@ class KernelInodes:
         versions[key] = versions.get(key, 0) + 1
         return mixed
 
+    def counts(self, fh: int) -> bool:
+        """Whether ``unread`` of handle ``fh`` has something to uncount (one worker: always; N
+        workers: not once the worker that served its release did, ``SharedInodes``)."""
+        return True
+
     def unread(self, attr: Attr, fh: int = 0) -> None:
         """A handle that ``reading(attr, fh)`` counted was released."""
         versions = self._readers.get(attr.ino, {})

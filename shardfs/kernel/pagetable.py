@@ -238,6 +238,14 @@ class PageTable:
         self._put_handle(at, fh, off, flags)
         return True
 
+    def noted(self, fh: int, what: int) -> bool:
+        """Whether handle ``fh``'s place notes ``what`` of it (read without the lock: once its
+        opener noted it, only a ``take_handle`` of ``fh`` changes that place, so a False is final,
+        whatever write it met; its opener's release after the worker that served it let go of
+        ``what`` then takes no lock)."""
+        held, _off, flags = _HANDLE.unpack_from(self._map, self._handle_at(fh))
+        return fh > 0 and held == fh and bool(flags & what)
+
     def take_handle(self, fh: int, what: int) -> tuple[int, int] | None:
         """(Under the lock) the entry's offset and the generation ``note_handle`` noted for ``fh``
         and ``what``, which is no longer noted; None if it is not (or no longer)."""

@@ -58,6 +58,10 @@ class Pins:
         self._pins.setdefault(version.ino, {})[fh] = (version.size, version.mtime_ns)
         self._of[fh] = version.ino
 
+    def counts(self, fh: int) -> bool:
+        """Whether ``unpin`` of file ``fh`` has a pin to let go of."""
+        return fh in self._of
+
     def unpin(self, fh: int) -> None:
         """File ``fh`` was released (nothing if it pinned nothing)."""
         ino = self._of.pop(fh, None)

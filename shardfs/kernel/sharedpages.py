@@ -142,6 +142,10 @@ class SharedInodes(KernelInodes):
                 self._counted[fh] = off
             return False
 
+    def counts(self, fh: int) -> bool:
+        """(Without the lock: see ``PageTable.noted``.)"""
+        return fh in self._counted or self.table.noted(fh, pt.READER)
+
     def unread(self, attr: Attr, fh: int = 0) -> None:
         off = self._counted.pop(fh, -1)
         with self.table:
@@ -242,6 +246,10 @@ class SharedPins(Pins):
             t.add_pins(1)
             if not t.note_handle(fh, off, pt.PINNED, e[_GEN]):
                 self._mine[fh] = (off, e[_GEN])
+
+    def counts(self, fh: int) -> bool:
+        """(Without the lock: see ``PageTable.noted``.)"""
+        return fh in self._mine or self.table.noted(fh, pt.PINNED)
 
     def unpin(self, fh: int) -> None:
         off, gen = self._mine.pop(fh, (-1, 0))
