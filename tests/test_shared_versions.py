@@ -72,6 +72,36 @@ def test_an_answer_expires_after_its_ttl():
     assert reader.get("k") is UNKNOWN
 
 
+def test_an_answer_a_worker_read_is_read_again_only_while_its_entry_the_epoch_and_the_time_hold():
+    """A worker remembers where it read an answer (``_seen``): another worker's newer answer, a
+    forget, a clear, an eviction by another key and the end of the answer's ttl each make it
+    ask the table again, at once."""
+    fd = sv.memory()
+    a, b, short = sv.SharedVersions(fd, 1.0), sv.SharedVersions(fd, 1.0), sv.SharedVersions(fd, 0.2)
+    os.close(fd)
+    old, new = Version(1, 2, 3), Version(4, 5, 6)
+    a.put("k", old, a.token())
+    assert b.get("k") == old
+    a.put("k", new, a.token())
+    assert b.get("k") == new and b.get("k") == new
+    a.forget("k")
+    assert b.get("k") is UNKNOWN
+    a.put("k", old, a.token())
+    assert b.get("k") == old
+    a.clear()
+    assert b.get("k") is UNKNOWN
+    short.put("k", new, short.token())
+    assert b.get("k") == new
+    time.sleep(0.25)
+    assert b.get("k") is UNKNOWN
+    b.put("k", old, b.token())
+    assert b.get("k") == old
+    off = _entry_of(a, "k")
+    h = key_hash("k")
+    a._write(off, sv.VERSION_INT, h + 1, time.monotonic() + 1, 0, 7, 7, struct.pack("<q", 7))  # evicted
+    assert b.get("k") is UNKNOWN
+
+
 def test_unusable_answers_and_long_tags_are_not_remembered(table):
     a, b = table
     a.put("fifo", Unusable(5, "not a regular file (a FIFO)", "/x/fifo"), a.token())
