@@ -1,9 +1,9 @@
 """Which worker of ``-o workers=N`` serves a request on a handle another worker opened
 (``shardfs.kernel.route.Route.link``), in-process: a read-only mount's RELEASE is served where
 it arrives without a look at the handle (``here``: a catch-up of the shared ledger), and so is a
-writable mount's of a handle a worker other than the owner opened (a read handle); a READ, and
-the RELEASE of a writable mount owner's handle (maybe a write handle), first ask whether this
-worker may serve it."""
+writable mount's of a handle a worker other than the owner opened (a read handle), or the owner
+before it marked anything; a READ, and the RELEASE of a writable mount owner's handle once it
+marked an area (maybe a write handle), first ask whether this worker may serve it."""
 
 from __future__ import annotations
 
@@ -65,12 +65,20 @@ def test_a_release_of_a_handle_a_writable_mounts_other_worker_opened_is_served_h
     assert asked == [] and links.sent == []
 
 
-def test_a_release_of_the_owners_handle_on_a_writable_mount_asks_first(tmp_path):
-    """(The owner's handle may be a write handle: only the owner commits it. ``here`` answers
-    None for a write handle.)"""
+def test_a_release_of_the_owners_handle_on_a_writable_mount_asks_first_once_it_marked_an_area(tmp_path):
+    """(The owner's handle may then be a write handle: only the owner commits it. ``here``
+    answers None for a write handle.) Before the owner marked anything, every handle it holds
+    is a read handle of what the source shows: served here unasked."""
     r, links, asked = route(True, tmp_path, None)
+    owners = Marks(r.areas.marks.path)  # type: ignore[union-attr]  # (writable: it has areas)
+    owners.start()
+    r.areas.marks.start()  # type: ignore[union-attr]
+    assert r.link("release", (OWNERS,)) is None
+    assert asked == [] and links.sent == []
+    owners.note("arr")  # (an open for writing in array arr, before it is answered)
     assert r.link("release", (OWNERS,)) == OWNER
     assert asked == [OWNERS] and links.sent == [OWNER]
+    owners.close()
 
 
 def test_a_request_on_this_workers_own_handle_is_served_here_unasked(tmp_path):

@@ -158,6 +158,13 @@ class Areas:
         else:
             self._mark_ino(parent)
 
+    def unmarked(self) -> bool:
+        """The owner has marked nothing: nothing was changed through the mount, and every file
+        handle it holds is a read handle of what the source shows (an open for writing, a
+        create, marks its area before it is answered)."""
+        self.marks.refresh()
+        return not (self.marks.exact or self.marks.tree)
+
     def changed(self, ino: int) -> bool:
         """The owner marked the area of inode ``ino`` (or this worker does not know it)."""
         self.marks.refresh()

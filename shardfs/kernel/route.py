@@ -14,7 +14,9 @@ unless another must:
   arrives (``here``), and the release of a read handle without a look at the handle at all: its
   release anywhere only notes it in the ledger (its opener lets go when it follows that), and
   every file handle of a read-only mount, and every one a writable mount's worker other than
-  the owner opened, is one (a file opened for writing is the owner's: ``Areas.forwards``);
+  the owner opened, is one (a file opened for writing is the owner's: ``Areas.forwards``), and
+  so is every one the owner opened while it has marked nothing (``Areas.unmarked``: an open for
+  writing marks its area first);
   learning the handle first (following the ledger) cost about a tenth of the daemon's CPU a chunk
   file read with 2 workers;
 - on a writable mount, what the owner worker must serve (``shardfs.kernel.owner.Areas``: every
@@ -70,8 +72,8 @@ class Route:
                 return self.peers.link(home)
         if op in HANDLED:
             slot = self.owner_of(args[0])
-            if slot == self.index or (op == "release" and (areas is None or slot != OWNER)):  # (a read handle)
-                return None
+            if slot == self.index or (op == "release" and (areas is None or slot != OWNER or areas.unmarked())):
+                return None  # (a read handle)
             if not (op in ("read", "release") and self._here(slot, args[0])):
                 return self.peers.link(slot)
         return None
