@@ -70,9 +70,9 @@ def test_a_release_of_the_owners_handle_on_a_writable_mount_asks_first_once_it_m
     answers None for a write handle.) Before the owner marked anything, every handle it holds
     is a read handle of what the source shows: served here unasked."""
     r, links, asked = route(True, tmp_path, None)
-    owners = Marks(r.areas.marks.path)  # type: ignore[union-attr]  # (writable: it has areas)
+    owners = Marks(r.areas.marks.path)
     owners.start()
-    r.areas.marks.start()  # type: ignore[union-attr]
+    r.areas.marks.start()
     assert r.link("release", (OWNERS,)) is None
     assert asked == [] and links.sent == []
     owners.note("arr")  # (an open for writing in array arr, before it is answered)

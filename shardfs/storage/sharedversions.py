@@ -72,7 +72,8 @@ class SharedVersions:
         self._lock_fd, self._map, capacity = memtables.attach(fd, MAGIC, ENTRY, HEADER, "table of versions")
         self._mask = capacity - 1
         self._thread_lock = threading.Lock()
-        self._seen: dict[str, tuple[Version | None, int, float, int, int]] = {}  # key -> (answer, epoch, expires, off, seq)
+        # key -> (answer, epoch, expires, off, seq): what ``get`` read, and where
+        self._seen: dict[str, tuple[Version | None, int, float, int, int]] = {}
 
     def close(self) -> None:
         self._map.close()
