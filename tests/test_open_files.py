@@ -214,6 +214,30 @@ def test_a_file_opened_beside_two_other_versions_of_its_size_reads_its_own(versi
 
 
 @pytest.mark.parametrize("workers", [1, 2])
+def test_a_file_opened_after_an_in_place_write_beside_a_reader_of_the_old_size_reads_its_size(versions, mount,
+                                                                                             workers):
+    """A file reading a chunk through the kernel's pages stays open while the chunk is rewritten
+    in place, at another size: a file opened afterwards (with direct I/O, beside it) is given
+    the written size by ``fstat`` and reads the written bytes whole, as tensorstore reads (a
+    2-worker soak: the old reader's size, "Invalid blosc-compressed data", for as long as a
+    zarr 2.18 reader of the old version read)."""
+    src, _, _, b = versions
+    mnt = mount(src, "-o", f"attr_timeout=0,entry_timeout=0,workers={workers}")
+    path = mnt / "x" / "1.1"
+    new = numcodecs.Zstd().encode(b[8:, 8:].tobytes())
+    with open(path, "rb", buffering=0) as reader:
+        assert len(reader.read()) != len(new)
+        with open(path, "wb") as f:
+            f.write(new)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            assert (size, os.pread(fd, size, 0)) == (len(new), new)
+        finally:
+            os.close(fd)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
 def test_files_read_while_renames_commit_other_sizes_read_whole_versions(versions, mount, workers):
     """For 6 s a thread renames temporaries of three sizes onto two chunk files through the
     mount while two others open them, ``fstat`` and read that many bytes (as tensorstore

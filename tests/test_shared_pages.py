@@ -143,6 +143,26 @@ def test_pins_are_the_mounts(fd):
     assert not a and a.table.pins() == 0
 
 
+def test_a_file_opened_after_an_in_place_write_pins_its_own_size_beside_readers_of_the_old(fd):
+    """Files reading V1 through the pages (worker a) no longer pin the inode once it is
+    rewritten in place (``forfeit``, worker b); a file opened at the written version beside them
+    (with direct I/O) pins its own size, not theirs: a getattr answers its size, an open of it is
+    not refused (a 2-worker soak: tensorstore's ``fstat`` of a blosc chunk gave the old size for as
+    long as a zarr 2.18 reader of the old one read, "Invalid blosc-compressed data")."""
+    (ka, a), (kb, b) = worker(fd), worker(fd)
+    assert ka.reading(V1, 1) is False
+    a.pin(1, V1)
+    b.forfeit(V1.ino)
+    assert kb.reading(BIG, 2) is True, "beside a reader of V1: direct I/O"
+    b.pin(2, BIG)
+    assert (a.frozen(V1.ino, BIG), a.refused(V1.ino, BIG), a.shown(BIG)) == (BIG, False, V1.ino)
+    assert (b.frozen(V1.ino, V1), b.refused(V1.ino, V1)) == (BIG, True)
+    b.unpin(2)
+    ka.unread(V1, 1)
+    a.unpin(1)
+    assert not a and a.table.pins() == 0
+
+
 def test_an_entry_torn_by_a_dying_worker_is_poisoned(fd):
     """A worker killed while it wrote an entry: the next lock holder finds it named in the
     header and makes it read with direct I/O for good (never kept, never filled)."""

@@ -12,7 +12,8 @@ Layout: a header (``HEADER`` bytes: magic, capacity, the slot being written, pin
 ``capacity`` entries of ``ENTRY`` bytes, open addressing keyed by inode (a chunk's consecutive
 inodes land in consecutive entries: a few pages of memory for thousands of chunk files): an
 ``Entry``, then (at ``LOOKUPS``) the lookups the kernel holds of the inode from every worker's
-replies (``shardfs.kernel.sharedpages.SharedInodes.kernel_forgot``). An
+replies (``shardfs.kernel.sharedpages.SharedInodes.kernel_forgot``), then (at ``PINNED_AT``) the
+version its pins pin (``pinned``). An
 entry is never removed (it is the memory of pages the kernel may still hold); an inode that finds
 no entry within ``PROBES`` of its home is ``None`` to the callers, which then answer as if the
 kernel held pages of another version (no keep, no fill, direct I/O: always correct). After the
@@ -38,7 +39,8 @@ from typing import NamedTuple
 
 from shardfs.base import memtables
 
-MAGIC = 0x53504733  # "SPG3" (SPG2: no handles; SPG1: entries of 64 bytes; a worker refuses another's table)
+MAGIC = 0x53504734  # "SPG4" (SPG3: the readers' version pinned; SPG2: no handles; SPG1: entries of 64 bytes;
+# a worker refuses another's table)
 HEADER = 64
 ENTRY = 128
 CAPACITY = 1 << 20  # entries (128 MiB of address space; memory only for the pages touched)
@@ -59,6 +61,8 @@ _READERS = struct.Struct("<QqI")  # rsize, rmtime, readers
 # offsets of an entry's fields (``Entry``): one aligned word is written whole, never torn
 STATE, MARK, SIZE, RSIZE, READERS, PINS, GEN, CHANGES = 8, 12, 16, 32, 48, 52, 56, 60
 LOOKUPS = 64  # (after the ``Entry``: a new entry's is 0, as the memfd's bytes start)
+PINNED_AT = 72  # (``pinned``)
+_PINNED = struct.Struct("<Qq")  # size, mtime
 
 # ``Entry.state``: what the kernel's pages of the inode may hold
 NONE = 0  # nothing, ever
@@ -71,7 +75,7 @@ POISONED = 4  # a torn entry: as UNKNOWN, and every file of it read with direct 
 class Entry(NamedTuple):
     """One inode's entry: what its pages hold (``state``, ``mark``, ``size``/``mtime``) and the
     files open on it through the page cache: ``readers`` of version (``rsize``, ``rmtime``),
-    ``pins`` of them pinning its size (``shardfs.kernel.pins``; ``gen`` counts the forfeits),
+    ``pins``: files pinning its size (``shardfs.kernel.pins``; ``gen`` counts the forfeits),
     ``changes`` made to it (``KernelInodes.watch``)."""
 
     ino: int
@@ -206,6 +210,19 @@ class PageTable:
         table = self._map
         _U64.pack_into(table, _DIRTY_AT, off)
         _READERS.pack_into(table, off + RSIZE, rsize, rmtime, readers)
+        _U64.pack_into(table, _DIRTY_AT, 0)
+
+    def pinned(self, off: int) -> tuple[int, int]:
+        """(size, mtime) that the pins of the entry at ``off`` pin (its first pin's since it had
+        none); meaningless while it has none."""
+        return _PINNED.unpack_from(self._map, off + PINNED_AT)
+
+    def set_pinned(self, off: int, size: int, mtime: int) -> None:
+        """Set the version pinned (under the lock, before the pin that makes it is counted)."""
+        assert self._depth
+        table = self._map
+        _U64.pack_into(table, _DIRTY_AT, off)
+        _PINNED.pack_into(table, off + PINNED_AT, size, mtime)
         _U64.pack_into(table, _DIRTY_AT, 0)
 
     def changes(self, ino: int) -> int:

@@ -220,8 +220,8 @@ def _pages(version: tuple[int, int, int, int], attr: Attr) -> Pages:
 
 class SharedPins(Pins):
     """``Pins`` whose pins are counted in the mount's ``table`` (each inode's pinning version is
-    its readers' version, or with none the version of the files reading it with direct I/O);
-    the aliases chunks show stay this worker's."""
+    its first pin's since it had none: not its readers', who no longer pin it once it was
+    rewritten in place, ``forfeit``); the aliases chunks show stay this worker's."""
 
     def __init__(self, table: pt.PageTable, new_alias: Callable[[int], int] | None = None) -> None:
         super().__init__(new_alias)
@@ -238,10 +238,8 @@ class SharedPins(Pins):
             if off < 0:  # (a full table: ``reading`` gave it direct I/O)
                 return
             e = t.fields(off)
-            # Readers keep their version: beside them a file of another reads with direct I/O
-            # (``reading``), at their size (``refused``: an open of another size is not answered).
-            if not e[_READERS]:
-                t.set_readers(off, version.size, version.mtime_ns, 0)
+            if not e[_PINS]:  # (the others are of its size: ``refused``)
+                t.set_pinned(off, version.size, version.mtime_ns)
             t.set_word(off, pt.PINS, e[_PINS] + 1)
             t.add_pins(1)
             if not t.note_handle(fh, off, pt.PINNED, e[_GEN]):
@@ -298,5 +296,7 @@ class SharedPins(Pins):
         off = t.find(ino)
         if off < 0:
             return None
-        e = t.fields(off)
-        return (e[_RSIZE], e[_RMTIME]) if e[_PINS] and e[_RSIZE] != size else None
+        if not t.word(off, pt.PINS):
+            return None
+        version = t.pinned(off)
+        return version if version[0] != size else None
