@@ -245,8 +245,10 @@ def test_files_read_while_renames_commit_other_sizes_read_whole_versions(version
     gave (before files read with direct I/O pinned their size, some read another version's
     bytes). But for the kernel's race (doc/BENCHMARKING.md, "Soak": an attribute reply that
     crosses a drop of the inode's pages is discarded, and a read through the pages is cut to
-    the size the kernel kept): a read of the first bytes of the version of that size, counted
-    apart, a few at most (measured: about 2 in 100,000 reads under this storm)."""
+    the size the kernel kept): a read of the first bytes of the version of that size, or of the
+    whole of a shorter version (the size ``fstat`` gave was not the file's: CI met "fstat 67,
+    read 18 bytes, a version" at one worker), counted apart, a few at most (measured: about 2 in
+    100,000 reads under this storm)."""
     import threading
 
     src, _, _, _ = versions
@@ -283,7 +285,8 @@ def test_files_read_while_renames_commit_other_sizes_read_whole_versions(version
                 done[1] += 1
                 if data not in whole or len(data) != size:
                     kind = "a" if data in whole else "no"
-                    short = len(data) < size and any(len(v) == size and v.startswith(data) for v in whole)
+                    short = len(data) < size and (data in whole or any(len(v) == size and v.startswith(data)
+                                                                       for v in whole))
                     (cut if short else torn).append(f"{p.name}: fstat {size}, read {len(data)} bytes, {kind} version")
 
     threads = [threading.Thread(target=f) for f in (write, read, read)]
