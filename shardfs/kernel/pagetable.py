@@ -39,8 +39,9 @@ from typing import NamedTuple
 
 from shardfs.base import memtables
 
-MAGIC = 0x53504734  # "SPG4" (SPG3: the readers' version pinned; SPG2: no handles; SPG1: entries of 64 bytes;
-# a worker refuses another's table)
+# "SPG4"; a worker refuses another's table (SPG3: the readers' version pinned; SPG2: no handles;
+# SPG1: entries of 64 bytes)
+MAGIC = 0x53504734
 HEADER = 64
 ENTRY = 128
 CAPACITY = 1 << 20  # entries (128 MiB of address space; memory only for the pages touched)
