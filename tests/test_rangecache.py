@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from testkit.delayproxy import DelayProxy, Request
-from conftest import REPO, budget, read_zarr2, run_shardfs
+from conftest import budget, read_zarr2, run_shardfs
 from source_kinds import BucketSource, unique_prefix
 from sources import Spec, assert_read_equals, build
 from shardfs.reads.rangecache import BLOCK, TAG_NAME, RangeCache
@@ -64,8 +64,9 @@ def warnings(caplog) -> list[str]:
 
 
 def run_python(code: str) -> str:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,
+    """Run ``code`` in a fresh interpreter importing the shardfs this test does (-P: not the
+    working directory's: ``scripts/mutants`` plants its bugs in a copy on PYTHONPATH)."""
+    return subprocess.run([sys.executable, "-P", "-c", code], check=True, capture_output=True,
                           text=True, timeout=60).stdout
 
 
@@ -449,8 +450,7 @@ for _ in range(400):
 cache.flush()
 print(hits)
 """
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(seed)], env=env, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-P", "-c", code, str(seed)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
     results = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], results

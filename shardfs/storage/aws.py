@@ -9,8 +9,8 @@ Two steps, so that commands that only need to *name* a source never run a creden
   (``AWS_CA_BUNDLE`` or the profile's). No credentials are resolved. An unknown profile raises
   ``AwsConfigError`` naming it and the files looked in.
 - ``shardfs.storage.awscredentials.credentials(profile)``: botocore's whole credential chain,
-  resolved at mount, behind obstore's credential provider (imports obstore and boto3: this
-  module imports neither).
+  resolved at mount, behind obstore's credential provider (imports botocore's session and
+  credentials: this module imports neither).
 
 Every failure is an ``AwsConfigError`` whose ``str()`` is one line that says what to do; no
 message carries a secret. botocore's loggers are held at ERROR: at DEBUG they print request and

@@ -4,8 +4,10 @@
 and config files, ``credential_process``, assume-role, SSO, web identity, container and instance
 metadata) once at mount: deferred providers (SSO, assume-role) are made to fetch, so an expired
 SSO token or a failing ``credential_process`` fails the mount with one line
-(``AwsConfigError``). What it returns is obstore's ``Boto3CredentialProvider`` with each
-credential's real expiry (``AwsCredentials``), kept through failed refreshes (``Kept``).
+(``AwsConfigError``). What it returns is an obstore credential provider over the botocore session
+giving each credential's real expiry (``AwsCredentials``), kept through failed refreshes (``Kept``).
+Not obstore's ``Boto3CredentialProvider``: it imports boto3 (and s3transfer) for nothing a mount
+uses, about 5 MiB of every S3 mount's zygote and worker (doc/BENCHMARKING.md).
 """
 
 from __future__ import annotations
@@ -13,7 +15,15 @@ from __future__ import annotations
 from datetime import UTC
 from typing import Any
 
-from obstore.auth.boto3 import Boto3CredentialProvider
+import botocore.session  # noqa: F401  (a zygote's preload imports it: each worker resolves the chain)
+from botocore.exceptions import (
+    BotoCoreError,
+    CredentialRetrievalError,
+    NoCredentialsError,
+    SSOError,
+    TokenRetrievalError,
+    UnauthorizedSSOTokenError,
+)
 
 from shardfs.storage.aws import (
     AwsConfigError,
@@ -28,14 +38,6 @@ from shardfs.storage.kept import Kept
 
 def _why(e: Exception, session: Any) -> str:
     """The one line for a failure to resolve credentials."""
-    from botocore.exceptions import (
-        CredentialRetrievalError,
-        NoCredentialsError,
-        SSOError,
-        TokenRetrievalError,
-        UnauthorizedSSOTokenError,
-    )
-
     name = profile_name(session)
     if isinstance(e, (SSOError, UnauthorizedSSOTokenError)) or \
             (isinstance(e, TokenRetrievalError) and "sso" in str(getattr(e, "kwargs", {}).get("provider", ""))):
@@ -57,14 +59,12 @@ def credentials(profile: str | None) -> tuple[Kept, str]:
     """The credential chain of ``profile`` resolved now (``AwsConfigError``, one line, if it
     yields nothing usable), as an obstore credential provider that keeps them fresh, and where
     they came from (for an "access denied" line)."""
-    from botocore.exceptions import BotoCoreError
-
     session = open_session(profile)
     try:
         found = session.get_credentials()
         if found is None:
             raise AwsConfigError(_nothing_found(session))
-        aws = AwsCredentials(session)
+        aws = AwsCredentials(found)
         provider = Kept(aws, lambda e: _why(e, session), "AWS credentials")
         provider()  # deferred providers (SSO, assume-role) fetch here: their failure fails the mount
     except BotoCoreError as e:
@@ -86,14 +86,15 @@ def hint(method: str | None) -> str:
             "container-role": "the container's role", "iam-role": "the instance's role"}.get(method or "", str(method))
 
 
-class AwsCredentials(Boto3CredentialProvider):
-    """obstore's ``Boto3CredentialProvider`` over one botocore session, giving obstore each
-    credential's real expiry (botocore's, for temporary credentials; None for static keys) instead
-    of a fixed 30 minutes. obstore asks again when less than 5 minutes are left; botocore then
-    refreshes (it does within 10 minutes of expiry)."""
+class AwsCredentials:
+    """An obstore credential provider (a callable obstore calls for credentials) over botocore's
+    ``credentials`` (a session's ``get_credentials()``), giving obstore each credential's real expiry (botocore's,
+    for temporary credentials; None for static keys) instead of a fixed 30 minutes. obstore asks
+    again when less than 5 minutes are left; botocore then refreshes (it does within 10 minutes
+    of expiry)."""
 
-    def __init__(self, session: Any) -> None:
-        super().__init__(session)
+    def __init__(self, credentials: Any) -> None:
+        self.credentials = credentials
         self.method: str | None = getattr(self.credentials, "method", None)
 
     def __call__(self) -> dict[str, Any]:
