@@ -30,7 +30,7 @@ from typing import Any
 from shardfs.storage.kept import quiet
 
 log = logging.getLogger("shardfs")
-QUIET = ("botocore", "boto3", "urllib3", "s3transfer")
+QUIET = ("botocore", "urllib3")  # (boto3 and s3transfer are never imported)
 _ENVIRON_LOCK = threading.Lock()
 
 
