@@ -1405,3 +1405,42 @@ def test_store_requests_that_end_after_a_worker_s_last_request_are_counted_throu
                 return sum(status(mnt)["store"]["requests"].values())
 
         assert store_requests(w0) == store_requests(w1)
+
+
+def test_a_forwarded_listing_that_fails_in_the_store_answers_its_errno_in_one_line(tmp_path, caplog):
+    """The batches of a forwarded READDIR (``entries``, the one handler the serving worker runs
+    unguarded) that fail with an ``OSError`` (the store timing out while the owner lists, a
+    directory gone) are answered with its errno, as the kernel's own READDIR is (``_guard``),
+    with no traceback in the log (the 2-worker soak logged one, "a request forwarded by a
+    worker", and answered EIO whatever the error). In-process: the two workers' sides of the
+    forwarding over a real unix socket."""
+    import logging
+
+    import pyfuse3
+    import trio
+
+    from shardfs.app.state import status_listener
+    from shardfs.kernel.forward import PeerLink, PeerServer
+
+    class Listing:  # the serving worker's ``Operations``, as far as the forwarded batches reach it
+        async def entries(self, fh: int, start_id: int, limit: int) -> list[Any]:
+            raise OSError(errno.ENOENT, "No such file or directory", "s3://bucket/gone")
+
+    path = str(tmp_path / "peer" / "slot-0.sock")
+    caplog.set_level(logging.DEBUG, "shardfs")
+
+    async def main() -> int:
+        server, link = PeerServer(path, Listing(), status_listener), PeerLink(path)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(server.run)
+            link.attach(nursery)
+            try:
+                await link.call("entries", (3, 0, 256))
+            except pyfuse3.FUSEError as e:
+                return e.errno
+            finally:
+                nursery.cancel_scope.cancel()
+        return 0
+
+    assert trio.run(main) == errno.ENOENT
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info] == []

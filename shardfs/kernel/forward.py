@@ -9,8 +9,9 @@ made at the first request: ``Peers``), over which any number of requests are in 
 frame (4-byte length, ``marshal`` of plain values: pyfuse3's objects are sent as tuples of
 their fields). The serving worker calls the same handler the kernel's request would have
 reached (``Operations.<op>``, guarded, counted there: it is the worker that must serve it, so it
-serves it itself), and the answer (a value or an errno) goes back to the worker, which replies to the
-kernel through its own descriptor.
+serves it itself; a READDIR's batches, ``entries``, the listing's own, whose ``OSError`` is
+answered with its errno as a guarded handler's), and the answer (a value or an errno) goes back to
+the worker, which replies to the kernel through its own descriptor.
 
 A connection that breaks (that worker died) is made again once the supervisor started the
 next one in its slot, and the requests in flight on it are sent again, marked as re-sent
@@ -190,6 +191,9 @@ class PeerServer:
             reply: Any = (ident, True, encode(await handler(*decode(args))))
         except pyfuse3.FUSEError as e:
             reply = (ident, False, e.errno)
+        except OSError as e:  # (``entries``, a READDIR's batches, is not guarded: a store's failure to list)
+            log.debug("a forwarded %s: %s", op, e.strerror)  # (as ``_guard`` logs the kernel's own)
+            reply = (ident, False, e.errno or errno.EIO)
         except Exception:  # (the handlers are guarded: a bug in decoding)
             log.exception("a request forwarded by a worker")
             reply = (ident, False, errno.EIO)
