@@ -4,8 +4,9 @@
 and config files, ``credential_process``, assume-role, SSO, web identity, container and instance
 metadata) once at mount: deferred providers (SSO, assume-role) are made to fetch, so an expired
 SSO token or a failing ``credential_process`` fails the mount with one line
-(``AwsConfigError``). What it returns is an obstore credential provider over the botocore session
-giving each credential's real expiry (``AwsCredentials``), kept through failed refreshes (``Kept``).
+(``AwsConfigError``). What it returns is an obstore credential provider over the session's
+credentials giving each one's real expiry (``AwsCredentials``), kept through failed refreshes
+(``Kept``).
 Not obstore's ``Boto3CredentialProvider``: it imports boto3 (and s3transfer) for nothing a mount
 uses, about 5 MiB of every S3 mount's zygote and worker (doc/BENCHMARKING.md).
 """
@@ -88,10 +89,10 @@ def hint(method: str | None) -> str:
 
 class AwsCredentials:
     """An obstore credential provider (a callable obstore calls for credentials) over botocore's
-    ``credentials`` (a session's ``get_credentials()``), giving obstore each credential's real expiry (botocore's,
-    for temporary credentials; None for static keys) instead of a fixed 30 minutes. obstore asks
-    again when less than 5 minutes are left; botocore then refreshes (it does within 10 minutes
-    of expiry)."""
+    ``credentials`` (a session's ``get_credentials()``), giving obstore each credential's real
+    expiry (botocore's, for temporary credentials; None for static keys) instead of a fixed 30
+    minutes. obstore asks again when less than 5 minutes are left; botocore then refreshes (it
+    does within 10 minutes of expiry)."""
 
     def __init__(self, credentials: Any) -> None:
         self.credentials = credentials
