@@ -6,9 +6,8 @@ metadata) once at mount: deferred providers (SSO, assume-role) are made to fetch
 SSO token or a failing ``credential_process`` fails the mount with one line
 (``AwsConfigError``). What it returns is an obstore credential provider over the session's
 credentials giving each one's real expiry (``AwsCredentials``), kept through failed refreshes
-(``Kept``).
-Not obstore's ``Boto3CredentialProvider``: it imports boto3 (and s3transfer) for nothing a mount
-uses, about 5 MiB of every S3 mount's zygote and worker (doc/BENCHMARKING.md).
+(``Kept``). Not obstore's ``Boto3CredentialProvider``: it imports boto3 (and s3transfer) for
+nothing a mount uses, about 5 MiB of every S3 mount's zygote and worker (doc/BENCHMARKING.md).
 """
 
 from __future__ import annotations
