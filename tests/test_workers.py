@@ -1498,7 +1498,6 @@ def test_an_open_the_other_worker_forwarded_before_it_died_leaves_no_handle_behi
     writer.join(60)
     assert done == [None]
     assert (path.stat().st_size, path.read_bytes()) == (len(new), new)
-    w1 = nxt[0]
 
     def handles() -> list[int]:
         doc = status(mnt)

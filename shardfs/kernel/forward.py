@@ -205,20 +205,19 @@ class PeerServer:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             # that worker died: the kernel sends its requests again (RESEND), and a handle this one
             # made never reached it, so no RELEASE of it will ever come
-            if value is not None:
-                await self._release_unsent(op, value)
+            if op == "open" and value is not None:
+                await self._release_unsent(value.fh)
 
-    async def _release_unsent(self, op: str, value: Any) -> None:
-        """Release the file handle an ``open`` made (its answer ``value``; any other ``op``:
-        nothing) whose answer never reached the worker that forwarded it: left open, a truncating
-        open's handle made every stat of its chunk say 0 bytes, and a reading one pinned its
-        version's size, until the name showed another inode (the 2-worker soak: 10-20 s of
-        undecodable reads after a worker kill). Its RELEASE discards it (nothing is committed at
-        a RELEASE). An answer that reached that worker, which died before it answered the kernel,
-        is not known here: that handle stays (doc/ARCHITECTURE.md)."""
-        if op == "open":
-            with contextlib.suppress(pyfuse3.FUSEError):
-                await self.ops.release(value.fh)
+    async def _release_unsent(self, fh: int) -> None:
+        """Release file handle ``fh``, which an ``open`` made and whose answer never reached the
+        worker that forwarded it: left open, a truncating open's handle made every stat of its
+        chunk say 0 bytes, and a reading one pinned its version's size, until the name showed
+        another inode (the 2-worker soak: 10-20 s of undecodable reads after a worker kill). Its
+        RELEASE discards it (nothing is committed at a RELEASE). An answer that reached that
+        worker, which died before it answered the kernel, is not known here: that handle stays
+        (doc/ARCHITECTURE.md)."""
+        with contextlib.suppress(pyfuse3.FUSEError):
+            await self.ops.release(fh)
 
 
 class PeerLink:
