@@ -550,6 +550,20 @@ def socket_of(mnt: Path) -> str:
     return str(found)
 
 
+def open_handles(mnt: Path, sock: str) -> list[int]:
+    """The handles each worker holds open, by slot, each as that worker answers itself (exact;
+    the counts of another worker in a status answer are its last published ones, up to
+    ``peers.PUBLISH_S`` old)."""
+    pids = [w["pid"] for w in sorted(status(mnt)["workers"], key=lambda w: w["index"])]
+    found: dict[int, int] = {}
+    for _ in range(200):  # (whichever worker accepts answers)
+        doc = status_at(sock)
+        found[doc["worker"]["pid"]] = doc["open_handles"]
+        if all(p in found for p in pids):
+            return [found[p] for p in pids]
+    raise AssertionError(f"not every worker of {pids} answered the status socket: {found}")
+
+
 def status_at(sock: str) -> dict[str, Any]:
     """The status document the worker that accepts on ``sock`` sends."""
     import socket
@@ -1499,9 +1513,62 @@ def test_an_open_the_other_worker_forwarded_before_it_died_leaves_no_handle_behi
     assert done == [None]
     assert (path.stat().st_size, path.read_bytes()) == (len(new), new)
 
-    def handles() -> list[int]:
-        doc = status(mnt)
-        return [w["open_handles"] for w in sorted(doc["workers"], key=lambda w: w["index"])]
+    wait_for(lambda: open_handles(mnt, sock) == [0, 0], 10, "no handle left open in either worker")
+    assert status(mnt)["internal_errors"]["total"] == 0
 
-    wait_for(lambda: handles() == [0, 0], 10, "no handle left open in either worker")
+
+@pytest.mark.parametrize("op", ["open", "create"])
+def test_an_open_answered_to_the_other_worker_that_died_before_answering_the_kernel_is_released(mount, src, op):
+    """The narrower window: a truncating open (or a create: a temporary's) that worker 1
+    forwarded to the owner, whose answer reached worker 1 (in its socket's buffer), which was
+    killed before it answered the kernel. The owner sent its answer, so nothing told it the handle
+    was lost; the kernel's RESEND brings the same request again (the same request number), which
+    is the proof, and the owner releases the first handle then. The client's write reads back
+    whole and no handle stays open."""
+    import threading
+
+    mnt = mount(src, "-o", "workers=2," + NO_CACHE)
+    w0, w1 = workers(mnt, 2)
+    path = mnt / "a" / ("1.2" if op == "open" else ".1.2.tmp")
+    new = (mnt / "a" / "0.0").read_bytes()
+    assert not path.exists() if op == "create" else new != path.read_bytes()
+    sock = socket_of(mnt)
+    done: list[Any] = []
+
+    def write() -> None:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC | (os.O_CREAT if op == "create" else 0))
+            try:
+                os.write(fd, new)
+            finally:
+                os.close(fd)
+            done.append(None)
+        except OSError as e:
+            done.append(e)
+
+    def forwarded() -> int:
+        doc = status_at(sock)
+        return doc["forwarded"].get(op, 0) if any(w["pid"] == w1 and w["this"] for w in doc["workers"]) else 0
+
+    def served() -> bool:  # (w1 stopped, the owner accepts; a stat would wait for a create's directory lock)
+        doc = status_at(sock)
+        return doc["worker"]["pid"] == w0 and doc["open_handles"] == 1
+
+    stopping.stopped(w0)  # (never inside a shared table's lock)
+    writer = threading.Thread(target=write, daemon=True)
+    try:
+        writer.start()
+        wait_for(lambda: forwarded() > 0, 30, "worker 1 forwarding the request to the stopped owner")
+        stopping.stopped(w1)
+        os.kill(w0, signal.SIGCONT)
+        wait_for(served, 30, "the owner serving the forwarded request")
+        assert done == []
+    finally:
+        os.kill(w0, signal.SIGCONT)
+        os.kill(w1, signal.SIGKILL)
+    writer.join(60)
+    assert done == [None]
+    assert (path.stat().st_size, path.read_bytes()) == (len(new), new)
+
+    wait_for(lambda: open_handles(mnt, sock) == [0, 0], 10, "no handle left open in either worker")
     assert status(mnt)["internal_errors"]["total"] == 0

@@ -13,6 +13,13 @@ serves it itself; a READDIR's batches, ``entries``, the listing's own, whose ``O
 answered with its errno as a guarded handler's), and the answer (a value or an errno) goes back to
 the worker, which replies to the kernel through its own descriptor.
 
+A handle the serving worker made (an ``open``, ``create`` or ``opendir``) is the kernel's only
+once the forwarding worker has replied to it; if that worker dies first, the kernel sends the
+request again (RESEND) and it is served again, and the first handle would get no RELEASE. So a
+handle whose answer cannot be sent is released at once (``PeerServer``), and one whose answer
+was sent is noted by the kernel's number of the request (``Handed``): that request coming again
+is the proof that the answer never reached the kernel, and its first handle is released then.
+
 A connection that breaks (that worker died) is made again once the supervisor started the
 next one in its slot, and the requests in flight on it are sent again, marked as re-sent
 (``ctx.resent``): what the dead worker did of a non-idempotent one is answered as if it had
@@ -74,7 +81,8 @@ def encode(value: Any, resent: bool = False) -> Any:
     if isinstance(value, pyfuse3.SetattrFields):
         return ("sf", tuple(getattr(value, f) for f in SF))
     if isinstance(value, pyfuse3.RequestContext) or hasattr(value, "umask"):
-        return ("ctx", (*(getattr(value, f) for f in CTX), resent or bool(getattr(value, "resent", False))))
+        return ("ctx", (*(getattr(value, f) for f in CTX), resent or bool(getattr(value, "resent", False)),
+                        value.unique))
     if isinstance(value, tuple):
         return ("t", tuple(encode(v, resent) for v in value))
     if isinstance(value, memoryview | bytearray):
@@ -100,7 +108,7 @@ def decode(value: Any) -> Any:
     if kind == "sf":
         return SimpleNamespace(**dict(zip(SF, fields)))
     if kind == "ctx":
-        return SimpleNamespace(**dict(zip(CTX, fields)), resent=fields[-1])
+        return SimpleNamespace(**dict(zip(CTX, fields)), resent=fields[-2], unique=fields[-1])
     if kind == "t":
         return tuple(decode(v) for v in fields)
     raise ValueError(f"cannot decode {kind!r}")
@@ -190,7 +198,8 @@ class PeerServer:
             if begun and self.resent_at is not None and op != "forget" and begun[0] < self.resent_at:
                 raise pyfuse3.FUSEError(MOVED)  # the kernel sends it again
             handler = getattr(self.ops, "forwarded_forget" if op == "forget" else op)  # (the kernel's: ``forget``)
-            value = await handler(*decode(args))
+            args = decode(args)
+            value = await handler(*args)
             reply: Any = (ident, True, encode(value))
         except pyfuse3.FUSEError as e:
             reply = (ident, False, e.errno)
@@ -200,24 +209,69 @@ class PeerServer:
         except Exception:  # (the handlers are guarded: a bug in decoding)
             log.exception("a request forwarded by a worker")
             reply = (ident, False, errno.EIO)
+        made = handle_of(op, value)
         try:
             await _send(stream, lock, reply)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             # that worker died: the kernel sends its requests again (RESEND), and a handle this one
             # made never reached it, so no RELEASE of it will ever come
-            if op == "open" and value is not None:
-                await self._release_unsent(value.fh)
+            if made is not None:
+                await release_handle(self.ops, *made)
+            return
+        if made is not None:
+            self.ops.handed.note(args[-1].unique, *made)  # (its ``ctx``)
 
-    async def _release_unsent(self, fh: int) -> None:
-        """Release file handle ``fh``, which an ``open`` made and whose answer never reached the
-        worker that forwarded it: left open, a truncating open's handle made every stat of its
-        chunk say 0 bytes, and a reading one pinned its version's size, until the name showed
-        another inode (the 2-worker soak: 10-20 s of undecodable reads after a worker kill). Its
-        RELEASE discards it (nothing is committed at a RELEASE). An answer that reached that
-        worker, which died before it answered the kernel, is not known here: that handle stays
-        (doc/ARCHITECTURE.md)."""
-        with contextlib.suppress(pyfuse3.FUSEError):
-            await self.ops.release(fh)
+
+def handle_of(op: str, value: Any) -> tuple[bool, int] | None:
+    """``(is a directory's, number)`` of the handle a served ``op`` answered with ``value`` (None
+    if it failed), None if it made none."""
+    if value is None:
+        return None
+    if op == "open":
+        return False, value.fh
+    if op == "create":
+        return False, value[0].fh
+    if op == "opendir":
+        return True, value
+    return None
+
+
+async def release_handle(ops: Any, is_dir: bool, fh: int) -> None:
+    """Release handle ``fh``, which the kernel never got (its answer was lost with the worker that
+    forwarded the request): left open, a truncating open's handle made every stat of its chunk say
+    0 bytes, and a reading one pinned its version's size, until the name showed another inode (the
+    2-worker soak: 10-20 s of undecodable reads after a worker kill). Its RELEASE discards it
+    (nothing is committed at a RELEASE)."""
+    with contextlib.suppress(pyfuse3.FUSEError):
+        await (ops.releasedir(fh) if is_dir else ops.release(fh))
+
+
+class Handed:
+    """The handles this worker made for requests other workers forwarded, whose answers were sent
+    to those workers, by the kernel's number of each request (``ctx.unique``) until released."""
+
+    def __init__(self) -> None:
+        self._handles: dict[int, tuple[bool, int]] = {}
+        self._requests: dict[tuple[bool, int], int] = {}
+
+    def note(self, unique: int, is_dir: bool, fh: int) -> None:
+        """Request ``unique`` made handle ``fh`` (a directory's if ``is_dir``)."""
+        self._handles[unique] = (is_dir, fh)
+        self._requests[is_dir, fh] = unique
+
+    def take(self, unique: int) -> tuple[bool, int] | None:
+        """The handle request ``unique`` made, forgotten here; None if none is noted. Asked when the
+        kernel sends that request again: that handle never reached the kernel."""
+        made = self._handles.pop(unique, None)
+        if made is not None:
+            del self._requests[made]
+        return made
+
+    def released(self, is_dir: bool, fh: int) -> None:
+        """Handle ``fh`` was released: its number may be given out again."""
+        unique = self._requests.pop((is_dir, fh), None)
+        if unique is not None:
+            del self._handles[unique]
 
 
 class PeerLink:

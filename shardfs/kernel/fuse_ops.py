@@ -47,6 +47,7 @@ from shardfs.config import KernelConfig
 from shardfs.kernel.callers import Callers
 from shardfs.kernel.attributes import Attributes
 from shardfs.kernel.directories import Directories
+from shardfs.kernel.forward import Handed, release_handle
 from shardfs.kernel.route import Route
 from shardfs.kernel.entries import Entries
 from shardfs.kernel.handles import Handle, Handles, Lost
@@ -224,9 +225,17 @@ class Operations(pyfuse3.Operations):
         # ``-o workers=N``: which worker serves a request (a handle's opener; on a writable mount
         # the owner, which marks what it changes): set by the daemon
         self.route: Route | None = None
+        self.handed = Handed()  # handles made for another worker's forwarded requests (``forward``)
         self._opening = Opening(opens, inodes, ledger, self.stats)
         for op in GUARDED:
             self.stats.op(op)
+
+    async def _forgo(self, ctx: Any) -> None:
+        """Before serving an open, create or opendir the kernel sent again (a worker that read it
+        died): release the handle its first execution here made for another worker, which died
+        before it answered the kernel (``forward.Handed``); the kernel never knew that handle."""
+        if getattr(ctx, "resent", False) and (made := self.handed.take(ctx.unique)) is not None:
+            await release_handle(self, *made)
 
     def _looked_up(self, attr: Attr) -> pyfuse3.EntryAttributes:
         """An entry reply (lookup, create, link): the kernel now holds one more lookup of the inode."""
@@ -244,6 +253,7 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def opendir(self, inode: int, ctx: Any) -> int:
+        await self._forgo(ctx)
         return await self._directories.open(inode)
 
     @_guard
@@ -262,10 +272,12 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def releasedir(self, fh: int) -> None:
+        self.handed.released(True, fh)
         await self._directories.release(fh)
 
     @_guard
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        await self._forgo(ctx)
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
             await self._attributes.attr(inode)
             written = await self._writable(ctx).open(inode, truncate=bool(flags & os.O_TRUNC))
@@ -322,6 +334,7 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def release(self, fh: int) -> None:
+        self.handed.released(False, fh)
         handle = self._handles.pop(fh)
         self.numbers.compact_if_full(self._handles.records)
         if handle is None or isinstance(handle, Lost):  # another worker's file: uncounted now, not when it follows
@@ -401,6 +414,7 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
                      ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        await self._forgo(ctx)
         attr, handle = await self._writable(ctx).create(parent_inode, _name(name))
         self._kernel.changed(attr.ino)
         return pyfuse3.FileInfo(fh=self._handles.add_write(handle)), self._looked_up(attr)
