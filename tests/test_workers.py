@@ -1460,6 +1460,26 @@ def test_a_forwarded_listing_that_fails_in_the_store_answers_its_errno_in_one_li
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info] == []
 
 
+def test_the_handles_made_for_forwarded_requests_are_forgotten_when_released_or_taken():
+    """``forward.Handed``: a handle noted by its request's number is given once to the request
+    sent again (then forgotten), and forgotten at its release (nothing is kept of handles the
+    kernel released; a number given out again is a new handle's). File and directory handles
+    of one number are apart."""
+    from shardfs.kernel.forward import Handed
+
+    handed = Handed()
+    handed.note(7, False, 3)
+    handed.note(8, True, 3)
+    handed.note(9, False, 4)
+    assert (handed.take(7), handed.take(7)) == ((False, 3), None)
+    handed.released(False, 4)
+    assert handed.take(9) is None
+    handed.note(10, False, 4)  # (the number given out again)
+    assert (handed.take(10), handed.take(8)) == ((False, 4), (True, 3))
+    handed.released(True, 3)  # (nothing noted: no error)
+    assert (handed._handles, handed._requests) == ({}, {})
+
+
 def test_an_open_the_other_worker_forwarded_before_it_died_leaves_no_handle_behind(mount, src):
     """A truncating open for writing that worker 1 forwarded to the owner, killed before it
     answered the kernel: the owner serves it (its message was sent), then the kernel's RESEND
