@@ -8,6 +8,7 @@ is keyed on the normalized URL and the endpoint it is reached through.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -570,6 +571,29 @@ def test_az_url_with_a_missing_prefix_is_one_line(az_source, mnt_dir):
     missing = f"az://{AZ_CONTAINER}/no-such-prefix"
     want = f"shardfs: error: {missing}: no such prefix (no object below it)\n"
     assert mount_fails(missing, mnt_dir, azure.env, "-o", f"endpoint={azure.endpoint}") == [want, want]
+
+
+def test_umount_of_a_mount_whose_root_cannot_be_read_unmounts_it(tmp_path, mount):
+    """The server gone, a ``stat`` of the mount's root fails (its metadata cannot be read again:
+    attributes are not cached here), so ``os.path.ismount`` says False; ``shardfs umount`` still
+    unmounts it (it said "not mounted" and left it, during the soak's S3 stalls), exit 0 with
+    nothing pending."""
+    server = SeaweedS3(tmp_path / "weed").start()
+    try:
+        build(tmp_path / "src", [W])
+        up = upload(server, tmp_path / "src")
+        mnt = mount(up.url, "-o", "attr_timeout=0,entry_timeout=0,timeout=2", env=up.env)
+        assert sorted(os.listdir(mnt)) == [".zattrs", ".zgroup", ".zmetadata", "w"]
+        server.kill()
+        time.sleep(1.5)  # (the root's metadata is read again after a second)
+        with pytest.raises(OSError) as e:
+            os.stat(mnt)
+        assert e.value.errno == errno.EIO and not os.path.ismount(mnt)
+        r = run_shardfs("umount", str(mnt), env={**os.environ, **up.env}, timeout=120)
+        assert (r.returncode, r.stderr) == (0, "")
+        assert str(mnt) not in mounts()
+    finally:
+        server.stop()
 
 
 def test_umount_with_the_server_down_keeps_the_changes_for_the_next_mount(tmp_path, mount):

@@ -22,7 +22,7 @@ from typing import Any
 
 from shardfs import __version__
 from shardfs.app import options, state
-from shardfs.app.mounts import Daemon, daemon_of, dead_source, pidfd_of, running
+from shardfs.app.mounts import Daemon, daemon_of, dead_source, mounts, pidfd_of, running
 from shardfs.app.progress import FoldProgress
 from shardfs.app.run import run_daemon, spawn_daemon, take_over
 from shardfs.app.usage import UsageError
@@ -222,14 +222,22 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         os.makedirs(mnt, exist_ok=True)
     except OSError as e:
         raise UsageError(f"{args.mnt}: cannot create mountpoint: {e.strerror}") from None
-    if os.path.ismount(mnt) and take_over(args, mnt, opts, source):
+    if _mounted(mnt) and take_over(args, mnt, opts, source):
         return 0  # handed to a new worker (a supervised mount of the same source)
-    if os.path.ismount(mnt):
+    if _mounted(mnt):
         raise UsageError(f"{args.mnt}: already a mountpoint: unmount it first (shardfs umount {args.mnt})")
     _check_empty(args.mnt, mnt, options.config(opts).nonempty)
     if args.foreground:
         return run_daemon(args, mnt, opts, source)
     return spawn_daemon(args, source)
+
+
+def _mounted(mnt: str) -> bool:
+    """Whether ``mnt`` (absolute) is a mountpoint: a shardfs mount in the kernel's table, or any
+    other that ``os.path.ismount`` finds. Not ``ismount`` alone: it stats the mount's root, which
+    fails while the root's metadata cannot be read (an object store down: ``umount`` then said
+    "not mounted")."""
+    return mnt in mounts() or os.path.ismount(mnt)
 
 
 def _detach_dead(given: str, mnt: str) -> bool:
@@ -341,7 +349,7 @@ def _cmd_umount(args: argparse.Namespace) -> int:
     mnt = os.path.abspath(args.mnt)
     if _detach_dead(args.mnt, mnt):
         return 0
-    if not os.path.ismount(mnt):
+    if not _mounted(mnt):
         raise UsageError(f"{args.mnt}: not mounted")
     daemon = daemon_of(mnt)
     if daemon is None:
