@@ -233,6 +233,23 @@ def test_a_torn_chunk_is_excused_only_by_an_in_place_write_or_cp_of_it_in_flight
         assert (len(led.forbidden), dict(led.excused)) == ((0, {TORN_RACE: 1}) if excuses else (1, {})), written
 
 
+@pytest.mark.parametrize("value, rule", [(4700057500278325248, TORN_RACE), (1002, None)])
+def test_a_foreign_value_is_a_torn_read(value, rule):
+    """One value that no write of the array carried, read while an in-place write of that chunk
+    was in flight (the soak of seed 5120: zarr 3 read i64bl's chunk holding only the float64 bits
+    of another array's token: c-blosc decoded the old uncompressed frame cut to the new size into
+    the reader's last output), is a torn read; a token of another chunk of the array read then
+    is forbidden (misplaced bytes)."""
+    led = ledger()
+    write(led, "17-writer-zarr2-m0", 1, (0, 0), "zarr2", 90.0, 90.5)  # token 1001
+    write(led, "17-writer-zarr2-m0", 2, (0, 1), "zarr2", 90.0, 90.5)  # token 1002: another chunk
+    write(led, "17-writer-zarr2-m0", 3, (0, 0), "inplace", 100.0, 100.5)
+    led._ingest({"k": "r", "a": "a", "m": 0, "lib": "zarr3", "t0": 100.1, "t1": 100.2,
+                 "r": region_of((0, 0)), "c": [[0, 0, value]]}, "02-reader-zarr3")
+    led.validate(float("inf"))
+    assert (len(led.forbidden), dict(led.excused)) == ((0, {rule: 1}) if rule else (1, {})), led.forbidden
+
+
 def test_an_enoent_is_excused_by_an_rm_of_a_chunk_in_its_region_within_the_entry_timeout():
     """(Read on the mount that writes the chunk: the other mount's stale name is another rule.)"""
     removed, other = chunk_of_mount("a", 0), (1, 0)

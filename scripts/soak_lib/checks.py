@@ -15,7 +15,10 @@ every read's region, ``r``):
   very chunk was: its ``O_TRUNC`` emptied it, ``FILL_RACE``; and a chunk read torn, several
   tokens, while an in-place write or ``cp`` of it was: their bytes land in the kernel's pages
   of the file as they are written, under its readers, and two of them at once mix theirs,
-  ``TORN_RACE``: the soak's uncompressed blosc chunks decode whatever the mixture);
+  ``TORN_RACE``: the soak's uncompressed blosc chunks decode whatever the mixture; so is one
+  value that no write of the array carried, a *foreign* one: c-blosc decodes an uncompressed
+  frame cut short, the old version's bytes read to the new version's smaller size, without an
+  error, into whatever its output buffer held, such as the values the reader decoded before);
 - ``REMOVED``: an ENOENT follows an ``rm`` of a chunk in the region by less than the entry
   timeout (zarr 2.18 stats, then opens);
 - ``LIB_ENOENT``: a library write that failed with ENOENT while an ``rm`` of its chunk was in
@@ -266,6 +269,8 @@ class Ledger:
             self.chunks_checked += 1
             chunk, values = tuple(entry[:ndim]), entry[ndim:]
             token = _token(values)
+            if token is not None and not self.model.is_token(name, token):
+                token = None  # foreign: as a torn read
             if token is None:
                 if self._racing(name, t0, t1, {chunk}, TEARING):
                     self._excuse(TORN_RACE, self.raced, rec["lib"])

@@ -107,6 +107,10 @@ class Model:
         return [w for w in self._history(array, chunk).writes if w.token == 0] or \
             ([Write(array, chunk, 0, NEVER, NEVER, True, "initial")] if (array, chunk) not in self._chunks else [])
 
+    def is_token(self, array: str, token: int) -> bool:
+        """Whether ``token`` is the fill (0) or a token some write of ``array`` carried (any chunk)."""
+        return not token or (array, token) in self._by_token
+
     def allowed(self, array: str, chunk: Chunk, token: int, t0: float, t1: float) -> bool:
         """Whether a read over [t0, t1] may see ``token`` in ``chunk`` (module docstring)."""
         hist = self._chunks.get((array, chunk))
