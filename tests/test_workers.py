@@ -550,6 +550,27 @@ def socket_of(mnt: Path) -> str:
     return str(found)
 
 
+def writing(path: Path, data: bytes, flags: int) -> tuple[Any, list[Any]]:
+    """A thread (not started) that opens ``path`` with ``os.O_WRONLY | flags``, writes ``data``
+    and closes it, and the list it then appends None, or the ``OSError``, to."""
+    import threading
+
+    done: list[Any] = []
+
+    def write() -> None:
+        try:
+            fd = os.open(path, os.O_WRONLY | flags)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+            done.append(None)
+        except OSError as e:
+            done.append(e)
+
+    return threading.Thread(target=write, daemon=True), done
+
+
 def open_handles(mnt: Path, sock: str) -> list[int]:
     """The handles each worker holds open, by slot, each as that worker answers itself (exact;
     the counts of another worker in a status answer are its last published ones, up to
@@ -1488,7 +1509,6 @@ def test_an_open_the_other_worker_forwarded_before_it_died_leaves_no_handle_behi
     learnt, must not stay open (truncated and uncommitted, it made every stat of the chunk say 0
     bytes until its name moved to another inode: tensorstore "Truncated Zstd-compressed stream;
     at byte 0" for 10-20 s after a worker kill in the 2-worker soak)."""
-    import threading
 
     mnt = mount(src, "-o", "workers=2," + NO_CACHE)
     w0, w1 = workers(mnt, 2)
@@ -1496,25 +1516,13 @@ def test_an_open_the_other_worker_forwarded_before_it_died_leaves_no_handle_behi
     new = (mnt / "a" / "0.0").read_bytes()
     assert new != path.read_bytes()
     sock = socket_of(mnt)
-    done: list[Any] = []
-
-    def write() -> None:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-            try:
-                os.write(fd, new)
-            finally:
-                os.close(fd)
-            done.append(None)
-        except OSError as e:
-            done.append(e)
+    writer, done = writing(path, new, os.O_TRUNC)
 
     def forwarded(pid: int) -> int:
         doc = status_at(sock)
         return doc["forwarded"].get("open", 0) if any(w["pid"] == pid and w["this"] for w in doc["workers"]) else 0
 
     stopping.stopped(w0)  # (never inside a shared table's lock)
-    writer = threading.Thread(target=write, daemon=True)
     try:
         writer.start()
         wait_for(lambda: forwarded(w1) > 0, 30, "worker 1 forwarding the open to the stopped owner")
@@ -1545,7 +1553,6 @@ def test_an_open_answered_to_the_other_worker_that_died_before_answering_the_ker
     was lost; the kernel's RESEND brings the same request again (the same request number), which
     is the proof, and the owner releases the first handle then. The client's write reads back
     whole and no handle stays open."""
-    import threading
 
     mnt = mount(src, "-o", "workers=2," + NO_CACHE)
     w0, w1 = workers(mnt, 2)
@@ -1553,18 +1560,7 @@ def test_an_open_answered_to_the_other_worker_that_died_before_answering_the_ker
     new = (mnt / "a" / "0.0").read_bytes()
     assert not path.exists() if op == "create" else new != path.read_bytes()
     sock = socket_of(mnt)
-    done: list[Any] = []
-
-    def write() -> None:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_TRUNC | (os.O_CREAT if op == "create" else 0))
-            try:
-                os.write(fd, new)
-            finally:
-                os.close(fd)
-            done.append(None)
-        except OSError as e:
-            done.append(e)
+    writer, done = writing(path, new, os.O_TRUNC | (os.O_CREAT if op == "create" else 0))
 
     def forwarded() -> int:
         doc = status_at(sock)
@@ -1575,7 +1571,6 @@ def test_an_open_answered_to_the_other_worker_that_died_before_answering_the_ker
         return doc["worker"]["pid"] == w0 and doc["open_handles"] == 1
 
     stopping.stopped(w0)  # (never inside a shared table's lock)
-    writer = threading.Thread(target=write, daemon=True)
     try:
         writer.start()
         wait_for(lambda: forwarded() > 0, 30, "worker 1 forwarding the request to the stopped owner")
