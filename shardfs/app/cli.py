@@ -214,7 +214,9 @@ def _cmd_mount(args: argparse.Namespace) -> int:
             return run_daemon(args, os.path.abspath(args.mnt), opts, source)
 
         return zygote.serve(args.zygote, lambda: preload(source), worker)
-    if args.ready_fd is None or not source.kind.remote:  # a daemon we spawned: its parent checked the store
+    if args.foreground and source.kind.remote:
+        _check_apart(args.src, source)
+    elif args.ready_fd is None or not source.kind.remote:  # a daemon we spawned: its parent checked the store
         check_source(args.src, source)
     mnt = os.path.abspath(args.mnt)
     _detach_dead(args.mnt, mnt)
@@ -230,6 +232,32 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     if args.foreground:
         return run_daemon(args, mnt, opts, source)
     return spawn_daemon(args, source)
+
+
+def _check_apart(src: str, source: Source) -> None:
+    """``check_source`` of a remote source in a child process, for a foreground mount: this
+    process goes on as the mount's supervisor, which then holds none of the object store's client
+    that the check imports (obstore, botocore: 37 MiB of memory against 18 for the mount's life).
+    ``UsageError`` as ``check_source`` raises it."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read)
+        why = ""
+        try:
+            check_source(src, source)
+        except UsageError as e:
+            why = str(e)
+        except Exception as e:  # (a bug: said, as the command itself would have failed)
+            why = f"{src}: the source could not be checked: {e!r}"
+        os.write(write, why.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        why = answer.read().decode()
+    _, status = os.waitpid(pid, 0)
+    if why or status:
+        raise UsageError(why or f"{src}: the check of the source ended without an answer")
 
 
 def _mounted(mnt: str) -> bool:
