@@ -590,6 +590,30 @@ def test_a_foreground_mount_supervises_without_the_object_store_client(tmp_path,
         server.stop()
 
 
+def test_a_background_mount_checks_the_bucket_once_as_a_foreground_one(bucket_w, mount, tmp_path):
+    """Seen on the wire: ``shardfs mount`` in the background (its parent checks the bucket, the
+    daemon it starts does not) makes the requests that ``-f`` makes (its check in a child
+    process, then the mount's own), not a second check."""
+    up, _ = bucket_w
+    seen = []
+    for foreground in (True, False):
+        with DelayProxy(("127.0.0.1", up.server.ports["s3.port"]), delay=0.0, record=True) as proxy:
+            opts = f"ro,endpoint=http://127.0.0.1:{proxy.port}"
+            if foreground:
+                umount(mount, mount(up.url, "-o", opts, env=up.env))
+            else:
+                mnt = tmp_path / "bg"
+                mnt.mkdir()
+                try:
+                    env = {**os.environ, **up.env}
+                    assert run_shardfs("mount", "-o", opts, up.url, str(mnt), env=env).returncode == 0
+                    assert run_shardfs("umount", str(mnt), env=env).returncode == 0
+                finally:
+                    lazy_unmount(mnt)
+            seen.append(sorted((r.method, r.path) for r in proxy.log))
+    assert seen[0] == seen[1] and len(seen[0]) > 2, seen
+
+
 def test_umount_of_a_mount_whose_root_cannot_be_read_unmounts_it(tmp_path, mount):
     """The server gone, a ``stat`` of the mount's root fails (its metadata cannot be read again:
     attributes are not cached here), so ``os.path.ismount`` says False; ``shardfs umount`` still

@@ -214,10 +214,11 @@ def _cmd_mount(args: argparse.Namespace) -> int:
             return run_daemon(args, os.path.abspath(args.mnt), opts, source)
 
         return zygote.serve(args.zygote, lambda: preload(source), worker)
-    if args.foreground and source.kind.remote:
-        _check_apart(args.src, source)
-    elif args.ready_fd is None or not source.kind.remote:  # a daemon we spawned: its parent checked the store
-        check_source(args.src, source)
+    if args.ready_fd is None or not source.kind.remote:  # a daemon we spawned: its parent checked the store
+        if args.foreground and source.kind.remote:
+            _check_apart(args.src, source)  # (this process goes on as the mount's supervisor)
+        else:
+            check_source(args.src, source)
     mnt = os.path.abspath(args.mnt)
     _detach_dead(args.mnt, mnt)
     try:
