@@ -598,7 +598,7 @@ def test_a_background_mount_checks_the_bucket_once_as_a_foreground_one(bucket_w,
     seen = []
     for foreground in (True, False):
         with DelayProxy(("127.0.0.1", up.server.ports["s3.port"]), delay=0.0, record=True) as proxy:
-            opts = f"ro,endpoint=http://127.0.0.1:{proxy.port}"
+            opts = f"ro,workers=1,endpoint=http://127.0.0.1:{proxy.port}"  # (N workers: each lists when it starts)
             if foreground:
                 umount(mount, mount(up.url, "-o", opts, env=up.env))
             else:
