@@ -1533,14 +1533,11 @@ def test_an_open_the_other_worker_forwarded_before_it_died_leaves_no_handle_behi
     sock = socket_of(mnt)
     writer, done = writing(path, new, os.O_TRUNC)
 
-    def forwarded(pid: int) -> int:
-        doc = status_at(sock)
-        return doc["forwarded"].get("open", 0) if any(w["pid"] == pid and w["this"] for w in doc["workers"]) else 0
-
     stopping.stopped(w0)  # (never inside a shared table's lock)
     try:
         writer.start()
-        wait_for(lambda: forwarded(w1) > 0, 30, "worker 1 forwarding the open to the stopped owner")
+        wait_for(lambda: own_status(sock, w1)["forwarded"].get("open", 0) > 0, 30,
+                 "worker 1 forwarding the open to the stopped owner")
         os.kill(w1, signal.SIGKILL)
         nxt: list[int] = []
 
@@ -1568,7 +1565,6 @@ def test_an_open_answered_to_the_other_worker_that_died_before_answering_the_ker
     was lost; the kernel's RESEND brings the same request again (the same request number), which
     is the proof, and the owner releases the first handle then. The client's write reads back
     whole and no handle stays open."""
-
     mnt = mount(src, "-o", "workers=2," + NO_CACHE)
     w0, w1 = workers(mnt, 2)
     path = mnt / "a" / ("1.2" if op == "open" else ".1.2.tmp")
@@ -1577,21 +1573,15 @@ def test_an_open_answered_to_the_other_worker_that_died_before_answering_the_ker
     sock = socket_of(mnt)
     writer, done = writing(path, new, os.O_TRUNC | (os.O_CREAT if op == "create" else 0))
 
-    def forwarded() -> int:
-        doc = status_at(sock)
-        return doc["forwarded"].get(op, 0) if any(w["pid"] == w1 and w["this"] for w in doc["workers"]) else 0
-
-    def served() -> bool:  # (w1 stopped, the owner accepts; a stat would wait for a create's directory lock)
-        doc = status_at(sock)
-        return doc["worker"]["pid"] == w0 and doc["open_handles"] == 1
-
     stopping.stopped(w0)  # (never inside a shared table's lock)
     try:
         writer.start()
-        wait_for(lambda: forwarded() > 0, 30, "worker 1 forwarding the request to the stopped owner")
+        wait_for(lambda: own_status(sock, w1)["forwarded"].get(op, 0) > 0, 30,
+                 "worker 1 forwarding the request to the stopped owner")
         stopping.stopped(w1)
         os.kill(w0, signal.SIGCONT)
-        wait_for(served, 30, "the owner serving the forwarded request")
+        # (the owner's own count: a stat would wait for the directory lock a create holds)
+        wait_for(lambda: own_status(sock, w0)["open_handles"] == 1, 30, "the owner serving the forwarded request")
         assert done == []
     finally:
         os.kill(w0, signal.SIGCONT)
