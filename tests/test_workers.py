@@ -1592,3 +1592,51 @@ def test_an_open_answered_to_the_other_worker_that_died_before_answering_the_ker
 
     wait_for(lambda: open_handles(mnt, sock) == [0, 0], 10, "no handle left open in either worker")
     assert status(mnt)["internal_errors"]["total"] == 0
+
+
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_an_open_in_flight_at_a_live_worker_when_the_other_dies_leaves_no_handle_behind(mount, src, op):
+    """Worker 0 made the handle of an open (for reading on a read-only mount; a truncating one
+    on a writable mount) and has not answered yet (stopped there: a test hook) when the other
+    worker dies. The next worker of slot 1 writes FUSE_NOTIFY_RESEND, which moves worker 0's
+    unanswered open back to the kernel's queue too: the open is served again (by the new worker;
+    a write's forwarded to worker 0), the client reads or writes through that handle and
+    closes it, and the kernel drops worker 0's late answer to the first. The handle that answer
+    carried gets no RELEASE: worker 0 releases it when its answer fails. Left open, a truncating
+    one made every stat of the chunk say 0 bytes; a reading one pinned its version's size."""
+    mnt = mount(src, "-o", ("ro," if op == "read" else "") + "workers=2," + NO_CACHE,
+                env={"SHARDFS_TEST_STOP_AFTER": "open:*"})
+    w0, w1 = workers(mnt, 2)
+    sock = socket_of(mnt)
+    path = mnt / "a" / "1.2"
+    with only(w1, [w0, w1]):  # (an open worker 0 served would fire its hook)
+        old, new = path.read_bytes(), (mnt / "a" / "0.0").read_bytes()
+    assert old != new
+    if op == "read":
+        import threading
+
+        done: list[Any] = []
+        client = threading.Thread(target=lambda: done.append(path.read_bytes()), daemon=True)
+    else:
+        client, done = writing(path, new, os.O_TRUNC)
+
+    stopping.stopped(w1)  # worker 0 reads the open ...
+    try:
+        client.start()  # ... makes its handle, and stops before it answers
+        wait_for(lambda: stopping.state(w0) == "T", 30, "worker 0 stopped after the open")
+        os.kill(w1, signal.SIGKILL)
+        if op == "read":
+            client.join(60)  # (the new worker of slot 1 serves the open sent again)
+            assert done == [old]
+        else:
+            wait_for(lambda: status_at(sock)["forwarded"].get("open", 0) > 0, 60,
+                     "the new worker of slot 1 forwarding the open sent again to the owner")
+    finally:
+        os.kill(w0, signal.SIGCONT)
+    client.join(60)
+    assert done == ([old] if op == "read" else [None])
+    want = old if op == "read" else new
+    assert (path.stat().st_size, path.read_bytes()) == (len(want), want)
+
+    wait_for(lambda: open_handles(mnt, sock) == [0, 0], 10, "no handle left open in either worker")
+    assert status(mnt)["internal_errors"]["total"] == 0

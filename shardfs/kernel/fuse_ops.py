@@ -237,6 +237,14 @@ class Operations(pyfuse3.Operations):
         if getattr(ctx, "resent", False) and (made := self.handed.take(ctx.unique)) is not None:
             await release_handle(self, *made)
 
+    async def unanswered(self, fh: int, is_dir: bool) -> None:
+        """The answer of the open, create or opendir that made handle ``fh`` could not be sent:
+        another worker's FUSE_NOTIFY_RESEND moved that request back to the kernel's queue, to be
+        served again, so the kernel never learnt ``fh`` and sends no RELEASE of it (pyfuse3,
+        scripts/pyfuse3-unanswered.patch). Left open, a truncating open's handle made every stat
+        of its chunk say 0 bytes, and a reading one pinned its version's size."""
+        await release_handle(self, is_dir, fh)
+
     def _looked_up(self, attr: Attr) -> pyfuse3.EntryAttributes:
         """An entry reply (lookup, create, link): the kernel now holds one more lookup of the inode."""
         attr = self._pins.entry(attr)
