@@ -9,6 +9,7 @@ measured with ``perf trace``): the reads of a supervised mount waited for it.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -196,3 +197,20 @@ def test_a_shared_ledger_is_compacted_and_a_worker_behind_lets_go_of_what_was_re
         assert isinstance(handles1.get(7), Lost)
     finally:
         os.close(fd)
+
+
+def test_the_handle_records_read_without_json_are_what_json_reads():
+    """``Handles.add``'s records (every worker of a shared ledger parses every other's, without
+    ``json``): the lists ``json.loads`` gives, with and without a read handle's version and the
+    number of the request that made the handle, which a worker restoring them finds it by."""
+    from shardfs.kernel.handles import Handles, Lost
+    from shardfs.tree.ledger import _parse
+
+    lines = [b'["h",1,2,"w"]', b'["h",3,4,"d",77]', b'["h",5,6,"r",10,-20]', b'["h",7,8,"r",10,20,99]',
+             b'["x",5]']
+    assert _parse(lines) == [json.loads(line) for line in lines]
+    handles = Handles()
+    handles.restore(_parse(lines))
+    assert (handles.made_by(77), handles.made_by(99), handles.made_by(1)) == ((True, 3), (False, 7), None)
+    lost = handles.get(7)
+    assert handles.get(5) is None and isinstance(lost, Lost) and lost.version == (10, 20)

@@ -1640,3 +1640,46 @@ def test_an_open_in_flight_at_a_live_worker_when_the_other_dies_leaves_no_handle
 
     wait_for(lambda: open_handles(mnt, sock) == [0, 0], 10, "no handle left open in either worker")
     assert status(mnt)["internal_errors"]["total"] == 0
+
+
+def test_an_open_whose_worker_died_before_answering_pins_nothing(mount, src):
+    """Worker 0 made the handle of an open for reading (its reader and its version's size noted
+    where every worker finds them) and was killed before it answered (a test hook). The kernel
+    sends the open again (RESEND) to the next worker of slot 0, which serves it; the handle the
+    dead worker made never reaches the kernel, so no RELEASE of it comes: the request's number
+    in its ledger record tells the worker serving that request again to release it. A change of
+    the chunk behind the mount then shows at once through either worker; with that handle left,
+    every stat of the chunk gave the size it pinned."""
+    import threading
+
+    import zarr
+
+    # (every stat a GETATTR of the inode the name shows: a LOOKUP would show a new one, unpinned)
+    mnt = mount(src, "-o", "ro,workers=2,entry_timeout=60,attr_timeout=0",
+                env={"SHARDFS_TEST_DIE_AFTER": "open:*"})
+    w0, w1 = workers(mnt, 2)
+    path = mnt / "a" / "0.0"
+    with only(w1, [w0, w1]):  # (an open worker 0 served would fire its hook)
+        old = path.read_bytes()
+    done: list[bytes] = []
+    client = threading.Thread(target=lambda: done.append(path.read_bytes()), daemon=True)
+    stopping.stopped(w1)  # worker 0 reads the open, makes its handle and dies before it answers
+    try:
+        client.start()
+        client.join(60)
+    finally:
+        os.kill(w1, signal.SIGCONT)
+    assert done == [old]
+    now = workers(mnt, 2)
+    assert now[0] != w0 and now[1] == w1
+
+    changed = np.random.default_rng(7).integers(0, 1 << 30, size=(8, 8), dtype="<i4")
+    zarr.open_array(str(src / "a"), mode="r+")[0:8, 0:8] = changed
+    time.sleep(1.1)  # (a version is remembered for 1 s)
+    sizes = []
+    for pid in now:
+        with only(pid, now):
+            sizes.append(os.stat(path).st_size)
+    new = path.read_bytes()
+    assert sizes == [len(new)] * 2 and len(new) != len(old)
+    assert status(mnt)["internal_errors"]["total"] == 0

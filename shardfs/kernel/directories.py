@@ -43,10 +43,11 @@ class Directories:
         self._pins = pins
         self._entry = entry
 
-    async def open(self, inode: int) -> int:
-        """OPENDIR: the ``fh`` of directory ``inode``, listed as READDIR asks."""
+    async def open(self, inode: int, unique: int = 0) -> int:
+        """OPENDIR (the kernel's request number ``unique``): the ``fh`` of directory ``inode``,
+        listed as READDIR asks."""
         await self.names.getattr(inode)
-        return self._handles.add(DirHandle(inode, DirStream(self.listing, inode)))
+        return self._handles.add(DirHandle(inode, DirStream(self.listing, inode)), unique)
 
     async def reply(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         """READDIR: entries from offset ``start_id`` on, until the kernel's buffer is full; each

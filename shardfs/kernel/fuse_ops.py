@@ -232,9 +232,16 @@ class Operations(pyfuse3.Operations):
 
     async def _forgo(self, ctx: Any) -> None:
         """Before serving an open, create or opendir the kernel sent again (a worker that read it
-        died): release the handle its first execution here made for another worker, which died
-        before it answered the kernel (``forward.Handed``); the kernel never knew that handle."""
-        if getattr(ctx, "resent", False) and (made := self.handed.take(ctx.unique)) is not None:
+        died): release the handle its first execution made, which the kernel never knew: here
+        for another worker, which died before it answered the kernel (``forward.Handed``), or
+        by a worker that died before it answered (``Handles.made_by``: its ledger record)."""
+        if not getattr(ctx, "resent", False):
+            return
+        made = self.handed.take(ctx.unique)
+        if made is None:
+            await self.reopen.follow()  # (the dead worker's last records)
+            made = self._handles.made_by(ctx.unique)
+        if made is not None:
             await release_handle(self, *made)
 
     async def unanswered(self, fh: int, is_dir: bool) -> None:
@@ -262,7 +269,7 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def opendir(self, inode: int, ctx: Any) -> int:
         await self._forgo(ctx)
-        return await self._directories.open(inode)
+        return await self._directories.open(inode, ctx.unique)
 
     @_guard
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
@@ -291,7 +298,7 @@ class Operations(pyfuse3.Operations):
             written = await self._writable(ctx).open(inode, truncate=bool(flags & os.O_TRUNC))
             self._kernel.changed(inode)
             self._pins.forfeit(inode)  # rewritten in place: its readers may read it torn, as on any filesystem
-            return pyfuse3.FileInfo(fh=self._handles.add_write(written), direct_io=False, keep_cache=False)
+            return pyfuse3.FileInfo(fh=self._handles.add_write(written, ctx.unique), direct_io=False, keep_cache=False)
         fi = await self._open_to_read(inode, ctx)
         if inode >= CHUNK_BASE:  # once opened: an open ``_guard`` runs again (N workers) is one open
             self.stats.chunk_files += 1
@@ -307,7 +314,7 @@ class Operations(pyfuse3.Operations):
             if not stale or tries.spent:
                 break
             self.opens.release(handle)
-        fi = pyfuse3.FileInfo(fh=self._handles.add(handle))  # (outside the lock: the ledger's comes first)
+        fi = pyfuse3.FileInfo(fh=self._handles.add(handle, ctx.unique))  # (outside the lock: the ledger's first)
         if NOFLUSH:  # nothing to commit at its close(): see flush
             fi.noflush = True
         with self._kernel.locked():  # (N workers: no other's open, drop or read comes between)
@@ -425,7 +432,7 @@ class Operations(pyfuse3.Operations):
         await self._forgo(ctx)
         attr, handle = await self._writable(ctx).create(parent_inode, _name(name))
         self._kernel.changed(attr.ino)
-        return pyfuse3.FileInfo(fh=self._handles.add_write(handle)), self._looked_up(attr)
+        return pyfuse3.FileInfo(fh=self._handles.add_write(handle, ctx.unique)), self._looked_up(attr)
 
     @_guard
     async def write(self, fh: int, off: int, buf: bytes) -> int:

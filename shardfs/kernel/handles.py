@@ -44,6 +44,15 @@ class Lost:
     dirty: bool = False
     version: tuple[int, int] | None = None  # (size, mtime_ns) a read handle was opened at, if noted
     elsewhere: bool = False  # its file changed since: only the worker that opened it serves it
+    made_by: int = 0  # the kernel's number of the request that made it, if noted (``Handles.made_by``)
+
+
+def _lost(rec: list[Any]) -> Lost:
+    """The ``Lost`` handle an ``h`` record names: ``["h", fh, ino, kind]``, then the size and
+    mtime of a read handle's version (a shared ledger), then the number of the request that
+    made it (when known): 4 to 7 fields."""
+    return Lost(rec[2], rec[3], version=(rec[4], rec[5]) if len(rec) >= 6 else None,
+                made_by=rec[-1] if len(rec) in (5, 7) else 0)
 
 
 Handle = ReadHandle | WriteHandle | DirHandle | Lost
@@ -68,24 +77,25 @@ class Handles:
         first = last + 1 + (i - last) % n
         return itertools.count(first, n)
 
-    def add(self, handle: Handle) -> int:
-        """Register ``handle``; its new ``fh``."""
+    def add(self, handle: Handle, unique: int = 0) -> int:
+        """Register ``handle``, made by the kernel's request number ``unique`` (0: not known);
+        its new ``fh``."""
         fh = next(self._next)
         self._open[fh] = handle
         ledger = self._ledger
         if not ledger.kept:  # (an unsupervised mount: nothing to write)
             return fh
-        ino = handle.ino
-        if ledger.shared and isinstance(handle, ReadHandle):
-            ledger.note_line(f'["h",{fh},{ino},"r",{handle.attr.size},{handle.attr.mtime_ns}]')  # (ints: as json.dumps)
+        ino, made = handle.ino, f",{unique}" if unique else ""
+        if ledger.shared and isinstance(handle, ReadHandle):  # (ints: as json.dumps)
+            ledger.note_line(f'["h",{fh},{ino},"r",{handle.attr.size},{handle.attr.mtime_ns}{made}]')
         else:  # (every open of a file: the record written as json.dumps would, 5x faster)
-            ledger.note_line(f'["h",{fh},{ino},"{_kind(handle)}"]')
+            ledger.note_line(f'["h",{fh},{ino},"{_kind(handle)}"{made}]')
         return fh
 
-    def add_write(self, handle: WriteHandle) -> int:
+    def add_write(self, handle: WriteHandle, unique: int = 0) -> int:
         """``add`` a handle open for writing, noted as holding bytes only this process keeps if it
         does (a truncating open, a staging file)."""
-        fh = self.add(handle)
+        fh = self.add(handle, unique)
         if handle.dirty or handle.staging is not None:
             self.dirtied(fh)
         return fh
@@ -115,7 +125,7 @@ class Handles:
         for rec in records:
             if rec[0] == "h" and len(rec) >= 4:
                 last = max(last, rec[1])
-                self._open[rec[1]] = Lost(rec[2], rec[3], version=(rec[4], rec[5]) if len(rec) >= 6 else None)
+                self._open[rec[1]] = _lost(rec)
             elif rec[0] == "x":
                 last = max(last, rec[1])
                 self._open.pop(rec[1], None)
@@ -139,7 +149,7 @@ class Handles:
                 if self._frame is not None:
                     self._frame[1].add(rec[1])
                 if self._ledger.owner(rec[1]) != mine and rec[1] not in self._open:
-                    self._open[rec[1]] = Lost(rec[2], rec[3], version=(rec[4], rec[5]) if len(rec) >= 6 else None)
+                    self._open[rec[1]] = _lost(rec)
             elif rec[0] == "x" and isinstance(rec[1], int):
                 handle = self._open.pop(rec[1], None)
                 if handle is not None and not isinstance(handle, Lost):
@@ -165,6 +175,14 @@ class Handles:
             if (h.dirty if isinstance(h, (Lost, WriteHandle)) else False):
                 out.append(["w", fh])
         return out
+
+    def made_by(self, unique: int) -> tuple[bool, int] | None:
+        """The handle a worker that died made for the kernel's request ``unique`` (a ``Lost`` one
+        whose record names that request), as (a directory's?, ``fh``); None if there is none.
+        Asked when the kernel sends that request again: that worker died before it answered
+        (the kernel sends again only what no worker answered), so the kernel never learnt it."""
+        return next(((h.kind == "d", fh) for fh, h in self._open.items()
+                     if isinstance(h, Lost) and h.made_by == unique), None)
 
     def held(self) -> int:
         """Handles open here (not the ``Lost`` ones: a dead or another worker opened those)."""

@@ -21,7 +21,8 @@ Records (JSON arrays; the first item says which): ``["a", slot, path]`` an array
 ``["k", ino, kind, ...]`` a node key's inode (``NodeTable``), ``["t", ino, parent, name]`` a
 staging file's inode and name (again when renamed), ``["v", ino]`` removed, ``["u", ino, kind,
 ...]`` committed onto a node (renamed onto a chunk or metadata file: the kernel's dentry of that
-name holds its inode), ``["h", fh, ino, kind]`` a handle opened and ``["x", fh]`` released
+name holds its inode), ``["h", fh, ino, kind]`` a handle opened (then, a read handle of a shared ledger, its version's
+size and mtime; then the kernel's number of the request that made it) and ``["x", fh]`` released
 (``kernel.handles``; ``note_later``: written with the next record, so a death may lose it, and the
 successor then keeps a handle the kernel never names), ``["w", fh]`` a handle open for writing
 got bytes that only the worker's memory held, ``["c", fh]`` none any more (its staging file was
@@ -56,7 +57,7 @@ COMPACT_BYTES = 8 << 20  # a ledger this large is rewritten with the records sti
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 1, 2
 _HANDLE = re.compile(rb'\["([hxwc])",(\d+)')  # a handle's record, and its number (read without JSON)
 _ALIAS = re.compile(rb'\["([tukf])",(\d+)')  # an inode's record ("f": the kernel forgot an alias: ``NodeTable.forget``)
-_OPENED = re.compile(rb'\["h",(\d+),(\d+),"([rwd])"(?:,(\d+),(-?\d+))?\]')  # ``Handles.add``'s record
+_OPENED = re.compile(rb'\["h",(\d+),(\d+),"([rwd])"(?:,(\d+),(-?\d+))?(?:,(\d+))?\]')  # ``Handles.add``'s record
 
 
 def memory() -> int:
@@ -393,9 +394,13 @@ def _parse(lines: list[bytes]) -> list[list[Any]]:
         if line.startswith(b'["h",'):
             m = _OPENED.fullmatch(line)
             if m is not None:
-                fh, ino, kind, size, mtime = m.groups()
-                records.append(["h", int(fh), int(ino), kind.decode()] if size is None
-                               else ["h", int(fh), int(ino), kind.decode(), int(size), int(mtime)])
+                fh, ino, kind, size, mtime, made = m.groups()
+                rec = ["h", int(fh), int(ino), kind.decode()]
+                if size is not None:
+                    rec += [int(size), int(mtime)]
+                if made is not None:
+                    rec.append(int(made))
+                records.append(rec)
                 continue
         try:
             rec = json.loads(line)
