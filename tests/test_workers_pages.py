@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +26,8 @@ import test_page_fill as one
 from test_page_fill import (  # noqa: F401 - run again here, with two workers (``mount`` below)
     FILE, PAGES, resident, src, test_a_handle_opened_before_a_rename_onto_its_chunk_reads_its_version_whole,
     test_a_renamed_onto_chunk_open_for_writing_keeps_no_pages_at_a_read_open, test_first_open_fills_the_page_cache)
-from conftest import wait_for
+from conftest import drop_caches, wait_for
+import stopping
 from shardfs.app.peers import PUBLISH_S
 from test_workers import NO_CACHE, only, status, workers
 from sources import LE, sharding, write_v3
@@ -250,4 +253,40 @@ def test_a_file_closed_through_the_worker_that_did_not_open_it_is_uncounted_at_o
             assert os.pread(fd, FILE + 1, 0) == new
         finally:
             os.close(fd)
+    assert status(mnt)["internal_errors"]["total"] == 0
+
+
+def test_a_lookup_answered_again_after_a_worker_died_is_counted_once(src, mount):  # noqa: F811
+    """Worker 0 answered a LOOKUP of a chunk file the kernel holds pages of (counted as one more
+    lookup of its inode) and had not sent the answer yet (stopped there: a test hook) when the
+    other worker died. The RESEND moved that LOOKUP back to the kernel's queue, the next worker
+    answered it (counted again), and the kernel refused worker 0's late answer, which pyfuse3 now
+    gives to ``forget`` (as libfuse's high-level API does): the lookup the kernel never took is
+    uncounted. So the kernel's FORGET at its eviction of the inode tells the mount that its pages
+    are gone, and the next open fills them again. Counted twice, the eviction went unseen: the
+    next open kept pages the kernel no longer had, and each read was a READ request."""
+    root, data = src
+    mnt = mount(root, "-o", NO_CACHE, env={"SHARDFS_TEST_STOP_AFTER": "lookup:1.0"})
+    w0, w1 = workers(mnt, 2)
+    path = mnt / "x" / "1.0"
+    want = data[64:, :64].tobytes()
+    with only(w1, [w0, w1]):  # (a lookup worker 0 served would fire its hook)
+        assert path.read_bytes() == want  # the kernel holds its pages
+    done: list[int] = []
+    client = threading.Thread(target=lambda: done.append(os.stat(path).st_size), daemon=True)
+    stopping.stopped(w1)  # worker 0 reads the LOOKUP, answers it, and stops before it is sent
+    try:
+        client.start()
+        wait_for(lambda: stopping.state(w0) == "T", 30, "worker 0 stopped after the lookup")
+        os.kill(w1, signal.SIGKILL)
+        client.join(60)  # (the next worker of slot 1 answers the LOOKUP sent again)
+        assert done == [FILE]
+    finally:
+        os.kill(w0, signal.SIGCONT)
+    time.sleep(0.5)  # (worker 0's answer refused)
+    os.sync()
+    for _ in range(3):  # (a dentry looked at since the last pass is kept one pass more)
+        drop_caches("3")
+    time.sleep(0.5)
+    one.assert_filled_at_open(path, want)
     assert status(mnt)["internal_errors"]["total"] == 0
