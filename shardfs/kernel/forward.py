@@ -341,9 +341,11 @@ class PeerLink:
                     slot[0].set()
             await stream.aclose()
 
-    async def call(self, op: str, args: tuple[Any, ...]) -> Any:
+    async def call(self, op: str, args: tuple[Any, ...], counted: str | None = None) -> Any:
         """The other worker's answer to request ``op``; ``FUSEError`` if it failed (EIO if no
-        worker of that slot answers for ``RECONNECT_S``)."""
+        worker of that slot answers for ``RECONNECT_S``). ``counted``: the operation counted in
+        ``forwarded`` once the request is sent (in the other's socket, whatever befalls this
+        worker then)."""
         resent, begun = False, time.monotonic()
         while True:
             try:
@@ -361,6 +363,9 @@ class PeerLink:
                     self._stream = None
                 resent = True
                 continue
+            if counted is not None:
+                self.forwarded[counted] += 1
+                counted = None
             await slot[0].wait()
             if slot[1] is None:  # that worker died meanwhile: ask the next one, as a re-sent request
                 log.info("a worker died under a forwarded %s: asking the next one of its slot", op)
@@ -377,14 +382,15 @@ class PeerLink:
         """The other worker's answer to request ``op`` (a READDIR: the entries it lists, replied
         here as far as the kernel's buffer takes them, and counted as lookups by the worker that
         listed them, as a forwarded LOOKUP is: ``Operations.counted``)."""
-        self.forwarded[op] += 1
         if op != "readdir":
-            return await self.call(op, args)
+            return await self.call(op, args, op)
         fh, offset, token = args
         taken: list[int] = []
+        counted: str | None = "readdir"
         more = True
         while more:
-            batch = await self.call("entries", (fh, offset, READDIR_BATCH))
+            batch = await self.call("entries", (fh, offset, READDIR_BATCH), counted)
+            counted = None
             more = len(batch) == READDIR_BATCH
             for name, fields in batch:
                 e = decode(("ea", fields))
@@ -403,9 +409,8 @@ class PeerLink:
             self._nursery.start_soon(self._forget, forgets)
 
     async def _forget(self, forgets: list[tuple[int, int]]) -> None:
-        self.forwarded["forget"] += 1
         try:
-            await self.call("forget", (forgets,))
+            await self.call("forget", (forgets,), "forget")
         except pyfuse3.FUSEError:
             pass
 
