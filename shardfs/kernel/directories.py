@@ -43,7 +43,7 @@ class Directories:
         self._pins = pins
         self._entry = entry
 
-    async def open(self, inode: int, unique: int = 0) -> int:
+    async def open(self, inode: int, unique: int) -> int:
         """OPENDIR (the kernel's request number ``unique``): the ``fh`` of directory ``inode``,
         listed as READDIR asks."""
         await self.names.getattr(inode)

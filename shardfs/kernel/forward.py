@@ -238,10 +238,11 @@ def handle_of(op: str, value: Any) -> tuple[bool, int] | None:
 
 async def release_handle(ops: Any, is_dir: bool, fh: int) -> None:
     """Release handle ``fh``, which the kernel never got (its answer was lost with the worker that
-    forwarded the request): left open, a truncating open's handle made every stat of its chunk say
-    0 bytes, and a reading one pinned its version's size, until the name showed another inode (the
-    2-worker soak: 10-20 s of undecodable reads after a worker kill). Its RELEASE discards it
-    (nothing is committed at a RELEASE)."""
+    forwarded the request or made it, or refused after another worker's RESEND): left open, a
+    truncating open's handle made every stat of its chunk say 0 bytes, and a reading one pinned
+    its version's size, until the name showed another inode (the 2-worker soak: 10-20 s of
+    undecodable reads after a worker kill). Its RELEASE discards it (nothing is committed at a
+    RELEASE)."""
     with contextlib.suppress(pyfuse3.FUSEError):
         await (ops.releasedir(fh) if is_dir else ops.release(fh))
 

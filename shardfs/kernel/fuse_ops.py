@@ -248,8 +248,7 @@ class Operations(pyfuse3.Operations):
         """The answer of the open, create or opendir that made handle ``fh`` could not be sent:
         another worker's FUSE_NOTIFY_RESEND moved that request back to the kernel's queue, to be
         served again, so the kernel never learnt ``fh`` and sends no RELEASE of it (pyfuse3,
-        scripts/pyfuse3-unanswered.patch). Left open, a truncating open's handle made every stat
-        of its chunk say 0 bytes, and a reading one pinned its version's size."""
+        scripts/pyfuse3-unanswered.patch): ``release_handle``."""
         await release_handle(self, is_dir, fh)
 
     def _looked_up(self, attr: Attr) -> pyfuse3.EntryAttributes:

@@ -92,7 +92,7 @@ class Handles:
             ledger.note_line(f'["h",{fh},{ino},"{_kind(handle)}"{made}]')
         return fh
 
-    def add_write(self, handle: WriteHandle, unique: int = 0) -> int:
+    def add_write(self, handle: WriteHandle, unique: int) -> int:
         """``add`` a handle open for writing, noted as holding bytes only this process keeps if it
         does (a truncating open, a staging file)."""
         fh = self.add(handle, unique)
