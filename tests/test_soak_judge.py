@@ -149,7 +149,7 @@ def test_a_blosc_chunks_versions_have_two_sizes_and_decode_to_their_values():
 def rows(threads: list[float], seconds: int = 600, start: int = 0) -> list[dict]:
     """Per-minute rows from one sample every 5 s; ``threads`` gives each sample's value; the
     clients run from second ``start`` on."""
-    samples = [metrics.Sample(float(t), "A", {"rss_mib": 80.0, "fds": 15, "sockets": 20, "threads": threads[i],
+    samples = [metrics.Sample(float(t), "A", {"pss_mib": 80.0, "fds": 15, "sockets": 20, "threads": threads[i],
                                                "journal_bytes": 1000, "spill_bytes": 0})
                for i, t in enumerate(range(0, seconds, 5))]
     ops = [Op("read", float(t), t + 0.1, None, "w") for t in range(start, seconds)]

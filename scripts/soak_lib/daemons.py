@@ -233,7 +233,7 @@ class Daemon:
         if pid is None:
             return {}
         out = {"rss_mib": 0.0, "fds": 0, "sockets": 0, "threads": 0, "spill_bytes": 0,
-               "worker_rss_mib": 0.0, "pss_mib": 0.0}  # (the last two: samples.jsonl only)
+               "worker_rss_mib": 0.0, "pss_mib": 0.0}  # (the RSS ones: samples.jsonl only)
         for p in [pid, *self.worker_pids()]:
             try:
                 status = Path(f"/proc/{p}/status").read_text()
@@ -259,7 +259,8 @@ class Daemon:
             out["rss_mib"] += int(fields["VmRSS"].split()[0]) / 1024
             if p != pid:
                 out["worker_rss_mib"] += int(fields["VmRSS"].split()[0]) / 1024
-            out["pss_mib"] += pss_kib(p) / 1024  # (a forked worker's RSS counts the pages it shares with the zygote)
+            out[f"pss_{p}"] = pss_kib(p) / 1024  # (which process grew: samples.jsonl only)
+            out["pss_mib"] += out[f"pss_{p}"]  # (a forked worker's RSS counts the pages it shares with the zygote)
             out["fds"] += len(fds) - sockets
             out["sockets"] += sockets
             out["threads"] += int(fields["Threads"])

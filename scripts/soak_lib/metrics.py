@@ -3,13 +3,15 @@
 ``Sampler.sample(now)`` records each daemon's /proc figures (``Daemon.stats``), the bytes in
 its journal directory and the faults injected so far. ``minutes(ops, samples, t0, faults)``
 folds the operations (``checks.Op``) and samples into one row per minute: operations, errors by
-errno, p50/p99 latency of reads and writes (ms), each daemon's RSS (MiB), fds (not sockets),
-sockets, threads, spill and journal bytes (each the mean of the minute's samples; the lowest
-for the pools, sockets and threads: ``POOLS``), pending chunks and folds done/failed
-(``shardfs status``; the last sample of the minute), faults injected. ``write_csv``,
-``write_samples`` and ``plot`` write them; ``flatness(rows)`` compares the last quarter's mean
-of each with the second quarter's, from steady state on (within 10%, or within a small
-absolute slack for small values) and returns the failures (each one line).
+errno, p50/p99 latency of reads and writes (ms), each daemon's memory (the PSS of its
+processes, MiB: their RSS counts a page each worker shares with the zygote or maps of the
+shards' ring once per process), fds (not sockets), sockets, threads, spill and journal bytes
+(each the mean of the minute's samples; the lowest for the pools, sockets and threads:
+``POOLS``), pending chunks and folds done/failed (``shardfs status``; the last sample of the
+minute), faults injected. ``write_csv``, ``write_samples`` and ``plot`` write them;
+``flatness(rows)`` compares the last quarter's mean of each with the second quarter's, from
+steady state on (within 10%, or within a small absolute slack for small values) and returns
+the failures (each one line).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import numpy as np
 from soak_lib.checks import Op
 from soak_lib.daemons import Daemon
 
-FLAT = {"rss_mib": 16.0, "fds": 8, "journal_bytes": 1 << 20, "spill_bytes": 1 << 20}
+FLAT = {"pss_mib": 16.0, "fds": 8, "journal_bytes": 1 << 20, "spill_bytes": 1 << 20}
 # Pools that follow the load and the faults: the object store client's connections (reqwest
 # closes one idle for 90 s) and the worker threads (trio's, at most its default limiter's 40,
 # which every blocking call of the daemon goes through; tokio's blocking pool; both end a
@@ -137,7 +139,7 @@ def plot(rows: list[dict[str, Any]], daemons: list[str], path: Path, title: str)
 
     panels = [("operations / min", ["ops", "errors", "faults"]),
               ("latency p50 / p99 (ms)", ["read_p50_ms", "read_p99_ms", "write_p50_ms", "write_p99_ms"]),
-              ("daemon RSS (MiB)", [f"{d}_rss_mib" for d in daemons]),
+              ("daemon PSS (MiB)", [f"{d}_pss_mib" for d in daemons]),
               ("fds / sockets / threads", [f"{d}_{k}" for d in daemons for k in ("fds", "sockets", "threads")]),
               ("journal / spill bytes", [f"{d}_{k}" for d in daemons for k in ("journal_bytes", "spill_bytes")]),
               ("pending chunks, folds", [f"{d}_{k}" for d in daemons for k in STATUS])]

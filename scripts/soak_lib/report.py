@@ -78,7 +78,7 @@ def table(results: list[Result]) -> str:
         ("forbidden (of which unclean errors)", lambda r: f"{r.forbidden_count} ({len(r.unclean)})"),
         ("wedged", lambda r: str(len(r.wedged))),
         ("umount (s)", lambda r: ", ".join(f"{s:.1f}" for s in r.umount_seconds)),
-        ("flat (RSS, fds, sockets, threads, journal, spill)", lambda r: "yes" if not r.flat else "; ".join(r.flat)),
+        ("flat (PSS, fds, sockets, threads, journal, spill)", lambda r: "yes" if not r.flat else "; ".join(r.flat)),
         ("#3682: values lost, dask lock=False through the mount (zarr 2.18)", lambda r: _pct(r.hazard_mount)),
         ("#3682: values lost, same write natively (zarr-python 3)", lambda r: _pct(r.hazard_native)),
     ]
