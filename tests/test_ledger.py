@@ -37,6 +37,14 @@ def opened(fd: int) -> Ledger:
     return led
 
 
+def shared(fd: int, index: int) -> Ledger:
+    """Worker ``index``'s of two (``-o workers=2``) on the supervisor's memfd ``fd``."""
+    led = Ledger(fd=os.dup(fd))
+    led.share(index, 2)
+    led.start()
+    return led
+
+
 def test_a_worker_finds_every_record_its_dead_predecessor_appended():
     fd = memory()
     try:
@@ -158,22 +166,14 @@ def test_the_worker_replacing_one_of_two_reads_only_the_records_in_effect_and_fo
 
     fd = memory()
     try:
-        workers = []
-        for index in range(2):
-            led = Ledger(fd=os.dup(fd))
-            led.share(index, 2)
-            led.start()
-            workers.append(led)
-        w0, w1 = workers
+        w0, w1 = shared(fd, 0), shared(fd, 1)
         w0.note("a", 0, "vol")
         for fh in range(1, 2001):  # both workers' opens (odd: worker 0's), all but two released
             (w0 if fh % 2 else w1).note_line(f'["h",{fh},{1000 + fh},"r",10,1]')
             if fh not in (7, 1500):
                 (w1 if fh % 3 else w0).note_line(f'["x",{fh}]')
         w1.note("w", 1500)
-        successor = Ledger(fd=os.dup(fd))
-        successor.share(1, 2)
-        successor.start()
+        successor = shared(fd, 1)
         records = successor.records()
         assert records == [["a", 0, "vol"], ["h", 7, 1007, "r", 10, 1], ["h", 1500, 2500, "r", 10, 1],
                            ["x", 2000], ["w", 1500]]
@@ -203,13 +203,7 @@ def test_a_shared_ledger_is_compacted_and_a_worker_behind_lets_go_of_what_was_re
     monkeypatch.setattr(ledger, "COMPACT_BYTES", 256 << 10)
     fd = memory()
     try:
-        workers = []
-        for index in range(2):
-            led = Ledger(fd=os.dup(fd))
-            led.share(index, 2)
-            led.start()
-            workers.append(led)
-        w0, w1 = workers
+        w0, w1 = shared(fd, 0), shared(fd, 1)
         handles1 = Handles(w1)
         released: list[int] = []
         w1.followers.append(lambda recs: released.extend(fh for fh, _ in handles1.follow(recs)))
