@@ -568,8 +568,8 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
         nursery.start_soon(on_signal)
         if conn is not None:
             shared = mount.ledger
-            if shared.shared or conn.init is not None:  # another worker served the connection before
-                await mount.ops.reopen.restore(shared.records())  # (N workers: every one, so far)
+            if shared.shared or conn.init is not None:  # what the workers before this one gave out
+                await mount.ops.reopen.restore(shared.records())  # (N workers: every one's, so far)
             resent_at = None
             if conn.replaces and conn.resend:
                 resent_at = time.monotonic()  # (before: a request begun after it was read after the RESEND)
