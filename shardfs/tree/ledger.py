@@ -96,9 +96,13 @@ class Ledger:
         """The worker that gave out handle ``number`` (``Handles``: residue ``number - 1`` mod count)."""
         return (number - 1) % self.count
 
-    def tail(self, effective: bool = False) -> list[list[Any]]:
-        """The complete records appended since the last ``tail`` (by every worker, this one too);
-        ``effective``: only those still in effect among them (``in_effect``)."""
+    def tail(self) -> list[list[Any]]:
+        """The complete records appended since the last look (by every worker, this one too)."""
+        return _parse(self._new_lines())
+
+    def _new_lines(self) -> list[bytes]:
+        """The complete lines appended since the last look (``tail``, ``records``), which then
+        includes them."""
         if self.in_memory:
             if self._fd < 0:
                 return []
@@ -121,7 +125,7 @@ class Ledger:
             return []
         lines = (self._partial + b"".join(chunks)).split(b"\n")
         self._partial = lines.pop()
-        return in_effect(lines) if effective else _parse(lines)
+        return lines
 
     def _pread_from(self, fd: int) -> list[bytes]:
         """What ``fd`` holds past the bytes followed so far (which then include it)."""
@@ -285,7 +289,7 @@ class Ledger:
         parsing all of them cost the worker that replaced a dead one 47 MiB of PSS more than the
         one it replaced (the soak's S3 mount at two workers; its ledger up to ``COMPACT_BYTES``)."""
         if self.in_memory or self.shared:
-            return self.tail(effective=True)
+            return in_effect(self._new_lines())
         return self.load(self.path) if self.path is not None else []
 
     @staticmethod
