@@ -9,6 +9,7 @@ links ``/usr/local/bin/shardfs``; PYTHONPATH makes that command run this checkou
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pwd
 import shutil
@@ -253,6 +254,31 @@ def test_mount_returns_with_zarr_imported_before_any_request(src, mnt_dir):
     assert "numcodecs" in extensions, sorted(extensions)
     assert run_shardfs("umount", str(mnt_dir), env=env()).returncode == 0
     wait_daemon_gone(mnt_dir)
+
+
+def test_every_module_of_the_package_is_byte_compiled_and_current():
+    """``scripts/install`` (and ``scripts/test``, for the files changed since) byte-compile the
+    package: the three interpreters of a mount load its modules compiled, even where
+    PYTHONDONTWRITEBYTECODE keeps Python from writing them itself (doc/INSTALL.md). Each
+    module's ``.pyc`` exists and records its source as it is now (size and mtime, or hash)."""
+    package = Path(__file__).resolve().parent.parent / "shardfs"  # (the checkout's, not a mutant's copy)
+    stale = []
+    for source in sorted(package.rglob("*.py")):
+        try:
+            header = Path(importlib.util.cache_from_source(str(source))).read_bytes()[:16]
+        except OSError:
+            stale.append(f"{source}: none")
+            continue
+        flags = int.from_bytes(header[4:8], "little")
+        data = source.read_bytes()
+        st = source.stat()
+        current = header[8:16] == importlib.util.source_hash(data) if flags & 1 else (
+            int.from_bytes(header[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
+            and int.from_bytes(header[12:16], "little") == st.st_size & 0xFFFFFFFF)
+        if header[:4] != importlib.util.MAGIC_NUMBER or not current:
+            stale.append(f"{source}: stale")
+    assert stale == []
+    assert len(list(package.rglob("*.py"))) > 100
 
 
 # --------------------------------------------------------------------------- logs and help
