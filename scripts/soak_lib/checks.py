@@ -161,18 +161,15 @@ class Ledger:
             return
         if rec.get("how") == "rm" and op.err == "ENOENT":  # the chunk was empty already
             return
-        if (op.kind == "write" and op.err == "ENOENT" and rec["how"] in LIBRARIES
-                and self._racing(rec["a"], op.start, op.end, {rec["c"]}, {"rm"})):
-            # zarr 2.18 writing part of a chunk (an edge chunk) reads it first: stat, then open,
-            # and the other writer of this mount removed it in between (an open with O_CREAT,
-            # in place or cp, has no such excuse: it creates the file if it is gone)
-            self._excuse(LIB_ENOENT, self.raced, f"{rec['how']} write")
-            return
-        if (op.kind == "write" and op.err.startswith("X:") and rec["how"] in LIBRARIES
-                and self._racing(rec["a"], op.start, op.end, {rec["c"]}, TEARING, other_than=op.worker)):
-            # the same read of an edge chunk, beside another writer's in-place write or cp of it
-            # (the CI soak of be81f00: zarr 2.18's zstd "invalid input data" 11 ms into one)
-            self._excuse(LIB_TORN, self.raced, f"{rec['how']} write")
+        # zarr 2.18 writing part of a chunk (an edge chunk) reads it first: stat, then open, and
+        # the other writer of this mount removed it in between (ENOENT), or wrote it in place or
+        # by cp meanwhile (undecodable: the CI soak of be81f00, zstd's "invalid input data" 11 ms
+        # into an in-place write). An open with O_CREAT, in place or cp, has no such excuse.
+        lib_race = (({"rm"}, LIB_ENOENT) if op.err == "ENOENT" else (TEARING, LIB_TORN)
+                    if op.err.startswith("X:") else None)
+        if (op.kind == "write" and rec["how"] in LIBRARIES and lib_race is not None
+                and self._racing(rec["a"], op.start, op.end, {rec["c"]}, lib_race[0], other_than=op.worker)):
+            self._excuse(lib_race[1], self.raced, f"{rec['how']} write")
             return
         if (op.kind == "write" and op.err == "EEXIST" and rec["how"] == "cp"
                 and self._racing(rec["a"], op.start, op.end, {rec["c"]},
