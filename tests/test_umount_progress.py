@@ -74,14 +74,15 @@ EMPTY_DOC = {key: kinds[0]() for key, kinds in statusdoc.SCHEMA.items() if key i
 
 class FakeDaemon:
     """A status socket answering documents whose pending chunks go down by ``step`` per answer,
-    after ``stale`` answers that say none are pending (another worker's, the owner's chunks not
-    published yet)."""
+    after ``stale`` answers of another worker than the owner (worker 1 of 2), with the owner's
+    chunks as it last published them: ``published`` pending (none yet, or fewer than it holds)."""
 
-    def __init__(self, path: str, chunks: int, shards: int, step: int, stale: int = 0) -> None:
+    def __init__(self, path: str, chunks: int, shards: int, step: int, stale: int = 0, published: int = 0) -> None:
         self.sock = socket.socket(socket.AF_UNIX)
         self.sock.bind(path)
         self.sock.listen(8)
         self.left, self.shards, self.total, self.step, self.stale = chunks, shards, chunks, step, stale
+        self.published = published
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -92,8 +93,11 @@ class FakeDaemon:
                 return
             done = 1 - self.left / self.total
             pending = {"chunks": self.left, "shards": self.shards - round(done * self.shards)}
-            doc = {**EMPTY_DOC, "pending": {"chunks": 0, "shards": 0} if self.stale else pending,
+            doc = {**EMPTY_DOC, "pending": {"chunks": self.published, "shards": 1} if self.stale else pending,
                    "folds": {"current": "s3://b/a/c/1"}}
+            if self.stale or self.published:  # (a mount of 2 workers: the one that answered)
+                doc["workers"] = [{"index": i, "pid": 100 + i, "started": 0.0, "rss_bytes": 0, "cpu_s": 0.0,
+                                   "this": i == (1 if self.stale else 0)} for i in range(2)]
             conn.sendall(json.dumps(doc).encode())
             conn.close()
             if self.stale:
@@ -151,6 +155,26 @@ def test_progress_starts_when_a_later_document_shows_the_pending_chunks(tmp_path
     out = io.StringIO()
     shown = progress.FoldProgress("/mnt/x", str(tmp_path / "s.sock"), out)
     for _ in range(3):
+        shown.poll()
+    shown.close(False)
+    daemon.sock.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "shardfs: /mnt/x: folding 1,000 pending chunks into 10 shards"
+    assert lines[1].startswith("shardfs: /mnt/x: folded 500 of 1,000 chunks (5 of 10 shards), ")
+    assert lines[-1].startswith("shardfs: /mnt/x: folded 1,000 chunks into 10 shards in ")
+    assert len(lines) == 3
+
+
+def test_progress_starts_from_the_owners_count_not_another_workers_older_one(tmp_path, monkeypatch):
+    """The first answer is another worker's, with the owner's pending chunks as it published them
+    last (600, more than ``MIN_CHUNKS``, fewer than the 1,000 it holds now): the progress starts
+    at the owner's own answer (a CI run of scripts/test-workers started it at the other's)."""
+    monkeypatch.setattr(progress, "EVERY", 0.0)
+    monkeypatch.setattr(progress, "POLL", 0.0)
+    daemon = FakeDaemon(str(tmp_path / "s.sock"), 1000, 10, 500, stale=1, published=600)
+    out = io.StringIO()
+    shown = progress.FoldProgress("/mnt/x", str(tmp_path / "s.sock"), out)
+    for _ in range(2):
         shown.poll()
     shown.close(False)
     daemon.sock.close()

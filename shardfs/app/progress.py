@@ -5,8 +5,9 @@ Shown once a document says at least ``MIN_CHUNKS`` chunks are pending: on a term
 bar on stderr (chunks and shards folded of those pending, rate, ETA, the shard being folded);
 otherwise one plain line at the start, one every ``EVERY`` seconds and one at the end. Not only
 the first document decides: with ``-o workers=N`` another worker than the owner may answer it,
-with the owner's pending chunks up to a second old (``shardfs.app.peers``), and at the SIGTERM
-the others end and the owner answers alone.
+with the owner's pending chunks up to a second old (``shardfs.app.peers``: none yet, or fewer than
+the last writes left), so the progress starts from a document the owner answered (``_current``);
+at the SIGTERM the others end and the owner answers alone.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, TextIO
 from shardfs.app import statusdoc
 from shardfs.app.mounts import ask
 from shardfs.app.statusdoc import StatusDoc
+from shardfs.kernel.owner import OWNER
 
 MIN_CHUNKS = 100  # pending chunks from which umount shows progress
 EVERY = 2.0  # seconds between plain progress lines
@@ -42,8 +44,9 @@ class FoldProgress:
         self._start(doc)
 
     def _start(self, doc: StatusDoc) -> None:
-        """Show progress from now on if ``doc`` says ``MIN_CHUNKS`` or more chunks are pending."""
-        if doc["pending"]["chunks"] < MIN_CHUNKS:
+        """Show progress from now on if ``doc`` says ``MIN_CHUNKS`` or more chunks are pending, as
+        counted when it was answered (``_current``)."""
+        if doc["pending"]["chunks"] < MIN_CHUNKS or not _current(doc):
             return
         self.chunks, self.shards = doc["pending"]["chunks"], doc["pending"]["shards"]
         if self.stream.isatty():
@@ -107,3 +110,10 @@ class FoldProgress:
     def _line(self, text: str) -> None:
         self._said = time.monotonic()
         print(f"shardfs: {self.mnt}: {text}", file=self.stream, flush=True)
+
+
+def _current(doc: StatusDoc) -> bool:
+    """Whether ``doc``'s pending chunks are counted as it was answered: by a mount's one worker, or
+    by the owner of N (``OWNER``, which holds them; another worker adds the owner's last published
+    document)."""
+    return not any(w["this"] and w["index"] != OWNER for w in doc.get("workers", []))
