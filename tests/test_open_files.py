@@ -137,6 +137,34 @@ def test_a_file_opened_before_its_shard_was_replaced_keeps_its_size(versions, mo
         assert f.read() == old and np.array_equal(decoded(old), a[8:, 8:])
 
 
+def test_an_open_whose_file_changed_during_each_try_reads_direct_and_asks_the_size_again(versions, mount):
+    """An open during which its file changed each time it was tried (three tries; the test hook
+    ``SHARDFS_TEST_STALE_OPENS`` says so of every open) keeps its last open and reads it with
+    direct I/O (each read a READ request: no page of it kept), and drops the kernel's attributes
+    of the chunk's inode before it is answered (the kernel may have taken the new version's size
+    meanwhile): its ``fstat`` asks the mount (a GETATTR, though the attributes are cached for
+    60 s), which answers the size this file reads."""
+    src, _, a, _ = versions
+    mnt = mount(src, "-o", "attr_timeout=60,entry_timeout=60,workers=1", env={"SHARDFS_TEST_STALE_OPENS": "1"})
+    path = mnt / "x" / "1.1"
+    size = path.stat().st_size  # (the kernel keeps these attributes for 60 s)
+    before = status(mnt)["requests"]
+    with quiet_caches():  # (another test's drop of the caches drops the attributes)
+        fd = os.open(path, os.O_RDONLY)  # (not Python's open: it makes an fstat of its own)
+        try:
+            opened = status(mnt)["requests"]
+            assert os.fstat(fd).st_size == size
+            asked = status(mnt)["requests"]
+            got = [os.pread(fd, 1 << 16, 0) for _ in range(2)]
+            done = status(mnt)["requests"]
+        finally:
+            os.close(fd)
+    assert opened["open"] - before.get("open", 0) == 1
+    assert asked.get("getattr", 0) - opened.get("getattr", 0) == 1
+    assert done["read"] - before.get("read", 0) == 2
+    assert got[0] == got[1] and len(got[0]) == size and np.array_equal(decoded(got[0]), a[8:, 8:])
+
+
 def test_an_open_refused_beside_a_file_of_another_size_leaves_that_files_pages(versions, mount):
     """An open of a chunk's inode at a version of another size than the files pinning it read is
     refused (ESTALE: the kernel looks the name up again and opens the other inode it is given),

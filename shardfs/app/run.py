@@ -468,12 +468,17 @@ def _test_hooks(mount: Composed, conn: Any) -> None:
     ``SHARDFS_TEST_DIE_AFTER=OP:NAME`` kills the worker (SIGKILL) once it did request OP naming
     NAME (``*``: any), before it answers (the kernel sends it again to the next worker);
     ``SHARDFS_TEST_STOP_AFTER=OP:NAME`` stops it (SIGSTOP) there instead, the first time only (a
-    request of a live worker in flight when another dies: RESEND sends it again)."""
+    request of a live worker in flight when another dies: RESEND sends it again);
+    ``SHARDFS_TEST_STALE_OPENS=1``: the file of every open for reading changed during each of
+    its tries (``KernelInodes.unwatch``)."""
     hang, die = os.environ.get("SHARDFS_TEST_HANG"), os.environ.get("SHARDFS_TEST_DIE_AFTER")
     stop = os.environ.get("SHARDFS_TEST_STOP_AFTER")
     if conn.init is not None:
         return
     import trio
+
+    if os.environ.get("SHARDFS_TEST_STALE_OPENS"):
+        mount.ops._kernel.unwatch = lambda ino, seen: True  # type: ignore[method-assign]  # the test hook replaces it
 
     if hang:
         lookup = mount.ops.lookup
