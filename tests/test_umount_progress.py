@@ -146,35 +146,18 @@ def test_few_pending_chunks_show_nothing(tmp_path):
     assert os.path.exists(tmp_path / "s.sock")
 
 
-def test_progress_starts_when_a_later_document_shows_the_pending_chunks(tmp_path, monkeypatch):
-    """The first two answers say nothing is pending (another worker's, the owner's chunks up to a
-    second old): the progress starts at the first that shows them."""
+@pytest.mark.parametrize("stale, published", [(2, 0), (1, 600)], ids=["none_published", "fewer_published"])
+def test_progress_starts_at_the_owners_own_count_of_the_pending_chunks(tmp_path, monkeypatch, stale, published):
+    """The first answers are another worker's, with the owner's pending chunks as it published them
+    last: none yet (two answers), or fewer than it holds now (600 of 1,000, more than
+    ``MIN_CHUNKS``: a CI run of scripts/test-workers started the progress at such a count). The
+    progress starts at the owner's own answer."""
     monkeypatch.setattr(progress, "EVERY", 0.0)
     monkeypatch.setattr(progress, "POLL", 0.0)
-    daemon = FakeDaemon(str(tmp_path / "s.sock"), 1000, 10, 500, stale=2)
+    daemon = FakeDaemon(str(tmp_path / "s.sock"), 1000, 10, 500, stale=stale, published=published)
     out = io.StringIO()
     shown = progress.FoldProgress("/mnt/x", str(tmp_path / "s.sock"), out)
-    for _ in range(3):
-        shown.poll()
-    shown.close(False)
-    daemon.sock.close()
-    lines = out.getvalue().splitlines()
-    assert lines[0] == "shardfs: /mnt/x: folding 1,000 pending chunks into 10 shards"
-    assert lines[1].startswith("shardfs: /mnt/x: folded 500 of 1,000 chunks (5 of 10 shards), ")
-    assert lines[-1].startswith("shardfs: /mnt/x: folded 1,000 chunks into 10 shards in ")
-    assert len(lines) == 3
-
-
-def test_progress_starts_from_the_owners_count_not_another_workers_older_one(tmp_path, monkeypatch):
-    """The first answer is another worker's, with the owner's pending chunks as it published them
-    last (600, more than ``MIN_CHUNKS``, fewer than the 1,000 it holds now): the progress starts
-    at the owner's own answer (a CI run of scripts/test-workers started it at the other's)."""
-    monkeypatch.setattr(progress, "EVERY", 0.0)
-    monkeypatch.setattr(progress, "POLL", 0.0)
-    daemon = FakeDaemon(str(tmp_path / "s.sock"), 1000, 10, 500, stale=1, published=600)
-    out = io.StringIO()
-    shown = progress.FoldProgress("/mnt/x", str(tmp_path / "s.sock"), out)
-    for _ in range(2):
+    for _ in range(stale + 1):
         shown.poll()
     shown.close(False)
     daemon.sock.close()
