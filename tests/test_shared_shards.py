@@ -135,3 +135,32 @@ def test_an_entry_being_written_is_not_read_and_the_next_write_mends_it(table, s
     assert not b.holds("k", v) and b.get("k", v, 0, 4) is None
     a.put("k", v, b"abcd")
     assert b.get("k", v, 0, 4) == b"abcd" and ss._SEQ.unpack_from(b._map, off)[0] % 2 == 0
+
+
+def _sharing_one_entry(n: int) -> list[str]:
+    """``n`` locations whose hashes name the same entry of their own."""
+    by_entry: dict[int, list[str]] = {}
+    for i in range(1 << 20):
+        where = f"s3://bucket/arr/c/{i}"
+        found = by_entry.setdefault(ss.key_hash(where) & (ss.CAPACITY - 1), [])
+        found.append(where)
+        if len(found) == n:
+            return found
+    raise AssertionError(f"no {n} locations share an entry")
+
+
+def test_two_shards_of_one_entry_are_both_held_a_third_evicts_the_one_put_first(shards):
+    """Each location has two entries (its own and the other of its pair): two shards whose hashes
+    name the same entry are both held; a third takes the entry of the one put first."""
+    a, b = shards
+    first, second, third = _sharing_one_entry(3)
+    v = Version('"z"', 4, 0)
+    a.put(first, v, b"one!")
+    a.put(second, v, b"two!")
+    assert b.get(first, v, 0, 4) == b"one!" and b.get(second, v, 0, 4) == b"two!"
+    assert b.whole(second, lambda found, view: bytes(view)) == b"two!"
+    a.put(third, v, b"3rd!")
+    assert not b.holds(first, v) and b.get(first, v, 0, 4) is None
+    assert b.get(second, v, 0, 4) == b"two!" and b.get(third, v, 0, 4) == b"3rd!"
+    a.put(first, v, b"one!")  # (over the second, now the one put first)
+    assert [b.holds(where, v) for where in (first, second, third)] == [True, False, True]

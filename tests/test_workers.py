@@ -1427,14 +1427,15 @@ def test_a_chunk_of_another_workers_shard_is_opened_by_its_home_unless_kept_for_
 
 def kept_alone(url: str) -> tuple[int, int]:
     """A shard of ``two_arrays``' 4x4 grid homed at worker 0 (even in C order), after the first (a
-    sweep fetches whole the shards it walks on to, not the one it starts in), whose entry in the
-    mount's ring of shards kept for every worker (``shardfs.storage.sharedshards``: direct-mapped
-    on a hash of the location) is shared with no other shard of either array, in ``a`` and in
-    ``b``: the sweep of both leaves it there. (The prefix of ``url`` changes with each run: in one
-    run ``a``'s shard 2 shared its entry with ``b``'s shard 11, swept after it, and was gone: its
-    chunk's open went to the stopped home, as in a failed CI run.)"""
+    sweep fetches whole the shards it walks on to, not the one it starts in), whose pair of
+    entries in the mount's ring of shards kept for every worker (``shardfs.storage.sharedshards``:
+    two-way on a hash of the location) it shares with no other shard of either array, in ``a``
+    and in ``b``: the sweep of both leaves it there. (The prefix of ``url`` changes with each run:
+    in one run, when the ring was direct-mapped, ``a``'s shard 2 shared its entry with ``b``'s
+    shard 11, swept after it, and was gone: its chunk's open went to the stopped home, as in a
+    failed CI run.)"""
     grid = [(i, j) for i in range(4) for j in range(4)]
-    entry = {(name, s): key_hash(f"{url.rstrip('/')}/{name}/c/{s[0]}/{s[1]}") & (sharedshards.CAPACITY - 1)
+    entry = {(name, s): (key_hash(f"{url.rstrip('/')}/{name}/c/{s[0]}/{s[1]}") & (sharedshards.CAPACITY - 1)) >> 1
              for name in "ab" for s in grid}
     taken = collections.Counter(entry.values())
     alone = [s for s in grid[2:] if (4 * s[0] + s[1]) % 2 == 0 and all(taken[entry[name, s]] == 1 for name in "ab")]

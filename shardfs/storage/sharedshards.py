@@ -11,8 +11,10 @@ without a GET and without a round trip.
 Layout: a memfd the supervisor makes and keeps for the mount's life (``memory``; its number
 given to each worker in ``SHARDFS_SHARDS_FD``), mapped shared by each worker: a header
 (``HEADER`` bytes: magic, capacity, the ring's size, ``head``: the bytes ever written to the
-ring), ``capacity`` entries of ``ENTRY`` bytes (direct-mapped on a 64-bit BLAKE2 hash of the
-object's location: a shard put evicts the one of its place), then the ring. A shard's bytes are
+ring), ``capacity`` entries of ``ENTRY`` bytes (two-way: a 64-bit BLAKE2 hash of the object's
+location names its own entry and the other of its pair, ``_places``; a shard put takes the one
+that holds its location, else one that holds no shard still in the ring, else the one put
+first), then the ring. A shard's bytes are
 written after the last one's (at the ring's start again when they would cross its end); an
 entry names where (``pos``, counted in bytes ever written) and which version (ETag, size,
 mtime: ``Version``) it holds, and is valid while no later shard's bytes overwrote its own
@@ -153,16 +155,17 @@ class SharedShards:
         the lock, shared: no writer writes meanwhile."""
         with self._locked(fcntl.LOCK_SH):
             h = key_hash(where)
-            off = HEADER + (h & self._mask) * ENTRY
-            _seq, at, _pos, size, mtime, n = _BODY.unpack_from(self._map, off)
-            if at != h:
-                return None
-            version = Version(bytes(self._map[off + _BODY.size:off + _BODY.size + n]).decode(), size, mtime)
-            found = self._find(where, version)
-            if found is None:
-                return None
-            at = self._start + found[2] % self.ring
-            return use(version, memoryview(self._map)[at:at + size])
+            for off in self._places(h):
+                _seq, at, _pos, size, mtime, n = _BODY.unpack_from(self._map, off)
+                if at != h:
+                    continue
+                version = Version(bytes(self._map[off + _BODY.size:off + _BODY.size + n]).decode(), size, mtime)
+                found = self._find(where, version)
+                if found is None:
+                    return None
+                at = self._start + found[2] % self.ring
+                return use(version, memoryview(self._map)[at:at + size])
+            return None
 
     def _renew(self, where: str, version: Version) -> None:
         """Move the bytes of ``version`` of ``where``, still in the ring's oldest quarter, to its
@@ -192,26 +195,44 @@ class SharedShards:
         """The entry of ``where``: ``version``, its bytes at ``pos``; its ``seq`` odd while it is
         written, then even again. Under the exclusive lock."""
         h, tag = key_hash(where), str(version.tag).encode()
-        off = HEADER + (h & self._mask) * ENTRY
+        off = self._place(h)
         seq = _SEQ.unpack_from(self._map, off)[0]
         odd = ((seq + 1) | 1) & 0xFFFFFFFF  # (odd even if a killed writer left it odd)
         _BODY.pack_into(self._map, off, odd, h, pos, version.size, version.mtime_ns, len(tag))
         self._map[off + _BODY.size:off + _BODY.size + len(tag)] = tag
         _SEQ.pack_into(self._map, off, (odd + 1) & 0xFFFFFFFF)
 
+    def _places(self, h: int) -> tuple[int, int]:
+        """The offsets of the two entries the location of hash ``h`` may be held in: its own
+        (``h``'s low bits), then the other of its pair."""
+        own = h & self._mask
+        return HEADER + own * ENTRY, HEADER + (own ^ 1) * ENTRY
+
+    def _place(self, h: int) -> int:
+        """The entry a put of the location of hash ``h`` writes (under the exclusive lock, after
+        ``_reserve``): of its two, the one that holds it, else one whose shard is no longer in the
+        ring (its own first), else the one whose shard was put first."""
+        head, table = self._head(), self._map
+        places = [(off, *_BODY.unpack_from(table, off)[1:3]) for off in self._places(h)]
+        held = [off for off, at, _pos in places if at == h]
+        if held:
+            return held[0]
+        free = [off for off, at, pos in places if not at or head - pos > self.ring]
+        return free[0] if free else min(places, key=lambda place: place[2])[0]
+
     def _find(self, where: str, version: Version) -> tuple[int, int, int] | None:
         """The entry of ``version`` of ``where``: its offset, its ``seq`` as read, and where its
         bytes are (counted in bytes ever written); None if not held (or overwritten since, or
         being written now)."""
-        h, table = key_hash(where), self._map
-        off = HEADER + (h & self._mask) * ENTRY
-        seq, at, pos, size, mtime, n = _BODY.unpack_from(table, off)
-        if seq & 1 or at != h or size != version.size or mtime != version.mtime_ns \
-                or self._head() - pos > self.ring:  # (overwritten since)
-            return None
-        if table[off + _BODY.size:off + _BODY.size + n] != str(version.tag).encode():
-            return None
-        return off, seq, pos
+        h, table, tag = key_hash(where), self._map, str(version.tag).encode()
+        for off in self._places(h):
+            seq, at, pos, size, mtime, n = _BODY.unpack_from(table, off)
+            if seq & 1 or at != h or size != version.size or mtime != version.mtime_ns \
+                    or self._head() - pos > self.ring:  # (overwritten since)
+                continue
+            if table[off + _BODY.size:off + _BODY.size + n] == tag:
+                return off, seq, pos
+        return None
 
     def _locked(self, how: int) -> contextlib.AbstractContextManager[None]:
         """Shared (``fcntl.LOCK_SH``) or exclusive (``memtables.locked``)."""
