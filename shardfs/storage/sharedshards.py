@@ -224,13 +224,13 @@ class SharedShards:
         """The entry of ``version`` of ``where``: its offset, its ``seq`` as read, and where its
         bytes are (counted in bytes ever written); None if not held (or overwritten since, or
         being written now)."""
-        h, table, tag = key_hash(where), self._map, str(version.tag).encode()
+        h, table = key_hash(where), self._map
         for off in self._places(h):
             seq, at, pos, size, mtime, n = _BODY.unpack_from(table, off)
             if seq & 1 or at != h or size != version.size or mtime != version.mtime_ns \
                     or self._head() - pos > self.ring:  # (overwritten since)
                 continue
-            if table[off + _BODY.size:off + _BODY.size + n] == tag:
+            if table[off + _BODY.size:off + _BODY.size + n] == str(version.tag).encode():
                 return off, seq, pos
         return None
 
