@@ -24,11 +24,10 @@ import pytest
 
 import test_page_fill as one
 from test_page_fill import (  # noqa: F401 - run again here, with two workers (``mount`` below)
-    FILE, PAGES, resident, src, test_a_handle_opened_before_a_rename_onto_its_chunk_reads_its_version_whole,
+    FILE, PAGES, released, resident, src, test_a_handle_opened_before_a_rename_onto_its_chunk_reads_its_version_whole,
     test_a_renamed_onto_chunk_open_for_writing_keeps_no_pages_at_a_read_open, test_first_open_fills_the_page_cache)
 from conftest import drop_caches, wait_for
 import stopping
-from shardfs.app.peers import PUBLISH_S
 from test_workers import NO_CACHE, only, status, workers
 from sources import LE, sharding, write_v3
 
@@ -87,21 +86,6 @@ def rewrite_source(root: Path, name: str, value: int) -> bytes:
     os.utime(shard, ns=(value * 10**9, value * 10**9))  # (a new version, whatever the clock's resolution)
     time.sleep(1.2)  # a directory's stats are remembered for 1 s (``shardfs.storage.local``)
     return np.full((64, 64), value, "<u2").tobytes()
-
-
-def released(mnt: Path) -> None:
-    """Once the mount holds no open handle (``shardfs status``). A RELEASE follows ``close()``
-    (the kernel does not wait for it) and may reach another worker than the one that answers
-    the next open, which then still sees the closed file open; the worker that opened it lets
-    go at its next look at the shared ledger. (The other workers' counts in the status are up
-    to ``PUBLISH_S`` old: 0 twice, that far apart.)"""
-    def none_open() -> bool:
-        if status(mnt)["open_handles"]:
-            return False
-        time.sleep(PUBLISH_S + 0.1)
-        return status(mnt)["open_handles"] == 0
-
-    wait_for(none_open, 15, "every handle released")
 
 
 def settled(mnt: Path) -> list[int]:
