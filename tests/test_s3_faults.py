@@ -132,6 +132,7 @@ def test_server_stopped_mid_read_gives_eio_then_reads_recover_without_remount(ow
         doc = json.loads(run_shardfs("status", str(mnt), "--json").stdout)
         pytest.fail(f"a read did not wait for the frozen server: {done}; server {own_s3.proc.pid} in state "
                     f"{stopping.state(own_s3.proc.pid)}; store {doc['store']['requests']}, cache {doc['cache']}; "
+                    f"fetched ahead: {[line for line in daemon.log_text().splitlines() if 'fetched ahead' in line]}; "
                     f"daemon log: {daemon.log_text()[-2000:]}")
     own_s3.kill()
     print(f"\ncached reads {time.monotonic() - warmed:.2f} s after they were refreshed")

@@ -208,13 +208,14 @@ def test_a_shard_read_again_costs_no_get(counted, mount):
 
 
 @pytest.mark.parametrize("counted", ["end"], indirect=True)
-def test_zarr2_whole_array_read_fetches_the_shards_after_the_first_ahead_in_one_get_each(counted):
+def test_zarr2_whole_array_read_fetches_the_shards_after_the_first_ahead_in_one_get_each(counted, mount):
     """zarr 2.18 reads the array row of chunks by row, so its first rows cross shards (0, 0) and
     (0, 1) in turn. It opens shard (0, 0) at its first chunk: its index, then all of it in one
     GET If-Match its ETag. Then it walks on to (0, 1), the next in C order of the shard grid:
     that is a walk of the array, so (0, 1) and the shards after it are fetched ahead, each whole
     in one unconditional GET that also gives its index and ETag; the lookups and opens of
-    their chunks wait for it and ask nothing more."""
+    their chunks wait for it and ask nothing more. The ``--debug`` log names the shards each
+    walk fetched ahead, the first walk's from past shard 0."""
     src, proxy, mnt, sp, expected = counted
     got = zarr2("result = zarr.open(path, mode='r')[...]", path=str(mnt / sp.name))
     np.testing.assert_array_equal(got, expected)
@@ -228,6 +229,11 @@ def test_zarr2_whole_array_read_fetches_the_shards_after_the_first_ahead_in_one_
         first, per_shard[first])
     for sh in others:
         assert per_shard[sh] == [("GET", None, None)], (sh, per_shard[sh])
+    walks = [line.split(" a sweep past shard ", 1)[1].removesuffix(" fetched ahead")
+             for line in mount.info(mnt).log_text().splitlines() if " fetched ahead" in line]
+    assert walks and walks[0].startswith(f"0 of its grid: {sp.shard_key(others[0])}"), walks
+    assert sorted(key for walk in walks for key in walk.split(": ", 1)[1].split(", ")) == sorted(
+        sp.shard_key(sh) for sh in others), walks
 
 
 def test_a_second_sweep_of_an_array_larger_than_the_cache_fetches_each_shard_whole_again(s3, tmp_path, mount,

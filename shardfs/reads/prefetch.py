@@ -166,6 +166,7 @@ class Prefetch:
             arr.covered.clear()
         arr.covered.add(at)
         lead = min(max(PREFETCH_SHARDS, math.prod(grid[1:])), PREFETCH_MAX, self.reads.room_ahead(size))
+        asked = []
         for nxt in range(at + 1, min(at + 1 + lead, math.prod(grid))):
             if not self._mine(nxt):  # (another worker's: its home fetches it ahead of its own opens)
                 continue
@@ -174,6 +175,10 @@ class Prefetch:
                 continue
             self.indexes.begin(key)
             self._ahead.append((arr, key))
+            asked.append(key)
+        if asked:
+            log.debug("%s: a sweep past shard %d of its grid: %s fetched ahead", self.source.describe(arr.path), at,
+                      ", ".join(asked))
         self._next_prefetch()
 
     def _next_prefetch(self) -> None:
