@@ -126,8 +126,10 @@ def test_server_stopped_mid_read_gives_eio_then_reads_recover_without_remount(ow
     os.kill(own_s3.proc.pid, signal.SIGSTOP)
     reads = [Outcome(chunk_path(mnt, indexed_only)), Outcome(chunk_path(mnt, cold))]
     time.sleep(IN_FLIGHT)
-    done = [(r.path.name, r.error, None if r.data is None else len(r.data), r.elapsed) for r in reads
-            if not r.thread.is_alive()]  # (what it got, to tell a cached read from a failed one)
+    done = [(r.path.name, r.error, None if r.data is None else len(r.data), r.elapsed,
+             r.data is not None and np.array_equal(F.decode(r.data), expected_chunk(expected, idx)))
+            for idx, r in zip((indexed_only, cold), reads)
+            if not r.thread.is_alive()]  # (what it got, and whether right: a cached read or a failed one)
     if done:  # (seen once in CI, not reproduced: what the daemon had fetched, and the server's state)
         doc = json.loads(run_shardfs("status", str(mnt), "--json").stdout)
         pytest.fail(f"a read did not wait for the frozen server: {done}; server {own_s3.proc.pid} in state "
