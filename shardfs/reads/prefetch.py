@@ -160,7 +160,7 @@ class Prefetch:
         worker its share: together they fetch what one worker would).
         Their index is cached from the bytes fetched; an open meanwhile waits for the fetch as
         for an index read. The shards after ``at`` count as
-        asked for (``arr.covered``) from then on."""
+        asked for (``arr.covered``) from then on; those fetched are named in one debug line."""
         grid = arr.shown.layout.shard_grid
         if len(arr.covered) >= SHARD_KEYS_KEPT:
             arr.covered.clear()
