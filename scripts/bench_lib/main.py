@@ -33,8 +33,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench_lib import peers, report
-from bench_lib.harness import (CLIENTS, PY2, PY3, SHARDFS, Bench, BenchError, MiB, Row, Tally, median, proc_io,
-                               proc_status, rotate, tree_bytes)
+from bench_lib.harness import (CLIENTS, PY2, PY3, SHARDFS, Bench, BenchError, MiB, Row, Tally, byte_compile, median,
+                               proc_io, proc_status, rotate, tree_bytes)
 from shardfs.app.state import journal_dir
 from shardfs.writes.journal import segments_under
 from testkit import datasets as ds
@@ -462,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         if not os.access(exe, os.X_OK):
             p.error(f"{exe} missing: run scripts/install first")
 
+    byte_compile(args.baseline)
     bench = Figures(args)
     if bench.load_start[0] > 1.0:
         bench.problems.append(f"load average {bench.load_start[0]:.1f} at start: other processes share "
