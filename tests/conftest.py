@@ -542,31 +542,21 @@ def assert_same_array(actual, expected, what: str = "") -> None:
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "transcode: array whose inner chain v2 cannot express (served transcoded)")
-
-
-# The seconds each module took in a scripts/test run (its tests' times added up, 3 processes on 2
-# cores, on 62b0f65; those under 3 s left out): the order the modules are run in. Refresh it when a
-# module's time changes much (``--junitxml``, each testcase's ``time`` added up by its classname).
-MODULE_SECONDS = {
-    "workers": 367, "zarr2_suite": 187, "s3_mount": 120, "restart": 112, "crash": 107, "stateful": 90,
-    "aws_config": 68, "writes": 67, "s3_requests": 65, "hostile": 51, "open_files": 50, "structure": 48,
-    "s3_access": 46, "workers_pages": 46, "inspect": 45, "rangecache": 43, "mutants": 40, "a2a": 37,
-    "operator": 36, "security": 34, "science": 32, "bad_metadata": 29, "degenerate": 27, "page_fill": 26,
-    "storage_contract": 25, "nested": 22, "s3_faults": 19, "status": 18, "elastic": 18, "limits": 18,
-    "moves": 18, "legacy_writers": 17, "legacy_readers": 16, "draft": 16, "dtypes": 16, "metadata_views": 15,
-    "fuse_cli": 15, "object_reads": 14, "fold": 14, "state": 13, "docs": 12, "s3_listings": 12, "fuseloop": 11,
-    "read_matrix": 11, "secrets": 11, "corrupt_and_cli": 11, "journal": 9, "tiny_shards_listing": 9, "web": 9,
-    "big_listing": 9, "metrics": 8, "posix": 8, "s3_fold_race": 8, "ledger": 7, "inodes": 7,
-    "fill_property": 5, "umount_progress": 4, "index_property": 4, "layers": 4, "fuse_requests": 3,
-}
+    config.addinivalue_line(
+        "markers", "long(seconds): a module that takes a minute or more, the seconds it took in a scripts/test "
+                   "run (3 processes on 2 cores): run first, longest first, so that a parallel run does not end "
+                   "waiting on it")
 
 
 def pytest_collection_modifyitems(items):
-    """The longest modules first (``MODULE_SECONDS``), each kept whole and in order:
-    ``scripts/test`` hands whole modules to its processes in this order as each is about done, so
-    the run ends on short ones (one started last and long would end the run alone; started in
-    file order, the processes ended up to 45 s apart)."""
-    items.sort(key=lambda item: MODULE_SECONDS.get(item.path.stem.removeprefix("test_"), 0), reverse=True)
+    """Modules marked ``long`` first, longest first, each kept whole and in order: ``scripts/test``
+    hands whole modules to its processes in this order, and a long one started last would end the
+    run alone."""
+    def seconds(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("long")
+        return mark.args[0] if mark is not None else 0.0
+
+    items.sort(key=seconds, reverse=True)
 
 
 def case_params(cases):

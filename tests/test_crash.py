@@ -39,6 +39,7 @@ import pytest
 from conftest import Mount, lazy_unmount, read_native, read_ts3_native
 from sources import Spec, all_chunks, build, journal_bytes, journal_entries, leftovers
 
+pytestmark = pytest.mark.long(65)
 
 s = slice
 TRIALS = int(os.environ.get("SHARDFS_CRASH_TRIALS", "60"))

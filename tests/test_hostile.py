@@ -37,6 +37,7 @@ from shardfs.writes.journal import segments_under
 from sources import Spec, assert_source_equals, build, journal_entries, leftovers
 from writers import umount
 
+pytestmark = pytest.mark.long(38)
 
 s = slice
 # 4 shards of 2x2 inner chunks, all stored.

@@ -11,8 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import shardfs
 
+pytestmark = pytest.mark.long(50)
 
 TIMEOUTS = (40.0, 150.0)  # seconds given to the wedged test: again with the second if it had not hung by the first
 

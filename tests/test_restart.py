@@ -24,9 +24,12 @@ import pytest
 
 from conftest import ZARR2_PYTHON, bounded, daemon_pids, run_shardfs, shard_locks, wait_for
 
-pytestmark = pytest.mark.skipif(
-    "takeover" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
-    reason="needs the pyfuse3 scripts/pyfuse3 builds (pyfuse3.takeover)")
+pytestmark = [
+    pytest.mark.long(57),
+    pytest.mark.skipif(
+        "takeover" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
+        reason="needs the pyfuse3 scripts/pyfuse3 builds (pyfuse3.takeover)"),
+]
 
 SHAPE, CHUNKS, SHARDS = (64, 64), (4, 4), (16, 16)
 EXPECTED = np.arange(1, SHAPE[0] * SHAPE[1] + 1, dtype="<i4").reshape(SHAPE)  # no 0: the fill value

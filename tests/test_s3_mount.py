@@ -38,6 +38,7 @@ from shardfs.storage.objects import ObjectStorage
 from sources import Spec, build
 from writers import umount, write_zarr2
 
+pytestmark = pytest.mark.long(62)
 
 S = Spec("s", (8, 10), (4, 5), (8, 10), "<i4", 0, ("zstd", 3), inner_crc=False,
          index_location="end", index_crc=True, initial=((slice(0, 8), slice(0, 5)),),

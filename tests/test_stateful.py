@@ -38,6 +38,7 @@ from conftest import MountFactory, assert_same_array, budget, read_native, zarr2
 from writers import umount
 from sources import Spec, build
 
+pytestmark = pytest.mark.long(80)
 
 s = slice
 CI_EXAMPLES = 6

@@ -30,9 +30,12 @@ from shardfs.base.memtables import key_hash
 from shardfs.storage import sharedshards
 from test_restart import EXPECTED, READER, assert_clean_reads, held_when_killed, status, two_arrays
 
-pytestmark = pytest.mark.skipif(
-    "workers" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
-    reason="needs the pyfuse3 scripts/pyfuse3 builds (non-blocking reads of clones)")
+pytestmark = [
+    pytest.mark.long(235),
+    pytest.mark.skipif(
+        "workers" not in __import__("importlib.metadata").metadata.version("pyfuse3"),
+        reason="needs the pyfuse3 scripts/pyfuse3 builds (non-blocking reads of clones)"),
+]
 
 T = TypeVar("T")
 NO_CACHE = "entry_timeout=0,attr_timeout=0"  # every stat is a LOOKUP: it reaches a worker

@@ -33,6 +33,7 @@ from sources import build
 from test_restart import status
 from writers import umount
 
+pytestmark = pytest.mark.long(120)
 
 CLASSES = ("test_core.py::TestArrayWithDirectoryStore", "test_core.py::TestArrayWithNestedDirectoryStore",
            "test_hierarchy.py::TestGroupWithDirectoryStore", "test_hierarchy.py::TestGroupWithNestedDirectoryStore")
