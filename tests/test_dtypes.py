@@ -421,6 +421,31 @@ def test_the_mapping_of_every_type(tmp_path):
         assert info.serve_missing == (v2 == "|O"), name
 
 
+def test_a_gzip_fill_chunk_file_is_the_same_bytes_whenever_it_is_made(tmp_path):
+    """In-process: the chunk file of an empty inner chunk of a string array (served, since its v2
+    fill is not the v3 one) with gzip is made by each worker that serves it, on first use: its
+    header's time stamp is 0, so every worker, and a remount, shows the same bytes; it decodes to
+    the fill."""
+    import time
+
+    import numcodecs
+    import zarr
+    from zarr.codecs import GzipCodec
+
+    from shardfs.format.v2 import describe_array
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.create_array(str(tmp_path / "s"), shape=(4,), chunks=(2,), shards=(4,), dtype=str,
+                          compressors=GzipCodec(level=5))
+    doc = json.loads((tmp_path / "s" / "zarr.json").read_text())
+    first = describe_array(doc).fill_file()
+    time.sleep(1.1)  # (numcodecs stamps the second it encodes in)
+    again = describe_array(doc).fill_file()
+    assert first == again and first[:10] == bytes([0x1F, 0x8B, 8, 0, 0, 0, 0, 0, 0, 255])
+    assert list(numcodecs.VLenUTF8().decode(numcodecs.GZip().decode(first))) == ["", ""]
+
+
 def test_a_string_chunk_file_with_the_wrong_element_count_is_refused(tmp_path):
     """In-process (``tests/inproc.py``); zarr 3 (v2 mode) reads a copy of the files shown."""
     import errno

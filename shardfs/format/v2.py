@@ -247,11 +247,16 @@ class ChunkFormat:
         return None
 
     def constant_file(self, value: Any) -> bytes:
-        """The chunk file of an inner chunk whose every element is ``value`` (a fill chunk)."""
+        """The chunk file of an inner chunk whose every element is ``value`` (a fill chunk): the
+        same bytes whenever, and by whichever worker, it is made (a gzip stream's header time,
+        which numcodecs sets to the time of encoding, is 0: none given, RFC 1952)."""
         buf: Any = np.full(self.items, value, dtype=self.dtype)
         for config in list(self.filters or ()) + ([self.compressor] if self.compressor else []):
             buf = numcodecs.get_codec(dict(config)).encode(buf)
-        return bytes(ensure_contiguous_ndarray(buf))
+        out = bytes(ensure_contiguous_ndarray(buf))
+        if self.compressor is not None and self.compressor["id"] == "gzip":
+            out = out[:4] + bytes(4) + out[8:]  # MTIME, bytes 4-7 of the header
+        return out
 
     def stored(self, data: bytes) -> bytes:
         """The bytes to store in the shard for chunk-file bytes ``data`` (already checked);
