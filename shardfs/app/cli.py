@@ -445,9 +445,6 @@ def _kept_report(source: Source, root: str, pids: set[int], killed: bool) -> lis
     ``pids`` (under the journal root ``root``): how many, and why: the daemon's note (updated as
     ``flush`` goes), or, if a killed daemon left none, its records counted (those marked folded
     left out; their shards named as the source's stored ones if it is not remote)."""
-    from shardfs.app.replay import replay_target
-    from shardfs.writes.journal import kept_line, read_kept
-
     owners = {str(pid) for pid in pids}
     try:
         mine = [n for n in os.listdir(root) if n.rpartition("-")[2] in owners]
@@ -455,6 +452,10 @@ def _kept_report(source: Source, root: str, pids: set[int], killed: bool) -> lis
         mine = []
     if not mine:
         return []
+    # imported only for a journal left: they bring trio and crc32c, most of a clean umount's time
+    from shardfs.app.replay import replay_target
+    from shardfs.writes.journal import kept_line, read_kept
+
     pending, note = read_kept(os.path.join(root, mine[0]))
     if note or not killed:  # a killed daemon may not have written it: then count its records
         return [kept_line(key, n, reason) for key, (n, reason) in sorted(note.items())]
