@@ -6,7 +6,8 @@ never in the test's trio loop, and every mount is lazily unmounted
 the suite started are ever signalled, and only by PID.
 
 Readers:
-- ``zarr2(code, **params)`` runs a snippet under zarr-python 2.18 (separate venv);
+- ``zarr2(code, **params)`` runs a snippet under zarr-python 2.18 (separate venv; in a child
+  of a fork server, tests/zarr2_forks.py, that imported it once);
 - ``read_zarr2`` / ``read_zarr3_v2`` / ``read_tensorstore`` read through the mount;
 - ``read_native`` / ``read_ts3_native`` are the oracles: zarr-python 3 / tensorstore ``zarr3``
   on the v3 source.
@@ -24,6 +25,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -451,8 +453,54 @@ else:
 """
 
 
+class _Zarr2Forks:
+    """This process's fork server of zarr 2.18 snippets (tests/zarr2_forks.py), started on first
+    use; it ends when this process does (its standard input is a pipe from here)."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+        self._owner = 0
+        self._socket = ""
+
+    def socket(self) -> str:
+        if self._proc is None or self._owner != os.getpid() or self._proc.poll() is not None:
+            home = tempfile.mkdtemp(prefix="zarr2-forks-")
+            atexit.register(shutil.rmtree, home, ignore_errors=True)
+            self._socket = os.path.join(home, "socket")
+            # one BLAS thread: a forked child must not need the threads of its parent
+            self._proc = subprocess.Popen([ZARR2_PYTHON, str(Path(__file__).parent / "zarr2_forks.py"), self._socket],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                          env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+            self._owner = os.getpid()
+            assert self._proc.stdout is not None and self._proc.stdout.readline() == "ready\n"
+        return self._socket
+
+    def run(self, argv: list[str], output: str, timeout: float) -> int:
+        """``python -c`` with ``argv`` (the program and its arguments) in a child of the server,
+        its stdout and stderr in ``output``: its exit status; ``subprocess.TimeoutExpired`` (the
+        child SIGKILLed) after ``timeout`` seconds."""
+        request = {"prog": argv[0], "argv": argv[1:], "env": dict(os.environ), "cwd": os.getcwd(), "output": output}
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(timeout)
+            conn.connect(self.socket())
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            replies = conn.makefile("rb")
+            pid = int(replies.readline())
+            try:
+                code = replies.readline()
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                raise subprocess.TimeoutExpired(["zarr2 snippet"], timeout) from None
+        return int(code) if code else -signal.SIGKILL  # (no status: the child was killed)
+
+
+_ZARR2_FORKS = _Zarr2Forks()
+
+
 def zarr2(code: str, timeout: float = 300, **params):
-    """Run ``code`` under zarr-python 2.18; it gets ``params`` as globals and sets ``result``.
+    """Run ``code`` under zarr-python 2.18 (in a child of a fork server that has imported it); it
+    gets ``params`` as globals and sets ``result``.
 
     ``result`` may be an ndarray (returned as is) or a dict whose ndarray values come
     back as ndarrays and whose other (JSON) values come back unchanged.
@@ -460,10 +508,10 @@ def zarr2(code: str, timeout: float = 300, **params):
     with tempfile.TemporaryDirectory(prefix="zarr2-") as d:
         out = os.path.join(d, "out")
         prog = _ZARR2_PRELUDE + textwrap.dedent(code) + _ZARR2_EPILOGUE
-        r = subprocess.run([ZARR2_PYTHON, "-c", prog, json.dumps(params), out],
-                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-        if r.returncode != 0:
-            raise AssertionError(f"zarr 2 snippet failed ({r.returncode}):\n{r.stderr[-5000:]}")
+        returncode = _ZARR2_FORKS.run([prog, json.dumps(params), out], os.path.join(d, "output"), timeout)
+        if returncode != 0:
+            output = Path(d, "output").read_text(errors="replace")
+            raise AssertionError(f"zarr 2 snippet failed ({returncode}):\n{output[-5000:]}")
         if os.path.exists(out + ".npy"):
             return np.load(out + ".npy", allow_pickle=False)
         with open(out + ".json") as f:
