@@ -429,6 +429,17 @@ def run_shardfs(*args: str, timeout: float = 30, **kw) -> subprocess.CompletedPr
                           stdin=subprocess.DEVNULL, **kw)
 
 
+def status(mnt: Path) -> dict:
+    """What ``shardfs status MNT --json`` prints, asked in this process (the command's own
+    ``status_of``: 0.15 s of CPU less than running it); AssertionError if it would refuse."""
+    from shardfs.app.status_client import StatusError, status_of
+
+    try:
+        return json.loads(json.dumps(status_of(str(mnt))))
+    except StatusError as e:
+        raise AssertionError(str(e)) from None
+
+
 # --------------------------------------------------------------------------- zarr 2.18
 
 _ZARR2_PRELUDE = """

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import budget, run_shardfs, wait_for, zarr2
+from conftest import budget, run_shardfs, status, wait_for, zarr2
 from inproc import InProcess
 from sources import build
 from writers import umount
@@ -233,12 +233,6 @@ async def folded(self, shard, positions, version):
 
 commits.Commits.folded = folded
 """
-
-
-def status(mnt: Path) -> dict:
-    r = run_shardfs("status", str(mnt), "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
 
 
 def test_a_bug_in_the_fold_callback_leaves_the_mount_serving(tmp_path, mount):

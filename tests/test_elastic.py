@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_shardfs, wait_for
-from test_restart import status, two_arrays
+from conftest import run_shardfs, status, wait_for
+from test_restart import two_arrays
 
 pytestmark = pytest.mark.skipif(
     "workers" not in __import__("importlib.metadata").metadata.version("pyfuse3"),

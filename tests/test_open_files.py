@@ -18,10 +18,9 @@ import numcodecs
 import numpy as np
 import pytest
 
-from conftest import drop_caches, quiet_caches, wait_for
+from conftest import drop_caches, quiet_caches, status, wait_for
 from inproc import InProcess
 from sources import LE, ZSTD, sharding, write_v3
-from test_restart import status
 from test_workers import NO_CACHE, only, workers
 
 SHAPE, CHUNK, SHARD = (16, 16), (8, 8), (16, 16)

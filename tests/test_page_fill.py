@@ -19,9 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import drop_caches, shard_locks, wait_for
+from conftest import drop_caches, shard_locks, status, wait_for
 from shardfs.app.peers import PUBLISH_S
-from test_restart import status
 from sources import LE, gzip, sharding, write_v3
 
 SHAPE, CHUNK, SHARD = (128, 128), (64, 64), (128, 128)  # chunk files of 8 KiB: two pages each

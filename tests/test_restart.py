@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ZARR2_PYTHON, bounded, daemon_pids, run_shardfs, shard_locks, wait_for
+from conftest import ZARR2_PYTHON, bounded, daemon_pids, run_shardfs, shard_locks, status, wait_for
 
 pytestmark = [
     pytest.mark.long(57),
@@ -109,12 +109,6 @@ def worker_of(m) -> int:
 
     (pid,) = workers_of(m.pid)
     return pid
-
-
-def status(mnt: Path) -> dict:
-    r = run_shardfs("status", str(mnt), "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
 
 
 def kill_worker(m, mnt: Path, seconds: float = 30) -> int:

@@ -19,12 +19,11 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import SHARDFS, is_mounted, shard_locks, wait_for
+from conftest import SHARDFS, is_mounted, shard_locks, status, wait_for
 import stopping
 from shardfs.app import progress, statusdoc
 from sources import Spec, build
 from test_hostile import chunk_bytes, write_file
-from test_restart import status
 
 s = slice
 # one shard of 20x20 inner chunks: 150 written chunks leave it incomplete (folded only when idle)

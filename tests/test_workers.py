@@ -24,11 +24,11 @@ from typing import Any, Callable, Iterator, TypeVar
 import numpy as np
 import pytest
 
-from conftest import ZARR2_PYTHON, drop_caches, quiet_caches, run_shardfs, serving_pids, shard_locks, wait_for
+from conftest import ZARR2_PYTHON, drop_caches, quiet_caches, run_shardfs, serving_pids, shard_locks, status, wait_for
 import stopping
 from shardfs.base.memtables import key_hash
 from shardfs.storage import sharedshards
-from test_restart import EXPECTED, READER, assert_clean_reads, held_when_killed, status, two_arrays
+from test_restart import EXPECTED, READER, assert_clean_reads, held_when_killed, two_arrays
 
 pytestmark = [
     pytest.mark.long(235),

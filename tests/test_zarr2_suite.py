@@ -28,9 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ZARR2_PYTHON, zarr2
+from conftest import ZARR2_PYTHON, status, zarr2
 from sources import build
-from test_restart import status
 from writers import umount
 
 pytestmark = pytest.mark.long(120)
