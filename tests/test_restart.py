@@ -130,6 +130,23 @@ def kill_worker(m, mnt: Path, seconds: float = 30) -> int:
     return found[0]
 
 
+def test_the_pyfuse3_build_is_read_from_its_dist_info_as_importlib_metadata_reads_it(tmp_path):
+    """``shardfs.app.run.pyfuse3_version`` (what ``supervised`` and ``workers_refused`` decide
+    from) is the version ``importlib.metadata`` gives, patches' label included; "" without a
+    pyfuse3 (``python -c`` with a path that hides it: the mount is then not supervised)."""
+    import importlib.metadata
+
+    from shardfs.app.run import pyfuse3_version
+
+    assert pyfuse3_version() == importlib.metadata.version("pyfuse3")
+    assert "takeover" in pyfuse3_version() and "workers" in pyfuse3_version()
+    (tmp_path / "pyfuse3.py").write_text("raise ImportError('hidden')\n")  # a module of that name, no dist-info
+    code = "from shardfs.app.run import pyfuse3_version, supervised; print(repr(pyfuse3_version()), supervised())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}).stdout
+    assert out == "'' False\n"
+
+
 def test_sigkill_of_the_worker_under_concurrent_zarr2_readers(mount, src, tmp_path):
     mnt = mount(src)
     m = mount.info(mnt)

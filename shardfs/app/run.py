@@ -109,15 +109,29 @@ def _daemon_argv(args: argparse.Namespace, source: Source) -> list[str]:
     return argv
 
 
+def pyfuse3_version() -> str:
+    """The installed pyfuse3's version ("" if none), whose local label names the patches of
+    scripts/pyfuse3 it was built with: from its ``NAME-VERSION.dist-info`` directory beside the
+    package (the wheel's layout), found without importing pyfuse3 (a quarter of a second) or
+    ``importlib.metadata`` (its import and its search of every path: 30-40 ms of every
+    supervisor's CPU, measured, before the mount goes live)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyfuse3")
+    if spec is None or spec.origin is None:
+        return ""
+    where = os.path.dirname(os.path.dirname(spec.origin))
+    with contextlib.suppress(OSError):
+        for name in os.listdir(where):
+            if name.startswith("pyfuse3-") and name.endswith(".dist-info"):
+                return name.removeprefix("pyfuse3-").removesuffix(".dist-info")
+    return ""
+
+
 def supervised() -> bool:
     """True if the installed pyfuse3 can take a connection over (``pyfuse3.takeover``, from
     scripts/pyfuse3): then ``shardfs mount`` leaves a supervisor and a worker."""
-    import importlib.metadata
-
-    try:
-        return "takeover" in importlib.metadata.version("pyfuse3")
-    except importlib.metadata.PackageNotFoundError:
-        return False
+    return "takeover" in pyfuse3_version()
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
@@ -326,13 +340,7 @@ def _share(args: argparse.Namespace, mount: Composed, ledger: Any, source: Sourc
 
 def workers_refused(read_only: bool) -> str | None:
     """Why ``-o workers=N`` (N > 1) cannot serve this mount, or None."""
-    import importlib.metadata
-
-    try:
-        built = "workers" in importlib.metadata.version("pyfuse3")
-    except importlib.metadata.PackageNotFoundError:
-        built = False
-    if not built:
+    if "workers" not in pyfuse3_version():
         return "needs the pyfuse3 that scripts/install builds (doc/INSTALL.md)"
     return None
 
