@@ -23,7 +23,6 @@ from typing import Any
 from shardfs import __version__
 from shardfs.app import options, state
 from shardfs.app.mounts import Daemon, daemon_of, dead_source, mounts, pidfd_of, running
-from shardfs.app.progress import FoldProgress
 from shardfs.app.run import run_daemon, spawn_daemon, take_over
 from shardfs.app.usage import UsageError
 from shardfs.format.printable import printable, printable_doc
@@ -375,6 +374,8 @@ def _cmd_umount(args: argparse.Namespace) -> int:
     journal keeps every acknowledged change) and unmount lazily. Prints what is left in the
     journal and why; status 1 if anything is. A dead mount (its daemon gone) is detached
     (``_detach_dead``): status 0."""
+    from shardfs.app.progress import FoldProgress  # (here: the other commands and the daemon need none of it)
+
     mnt = os.path.abspath(args.mnt)
     if _detach_dead(args.mnt, mnt):
         return 0
