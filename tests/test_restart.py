@@ -132,19 +132,24 @@ def kill_worker(m, mnt: Path, seconds: float = 30) -> int:
 
 def test_the_pyfuse3_build_is_read_from_its_dist_info_as_importlib_metadata_reads_it(tmp_path):
     """``shardfs.app.run.pyfuse3_version`` (what ``supervised`` and ``workers_refused`` decide
-    from) is the version ``importlib.metadata`` gives, patches' label included; "" without a
-    pyfuse3 (``python -c`` with a path that hides it: the mount is then not supervised)."""
+    from) is the version ``importlib.metadata`` gives, patches' label included; a pyfuse3 built
+    as one module file has its version read beside it (a stock one: not supervised); "" for one
+    without a dist-info (``python -c`` with a path that puts each first)."""
     import importlib.metadata
 
     from shardfs.app.run import pyfuse3_version
 
     assert pyfuse3_version() == importlib.metadata.version("pyfuse3")
     assert "takeover" in pyfuse3_version() and "workers" in pyfuse3_version()
-    (tmp_path / "pyfuse3.py").write_text("raise ImportError('hidden')\n")  # a module of that name, no dist-info
     code = "from shardfs.app.run import pyfuse3_version, supervised; print(repr(pyfuse3_version()), supervised())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}).stdout
-    assert out == "'' False\n"
+    for name, dist, want in [("none", None, "'' False\n"), ("stock", "pyfuse3-3.2.0.dist-info", "'3.2.0' False\n")]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "pyfuse3.py").write_text("raise ImportError('not this one')\n")  # found, never imported
+        if dist:
+            (tmp_path / name / dist).mkdir()
+        env = {**os.environ, "PYTHONPATH": f"{tmp_path / name}:{os.environ.get('PYTHONPATH', '')}"}
+        assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              env=env).stdout == want
 
 
 def test_sigkill_of_the_worker_under_concurrent_zarr2_readers(mount, src, tmp_path):

@@ -120,7 +120,8 @@ def pyfuse3_version() -> str:
     spec = importlib.util.find_spec("pyfuse3")
     if spec is None or spec.origin is None:
         return ""
-    where = os.path.dirname(os.path.dirname(spec.origin))
+    # (beside the package's directory, or beside the module of a pyfuse3 built as one file)
+    where = os.path.dirname(spec.origin if spec.submodule_search_locations is None else os.path.dirname(spec.origin))
     with contextlib.suppress(OSError):
         for name in os.listdir(where):
             if name.startswith("pyfuse3-") and name.endswith(".dist-info"):
