@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -472,8 +473,13 @@ class _Zarr2Forks:
         self._proc: subprocess.Popen | None = None
         self._owner = 0
         self._socket = ""
+        self._lock = threading.Lock()  # (a test's threads may run their first snippets at once)
 
     def socket(self) -> str:
+        with self._lock:
+            return self._started()
+
+    def _started(self) -> str:
         if self._proc is None or self._owner != os.getpid() or self._proc.poll() is not None:
             home = tempfile.mkdtemp(prefix="zarr2-forks-")
             atexit.register(shutil.rmtree, home, ignore_errors=True)
