@@ -33,6 +33,9 @@ def run(conn: socket.socket) -> int:
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)
+    nothing = os.open(os.devnull, os.O_RDONLY)  # (not the server's standard input)
+    os.dup2(nothing, 0)
+    os.close(nothing)
     conn.sendall(b"%d\n" % os.getpid())
     sys.argv = ["-c", *request["argv"]]
     sys.path[0] = ""  # as ``python -c``: the working directory, not this file's
