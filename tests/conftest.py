@@ -475,7 +475,7 @@ class _Zarr2Forks:
         self._socket = ""
         self._lock = threading.Lock()  # (a test's threads may run their first snippets at once)
 
-    def socket(self) -> str:
+    def address(self) -> str:
         with self._lock:
             return self._started()
 
@@ -499,7 +499,7 @@ class _Zarr2Forks:
         request = {"prog": argv[0], "argv": argv[1:], "env": dict(os.environ), "cwd": os.getcwd(), "output": output}
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(timeout)
-            conn.connect(self.socket())
+            conn.connect(self.address())
             conn.sendall(json.dumps(request).encode() + b"\n")
             replies = conn.makefile("rb")
             pid = int(replies.readline())

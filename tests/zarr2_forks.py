@@ -43,9 +43,11 @@ def run(conn: socket.socket) -> int:
     try:
         exec(compile(request["prog"], "<string>", "exec"), {"__name__": "__main__"})
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
-        if not isinstance(e.code, int) and e.code is not None:
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:  # ``sys.exit("message")``
             print(e.code, file=sys.stderr)
+            code = 1
     except BaseException:
         traceback.print_exc()
         code = 1
