@@ -251,6 +251,13 @@ def test_a_bug_in_the_fold_callback_leaves_the_mount_serving(tmp_path, mount):
             """, root=str(mnt), n=n)
         wait_for(lambda n=n: status(mnt)["folds"]["done"] >= n + 1, 30, f"fold {n + 1}")
     np.testing.assert_array_equal(zarr2("result = zarr.open_array(p, mode='r')[...]", p=str(mnt / "a")), [3] * 4)
+
+    def shown() -> bool:  # (with 2 workers, another's part of the status may be up to a second old)
+        doc = status(mnt)
+        return [(b["where"], b["count"]) for b in doc["internal_errors"]["by_place"]] == \
+            [("fold callback", doc["folds"]["done"])]
+
+    wait_for(shown, 10, "the fold callback's error in the status")
     doc = status(mnt)
     (bug,) = doc["internal_errors"]["by_place"]
     assert (bug["where"], bug["count"]) == ("fold callback", doc["folds"]["done"])
