@@ -46,6 +46,7 @@ sys.path.append(str(REPO))
 SHARDFS = str(Path(sys.executable).parent / "shardfs")
 ZARR2_PYTHON = os.environ.get("SHARDFS_ZARR2_PYTHON") or str(REPO / ".venv-zarr2" / "bin" / "python")
 MOUNT_TIMEOUT = 30.0  # a loaded 2-core machine: an s3:// mount imports botocore twice
+LOG_SHOWN = 6000  # characters of each daemon's log a failed test's report ends with
 EXIT_TIMEOUT = 30  # a daemon folds what is pending before it exits after an unmount: a hang, not a slow fold
 # Every daemon the suite starts keeps its state (write journal, log) under this temporary
 # XDG_STATE_HOME, never in the user's ~/.local/state; removed at exit.
@@ -219,6 +220,10 @@ class MountFactory:
         self._mounts.append(m)
         m.wait_live()
         return mnt
+
+    def mounts(self) -> list[Mount]:
+        """The mounts started and not yet torn down, oldest first."""
+        return list(self._mounts)
 
     def info(self, mnt: Path) -> Mount:
         for m in self._mounts:
@@ -611,6 +616,19 @@ def pytest_configure(config):
         "markers", "long(seconds): a module that takes a minute or more, the seconds it took in a scripts/test "
                    "run (3 processes on 2 cores): run first, longest first, so that a parallel run does not end "
                    "waiting on it")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report ends with the log of each daemon its ``mount`` fixture started
+    (the last ``LOG_SHOWN`` characters each): a rare failure of a CI run is then understood
+    from its output, the mounts' state directories being gone with the run."""
+    outcome = yield
+    rep = outcome.get_result()
+    factory = getattr(item, "funcargs", {}).get("mount")
+    if rep.failed and isinstance(factory, MountFactory):
+        for m in factory.mounts():
+            rep.sections.append((f"daemon log of {m.mnt}", m.output()[-LOG_SHOWN:]))
 
 
 def pytest_collection_modifyitems(items):
