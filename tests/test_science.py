@@ -460,18 +460,26 @@ def test_partial_writes_into_empty_chunks_keep_the_fill(xr_src, mount, tmp_path)
     expected[4, 0] = 42.0
     assert_same_array(got, expected, "zarr 2.18 read through the mount after the write")
 
-    # rm of an empty chunk (served as the fill chunk) succeeds and changes nothing
-    fill = (mnt / "byzarr/n/2.0").read_bytes()
-    os.unlink(mnt / "byzarr/n/2.0")
-    assert (mnt / "byzarr/n/2.0").read_bytes() == fill
-    # it exists: an exclusive create (link) fails; a rename replaces it, as a stored chunk
+    # an empty chunk served as the fill chunk exists: an exclusive create (link) fails
     import numcodecs
 
     codec = numcodecs.get_codec(_zarray(mnt, "byzarr/n")["compressor"])
     (mnt / "byzarr/n/tmp").write_bytes(codec.encode(np.array([1, 2, 3, 4, 5, 6], dtype="<u2")))
     with pytest.raises(FileExistsError):
         os.link(mnt / "byzarr/n/tmp", mnt / "byzarr/n/2.0")
-    os.rename(mnt / "byzarr/n/tmp", mnt / "byzarr/n/2.0")
+    # rm of it succeeds and changes nothing (it was empty), and the name is gone until written again
+    os.unlink(mnt / "byzarr/n/2.0")
+    assert not os.path.exists(mnt / "byzarr/n/2.0") and "2.0" not in os.listdir(mnt / "byzarr/n")
+    with pytest.raises(FileNotFoundError):
+        os.unlink(mnt / "byzarr/n/2.0")
+    # made again by an exclusive create (cp -a, tar: unlink, then O_EXCL), shown from then on
+    fd = os.open(mnt / "byzarr/n/2.0", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        assert "2.0" in os.listdir(mnt / "byzarr/n")
+        os.write(fd, codec.encode(np.zeros(6, dtype="<u2")))
+    finally:
+        os.close(fd)
+    os.rename(mnt / "byzarr/n/tmp", mnt / "byzarr/n/2.0")  # a rename replaces it, as any chunk
     umount(mount, mnt)
     n = read_native(src / "byzarr/n")
     assert n[4].tolist() == [1, 2, 3] and n[:4].tolist() == [[0, 7, 0], [0, 0, 0], [0, 0, 9], [0, 0, 0]]

@@ -270,9 +270,12 @@ class Listing:
 
     def _with_fill_chunks(self, arr: ArrayNode, stored: ChunkSet, fill_size: int) -> Iterator[ChunkSet]:
         """Every in-bounds inner chunk in C order, ``PAGE`` at a time: ``stored`` ones as they
-        are, the others as fill chunks (``fill_size`` bytes, the array metadata's mtime)."""
+        are, the others as fill chunks (``fill_size`` bytes, the array metadata's mtime) but
+        those unlinked through the mount (``Made.unfill``)."""
         grid = arr.shown.layout.chunk_grid
         total = int(np.prod(grid, dtype=np.int64))
+        unfilled = [c for c in self.made.unfilled(arr.path) if arr.shown.layout.in_grid(c)]
+        gone = self._linear(arr, np.array(unfilled, np.int64).reshape(len(unfilled), len(grid)))
         linear = self._linear(arr, stored.coords)
         order = np.argsort(linear, kind="stable")
         linear, size, mtime = linear[order], stored.size[order], stored.mtime[order]
@@ -284,7 +287,7 @@ class Listing:
                             np.full(len(ids), arr.version.mtime_ns, np.int64))
             lo, hi = np.searchsorted(linear, [at, at + len(ids)])
             page.size[linear[lo:hi] - at], page.mtime[linear[lo:hi] - at] = size[lo:hi], mtime[lo:hi]
-            yield page
+            yield page.where(~np.isin(ids, gone)) if len(gone) else page
 
     @staticmethod
     def _linear(arr: ArrayNode, coords: np.ndarray) -> np.ndarray:

@@ -9,7 +9,9 @@ trio thread.
   with ``dimension_separator`` "/", key prefixes (``(array, prefix)``);
 - arrays created through the mount, whose key directories resolve only once made or once a
   chunk below them was written (``key_dir_shown``);
-- metadata files unlinked (``rm -r``), no longer shown.
+- metadata files unlinked (``rm -r``), no longer shown;
+- empty chunks unlinked in an array that serves its empty chunks as fill chunks
+  (``shardfs.format.fill``), no longer shown until written again.
 
 Each change is noted in the ``Ledger`` (``["M", method, *args]``), which a worker replacing a
 dead one replays (``restore``): what was made through the mount stays made.
@@ -48,6 +50,7 @@ class Made:
         self._hidden: set[tuple[str, str]] = set()  # (node, name): metadata files unlinked (rm -r)
         self._created: set[str] = set()  # arrays created through the mount (see key_dir_shown)
         self._key_dirs: set[tuple[str, tuple[int, ...]]] = set()  # (array, prefix): key dirs made there
+        self._unfilled: set[tuple[str, tuple[int, ...]]] = set()  # (array, coords): see ``unfill``
 
     # ----- asked by ``Names`` and the listings -----------------------------------------
 
@@ -70,6 +73,14 @@ class Made:
     def is_hidden(self, path: str, name: str) -> bool:
         """True if metadata file ``name`` of node ``path`` was unlinked through the mount."""
         return (path, name) in self._hidden
+
+    def is_unfilled(self, path: str, coords: tuple[int, ...]) -> bool:
+        """True if the chunk at ``coords`` of array ``path`` was unlinked empty (``unfill``)."""
+        return (path, coords) in self._unfilled if self._unfilled else False
+
+    def unfilled(self, path: str) -> list[tuple[int, ...]]:
+        """The coordinates of the chunks of array ``path`` unlinked empty (``unfill``)."""
+        return [c for p, c in self._unfilled if p == path] if self._unfilled else []
 
     def shard_dir_made(self, path: str, rel: str) -> bool:
         """True if key directory ``rel`` of array ``path`` was made by mkdir."""
@@ -114,9 +125,24 @@ class Made:
         self._new_dirs.discard(made)
 
     @_noted
+    def unfill(self, path: str, coords: tuple[int, ...]) -> None:
+        """The chunk at ``coords`` of array ``path``, which serves its empty chunks as fill
+        chunks, was unlinked (and is empty now): its name is not shown until it is written or
+        created again (``chunk_written``, ``chunk_created``), as a file unlinked is gone: a tool
+        that unlinks a file before creating it anew (``cp -a`` over a chunk file of a sharded
+        array, whose ``st_nlink`` is 2; ``tar``) must find the name free for its O_EXCL create."""
+        self._unfilled.add((path, coords))
+
+    def chunk_created(self, path: str, coords: tuple[int, ...]) -> None:
+        """A chunk file was created at ``coords`` of array ``path``: shown again, if unfilled."""
+        if self.is_unfilled(path, coords):
+            self.chunk_written(path, coords)
+
+    @_noted
     def chunk_written(self, path: str, coords: tuple[int, ...]) -> None:
-        """A chunk was written at ``coords`` of array ``path``: in an array created through the
-        mount, the key directories above it now resolve."""
+        """A chunk was written at ``coords`` of array ``path``: shown again if it was unfilled;
+        in an array created through the mount, the key directories above it now resolve."""
+        self._unfilled.discard((path, coords))
         if path in self._created:
             self._key_dirs.update((path, coords[:k]) for k in range(1, len(coords)))
 
@@ -142,6 +168,7 @@ class Made:
         """The array at ``path`` was deleted for a new one made from a new ``.zarray``: nothing
         of it is hidden, and its directory is a new one until that ``.zarray`` lands."""
         self._hidden = {h for h in self._hidden if h[0] != path}
+        self._unfilled = {u for u in self._unfilled if u[0] != path}
         self._new_dirs.add(path)
 
     @_noted
@@ -155,6 +182,7 @@ class Made:
         self._shard_dirs = {(renamed(p), r) for p, r in self._shard_dirs}
         self._hidden = {(renamed(p), n) for p, n in self._hidden}
         self._key_dirs = {(renamed(p), k) for p, k in self._key_dirs}
+        self._unfilled = {(renamed(p), c) for p, c in self._unfilled}
 
     @_noted
     def deleted(self, path: str) -> None:
@@ -162,6 +190,7 @@ class Made:
         self._new_dirs.discard(path)
         self._created.discard(path)
         self._hidden = {h for h in self._hidden if h[0] != path}
+        self._unfilled = {u for u in self._unfilled if u[0] != path}
 
     def restore(self, records: list[list[Any]]) -> None:
         """Make again what a dead worker's ledger ``records`` say was made (lists back to tuples)."""
@@ -176,4 +205,5 @@ class Made:
                 + [["M", "mkdir_shard_dir", *k] for k in sorted(self._shard_dirs)]
                 + [["M", "mkdir_key_dir", p, list(k)] for p, k in sorted(self._key_dirs)]
                 + [["M", "hide", *h] for h in sorted(self._hidden)]
+                + [["M", "unfill", p, list(c)] for p, c in sorted(self._unfilled)]
                 + [["M", "created", c, True] for c in sorted(self._created)])

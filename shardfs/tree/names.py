@@ -230,7 +230,8 @@ class Names:
 
     async def chunk_entry(self, arr: ArrayNode, coords: tuple[int, ...]) -> Attr:
         """The attributes of chunk file ``coords`` of ``arr``: stored, pending, or an empty chunk
-        served as the fill chunk; ENOENT otherwise. A stored one's extent is kept (``resolved``)
+        served as the fill chunk (unless unlinked through the mount: ``Made.unfill``); ENOENT
+        otherwise. A stored one's extent is kept (``resolved``)
         for the open that usually follows."""
         ext = await self.chunks.extent(arr, coords)
         if ext is not None:
@@ -238,7 +239,8 @@ class Names:
             if isinstance(ext, Extent):  # for the open that usually follows
                 self.resolved.keep(ext, attr)
             return attr
-        if not (arr.shown.serve_missing and arr.shown.layout.in_grid(coords)):
+        if not (arr.shown.serve_missing and arr.shown.layout.in_grid(coords)) \
+                or self.made.is_unfilled(arr.path, coords):
             raise fail(errno.ENOENT)
         # an empty chunk served as the fill chunk, unchanged since the array's metadata was
         size = len(await self.fill_file(arr))

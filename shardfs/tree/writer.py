@@ -107,6 +107,7 @@ class Writer:
                 WriteHandle(ino, buf=self._buffer(), dirty=True, meta=(node.path, name))
         target = await self.names.chunk_at_name(parent, name)
         if target is not None:
+            self.made.chunk_created(target[0].path, target[1])
             ino = self.nodes.chunk_ino(*target)
             handle = WriteHandle(ino, chunk=target, buf=self._buffer(), dirty=True)
             return self.names.chunk_attr(target[0], ino, 0, self.names.mount_ns), handle
@@ -298,10 +299,12 @@ class Writer:
                 return
             log.error("unlink of %s: only chunk, metadata and temporary files can be removed", name)
             raise fail(errno.EPERM)
-        if await self.chunks.extent(*target) is None:
-            if target[0].shown.serve_missing:
-                return  # an empty chunk served as the fill chunk: it stays one
+        arr, coords = target
+        if await self.chunks.extent(arr, coords) is not None:
+            await self.commits.commit(arr, coords, None)
+        elif not arr.shown.serve_missing or self.made.is_unfilled(arr.path, coords):
             raise fail(errno.ENOENT)
-        await self.commits.commit(*target, None)
+        if arr.shown.serve_missing:  # (else an empty chunk is not shown anyway)
+            self.made.unfill(arr.path, coords)
 
 
