@@ -703,6 +703,27 @@ def test_cp_a_over_an_array_once_its_empty_chunks_are_served(tmp_path, mount):
     assert_clean(src)
 
 
+def test_chunk_names_unlinked_are_kept_unshown_up_to_a_bound(tmp_path, monkeypatch):
+    """In-process (``tests/inproc.py``): the last ``UNFILLED_KEPT`` chunk files removed from an
+    array that serves its empty chunks stay unshown; an older one is the fill chunk again (an
+    ``rm -r`` of a huge array does not grow the daemon); writing one shows it at once."""
+    from shardfs.tree import made
+
+    monkeypatch.setattr(made, "UNFILLED_KEPT", 2)
+    src = tmp_path / "src"
+    build(src, [RAW])
+    with InProcess(src, read_only=False) as fs:
+        arr = fs / "raw"
+        (arr / ".zattrs").write_text(json.dumps({"_ARRAY_DIMENSIONS": ["y", "x"]}))
+        fill = (arr / "0.3").read_bytes()  # an empty chunk, served
+        for name in ("0.3", "0.4", "1.1"):  # fill, fill, stored
+            (arr / name).unlink()
+        assert [(arr / n).exists() for n in ("0.3", "0.4", "1.1")] == [True, False, False]
+        assert (arr / "0.3").read_bytes() == fill and "0.4" not in arr.iterdir() and "0.3" in arr.iterdir()
+        (arr / "0.4").write_bytes(fill)
+        assert (arr / "0.4").exists() and not (arr / "1.1").exists()
+
+
 def test_mkdir_of_key_directories_in_an_array(tmp_path, caplog):
     """In-process (``tests/inproc.py``): writers make key directories before writing chunks into
     them (``mkdir -p c/0/2``: c and c/0 exist, c/0/2 is made)."""

@@ -25,6 +25,7 @@ from typing import Any, Callable, TypeVar
 from shardfs.tree.ledger import Ledger
 
 F = TypeVar("F", bound=Callable[..., None])
+UNFILLED_KEPT = 65536  # chunk names unlinked that stay unshown (``Made.unfill``): about 10 MiB
 CHANGES: list[str] = []  # the methods that change the state (``_noted``), which ``restore`` replays
 
 
@@ -50,7 +51,7 @@ class Made:
         self._hidden: set[tuple[str, str]] = set()  # (node, name): metadata files unlinked (rm -r)
         self._created: set[str] = set()  # arrays created through the mount (see key_dir_shown)
         self._key_dirs: set[tuple[str, tuple[int, ...]]] = set()  # (array, prefix): key dirs made there
-        self._unfilled: set[tuple[str, tuple[int, ...]]] = set()  # (array, coords): see ``unfill``
+        self._unfilled: dict[tuple[str, tuple[int, ...]], None] = {}  # (array, coords), oldest first: ``unfill``
 
     # ----- asked by ``Names`` and the listings -----------------------------------------
 
@@ -130,8 +131,13 @@ class Made:
         chunks, was unlinked (and is empty now): its name is not shown until it is written or
         created again (``chunk_written``, ``chunk_created``), as a file unlinked is gone: a tool
         that unlinks a file before creating it anew (``cp -a`` over a chunk file of a sharded
-        array, whose ``st_nlink`` is 2; ``tar``) must find the name free for its O_EXCL create."""
-        self._unfilled.add((path, coords))
+        array, whose ``st_nlink`` is 2; ``tar``) must find the name free for its O_EXCL create.
+        The last ``UNFILLED_KEPT`` are kept (an ``rm -r`` of a huge array does not grow the
+        daemon): an older one is shown again as the fill chunk it is."""
+        self._unfilled.pop((path, coords), None)
+        self._unfilled[(path, coords)] = None
+        if len(self._unfilled) > UNFILLED_KEPT:
+            del self._unfilled[next(iter(self._unfilled))]
 
     def chunk_created(self, path: str, coords: tuple[int, ...]) -> None:
         """A chunk file was created at ``coords`` of array ``path``: shown again, if unfilled."""
@@ -142,7 +148,7 @@ class Made:
     def chunk_written(self, path: str, coords: tuple[int, ...]) -> None:
         """A chunk was written at ``coords`` of array ``path``: shown again if it was unfilled;
         in an array created through the mount, the key directories above it now resolve."""
-        self._unfilled.discard((path, coords))
+        self._unfilled.pop((path, coords), None)
         if path in self._created:
             self._key_dirs.update((path, coords[:k]) for k in range(1, len(coords)))
 
@@ -168,7 +174,7 @@ class Made:
         """The array at ``path`` was deleted for a new one made from a new ``.zarray``: nothing
         of it is hidden, and its directory is a new one until that ``.zarray`` lands."""
         self._hidden = {h for h in self._hidden if h[0] != path}
-        self._unfilled = {u for u in self._unfilled if u[0] != path}
+        self._unfilled = {u: None for u in self._unfilled if u[0] != path}
         self._new_dirs.add(path)
 
     @_noted
@@ -182,7 +188,7 @@ class Made:
         self._shard_dirs = {(renamed(p), r) for p, r in self._shard_dirs}
         self._hidden = {(renamed(p), n) for p, n in self._hidden}
         self._key_dirs = {(renamed(p), k) for p, k in self._key_dirs}
-        self._unfilled = {(renamed(p), c) for p, c in self._unfilled}
+        self._unfilled = {(renamed(p), c): None for p, c in self._unfilled}
 
     @_noted
     def deleted(self, path: str) -> None:
@@ -190,7 +196,7 @@ class Made:
         self._new_dirs.discard(path)
         self._created.discard(path)
         self._hidden = {h for h in self._hidden if h[0] != path}
-        self._unfilled = {u for u in self._unfilled if u[0] != path}
+        self._unfilled = {u: None for u in self._unfilled if u[0] != path}
 
     def restore(self, records: list[list[Any]]) -> None:
         """Make again what a dead worker's ledger ``records`` say was made (lists back to tuples)."""
@@ -205,5 +211,5 @@ class Made:
                 + [["M", "mkdir_shard_dir", *k] for k in sorted(self._shard_dirs)]
                 + [["M", "mkdir_key_dir", p, list(k)] for p, k in sorted(self._key_dirs)]
                 + [["M", "hide", *h] for h in sorted(self._hidden)]
-                + [["M", "unfill", p, list(c)] for p, c in sorted(self._unfilled)]
+                + [["M", "unfill", p, list(c)] for p, c in self._unfilled]
                 + [["M", "created", c, True] for c in sorted(self._created)])
