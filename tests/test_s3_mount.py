@@ -8,6 +8,7 @@ is keyed on the normalized URL and the endpoint it is reached through.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -99,11 +100,18 @@ def test_prefix_without_zarr_json_is_one_line(uploaded, mnt_dir):
 
 def test_a_failed_mount_exits_1_every_time(uploaded, mnt_dir):
     """The object store's client threads must not abort the process at exit (they did in
-    about one run in five, with status 134, after printing the right line)."""
+    about one run in five, with status 134, after printing the right line). The source is
+    checked while the daemon starts: the daemon and its zygote end with the check's failure."""
     url = f"{uploaded.url}/s/c"
     codes = [run_shardfs("mount", url, str(mnt_dir), env={**os.environ, **uploaded.env}, timeout=60).returncode
              for _ in range(15)]
     assert codes == [1] * 15
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+            if os.fsencode(mnt_dir) in f.read().split(b"\0"):
+                left.append(pid)
+    assert left == [] and not os.path.ismount(mnt_dir)
 
 
 @pytest.mark.parametrize("how", ["option", "env"])

@@ -103,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--log-file", metavar="FILE",
                    help="log here (default: stderr with -f, else syslog, else a file in the state directory)")
     m.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
+    m.add_argument("--go-fd", type=int, default=None, help=argparse.SUPPRESS)  # run.spawn_daemon's check
     m.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # shardfs.app.supervisor
     m.add_argument("--zygote", type=int, default=None, help=argparse.SUPPRESS)  # shardfs.app.zygote
     m.add_argument("--resolved", default=None, help=argparse.SUPPRESS)  # Source.resolved: found by shardfs mount
@@ -213,10 +214,16 @@ def _cmd_mount(args: argparse.Namespace) -> int:
             return run_daemon(args, os.path.abspath(args.mnt), opts, source)
 
         return zygote.serve(args.zygote, lambda: preload(source), worker)
+    if args.go_fd is not None and not _went(args.go_fd):  # the check beside this daemon's start failed
+        from shardfs.app import early
+
+        early.discard()
+        return 1
+    later = args.ready_fd is None and not args.foreground and source.kind.remote  # (beside the daemon's start)
     if args.ready_fd is None or not source.kind.remote:  # a daemon we spawned: its parent checked the store
         if args.foreground and source.kind.remote:
             _check_apart(args.src, source)  # (this process goes on as the mount's supervisor)
-        else:
+        elif not later:
             check_source(args.src, source)
     mnt = os.path.abspath(args.mnt)
     _detach_dead(args.mnt, mnt)
@@ -224,6 +231,8 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         os.makedirs(mnt, exist_ok=True)
     except OSError as e:
         raise UsageError(f"{args.mnt}: cannot create mountpoint: {e.strerror}") from None
+    if _mounted(mnt) and later:
+        check_source(args.src, source)
     if _mounted(mnt) and take_over(args, mnt, opts, source):
         return 0  # handed to a new worker (a supervised mount of the same source)
     if _mounted(mnt):
@@ -231,7 +240,14 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     _check_empty(args.mnt, mnt, options.config(opts).nonempty)
     if args.foreground:
         return run_daemon(args, mnt, opts, source)
-    return spawn_daemon(args, source)
+    return spawn_daemon(args, source, (lambda: check_source(args.src, source)) if later else None)
+
+
+def _went(fd: int) -> bool:
+    """True if ``shardfs mount`` said "go" on pipe ``fd`` (its check of the store passed), False
+    if it closed it without a word (the check failed: it says why)."""
+    with os.fdopen(fd, "rb") as pipe:
+        return pipe.read() == b"go"
 
 
 def _check_apart(src: str, source: Source) -> None:

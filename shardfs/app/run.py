@@ -3,7 +3,10 @@ built by the composition root (``shardfs.app.compose``), the mount going live wi
 socket, the FUSE loop and its signals.
 
 The daemon reports to the ``shardfs mount`` that started it over a pipe (``--ready-fd``):
-``ok`` once the mount is live, else ``error: `` and one line saying why.
+``ok`` once the mount is live, else ``error: `` and one line saying why. An object store is
+checked by ``shardfs mount`` while the daemon starts (its imports and its zygote's): the daemon
+does nothing before it reads "go" on another pipe (``--go-fd``), and ends at once if it is
+closed instead (measured: an S3 mount live after 0.85 s instead of 0.90, 3 alternations of 4).
 
 With a pyfuse3 that can take a connection over (``pyfuse3.takeover``: scripts/pyfuse3 builds
 it), the daemon is a supervisor (``shardfs.app.supervisor``) that mounts and keeps the
@@ -29,7 +32,7 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from shardfs.app import early, options, state
 from shardfs.app.metrics import Exporter, parse_address
@@ -48,8 +51,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("shardfs")
 
 
-def spawn_daemon(args: argparse.Namespace, source: Source) -> int:
-    """Start the daemon in its own session and wait for it to report.
+def spawn_daemon(args: argparse.Namespace, source: Source, check: Callable[[], Any] | None = None) -> int:
+    """Start the daemon in its own session and wait for it to report; ``check`` (an object
+    store's: its imports and a request, a quarter of a second) runs meanwhile, while the daemon
+    and its zygote import, and the daemon goes on only once it passed (``--go-fd``; if it
+    raises, the daemon ends without a word and the exception is raised here).
 
     The daemon logs to ``--log-file``, else to syslog, else (no ``/dev/log``, as in
     many containers) to ``log`` in the source's state directory (doc/TROUBLESHOOTING says so;
@@ -57,20 +63,31 @@ def spawn_daemon(args: argparse.Namespace, source: Source) -> int:
     fallback = not args.log_file and not os.path.exists("/dev/log")
     if fallback:
         args.log_file = state.log_file(source.name, source.endpoint)
-        try:
-            state.private_dir(os.path.dirname(args.log_file))
-        except private.Refused as e:
-            raise UsageError(str(e)) from None
-        except OSError as e:
-            raise UsageError(f"{os.path.dirname(args.log_file)}: cannot create the state directory: "
-                             f"{e.strerror}") from None
+        if check is None:
+            _state_dir(args.log_file)
     r, w = os.pipe()
-    argv = _daemon_argv(args, source) + ["--ready-fd", str(w)]
-    env = {**os.environ, early.ENV: json.dumps(argv[:-2])}  # its zygote starts first (``shardfs.app.early``)
+    go_r, go_w = os.pipe() if check is not None else (-1, -1)
+    worker = _daemon_argv(args, source)
+    argv = worker + ["--ready-fd", str(w)] + (["--go-fd", str(go_r)] if check is not None else [])
+    env = {**os.environ, early.ENV: json.dumps(worker)}  # its zygote starts first (``shardfs.app.early``)
+    fds = (w,) if check is None else (w, go_r)
     with open(os.devnull, "r+b") as null:
-        proc = subprocess.Popen(argv, stdin=null, stdout=null, stderr=null, pass_fds=(w,),
-                                start_new_session=True, env=env)
+        proc = subprocess.Popen(argv, stdin=null, stdout=null, stderr=null, pass_fds=fds, start_new_session=True,
+                                env=env)
     os.close(w)
+    if check is not None:
+        os.close(go_r)
+        try:
+            check()
+            if fallback:
+                _state_dir(args.log_file)
+        except BaseException:
+            os.close(go_w)
+            os.close(r)
+            proc.wait()
+            raise
+        os.write(go_w, b"go")
+        os.close(go_w)
     with os.fdopen(r, "rb") as pipe:
         report = pipe.readline().decode().strip()
     if report == "ok":
@@ -79,6 +96,16 @@ def spawn_daemon(args: argparse.Namespace, source: Source) -> int:
         return 0
     proc.wait()
     raise UsageError(report.removeprefix("error: ") or f"daemon exited with status {proc.returncode}")
+
+
+def _state_dir(log_file: str) -> None:
+    """Make the state directory a spawned daemon logs in (no syslog); ``UsageError`` if it cannot be."""
+    try:
+        state.private_dir(os.path.dirname(log_file))
+    except private.Refused as e:
+        raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(f"{os.path.dirname(log_file)}: cannot create the state directory: {e.strerror}") from None
 
 
 def take_over(args: argparse.Namespace, mnt: str, opts: options.Parsed, source: Source) -> bool:
