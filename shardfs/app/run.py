@@ -72,8 +72,8 @@ def spawn_daemon(args: argparse.Namespace, source: Source, check: Callable[[], A
     env = {**os.environ, early.ENV: json.dumps(worker)}  # its zygote starts first (``shardfs.app.early``)
     fds = (w,) if check is None else (w, go_r)
     with open(os.devnull, "r+b") as null:
-        proc = subprocess.Popen(argv, stdin=null, stdout=null, stderr=null, pass_fds=fds, start_new_session=True,
-                                env=env)
+        proc = subprocess.Popen(argv, stdin=null, stdout=null, stderr=null, pass_fds=fds,
+                                start_new_session=True, env=env)
     os.close(w)
     if check is not None:
         os.close(go_r)
