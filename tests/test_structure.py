@@ -680,12 +680,14 @@ def test_shell_tools_copy_arrays_in(tool, tmp_path, mount):
     assert_clean(src)
 
 
-def test_cp_a_over_an_array_once_its_empty_chunks_are_served(tmp_path, mount):
+@pytest.mark.parametrize("tool", ["cp-a", "tar"])
+def test_copies_over_an_array_once_its_empty_chunks_are_served(tool, tmp_path, mount):
     """``cp -a`` copies in the order of the source's inode numbers, which reused ones can put
     ``.zattrs`` first: its dimension names make the array serve its empty chunks (xarray's
     null fill), and cp unlinks each chunk file (``st_nlink`` 2: the shard directory lists it
-    too) before its exclusive create. The names unlinked are free for it (before: EEXIST for
-    every chunk, 1 run in 60 of the test above)."""
+    too) before its exclusive create; ``tar -x`` unlinks a file its exclusive create found. The
+    names unlinked are free for them (before: EEXIST for every chunk, 1 run in 60 of the test
+    above)."""
     src = tmp_path / "src"
     build(src, [RAW])
     data = (np.arange(20 * 27, dtype="<i4").reshape(20, 27) * 3) + 1
@@ -695,7 +697,11 @@ def test_cp_a_over_an_array_once_its_empty_chunks_are_served(tmp_path, mount):
     assert zjson(src / "raw")["dimension_names"] == ["y", "x"]
     assert json.loads((mnt / "raw" / ".zarray").read_text())["fill_value"] is None
     assert len([n for n in os.listdir(mnt / "raw") if not n.startswith(".")]) == 30  # every chunk served
-    run("cp", "-a", f"{copy}/.", mnt / "raw")
+    if tool == "tar":
+        run("tar", "-C", copy, "-cf", tmp_path / "arr.tar", ".")
+        run("tar", "-C", mnt / "raw", "-xf", tmp_path / "arr.tar")
+    else:
+        run("cp", "-a", f"{copy}/.", mnt / "raw")
     assert errors(mount, mnt) == []
     np.testing.assert_array_equal(zarr2("result = zarr.open(a, mode='r')[...]", a=str(mnt / "raw")), data)
     umount(mount, mnt)
