@@ -219,23 +219,24 @@ def _cmd_mount(args: argparse.Namespace) -> int:
 
         early.discard()
         return 1
-    later = args.ready_fd is None and not args.foreground and source.kind.remote  # (beside the daemon's start)
-    if args.ready_fd is None or not source.kind.remote:  # a daemon we spawned: its parent checked the store
-        if args.foreground and source.kind.remote:
-            _check_apart(args.src, source)  # (this process goes on as the mount's supervisor)
-        elif not later:
-            check_source(args.src, source)
+    # an object store is checked by the command that spawns the daemon, beside its start
+    # (``run.spawn_daemon``), not by the daemon (``--ready-fd``)
+    later = source.kind.remote and args.ready_fd is None and not args.foreground
+    if not source.kind.remote:
+        check_source(args.src, source)
+    elif args.ready_fd is None and args.foreground:
+        _check_apart(args.src, source)  # (this process goes on as the mount's supervisor)
     mnt = os.path.abspath(args.mnt)
     _detach_dead(args.mnt, mnt)
     try:
         os.makedirs(mnt, exist_ok=True)
     except OSError as e:
         raise UsageError(f"{args.mnt}: cannot create mountpoint: {e.strerror}") from None
-    if _mounted(mnt) and later:
-        check_source(args.src, source)
-    if _mounted(mnt) and take_over(args, mnt, opts, source):
-        return 0  # handed to a new worker (a supervised mount of the same source)
     if _mounted(mnt):
+        if later:
+            check_source(args.src, source)
+        if take_over(args, mnt, opts, source):
+            return 0  # handed to a new worker (a supervised mount of the same source)
         raise UsageError(f"{args.mnt}: already a mountpoint: unmount it first (shardfs umount {args.mnt})")
     _check_empty(args.mnt, mnt, options.config(opts).nonempty)
     if args.foreground:

@@ -63,31 +63,28 @@ def spawn_daemon(args: argparse.Namespace, source: Source, check: Callable[[], A
     fallback = not args.log_file and not os.path.exists("/dev/log")
     if fallback:
         args.log_file = state.log_file(source.name, source.endpoint)
-        if check is None:
-            _state_dir(args.log_file)
     r, w = os.pipe()
-    go_r, go_w = os.pipe() if check is not None else (-1, -1)
+    go_r, go_w = os.pipe()
     worker = _daemon_argv(args, source)
-    argv = worker + ["--ready-fd", str(w)] + (["--go-fd", str(go_r)] if check is not None else [])
+    argv = worker + ["--ready-fd", str(w), "--go-fd", str(go_r)]
     env = {**os.environ, early.ENV: json.dumps(worker)}  # its zygote starts first (``shardfs.app.early``)
-    fds = (w,) if check is None else (w, go_r)
     with open(os.devnull, "r+b") as null:
-        proc = subprocess.Popen(argv, stdin=null, stdout=null, stderr=null, pass_fds=fds,
+        proc = subprocess.Popen(argv, stdin=null, stdout=null, stderr=null, pass_fds=(w, go_r),
                                 start_new_session=True, env=env)
     os.close(w)
-    if check is not None:
-        os.close(go_r)
-        try:
+    os.close(go_r)
+    try:
+        if check is not None:
             check()
-            if fallback:
-                _state_dir(args.log_file)
-        except BaseException:
-            os.close(go_w)
-            os.close(r)
-            proc.wait()
-            raise
-        os.write(go_w, b"go")
+        if fallback:
+            _state_dir(args.log_file)
+    except BaseException:
         os.close(go_w)
+        os.close(r)
+        proc.wait()
+        raise
+    os.write(go_w, b"go")
+    os.close(go_w)
     with os.fdopen(r, "rb") as pipe:
         report = pipe.readline().decode().strip()
     if report == "ok":
