@@ -106,6 +106,19 @@ def test_a_stopped_daemon_is_listed_as_stuck_and_status_returns(src, mnt_dir):
     assert shardfs("umount", str(mnt_dir)).returncode == 0
 
 
+def test_the_status_probe_of_a_served_mount_counts_no_error(src, mnt_dir):
+    """``shardfs status`` looks up a name never asked before in each mount whose status socket is
+    silent for a moment (``mounts.unserved``: any other test's ``status`` may probe this mount):
+    a mount that answers it counts no error for it; a lookup of another missing name is counted."""
+    from shardfs.app.mounts import unserved
+
+    assert shardfs("mount", str(src), str(mnt_dir)).returncode == 0
+    assert unserved(str(mnt_dir)) is None and unserved(str(mnt_dir)) is None
+    assert not (mnt_dir / "missing").exists()
+    assert json.loads(shardfs("status", str(mnt_dir), "--json").stdout)["errors"] == {"ENOENT": {"lookup": 1}}
+    assert shardfs("umount", str(mnt_dir)).returncode == 0
+
+
 def test_non_empty_mountpoint_is_refused_unless_nonempty(src, mnt_dir):
     (mnt_dir / "kept.txt").write_text("mine")
     r = shardfs("mount", str(src), str(mnt_dir))

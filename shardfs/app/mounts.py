@@ -215,7 +215,7 @@ def unserved(mnt: str) -> tuple[str, str] | None:
     src = mounts().get(os.path.abspath(mnt))
     if src is None:
         return None
-    found = stat_errno(os.path.join(mnt, f".shardfs-probe-{os.urandom(8).hex()}"))
+    found = stat_errno(os.path.join(mnt, os.fsdecode(files.PROBE) + os.urandom(8).hex()))
     if found is None:
         return src, "stuck"
     return (src, "dead") if found == errno.ENOTCONN else None

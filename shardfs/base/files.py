@@ -1,6 +1,7 @@
 """Files on a local disk: ``fsync_dir`` (a rename or unlink in a directory made durable),
-``not_regular`` (why a file of some mode is never opened for I/O, for log lines) and
-``socket_address`` (a unix socket's path however long)."""
+``not_regular`` (why a file of some mode is never opened for I/O, for log lines),
+``socket_address`` (a unix socket's path however long) and ``PROBE`` (the name ``shardfs status``
+looks up in a mount to learn whether its daemon answers)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import stat as stat_mod
 from typing import Iterator
 
 SUN_PATH = 108  # bytes of a unix socket address's path on Linux, its NUL included
+# the start of a name never asked before, looked up by ``shardfs status`` in a mount whose status
+# socket is silent (``shardfs.app.mounts.unserved``); its ENOENT is no error of the mount's
+PROBE = b".shardfs-probe-"
 
 _KINDS = {stat_mod.S_IFDIR: "a directory", stat_mod.S_IFIFO: "a FIFO", stat_mod.S_IFSOCK: "a socket",
           stat_mod.S_IFCHR: "a character device", stat_mod.S_IFBLK: "a block device",

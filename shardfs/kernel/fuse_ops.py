@@ -155,16 +155,16 @@ def _guard(fn: F) -> F:
                     return await link.request(op, args)
             return await _binding(self, fn, args)
         except pyfuse3.FUSEError as e:
-            self.stats.error(e.errno, op)
+            self.stats.error(e.errno, op, args)
             raise
         except OSError as e:
             if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR) and e.strerror:
                 log.debug("%s%r: %s", op, args[:2], e.strerror)
-            self.stats.error(e.errno or errno.EIO, op)
+            self.stats.error(e.errno or errno.EIO, op, args)
             raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
         except Exception as e:
             self.faults.record(op, e, repr(args[:2]))
-            self.stats.error(errno.EIO, op)
+            self.stats.error(errno.EIO, op, args)
             raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
             stats.active -= 1

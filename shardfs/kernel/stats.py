@@ -12,6 +12,8 @@ from typing import Any, TypedDict
 import pyfuse3
 import trio
 
+from shardfs.base import files
+
 RECENT_ERRORS = 256  # errors remembered with their time (``RequestStats.recent``)
 ROUTINE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ENOSYS, errno.ENODATA, errno.ESTALE})
 
@@ -79,7 +81,12 @@ class RequestStats:
         """Make ``name`` a known operation (so the per-request increment needs no default)."""
         self.requests.setdefault(name, 0)
 
-    def error(self, code: int, op: str) -> None:
+    def error(self, code: int, op: str, args: tuple[Any, ...]) -> None:
+        """Count an error ``code`` answered to ``op(*args)``; not the ENOENT of ``shardfs status``'s
+        lookup of a name never asked before (``files.PROBE``: whether the daemon answers, asked of
+        every mount of the user whose status socket is silent for a moment)."""
+        if code == errno.ENOENT and op == "lookup" and args[1].startswith(files.PROBE):
+            return
         key = (code, op)
         self.errors[key] = self.errors.get(key, 0) + 1
         if code not in ROUTINE:
