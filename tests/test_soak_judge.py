@@ -162,11 +162,12 @@ def test_a_blosc_chunks_versions_have_two_sizes_and_decode_to_their_values():
         assert np.frombuffer(grid.compressor.decode(raw), "<i8").tolist() == [token] * 36
 
 
-def rows(threads: list[float], seconds: int = 600, start: int = 0) -> list[dict]:
-    """Per-minute rows from one sample every 5 s; ``threads`` gives each sample's value; the
-    clients run from second ``start`` on."""
+def rows(threads: list[float], seconds: int = 600, start: int = 0, pids: list[int] | None = None) -> list[dict]:
+    """Per-minute rows from one sample every 5 s; ``threads`` gives each sample's value (and
+    ``pids`` the daemon's pid, 7 if not given); the clients run from second ``start`` on."""
     samples = [metrics.Sample(float(t), "A", {"pss_mib": 80.0, "fds": 15, "sockets": 20, "threads": threads[i],
-                                               "journal_bytes": 1000, "spill_bytes": 0})
+                                               "journal_bytes": 1000, "spill_bytes": 0,
+                                               "pid": 7 if pids is None else pids[i]})
                for i, t in enumerate(range(0, seconds, 5))]
     ops = [Op("read", float(t), t + 0.1, None, "w") for t in range(start, seconds)]
     return metrics.minutes(ops, samples, 0.0, [], ["A"])
@@ -179,6 +180,21 @@ def test_a_pool_that_swings_is_flat_and_a_leak_is_not():
     assert metrics.flatness(rows(swinging), ["A"]) == []
     leaking = [20 + i // 4 for i in range(120)]  # one more thread every 20 s, never given back
     (failure,) = metrics.flatness(rows(leaking), ["A"])
+    assert failure.startswith("A threads (lowest per minute): last quarter")
+
+
+def test_a_daemon_killed_refills_its_pools_and_is_flat_and_a_leak_across_kills_is_not():
+    """A kill fault in the second quarter (minute 4 of 10): the new daemon's pools start from
+    none, so that minute and the next are not compared (the 12-minute seed-36 S3 run: sockets
+    4 in the two minutes after a kill, 24-35 in every other); a leak of the new daemon is found."""
+    pids = [7] * 40 + [8] * 80  # killed 200 s in
+    steady = [1.0 if 40 <= i < 52 else 36.0 + i % 3 for i in range(120)]  # 1 thread until it serves again
+    minutes = rows(steady, pids=pids)
+    assert [r["A_started"] for r in minutes] == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
+    assert [r["A_threads"] for r in minutes[2:6]] == [36.0, 1.0, 1.0, 36.0]
+    assert metrics.flatness(minutes, ["A"]) == []
+    leaking = [20.0 + i // 4 if i < 40 else float(i - 40) for i in range(120)]  # the new daemon: one every 5 s
+    (failure,) = metrics.flatness(rows(leaking, pids=pids), ["A"])
     assert failure.startswith("A threads (lowest per minute): last quarter")
 
 

@@ -228,12 +228,12 @@ class Daemon:
     def stats(self) -> dict[str, float]:
         """RSS (MiB), open fds (files, pipes, /dev/fuse), sockets (the object store client's
         connections, a pool), threads and spill bytes of the running daemon, its supervisor and
-        worker together ({} if it is not running)."""
+        worker together, and its pid ({} if it is not running)."""
         pid = self.pid
         if pid is None:
             return {}
         out = {"rss_mib": 0.0, "fds": 0, "sockets": 0, "threads": 0, "spill_bytes": 0,
-               "worker_rss_mib": 0.0, "pss_mib": 0.0}  # (the RSS ones: samples.jsonl only)
+               "worker_rss_mib": 0.0, "pss_mib": 0.0, "pid": pid}  # (the RSS ones: samples.jsonl only)
         for p in [pid, *self.worker_pids()]:
             try:
                 status = Path(f"/proc/{p}/status").read_text()

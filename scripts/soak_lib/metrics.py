@@ -8,7 +8,8 @@ processes, MiB: their RSS counts a page each worker shares with the zygote or ma
 shards' ring once per process), fds (not sockets), sockets, threads, spill and journal bytes
 (each the mean of the minute's samples; the lowest for the pools, sockets and threads:
 ``POOLS``), pending chunks and folds done/failed (``shardfs status``; the last sample of the
-minute), faults injected. ``write_csv``, ``write_samples`` and ``plot`` write them;
+minute), whether the daemon was started afresh in it (its pid changed since the previous
+sample: a kill fault), faults injected. ``write_csv``, ``write_samples`` and ``plot`` write them;
 ``flatness(rows)`` compares the last quarter's mean of each with the second quarter's, from
 steady state on (within 10%, or within a small absolute slack for small values) and returns
 the failures (each one line).
@@ -101,7 +102,10 @@ def minutes(ops: list[Op], samples: list[Sample], t0: float, fault_starts: list[
             row[f"{kind}s"] = len([o for o in mine if o.kind == kind])
             row[f"{kind}_p50_ms"], row[f"{kind}_p99_ms"] = _pct(lat, 50), _pct(lat, 99)
         for d in daemons:
+            before = [s for s in samples if s.daemon == d and s.t < lo][-1:]
             mine_s = [s for s in samples if s.daemon == d and lo <= s.t < hi]
+            pids = [s.values["pid"] for s in before + mine_s if "pid" in s.values]
+            row[f"{d}_started"] = int(any(a != b for a, b in zip(pids, pids[1:])))
             for key in SAMPLED:  # the minute's mean (lowest for a pool): one sample is one draw
                 seen = [s.values[key] for s in mine_s if key in s.values]
                 row[f"{d}_{key}"] = round(float(np.min(seen) if key in POOLS else np.mean(seen)), 1) if seen else ""
@@ -167,12 +171,18 @@ def flatness(rows: list[dict[str, Any]], daemons: list[str]) -> list[str]:
     if len(rows) < 4:
         return []
     q = len(rows) // 4
-    second, last = rows[q: 2 * q], rows[len(rows) - q:]
+    last = range(len(rows) - q, len(rows))
     out = []
     for d in daemons:
+        # A daemon started afresh (a kill) refills its pools from none: its pools are compared
+        # without that minute and the next, from the first q minutes of the second quarter on.
+        fresh = {i + k for i, r in enumerate(rows) if r.get(f"{d}_started") for k in (0, 1)}
+        kept = [i for i in range(q, len(rows) - q) if i not in fresh][:q]
         for key, slack in (*FLAT.items(), *POOLS.items()):
-            a = [float(r[f"{d}_{key}"]) for r in second if r[f"{d}_{key}"] != ""]
-            b = [float(r[f"{d}_{key}"]) for r in last if r[f"{d}_{key}"] != ""]
+            second = kept if key in POOLS else range(q, 2 * q)
+            a = [float(rows[i][f"{d}_{key}"]) for i in second if rows[i][f"{d}_{key}"] != ""]
+            b = [float(rows[i][f"{d}_{key}"]) for i in last
+                 if rows[i][f"{d}_{key}"] != "" and not (key in POOLS and i in fresh)]
             if not a or not b:
                 continue
             ma, mb = float(np.mean(a)), float(np.mean(b))
