@@ -90,6 +90,10 @@ def minutes(ops: list[Op], samples: list[Sample], t0: float, fault_starts: list[
             daemons: list[str]) -> list[dict[str, Any]]:
     """One row per minute of the run (module docstring)."""
     n = int(max([o.end for o in ops] + [s.t for s in samples] + [t0]) - t0) // 60 + 1
+    starts: dict[str, list[float]] = {}  # each daemon's samples whose pid is not the previous one's
+    for d in daemons:
+        mine_p = [s for s in samples if s.daemon == d and "pid" in s.values]
+        starts[d] = [b.t for a, b in zip(mine_p, mine_p[1:]) if a.values["pid"] != b.values["pid"]]
     rows = []
     for m in range(n):
         lo, hi = t0 + 60 * m, t0 + 60 * (m + 1)
@@ -102,10 +106,8 @@ def minutes(ops: list[Op], samples: list[Sample], t0: float, fault_starts: list[
             row[f"{kind}s"] = len([o for o in mine if o.kind == kind])
             row[f"{kind}_p50_ms"], row[f"{kind}_p99_ms"] = _pct(lat, 50), _pct(lat, 99)
         for d in daemons:
-            before = [s for s in samples if s.daemon == d and s.t < lo][-1:]
             mine_s = [s for s in samples if s.daemon == d and lo <= s.t < hi]
-            pids = [s.values["pid"] for s in before + mine_s if "pid" in s.values]
-            row[f"{d}_started"] = int(any(a != b for a, b in zip(pids, pids[1:])))
+            row[f"{d}_started"] = int(any(lo <= t < hi for t in starts[d]))
             for key in SAMPLED:  # the minute's mean (lowest for a pool): one sample is one draw
                 seen = [s.values[key] for s in mine_s if key in s.values]
                 row[f"{d}_{key}"] = round(float(np.min(seen) if key in POOLS else np.mean(seen)), 1) if seen else ""

@@ -77,11 +77,11 @@ class Made:
 
     def is_unfilled(self, path: str, coords: tuple[int, ...]) -> bool:
         """True if the chunk at ``coords`` of array ``path`` was unlinked empty (``unfill``)."""
-        return (path, coords) in self._unfilled if self._unfilled else False
+        return (path, coords) in self._unfilled
 
     def unfilled(self, path: str) -> list[tuple[int, ...]]:
         """The coordinates of the chunks of array ``path`` unlinked empty (``unfill``)."""
-        return [c for p, c in self._unfilled if p == path] if self._unfilled else []
+        return [c for p, c in self._unfilled if p == path]
 
     def shard_dir_made(self, path: str, rel: str) -> bool:
         """True if key directory ``rel`` of array ``path`` was made by mkdir."""
