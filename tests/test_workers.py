@@ -577,18 +577,24 @@ def writing(path: Path, data: bytes, flags: int) -> tuple[Any, list[Any]]:
 def own_status(sock: str, pid: int) -> dict[str, Any]:
     """The status document worker ``pid`` answers itself (its own counts are exact; the counts of
     another worker in a status answer are its last published ones, up to ``peers.PUBLISH_S`` old),
-    asked until that worker is the one that accepts."""
+    asked until that worker is the one that accepts; ProcessLookupError once it is gone."""
     for _ in range(200):
         doc = status_at(sock)
         if doc["worker"]["pid"] == pid:
             return doc
+        if stopping.state(pid) in "ZX":
+            raise ProcessLookupError(pid)
     raise AssertionError(f"worker {pid} never answered the status socket")
 
 
-def open_handles(mnt: Path, sock: str) -> list[int]:
-    """The handles each worker holds open, by slot, each as that worker answers itself."""
+def open_handles(mnt: Path, sock: str) -> list[int] | None:
+    """The handles each worker holds open, by slot, each as that worker answers itself; None
+    while the listing still names a killed worker (its slot not yet given to the next one)."""
     pids = [w["pid"] for w in sorted(status(mnt)["workers"], key=lambda w: w["index"])]
-    return [own_status(sock, p)["open_handles"] for p in pids]
+    try:
+        return [own_status(sock, p)["open_handles"] for p in pids]
+    except ProcessLookupError:
+        return None
 
 
 def settled(sock: str, pid: int, seconds: float = 1.0) -> None:
