@@ -8,11 +8,14 @@ opened again later reads the new chunk.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import signal
 import time
 from pathlib import Path
+from typing import BinaryIO, Iterator
 
 import numcodecs
 import numpy as np
@@ -324,17 +327,13 @@ def test_files_read_while_renames_commit_other_sizes_read_whole_versions(version
     assert torn == [] and len(cut) <= 3 and done[0] > 100 and done[1] > 100, (done, torn[:5], cut[:5])
 
 
-@pytest.mark.parametrize("ro", [False, True], ids=["writable", "ro"])
-def test_an_alias_the_kernel_forgets_through_the_worker_that_did_not_make_it(versions, mount, ro):
-    """With two workers, each shows its own aliases of a chunk whose names show another inode
-    while a file opened on another size holds the chunk's (``shardfs.kernel.pins``), so only its
-    maker counts the kernel's lookups of one: a FORGET of it reaching the other worker is sent
-    to the maker, which frees it, and the other frees nothing. Found by
-    ``keeps_its_size[2]`` failing about 1 run in 30: worker 0 freed an alias of worker 1's on
-    such a FORGET, worker 1 showed it again, and a ``stat`` of the name through worker 0 was
-    ENOENT. Here: worker 1 makes the alias, the kernel forgets it through worker 0, a file is
-    opened through worker 1 and ``fstat``ed through worker 0."""
-    src, other, a, b = versions
+@contextlib.contextmanager
+def worker_1s_alias(versions, mount, ro: bool) -> Iterator[tuple[Path, list[int], BinaryIO, bytes, bytes, int]]:
+    """``versions``' first source mounted at two workers (``ro``), its chunk file ``x/1.1`` open
+    while its shard is replaced by the second's, and worker 1 showing the name with an alias (the
+    chunk's own inode holds the old size): the mountpoint, the workers, the open file, its bytes,
+    the chunk's new bytes, the alias."""
+    src, other, _, _ = versions
     mnt = mount(src, "-o", NO_CACHE + ",workers=2" + (",ro" if ro else ""))
     w0, w1 = workers(mnt, 2)
     (shard,) = shard_files(src)
@@ -348,8 +347,23 @@ def test_an_alias_the_kernel_forgets_through_the_worker_that_did_not_make_it(ver
             while (got := path.read_bytes()) == old:
                 assert time.monotonic() < deadline, "the new chunk is not shown 30 s after the shard was replaced"
                 time.sleep(0.1)
-            alias = path.stat().st_ino  # worker 1's alias: the chunk's own inode holds the old size
+            alias = path.stat().st_ino
             assert alias != os.fstat(f.fileno()).st_ino
+        yield mnt, [w0, w1], f, old, got, alias
+
+
+@pytest.mark.parametrize("ro", [False, True], ids=["writable", "ro"])
+def test_an_alias_the_kernel_forgets_through_the_worker_that_did_not_make_it(versions, mount, ro):
+    """With two workers, each shows its own aliases of a chunk whose names show another inode
+    while a file opened on another size holds the chunk's (``shardfs.kernel.pins``), so only its
+    maker counts the kernel's lookups of one: a FORGET of it reaching the other worker is sent
+    to the maker, which frees it, and the other frees nothing. Found by
+    ``keeps_its_size[2]`` failing about 1 run in 30: worker 0 freed an alias of worker 1's on
+    such a FORGET, worker 1 showed it again, and a ``stat`` of the name through worker 0 was
+    ENOENT. Here: worker 1 makes the alias, the kernel forgets it through worker 0, a file is
+    opened through worker 1 and ``fstat``ed through worker 0."""
+    with worker_1s_alias(versions, mount, ro) as (mnt, (w0, w1), f, old, got, alias):
+        path = mnt / "x" / "1.1"
         with only(w0, [w0, w1]):
             assert path.stat().st_ino != alias  # worker 0 shows an alias of its own
             for _ in range(3):  # (a dentry looked at since the last pass is kept one pass more)
@@ -360,8 +374,36 @@ def test_an_alias_the_kernel_forgets_through_the_worker_that_did_not_make_it(ver
         with g:
             with only(w0, [w0, w1]):
                 assert os.fstat(g.fileno()).st_size == len(got)
-            assert g.read() == got and np.array_equal(decoded(got), b[8:, 8:])
+            assert g.read() == got and np.array_equal(decoded(got), versions[3][8:, 8:])
         assert f.read() == b"" and os.fstat(f.fileno()).st_size == len(old)
+
+
+def forgotten(worker: int, ino: int) -> bool:
+    """The ledger of ``worker``'s mount (the supervisor's memfd, ``shardfs.tree.ledger``) says the
+    kernel forgot alias ``ino`` and a worker freed it (an "f" record)."""
+    supervisor = int(Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    for fd in os.listdir(f"/proc/{supervisor}/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{supervisor}/fd/{fd}").startswith("/memfd:shardfs-ledger"):
+                return f'["f",{ino}]'.encode() in Path(f"/proc/{supervisor}/fd/{fd}").read_bytes().split(b"\n")
+    raise AssertionError(f"no ledger among the files of supervisor {supervisor}")
+
+
+@pytest.mark.parametrize("ro", [False, True], ids=["writable", "ro"])
+def test_an_alias_whose_maker_died_is_freed_by_the_worker_that_replaced_it(versions, mount, ro):
+    """Worker 1 makes an alias of a chunk (as above) and is SIGKILLed; the worker that replaces
+    it in slot 1 frees the alias when the kernel forgets it, whichever worker the FORGET reaches
+    (the alias's number names slot 1: ``NodeTable.made_by``). Before, no worker knew the alias as
+    its own and none freed it: an inode and its table entries kept for the mount's life."""
+    with worker_1s_alias(versions, mount, ro) as (mnt, (w0, w1), f, old, got, alias):
+        os.kill(w1, signal.SIGKILL)
+        wait_for(lambda: workers(mnt, 2)[1] != w1, 30, "a worker replaced worker 1")
+        for _ in range(3):  # (a dentry looked at since the last pass is kept one pass more)
+            drop_caches("2")  # the kernel forgets the alias
+        wait_for(lambda: forgotten(w0, alias), 10, f"alias {alias} freed")
+        assert (mnt / "x" / "1.1").read_bytes() == got
+        assert f.read() == b"" and os.fstat(f.fileno()).st_size == len(old)
+    assert status(mnt)["internal_errors"]["total"] == 0
 
 
 def test_fstat_of_a_file_whose_chunk_was_removed_since_it_was_opened_answers_its_version(versions, mount):

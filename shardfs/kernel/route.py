@@ -47,15 +47,15 @@ class Route:
 
     def __init__(self, index: int, owner_of: Callable[[int], int], peers: Peers, areas: Areas | None,
                  here: Callable[[int], int | None] | None, homes: Homes | None,
-                 count: int, made_elsewhere: Callable[[int], bool]) -> None:
+                 count: int, made_by: Callable[[int], int | None]) -> None:
         """``here(fh)``: the inode of another worker's read handle ``fh`` if a read or release of
         it may be served here, else None (``Reopen.here``: opened again at its version;
-        ``Elsewhere`` if it changed); ``count``: the workers; ``made_elsewhere(ino)``: ``ino`` is an
-        alias another worker made (``NodeTable.made_elsewhere``)."""
+        ``Elsewhere`` if it changed); ``count``: the workers; ``made_by(ino)``: the worker whose
+        alias ``ino`` is, or None (``NodeTable.made_by``)."""
         self.index, self.owner_of, self.peers, self.areas = index, owner_of, peers, areas
         self.here = here
         self.homes = homes
-        self.count, self.made_elsewhere = count, made_elsewhere
+        self.count, self.made_by = count, made_by
 
     def link(self, op: str, args: tuple[Any, ...]) -> PeerLink | None:
         """The link to the worker that must serve request ``op(*args)``, or None: served here
@@ -104,25 +104,33 @@ class Route:
         worker counts the lookups of the replies it made (a forwarded request's, the serving
         worker: ``Operations.counted``); a worker other than the owner frees nothing it counted
         none of: an alias the owner gave the kernel, freed here, was gone for every worker while
-        the kernel still showed it (ENOENT at its next open). The lookups not counted here of an
-        alias another worker made (``made_elsewhere``) are its maker's, which alone counted them
-        and frees it (an alias the owner freed while its maker still showed it was ENOENT at the
-        next stat of its name): sent to every other worker, as this one does not know which made
-        it (only the maker counted any, the others drop nothing)."""
-        made_elsewhere = self.made_elsewhere  # (every FORGET: an alias is rare, its test a set's)
-        theirs = [(ino, n - h) for ino, n in forgets if made_elsewhere(ino) and (h := lookups(ino)) < n]
-        if theirs:
-            for slot in range(self.count):
-                if slot != self.index:
-                    self.peers.link(slot).send_forget(theirs)
-        if self.index == OWNER:
-            return forgets
-        held = [(ino, n, lookups(ino)) for ino, n in forgets]
-        if self.areas is not None:
-            rest = [(ino, n - h) for ino, n, h in held if h < n and not made_elsewhere(ino)]
-            if rest:
-                self.peers.link(OWNER).send_forget(rest)
-        return [(ino, n) for ino, n, h in held if h]
+        the kernel still showed it (ENOENT at its next open). An alias a worker made (``made_by``)
+        is its maker's alone, which counted every lookup of it (or its predecessor in its slot
+        did) and frees it: what another worker did not count of one is sent to its maker (an alias
+        the owner freed while its maker still showed it was ENOENT at the next stat of its name),
+        and its maker forgets all of it."""
+        made_by, index = self.made_by, self.index  # (every FORGET: an alias is rare, its test a dict's)
+        here: list[tuple[int, int]] = []
+        owners: list[tuple[int, int]] = []  # (of a writable mount's worker other than the owner)
+        makers: dict[int, list[tuple[int, int]]] = {}
+        for ino, n in forgets:
+            maker = made_by(ino)
+            if maker == index:
+                here.append((ino, n))
+                continue
+            h = lookups(ino)
+            if h < n:
+                if maker is not None:
+                    makers.setdefault(maker, []).append((ino, n - h))
+                elif index != OWNER and self.areas is not None:
+                    owners.append((ino, n - h))
+            if h or index == OWNER:
+                here.append((ino, n))
+        for slot, theirs in makers.items():
+            self.peers.link(slot).send_forget(theirs)
+        if owners:
+            self.peers.link(OWNER).send_forget(owners)
+        return here
 
     @property
     def forwarded(self) -> dict[str, int]:

@@ -54,7 +54,6 @@ class NodeTable:
         self.staged: dict[tuple[int, str], Staging] = {}  # (directory inode, name) -> staging file
         self._tmp: dict[int, Staging] = {}
         self._aliases: dict[int, set[int]] = {}
-        self._made: set[int] = set()  # the ``new_alias`` inodes this worker made (``forget``)
         self._committed: set[int] = set()  # a dead worker's staging inodes committed onto a node (in ``_keys``)
         # a dead worker's staging files, their bytes lost with it: (directory inode, name) -> inode (EIO)
         self.lost: dict[tuple[int, str], int] = {}
@@ -177,29 +176,54 @@ class NodeTable:
     def new_alias(self, ino: int) -> int:
         """A new inode showing the node of ``ino``: an alias of it until the kernel forgets it
         (a chunk's names show one while files opened on an older size hold ``ino``: see
-        ``shardfs.kernel.pins``)."""
+        ``shardfs.kernel.pins``). Of a shared ledger, its number names the worker that made it
+        (``made_by``)."""
         with self.ledger.locked():  # (as ``new_staging``)
             alias = self._new_ino()
+            while self.ledger.owner(alias) != self.ledger.index:  # (the numbers between stay unused)
+                alias = self._new_ino()
             self._keys[alias] = self.node_key(ino)
             self.ledger.note("k", alias, *_encode(self._keys[alias]))
         self._aliases.setdefault(ino, set()).add(alias)
-        self._made.add(alias)
         return alias
 
     def is_new_alias(self, ino: int) -> bool:
         """True if ``new_alias`` made ``ino`` (it shows its own number, unlike a staging alias)."""
         return isinstance(self._keys.get(ino), ChunkKey)  # chunks' own inodes are computed, never here
 
-    def made_elsewhere(self, ino: int) -> bool:
-        """True if ``ino`` is a ``new_alias`` another worker of a shared ledger made: only that
-        worker shows it (``shardfs.kernel.pins``: its aliases are its own), so only it counts the
-        kernel's lookups of it and frees it (``forget``)."""
-        return self.ledger.count > 1 and ino not in self._made and self.is_new_alias(ino)
+    def made_by(self, ino: int) -> int | None:
+        """The worker of a shared ledger whose ``new_alias`` ``ino`` is, or None if it is none:
+        only that worker shows it (``shardfs.kernel.pins``: its aliases are its own), so only it
+        counts the kernel's lookups of it and frees it (``forget``). Its number's residue says
+        which, as a handle's does (``Ledger.owner``): a worker that replaced a dead one in its
+        slot frees the aliases the dead one made (a record naming none left them to no worker:
+        an inode and its table entries never freed). A number this worker has not seen given out
+        is looked for in the other workers' records first (the FORGET of another's alias this one
+        never followed, else freed by none: 3 runs in 5 of a two-worker test)."""
+        if self.ledger.count == 1:
+            return None
+        if self._top < ino < CHUNK_BASE:  # given out by another worker since this one last looked
+            self.ledger.catch_up()
+        return self.ledger.owner(ino) if self._is_alias(ino) else None
+
+    def _is_alias(self, ino: int) -> bool:
+        """``ino`` is a ``new_alias`` (of any worker), its slot bound here or not (``_defer``)."""
+        slot = self._deferred_at.get(ino)
+        if slot is not None:
+            return self._deferred[slot][ino][0] == "k"
+        return ino not in self._committed and self.is_new_alias(ino)
 
     def forget(self, ino: int) -> int | None:
         """The kernel dropped inode ``ino``: free it if it is a committed staging file or a
-        ``new_alias`` (not one ``made_elsewhere``); the inode it was an alias of, or None."""
-        if self._deferred_at.pop(ino, None) is not None:  # (named a chunk of a slot not read yet)
+        ``new_alias`` this worker made (``made_by``); the inode it was an alias of, or None."""
+        slot = self._deferred_at.get(ino)
+        if slot is not None:  # (named a chunk of a slot not read yet)
+            alias = self._is_alias(ino)
+            if alias and self.ledger.owner(ino) != self.ledger.index:
+                return None  # another worker's (``made_by``): it frees it
+            del self._deferred_at[ino], self._deferred[slot][ino]
+            if alias:
+                self.ledger.note("f", ino)
             return None
         if self._stale.pop(ino, None) is not None:
             self.ledger.note("f", ino)
@@ -211,8 +235,7 @@ class NodeTable:
         elif ino in self._committed:
             self._committed.discard(ino)
             target = self.inode(self._keys.pop(ino))
-        elif self.is_new_alias(ino) and not self.made_elsewhere(ino):
-            self._made.discard(ino)
+        elif self.is_new_alias(ino) and self.ledger.owner(ino) == self.ledger.index:
             target = self.inode(self._keys.pop(ino))
         else:
             return None
