@@ -171,23 +171,30 @@ def test_the_worker_that_replaced_an_aliass_dead_maker_frees_it(src, bound):
     """Worker 1 makes an alias and dies; the worker that replaces it in slot 1 takes over the
     ledger's records (``restore``) and, the alias's number naming slot 1, frees it when the
     kernel forgets it (before, no worker knew it as its own: its inode and table entries were
-    never freed), whether or not it read the alias's array since; worker 0 then knows it no more."""
+    never freed), whether or not it read the alias's array since; worker 0 then knows it no more.
+    So with a temporary the dead worker committed onto a chunk (any worker frees it)."""
     fd = memory()
     try:
         first, dead = _workers(src, fd, (0, 1))
         ino = trio.run(_chunk, dead)
         alias = dead.nodes.new_alias(ino)
+        slot = dead.hierarchy.arrays["a"].slot
+        dead.numbers.ledger.note("u", 10**6, "c", slot, [1, 0])  # a temporary renamed onto chunk 1.0
         trio.run(_chunk, first)
         (successor,) = _workers(src, fd, (1,))
         trio.run(successor.numbers.restore, successor.numbers.ledger.records())
         if bound:
             assert trio.run(_chunk, successor) == ino
         assert successor.nodes.made_by(alias) == 1 and first.nodes.made_by(alias) == 1
+        assert successor.nodes.made_by(10**6) is None
         assert first.nodes.forget(alias) is None
         assert successor.nodes.forget(alias) == (ino if bound else None)
+        successor.nodes.forget(10**6)  # (the one that committed it died: any worker frees it)
         _gone(first, alias)
+        _gone(first, 10**6)
         if not bound:
             assert trio.run(_chunk, successor) == ino
         _gone(successor, alias)
+        _gone(successor, 10**6)
     finally:
         os.close(fd)

@@ -218,12 +218,10 @@ class NodeTable:
         ``new_alias`` this worker made (``made_by``); the inode it was an alias of, or None."""
         slot = self._deferred_at.get(ino)
         if slot is not None:  # (named a chunk of a slot not read yet)
-            alias = self._is_alias(ino)
-            if alias and self.ledger.owner(ino) != self.ledger.index:
+            if self._is_alias(ino) and self.ledger.owner(ino) != self.ledger.index:
                 return None  # another worker's (``made_by``): it frees it
             del self._deferred_at[ino], self._deferred[slot][ino]
-            if alias:
-                self.ledger.note("f", ino)
+            self.ledger.note("f", ino)  # (as below, when bound: the others free it too)
             return None
         if self._stale.pop(ino, None) is not None:
             self.ledger.note("f", ino)
