@@ -21,7 +21,10 @@ measurement (SeaweedFS reads its volume files from disk), medians:
    first chunk read of a cold shard, per further chunk of a shard whose index is cached, per
    shard read chunk file by chunk file, and per shard in a whole-array read (mount and zarr 3
    native); mount time of ``tenk`` (< 1 s) against ``small``; the largest memory of an S3
-   mount after its reads (< 200 MiB): the PSS of its processes summed (``harness.peaks``).
+   mount after its reads (< 200 MiB): the PSS of its processes summed (``harness.peaks``);
+6. ``SWEEPERS`` zarr 2.18 readers of vol's slabs at once through a fresh mount (vol larger than
+   the default ``cache_size``): the bytes it fetched against vol's stored bytes (a report row;
+   with ``--baseline``, against the baseline's mount too).
 
 With ``--smoke`` (kept short: CI runs it) only row 1, the counts made in one mount and the RSS
 row run, on the smoke data, without ``tenk``.
@@ -45,6 +48,7 @@ from typing import Iterator
 from testkit.delayproxy import DelayProxy, Request
 from bench_lib.harness import CLIENTS, PY2, PY3, Bench, BenchError, Row, rotate
 from bench_lib.readers import zarr_readers
+from bench_lib.workers import status_of
 from testkit.seaweed import REGION, S3Source, SeaweedS3, aws_env, put_all, upload
 
 BUCKET = "shardfs-bench"
@@ -53,6 +57,7 @@ RANDOM = 60  # chunks read in row 3 (SMOKE_RANDOM in --smoke)
 TENK = 10_000  # shards under the tenk prefix
 SHARD_KEYS = f"/{BUCKET}/big/vol/c/"  # path prefix of vol's shards in the proxy's log
 COUNT_SHARDS = 8  # shards read in each request-count case (at most a third of vol's shards)
+SWEEPERS = 4  # readers of vol at once in the sweep row
 MiB = 1 << 20
 
 
@@ -137,6 +142,19 @@ class _S3Rows:
             seconds, cpu = zarr_readers(b, PY2, CLIENTS, m.mnt / "vol", 1, m.pid)
         return {"seconds": seconds, "daemon_cpu": cpu}
 
+    def sweep_mount(self, port: int, name: str, package: str | None = None) -> dict:
+        """``SWEEPERS`` zarr 2.18 readers of vol's slabs at once through a fresh mount (at the
+        default ``cache_size``, less than vol: they come back to their planes' shards once a
+        chunk row), and what the mount fetched for them (``shardfs status``: the store's
+        ``bytes_in`` and GETs)."""
+        b = self.b
+        with b.mounted(self._url("big"), name, options=self._opts(port), package=package) as m:
+            b.drop_caches()
+            seconds, cpu = zarr_readers(b, PY2, CLIENTS, m.mnt / "vol", SWEEPERS, m.pid)
+            store = status_of(m.mnt)["store"]
+        return {"seconds": seconds, "daemon_cpu": cpu, "fetched": store["bytes_in"],
+                "gets": store["requests"].get("GET", 0)}
+
     def whole_local(self) -> dict:
         """``whole_mount``'s read through a fresh mount of the local copy of the same shards."""
         b = self.b
@@ -184,6 +202,7 @@ class _S3Rows:
                 "native_delay": lambda rep: self.whole_native(slow.port, PY3, "big/vol", "native_delay"),
                 "random_mount": lambda rep: self.random_mount(slow, rep),
                 "random_native": lambda rep: self.random_native(slow, rep),
+                "sweep": lambda rep: self.sweep_mount(direct, "s3-sweep"),
             })
         base = b.args.baseline
         if base:  # the mount sides again with another checkout's package (``--baseline``)
@@ -191,12 +210,14 @@ class _S3Rows:
             if not self.smoke:
                 sides["mount_delay_base"] = lambda rep: self.whole_mount(slow.port, "s3-read-delay-base", base)
                 sides["random_mount_base"] = lambda rep: self.random_mount(slow, rep, base)
+                sides["sweep_base"] = lambda rep: self.sweep_mount(direct, "s3-sweep-base", base)
         t: dict[str, list[float]] = {k: [] for k in sides}
         cpu: dict[str, list[float]] = {k: [] for k in sides if k.startswith("mount")}
         through_slow = ("mount_delay", "native_delay", "random_mount", "random_native", "mount_delay_base",
                         "random_mount_base")
         requests: dict[str, list[dict[str, int]]] = {k: [] for k in sides if k in through_slow}
         sums: dict[int, dict[str, int]] = {}
+        fetched: dict[str, list[dict]] = {k: [] for k in sides if k.startswith("sweep")}
         for rep in b.repeat():
             for side in rotate(list(sides), rep):
                 before = slow.snapshot()[0]
@@ -208,10 +229,12 @@ class _S3Rows:
                     requests[side].append(_delta(before, slow.snapshot()[0]))
                 if side.startswith("random"):
                     sums.setdefault(rep, {})[side] = res["sum"]
+                if side in fetched:
+                    fetched[side].append(res)
                 b.log(f"s3 rep {rep + 1}: {side} {res['seconds']:.2f} s")
             if len(set(sums.get(rep, {}).values())) > 1:
                 raise BenchError(f"random reads rep {rep + 1}: mount and zarr 3 read different data {sums[rep]}")
-        b.raw["s3_read"] = {"seconds": t, "daemon_cpu": cpu, "requests": requests}
+        b.raw["s3_read"] = {"seconds": t, "daemon_cpu": cpu, "requests": requests, "sweeps": fetched}
         m = {k: statistics.median(v) for k, v in t.items()}
         mb = b.vol_bytes / MiB
         n = len(self.chunks)
@@ -251,6 +274,25 @@ class _S3Rows:
         rows[-1].note = f"local mount {note('mount_local')}"
         rows.append(b.ratio_row(f"S3, {DELAY * 1e3:g} ms each way: same, S3 mount vs local mount", "s",
                                 m["mount_delay"], m["mount_local"], None))
+        rows += self.sweep_rows(fetched)
+        return rows
+
+    def sweep_rows(self, fetched: dict[str, list[dict]]) -> list[Row]:
+        """What ``SWEEPERS`` readers at once made the mount fetch, against vol's stored bytes
+        (and against ``--baseline``'s mount, if measured)."""
+        b = self.b
+        stored = sum(f.stat().st_size for f in (b.big / "vol" / "c").rglob("*") if f.is_file())
+        med = {side: {k: statistics.median(r[k] for r in runs) for k in ("fetched", "gets")}
+               for side, runs in fetched.items()}
+        rows = [b.ratio_row(f"S3: {SWEEPERS} zarr 2.18 readers of vol at once (default cache_size): bytes "
+                            "fetched vs vol's stored bytes", "MB", med["sweep"]["fetched"] / 1e6, stored / 1e6, None)]
+        rows[-1].note = (f"{med['sweep']['gets']:.0f} GETs; per repetition "
+                         + ", ".join(f"{r['fetched'] / stored:.2f}x" for r in fetched["sweep"]))
+        if "sweep_base" in med:
+            rows.append(b.ratio_row("  same, shardfs vs shardfs-base (--baseline)", "MB", med["sweep"]["fetched"] / 1e6,
+                                    med["sweep_base"]["fetched"] / 1e6, None))
+            rows[-1].note = (f"shardfs-base {med['sweep_base']['gets']:.0f} GETs; per repetition "
+                             + ", ".join(f"{r['fetched'] / stored:.2f}x" for r in fetched["sweep_base"]))
         return rows
 
     def _random_list(self, rep: int) -> Path:

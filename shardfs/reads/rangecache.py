@@ -16,8 +16,10 @@ Contract:
 - A version is identified by its ETag and size (``Version.tag``/``size``; a non-string tag,
   such as a local inode, by the whole ``Version``). A version with an empty ETag (a server
   that sends none) is never cached. Bytes of one version are never served for another.
-- Memory: an LRU of ranges whose sizes sum to at most ``max_bytes`` (0: no memory cache; a
-  range larger than that is not kept). A range inside another of the same version is not kept
+- Memory: ranges whose sizes sum to at most ``max_bytes`` (0: no memory cache; a range larger
+  than that is not kept), the least recently used evicted first, or a random one of the oldest
+  while that would have kept more (``shardfs.base.eviction``: a cyclic sweep over more than
+  memory holds). A range inside another of the same version is not kept
   twice. Putting a version of an object drops the ranges of its other versions.
 - Disk (``disk_dir``, like mountpoint-s3's ``--cache``): every put range is also written, by a
   background thread (``put`` does not wait; ranges beyond ``QUEUE_BYTES`` waiting are not
@@ -61,11 +63,12 @@ import struct
 import threading
 import time
 from bisect import bisect_left, bisect_right
-from collections import OrderedDict, deque
+from collections import deque
 
 import crc32c
 
 from shardfs.base import private
+from shardfs.base.eviction import Eviction
 from shardfs.storage import Version
 from shardfs.storage.sharedshards import SharedShards
 
@@ -120,7 +123,7 @@ class _Ranges:
 
 
 class RangeCache:
-    """Ranges of object versions in a memory LRU (``max_bytes``) and optionally on disk."""
+    """Ranges of object versions in memory (``max_bytes``) and optionally on disk."""
 
     def __init__(self, max_bytes: int, disk_dir: str | None = None, disk_max_bytes: int | None = None) -> None:
         self.max_bytes = max_bytes
@@ -129,7 +132,7 @@ class RangeCache:
         self.misses = 0
         self._lock = threading.Lock()
         self._objects: dict[str, _Ranges] = {}
-        self._lru: OrderedDict[tuple[str, int], int] = OrderedDict()  # (where, start) -> length
+        self._order: Eviction[tuple[str, int]] = Eviction(max_bytes)  # of the ranges in memory: (where, start)
         self.disk_dir: str | None = None
         self.disk_max_bytes = DEFAULT_DISK_BYTES if disk_max_bytes is None else disk_max_bytes
         self._written = 0  # bytes written to disk since the last scan started
@@ -159,7 +162,7 @@ class RangeCache:
             obj = self._objects.get(where)
             at = obj.covering(start, stop) if obj is not None and obj.ident == ident else None
             if at is not None:
-                self._lru.move_to_end((where, at))
+                self._order.used((where, at))
                 data = obj.data[at]  # type: ignore[union-attr]  # ``at`` is None when ``obj`` is
                 return data if at == start and len(data) == stop - start else memoryview(data)[start - at: stop - at]
         if not disk or self.disk_dir is None:
@@ -174,7 +177,7 @@ class RangeCache:
 
     def lacks(self, where: str, version: Version) -> bool:
         """True if memory could keep the whole of ``version`` of ``where`` (it has an ETag and
-        fits) but holds no range covering it (never blocks; the LRU order is left as it is)."""
+        fits) but holds no range covering it (never blocks; the use order is left as it is)."""
         ident = _ident(version)
         if ident is None or not 0 < version.size <= self.max_bytes:
             return False
@@ -227,7 +230,7 @@ class RangeCache:
             obj = self._objects[where] = _Ranges(ident)
         at = obj.covering(start, stop)
         if at is not None:
-            self._lru.move_to_end((where, at))
+            self._order.used((where, at))
             return
         first = last = bisect_left(obj.starts, start)
         while last < len(obj.starts) and obj.starts[last] + len(obj.data[obj.starts[last]]) <= stop:
@@ -236,10 +239,10 @@ class RangeCache:
         obj.starts.insert(first, start)
         obj.data[start] = data
         self._objects[where] = obj  # again: dropping the ranges inside may have removed it
-        self._lru[(where, start)] = len(data)
+        self._order.added((where, start), len(data))
         self.used += len(data)
         while self.used > self.max_bytes:
-            (old_where, old_start), _ = next(iter(self._lru.items()))
+            old_where, old_start = self._order.victim()
             old = self._objects[old_where]
             i = bisect_left(old.starts, old_start)
             self._drop(old_where, old, i, i + 1)
@@ -248,7 +251,7 @@ class RangeCache:
         """Forget ranges ``first:last`` of ``obj`` (and ``obj`` once empty)."""
         for start in obj.starts[first:last]:
             self.used -= len(obj.data.pop(start))
-            del self._lru[(where, start)]
+            self._order.removed((where, start))
         del obj.starts[first:last]
         if not obj.starts:
             self._objects.pop(where, None)
