@@ -16,7 +16,8 @@ from shardfs.storage import Version
 SHARD = 1000  # bytes of a range (a shard fetched whole)
 
 
-def sweeps(readers: int = 4, shards: int = 12, passes: int = 4, chunks: int = 8, seed: int = 0) -> list[tuple[int, int]]:
+def sweeps(readers: int = 4, shards: int = 12, passes: int = 4, chunks: int = 8,
+           seed: int = 0) -> list[tuple[int, int]]:
     """The shards ``readers`` read, interleaved at random: each sweeps its own plane of
     ``shards`` ``passes`` times (zarr 2.18 reading a slab in C order: one chunk row a pass),
     ``chunks`` chunk files of a shard at each visit."""

@@ -95,6 +95,13 @@ def _daemon_by_argv(mnt: str) -> int | None:
     return min(found)[1] if found else None
 
 
+def status_of(mnt: Path) -> dict[str, Any]:
+    """``shardfs status MNT --json``: the mount's status document."""
+    r = subprocess.run([str(SHARDFS), "status", str(mnt), "--json"], capture_output=True, text=True, timeout=30,
+                       stdin=subprocess.DEVNULL)
+    return dict(json.loads(r.stdout))
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

@@ -46,9 +46,8 @@ from pathlib import Path
 from typing import Iterator
 
 from testkit.delayproxy import DelayProxy, Request
-from bench_lib.harness import CLIENTS, PY2, PY3, Bench, BenchError, Row, rotate
+from bench_lib.harness import CLIENTS, PY2, PY3, Bench, BenchError, Row, rotate, status_of
 from bench_lib.readers import zarr_readers
-from bench_lib.workers import status_of
 from testkit.seaweed import REGION, S3Source, SeaweedS3, aws_env, put_all, upload
 
 BUCKET = "shardfs-bench"
@@ -293,6 +292,15 @@ class _S3Rows:
                                     med["sweep_base"]["fetched"] / 1e6, None))
             rows[-1].note = (f"shardfs-base {med['sweep_base']['gets']:.0f} GETs; per repetition "
                              + ", ".join(f"{r['fetched'] / stored:.2f}x" for r in fetched["sweep_base"]))
+        mem = {side: b.memory[name] for side, name in (("sweep", "s3-sweep"), ("sweep_base", "s3-sweep-base"))
+               if name in b.memory}
+        figure = "  memory of that mount after the reads (PSS of its processes)"
+        base = mem.get("sweep_base")
+        pss = mem["sweep"]["pss"] / MiB
+        rows.append(Row(figure, "MiB", pss) if base is None else
+                    b.ratio_row(figure + ", vs shardfs-base", "MiB", pss, base["pss"] / MiB, None))
+        rows[-1].note = (f"its worker's peak RSS {mem['sweep']['largest'] / MiB:.0f} MiB"
+                         + ("" if base is None else f"; shardfs-base's {base['largest'] / MiB:.0f} MiB"))
         return rows
 
     def _random_list(self, rep: int) -> Path:
@@ -411,9 +419,11 @@ class _S3Rows:
 
     def rss(self) -> Row:
         """The largest memory of this package's S3 mounts (not ``--baseline``'s) after their
-        reads: their processes' PSS summed (a supervised mount: supervisor, zygote, worker),
-        with the serving worker's peak RSS and the RSS summed in the note."""
-        mem = {k: v for k, v in self.b.memory.items() if k.startswith("s3-") and not k.endswith("-base")}
+        reads by one reader: their processes' PSS summed (a supervised mount: supervisor, zygote,
+        worker), with the serving worker's peak RSS and the RSS summed in the note (the sweep's
+        mount, four readers at once, has a row of its own: ``sweep_rows``)."""
+        mem = {k: v for k, v in self.b.memory.items()
+               if k.startswith("s3-") and not k.endswith("-base") and not k.startswith("s3-sweep")}
         worst = max(mem, key=lambda k: mem[k]["pss"])
         m = mem[worst]
         r = Row("S3: memory of an S3 mount after its reads (PSS of its processes), largest", "MiB", m["pss"] / MiB)

@@ -24,24 +24,17 @@ readers for N up to 8 (read-only): the target there is at least 0.7 x N one work
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from bench_lib.harness import CLIENTS, PY2, SHARDFS, BenchError, MiB, Row, median, process_tree, pss, rotate
+from bench_lib.harness import (CLIENTS, PY2, BenchError, MiB, Row, median, process_tree, pss, rotate,
+                               status_of)
 from bench_lib.readers import cpu_seconds, zarr_readers
 
 COUNTS = (1, 2, 4)
 READERS = 4
-
-
-def status_of(mnt: Path) -> dict[str, Any]:
-    r = subprocess.run([str(SHARDFS), "status", str(mnt), "--json"], capture_output=True, text=True, timeout=30,
-                       stdin=subprocess.DEVNULL)
-    return dict(json.loads(r.stdout))
 
 
 def worker_pids(mnt: Path) -> list[int]:

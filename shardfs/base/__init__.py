@@ -5,6 +5,8 @@ job. It imports no other room of the package (only the standard library and trio
   handler answers with);
 - ``threads``: ``blocking``, a blocking call run off the trio thread;
 - ``lru``: ``SizedLRU``, a least-recently-used map bounded by the size of its values;
+- ``eviction``: ``Eviction``, which value a size-bounded cache evicts first (least recently
+  used, or a random old one while a shadow of that choice would have kept more);
 - ``files``: ``fsync_dir`` (a rename or unlink made durable) and ``not_regular`` (why a
   file is never opened for I/O, for log lines);
 - ``faults``: ``Faults``, the mount's internal errors (bugs) counted and logged, never fatal;
@@ -16,4 +18,4 @@ job. It imports no other room of the package (only the standard library and trio
 - ``cores``: the CPUs this process may use (its affinity, and its cgroup's CPU quota).
 """
 
-__all__ = ["attrs", "budget", "cores", "faults", "files", "libc", "lru", "memtables", "private", "threads"]
+__all__ = ["attrs", "budget", "cores", "eviction", "faults", "files", "libc", "lru", "memtables", "private", "threads"]
