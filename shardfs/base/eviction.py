@@ -7,7 +7,8 @@ in C order come back to a plane of shards once a chunk row, and LRU evicts each 
 before its next use, so every visit fetches it again (measured: four zarr 2.18 readers of an
 S3 array of 48 shards through 38 shards' worth of memory fetched it 3.3 times). A random
 victim among the oldest three quarters keeps part of such a sweep (the newest quarter is spared
-so that a shard being read by a reader is not evicted under it).
+so that a shard being read by a reader is not evicted under it): there 2.2-3.0 times against
+2.0-4.5 (doc/BENCHMARKING.md; how far the readers drift apart moves it as much).
 
 Neither choice is right for every workload, so the cache follows one and a shadow follows the
 other over the same references (keys and sizes only, in ``max_bytes``): each reference one
