@@ -24,6 +24,7 @@ import stopping
 from shardfs.app import progress, statusdoc
 from sources import Spec, build
 from test_hostile import chunk_bytes, write_file
+from test_workers import open_handles, socket_of
 
 s = slice
 # one shard of 20x20 inner chunks: 150 written chunks leave it incomplete (folded only when idle)
@@ -48,6 +49,10 @@ def test_umount_shows_fold_progress(tmp_path, mount, workers):
             exp["p"][P.chunk_region(idx)] = block
         pids = [w["pid"] for w in status(mnt)["workers"]] if workers > 1 else []
         if pids:
+            # the last files' RELEASEs reached the owner (one still in flight when the owner
+            # stops keeps the other worker waiting for its answer: it never ended, a CI run)
+            sock = socket_of(mnt)
+            wait_for(lambda: open_handles(mnt, sock) == [0, 0], 30, "every written file released")
             stopping.stopped(pids[0])
         umount = subprocess.Popen([SHARDFS, "umount", str(mnt)], stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                   text=True)
