@@ -56,7 +56,7 @@ class Sent:
 def route(index: int, writable: bool, tmp_path) -> tuple[Route, Sent]:
     sent = Sent()
     areas = Areas(NodeTable([]), Marks(str(tmp_path / "marks"))) if writable else None
-    return Route(index, lambda fh: fh % 2, sent, areas, None, None, 2,  # type: ignore[arg-type]  # Sent: the links it uses
+    return Route(index, lambda fh: fh % 2, sent, areas, None, None,  # type: ignore[arg-type]  # Sent: the links it uses
                  lambda ino: None), sent
 
 
@@ -84,11 +84,11 @@ def test_an_alias_another_worker_made_is_sent_to_its_maker_and_frees_nothing_her
     count of such an alias goes to its maker (``made_by``: its number names it), the owner's
     share of the rest to the owner; the owner frees none of it."""
     r, sent = route(1, True, tmp_path)
-    r.count, r.made_by = 3, {9: 2}.get
+    r.made_by = {9: 2}.get
     assert r.forget(FORGETS, HELD.__getitem__) == [(10, 2), (11, 2)]
     assert sent.forgets == {2: [(9, 1)], 0: [(10, 1)]}
     owner, sent = route(OWNER, True, tmp_path)
-    owner.count, owner.made_by = 3, {9: 1}.get
+    owner.made_by = {9: 1}.get
     assert owner.forget(FORGETS, HELD.__getitem__) == FORGETS
     assert sent.forgets == {1: [(9, 1)]}
 

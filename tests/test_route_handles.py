@@ -41,8 +41,8 @@ def route(writable: bool, tmp_path, here: int | None) -> tuple[Route, Links, lis
 
     links = Links()
     areas = Areas(NodeTable([]), Marks(str(tmp_path / "marks"))) if writable else None
-    return Route(2, lambda fh: (fh - 1) % 3, links, areas, ask, None, 3,  # type: ignore[arg-type]  # Links: what it uses
-                 lambda ino: False), links, asked
+    return Route(2, lambda fh: (fh - 1) % 3, links, areas, ask, None,  # type: ignore[arg-type]  # Links: what it uses
+                 lambda ino: None), links, asked
 
 
 def test_a_release_of_another_workers_handle_on_a_read_only_mount_is_served_here_unasked(tmp_path):

@@ -359,7 +359,7 @@ def _share(args: argparse.Namespace, mount: Composed, ledger: Any, source: Sourc
         homes = Homes(mount.tree.names, mount.tree.nodes, ledger.index, ledger.count, mount.tree.indexes, reads)
         mount.tree.prefetch.share(ledger.index, ledger.count)
     mount.ops.route = Route(ledger.index, ledger.owner, peers, areas, mount.ops.reopen.here, homes,
-                            ledger.count, mount.tree.nodes.made_by)
+                            mount.tree.nodes.made_by)
     return marks
 
 

@@ -47,15 +47,15 @@ class Route:
 
     def __init__(self, index: int, owner_of: Callable[[int], int], peers: Peers, areas: Areas | None,
                  here: Callable[[int], int | None] | None, homes: Homes | None,
-                 count: int, made_by: Callable[[int], int | None]) -> None:
+                 made_by: Callable[[int], int | None]) -> None:
         """``here(fh)``: the inode of another worker's read handle ``fh`` if a read or release of
         it may be served here, else None (``Reopen.here``: opened again at its version;
-        ``Elsewhere`` if it changed); ``count``: the workers; ``made_by(ino)``: the worker whose
+        ``Elsewhere`` if it changed); ``made_by(ino)``: the worker whose
         alias ``ino`` is, or None (``NodeTable.made_by``)."""
         self.index, self.owner_of, self.peers, self.areas = index, owner_of, peers, areas
         self.here = here
         self.homes = homes
-        self.count, self.made_by = count, made_by
+        self.made_by = made_by
 
     def link(self, op: str, args: tuple[Any, ...]) -> PeerLink | None:
         """The link to the worker that must serve request ``op(*args)``, or None: served here
