@@ -25,7 +25,7 @@ import obstore
 import pytest
 
 from testkit.delayproxy import DelayProxy, Request
-from conftest import drop_caches, serving_pids, zarr2
+from conftest import drop_caches, run_shardfs, serving_pids, zarr2
 from source_kinds import BucketSource, unique_prefix
 from sources import Spec, build
 
@@ -397,3 +397,33 @@ def test_a_shard_replaced_twice_within_a_second_never_shows_the_first_replacemen
     else:
         pytest.fail("no two replacements within one second in 20 tries")
     assert path.read_bytes() == chunk
+
+
+def test_umount_does_not_wait_for_indexes_read_ahead_from_a_store_that_does_not_answer(s3, tmp_path, mount,
+                                                                                        request):
+    """A scattered read has the other shards' indexes read ahead in the background; the store
+    never answers those (held in the proxy), and each request may take ``-o timeout`` (120 s
+    here). ``shardfs umount`` ends the mount at once all the same (0, the daemon gone within
+    20 s), with no error logged about the reads it dropped: nobody needs them any more."""
+    sp = spec("end")
+    expected = build(tmp_path / "src", [sp])[sp.name]
+    others = {sp.shard_key(sh) for sh in np.ndindex(*sp.shard_grid)} - {sp.shard_key((1, 0))}
+    with DelayProxy(("127.0.0.1", s3.ports["s3.port"]), delay=0, record=True) as proxy:
+        src = BucketSource(tmp_path / "src", s3, unique_prefix(request), endpoint=f"http://127.0.0.1:{proxy.port}")
+        mnt = src.mount(mount, "-o", "timeout=120")
+        proxy.hold(lambda r: r.path.removeprefix(f"/{src.server.bucket}/{src.prefix}/") in others)
+        path, idx = chunk_files(mnt, sp, (1, 0), "root")[5]
+        assert_chunk(sp, expected, idx, read_files([path])[0])
+        deadline = time.monotonic() + 10
+        while len(proxy.held) < len(others) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sorted(r.path.rsplit("/c/", 1)[1] for r in proxy.held) == ["0/0", "0/1", "1/1"]
+        daemon = mount.info(mnt)
+        started = time.monotonic()
+        r = run_shardfs("umount", str(mnt))
+        assert r.returncode == 0, r.stderr
+        daemon.proc.wait(timeout=20)
+        assert time.monotonic() - started < 20
+        assert not os.path.ismount(mnt)
+        proxy.release()
+    assert [line for line in daemon.log_text().splitlines() if " ERROR " in line] == []

@@ -39,7 +39,7 @@ from shardfs.storage import Range, Version, VersionMismatch
 from shardfs.storage import Storage
 from shardfs.storage.sharedshards import SharedShards
 from shardfs.storage.requests import Buffer, ObjectRequests
-from shardfs.base.threads import blocking
+from shardfs.base.threads import blocking, blocking_read
 
 if TYPE_CHECKING:
     import numpy as np
@@ -153,7 +153,7 @@ class ObjectReads(Reads):
         return self.shared.whole(self.source.describe(key), table)
 
     async def keys_below(self, prefix: str, most: int) -> list[str] | None:
-        return await blocking(self.source.keys_below, prefix, most)
+        return await blocking_read(self.source.keys_below, prefix, most)
 
     async def fetch_whole(self, key: str) -> tuple[bytes, Version] | None:
         if self.cache.disk_dir is not None:

@@ -24,7 +24,7 @@ from shardfs.shards import shard as shard_mod
 from shardfs.shards.indexes import SHARD_KEYS_KEPT, Sharded, ShardIndexes
 from shardfs.shards.shard import Extent, IndexCache
 from shardfs.storage import Storage
-from shardfs.base.threads import blocking
+from shardfs.base.threads import blocking_read
 
 if TYPE_CHECKING:
     from shardfs.reads import Reads
@@ -204,7 +204,7 @@ class Prefetch:
                 data, version = fetched
                 self.index_cache.put(key, version, shard_mod.table_of_whole(self.source, key, fmt, version, data))
             else:
-                found = await blocking(shard_mod.read_index_sync, self.source, key, fmt)
+                found = await blocking_read(shard_mod.read_index_sync, self.source, key, fmt)
                 if found is not None:
                     self.index_cache.put(key, *found)
         except Exception as e:  # noqa: BLE001 - a background fetch never ends the daemon

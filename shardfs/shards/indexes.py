@@ -23,7 +23,7 @@ from shardfs.storage.keys import join
 from shardfs.shards import shard as shard_mod
 from shardfs.shards.shard import CorruptShard, IndexCache
 from shardfs.storage import UNKNOWN, Storage, Unusable, Version, Unknown
-from shardfs.base.threads import blocking
+from shardfs.base.threads import blocking_read
 
 if TYPE_CHECKING:
     from shardfs.format.v2 import ArrayInfo
@@ -142,7 +142,7 @@ class ShardIndexes:
         result: tuple[Version, np.ndarray] | None | CorruptShard | Unusable
         try:
             try:
-                result = await blocking(shard_mod.read_index_sync, self.source, key, layout.index)
+                result = await blocking_read(shard_mod.read_index_sync, self.source, key, layout.index)
             except (CorruptShard, Unusable) as e:
                 result = e
             return self._index_read(key, result)
@@ -188,7 +188,7 @@ class ShardIndexes:
         for key in keys:
             self._index_reads[key] = reading
         try:
-            results = await blocking(shard_mod.read_indexes_sync, self.source, keys, layout.index) if keys else []
+            results = await blocking_read(shard_mod.read_indexes_sync, self.source, keys, layout.index) if keys else []
             for key, result in zip(keys, results):
                 if isinstance(result, tuple) or (failures and isinstance(result, (CorruptShard, Unusable))):
                     try:
@@ -207,7 +207,7 @@ class ShardIndexes:
         stat each, remembered for the getattrs that follow) in one worker thread call; those
         only a request would tell (objects not remembered) are returned."""
         keys = [self.shard_key(arr, shard) for shard in shards]
-        found = await blocking(_versions_now, self.source, keys)
+        found = await blocking_read(_versions_now, self.source, keys)
         return [shard for shard, version in zip(shards, found) if version is UNKNOWN]
 
     def _index_read(self, key: str, result: tuple[Version, np.ndarray] | None | CorruptShard | Unusable

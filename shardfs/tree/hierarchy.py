@@ -20,7 +20,7 @@ from shardfs.format.layout import Unpresentable
 from shardfs.storage import UNKNOWN, Range, Storage, Unusable, Version, Unknown
 from shardfs.base.attrs import fail
 from shardfs.storage.keys import join
-from shardfs.base.threads import blocking
+from shardfs.base.threads import blocking, blocking_read
 from shardfs.tree import metadata
 from shardfs.tree.ledger import Ledger
 from shardfs.tree.nodes import GONE, ArrayNode, GroupNode, Unbound
@@ -121,7 +121,7 @@ class Hierarchy:
         """``source.version``: inline when it is answered at once, else in a worker thread (or
         ``UNKNOWN`` if not ``ask``)."""
         found = self.source.version_now(key)
-        return await blocking(self.source.version, key) if found is UNKNOWN and ask else found
+        return await blocking_read(self.source.version, key) if found is UNKNOWN and ask else found
 
     def log_unusable(self, key: str, e: Unusable) -> None:
         """Log why ``key`` is not read, once per key and reason."""
