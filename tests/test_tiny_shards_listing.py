@@ -61,13 +61,13 @@ def test_a_listing_reads_many_shards_indexes_in_one_worker_thread_call(tmp_path,
     n = 3000
     build_tiny(tmp_path / "src", n)
     calls: list[object] = []
-    hop = indexes.blocking
+    hop = indexes.blocking_read
 
     async def counted(fn, *args):
         calls.append(fn)
         return await hop(fn, *args)
 
-    monkeypatch.setattr(indexes, "blocking", counted)
+    monkeypatch.setattr(indexes, "blocking_read", counted)
     with InProcess(tmp_path / "src") as fs:
         names = [name for name in (fs / "tiny").iterdir() if not name.startswith(".")]
         assert sorted(names, key=int) == [str(i) for i in range(n)]
