@@ -21,7 +21,8 @@ measurement (SeaweedFS reads its volume files from disk), medians:
    first chunk read of a cold shard, per further chunk of a shard whose index is cached, per
    shard read chunk file by chunk file, and per shard in a whole-array read (mount and zarr 3
    native); mount time of ``tenk`` (< 1 s) against ``small``; the largest memory of an S3
-   mount after its reads (< 200 MiB): the PSS of its processes summed (``harness.peaks``);
+   mount after its reads (< 200 MiB): the PSS of its processes summed (``harness.peaks``), at
+   rest (``REST_S`` after its readers: an idle worker gives its free heap back, ``shardfs.app.idle``);
 6. ``SWEEPERS`` zarr 2.18 readers of vol's slabs at once through a fresh mount (vol larger than
    the default ``cache_size``): the bytes it fetched against vol's stored bytes (a report row;
    with ``--baseline``, against the baseline's mount too).
@@ -57,6 +58,7 @@ TENK = 10_000  # shards under the tenk prefix
 SHARD_KEYS = f"/{BUCKET}/big/vol/c/"  # path prefix of vol's shards in the proxy's log
 COUNT_SHARDS = 8  # shards read in each request-count case (at most a third of vol's shards)
 SWEEPERS = 4  # readers of vol at once in the sweep row
+REST_S = 3.0  # seconds a mount is left idle after its readers before its memory is taken (> 2 x IDLE_S)
 MiB = 1 << 20
 
 
@@ -139,6 +141,7 @@ class _S3Rows:
         with b.mounted(self._url("big"), name, options=self._opts(port), package=package) as m:
             b.drop_caches()
             seconds, cpu = zarr_readers(b, PY2, CLIENTS, m.mnt / "vol", 1, m.pid)
+            time.sleep(REST_S)
         return {"seconds": seconds, "daemon_cpu": cpu}
 
     def sweep_mount(self, port: int, name: str, package: str | None = None) -> dict:
@@ -151,6 +154,7 @@ class _S3Rows:
             b.drop_caches()
             seconds, cpu = zarr_readers(b, PY2, CLIENTS, m.mnt / "vol", SWEEPERS, m.pid)
             store = status_of(m.mnt)["store"]
+            time.sleep(REST_S)
         return {"seconds": seconds, "daemon_cpu": cpu, "fetched": store["bytes_in"],
                 "gets": store["requests"].get("GET", 0)}
 
@@ -294,7 +298,7 @@ class _S3Rows:
                              + ", ".join(f"{r['fetched'] / stored:.2f}x" for r in fetched["sweep_base"]))
         mem = {side: b.memory[name] for side, name in (("sweep", "s3-sweep"), ("sweep_base", "s3-sweep-base"))
                if name in b.memory}
-        figure = "  memory of that mount after the reads (PSS of its processes)"
+        figure = "  memory of that mount after the reads, at rest (PSS of its processes)"
         base = mem.get("sweep_base")
         pss = mem["sweep"]["pss"] / MiB
         rows.append(Row(figure, "MiB", pss) if base is None else
@@ -314,7 +318,9 @@ class _S3Rows:
         name = "s3-random-base" if package else "s3-random"
         with b.mounted(self._url("big"), name, options=self._opts(slow.port), package=package) as m:
             b.drop_caches()
-            return b.client(PY2, "zarr_chunks", m.mnt / "vol", self._random_list(rep))
+            res = b.client(PY2, "zarr_chunks", m.mnt / "vol", self._random_list(rep))
+            time.sleep(REST_S)
+            return res
 
     def random_native(self, slow: DelayProxy, rep: int) -> dict:
         self.b.drop_caches()
@@ -426,7 +432,8 @@ class _S3Rows:
                if k.startswith("s3-") and not k.endswith("-base") and not k.startswith("s3-sweep")}
         worst = max(mem, key=lambda k: mem[k]["pss"])
         m = mem[worst]
-        r = Row("S3: memory of an S3 mount after its reads (PSS of its processes), largest", "MiB", m["pss"] / MiB)
+        r = Row("S3: memory of an S3 mount after its reads, at rest (PSS of its processes), largest", "MiB",
+                m["pss"] / MiB)
         r = self.b.abs_check(r, 200, "<", "< 200 MiB")
         r.note = (f"{worst}; its worker's peak RSS {m['largest'] / MiB:.0f} MiB, the peak RSS of its processes "
                   f"summed {m['hwm'] / MiB:.0f} MiB (pages they share counted in each)")

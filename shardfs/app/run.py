@@ -578,7 +578,7 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
     import pyfuse3
     import trio
 
-    from shardfs.app import fusedev
+    from shardfs.app import fusedev, idle
     from shardfs.kernel import fuseloop
     from shardfs.kernel.elastic import Gate
     from shardfs.kernel.forward import PeerServer
@@ -624,6 +624,7 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
                 nursery.start_soon(mount.faults.keep, "peers", server.run)
         # a bug in a background task is logged and the task runs again (``Faults.keep``)
         nursery.start_soon(mount.faults.keep, "status", status.run)
+        nursery.start_soon(mount.faults.keep, "idle", idle.trim_when_idle, status.counters)
         if writeback is not None:
             nursery.start_soon(mount.faults.keep, "fold loop", writeback.run, folded)
         gate = None if conn is None or conn.wake is None else Gate(conn.index, conn.wake, mount.ops.stats)
