@@ -4,7 +4,7 @@ Reading through a mount allocates and frees buffers by the thousand (shards fetc
 files decoded, the kernel's requests), on the trio thread and on obstore's threads, each
 thread in its own glibc arena; glibc gives back by itself only the free top of the main arena,
 so a burst of reads leaves tens of MiB free inside the heap and counted in the worker's memory
-(measured: an S3 mount after four zarr 2.18 readers of the bench's vol, 30 MiB of its 240
+(measured: an S3 mount after four zarr 2.18 readers of the bench's vol, 12-35 MiB of its 217-272
 MiB). ``malloc_trim(0)`` gives them back (``base.libc.trim_heap``): once each time the worker
 goes idle, never under load (trimming once a second under load cost 7% of the CPU a chunk:
 the pages given back are faulted in again by the next buffers, doc/BENCHMARKING.md).
