@@ -202,9 +202,23 @@ def main_thread_wakeups(pid: int) -> int:
     return int(found.group(1))
 
 
+def settled(pids: tuple[int, ...], quiet: float = 1.5, most: float = 15) -> list[int]:
+    """The main threads' wakeups of ``pids`` once none woke for ``quiet`` seconds (or after
+    ``most`` seconds, whatever they are then)."""
+    deadline = time.monotonic() + most
+    last = [main_thread_wakeups(pid) for pid in pids]
+    while True:
+        time.sleep(quiet)
+        now = [main_thread_wakeups(pid) for pid in pids]
+        if now == last or time.monotonic() > deadline:
+            return now
+        last = now
+
+
 def test_an_idle_daemon_sleeps_and_a_write_is_still_folded_once_idle(tmp_path, mount):
     """With nothing pending the main threads of the supervisor and of its worker never wake (no
-    timer runs: 0 wakeups in 2 s); a write to an incomplete shard then wakes the worker, and is
+    timer runs: 0 wakeups in 2 s, once the worker's looks for a second without requests are
+    over, the idle trim of its heap); a write to an incomplete shard then wakes the worker, and is
     folded once the mount is idle."""
     src = tmp_path / "src"
     expected = build(src, [COMPLETE])["full"]
@@ -212,8 +226,7 @@ def test_an_idle_daemon_sleeps_and_a_write_is_still_folded_once_idle(tmp_path, m
     before = shard.stat().st_ino
     mnt = mount(src, "-o", "workers=1")  # (N idle workers: test_workers.py::test_an_idle_mount_wakes_no_worker)
     pids = (mount.info(mnt).pid, serving_pid(mnt))
-    time.sleep(0.5)
-    woken = [main_thread_wakeups(pid) for pid in pids]
+    woken = settled(pids)  # (the worker's looks for a second without requests: ``app.idle``)
     time.sleep(2)
     assert [main_thread_wakeups(pid) for pid in pids] == woken
     values = COMPLETE.values(COMPLETE.chunk, 7)

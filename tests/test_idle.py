@@ -61,7 +61,7 @@ def test_trims_once_after_a_whole_idle_second_then_waits_for_the_next_request():
     async def script(c: Counters) -> None:
         await trio.sleep(10)
 
-    assert run_idle(script) == [2.0]  # the first look sees the counts, the second the same: idle
+    assert run_idle(script) == [1.0]  # no request since it started: idle at its first look
 
 
 def test_never_trims_while_requests_come_under_a_second_apart():
@@ -88,7 +88,7 @@ def test_a_request_being_answered_or_a_store_request_in_flight_is_not_idle():
 
 def test_trims_again_after_each_new_burst():
     async def script(c: Counters) -> None:
-        await trio.sleep(3.25)  # trimmed at 2, then waits
+        await trio.sleep(3.25)  # trimmed at 1, then waits
         for _ in range(5):  # at 3.25 (which wakes it: it looks at 4.25, 5.25...), 3.55 ... 4.45
             request(c)
             await trio.sleep(0.3)
@@ -96,7 +96,7 @@ def test_trims_again_after_each_new_burst():
         c.store.requests["GET"] = 1  # a store request alone is activity too, but wakes nothing:
         await trio.sleep(10)  # waiting for the next FUSE request, the worker sleeps on
 
-    assert run_idle(script) == [2.0, 6.25]
+    assert run_idle(script) == [1.0, 6.25]
 
 
 def rss_kib(pid: int) -> int:

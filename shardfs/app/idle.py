@@ -30,8 +30,9 @@ async def trim_when_idle(counters: Counters) -> None:
     """Each time a whole ``IDLE_S`` passes with no request served, forwarded or sent to the store,
     none being answered and none in flight (a read-ahead ends after the request that began it),
     give the free heap back (``trim_heap``), then wait for the next request: no timer wakes an
-    idle worker."""
-    seen = -1
+    idle worker (it looks once or twice, a second apart, after its last request: once after its
+    start if none came)."""
+    seen = _activity(counters)
     while True:
         await trio.sleep(IDLE_S)
         now = _activity(counters)
