@@ -39,5 +39,5 @@ async def trim_when_idle(counters: Counters) -> None:
         if now == seen and not counters.requests.active and not counters.store.in_flight:
             trim_heap()
             await counters.requests.next_request()
-            now = -1
+            now = -1  # (the request that woke it may not be counted yet: two looks before the next trim)
         seen = now

@@ -142,7 +142,7 @@ class Reopen:
     def _kept_elsewhere(self, fh: int, handle: Lost) -> bool:
         """True if ``handle`` (``fh``) is a read handle another live worker opened at a version it
         noted: that worker still reads that version, whatever the chunk became since."""
-        return handle.kind == "r" and handle.version is not None and self._ledger.owner(fh) != self._ledger.index
+        return handle.kind == "r" and handle.version is not None and not self._ledger.mine(fh)
 
     async def restore(self, records: list[list[Any]]) -> None:
         """Take over the numbers a dead worker gave the kernel (its ledger's ``records``: see

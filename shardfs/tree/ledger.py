@@ -96,6 +96,10 @@ class Ledger:
         """The worker that gave out handle ``number`` (``Handles``: residue ``number - 1`` mod count)."""
         return (number - 1) % self.count
 
+    def mine(self, number: int) -> bool:
+        """True if this worker gave out ``number`` (``owner``)."""
+        return (number - 1) % self.count == self.index
+
     def tail(self) -> list[list[Any]]:
         """The complete records appended since the last look (by every worker, this one too)."""
         return _parse(self._new_lines())

@@ -180,7 +180,7 @@ class NodeTable:
         (``made_by``)."""
         with self.ledger.locked():  # (as ``new_staging``)
             alias = self._new_ino()
-            while self.ledger.owner(alias) != self.ledger.index:  # (the numbers between stay unused)
+            while not self.ledger.mine(alias):  # (the numbers between stay unused)
                 alias = self._new_ino()
             self._keys[alias] = self.node_key(ino)
             self.ledger.note("k", alias, *_encode(self._keys[alias]))
@@ -218,7 +218,7 @@ class NodeTable:
         ``new_alias`` this worker made (``made_by``); the inode it was an alias of, or None."""
         slot = self._deferred_at.get(ino)
         if slot is not None:  # (named a chunk of a slot not read yet)
-            if self._is_alias(ino) and self.ledger.owner(ino) != self.ledger.index:
+            if self._is_alias(ino) and not self.ledger.mine(ino):
                 return None  # another worker's (``made_by``): it frees it
             del self._deferred_at[ino], self._deferred[slot][ino]
             self.ledger.note("f", ino)  # (as below, when bound: the others free it too)
@@ -233,7 +233,7 @@ class NodeTable:
         elif ino in self._committed:
             self._committed.discard(ino)
             target = self.inode(self._keys.pop(ino))
-        elif self.is_new_alias(ino) and self.ledger.owner(ino) == self.ledger.index:
+        elif self.is_new_alias(ino) and self.ledger.mine(ino):
             target = self.inode(self._keys.pop(ino))
         else:
             return None
