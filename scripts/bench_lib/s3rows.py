@@ -287,15 +287,18 @@ class _S3Rows:
         stored = sum(f.stat().st_size for f in (b.big / "vol" / "c").rglob("*") if f.is_file())
         med = {side: {k: statistics.median(r[k] for r in runs) for k in ("fetched", "gets")}
                for side, runs in fetched.items()}
+
+        def spread(side: str) -> str:
+            return (f"{med[side]['gets']:.0f} GETs; per repetition "
+                    + ", ".join(f"{r['fetched'] / stored:.2f}x" for r in fetched[side]))
+
         rows = [b.ratio_row(f"S3: {SWEEPERS} zarr 2.18 readers of vol at once (default cache_size): bytes "
                             "fetched vs vol's stored bytes", "MB", med["sweep"]["fetched"] / 1e6, stored / 1e6, None)]
-        rows[-1].note = (f"{med['sweep']['gets']:.0f} GETs; per repetition "
-                         + ", ".join(f"{r['fetched'] / stored:.2f}x" for r in fetched["sweep"]))
+        rows[-1].note = spread("sweep")
         if "sweep_base" in med:
             rows.append(b.ratio_row("  same, shardfs vs shardfs-base (--baseline)", "MB", med["sweep"]["fetched"] / 1e6,
                                     med["sweep_base"]["fetched"] / 1e6, None))
-            rows[-1].note = (f"shardfs-base {med['sweep_base']['gets']:.0f} GETs; per repetition "
-                             + ", ".join(f"{r['fetched'] / stored:.2f}x" for r in fetched["sweep_base"]))
+            rows[-1].note = "shardfs-base " + spread("sweep_base")
         mem = {side: b.memory[name] for side, name in (("sweep", "s3-sweep"), ("sweep_base", "s3-sweep-base"))
                if name in b.memory}
         figure = "  memory of that mount after the reads, at rest (PSS of its processes)"
