@@ -208,8 +208,10 @@ class Status:
             except Exception:
                 log.exception("shardfs status: cannot make the status document")
             store = self.counters.store
-            if (doc is not None and quiet(doc) and not self.counters.requests.active and not store.in_flight
-                    and sum(store.requests.values()) == sum(doc["store"]["requests"].values())):
+            # (and its workers listed: a document written before the supervisor's list, with no
+            # entry of its own, shows no ``parked``; a parked worker gets no request to write again)
+            if (doc is not None and "workers" in doc and quiet(doc) and not self.counters.requests.active
+                    and not store.in_flight and sum(store.requests.values()) == sum(doc["store"]["requests"].values())):
                 await self.counters.requests.next_request()
             await trio.sleep(peers.PUBLISH_S)
 
