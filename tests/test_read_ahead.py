@@ -17,6 +17,7 @@ import json
 import logging
 import mmap
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +77,47 @@ def test_a_swept_shard_is_read_ahead_whole_and_a_touched_one_is_not(tmp_path, mo
     assert chunk(3, 4) == data[192:256, 512:640].tobytes()  # the third of shard (0, 0): swept
     wait_for(lambda: _resident(swept) == pages, 10, "the swept shard read ahead whole")
     assert _resident(touched) < pages // 2, "a shard with two chunk files opened is not read ahead"
+
+
+def test_a_shard_swept_again_soon_is_not_read_ahead_again_and_is_once_that_time_has_passed(tmp_path, monkeypatch):
+    """A shard read ahead is not read ahead again at a later visit of a sweep within
+    ``ADVISED_S`` (each advice a worker-thread trip; readers sweeping side by side come back to
+    a shard again and again, its pages still there), and is at a visit after that. The shard is
+    dropped from the page cache between the visits: what the kernel reads again shows whether
+    it was asked. In-process (``tests/inproc.py``)."""
+    from shardfs.reads import local
+
+    data = np.random.default_rng(7).integers(0, 60000, size=SHAPE, dtype="<u2")
+    root = tmp_path / "src"
+    root.mkdir()
+    (root / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+    write_v3(root / "x", data, SHARD, [sharding(CHUNK, [LE])])
+    swept = root / "x" / "c" / "0" / "0"
+    monkeypatch.setattr(local, "ADVISED_S", 3600.0)
+    with InProcess(root) as mnt:
+        assert (mnt / "x" / ".zarray").read_bytes()
+        os.sync()
+        size = _evict(swept)
+        pages = -(-size // mmap.PAGESIZE)
+
+        def visit(row: int) -> None:
+            """Three chunk files of row ``row`` of shard (0, 0) (a sweep), after sixteen of
+            shard (1, 0) (the visit before is over)."""
+            for i in range(8, 10):
+                for j in range(8):
+                    assert (mnt / "x" / f"{i}.{j}").read_bytes() == data[i * 64:(i + 1) * 64, j * 128:(j + 1) * 128].tobytes()
+            for j in range(3):
+                assert (mnt / "x" / f"{row}.{j}").read_bytes() == data[row * 64:(row + 1) * 64, j * 128:(j + 1) * 128].tobytes()
+
+        visit(0)
+        wait_for(lambda: _resident(swept) == pages, 10, "the swept shard read ahead whole")
+        _evict(swept)
+        visit(1)
+        time.sleep(0.5)
+        assert _resident(swept) < pages // 2, "read ahead again at the next visit"
+        monkeypatch.setattr(local, "ADVISED_S", 0.0)
+        visit(2)
+        wait_for(lambda: _resident(swept) == pages, 10, "the swept shard read ahead again once ADVISED_S had passed")
 
 
 GRID_SHAPE, GRID_CHUNK, GRID_SHARD = (64, 64), (8, 8), (16, 16)  # 4 x 4 shards of 2 x 2 chunk files
