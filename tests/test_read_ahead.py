@@ -103,11 +103,9 @@ def test_a_shard_swept_again_soon_is_not_read_ahead_again_and_is_once_that_time_
         def visit(row: int) -> None:
             """Three chunk files of row ``row`` of shard (0, 0) (a sweep), after sixteen of
             shard (1, 0) (the visit before is over)."""
-            for i in range(8, 10):
-                for j in range(8):
-                    assert (mnt / "x" / f"{i}.{j}").read_bytes() == data[i * 64:(i + 1) * 64, j * 128:(j + 1) * 128].tobytes()
-            for j in range(3):
-                assert (mnt / "x" / f"{row}.{j}").read_bytes() == data[row * 64:(row + 1) * 64, j * 128:(j + 1) * 128].tobytes()
+            for i, j in [*((i, j) for i in range(8, 10) for j in range(8)), *((row, j) for j in range(3))]:
+                expected = data[i * 64:(i + 1) * 64, j * 128:(j + 1) * 128].tobytes()
+                assert (mnt / "x" / f"{i}.{j}").read_bytes() == expected
 
         visit(0)
         wait_for(lambda: _resident(swept) == pages, 10, "the swept shard read ahead whole")
