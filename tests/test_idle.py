@@ -1,7 +1,7 @@
 """A worker gives its free heap back once idle, never under load (``shardfs.app.idle``).
 
 In process, on trio's mock clock: the counters a worker keeps (``RequestStats``, ``StoreStats``)
-driven by hand, ``trim_heap`` counted. Through a real mount: the worker's resident memory falls
+driven by hand, ``trim_heap`` and the reads' ``rest`` counted. Through a real mount: the worker's resident memory falls
 once its readers stop (``test_a_worker_gives_back_its_free_heap_once_idle``).
 """
 
@@ -18,6 +18,8 @@ from shardfs.app import idle
 from shardfs.app.status import Counters
 from shardfs.base.faults import Faults
 from shardfs.kernel.stats import RequestStats
+from shardfs.reads import ReadAhead, Reads
+from shardfs.reads.chunkcache import ChunkCache
 from shardfs.storage.stats import StoreStats
 
 from conftest import serving_pid
@@ -29,15 +31,28 @@ def counters() -> Counters:
     return Counters(RequestStats(), StoreStats(), {}, None, Faults(), lambda: 0, lambda: 0)
 
 
+class Rests(Reads):
+    """The reads of a mount, counting the times they were told the worker is idle."""
+
+    def __init__(self) -> None:
+        super().__init__(ChunkCache(1 << 20), ReadAhead())
+        self.times: list[float] = []
+
+    def rest(self) -> None:
+        self.times.append(trio.current_time())
+
+
 def run_idle(script) -> list[float]:
-    """Run ``trim_when_idle`` beside ``script(counters)`` on a mock clock; the times it trimmed."""
+    """Run ``trim_when_idle`` beside ``script(counters)`` on a mock clock; the times it trimmed
+    (the reads were told to rest at each, and only then)."""
     trims: list[float] = []
+    reads = Rests()
 
     async def main() -> None:
         c = counters()
         c.requests.op("read")
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(idle.trim_when_idle, c)
+            nursery.start_soon(idle.trim_when_idle, c, reads)
             await script(c)
             nursery.cancel_scope.cancel()
 
@@ -48,6 +63,7 @@ def run_idle(script) -> list[float]:
         trio.run(main, clock=clock)
     finally:
         idle.trim_heap = original
+    assert reads.times == trims
     return trims
 
 

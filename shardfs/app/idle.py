@@ -7,7 +7,9 @@ so a burst of reads leaves tens of MiB free inside the heap and counted in the w
 (measured: an S3 mount after four zarr 2.18 readers of the bench's vol, 12-35 MiB of its 217-272
 MiB). ``malloc_trim(0)`` gives them back (``base.libc.trim_heap``): once each time the worker
 goes idle, never under load (trimming once a second under load cost 7% of the CPU a chunk:
-the pages given back are faulted in again by the next buffers, doc/BENCHMARKING.md).
+the pages given back are faulted in again by the next buffers, doc/BENCHMARKING.md). It also
+closes the shard files a local source's reads keep open for the next chunks (``Reads.rest``):
+a file the source deleted or replaced meanwhile holds its disk blocks while open.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import trio
 
 from shardfs.app.status import Counters
 from shardfs.base.libc import trim_heap
+from shardfs.reads import Reads
 
 IDLE_S = 1.0  # seconds without a request after which a worker is idle
 
@@ -26,10 +29,11 @@ def _activity(counters: Counters) -> int:
             + sum(counters.store.requests.values()))
 
 
-async def trim_when_idle(counters: Counters) -> None:
+async def trim_when_idle(counters: Counters, reads: Reads) -> None:
     """Each time a whole ``IDLE_S`` passes with no request served, forwarded or sent to the store,
     none being answered and none in flight (a read-ahead ends after the request that began it),
-    give the free heap back (``trim_heap``), then wait for the next request: no timer wakes an
+    give the free heap back (``trim_heap``) and what ``reads`` keeps (``Reads.rest``), then wait
+    for the next request: no timer wakes an
     idle worker (it looks once or twice, a second apart, after its last request: once after its
     start if none came)."""
     seen = _activity(counters)
@@ -37,6 +41,7 @@ async def trim_when_idle(counters: Counters) -> None:
         await trio.sleep(IDLE_S)
         now = _activity(counters)
         if now == seen and not counters.requests.active and not counters.store.in_flight:
+            reads.rest()
             trim_heap()
             await counters.requests.next_request()
             now = -1  # (the request that woke it may not be counted yet: two looks before the next trim)

@@ -624,7 +624,7 @@ async def _serve(mount: Composed, status: Any, exporter: Exporter | None = None,
                 nursery.start_soon(mount.faults.keep, "peers", server.run)
         # a bug in a background task is logged and the task runs again (``Faults.keep``)
         nursery.start_soon(mount.faults.keep, "status", status.run)
-        nursery.start_soon(mount.faults.keep, "idle", idle.trim_when_idle, status.counters)
+        nursery.start_soon(mount.faults.keep, "idle", idle.trim_when_idle, status.counters, mount.tree.reads)
         if writeback is not None:
             nursery.start_soon(mount.faults.keep, "fold loop", writeback.run, folded)
         gate = None if conn is None or conn.wake is None else Gate(conn.index, conn.wake, mount.ops.stats)

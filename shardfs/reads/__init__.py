@@ -160,6 +160,10 @@ class Reads:
     def release(self, handle: ReadHandle) -> None:
         """The handle is closed: free what it holds."""
 
+    def rest(self) -> None:
+        """The worker is idle: give back what is kept only to serve the next reads faster
+        (a local source's shard descriptors without users)."""
+
     def room_ahead(self, size: int) -> int:
         """How many shards of ``size`` bytes fetched ahead fit in the memory kept for fetched
         ranges (along with as many being read)."""

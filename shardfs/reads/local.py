@@ -28,6 +28,8 @@ from shardfs.base.threads import blocking
 if TYPE_CHECKING:
     from shardfs.base.attrs import Attr
 
+KEPT_MAX = 64  # shard descriptors kept open without users, at most
+KEPT_S = 2.0  # seconds a shard descriptor without users is kept open
 ADVISED_S = 2.0  # seconds after a shard was read ahead during which it is not read ahead again
 ADVISED_MAX = 4096  # shards remembered as read ahead (all forgotten at once beyond)
 
@@ -117,22 +119,28 @@ class LocalReads(Reads):
             self._files.give(handle.fd)
             handle.fd = -1
 
+    def rest(self) -> None:
+        self._files.close_unused()
+
 
 class ShardFiles:
     """Descriptors of shard files, shared by the chunk files open on them and kept open after
-    the last of those closes, for ``idle`` shards at most (the least recently used go first):
-    a client sweeping a shard opens its chunks one after another, and each would open the
-    shard again. A descriptor is handed out again only for the same key and version, after an
-    ``fstat`` finds its file still at that version (a file changed in place is opened anew).
+    the last of those closes, for ``idle`` shards at most (the least recently used go first)
+    and for ``KEPT_S`` after their last use: a client sweeping a shard opens its chunks one
+    after another, and each would open the shard again. A descriptor is handed out again only
+    for the same key and version, after an ``fstat`` finds its file still at that version (a
+    file changed in place is opened anew). A kept descriptor holds its file's blocks after the
+    source deleted or replaced it: the time bound, and ``close_unused`` when the worker goes
+    idle, keep that short.
 
     Every descriptor from ``take`` or ``add`` is given back once with ``give``."""
 
-    def __init__(self, idle: int = 8) -> None:
-        self.idle = idle
+    def __init__(self, idle: int = KEPT_MAX, kept_s: float = KEPT_S) -> None:
+        self.idle, self.kept_s = idle, kept_s
         self._kept: dict[tuple[str, Version], int] = {}  # (key, version) -> the descriptor kept for it
         self._shard: dict[int, tuple[str, Version]] = {}  # descriptor -> its (key, version)
         self._users: dict[int, int] = {}  # descriptor -> uses not given back
-        self._unused: OrderedDict[int, None] = OrderedDict()  # kept descriptors without users, oldest first
+        self._unused: OrderedDict[int, float] = OrderedDict()  # kept, without users -> since when; oldest first
 
     def take(self, key: str, version: Version) -> int | None:
         """The descriptor kept for ``key`` at ``version``, or None."""
@@ -158,20 +166,33 @@ class ShardFiles:
         self._shard[fd] = (key, version)
         self._users[fd] = 1
 
-    def give(self, fd: int) -> None:
-        """One use of ``fd`` ended. Unused, it stays open if it is still the one kept for its
-        shard (and the least recently used beyond ``idle`` are closed), else it is closed."""
+    def give(self, fd: int, now: float | None = None) -> None:
+        """One use of ``fd`` ended (at ``now``, ``time.monotonic()`` by default). Unused, it
+        stays open if it is still the one kept for its shard, else it is closed; then the
+        least recently used beyond ``idle``, and those unused for ``kept_s``, are closed."""
         self._users[fd] -= 1
         if self._users[fd]:
             return
         if self._kept.get(self._shard[fd]) != fd:
             self._close(fd)
             return
-        self._unused[fd] = None
-        while len(self._unused) > self.idle:
-            oldest = next(iter(self._unused))
-            del self._kept[self._shard[oldest]]
-            self._close(oldest)
+        now = time.monotonic() if now is None else now
+        self._unused[fd] = now
+        while self._unused:
+            oldest, since = next(iter(self._unused.items()))
+            if len(self._unused) <= self.idle and now - since < self.kept_s:
+                break
+            self._drop(oldest)
+
+    def close_unused(self) -> None:
+        """Close every kept descriptor without users (the worker is idle)."""
+        for fd in list(self._unused):
+            self._drop(fd)
+
+    def _drop(self, fd: int) -> None:
+        """Close unused kept descriptor ``fd``."""
+        del self._kept[self._shard[fd]]
+        self._close(fd)
 
     def _close(self, fd: int) -> None:
         self._unused.pop(fd, None)
