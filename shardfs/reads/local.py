@@ -74,10 +74,10 @@ class LocalReads(Reads):
                 raise
         return fd
 
-    def _advise(self, ext: Extent, now: float | None = None) -> bool:
-        """Whether to read the shard of ``ext`` ahead now (at ``now``, ``time.monotonic()`` by
-        default): not if it was within ``ADVISED_S`` (module docstring)."""
-        now = time.monotonic() if now is None else now
+    def _advise(self, ext: Extent) -> bool:
+        """Whether to read the shard of ``ext`` ahead now: not if it was within ``ADVISED_S``
+        (module docstring)."""
+        now = time.monotonic()
         shard = (ext.key, ext.version)
         last = self._advised.get(shard)
         if last is not None and now - last < ADVISED_S:
