@@ -678,6 +678,18 @@ def daemon_pids(mnt: Path) -> list[int]:
     return pids
 
 
+def open_files(pid: int) -> list[str]:
+    """What each open descriptor of process ``pid`` names (``/proc/PID/fd``; one closed meanwhile
+    left out)."""
+    found = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass
+    return found
+
+
 def is_worker(pid: int) -> bool:
     """A supervised mount's worker: named so (a worker forked by the zygote has its command line)."""
     try:

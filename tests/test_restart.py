@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ZARR2_PYTHON, bounded, daemon_pids, run_shardfs, shard_locks, status, wait_for
+from conftest import ZARR2_PYTHON, bounded, daemon_pids, open_files, run_shardfs, shard_locks, status, wait_for
 
 pytestmark = [
     pytest.mark.long(57),
@@ -597,21 +597,11 @@ def test_a_resize_just_before_the_kill_costs_the_readers_nothing(mount, src):
     assert "Traceback" not in m.log_text()
 
 
-def _fds(pid: int) -> list[str]:
-    found = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            found.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-        except OSError:
-            pass
-    return found
-
-
 def _journal_dirs(pid: int) -> list[str]:
     """The journal directories process ``pid`` holds (locked: its own and those it adopted)."""
     import re
 
-    return sorted(p for p in _fds(pid) if re.search(r"/journal/\d{20}-\d+$", p))
+    return sorted(p for p in open_files(pid) if re.search(r"/journal/\d{20}-\d+$", p))
 
 
 def test_worker_kills_leave_no_descriptor_behind(mount, src):
@@ -622,7 +612,7 @@ def test_worker_kills_leave_no_descriptor_behind(mount, src):
     its life: the soak's fds grew by one per worker kill); the journal root holds one."""
     mnt = mount(src)
     m = mount.info(mnt)
-    supervisor = sorted(_fds(m.pid))
+    supervisor = sorted(open_files(m.pid))
     (mnt / "a" / "1.1").write_bytes(chunk(mnt, "3.3"))  # journalled, pending at the kill
     counts = []
     for kill in range(4):
@@ -632,8 +622,8 @@ def test_worker_kills_leave_no_descriptor_behind(mount, src):
                  f"kill {kill}: the new worker holds only its own journal directory (holds {_journal_dirs(new)})")
         (own,) = _journal_dirs(new)
         assert os.listdir(os.path.dirname(own)) == [os.path.basename(own)]
-        assert len(_fds(m.pid)) == len(supervisor), (kill, sorted(_fds(m.pid)), supervisor)
-        counts.append(len(_fds(new)))
+        assert len(open_files(m.pid)) == len(supervisor), (kill, sorted(open_files(m.pid)), supervisor)
+        counts.append(len(open_files(new)))
     assert counts == [counts[0]] * 4, counts
     assert chunk(mnt, "1.1") == chunk(mnt, "3.3")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conftest import serving_pid, wait_for
+from conftest import open_files, serving_pid, wait_for
 from shardfs.reads.local import ShardFiles
 from shardfs.storage import Version
 from sources import LE, sharding, write_v3
@@ -93,13 +93,7 @@ def test_an_idle_worker_lets_go_of_a_shard_file_the_source_deleted(tmp_path, mou
     pid = serving_pid(mnt)
 
     def held() -> list[str]:
-        links = []
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-            except OSError:
-                pass
-        return [link for link in links if link.startswith(str(shard))]
+        return [name for name in open_files(pid) if name.startswith(str(shard))]
 
     shard.unlink()
     wait_for(lambda: held() == [], 10, "the deleted shard file let go of")
