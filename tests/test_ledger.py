@@ -18,6 +18,7 @@ import pytest
 from shardfs.app import state
 from shardfs.tree.ledger import COMPACT_BYTES, Ledger, memory
 
+from conftest import open_files
 from test_restart import kill_worker, two_arrays, worker_of
 
 pytestmark = pytest.mark.skipif(
@@ -123,7 +124,7 @@ def test_a_supervised_mount_keeps_its_ledger_in_memory_not_on_disk(mount, src):
     where = Path(state.state_dir(str(src)))
     assert not list(where.glob("kernel-*.ledger")), sorted(p.name for p in where.iterdir())
     w = worker_of(m)
-    links = [os.readlink(f"/proc/{w}/fd/{n}") for n in os.listdir(f"/proc/{w}/fd")]
+    links = open_files(w)
     assert any(link.startswith("/memfd:shardfs-ledger") for link in links), links
     kill_worker(m, mnt)
     os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # no pages: a READ through the handle

@@ -33,9 +33,8 @@ async def trim_when_idle(counters: Counters, reads: Reads) -> None:
     """Each time a whole ``IDLE_S`` passes with no request served, forwarded or sent to the store,
     none being answered and none in flight (a read-ahead ends after the request that began it),
     give the free heap back (``trim_heap``) and what ``reads`` keeps (``Reads.rest``), then wait
-    for the next request: no timer wakes an
-    idle worker (it looks once or twice, a second apart, after its last request: once after its
-    start if none came)."""
+    for the next request: no timer wakes an idle worker (it looks once or twice, a second apart,
+    after its last request: once after its start if none came)."""
     seen = _activity(counters)
     while True:
         await trio.sleep(IDLE_S)

@@ -97,8 +97,8 @@ class Ledger:
         return (number - 1) % self.count
 
     def mine(self, number: int) -> bool:
-        """True if this worker gave out ``number`` (``owner``)."""
-        return (number - 1) % self.count == self.index
+        """True if this worker gave out ``number``."""
+        return self.owner(number) == self.index
 
     def tail(self) -> list[list[Any]]:
         """The complete records appended since the last look (by every worker, this one too)."""
